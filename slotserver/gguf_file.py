@@ -1,0 +1,304 @@
+"""Safe, memory-mapped reading of GGUF model files on top of the `gguf` package.
+
+`gguf.GGUFReader` trusts the file: a huge array length makes it loop once per element (growing
+lists of numpy views) until the file runs out, minutes and gigabytes on a 100 MB model; short
+reads give empty arrays that fail later with IndexError; overlapping or misaligned tensor data
+passes unnoticed. So `GGUFFile.open` first walks the whole header with bounds-checked `struct`
+reads (`_scan_layout`: no allocation beyond one name, no loop longer than the file could hold),
+then lets GGUFReader decode metadata and map tensor data. Every failure is a `GGUFError` whose
+text is one line, "<path>: <problem>", fit to show a user instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+
+HEADER = struct.Struct("<4sIQQ")  # magic, version, tensor count, metadata (kv) count
+SUPPORTED_VERSIONS = (2, 3)  # what GGUFReader reads (v1 used 32-bit counts)
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, smallest (1-byte) value
+MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dim, type, offset
+
+_VT = gguf.GGUFValueType
+_SCALAR_SIZES = {_VT.UINT8: 1, _VT.INT8: 1, _VT.BOOL: 1, _VT.UINT16: 2, _VT.INT16: 2, _VT.UINT32: 4,
+                 _VT.INT32: 4, _VT.FLOAT32: 4, _VT.UINT64: 8, _VT.INT64: 8, _VT.FLOAT64: 8}
+
+
+class GGUFError(Exception):
+    """A GGUF file is missing, unreadable, malformed or lacks what the caller needs.
+
+    `str(e)` is a single line "<path>: <problem>"; `GGUFError(message)` alone is also accepted.
+    """
+
+    def __init__(self, path: str | os.PathLike, problem: str | None = None) -> None:
+        self.path = None if problem is None else str(path)
+        self.problem = str(path) if problem is None else problem
+        text = self.problem if self.path is None else f"{self.path}: {self.problem}"
+        super().__init__(" ".join(text.splitlines()))  # one line, whatever names contain
+
+
+class _Corrupt(Exception):
+    """Internal: the layout scan found a problem; `GGUFFile.open` adds the path."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # torch/numpy order: reverse of ggml's ne, e.g. (vocab, d_model)
+    ggml_type: gguf.GGMLQuantizationType
+    offset: int  # absolute byte offset of the data in the file
+    n_bytes: int
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads over a byte buffer, for one header section."""
+
+    def __init__(self, buf: mmap.mmap, pos: int, section: str) -> None:
+        self.buf, self.pos, self.size, self.section = buf, pos, len(buf), section
+
+    def need(self, n: int, what: str) -> None:
+        """Refuse to need `n` more bytes than the file holds (checked before any loop)."""
+        if n > self.size - self.pos:
+            raise _Corrupt(f"corrupt or truncated {self.section} ({what} needs {n} bytes "
+                           f"at offset {self.pos}, file has {self.size})")
+
+    def take(self, n: int, what: str) -> int:
+        """Advance past `n` bytes and return where they start."""
+        self.need(n, what)
+        start, self.pos = self.pos, self.pos + n
+        return start
+
+    def u32(self, what: str) -> int:
+        return struct.unpack_from("<I", self.buf, self.take(4, what))[0]
+
+    def u64(self, what: str) -> int:
+        return struct.unpack_from("<Q", self.buf, self.take(8, what))[0]
+
+    def text(self, what: str) -> str:
+        n = self.u64(f"{what} length")
+        start = self.take(n, f"{what} of length {n}")
+        try:
+            return self.buf[start:start + n].decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Corrupt(f"corrupt {self.section} ({what} at offset {start} is not UTF-8)") from None
+
+
+def _skip_value(cur: _Cursor, vtype: int, key: str) -> None:
+    """Step over one metadata value; arrays are bounded by the bytes left before looping."""
+    if vtype in _SCALAR_SIZES:
+        cur.take(_SCALAR_SIZES[vtype], f"value of {key}")
+    elif vtype == _VT.STRING:
+        cur.take(cur.u64(f"string length of {key}"), f"string value of {key}")
+    elif vtype == _VT.ARRAY:
+        item_type, count = cur.u32(f"array type of {key}"), cur.u64(f"array length of {key}")
+        if item_type in _SCALAR_SIZES:
+            cur.take(count * _SCALAR_SIZES[item_type], f"{count}-item array {key}")
+        elif item_type == _VT.STRING:
+            cur.need(count * 8, f"{count}-string array {key}")  # each string has an 8-byte length
+            for _ in range(count):
+                cur.take(cur.u64(f"string length in {key}"), f"string in {key}")
+        else:
+            raise _Corrupt(f"metadata key {key} has unsupported array item type {item_type}")
+    else:
+        raise _Corrupt(f"metadata key {key} has unknown value type {vtype}")
+
+
+def _scan_metadata(cur: _Cursor, n_kv: int) -> int:
+    """Walk the key/value section; return the data alignment (general.alignment or 32)."""
+    seen: set[str] = set()
+    alignment = gguf.GGUF_DEFAULT_ALIGNMENT
+    for i in range(n_kv):
+        key = cur.text(f"metadata key #{i}")
+        if key in seen:
+            raise _Corrupt(f"duplicate metadata key {key}")
+        seen.add(key)
+        vtype = cur.u32(f"value type of {key}")
+        if key == "general.alignment":
+            if vtype != _VT.UINT32:
+                raise _Corrupt(f"general.alignment has value type {vtype}, expected uint32")
+            alignment = cur.u32("general.alignment")
+            if alignment == 0 or alignment & (alignment - 1):
+                raise _Corrupt(f"invalid general.alignment {alignment} (not a power of two)")
+            continue
+        _skip_value(cur, vtype, key)
+    return alignment
+
+
+def _scan_tensor_infos(cur: _Cursor, n_tensors: int) -> list[tuple[str, tuple[int, ...], int, int]]:
+    """Walk the tensor-info section: (name, shape in numpy order, type id, relative offset)."""
+    infos = []
+    for i in range(n_tensors):
+        name = cur.text(f"tensor name #{i}")
+        n_dims = cur.u32(f"dimension count of {name}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise _Corrupt(f"tensor {name} has {n_dims} dimensions (expected 1..{MAX_DIMS})")
+        ne = [cur.u64(f"dimensions of {name}") for _ in range(n_dims)]
+        type_id, rel_offset = cur.u32(f"type of {name}"), cur.u64(f"offset of {name}")
+        infos.append((name, tuple(reversed(ne)), type_id, rel_offset))
+    return infos
+
+
+def _tensor_info(raw: tuple[str, tuple[int, ...], int, int], data_start: int, alignment: int,
+                 file_size: int) -> TensorInfo:
+    """Check one tensor's type, row size and placement, and compute its byte size."""
+    name, shape, type_id, rel_offset = raw
+    try:
+        qtype = gguf.GGMLQuantizationType(type_id)
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    except (ValueError, KeyError):
+        raise _Corrupt(f"tensor {name} has unknown type id {type_id}") from None
+    if shape[-1] % block:
+        raise _Corrupt(f"tensor {name} has shape {shape} whose rows ({shape[-1]}) are not a "
+                       f"multiple of the {qtype.name} block size {block}")
+    n_bytes = int(np.prod(shape, dtype=object)) // block * type_size  # python ints: no overflow
+    if rel_offset % alignment:
+        raise _Corrupt(f"tensor {name} data offset {rel_offset} is not aligned to {alignment}")
+    offset = data_start + rel_offset
+    if offset + n_bytes > file_size:
+        raise _Corrupt(f"tensor {name} data (bytes {offset}..{offset + n_bytes}) lies outside "
+                       f"the file ({file_size} bytes): truncated or corrupt")
+    return TensorInfo(name, shape, qtype, offset, n_bytes)
+
+
+def _check_overlaps(tensors: list[TensorInfo]) -> None:
+    ordered = sorted(tensors, key=lambda t: t.offset)
+    for a, b in zip(ordered, ordered[1:]):
+        if a.offset + a.n_bytes > b.offset:
+            raise _Corrupt(f"tensor {a.name} ({a.n_bytes} bytes) overlaps tensor {b.name}")
+
+
+def _scan_layout(buf: mmap.mmap) -> dict[str, TensorInfo]:
+    """Validate the whole file structure without trusting any count, length or offset."""
+    size = len(buf)
+    magic, version, n_tensors, n_kv = HEADER.unpack_from(buf, 0)
+    if magic != b"GGUF":
+        raise _Corrupt(f"not a GGUF file (magic {magic!r})")
+    if version & 0xFFFF == 0 and version:
+        raise _Corrupt("big-endian GGUF files are not supported")
+    if version not in SUPPORTED_VERSIONS:
+        raise _Corrupt(f"unsupported GGUF version {version} (supported: {SUPPORTED_VERSIONS})")
+    room = size - HEADER.size
+    if n_kv > room // MIN_KV_BYTES:
+        raise _Corrupt(f"impossible metadata count {n_kv} for a file of {size} bytes")
+    if n_tensors > (room - n_kv * MIN_KV_BYTES) // MIN_TENSOR_INFO_BYTES:
+        raise _Corrupt(f"impossible tensor count {n_tensors} for a file of {size} bytes")
+    cur = _Cursor(buf, HEADER.size, "metadata")
+    alignment = _scan_metadata(cur, n_kv)
+    cur.section = "tensor info"
+    raws = _scan_tensor_infos(cur, n_tensors)
+    data_start = -(-cur.pos // alignment) * alignment
+    tensors: dict[str, TensorInfo] = {}
+    for raw in raws:
+        if raw[0] in tensors:
+            raise _Corrupt(f"duplicate tensor name {raw[0]}")
+        tensors[raw[0]] = _tensor_info(raw, data_start, alignment, size)
+    _check_overlaps(list(tensors.values()))
+    return tensors
+
+
+def _open_checked(path: Path) -> dict[str, TensorInfo]:
+    """Stat the path, then scan its layout through a read-only mmap."""
+    if not path.exists():
+        raise _Corrupt("file not found")
+    if not path.is_file():
+        raise _Corrupt("not a regular file")
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < HEADER.size:
+                raise _Corrupt(f"truncated GGUF header ({size} bytes, need {HEADER.size})")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                return _scan_layout(buf)
+    except OSError as exc:
+        raise _Corrupt(f"cannot read file ({exc.strerror or exc})") from None
+
+
+class _PlainViewReader(gguf.GGUFReader):
+    """GGUFReader slicing a plain-ndarray view of its memmap (same mapping, no copy): each
+    `np.memmap` slice pays `memmap.__array_finalize__`, 2/3 of a 2-3 s default-model open.
+    If a future `gguf` renames `_get`, this override is simply never called."""
+
+    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> np.ndarray:
+        if type(self.data) is np.memmap:
+            self.data = self.data.view(np.ndarray)
+        return super()._get(offset, dtype, count, override_order)
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:120]}"  # GGUFError makes it one line
+
+
+class GGUFFile:
+    """An opened, validated GGUF file: metadata values plus lazily dequantized tensors.
+
+    `metadata` holds every field GGUFReader reports, including its pseudo-keys `GGUF.version`,
+    `GGUF.tensor_count` and `GGUF.kv_count`. Tensor data stays memory-mapped until loaded.
+    """
+
+    def __init__(self, path: Path, reader: gguf.GGUFReader, metadata: dict[str, Any],
+                 tensors: dict[str, TensorInfo]) -> None:
+        self.path = path
+        self.metadata = metadata
+        self.tensors = tensors
+        self._reader = reader
+        self._data = {t.name: t.data for t in reader.tensors}  # views of the mapping
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> GGUFFile:
+        """Validate the file's structure, then read metadata; raises GGUFError on any problem."""
+        path = Path(path)
+        try:
+            tensors = _open_checked(path)
+        except _Corrupt as exc:
+            raise GGUFError(path, str(exc)) from None
+        try:
+            reader = _PlainViewReader(path, "r")
+        except Exception as exc:  # the scan passed, so this is a reader/format mismatch
+            raise GGUFError(path, f"corrupt or truncated metadata ({_short(exc)})") from None
+        metadata: dict[str, Any] = {}
+        for key, field in reader.fields.items():
+            try:
+                metadata[key] = field.contents()
+            except Exception as exc:  # e.g. a string value that is not UTF-8
+                raise GGUFError(path, f"unreadable metadata value {key} ({_short(exc)})") from None
+        for rt in reader.tensors:
+            info = tensors.get(rt.name)
+            if info is None or info.offset != rt.data_offset or info.n_bytes != rt.n_bytes:
+                raise GGUFError(path, f"tensor {rt.name}: GGUF reader disagrees with layout scan")
+        return cls(path, reader, metadata, tensors)
+
+    def require(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
+        """The tensor's info, after checking it exists with exactly `shape` (numpy order)."""
+        info = self.tensors.get(name)
+        if info is None:
+            raise GGUFError(self.path, f"missing tensor {name}")
+        if info.shape != tuple(shape):
+            raise GGUFError(self.path, f"tensor {name} has shape {info.shape}, expected {tuple(shape)}")
+        return info
+
+    def load_tensor(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Dequantize one tensor to a new contiguous `dtype` tensor of shape `info.shape`.
+
+        Besides the result, at most one float32 copy of this tensor is ever held (none when
+        `dtype` is float32); the file's bytes are only read through the mapping.
+        """
+        info = self.tensors.get(name)
+        if info is None:
+            raise GGUFError(self.path, f"missing tensor {name}")
+        try:
+            values = gguf.quants.dequantize(self._data[name], info.ggml_type)
+        except NotImplementedError:
+            raise GGUFError(self.path, f"tensor {name} has unsupported type {info.ggml_type.name}") from None
+        values = np.asarray(values, dtype=np.float32).reshape(info.shape)
+        if not values.flags.writeable or not values.flags.c_contiguous:
+            values = np.array(values, dtype=np.float32, order="C")  # F32 is a view of the mmap
+        return torch.from_numpy(values).to(dtype)

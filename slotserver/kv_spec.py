@@ -1,0 +1,49 @@
+"""The shape of a KV cache, and the view a strided layout hands to attention kernels.
+
+Every layout module in `layouts/` is created from a `KVSpec` and must keep the layout contract
+(see `docs/architecture.md`): write rows, view for attention, copy a stream, export/import a stream
+in the canonical form `[n_layers, n, n_kv_heads, head_dim]`, report bytes used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """Geometry of the KV memory: `n_streams` independent sequences of `n_cells` positions each."""
+
+    n_layers: int
+    n_streams: int
+    n_cells: int
+    n_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "n_streams", "n_cells", "n_kv_heads", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"KVSpec.{name} must be a positive int, got {value!r}")
+
+    @property
+    def bytes_per_cell(self) -> int:
+        """Bytes of K plus V for one position of one stream across all layers (unquantized)."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * elem
+
+
+class StridedKV(NamedTuple):
+    """K and V of one layer as logical `[stream, cell, kv_head, head_dim]` tensors.
+
+    They may be non-contiguous views (e.g. `head_seq_dim` stores `[stream, head, cell, dim]` and
+    hands out a permuted view); kernels must use the strides, never assume contiguity.
+    """
+
+    k: torch.Tensor  # [n_streams, n_cells, n_kv_heads, head_dim]
+    v: torch.Tensor  # [n_streams, n_cells, n_kv_heads, head_dim]

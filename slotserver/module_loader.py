@@ -1,0 +1,72 @@
+"""Load `kernels/*.py` and `layouts/*.py` by path into fresh module objects.
+
+Why by path and fresh: the lab reloads edited files while serving, and a live `@triton.jit`
+function must never be patched in place. Each load gets a unique module name, so an old version
+keeps working for whoever still holds it until the engine swaps at a step boundary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import itertools
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+_counter = itertools.count()
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ModuleLoadError(Exception):
+    """A kernel or layout file that cannot be used; the message names the file and the reason."""
+
+
+@dataclass(frozen=True)
+class LoadedModule:
+    path: Path
+    module: ModuleType
+    version: str  # first 12 hex digits of the file's sha256
+
+
+def default_dir(kind: str) -> Path:
+    """The repository's own `kernels/` or `layouts/` folder."""
+    return REPO_ROOT / kind
+
+
+def load_by_path(path: Path, required: tuple[str, ...]) -> LoadedModule:
+    """Execute `path` as a new module; check that it defines every name in `required`."""
+    path = Path(path)
+    try:
+        source = path.read_bytes()
+    except OSError as e:
+        raise ModuleLoadError(f"{path}: cannot read ({e.strerror})") from None
+    name = f"_slotserver_dyn_{path.stem}_{next(_counter)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModuleLoadError(f"{path}: not a python module")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        sys.modules[name] = module  # dataclasses and triton look modules up by name
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise ModuleLoadError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+    except Exception as e:  # noqa: BLE001 - any import-time failure is reported, not raised
+        raise ModuleLoadError(f"{path}:{_line_of(e, path)}: import failed: {type(e).__name__}: {e}") from None
+    finally:
+        sys.modules.pop(name, None)
+    missing = [r for r in required if not hasattr(module, r)]
+    if missing:
+        raise ModuleLoadError(f"{path}: missing contract name(s): {', '.join(missing)}")
+    return LoadedModule(path, module, hashlib.sha256(source).hexdigest()[:12])
+
+
+def _line_of(exc: BaseException, path: Path) -> int | str:
+    """The line in `path` where `exc` was raised (innermost frame in that file), or '?'."""
+    tb, line = exc.__traceback__, "?"
+    while tb is not None:
+        if Path(tb.tb_frame.f_code.co_filename) == path:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line

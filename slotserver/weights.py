@@ -1,0 +1,101 @@
+"""Load a llama-family model's tensors from a GGUF file into compute-dtype torch tensors.
+
+Weights are dequantized one tensor at a time (the file itself is memory-mapped), so loading never
+holds two full copies. q/k/v are fused into one `[q+2kv, d_model]` matrix and gate/up into one
+`[2*d_ff, d_model]` matrix: fewer, larger matmuls per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from slotserver.gguf_file import GGUFFile
+from slotserver.model_spec import ModelSpec
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor      # [d_model]
+    wqkv: torch.Tensor           # [(n_heads + 2*n_kv_heads) * head_dim, d_model]
+    bqkv: torch.Tensor | None    # [(n_heads + 2*n_kv_heads) * head_dim]
+    wo: torch.Tensor             # [d_model, n_heads * head_dim]
+    ffn_norm: torch.Tensor       # [d_model]
+    w_gate_up: torch.Tensor      # [2 * d_ff, d_model]
+    w_down: torch.Tensor         # [d_model, d_ff]
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor          # [vocab, d_model]
+    layers: list[LayerWeights]
+    out_norm: torch.Tensor       # [d_model]
+    output: torch.Tensor         # [vocab, d_model] (the embedding itself when tied)
+    rope_freqs: torch.Tensor | None  # [rope_dim / 2] llama3-style frequency divisors
+
+
+def load_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype,
+                 progress: Progress | None = None) -> ModelWeights:
+    total = spec.n_layers + 2
+    tick = progress or (lambda done, total: None)
+    d = spec.d_model
+    embed = _load(f, "token_embd.weight", (spec.vocab_size, d), dtype)
+    tick(1, total)
+    layers = []
+    for i in range(spec.n_layers):
+        layers.append(_load_layer(f, spec, i, dtype))
+        tick(i + 2, total)
+    out_norm = _load(f, "output_norm.weight", (d,), torch.float32)
+    output = embed if spec.tied_embeddings else _load(f, "output.weight", (spec.vocab_size, d), dtype)
+    freqs = _load(f, "rope_freqs.weight", (spec.rope_dim // 2,), torch.float32) if spec.has_rope_freqs else None
+    tick(total, total)
+    return ModelWeights(embed, layers, out_norm, output, freqs)
+
+
+def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype) -> LayerWeights:
+    d, hd, p = spec.d_model, spec.head_dim, f"blk.{i}."
+    q = _load(f, p + "attn_q.weight", (spec.n_heads * hd, d), dtype)
+    k = _load(f, p + "attn_k.weight", (spec.n_kv_heads * hd, d), dtype)
+    v = _load(f, p + "attn_v.weight", (spec.n_kv_heads * hd, d), dtype)
+    bias = None
+    if spec.qkv_bias:
+        bq = _load(f, p + "attn_q.bias", (spec.n_heads * hd,), dtype)
+        bk = _load(f, p + "attn_k.bias", (spec.n_kv_heads * hd,), dtype)
+        bv = _load(f, p + "attn_v.bias", (spec.n_kv_heads * hd,), dtype)
+        if spec.rope_mode == "neox":
+            bq, bk = _neox_to_normal(bq, spec), _neox_to_normal(bk, spec)
+        bias = torch.cat([bq, bk, bv])
+    if spec.rope_mode == "neox":
+        q, k = _neox_to_normal(q, spec), _neox_to_normal(k, spec)
+    gate = _load(f, p + "ffn_gate.weight", (spec.d_ff, d), dtype)
+    up = _load(f, p + "ffn_up.weight", (spec.d_ff, d), dtype)
+    return LayerWeights(
+        attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32),
+        wqkv=torch.cat([q, k, v]),
+        bqkv=bias,
+        wo=_load(f, p + "attn_output.weight", (d, spec.n_heads * hd), dtype),
+        ffn_norm=_load(f, p + "ffn_norm.weight", (d,), torch.float32),
+        w_gate_up=torch.cat([gate, up]),
+        w_down=_load(f, p + "ffn_down.weight", (d, spec.d_ff), dtype),
+    )
+
+
+def _load(f: GGUFFile, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    f.require(name, shape)
+    return f.load_tensor(name, dtype)
+
+
+def _neox_to_normal(w: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+    """Reorder each head's rows from half-split rope pairs (i, i+r/2) to adjacent pairs (2i, 2i+1).
+
+    Attention scores only depend on q.k, which is invariant under one permutation of the head dim
+    applied to both q and k; so a neox-rope model runs with the normal-mode rope kernel.
+    """
+    hd, half = spec.head_dim, spec.rope_dim // 2
+    order = [j for i in range(half) for j in (i, i + half)] + list(range(spec.rope_dim, hd))
+    heads = w.shape[0] // hd
+    return w.view(heads, hd, *w.shape[1:])[:, order].reshape(w.shape)

@@ -1,0 +1,36 @@
+"""Batching is invisible: sequences decoded together give the tokens each gives alone (float32)."""
+
+from __future__ import annotations
+
+from slotserver.generate import GenRequest, generate
+from slotserver.sampling import SamplingParams
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time",
+    "def fibonacci(n):",
+    "List three colors:",
+    "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "1, 2, 3, 4,",
+    "Water boils at",
+]
+
+
+def test_eight_prompts_together_equal_each_alone(model_f32, tokenizer):
+    reqs = [GenRequest(tokenizer.encode(p, parse_special=True), 12, ignore_eos=True) for p in PROMPTS]
+    together = generate(model_f32, reqs, tokenizer.eog_ids)
+    for req, res in zip(reqs, together):
+        alone = generate(model_f32, [req], tokenizer.eog_ids)[0]
+        assert res.tokens == alone.tokens, tokenizer.decode(req.prompt_ids)
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(model_f32, tokenizer):
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=42)
+    ids = tokenizer.encode("Tell me a story", parse_special=True)
+    alone = generate(model_f32, [GenRequest(ids, 10, params)], frozenset())[0].tokens
+    other = GenRequest(tokenizer.encode("Another prompt entirely"), 10, SamplingParams(seed=7))
+    batched = generate(model_f32, [other, GenRequest(ids, 10, params)], frozenset())[1].tokens
+    assert alone == batched
+    different = generate(model_f32, [GenRequest(ids, 10, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=43))], frozenset())[0].tokens
+    assert different != alone

@@ -1,0 +1,246 @@
+"""Sampler behaviour a client relies on: llama.cpp's chain semantics, reproducibility, batching."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slotserver.sampling import (
+    Sampler,
+    SamplingError,
+    SamplingParams,
+    SequenceRng,
+    apply_penalties,
+)
+
+# A hand-made distribution, sorted so that token id == rank.
+PROBS = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.05, 0.03, 0.015, 0.005])
+LOGITS = PROBS.log() + 3.0  # any shift gives the same softmax
+
+
+def draw_many(logits: torch.Tensor, params: SamplingParams, n: int = 6000) -> torch.Tensor:
+    """n independent draws from one row: a batch of n copies, each with its own seeded RNG."""
+    batch = logits[None, :].expand(n, -1)  # [n, vocab]
+    rngs = [SequenceRng(seed) for seed in range(n)]
+    return Sampler(logits.shape[0]).sample(batch, [params] * n, rngs, [[]] * n).tokens
+
+
+def frequencies(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.bincount(tokens, minlength=vocab).float() / tokens.numel()
+
+
+def expected(kept: list[int], temperature: float = 1.0) -> torch.Tensor:
+    """The renormalised distribution over `kept` tokens of PROBS at `temperature`."""
+    out = torch.zeros_like(PROBS)
+    out[kept] = PROBS[kept] ** (1.0 / temperature)
+    return out / out.sum()
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_greedy_is_argmax_for_any_dtype(temperature, dtype):
+    logits = torch.randn(16, 3000, generator=torch.Generator().manual_seed(1)).to(dtype)
+    params = [SamplingParams(temperature=temperature, top_k=k) for k in range(16)]
+    rngs = [SequenceRng(0) for _ in range(16)]
+    out = Sampler(3000).sample(logits, params, rngs, [[]] * 16)
+    assert torch.equal(out.tokens, logits.float().argmax(dim=1))
+    assert out.tokens.dtype == torch.int64 and out.logprobs is None and out.top_ids is None
+
+
+def test_top_k_one_is_greedy_even_when_hot():
+    logits = torch.randn(32, 5000, generator=torch.Generator().manual_seed(2)) * 5
+    params = [SamplingParams(temperature=3.0, top_k=1, top_p=1.0, min_p=0.0)] * 32
+    out = Sampler(5000).sample(logits, params, [SequenceRng(i) for i in range(32)], [[]] * 32)
+    assert torch.equal(out.tokens, logits.argmax(dim=1))
+
+
+def test_logit_bias_forbids_and_forces_tokens():
+    free = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    forbidden = draw_many(LOGITS, SamplingParams(**free, logit_bias=((0, -math.inf), (2, -math.inf))))
+    assert not ({0, 2} & set(forbidden.tolist()))
+    assert set(forbidden.tolist()) >= {1, 3}
+    forced = draw_many(LOGITS, SamplingParams(**free, logit_bias=((7, 100.0),)), n=500)
+    assert set(forced.tolist()) == {7}
+    greedy = SamplingParams(temperature=0, logit_bias={0: -math.inf})  # mappings are accepted too
+    assert draw_many(LOGITS, greedy, n=1).tolist() == [1]
+
+
+@pytest.mark.parametrize(
+    ("settings_", "kept"),
+    [
+        (dict(top_k=3, top_p=1.0, min_p=0.0), [0, 1, 2]),
+        (dict(top_k=0, top_p=0.75, min_p=0.0), [0, 1, 2]),  # cumulative 0.40, 0.65, 0.80 >= 0.75
+        (dict(top_k=0, top_p=1.0, min_p=0.2), [0, 1, 2, 3]),  # p >= 0.2 * 0.40
+        (dict(top_k=3, top_p=0.7, min_p=0.0), [0, 1]),  # top_p renormalises over top_k's survivors
+        (dict(top_k=0, top_p=0.9, min_p=0.3), [0, 1, 2]),  # min_p is the tighter bound
+        (dict(top_k=0, top_p=1.0, min_p=0.0), list(range(8))),  # nothing truncated
+    ],
+)
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_truncation_keeps_exactly_the_expected_tokens(settings_, kept, temperature):
+    tokens = draw_many(LOGITS, SamplingParams(temperature=temperature, **settings_))
+    freq = frequencies(tokens, 8)
+    assert set(tokens.tolist()) == set(kept)
+    assert torch.allclose(freq, expected(kept, temperature), atol=0.025)
+
+
+def test_wide_nucleus_beyond_the_initial_candidate_width():
+    """top_p alone on a nearly flat distribution keeps thousands of tokens, exactly as many as it should."""
+    vocab = 2000
+    logits = -torch.arange(vocab, dtype=torch.float32) * 1e-3  # token id == rank
+    cumulative = torch.cumsum(torch.softmax(logits, dim=0), dim=0)
+    n_kept = int((cumulative < 0.9).sum()) + 1
+    tokens = draw_many(logits, SamplingParams(temperature=1.0, top_k=0, top_p=0.9, min_p=0.0), n=1000)
+    assert int(tokens.max()) < n_kept
+    assert int(tokens.max()) > n_kept - 50  # the far end of the nucleus is reachable
+
+
+def test_penalties_follow_the_llama_cpp_formula():
+    logits = torch.tensor([[2.0, -1.0, 0.5, -3.0, 1.5, 0.0]])
+    params = SamplingParams(repeat_penalty=1.5, presence_penalty=0.25, frequency_penalty=0.1, repeat_last_n=-1)
+    history = [[0, 0, 1, 3, 3, 3, 5]]
+    out = apply_penalties(logits, [params], history)[0]
+    counts = {0: 2, 1: 1, 3: 3, 5: 1}
+    want = logits[0].clone()
+    for token, count in counts.items():
+        value = float(want[token])
+        value = value / 1.5 if value > 0 else value * 1.5
+        want[token] = value - (count * 0.1 + 0.25)
+    assert torch.allclose(out, want)
+    assert torch.equal(logits, torch.tensor([[2.0, -1.0, 0.5, -3.0, 1.5, 0.0]]))  # input untouched
+
+
+@pytest.mark.parametrize(("last_n", "penalised"), [(3, {2, 3, 4}), (-1, {0, 1, 2, 3, 4}), (0, set())])
+def test_penalty_window_is_repeat_last_n(last_n, penalised):
+    logits = torch.ones(2, 6)
+    params = [SamplingParams(presence_penalty=1.0, repeat_last_n=last_n), SamplingParams(presence_penalty=1.0)]
+    history = [[0, 1, 2, 3, 4], []]
+    out = apply_penalties(logits, params, history)
+    assert {i for i in range(6) if out[0, i] < 1} == penalised
+    assert torch.equal(out[1], torch.ones(6))  # a row with no history is untouched
+
+
+def test_penalties_steer_sampling():
+    params = SamplingParams(temperature=0, repeat_penalty=1e6)  # argmax token 0 is in the history
+    out = Sampler(8).sample(LOGITS[None], [params], [SequenceRng(0)], [[0, 5]])
+    assert out.tokens.tolist() == [1]
+
+
+def run_steps(seed: int, steps: int = 50) -> list[int]:
+    logits = torch.zeros(1, 100)  # flat: every draw is decided by the RNG
+    rng, sampler = SequenceRng(seed), Sampler(100)
+    params = [SamplingParams(temperature=1.0, top_k=0, top_p=0.95, min_p=0.0)]
+    return [int(sampler.sample(logits, params, [rng], [[]]).tokens) for _ in range(steps)]
+
+
+def test_same_seed_same_tokens_different_seed_different_tokens():
+    assert run_steps(1234) == run_steps(1234)
+    assert run_steps(1234) != run_steps(1235)
+    random_rng = SequenceRng(-1)
+    assert 0 <= random_rng.seed < 2**32
+    replay = SequenceRng(random_rng.seed)
+    assert [replay.next_uniform() for _ in range(3)] == [random_rng.next_uniform() for _ in range(3)]
+
+
+def test_mixed_batch_rows_match_rows_sampled_alone():
+    vocab, gen = 3000, torch.Generator().manual_seed(3)
+    params = [
+        SamplingParams(),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.3, top_k=5, top_p=1.0, min_p=0.0),
+        SamplingParams(top_k=0, top_p=0.9, min_p=0.0),
+        SamplingParams(top_k=0, top_p=1.0, min_p=0.0, temperature=0.7),
+        SamplingParams(top_k=200, min_p=0.2, repeat_penalty=1.3, frequency_penalty=0.5, repeat_last_n=4),
+        SamplingParams(temperature=0, presence_penalty=2.0, logit_bias=((7, 3.0), (9, -math.inf))),
+        SamplingParams(top_k=0, top_p=1.0, min_p=0.1, n_probs=3),
+    ]
+    history = [[int(t) for t in torch.randint(0, vocab, (30,), generator=gen)] for _ in params]
+    sampler = Sampler(vocab)
+    batch_rngs = [SequenceRng(100 + i) for i in range(len(params))]
+    alone_rngs = copy.deepcopy(batch_rngs)
+    for _ in range(5):
+        logits = torch.randn(len(params), vocab, generator=gen) * 4  # [batch, vocab]
+        together = sampler.sample(logits, params, batch_rngs, history).tokens
+        for i, p in enumerate(params):
+            alone = sampler.sample(logits[i : i + 1], [p], [alone_rngs[i]], [history[i]]).tokens
+            assert int(alone) == int(together[i]), f"row {i} ({p})"
+            history[i].append(int(alone))
+
+
+def test_n_probs_reports_sorted_log_softmax_after_bias():
+    logits = torch.randn(3, 500, generator=torch.Generator().manual_seed(4))
+    top = int(logits[0].argmax())
+    params = [
+        SamplingParams(n_probs=5, logit_bias=((top, -math.inf),)),
+        SamplingParams(temperature=0, n_probs=2),
+        SamplingParams(),
+    ]
+    out = Sampler(500).sample(logits, params, [SequenceRng(i) for i in range(3)], [[]] * 3)
+    adjusted = logits.clone()
+    adjusted[0, top] = -math.inf
+    reference = torch.log_softmax(adjusted, dim=1)
+    assert out.top_ids.shape == (3, 5) and out.top_logprobs.dtype == torch.float32
+    assert torch.equal(out.top_ids, reference.topk(5, dim=1).indices)
+    assert torch.allclose(out.top_logprobs, reference.gather(1, out.top_ids), atol=1e-5)
+    assert bool((out.top_logprobs[:, :-1] >= out.top_logprobs[:, 1:]).all())
+    assert top not in out.top_ids[0].tolist()
+    assert torch.allclose(out.logprobs, reference.gather(1, out.tokens[:, None]).squeeze(1), atol=1e-5)
+
+
+FLOAT_FIELDS = {
+    "temperature": lambda v: True,
+    "top_p": lambda v: 0 <= v <= 1,
+    "min_p": lambda v: 0 <= v <= 1,
+    "repeat_penalty": lambda v: v > 0,
+    "presence_penalty": lambda v: True,
+    "frequency_penalty": lambda v: True,
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(field=st.sampled_from(sorted(FLOAT_FIELDS)), value=st.floats(allow_nan=True, allow_infinity=True))
+def test_float_params_are_validated_with_their_name(field, value):
+    if math.isfinite(value) and FLOAT_FIELDS[field](value):
+        assert getattr(SamplingParams(**{field: value}), field) == value
+    else:
+        with pytest.raises(SamplingError, match=field):
+            SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("top_k", 1.5),
+        ("top_k", True),
+        ("repeat_last_n", -2),
+        ("n_probs", -1),
+        ("n_probs", 101),
+        ("seed", -2),
+        ("temperature", "hot"),
+        ("logit_bias", ((1, math.nan),)),
+        ("logit_bias", ((1, math.inf),)),
+        ("logit_bias", ((-1, 1.0),)),
+        ("logit_bias", (1, 2, 3)),
+    ],
+)
+def test_invalid_params_name_the_parameter(field, value):
+    with pytest.raises(SamplingError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_bad_inputs_are_rejected_clearly():
+    sampler = Sampler(8)
+    with pytest.raises(SamplingError, match="logit_bias"):
+        sampler.sample(LOGITS[None], [SamplingParams(logit_bias=((8, 1.0),))], [SequenceRng(0)], [[]])
+    everything = SamplingParams(logit_bias=tuple((t, -math.inf) for t in range(8)))
+    with pytest.raises(SamplingError, match="forbids every token"):
+        sampler.sample(LOGITS[None], [everything], [SequenceRng(0)], [[]])
+    with pytest.raises(SamplingError, match="logits must be"):
+        sampler.sample(torch.zeros(1, 9), [SamplingParams()], [SequenceRng(0)], [[]])
+    with pytest.raises(SamplingError, match="history"):
+        sampler.sample(LOGITS[None], [SamplingParams(repeat_penalty=1.1)], [SequenceRng(0)], [[8]])
