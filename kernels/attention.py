@@ -16,17 +16,18 @@ import torch
 import torch.nn.functional as F
 
 from slotserver.batch import AttnMeta, Batch, SeqChunk
+from slotserver.kv_spec import StridedKV
 
 OP = "attention"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta,
-              scale: float) -> torch.Tensor:
-    """q: [tokens, q_heads, head_dim]; k, v: [streams, cells, kv_heads, head_dim] -> like q.
+def reference(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
+    """q: [tokens, q_heads, head_dim]; kv: logical [streams, cells, kv_heads, head_dim] -> like q.
 
     Plain per-sequence, per-query loops in float32: obviously correct, slow.
     """
+    k, v = _dequant(kv.k, kv.k_scale), _dequant(kv.v, kv.v_scale)
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     group = q.shape[1] // k.shape[2]
     for b in range(meta.n_seqs):
@@ -40,21 +41,19 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta,
     return out.to(q.dtype)
 
 
-def cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta,
-        scale: float) -> torch.Tensor:
+def cpu(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
     n_seq, max_q, max_kv = meta.n_seqs, meta.max_q, meta.max_kv
     q_heads, dim = q.shape[1], q.shape[2]
-    kv_heads = k.shape[2]
+    kv_heads = kv.k.shape[2]
     group = q_heads // kv_heads
-    keys, vals = _select(k, meta), _select(v, meta)                     # [B, kv_heads, L, dim]
+    keys = _dequant(_select(kv.k, meta), _select_scale(kv.k_scale, meta), q.dtype)  # [B, kv_heads, L, dim]
+    vals = _dequant(_select(kv.v, meta), _select_scale(kv.v_scale, meta), q.dtype)
     qp = q[meta.pad_index]                                              # [B, max_q, q_heads, dim]
     qp = qp.view(n_seq, max_q, kv_heads, group, dim).permute(0, 2, 3, 1, 4)
     qp = qp.reshape(n_seq, kv_heads, group * max_q, dim)
     key_pos = torch.arange(max_kv, device=q.device)
     mask = key_pos.view(1, 1, 1, max_kv) <= meta.pad_positions.view(n_seq, 1, max_q, 1)
     mask = mask.repeat(1, 1, group, 1)                                  # [B, 1, group*max_q, L]
-    if keys.dtype != qp.dtype:
-        keys, vals = keys.to(qp.dtype), vals.to(qp.dtype)
     out = F.scaled_dot_product_attention(qp, keys, vals, attn_mask=mask, scale=scale)
     out = out.view(n_seq, kv_heads, group, max_q, dim).permute(0, 3, 1, 2, 4)
     return out.reshape(n_seq * max_q, q_heads, dim)[meta.valid_rows]  # [tokens, q_heads, dim]
@@ -67,6 +66,19 @@ def _select(cache: torch.Tensor, meta: AttnMeta) -> torch.Tensor:
     else:
         part = cache[:, : meta.max_kv].index_select(0, meta.seq_streams)
     return part.transpose(1, 2)
+
+
+def _select_scale(scale: torch.Tensor | None, meta: AttnMeta) -> torch.Tensor | None:
+    """Scales `[streams, cells, kv_heads]` of the batch -> `[B, kv_heads, max_kv, 1]`."""
+    return None if scale is None else _select(scale.unsqueeze(-1), meta)
+
+
+def _dequant(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    if scale is None:
+        return x if x.dtype == dtype else x.to(dtype)
+    if scale.dim() == x.dim() - 1:
+        scale = scale.unsqueeze(-1)
+    return (x.float() * scale.float()).to(dtype)
 
 
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
@@ -86,4 +98,4 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     q = torch.randn(sum(len(c.tokens) for c in chunks), kv_heads * group, dim, generator=gen)
     k = torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen)
     v = torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen)
-    return q.to(dtype), k.to(dtype), v.to(dtype), meta, 1 / math.sqrt(dim)
+    return q.to(dtype), StridedKV(k.to(dtype), v.to(dtype)), meta, 1 / math.sqrt(dim)

@@ -42,8 +42,29 @@ class StridedKV(NamedTuple):
     """K and V of one layer as logical `[stream, cell, kv_head, head_dim]` tensors.
 
     They may be non-contiguous views (e.g. `head_seq_dim` stores `[stream, head, cell, dim]` and
-    hands out a permuted view); kernels must use the strides, never assume contiguity.
+    hands out a permuted view); kernels must use the strides, never assume contiguity. Quantized
+    layouts (q8) hand out int8 `k`/`v` plus per-(stream, cell, head) scales: value = q * scale.
     """
 
     k: torch.Tensor  # [n_streams, n_cells, n_kv_heads, head_dim]
     v: torch.Tensor  # [n_streams, n_cells, n_kv_heads, head_dim]
+    k_scale: torch.Tensor | None = None  # [n_streams, n_cells, n_kv_heads] (int8 layouts only)
+    v_scale: torch.Tensor | None = None
+
+    paged = False
+
+
+class PagedKV(NamedTuple):
+    """K and V of one layer as pages plus a block table (vLLM style).
+
+    Cell `c` of stream `s` lives in page `block_table[s, c // block_size]` at row `c % block_size`.
+    `k_pages`/`v_pages` are logical `[n_blocks, block_size, kv_head, head_dim]` views (any strides,
+    e.g. `paged_hnd` stores heads before tokens inside a block).
+    """
+
+    k_pages: torch.Tensor      # [n_blocks, block_size, n_kv_heads, head_dim]
+    v_pages: torch.Tensor      # [n_blocks, block_size, n_kv_heads, head_dim]
+    block_table: torch.Tensor  # [n_streams, max_blocks_per_stream] int32/int64, -1 = unmapped
+    block_size: int
+
+    paged = True

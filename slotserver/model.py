@@ -62,8 +62,9 @@ class LlamaModel:
             q = ops.rope(q.view(n, s.n_heads, s.head_dim), cos, sin)     # [tokens, heads, hd]
             k = ops.rope(k.view(n, s.n_kv_heads, s.head_dim), cos, sin)  # [tokens, kv_heads, hd]
             cache.write(i, batch.token_streams, batch.positions, k, v.view(n, s.n_kv_heads, s.head_dim))
-            kv = cache.view(i)
-            a = ops.attention(q, kv.k, kv.v, batch.attn, scale)  # [tokens, heads, hd]
+            kv = cache.view(i)                                   # StridedKV or PagedKV
+            attend = ops.paged_attention if kv.paged else ops.attention
+            a = attend(q, kv, batch.attn, scale)                 # [tokens, heads, hd]
             x = x + F.linear(a.reshape(n, q_size), lw.wo)
             h = ops.rms_norm(x, lw.ffn_norm, s.norm_eps).to(self.dtype)
             x = x + F.linear(ops.silu_mul(F.linear(h, lw.w_gate_up)), lw.w_down)

@@ -117,9 +117,9 @@ class SampleOutput:
     """One sampled token per row; probability fields are None unless some row has n_probs > 0."""
 
     tokens: torch.Tensor  # [batch] int64
-    logprobs: torch.Tensor | None  # [batch] float32, chosen token under the adjusted softmax
+    logprobs: torch.Tensor | None  # [batch] float32, chosen token under the adjusted softmax; NaN where n_probs == 0
     top_ids: torch.Tensor | None  # [batch, max_n_probs] int64, best first; row i uses its first n_probs
-    top_logprobs: torch.Tensor | None  # [batch, max_n_probs] float32
+    top_logprobs: torch.Tensor | None  # [batch, max_n_probs] float32; NaN where n_probs == 0
 
 
 class SequenceRng:
@@ -205,24 +205,57 @@ def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
 
 
 class _Batch:
-    """The adjusted logits of one sample() call with per-row settings and shared reductions."""
+    """The adjusted logits of one sample() call, per-row settings, and reductions computed once.
+
+    When the vocab splits into blocks of 16-128 columns, row maxima and top candidates come from
+    per-block maxima: the k largest logits lie in the k blocks with the largest maxima, so a top-k
+    only touches k blocks after one cheap `amax` pass (about 3x faster than torch.topk on CPU).
+    """
 
     def __init__(self, adj: torch.Tensor, params: Sequence[SamplingParams]) -> None:
         self.adj, self.params, self.vocab = adj, params, adj.shape[1]  # adj: [batch, vocab] float32
-        self.row_max, self.argmax = adj.max(dim=1)  # [batch]; first index on ties, like llama.cpp
         self.greedy = [p.greedy for p in params]
-        self.top_k = torch.tensor([p.top_k if 0 < p.top_k < self.vocab else self.vocab for p in params], device=adj.device)
+        top_k = [p.top_k if 0 < p.top_k < self.vocab else self.vocab for p in params]  # vocab: off
+        self.top_k = torch.tensor(top_k, device=adj.device)  # [batch]
+        self.block = next((n for n in (64, 128, 32, 16) if self.vocab % n == 0 and self.vocab >= 8 * n), 0)
+        if self.block:
+            self.blocks = adj.reshape(adj.shape[0], -1, self.block)  # [batch, n_blocks, block]
+            self.block_max = self.blocks.amax(dim=2)  # [batch, n_blocks]
+            self.row_max, best = self.block_max.max(dim=1)  # [batch]; first block on ties
+            inner = self.blocks.gather(1, best[:, None, None].expand(-1, 1, self.block)).squeeze(1)  # [batch, block]
+            self.argmax = best * self.block + inner.argmax(dim=1)  # [batch]; first index on ties, like llama.cpp
+        else:
+            self.row_max, self.argmax = adj.max(dim=1)  # [batch]
         self._lse: torch.Tensor | None = None
+        self._top: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def values(self, name: str) -> torch.Tensor:
         return _row_values(self.params, name, self.adj.device)  # [batch]
 
     @property
     def lse(self) -> torch.Tensor:
-        """Full-vocabulary logsumexp per row [batch], computed at most once."""
+        """Full-vocabulary logsumexp [batch], only for rows that report probabilities or use top_p
+        without top_k; NaN in the other rows, which never read it (this skips most of the exps)."""
         if self._lse is None:
-            self._lse = torch.logsumexp(self.adj, dim=1)
+            need = [p.n_probs > 0 or not p.greedy and p.top_k <= 0 and p.top_p < 1 for p in self.params]
+            idx = torch.tensor([i for i, n in enumerate(need) if n], dtype=torch.int64, device=self.adj.device)
+            shift = self.row_max.index_select(0, idx)  # [n]
+            sums = torch.exp(self.adj.index_select(0, idx) - shift[:, None]).sum(dim=1)  # [n]
+            self._lse = torch.full_like(self.row_max, math.nan).index_copy_(0, idx, shift + sums.log())
         return self._lse
+
+    def topk(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `width` largest logits per row, descending, and their ids: ([batch, width], [batch, width])."""
+        if self._top is None or self._top[0].shape[1] < width:
+            if self.block and 2 * width * self.block <= self.vocab:
+                best = torch.topk(self.block_max, width, dim=1).indices[:, :, None]  # [batch, width, 1]
+                cand = self.blocks.gather(1, best.expand(-1, -1, self.block)).flatten(1)  # [batch, width * block]
+                cand_ids = (best * self.block + torch.arange(self.block, device=best.device)).flatten(1)
+                vals, pos = torch.topk(cand, width, dim=1)  # [batch, width]
+                self._top = vals, cand_ids.gather(1, pos)
+            else:
+                self._top = torch.topk(self.adj, width, dim=1)
+        return self._top[0][:, :width], self._top[1][:, :width]
 
 
 class Sampler:
@@ -240,8 +273,9 @@ class Sampler:
             raise SamplingError(f"logits must be [batch, {self.vocab_size}], got {tuple(logits.shape)}")
         if not len(params) == len(rngs) == len(history) == batch:
             raise SamplingError(f"params, rngs and history must each have {batch} rows")
-        adj = apply_logit_bias_(logits.to(torch.float32, copy=True), params)  # [batch, vocab]
-        b = _Batch(apply_penalties_(adj, params, history), params)
+        edits = any(p.logit_bias or p.penalties_active for p in params)  # else no copy is needed
+        adj = logits.to(torch.float32, copy=edits)  # [batch, vocab]
+        b = _Batch(apply_penalties_(apply_logit_bias_(adj, params), params, history), params)
         bad = ~torch.isfinite(b.row_max)  # NaN propagates through max, so this catches NaN logits too
         if bool(bad.any()):
             raise SamplingError(f"row {int(bad.nonzero()[0])}: logits are NaN/inf or logit_bias forbids every token")
@@ -249,50 +283,39 @@ class Sampler:
         if not all(b.greedy):
             uniform = [0.0 if g else r.next_uniform() for r, g in zip(rngs, b.greedy)]  # one draw per row
             tokens = self._draw(b, torch.tensor(uniform, dtype=torch.float64, device=adj.device))
-        return self._report(b, tokens, max(p.n_probs for p in params))
+        return self._report(b, tokens, min(max(p.n_probs for p in params), self.vocab_size))
 
     def _draw(self, b: _Batch, uniform: torch.Tensor) -> torch.Tensor:
         """Non-greedy rows: untruncated ones draw over the whole vocab, the rest over sorted candidates."""
-        off = [p.top_k <= 0 or p.top_k >= b.vocab and p.top_p >= 1 and p.min_p <= 0 for p in b.params]
+        off = [(p.top_k <= 0 or p.top_k >= b.vocab) and p.top_p >= 1 and p.min_p <= 0 for p in b.params]
         untruncated = [o and not g for o, g in zip(off, b.greedy)]
         tokens = b.argmax
-        if any(not g and not u for g, u in zip(b.greedy, untruncated)):
-            rows = torch.tensor([not g and not u for g, u in zip(b.greedy, untruncated)], device=b.adj.device)
-            tokens = torch.where(rows, self._draw_sorted(b, uniform, untruncated), tokens)
+        rows = [not g and not u for g, u in zip(b.greedy, untruncated)]
+        if any(rows):
+            tokens = torch.where(torch.tensor(rows, device=b.adj.device), self._draw_sorted(b, uniform, rows), tokens)
         if any(untruncated):  # no sort needed: the CDF can run in vocabulary order
             idx = torch.tensor([i for i, u in enumerate(untruncated) if u], device=b.adj.device)  # [n]
             scaled = b.adj.index_select(0, idx) / b.values("temperature")[idx, None]  # [n, vocab]
             tokens = tokens.index_copy(0, idx, _inverse_cdf(torch.softmax(scaled, dim=1), uniform[idx]))
         return tokens
 
-    def _width(self, b: _Batch, rows: list[bool]) -> tuple[int, list[bool]]:
-        """Starting topk width for `rows`, and which rows are open (bounded by top_p alone).
+    def _draw_sorted(self, b: _Batch, uniform: torch.Tensor, rows: list[bool]) -> torch.Tensor:
+        """top_k -> top_p -> min_p -> temperature -> draw, on the descending top candidates of `rows`.
 
-        Each row needs the columns that surely hold its kept set: its whole top_k prefix when
-        top_p is on too (top_p renormalises over top_k's survivors), else min(top_k, min_p count).
-        Open rows start from a guess that _draw_sorted grows until their nucleus fits, which avoids
-        a full vocabulary sort for peaked distributions.
+        A row with top_k on needs its whole top_k prefix (top_p renormalises over top_k's
+        survivors). A row without top_k is open: its kept set ends where top_p's mass or min_p's
+        floor is reached, unknown before sorting, so the width starts from a guess and grows until
+        every open row's end lies inside it. Peaked distributions thus never sort the vocabulary.
         """
         top_k = b.top_k.tolist()
-        use_minp = [r and p.min_p > 0 and not (k < b.vocab and p.top_p < 1) for p, r, k in zip(b.params, rows, top_k)]
-        n_minp = [b.vocab] * len(rows)
-        if any(use_minp):
-            floor = b.row_max + torch.log(b.values("min_p"))  # [batch]
-            n_minp = (b.adj >= floor[:, None]).sum(dim=1, dtype=torch.int32).tolist()
-        bounds = [min(k, n) if m else k for k, n, m in zip(top_k, n_minp, use_minp)]
-        is_open = [r and bd == b.vocab and p.top_p < 1 for r, bd, p in zip(rows, bounds, b.params)]
-        width = max((bd for bd, r, o in zip(bounds, rows, is_open) if r and not o), default=1)
-        return (max(width, min(b.vocab, 256)) if any(is_open) else width), is_open
-
-    def _draw_sorted(self, b: _Batch, uniform: torch.Tensor, skip: list[bool]) -> torch.Tensor:
-        """top_k -> top_p -> min_p -> temperature -> draw, on a descending topk of each row."""
-        rows = [not g and not s for g, s in zip(b.greedy, skip)]
-        width, is_open = self._width(b, rows)
-        rows_t, open_t = (torch.tensor(m, device=b.adj.device) for m in (rows, is_open))  # [batch]
+        is_open = [r and k == b.vocab for r, k in zip(rows, top_k)]
+        width = max((k for k, r, o in zip(top_k, rows, is_open) if r and not o), default=1)
+        width = max(width, min(b.vocab, 64)) if any(is_open) else width
+        open_t = torch.tensor(is_open, device=b.adj.device)  # [batch]
         while True:
-            vals, ids = torch.topk(b.adj, width, dim=1)  # [batch, width], descending
-            keep, n_p = self._keep_lengths(b, vals, rows_t)  # [batch]
-            if width == b.vocab or not bool((open_t & (n_p > width)).any()):
+            vals, ids = b.topk(width)  # [batch, width] each
+            keep, resolved = self._keep_lengths(b, vals, open_t)  # [batch] each
+            if width == b.vocab or bool(resolved.all()):
                 break
             width = min(b.vocab, width * 8)
         temp = torch.tensor([1.0 if g else p.temperature for p, g in zip(b.params, b.greedy)], device=b.adj.device)
@@ -301,22 +324,21 @@ class Sampler:
         pick = _inverse_cdf(torch.softmax(scaled, dim=1), uniform)  # [batch]
         return ids.gather(1, pick[:, None]).squeeze(1)  # [batch]
 
-    def _keep_lengths(self, b: _Batch, vals: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Kept prefix length per row [batch], and top_p's prefix length (may exceed the width) [batch]."""
+    def _keep_lengths(self, b: _Batch, vals: torch.Tensor, open_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Kept prefix length per row [batch], and whether it is final (the row's end is in view) [batch]."""
         width = vals.shape[1]
         col = torch.arange(width, device=vals.device)[None, :]  # [1, width]
         in_k = vals.masked_fill(col >= b.top_k[:, None], -math.inf)  # [batch, width]
-        top_p = b.values("top_p")  # [batch]
-        norm = torch.logsumexp(in_k, dim=1)  # [batch], top_p's normaliser; exact where top_k <= width
-        beyond = rows & (top_p < 1) & (b.top_k > width)  # normaliser needs the whole top_k prefix
-        if bool(beyond.any()):
-            norm = torch.where(beyond, b.lse, norm)
+        top_p, min_p = b.values("top_p"), b.values("min_p")  # [batch] each
+        norm = torch.logsumexp(in_k, dim=1)  # [batch]: top_p's normaliser, exact where top_k <= width
+        if bool((open_rows & (top_p < 1)).any()):
+            norm = torch.where(open_rows & (b.top_k > width), b.lse, norm)  # top_k off: normalise over the vocab
         cum = torch.cumsum(torch.exp(in_k - norm[:, None]), dim=1)  # [batch, width]
-        n_p = torch.where(top_p < 1, (cum < top_p[:, None]).sum(dim=1) + 1, width)  # first reaching top_p
-        floor = vals[:, :1] + torch.log(b.values("min_p"))[:, None]  # log(0) = -inf keeps everything
-        n_min = (vals >= floor).sum(dim=1)
+        n_p = torch.where(top_p < 1, (cum < top_p[:, None]).sum(dim=1) + 1, width + 1)  # first reaching top_p
+        n_min = (vals >= vals[:, :1] + torch.log(min_p)[:, None]).sum(dim=1)  # log(0) = -inf keeps all
         keep = torch.minimum(torch.minimum(b.top_k.clamp(max=width), n_p.clamp(max=width)), n_min)
-        return keep.clamp(min=1), n_p
+        resolved = ~open_rows | (n_p <= width) | (n_min < width)
+        return keep.clamp(min=1), resolved
 
     def _report(self, b: _Batch, tokens: torch.Tensor, n_probs: int) -> SampleOutput:
         """Chosen-token logprob and top-n alternatives under the adjusted temperature-1 softmax."""
@@ -324,5 +346,5 @@ class Sampler:
             return SampleOutput(tokens, None, None, None)
         lse = b.lse[:, None]  # [batch, 1]
         chosen = (b.adj.gather(1, tokens[:, None]) - lse).squeeze(1)  # [batch]
-        top_vals, top_ids = torch.topk(b.adj, min(n_probs, b.vocab), dim=1)  # [batch, n]
-        return SampleOutput(tokens, chosen, top_ids, top_vals - lse)
+        top_vals, top_ids = b.topk(n_probs)  # [batch, n_probs] each
+        return SampleOutput(tokens, chosen, top_ids.contiguous(), top_vals - lse)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from slotserver.kv_spec import StridedKV
 from slotserver.kernel_set import KERNEL_CONTRACT, OPS, KernelSet
 from slotserver.module_loader import default_dir, load_by_path
 
@@ -14,7 +15,7 @@ KERNEL_FILES = sorted(p for p in default_dir("kernels").glob("*.py") if not p.st
 
 def test_every_op_the_model_needs_has_a_kernel_file():
     assert {p.stem for p in KERNEL_FILES} >= set(OPS)
-    assert set(KernelSet.load().versions()) == set(OPS)
+    assert set(KernelSet.load().versions()) >= set(OPS)
 
 
 @pytest.mark.parametrize("path", KERNEL_FILES, ids=lambda p: p.stem)
@@ -37,12 +38,13 @@ def test_attention_reads_only_each_sequences_own_cells():
     mod = load_by_path(default_dir("kernels") / "attention.py", KERNEL_CONTRACT).module
     gen = torch.Generator().manual_seed(7)
     for _ in range(10):
-        q, k, v, meta, scale = mod.example_inputs(gen, torch.float32)
-        want = mod.reference(q, k, v, meta, scale)
+        q, kv, meta, scale = mod.example_inputs(gen, torch.float32)
+        k, v = kv.k, kv.v
+        want = mod.reference(q, kv, meta, scale)
         k2, v2 = torch.full_like(k, 1e4), torch.full_like(v, 1e4)
         k2[:, meta.max_kv:], v2[:, meta.max_kv:] = float("nan"), float("nan")
         for b in range(meta.n_seqs):
             s, n = int(meta.seq_streams[b]), int(meta.kv_lens[b])
             k2[s, :n], v2[s, :n] = k[s, :n], v[s, :n]
-        got = mod.cpu(q, k2, v2, meta, scale)
+        got = mod.cpu(q, StridedKV(k2, v2), meta, scale)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
