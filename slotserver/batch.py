@@ -20,6 +20,7 @@ class SeqChunk:
     start: int
     tokens: list[int]
     all_logits: bool = False  # logits for every token (teacher forcing) instead of only the last
+    logits: bool = True       # logits of the last token (False: a prefill chunk that samples nothing)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,10 @@ class Batch:
         for b, (c, n) in enumerate(zip(chunks, q_lens)):
             offsets.append(total)
             valid_rows.extend(range(b * max_q, b * max_q + n))
-            logits_rows.extend(range(total, total + n) if c.all_logits else [total + n - 1])
+            if c.all_logits:
+                logits_rows.extend(range(total, total + n))
+            elif c.logits:
+                logits_rows.append(total + n - 1)
             total += n
         tokens = [t for c in chunks for t in c.tokens]
         positions = [c.start + j for c in chunks for j in range(len(c.tokens))]

@@ -151,8 +151,8 @@ def apply_penalties_(logits: torch.Tensor, params: Sequence[SamplingParams], his
 
     For each token seen c > 0 times in the row's window: logit /= repeat_penalty if logit > 0
     else logit *= repeat_penalty; then logit -= c * frequency_penalty + presence_penalty.
-    Works on a padded [batch, window] history: padding points at token 0 with weight 0, and the
-    write-back of token 0's value is then either its own correct penalised value or unchanged.
+    Counts come from sorting the padded [batch, window] history, not from a [batch, vocab] count
+    table: a fresh table per step costs more in page faults than all of the sampling.
     """
     windows = [_window(p, h) for p, h in zip(params, history)]
     lengths = torch.tensor([len(w) for w in windows], device=logits.device)  # [batch]
@@ -163,14 +163,17 @@ def apply_penalties_(logits: torch.Tensor, params: Sequence[SamplingParams], his
     if int(flat.min()) < 0 or int(flat.max()) >= logits.shape[1]:
         raise SamplingError(f"history contains token ids outside the vocabulary [0, {logits.shape[1]})")
     valid = torch.arange(width, device=logits.device)[None, :] < lengths[:, None]  # [batch, width]
-    ids = torch.zeros(valid.shape, dtype=torch.int64, device=logits.device).masked_scatter_(valid, flat)
-    counts = torch.zeros_like(logits).scatter_add_(1, ids, valid.to(logits.dtype))  # [batch, vocab]
-    count = counts.gather(1, ids)  # [batch, width] occurrences of each window token
-    old = logits.gather(1, ids)  # [batch, width]
+    ids = torch.full(valid.shape, -1, device=logits.device).masked_scatter_(valid, flat)  # pads: -1
+    # Pads rewrite the row's first token with the same value its own position writes (token 0 and
+    # count 0, i.e. unchanged, for an empty row), so duplicate scatter targets always agree.
+    target = torch.where(valid, ids, ids[:, :1]).clamp(min=0)  # [batch, width]
+    ordered = ids.sort(dim=1).values  # [batch, width]
+    count = torch.searchsorted(ordered, target, right=True) - torch.searchsorted(ordered, target)  # occurrences
+    old = logits.gather(1, target)  # [batch, width]
     names = ("repeat_penalty", "frequency_penalty", "presence_penalty")
     rep, freq, pres = (_row_values(params, name, logits.device)[:, None] for name in names)  # [batch, 1]
     new = torch.where(old > 0, old / rep, old * rep) - (count * freq + pres)
-    return logits.scatter_(1, ids, torch.where(count > 0, new, old))
+    return logits.scatter_(1, target, torch.where(count > 0, new, old))
 
 
 def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams], history: History) -> torch.Tensor:
@@ -191,17 +194,17 @@ def apply_logit_bias_(logits: torch.Tensor, params: Sequence[SamplingParams]) ->
     return logits.index_put_(index, torch.tensor(biases, dtype=logits.dtype, device=logits.device), accumulate=True)
 
 
-def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """Index of the first column whose cumulative probability exceeds u * total, per row.
+def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Per row, the first column whose cumulative weight exceeds u * total (weights are overwritten).
 
-    Searching to the right of the target never lands on a zero-probability column; the target is
-    kept strictly below the total so float rounding of u * total cannot run past the last token.
+    Weights need not be normalised. Searching to the right of the target never lands on a
+    zero-weight column; the target stays below the total so rounding cannot run past the end.
     """
-    cdf = torch.cumsum(probs, dim=1)  # [rows, cols]
+    cdf = weights.cumsum_(dim=1)  # [rows, cols]
     total = cdf[:, -1:]  # [rows, 1]
     target = (uniform[:, None] * total).to(cdf.dtype)  # [rows, 1]
     target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=probs.shape[1] - 1)  # [rows]
+    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=cdf.shape[1] - 1)  # [rows]
 
 
 class _Batch:
@@ -237,7 +240,8 @@ class _Batch:
         """Full-vocabulary logsumexp [batch], only for rows that report probabilities or use top_p
         without top_k; NaN in the other rows, which never read it (this skips most of the exps)."""
         if self._lse is None:
-            need = [p.n_probs > 0 or not p.greedy and p.top_k <= 0 and p.top_p < 1 for p in self.params]
+            top_k = self.top_k.tolist()
+            need = [p.n_probs > 0 or not g and k == self.vocab and p.top_p < 1 for p, g, k in zip(self.params, self.greedy, top_k)]
             idx = torch.tensor([i for i, n in enumerate(need) if n], dtype=torch.int64, device=self.adj.device)
             shift = self.row_max.index_select(0, idx)  # [n]
             sums = torch.exp(self.adj.index_select(0, idx) - shift[:, None]).sum(dim=1)  # [n]
@@ -263,6 +267,15 @@ class Sampler:
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = _int("vocab_size", vocab_size, lo=1)
+        self._buffer: torch.Tensor | None = None
+
+    def _scratch(self, logits: torch.Tensor) -> torch.Tensor:
+        """A reused float32 [batch, vocab] buffer: a fresh multi-MB allocation per step costs page
+        faults comparable to the whole sampling step. Hence a Sampler serves one thread at a time."""
+        buf = self._buffer
+        if buf is None or buf.shape[0] < logits.shape[0] or buf.device != logits.device:
+            buf = self._buffer = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        return buf[: logits.shape[0]]
 
     def sample(
         self, logits: torch.Tensor, params: Sequence[SamplingParams], rngs: Sequence[SequenceRng], history: History
@@ -273,8 +286,9 @@ class Sampler:
             raise SamplingError(f"logits must be [batch, {self.vocab_size}], got {tuple(logits.shape)}")
         if not len(params) == len(rngs) == len(history) == batch:
             raise SamplingError(f"params, rngs and history must each have {batch} rows")
-        edits = any(p.logit_bias or p.penalties_active for p in params)  # else no copy is needed
-        adj = logits.to(torch.float32, copy=edits)  # [batch, vocab]
+        adj = logits.to(torch.float32)  # [batch, vocab]
+        if any(p.logit_bias or p.penalties_active for p in params):  # edits go to our own buffer
+            adj = self._scratch(logits).copy_(logits)
         b = _Batch(apply_penalties_(apply_logit_bias_(adj, params), params, history), params)
         bad = ~torch.isfinite(b.row_max)  # NaN propagates through max, so this catches NaN logits too
         if bool(bad.any()):
@@ -295,8 +309,9 @@ class Sampler:
             tokens = torch.where(torch.tensor(rows, device=b.adj.device), self._draw_sorted(b, uniform, rows), tokens)
         if any(untruncated):  # no sort needed: the CDF can run in vocabulary order
             idx = torch.tensor([i for i, u in enumerate(untruncated) if u], device=b.adj.device)  # [n]
-            scaled = b.adj.index_select(0, idx) / b.values("temperature")[idx, None]  # [n, vocab]
-            tokens = tokens.index_copy(0, idx, _inverse_cdf(torch.softmax(scaled, dim=1), uniform[idx]))
+            shift, temp = b.row_max[idx, None], b.values("temperature")[idx, None]  # [n, 1] each
+            weights = b.adj.index_select(0, idx).sub_(shift).div_(temp).exp_()  # [n, vocab], one allocation
+            tokens = tokens.index_copy(0, idx, _inverse_cdf(weights, uniform[idx]))
         return tokens
 
     def _draw_sorted(self, b: _Batch, uniform: torch.Tensor, rows: list[bool]) -> torch.Tensor:

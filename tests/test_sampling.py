@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slotserver.sampling import (
+    SampleOutput,
     Sampler,
     SamplingError,
     SamplingParams,
@@ -75,6 +76,7 @@ def test_logit_bias_forbids_and_forces_tokens():
     [
         (dict(top_k=3, top_p=1.0, min_p=0.0), [0, 1, 2]),
         (dict(top_k=0, top_p=0.75, min_p=0.0), [0, 1, 2]),  # cumulative 0.40, 0.65, 0.80 >= 0.75
+        (dict(top_k=100, top_p=0.75, min_p=0.0), [0, 1, 2]),  # top_k beyond the vocab is off
         (dict(top_k=0, top_p=1.0, min_p=0.2), [0, 1, 2, 3]),  # p >= 0.2 * 0.40
         (dict(top_k=3, top_p=0.7, min_p=0.0), [0, 1]),  # top_p renormalises over top_k's survivors
         (dict(top_k=0, top_p=0.9, min_p=0.3), [0, 1, 2]),  # min_p is the tighter bound
@@ -181,10 +183,11 @@ def test_n_probs_reports_sorted_log_softmax_after_bias():
         SamplingParams(),
     ]
     out = Sampler(500).sample(logits, params, [SequenceRng(i) for i in range(3)], [[]] * 3)
-    adjusted = logits.clone()
+    assert out.top_ids.shape == (3, 5) and out.top_logprobs.dtype == torch.float32
+    out = SampleOutput(out.tokens[:2], out.logprobs[:2], out.top_ids[:2], out.top_logprobs[:2])  # rows asking
+    adjusted = logits[:2].clone()
     adjusted[0, top] = -math.inf
     reference = torch.log_softmax(adjusted, dim=1)
-    assert out.top_ids.shape == (3, 5) and out.top_logprobs.dtype == torch.float32
     assert torch.equal(out.top_ids, reference.topk(5, dim=1).indices)
     assert torch.allclose(out.top_logprobs, reference.gather(1, out.top_ids), atol=1e-5)
     assert bool((out.top_logprobs[:, :-1] >= out.top_logprobs[:, 1:]).all())

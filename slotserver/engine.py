@@ -1,0 +1,219 @@
+"""The slot engine: continuous batching over N slots on its own thread.
+
+`step()` reads as the design says: schedule, apply moves, forward, sample, postprocess. Clients
+talk to the engine only through thread-safe verbs (`submit`, `cancel`, `call`) that leave a
+message in the inbox; the engine handles them at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import math
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable
+
+import torch
+
+from slotserver.batch import Batch, SeqChunk
+from slotserver.bundle import ModelBundle
+from slotserver.detokenizer import IncrementalDetokenizer
+from slotserver.engine_config import EngineConfig
+from slotserver.engine_stats import StatsTracker
+from slotserver.kv_cache import KVCache
+from slotserver.kv_spec import KVSpec
+from slotserver.postprocess import Sampled, final_event, postprocess
+from slotserver.request import EngineBusy, ErrorEvent, Request, RequestError, RequestHandle
+from slotserver.sampling import Sampler, SamplingParams, SequenceRng
+from slotserver.scheduler import Scheduler, StepPlan
+from slotserver.sequence import Sequence
+from slotserver.stats import EngineStats
+from slotserver.stop_strings import StopMatcher
+
+log = logging.getLogger("slotserver.engine")
+
+
+class Engine:
+    def __init__(self, bundle: ModelBundle, config: EngineConfig) -> None:
+        s, self.bundle, self.config = bundle.model.spec, bundle, config
+        if config.n_cells > bundle.model.rope.max_pos:
+            raise RequestError(f"a slot's context ({config.n_cells}) exceeds the model's ({bundle.model.rope.max_pos})")
+        spec = KVSpec(s.n_layers, config.n_streams, config.n_cells, s.n_kv_heads, s.head_dim, bundle.model.dtype)
+        self.cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
+        self.sched = Scheduler(config)
+        self.sampler = Sampler(s.vocab_size)
+        self.eog = bundle.tokenizer.eog_ids
+        self.tracker = StatsTracker(self)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- client verbs (any thread) -------------------------------------------------------------
+    def submit(self, request: Request, loop=None) -> RequestHandle:
+        self._validate(request)
+        with self._lock:
+            if self._in_flight >= self.config.n_parallel + self.config.queue_limit:
+                raise EngineBusy(f"server is busy: {self._in_flight} requests in flight, queue full")
+            self._in_flight += 1
+        handle = RequestHandle(next(self._ids), request, self, loop)
+        self._post(("submit", self._sequence(handle)))
+        return handle
+
+    def cancel(self, request_id: int) -> None:
+        self._post(("cancel", request_id))
+
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run `fn()` on the engine thread between two steps; -> a Future of its result."""
+        fut: Future = Future()
+        self._post(("call", fn, fut))
+        return fut
+
+    def stats(self) -> EngineStats:
+        return self.tracker.snapshot
+
+    def start(self) -> "Engine":
+        self._thread = threading.Thread(target=self._run, name="slotserver-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    # -- the engine thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping:
+            try:
+                worked = self.step()
+            except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the server
+                log.exception("engine step failed")
+                self._fail_running(f"engine error: {type(e).__name__}: {e}")
+                worked = True
+            if not worked:
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    def step(self) -> bool:
+        """One step. -> False when there was nothing to do."""
+        self._drain_inbox()
+        if not self.sched.has_work():
+            return False
+        t = [time.perf_counter()]
+        plan = self.sched.schedule()
+        t.append(time.perf_counter())
+        self.cache.apply(plan.moves)
+        t.append(time.perf_counter())
+        logits = self._forward(plan)
+        t.append(time.perf_counter())
+        sampled = self._sample(plan, logits)
+        t.append(time.perf_counter())
+        done = postprocess(self.sched, plan, sampled, self.eog)
+        t.append(time.perf_counter())
+        self._release(len(done))
+        self.tracker.after_step(plan, len(done), t)
+        return True
+
+    def _forward(self, plan: StepPlan) -> torch.Tensor | None:
+        if not plan.chunks:
+            return None
+        chunks = [SeqChunk(c.stream, c.start, c.seq.tokens[c.start: c.start + c.n], logits=c.sample)
+                  for c in plan.chunks]
+        return self.bundle.model.forward(Batch.build(chunks), self.cache)   # [n_sample, vocab]
+
+    def _sample(self, plan: StepPlan, logits: torch.Tensor | None) -> list[Sampled]:
+        seqs = [c.seq for c in plan.chunks if c.sample]
+        if not seqs:
+            return []
+        out = self.sampler.sample(logits, [s.params for s in seqs], [s.rng for s in seqs], [s.tokens for s in seqs])
+        tokens = out.tokens.tolist()
+        lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(seqs)
+        result = []
+        for i, s in enumerate(seqs):
+            n = s.params.n_probs
+            top = ()
+            if n and out.top_ids is not None:
+                top = tuple(zip(out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist()))
+            result.append(Sampled(tokens[i], lps[i], top))
+        return result
+
+    # -- inbox -------------------------------------------------------------------------------
+    def _post(self, message: tuple) -> None:
+        self._inbox.put(message)
+        self._wake.set()
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if msg[0] == "submit":
+                self.sched.add(msg[1])
+            elif msg[0] == "cancel":
+                self._cancel(msg[1])
+            elif msg[0] == "call":
+                self._run_call(msg[1], msg[2])
+
+    def _run_call(self, fn, fut: Future) -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            fut.set_result(fn())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            fut.set_exception(e)
+
+    def _cancel(self, request_id: int) -> None:
+        for seq in list(self.sched.waiting) + self.sched.running():
+            if seq.id == request_id and not seq.finished:
+                self.sched.finish(seq)
+                seq.handle.emit(final_event(seq, "none"))
+                self._release(1)
+
+    def _fail_running(self, message: str) -> None:
+        for seq in self.sched.running():
+            self.sched.finish(seq)
+            seq.handle.emit(ErrorEvent(message))
+            self._release(1)
+
+    def _release(self, n: int) -> None:
+        with self._lock:
+            self._in_flight -= n
+
+    # -- building a sequence -----------------------------------------------------------------------
+    def _validate(self, r: Request) -> None:
+        if not r.prompt_ids:
+            raise RequestError("the prompt is empty")
+        if len(r.prompt_ids) >= self.config.n_cells:
+            raise RequestError(f"the prompt has {len(r.prompt_ids)} tokens; a slot's context is "
+                               f"{self.config.n_cells} (the request exceeds the available context size)")
+        vocab = self.bundle.model.spec.vocab_size
+        if any(not 0 <= t < vocab for t in r.prompt_ids):
+            raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        if not -1 <= r.id_slot < self.config.n_parallel:
+            raise RequestError(f"id_slot must be -1 or in [0, {self.config.n_parallel})")
+
+    def _sequence(self, handle: RequestHandle) -> Sequence:
+        r = handle.request
+        return Sequence(
+            handle=handle, tokens=list(r.prompt_ids), num_prompt=len(r.prompt_ids),
+            rng=SequenceRng(r.params.seed), params=_effective_params(r, self.eog),
+            detok=IncrementalDetokenizer(self.bundle.tokenizer), stops=StopMatcher(r.stop),
+        )
+
+
+def _effective_params(r: Request, eog: frozenset[int]) -> SamplingParams:
+    """`ignore_eos` is a -inf logit bias on every end-of-generation token, as in llama.cpp."""
+    if not r.ignore_eos:
+        return r.params
+    bias = tuple(r.params.logit_bias) + tuple((t, -math.inf) for t in sorted(eog))
+    return dataclasses.replace(r.params, logit_bias=bias)
