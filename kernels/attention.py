@@ -6,6 +6,10 @@ handled by folding the query heads of one KV head into the query axis, so K/V ar
 Each sequence only reads `max_kv` cells of its stream: the masked tail past the longest sequence is
 never touched. When the batch's streams are contiguous (sequence defragmentation), K/V are sliced,
 not gathered.
+
+`triton(...)` (the CUDA path) launches a decode kernel when every sequence has one new token
+(`meta.max_q == 1`) and a causal prefill-chunk kernel otherwise; both take the view's strides
+(plain, heads-first and q8 views alike) and bound their KV loop by each sequence's own length.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+import triton as _triton
+import triton.language as tl
 
 from slotserver.batch import AttnMeta, Batch, SeqChunk
 from slotserver.kv_spec import StridedKV
@@ -81,21 +87,227 @@ def _dequant(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype = t
     return (x.float() * scale.float()).to(dtype)
 
 
+LOG2E = 1.4426950408889634
+DECODE_BLOCK_N = 16
+PREFILL_BLOCK_M = 32
+PREFILL_BLOCK_N = 32
+
+
+@_triton.jit
+def _dot(a, b, IEEE_DOT: tl.constexpr):
+    """`a @ b` accumulated in float32. IEEE_DOT multiplies in exact float32: for float32 caches
+    (no tf32 rounding) and under the interpreter, whose tl.dot multiplies bf16 bit patterns as
+    integers. Inputs are already rounded to their dtype, so the result matches a bf16 MMA."""
+    if IEEE_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@_triton.jit
+def _attn_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_ptr, kv_lens_ptr, q_offsets_ptr,
+                        stride_qt, stride_qh, stride_ks, stride_kc, stride_kh, stride_vs, stride_vc, stride_vh,
+                        stride_ss, stride_sc, stride_sh, stride_ot, stride_oh, qk_scale,
+                        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr):
+    """Program (sequence b, KV head h): the GROUP query heads of h for b's single new token.
+
+    The loop runs to b's own kv_len, so the masked tail past it is never read; K/V addresses use
+    the view's strides (any strided layout), q8 rows are scaled as they are loaded.
+    """
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    stream = tl.load(streams_ptr + b).to(tl.int64)
+    kv_len = tl.load(kv_lens_ptr + b)
+    row = tl.load(q_offsets_ptr + b).to(tl.int64)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    n = tl.arange(0, BLOCK_N)
+    gd_mask = (g[:, None] < GROUP) & (d[None, :] < HEAD_DIM)
+    q = tl.load(q_ptr + row * stride_qt + (h * GROUP + g)[:, None] * stride_qh + d[None, :],
+                mask=gd_mask, other=0.0).to(tl.float32) * qk_scale              # [BLOCK_G, BLOCK_D]
+    k_base = k_ptr + stream * stride_ks + h * stride_kh
+    v_base = v_ptr + stream * stride_vs + h * stride_vh
+    s_base = stream * stride_ss + h * stride_sh
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for start in range(0, kv_len, BLOCK_N):
+        cells = start + n
+        c_mask = cells < kv_len
+        nd_mask = c_mask[:, None] & (d[None, :] < HEAD_DIM)
+        k = tl.load(k_base + cells[:, None] * stride_kc + d[None, :], mask=nd_mask, other=0.0).to(tl.float32)
+        v = tl.load(v_base + cells[:, None] * stride_vc + d[None, :], mask=nd_mask, other=0.0).to(tl.float32)
+        if QUANT:
+            k = k * tl.load(ks_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None]
+            v = v * tl.load(vs_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None]
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)                       # [BLOCK_G, BLOCK_N]
+        s = tl.where(c_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=gd_mask)
+
+
+@_triton.jit
+def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_ptr, q_lens_ptr, kv_lens_ptr,
+                         q_offsets_ptr, stride_qt, stride_qh, stride_ks, stride_kc, stride_kh, stride_vs,
+                         stride_vc, stride_vh, stride_ss, stride_sc, stride_sh, stride_ot, stride_oh, qk_scale,
+                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
+                         IEEE_DOT: tl.constexpr):
+    """Program (sequence b, KV head h, row tile): a causal chunk of b's new queries against its cache.
+
+    Rows fold the GQA group into the query axis: row r is query j = r // GROUP, head h*GROUP + r % GROUP,
+    at position kv_len - q_len + j. The KV loop stops at the tile's last position (causal bound).
+    """
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    q_len = tl.load(q_lens_ptr + b)
+    if tl.program_id(2) * BLOCK_M >= q_len * GROUP:
+        return
+    stream = tl.load(streams_ptr + b).to(tl.int64)
+    kv_len = tl.load(kv_lens_ptr + b)
+    q_off = tl.load(q_offsets_ptr + b).to(tl.int64)
+    r = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    j = r // GROUP
+    r_mask = r < q_len * GROUP
+    pos = kv_len - q_len + j                                                     # [BLOCK_M]
+    d = tl.arange(0, BLOCK_D)
+    n = tl.arange(0, BLOCK_N)
+    d_mask = d[None, :] < HEAD_DIM
+    q_rows = (q_off + j)[:, None] * stride_qt + (h * GROUP + r % GROUP)[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptr + q_rows, mask=r_mask[:, None] & d_mask, other=0.0)       # [BLOCK_M, BLOCK_D]
+    k_base = k_ptr + stream * stride_ks + h * stride_kh
+    v_base = v_ptr + stream * stride_vs + h * stride_vh
+    s_base = stream * stride_ss + h * stride_sh
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    hi = tl.minimum(kv_len, tl.max(tl.where(r_mask, pos, 0), axis=0) + 1)
+    for start in range(0, hi, BLOCK_N):
+        cells = start + n
+        c_mask = cells < hi
+        nd_mask = c_mask[:, None] & d_mask
+        k = tl.load(k_base + cells[:, None] * stride_kc + d[None, :], mask=nd_mask, other=0.0)
+        v = tl.load(v_base + cells[:, None] * stride_vc + d[None, :], mask=nd_mask, other=0.0)
+        if QUANT:
+            k = (k.to(tl.float32) * tl.load(ks_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
+            v = (v.to(tl.float32) * tl.load(vs_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        s = _dot(q, tl.trans(k), IEEE_DOT) * qk_scale    # [BLOCK_M, BLOCK_N]
+        s = tl.where((cells[None, :] <= pos[:, None]) & c_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE_DOT)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    o_rows = (q_off + j)[:, None] * stride_ot + (h * GROUP + r % GROUP)[:, None] * stride_oh + d[None, :]
+    tl.store(out_ptr + o_rows, out.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask)
+
+def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
+    """Same contract as `cpu`: q [tokens, q_heads, head_dim], kv logical [streams, cells, kv_heads, head_dim]."""
+    _check(q, kv, meta)
+    kv_heads, dim = kv.k.shape[2], q.shape[2]
+    group = q.shape[1] // kv_heads
+    quant = kv.k_scale is not None
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    ks, vs = (kv.k_scale, kv.v_scale) if quant else (kv.k, kv.v)  # unused pointers without q8
+    args = (q.stride(0), q.stride(1), *kv.k.stride()[:3], *kv.v.stride()[:3],
+            *(kv.k_scale.stride() if quant else (0, 0, 0)), out.stride(0), out.stride(1), scale * LOG2E)
+    if meta.max_q == 1:
+        _attn_decode_kernel[(meta.n_seqs, kv_heads)](
+            q, kv.k, kv.v, ks, vs, out, meta.seq_streams, meta.kv_lens, meta.q_offsets, *args,
+            GROUP=group, HEAD_DIM=dim, BLOCK_G=_triton.next_power_of_2(group),
+            BLOCK_D=_triton.next_power_of_2(dim), BLOCK_N=DECODE_BLOCK_N, QUANT=quant)
+    else:
+        grid = (meta.n_seqs, kv_heads, _triton.cdiv(meta.max_q * group, PREFILL_BLOCK_M))
+        _attn_prefill_kernel[grid](
+            q, kv.k, kv.v, ks, vs, out, meta.seq_streams, meta.q_lens, meta.kv_lens, meta.q_offsets, *args,
+            GROUP=group, HEAD_DIM=dim, BLOCK_M=PREFILL_BLOCK_M, BLOCK_D=max(16, _triton.next_power_of_2(dim)),
+            BLOCK_N=PREFILL_BLOCK_N, QUANT=quant, IEEE_DOT=q.dtype == torch.float32 or _interpreted())
+    return out
+
+
+def _interpreted() -> bool:
+    """True when triton was imported with TRITON_INTERPRET=1 (kernels run on CPU tensors)."""
+    return type(_attn_prefill_kernel).__name__ == "InterpretedFunction"
+
+
+def _check(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> None:
+    assert q.dim() == 3 and q.stride(2) == 1, f"q must be [tokens, q_heads, head_dim], unit last stride: {q.stride()}"
+    assert kv.k.dim() == 4 and kv.k.shape == kv.v.shape, "k, v must be [streams, cells, kv_heads, head_dim]"
+    assert kv.k.shape[3] == q.shape[2] and q.shape[1] % kv.k.shape[2] == 0, "head_dim / GQA group mismatch"
+    assert kv.k.stride(3) == 1 and kv.v.stride(3) == 1, "head_dim must be the innermost dim of the view"
+    if kv.k_scale is not None:
+        assert kv.k.dtype == kv.v.dtype == torch.int8 and kv.v_scale is not None
+        assert kv.k_scale.shape == kv.k.shape[:3] and kv.k_scale.stride() == kv.v_scale.stride()
+        assert kv.k_scale.dtype == kv.v_scale.dtype == torch.float32
+    else:
+        assert kv.k.dtype == kv.v.dtype == q.dtype, f"kv {kv.k.dtype} must match q {q.dtype}"
+    for t in (meta.seq_streams, meta.q_lens, meta.kv_lens, meta.q_offsets):
+        assert t.dtype == torch.int64 and t.is_contiguous() and t.device == q.device
+
+
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
-    """A random ragged batch (mixed decode and prefill chunks) on shuffled streams."""
+    """A random ragged batch (mixed decode and prefill chunks, or all decode) on shuffled streams,
+    over a plain, a heads-first (strided) or a q8 cache; odd head_dim and group sizes included."""
     kv_heads = int(torch.randint(1, 4, (), generator=gen))
     group = int(torch.randint(1, 4, (), generator=gen))
-    dim = int(torch.randint(1, 5, (), generator=gen)) * 8
+    dim = int(torch.randint(2, 41, (), generator=gen))
     n_streams, n_cells = 6, 40
     n_seq = int(torch.randint(1, n_streams + 1, (), generator=gen))
     streams = torch.randperm(n_streams, generator=gen)[:n_seq].tolist()
+    decode_only = bool(torch.rand((), generator=gen) < 0.3)
     chunks = []
     for s in streams:
         start = int(torch.randint(0, 30, (), generator=gen))
-        n_new = 1 if torch.rand((), generator=gen) < 0.5 else int(torch.randint(1, 10, (), generator=gen))
+        prefill = not decode_only and torch.rand((), generator=gen) >= 0.5
+        n_new = int(torch.randint(1, 10, (), generator=gen)) if prefill else 1
         chunks.append(SeqChunk(stream=s, start=start, tokens=[0] * n_new))
     meta = Batch.build(chunks).attn
     q = torch.randn(sum(len(c.tokens) for c in chunks), kv_heads * group, dim, generator=gen)
     k = torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen)
     v = torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen)
-    return q.to(dtype), StridedKV(k.to(dtype), v.to(dtype)), meta, 1 / math.sqrt(dim)
+    return q.to(dtype), _example_view(k, v, dtype, int(torch.randint(0, 3, (), generator=gen))), meta, 1 / math.sqrt(dim)
+
+
+def _example_view(k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, kind: int) -> StridedKV:
+    """kind 0: contiguous (seq_head_dim); 1: heads-first storage, permuted view; 2: int8 + scales."""
+    if kind == 1:
+        k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
+    if kind != 2:
+        return StridedKV(k.to(dtype), v.to(dtype))
+    scales = [t.abs().amax(dim=-1) / 127 for t in (k, v)]
+    k8, v8 = (torch.round(t / s.unsqueeze(-1)).to(torch.int8) for t, s in zip((k, v), scales))
+    return StridedKV(k8, v8, *scales)
+
+
+def _aot(dtype: str, quant: bool, decode: bool, group: int = 3, dim: int = 64) -> tuple:
+    cache = "i8" if quant else dtype
+    sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{cache}", "v_ptr": f"*{cache}", "ks_ptr": "*fp32",
+           "vs_ptr": "*fp32", "out_ptr": f"*{dtype}", "streams_ptr": "*i64"}
+    sig |= {"kv_lens_ptr": "*i64"} if decode else {"q_lens_ptr": "*i64", "kv_lens_ptr": "*i64"}
+    sig |= {"q_offsets_ptr": "*i64"}
+    sig |= {n: "i32" for n in ("stride_qt", "stride_qh", "stride_ks", "stride_kc", "stride_kh", "stride_vs",
+                               "stride_vc", "stride_vh", "stride_ss", "stride_sc", "stride_sh",
+                               "stride_ot", "stride_oh")}
+    sig |= {"qk_scale": "fp32"}
+    const = {"GROUP": group, "HEAD_DIM": dim, "BLOCK_D": _triton.next_power_of_2(dim), "QUANT": quant}
+    if decode:
+        const |= {"BLOCK_G": _triton.next_power_of_2(group), "BLOCK_N": DECODE_BLOCK_N}
+    else:
+        const |= {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N, "IEEE_DOT": dtype == "fp32"}
+    sig |= {name: "constexpr" for name in const}
+    return (_attn_decode_kernel if decode else _attn_prefill_kernel, sig, const)
+
+
+# SmolLM2-135M geometry (group 3, head_dim 64): bf16 and q8 caches, decode and prefill.
+AOT = [_aot("bf16", False, True), _aot("bf16", True, True), _aot("bf16", False, False),
+       _aot("bf16", True, False), _aot("fp32", False, True)]

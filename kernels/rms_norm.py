@@ -1,13 +1,17 @@
 """rms_norm: `y = x / sqrt(mean(x^2) + eps) * weight`, llama.cpp's RMS_NORM followed by MUL.
 
 Contract (every kernel module): `OP`, `reference(...)` in plain torch (the ground truth), `cpu(...)`
-(the implementation the CPU engine calls), `example_inputs(gen, dtype)` for validation, `TOL`.
+(the implementation the CPU engine calls), `triton(...)` (same signature, what a CUDA engine
+calls), `example_inputs(gen, dtype)` for validation, `TOL`, and `AOT` (compile specs for the
+ahead-of-time check: `(jit_fn, signature, constexprs)`).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import triton as _triton
+import triton.language as tl
 
 OP = "rms_norm"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -26,9 +30,44 @@ def cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
 
 
+@_triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_out, n_cols, eps,
+                     BLOCK: tl.constexpr):
+    """One program per row: the whole row is loaded once, reduced in float32, scaled, stored."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)   # [BLOCK]
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    inv = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    tl.store(out_ptr + row * stride_out + cols, (x * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Same contract as `cpu`. Rows may be strided; the last dim must be contiguous."""
+    assert x.dim() == 2 and x.stride(1) == 1, f"x must be [tokens, dim] with unit last stride, got {x.stride()}"
+    assert weight.shape == (x.shape[1],) and weight.stride(0) == 1, "weight must be a contiguous [dim]"
+    assert x.dtype in (torch.float32, torch.bfloat16, torch.float16) and x.device == weight.device
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.shape[0]:
+        block = _triton.next_power_of_2(x.shape[1])
+        _rms_norm_kernel[(x.shape[0],)](x, weight, out, x.stride(0), out.stride(0), x.shape[1], eps,
+                                        BLOCK=block, num_warps=4 if block <= 2048 else 8)
+    return out
+
+
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     tokens = int(torch.randint(1, 40, (), generator=gen))
     dim = int(torch.randint(1, 300, (), generator=gen))
     x = torch.randn(tokens, dim, generator=gen).to(dtype)
     w = (1 + 0.1 * torch.randn(dim, generator=gen)).to(dtype)
     return x, w, 1e-5
+
+
+def _aot(x: str, w: str, block: int) -> tuple:
+    sig = {"x_ptr": f"*{x}", "w_ptr": f"*{w}", "out_ptr": f"*{x}", "stride_x": "i32",
+           "stride_out": "i32", "n_cols": "i32", "eps": "fp32", "BLOCK": "constexpr"}
+    return (_rms_norm_kernel, sig, {"BLOCK": block})
+
+
+AOT = [_aot("fp32", "fp32", 1024), _aot("bf16", "fp32", 4096)]

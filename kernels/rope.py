@@ -7,6 +7,8 @@ computes `cos`/`sin` once per step from a precomputed table; the op only rotates
 from __future__ import annotations
 
 import torch
+import triton as _triton
+import triton.language as tl
 
 OP = "rope"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -35,6 +37,46 @@ def cpu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return torch.cat([out.to(x.dtype), x[..., rot:]], dim=-1)
 
 
+@_triton.jit
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, stride_xt, stride_xh, stride_ct, stride_st,
+                 stride_ot, stride_oh, n_heads, n_rot_pairs, n_pairs,
+                 BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr):
+    """One program per token: pair p of every head turns by that token's angle p.
+
+    Pairs past the rotated dims (p >= n_rot_pairs) load cos=1, sin=0: they pass through unchanged.
+    """
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)[:, None]                       # [BLOCK_H, 1]
+    p = tl.arange(0, BLOCK_P)[None, :]                       # [1, BLOCK_P]
+    mask = (h < n_heads) & (p < n_pairs)
+    rot = p < n_rot_pairs
+    c = tl.load(cos_ptr + t * stride_ct + p, mask=rot, other=1.0).to(tl.float32)
+    s = tl.load(sin_ptr + t * stride_st + p, mask=rot, other=0.0).to(tl.float32)
+    src = x_ptr + t * stride_xt + h * stride_xh + 2 * p
+    x0 = tl.load(src, mask=mask, other=0.0).to(tl.float32)   # [BLOCK_H, BLOCK_P]
+    x1 = tl.load(src + 1, mask=mask, other=0.0).to(tl.float32)
+    dst = out_ptr + t * stride_ot + h * stride_oh + 2 * p
+    ty = out_ptr.dtype.element_ty
+    tl.store(dst, (x0 * c - x1 * s).to(ty), mask=mask)
+    tl.store(dst + 1, (x0 * s + x1 * c).to(ty), mask=mask)
+
+
+def triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Same contract as `cpu`; `x` may be a strided view (q/k split out of the fused qkv)."""
+    assert x.dim() == 3 and x.stride(2) == 1, f"x must be [tokens, heads, head_dim], unit last stride: {x.stride()}"
+    tokens, heads, dim = x.shape
+    assert dim % 2 == 0, "rope needs an even head_dim"
+    assert cos.shape == sin.shape and cos.dim() == 2 and cos.shape[0] == tokens
+    assert 2 * cos.shape[1] <= dim and cos.stride(1) == 1 and sin.stride(1) == 1
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if tokens:
+        _rope_kernel[(tokens,)](x, cos, sin, out, x.stride(0), x.stride(1), cos.stride(0), sin.stride(0),
+                                out.stride(0), out.stride(1), heads, cos.shape[1], dim // 2,
+                                BLOCK_H=_triton.next_power_of_2(heads),
+                                BLOCK_P=_triton.next_power_of_2(dim // 2))
+    return out
+
+
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     tokens = int(torch.randint(1, 30, (), generator=gen))
     heads = int(torch.randint(1, 6, (), generator=gen))
@@ -43,3 +85,14 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     x = torch.randn(tokens, heads, 2 * half + extra, generator=gen).to(dtype)
     theta = torch.rand(tokens, half, generator=gen) * 100
     return x, theta.cos().to(dtype), theta.sin().to(dtype)
+
+
+def _aot(x: str, blocks: tuple[int, int]) -> tuple:
+    sig = {"x_ptr": f"*{x}", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": f"*{x}",
+           **{name: "i32" for name in ("stride_xt", "stride_xh", "stride_ct", "stride_st",
+                                       "stride_ot", "stride_oh", "n_heads", "n_rot_pairs", "n_pairs")},
+           "BLOCK_H": "constexpr", "BLOCK_P": "constexpr"}
+    return (_rope_kernel, sig, {"BLOCK_H": blocks[0], "BLOCK_P": blocks[1]})
+
+
+AOT = [_aot("fp32", (16, 32)), _aot("bf16", (32, 64))]  # SmolLM2-135M q (9 heads x 64), 8B-class q

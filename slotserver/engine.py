@@ -76,6 +76,17 @@ class Engine:
         self._post(("call", fn, fut))
         return fut
 
+    def slot_action(self, slot_id: int, action: str, filename: str | None = None) -> Future:
+        """Save, restore or erase an idle slot's cache on the engine thread; -> Future[dict]."""
+        from slotserver import slot_files
+
+        actions = {"save": lambda: slot_files.save(self, slot_id, filename),
+                   "restore": lambda: slot_files.restore(self, slot_id, filename),
+                   "erase": lambda: slot_files.erase(self, slot_id)}
+        if action not in actions:
+            raise RequestError(f"action must be one of save, restore, erase; got {action!r}")
+        return self.call(actions[action])
+
     def stats(self) -> EngineStats:
         return self.tracker.snapshot
 

@@ -4,13 +4,13 @@ The chain follows common/sampling.cpp and src/llama-sampling.cpp:
 logit_bias -> penalties -> top_k -> top_p -> min_p -> temperature -> draw.
 Greedy (temperature <= 0) is the argmax after logit_bias and penalties and uses no random draw.
 
-top_k, top_p and min_p each keep a *prefix* of the logits sorted in descending order, so the kept
-set of a row is the shortest of the three prefixes. That lets one `topk` over the batch replace a
-full vocabulary sort whenever top_k or min_p bound the candidate count (the usual case).
+top_k, top_p and min_p each keep a *prefix* of the logits sorted in descending order, so a row's
+kept set is the shortest of the three prefixes, and a `topk` of a few candidates per row replaces
+a full vocabulary sort whenever that prefix is short (the usual case).
 
-n_probs / logprobs choice: probabilities are the softmax of the bias/penalty-adjusted logits at
-temperature 1, before truncation (llama-server's default, `post_sampling_probs=false`, also reports
-pre-truncation probabilities). They therefore describe the model, not the sampler's settings.
+n_probs / logprobs: the softmax of the bias/penalty-adjusted logits at temperature 1, before
+truncation. (llama-server's default reports the raw logits' softmax; including bias and penalties
+means a forbidden token reports probability 0.) They describe the model, not top_k/top_p/min_p.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _int(name: str, value: object, *, lo: int | None = None, hi: int | None = No
 
 
 def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
-    """Normalise a mapping or iterable of (token, bias) pairs; -inf forbids, +inf/NaN are rejected."""
+    """Normalise a mapping or iterable of (token, bias) pairs; -inf forbids, +inf and NaN are rejected."""
     try:
         pairs = [tuple(pair) for pair in (value.items() if isinstance(value, Mapping) else value)]  # type: ignore
     except TypeError:
@@ -73,14 +73,14 @@ class SamplingParams:
     """Per-request sampling settings with llama.cpp defaults; invalid values raise SamplingError."""
 
     temperature: float = 0.8  # <= 0: greedy
-    top_k: int = 40  # <= 0: disabled
-    top_p: float = 0.95  # 1.0: disabled
-    min_p: float = 0.05  # 0: disabled
-    repeat_penalty: float = 1.0  # 1.0: disabled
+    top_k: int = 40  # <= 0 (or >= vocab): off
+    top_p: float = 0.95  # 1.0: off
+    min_p: float = 0.05  # 0: off
+    repeat_penalty: float = 1.0  # 1.0: off
     repeat_last_n: int = 64  # penalty window; 0 disables penalties, -1 = whole history
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf forbids the token
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf forbids; a mapping is accepted
     seed: int = -1  # -1: fresh random seed when the sequence's RNG is created
     n_probs: int = 0  # report the top-n probabilities of each sampled position
 
@@ -107,19 +107,20 @@ class SamplingParams:
 
     @property
     def penalties_active(self) -> bool:
-        """Mirrors llama.cpp: penalties are a no-op with an empty window or neutral values."""
+        """As in llama.cpp, penalties are a no-op with an empty window or neutral values."""
         neutral = self.repeat_penalty == 1.0 and self.presence_penalty == 0 and self.frequency_penalty == 0
         return self.repeat_last_n != 0 and not neutral
 
 
 @dataclass
 class SampleOutput:
-    """One sampled token per row; probability fields are None unless some row has n_probs > 0."""
+    """One token per row. The probability fields are None unless some row has n_probs > 0; they are
+    then filled for the rows with n_probs > 0 (row i reads its first n_probs columns), NaN elsewhere."""
 
     tokens: torch.Tensor  # [batch] int64
-    logprobs: torch.Tensor | None  # [batch] float32, chosen token under the adjusted softmax; NaN where n_probs == 0
-    top_ids: torch.Tensor | None  # [batch, max_n_probs] int64, best first; row i uses its first n_probs
-    top_logprobs: torch.Tensor | None  # [batch, max_n_probs] float32; NaN where n_probs == 0
+    logprobs: torch.Tensor | None  # [batch] float32, the chosen token's log-probability
+    top_ids: torch.Tensor | None  # [batch, max_n_probs] int64, most probable first
+    top_logprobs: torch.Tensor | None  # [batch, max_n_probs] float32
 
 
 class SequenceRng:
@@ -135,15 +136,28 @@ class SequenceRng:
         return self._rng.random()
 
 
+def _row_values(params: Sequence[SamplingParams], name: str, device: torch.device) -> torch.Tensor:
+    return torch.tensor([getattr(p, name) for p in params], dtype=torch.float32, device=device)  # [batch]
+
+
 def _window(params: SamplingParams, history: Sequence[int]) -> Sequence[int]:
     """The last repeat_last_n tokens (-1: all), or nothing when penalties are inactive."""
     if not params.penalties_active:
         return ()
-    return history if params.repeat_last_n == -1 else history[-params.repeat_last_n :]
+    return history
 
 
-def _row_values(params: Sequence[SamplingParams], name: str, device: torch.device) -> torch.Tensor:
-    return torch.tensor([getattr(p, name) for p in params], dtype=torch.float32, device=device)
+def apply_logit_bias_(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Add each row's logit_bias in place; a repeated token adds up, as llama.cpp applies each in turn."""
+    vocab, device = logits.shape[1], logits.device
+    entries = [(row, tok, bias) for row, p in enumerate(params) for tok, bias in p.logit_bias]
+    if not entries:
+        return logits
+    rows, toks, biases = zip(*entries)
+    if max(toks) >= vocab:
+        raise SamplingError(f"logit_bias token {max(toks)} is outside the vocabulary [0, {vocab})")
+    index = (torch.tensor(rows, device=device), torch.tensor(toks, device=device))
+    return logits.index_put_(index, torch.tensor(biases, dtype=logits.dtype, device=device), accumulate=True)
 
 
 def apply_penalties_(logits: torch.Tensor, params: Sequence[SamplingParams], history: History) -> torch.Tensor:
@@ -151,27 +165,28 @@ def apply_penalties_(logits: torch.Tensor, params: Sequence[SamplingParams], his
 
     For each token seen c > 0 times in the row's window: logit /= repeat_penalty if logit > 0
     else logit *= repeat_penalty; then logit -= c * frequency_penalty + presence_penalty.
-    Counts come from sorting the padded [batch, window] history, not from a [batch, vocab] count
-    table: a fresh table per step costs more in page faults than all of the sampling.
+    Counts come from sorting the padded [batch, window] history rather than from a [batch, vocab]
+    table, whose fresh allocation each step costs more in page faults than all of the sampling.
     """
     windows = [_window(p, h) for p, h in zip(params, history)]
-    lengths = torch.tensor([len(w) for w in windows], device=logits.device)  # [batch]
-    width = int(lengths.max()) if len(windows) else 0
+    device, vocab = logits.device, logits.shape[1]
+    lengths = torch.tensor([len(w) for w in windows], device=device)  # [batch]
+    width = int(lengths.max()) if windows else 0
     if width == 0:
         return logits
-    flat = torch.tensor(list(itertools.chain.from_iterable(windows)), dtype=torch.int64, device=logits.device)
-    if int(flat.min()) < 0 or int(flat.max()) >= logits.shape[1]:
-        raise SamplingError(f"history contains token ids outside the vocabulary [0, {logits.shape[1]})")
-    valid = torch.arange(width, device=logits.device)[None, :] < lengths[:, None]  # [batch, width]
-    ids = torch.full(valid.shape, -1, device=logits.device).masked_scatter_(valid, flat)  # pads: -1
-    # Pads rewrite the row's first token with the same value its own position writes (token 0 and
-    # count 0, i.e. unchanged, for an empty row), so duplicate scatter targets always agree.
-    target = torch.where(valid, ids, ids[:, :1]).clamp(min=0)  # [batch, width]
+    flat = torch.tensor(list(itertools.chain.from_iterable(windows)), dtype=torch.int64, device=device)
+    if int(flat.min()) < 0 or int(flat.max()) >= vocab:
+        raise SamplingError(f"history contains token ids outside the vocabulary [0, {vocab})")
+    valid = torch.arange(width, device=device)[None, :] < lengths[:, None]  # [batch, width]
+    ids = torch.full(valid.shape, -1, device=device).masked_scatter_(valid, flat)  # [batch, width], pads -1
+    # Pads write to token 0 the value computed from token 0's own count (unchanged if it is
+    # absent), so all writes to a token agree and the scatter below is deterministic.
+    target = ids.clamp(min=0)  # [batch, width]
     ordered = ids.sort(dim=1).values  # [batch, width]
-    count = torch.searchsorted(ordered, target, right=True) - torch.searchsorted(ordered, target)  # occurrences
+    count = torch.searchsorted(ordered, target, right=True) - torch.searchsorted(ordered, target)
     old = logits.gather(1, target)  # [batch, width]
     names = ("repeat_penalty", "frequency_penalty", "presence_penalty")
-    rep, freq, pres = (_row_values(params, name, logits.device)[:, None] for name in names)  # [batch, 1]
+    rep, freq, pres = (_row_values(params, name, device)[:, None] for name in names)  # [batch, 1] each
     new = torch.where(old > 0, old / rep, old * rep) - (count * freq + pres)
     return logits.scatter_(1, target, torch.where(count > 0, new, old))
 
@@ -181,29 +196,15 @@ def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams], hist
     return apply_penalties_(logits.to(torch.float32, copy=True), params, history)
 
 
-def apply_logit_bias_(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """Add each row's logit_bias in place (repeated tokens add up, as llama.cpp applies them in turn)."""
-    vocab = logits.shape[1]
-    entries = [(row, tok, bias) for row, p in enumerate(params) for tok, bias in p.logit_bias]
-    if not entries:
-        return logits
-    rows, toks, biases = zip(*entries)
-    if max(toks) >= vocab:
-        raise SamplingError(f"logit_bias token {max(toks)} is outside the vocabulary [0, {vocab})")
-    index = (torch.tensor(rows, device=logits.device), torch.tensor(toks, device=logits.device))
-    return logits.index_put_(index, torch.tensor(biases, dtype=logits.dtype, device=logits.device), accumulate=True)
-
-
 def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """Per row, the first column whose cumulative weight exceeds u * total (weights are overwritten).
+    """Per row, the first column whose cumulative weight exceeds u * total (overwrites `weights`).
 
-    Weights need not be normalised. Searching to the right of the target never lands on a
-    zero-weight column; the target stays below the total so rounding cannot run past the end.
+    Weights need not be normalised. Searching right of the target never lands on a zero-weight
+    column, and the target stays below the total so rounding cannot run past the last column.
     """
     cdf = weights.cumsum_(dim=1)  # [rows, cols]
     total = cdf[:, -1:]  # [rows, 1]
-    target = (uniform[:, None] * total).to(cdf.dtype)  # [rows, 1]
-    target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
+    target = torch.minimum((uniform[:, None] * total).to(cdf.dtype), torch.nextafter(total, total.new_zeros(())))
     return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=cdf.shape[1] - 1)  # [rows]
 
 
@@ -212,23 +213,23 @@ class _Batch:
 
     When the vocab splits into blocks of 16-128 columns, row maxima and top candidates come from
     per-block maxima: the k largest logits lie in the k blocks with the largest maxima, so a top-k
-    only touches k blocks after one cheap `amax` pass (about 3x faster than torch.topk on CPU).
+    reads only k blocks after one `amax` pass (about 3x faster than torch.topk on CPU).
     """
 
     def __init__(self, adj: torch.Tensor, params: Sequence[SamplingParams]) -> None:
         self.adj, self.params, self.vocab = adj, params, adj.shape[1]  # adj: [batch, vocab] float32
         self.greedy = [p.greedy for p in params]
-        top_k = [p.top_k if 0 < p.top_k < self.vocab else self.vocab for p in params]  # vocab: off
-        self.top_k = torch.tensor(top_k, device=adj.device)  # [batch]
+        self.top_k_list = [p.top_k if 0 < p.top_k < self.vocab else self.vocab for p in params]  # vocab: off
+        self.top_k = torch.tensor(self.top_k_list, device=adj.device)  # [batch]
         self.block = next((n for n in (64, 128, 32, 16) if self.vocab % n == 0 and self.vocab >= 8 * n), 0)
         if self.block:
             self.blocks = adj.reshape(adj.shape[0], -1, self.block)  # [batch, n_blocks, block]
             self.block_max = self.blocks.amax(dim=2)  # [batch, n_blocks]
-            self.row_max, best = self.block_max.max(dim=1)  # [batch]; first block on ties
-            inner = self.blocks.gather(1, best[:, None, None].expand(-1, 1, self.block)).squeeze(1)  # [batch, block]
-            self.argmax = best * self.block + inner.argmax(dim=1)  # [batch]; first index on ties, like llama.cpp
+            self.row_max, best = self.block_max.max(dim=1)  # [batch] each; first block on ties
+            inner = self.blocks.gather(1, best[:, None, None].expand(-1, 1, self.block))  # [batch, 1, block]
+            self.argmax = best * self.block + inner.squeeze(1).argmax(dim=1)  # first index on ties
         else:
-            self.row_max, self.argmax = adj.max(dim=1)  # [batch]
+            self.row_max, self.argmax = adj.max(dim=1)  # [batch] each
         self._lse: torch.Tensor | None = None
         self._top: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -237,11 +238,13 @@ class _Batch:
 
     @property
     def lse(self) -> torch.Tensor:
-        """Full-vocabulary logsumexp [batch], only for rows that report probabilities or use top_p
-        without top_k; NaN in the other rows, which never read it (this skips most of the exps)."""
+        """Full-vocabulary logsumexp [batch] for rows that report probabilities or use top_p without
+        top_k; NaN in other rows, which never read it (skipping their exps is most of the cost)."""
         if self._lse is None:
-            top_k = self.top_k.tolist()
-            need = [p.n_probs > 0 or not g and k == self.vocab and p.top_p < 1 for p, g, k in zip(self.params, self.greedy, top_k)]
+            need = [
+                p.n_probs > 0 or (not g and k == self.vocab and p.top_p < 1)
+                for p, g, k in zip(self.params, self.greedy, self.top_k_list)
+            ]
             idx = torch.tensor([i for i, n in enumerate(need) if n], dtype=torch.int64, device=self.adj.device)
             shift = self.row_max.index_select(0, idx)  # [n]
             sums = torch.exp(self.adj.index_select(0, idx) - shift[:, None]).sum(dim=1)  # [n]
@@ -249,13 +252,13 @@ class _Batch:
         return self._lse
 
     def topk(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The `width` largest logits per row, descending, and their ids: ([batch, width], [batch, width])."""
+        """The `width` largest logits per row, descending, and their ids: [batch, width] each."""
         if self._top is None or self._top[0].shape[1] < width:
             if self.block and 2 * width * self.block <= self.vocab:
                 best = torch.topk(self.block_max, width, dim=1).indices[:, :, None]  # [batch, width, 1]
-                cand = self.blocks.gather(1, best.expand(-1, -1, self.block)).flatten(1)  # [batch, width * block]
+                cand = self.blocks.gather(1, best.expand(-1, -1, self.block)).flatten(1)  # [batch, width*block]
                 cand_ids = (best * self.block + torch.arange(self.block, device=best.device)).flatten(1)
-                vals, pos = torch.topk(cand, width, dim=1)  # [batch, width]
+                vals, pos = torch.topk(cand, width, dim=1)  # [batch, width] each
                 self._top = vals, cand_ids.gather(1, pos)
             else:
                 self._top = torch.topk(self.adj, width, dim=1)
@@ -263,24 +266,21 @@ class _Batch:
 
 
 class Sampler:
-    """Samples one token per row of a logits batch, each row with its own params and RNG."""
+    """Samples one token per row of a logits batch, each row with its own params and RNG.
+
+    It reuses one float32 [batch, vocab] scratch buffer across calls (a fresh multi-MB allocation
+    per step costs page faults comparable to the whole step), so use it from one thread at a time.
+    """
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = _int("vocab_size", vocab_size, lo=1)
         self._buffer: torch.Tensor | None = None
 
-    def _scratch(self, logits: torch.Tensor) -> torch.Tensor:
-        """A reused float32 [batch, vocab] buffer: a fresh multi-MB allocation per step costs page
-        faults comparable to the whole sampling step. Hence a Sampler serves one thread at a time."""
-        buf = self._buffer
-        if buf is None or buf.shape[0] < logits.shape[0] or buf.device != logits.device:
-            buf = self._buffer = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-        return buf[: logits.shape[0]]
-
     def sample(
         self, logits: torch.Tensor, params: Sequence[SamplingParams], rngs: Sequence[SequenceRng], history: History
     ) -> SampleOutput:
-        """logits [batch, vocab] (any float dtype, computed in float32); history[i] is row i's tokens."""
+        """logits [batch, vocab] (any float dtype, computed in float32, never modified); history[i]
+        is row i's token ids, of which the sampler itself takes the last repeat_last_n."""
         batch = logits.shape[0] if logits.dim() == 2 else -1
         if logits.dim() != 2 or logits.shape[1] != self.vocab_size:
             raise SamplingError(f"logits must be [batch, {self.vocab_size}], got {tuple(logits.shape)}")
@@ -290,46 +290,54 @@ class Sampler:
         if any(p.logit_bias or p.penalties_active for p in params):  # edits go to our own buffer
             adj = self._scratch(logits).copy_(logits)
         b = _Batch(apply_penalties_(apply_logit_bias_(adj, params), params, history), params)
-        bad = ~torch.isfinite(b.row_max)  # NaN propagates through max, so this catches NaN logits too
+        bad = ~torch.isfinite(b.row_max)  # NaN propagates through max, so NaN logits land here too
         if bool(bad.any()):
-            raise SamplingError(f"row {int(bad.nonzero()[0])}: logits are NaN/inf or logit_bias forbids every token")
+            row = int(bad.nonzero()[0])
+            raise SamplingError(f"row {row}: logits are NaN/inf or logit_bias forbids every token")
         tokens = b.argmax  # [batch]
         if not all(b.greedy):
             uniform = [0.0 if g else r.next_uniform() for r, g in zip(rngs, b.greedy)]  # one draw per row
             tokens = self._draw(b, torch.tensor(uniform, dtype=torch.float64, device=adj.device))
         return self._report(b, tokens, min(max(p.n_probs for p in params), self.vocab_size))
 
+    def _scratch(self, logits: torch.Tensor) -> torch.Tensor:
+        buf = self._buffer
+        if buf is None or buf.shape[0] < logits.shape[0] or buf.device != logits.device:
+            buf = self._buffer = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        return buf[: logits.shape[0]]
+
     def _draw(self, b: _Batch, uniform: torch.Tensor) -> torch.Tensor:
-        """Non-greedy rows: untruncated ones draw over the whole vocab, the rest over sorted candidates."""
-        off = [(p.top_k <= 0 or p.top_k >= b.vocab) and p.top_p >= 1 and p.min_p <= 0 for p in b.params]
-        untruncated = [o and not g for o, g in zip(off, b.greedy)]
-        tokens = b.argmax
+        """Non-greedy rows: untruncated ones draw over the whole vocab, the others over sorted candidates."""
+        untruncated = [
+            not g and k == b.vocab and p.top_p >= 1 and p.min_p <= 0
+            for p, g, k in zip(b.params, b.greedy, b.top_k_list)
+        ]
         rows = [not g and not u for g, u in zip(b.greedy, untruncated)]
+        tokens = b.argmax
         if any(rows):
             tokens = torch.where(torch.tensor(rows, device=b.adj.device), self._draw_sorted(b, uniform, rows), tokens)
         if any(untruncated):  # no sort needed: the CDF can run in vocabulary order
             idx = torch.tensor([i for i, u in enumerate(untruncated) if u], device=b.adj.device)  # [n]
             shift, temp = b.row_max[idx, None], b.values("temperature")[idx, None]  # [n, 1] each
-            weights = b.adj.index_select(0, idx).sub_(shift).div_(temp).exp_()  # [n, vocab], one allocation
+            weights = b.adj.index_select(0, idx).sub_(shift).div_(temp).exp_()  # [n, vocab]
             tokens = tokens.index_copy(0, idx, _inverse_cdf(weights, uniform[idx]))
         return tokens
 
     def _draw_sorted(self, b: _Batch, uniform: torch.Tensor, rows: list[bool]) -> torch.Tensor:
-        """top_k -> top_p -> min_p -> temperature -> draw, on the descending top candidates of `rows`.
+        """top_k -> top_p -> min_p -> temperature -> draw, on each row's descending top candidates.
 
         A row with top_k on needs its whole top_k prefix (top_p renormalises over top_k's
         survivors). A row without top_k is open: its kept set ends where top_p's mass or min_p's
         floor is reached, unknown before sorting, so the width starts from a guess and grows until
-        every open row's end lies inside it. Peaked distributions thus never sort the vocabulary.
+        every open row's end is in view. Peaked distributions thus never sort the vocabulary.
         """
-        top_k = b.top_k.tolist()
-        is_open = [r and k == b.vocab for r, k in zip(rows, top_k)]
-        width = max((k for k, r, o in zip(top_k, rows, is_open) if r and not o), default=1)
+        is_open = [r and k == b.vocab for r, k in zip(rows, b.top_k_list)]
+        width = max((k for k, r, o in zip(b.top_k_list, rows, is_open) if r and not o), default=1)
         width = max(width, min(b.vocab, 64)) if any(is_open) else width
-        open_t = torch.tensor(is_open, device=b.adj.device)  # [batch]
+        open_rows = torch.tensor(is_open, device=b.adj.device)  # [batch]
         while True:
             vals, ids = b.topk(width)  # [batch, width] each
-            keep, resolved = self._keep_lengths(b, vals, open_t)  # [batch] each
+            keep, resolved = self._keep_lengths(b, vals, open_rows)  # [batch] each
             if width == b.vocab or bool(resolved.all()):
                 break
             width = min(b.vocab, width * 8)
@@ -339,21 +347,22 @@ class Sampler:
         pick = _inverse_cdf(torch.softmax(scaled, dim=1), uniform)  # [batch]
         return ids.gather(1, pick[:, None]).squeeze(1)  # [batch]
 
-    def _keep_lengths(self, b: _Batch, vals: torch.Tensor, open_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Kept prefix length per row [batch], and whether it is final (the row's end is in view) [batch]."""
+    def _keep_lengths(
+        self, b: _Batch, vals: torch.Tensor, open_rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Kept prefix length per row [batch], and whether it is final (its end is in view) [batch]."""
         width = vals.shape[1]
         col = torch.arange(width, device=vals.device)[None, :]  # [1, width]
         in_k = vals.masked_fill(col >= b.top_k[:, None], -math.inf)  # [batch, width]
         top_p, min_p = b.values("top_p"), b.values("min_p")  # [batch] each
         norm = torch.logsumexp(in_k, dim=1)  # [batch]: top_p's normaliser, exact where top_k <= width
-        if bool((open_rows & (top_p < 1)).any()):
-            norm = torch.where(open_rows & (b.top_k > width), b.lse, norm)  # top_k off: normalise over the vocab
+        if bool((open_rows & (top_p < 1)).any()):  # top_k off: normalise over the whole vocab
+            norm = torch.where(open_rows & (b.top_k > width), b.lse, norm)
         cum = torch.cumsum(torch.exp(in_k - norm[:, None]), dim=1)  # [batch, width]
-        n_p = torch.where(top_p < 1, (cum < top_p[:, None]).sum(dim=1) + 1, width + 1)  # first reaching top_p
+        n_p = torch.where(top_p < 1, (cum < top_p[:, None]).sum(dim=1) + 1, width + 1)  # first to reach top_p
         n_min = (vals >= vals[:, :1] + torch.log(min_p)[:, None]).sum(dim=1)  # log(0) = -inf keeps all
         keep = torch.minimum(torch.minimum(b.top_k.clamp(max=width), n_p.clamp(max=width)), n_min)
-        resolved = ~open_rows | (n_p <= width) | (n_min < width)
-        return keep.clamp(min=1), resolved
+        return keep.clamp(min=1), ~open_rows | (n_p <= width) | (n_min < width)
 
     def _report(self, b: _Batch, tokens: torch.Tensor, n_probs: int) -> SampleOutput:
         """Chosen-token logprob and top-n alternatives under the adjusted temperature-1 softmax."""

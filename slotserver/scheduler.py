@@ -72,6 +72,7 @@ class Scheduler:
         if self.config.defrag == "on":
             plan.moves = self.streams.plan_defrag(self.slots.slots)
         plan.chunks = self._fill_budget()
+        self.check_invariants()
         return plan
 
     def _admit(self) -> list[Sequence]:

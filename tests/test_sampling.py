@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -172,6 +174,54 @@ def test_mixed_batch_rows_match_rows_sampled_alone():
             alone = sampler.sample(logits[i : i + 1], [p], [alone_rngs[i]], [history[i]]).tokens
             assert int(alone) == int(together[i]), f"row {i} ({p})"
             history[i].append(int(alone))
+
+
+def reference_token(logits: np.ndarray, p: SamplingParams, u: float, history: list[int]) -> int:
+    """A plain per-row float64 port of llama.cpp's chain, drawing with the uniform `u`."""
+    x = logits.astype(np.float64)
+    for token, bias in p.logit_bias:
+        x[token] += bias
+    window = history if p.repeat_last_n == -1 else history[-p.repeat_last_n :] if p.repeat_last_n else []
+    for token in set(window) if p.penalties_active else ():
+        x[token] = x[token] / p.repeat_penalty if x[token] > 0 else x[token] * p.repeat_penalty
+        x[token] -= window.count(token) * p.frequency_penalty + p.presence_penalty
+    if p.greedy:
+        return int(np.argmax(x))
+    order = np.argsort(-x, kind="stable")
+    if (p.top_k <= 0 or p.top_k >= len(x)) and p.top_p >= 1 and p.min_p <= 0:
+        order = np.arange(len(x))  # untruncated rows draw in vocabulary order
+    order = order[: p.top_k] if p.top_k > 0 else order
+    if p.top_p < 1:
+        cum = np.cumsum(np.exp(x[order] - x[order].max()) / np.exp(x[order] - x[order].max()).sum())
+        order = order[: int(np.argmax(cum >= p.top_p)) + 1 if cum[-1] >= p.top_p else len(order)]
+    if p.min_p > 0:
+        order = order[x[order] >= x[order].max() + math.log(p.min_p)]
+    cdf = np.cumsum(np.exp((x[order] - x[order].max()) / p.temperature))
+    return int(order[np.searchsorted(cdf, u * cdf[-1], side="right")])
+
+
+@pytest.mark.parametrize("vocab", [16384, 3000])  # blocked top-k path and plain torch.topk path
+def test_matches_a_per_row_reference_port_of_llama_cpp(vocab):
+    rnd = random.Random(vocab)
+    for trial in range(6):
+        params = [
+            SamplingParams(
+                temperature=rnd.choice([0, 0.3, 1.0, 1.5]), top_k=rnd.choice([0, 1, 5, 40, 300, 10**6]),
+                top_p=rnd.choice([1.0, 0.95, 0.5, 0.0]), min_p=rnd.choice([0, 0.05, 0.2, 1.0]),
+                repeat_penalty=rnd.choice([1.0, 1.3]), repeat_last_n=rnd.choice([0, 8, -1]),
+                presence_penalty=rnd.choice([0, 0.5]), frequency_penalty=rnd.choice([0, 0.3]),
+                logit_bias=rnd.choice([(), ((3, -math.inf), (10, 5.0))]), n_probs=rnd.choice([0, 3]),
+            )
+            for _ in range(24)
+        ]
+        logits = torch.randn(24, vocab, generator=torch.Generator().manual_seed(trial)) * rnd.choice([1, 3, 8])
+        history = [[rnd.randrange(vocab) for _ in range(50)] for _ in params]
+        rngs = [SequenceRng(rnd.randrange(2**32)) for _ in params]
+        probes = copy.deepcopy(rngs)
+        uniforms = [0.0 if p.greedy else r.next_uniform() for p, r in zip(params, probes)]
+        tokens = Sampler(vocab).sample(logits, params, rngs, history).tokens.tolist()
+        want = [reference_token(logits[i].numpy(), p, uniforms[i], history[i]) for i, p in enumerate(params)]
+        assert tokens == want
 
 
 def test_n_probs_reports_sorted_log_softmax_after_bias():

@@ -1,0 +1,38 @@
+"""paged: vLLM-style KV pages, a pool `[layer, n_blocks, block_size, kv_head, head_dim]` + block table.
+
+A stream's cells live in fixed-size blocks handed out from a shared pool as the stream grows
+(`write` allocates), so memory follows the tokens actually held rather than `n_cells` per stream,
+and the defrag move (`copy_stream`) is a block-table edit with refcounted sharing and
+copy-on-write, not a data copy. `free_stream(stream)` returns a finished stream's blocks.
+
+The bookkeeping (allocator, table, copy-on-write) is `slotserver/paged_blocks.py`; this file
+chooses the storage order: tokens before heads inside a block ("NHD", vLLM's default), so one
+cell's K of all heads is one contiguous row. `layouts/paged_hnd.py` is the heads-first variant.
+
+The pool holds `n_streams * ceil(n_cells / block_size)` blocks: every stream can reach `n_cells`
+at once, whatever the sharing (see paged_blocks for why copy-on-write cannot run out).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slotserver.kv_spec import KVSpec
+from slotserver.paged_blocks import PagedKVCache
+
+NAME = "paged"
+BLOCK_SIZE = 16
+
+
+class Paged(PagedKVCache):
+    """Pages stored `[n_layers, n_blocks, block_size, kv_heads, head_dim]`, contiguous."""
+
+    name = NAME
+
+    def make_pages(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        store = torch.zeros(shape, dtype=self.spec.dtype, device=self.spec.device)
+        return store, store  # the storage is already in logical order
+
+
+def create(spec: KVSpec, block_size: int = BLOCK_SIZE) -> Paged:
+    return Paged(spec, block_size)

@@ -1,0 +1,110 @@
+"""Running one engine request for a route: submit, consume its events, cancel when abandoned.
+
+`Run` wraps a `RequestHandle`: its `events()` records latency metrics as events arrive and its
+`close()` cancels the engine request unless it already finished (always call it: `finally`, or
+the SSE response's `on_close`). `collect()` gathers a whole result for a non-streaming answer
+while watching for the client leaving, so a client that times out frees its slot too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from starlette.types import Receive
+
+from slotserver.request import EngineBusy, ErrorEvent, Event, FinalEvent, RequestError, RequestHandle, TokenEvent
+from slotserver.sampling import SamplingError
+from slotserver.server.errors import ApiError
+from slotserver.server.params import CompletionJob
+from slotserver.server.sse import wait_for_disconnect
+from slotserver.server.state import ServerState
+
+
+class ClientGone(Exception):
+    """The client disconnected before the answer was ready (the request has been cancelled)."""
+
+
+@dataclass
+class Outcome:
+    tokens: list[TokenEvent] = field(default_factory=list)
+    text: str = ""
+    final: FinalEvent | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t.token for t in self.tokens]
+
+
+class Run:
+    def __init__(self, state: ServerState, handle: RequestHandle, log_state: dict) -> None:
+        self.state, self.handle, self.log_state = state, handle, log_state
+        self.t_submit = time.perf_counter()
+        self.t_last: float | None = None
+        self.finished = False
+
+    async def events(self) -> AsyncIterator[Event]:
+        metrics = self.state.metrics
+        async for ev in self.handle.events():
+            now = time.perf_counter()
+            if isinstance(ev, TokenEvent):
+                hist, since = (metrics.ttft, self.t_submit) if self.t_last is None else (metrics.itl, self.t_last)
+                hist.observe(now - since)
+                self.t_last = now
+            else:
+                self.finished = True
+                if isinstance(ev, FinalEvent):
+                    metrics.totals.add(ev)
+                    self.log_state["tokens"] = (ev.n_prompt, ev.n_predicted)
+            yield ev
+
+    def close(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.handle.cancel()
+        self.state.forget_prompt(self.handle.id)
+
+
+def submit(state: ServerState, job: CompletionJob, log_state: dict, prompt_text: str = "") -> Run:
+    """Hand the job to the engine; refusals become 400 (bad request) or 503 (queue full)."""
+    _, engine = state.require()
+    try:
+        handle = engine.submit(job.request, loop=asyncio.get_running_loop())
+    except (RequestError, SamplingError) as e:
+        raise ApiError(400, str(e)) from None
+    except EngineBusy as e:
+        raise ApiError(503, str(e)) from None
+    state.remember_prompt(handle.id, prompt_text)
+    return Run(state, handle, log_state)
+
+
+async def _gather(run: Run) -> Outcome:
+    out, texts = Outcome(), []
+    async for ev in run.events():
+        if isinstance(ev, TokenEvent):
+            out.tokens.append(ev)
+            texts.append(ev.text)
+        elif isinstance(ev, ErrorEvent):
+            raise ApiError(500, ev.message, "server_error")
+        else:
+            out.final = ev
+    out.text = "".join(texts)
+    return out
+
+
+async def collect(run: Run, receive: Receive) -> Outcome:
+    """The whole result; raises ClientGone if the client leaves first (after cancelling)."""
+    gather = asyncio.ensure_future(_gather(run))
+    watch = asyncio.ensure_future(wait_for_disconnect(receive))
+    try:
+        await asyncio.wait({gather, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not gather.done():
+            gather.cancel()
+    if gather.done() and not gather.cancelled():
+        return gather.result()  # re-raises an ApiError from an engine error event
+    run.close()
+    raise ClientGone()

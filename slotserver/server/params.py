@@ -1,0 +1,105 @@
+"""llama-server's generation parameters (JSON body) -> a validated engine `Request`.
+
+Used by /completion and, for the parameters they share, by the OpenAI routes (llama-server also
+accepts its own sampling fields there). Defaults come from the command line (`GenerationDefaults`),
+the rest are llama.cpp's. Every invalid value is a 400 naming the field; unknown fields are ignored.
+Features that would change the output and that we do not implement (grammars, JSON schemas) are
+refused rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from slotserver.request import Request
+from slotserver.sampling import MAX_N_PROBS, SamplingError, SamplingParams
+from slotserver.server.errors import bad_request
+from slotserver.server.fields import INT32_MAX, UINT32_MAX, Fields
+from slotserver.server.prompt import parse_logit_bias, tokenize_prompt
+from slotserver.server.server_config import GenerationDefaults
+from slotserver.tokenizer import Tokenizer
+
+UNSUPPORTED = ("grammar", "json_schema")
+
+
+@dataclass(frozen=True)
+class CompletionJob:
+    """One generation as a route runs it: the engine request plus how to answer."""
+
+    request: Request
+    stream: bool = False
+    return_tokens: bool = False
+    n_probs: int = 0              # top probabilities the client asked for (0: none)
+    want_logprobs: bool = False   # the client wants the chosen tokens' log-probabilities
+    include_usage: bool = False   # OpenAI stream_options.include_usage
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.n_probs <= MAX_N_PROBS:
+            raise bad_request(f"'n_probs' must be in [0, {MAX_N_PROBS}], got {self.n_probs}")
+
+
+def refuse_unsupported(f: Fields) -> None:
+    for name in UNSUPPORTED:
+        if f.raw(name):
+            raise bad_request(f"'{name}' is not supported by this server")
+
+
+def sampling_params(f: Fields, tokenizer: Tokenizer, defaults: GenerationDefaults, n_probs: int) -> SamplingParams:
+    """The sampler settings; SamplingParams re-validates and its message names the field."""
+    try:
+        return SamplingParams(
+            temperature=f.float("temperature", defaults.temperature),
+            top_k=f.int("top_k", 40),
+            top_p=f.float("top_p", 0.95, 0.0, 1.0),
+            min_p=f.float("min_p", 0.05, 0.0, 1.0),
+            repeat_penalty=f.float("repeat_penalty", 1.0),
+            repeat_last_n=f.int("repeat_last_n", 64, lo=-1),
+            presence_penalty=f.float("presence_penalty", 0.0),
+            frequency_penalty=f.float("frequency_penalty", 0.0),
+            logit_bias=parse_logit_bias(tokenizer, f.raw("logit_bias")),
+            seed=f.int("seed", defaults.seed, lo=-1, hi=UINT32_MAX),
+            n_probs=n_probs,
+        )
+    except SamplingError as e:
+        raise bad_request(str(e)) from None
+
+
+def build_request(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: GenerationDefaults,
+                  n_predict: int, n_probs: int, stop: tuple[str, ...]) -> Request:
+    return Request(
+        prompt_ids=tuple(ids),
+        params=sampling_params(f, tokenizer, defaults, n_probs),
+        n_predict=n_predict,
+        n_keep=f.int("n_keep", 0, lo=-1),
+        stop=stop,
+        ignore_eos=f.bool("ignore_eos", False),
+        id_slot=f.int("id_slot", -1, lo=-1),
+        cache_prompt=f.bool("cache_prompt", defaults.cache_prompt),
+    )
+
+
+def n_predict_field(f: Fields, defaults: GenerationDefaults, *names: str, lo: int = -2) -> int:
+    """The first of `names` present (-2, llama's "until the context is full", is -1 here)."""
+    for name in names:
+        if f.has(name):
+            return max(f.int(name, -1, lo=lo, hi=INT32_MAX), -1)
+    return defaults.n_predict
+
+
+def parse_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults: GenerationDefaults) -> CompletionJob:
+    """POST /completion's body -> a CompletionJob (tokenizes the prompt: run it off the event loop)."""
+    f = Fields(body)
+    refuse_unsupported(f)
+    if "prompt" not in body:
+        raise bad_request("'prompt' is required")
+    n_probs = f.int("n_probs", 0, lo=0, hi=MAX_N_PROBS)
+    stop = f.str_list("stop")
+    n_predict = n_predict_field(f, defaults, "n_predict", "max_tokens")
+    stream, return_tokens = f.bool("stream", False), f.bool("return_tokens", False)
+    ids = tokenize_prompt(tokenizer, body["prompt"])
+    if not ids:
+        raise bad_request("the prompt is empty")
+    request = build_request(f, ids, tokenizer, defaults, n_predict, n_probs, stop)
+    return CompletionJob(request, stream=stream, return_tokens=return_tokens, n_probs=n_probs,
+                         want_logprobs=n_probs > 0)

@@ -1,0 +1,62 @@
+"""Validated settings of the HTTP layer (the engine and model have their own config objects)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slotserver.config import ConfigError
+from slotserver.server.body import DEFAULT_BODY_LIMIT
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """Per-request defaults set on the command line (`-n`, `--temp`, `--seed`, `--cache-prompt`)."""
+
+    n_predict: int = -1
+    temperature: float = 0.8
+    seed: int = -1
+    cache_prompt: bool = True
+
+    def __post_init__(self) -> None:
+        if self.n_predict < -1:
+            raise ConfigError(f"--n-predict must be >= -1, got {self.n_predict}")
+        if not math.isfinite(self.temperature):
+            raise ConfigError(f"--temp must be a finite number, got {self.temperature}")
+        if not -1 <= self.seed < 2**32:
+            raise ConfigError(f"--seed must be -1 or in [0, 2^32), got {self.seed}")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What the routes need to know about how the server was started.
+
+    `api_keys` empty means no authentication. `cors_origins` empty means no CORS headers at all.
+    `slots_debug` is the only way prompt text appears in GET /slots.
+    """
+
+    model_path: str = ""
+    alias: str = ""
+    api_keys: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
+    slots_endpoint: bool = True
+    slots_debug: bool = False
+    metrics: bool = False
+    slot_save_path: Path | None = None
+    body_limit: int = DEFAULT_BODY_LIMIT
+    timeout: float = 600.0
+    defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
+
+    def __post_init__(self) -> None:
+        if any(not isinstance(k, str) or not k for k in self.api_keys):
+            raise ConfigError("--api-key values must be non-empty strings")
+        if self.body_limit <= 0:
+            raise ConfigError(f"body limit must be positive, got {self.body_limit}")
+        if not (math.isfinite(self.timeout) and self.timeout > 0):
+            raise ConfigError(f"--timeout must be a positive number of seconds, got {self.timeout}")
+
+    @property
+    def model_name(self) -> str:
+        """The name clients see: `--alias`, else the model path (as llama-server does)."""
+        return self.alias or self.model_path or "slotserver"

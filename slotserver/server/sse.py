@@ -1,0 +1,87 @@
+"""Server-sent events: llama-server's framing and a response that notices a client leaving.
+
+Framing: every event is one line `data: <json>` followed by a blank line. The OpenAI routes end
+with `data: [DONE]`; llama-server's /completion does not.
+
+`EventStreamResponse` sends the chunks of an async iterator while a second task listens for
+`http.disconnect`. Whichever happens first ends the stream: the producer finishing, the client
+leaving (even while no token is being produced, e.g. during a long prefill or in the queue), a
+failed or timed-out send. In every case `on_close` runs, which is where the engine request is
+cancelled, so an abandoned stream frees its slot at the next step.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, AsyncIterator, Callable
+
+import anyio
+from starlette.types import Receive, Scope, Send
+
+from slotserver.server.jsonio import dumps
+
+log = logging.getLogger("slotserver.http")
+
+DONE = b"data: [DONE]\n\n"
+HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def event(obj: Any) -> bytes:
+    """One SSE event holding `obj` as compact JSON."""
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+def comment(text: str) -> bytes:
+    """An SSE comment (ignored by clients; keeps idle connections alive)."""
+    return b": " + text.encode() + b"\n\n"
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Returns when the client has gone (the request body must already have been read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class EventStreamResponse:
+    def __init__(self, chunks: AsyncIterator[bytes], on_close: Callable[[], None] = lambda: None,
+                 write_timeout: float = 600.0, headers: dict[str, str] | None = None) -> None:
+        self.chunks = chunks
+        self.on_close = on_close
+        self.write_timeout = write_timeout
+        self.extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+        self.client_gone = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": HEADERS + self.extra})
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch, receive, tg.cancel_scope)
+                await self._produce(send)
+                tg.cancel_scope.cancel()
+        finally:
+            self.on_close()
+            aclose = getattr(self.chunks, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
+
+    async def _watch(self, receive: Receive, scope: anyio.CancelScope) -> None:
+        await wait_for_disconnect(receive)
+        self.client_gone = True
+        scope.cancel()
+
+    async def _produce(self, send: Send) -> None:
+        try:
+            async for chunk in self.chunks:
+                with anyio.fail_after(self.write_timeout):
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except (OSError, TimeoutError) as e:  # the client is gone or stopped reading
+            log.info("stream ended early: %s", type(e).__name__)
+            self.client_gone = True

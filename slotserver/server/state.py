@@ -1,0 +1,64 @@
+"""What every route shares: the server's config and, once loaded, the model bundle and engine.
+
+The loader thread fills `bundle`, `template` and then `engine` (one assignment each); routes
+check `ready` first and answer 503 "Loading model" until then. Routes never touch slots or
+tensors: they submit requests and read the engine's immutable stats snapshots.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from slotserver.server.errors import loading_error
+from slotserver.server.metrics import ServerMetrics
+from slotserver.server.server_config import ServerConfig
+
+if TYPE_CHECKING:
+    from slotserver.bundle import ModelBundle
+    from slotserver.chat_template import ChatTemplate
+    from slotserver.engine import Engine
+
+
+class ServerState:
+    def __init__(self, config: ServerConfig | None = None) -> None:
+        self.config = config or ServerConfig()
+        self.bundle: ModelBundle | None = None
+        self.template: ChatTemplate | None = None
+        self.engine: Engine | None = None
+        self.load_error: str | None = None
+        self.created = int(time.time())
+        # In-flight request id -> prompt text, kept only with --slots-debug (GET /slots shows it).
+        self.prompts: dict[int, str] = {}
+        self.metrics = ServerMetrics(self._stats, self.lab)
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None
+
+    def set_loaded(self, bundle: ModelBundle, engine: Engine, template: ChatTemplate | None = None) -> None:
+        """Publish a loaded model; the engine goes last, since `ready` reads it."""
+        self.bundle = bundle
+        self.template = template or bundle.template
+        self.engine = engine
+
+    def require(self) -> tuple[ModelBundle, Engine]:
+        """(bundle, engine), or a 503 "Loading model" error while loading."""
+        engine = self.engine
+        if engine is None or self.bundle is None:
+            raise loading_error()
+        return self.bundle, engine
+
+    def lab(self):
+        """The engine's lab (live layouts/kernels), or None while loading or if the engine has none."""
+        return getattr(self.engine, "lab", None) if self.engine is not None else None
+
+    def _stats(self):
+        return self.engine.stats() if self.engine is not None else None
+
+    def remember_prompt(self, request_id: int, text: str) -> None:
+        if self.config.slots_debug:
+            self.prompts[request_id] = text
+
+    def forget_prompt(self, request_id: int) -> None:
+        self.prompts.pop(request_id, None)

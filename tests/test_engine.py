@@ -1,0 +1,178 @@
+"""The slot engine on the real model (float32, greedy): continuous batching is invisible, the
+prompt cache is reused, stops and limits behave like llama-server's."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from slotserver.bundle import ModelBundle
+from slotserver.config import ModelConfig
+from slotserver.engine import Engine
+from slotserver.engine_config import EngineConfig
+from slotserver.generate import GenRequest, generate
+from slotserver.request import EngineBusy, Request, RequestError, TokenEvent
+from slotserver.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0)
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a land far away,",
+    "def add(a, b):",
+    "The three primary colors are",
+    "<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\n",
+    "Water boils at",
+    "My favorite book is",
+    "In 1969, the first man on the moon was",
+]
+
+
+@pytest.fixture(scope="module")
+def bundle(smollm_path):
+    return ModelBundle.load(ModelConfig(model_path=smollm_path))
+
+
+@pytest.fixture(scope="module")
+def prompts(bundle):
+    return [tuple(bundle.tokenizer.encode(p, parse_special=True)) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def alone(bundle, prompts):
+    """Each prompt decoded alone with the plain generator: the oracle."""
+    n = [6 + 3 * (i % 4) for i in range(len(prompts))]
+    return n, [generate(bundle.model, [GenRequest(list(p), k, ignore_eos=True)], bundle.tokenizer.eog_ids)[0].tokens
+               for p, k in zip(prompts, n)]
+
+
+def run_sync(engine: Engine, arrivals: dict[int, list[Request]], max_steps: int = 2000) -> list:
+    """Drive the engine step by step on this thread; submit requests at the given step numbers."""
+    handles, step = [], 0
+    while step < max_steps:
+        for req in arrivals.get(step, []):
+            handles.append(engine.submit(req))
+        worked = engine.step()
+        step += 1
+        if not worked and step > max(arrivals):
+            break
+    return [h.result(timeout=0) for h in handles]
+
+
+@pytest.mark.parametrize("defrag", ["on", "off"])
+def test_continuous_batching_matches_each_prompt_alone(bundle, prompts, alone, defrag):
+    n_predict, want = alone
+    rng = random.Random(5)
+    arrivals: dict[int, list[Request]] = {}
+    for p, k in zip(prompts, n_predict):
+        arrivals.setdefault(rng.randrange(0, 25), []).append(Request(p, GREEDY, n_predict=k, ignore_eos=True))
+    order = [r for step in sorted(arrivals) for r in arrivals[step]]
+    engine = Engine(bundle, EngineConfig(n_parallel=4, ctx_size=512, ubatch_size=16, defrag=defrag))
+    results = run_sync(engine, arrivals)
+    by_prompt = {p: w for p, w in zip(prompts, want)}
+    for req, res in zip(order, results):
+        assert res.tokens == by_prompt[req.prompt_ids], bundle.tokenizer.decode(req.prompt_ids)
+    stats = engine.stats()
+    if defrag == "on":
+        assert stats.defrag_moves > 0 and stats.defrag_bytes > 0, "the scenario should move sequences"
+    else:
+        assert stats.defrag_moves == 0
+
+
+def test_sequence_moved_mid_generation_keeps_its_output(bundle, prompts, alone):
+    """A short request finishes first; the engine moves a generating sequence into its stream."""
+    n_predict, want = alone
+    engine = Engine(bundle, EngineConfig(n_parallel=4, ctx_size=512, defrag="on"))
+    picks = (0, 3, 7, 2)
+    handles = [engine.submit(Request(prompts[i], GREEDY, n_predict=n_predict[i], ignore_eos=True)) for i in picks]
+    stream_of, moved_mid_generation = {}, False
+    while engine.step():
+        for seq in engine.sched.running():
+            stream = engine.sched.streams.stream_of[seq.slot_id]
+            if seq.num_generated > 1 and stream_of.get(seq.id, stream) != stream:
+                moved_mid_generation = True
+            stream_of[seq.id] = stream
+    assert moved_mid_generation
+    for i, h in zip(picks, handles):
+        assert h.result(timeout=0).tokens == want[i]
+
+
+def test_follow_up_request_prefills_only_new_tokens(bundle):
+    tok = bundle.tokenizer
+    base = tuple(tok.encode("Here is a long story about a dragon and a knight. " * 6))
+    follow = base + tuple(tok.encode(" The dragon said"))
+    engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=1024))
+    first = run_sync(engine, {0: [Request(base, GREEDY, n_predict=4)]})[0]
+    assert first.final.n_cached == 0
+    before = engine.stats().prompt_tokens
+    warm = run_sync(engine, {0: [Request(follow, GREEDY, n_predict=8)]})[0]
+    assert warm.final.n_cached == len(base)
+    assert engine.stats().prompt_tokens - before == len(follow) - len(base)
+    cold_engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=1024))
+    cold = run_sync(cold_engine, {0: [Request(follow, GREEDY, n_predict=8, cache_prompt=False)]})[0]
+    assert cold.final.n_cached == 0 and cold.tokens == warm.tokens
+
+
+def test_slot_selection_prefers_the_slot_holding_the_prefix(bundle, prompts):
+    engine = Engine(bundle, EngineConfig(n_parallel=3, ctx_size=768))
+    for i in range(3):
+        run_sync(engine, {0: [Request(prompts[i], GREEDY, n_predict=2)]})
+    holder = [s.id for s in engine.sched.slots.slots if s.cached[: len(prompts[1])] == list(prompts[1])]
+    again = run_sync(engine, {0: [Request(prompts[1] + (13,), GREEDY, n_predict=2)]})[0]
+    assert again.final.n_cached == len(prompts[1]) and [again.final.id_slot] == holder
+
+
+def test_stop_string_across_tokens_and_limits(bundle, prompts):
+    engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=256))
+    free = run_sync(engine, {0: [Request(prompts[0], GREEDY, n_predict=12)]})[0]
+    assert free.final.stop_type == "limit" and free.final.n_predicted == 12
+    word = free.text[5:9]  # a stop string that spans token boundaries in the middle of the text
+    hit = run_sync(engine, {0: [Request(prompts[0], GREEDY, n_predict=12, stop=(word,))]})[0]
+    assert hit.final.stop_type == "word" and hit.final.stopping_word == word
+    assert hit.text == free.text[: free.text.find(word)]
+
+
+def test_full_context_stops_with_truncated(bundle, prompts):
+    engine = Engine(bundle, EngineConfig(n_parallel=1, ctx_size=16))
+    res = run_sync(engine, {0: [Request(prompts[0], GREEDY, ignore_eos=True)]})[0]
+    assert res.final.truncated and res.final.stop_type == "limit"
+    assert len(prompts[0]) + len(res.tokens) == 16
+
+
+def test_bad_requests_and_busy(bundle, prompts):
+    engine = Engine(bundle, EngineConfig(n_parallel=1, ctx_size=16, queue_limit=1))
+    with pytest.raises(RequestError, match="exceeds the available context"):
+        engine.submit(Request(tuple(range(100, 120))))
+    with pytest.raises(RequestError, match="empty"):
+        engine.submit(Request(()))
+    with pytest.raises(RequestError, match="id_slot"):
+        engine.submit(Request(prompts[0], id_slot=3))
+    engine.submit(Request(prompts[0], n_predict=2))
+    engine.submit(Request(prompts[0], n_predict=2))
+    with pytest.raises(EngineBusy):
+        engine.submit(Request(prompts[0], n_predict=2))
+
+
+def test_cancel_frees_the_slot_at_the_next_step(bundle, prompts):
+    engine = Engine(bundle, EngineConfig(n_parallel=1, ctx_size=256))
+    h = engine.submit(Request(prompts[0], GREEDY, n_predict=100))
+    waiting = engine.submit(Request(prompts[1], GREEDY, n_predict=3))
+    engine.step(), engine.step()
+    h.cancel()
+    engine.step()
+    events = list(h.iter_events(timeout=0))
+    assert events[-1].stop_type == "none"
+    assert engine.stats().slots[0].id_task == waiting.id  # the queued request got the slot
+    while engine.step():
+        pass
+    assert waiting.result(timeout=0).final.stop_type == "limit"
+
+
+def test_engine_thread_streams_events(bundle, prompts):
+    engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=256)).start()
+    try:
+        events = list(engine.submit(Request(prompts[0], GREEDY, n_predict=5)).iter_events(timeout=60))
+    finally:
+        engine.stop()
+    assert sum(isinstance(e, TokenEvent) for e in events) == 5
+    assert engine.stats().requests_done == 1
