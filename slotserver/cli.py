@@ -13,12 +13,13 @@ from slotserver import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from slotserver import cli_generate
+    from slotserver import cli_generate, cli_serve
 
     parser = argparse.ArgumentParser(prog="slotserver", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"slotserver {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     cli_generate.add_parser(sub)
+    cli_serve.add_parser(sub)
     return parser
 
 

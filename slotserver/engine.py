@@ -7,10 +7,8 @@ message in the inbox; the engine handles them at the next step boundary.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
-import math
 import queue
 import threading
 import time
@@ -26,9 +24,11 @@ from slotserver.engine_config import EngineConfig
 from slotserver.engine_stats import StatsTracker
 from slotserver.kv_cache import KVCache
 from slotserver.kv_spec import KVSpec
+from slotserver.lab import Lab
 from slotserver.postprocess import Sampled, final_event, postprocess
-from slotserver.request import EngineBusy, ErrorEvent, Request, RequestError, RequestHandle
-from slotserver.sampling import Sampler, SamplingParams, SequenceRng
+from slotserver.request import (EngineBusy, ErrorEvent, Request, RequestError, RequestHandle,
+                                ignore_eos_params)
+from slotserver.sampling import Sampler, SequenceRng
 from slotserver.scheduler import Scheduler, StepPlan
 from slotserver.sequence import Sequence
 from slotserver.stats import EngineStats
@@ -47,6 +47,7 @@ class Engine:
         self.sched = Scheduler(config)
         self.sampler = Sampler(s.vocab_size)
         self.eog = bundle.tokenizer.eog_ids
+        self.lab = Lab(self, bundle.config.kernels_dir, bundle.config.layouts_dir)
         self.tracker = StatsTracker(self)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -54,6 +55,7 @@ class Engine:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._thread: threading.Thread | None = None
+        self._watcher = None
         self._stopping = False
 
     # -- client verbs (any thread) -------------------------------------------------------------
@@ -87,15 +89,25 @@ class Engine:
             raise RequestError(f"action must be one of save, restore, erase; got {action!r}")
         return self.call(actions[action])
 
+    def wake(self) -> None:
+        self._wake.set()
+
     def stats(self) -> EngineStats:
         return self.tracker.snapshot
 
-    def start(self) -> "Engine":
+    def start(self, watch: bool = False) -> "Engine":
+        """Run the engine thread; with `watch`, saves in the kernels/layouts folders hot-reload."""
+        if watch:
+            from slotserver.watcher import Watcher
+
+            self._watcher = Watcher(self.lab, [self.lab.kernels_dir, self.lab.layouts_dir]).start()
         self._thread = threading.Thread(target=self._run, name="slotserver-engine", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
@@ -117,6 +129,7 @@ class Engine:
     def step(self) -> bool:
         """One step. -> False when there was nothing to do."""
         self._drain_inbox()
+        self.lab.apply_pending()
         if not self.sched.has_work():
             return False
         t = [time.perf_counter()]
@@ -124,7 +137,12 @@ class Engine:
         t.append(time.perf_counter())
         self.cache.apply(plan.moves)
         t.append(time.perf_counter())
-        logits = self._forward(plan)
+        try:
+            logits = self._forward(plan)
+        except Exception as e:  # a kernel just swapped in may fail on real shapes: serve the old one
+            if not self.lab.rollback(e):
+                raise
+            logits = self._forward(plan)
         t.append(time.perf_counter())
         sampled = self._sample(plan, logits)
         t.append(time.perf_counter())
@@ -217,14 +235,8 @@ class Engine:
         r = handle.request
         return Sequence(
             handle=handle, tokens=list(r.prompt_ids), num_prompt=len(r.prompt_ids),
-            rng=SequenceRng(r.params.seed), params=_effective_params(r, self.eog),
+            rng=SequenceRng(r.params.seed),
+            params=ignore_eos_params(r.params, self.eog) if r.ignore_eos else r.params,
             detok=IncrementalDetokenizer(self.bundle.tokenizer), stops=StopMatcher(r.stop),
         )
 
-
-def _effective_params(r: Request, eog: frozenset[int]) -> SamplingParams:
-    """`ignore_eos` is a -inf logit bias on every end-of-generation token, as in llama.cpp."""
-    if not r.ignore_eos:
-        return r.params
-    bias = tuple(r.params.logit_bias) + tuple((t, -math.inf) for t in sorted(eog))
-    return dataclasses.replace(r.params, logit_bias=bias)

@@ -7,8 +7,6 @@ engine (scheduler, continuous batching, prompt cache) drives the same model for 
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -16,6 +14,7 @@ from slotserver.batch import Batch, SeqChunk
 from slotserver.kv_spec import KVSpec
 from slotserver.layout_loader import create_layout, load_layout
 from slotserver.model import LlamaModel
+from slotserver.request import ignore_eos_params
 from slotserver.sampling import Sampler, SamplingParams, SequenceRng
 
 
@@ -47,7 +46,7 @@ def generate(model: LlamaModel, requests: list[GenRequest], eog_ids: frozenset[i
     assert n_cells <= model.rope.max_pos, "prompt + n_predict longer than the model's context"
     spec = KVSpec(s.n_layers, len(requests), n_cells, s.n_kv_heads, s.head_dim, model.dtype)
     cache = create_layout(load_layout(layout, layouts_dir), spec)
-    params = [_with_ignore_eos(r, eog_ids) for r in requests]
+    params = [ignore_eos_params(r.params, eog_ids) if r.ignore_eos else r.params for r in requests]
     rngs = [SequenceRng(p.seed) for p in params]
     history = [list(r.prompt_ids) for r in requests]
     results = [GenResult() for _ in requests]
@@ -75,13 +74,6 @@ def generate(model: LlamaModel, requests: list[GenRequest], eog_ids: frozenset[i
         active = still
         chunks = [SeqChunk(i, len(history[i]) - 1, [history[i][-1]]) for i in active]
     return results
-
-
-def _with_ignore_eos(r: GenRequest, eog_ids: frozenset[int]) -> SamplingParams:
-    if not r.ignore_eos:
-        return r.params
-    bias = tuple(r.params.logit_bias) + tuple((t, -math.inf) for t in sorted(eog_ids))
-    return dataclasses.replace(r.params, logit_bias=bias)
 
 
 def _record(result: GenResult, out, row: int, token: int, n_probs: int) -> None:

@@ -1,13 +1,16 @@
 """The set of op implementations the model calls, loaded from a kernels folder.
 
 `KernelSet.load(dir)` loads every kernel file of the folder (each `<dir>/<op>.py`; the ops the model
-always needs, `OPS`, must be there) and binds the implementation for the device: `cpu` on CPU. The
-model only ever calls `kernels.<op>(...)`.
+always needs, `OPS`, must be there) and binds the implementation for the device: `cpu` on CPU,
+`triton` on CUDA (or under TRITON_INTERPRET=1). The model only ever calls `kernels.<op>(...)`.
+Each bound op is timed (calls and total seconds) for the lab's per-kernel timings; on CPU torch
+ops are synchronous, so the wall time is the op's time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -21,6 +24,10 @@ KERNEL_CONTRACT = ("OP", "reference", "cpu", "example_inputs", "TOL")
 class KernelSet:
     modules: dict[str, LoadedModule] = field(default_factory=dict)
     impl: str = "cpu"
+    timings: dict[str, list[float]] = field(default_factory=dict)  # op -> [calls, seconds]
+
+    def __post_init__(self) -> None:
+        self._bound = {op: self._timed(op, getattr(m.module, self.impl)) for op, m in self.modules.items()}
 
     @classmethod
     def load(cls, folder: Path | None = None, impl: str = "cpu") -> "KernelSet":
@@ -29,14 +36,34 @@ class KernelSet:
         mods = {op: load_by_path(folder / f"{op}.py", KERNEL_CONTRACT) for op in sorted(names)}
         return cls(mods, impl)
 
+    def with_module(self, op: str, loaded: LoadedModule) -> "KernelSet":
+        """A new set serving `loaded` for `op` (the old set stays valid for whoever holds it)."""
+        timings = {k: list(v) for k, v in self.timings.items() if k != op}
+        return replace(self, modules={**self.modules, op: loaded}, timings=timings)
+
+    def _timed(self, op: str, fn: Callable) -> Callable:
+        acc = self.timings.setdefault(op, [0, 0.0])
+
+        def call(*args, **kwargs):
+            t = time.perf_counter()
+            out = fn(*args, **kwargs)
+            acc[0] += 1
+            acc[1] += time.perf_counter() - t
+            return out
+
+        return call
+
     def fn(self, op: str) -> Callable:
-        return getattr(self.modules[op].module, self.impl)
+        return self._bound[op]
 
     def __getattr__(self, op: str) -> Callable:
-        modules = self.__dict__.get("modules", {})
-        if op in modules:
-            return self.fn(op)
+        bound = self.__dict__.get("_bound", {})
+        if op in bound:
+            return bound[op]
         raise AttributeError(f"no kernel '{op}' loaded")
 
     def versions(self) -> dict[str, str]:
         return {op: m.version for op, m in self.modules.items()}
+
+    def mean_ms(self) -> dict[str, float]:
+        return {op: (1000 * s / n if n else 0.0) for op, (n, s) in self.timings.items()}

@@ -30,6 +30,11 @@ class LoadedModule:
     version: str  # first 12 hex digits of the file's sha256
 
 
+def file_version(path: Path) -> str:
+    """First 12 hex digits of the file's sha256: the version shown for kernels and layouts."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+
+
 def default_dir(kind: str) -> Path:
     """The repository's own `kernels/` or `layouts/` folder."""
     return REPO_ROOT / kind
@@ -53,7 +58,7 @@ def load_by_path(path: Path, required: tuple[str, ...]) -> LoadedModule:
     except SyntaxError as e:
         raise ModuleLoadError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
     except Exception as e:  # noqa: BLE001 - any import-time failure is reported, not raised
-        raise ModuleLoadError(f"{path}:{_line_of(e, path)}: import failed: {type(e).__name__}: {e}") from None
+        raise ModuleLoadError(f"{path}:{line_of(e, path)}: import failed: {type(e).__name__}: {e}") from None
     finally:
         sys.modules.pop(name, None)
     missing = [r for r in required if not hasattr(module, r)]
@@ -62,7 +67,7 @@ def load_by_path(path: Path, required: tuple[str, ...]) -> LoadedModule:
     return LoadedModule(path, module, hashlib.sha256(source).hexdigest()[:12])
 
 
-def _line_of(exc: BaseException, path: Path) -> int | str:
+def line_of(exc: BaseException, path: Path) -> int | str:
     """The line in `path` where `exc` was raised (innermost frame in that file), or '?'."""
     tb, line = exc.__traceback__, "?"
     while tb is not None:

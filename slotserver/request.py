@@ -7,6 +7,8 @@ The engine thread emits events into the handle; an asyncio consumer receives the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import math
 import queue
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterator, Union
@@ -32,6 +34,12 @@ class Request:
     ignore_eos: bool = False
     id_slot: int = -1              # -1: choose by prompt similarity, then least recently used
     cache_prompt: bool = True
+
+
+def ignore_eos_params(params: SamplingParams, eog: frozenset[int]) -> SamplingParams:
+    """`ignore_eos` is a -inf logit bias on every end-of-generation token, as in llama.cpp."""
+    bias = tuple(params.logit_bias) + tuple((t, -math.inf) for t in sorted(eog))
+    return dataclasses.replace(params, logit_bias=bias)
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,7 @@ def _window(params: SamplingParams, history: Sequence[int]) -> Sequence[int]:
     """The last repeat_last_n tokens (-1: all), or nothing when penalties are inactive."""
     if not params.penalties_active:
         return ()
-    return history
+    return history if params.repeat_last_n == -1 else history[-params.repeat_last_n :]
 
 
 def apply_logit_bias_(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
@@ -286,9 +286,8 @@ class Sampler:
             raise SamplingError(f"logits must be [batch, {self.vocab_size}], got {tuple(logits.shape)}")
         if not len(params) == len(rngs) == len(history) == batch:
             raise SamplingError(f"params, rngs and history must each have {batch} rows")
-        adj = logits.to(torch.float32)  # [batch, vocab]
-        if any(p.logit_bias or p.penalties_active for p in params):  # edits go to our own buffer
-            adj = self._scratch(logits).copy_(logits)
+        edits = any(p.logit_bias or p.penalties_active for p in params)  # in place, on our own buffer
+        adj = self._scratch(logits).copy_(logits) if edits else logits.to(torch.float32)  # [batch, vocab]
         b = _Batch(apply_penalties_(apply_logit_bias_(adj, params), params, history), params)
         bad = ~torch.isfinite(b.row_max)  # NaN propagates through max, so NaN logits land here too
         if bool(bad.any()):
@@ -298,7 +297,7 @@ class Sampler:
         if not all(b.greedy):
             uniform = [0.0 if g else r.next_uniform() for r, g in zip(rngs, b.greedy)]  # one draw per row
             tokens = self._draw(b, torch.tensor(uniform, dtype=torch.float64, device=adj.device))
-        return self._report(b, tokens, min(max(p.n_probs for p in params), self.vocab_size))
+        return self._report(b, tokens, min(max((p.n_probs for p in params), default=0), self.vocab_size))
 
     def _scratch(self, logits: torch.Tensor) -> torch.Tensor:
         buf = self._buffer

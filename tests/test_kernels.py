@@ -6,15 +6,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slotserver.kv_spec import StridedKV
 from slotserver.kernel_set import KERNEL_CONTRACT, OPS, KernelSet
+from slotserver.kv_spec import PagedKV, StridedKV
+from slotserver.lab_check import compare_outputs, move_inputs
 from slotserver.module_loader import default_dir, load_by_path
 
 KERNEL_FILES = sorted(p for p in default_dir("kernels").glob("*.py") if not p.stem.startswith("_"))
 
 
+def _kernel(op: str):
+    return load_by_path(default_dir("kernels") / f"{op}.py", KERNEL_CONTRACT).module
+
+
 def test_every_op_the_model_needs_has_a_kernel_file():
-    assert {p.stem for p in KERNEL_FILES} >= set(OPS)
+    assert {p.stem for p in KERNEL_FILES} >= set(OPS) | {"paged_attention"}
     assert set(KernelSet.load().versions()) >= set(OPS)
 
 
@@ -26,25 +31,78 @@ def test_cpu_matches_reference(path, dtype):
     gen = torch.Generator().manual_seed(1234)
     for _ in range(25):
         inputs = mod.example_inputs(gen, dtype)
-        got, want = mod.cpu(*inputs), mod.reference(*inputs)
-        assert got.shape == want.shape and got.dtype == want.dtype
-        tol = mod.TOL[dtype]
-        torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+        # each implementation gets its own copy: kv_store writes into its cache argument
+        got, want = mod.cpu(*move_inputs(inputs, "cpu")), mod.reference(*move_inputs(inputs, "cpu"))
+        if isinstance(want, torch.Tensor):
+            assert got.shape == want.shape and got.dtype == want.dtype
+        err, ok = compare_outputs(got, want, mod.TOL[dtype])
+        assert ok, f"{path.stem} {dtype}: max error {err:.3g} > tol {mod.TOL[dtype]}"
+
+
+def _poison_strided(kv: StridedKV, meta) -> StridedKV:
+    """Huge stale values past each sequence's length, NaN past the longest (never to be read)."""
+    k, v = (t.float() * (1 if s is None else s.unsqueeze(-1)) for t, s in ((kv.k, kv.k_scale), (kv.v, kv.v_scale)))
+    k2, v2 = torch.full_like(k, 1e4), torch.full_like(v, 1e4)
+    k2[:, meta.max_kv:], v2[:, meta.max_kv:] = float("nan"), float("nan")
+    for s, n in zip(meta.seq_streams.tolist(), meta.kv_lens.tolist()):
+        k2[s, :n], v2[s, :n] = k[s, :n], v[s, :n]
+    return StridedKV(k2, v2)
 
 
 def test_attention_reads_only_each_sequences_own_cells():
     """Stale values past a sequence's length (huge, they would dominate if not masked) and NaN
-    past the longest sequence (never to be read) must not change the output."""
-    mod = load_by_path(default_dir("kernels") / "attention.py", KERNEL_CONTRACT).module
+    past the longest sequence must not change the output."""
+    mod = _kernel("attention")
     gen = torch.Generator().manual_seed(7)
     for _ in range(10):
         q, kv, meta, scale = mod.example_inputs(gen, torch.float32)
-        k, v = kv.k, kv.v
+        clean = _poison_strided(kv, meta)  # dequantized copy: the same values as kv
         want = mod.reference(q, kv, meta, scale)
-        k2, v2 = torch.full_like(k, 1e4), torch.full_like(v, 1e4)
-        k2[:, meta.max_kv:], v2[:, meta.max_kv:] = float("nan"), float("nan")
-        for b in range(meta.n_seqs):
-            s, n = int(meta.seq_streams[b]), int(meta.kv_lens[b])
-            k2[s, :n], v2[s, :n] = k[s, :n], v[s, :n]
-        got = mod.cpu(q, StridedKV(k2, v2), meta, scale)
+        got = mod.cpu(q, clean, meta, scale)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_paged_attention_reads_only_each_sequences_own_blocks():
+    """Pages no sequence of the batch maps hold huge values: they must not leak into the output."""
+    mod = _kernel("paged_attention")
+    gen = torch.Generator().manual_seed(8)
+    for _ in range(10):
+        q, kv, meta, scale = mod.example_inputs(gen, torch.float32)
+        want = mod.reference(q, kv, meta, scale)
+        used = kv.block_table[kv.block_table >= 0].long()
+        k2, v2 = torch.full_like(kv.k_pages, 1e4), torch.full_like(kv.v_pages, 1e4)
+        k2[used], v2[used] = kv.k_pages[used], kv.v_pages[used]
+        got = mod.cpu(q, PagedKV(k2, v2, kv.block_table, kv.block_size), meta, scale)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_paged_attention_equals_attention_on_the_same_cells():
+    """The same K/V seen as pages (shuffled blocks) or as a flat strided cache: same output."""
+    paged, flat = _kernel("paged_attention"), _kernel("attention")
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(5):
+        q, kv, meta, scale = paged.example_inputs(gen, torch.float32)
+        streams, per_stream = kv.block_table.shape
+        table = kv.block_table.long().clamp(min=0)
+        k = kv.k_pages[table].reshape(streams, per_stream * kv.block_size, *kv.k_pages.shape[2:])
+        v = kv.v_pages[table].reshape(streams, per_stream * kv.block_size, *kv.v_pages.shape[2:])
+        torch.testing.assert_close(paged.cpu(q, kv, meta, scale), flat.cpu(q, StridedKV(k, v), meta, scale),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_kv_store_quantizes_like_the_q8_layout():
+    """kv_store's int8 path and layouts/q8.py round the same way: the engine may use either."""
+    from slotserver.layout_loader import load_layout
+
+    q8 = load_layout("q8").module
+    mod = _kernel("kv_store")
+    rows = torch.randn(7, 3, 24) * torch.tensor([0.01, 1.0, 50.0]).view(1, 3, 1)
+    rows[2, 1] = 0  # an all-zero row: scale 0, not NaN
+    cache = StridedKV(*(torch.zeros(2, 9, 3, 24, dtype=torch.int8) for _ in range(2)),
+                      *(torch.zeros(2, 9, 3) for _ in range(2)))
+    streams, positions = torch.tensor([0, 1, 0, 1, 0, 1, 0]), torch.tensor([0, 0, 3, 8, 5, 2, 7])
+    mod.cpu(cache, streams, positions, rows, rows)
+    q, scale = q8.quantize(rows)
+    assert torch.equal(cache.k[streams, positions], q) and torch.equal(cache.k_scale[streams, positions], scale)
+    back = q8.dequantize(q, scale, torch.float32)
+    assert torch.all((back - rows).abs() <= scale.unsqueeze(-1) / 2 + 1e-6), "error above half a step"

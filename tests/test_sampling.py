@@ -26,15 +26,11 @@ PROBS = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.05, 0.03, 0.015, 0.005])
 LOGITS = PROBS.log() + 3.0  # any shift gives the same softmax
 
 
-def draw_many(logits: torch.Tensor, params: SamplingParams, n: int = 6000) -> torch.Tensor:
+def draw_many(logits: torch.Tensor, params: SamplingParams, n: int = 4000) -> torch.Tensor:
     """n independent draws from one row: a batch of n copies, each with its own seeded RNG."""
     batch = logits[None, :].expand(n, -1)  # [n, vocab]
     rngs = [SequenceRng(seed) for seed in range(n)]
     return Sampler(logits.shape[0]).sample(batch, [params] * n, rngs, [[]] * n).tokens
-
-
-def frequencies(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
-    return torch.bincount(tokens, minlength=vocab).float() / tokens.numel()
 
 
 def expected(kept: list[int], temperature: float = 1.0) -> torch.Tensor:
@@ -44,14 +40,15 @@ def expected(kept: list[int], temperature: float = 1.0) -> torch.Tensor:
     return out / out.sum()
 
 
+@pytest.mark.parametrize("vocab", [3000, 4096])  # plain and blocked argmax
 @pytest.mark.parametrize("temperature", [0.0, -1.0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_greedy_is_argmax_for_any_dtype(temperature, dtype):
-    logits = torch.randn(16, 3000, generator=torch.Generator().manual_seed(1)).to(dtype)
+def test_greedy_is_argmax_for_any_dtype(vocab, temperature, dtype):
+    logits = torch.randn(16, vocab, generator=torch.Generator().manual_seed(1)).to(dtype)
+    logits[0, [2100, 70, 2900]] = 100.0  # ties go to the lowest id, as in llama.cpp
     params = [SamplingParams(temperature=temperature, top_k=k) for k in range(16)]
-    rngs = [SequenceRng(0) for _ in range(16)]
-    out = Sampler(3000).sample(logits, params, rngs, [[]] * 16)
-    assert torch.equal(out.tokens, logits.float().argmax(dim=1))
+    out = Sampler(vocab).sample(logits, params, [SequenceRng(0) for _ in range(16)], [[]] * 16)
+    assert torch.equal(out.tokens, logits.float().argmax(dim=1)) and int(out.tokens[0]) == 70
     assert out.tokens.dtype == torch.int64 and out.logprobs is None and out.top_ids is None
 
 
@@ -88,7 +85,7 @@ def test_logit_bias_forbids_and_forces_tokens():
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
 def test_truncation_keeps_exactly_the_expected_tokens(settings_, kept, temperature):
     tokens = draw_many(LOGITS, SamplingParams(temperature=temperature, **settings_))
-    freq = frequencies(tokens, 8)
+    freq = torch.bincount(tokens, minlength=8).float() / tokens.numel()
     assert set(tokens.tolist()) == set(kept)
     assert torch.allclose(freq, expected(kept, temperature), atol=0.025)
 
@@ -152,7 +149,7 @@ def test_same_seed_same_tokens_different_seed_different_tokens():
 
 
 def test_mixed_batch_rows_match_rows_sampled_alone():
-    vocab, gen = 3000, torch.Generator().manual_seed(3)
+    vocab, gen = 16384, torch.Generator().manual_seed(3)  # batch uses torch.topk, rows alone the blocked path
     params = [
         SamplingParams(),
         SamplingParams(temperature=0),
@@ -203,10 +200,10 @@ def reference_token(logits: np.ndarray, p: SamplingParams, u: float, history: li
 @pytest.mark.parametrize("vocab", [16384, 3000])  # blocked top-k path and plain torch.topk path
 def test_matches_a_per_row_reference_port_of_llama_cpp(vocab):
     rnd = random.Random(vocab)
-    for trial in range(6):
+    for trial in range(3):
         params = [
             SamplingParams(
-                temperature=rnd.choice([0, 0.3, 1.0, 1.5]), top_k=rnd.choice([0, 1, 5, 40, 300, 10**6]),
+                temperature=rnd.choice([0, 0.3, 1.0, 1.5]), top_k=rnd.choice([0, 1, 5, 40, 100, 10**6]),
                 top_p=rnd.choice([1.0, 0.95, 0.5, 0.0]), min_p=rnd.choice([0, 0.05, 0.2, 1.0]),
                 repeat_penalty=rnd.choice([1.0, 1.3]), repeat_last_n=rnd.choice([0, 8, -1]),
                 presence_penalty=rnd.choice([0, 0.5]), frequency_penalty=rnd.choice([0, 0.3]),

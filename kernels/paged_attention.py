@@ -1,0 +1,263 @@
+"""paged_attention: causal attention of a ragged batch against a paged KV cache (vLLM style).
+
+Same maths as `attention.py`; the KV comes as pages plus a block table (`PagedKV`): cell `c` of
+stream `s` is row `c % block_size` of page `block_table[s, c // block_size]`. Pages are logical
+`[n_blocks, block_size, kv_head, head_dim]` views with any strides (`paged` stores tokens before
+heads, `paged_hnd` heads before tokens). Only the blocks covering `max_kv` are read (cpu) or each
+sequence's own `kv_len` cells (triton).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+import triton as _triton
+import triton.language as tl
+
+from slotserver.batch import AttnMeta, Batch, SeqChunk
+from slotserver.kv_spec import PagedKV
+
+OP = "paged_attention"
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+LOG2E = 1.4426950408889634
+DECODE_BLOCK_N = 16
+PREFILL_BLOCK_M = 32
+PREFILL_BLOCK_N = 32
+
+
+def reference(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
+    """q: [tokens, q_heads, head_dim] -> like q. Per sequence, per query, in float32: slow, plain."""
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    group = q.shape[1] // kv.k_pages.shape[2]
+    for b in range(meta.n_seqs):
+        stream, n_q, n_kv = (int(meta.seq_streams[b]), int(meta.q_lens[b]), int(meta.kv_lens[b]))
+        cells = torch.arange(n_kv, device=q.device)
+        blocks = kv.block_table[stream, cells // kv.block_size].long()
+        keys = kv.k_pages[blocks, cells % kv.block_size].float().repeat_interleave(group, dim=1)
+        vals = kv.v_pages[blocks, cells % kv.block_size].float().repeat_interleave(group, dim=1)
+        for j in range(n_q):
+            row, pos = int(meta.q_offsets[b]) + j, n_kv - n_q + j
+            scores = torch.einsum("hd,khd->hk", q[row].float(), keys[: pos + 1]) * scale
+            out[row] = torch.einsum("hk,khd->hd", scores.softmax(dim=-1), vals[: pos + 1])
+    return out.to(q.dtype)
+
+
+def cpu(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
+    """Gather the batch's blocks covering `max_kv` to `[B, kv_heads, max_kv, dim]`, then one masked SDPA."""
+    n_seq, max_q, max_kv = meta.n_seqs, meta.max_q, meta.max_kv
+    q_heads, dim = q.shape[1], q.shape[2]
+    kv_heads = kv.k_pages.shape[2]
+    group = q_heads // kv_heads
+    table = kv.block_table[meta.seq_streams, : -(-max_kv // kv.block_size)].long().clamp(min=0)
+    keys, vals = _gather(kv.k_pages, table, max_kv, q.dtype), _gather(kv.v_pages, table, max_kv, q.dtype)
+    qp = q[meta.pad_index]                                              # [B, max_q, q_heads, dim]
+    qp = qp.view(n_seq, max_q, kv_heads, group, dim).permute(0, 2, 3, 1, 4)
+    qp = qp.reshape(n_seq, kv_heads, group * max_q, dim)
+    key_pos = torch.arange(max_kv, device=q.device)
+    mask = key_pos.view(1, 1, 1, max_kv) <= meta.pad_positions.view(n_seq, 1, max_q, 1)
+    mask = mask.repeat(1, 1, group, 1)                                  # [B, 1, group*max_q, L]
+    out = F.scaled_dot_product_attention(qp, keys, vals, attn_mask=mask, scale=scale)
+    out = out.view(n_seq, kv_heads, group, max_q, dim).permute(0, 3, 1, 2, 4)
+    return out.reshape(n_seq * max_q, q_heads, dim)[meta.valid_rows]  # [tokens, q_heads, dim]
+
+
+def _gather(pages: torch.Tensor, table: torch.Tensor, max_kv: int, dtype: torch.dtype) -> torch.Tensor:
+    """pages [n_blocks, bs, kv_heads, dim], table [B, nb] -> [B, kv_heads, max_kv, dim]."""
+    n_seq, nb = table.shape
+    x = pages[table]                                                    # [B, nb, bs, kv_heads, dim]
+    x = x.reshape(n_seq, nb * pages.shape[1], pages.shape[2], pages.shape[3])[:, :max_kv]
+    return x.transpose(1, 2).to(dtype)
+
+
+@_triton.jit
+def _dot(a, b, IEEE_DOT: tl.constexpr):
+    """`a @ b` in float32; IEEE_DOT: exact float32 products (float32 pages, and the interpreter,
+    whose tl.dot multiplies bf16 bit patterns as integers)."""
+    if IEEE_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@_triton.jit
+def _page_rows(table_ptr, table_row, cells, c_mask, PAGE: tl.constexpr):
+    """(page, row in page) of each logical cell of the stream whose table row starts at
+    `table_row`; page 0 for masked cells (never loaded through)."""
+    page = tl.load(table_ptr + table_row + cells // PAGE, mask=c_mask, other=0).to(tl.int64)
+    return page, cells % PAGE
+
+
+@_triton.jit
+def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, kv_lens_ptr, q_offsets_ptr,
+                         stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb, stride_vr, stride_vh,
+                         stride_bt, stride_ot, stride_oh, qk_scale,
+                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Program (sequence b, KV head h): b's one new token, its GROUP query heads, over b's kv_len
+    cells looked up through the block table (the loop never goes past b's own length)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    stream = tl.load(streams_ptr + b).to(tl.int64) * stride_bt
+    kv_len = tl.load(kv_lens_ptr + b)
+    row = tl.load(q_offsets_ptr + b).to(tl.int64)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    gd_mask = (g[:, None] < GROUP) & (d[None, :] < HEAD_DIM)
+    q = tl.load(q_ptr + row * stride_qt + (h * GROUP + g)[:, None] * stride_qh + d[None, :],
+                mask=gd_mask, other=0.0).to(tl.float32) * qk_scale              # [BLOCK_G, BLOCK_D]
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for start in range(0, kv_len, BLOCK_N):
+        cells = start + tl.arange(0, BLOCK_N)
+        c_mask = cells < kv_len
+        page, r = _page_rows(table_ptr, stream, cells, c_mask, PAGE)
+        nd_mask = c_mask[:, None] & (d[None, :] < HEAD_DIM)
+        k_off = (page * stride_kb + r * stride_kr)[:, None] + h * stride_kh + d[None, :]
+        v_off = (page * stride_vb + r * stride_vr)[:, None] + h * stride_vh + d[None, :]
+        k = tl.load(k_ptr + k_off, mask=nd_mask, other=0.0).to(tl.float32)    # [BLOCK_N, BLOCK_D]
+        v = tl.load(v_ptr + v_off, mask=nd_mask, other=0.0).to(tl.float32)
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)                       # [BLOCK_G, BLOCK_N]
+        s = tl.where(c_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m_i = m_new
+    tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
+             (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
+
+
+@_triton.jit
+def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, q_lens_ptr, kv_lens_ptr,
+                          q_offsets_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb,
+                          stride_vr, stride_vh, stride_bt, stride_ot, stride_oh, qk_scale,
+                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                          IEEE_DOT: tl.constexpr):
+    """Program (sequence b, KV head h, row tile): a causal chunk against the paged cache; rows fold
+    the GQA group (row r: query r // GROUP, head h*GROUP + r % GROUP), as in attention.py."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    q_len = tl.load(q_lens_ptr + b)
+    if tl.program_id(2) * BLOCK_M >= q_len * GROUP:
+        return
+    stream = tl.load(streams_ptr + b).to(tl.int64) * stride_bt
+    kv_len = tl.load(kv_lens_ptr + b)
+    q_off = tl.load(q_offsets_ptr + b).to(tl.int64)
+    r = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    r_mask = r < q_len * GROUP
+    pos = kv_len - q_len + r // GROUP                                           # [BLOCK_M]
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d[None, :] < HEAD_DIM
+    rows = (q_off + r // GROUP)[:, None] * stride_qt + (h * GROUP + r % GROUP)[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptr + rows, mask=r_mask[:, None] & d_mask, other=0.0)          # [BLOCK_M, BLOCK_D]
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    hi = tl.minimum(kv_len, tl.max(tl.where(r_mask, pos, 0), axis=0) + 1)
+    for start in range(0, hi, BLOCK_N):
+        cells = start + tl.arange(0, BLOCK_N)
+        c_mask = cells < hi
+        page, pr = _page_rows(table_ptr, stream, cells, c_mask, PAGE)
+        nd_mask = c_mask[:, None] & d_mask
+        k = tl.load(k_ptr + (page * stride_kb + pr * stride_kr)[:, None] + h * stride_kh + d[None, :],
+                    mask=nd_mask, other=0.0)
+        v = tl.load(v_ptr + (page * stride_vb + pr * stride_vr)[:, None] + h * stride_vh + d[None, :],
+                    mask=nd_mask, other=0.0)
+        s = _dot(q, tl.trans(k), IEEE_DOT) * qk_scale                           # [BLOCK_M, BLOCK_N]
+        s = tl.where((cells[None, :] <= pos[:, None]) & c_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE_DOT)
+        m_i = m_new
+    tl.store(out_ptr + rows, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask)
+
+
+def triton(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
+    """Same contract as `cpu`; decode kernel when `meta.max_q == 1`, causal prefill kernel otherwise."""
+    _check(q, kv, meta)
+    kv_heads, dim = kv.k_pages.shape[2], q.shape[2]
+    group = q.shape[1] // kv_heads
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    args = (q.stride(0), q.stride(1), *kv.k_pages.stride()[:3], *kv.v_pages.stride()[:3],
+            kv.block_table.stride(0), out.stride(0), out.stride(1), scale * LOG2E)
+    common = dict(GROUP=group, HEAD_DIM=dim, PAGE=kv.block_size)
+    if meta.max_q == 1:
+        _paged_decode_kernel[(meta.n_seqs, kv_heads)](
+            q, kv.k_pages, kv.v_pages, out, kv.block_table, meta.seq_streams, meta.kv_lens, meta.q_offsets,
+            *args, **common, BLOCK_G=_triton.next_power_of_2(group), BLOCK_D=_triton.next_power_of_2(dim),
+            BLOCK_N=DECODE_BLOCK_N)
+    else:
+        grid = (meta.n_seqs, kv_heads, _triton.cdiv(meta.max_q * group, PREFILL_BLOCK_M))
+        _paged_prefill_kernel[grid](
+            q, kv.k_pages, kv.v_pages, out, kv.block_table, meta.seq_streams, meta.q_lens, meta.kv_lens,
+            meta.q_offsets, *args, **common, BLOCK_M=PREFILL_BLOCK_M,
+            BLOCK_D=max(16, _triton.next_power_of_2(dim)), BLOCK_N=PREFILL_BLOCK_N,
+            IEEE_DOT=q.dtype == torch.float32 or type(_paged_prefill_kernel).__name__ == "InterpretedFunction")
+    return out
+
+
+def _check(q: torch.Tensor, kv: PagedKV, meta: AttnMeta) -> None:
+    assert q.dim() == 3 and q.stride(2) == 1, f"q must be [tokens, q_heads, head_dim], unit last stride: {q.stride()}"
+    assert kv.k_pages.dim() == 4 and kv.k_pages.shape == kv.v_pages.shape
+    assert kv.k_pages.shape[1] == kv.block_size, "pages must be [n_blocks, block_size, kv_heads, head_dim]"
+    assert kv.block_size & (kv.block_size - 1) == 0, "block_size must be a power of two"
+    assert kv.k_pages.shape[3] == q.shape[2] and q.shape[1] % kv.k_pages.shape[2] == 0
+    assert kv.k_pages.stride(3) == 1 and kv.v_pages.stride(3) == 1, "head_dim must be innermost"
+    assert kv.k_pages.dtype == kv.v_pages.dtype == q.dtype, f"pages {kv.k_pages.dtype} must match q {q.dtype}"
+    assert kv.block_table.dim() == 2 and kv.block_table.stride(1) == 1
+    assert kv.block_table.dtype in (torch.int32, torch.int64) and kv.block_table.device == q.device
+    for t in (meta.seq_streams, meta.q_lens, meta.kv_lens, meta.q_offsets):
+        assert t.dtype == torch.int64 and t.is_contiguous() and t.device == q.device
+
+
+def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
+    """A random ragged batch over shuffled pages (block size 4, 8 or 16; tokens- or heads-first
+    storage); table entries past each sequence's length are unmapped (-1)."""
+    kv_heads, group = int(torch.randint(1, 4, (), generator=gen)), int(torch.randint(1, 4, (), generator=gen))
+    dim, block_size = int(torch.randint(2, 41, (), generator=gen)), 2 ** int(torch.randint(2, 5, (), generator=gen))
+    n_streams, n_cells = 5, 40
+    per_stream = -(-n_cells // block_size)
+    n_blocks = n_streams * per_stream + 2
+    decode_only = bool(torch.rand((), generator=gen) < 0.3)
+    chunks = []
+    for s in torch.randperm(n_streams, generator=gen)[: int(torch.randint(1, n_streams + 1, (), generator=gen))].tolist():
+        n_new = 1 if decode_only or torch.rand((), generator=gen) < 0.5 else int(torch.randint(1, 10, (), generator=gen))
+        chunks.append(SeqChunk(stream=s, start=int(torch.randint(0, 30, (), generator=gen)), tokens=[0] * n_new))
+    meta = Batch.build(chunks).attn
+    owned = torch.randperm(n_blocks, generator=gen)[: n_streams * per_stream].view(n_streams, per_stream)
+    table = torch.full((n_streams, per_stream), -1, dtype=torch.int32)
+    for s, n_kv in zip(meta.seq_streams.tolist(), meta.kv_lens.tolist()):
+        table[s, : -(-n_kv // block_size)] = owned[s, : -(-n_kv // block_size)].int()
+    heads_first = bool(torch.rand((), generator=gen) < 0.5)
+    shape = (n_blocks, kv_heads, block_size, dim) if heads_first else (n_blocks, block_size, kv_heads, dim)
+    k, v = (torch.randn(shape, generator=gen).to(dtype) for _ in range(2))
+    if heads_first:
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+    q = torch.randn(int(meta.q_lens.sum()), kv_heads * group, dim, generator=gen).to(dtype)
+    return q, PagedKV(k, v, table, block_size), meta, 1 / math.sqrt(dim)
+
+
+def _aot(dtype: str, decode: bool, group: int = 3, dim: int = 64, page: int = 16) -> tuple:
+    sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "out_ptr": f"*{dtype}",
+           "table_ptr": "*i32", "streams_ptr": "*i64", "kv_lens_ptr": "*i64", "q_offsets_ptr": "*i64"}
+    if not decode:
+        sig["q_lens_ptr"] = "*i64"
+    sig |= {n: "i32" for n in ("stride_qt", "stride_qh", "stride_kb", "stride_kr", "stride_kh", "stride_vb",
+                               "stride_vr", "stride_vh", "stride_bt", "stride_ot", "stride_oh")}
+    sig["qk_scale"] = "fp32"
+    const = {"GROUP": group, "HEAD_DIM": dim, "PAGE": page, "BLOCK_D": _triton.next_power_of_2(dim)}
+    if decode:
+        const |= {"BLOCK_G": _triton.next_power_of_2(group), "BLOCK_N": DECODE_BLOCK_N}
+    else:
+        const |= {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N, "IEEE_DOT": dtype == "fp32"}
+    sig |= {name: "constexpr" for name in const}
+    return (_paged_decode_kernel if decode else _paged_prefill_kernel, sig, const)
+
+
+AOT = [_aot("bf16", True), _aot("bf16", False), _aot("fp32", True)]

@@ -1,0 +1,73 @@
+"""`create_app(state)`: the starlette application of the HTTP server.
+
+Middleware, outermost first:
+  AccessLog    one line per request (method, path, status, tokens, ms)
+  CatchAll     an unexpected exception -> logged 500 JSON error; the server keeps serving
+  CORS         only with --cors ORIGIN (no CORS headers at all otherwise)
+  LoadingGate  503 "Loading model" for every route but /health until the model is loaded
+  ApiKeyAuth   401 without a valid key, when keys are configured (public: health, models)
+Routes raise `ApiError`; routing errors (404, 405) get the same JSON error shape.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from slotserver.server import routes_completion, routes_lab, routes_misc, routes_openai, routes_slots
+from slotserver.server.access_log import AccessLog
+from slotserver.server.auth import ApiKeyAuth
+from slotserver.server.errors import ApiError, CatchAll, api_error_handler, http_exception_handler, loading_error
+from slotserver.server.errors import not_supported
+from slotserver.server.state import ServerState
+
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class LoadingGate:
+    """503 "Loading model" for everything but /health while `is_ready()` is false (as llama-server)."""
+
+    def __init__(self, app: ASGIApp, is_ready: Callable[[], bool]) -> None:
+        self.app, self.is_ready = app, is_ready
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self.is_ready() and scope["path"] not in ("/health", "/v1/health"):
+            await loading_error().response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+async def metrics(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    if not state.config.metrics:
+        raise not_supported("This server does not support metrics endpoint. Start it with `--metrics`")
+    state.require()
+    return Response(state.metrics.render(), media_type=PROMETHEUS_TEXT)
+
+
+def _middleware(state: ServerState) -> list[Middleware]:
+    stack = [Middleware(AccessLog), Middleware(CatchAll)]
+    if state.config.cors_origins:
+        stack.append(Middleware(CORSMiddleware, allow_origins=list(state.config.cors_origins),
+                                allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"]))
+    stack.append(Middleware(LoadingGate, is_ready=lambda: state.ready))
+    stack.append(Middleware(ApiKeyAuth, keys=state.config.api_keys))
+    return stack
+
+
+def create_app(state: ServerState) -> Starlette:
+    """The ASGI app serving `state` (which may still be loading: see `ServerState.set_loaded`)."""
+    routes = [*routes_misc.ROUTES, *routes_completion.ROUTES, *routes_openai.ROUTES,
+              *routes_slots.ROUTES, *routes_lab.ROUTES, Route("/metrics", metrics, methods=["GET"])]
+    app = Starlette(routes=routes, middleware=_middleware(state),
+                    exception_handlers={ApiError: api_error_handler, HTTPException: http_exception_handler})
+    app.state.server = state
+    return app

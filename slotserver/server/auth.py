@@ -1,0 +1,64 @@
+"""API keys (`--api-key`, `--api-key-file`): `Authorization: Bearer KEY` or `X-Api-Key: KEY`.
+
+As in llama-server, /health, /v1/health, /models and /v1/models stay public (health checks and
+model discovery), and CORS preflight requests pass. Keys are compared with
+`hmac.compare_digest` against every configured key, so timing does not reveal a key's prefix.
+"""
+
+from __future__ import annotations
+
+import hmac
+from pathlib import Path
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from slotserver.config import ConfigError
+from slotserver.server.errors import ApiError
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models"})
+
+
+def read_key_file(path: Path) -> list[str]:
+    """One key per line; blank lines and surrounding whitespace are ignored."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--api-key-file {path}: {e.strerror if isinstance(e, OSError) else e}") from None
+    keys = [line.strip() for line in lines if line.strip()]
+    if not keys:
+        raise ConfigError(f"--api-key-file {path} holds no key")
+    return keys
+
+
+def presented_key(headers: Headers) -> str | None:
+    auth = headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return headers.get("x-api-key")
+
+
+def key_matches(given: str, keys: tuple[str, ...]) -> bool:
+    given_b = given.encode("utf-8", "replace")
+    ok = False
+    for key in keys:  # no early exit: the time taken does not depend on which key matched
+        ok |= hmac.compare_digest(given_b, key.encode("utf-8"))
+    return ok
+
+
+class ApiKeyAuth:
+    """ASGI middleware; a no-op when no key is configured."""
+
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
+        self.app, self.keys = app, tuple(keys)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.keys or scope["path"] in PUBLIC_PATHS \
+                or scope["method"] == "OPTIONS":
+            await self.app(scope, receive, send)
+            return
+        given = presented_key(Headers(scope=scope))
+        if given is None or not key_matches(given, self.keys):
+            await ApiError(401, "Invalid API Key", "authentication_error").response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

@@ -1,0 +1,94 @@
+"""llama-server's /completion answers: the final object, stream chunks, probabilities, timings.
+
+Field names and meanings follow llama.cpp's tools/server (the `to_json_non_oaicompat_*` results):
+`stop_type` is "eos", "limit", "word" or "none" (cancelled); `timings` are per request;
+`completion_probabilities` uses the current format, one entry per generated token with its
+`top_logprobs`. Token text in probabilities is the token's raw piece (special tokens rendered);
+`bytes` are its exact bytes, which matter when a token holds part of a UTF-8 character.
+"""
+
+from __future__ import annotations
+
+from slotserver.request import FinalEvent, TokenEvent
+from slotserver.server.generation import Outcome
+from slotserver.server.params import CompletionJob
+from slotserver.tokenizer import Tokenizer
+
+
+def token_entry(tokenizer: Tokenizer, token: int, logprob: float | None) -> dict:
+    raw = tokenizer.token_bytes(token, special=True)
+    return {"id": token, "token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+
+
+def probabilities(tokenizer: Tokenizer, events: list[TokenEvent], n_probs: int) -> list[dict]:
+    out = []
+    for ev in events:
+        entry = token_entry(tokenizer, ev.token, ev.logprob)
+        entry["top_logprobs"] = [token_entry(tokenizer, t, lp) for t, lp in ev.top[:n_probs]]
+        out.append(entry)
+    return out
+
+
+def _per(n: int, ms: float) -> tuple[float, float]:
+    """(ms per token, tokens per second), 0 when undefined."""
+    return (ms / n if n else 0.0, 1000.0 * n / ms if ms > 0 else 0.0)
+
+
+def timings(final: FinalEvent) -> dict:
+    prompt_n = final.n_prompt - final.n_cached
+    p_tok, p_sec = _per(prompt_n, final.prompt_ms)
+    g_tok, g_sec = _per(final.n_predicted, final.predicted_ms)
+    return {
+        "cache_n": final.n_cached, "prompt_n": prompt_n, "prompt_ms": final.prompt_ms,
+        "prompt_per_token_ms": p_tok, "prompt_per_second": p_sec,
+        "predicted_n": final.n_predicted, "predicted_ms": final.predicted_ms,
+        "predicted_per_token_ms": g_tok, "predicted_per_second": g_sec,
+    }
+
+
+def generation_settings(job: CompletionJob, seed: int, model: str) -> dict:
+    r, p = job.request, job.request.params
+    return {
+        "model": model, "n_predict": r.n_predict, "seed": seed, "temperature": p.temperature,
+        "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p, "repeat_last_n": p.repeat_last_n,
+        "repeat_penalty": p.repeat_penalty, "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty, "n_keep": r.n_keep, "ignore_eos": r.ignore_eos,
+        "stream": job.stream, "n_probs": job.n_probs, "cache_prompt": r.cache_prompt,
+        "stop": list(r.stop), "id_slot": r.id_slot,
+        "logit_bias": [[t, b if b != float("-inf") else False] for t, b in p.logit_bias],
+    }
+
+
+def summary(job: CompletionJob, final: FinalEvent, model: str, prompt: str) -> dict:
+    """The fields that close a request (also the last stream chunk)."""
+    return {
+        "id_slot": final.id_slot, "stop": True, "model": model,
+        "tokens_predicted": final.n_predicted, "tokens_evaluated": final.n_prompt,
+        "generation_settings": generation_settings(job, final.seed, model), "prompt": prompt,
+        "truncated": final.truncated, "stop_type": final.stop_type, "stopping_word": final.stopping_word,
+        "tokens_cached": final.n_cached, "timings": timings(final),
+    }
+
+
+def final_response(job: CompletionJob, out: Outcome, tokenizer: Tokenizer, model: str, prompt: str) -> dict:
+    body = {"index": 0, "content": out.text, "tokens": out.token_ids if job.return_tokens else [],
+            "has_new_line": "\n" in out.text}
+    body.update(summary(job, out.final, model, prompt))
+    if job.n_probs > 0:
+        body["completion_probabilities"] = probabilities(tokenizer, out.tokens, job.n_probs)
+    return body
+
+
+def stream_chunk(job: CompletionJob, text: str, events: list[TokenEvent], tokenizer: Tokenizer,
+                 n_predicted: int) -> dict:
+    chunk = {"index": 0, "content": text, "tokens": [e.token for e in events], "stop": False,
+             "tokens_predicted": n_predicted, "tokens_evaluated": len(job.request.prompt_ids)}
+    if job.n_probs > 0:
+        chunk["completion_probabilities"] = probabilities(tokenizer, events, job.n_probs)
+    return chunk
+
+
+def final_chunk(job: CompletionJob, final: FinalEvent, model: str, prompt: str) -> dict:
+    chunk = {"index": 0, "content": "", "tokens": []}
+    chunk.update(summary(job, final, model, prompt))
+    return chunk

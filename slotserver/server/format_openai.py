@@ -1,0 +1,114 @@
+"""OpenAI's response objects for /v1/completions and /v1/chat/completions, whole and streamed.
+
+Shapes follow OpenAI's API reference (what the official client parses): `cmpl-`/`chatcmpl-` ids,
+`object`, `created`, `model`, `choices[0]` with `text` / `message` / `delta`, `finish_reason`
+"stop" or "length", `usage`. Streams put `usage` in the chunk that carries the finish_reason (as
+llama-server does) and, when `stream_options.include_usage` is set, also send OpenAI's separate
+final chunk with empty `choices`. Log-probabilities use the chat format for chat and the legacy
+`tokens`/`token_logprobs`/`top_logprobs`/`text_offset` format for completions.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from slotserver import __version__
+from slotserver.request import FinalEvent, TokenEvent
+from slotserver.server.format_llama import timings
+from slotserver.server.generation import Outcome
+from slotserver.server.params import CompletionJob
+from slotserver.tokenizer import Tokenizer
+
+FINGERPRINT = f"slotserver-{__version__}"
+
+
+def finish_reason(final: FinalEvent) -> str:
+    return "length" if final.stop_type == "limit" else "stop"
+
+
+def usage(final: FinalEvent) -> dict:
+    return {"prompt_tokens": final.n_prompt, "completion_tokens": final.n_predicted,
+            "total_tokens": final.n_prompt + final.n_predicted}
+
+
+def _piece(tokenizer: Tokenizer, token: int) -> tuple[str, list[int]]:
+    raw = tokenizer.token_bytes(token, special=True)
+    return raw.decode("utf-8", "replace"), list(raw)
+
+
+def chat_logprobs(tokenizer: Tokenizer, events: list[TokenEvent], n_top: int) -> dict:
+    content = []
+    for ev in events:
+        text, raw = _piece(tokenizer, ev.token)
+        tops = [dict(zip(("token", "bytes"), _piece(tokenizer, t)), logprob=lp) for t, lp in ev.top[:n_top]]
+        content.append({"token": text, "logprob": ev.logprob, "bytes": raw, "top_logprobs": tops})
+    return {"content": content}
+
+
+def legacy_logprobs(tokenizer: Tokenizer, events: list[TokenEvent], n_top: int, offset: int = 0) -> dict:
+    tokens, lps, tops, offsets = [], [], [], []
+    for ev in events:
+        text, _ = _piece(tokenizer, ev.token)
+        tokens.append(text)
+        lps.append(ev.logprob)
+        tops.append({_piece(tokenizer, t)[0]: lp for t, lp in ev.top[:n_top]})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+class OpenAIFormatter:
+    """Builds every object of one answer (same id, created and model throughout)."""
+
+    def __init__(self, job: CompletionJob, model: str, tokenizer: Tokenizer, chat: bool) -> None:
+        self.job, self.model, self.tokenizer, self.chat = job, model, tokenizer, chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+        self.created = int(time.time())
+        self.offset = 0  # legacy logprobs: characters streamed so far
+
+    def _envelope(self, choices: list[dict], chunk: bool) -> dict:
+        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                "system_fingerprint": FINGERPRINT, "choices": choices}
+
+    def _logprobs(self, events: list[TokenEvent]) -> dict | None:
+        if not self.job.want_logprobs:
+            return None
+        if self.chat:
+            return chat_logprobs(self.tokenizer, events, self.job.n_probs)
+        lp = legacy_logprobs(self.tokenizer, events, self.job.n_probs, self.offset)
+        self.offset = lp["text_offset"][-1] + len(lp["tokens"][-1]) if events else self.offset
+        return lp
+
+    def full(self, out: Outcome) -> dict:
+        choice = {"index": 0, "logprobs": self._logprobs(out.tokens), "finish_reason": finish_reason(out.final)}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": out.text}
+        else:
+            choice["text"] = out.text
+        body = self._envelope([choice], chunk=False)
+        body.update(usage=usage(out.final), timings=timings(out.final))
+        return body
+
+    def role_chunk(self) -> dict:
+        """Chat streams open with the assistant role, as OpenAI's do."""
+        delta = {"role": "assistant", "content": ""}
+        return self._envelope([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}], True)
+
+    def delta_chunk(self, text: str, events: list[TokenEvent]) -> dict:
+        choice = {"index": 0, "logprobs": self._logprobs(events), "finish_reason": None}
+        choice.update({"delta": {"content": text}} if self.chat else {"text": text})
+        return self._envelope([choice], chunk=True)
+
+    def last_chunk(self, final: FinalEvent) -> dict:
+        choice = {"index": 0, "logprobs": None, "finish_reason": finish_reason(final)}
+        choice.update({"delta": {}} if self.chat else {"text": ""})
+        body = self._envelope([choice], chunk=True)
+        body.update(usage=usage(final), timings=timings(final))
+        return body
+
+    def usage_chunk(self, final: FinalEvent) -> dict:
+        body = self._envelope([], chunk=True)
+        body["usage"] = usage(final)
+        return body

@@ -1,0 +1,130 @@
+"""Small llama-server endpoints: health, tokenize/detokenize, apply-template, props, models.
+
+/tokenize defaults as in llama-server: `add_special` false, `parse_special` true; `with_pieces`
+gives `[{"id", "piece"}]`, the piece a string, or its byte values when it is not valid UTF-8 on
+its own (part of a multi-byte character). /detokenize renders special tokens, so it inverts
+/tokenize with parse_special.
+"""
+
+from __future__ import annotations
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from slotserver import __version__
+from slotserver.server.body import read_json
+from slotserver.server.errors import bad_request, loading_error
+from slotserver.server.fields import Fields
+from slotserver.server.jsonio import JSONResp
+from slotserver.server.openai_params import render_chat
+from slotserver.server.prompt import check_token_ids, encode
+from slotserver.server.state import ServerState
+
+BUILD_INFO = f"slotserver {__version__}"
+
+
+async def health(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    if not state.ready:
+        return loading_error().response()
+    return JSONResp({"status": "ok"})
+
+
+def _piece(raw: bytes) -> str | list[int]:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+async def tokenize(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    bundle, _ = state.require()
+    f = Fields(await read_json(request, state.config.body_limit, state.config.timeout))
+    content = f.str("content", "")
+    add_special, parse_special = f.bool("add_special", False), f.bool("parse_special", True)
+    with_pieces = f.bool("with_pieces", False)
+    tok = bundle.tokenizer
+    ids = await anyio.to_thread.run_sync(encode, tok, content, add_special, parse_special)
+    if with_pieces:
+        return JSONResp({"tokens": [{"id": t, "piece": _piece(tok.token_bytes(t, special=True))} for t in ids]})
+    return JSONResp({"tokens": ids})
+
+
+async def detokenize(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    bundle, _ = state.require()
+    f = Fields(await read_json(request, state.config.body_limit, state.config.timeout))
+    tokens = f.raw("tokens", [])
+    if not isinstance(tokens, list):
+        raise bad_request("'tokens' must be a list of token ids")
+    check_token_ids(tokens, bundle.tokenizer.vocab_size, "'tokens'")
+    return JSONResp({"content": bundle.tokenizer.decode(tokens, special=True)})
+
+
+async def apply_template(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    state.require()
+    body = await read_json(request, state.config.body_limit, state.config.timeout)
+    if "messages" not in body:
+        raise bad_request("'messages' is required")
+    prompt = await anyio.to_thread.run_sync(render_chat, state.template, body["messages"])
+    return JSONResp({"prompt": prompt})
+
+
+def default_generation_settings(state: ServerState) -> dict:
+    _, engine = state.require()
+    d = state.config.defaults
+    params = {"n_predict": d.n_predict, "seed": d.seed, "temperature": d.temperature, "top_k": 40,
+              "top_p": 0.95, "min_p": 0.05, "repeat_last_n": 64, "repeat_penalty": 1.0,
+              "presence_penalty": 0.0, "frequency_penalty": 0.0, "n_keep": 0, "ignore_eos": False,
+              "stream": False, "n_probs": 0, "cache_prompt": d.cache_prompt, "stop": []}
+    return {"id": 0, "id_task": -1, "n_ctx": engine.config.n_cells, "is_processing": False, "params": params}
+
+
+async def props(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    bundle, engine = state.require()
+    tok = bundle.tokenizer
+    piece = lambda t: "" if t is None else tok.decode([t], special=True)  # noqa: E731
+    return JSONResp({
+        "default_generation_settings": default_generation_settings(state),
+        "total_slots": engine.config.n_parallel,
+        "model_alias": state.config.alias,
+        "model_path": state.config.model_path,
+        "modalities": {"vision": False, "audio": False},
+        "endpoint_slots": state.config.slots_endpoint,
+        "endpoint_metrics": state.config.metrics,
+        "chat_template": state.template.source,
+        "bos_token": piece(tok.bos_id),
+        "eos_token": piece(tok.eos_id),
+        "build_info": BUILD_INFO,
+    })
+
+
+async def models(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    bundle, engine = state.require()
+    spec, name = bundle.model.spec, state.config.model_name
+    meta = {"vocab_type": 2 if bundle.tokenizer.model == "gpt2" else 1, "n_vocab": spec.vocab_size,
+            "n_ctx_train": spec.ctx_train, "n_embd": spec.d_model, "n_ctx_slot": engine.config.n_cells}
+    return JSONResp({
+        "object": "list",
+        "data": [{"id": name, "object": "model", "created": state.created, "owned_by": "slotserver",
+                  "meta": meta}],
+        "models": [{"name": name, "model": name, "type": "model", "capabilities": ["completion"]}],
+    })
+
+
+ROUTES = [
+    Route("/health", health, methods=["GET"]),
+    Route("/v1/health", health, methods=["GET"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/apply-template", apply_template, methods=["POST"]),
+    Route("/props", props, methods=["GET"]),
+    Route("/models", models, methods=["GET"]),
+    Route("/v1/models", models, methods=["GET"]),
+]

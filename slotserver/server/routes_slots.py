@@ -1,0 +1,127 @@
+"""GET /slots and POST /slots/{id}?action=save|restore|erase (llama-server's slot endpoints).
+
+GET /slots reads the engine's stats snapshot; it never shows prompt text unless the server was
+started with --slots-debug (prompts are other users' data). `?fail_on_no_slot=1` answers 503
+when every slot is busy, which is what load balancers poll. Disabled with --no-slots (501).
+
+Slot actions need --slot-save-path (501 otherwise, as in llama-server). File names are checked
+here as well as in the engine, so a name such as `../evil` is refused before anything runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from slotserver.request import RequestError
+from slotserver.server.body import read_json
+from slotserver.server.errors import ApiError, bad_request, not_supported
+from slotserver.server.fields import Fields
+from slotserver.server.jsonio import JSONResp
+from slotserver.server.state import ServerState
+from slotserver.stats import EngineStats, SlotStats
+
+ACTIONS = ("save", "restore", "erase")
+STATS_WAIT_S = 2.0
+FILENAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,200}$")
+
+
+def slot_json(s: SlotStats, prompt: str | None) -> dict:
+    busy = s.state == "processing"
+    out = {
+        "id": s.id, "id_task": s.id_task, "n_ctx": s.n_ctx, "speculative": False, "is_processing": busy,
+        "state": s.state, "stream": s.stream, "cells_used": s.cells_used, "n_prompt": s.n_prompt,
+        "n_cached": s.n_cached, "tokens_per_second": s.tokens_per_second,
+        "next_token": {"has_next_token": busy, "n_decoded": s.n_generated},
+    }
+    if prompt is not None:
+        out["prompt"] = prompt
+    return out
+
+
+async def fresh_stats(engine) -> EngineStats:
+    """The engine's stats as of its next step boundary, so a cancel just sent shows up.
+
+    Workaround: the engine republishes its snapshot only after a step that did work, so after
+    a cancel that leaves it idle the snapshot would still say "processing". Publishing once on
+    the engine thread (through its public `call`) fixes that; see the report's engine diff.
+    """
+    publish = getattr(getattr(engine, "tracker", None), "publish", None)
+    if publish is not None:
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(engine.call(publish)), STATS_WAIT_S)
+        except (asyncio.TimeoutError, RuntimeError):
+            pass  # a busy or stopped engine: the last snapshot will do
+    return engine.stats()
+
+
+async def slots(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    if not state.config.slots_endpoint:
+        raise not_supported("This server does not support slots endpoint. Start it with `--slots`")
+    _, engine = state.require()
+    stats = await fresh_stats(engine)
+    if request.query_params.get("fail_on_no_slot") not in (None, "", "0", "false"):
+        if all(s.state != "idle" for s in stats.slots):
+            raise ApiError(503, "no slot available")
+    debug = state.config.slots_debug
+    return JSONResp([slot_json(s, state.prompts.get(s.id_task, "") if debug else None) for s in stats.slots])
+
+
+def _slot_id(raw: str) -> int:
+    if not raw.isdigit():
+        raise bad_request(f"Invalid slot ID {raw!r}")
+    return int(raw)
+
+
+def _filename(body: dict, action: str) -> str | None:
+    if action == "erase":
+        return None
+    name = Fields(body).str("filename")
+    if not name or not FILENAME.match(name) or ".." in name:
+        raise bad_request(f"Invalid filename {name!r}: use letters, digits, '.', '_' and '-' only")
+    return name
+
+
+def _status_of(e: BaseException) -> ApiError | None:
+    """Engine exceptions -> HTTP: bad input 400, missing file 404, busy slot 409."""
+    if isinstance(e, (RequestError, ValueError)):
+        return ApiError(400, str(e))
+    if isinstance(e, FileNotFoundError):
+        return ApiError(404, str(e), "not_found_error")
+    if type(e).__name__ == "SlotBusy":
+        return ApiError(409, str(e), "unavailable_error")
+    return None
+
+
+async def slot_action(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    if state.config.slot_save_path is None:
+        raise not_supported("This server does not support slots action. Start it with `--slot-save-path`")
+    _, engine = state.require()
+    body = await read_json(request, state.config.body_limit, state.config.timeout, allow_empty=True)
+    slot_id = _slot_id(request.path_params["id_slot"])
+    action = request.query_params.get("action", "")
+    if action not in ACTIONS:
+        raise bad_request(f"Invalid action {action!r}: use one of {', '.join(ACTIONS)}")
+    filename = _filename(body, action)
+    if not hasattr(engine, "slot_action"):
+        raise not_supported("slot save/restore is not available in this engine yet")
+    try:
+        result = await asyncio.wrap_future(engine.slot_action(slot_id, action, filename))
+    except Exception as e:  # noqa: BLE001 - mapped below; anything else is a real server error
+        mapped = _status_of(e)
+        if mapped is None:
+            raise
+        raise mapped from None
+    return JSONResp(result)
+
+
+ROUTES = [
+    Route("/slots", slots, methods=["GET"]),
+    Route("/slots/{id_slot}", slot_action, methods=["POST"]),
+]

@@ -1,0 +1,90 @@
+"""`slotserver serve` arguments -> validated ServerConfig and LaunchPlan, before anything starts.
+
+Everything checkable without loading the model is checked here, so a typo costs one line and exit
+status 2 instead of a server that starts and then fails: numbers and ranges (through the config
+dataclasses), the model file, key files, the chat template (compiled), unsupported features.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from slotserver.chat_template import CHATML_TEMPLATE, ChatTemplate
+from slotserver.config import ConfigError, ModelConfig
+from slotserver.engine_config import EngineConfig
+from slotserver.server.auth import read_key_file
+from slotserver.server.launch import LaunchPlan
+from slotserver.server.server_config import GenerationDefaults, ServerConfig
+
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
+    "'<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+KNOWN_TEMPLATES = {"chatml": CHATML_TEMPLATE, "llama3": LLAMA3_TEMPLATE}
+
+
+def chat_template_source(value: str | None, file: Path | None) -> str | None:
+    """--chat-template (a known name or a Jinja source) or --chat-template-file, compiled to check it."""
+    if value is not None and file is not None:
+        raise ConfigError("give --chat-template or --chat-template-file, not both")
+    if file is not None:
+        try:
+            value = Path(file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--chat-template-file {file}: {getattr(e, 'strerror', None) or e}") from None
+    elif value is not None and value in KNOWN_TEMPLATES:
+        value = KNOWN_TEMPLATES[value]
+    elif value is not None and "{{" not in value and "{%" not in value:
+        raise ConfigError(f"--chat-template {value!r} is neither a known name "
+                          f"({', '.join(KNOWN_TEMPLATES)}) nor a Jinja template")
+    if value is not None:
+        ChatTemplate(value)  # raises ChatTemplateError (one line) on a syntax error
+    return value
+
+
+def _slot_save_path(path: Path | None) -> Path | None:
+    if path is None:
+        return None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--slot-save-path {path}: {e.strerror or e}") from None
+    return path
+
+
+def _model_path(args) -> Path:
+    from slotserver.default_model import default_model_path
+
+    path = args.model or default_model_path()
+    if not Path(path).is_file():
+        raise ConfigError(f"model file {path} not found")
+    return Path(path)
+
+
+def server_config_from_args(args) -> ServerConfig:
+    keys = list(args.api_key) + (read_key_file(args.api_key_file) if args.api_key_file else [])
+    if args.context_shift:
+        raise ConfigError("context shift is not supported yet; run without --context-shift")
+    defaults = GenerationDefaults(n_predict=args.n_predict, temperature=args.temp, seed=args.seed,
+                                  cache_prompt=args.cache_prompt)
+    return ServerConfig(
+        model_path=str(_model_path(args)), alias=args.alias, api_keys=tuple(keys),
+        cors_origins=tuple(args.cors), slots_endpoint=args.slots, slots_debug=args.slots_debug,
+        metrics=args.metrics, slot_save_path=_slot_save_path(args.slot_save_path), timeout=args.timeout,
+        defaults=defaults,
+    )
+
+
+def plan_from_args(args) -> LaunchPlan:
+    engine = EngineConfig(
+        n_parallel=args.parallel, ctx_size=args.ctx_size, batch_size=args.batch_size,
+        ubatch_size=args.ubatch_size, defrag=args.defrag, slot_prompt_similarity=args.slot_prompt_similarity,
+        cache_prompt=args.cache_prompt, n_predict=args.n_predict, slot_save_path=args.slot_save_path,
+    )
+    model = ModelConfig(model_path=_model_path(args), dtype=args.dtype, threads=args.threads,
+                        layout=args.layout, kernels_dir=args.kernels_dir, layouts_dir=args.layouts_dir,
+                        max_ctx=engine.n_cells)
+    template = chat_template_source(args.chat_template, args.chat_template_file)
+    return LaunchPlan(model=model, engine=engine, host=args.host, port=args.port, chat_template=template,
+                      watch=not args.no_watch)

@@ -1,0 +1,246 @@
+"""The live lab: edits to kernels/ and layouts/ are validated, swapped between two steps with every
+in-flight sequence carried over, and broken edits are refused with a precise message while the
+old version keeps serving."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+from tiny_gguf import write_tiny_gguf
+
+from slotserver.bundle import ModelBundle
+from slotserver.config import ModelConfig
+from slotserver.engine import Engine
+from slotserver.engine_config import EngineConfig
+from slotserver.module_loader import default_dir
+from slotserver.request import Request
+from slotserver.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0)
+FLOAT_LAYOUTS = ["head_seq_dim", "paged", "paged_hnd", "seq_head_dim"]
+RMS_NORM_VARIANT = '''"""rms_norm, an equivalent variant: normalise with x * rsqrt(mean(x^2)+eps) written out by hand."""
+import torch
+OP = "rms_norm"
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+def reference(x, weight, eps):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+def cpu(x, weight, eps):
+    xf = x.float()
+    inv = (xf * xf).sum(-1, keepdim=True).div_(x.shape[-1]).add_(eps).rsqrt_()
+    return (xf * inv * weight.float()).to(x.dtype)
+def example_inputs(gen, dtype):
+    x = torch.randn(7, 33, generator=gen).to(dtype)
+    return x, (1 + 0.1 * torch.randn(33, generator=gen)).to(dtype), 1e-5
+'''
+
+
+def lab_dirs(tmp_path: Path) -> tuple[Path, Path]:
+    k, lay = tmp_path / "kernels", tmp_path / "layouts"
+    shutil.copytree(default_dir("kernels"), k)
+    shutil.copytree(default_dir("layouts"), lay)
+    return k, lay
+
+
+def drive(engine: Engine, actions: dict, max_steps: int = 5000) -> None:
+    """Step the engine on this thread; before step n, run actions[n]() and wait until its swap is
+    queued (or refused), so every swap lands exactly at that step boundary."""
+    for step in range(max_steps):
+        if step in actions:
+            fut = actions[step]()
+            while engine.lab._pending.qsize() == 0 and not fut.done():
+                time.sleep(0.005)
+        if not engine.step() and step > max(actions, default=0):
+            return
+
+
+@pytest.fixture(scope="module")
+def real(smollm_path, tmp_path_factory):
+    k, lay = lab_dirs(tmp_path_factory.mktemp("lab"))
+    bundle = ModelBundle.load(ModelConfig(model_path=smollm_path, kernels_dir=k, layouts_dir=lay))
+    prompts = ["The capital of France is", "Once upon a time", "def add(a, b):", "The primary colors are",
+               "Water boils at", "My favorite book is", "In 1969,", "A list of fruits:"]
+    return bundle, [tuple(bundle.tokenizer.encode(p)) for p in prompts]
+
+
+def _generate(bundle, prompts, actions, n_predict=24):
+    engine = Engine(bundle, EngineConfig(n_parallel=8, ctx_size=8 * 64))
+    handles = [engine.submit(Request(p, GREEDY, n_predict=n_predict, ignore_eos=True)) for p in prompts]
+    return engine, handles
+
+
+def test_layout_switches_and_kernel_edit_mid_generation_keep_outputs(real):
+    """8 sequences generate while the layout goes through every float layout and rms_norm is
+    replaced by an equivalent variant: the outputs equal the run without edits."""
+    bundle, prompts = real
+    engine, handles = _generate(bundle, prompts, {})
+    drive(engine, {})
+    want = [h.result(timeout=0).tokens for h in handles]
+    kdir, serving = bundle.config.kernels_dir, bundle.model.kernels
+    original = (kdir / "rms_norm.py").read_text()
+    engine, handles = _generate(bundle, prompts, {})
+
+    def edit_kernel():
+        (kdir / "rms_norm.py").write_text(RMS_NORM_VARIANT)
+        return engine.lab.reload(str(kdir / "rms_norm.py"))
+
+    actions = {2 + 3 * i: (lambda n=n: engine.lab.switch_layout(n)) for i, n in enumerate(FLOAT_LAYOUTS)}
+    actions[9] = edit_kernel
+    try:
+        drive(engine, actions)
+    finally:
+        (kdir / "rms_norm.py").write_text(original)
+        bundle.model.kernels = serving
+    swapped = [(e["kind"], e["name"]) for e in engine.lab.events_since(0) if e["result"] == "swapped"]
+    assert swapped == [("layout", "head_seq_dim"), ("layout", "paged"), ("layout", "paged_hnd"),
+                       ("kernel", "rms_norm"), ("layout", "seq_head_dim")], engine.lab.events_since(0)
+    assert [h.result(timeout=0).tokens for h in handles] == want
+
+
+@pytest.mark.parametrize("name", ["head_seq_dim", "paged", "paged_hnd", "q8", "seq_head_dim"])
+def test_switch_migrates_every_in_flight_kv(real, name):
+    """Mid-generation, every slot's canonical KV is the same after the switch (q8: within int8
+    rounding), and generation then runs to its end on the new layout."""
+    bundle, prompts = real
+    engine, handles = _generate(bundle, prompts, {}, n_predict=8)
+    for _ in range(3):
+        engine.step()
+    before = {s.id: engine.cache.export_stream(engine.sched.streams.stream_of[s.id], s.n_valid)
+              for s in engine.sched.slots.slots if s.n_valid}
+    drive(engine, {0: lambda: engine.lab.switch_layout(name)}, max_steps=1)
+    assert engine.cache.name == name
+    for sid, (k, v) in before.items():
+        k2, v2 = engine.cache.export_stream(engine.sched.streams.stream_of[sid], k.shape[1])
+        tol = 0.01 * float(k.abs().max()) if name == "q8" else 0.0
+        assert float((k2 - k).abs().max()) <= tol and float((v2 - v).abs().max()) <= 0.01 * float(v.abs().max()) + tol
+    drive(engine, {})
+    assert all(len(h.result(timeout=0).tokens) == 8 for h in handles)
+
+
+BROKEN = {
+    "syntax error": ("def cpu(x, weight, eps:\n", "syntax error"),
+    "import error": ("import not_a_module_xyz\n", "ModuleNotFoundError"),
+    "missing contract": ("import torch\nOP = 'rms_norm'\nTOL = {}\ndef reference(x, w, e): return x\n"
+                         "def example_inputs(g, d): return ()\n", "missing contract name(s): cpu"),
+    "wrong numerics": ("__ORIG__\ndef cpu(x, weight, eps):\n    return reference(x, weight, eps) * 1.01\n", "wrong numerics"),
+    "wrong shape": ("__ORIG__\ndef cpu(x, weight, eps):\n    return reference(x, weight, eps)[:, :-1]\n", "wrong output"),
+    "exception at call": ("__ORIG__\ndef cpu(x, weight, eps):\n    raise RuntimeError('boom')\n", "exception when called: RuntimeError: boom"),
+    "never returns": ("__ORIG__\ndef cpu(x, weight, eps):\n    while True:\n        pass\n", "time limit"),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tinylab")
+    k, lay = lab_dirs(root)
+    path = write_tiny_gguf(root / "tiny.gguf", n_layers=4, ctx_len=1024)
+    return ModelBundle.load(ModelConfig(model_path=path, kernels_dir=k, layouts_dir=lay))
+
+
+def _wait_event(lab, seq: int, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        new = [e for e in lab.events_since(seq) if e["result"] in ("swapped", "refused")]
+        if new:
+            return new[0]
+        time.sleep(0.01)
+    raise AssertionError("no lab event after the save")
+
+
+def test_broken_edits_are_refused_while_generation_stays_correct(tiny):
+    prompt = tuple(range(10, 40))
+    alone = Engine(tiny, EngineConfig(n_parallel=2, ctx_size=2048))
+    h = alone.submit(Request(prompt, GREEDY, n_predict=400, ignore_eos=True))
+    drive(alone, {})
+    want = h.result(timeout=0).tokens
+    kfile = tiny.config.kernels_dir / "rms_norm.py"
+    original = kfile.read_text()
+    engine = Engine(tiny, EngineConfig(n_parallel=2, ctx_size=2048)).start(watch=True)
+    try:
+        h = engine.submit(Request(prompt, GREEDY, n_predict=400, ignore_eos=True))
+        seen = 0
+        for case, (source, phrase) in BROKEN.items():
+            kfile.write_text(source.replace("__ORIG__", original))
+            event = _wait_event(engine.lab, seen)
+            seen = event["seq"]
+            assert event["result"] == "refused" and phrase in event["reason"], (case, event)
+            assert event["file"].endswith("rms_norm.py")
+        kfile.write_text(original)  # the good version again: accepted (same content as serving)
+        got = h.result(timeout=120).tokens
+    finally:
+        kfile.write_text(original)
+        engine.stop()
+    assert got == want
+    line_of_syntax = [e for e in engine.lab.events_since(0) if "syntax" in e["reason"]][0]["reason"]
+    assert "rms_norm.py:1:" in line_of_syntax
+
+
+def test_save_to_active_latency(tiny):
+    """Saves of an equivalent kernel through the watcher: each is validated and active within a second."""
+    kfile = tiny.config.kernels_dir / "rms_norm.py"
+    original = kfile.read_text()
+    engine = Engine(tiny, EngineConfig(n_parallel=2, ctx_size=2048)).start(watch=True)
+    serving = tiny.model.kernels
+    latencies = []
+    try:
+        h = engine.submit(Request(tuple(range(10, 40)), GREEDY, n_predict=1500, ignore_eos=True))
+        seen = 0
+        for i in range(6):
+            variant = (RMS_NORM_VARIANT if i % 2 == 0 else original) + f"\n# save {i}\n"
+            kfile.write_text(variant)
+            event = _wait_event(engine.lab, seen)
+            seen = event["seq"]
+            assert event["result"] == "swapped", event
+            latencies.append(event["latency_ms"])
+        h.cancel()
+    finally:
+        kfile.write_text(original)
+        engine.stop()
+        tiny.model.kernels = serving
+    print(f"save-to-active latency: median {statistics.median(latencies):.0f} ms, max {max(latencies):.0f} ms")
+    assert max(latencies) < 1000
+
+
+def test_swaps_under_concurrent_load_lose_nothing(tiny):
+    """Client threads keep submitting while another thread keeps switching layouts: every request
+    finishes, with the tokens it gets alone."""
+    import random
+    import threading
+
+    prompts = [tuple(random.Random(i).randrange(5, 300) for _ in range(5 + i % 17)) for i in range(24)]
+    oracle = Engine(tiny, EngineConfig(n_parallel=4, ctx_size=4 * 256))
+    handles = [oracle.submit(Request(p, GREEDY, n_predict=20, ignore_eos=True)) for p in prompts]
+    drive(oracle, {})
+    want = {p: h.result(timeout=0).tokens for p, h in zip(prompts, handles)}
+    engine = Engine(tiny, EngineConfig(n_parallel=4, ctx_size=4 * 256, queue_limit=64)).start()
+    wrong, done, switched = [], [], threading.Event()
+
+    def client(chunk):
+        while True:  # at least one pass, and keep the load on until every switch has happened
+            for p in chunk:
+                got = engine.submit(Request(p, GREEDY, n_predict=20, ignore_eos=True)).result(timeout=120).tokens
+                done.append(p)
+                if got != want[p]:
+                    wrong.append(p)
+            if switched.is_set():
+                return
+
+    def switcher():
+        for i in range(8):
+            engine.lab.switch_layout(FLOAT_LAYOUTS[i % len(FLOAT_LAYOUTS)]).result(timeout=60)
+        switched.set()
+
+    threads = [threading.Thread(target=client, args=(prompts[i::4],)) for i in range(4)]
+    threads.append(threading.Thread(target=switcher))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    swaps = [e for e in engine.lab.events_since(0) if e["result"] == "swapped"]
+    engine.stop()
+    assert len(swaps) == 8 and set(done) == set(prompts)
+    assert wrong == []

@@ -1,0 +1,210 @@
+"""Bad requests get the right status and llama-server's JSON error shape, never a 500, and the
+server keeps serving: a fixed battery, then random JSON bodies (hypothesis) in-process on a tiny
+model with 32-cell slots (so even a valid random request generates at most a few dozen tokens).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slotserver.bundle import ModelBundle
+from slotserver.config import ModelConfig
+from slotserver.engine import Engine
+from slotserver.engine_config import EngineConfig
+from test_server_api import assert_error, make_client
+from tiny_gguf import write_tiny_gguf
+
+N_CELLS = 32
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tmp_path_factory):
+    threads = torch.get_num_threads()
+    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+    bundle = ModelBundle.load(ModelConfig(path, threads=1))
+    engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=2 * N_CELLS)).start()
+    yield bundle, engine
+    engine.stop()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def client(tiny_engine, tmp_path_factory):
+    save = tmp_path_factory.mktemp("slots")
+    with make_client(tiny_engine, slot_save_path=save, body_limit=64 * 1024) as c:
+        yield c
+
+
+def completion(**fields) -> dict:
+    return {"prompt": "hi", "n_predict": 2, **fields}
+
+
+BAD_COMPLETIONS = {
+    "prompt missing": {"n_predict": 2},
+    "prompt a number": completion(prompt=5),
+    "prompt empty list": completion(prompt=[]),
+    "prompt empty string": completion(prompt=""),
+    "prompt id out of vocab": completion(prompt=[999999]),
+    "prompt negative id": completion(prompt=[-1]),
+    "prompt float id": completion(prompt=[1.5]),
+    "several prompts": completion(prompt=["a", "b"]),
+    "prompt too long": completion(prompt=[1] * (N_CELLS + 5)),
+    "prompt too long, streaming": completion(prompt=[1] * (N_CELLS + 5), stream=True),
+    "enormous prompt": completion(prompt="word " * 10000),
+    "n_predict a string": completion(n_predict="5"),
+    "n_predict a bool": completion(n_predict=True),
+    "n_predict fractional": completion(n_predict=1.5),
+    "n_predict negative": completion(n_predict=-5),
+    "n_predict huge": completion(n_predict=2**40),
+    "temperature a string": completion(temperature="hot"),
+    "top_p above 1": completion(top_p=1.5),
+    "min_p negative": completion(min_p=-0.1),
+    "top_k huge": completion(top_k=10**20),
+    "repeat_penalty zero": completion(repeat_penalty=0),
+    "repeat_last_n below -1": completion(repeat_last_n=-2),
+    "seed below -1": completion(seed=-2),
+    "seed huge": completion(seed=2**40),
+    "n_probs too many": completion(n_probs=101),
+    "stop not strings": completion(stop=[1]),
+    "logit_bias a string": completion(logit_bias="x"),
+    "logit_bias out of vocab": completion(logit_bias=[[999999, 1.0]]),
+    "logit_bias bias a string": completion(logit_bias=[[1, "a"]]),
+    "logit_bias bias true": completion(logit_bias=[[1, True]]),
+    "id_slot unknown": completion(id_slot=9),
+    "id_slot below -1": completion(id_slot=-2),
+    "stream a string": completion(stream="yes"),
+    "grammar": completion(grammar="root ::= \"a\""),
+}
+
+BAD_CHATS = {
+    "messages missing": {"max_tokens": 2},
+    "messages empty": {"messages": []},
+    "messages a string": {"messages": "hi"},
+    "message without content": {"messages": [{"role": "user"}]},
+    "content a number": {"messages": [{"role": "user", "content": 5}]},
+    "n = 2": {"messages": MSGS, "n": 2},
+    "max_tokens zero": {"messages": MSGS, "max_tokens": 0},
+    "logprobs a string": {"messages": MSGS, "logprobs": "yes"},
+    "top_logprobs too many": {"messages": MSGS, "logprobs": True, "top_logprobs": 21},
+    "tools": {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}]},
+    "json response_format": {"messages": MSGS, "response_format": {"type": "json_object"}},
+    "stream_options a string": {"messages": MSGS, "stream": True, "stream_options": "x"},
+}
+
+
+@pytest.mark.parametrize("body", BAD_COMPLETIONS.values(), ids=BAD_COMPLETIONS.keys())
+def test_bad_completion_parameters_are_400(client, body):
+    assert_error(client.post("/completion", json=body), 400)
+
+
+@pytest.mark.parametrize("body", BAD_CHATS.values(), ids=BAD_CHATS.keys())
+def test_bad_chat_parameters_are_400(client, body):
+    assert_error(client.post("/v1/chat/completions", json=body), 400)
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "hi", "echo": True}),
+    ("/v1/completions", {"prompt": "hi", "best_of": 3}),
+    ("/v1/completions", {"prompt": "hi", "logprobs": -1}),
+    ("/tokenize", {"content": 5}),
+    ("/tokenize", {"content": "x", "with_pieces": "yes"}),
+    ("/detokenize", {"tokens": [999999]}),
+    ("/detokenize", {"tokens": "x"}),
+    ("/apply-template", {"messages": [{"content": "no role"}]}),
+])
+def test_bad_parameters_on_other_routes_are_400(client, path, body):
+    assert_error(client.post(path, json=body), 400)
+
+
+@pytest.mark.parametrize("content, headers", [
+    (b"{", {}),
+    (b"[1, 2]", {}),
+    (b"null", {}),
+    (b"", {}),
+    (b'{"prompt": "hi", "temperature": NaN}', {}),
+    (b'{"prompt": "\xff\xfe"}', {}),
+    (b'{"prompt": "a\\ud800b", "messages": [{"role": "user", "content": "\\udc00"}], "content": "\\ud800"}', {}),
+    (b"[" * 100000, {}),
+    (b'{"prompt": "hi"}', {"content-type": "text/plain"}),
+    (b"prompt=hi", {"content-type": "application/x-www-form-urlencoded"}),
+], ids=["truncated", "array", "null", "empty", "NaN", "bad utf-8", "lone surrogate", "deep nesting", "text/plain", "form"])
+def test_malformed_bodies_are_400(client, content, headers):
+    headers = {"content-type": "application/json", **headers}
+    for path in ("/completion", "/v1/chat/completions", "/tokenize"):
+        assert_error(client.post(path, content=content, headers=headers), 400)
+
+
+def test_bodies_over_the_limit_are_413(client):
+    big = b'{"prompt": "' + b"a" * (65 * 1024) + b'"}'
+    assert_error(client.post("/completion", content=big, headers={"content-type": "application/json"}), 413)
+
+    def chunks():  # no Content-Length: the limit is enforced while reading
+        yield b'{"prompt": "'
+        for _ in range(100):
+            yield b"a" * 1024
+        yield b'"}'
+
+    r = client.post("/completion", content=chunks(), headers={"content-type": "application/json"})
+    assert_error(r, 413)
+
+
+@pytest.mark.parametrize("method, path, status", [
+    ("GET", "/completion", 405), ("PUT", "/v1/chat/completions", 405), ("DELETE", "/health", 405),
+    ("GET", "/nope", 404), ("POST", "/v2/completions", 404),
+])
+def test_wrong_methods_and_routes(client, method, path, status):
+    assert_error(client.request(method, path), status)
+
+
+@pytest.mark.parametrize("url, body", [
+    ("/slots/abc?action=save", {"filename": "a.bin"}),
+    ("/slots/0?action=explode", {"filename": "a.bin"}),
+    ("/slots/0?action=save", {}),
+    ("/slots/0?action=save", {"filename": "../evil"}),
+    ("/slots/0?action=restore", {"filename": "/etc/passwd"}),
+    ("/slots/0?action=save", {"filename": ".hidden"}),
+    ("/slots/7?action=erase", {}),
+])
+def test_bad_slot_actions_are_400(client, url, body):
+    assert_error(client.post(url, json=body), 400)
+
+
+def test_unknown_fields_are_ignored(client):
+    r = client.post("/completion", json=completion(foo={"bar": [1, 2]}, chat_template="{{ 'x' }}"))
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 2
+
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) \
+    | st.text(max_size=20)
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=10)
+FIELDS = ["prompt", "messages", "n_predict", "max_tokens", "temperature", "top_k", "top_p", "min_p",
+          "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "stop",
+          "ignore_eos", "logit_bias", "n_probs", "cache_prompt", "id_slot", "n_keep", "stream",
+          "return_tokens", "n", "logprobs", "top_logprobs", "stream_options", "response_format", "tools"]
+valid_prompts = st.sampled_from(["hi", "Hello world", [1, 2, 3], ["a", 5]])
+valid_messages = st.just(MSGS)
+bodies = st.fixed_dictionaries(
+    {}, optional={name: json_values for name in FIELDS}
+) | st.fixed_dictionaries(
+    {"prompt": valid_prompts, "messages": valid_messages}, optional={name: json_values for name in FIELDS[2:]}
+) | json_values
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=bodies, path=st.sampled_from(["/completion", "/v1/chat/completions", "/v1/completions"]))
+def test_random_bodies_never_get_a_server_error(client, body, path):
+    r = client.post(path, json=body)
+    assert r.status_code in (200, 400), (r.status_code, r.text[:300])
+    if r.status_code == 400:
+        assert_error(r, 400)
+
+
+def test_the_server_still_serves_after_all_that(client):
+    assert client.get("/health").json() == {"status": "ok"}
+    r = client.post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 3})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3

@@ -1,0 +1,128 @@
+"""Every Triton kernel: numerically equal to its torch reference (run by triton's interpreter on
+CPU tensors), and compiled ahead of time for sm_80 and sm_90 (PTX + cubin, no GPU needed).
+
+Why the interpreted checks run in a subprocess: triton fixes interpret-or-compile when it is first
+imported (its own `tl.sum`, `tl.max`, ... are `@jit` functions decorated then). Setting
+TRITON_INTERPRET=1 later and loading a kernel file fresh gives an interpreted kernel whose calls to
+`tl.sum` fail (`test_interpreting_after_a_normal_import_fails` pins the exact error). The AOT
+compile needs the normal import, so it runs here, in the pytest process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from slotserver.kernel_set import KERNEL_CONTRACT
+from slotserver.kv_spec import PagedKV, StridedKV
+from slotserver.lab_check import ARCHS, check_aot, check_numerics, kernel_files, triton_mode
+from slotserver.module_loader import default_dir, load_by_path
+
+KERNELS = default_dir("kernels")
+TRITON_FILES = [p for p in kernel_files(KERNELS) if hasattr(load_by_path(p, KERNEL_CONTRACT).module, "triton")]
+DTYPES = ["float32", "bfloat16"]  # the interpreter handles bf16 (stored as uint16, computed in f32)
+N_CASES = 6
+MARK = "TRITON-INTERPRETED "
+
+
+def _interpreted_checks() -> dict:
+    """Runs inside a TRITON_INTERPRET=1 process: numerics of every module + the masking checks."""
+    numerics = [r for p in TRITON_FILES for r in check_numerics(p, "triton", N_CASES)]
+    return {"numerics": {f"{r.kernel}/{r.dtype}": [r.ok, r.max_err, r.tol, r.detail] for r in numerics},
+            "masking": {op: _masking_error(op) for op in ("attention", "paged_attention")}}
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    if triton_mode() == "interpret":
+        return _interpreted_checks()
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1][len(MARK):])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("path", TRITON_FILES, ids=lambda p: p.stem)
+def test_triton_matches_reference_interpreted(interpreted, path, dtype):
+    ok, err, tol, detail = interpreted["numerics"][f"{path.stem}/{dtype}"]
+    assert ok, f"{path.stem} {dtype}: max error {err:.3g} (tol {tol}) {detail}"
+
+
+@pytest.mark.parametrize("op", ["attention", "paged_attention"])
+def test_triton_attention_never_reads_past_each_sequences_length(interpreted, op):
+    """NaN in every cell past each sequence's own kv_len (and in every page it does not map): the
+    decode and prefill kernels bound their loops by that length, so the output stays exact."""
+    assert interpreted["masking"][op] < 1e-4
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: f"sm_{a}")
+@pytest.mark.parametrize("path", TRITON_FILES, ids=lambda p: p.stem)
+def test_triton_kernels_compile_ahead_of_time(path, arch):
+    if triton_mode() != "compile":
+        pytest.skip("this process imported triton with TRITON_INTERPRET=1; `slotserver lab check` compiles")
+    mod = load_by_path(path, KERNEL_CONTRACT).module
+    assert mod.AOT, f"{path.stem} has a triton implementation but no AOT compile specs"
+    compiled = {spec[0].__name__ for spec in mod.AOT}
+    jitted = {name for name, fn in vars(mod).items() if type(fn).__name__ == "JITFunction" and
+              name.endswith("_kernel")}
+    assert jitted <= compiled, f"kernels without an AOT spec: {sorted(jitted - compiled)}"
+    for res in check_aot(path, (arch,)):
+        assert res.ok, res.detail
+        r = res.resources[f"sm_{arch}"]
+        print(f"{res.kernel} [{res.dtype}] sm_{arch}: {r.regs} regs, {r.shared} B shared, "
+              f"{r.spill_stores} B spill stores, {r.spill_loads} B spill loads")
+        assert r.regs > 0
+
+
+def test_interpreting_after_a_normal_import_fails(monkeypatch):
+    """Why the interpreted checks need their own process (pins triton's behaviour)."""
+    if triton_mode() != "compile":
+        pytest.skip("triton was imported interpreted here")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    mod = load_by_path(KERNELS / "rms_norm.py", KERNEL_CONTRACT).module
+    assert type(mod._rms_norm_kernel).__name__ == "InterpretedFunction"
+    with pytest.raises(Exception, match="Cannot call @triton.jit'd outside of the scope of a kernel"):
+        mod.triton(torch.randn(3, 8), torch.ones(8), 1e-5)
+
+
+def _masking_error(op: str) -> float:
+    """Max |triton(poisoned cache) - reference(clean cache)| over a few random batches."""
+    mod = load_by_path(KERNELS / f"{op}.py", KERNEL_CONTRACT).module
+    gen, worst = torch.Generator().manual_seed(11), 0.0
+    for _ in range(4):
+        q, kv, meta, scale = mod.example_inputs(gen, torch.float32)
+        want = mod.reference(q, kv, meta, scale)
+        poisoned = _poison_paged(kv, meta) if kv.paged else _poison_strided(kv, meta)
+        worst = max(worst, float((mod.triton(q, poisoned, meta, scale) - want).abs().max()))
+    return worst
+
+
+def _poison_strided(kv: StridedKV, meta) -> StridedKV:
+    """Dequantized copy of the batch's cells; NaN in every other cell."""
+    k, v = (t.float() * (1 if s is None else s.unsqueeze(-1)) for t, s in ((kv.k, kv.k_scale), (kv.v, kv.v_scale)))
+    k2, v2 = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+    for s, n in zip(meta.seq_streams.tolist(), meta.kv_lens.tolist()):
+        k2[s, :n], v2[s, :n] = k[s, :n], v[s, :n]
+    return StridedKV(k2, v2)
+
+
+def _poison_paged(kv: PagedKV, meta) -> PagedKV:
+    k2, v2 = torch.full_like(kv.k_pages, float("nan")), torch.full_like(kv.v_pages, float("nan"))
+    for s, n in zip(meta.seq_streams.tolist(), meta.kv_lens.tolist()):
+        cells = torch.arange(n)
+        blocks, rows = kv.block_table[s, cells // kv.block_size].long(), cells % kv.block_size
+        k2[blocks, rows], v2[blocks, rows] = kv.k_pages[blocks, rows], kv.v_pages[blocks, rows]
+    return PagedKV(k2, v2, kv.block_table, kv.block_size)
+
+
+if __name__ == "__main__":  # the interpreted half, run by the `interpreted` fixture
+    assert triton_mode() == "interpret", "run with TRITON_INTERPRET=1"
+    print(MARK + json.dumps(_interpreted_checks()))
