@@ -34,5 +34,6 @@ class ModelBundle:
         tokenizer = Tokenizer.from_metadata(f.metadata)
         template = ChatTemplate.from_metadata(f.metadata, tokenizer)
         kernels = KernelSet.load(config.kernels_dir)
-        model = LlamaModel.from_file(f, spec, config.torch_dtype, kernels, config.max_ctx or None, progress)
+        model = LlamaModel.from_file(f, spec, config.torch_dtype, kernels, config.max_ctx or None, progress,
+                                     config.weight_format)
         return cls(config, model, tokenizer, template, f.metadata)

@@ -1,4 +1,6 @@
-"""`slotserver` command line: one sub-command per file (`cli_<name>.py`), dispatched here.
+"""slotserver: a llama.cpp-style LLM slot server with live-reloadable KV layouts and kernels.
+
+The command line: one sub-command per file (`cli_<name>.py`), dispatched here.
 
 Errors the user can fix (a bad flag, a broken GGUF, a missing file) end the program with one clear
 line on stderr and exit status 2, never a traceback.
@@ -13,13 +15,14 @@ from slotserver import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from slotserver import cli_generate, cli_serve
+    from slotserver import cli_generate, cli_lab, cli_serve
 
     parser = argparse.ArgumentParser(prog="slotserver", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"slotserver {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     cli_generate.add_parser(sub)
     cli_serve.add_parser(sub)
+    cli_lab.add_parser(sub)
     return parser
 
 

@@ -31,6 +31,8 @@ def add_parser(sub) -> None:
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", type=Path, default=None, help="GGUF file (default: embedded SmolLM2-135M)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    p.add_argument("--weights", choices=["dense", "int8", "auto"], default="dense",
+                   help="matmul weight format: dense, int8 weight-only, or auto (int8 for small batches)")
     p.add_argument("-t", "--threads", type=int, default=0)
     p.add_argument("--layout", default="seq_head_dim")
     p.add_argument("--kernels-dir", type=Path, default=None)
@@ -42,7 +44,7 @@ def load_bundle(args):
     from slotserver.progress import load_progress
 
     config = ModelConfig(model_path=args.model or default_model_path(), dtype=args.dtype,
-                         threads=args.threads, layout=args.layout, kernels_dir=args.kernels_dir,
+                         threads=args.threads, layout=args.layout, kernels_dir=args.kernels_dir, weights=args.weights,
                          layouts_dir=args.layouts_dir)
     with load_progress(f"loading {config.model_path.name}") as tick:
         return ModelBundle.load(config, tick)

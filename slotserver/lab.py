@@ -65,6 +65,7 @@ class Lab:
                         for op, m in sorted(ks.modules.items())],
             "events": self.events_since(0)[-50:],
             "stats": {"reloads": dict(self.counts)},
+            "engine": e.stats().to_dict(),
             "dirs": {"kernels": str(self.kernels_dir), "layouts": str(self.layouts_dir)},
         }
 

@@ -12,14 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from slotserver.batch import Batch
 from slotserver.gguf_file import GGUFFile
 from slotserver.kernel_set import KernelSet
 from slotserver.model_spec import ModelSpec
 from slotserver.rope_table import RopeTable
-from slotserver.weights import ModelWeights, Progress, load_weights
+from slotserver.weights import ModelWeights, Progress, WeightFormat, load_weights
 
 
 @dataclass
@@ -34,15 +33,15 @@ class LlamaModel:
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype = torch.float32,
              kernels: KernelSet | None = None, max_pos: int | None = None,
-             progress: Progress | None = None) -> "LlamaModel":
+             progress: Progress | None = None, fmt: WeightFormat = WeightFormat()) -> "LlamaModel":
         f = GGUFFile.open(path)
-        return cls.from_file(f, ModelSpec.from_gguf(f), dtype, kernels, max_pos, progress)
+        return cls.from_file(f, ModelSpec.from_gguf(f), dtype, kernels, max_pos, progress, fmt)
 
     @classmethod
     def from_file(cls, f: GGUFFile, spec: ModelSpec, dtype: torch.dtype,
                   kernels: KernelSet | None = None, max_pos: int | None = None,
-                  progress: Progress | None = None) -> "LlamaModel":
-        weights = load_weights(f, spec, dtype, progress)
+                  progress: Progress | None = None, fmt: WeightFormat = WeightFormat()) -> "LlamaModel":
+        weights = load_weights(f, spec, dtype, progress, fmt)
         rope = RopeTable(spec, max_pos or spec.ctx_train, weights.rope_freqs)
         return cls(spec, weights, kernels or KernelSet.load(), rope, dtype, f.path)
 
@@ -57,7 +56,7 @@ class LlamaModel:
         scale = 1.0 / math.sqrt(s.head_dim)
         for i, lw in enumerate(w.layers):
             h = ops.rms_norm(x, lw.attn_norm, s.norm_eps).to(self.dtype)
-            qkv = F.linear(h, lw.wqkv, lw.bqkv)                  # [tokens, q_size + 2*kv_size]
+            qkv = lw.qkv(h)                                      # [tokens, q_size + 2*kv_size]
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
             q = ops.rope(q.view(n, s.n_heads, s.head_dim), cos, sin)     # [tokens, heads, hd]
             k = ops.rope(k.view(n, s.n_kv_heads, s.head_dim), cos, sin)  # [tokens, kv_heads, hd]
@@ -65,8 +64,8 @@ class LlamaModel:
             kv = cache.view(i)                                   # StridedKV or PagedKV
             attend = ops.paged_attention if kv.paged else ops.attention
             a = attend(q, kv, batch.attn, scale)                 # [tokens, heads, hd]
-            x = x + F.linear(a.reshape(n, q_size), lw.wo)
+            x = x + lw.wo(a.reshape(n, q_size))
             h = ops.rms_norm(x, lw.ffn_norm, s.norm_eps).to(self.dtype)
-            x = x + F.linear(ops.silu_mul(F.linear(h, lw.w_gate_up)), lw.w_down)
+            x = x + lw.down(ops.silu_mul(lw.gate_up(h)))
         x = ops.rms_norm(x[batch.logits_rows], w.out_norm, s.norm_eps).to(self.dtype)
-        return F.linear(x, w.output).float()                     # [rows, vocab]
+        return w.output(x).float()                               # [rows, vocab]

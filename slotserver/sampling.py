@@ -114,8 +114,8 @@ class SamplingParams:
 
 @dataclass
 class SampleOutput:
-    """One token per row. The probability fields are None unless some row has n_probs > 0; they are
-    then filled for the rows with n_probs > 0 (row i reads its first n_probs columns), NaN elsewhere."""
+    """One token per row. The probability fields are None unless some row has n_probs > 0; then
+    they are filled for every row, and row i reads the first n_probs columns of the top fields."""
 
     tokens: torch.Tensor  # [batch] int64
     logprobs: torch.Tensor | None  # [batch] float32, the chosen token's log-probability
@@ -238,11 +238,13 @@ class _Batch:
 
     @property
     def lse(self) -> torch.Tensor:
-        """Full-vocabulary logsumexp [batch] for rows that report probabilities or use top_p without
-        top_k; NaN in other rows, which never read it (skipping their exps is most of the cost)."""
+        """Full-vocabulary logsumexp [batch]: every row when probabilities are reported, else only
+        rows using top_p without top_k; NaN in rows that never read it (skipping their exps is most
+        of the cost)."""
         if self._lse is None:
+            report = any(p.n_probs > 0 for p in self.params)
             need = [
-                p.n_probs > 0 or (not g and k == self.vocab and p.top_p < 1)
+                report or (not g and k == self.vocab and p.top_p < 1)
                 for p, g, k in zip(self.params, self.greedy, self.top_k_list)
             ]
             idx = torch.tensor([i for i, n in enumerate(need) if n], dtype=torch.int64, device=self.adj.device)

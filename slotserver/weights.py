@@ -13,20 +13,28 @@ from typing import Callable
 import torch
 
 from slotserver.gguf_file import GGUFFile
+from slotserver.linear import Linear
 from slotserver.model_spec import ModelSpec
 
 Progress = Callable[[int, int], None]
 
 
+@dataclass(frozen=True)
+class WeightFormat:
+    """How matmul weights are kept (see `Linear`): dense only, int8 only, or both (auto)."""
+
+    kind: str = "dense"
+    int8_max_rows: int = 16   # with auto: rows (tokens) up to which the int8 matmul is used
+
+
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor      # [d_model]
-    wqkv: torch.Tensor           # [(n_heads + 2*n_kv_heads) * head_dim, d_model]
-    bqkv: torch.Tensor | None    # [(n_heads + 2*n_kv_heads) * head_dim]
-    wo: torch.Tensor             # [d_model, n_heads * head_dim]
+    qkv: Linear                  # [(n_heads + 2*n_kv_heads) * head_dim, d_model] (+ bias)
+    wo: Linear                   # [d_model, n_heads * head_dim]
     ffn_norm: torch.Tensor       # [d_model]
-    w_gate_up: torch.Tensor      # [2 * d_ff, d_model]
-    w_down: torch.Tensor         # [d_model, d_ff]
+    gate_up: Linear              # [2 * d_ff, d_model]
+    down: Linear                 # [d_model, d_ff]
 
 
 @dataclass
@@ -34,12 +42,12 @@ class ModelWeights:
     embed: torch.Tensor          # [vocab, d_model]
     layers: list[LayerWeights]
     out_norm: torch.Tensor       # [d_model]
-    output: torch.Tensor         # [vocab, d_model] (the embedding itself when tied)
+    output: Linear               # [vocab, d_model] (dense part shares the embedding when tied)
     rope_freqs: torch.Tensor | None  # [rope_dim / 2] llama3-style frequency divisors
 
 
 def load_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype,
-                 progress: Progress | None = None) -> ModelWeights:
+                 progress: Progress | None = None, fmt: WeightFormat = WeightFormat()) -> ModelWeights:
     total = spec.n_layers + 2
     tick = progress or (lambda done, total: None)
     d = spec.d_model
@@ -47,16 +55,17 @@ def load_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype,
     tick(1, total)
     layers = []
     for i in range(spec.n_layers):
-        layers.append(_load_layer(f, spec, i, dtype))
+        layers.append(_load_layer(f, spec, i, dtype, fmt))
         tick(i + 2, total)
     out_norm = _load(f, "output_norm.weight", (d,), torch.float32)
-    output = embed if spec.tied_embeddings else _load(f, "output.weight", (spec.vocab_size, d), dtype)
+    out_w = embed if spec.tied_embeddings else _load(f, "output.weight", (spec.vocab_size, d), dtype)
+    output = Linear.build(out_w, None, fmt.kind, fmt.int8_max_rows)
     freqs = _load(f, "rope_freqs.weight", (spec.rope_dim // 2,), torch.float32) if spec.has_rope_freqs else None
     tick(total, total)
     return ModelWeights(embed, layers, out_norm, output, freqs)
 
 
-def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype) -> LayerWeights:
+def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: WeightFormat) -> LayerWeights:
     d, hd, p = spec.d_model, spec.head_dim, f"blk.{i}."
     q = _load(f, p + "attn_q.weight", (spec.n_heads * hd, d), dtype)
     k = _load(f, p + "attn_k.weight", (spec.n_kv_heads * hd, d), dtype)
@@ -73,14 +82,16 @@ def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype) -> Lay
         q, k = _neox_to_normal(q, spec), _neox_to_normal(k, spec)
     gate = _load(f, p + "ffn_gate.weight", (spec.d_ff, d), dtype)
     up = _load(f, p + "ffn_up.weight", (spec.d_ff, d), dtype)
+    def lin(w: torch.Tensor, b: torch.Tensor | None = None) -> Linear:
+        return Linear.build(w, b, fmt.kind, fmt.int8_max_rows)
+
     return LayerWeights(
         attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32),
-        wqkv=torch.cat([q, k, v]),
-        bqkv=bias,
-        wo=_load(f, p + "attn_output.weight", (d, spec.n_heads * hd), dtype),
+        qkv=lin(torch.cat([q, k, v]), bias),
+        wo=lin(_load(f, p + "attn_output.weight", (d, spec.n_heads * hd), dtype)),
         ffn_norm=_load(f, p + "ffn_norm.weight", (d,), torch.float32),
-        w_gate_up=torch.cat([gate, up]),
-        w_down=_load(f, p + "ffn_down.weight", (d, spec.d_ff), dtype),
+        gate_up=lin(torch.cat([gate, up])),
+        down=lin(_load(f, p + "ffn_down.weight", (d, spec.d_ff), dtype)),
     )
 
 

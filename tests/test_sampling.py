@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slotserver.sampling import (
-    SampleOutput,
     Sampler,
     SamplingError,
     SamplingParams,
@@ -231,8 +230,7 @@ def test_n_probs_reports_sorted_log_softmax_after_bias():
     ]
     out = Sampler(500).sample(logits, params, [SequenceRng(i) for i in range(3)], [[]] * 3)
     assert out.top_ids.shape == (3, 5) and out.top_logprobs.dtype == torch.float32
-    out = SampleOutput(out.tokens[:2], out.logprobs[:2], out.top_ids[:2], out.top_logprobs[:2])  # rows asking
-    adjusted = logits[:2].clone()
+    adjusted = logits.clone()
     adjusted[0, top] = -math.inf
     reference = torch.log_softmax(adjusted, dim=1)
     assert torch.equal(out.top_ids, reference.topk(5, dim=1).indices)
@@ -290,6 +288,8 @@ def test_bad_inputs_are_rejected_clearly():
     everything = SamplingParams(logit_bias=tuple((t, -math.inf) for t in range(8)))
     with pytest.raises(SamplingError, match="forbids every token"):
         sampler.sample(LOGITS[None], [everything], [SequenceRng(0)], [[]])
+    with pytest.raises(SamplingError, match="NaN"):
+        sampler.sample(torch.full((1, 8), math.nan), [SamplingParams()], [SequenceRng(0)], [[]])
     with pytest.raises(SamplingError, match="logits must be"):
         sampler.sample(torch.zeros(1, 9), [SamplingParams()], [SequenceRng(0)], [[]])
     with pytest.raises(SamplingError, match="history"):

@@ -5,6 +5,11 @@ accepts its own sampling fields there). Defaults come from the command line (`Ge
 the rest are llama.cpp's. Every invalid value is a 400 naming the field; unknown fields are ignored.
 Features that would change the output and that we do not implement (grammars, JSON schemas) are
 refused rather than silently ignored.
+
+Bounds beyond llama.cpp's: repeat_penalty in [1e-3, 1e3], presence/frequency penalties and
+logit biases within +-1e6, and a logit_bias may not forbid every token. Outside these, float32
+logits overflow to inf/NaN, and the engine then fails the whole step, i.e. every request in the
+batch (found by the fuzz test); no meaningful setting lies outside them.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from slotserver.server.server_config import GenerationDefaults
 from slotserver.tokenizer import Tokenizer
 
 UNSUPPORTED = ("grammar", "json_schema")
+PENALTY_RANGE = (1e-3, 1e3)
+ADDITIVE_LIMIT = 1e6
 
 
 @dataclass(frozen=True)
@@ -53,11 +60,11 @@ def sampling_params(f: Fields, tokenizer: Tokenizer, defaults: GenerationDefault
             top_k=f.int("top_k", 40),
             top_p=f.float("top_p", 0.95, 0.0, 1.0),
             min_p=f.float("min_p", 0.05, 0.0, 1.0),
-            repeat_penalty=f.float("repeat_penalty", 1.0),
+            repeat_penalty=f.float("repeat_penalty", 1.0, *PENALTY_RANGE),
             repeat_last_n=f.int("repeat_last_n", 64, lo=-1),
-            presence_penalty=f.float("presence_penalty", 0.0),
-            frequency_penalty=f.float("frequency_penalty", 0.0),
-            logit_bias=parse_logit_bias(tokenizer, f.raw("logit_bias")),
+            presence_penalty=f.float("presence_penalty", 0.0, -ADDITIVE_LIMIT, ADDITIVE_LIMIT),
+            frequency_penalty=f.float("frequency_penalty", 0.0, -ADDITIVE_LIMIT, ADDITIVE_LIMIT),
+            logit_bias=parse_logit_bias(tokenizer, f.raw("logit_bias"), ADDITIVE_LIMIT),
             seed=f.int("seed", defaults.seed, lo=-1, hi=UINT32_MAX),
             n_probs=n_probs,
         )

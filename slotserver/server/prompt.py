@@ -56,13 +56,14 @@ def tokenize_prompt(tokenizer: Tokenizer, prompt: Any) -> list[int]:
     return check_token_ids(ids, vocab, "'prompt'")
 
 
-def _bias_value(token: Any, bias: Any) -> float | None:
+def _bias_value(token: Any, bias: Any, limit: float) -> float:
     """llama-server: a number, or false meaning -inf (the token is forbidden)."""
     if bias is False:
         return -math.inf
-    if isinstance(bias, (int, float)) and not isinstance(bias, bool) and math.isfinite(bias):
+    if isinstance(bias, (int, float)) and not isinstance(bias, bool) and abs(bias) <= limit:
         return float(bias)
-    raise bad_request(f"'logit_bias' for {token!r} must be a finite number or false, got {bias!r}")
+    raise bad_request(f"'logit_bias' for {token!r} must be false or a number in [-{limit:g}, {limit:g}], "
+                      f"got {bias!r}")
 
 
 def _bias_targets(tokenizer: Tokenizer, key: Any) -> list[int]:
@@ -76,8 +77,11 @@ def _bias_targets(tokenizer: Tokenizer, key: Any) -> list[int]:
     raise bad_request(f"'logit_bias' keys must be token ids or strings, got {key!r}")
 
 
-def parse_logit_bias(tokenizer: Tokenizer, value: Any) -> tuple[tuple[int, float], ...]:
-    """`[[id, bias], ...]`, `[["text", bias], ...]` or `{"id" | "text": bias}` -> (id, bias) pairs."""
+def parse_logit_bias(tokenizer: Tokenizer, value: Any, limit: float = math.inf) -> tuple[tuple[int, float], ...]:
+    """`[[id, bias], ...]`, `[["text", bias], ...]` or `{"id" | "text": bias}` -> (id, bias) pairs.
+
+    Forbidding every token of the vocabulary is refused: nothing could be sampled.
+    """
     if value is None:
         return ()
     if isinstance(value, dict):
@@ -90,6 +94,8 @@ def parse_logit_bias(tokenizer: Tokenizer, value: Any) -> tuple[tuple[int, float
         raise bad_request("'logit_bias' has more than 1024 entries")
     out = []
     for key, bias in pairs:
-        b = _bias_value(key, bias)
+        b = _bias_value(key, bias, limit)
         out.extend((t, b) for t in _bias_targets(tokenizer, key))
+    if len({t for t, b in out if b == -math.inf}) >= tokenizer.vocab_size:
+        raise bad_request("'logit_bias' forbids every token")
     return tuple(out)
