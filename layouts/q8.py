@@ -19,6 +19,7 @@ from slotserver.kv_spec import KVSpec, StridedKV
 
 NAME = "q8"
 QMAX = 127
+TOL = 1e-2  # read-back error relative to the values' magnitude (lossy: <= absmax / 254 per row)
 
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

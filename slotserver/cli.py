@@ -16,12 +16,16 @@ from slotserver import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     from slotserver import cli_generate, cli_lab, cli_serve
+    from slotserver import cli_bench
+    from slotserver import cli_top
 
     parser = argparse.ArgumentParser(prog="slotserver", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"slotserver {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     cli_generate.add_parser(sub)
     cli_serve.add_parser(sub)
+    cli_top.add_parser(sub)
+    cli_bench.add_parser(sub)
     cli_lab.add_parser(sub)
     return parser
 

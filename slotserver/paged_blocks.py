@@ -1,10 +1,12 @@
-"""Block bookkeeping for paged KV layouts (vLLM style): a refcounted block pool and per-stream tables.
+"""The shared machinery of paged KV layouts (vLLM style): a refcounted block pool, per-stream
+block tables, and `PagedKVCache`, the layout contract on top of them.
 
 Paged layouts (`layouts/paged.py`, `layouts/paged_hnd.py`) differ only in how a block stores its
 rows; both keep their K/V pages in a pool of `n_blocks` blocks of `block_size` cells, and find cell
-`c` of stream `s` at row `c % block_size` of block `table[s, c // block_size]`. This module owns
-that mapping and never touches K/V data: it tells the layout which (block, row) to write and which
-blocks to copy first (copy-on-write).
+`c` of stream `s` at row `c % block_size` of block `table[s, c // block_size]`. `BlockAllocator`
+and `BlockTable` own that mapping and never touch K/V data: they tell the cache which (block, row)
+to write and which blocks to copy first (copy-on-write). A layout module subclasses `PagedKVCache`
+and only chooses the storage order.
 
 Why refcounts: the defrag move (`copy_stream`) must be a table edit, not a data copy. Sharing a
 block between two streams is only safe if neither can write into it while shared, so `prepare_write`
@@ -171,7 +173,7 @@ class PagedKVCache:
         shape = (spec.n_layers, self.blocks.n_blocks, block_size, spec.n_kv_heads, spec.head_dim)
         self.k_store, self.k = self.make_pages(shape)  # store: any order; k: logical view of it
         self.v_store, self.v = self.make_pages(shape)
-        self._memo: tuple | None = None  # (streams, positions, version, blocks, rows)
+        self._memo: tuple | None = None  # (streams, positions, table version, blocks, rows)
 
     def make_pages(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
@@ -240,12 +242,16 @@ class PagedKVCache:
         self.blocks.check()
 
     def _place(self, streams: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block, row) of each written cell, allocating / copying-on-write first. Memoised on the
+        index values and the table version, so the other layers of a forward skip the bookkeeping
+        (compared by value, not identity: a caller may refill the same index tensors in place)."""
         memo = self._memo
-        if memo and memo[0] is streams and memo[1] is positions and memo[2] == self.blocks.version:
+        if (memo and memo[2] == self.blocks.version and memo[0].shape == streams.shape
+                and torch.equal(memo[0], streams) and torch.equal(memo[1], positions)):
             return memo[3], memo[4]
         for old, new in self.blocks.prepare_write(streams, positions):
             self.k[:, new] = self.k[:, old]  # copy-on-write: every layer of the shared block
             self.v[:, new] = self.v[:, old]
         blocks, rows = self.blocks.locate(streams, positions)
-        self._memo = (streams, positions, self.blocks.version, blocks, rows)
+        self._memo = (streams.clone(), positions.clone(), self.blocks.version, blocks, rows)
         return blocks, rows

@@ -249,7 +249,8 @@ class _Batch:
             ]
             idx = torch.tensor([i for i, n in enumerate(need) if n], dtype=torch.int64, device=self.adj.device)
             shift = self.row_max.index_select(0, idx)  # [n]
-            sums = torch.exp(self.adj.index_select(0, idx) - shift[:, None]).sum(dim=1)  # [n]
+            rows = self.adj if all(need) else self.adj.index_select(0, idx)  # [n, vocab]
+            sums = (rows - shift[:, None]).exp_().sum(dim=1)  # [n]
             self._lse = torch.full_like(self.row_max, math.nan).index_copy_(0, idx, shift + sums.log())
         return self._lse
 

@@ -21,7 +21,7 @@ import torch
 
 from slotserver.kernel_set import KERNEL_CONTRACT
 from slotserver.kv_spec import PagedKV, StridedKV
-from slotserver.lab_check import ARCHS, check_aot, check_numerics, kernel_files, triton_mode
+from slotserver.lab_check import ARCHS, check_aot, check_numerics, format_report, kernel_files, triton_mode
 from slotserver.module_loader import default_dir, load_by_path
 
 KERNELS = default_dir("kernels")
@@ -91,6 +91,24 @@ def test_interpreting_after_a_normal_import_fails(monkeypatch):
     assert type(mod._rms_norm_kernel).__name__ == "InterpretedFunction"
     with pytest.raises(Exception, match="Cannot call @triton.jit'd outside of the scope of a kernel"):
         mod.triton(torch.randn(3, 8), torch.ones(8), 1e-5)
+
+
+def test_lab_check_points_at_the_broken_line(tmp_path):
+    """What `slotserver lab check` tells a user whose edit breaks a kernel: a GPU-only compile
+    error (a non-power-of-2 block) with its file:line, and a wrong cpu result with its error."""
+    if triton_mode() != "compile":
+        pytest.skip("triton was imported interpreted here")
+    src = (KERNELS / "rms_norm.py").read_text()
+    good = "    inv = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)\n"
+    line = src[: src.index(good)].count("\n") + 1
+    broken = tmp_path / "rms_norm.py"
+    broken.write_text(src.replace(good, good.replace("+ eps)", "+ eps) + tl.zeros([3], tl.float32)"))
+                      .replace("return F.rms_norm(x, (x.shape[-1],), weight, eps)", "return x"))
+    results = check_aot(broken, (90,)) + check_numerics(broken, "cpu", n_cases=2)
+    assert not any(r.ok for r in results if r.impl == "aot" or r.dtype == "float32")
+    assert f"rms_norm.py:{line}: CompilationError: Shape element 0 must be a power of 2" in results[0].detail
+    report = format_report(results)
+    assert "FAIL rms_norm [cpu float32]: max error" in report and "checks passed" in report
 
 
 def _masking_error(op: str) -> float:

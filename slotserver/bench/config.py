@@ -12,9 +12,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from slotserver.config import ConfigError
-
 BACKENDS = ("openai", "llama")
+
+
+class ConfigError(ValueError):
+    """A bad benchmark setting or dataset file; the message names it (the CLI exits 2).
+
+    Not `slotserver.config.ConfigError`: that module imports torch, which a benchmark client
+    has no use for.
+    """
 
 
 def _positive_int(name: str, value: int) -> None:

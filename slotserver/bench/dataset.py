@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from slotserver.config import ConfigError
+from slotserver.bench.config import ConfigError
 
 
 @dataclass(frozen=True)

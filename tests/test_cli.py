@@ -1,0 +1,47 @@
+"""`slotserver generate` streams text to the terminal, and `--chat` holds a conversation on stdin."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from tiny_gguf import write_tiny_gguf
+
+from slotserver.bundle import ModelBundle
+from slotserver.config import ModelConfig
+from slotserver.generate import GenRequest, generate
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("cli") / "tiny.gguf")
+
+
+def _run(*args, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slotserver.cli", *args], input=stdin, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_generate_prints_the_greedy_continuation(tiny):
+    out = _run("generate", "-m", str(tiny), "-n", "6", "--temp", "0", "Hello world")
+    assert out.returncode == 0, out.stderr
+    b = ModelBundle.load(ModelConfig(model_path=tiny))
+    ids = b.tokenizer.encode("Hello world", parse_special=True)
+    want = generate(b.model, [GenRequest(ids, 6)], b.tokenizer.eog_ids)[0].tokens
+    assert out.stdout == b.tokenizer.decode([t for t in want if t not in b.tokenizer.eog_ids]) + "\n"
+
+
+def test_chat_answers_each_line_until_eof(tiny):
+    out = _run("generate", "--chat", "-m", str(tiny), "-n", "4", "--temp", "0", stdin="Hello\nHow are you\n")
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.splitlines()) >= 2
+
+
+def test_bad_arguments_are_one_line_errors(tiny, tmp_path):
+    missing = _run("generate", "-m", str(tmp_path / "nope.gguf"), "hi")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "nope.gguf" in missing.stderr
+    no_prompt = _run("generate", "-m", str(tiny))
+    assert no_prompt.returncode == 2 and "give a prompt" in no_prompt.stderr
+    bad_flag = _run("generate", "--dtype", "float8", "hi")
+    assert bad_flag.returncode == 2 and "invalid choice" in bad_flag.stderr
