@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 setup: $(STAMP)
 
 serve: setup
-	$(VENV)/bin/slotserver generate --chat
+	$(VENV)/bin/slotserver serve
 
 test: setup
 	$(PY) -m pytest

@@ -30,23 +30,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    from slotserver.chat_template import ChatTemplateError
-    from slotserver.config import ConfigError
-    from slotserver.gguf_file import GGUFError
-    from slotserver.module_loader import ModuleLoadError
-    from slotserver.tokenizer import TokenizerError
+# Errors a user can fix: (module, class). Looked up only once raised, so that light commands
+# (top, bench) never import torch just to be able to catch them.
+USER_ERRORS = (("slotserver.gguf_file", "GGUFError"), ("slotserver.config", "ConfigError"),
+               ("slotserver.module_loader", "ModuleLoadError"), ("slotserver.tokenizer", "TokenizerError"),
+               ("slotserver.chat_template", "ChatTemplateError"), ("builtins", "FileNotFoundError"))
 
+
+def _is_user_error(e: BaseException) -> bool:
+    for module, name in USER_ERRORS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(e, cls):
+            return True
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except (GGUFError, ConfigError, ModuleLoadError, TokenizerError, ChatTemplateError,
-            FileNotFoundError) as e:
-        print(f"slotserver: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("", file=sys.stderr)
         return 130
+    except Exception as e:
+        if not _is_user_error(e):
+            raise
+        print(f"slotserver: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

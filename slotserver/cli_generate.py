@@ -6,10 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from slotserver.config import DTYPES, ModelConfig
-from slotserver.default_model import default_model_path
-from slotserver.generate import GenRequest, generate
-from slotserver.sampling import SamplingParams
+DTYPE_NAMES = ("float32", "bfloat16")  # slotserver.config.DTYPES, without importing torch here
 
 
 def add_parser(sub) -> None:
@@ -30,7 +27,7 @@ def add_parser(sub) -> None:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", type=Path, default=None, help="GGUF file (default: embedded SmolLM2-135M)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32")
     p.add_argument("--weights", choices=["dense", "int8", "auto"], default="dense",
                    help="matmul weight format: dense, int8 weight-only, or auto (int8 for small batches)")
     p.add_argument("-t", "--threads", type=int, default=0)
@@ -41,6 +38,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def load_bundle(args):
     from slotserver.bundle import ModelBundle
+    from slotserver.config import ModelConfig
+    from slotserver.default_model import default_model_path
     from slotserver.progress import load_progress
 
     config = ModelConfig(model_path=args.model or default_model_path(), dtype=args.dtype,
@@ -51,6 +50,8 @@ def load_bundle(args):
 
 
 def run(args) -> int:
+    from slotserver.sampling import SamplingParams
+
     if not args.chat and args.prompt is None:
         print("slotserver generate: error: give a prompt (or '-' for stdin), or --chat", file=sys.stderr)
         return 2
@@ -66,9 +67,10 @@ def run(args) -> int:
     return 0
 
 
-def stream(bundle, args, ids: list[int], params: SamplingParams) -> str:
+def stream(bundle, args, ids: list[int], params) -> str:
     """Generate from `ids`, writing text to stdout as it completes; returns the text."""
     from slotserver.detokenizer import IncrementalDetokenizer
+    from slotserver.generate import GenRequest, generate
 
     detok = IncrementalDetokenizer(bundle.tokenizer)
     eog = bundle.tokenizer.eog_ids
@@ -86,7 +88,7 @@ def stream(bundle, args, ids: list[int], params: SamplingParams) -> str:
     return detok.text
 
 
-def chat_loop(bundle, args, params: SamplingParams) -> int:
+def chat_loop(bundle, args, params) -> int:
     messages = [{"role": "system", "content": args.system}] if args.system else []
     interactive = sys.stdin.isatty()
     if interactive:

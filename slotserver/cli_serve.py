@@ -9,19 +9,28 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from pathlib import Path
 
 from slotserver.cli_generate import add_model_args
 
 LOG_FORMAT = "%(asctime)s %(message)s"
+SHORT_FLAG = re.compile(r"^-[A-Za-z]")   # a single-dash flag (not a negative number like -1)
 
 
 class ServeArgumentParser(argparse.ArgumentParser):
-    """Normalises `--long_name` to `--long-name`; errors are one line, exit status 2."""
+    """Normalises `--long_name` to `--long-name`; errors are one line, exit status 2.
+
+    Single-dash flags must match exactly, as in llama-server: argparse would otherwise read
+    llama-server's `-ngl 99` as `-n gl` and complain about an integer instead of the flag.
+    """
 
     def parse_known_args(self, args=None, namespace=None):
         args = normalize_argv(sys.argv[1:] if args is None else list(args))
+        unknown = [a for a in args if SHORT_FLAG.match(a) and a not in self._option_string_actions]
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
         ns, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")

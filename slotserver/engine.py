@@ -123,7 +123,8 @@ class Engine:
                 self._fail_running(f"engine error: {type(e).__name__}: {e}")
                 worked = True
             if not worked:
-                self._wake.wait(0.05)
+                self.tracker.publish()  # keep uptime and rates fresh while idle
+                self._wake.wait(0.25)
                 self._wake.clear()
 
     def step(self) -> bool:

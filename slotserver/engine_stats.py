@@ -61,13 +61,14 @@ class StatsTracker:
 
     def _slot(self, slot) -> SlotStats:
         seq, e = slot.seq, self.engine
-        tps = 0.0
+        tps, now = 0.0, time.perf_counter()
         if seq is not None and seq.t_prompt_done and seq.num_generated > 1:
-            tps = (seq.num_generated - 1) / max(time.perf_counter() - seq.t_prompt_done, 1e-6)
+            tps = (seq.num_generated - 1) / max(now - seq.t_prompt_done, 1e-6)
         return SlotStats(
             id=slot.id, stream=e.sched.streams.stream_of[slot.id],
             state="idle" if seq is None else "processing", id_task=-1 if seq is None else seq.id,
             n_ctx=e.config.n_cells, cells_used=slot.n_valid,
             n_prompt=0 if seq is None else seq.num_prompt, n_cached=0 if seq is None else seq.num_cached,
             n_generated=0 if seq is None else max(0, seq.num_generated), tokens_per_second=tps,
+            elapsed_s=now - seq.t_start if seq is not None and seq.t_start else 0.0,
         )

@@ -21,6 +21,7 @@ class SlotStats:
     n_cached: int
     n_generated: int
     tokens_per_second: float
+    elapsed_s: float = 0.0     # since the request took the slot
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 
@@ -233,7 +234,8 @@ def test_api_key_required_except_on_public_routes(tiny_engine):
         err = assert_error(c.post("/tokenize", json={"content": "x"}), 401)
         assert err["message"] == "Invalid API Key"
         assert_error(c.post("/tokenize", json={"content": "x"}, headers={"Authorization": "Bearer nope"}), 401)
-        assert c.post("/tokenize", json={"content": "x"}, headers={"Authorization": "Bearer secret"}).status_code == 200
+        ok = c.post("/tokenize", json={"content": "x"}, headers={"Authorization": "Bearer secret"})
+        assert ok.status_code == 200
         assert c.post("/tokenize", json={"content": "x"}, headers={"X-Api-Key": "k1"}).status_code == 200
         assert c.get("/health").status_code == 200 and c.get("/v1/models").status_code == 200
 
@@ -305,3 +307,34 @@ def test_a_slot_is_freed_after_a_finished_request(client):
     while any(s["is_processing"] for s in client.get("/slots").json()):
         assert time.time() < deadline
     assert math.isfinite(client.get("/slots").json()[0]["tokens_per_second"])
+
+
+class ExplodingEngine:
+    """An engine whose submit fails unexpectedly (a bug, not a bad request)."""
+
+    def __init__(self, engine) -> None:
+        self.config = engine.config
+
+    def submit(self, request, loop=None):
+        raise KeyError("boom")
+
+
+def test_an_unexpected_error_is_a_logged_500_and_the_server_keeps_serving(tiny_engine, caplog):
+    bundle, engine = tiny_engine
+    state = ServerState(ServerConfig())
+    state.set_loaded(bundle, ExplodingEngine(engine))
+    with TestClient(create_app(state), raise_server_exceptions=False) as c:
+        r = c.post("/completion", json={"prompt": "hi"})
+        assert r.status_code == 500
+        assert r.json()["error"]["type"] == "server_error" and "KeyError" in r.json()["error"]["message"]
+        assert c.get("/health").json() == {"status": "ok"}
+    assert any("boom" in (rec.exc_text or "") for rec in caplog.records), "the traceback is logged"
+
+
+def test_one_log_line_per_request_with_status_tokens_and_time(client, caplog):
+    caplog.set_level("INFO", logger="slotserver.http")
+    greedy(client, "Hello", n=3)
+    client.get("/nope")
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "slotserver.http"]
+    assert [line for line in lines if re.fullmatch(r"POST /completion 200 \d+\+3 tok \d+ ms", line)], lines
+    assert [line for line in lines if re.fullmatch(r"GET /nope 404 - tok \d+ ms", line)], lines

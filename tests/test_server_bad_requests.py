@@ -74,6 +74,11 @@ BAD_COMPLETIONS = {
     "logit_bias out of vocab": completion(logit_bias=[[999999, 1.0]]),
     "logit_bias bias a string": completion(logit_bias=[[1, "a"]]),
     "logit_bias bias true": completion(logit_bias=[[1, True]]),
+    "logit_bias bias huge": completion(logit_bias=[[1, 1e300]]),
+    "logit_bias forbids every token": completion(logit_bias=[[t, False] for t in range(310)]),
+    "every token but end-of-generation forbidden, and ignore_eos":
+        completion(logit_bias=[[t, False] for t in range(307)] + [[308, False]], ignore_eos=True),
+    "repeat_penalty tiny": completion(repeat_penalty=1e-87),
     "id_slot unknown": completion(id_slot=9),
     "id_slot below -1": completion(id_slot=-2),
     "stream a string": completion(stream="yes"),
@@ -131,7 +136,8 @@ def test_bad_parameters_on_other_routes_are_400(client, path, body):
     (b"[" * 50000, {}),
     (b'{"prompt": "hi"}', {"content-type": "text/plain"}),
     (b"prompt=hi", {"content-type": "application/x-www-form-urlencoded"}),
-], ids=["truncated", "array", "null", "empty", "NaN", "bad utf-8", "lone surrogate", "deep nesting", "text/plain", "form"])
+], ids=["truncated", "array", "null", "empty", "NaN", "bad utf-8", "lone surrogate", "deep nesting",
+        "text/plain", "form"])
 def test_malformed_bodies_are_400(client, content, headers):
     headers = {"content-type": "application/json", **headers}
     for path in ("/completion", "/v1/chat/completions", "/tokenize"):

@@ -81,6 +81,10 @@ def test_header_shows_model_layout_rate_and_unknowns():
     rate = (later["predicted_tokens"] - busy["predicted_tokens"]) / 0.5   # counters over the poll gap
     assert f"tok/s {widgets.rate(rate)}" in header
     assert "queue 0" in header and "active 2/3" in header
+    assert f"uptime {widgets.duration(later['uptime_s'])}" in header      # seen to move: exact
+    first = " ".join(panel_lines(frame(state_from("lab_busy")), "slotserver top"))
+    assert f"uptime ≥{widgets.duration(busy['uptime_s'])}" in first       # maybe stale: a bound
+    assert "tok/s ?" in first                                             # a rate needs two polls
 
 
 def test_stream_map_shows_a_gap_between_active_streams():

@@ -57,21 +57,22 @@ def cpu_tokens(tiny_gguf) -> dict[str, list[list[int]]]:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_triton_kernels_generate_the_cpu_kernels_tokens(triton_tokens, cpu_tokens, layout):
-    cpu = cpu_tokens
-    assert triton_tokens[layout] == cpu[layout]
-    assert all(len(t) == N_PREDICT for t in cpu[layout])
+    assert triton_tokens[layout] == cpu_tokens[layout]
+    assert all(len(t) == N_PREDICT for t in cpu_tokens[layout])
     if layout != "q8":  # float layouts hold the same numbers: the same tokens as seq_head_dim
-        assert cpu[layout] == cpu["seq_head_dim"]
+        assert cpu_tokens[layout] == cpu_tokens["seq_head_dim"]
 
 
 DEFAULT_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time",
                    "<|im_start|>user\nName three colors.<|im_end|>\n<|im_start|>assistant\n"]
-Q8_MIN_AGREEMENT = 0.75  # measured: see the report printed by the test
+# measured on SmolLM2-135M f32: 100% (40/40 at 10 tokens, 64/64 at 16); the bar leaves room for
+# a flipped near-tie on other CPUs
+Q8_MIN_AGREEMENT = 0.75
 
 
 @pytest.fixture(scope="module")
 def default_runs(model_f32, tokenizer) -> dict[str, list[list[int]]]:
-    reqs = [GenRequest(tokenizer.encode(p, parse_special=True), 12, ignore_eos=True) for p in DEFAULT_PROMPTS]
+    reqs = [GenRequest(tokenizer.encode(p, parse_special=True), 10, ignore_eos=True) for p in DEFAULT_PROMPTS]
     return {lay: [r.tokens for r in generate(model_f32, reqs, tokenizer.eog_ids, layout=lay)] for lay in LAYOUTS}
 
 

@@ -25,8 +25,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from slotserver.server import routes_completion, routes_lab, routes_misc, routes_openai, routes_slots
 from slotserver.server.access_log import AccessLog
 from slotserver.server.auth import ApiKeyAuth
-from slotserver.server.errors import ApiError, CatchAll, api_error_handler, http_exception_handler, loading_error
-from slotserver.server.errors import not_supported
+from slotserver.server.errors import (ApiError, CatchAll, api_error_handler, http_exception_handler,
+                                      loading_error, not_supported)
 from slotserver.server.state import ServerState
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"

@@ -42,7 +42,8 @@ class ApiError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-        self.type = type or ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        fallback = "server_error" if status >= 500 else "invalid_request_error"
+        self.type = type or ERROR_TYPES.get(status, fallback)
         self.headers = headers
 
     def body(self) -> dict:

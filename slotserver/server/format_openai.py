@@ -68,7 +68,9 @@ class OpenAIFormatter:
         self.offset = 0  # legacy logprobs: characters streamed so far
 
     def _envelope(self, choices: list[dict], chunk: bool) -> dict:
-        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
+        kind = "text_completion"
+        if self.chat:
+            kind = "chat.completion.chunk" if chunk else "chat.completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
                 "system_fingerprint": FINGERPRINT, "choices": choices}
 
@@ -82,7 +84,8 @@ class OpenAIFormatter:
         return lp
 
     def full(self, out: Outcome) -> dict:
-        choice = {"index": 0, "logprobs": self._logprobs(out.tokens), "finish_reason": finish_reason(out.final)}
+        choice = {"index": 0, "logprobs": self._logprobs(out.tokens),
+                  "finish_reason": finish_reason(out.final)}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": out.text}
         else:

@@ -15,7 +15,8 @@ from typing import AsyncIterator
 
 from starlette.types import Receive
 
-from slotserver.request import EngineBusy, ErrorEvent, Event, FinalEvent, RequestError, RequestHandle, TokenEvent
+from slotserver.request import (EngineBusy, ErrorEvent, Event, FinalEvent, RequestError, RequestHandle,
+                                TokenEvent)
 from slotserver.sampling import SamplingError
 from slotserver.server.errors import ApiError
 from slotserver.server.params import CompletionJob
@@ -50,8 +51,10 @@ class Run:
         async for ev in self.handle.events():
             now = time.perf_counter()
             if isinstance(ev, TokenEvent):
-                hist, since = (metrics.ttft, self.t_submit) if self.t_last is None else (metrics.itl, self.t_last)
-                hist.observe(now - since)
+                if self.t_last is None:
+                    metrics.ttft.observe(now - self.t_submit)
+                else:
+                    metrics.itl.observe(now - self.t_last)
                 self.t_last = now
             else:
                 self.finished = True

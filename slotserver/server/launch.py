@@ -76,8 +76,8 @@ class ModelThread:
     """Loads the model, publishes it, then stays alive until shutdown and stops the engine.
 
     Why the thread outlives loading: once a thread that ran torch (OpenMP) work exits, libgomp
-    leaves the other threads' torch ops about 17x slower on this CPU build (measured: 58 ms ->
-    1000 ms per decode step of the default model). Keeping it alive avoids that.
+    leaves the other threads' torch ops far slower on this CPU build (measured on a busy 2-core
+    machine: 58 ms -> 1000 ms per decode step of the default model). Keeping it alive avoids that.
     """
 
     def __init__(self, state: ServerState, plan: LaunchPlan, address: str,

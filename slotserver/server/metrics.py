@@ -55,8 +55,10 @@ class EngineCollector:
         yield from (
             _counter("llamacpp:prompt_tokens_total", "Number of prompt tokens processed.", s.prompt_tokens),
             _counter("llamacpp:prompt_seconds_total", "Prompt process time", t.prompt_ms / 1000),
-            _counter("llamacpp:tokens_predicted_total", "Number of generation tokens processed.", s.predicted_tokens),
-            _counter("llamacpp:tokens_predicted_seconds_total", "Predict process time", t.predicted_ms / 1000),
+            _counter("llamacpp:tokens_predicted_total", "Number of generation tokens processed.",
+                     s.predicted_tokens),
+            _counter("llamacpp:tokens_predicted_seconds_total", "Predict process time",
+                     t.predicted_ms / 1000),
             _counter("llamacpp:n_decode_total", "Total number of llama_decode() calls", s.steps),
             # Each sampled token is one step in which its slot was busy (prefill chunks aside).
             _gauge("llamacpp:n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
@@ -65,12 +67,14 @@ class EngineCollector:
                    _rate(t.prompt_n, t.prompt_ms)),
             _gauge("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.",
                    _rate(t.predicted_n, t.predicted_ms)),
-            _gauge("llamacpp:kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.", used / cells),
+            _gauge("llamacpp:kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.",
+                   used / cells),
             _gauge("llamacpp:kv_cache_tokens", "KV-cache tokens.", used),
             _gauge("llamacpp:requests_processing", "Number of requests processing.", s.n_active),
             _gauge("llamacpp:requests_deferred", "Number of requests deferred.", s.queue_len),
             _counter("slotserver_defrag_moves_total", "Sequence defragmentation moves.", s.defrag_moves),
-            _counter("slotserver_defrag_bytes_total", "Bytes copied by defragmentation moves.", s.defrag_bytes),
+            _counter("slotserver_defrag_bytes_total", "Bytes copied by defragmentation moves.",
+                     s.defrag_bytes),
             _gauge("slotserver_kv_bytes", "Bytes of KV-cache memory in use by the layout.", s.kv_bytes),
             _counter("slotserver_requests_total", "Requests finished by the engine.", s.requests_done),
         )
@@ -106,8 +110,9 @@ class ServerMetrics:
     def __init__(self, stats: Callable[[], object], lab: Callable[[], object]) -> None:
         self.registry = CollectorRegistry()
         self.totals = RequestTotals()
-        self.ttft = Histogram("slotserver_time_to_first_token_seconds", "Time from submit to the first token.",
-                              buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.ttft = Histogram("slotserver_time_to_first_token_seconds",
+                              "Time from submit to the first token.", buckets=LATENCY_BUCKETS,
+                              registry=self.registry)
         self.itl = Histogram("slotserver_inter_token_latency_seconds", "Time between consecutive tokens.",
                              buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(EngineCollector(stats, lab, self.totals))

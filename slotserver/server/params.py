@@ -14,6 +14,7 @@ batch (found by the fuzz test); no meaningful setting lies outside them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +53,8 @@ def refuse_unsupported(f: Fields) -> None:
             raise bad_request(f"'{name}' is not supported by this server")
 
 
-def sampling_params(f: Fields, tokenizer: Tokenizer, defaults: GenerationDefaults, n_probs: int) -> SamplingParams:
+def sampling_params(f: Fields, tokenizer: Tokenizer, defaults: GenerationDefaults,
+                    n_probs: int) -> SamplingParams:
     """The sampler settings; SamplingParams re-validates and its message names the field."""
     try:
         return SamplingParams(
@@ -72,15 +74,25 @@ def sampling_params(f: Fields, tokenizer: Tokenizer, defaults: GenerationDefault
         raise bad_request(str(e)) from None
 
 
+def _check_something_allowed(params: SamplingParams, tokenizer: Tokenizer, ignore_eos: bool) -> None:
+    forbidden = {t for t, b in params.logit_bias if b == -math.inf}
+    if ignore_eos:
+        forbidden |= tokenizer.eog_ids
+    if len(forbidden) >= tokenizer.vocab_size:
+        raise bad_request("'logit_bias' (with 'ignore_eos') forbids every token")
+
+
 def build_request(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: GenerationDefaults,
                   n_predict: int, n_probs: int, stop: tuple[str, ...]) -> Request:
+    params, ignore_eos = sampling_params(f, tokenizer, defaults, n_probs), f.bool("ignore_eos", False)
+    _check_something_allowed(params, tokenizer, ignore_eos)
     return Request(
         prompt_ids=tuple(ids),
-        params=sampling_params(f, tokenizer, defaults, n_probs),
+        params=params,
         n_predict=n_predict,
         n_keep=f.int("n_keep", 0, lo=-1),
         stop=stop,
-        ignore_eos=f.bool("ignore_eos", False),
+        ignore_eos=ignore_eos,
         id_slot=f.int("id_slot", -1, lo=-1),
         cache_prompt=f.bool("cache_prompt", defaults.cache_prompt),
     )
@@ -94,7 +106,8 @@ def n_predict_field(f: Fields, defaults: GenerationDefaults, *names: str, lo: in
     return defaults.n_predict
 
 
-def parse_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults: GenerationDefaults) -> CompletionJob:
+def parse_completion(body: dict[str, Any], tokenizer: Tokenizer,
+                     defaults: GenerationDefaults) -> CompletionJob:
     """POST /completion's body -> a CompletionJob (tokenizes the prompt: run it off the event loop)."""
     f = Fields(body)
     refuse_unsupported(f)

@@ -77,11 +77,9 @@ def _bias_targets(tokenizer: Tokenizer, key: Any) -> list[int]:
     raise bad_request(f"'logit_bias' keys must be token ids or strings, got {key!r}")
 
 
-def parse_logit_bias(tokenizer: Tokenizer, value: Any, limit: float = math.inf) -> tuple[tuple[int, float], ...]:
-    """`[[id, bias], ...]`, `[["text", bias], ...]` or `{"id" | "text": bias}` -> (id, bias) pairs.
-
-    Forbidding every token of the vocabulary is refused: nothing could be sampled.
-    """
+def parse_logit_bias(tokenizer: Tokenizer, value: Any,
+                     limit: float = math.inf) -> tuple[tuple[int, float], ...]:
+    """`[[id, bias], ...]`, `[["text", bias], ...]` or `{"id" | "text": bias}` -> (id, bias) pairs."""
     if value is None:
         return ()
     if isinstance(value, dict):
@@ -96,6 +94,4 @@ def parse_logit_bias(tokenizer: Tokenizer, value: Any, limit: float = math.inf) 
     for key, bias in pairs:
         b = _bias_value(key, bias, limit)
         out.extend((t, b) for t in _bias_targets(tokenizer, key))
-    if len({t for t, b in out if b == -math.inf}) >= tokenizer.vocab_size:
-        raise bad_request("'logit_bias' forbids every token")
     return tuple(out)

@@ -49,7 +49,8 @@ async def tokenize(request: Request) -> Response:
     tok = bundle.tokenizer
     ids = await anyio.to_thread.run_sync(encode, tok, content, add_special, parse_special)
     if with_pieces:
-        return JSONResp({"tokens": [{"id": t, "piece": _piece(tok.token_bytes(t, special=True))} for t in ids]})
+        pieces = [{"id": t, "piece": _piece(tok.token_bytes(t, special=True))} for t in ids]
+        return JSONResp({"tokens": pieces})
     return JSONResp({"tokens": ids})
 
 
@@ -88,7 +89,10 @@ async def props(request: Request) -> Response:
     state: ServerState = request.app.state.server
     bundle, engine = state.require()
     tok = bundle.tokenizer
-    piece = lambda t: "" if t is None else tok.decode([t], special=True)  # noqa: E731
+
+    def piece(token: int | None) -> str:
+        return "" if token is None else tok.decode([token], special=True)
+
     return JSONResp({
         "default_generation_settings": default_generation_settings(state),
         "total_slots": engine.config.n_parallel,

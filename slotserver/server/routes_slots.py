@@ -48,7 +48,8 @@ async def fresh_stats(engine) -> EngineStats:
 
     Workaround: the engine republishes its snapshot only after a step that did work, so after
     a cancel that leaves it idle the snapshot would still say "processing". Publishing once on
-    the engine thread (through its public `call`) fixes that; see the report's engine diff.
+    the engine thread (through its public `call`) fixes that, until the engine republishes its
+    stats after handling its inbox.
     """
     publish = getattr(getattr(engine, "tracker", None), "publish", None)
     if publish is not None:

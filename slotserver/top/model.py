@@ -11,7 +11,8 @@ import collections
 from dataclasses import dataclass, field
 
 from slotserver.top.client import Poll
-from slotserver.top.parse import as_dict, parse_events, parse_header, parse_kernels, parse_layouts, parse_slots, section
+from slotserver.top.parse import (as_dict, parse_events, parse_header, parse_kernels, parse_layouts, parse_slots,
+                                  section)
 from slotserver.top.rows import Defrag, EventRow, Header, KernelRow, SlotRow, StreamCell
 from slotserver.top.track import Tracker, stream_map, update_defrag
 
@@ -95,7 +96,7 @@ class TopState:
         t.elapsed(self.slots, now)
         tps, step_ms = t.rates(engine, now)
         header.tokens_per_second = tps
-        header.uptime_s = t.uptime(header.uptime_s, now)
+        header.uptime_s, header.uptime_exact = t.uptime(header.uptime_s, now)
         if tps is not None:
             self.tps_history.append(tps)
             self.step_history.append(step_ms or 0.0)

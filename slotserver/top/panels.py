@@ -57,10 +57,11 @@ def header(state: TopState, width: int) -> tuple[Group, int]:
     h = state.header
     version = h.layout_version[:8] if h.layout_version != "?" else "?"
     n_slots = len(state.slots) if state.slots else None
+    bound = "" if h.uptime_exact or h.uptime_s is None else "≥"     # see track.Tracker.uptime
     segs = [
         _kv("model", h.model, "bold cyan"), _kv("dtype", h.dtype), _kv("device", h.device),
         _kv("layout", h.layout, "bold magenta"), _kv("v", version, "magenta"),
-        _kv("uptime", w.duration(h.uptime_s)), _kv("tok/s", w.rate(h.tokens_per_second), "bold green"),
+        _kv("uptime", bound + w.duration(h.uptime_s)), _kv("tok/s", w.rate(h.tokens_per_second), "bold green"),
         _kv("queue", w.num(h.queue_len)), _kv("active", f"{w.num(h.n_active)}/{w.num(n_slots)}"),
         _kv("kv", w.size(h.kv_bytes)),
     ]
@@ -84,6 +85,14 @@ def _fit(columns: list[tuple], width: int, reserve: int) -> list[tuple]:
     return kept
 
 
+def _fixed_columns(t: Table, cols: list[tuple]) -> None:
+    """Columns that keep their width: rich would otherwise squeeze them to make room for a long
+    last cell (a refusal's reason), since no_wrap content cannot shrink."""
+    for name, cw, _, right in cols:
+        t.add_column(name, width=cw, min_width=cw, max_width=cw, no_wrap=True,
+                     justify="right" if right else "left", overflow="ellipsis")
+
+
 def _slot_cell(s: SlotRow, name: str) -> Text | str:
     if name == "state":
         return Text(s.state, style=STATE_STYLE.get(s.state, "yellow"))
@@ -97,9 +106,8 @@ def slots(state: TopState, width: int) -> tuple[Table, int]:
     cols = _fit(SLOT_COLUMNS, width, CTX_MIN)
     ctx_w = max(4, width - sum(c[1] + 1 for c in cols))
     t = Table(box=None, padding=(0, 1, 0, 0), expand=True, show_edge=False, header_style="bold")
-    for name, cw, _, right in cols:
-        t.add_column(name, width=cw, no_wrap=True, justify="right" if right else "left", overflow="ellipsis")
-    t.add_column("context", no_wrap=True, overflow="crop")
+    _fixed_columns(t, cols)
+    t.add_column("context", no_wrap=True, overflow="crop", ratio=1)
     for s in state.slots:
         used = f" {w.num(s.cells_used)}/{w.num(s.n_ctx)}"
         fill = w.bar(s.cells_used, s.n_ctx, max(1, ctx_w - len(used) - 1), "green" if s.active else "cyan")
@@ -174,9 +182,8 @@ def _check(k: KernelRow) -> Text:
 def kernels(state: TopState, width: int) -> tuple[Table, int]:
     cols = _fit(KERNEL_COLUMNS, width, 10)
     t = Table(box=None, padding=(0, 1, 0, 0), expand=True, show_edge=False, header_style="bold")
-    for name, cw, _, right in cols:
-        t.add_column(name, width=cw, no_wrap=True, justify="right" if right else "left", overflow="ellipsis")
-    t.add_column("last check", no_wrap=True, overflow="ellipsis")
+    _fixed_columns(t, cols)
+    t.add_column("last check", no_wrap=True, overflow="ellipsis", ratio=1)
     for k in state.kernels:
         cells = {"op": k.op, "impl": k.impl, "version": Text(k.version, style="magenta"),
                  "mean ms": w.ms(k.mean_ms), "calls": w.num(k.calls)}

@@ -92,8 +92,8 @@ def _built(part: Part, state: TopState, width: int, dim: bool) -> tuple[Renderab
         if dim and isinstance(content, Text):
             content.stylize("dim")
         return content, lines
-    title = part.name if part is not HEADER else (
-        "slotserver top" + ("" if state.connected else " — stale data, reconnecting"))
+    stale = part is HEADER and not state.connected and state.has_data
+    title = part.name + (" — stale data, reconnecting" if stale else "")
     panel = Panel(content, title=title, title_align="left", style="dim" if dim else "",
                   border_style="dim" if dim else ("blue" if part is not HEADER else "bold blue"))
     return panel, lines + 2

@@ -19,6 +19,7 @@ class Header:
     layout: str = UNKNOWN
     layout_version: str = UNKNOWN
     uptime_s: float | None = None
+    uptime_exact: bool = False               # False: a lower bound (see track.Tracker.uptime)
     tokens_per_second: float | None = None   # measured between polls (see track.py)
     queue_len: int | None = None
     n_active: int | None = None

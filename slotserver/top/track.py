@@ -38,6 +38,7 @@ class Tracker:
         self.prev_streams: dict[int, int] = {}
         self.first_seen: dict[tuple[int, int | None], float] = {}
         self.uptime_anchor: tuple[float, float] | None = None
+        self.uptime_exact = False
 
     def reset(self) -> None:
         """Forget the previous poll (after a disconnect: deltas across it would mislead)."""
@@ -67,22 +68,33 @@ class Tracker:
         return sorted(out, key=lambda m: m.dst)
 
     def elapsed(self, slots: list[SlotRow], now: float) -> None:
-        """Fill `elapsed_s` of busy slots: time since the monitor first saw their task."""
+        """Fill `elapsed_s` of busy slots with the best lower bound known of their task's age.
+
+        Two bounds: the time since this monitor first saw the task, and its decode time, which
+        the slot's own rate gives back ((n_generated - 1) / tokens_per_second, as the engine
+        computes that rate since the prompt was done). Prefill time is in neither."""
         seen = {}
         for s in slots:
             if s.active:
                 key = (s.id, s.id_task)
                 seen[key] = self.first_seen.get(key, now)
-                s.elapsed_s = now - seen[key]
+                decode = 0.0
+                if s.tokens_per_second and s.n_generated and s.n_generated > 1:
+                    decode = (s.n_generated - 1) / s.tokens_per_second
+                s.elapsed_s = max(now - seen[key], decode)
         self.first_seen = seen
 
-    def uptime(self, reported: float | None, now: float) -> float | None:
-        """The server's uptime, carried forward while its snapshot is frozen (idle engine)."""
+    def uptime(self, reported: float | None, now: float) -> tuple[float | None, bool]:
+        """(the server's uptime carried forward while its snapshot is frozen, whether it is exact).
+
+        The first value seen may already be stale (an engine idle since its last step), so it
+        is only a lower bound until the value is seen to change, i.e. freshly published."""
         if reported is None:
-            return None
+            return None, False
         if self.uptime_anchor is None or self.uptime_anchor[0] != reported:
+            self.uptime_exact = self.uptime_anchor is not None
             self.uptime_anchor = (reported, now)
-        return reported + (now - self.uptime_anchor[1])
+        return reported + (now - self.uptime_anchor[1]), self.uptime_exact
 
 
 def update_defrag(d: Defrag, engine: dict, moves: list[SlotMove], now: float) -> Defrag:
