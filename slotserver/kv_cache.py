@@ -28,8 +28,11 @@ class KVCache:
         return self.loaded.module.NAME
 
     def apply(self, moves: list[Move]) -> None:
+        free = getattr(self.layout, "free_stream", None)  # paged: the source's blocks go back
         for m in moves:
             self.layout.copy_stream(m.src, m.dst, m.n_cells)
+            if free is not None:
+                free(m.src)  # a defrag move abandons its source stream
             self.n_moves += 1
             self.bytes_moved += m.n_cells * self.spec.bytes_per_cell
 

@@ -218,7 +218,7 @@ def compare_outputs(got, want, tol: float) -> tuple[float, bool]:
     """(max abs error, all within `tol` absolute + `tol` relative, like torch.testing.assert_close).
     Outputs are tensors or tuples of them; an int8 `StridedKV` is compared dequantized."""
     errs, ok = [0.0], True
-    for g, w in zip(_tensors(got), _tensors(want), strict=True):
+    for g, w in zip(output_tensors(got), output_tensors(want), strict=True):
         g, w = g.detach().float().cpu(), w.detach().float().cpu()
         if g.shape != w.shape:
             return float("inf"), False
@@ -228,7 +228,8 @@ def compare_outputs(got, want, tol: float) -> tuple[float, bool]:
     return max(errs), ok
 
 
-def _tensors(out) -> list[torch.Tensor]:
+def output_tensors(out) -> list[torch.Tensor]:
+    """A kernel's output as plain tensors: itself, a tuple's tensors, or an int8 StridedKV dequantized."""
     if isinstance(out, torch.Tensor):
         return [out]
     if getattr(out, "k_scale", None) is not None:

@@ -18,6 +18,7 @@ import torch
 from slotserver.batch import Batch, SeqChunk
 from slotserver.kernel_set import KERNEL_CONTRACT
 from slotserver.kv_spec import KVSpec, StridedKV
+from slotserver.lab_check import compare_outputs, move_inputs, output_tensors
 from slotserver.layout_loader import LAYOUT_CONTRACT, create_layout
 from slotserver.module_loader import ModuleLoadError, line_of, load_by_path
 
@@ -28,7 +29,7 @@ def _fail(reason: str, line: int | str = "?") -> dict:
     return {"ok": False, "reason": reason, "line": line}
 
 
-def validate_kernel(path: str, trusted_path: str, impl: str = "cpu") -> dict:
+def validate_kernel(path: str, trusted_path: str, impl: str = "cpu", device: str = "cpu") -> dict:
     path_p = Path(path)
     try:
         new = load_by_path(path_p, KERNEL_CONTRACT).module
@@ -44,16 +45,17 @@ def validate_kernel(path: str, trusted_path: str, impl: str = "cpu") -> dict:
     worst = 0.0
     for _ in range(N_TRIALS):
         inputs = trusted.example_inputs(gen, torch.float32)
-        want = trusted.reference(*inputs)
+        want = trusted.reference(*move_inputs(inputs, "cpu"))  # own copies: kv_store writes in place
         try:
-            got = fn(*inputs)
+            got = fn(*move_inputs(inputs, device))
         except Exception as e:  # noqa: BLE001 - the edit's failure, reported with its line
             return _fail(f"exception when called: {type(e).__name__}: {e}", line_of(e, path_p))
-        if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
+        if isinstance(want, torch.Tensor) and (not isinstance(got, torch.Tensor) or got.shape != want.shape
+                                               or got.dtype != want.dtype):
             shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             return _fail(f"wrong output: got {shape}, expected {tuple(want.shape)} {want.dtype}")
-        err = float((got.float() - want.float()).abs().max()) if want.numel() else 0.0
-        tol = trusted.TOL[torch.float32] * (1 + float(want.float().abs().max()))
+        err, _ = compare_outputs(got, want, 0.0)  # tensors, tuples, int8 StridedKV (dequantized)
+        tol = trusted.TOL[torch.float32] * (1 + max(float(t.float().abs().max()) for t in output_tensors(want)))
         if not err <= tol:
             return _fail(f"wrong numerics: max error {err:.3g} > tolerance {tol:.3g} against the reference")
         worst = max(worst, err)
