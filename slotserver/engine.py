@@ -28,7 +28,7 @@ from slotserver.lab import Lab
 from slotserver.postprocess import Sampled, final_event, postprocess
 from slotserver.request import (EngineBusy, ErrorEvent, Request, RequestError, RequestHandle,
                                 ignore_eos_params)
-from slotserver.sampling import Sampler, SequenceRng
+from slotserver.sampling import Sampler, SamplingError, SequenceRng
 from slotserver.scheduler import Scheduler, StepPlan
 from slotserver.sequence import Sequence
 from slotserver.stats import EngineStats
@@ -164,7 +164,10 @@ class Engine:
         seqs = [c.seq for c in plan.chunks if c.sample]
         if not seqs:
             return []
-        out = self.sampler.sample(logits, [s.params for s in seqs], [s.rng for s in seqs], [s.tokens for s in seqs])
+        try:
+            out = self.sampler.sample(logits, [s.params for s in seqs], [s.rng for s in seqs], [s.tokens for s in seqs])
+        except SamplingError:
+            return self._sample_rows(seqs, logits)  # find the failing row; fail only its request
         tokens = out.tokens.tolist()
         lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(seqs)
         result = []
@@ -175,6 +178,16 @@ class Engine:
                 top = tuple(zip(out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist()))
             result.append(Sampled(tokens[i], lps[i], top))
         return result
+
+    def _sample_rows(self, seqs, logits: torch.Tensor) -> list[Sampled]:
+        out = []
+        for i, s in enumerate(seqs):
+            try:
+                row = self.sampler.sample(logits[i: i + 1], [s.params], [s.rng], [s.tokens])
+                out.append(Sampled(int(row.tokens[0])))
+            except SamplingError as e:
+                out.append(Sampled(-1, error=f"sampling failed: {e}"))
+        return out
 
     # -- inbox -------------------------------------------------------------------------------
     def _post(self, message: tuple) -> None:
@@ -229,6 +242,8 @@ class Engine:
         vocab = self.bundle.model.spec.vocab_size
         if any(not 0 <= t < vocab for t in r.prompt_ids):
             raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        if any(not 0 <= t < vocab for t, _ in r.params.logit_bias):
+            raise RequestError(f"logit_bias token ids must be in [0, {vocab})")
         if not -1 <= r.id_slot < self.config.n_parallel:
             raise RequestError(f"id_slot must be -1 or in [0, {self.config.n_parallel})")
 

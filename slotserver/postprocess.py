@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from slotserver.request import FinalEvent, TokenEvent
+from slotserver.request import ErrorEvent, FinalEvent, TokenEvent
 from slotserver.scheduler import Scheduler, StepPlan
 from slotserver.sequence import Sequence
 
@@ -20,6 +20,7 @@ class Sampled:
     token: int
     logprob: float | None = None
     top: tuple[tuple[int, float], ...] = ()
+    error: str = ""   # sampling failed for this row only (e.g. a bias that forbids every token)
 
 
 def postprocess(sched: Scheduler, plan: StepPlan, sampled: list[Sampled], eog: frozenset[int]) -> list[Sequence]:
@@ -37,13 +38,18 @@ def postprocess(sched: Scheduler, plan: StepPlan, sampled: list[Sampled], eog: f
 
 
 def _accept(sched: Scheduler, seq: Sequence, s: Sampled, eog: frozenset[int]) -> bool:
+    if s.error:
+        sched.finish(seq)
+        seq.handle.emit(ErrorEvent(s.error))
+        return True
     now = time.perf_counter()
     if not seq.t_prompt_done:
         seq.t_prompt_done = now
     seq.tokens.append(s.token)
     req = seq.request
     if s.token in eog and not req.ignore_eos:
-        _finish(sched, seq, "eos", "", False)
+        tail = seq.stops.feed(seq.detok.flush())[0] + seq.stops.flush()
+        _finish(sched, seq, "eos", "", False, tail)
         return True
     text, word = seq.stops.feed(seq.detok.push(s.token))
     if word is not None:
@@ -61,12 +67,13 @@ def _accept(sched: Scheduler, seq: Sequence, s: Sampled, eog: frozenset[int]) ->
     return False
 
 
-def _finish(sched: Scheduler, seq: Sequence, stop_type: str, word: str, truncated: bool) -> None:
+def _finish(sched: Scheduler, seq: Sequence, stop_type: str, word: str, truncated: bool, tail: str = "") -> None:
     sched.finish(seq)
-    seq.handle.emit(final_event(seq, stop_type, word, truncated))
+    seq.handle.emit(final_event(seq, stop_type, word, truncated, tail))
 
 
-def final_event(seq: Sequence, stop_type: str, word: str = "", truncated: bool = False) -> FinalEvent:
+def final_event(seq: Sequence, stop_type: str, word: str = "", truncated: bool = False,
+                tail: str = "") -> FinalEvent:
     now = time.perf_counter()
     prompt_done = seq.t_prompt_done or now
     return FinalEvent(
@@ -74,5 +81,5 @@ def final_event(seq: Sequence, stop_type: str, word: str = "", truncated: bool =
         n_prompt=seq.num_prompt, n_cached=seq.num_cached, n_predicted=max(0, seq.num_generated),
         prompt_ms=1000 * (prompt_done - seq.t_start) if seq.t_start else 0.0,
         predicted_ms=1000 * (now - prompt_done) if seq.t_prompt_done else 0.0,
-        seed=seq.rng.seed,
+        seed=seq.rng.seed, text=tail,
     )

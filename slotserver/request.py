@@ -62,6 +62,7 @@ class FinalEvent:
     prompt_ms: float
     predicted_ms: float
     seed: int
+    text: str = ""          # text held back until the end (a partial stop string, half a character)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class RequestHandle:
                 raise RuntimeError(ev.message)
             else:
                 final = ev
+                texts.append(ev.text)
         return Completion(tokens, "".join(texts), final)
 
 

@@ -186,8 +186,13 @@ def test_unknown_fields_are_ignored(client):
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) \
     | st.text(max_size=20)
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=10)
+
+
+def json_containers(inner: st.SearchStrategy) -> st.SearchStrategy:
+    return st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+
+
+json_values = st.recursive(json_scalars, json_containers, max_leaves=10)
 floats = st.floats(allow_nan=False, allow_infinity=False)
 PLAUSIBLE = {  # near or across each field's valid range, so many random requests are served
     "n_predict": st.integers(-3, 40), "max_tokens": st.integers(-1, 40), "temperature": floats,

@@ -93,6 +93,7 @@ async def _gather(run: Run) -> Outcome:
             raise ApiError(500, ev.message, "server_error")
         else:
             out.final = ev
+            texts.append(ev.text)
     out.text = "".join(texts)
     return out
 

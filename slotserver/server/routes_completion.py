@@ -73,8 +73,8 @@ async def llama_stream(run: Run, job: CompletionJob, tokenizer: Tokenizer, model
                 yield sse.event(format_llama.stream_chunk(job, ev.text, pending, tokenizer, n))
                 pending = []
         elif isinstance(ev, FinalEvent):
-            if pending:
-                yield sse.event(format_llama.stream_chunk(job, "", pending, tokenizer, n))
+            if pending or ev.text:
+                yield sse.event(format_llama.stream_chunk(job, ev.text, pending, tokenizer, n))
             yield sse.event(format_llama.final_chunk(job, ev, model, prompt))
         else:
             yield sse.event(ApiError(500, ev.message, "server_error").body())

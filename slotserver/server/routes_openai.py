@@ -70,8 +70,8 @@ async def openai_stream(run: Run, fmt: OpenAIFormatter) -> AsyncIterator[bytes]:
                 yield sse.event(fmt.delta_chunk(ev.text, pending))
                 pending = []
         elif isinstance(ev, FinalEvent):
-            if pending and fmt.job.want_logprobs:
-                yield sse.event(fmt.delta_chunk("", pending))
+            if ev.text or (pending and fmt.job.want_logprobs):
+                yield sse.event(fmt.delta_chunk(ev.text, pending))
             yield sse.event(fmt.last_chunk(ev))
             if fmt.job.include_usage:
                 yield sse.event(fmt.usage_chunk(ev))

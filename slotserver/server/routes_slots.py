@@ -23,10 +23,9 @@ from slotserver.server.errors import ApiError, bad_request, not_supported
 from slotserver.server.fields import Fields
 from slotserver.server.jsonio import JSONResp
 from slotserver.server.state import ServerState
-from slotserver.stats import EngineStats, SlotStats
+from slotserver.stats import SlotStats
 
 ACTIONS = ("save", "restore", "erase")
-STATS_WAIT_S = 2.0
 FILENAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,200}$")
 
 
@@ -35,7 +34,7 @@ def slot_json(s: SlotStats, prompt: str | None) -> dict:
     out = {
         "id": s.id, "id_task": s.id_task, "n_ctx": s.n_ctx, "speculative": False, "is_processing": busy,
         "state": s.state, "stream": s.stream, "cells_used": s.cells_used, "n_prompt": s.n_prompt,
-        "n_cached": s.n_cached, "tokens_per_second": s.tokens_per_second,
+        "n_cached": s.n_cached, "tokens_per_second": s.tokens_per_second, "elapsed_s": s.elapsed_s,
         "next_token": {"has_next_token": busy, "n_decoded": s.n_generated},
     }
     if prompt is not None:
@@ -43,29 +42,12 @@ def slot_json(s: SlotStats, prompt: str | None) -> dict:
     return out
 
 
-async def fresh_stats(engine) -> EngineStats:
-    """The engine's stats as of its next step boundary, so a cancel just sent shows up.
-
-    Workaround: the engine republishes its snapshot only after a step that did work, so after
-    a cancel that leaves it idle the snapshot would still say "processing". Publishing once on
-    the engine thread (through its public `call`) fixes that, until the engine republishes its
-    stats after handling its inbox.
-    """
-    publish = getattr(getattr(engine, "tracker", None), "publish", None)
-    if publish is not None:
-        try:
-            await asyncio.wait_for(asyncio.wrap_future(engine.call(publish)), STATS_WAIT_S)
-        except (asyncio.TimeoutError, RuntimeError):
-            pass  # a busy or stopped engine: the last snapshot will do
-    return engine.stats()
-
-
 async def slots(request: Request) -> Response:
     state: ServerState = request.app.state.server
     if not state.config.slots_endpoint:
         raise not_supported("This server does not support slots endpoint. Start it with `--slots`")
     _, engine = state.require()
-    stats = await fresh_stats(engine)
+    stats = engine.stats()
     if request.query_params.get("fail_on_no_slot") not in (None, "", "0", "false"):
         if all(s.state != "idle" for s in stats.slots):
             raise ApiError(503, "no slot available")
