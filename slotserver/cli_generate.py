@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", type=Path, default=None, help="GGUF file (default: embedded SmolLM2-135M)")
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32")
-    p.add_argument("--weights", choices=["dense", "int8", "auto"], default="dense",
+    p.add_argument("--weights", choices=["dense", "int8", "int4", "auto", "auto4"], default="dense",
                    help="matmul weight format: dense, int8 weight-only, or auto (int8 for small batches)")
     p.add_argument("-t", "--threads", type=int, default=0)
     p.add_argument("--layout", default="seq_head_dim")

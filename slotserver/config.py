@@ -23,7 +23,7 @@ class ModelConfig:
     kernels_dir: Path | None = None  # None: the repository's kernels/
     layouts_dir: Path | None = None  # None: the repository's layouts/
     max_ctx: int = 0                 # 0: the model's training context
-    weights: str = "dense"           # dense | int8 | auto (int8 for small batches, dense above)
+    weights: str = "dense"           # dense | int8 | int4 | auto / auto4 (int8 / int4 for small batches, dense above)
     int8_max_rows: int = 16
 
     def __post_init__(self) -> None:
@@ -33,8 +33,8 @@ class ModelConfig:
             raise ConfigError(f"--threads must be >= 0, got {self.threads!r}")
         if not isinstance(self.max_ctx, int) or self.max_ctx < 0:
             raise ConfigError(f"context size must be >= 0, got {self.max_ctx!r}")
-        if self.weights not in ("dense", "int8", "auto"):
-            raise ConfigError(f"--weights must be dense, int8 or auto, got {self.weights!r}")
+        if self.weights not in ("dense", "int8", "int4", "auto", "auto4"):
+            raise ConfigError(f"--weights must be dense, int8, int4, auto or auto4, got {self.weights!r}")
         for name in ("kernels_dir", "layouts_dir"):
             folder = getattr(self, name)
             if folder is not None and not Path(folder).is_dir():

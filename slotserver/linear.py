@@ -4,7 +4,10 @@ On CPU a decode step with few tokens is bound by reading the weights, so int8 we
 matmuls (`torch._weight_int8pack_mm`, per-row scales) win there; with many tokens the matmul is
 compute-bound and the dense bf16 (or f32) GEMM wins. `Linear` keeps the formats it was asked for
 and picks per call by the number of rows: int8 up to `int8_max_rows`, dense above.
-The int8 copy is a per-row absmax re-quantization of the dequantized GGUF weight.
+The int8 copy is a per-row absmax re-quantization of the dequantized GGUF weight. The int4 copy
+(`torch._weight_int4pack_mm_for_cpu`, asymmetric groups of 32: w = (q - 8) * scale + zero) is an
+exact re-encoding of Q4_1 weights: ggml's Q4_1 block of 32 spans [min, max] with q in 0..15, so
+re-quantizing the dequantized block by its own min/max recovers the same q, d and m.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-WEIGHT_FORMATS = ("dense", "int8", "auto")
+WEIGHT_FORMATS = ("dense", "int8", "int4", "auto", "auto4")
+INT4_GROUP = 32
 
 
 @dataclass
@@ -24,13 +28,22 @@ class Linear:
     q8: torch.Tensor | None = None      # [out, in] int8
     q8_scale: torch.Tensor | None = None  # [out] compute dtype
     int8_max_rows: int = 0
+    q4: torch.Tensor | None = None      # packed int4 (torch's CPU layout)
+    q4_scale_zero: torch.Tensor | None = None  # [in / 32, out, 2] bf16
 
     @classmethod
     def build(cls, w: torch.Tensor, bias: torch.Tensor | None, fmt: str, int8_max_rows: int) -> "Linear":
-        """w: [out, in] in the compute dtype. fmt: dense | int8 (only) | auto (both)."""
+        """w: [out, in] in the compute dtype. fmt: dense | int8 / int4 (only) | auto / auto4 (both)."""
         assert fmt in WEIGHT_FORMATS, fmt
         if fmt == "dense" or int8_max_rows <= 0:
             return cls(w, bias)
+        if fmt in ("int4", "auto4"):
+            if w.shape[1] % INT4_GROUP:
+                return cls(w, bias)
+            q4, sz = _pack_int4(w)
+            dense = w if fmt == "auto4" else None
+            rows = int8_max_rows if fmt == "auto4" else 1 << 30
+            return cls(dense, bias, int8_max_rows=rows, q4=q4, q4_scale_zero=sz)
         scale = (w.float().abs().amax(dim=1) / 127.0).clamp_min(1e-12)   # [out]
         q = torch.round(w.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8)
         dense = w if fmt == "auto" else None
@@ -39,15 +52,33 @@ class Linear:
 
     @property
     def out_features(self) -> int:
-        return (self.dense if self.dense is not None else self.q8).shape[0]
+        if self.dense is not None:
+            return self.dense.shape[0]
+        return (self.q8 if self.q8 is not None else self.q4_scale_zero.transpose(0, 1)).shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [rows, in] -> [rows, out]."""
+        if self.q4 is not None and x.shape[0] <= self.int8_max_rows:
+            y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.q4, INT4_GROUP, self.q4_scale_zero)
+            y = y.to(x.dtype)
+            return y if self.bias is None else y + self.bias
         if self.q8 is not None and x.shape[0] <= self.int8_max_rows:
             y = torch._weight_int8pack_mm(x.to(self.q8_scale.dtype), self.q8, self.q8_scale)
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.dense, self.bias)
 
     def nbytes(self) -> int:
-        parts = (self.dense, self.bias, self.q8, self.q8_scale)
+        parts = (self.dense, self.bias, self.q8, self.q8_scale, self.q4, self.q4_scale_zero)
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+
+def _pack_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit groups of 32 along `in`: -> (packed weight, [in/32, out, 2] scale|zero)."""
+    out_f, in_f = w.shape
+    g = w.float().view(out_f, in_f // INT4_GROUP, INT4_GROUP)
+    lo, hi = g.amin(-1), g.amax(-1)                                   # [out, groups]
+    d = ((hi - lo) / 15).clamp_min(1e-12)
+    q = torch.round((g - lo[..., None]) / d[..., None]).clamp_(0, 15).to(torch.int32)
+    packed = torch._convert_weight_to_int4pack_for_cpu(q.view(out_f, in_f), 1)
+    scale_zero = torch.stack([d.t(), (lo + 8 * d).t()], dim=-1).to(torch.bfloat16).contiguous()
+    return packed, scale_zero

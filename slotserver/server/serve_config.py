@@ -82,7 +82,7 @@ def plan_from_args(args) -> LaunchPlan:
         ubatch_size=args.ubatch_size, defrag=args.defrag, slot_prompt_similarity=args.slot_prompt_similarity,
         cache_prompt=args.cache_prompt, n_predict=args.n_predict, slot_save_path=args.slot_save_path,
     )
-    model = ModelConfig(model_path=_model_path(args), dtype=args.dtype, threads=args.threads,
+    model = ModelConfig(model_path=_model_path(args), dtype=args.dtype, weights=args.weights, threads=args.threads,
                         layout=args.layout, kernels_dir=args.kernels_dir, layouts_dir=args.layouts_dir,
                         max_ctx=engine.n_cells)
     template = chat_template_source(args.chat_template, args.chat_template_file)
