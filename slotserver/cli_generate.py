@@ -27,9 +27,11 @@ def add_parser(sub) -> None:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", type=Path, default=None, help="GGUF file (default: embedded SmolLM2-135M)")
-    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32")
-    p.add_argument("--weights", choices=["dense", "int8", "int4", "auto", "auto4"], default="dense",
-                   help="matmul weight format: dense, int8 weight-only, or auto (int8 for small batches)")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="bfloat16",
+                   help="compute dtype (default bfloat16: fastest here, see docs/performance.md)")
+    p.add_argument("--weights", choices=["dense", "int8", "int4", "auto", "auto4"], default="auto4",
+                   help="matmul weights: dense, int8/int4 weight-only, auto/auto4 (int8/int4 up to 16 rows, dense above;\n"
+                        "int4 only for Q4_1 tensors, which it re-encodes exactly; default auto4)")
     p.add_argument("-t", "--threads", type=int, default=0)
     p.add_argument("--layout", default="seq_head_dim")
     p.add_argument("--kernels-dir", type=Path, default=None)

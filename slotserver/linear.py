@@ -37,9 +37,9 @@ class Linear:
         assert fmt in WEIGHT_FORMATS, fmt
         if fmt == "dense" or int8_max_rows <= 0:
             return cls(w, bias)
+        if fmt in ("int4", "auto4") and (w.shape[1] % INT4_GROUP or w.shape[0] % 16):
+            fmt = "int8" if fmt == "int4" else "auto"  # torch's int4 packing needs these multiples
         if fmt in ("int4", "auto4"):
-            if w.shape[1] % INT4_GROUP:
-                return cls(w, bias)
             q4, sz = _pack_int4(w)
             dense = w if fmt == "auto4" else None
             rows = int8_max_rows if fmt == "auto4" else 1 << 30

@@ -24,7 +24,7 @@ def _run(*args, stdin: str = "") -> subprocess.CompletedProcess:
 
 
 def test_generate_prints_the_greedy_continuation(tiny):
-    out = _run("generate", "-m", str(tiny), "-n", "6", "--temp", "0", "Hello world")
+    out = _run("generate", "-m", str(tiny), "-n", "6", "--temp", "0", "--dtype", "float32", "Hello world")
     assert out.returncode == 0, out.stderr
     b = ModelBundle.load(ModelConfig(model_path=tiny))
     ids = b.tokenizer.encode("Hello world", parse_special=True)

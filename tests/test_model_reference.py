@@ -85,3 +85,35 @@ def test_bfloat16_agrees_with_float32_on_most_greedy_tokens(f32_logprobs, model_
         total += len(x)
     print(f"bf16/f32 greedy agreement: {same}/{total} = {same / total:.3f}")
     assert same / total >= 0.9
+
+
+def stepwise_logprobs(model, fixture) -> list[torch.Tensor]:
+    """Teacher forcing one token per sequence per step (decode-sized batches, so the small-batch
+    weight formats are the ones exercised); -> per row `[n_generated, vocab]` log-probs."""
+    s = model.spec
+    seqs = [r["prompt_ids"] + r["generated_ids"] for r in fixture]
+    cache = create_layout(load_layout("seq_head_dim"),
+                          KVSpec(s.n_layers, len(seqs), max(map(len, seqs)), s.n_kv_heads, s.head_dim, model.dtype))
+    out = [[] for _ in seqs]
+    for pos in range(max(map(len, seqs)) - 1):
+        live = [i for i, t in enumerate(seqs) if pos < len(t) - 1]
+        logits = model.forward(Batch.build([SeqChunk(i, pos, [seqs[i][pos]]) for i in live]), cache).log_softmax(-1)
+        for row, i in enumerate(live):
+            if pos >= len(fixture[i]["prompt_ids"]) - 1:
+                out[i].append(logits[row])
+    return [torch.stack(o) for o in out]
+
+
+def test_default_serving_format_agrees_with_float32(f32_logprobs, smollm_path, greedy_fixture, tokenizer):
+    """bfloat16 with auto4 weights (int4 for Q4_1 tensors at decode batch sizes) — the CLI default."""
+    from slotserver.model import LlamaModel
+    from slotserver.weights import WeightFormat
+
+    model = LlamaModel.load(smollm_path, torch.bfloat16, max_pos=256, fmt=WeightFormat("auto4", 16))
+    got = stepwise_logprobs(model, greedy_fixture)
+    same = total = 0
+    for a, b in zip(f32_logprobs, got):
+        same += int((_masked_argmax(a, tokenizer.eog_ids) == _masked_argmax(b.float(), tokenizer.eog_ids)).sum())
+        total += len(a)
+    print(f"bf16+auto4 / f32 greedy agreement: {same}/{total} = {same / total:.3f}")
+    assert same / total >= 0.95

@@ -74,7 +74,8 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     port, log = free_port(), tmp / "server.log"
     cmd = [sys.executable, "-m", "slotserver.cli", "serve", "-np", "4", "-c", "2048", "--port", str(port),
-           "--metrics", "--slot-save-path", str(tmp / "slots"), "--no-watch"]  # no hot reloads mid-test
+           "--metrics", "--slot-save-path", str(tmp / "slots"), "--no-watch",  # no hot reloads mid-test
+           "--dtype", "float32", "--weights", "dense"]  # llama.cpp's reference outputs are float32
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     srv = Server(f"http://127.0.0.1:{port}", proc, log, tmp / "slots")

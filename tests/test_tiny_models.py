@@ -97,3 +97,15 @@ def test_broken_model_file_gives_one_clear_line(tmp_path, capsys, case):
     assert main(["generate", "-m", str(path), "hi"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and phrase in lines[0] and "broken.gguf" in lines[0]
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4", "auto4"])
+def test_weight_only_formats_stay_close_to_dense(tmp_path, weights):
+    """Decode-sized batches go through the int8/int4 matmuls; int4 re-encodes Q4_1 exactly."""
+    path = write_tiny_gguf(tmp_path / "q41.gguf", tensor_type=QT.Q4_1)
+    dense = _bundle(path).model
+    quant = ModelBundle.load(ModelConfig(model_path=path, weights=weights)).model
+    if weights != "int8":
+        assert quant.weights.layers[0].qkv.q4 is not None
+    a, b = _logits(dense, TOKENS[:4]), _logits(quant, TOKENS[:4])
+    assert (a - b).abs().max() < 0.02 * a.abs().max()
