@@ -144,6 +144,7 @@ class Engine:
             if not self.lab.rollback(e):
                 raise
             logits = self._forward(plan)
+        self.lab.forward_ok()
         t.append(time.perf_counter())
         sampled = self._sample(plan, logits)
         t.append(time.perf_counter())

@@ -81,6 +81,10 @@ class Lab:
             except Exception as e:  # noqa: BLE001 - a swap that fails leaves the old version
                 fut.set_result(self._event("refused", "swap", "", "", reason=f"swap failed: {e}"))
 
+    def forward_ok(self) -> None:
+        """A step ran on the current kernels: they are proven, nothing to roll back to any more."""
+        self._previous_kernels = None
+
     def rollback(self, error: Exception) -> bool:
         """A step failed right after a kernel swap: serve the previous kernels again."""
         previous, self._previous_kernels = self._previous_kernels, None
@@ -183,7 +187,7 @@ class Lab:
         fut: Future = Future()
         self._pending.put((swap, fut))
         self.engine.wake()
-        return fut.result(timeout=600)  # resolves at the engine's next step boundary
+        return fut.result(timeout=600)  # resolves at the engine's next step boundary (the engine must run)
 
     def _event(self, result: str, kind: str, name: str, file: str, **extra) -> dict:
         with self._lock:

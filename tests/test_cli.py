@@ -24,7 +24,7 @@ def _run(*args, stdin: str = "") -> subprocess.CompletedProcess:
 
 
 def test_generate_prints_the_greedy_continuation(tiny):
-    out = _run("generate", "-m", str(tiny), "-n", "6", "--temp", "0", "--dtype", "float32", "Hello world")
+    out = _run("generate", "-m", str(tiny), "-n", "6", "--temp", "0", "--dtype", "float32", "--weights", "dense", "Hello world")
     assert out.returncode == 0, out.stderr
     b = ModelBundle.load(ModelConfig(model_path=tiny))
     ids = b.tokenizer.encode("Hello world", parse_special=True)
@@ -33,9 +33,18 @@ def test_generate_prints_the_greedy_continuation(tiny):
 
 
 def test_chat_answers_each_line_until_eof(tiny):
-    out = _run("generate", "--chat", "-m", str(tiny), "-n", "4", "--temp", "0", stdin="Hello\nHow are you\n")
+    out = _run("generate", "--chat", "-m", str(tiny), "-n", "4", "--temp", "0", "--dtype", "float32",
+               "--weights", "dense", stdin="Hello\nHow are you\n")
     assert out.returncode == 0, out.stderr
-    assert len(out.stdout.splitlines()) >= 2
+    b = ModelBundle.load(ModelConfig(model_path=tiny))
+    messages, want = [], ""
+    for line in ("Hello", "How are you"):  # the same conversation, turn by turn, with the history
+        messages.append({"role": "user", "content": line})
+        ids = b.tokenizer.encode(b.template.render(messages), parse_special=True)
+        reply = b.tokenizer.decode(generate(b.model, [GenRequest(ids, 4)], b.tokenizer.eog_ids)[0].tokens)
+        messages.append({"role": "assistant", "content": reply})
+        want += reply + "\n"
+    assert out.stdout == want
 
 
 def test_bad_arguments_are_one_line_errors(tiny, tmp_path):

@@ -7,7 +7,7 @@ bad id_slot, queue full). After that, a stream only ends early when the client l
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import anyio
 from starlette.requests import Request
@@ -18,13 +18,24 @@ from slotserver.request import FinalEvent, TokenEvent
 from slotserver.server import format_llama, sse
 from slotserver.server.body import read_json
 from slotserver.server.errors import ApiError
-from slotserver.server.generation import ClientGone, Run, collect, submit
+from slotserver.server.generation import ClientGone, Outcome, Run, collect, submit
 from slotserver.server.jsonio import JSONResp
 from slotserver.server.params import CompletionJob, parse_completion
 from slotserver.server.state import ServerState
 from slotserver.tokenizer import Tokenizer
 
 CLIENT_CLOSED = 499  # nginx's status for "client closed the request"; only seen in our log
+
+
+async def respond(run: Run, request: Request, render: Callable[[Outcome], Response]) -> Response:
+    """A non-streaming answer: wait for the whole generation (cancelled if the client leaves)."""
+    try:
+        out = await collect(run, request.receive)
+    except ClientGone:
+        return Response(status_code=CLIENT_CLOSED)
+    finally:
+        run.close()
+    return render(out)
 
 
 def log_state(request: Request) -> dict:
@@ -47,13 +58,8 @@ async def completion(request: Request) -> Response:
     if job.stream:
         chunks = llama_stream(run, job, bundle.tokenizer, cfg.model_name, prompt)
         return sse.EventStreamResponse(chunks, on_close=run.close, write_timeout=cfg.timeout)
-    try:
-        out = await collect(run, request.receive)
-    except ClientGone:
-        return Response(status_code=CLIENT_CLOSED)
-    finally:
-        run.close()
-    return JSONResp(format_llama.final_response(job, out, bundle.tokenizer, cfg.model_name, prompt))
+    return await respond(run, request, lambda out: JSONResp(
+        format_llama.final_response(job, out, bundle.tokenizer, cfg.model_name, prompt)))
 
 
 async def llama_stream(run: Run, job: CompletionJob, tokenizer: Tokenizer, model: str,

@@ -18,10 +18,10 @@ from slotserver.server import sse
 from slotserver.server.body import read_json
 from slotserver.server.errors import ApiError
 from slotserver.server.format_openai import OpenAIFormatter
-from slotserver.server.generation import ClientGone, Run, collect, submit
+from slotserver.server.generation import Run, submit
 from slotserver.server.jsonio import JSONResp
 from slotserver.server.openai_params import OpenAIJob, parse_chat, parse_openai_completion
-from slotserver.server.routes_completion import CLIENT_CLOSED, log_state
+from slotserver.server.routes_completion import log_state, respond
 from slotserver.server.state import ServerState
 
 
@@ -49,13 +49,7 @@ async def _serve(request: Request, chat: bool) -> Response:
     run = submit(state, oa.job, log_state(request), oa.prompt)
     if oa.job.stream:
         return sse.EventStreamResponse(openai_stream(run, fmt), on_close=run.close, write_timeout=cfg.timeout)
-    try:
-        out = await collect(run, request.receive)
-    except ClientGone:
-        return Response(status_code=CLIENT_CLOSED)
-    finally:
-        run.close()
-    return JSONResp(fmt.full(out))
+    return await respond(run, request, lambda out: JSONResp(fmt.full(out)))
 
 
 async def openai_stream(run: Run, fmt: OpenAIFormatter) -> AsyncIterator[bytes]:
