@@ -175,7 +175,8 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, 
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE_DOT)
         m_i = m_new
-    tl.store(out_ptr + rows, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask)
+    o_rows = (q_off + r // GROUP)[:, None] * stride_ot + (h * GROUP + r % GROUP)[:, None] * stride_oh + d[None, :]
+    tl.store(out_ptr + o_rows, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask)
 
 
 def triton(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
@@ -239,7 +240,8 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     k, v = (torch.randn(shape, generator=gen).to(dtype) for _ in range(2))
     if heads_first:
         k, v = k.transpose(1, 2), v.transpose(1, 2)
-    q = torch.randn(int(meta.q_lens.sum()), kv_heads * group, dim, generator=gen).to(dtype)
+    # q as the model passes it: the query heads of the roped q|k rows (a strided view)
+    q = torch.randn(int(meta.q_lens.sum()), kv_heads * (group + 1), dim, generator=gen).to(dtype)[:, : kv_heads * group]
     return q, PagedKV(k, v, table, block_size), meta, 1 / math.sqrt(dim)
 
 

@@ -96,14 +96,30 @@ class Engine:
         return self.tracker.snapshot
 
     def start(self, watch: bool = False) -> "Engine":
-        """Run the engine thread; with `watch`, saves in the kernels/layouts folders hot-reload."""
+        """Run the engine loop on a new thread; with `watch`, saves in the kernels/layouts folders hot-reload."""
         if watch:
-            from slotserver.watcher import Watcher
-
-            self._watcher = Watcher(self.lab, [self.lab.kernels_dir, self.lab.layouts_dir]).start()
-        self._thread = threading.Thread(target=self._run, name="slotserver-engine", daemon=True)
+            self._start_watcher()  # before returning: a save right after start() is seen
+        self._thread = threading.Thread(target=self.run, name="slotserver-engine", daemon=True)
         self._thread.start()
         return self
+
+    def run(self, watch: bool = False) -> None:
+        """Run the engine loop on the calling thread until `stop()`.
+
+        Why a caller would rather give its own thread: torch's OpenMP runtime (libgomp) stops
+        spin-waiting between ops once more OpenMP threads exist than cores, and every thread that
+        has run a parallel torch op keeps its own team. On 2 cores a decode step then takes ~1.6x
+        longer. The server therefore loads the model, builds the engine and runs this loop on one
+        thread, and no other thread of the process runs parallel torch ops (docs/performance.md).
+        """
+        if watch and not self._stopping:
+            self._start_watcher()
+        self._loop()
+
+    def _start_watcher(self) -> None:
+        from slotserver.watcher import Watcher
+
+        self._watcher = Watcher(self.lab, [self.lab.kernels_dir, self.lab.layouts_dir]).start()
 
     def stop(self) -> None:
         if self._watcher is not None:
@@ -114,7 +130,7 @@ class Engine:
             self._thread.join(timeout=30)
 
     # -- the engine thread -----------------------------------------------------------------------
-    def _run(self) -> None:
+    def _loop(self) -> None:
         while not self._stopping:
             try:
                 worked = self.step()

@@ -57,10 +57,10 @@ class LlamaModel:
         for i, lw in enumerate(w.layers):
             h = ops.rms_norm(x, lw.attn_norm, s.norm_eps).to(self.dtype)
             qkv = lw.qkv(h)                                      # [tokens, q_size + 2*kv_size]
-            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = ops.rope(q.view(n, s.n_heads, s.head_dim), cos, sin)     # [tokens, heads, hd]
-            k = ops.rope(k.view(n, s.n_kv_heads, s.head_dim), cos, sin)  # [tokens, kv_heads, hd]
-            cache.write(i, batch.token_streams, batch.positions, k, v.view(n, s.n_kv_heads, s.head_dim))
+            qk = ops.rope(qkv[:, : q_size + kv_size].view(n, s.n_heads + s.n_kv_heads, s.head_dim), cos, sin)
+            q, k = qk[:, : s.n_heads], qk[:, s.n_heads:]        # [tokens, heads, hd], [tokens, kv_heads, hd]
+            v = qkv[:, q_size + kv_size:].view(n, s.n_kv_heads, s.head_dim)
+            cache.write(i, batch.token_streams, batch.positions, k, v)
             kv = cache.view(i)                                   # StridedKV or PagedKV
             attend = ops.paged_attention if kv.paged else ops.attention
             a = attend(q, kv, batch.attn, scale)                 # [tokens, heads, hd]

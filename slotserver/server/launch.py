@@ -12,12 +12,15 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from slotserver.config import ConfigError, ModelConfig
 from slotserver.engine_config import EngineConfig
 from slotserver.server.app import create_app
 from slotserver.server.state import ServerState
+
+if TYPE_CHECKING:
+    from slotserver.engine import Engine
 
 log = logging.getLogger("slotserver.server")
 GRACEFUL_SHUTDOWN_S = 5
@@ -53,8 +56,8 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def load(state: ServerState, plan: LaunchPlan, address: str) -> None:
-    """Load bundle and engine, publish them in `state`, print the summary line (worker thread)."""
+def load(state: ServerState, plan: LaunchPlan, address: str) -> Engine:
+    """Load bundle and engine, publish them in `state`, print the summary line; -> the engine, not yet running."""
     from slotserver.bundle import ModelBundle
     from slotserver.chat_template import ChatTemplate
     from slotserver.engine import Engine
@@ -65,26 +68,28 @@ def load(state: ServerState, plan: LaunchPlan, address: str) -> None:
     template = None
     if plan.chat_template is not None:
         template = ChatTemplate(plan.chat_template, bundle.template.bos_token, bundle.template.eos_token)
-    engine = Engine(bundle, plan.engine).start(watch=plan.watch)
+    engine = Engine(bundle, plan.engine)
     state.set_loaded(bundle, engine, template)
     e, layout = plan.engine, engine.stats().layout or plan.model.layout
     print(f"slotserver: {plan.model.model_path.name} ({plan.model.dtype}, layout {layout}), "
           f"{e.n_parallel} slots x {e.n_cells} ctx, listening on {address}", file=sys.stderr, flush=True)
+    return engine
 
 
 class ModelThread:
-    """Loads the model, publishes it, then stays alive until shutdown and stops the engine.
+    """Loads the model, publishes it, then runs the engine loop on this same thread until shutdown.
 
-    Why the thread outlives loading: once a thread that ran torch (OpenMP) work exits, libgomp
-    leaves the other threads' torch ops far slower on this CPU build (measured on a busy 2-core
-    machine: 58 ms -> 1000 ms per decode step of the default model). Keeping it alive avoids that.
+    Why one thread: every thread that runs parallel torch ops keeps its own OpenMP team, and once
+    the process has more OpenMP threads than cores, libgomp stops spin-waiting between ops, which
+    made each decode step ~1.6x slower on 2 cores (docs/performance.md). So loading, the KV cache's
+    allocation and every forward happen here, and no other thread of the server runs torch work.
     """
 
     def __init__(self, state: ServerState, plan: LaunchPlan, address: str,
                  on_failure: Callable[[str], None]) -> None:
         self.state, self.plan, self.address, self.on_failure = state, plan, address, on_failure
         self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="slotserver-model", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="slotserver-engine", daemon=True)
 
     def start(self) -> "ModelThread":
         self.thread.start()
@@ -92,19 +97,20 @@ class ModelThread:
 
     def stop(self, timeout: float = 30.0) -> None:
         self.stop_event.set()
+        if self.state.engine is not None:
+            self.state.engine.stop()
         self.thread.join(timeout)
 
     def _run(self) -> None:
         try:
-            load(self.state, self.plan, self.address)
+            engine = load(self.state, self.plan, self.address)
         except Exception as e:  # noqa: BLE001 - reported as one line, then the server stops
             log.debug("model loading failed", exc_info=True)
             self.state.load_error = str(e) or type(e).__name__
             self.on_failure(self.state.load_error)
             return
-        self.stop_event.wait()
-        if self.state.engine is not None:
-            self.state.engine.stop()
+        if not self.stop_event.is_set():
+            engine.run(watch=self.plan.watch)
 
 
 def serve(state: ServerState, plan: LaunchPlan) -> int:
