@@ -50,6 +50,9 @@ def reference(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> t
 def cpu(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
     if meta.max_q == 1:
         return _cpu_decode(q, kv, meta, scale)
+    if meta.split is not None:  # decodes first, then prefill chunks: never pad a decode row
+        dec, pre = meta.split
+        return torch.cat([_cpu_decode(q[: dec.n_seqs], kv, dec, scale), cpu(q[dec.n_seqs:], kv, pre, scale)])
     n_seq, max_q, max_kv = meta.n_seqs, meta.max_q, meta.max_kv
     q_heads, dim = q.shape[1], q.shape[2]
     kv_heads = kv.k.shape[2]
@@ -286,6 +289,8 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
         prefill = not decode_only and torch.rand((), generator=gen) >= 0.5
         n_new = int(torch.randint(1, 10, (), generator=gen)) if prefill else 1
         chunks.append(SeqChunk(stream=s, start=start, tokens=[0] * n_new))
+    if torch.rand((), generator=gen) < 0.5:  # the engine's order, decodes first (AttnMeta.split)
+        chunks.sort(key=lambda c: len(c.tokens) > 1)
     meta = Batch.build(chunks).attn
     # q as the model passes it: the query heads of the roped q|k rows (a strided view)
     q = torch.randn(sum(len(c.tokens) for c in chunks), kv_heads * (group + 1), dim, generator=gen)[:, : kv_heads * group]

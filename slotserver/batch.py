@@ -41,6 +41,10 @@ class AttnMeta:
     max_q: int
     max_kv: int
     stream_base: int | None     # streams are base, base+1, ... in batch order: slice, don't gather
+    # A mixed step (the scheduler puts decodes first): metas of the leading one-token sequences and
+    # of the rest, each with rows counted from its own first row. A padded kernel runs the two
+    # halves apart instead of padding every decode row to the longest prefill chunk.
+    split: tuple["AttnMeta", "AttnMeta"] | None = None
 
     @property
     def n_seqs(self) -> int:
@@ -65,38 +69,40 @@ class Batch:
         assert len({c.stream for c in chunks}) == len(chunks), "two chunks on one stream"
         q_lens = [len(c.tokens) for c in chunks]
         assert min(q_lens) > 0, "a chunk without tokens"
-        offsets, logits_rows, valid_rows = [], [], []
-        max_q, total = max(q_lens), 0
-        for b, (c, n) in enumerate(zip(chunks, q_lens)):
-            offsets.append(total)
-            valid_rows.extend(range(b * max_q, b * max_q + n))
+        logits_rows, total = [], 0
+        for c, n in zip(chunks, q_lens):
             if c.all_logits:
                 logits_rows.extend(range(total, total + n))
             elif c.logits:
                 logits_rows.append(total + n - 1)
             total += n
-        tokens = [t for c in chunks for t in c.tokens]
-        positions = [c.start + j for c in chunks for j in range(len(c.tokens))]
-        streams = [c.stream for c in chunks]
         return Batch(
-            tokens=_long(tokens, device),
-            positions=_long(positions, device),
+            tokens=_long([t for c in chunks for t in c.tokens], device),
+            positions=_long([c.start + j for c in chunks for j in range(len(c.tokens))], device),
             token_streams=_long([c.stream for c in chunks for _ in c.tokens], device),
             logits_rows=_long(logits_rows, device),
-            attn=_attn_meta(chunks, q_lens, offsets, valid_rows, max_q, streams, device),
+            attn=_attn_meta(chunks, device, split=True),
         )
 
 
-def _attn_meta(chunks, q_lens, offsets, valid_rows, max_q, streams, device) -> AttnMeta:
-    n = len(chunks)
+def _attn_meta(chunks: list[SeqChunk], device, split: bool = False) -> AttnMeta:
+    n, q_lens = len(chunks), [len(c.tokens) for c in chunks]
+    max_q, offsets, valid_rows, total = max(q_lens), [], [], 0
+    for b, q in enumerate(q_lens):
+        offsets.append(total)
+        valid_rows.extend(range(b * max_q, b * max_q + q))
+        total += q
     j = torch.arange(max_q).unsqueeze(0)                      # [1, max_q]
-    q_len_t = torch.tensor(q_lens).unsqueeze(1)              # [B, 1]
-    valid = j < q_len_t                                      # [B, max_q]
+    valid = j < torch.tensor(q_lens).unsqueeze(1)            # [B, max_q]
     pad_index = torch.where(valid, torch.tensor(offsets).unsqueeze(1) + j, 0)
-    starts = torch.tensor([c.start for c in chunks]).unsqueeze(1)
-    pad_positions = torch.where(valid, starts + j, 0)
+    pad_positions = torch.where(valid, torch.tensor([c.start for c in chunks]).unsqueeze(1) + j, 0)
     kv_lens = [c.start + q for c, q in zip(chunks, q_lens)]
+    streams = [c.stream for c in chunks]
     base = streams[0] if streams == list(range(streams[0], streams[0] + n)) else None
+    n_decode = next((b for b, q in enumerate(q_lens) if q > 1), n)
+    halves = None
+    if split and 0 < n_decode < n:
+        halves = (_attn_meta(chunks[:n_decode], device), _attn_meta(chunks[n_decode:], device))
     return AttnMeta(
         seq_streams=_long(streams, device),
         q_lens=_long(q_lens, device),
@@ -108,6 +114,7 @@ def _attn_meta(chunks, q_lens, offsets, valid_rows, max_q, streams, device) -> A
         max_q=max_q,
         max_kv=max(kv_lens),
         stream_base=base,
+        split=halves,
     )
 
 
