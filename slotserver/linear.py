@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 WEIGHT_FORMATS = ("dense", "int8", "int4", "auto", "auto4")
 INT4_GROUP = 32
+PACK_ROWS_HINT = 32
 
 
 @dataclass
@@ -30,6 +31,13 @@ class Linear:
     int8_max_rows: int = 0
     q4: torch.Tensor | None = None      # packed int4 (torch's CPU layout)
     q4_scale_zero: torch.Tensor | None = None  # [in / 32, out, 2] bf16
+    packed: torch.Tensor | None = None  # [out, in] bf16 in oneDNN's blocked layout (replaces `dense`)
+
+    def __post_init__(self) -> None:
+        if self.dense is not None and self.packed is None:
+            self.packed = _prepack(self.dense)
+            if self.packed is not None:
+                self.dense = None
 
     @classmethod
     def build(cls, w: torch.Tensor, bias: torch.Tensor | None, fmt: str, int8_max_rows: int) -> "Linear":
@@ -52,8 +60,8 @@ class Linear:
 
     @property
     def out_features(self) -> int:
-        if self.dense is not None:
-            return self.dense.shape[0]
+        if self.dense is not None or self.packed is not None:
+            return (self.dense if self.dense is not None else self.packed).shape[0]
         return (self.q8 if self.q8 is not None else self.q4_scale_zero.transpose(0, 1)).shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,11 +73,28 @@ class Linear:
         if self.q8 is not None and x.shape[0] <= self.int8_max_rows:
             y = torch._weight_int8pack_mm(x.to(self.q8_scale.dtype), self.q8, self.q8_scale)
             return y if self.bias is None else y + self.bias
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
         return F.linear(x, self.dense, self.bias)
 
     def nbytes(self) -> int:
-        parts = (self.dense, self.bias, self.q8, self.q8_scale, self.q4, self.q4_scale_zero)
+        parts = (self.dense, self.packed, self.bias, self.q8, self.q8_scale, self.q4, self.q4_scale_zero)
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+
+def _prepack(w: torch.Tensor) -> torch.Tensor | None:
+    """A bf16 weight re-blocked once, at load, for oneDNN's GEMM; None where that is unavailable.
+
+    Why: `F.linear` re-blocks the weight on every call. Measured on this CPU over 30 weights of one
+    layer shape (so they come from memory, as in the model): 1.4-1.6x faster per matmul at 1 to
+    512 rows, bit-identical results. The row hint only tunes the blocking; any row count works.
+    """
+    if w.dtype != torch.bfloat16 or w.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACK_ROWS_HINT)
+    except (RuntimeError, AttributeError):  # a torch build without oneDNN's linear ops
+        return None
 
 
 def _pack_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
