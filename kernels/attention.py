@@ -77,9 +77,11 @@ def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) ->
     kv_heads, max_kv = kv.k.shape[2], meta.max_kv
     keys = _dequant(_select(kv.k, meta), _select_scale(kv.k_scale, meta), q.dtype)  # [B, kv_heads, L, dim]
     vals = _dequant(_select(kv.v, meta), _select_scale(kv.v_scale, meta), q.dtype)
-    mask = torch.arange(max_kv, device=q.device) < meta.kv_lens.unsqueeze(1)     # [B, L]
+    mask = None  # one sequence sees all max_kv cells: no mask (the SDPA kernel is faster without)
+    if n_seq > 1:
+        mask = (torch.arange(max_kv, device=q.device) < meta.kv_lens.unsqueeze(1)).view(n_seq, 1, 1, max_kv)
     qg = q.view(n_seq, kv_heads, q_heads // kv_heads, dim)                        # [B, kv_heads, group, dim]
-    out = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask.view(n_seq, 1, 1, max_kv), scale=scale)
+    out = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask, scale=scale)
     return out.view(n_seq, q_heads, dim)                                          # [tokens, q_heads, dim]
 
 
