@@ -55,19 +55,20 @@ def cpu(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.T
         return torch.cat([_cpu_decode(q[: dec.n_seqs], kv, dec, scale), cpu(q[dec.n_seqs:], kv, pre, scale)])
     n_seq, max_q, max_kv = meta.n_seqs, meta.max_q, meta.max_kv
     q_heads, dim = q.shape[1], q.shape[2]
-    kv_heads = kv.k.shape[2]
-    group = q_heads // kv_heads
+    gqa = q_heads != kv.k.shape[2]
     keys = _dequant(_select(kv.k, meta), _select_scale(kv.k_scale, meta), q.dtype)  # [B, kv_heads, L, dim]
     vals = _dequant(_select(kv.v, meta), _select_scale(kv.v_scale, meta), q.dtype)
-    qp = q[meta.pad_index]                                              # [B, max_q, q_heads, dim]
-    qp = qp.view(n_seq, max_q, kv_heads, group, dim).permute(0, 2, 3, 1, 4)
-    qp = qp.reshape(n_seq, kv_heads, group * max_q, dim)
+    if n_seq == 1:  # one chunk: no padding; a fresh prompt (no cached prefix) is plain causal
+        causal = max_kv == max_q
+        mask = None if causal else meta.pad_positions.view(1, 1, max_q, 1) >= torch.arange(max_kv, device=q.device)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, vals, attn_mask=mask,
+                                             is_causal=causal, scale=scale, enable_gqa=gqa)
+        return out[0].transpose(0, 1)                                   # [tokens, q_heads, dim]
+    qp = q[meta.pad_index].transpose(1, 2)                              # [B, q_heads, max_q, dim]
     key_pos = torch.arange(max_kv, device=q.device)
-    mask = key_pos.view(1, 1, 1, max_kv) <= meta.pad_positions.view(n_seq, 1, max_q, 1)
-    mask = mask.repeat(1, 1, group, 1)                                  # [B, 1, group*max_q, L]
-    out = F.scaled_dot_product_attention(qp, keys, vals, attn_mask=mask, scale=scale)
-    out = out.view(n_seq, kv_heads, group, max_q, dim).permute(0, 3, 1, 2, 4)
-    return out.reshape(n_seq * max_q, q_heads, dim)[meta.valid_rows]  # [tokens, q_heads, dim]
+    mask = key_pos.view(1, 1, 1, max_kv) <= meta.pad_positions.view(n_seq, 1, max_q, 1)  # [B, 1, max_q, L]
+    out = F.scaled_dot_product_attention(qp, keys, vals, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    return out.transpose(1, 2).reshape(n_seq * max_q, q_heads, dim)[meta.valid_rows]  # [tokens, q_heads, dim]
 
 
 def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
