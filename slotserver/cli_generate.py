@@ -30,7 +30,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="bfloat16",
                    help="compute dtype (default bfloat16: fastest here, see docs/performance.md)")
     p.add_argument("--weights", choices=["dense", "int8", "int4", "auto", "auto4"], default="auto4",
-                   help="matmul weights: dense, int8/int4 weight-only, auto/auto4 (int8/int4 up to 16 rows, dense above;\n"
+                   help="matmul weights: dense, int8/int4 weight-only, auto/auto4 (int8/int4 up to 8 rows, dense above;\n"
                         "int4 only for Q4_1 tensors, which it re-encodes exactly; default auto4)")
     p.add_argument("-t", "--threads", type=int, default=0)
     p.add_argument("--layout", default="seq_head_dim")

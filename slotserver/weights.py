@@ -25,12 +25,13 @@ class WeightFormat:
     """How matmul weights are kept (see `Linear`): dense only, int8 only, or both (auto)."""
 
     kind: str = "dense"
-    int8_max_rows: int = 16   # with auto: rows (tokens) up to which the int8 matmul is used
+    int8_max_rows: int = 8    # with auto/auto4: rows (tokens) up to which the int8/int4 matmul is used
     output_max_rows: int = 4  # the same for the [vocab, d_model] output matmul
 
-    # Why two thresholds (docs/performance.md, measured in the model on this CPU, bf16): the layer
-    # matmuls stay quantized up to 16 rows (int4 19 ms vs dense 40 ms per step at 2 rows), but the
-    # 49152-row output matmul's dense GEMM already wins at 8 rows (step 30 ms vs 36 ms).
+    # Why these thresholds (docs/performance.md; whole decode steps in the model on this CPU, bf16,
+    # dense weights pre-blocked for oneDNN): the int8/int4 kernels cost ~linear in rows, the dense
+    # GEMM ~flat. Layer matmuls: int4 wins below 8 rows (step 18 vs 30 ms at 2 rows), ties at 8-12,
+    # dense wins at 16 (35-37 vs 48 ms). The 49152-row output matmul: dense already wins at 8 rows.
 
 
 @dataclass
