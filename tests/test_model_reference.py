@@ -109,7 +109,7 @@ def test_default_serving_format_agrees_with_float32(f32_logprobs, smollm_path, g
     from slotserver.model import LlamaModel
     from slotserver.weights import WeightFormat
 
-    model = LlamaModel.load(smollm_path, torch.bfloat16, max_pos=256, fmt=WeightFormat("auto4", 16))
+    model = LlamaModel.load(smollm_path, torch.bfloat16, max_pos=256, fmt=WeightFormat("auto4"))  # the serving default thresholds
     got = stepwise_logprobs(model, greedy_fixture)
     same = total = 0
     for a, b in zip(f32_logprobs, got):
