@@ -45,22 +45,25 @@ def reference(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> tor
 
 
 def cpu(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
-    """Gather the batch's blocks covering `max_kv` to `[B, kv_heads, max_kv, dim]`, then one masked SDPA."""
+    """Gather the batch's blocks covering `max_kv` to `[B, kv_heads, max_kv, dim]`, then SDPA as in
+    attention.py: decode rows unpadded (GQA group as the query axis), a mixed step split in two."""
+    if meta.split is not None:  # decodes first, then prefill chunks: never pad a decode row
+        dec, pre = meta.split
+        return torch.cat([cpu(q[: dec.n_seqs], kv, dec, scale), cpu(q[dec.n_seqs:], kv, pre, scale)])
     n_seq, max_q, max_kv = meta.n_seqs, meta.max_q, meta.max_kv
     q_heads, dim = q.shape[1], q.shape[2]
     kv_heads = kv.k_pages.shape[2]
-    group = q_heads // kv_heads
     table = kv.block_table[meta.seq_streams, : -(-max_kv // kv.block_size)].long().clamp(min=0)
     keys, vals = _gather(kv.k_pages, table, max_kv, q.dtype), _gather(kv.v_pages, table, max_kv, q.dtype)
-    qp = q[meta.pad_index]                                              # [B, max_q, q_heads, dim]
-    qp = qp.view(n_seq, max_q, kv_heads, group, dim).permute(0, 2, 3, 1, 4)
-    qp = qp.reshape(n_seq, kv_heads, group * max_q, dim)
     key_pos = torch.arange(max_kv, device=q.device)
-    mask = key_pos.view(1, 1, 1, max_kv) <= meta.pad_positions.view(n_seq, 1, max_q, 1)
-    mask = mask.repeat(1, 1, group, 1)                                  # [B, 1, group*max_q, L]
-    out = F.scaled_dot_product_attention(qp, keys, vals, attn_mask=mask, scale=scale)
-    out = out.view(n_seq, kv_heads, group, max_q, dim).permute(0, 3, 1, 2, 4)
-    return out.reshape(n_seq * max_q, q_heads, dim)[meta.valid_rows]  # [tokens, q_heads, dim]
+    if max_q == 1:                                                      # decode: [B, kv_heads, group, dim]
+        mask = (key_pos < meta.kv_lens.unsqueeze(1)).view(n_seq, 1, 1, max_kv)
+        qg = q.reshape(n_seq, kv_heads, q_heads // kv_heads, dim)
+        return F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask, scale=scale).view(n_seq, q_heads, dim)
+    qp = q[meta.pad_index].transpose(1, 2)                              # [B, q_heads, max_q, dim]
+    mask = key_pos.view(1, 1, 1, max_kv) <= meta.pad_positions.view(n_seq, 1, max_q, 1)  # [B, 1, max_q, L]
+    out = F.scaled_dot_product_attention(qp, keys, vals, attn_mask=mask, scale=scale, enable_gqa=q_heads != kv_heads)
+    return out.transpose(1, 2).reshape(n_seq * max_q, q_heads, dim)[meta.valid_rows]  # [tokens, q_heads, dim]
 
 
 def _gather(pages: torch.Tensor, table: torch.Tensor, max_kv: int, dtype: torch.dtype) -> torch.Tensor:
@@ -230,6 +233,8 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     for s in torch.randperm(n_streams, generator=gen)[: int(torch.randint(1, n_streams + 1, (), generator=gen))].tolist():
         n_new = 1 if decode_only or torch.rand((), generator=gen) < 0.5 else int(torch.randint(1, 10, (), generator=gen))
         chunks.append(SeqChunk(stream=s, start=int(torch.randint(0, 30, (), generator=gen)), tokens=[0] * n_new))
+    if torch.rand((), generator=gen) < 0.5:  # the engine's order, decodes first (AttnMeta.split)
+        chunks.sort(key=lambda c: len(c.tokens) > 1)
     meta = Batch.build(chunks).attn
     owned = torch.randperm(n_blocks, generator=gen)[: n_streams * per_stream].view(n_streams, per_stream)
     table = torch.full((n_streams, per_stream), -1, dtype=torch.int32)
