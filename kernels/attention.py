@@ -72,8 +72,9 @@ def cpu(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.T
 
 
 def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
-    """One query per sequence: the group of query heads of a KV head is the query axis, and the
-    key mask is `[B, 1, 1, L]`, broadcast (no padding, no repeated mask). ~1.5x the padded path."""
+    """One query per sequence, native GQA (K/V never repeated), the key mask `[B, 1, 1, L]`
+    broadcast (no padding, no repeated mask). ~1.5x faster than the padded path; native GQA with
+    one query row per head measured ~18% faster in the model than folding the group into rows."""
     n_seq, q_heads, dim = q.shape
     kv_heads, max_kv = kv.k.shape[2], meta.max_kv
     keys = _dequant(_select(kv.k, meta), _select_scale(kv.k_scale, meta), q.dtype)  # [B, kv_heads, L, dim]
@@ -81,8 +82,8 @@ def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) ->
     mask = None  # one sequence sees all max_kv cells: no mask (the SDPA kernel is faster without)
     if n_seq > 1:
         mask = (torch.arange(max_kv, device=q.device) < meta.kv_lens.unsqueeze(1)).view(n_seq, 1, 1, max_kv)
-    qg = q.view(n_seq, kv_heads, q_heads // kv_heads, dim)                        # [B, kv_heads, group, dim]
-    out = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask, scale=scale)
+    qg = q.view(n_seq, q_heads, 1, dim)
+    out = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask, scale=scale, enable_gqa=q_heads != kv_heads)
     return out.view(n_seq, q_heads, dim)                                          # [tokens, q_heads, dim]
 
 

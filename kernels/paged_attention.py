@@ -56,13 +56,15 @@ def cpu(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Ten
     table = kv.block_table[meta.seq_streams, : -(-max_kv // kv.block_size)].long().clamp(min=0)
     keys, vals = _gather(kv.k_pages, table, max_kv, q.dtype), _gather(kv.v_pages, table, max_kv, q.dtype)
     key_pos = torch.arange(max_kv, device=q.device)
-    if max_q == 1:                                                      # decode: [B, kv_heads, group, dim]
+    gqa = q_heads != kv_heads
+    if max_q == 1:                                                      # decode: q [B, q_heads, 1, dim]
         mask = (key_pos < meta.kv_lens.unsqueeze(1)).view(n_seq, 1, 1, max_kv)
-        qg = q.reshape(n_seq, kv_heads, q_heads // kv_heads, dim)
-        return F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask, scale=scale).view(n_seq, q_heads, dim)
+        out = F.scaled_dot_product_attention(q.reshape(n_seq, q_heads, 1, dim), keys, vals, attn_mask=mask,
+                                             scale=scale, enable_gqa=gqa)
+        return out.view(n_seq, q_heads, dim)
     qp = q[meta.pad_index].transpose(1, 2)                              # [B, q_heads, max_q, dim]
     mask = key_pos.view(1, 1, 1, max_kv) <= meta.pad_positions.view(n_seq, 1, max_q, 1)  # [B, 1, max_q, L]
-    out = F.scaled_dot_product_attention(qp, keys, vals, attn_mask=mask, scale=scale, enable_gqa=q_heads != kv_heads)
+    out = F.scaled_dot_product_attention(qp, keys, vals, attn_mask=mask, scale=scale, enable_gqa=gqa)
     return out.transpose(1, 2).reshape(n_seq * max_q, q_heads, dim)[meta.valid_rows]  # [tokens, q_heads, dim]
 
 
