@@ -52,7 +52,7 @@ def load_bundle(args):
 
 
 def run(args) -> int:
-    from slotserver.sampling import SamplingParams
+    from slotserver.sampling_params import SamplingParams
 
     if not args.chat and args.prompt is None:
         print("slotserver generate: error: give a prompt (or '-' for stdin), or --chat", file=sys.stderr)

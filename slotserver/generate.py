@@ -15,7 +15,8 @@ from slotserver.kv_spec import KVSpec
 from slotserver.layout_loader import create_layout, load_layout
 from slotserver.model import LlamaModel
 from slotserver.request import ignore_eos_params
-from slotserver.sampling import Sampler, SamplingParams, SequenceRng
+from slotserver.sampling import Sampler, SequenceRng
+from slotserver.sampling_params import SamplingParams
 
 
 @dataclass

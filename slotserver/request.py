@@ -13,7 +13,7 @@ import queue
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterator, Union
 
-from slotserver.sampling import SamplingParams
+from slotserver.sampling_params import SamplingParams
 
 
 class RequestError(ValueError):

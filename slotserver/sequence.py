@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from slotserver.detokenizer import IncrementalDetokenizer
 from slotserver.request import Request, RequestHandle
-from slotserver.sampling import SamplingParams, SequenceRng
+from slotserver.sampling import SequenceRng
+from slotserver.sampling_params import SamplingParams
 from slotserver.stop_strings import StopMatcher
 
 

@@ -4,7 +4,8 @@ The heavy lifting (BPE merging, special-token splitting) is done by the `tokeniz
 this module only configures it the way llama.cpp's `llama-vocab.cpp` behaves:
 
 - `gpt2` models: byte-level BPE with the pre-tokenizer regexes llama.cpp picks by
-  `tokenizer.ggml.pre`, applied in sequence with every match isolated (`unicode_regex_split`).
+  `tokenizer.ggml.pre` (the table is in `pretokenizers.py`), applied in sequence with every
+  match isolated (`unicode_regex_split`).
 - `llama` models (SentencePiece): BPE whose merges are derived from the piece scores (the
   transformers LlamaConverter trick, equivalent to llama.cpp's best-score bigram merging), byte
   fallback to `<0xXX>` tokens, spaces escaped as `▁`, and a `▁` prefix on every text fragment
@@ -20,51 +21,16 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from tokenizers import AddedToken, Regex, normalizers, pre_tokenizers
+from tokenizers import AddedToken, normalizers
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers.models import BPE
+
+from slotserver.pretokenizers import PRE_RULES, SUPPORTED_PRE, build_pre_tokenizer
 
 __all__ = ["SUPPORTED_PRE", "Tokenizer", "TokenizerError"]
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _P = "tokenizer.ggml."
-
-# Pre-tokenizer regexes, verbatim from llama.cpp's llm_tokenizer_bpe constructor.
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_LLAMA3 = _CONTRACTIONS + (
-    r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
-_UPPER_LOWER = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
-_LOWER_UPPER = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
-_TAIL = r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-_TEKKEN = _UPPER_LOWER + "|" + _LOWER_UPPER + r"|\p{N}" + _TAIL
-_GPT4O = (_UPPER_LOWER + _CONTRACTIONS + "?|" + _LOWER_UPPER + _CONTRACTIONS + r"?|\p{N}{1,3}"
-          + _TAIL)
-_CJK = "[一-龥ࠀ-一가-퟿]+"
-
-# (names, regexes, flags): llama.cpp's name groups; flags are its ignore_merges/add_bos defaults.
-_PRE_GROUPS: list[tuple[tuple[str, ...], tuple[str, ...], frozenset[str]]] = [
-    (("default",), (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"), frozenset()),
-    (("gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de",
-      "a.x-4.0", "mellum", "mpt", "olmo", "jais", "trillion", "exaone4", "granite-docling"),
-     (_GPT2,), frozenset()),
-    (("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
-     (r"\p{N}", _GPT2), frozenset()),
-    (("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"),
-     (_LLAMA3,), frozenset({"ignore_merges", "add_bos"})),
-    (("dbrx", "smaug-bpe"), (_LLAMA3,), frozenset()),
-    (("glm4", "chatglm-bpe"), (_LLAMA3,), frozenset()),
-    (("qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan", "grok-2"),
-     (_QWEN2,), frozenset()),
-    (("tekken",), (_TEKKEN,), frozenset({"ignore_merges", "add_bos"})),
-    (("gpt-4o", "llama4", "minimax-m2"), (_GPT4O,), frozenset()),
-    (("falcon",), (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]"), frozenset()),
-    (("deepseek-coder",), ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"), frozenset()),
-]
-_PRE_RULES = {name: (regexes, flags) for names, regexes, flags in _PRE_GROUPS for name in names}
-SUPPORTED_PRE = frozenset(_PRE_RULES)
 
 # Token texts llama.cpp recognises (llama_vocab::impl::load): EOG by text, EOT/EOM auto-detection
 # when the metadata has no id, and the FIM pad / repo / file-separator tokens, which also stop.
@@ -140,13 +106,6 @@ def _bpe_merges(vocab: dict[str, int], raw: Iterable[str]) -> list[tuple[str, st
             if len(p) == 2 and p[0] in vocab and p[1] in vocab and p[0] + p[1] in vocab]
 
 
-def _pre_tokenizer(regexes: tuple[str, ...]) -> pre_tokenizers.PreTokenizer:
-    """Each llama.cpp regex becomes an isolating split; then bytes map to GPT-2 characters."""
-    steps = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in regexes]
-    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
-    return pre_tokenizers.Sequence(steps)
-
-
 def _meta_id(md: dict[str, Any], key: str, default: int | None, n_vocab: int) -> int | None:
     """A special token id from metadata; out-of-range ids keep the default (llama.cpp warns)."""
     value = md.get(_P + key)
@@ -205,10 +164,10 @@ class Tokenizer:
         """Byte-level BPE; the pre-tokenizer name picks the regexes. Returns llama.cpp's
         add_bos default for that pre-tokenizer."""
         self.pre = str(md.get(_P + "pre") or "default")  # llama.cpp: missing -> 'default'
-        if self.pre not in _PRE_RULES:
+        if self.pre not in PRE_RULES:
             raise TokenizerError(f"unsupported pre-tokenizer {self.pre!r}; "
-                                 f"supported: {', '.join(sorted(_PRE_RULES))}")
-        regexes, flags = _PRE_RULES[self.pre]
+                                 f"supported: {', '.join(sorted(PRE_RULES))}")
+        regexes, flags = PRE_RULES[self.pre]
         if md.get(_P + "merges") is None:
             raise TokenizerError("gpt2 tokenizer without tokenizer.ggml.merges")
         merges = _bpe_merges(self._vocab, md[_P + "merges"])
@@ -259,7 +218,7 @@ class Tokenizer:
         if self._normalizer is not None:
             hf.normalizer = self._normalizer
         if self._regexes is not None:
-            hf.pre_tokenizer = _pre_tokenizer(self._regexes)
+            hf.pre_tokenizer = build_pre_tokenizer(self._regexes)
         hf.add_special_tokens([AddedToken(self._tokens[i], special=True, normalized=False)
                                for i, t in enumerate(self._types) if t in (CONTROL, UNKNOWN)])
         hf.add_tokens([AddedToken(self._tokens[i], special=False, normalized=False)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slotserver.request import Request
-from slotserver.sampling import MAX_N_PROBS, SamplingError, SamplingParams
+from slotserver.sampling_params import MAX_N_PROBS, SamplingError, SamplingParams
 from slotserver.server.errors import bad_request
 from slotserver.server.fields import INT32_MAX, UINT32_MAX, Fields
 from slotserver.server.prompt import parse_logit_bias, tokenize_prompt
