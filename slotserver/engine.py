@@ -151,6 +151,8 @@ class Engine:
             return False
         t = [time.perf_counter()]
         plan = self.sched.schedule()
+        if plan.admitted:  # /slots shows a slot busy before its first token reaches the client
+            self.tracker.publish()
         t.append(time.perf_counter())
         self.cache.apply(plan.moves)
         t.append(time.perf_counter())

@@ -1,5 +1,6 @@
 """`slotserver lab check`: every kernel against its reference, every Triton kernel compiled for
-real GPUs, every layout through its contract, on a machine with or without a GPU.
+real GPUs (the compile itself: `lab_aot`), every layout through its contract, on a machine with
+or without a GPU.
 
 Why subprocesses: triton decides once per process, when it is first imported, whether `@jit`
 functions (its own `tl.sum`, `tl.max`, ... included) are interpreted or compiled. An interpreted
@@ -15,10 +16,8 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import subprocess
 import sys
-import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,22 +27,13 @@ import torch
 from slotserver.batch import Batch, SeqChunk
 from slotserver.kernel_set import KERNEL_CONTRACT
 from slotserver.kv_spec import KVSpec, StridedKV
+from slotserver.lab_aot import Resources, compile_error, compile_for, spec_dtype
 from slotserver.layout_loader import available_layouts, create_layout, load_layout
 from slotserver.module_loader import ModuleLoadError, default_dir, load_by_path
 
 ARCHS = (80, 90)
 DTYPES = (torch.float32, torch.bfloat16)
 N_CASES = 6
-
-
-@dataclass
-class Resources:
-    """What ptxas reports for one kernel on one GPU architecture (per thread, except shared)."""
-
-    regs: int
-    shared: int          # bytes of shared memory per block (Triton's dynamic allocation)
-    spill_stores: int    # bytes
-    spill_loads: int     # bytes
 
 
 @dataclass
@@ -130,39 +120,14 @@ def check_aot(path: Path, archs: tuple[int, ...] = ARCHS) -> list[CheckResult]:
         return [CheckResult(path.stem, "aot", ok=False, detail=str(e))]
     results = []
     for fn, signature, constexprs in specs:
-        res = CheckResult(f"{path.stem}:{fn.__name__}", "aot", _spec_dtype(signature))
+        res = CheckResult(f"{path.stem}:{fn.__name__}", "aot", spec_dtype(signature))
         for arch in archs:
             try:
                 res.resources[f"sm_{arch}"] = compile_for(fn, signature, constexprs, arch)
             except Exception as e:  # noqa: BLE001
-                res.ok, res.detail = False, f"sm_{arch}: {_compile_error(e, fn, path)}"
+                res.ok, res.detail = False, f"sm_{arch}: {compile_error(e, fn, path)}"
         results.append(res)
     return results
-
-
-def compile_for(fn, signature: dict, constexprs: dict, arch: int) -> Resources:
-    """`triton.compile` for `cuda:arch` (no GPU needed), then `ptxas -v` on its PTX for the
-    registers and spills (`CompiledKernel.n_regs`/`n_spills` only exist after loading on a GPU)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
-
-    assert set(signature) == set(fn.arg_names), f"AOT signature keys must be {fn.arg_names}"
-    ordered = {name: signature[name] for name in fn.arg_names}  # the kernel's parameter order
-    compiled = triton.compile(triton.compiler.ASTSource(fn, ordered, constexprs),
-                              target=GPUTarget("cuda", arch, 32))
-    ptx, cubin = compiled.asm.get("ptx", ""), compiled.asm.get("cubin", b"")
-    assert ".entry" in ptx and len(cubin) > 0, "no PTX entry point or an empty cubin"
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "kernel.ptx"
-        src.write_text(ptx)
-        log = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name={sm_arch_from_capability(arch)}",
-                              str(src), "-o", str(Path(tmp) / "kernel.cubin")],
-                             capture_output=True, text=True, check=True).stderr
-    number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, log)) else 0  # noqa: E731
-    return Resources(regs=number(r"Used (\d+) registers"), shared=int(compiled.metadata.shared),
-                     spill_stores=number(r"(\d+) bytes spill stores"),
-                     spill_loads=number(r"(\d+) bytes spill loads"))
 
 
 def check_layouts(layouts_dir: Path | None = None, kernels_dir: Path | None = None) -> list[CheckResult]:
@@ -248,23 +213,6 @@ def where_in(exc: BaseException, path: Path) -> str:
         if lines:
             return f"{path}:{lines[-1]}"
     return str(path)
-
-
-def _compile_error(exc: BaseException, fn, path: Path) -> str:
-    """`file:line: reason` for a triton CompilationError (its `node` counts lines from the `def`)."""
-    node, cause = getattr(exc, "node", None), exc
-    while cause is not None and not getattr(cause, "error_message", None):
-        cause = cause.__cause__
-    text = str(exc).strip().splitlines() or [""]
-    reason = getattr(cause, "error_message", None) or text[-1]
-    if hasattr(node, "lineno") and hasattr(fn, "def_file_line_number"):
-        return f"{path}:{fn.def_file_line_number + node.lineno - 1}: {type(exc).__name__}: {reason}"
-    return f"{path}: {type(exc).__name__}: {reason[:300]}"
-
-
-def _spec_dtype(signature: dict) -> str:
-    ptrs = [t.lstrip("*") for t in signature.values() if t.startswith("*")]
-    return "/".join(dict.fromkeys(ptrs[:3]))
 
 
 def _in_worker(kind: str, kernels_dir: Path, n_cases: int, env_changes: dict) -> list[CheckResult]:

@@ -176,3 +176,21 @@ def test_engine_thread_streams_events(bundle, prompts):
         engine.stop()
     assert sum(isinstance(e, TokenEvent) for e in events) == 5
     assert engine.stats().requests_done == 1
+
+
+def test_stats_show_the_slot_busy_when_its_first_token_is_emitted(bundle, prompts):
+    """A client that has its first token and asks /slots sees its slot processing (the snapshot
+    is published when a request is admitted, not only at the end of the step)."""
+    engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=256))
+    h = engine.submit(Request(prompts[0], GREEDY, n_predict=3))
+    seen = []
+    emit = h.emit
+
+    def spy(event):
+        if isinstance(event, TokenEvent) and not seen:
+            seen.append([s.state for s in engine.stats().slots])
+        emit(event)
+
+    h.emit = spy
+    engine.step()
+    assert seen == [["processing", "idle"]]

@@ -1,0 +1,69 @@
+"""Ahead-of-time Triton compiles for `slotserver lab check`: one `@triton.jit` kernel compiled for
+a given GPU architecture (sm_80, sm_90, ...) with no GPU present, `ptxas -v` for its registers,
+shared memory and spills, and a compile error turned into `file:line: reason`.
+
+Why separate: this is the only code that talks to triton's compiler and the CUDA toolchain
+(`triton.compile`, `GPUTarget`, `ptxas`); `lab_check` decides what to check, in which process, and
+how to report it. `lab_check.check_aot` turns these results into `CheckResult`s.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Resources:
+    """What ptxas reports for one kernel on one GPU architecture (per thread, except shared)."""
+
+    regs: int
+    shared: int          # bytes of shared memory per block (Triton's dynamic allocation)
+    spill_stores: int    # bytes
+    spill_loads: int     # bytes
+
+
+def compile_for(fn, signature: dict, constexprs: dict, arch: int) -> Resources:
+    """`triton.compile` for `cuda:arch` (no GPU needed), then `ptxas -v` on its PTX for the
+    registers and spills (`CompiledKernel.n_regs`/`n_spills` only exist after loading on a GPU)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+    assert set(signature) == set(fn.arg_names), f"AOT signature keys must be {fn.arg_names}"
+    ordered = {name: signature[name] for name in fn.arg_names}  # the kernel's parameter order
+    compiled = triton.compile(triton.compiler.ASTSource(fn, ordered, constexprs),
+                              target=GPUTarget("cuda", arch, 32))
+    ptx, cubin = compiled.asm.get("ptx", ""), compiled.asm.get("cubin", b"")
+    assert ".entry" in ptx and len(cubin) > 0, "no PTX entry point or an empty cubin"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.ptx"
+        src.write_text(ptx)
+        log = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name={sm_arch_from_capability(arch)}",
+                              str(src), "-o", str(Path(tmp) / "kernel.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+    number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, log)) else 0  # noqa: E731
+    return Resources(regs=number(r"Used (\d+) registers"), shared=int(compiled.metadata.shared),
+                     spill_stores=number(r"(\d+) bytes spill stores"),
+                     spill_loads=number(r"(\d+) bytes spill loads"))
+
+
+def compile_error(exc: BaseException, fn, path: Path) -> str:
+    """`file:line: reason` for a triton CompilationError (its `node` counts lines from the `def`)."""
+    node, cause = getattr(exc, "node", None), exc
+    while cause is not None and not getattr(cause, "error_message", None):
+        cause = cause.__cause__
+    text = str(exc).strip().splitlines() or [""]
+    reason = getattr(cause, "error_message", None) or text[-1]
+    if hasattr(node, "lineno") and hasattr(fn, "def_file_line_number"):
+        return f"{path}:{fn.def_file_line_number + node.lineno - 1}: {type(exc).__name__}: {reason}"
+    return f"{path}: {type(exc).__name__}: {reason[:300]}"
+
+
+def spec_dtype(signature: dict) -> str:
+    """The dtype label of an AOT spec: its first pointer arguments' element types, deduplicated."""
+    ptrs = [t.lstrip("*") for t in signature.values() if t.startswith("*")]
+    return "/".join(dict.fromkeys(ptrs[:3]))
