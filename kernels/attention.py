@@ -1,11 +1,13 @@
 """attention: causal attention of a ragged batch of query chunks against a strided KV cache.
 
-Covers decode (one query per sequence) and (chunked) prefill (many) with one code path. The KV
-comes as logical `[stream, cell, kv_head, head_dim]` views (any strides, see `StridedKV`); GQA is
-handled by folding the query heads of one KV head into the query axis, so K/V are never repeated.
-Each sequence only reads `max_kv` cells of its stream: the masked tail past the longest sequence is
-never touched. When the batch's streams are contiguous (sequence defragmentation), K/V are sliced,
-not gathered.
+Covers decode (one query per sequence) and (chunked) prefill (many). The KV comes as logical
+`[stream, cell, kv_head, head_dim]` views (any strides, see `StridedKV`); GQA never repeats K/V.
+`cpu(...)` picks the cheapest torch SDPA formulation per step (docs/performance.md): all-decode
+steps unpadded with a broadcast key mask; a mixed step split into its decode rows and its prefill
+chunks (`AttnMeta.split`); up to EACH_CHUNK_MAX prefill chunks one call each (no padding, plain
+causal for a fresh prompt); more chunks one padded, masked call. Each sequence only reads `max_kv`
+cells of its stream; when the batch's streams are contiguous (sequence defragmentation), K/V are
+sliced, not gathered.
 
 `triton(...)` (the CUDA path) launches a decode kernel when every sequence has one new token
 (`meta.max_q == 1`) and a causal prefill-chunk kernel otherwise; both take the view's strides
@@ -49,6 +51,7 @@ def reference(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> t
 
 
 def cpu(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
+    """Same contract as `reference`; the formulation per step is described in the module docstring."""
     if meta.max_q == 1:
         return _cpu_decode(q, kv, meta, scale)
     if meta.split is not None:  # decodes first, then prefill chunks: never pad a decode row
