@@ -24,7 +24,6 @@ class ModelConfig:
     layouts_dir: Path | None = None  # None: the repository's layouts/
     max_ctx: int = 0                 # 0: the model's training context
     weights: str = "dense"           # dense | int8 | int4 | auto / auto4 (int8 / int4 for small batches, dense above)
-    int8_max_rows: int = 8           # see WeightFormat
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -44,7 +43,7 @@ class ModelConfig:
     def weight_format(self):
         from slotserver.weights import WeightFormat
 
-        return WeightFormat(self.weights, self.int8_max_rows)
+        return WeightFormat(self.weights)  # row thresholds: measured defaults, see WeightFormat
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -108,7 +108,7 @@ class Engine:
 
         Why a caller would rather give its own thread: torch's OpenMP runtime (libgomp) stops
         spin-waiting between ops once more OpenMP threads exist than cores, and every thread that
-        has run a parallel torch op keeps its own team. On 2 cores a decode step then takes ~1.6x
+        has run a parallel torch op keeps its own team. On 2 cores a decode step then takes 1.6-1.9x
         longer. The server therefore loads the model, builds the engine and runs this loop on one
         thread, and no other thread of the process runs parallel torch ops (docs/performance.md).
         """

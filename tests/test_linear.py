@@ -22,7 +22,7 @@ def test_prepacked_dense_equals_f_linear_exactly(bias):
     for rows in (1, 3, 17, 64):
         x = torch.randn(rows, 64, generator=gen).bfloat16()
         assert torch.equal(lin(x), F.linear(x, w, b))
-        assert torch.equal(lin(x[:, :].t().contiguous().t()), F.linear(x, w, b))  # a strided input too
+        assert torch.equal(lin(x.t().contiguous().t()), F.linear(x, w, b))  # a column-major input too
 
 
 def test_auto4_uses_int4_up_to_the_threshold_then_the_dense_gemm():

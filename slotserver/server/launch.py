@@ -81,7 +81,7 @@ class ModelThread:
 
     Why one thread: every thread that runs parallel torch ops keeps its own OpenMP team, and once
     the process has more OpenMP threads than cores, libgomp stops spin-waiting between ops, which
-    made each decode step ~1.6x slower on 2 cores (docs/performance.md). So loading, the KV cache's
+    made each decode step 1.6-1.9x slower on 2 cores (docs/performance.md). So loading, the KV cache's
     allocation and every forward happen here, and no other thread of the server runs torch work.
     """
 
