@@ -103,7 +103,10 @@ class Scheduler:
                 n = min(seq.num_pending, budget)
                 chunks.append(self._chunk(seq, n))
                 budget -= n
-        return sorted(chunks, key=lambda c: c.stream)  # contiguous streams -> sliced, not gathered
+        # Decodes first, then prefill chunks (`AttnMeta.split` runs the two groups apart; a decode
+        # row after a prefill chunk would be padded to the chunk's length), each group in stream
+        # order: contiguous streams are sliced, not gathered.
+        return sorted(chunks, key=lambda c: (c.n > 1, c.stream))
 
     def _chunk(self, seq: Sequence, n: int) -> ScheduledChunk:
         stream = self.streams.stream_of[seq.slot_id]

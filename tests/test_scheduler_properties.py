@@ -1,7 +1,8 @@
 """Property-based tests of slots, scheduler and defrag, with a fake KV cache that records which
 token sits in which cell: over random arrivals, finishes and cancels, no slot or stream leaks,
 never two sequences on one stream, active streams contiguous after every schedule with defrag on,
-FIFO queue order kept, and every sequence's stream always holds exactly its computed tokens
+FIFO queue order kept, one-token chunks ahead of longer ones (so attention splits a mixed
+step instead of padding decode rows), and every sequence's stream always holds exactly its computed tokens
 (so defrag moves and prompt-cache reuse never corrupt a KV)."""
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def make_machine(defrag: str, tokenizer):
             self.cache.apply(plan.moves)
             streams = [c.stream for c in plan.chunks]
             assert len(set(streams)) == len(streams), "two sequences on one stream in a step"
+            order = [(c.n > 1, c.stream) for c in plan.chunks]
+            assert order == sorted(order), "one-token chunks must lead, each group in stream order"
             for c in plan.chunks:
                 assert self.cache.cells[c.stream][: c.start] == c.seq.tokens[: c.start], "KV lost or corrupted"
                 self.cache.cells[c.stream][c.start: c.start + c.n] = c.seq.tokens[c.start: c.start + c.n]
