@@ -13,6 +13,8 @@ import torch.nn.functional as F
 import triton as _triton
 import triton.language as tl
 
+from slotserver import native
+
 OP = "rms_norm"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -24,7 +26,33 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return (y * weight.float()).to(x.dtype)
 
 
+# One pass per row in C (`slotserver.native`): the sum of squares and the scaled store, float32 math.
+NATIVE_C = r"""
+int rms_norm(const void *x, const void *w, void *out, int64_t T, int64_t N, int64_t sx,
+             float eps, int xb, int wb, int n_threads) {
+    #pragma omp parallel for num_threads(n_threads) if (T * N >= 65536) schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        float ss = 0.0f;
+        for (int64_t i = 0; i < N; i++) { const float v = ld(x, t * sx + i, xb); ss += v * v; }
+        const float r = 1.0f / sqrtf(ss / (float)N + eps);
+        for (int64_t i = 0; i < N; i++) st(out, t * N + i, xb, ld(x, t * sx + i, xb) * r * ld(w, i, wb));
+    }
+    return 0;
+}
+"""
+_LIB = native.build("rms_norm", NATIVE_C)
+native.signature(_LIB, "rms_norm", 3, 3, (native.ctypes.c_float, native.ctypes.c_int, native.ctypes.c_int, native.ctypes.c_int))
+_FLOATS = (torch.float32, torch.bfloat16)
+
+
 def cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The C kernel where it applies (one call instead of ~7 small torch ops), else torch."""
+    if (_LIB is not None and x.dim() == 2 and x.dtype in _FLOATS and weight.dtype in _FLOATS
+            and x.stride(1) == 1 and weight.is_contiguous() and x.device.type == "cpu"):
+        out = torch.empty(x.shape, dtype=x.dtype)                                  # [tokens, dim]
+        _LIB.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], x.stride(0),
+                      eps, native.is_bf16(x), native.is_bf16(weight), torch.get_num_threads())
+        return out
     if x.dtype == torch.float32:  # 4 cheap ops: F.rms_norm's CPU path measured 1.2-1.4x slower in the model
         r = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
         return torch.mul(x, weight).mul_(r)

@@ -10,6 +10,8 @@ import torch
 import triton as _triton
 import triton.language as tl
 
+from slotserver import native
+
 OP = "rope"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -27,9 +29,42 @@ def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
     return torch.cat([out, xf[..., rot:]], dim=-1).to(x.dtype)
 
 
+# Pairs (2i, 2i+1) of the first 2R dims turn by (cos, sin)[t, i], the rest is copied; float32 math.
+NATIVE_C = r"""
+int rope(const void *x, const void *cs, const void *sn, void *out, int64_t T, int64_t H, int64_t D, int64_t R,
+         int64_t sxt, int64_t sxh, int64_t sct, int64_t sst, int xb, int cb, int n_threads) {
+    #pragma omp parallel for num_threads(n_threads) if (T * H * D >= 65536) schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t in = t * sxt + h * sxh, o = (t * H + h) * D;
+            for (int64_t i = 0; i < R; i++) {
+                const float x0 = ld(x, in + 2 * i, xb), x1 = ld(x, in + 2 * i + 1, xb);
+                const float c = ld(cs, t * sct + i, cb), s = ld(sn, t * sst + i, cb);
+                st(out, o + 2 * i, xb, x0 * c - x1 * s);
+                st(out, o + 2 * i + 1, xb, x0 * s + x1 * c);
+            }
+            for (int64_t d = 2 * R; d < D; d++) st(out, o + d, xb, ld(x, in + d, xb));
+        }
+    }
+    return 0;
+}
+"""
+_LIB = native.build("rope", NATIVE_C)
+native.signature(_LIB, "rope", 4, 8, (native.ctypes.c_int, native.ctypes.c_int, native.ctypes.c_int))
+_FLOATS = (torch.float32, torch.bfloat16)
+
+
 def cpu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Complex multiply in float32: a handful of ops whatever the head count (the real form took
-    ~10), which matters at batch 1, where the step's time goes to dispatching small ops."""
+    """The C kernel where it applies (one call for q and k of every head), else a complex multiply
+    in float32: a handful of ops whatever the head count (the real form took ~10), which matters
+    at batch 1, where the step's time goes to dispatching small ops."""
+    if (_LIB is not None and x.dim() == 3 and x.stride(2) == 1 and x.dtype in _FLOATS and cos.dtype == sin.dtype
+            and cos.dtype in _FLOATS and cos.stride(1) == 1 and sin.stride(1) == 1 and x.device.type == "cpu"):
+        out = torch.empty(x.shape, dtype=x.dtype)                                  # [tokens, heads, head_dim]
+        _LIB.rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), *x.shape, cos.shape[1],
+                  x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), native.is_bf16(x), native.is_bf16(cos),
+                  torch.get_num_threads())
+        return out
     rot = 2 * cos.shape[-1]
     pairs = torch.view_as_complex(x[..., :rot].float().unflatten(-1, (rot // 2, 2)))   # [tokens, heads, rot/2]
     turn = torch.complex(cos.float(), sin.float()).unsqueeze(1)                           # [tokens, 1, rot/2]

@@ -25,6 +25,7 @@ from slotserver.engine_stats import StatsTracker
 from slotserver.kv_cache import KVCache
 from slotserver.kv_spec import KVSpec
 from slotserver.lab import Lab
+from slotserver.outbox import Outbox
 from slotserver.postprocess import Sampled, final_event, postprocess
 from slotserver.request import (EngineBusy, ErrorEvent, Request, RequestError, RequestHandle,
                                 ignore_eos_params)
@@ -50,6 +51,7 @@ class Engine:
         self.lab = Lab(self, bundle.config.kernels_dir, bundle.config.layouts_dir)
         self.tracker = StatsTracker(self)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.outbox = Outbox()   # events of a step, one wake-up per event loop
         self._wake = threading.Event()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -65,7 +67,7 @@ class Engine:
             if self._in_flight >= self.config.n_parallel + self.config.queue_limit:
                 raise EngineBusy(f"server is busy: {self._in_flight} requests in flight, queue full")
             self._in_flight += 1
-        handle = RequestHandle(next(self._ids), request, self, loop)
+        handle = RequestHandle(next(self._ids), request, self, loop, self.outbox)
         self._post(("submit", self._sequence(handle)))
         return handle
 
@@ -137,6 +139,7 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the server
                 log.exception("engine step failed")
                 self._fail_running(f"engine error: {type(e).__name__}: {e}")
+                self.outbox.flush()
                 worked = True
             if not worked:
                 self.tracker.publish()  # keep uptime and rates fresh while idle
@@ -144,7 +147,13 @@ class Engine:
                 self._wake.clear()
 
     def step(self) -> bool:
-        """One step. -> False when there was nothing to do."""
+        """One step. -> False when there was nothing to do. Its events leave when it ends."""
+        try:
+            return self._step()
+        finally:
+            self.outbox.flush()
+
+    def _step(self) -> bool:
         self._drain_inbox()
         self.lab.apply_pending()
         if not self.sched.has_work():

@@ -13,6 +13,7 @@ import queue
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterator, Union
 
+from slotserver.outbox import Outbox
 from slotserver.sampling_params import SamplingParams
 
 
@@ -76,14 +77,18 @@ Event = Union[TokenEvent, FinalEvent, ErrorEvent]
 class RequestHandle:
     """The client's end of one request: iterate its events (async or sync), or cancel it."""
 
-    def __init__(self, request_id: int, request: Request, engine, loop: asyncio.AbstractEventLoop | None = None):
+    def __init__(self, request_id: int, request: Request, engine, loop: asyncio.AbstractEventLoop | None = None,
+                 outbox: Outbox | None = None):
         self.id, self.request, self._engine, self._loop = request_id, request, engine, loop
+        self._outbox = outbox
         self._sync: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._async: asyncio.Queue[Event] | None = asyncio.Queue() if loop is not None else None
 
     def emit(self, event: Event) -> None:
-        """Called on the engine thread."""
-        if self._async is not None and self._loop is not None:
+        """Called on the engine thread. With an outbox, delivered when the engine flushes it."""
+        if self._async is not None and self._loop is not None and self._outbox is not None:
+            self._outbox.put(self._loop, self._async, event)
+        elif self._async is not None and self._loop is not None:
             try:
                 self._loop.call_soon_threadsafe(self._async.put_nowait, event)
             except RuntimeError:  # the loop is closed: the client is gone

@@ -27,6 +27,7 @@ class WeightFormat:
     kind: str = "dense"
     int8_max_rows: int = 8    # with auto/auto4: rows (tokens) up to which the int8/int4 matmul is used
     output_max_rows: int = 4  # the same for the [vocab, d_model] output matmul
+    native_max_rows: int = 32  # int4 layers: rows up to which the AMX kernel (slotserver.q4_matmul) is used
 
     # Why these thresholds (docs/performance.md; whole decode steps in the model on this CPU, bf16,
     # dense weights pre-blocked for oneDNN): the int8/int4 kernels cost ~linear in rows, the dense
@@ -92,7 +93,8 @@ def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: W
     up = _load(f, p + "ffn_up.weight", (spec.d_ff, d), dtype)
     def lin(names: list[str], w: torch.Tensor, b: torch.Tensor | None = None) -> Linear:
         kinds = {_kind(f, p + n + ".weight", fmt) for n in names}
-        return Linear.build(w, b, kinds.pop() if len(kinds) == 1 else _no_int4(fmt.kind), fmt.int8_max_rows)
+        return Linear.build(w, b, kinds.pop() if len(kinds) == 1 else _no_int4(fmt.kind), fmt.int8_max_rows,
+                            fmt.native_max_rows)
 
     return LayerWeights(
         attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32),

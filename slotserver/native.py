@@ -1,0 +1,152 @@
+"""Hand-written C kernels for the CPU path: compiled on first use, cached, loaded with ctypes.
+
+Why C, and why this way: at decode, a CPU step is a few hundred tiny ops, and for some of them
+(decode attention: one query row per head against a few hundred cached keys) torch's kernels pay
+far more in per-call setup than in arithmetic. A kernel module may carry its own C source and ask
+`build(name, source)` for a library:
+
+- `PRELUDE` (bf16 conversions, a vectorizable exp, row loads) is prepended; the source is compiled with the system C compiler (`$CC`, else `cc`), `-O3 -march=native`,
+  reassociating float math (not `-ffast-math`, see FLAGS) and `-fopenmp`, into `$SLOTSERVER_CACHE` (default `~/.cache/slotserver/native`), named by a hash of the
+  source, the flags and this CPU's feature flags; a second process (or a second test worker)
+  reuses it. It takes about a second; no torch headers, no Python headers.
+- `-fopenmp` links `libgomp.so.1`, which torch has already loaded: the kernel's parallel loops run
+  on the calling thread's OpenMP team, the same threads torch's own ops use (no second pool
+  fighting for the cores). Callers pass `torch.get_num_threads()` explicitly.
+- no compiler, or a compile error: `build` logs one warning and returns None, and the kernel
+  module keeps its torch formulation. Nothing else depends on a compiler being present.
+  `SLOTSERVER_NATIVE=0` turns every native kernel off (for A/B measurements, or to rule them out).
+
+Only plain C types cross the boundary (pointers as integers, int64 strides, floats); ctypes
+releases the GIL for the duration of the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch  # noqa: F401 - loads torch's libgomp first, so the kernels share its OpenMP runtime
+
+log = logging.getLogger("slotserver.native")
+
+# Not -ffast-math: with it, GCC links crtfastmath.o into the library, whose constructor turns on
+# flush-to-zero for the whole process (every later float op of torch and Python would change).
+# These flags alone let the compiler vectorize float reductions.
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fno-trapping-math",
+         "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math", "-fopenmp", "-fPIC", "-shared")
+_loaded: dict[str, ctypes.CDLL | None] = {}
+
+# Prepended to every source: bf16 <-> float32, a vectorizable exp, row loads and prefetches.
+# A tensor's dtype crosses the boundary as an int flag: 1 for bfloat16, 0 for float32.
+PRELUDE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float bf2f(uint16_t h) { union { uint32_t u; float f; } x; x.u = (uint32_t)h << 16; return x.f; }
+static inline uint16_t f2bf(float f) {
+    union { uint32_t u; float f; } x; x.f = f;
+    return (uint16_t)((x.u + 0x7FFFu + ((x.u >> 16) & 1u)) >> 16);   /* round to nearest even */
+}
+static inline float ld(const void *base, int64_t i, int bf16) {
+    return bf16 ? bf2f(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+static inline void st(void *base, int64_t i, int bf16, float x) {
+    if (bf16) ((uint16_t *)base)[i] = f2bf(x); else ((float *)base)[i] = x;
+}
+/* e^x as 2^t, t = x log2 e, split into 2^round(t) * 2^f, |f| <= 1/2, with Cephes' exp2f polynomial
+   (relative error ~2e-7); x is clamped to [-87, 88]. Written out so that loops calling it vectorize. */
+static inline float fast_exp(float x) {
+    const float t = (x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x)) * 1.4426950409f;
+    const float n = floorf(t + 0.5f), f = t - n;
+    const float p = 1.0f + f * (6.931472028550421e-1f + f * (2.402264791363012e-1f + f * (5.550332471162809e-2f
+                    + f * (9.618437357674640e-3f + f * (1.339887440266574e-3f + f * 1.535336188319500e-4f)))));
+    union { uint32_t u; float f; } e; e.u = (uint32_t)((int32_t)n + 127) << 23;
+    return p * e.f;
+}
+static inline void load_row(const void *base, int64_t off, int bf16, int64_t n, float *dst) {
+    if (bf16) { const uint16_t *p = (const uint16_t *)base + off; for (int64_t i = 0; i < n; i++) dst[i] = bf2f(p[i]); }
+    else { const float *p = (const float *)base + off; for (int64_t i = 0; i < n; i++) dst[i] = p[i]; }
+}
+static inline void prefetch_row(const void *base, int64_t off, int bf16, int64_t n) {
+    const char *p = (const char *)base + off * (bf16 ? 2 : 4);
+    for (int64_t i = 0; i < n * (bf16 ? 2 : 4); i += 64) __builtin_prefetch(p + i);
+}
+"""
+
+
+class NativeError(RuntimeError):
+    """The C source did not compile (the message carries the compiler's output)."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SLOTSERVER_CACHE") or Path.home() / ".cache" / "slotserver") / "native"
+
+
+def compiler() -> str | None:
+    cc = os.environ.get("CC") or "cc"
+    return shutil.which(cc)
+
+
+def _cpu_key() -> str:
+    """The CPU's feature flags (an `-march=native` library is only valid on a CPU like this one)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def compile_library(name: str, source: str) -> Path:
+    """Compile `source` (cached); -> the shared library's path. Raises NativeError on failure."""
+    cc = compiler()
+    if cc is None:
+        raise NativeError(f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH")
+    digest = hashlib.sha256("\0".join((source, cc, *FLAGS, _cpu_key())).encode()).hexdigest()[:16]
+    target = cache_dir() / f"{name}-{digest}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        src, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
+        src.write_text(source)
+        proc = subprocess.run([cc, *FLAGS, "-o", str(out), str(src), "-lm"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise NativeError(f"{name}.c did not compile:\n{proc.stderr.strip()[-2000:]}")
+        os.replace(out, target)  # atomic: a concurrent builder of the same source just wins or loses
+    return target
+
+
+def build(name: str, source: str) -> ctypes.CDLL | None:
+    """The library for `source`, or None (with one warning) where it cannot be built here."""
+    if os.environ.get("SLOTSERVER_NATIVE", "1") == "0":  # off by request: the torch formulations serve
+        return None
+    key = hashlib.sha256(source.encode()).hexdigest()
+    if key not in _loaded:
+        try:
+            _loaded[key] = ctypes.CDLL(str(compile_library(name, PRELUDE + source)))
+        except (NativeError, OSError) as e:
+            log.warning("native kernel %s unavailable, using its torch formulation: %s", name, e)
+            _loaded[key] = None
+    return _loaded[key]
+
+
+def is_bf16(t: torch.Tensor) -> int:
+    return int(t.dtype == torch.bfloat16)
+
+
+def signature(lib: ctypes.CDLL | None, fn: str, n_ptrs: int, n_ints: int, tail: tuple = ()) -> None:
+    """Declare `fn(void* x n_ptrs, int64 x n_ints, *tail)` -> int (0 on success)."""
+    if lib is not None:
+        f = getattr(lib, fn)
+        f.argtypes = [ctypes.c_void_p] * n_ptrs + [ctypes.c_int64] * n_ints + list(tail)
+        f.restype = ctypes.c_int
