@@ -113,7 +113,7 @@ def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) ->
 # form above serves). One work unit per (sequence, kv head): its whole query group against each K/V
 # row read once, online softmax over blocks of cells, float32 math, bf16 or float32 in and out.
 # What it saves over SDPA is per-call setup: one call per layer, no mask, no gather, no transposes.
-DECODE_C = r"""
+NATIVE_C = r"""
 #define GMAX 16
 #define DMAX 256
 #define BLK 64
@@ -184,12 +184,12 @@ int decode_attention(const void *q, const void *k, const void *v, void *out,
     return 0;
 }
 """
-_DECODE_LIB = native.build("attention_decode", DECODE_C)
-native.signature(_DECODE_LIB, "decode_attention", 6, 12, (native.ctypes.c_float, native.ctypes.c_int, native.ctypes.c_int))
+_LIB = native.build("attention_decode", NATIVE_C, origin=__file__, strict=True)
+native.signature(_LIB, "decode_attention", 6, 12, (native.ctypes.c_float, native.ctypes.c_int, native.ctypes.c_int))
 
 
 def _native_ok(q: torch.Tensor, kv: StridedKV) -> bool:
-    return (_DECODE_LIB is not None and kv.k_scale is None and q.dtype in (torch.float32, torch.bfloat16)
+    return (_LIB is not None and kv.k_scale is None and q.dtype in (torch.float32, torch.bfloat16)
             and kv.k.dtype == kv.v.dtype == q.dtype and q.device.type == "cpu" and q.stride(2) == 1
             and kv.k.stride(3) == 1 and kv.v.stride(3) == 1 and q.shape[2] <= 256
             and q.shape[1] % kv.k.shape[2] == 0 and q.shape[1] // kv.k.shape[2] <= 16)
@@ -198,7 +198,7 @@ def _native_ok(q: torch.Tensor, kv: StridedKV) -> bool:
 def _native_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
     n_seq, q_heads, dim = q.shape
     out = torch.empty((n_seq, q_heads, dim), dtype=q.dtype)                        # [tokens, q_heads, dim]
-    rc = _DECODE_LIB.decode_attention(
+    rc = _LIB.decode_attention(
         q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), meta.seq_streams.data_ptr(),
         meta.kv_lens.data_ptr(), n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1),
         *kv.k.stride()[:3], *kv.v.stride()[:3], scale, int(q.dtype == torch.bfloat16), torch.get_num_threads())

@@ -40,7 +40,7 @@ int rms_norm(const void *x, const void *w, void *out, int64_t T, int64_t N, int6
     return 0;
 }
 """
-_LIB = native.build("rms_norm", NATIVE_C)
+_LIB = native.build("rms_norm", NATIVE_C, origin=__file__, strict=True)
 native.signature(_LIB, "rms_norm", 3, 3, (native.ctypes.c_float, native.ctypes.c_int, native.ctypes.c_int, native.ctypes.c_int))
 _FLOATS = (torch.float32, torch.bfloat16)
 

@@ -49,7 +49,7 @@ int rope(const void *x, const void *cs, const void *sn, void *out, int64_t T, in
     return 0;
 }
 """
-_LIB = native.build("rope", NATIVE_C)
+_LIB = native.build("rope", NATIVE_C, origin=__file__, strict=True)
 native.signature(_LIB, "rope", 4, 8, (native.ctypes.c_int, native.ctypes.c_int, native.ctypes.c_int))
 _FLOATS = (torch.float32, torch.bfloat16)
 

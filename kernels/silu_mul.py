@@ -35,7 +35,7 @@ int silu_mul(const void *gu, void *out, int64_t T, int64_t F, int64_t sg, int b,
     return 0;
 }
 """
-_LIB = native.build("silu_mul", NATIVE_C)
+_LIB = native.build("silu_mul", NATIVE_C, origin=__file__, strict=True)
 native.signature(_LIB, "silu_mul", 2, 3, (native.ctypes.c_int, native.ctypes.c_int))
 
 

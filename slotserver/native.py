@@ -12,8 +12,10 @@ far more in per-call setup than in arithmetic. A kernel module may carry its own
 - `-fopenmp` links `libgomp.so.1`, which torch has already loaded: the kernel's parallel loops run
   on the calling thread's OpenMP team, the same threads torch's own ops use (no second pool
   fighting for the cores). Callers pass `torch.get_num_threads()` explicitly.
-- no compiler, or a compile error: `build` logs one warning and returns None, and the kernel
-  module keeps its torch formulation. Nothing else depends on a compiler being present.
+- no compiler (or `SLOTSERVER_NATIVE=0`): `build` returns None and the kernel module keeps its
+  torch formulation; nothing depends on a compiler being present. A compile error in a kernel
+  module's source raises (`strict`), with the compiler's messages pointing at the module's own
+  lines (`#line`): the lab refuses such an edit instead of silently serving the torch form.
   `SLOTSERVER_NATIVE=0` turns every native kernel off (for A/B measurements, or to rule them out).
 
 Only plain C types cross the boundary (pointers as integers, int64 strides, floats); ctypes
@@ -86,6 +88,10 @@ class NativeError(RuntimeError):
     """The C source did not compile (the message carries the compiler's output)."""
 
 
+class NoCompiler(NativeError):
+    """No C compiler on this machine: the kernels' torch formulations serve."""
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("SLOTSERVER_CACHE") or Path.home() / ".cache" / "slotserver") / "native"
 
@@ -110,7 +116,7 @@ def compile_library(name: str, source: str) -> Path:
     """Compile `source` (cached); -> the shared library's path. Raises NativeError on failure."""
     cc = compiler()
     if cc is None:
-        raise NativeError(f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH")
+        raise NoCompiler(f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH")
     digest = hashlib.sha256("\0".join((source, cc, *FLAGS, _cpu_key())).encode()).hexdigest()[:16]
     target = cache_dir() / f"{name}-{digest}.so"
     if target.exists():
@@ -121,23 +127,47 @@ def compile_library(name: str, source: str) -> Path:
         src.write_text(source)
         proc = subprocess.run([cc, *FLAGS, "-o", str(out), str(src), "-lm"], capture_output=True, text=True)
         if proc.returncode != 0:
-            raise NativeError(f"{name}.c did not compile:\n{proc.stderr.strip()[-2000:]}")
+            raise NativeError(f"{name}: C compile error:\n{proc.stderr.strip()[-2000:]}")
         os.replace(out, target)  # atomic: a concurrent builder of the same source just wins or loses
     return target
 
 
-def build(name: str, source: str) -> ctypes.CDLL | None:
-    """The library for `source`, or None (with one warning) where it cannot be built here."""
+def build(name: str, source: str, origin: str | None = None, strict: bool = False) -> ctypes.CDLL | None:
+    """The library for `source`; None where it cannot be built here (no compiler, or turned off).
+
+    `origin`: the file that holds `source` verbatim (a kernel module passes its `__file__`), so the
+    compiler's messages point at that file's lines. A compile error raises NativeError with
+    `strict` (a kernel module: a broken edit must be refused, not silently replaced by its torch
+    form), else logs one warning and returns None.
+    """
     if os.environ.get("SLOTSERVER_NATIVE", "1") == "0":  # off by request: the torch formulations serve
         return None
-    key = hashlib.sha256(source.encode()).hexdigest()
+    full = _located(PRELUDE, __file__) + _located(source, origin)
+    key = hashlib.sha256(full.encode()).hexdigest()
     if key not in _loaded:
         try:
-            _loaded[key] = ctypes.CDLL(str(compile_library(name, PRELUDE + source)))
+            _loaded[key] = ctypes.CDLL(str(compile_library(name, full)))
+        except NoCompiler as e:
+            log.warning("native kernel %s unavailable, using its torch formulation: %s", name, e)
+            _loaded[key] = None
         except (NativeError, OSError) as e:
+            if strict:
+                raise
             log.warning("native kernel %s unavailable, using its torch formulation: %s", name, e)
             _loaded[key] = None
     return _loaded[key]
+
+
+def _located(source: str, origin: str | None) -> str:
+    """`source` behind a `#line` directive naming where it sits in `origin` (if it is found there)."""
+    try:
+        text = Path(origin).read_text() if origin else ""
+    except OSError:
+        text = ""
+    at = text.find(source) if text else -1
+    if at < 0:
+        return source
+    return f'#line {text[:at].count(chr(10)) + 1} "{origin}"\n{source}'
 
 
 def is_bf16(t: torch.Tensor) -> int:

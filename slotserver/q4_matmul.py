@@ -136,7 +136,7 @@ int q4_matmul(const void *x, const void *w4, const void *dz, void *out, int64_t 
 }
 """
 
-_LIB = native.build("q4_matmul", SOURCE)
+_LIB = native.build("q4_matmul", SOURCE, origin=__file__)
 native.signature(_LIB, "q4_matmul", 4, 3, (native.ctypes.c_int,))
 
 

@@ -194,3 +194,34 @@ def test_stats_show_the_slot_busy_when_its_first_token_is_emitted(bundle, prompt
     h.emit = spy
     engine.step()
     assert seen == [["processing", "idle"]]
+
+
+def test_a_steps_events_wake_the_event_loop_once_and_arrive_in_order(bundle, prompts):
+    """Three streaming requests: every step hands all its token events to the asyncio loop in one
+    `call_soon_threadsafe` (not one per event), and each client still gets its own events in order."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    wakeups = []
+    schedule = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda *a: wakeups.append(a) or schedule(*a)
+    engine = Engine(bundle, EngineConfig(n_parallel=4, ctx_size=4 * 128))
+    handles = [engine.submit(Request(p, GREEDY, n_predict=5, ignore_eos=True), loop=loop) for p in prompts[:3]]
+    steps = 0
+    while engine.step():
+        steps += 1
+    assert 0 < len(wakeups) <= steps
+
+    async def collect_all():
+        return [[e async for e in h.events()] for h in handles]
+
+    events = loop.run_until_complete(collect_all())
+    loop.close()
+    sync = Engine(bundle, EngineConfig(n_parallel=4, ctx_size=4 * 128))
+    plain = [sync.submit(Request(h.request.prompt_ids, GREEDY, n_predict=5, ignore_eos=True)) for h in handles]
+    while sync.step():
+        pass
+    for h, evs in zip(plain, events):
+        tokens = [e.token for e in evs if isinstance(e, TokenEvent)]
+        assert type(evs[-1]).__name__ == "FinalEvent"
+        assert tokens == list(h.result(timeout=0).tokens) and len(tokens) == 5

@@ -4,6 +4,7 @@ old version keeps serving."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import time
@@ -17,6 +18,7 @@ from slotserver.config import ModelConfig
 from slotserver.engine import Engine
 from slotserver.engine_config import EngineConfig
 from slotserver.module_loader import default_dir
+from slotserver import native
 from slotserver.request import Request
 from slotserver.sampling import SamplingParams
 
@@ -177,6 +179,29 @@ def test_broken_edits_are_refused_while_generation_stays_correct(tiny):
     assert got == want
     line_of_syntax = [e for e in engine.lab.events_since(0) if "syntax" in e["reason"]][0]["reason"]
     assert "rms_norm.py:1:" in line_of_syntax
+
+
+@pytest.mark.skipif(native.compiler() is None or os.environ.get("SLOTSERVER_NATIVE") == "0",
+                    reason="no C compiler here: kernels serve their torch forms")
+def test_broken_c_in_a_kernel_is_refused_at_its_line(tiny):
+    """A kernel's C source is part of the edit: a compile error is refused with the compiler's
+    message at the kernel file's own line (not replaced by the torch form), a wrong result too."""
+    kfile = tiny.config.kernels_dir / "rms_norm.py"
+    original = kfile.read_text()
+    assert "ss += v * v;" in original and "* r * ld(w, i, wb)" in original, "update the lines this test breaks"
+    line = original[: original.index("ss += v * v;")].count("\n") + 1
+    cases = {"compile error": (original.replace("ss += v * v;", "ss += v * v"), f"rms_norm.py:{line}:"),
+             "wrong numerics in C": (original.replace("* r * ld(w, i, wb)", "* r"), "wrong numerics")}
+    engine = Engine(tiny, EngineConfig(n_parallel=2, ctx_size=2048)).start()
+    try:
+        for case, (source, phrase) in cases.items():
+            kfile.write_text(source)
+            event = engine.lab.reload(str(kfile)).result(timeout=120)
+            assert event["result"] == "refused" and phrase in event["reason"], (case, event)
+    finally:
+        kfile.write_text(original)
+        engine.stop()
+    assert "C compile error" in engine.lab.events_since(0)[-2]["reason"]
 
 
 def test_save_to_active_latency(tiny):
