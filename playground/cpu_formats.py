@@ -31,7 +31,7 @@ DEPTH = 128
 def setup(config: str):
     dtype_name, fmt = config.split(":")
     dtype = getattr(torch, dtype_name)
-    model = LlamaModel.load(default_model_path(), dtype, max_pos=1024, fmt=WeightFormat(fmt, 16))
+    model = LlamaModel.load(default_model_path(), dtype, max_pos=1024, fmt=WeightFormat(fmt))  # the serving thresholds
     s = model.spec
     cache = KVCache.create("seq_head_dim", KVSpec(s.n_layers, max(BATCHES), DEPTH + 64, s.n_kv_heads, s.head_dim, dtype))
     toks = torch.randint(100, 20000, (DEPTH,), generator=torch.Generator().manual_seed(0)).tolist()

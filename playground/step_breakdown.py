@@ -42,18 +42,24 @@ def instrument(model, cache) -> dict[str, float]:
     return acc
 
 
-def breakdown(model, cache, acc, chunks: list[SeqChunk], steps: int) -> tuple[float, dict[str, float]]:
-    """-> (median step ms, mean ms per part) over `steps` forwards of the same batch shape."""
-    model.forward(Batch.build(chunks), cache)
-    acc.clear()
-    for v in model.kernels.timings.values():
-        v[0], v[1] = 0, 0.0
+def forward_times(model, cache, chunks: list[SeqChunk], steps: int) -> list[float]:
+    """Seconds of each of `steps` forwards of the same batch shape (the batch built outside the clock)."""
     times = []
     for _ in range(steps):
         batch = Batch.build(chunks)
         t = time.perf_counter()
         model.forward(batch, cache)
         times.append(time.perf_counter() - t)
+    return times
+
+
+def breakdown(model, cache, acc, chunks: list[SeqChunk], steps: int) -> tuple[float, dict[str, float]]:
+    """-> (median step ms, mean ms per part) over `steps` forwards of the same batch shape."""
+    model.forward(Batch.build(chunks), cache)
+    acc.clear()
+    for v in model.kernels.timings.values():
+        v[0], v[1] = 0, 0.0
+    times = forward_times(model, cache, chunks, steps)
     parts = {k: 1000 * v / steps for k, v in acc.items()}
     parts.update({op: 1000 * s / steps for op, (n, s) in model.kernels.timings.items() if n})
     parts["other"] = 1000 * sum(times) / steps - sum(parts.values())

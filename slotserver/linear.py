@@ -1,13 +1,16 @@
 """A weight matrix kept in the formats that make its matmul fastest for each batch size.
 
-On CPU a decode step with few tokens is bound by reading the weights, so int8 weight-only
-matmuls (`torch._weight_int8pack_mm`, per-row scales) win there; with many tokens the matmul is
-compute-bound and the dense bf16 (or f32) GEMM wins. `Linear` keeps the formats it was asked for
-and picks per call by the number of rows: int8 up to `int8_max_rows`, dense above.
-The int8 copy is a per-row absmax re-quantization of the dequantized GGUF weight. The int4 copy
-(`torch._weight_int4pack_mm_for_cpu`, asymmetric groups of 32: w = (q - 8) * scale + zero) is an
-exact re-encoding of Q4_1 weights: ggml's Q4_1 block of 32 spans [min, max] with q in 0..15, so
-re-quantizing the dequantized block by its own min/max recovers the same q, d and m.
+On CPU a decode step with few tokens is bound by reading (and unpacking) the weights, so
+weight-only int8 / int4 matmuls win there; with many tokens the matmul is compute-bound and the
+dense bf16 (or f32) GEMM wins. `Linear` keeps the formats it was asked for and picks per call by
+the number of rows (thresholds in `WeightFormat`, measured in docs/performance.md): for int4
+layers torch's kernel at 1-2 rows, the AMX kernel (`slotserver.q4_matmul`) up to
+`q4n_max_rows` where the CPU has AMX, torch's int4 up to `int8_max_rows` where it has not, dense
+above. The int8 copy (`torch._weight_int8pack_mm`, per-row scales) is a per-row absmax
+re-quantization of the dequantized GGUF weight. The int4 copies (asymmetric groups of 32:
+w = d * q + m) are an exact re-encoding of Q4_1 weights: ggml's Q4_1 block of 32 spans [min, max]
+with q in 0..15, so re-quantizing the dequantized block by its own min/max recovers the same q,
+d and m.
 """
 
 from __future__ import annotations

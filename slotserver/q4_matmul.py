@@ -1,19 +1,23 @@
-"""4-bit weight matmul for a few rows, in C with AVX512-BF16: every weight is unpacked once per call.
+"""4-bit weight matmul on AMX tiles: every weight is unpacked once per 16 rows.
 
 Why: torch's `_weight_int4pack_mm_for_cpu` works on blocks of 4 rows and unpacks the whole weight
-again for each block, in float32 FMAs; at 5-8 rows (decode with 5-8 sequences) it costs 2x its
-4-row time. This kernel unpacks a block of 32 weights into bf16 once and feeds it to up to 8 rows
-with `vdpbf16ps` (a pair of bf16 products per lane), so 8 rows cost little more than 1.
+again for each block, in float32 FMAs: 8 rows cost 2.5x one row, 16 rows 4.7x. Here, per block of
+16 output columns and group of 32 inputs, the 4-bit weights become one bf16 AMX B tile and one
+`tdpbf16ps` serves up to 16 rows, so the cost is nearly flat in rows (30 layers' matmuls of
+SmolLM2: 6.1 ms at 1 row, 6.9 at 8, 8.1 at 16; torch 5.2 / 13.3 / 24.8; docs/performance.md).
+`Linear` uses it from 3 rows (below, torch's kernel is a little faster) to `native_max_rows`.
 
 Format (`pack`), for groups of 32 along `in` with w = d * q + m, q in 0..15 (Q4_1 re-encoded
 exactly, see `slotserver.linear`):
 - `w4`: `[out/16, in/32, 16, 16]` bytes: column block, group, k pair p, column i -> the byte
   `q[i][2p] | q[i][2p+1] << 4`. Widened to 32-bit lanes, masked and OR-ed with 0x4300 per half,
-  a byte becomes the two bf16 values 128 + q: no table, no conversion.
-- `dz`: `[out/16, in/32, 2, 16]` float32: d, and z = m - 128 d, so that
-  y = sum_g d_g * sum_k x_k (128 + q_k) + z_g * sum_k x_k.
-Activations and output are bf16; the sums are float32. Needs AVX512-BF16 at compile time (the
-library is built with -march=native); elsewhere `available()` is False and torch's kernel serves.
+  a byte becomes the bf16 pair (128 + q[i][2p], 128 + q[i][2p+1]): exactly row p of the B tile
+  (AMX's pair-interleaved layout), no table, no conversion.
+- `dz`: `[out/16, in/32, 2, 16]` float32: d, and z = m - 128 d, so that per group
+  y += d * sum_k x_k (128 + q_k) + z * sum_k x_k (float32 scales: torch's kernel keeps bf16 ones).
+Activations and output are bf16, sums float32. Needs AMX-BF16 at compile time (the library is
+built with -march=native) and the OS's permission for tile data (requested per process); where
+either is missing `available()` is False and torch's kernels serve.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ import torch
 from slotserver import native
 
 GROUP = 32
-MAX_ROWS = 8     # rows per pass over the weights (one accumulator register per row)
 
 SOURCE = r"""
 #include <immintrin.h>
