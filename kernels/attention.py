@@ -95,7 +95,7 @@ def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) ->
     """One query per sequence: the C kernel below where it applies, else torch's SDPA with native
     GQA (K/V never repeated) and the key mask `[B, 1, 1, L]` broadcast (no padding). The SDPA form
     was ~1.5x faster than the padded path; the C kernel is faster still (docs/performance.md)."""
-    if _native_ok(q, kv):
+    if _native_ok(q, kv, meta):
         return _native_decode(q, kv, meta, scale)
     n_seq, q_heads, dim = q.shape
     kv_heads, max_kv = kv.k.shape[2], meta.max_kv
@@ -188,8 +188,11 @@ _LIB = native.build("attention_decode", NATIVE_C, origin=__file__, strict=True)
 native.signature(_LIB, "decode_attention", 6, 12, (native.ctypes.c_float, native.ctypes.c_int, native.ctypes.c_int))
 
 
-def _native_ok(q: torch.Tensor, kv: StridedKV) -> bool:
-    return (_LIB is not None and kv.k_scale is None and q.dtype in (torch.float32, torch.bfloat16)
+def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> bool:
+    """The C kernel reads raw memory: only plain float caches, unit head_dim strides, int64 metadata."""
+    return (_LIB is not None and kv.k_scale is None and meta.max_kv <= kv.k.shape[1]
+            and meta.seq_streams.dtype == meta.kv_lens.dtype == torch.int64
+            and meta.seq_streams.is_contiguous() and meta.kv_lens.is_contiguous() and q.dtype in (torch.float32, torch.bfloat16)
             and kv.k.dtype == kv.v.dtype == q.dtype and q.device.type == "cpu" and q.stride(2) == 1
             and kv.k.stride(3) == 1 and kv.v.stride(3) == 1 and q.shape[2] <= 256
             and q.shape[1] % kv.k.shape[2] == 0 and q.shape[1] // kv.k.shape[2] <= 16)
