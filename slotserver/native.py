@@ -112,11 +112,22 @@ def _cpu_key() -> str:
     return platform.processor() or platform.machine()
 
 
+# Compiled first with the same flags: if this fails (no OpenMP, an unknown flag), the machine has
+# no usable toolchain, which is not the kernel's fault: torch serves instead of refusing a kernel.
+PROBE = "int probe(int n) { int s = 0;\n#pragma omp parallel for reduction(+:s)\nfor (int i = 0; i < n; i++) s += i;\nreturn s; }\n"
+
+
 def compile_library(name: str, source: str) -> Path:
-    """Compile `source` (cached); -> the shared library's path. Raises NativeError on failure."""
+    """Compile `source` (cached); -> the shared library's path. Raises NoCompiler when this machine
+    cannot build the probe, NativeError when only `source` fails."""
     cc = compiler()
     if cc is None:
         raise NoCompiler(f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH")
+    if name != "probe":
+        try:
+            compile_library("probe", PRELUDE + PROBE)
+        except NativeError as e:
+            raise NoCompiler(f"{cc} cannot build with {' '.join(FLAGS)}: {e}") from None
     digest = hashlib.sha256("\0".join((source, cc, *FLAGS, _cpu_key())).encode()).hexdigest()[:16]
     target = cache_dir() / f"{name}-{digest}.so"
     if target.exists():

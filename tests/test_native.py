@@ -64,3 +64,14 @@ def test_kernels_build_their_c_here_and_leave_subnormals_alone():
     assert {m.OP for m in mods} >= {"attention", "rms_norm", "rope", "silu_mul"}
     assert sys.float_info.min / 2 > 0.0
     assert torch.tensor(1e-40, dtype=torch.float32).item() > 0.0
+
+
+@needs_cc
+def test_a_toolchain_that_cannot_build_the_probe_is_no_compiler(tmp_path, monkeypatch):
+    """A compiler without OpenMP (or without a flag we use) must not make the kernels refuse to
+    load: it counts as no compiler, and the torch forms serve."""
+    monkeypatch.setenv("SLOTSERVER_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "FLAGS", native.FLAGS + ("-fno-such-flag-xyz",))
+    with pytest.raises(native.NoCompiler, match="cannot build"):
+        native.compile_library("add", native.PRELUDE + ADD)
+    assert native.build("add_flags", ADD + "/* flags */\n", strict=True) is None
