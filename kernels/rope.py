@@ -30,23 +30,50 @@ def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
 
 
 # Pairs (2i, 2i+1) of the first 2R dims turn by (cos, sin)[t, i], the rest is copied; float32 math.
+# Per token, cos and sin are laid out once as [c0 c0 c1 c1 ..] and [-s0 s0 -s1 s1 ..]; then a row
+# is x * cos2 + swap_pairs(x) * sin2, 16 lanes at a time with AVX-512 (the pair loop does not
+# vectorize by itself). Tokens split over the threads from 8K elements on.
 NATIVE_C = r"""
+#include <immintrin.h>
+#include <stdlib.h>
+
 int rope(const void *x, const void *cs, const void *sn, void *out, int64_t T, int64_t H, int64_t D, int64_t R,
          int64_t sxt, int64_t sxh, int64_t sct, int64_t sst, int xb, int cb, int n_threads) {
-    #pragma omp parallel for num_threads(n_threads) if (T * H * D >= 65536) schedule(static)
+    int failed = 0;
+    #pragma omp parallel for num_threads(n_threads) if (T * H * D >= 8192) schedule(static) reduction(|:failed)
     for (int64_t t = 0; t < T; t++) {
+        float *c2 = malloc(sizeof(float) * 4 * R);             /* [cos2 | sin2], 2R each */
+        if (!c2) { failed = 1; continue; }
+        float *s2 = c2 + 2 * R;
+        for (int64_t i = 0; i < R; i++) {
+            const float c = ld(cs, t * sct + i, cb), s = ld(sn, t * sst + i, cb);
+            c2[2 * i] = c2[2 * i + 1] = c;
+            s2[2 * i] = -s; s2[2 * i + 1] = s;
+        }
         for (int64_t h = 0; h < H; h++) {
             const int64_t in = t * sxt + h * sxh, o = (t * H + h) * D;
-            for (int64_t i = 0; i < R; i++) {
-                const float x0 = ld(x, in + 2 * i, xb), x1 = ld(x, in + 2 * i + 1, xb);
-                const float c = ld(cs, t * sct + i, cb), s = ld(sn, t * sst + i, cb);
-                st(out, o + 2 * i, xb, x0 * c - x1 * s);
-                st(out, o + 2 * i + 1, xb, x0 * s + x1 * c);
+            int64_t d = 0;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+            for (; d + 16 <= 2 * R; d += 16) {
+                const __m512 v = xb ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                                          _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + in + d))), 16))
+                                    : _mm512_loadu_ps((const float *)x + in + d);
+                const __m512 r = _mm512_fmadd_ps(v, _mm512_loadu_ps(c2 + d),
+                                                 _mm512_mul_ps(_mm512_permute_ps(v, 0xB1), _mm512_loadu_ps(s2 + d)));
+                if (xb) _mm256_storeu_si256((__m256i *)((uint16_t *)out + o + d), (__m256i)_mm512_cvtneps_pbh(r));
+                else _mm512_storeu_ps((float *)out + o + d, r);
             }
-            for (int64_t d = 2 * R; d < D; d++) st(out, o + d, xb, ld(x, in + d, xb));
+#endif
+            for (; d < 2 * R; d += 2) {
+                const float x0 = ld(x, in + d, xb), x1 = ld(x, in + d + 1, xb);
+                st(out, o + d, xb, x0 * c2[d] + x1 * s2[d]);
+                st(out, o + d + 1, xb, x1 * c2[d + 1] + x0 * s2[d + 1]);
+            }
+            for (; d < D; d++) st(out, o + d, xb, ld(x, in + d, xb));
         }
+        free(c2);
     }
-    return 0;
+    return failed ? -3 : 0;
 }
 """
 _LIB = native.build("rope", NATIVE_C, origin=__file__, strict=True)
@@ -62,10 +89,11 @@ def cpu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
             and cos.dtype in _FLOATS and cos.stride(1) == 1 and sin.stride(1) == 1 and x.device.type == "cpu"
             and cos.shape == sin.shape and cos.shape[0] == x.shape[0] and 2 * cos.shape[1] <= x.shape[2]):
         out = torch.empty(x.shape, dtype=x.dtype)                                  # [tokens, heads, head_dim]
-        _LIB.rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), *x.shape, cos.shape[1],
-                  x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), native.is_bf16(x), native.is_bf16(cos),
-                  torch.get_num_threads())
-        return out
+        rc = _LIB.rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), *x.shape, cos.shape[1],
+                       x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), native.is_bf16(x), native.is_bf16(cos),
+                       torch.get_num_threads())
+        if rc == 0:
+            return out
     rot = 2 * cos.shape[-1]
     pairs = torch.view_as_complex(x[..., :rot].float().unflatten(-1, (rot // 2, 2)))   # [tokens, heads, rot/2]
     turn = torch.complex(cos.float(), sin.float()).unsqueeze(1)                           # [tokens, 1, rot/2]
