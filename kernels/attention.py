@@ -189,13 +189,24 @@ native.signature(_LIB, "decode_attention", 6, 12, (native.ctypes.c_float, native
 
 
 def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> bool:
-    """The C kernel reads raw memory: only plain float caches, unit head_dim strides, int64 metadata."""
-    return (_LIB is not None and kv.k_scale is None and meta.max_kv <= kv.k.shape[1]
-            and meta.seq_streams.dtype == meta.kv_lens.dtype == torch.int64
-            and meta.seq_streams.is_contiguous() and meta.kv_lens.is_contiguous() and q.dtype in (torch.float32, torch.bfloat16)
-            and kv.k.dtype == kv.v.dtype == q.dtype and q.device.type == "cpu" and q.stride(2) == 1
-            and kv.k.stride(3) == 1 and kv.v.stride(3) == 1 and q.shape[2] <= 256
-            and q.shape[1] % kv.k.shape[2] == 0 and q.shape[1] // kv.k.shape[2] <= 16)
+    """The C kernel reads raw memory: only plain float CPU caches of q's head size, unit head_dim
+    strides, int64 metadata of q's batch, and streams that exist."""
+    if _LIB is None or kv.k_scale is not None or q.dim() != 3 or kv.k.dim() != 4:
+        return False
+    tensors = (q, kv.k, kv.v, meta.seq_streams, meta.kv_lens)
+    if any(t.device.type != "cpu" for t in tensors) or meta.seq_streams.dtype != torch.int64 \
+            or meta.kv_lens.dtype != torch.int64 or not (meta.seq_streams.is_contiguous() and meta.kv_lens.is_contiguous()):
+        return False
+    n_seq, q_heads, dim = q.shape
+    streams, cells, kv_heads, kv_dim = kv.k.shape
+    shapes_ok = (kv.v.shape == kv.k.shape and kv_dim == dim and n_seq == meta.n_seqs and dim <= 256
+                 and q_heads % kv_heads == 0 and q_heads // kv_heads <= 16 and meta.max_kv <= cells)
+    if not shapes_ok or q.dtype not in (torch.float32, torch.bfloat16) or not kv.k.dtype == kv.v.dtype == q.dtype:
+        return False
+    if q.stride(2) != 1 or kv.k.stride(3) != 1 or kv.v.stride(3) != 1:
+        return False
+    top = meta.stream_base + n_seq if meta.stream_base is not None else int(meta.seq_streams.max()) + 1
+    return top <= streams
 
 
 def _native_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
@@ -205,7 +216,8 @@ def _native_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float)
         q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), meta.seq_streams.data_ptr(),
         meta.kv_lens.data_ptr(), n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1),
         *kv.k.stride()[:3], *kv.v.stride()[:3], scale, int(q.dtype == torch.bfloat16), torch.get_num_threads())
-    assert rc == 0, "decode_attention: unsupported group or head_dim"
+    if rc != 0:
+        raise RuntimeError(f"decode_attention (C) failed with {rc}: unsupported group or head_dim")
     return out
 
 

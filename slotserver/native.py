@@ -55,7 +55,8 @@ PRELUDE = r"""
 static inline float bf2f(uint16_t h) { union { uint32_t u; float f; } x; x.u = (uint32_t)h << 16; return x.f; }
 static inline uint16_t f2bf(float f) {
     union { uint32_t u; float f; } x; x.f = f;
-    return (uint16_t)((x.u + 0x7FFFu + ((x.u >> 16) & 1u)) >> 16);   /* round to nearest even */
+    if ((x.u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((x.u >> 16) | 0x40u);   /* NaN stays a quiet NaN */
+    return (uint16_t)((x.u + 0x7FFFu + ((x.u >> 16) & 1u)) >> 16);                  /* round to nearest even */
 }
 static inline float ld(const void *base, int64_t i, int bf16) {
     return bf16 ? bf2f(((const uint16_t *)base)[i]) : ((const float *)base)[i];
@@ -126,7 +127,7 @@ def compile_library(name: str, source: str) -> Path:
     if name != "probe":
         try:
             compile_library("probe", PRELUDE + PROBE)
-        except NativeError as e:
+        except (NativeError, OSError) as e:
             raise NoCompiler(f"{cc} cannot build with {' '.join(FLAGS)}: {e}") from None
     digest = hashlib.sha256("\0".join((source, cc, *FLAGS, _cpu_key())).encode()).hexdigest()[:16]
     target = cache_dir() / f"{name}-{digest}.so"
@@ -157,16 +158,26 @@ def build(name: str, source: str, origin: str | None = None, strict: bool = Fals
     key = hashlib.sha256(full.encode()).hexdigest()
     if key not in _loaded:
         try:
-            _loaded[key] = ctypes.CDLL(str(compile_library(name, full)))
-        except NoCompiler as e:
+            _loaded[key] = _load(name, full)
+        except NativeError as e:
+            if strict and not isinstance(e, NoCompiler):
+                raise  # the source's own error: a kernel edit must be refused, not replaced
             log.warning("native kernel %s unavailable, using its torch formulation: %s", name, e)
             _loaded[key] = None
-        except (NativeError, OSError) as e:
-            if strict:
-                raise
+        except OSError as e:  # the machine's fault (cache folder, compiler binary), never the source's
             log.warning("native kernel %s unavailable, using its torch formulation: %s", name, e)
             _loaded[key] = None
     return _loaded[key]
+
+
+def _load(name: str, full: str) -> ctypes.CDLL:
+    """Compile (or find cached) and load; a cached library that does not load is rebuilt once."""
+    path = compile_library(name, full)
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError:
+        path.unlink(missing_ok=True)   # truncated by a crash, or built for another machine
+        return ctypes.CDLL(str(compile_library(name, full)))
 
 
 def _located(source: str, origin: str | None) -> str:

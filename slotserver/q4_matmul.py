@@ -35,7 +35,7 @@ SOURCE = r"""
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
 typedef struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } tile_config;
 
 static int amx_state = 0;   /* 0 unknown, 1 granted, -1 refused; Linux asks each process to request it */
@@ -110,7 +110,7 @@ static void rows_block(const uint16_t *x, const float *xs, const uint8_t *w4, co
 /* x: [M, K] bf16 (contiguous), out: [M, N] bf16. -> 0; -1 without AMX (CPU, compiler or kernel
    permission), -2 on bad shapes, -3 out of memory. */
 int q4_matmul(const void *x, const void *w4, const void *dz, void *out, int64_t M, int64_t N, int64_t K, int n_threads) {
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
     if (!amx_granted()) return -1;
     if (K % 32 || N % 16 || M < 1) return -2;
     const int64_t G = K / 32, NB = N / 16;
@@ -168,9 +168,13 @@ def matmul(x: torch.Tensor, w4: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
     """x: [rows, in] bf16 -> [rows, out] bf16."""
     x = x.contiguous()
     rows, k = x.shape
-    n = w4.shape[0] * 16
-    assert x.dtype == torch.bfloat16 and k == w4.shape[1] * GROUP, (x.dtype, tuple(x.shape), tuple(w4.shape))
-    out = torch.empty((rows, n), dtype=torch.bfloat16)
-    rc = _LIB.q4_matmul(x.data_ptr(), w4.data_ptr(), dz.data_ptr(), out.data_ptr(), rows, n, k, torch.get_num_threads())
-    assert rc == 0, f"q4_matmul failed ({rc})"
+    nb, g = w4.shape[:2]
+    if not (x.dtype == torch.bfloat16 and x.device.type == w4.device.type == dz.device.type == "cpu"
+            and w4.dtype == torch.uint8 and w4.shape == (nb, g, 16, 16) and w4.is_contiguous() and k == g * GROUP
+            and dz.dtype == torch.float32 and dz.shape == (nb, g, 2, 16) and dz.is_contiguous()):
+        raise ValueError(f"q4_matmul: x {x.dtype} {tuple(x.shape)} does not fit w4 {tuple(w4.shape)} / dz {tuple(dz.shape)}")
+    out = torch.empty((rows, nb * 16), dtype=torch.bfloat16)
+    rc = _LIB.q4_matmul(x.data_ptr(), w4.data_ptr(), dz.data_ptr(), out.data_ptr(), rows, nb * 16, k, torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"q4_matmul (C) failed with {rc}")
     return out

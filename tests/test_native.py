@@ -75,3 +75,35 @@ def test_a_toolchain_that_cannot_build_the_probe_is_no_compiler(tmp_path, monkey
     with pytest.raises(native.NoCompiler, match="cannot build"):
         native.compile_library("add", native.PRELUDE + ADD)
     assert native.build("add_flags", ADD + "/* flags */\n", strict=True) is None
+
+
+@needs_cc
+def test_bf16_rounding_keeps_a_nan_a_nan(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLOTSERVER_CACHE", str(tmp_path))
+    src = "int conv(uint32_t u) { union { uint32_t u; float f; } x; x.u = u; return f2bf(x.f); }\n"
+    lib = ctypes.CDLL(str(native.compile_library("conv", native.PRELUDE + src)))
+    lib.conv.argtypes = [ctypes.c_uint32]
+    for bits in (0x7F800001, 0xFFFFFFFF, 0xFFC00000):   # NaNs, including payloads rounding would turn into inf / 0
+        out = lib.conv(bits) & 0xFFFF
+        assert out & 0x7F80 == 0x7F80 and out & 0x7F, hex(bits)
+    assert lib.conv(0x3F800000) == 0x3F80 and lib.conv(0x7F800000) == 0x7F80   # 1.0 and +inf unchanged
+
+
+def test_the_attention_guard_keeps_mismatched_inputs_away_from_c():
+    """Inputs the C kernel would read out of bounds with go to the torch form (which raises or
+    copes), never to C: wrong head size, fewer q rows than sequences, a stream past the cache."""
+    from slotserver.batch import Batch, SeqChunk
+    from slotserver.kv_spec import StridedKV
+
+    spec = importlib.util.spec_from_file_location("_guard_attention", default_dir("kernels") / "attention.py")
+    att = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(att)
+    if att._LIB is None:
+        pytest.skip("no C compiler here")
+    k = torch.randn(4, 16, 2, 8)
+    meta = Batch.build([SeqChunk(0, 3, [1]), SeqChunk(2, 5, [1])]).attn
+    assert att._native_ok(torch.randn(2, 4, 8), StridedKV(k, k.clone()), meta)
+    assert not att._native_ok(torch.randn(2, 4, 6), StridedKV(k, k.clone()), meta)            # head size
+    assert not att._native_ok(torch.randn(1, 4, 8), StridedKV(k, k.clone()), meta)            # q rows
+    assert not att._native_ok(torch.randn(2, 4, 8), StridedKV(k[:2], k[:2].clone()), meta)    # stream 2 of 2
+    assert not att._native_ok(torch.randn(2, 4, 8), StridedKV(k, k[:, :, :, :4].clone()), meta)  # v differs
