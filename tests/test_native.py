@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
 import sys
 
 import pytest
@@ -32,6 +33,7 @@ def test_a_source_is_compiled_once_and_cached(tmp_path, monkeypatch):
 @needs_cc
 def test_a_compile_error_points_at_the_line_of_its_origin_file(tmp_path, monkeypatch):
     monkeypatch.setenv("SLOTSERVER_CACHE", str(tmp_path))
+    monkeypatch.delenv("SLOTSERVER_NATIVE", raising=False)
     broken = "int add(int64_t a, int64_t b) { return (int)(a + b) }\n"
     origin = tmp_path / "kernel.py"
     origin.write_text(f'"""doc"""\nX = 1\nSRC = r"""{broken}"""\n')
@@ -50,6 +52,7 @@ def test_no_compiler_or_switched_off_means_torch_serves(monkeypatch):
 
 
 @needs_cc
+@pytest.mark.skipif(os.environ.get("SLOTSERVER_NATIVE") == "0", reason="native kernels switched off")
 def test_kernels_build_their_c_here_and_leave_subnormals_alone():
     """With a compiler, every kernel with C source uses it (so test_kernels checks the C, not only
     the fallback); and no library switched the process to flush-to-zero (`-ffast-math` would)."""
@@ -71,6 +74,7 @@ def test_a_toolchain_that_cannot_build_the_probe_is_no_compiler(tmp_path, monkey
     """A compiler without OpenMP (or without a flag we use) must not make the kernels refuse to
     load: it counts as no compiler, and the torch forms serve."""
     monkeypatch.setenv("SLOTSERVER_CACHE", str(tmp_path))
+    monkeypatch.delenv("SLOTSERVER_NATIVE", raising=False)
     monkeypatch.setattr(native, "FLAGS", native.FLAGS + ("-fno-such-flag-xyz",))
     with pytest.raises(native.NoCompiler, match="cannot build"):
         native.compile_library("add", native.PRELUDE + ADD)
