@@ -141,7 +141,19 @@ def compile_library(name: str, source: str) -> Path:
         if proc.returncode != 0:
             raise NativeError(f"{name}: C compile error:\n{proc.stderr.strip()[-2000:]}")
         os.replace(out, target)  # atomic: a concurrent builder of the same source just wins or loses
+    _prune(target.parent, name)
     return target
+
+
+KEEP_PER_NAME = 4
+
+
+def _prune(folder: Path, name: str) -> None:
+    """Every edit of a kernel's C builds a new library: keep the newest few per name. (A library
+    still loaded elsewhere stays valid: unlinking a mapped file only drops its directory entry.)"""
+    libs = sorted(folder.glob(f"{name}-*.so"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in libs[KEEP_PER_NAME:]:
+        old.unlink(missing_ok=True)
 
 
 def build(name: str, source: str, origin: str | None = None, strict: bool = False) -> ctypes.CDLL | None:

@@ -111,3 +111,11 @@ def test_the_attention_guard_keeps_mismatched_inputs_away_from_c():
     assert not att._native_ok(torch.randn(1, 4, 8), StridedKV(k, k.clone()), meta)            # q rows
     assert not att._native_ok(torch.randn(2, 4, 8), StridedKV(k[:2], k[:2].clone()), meta)    # stream 2 of 2
     assert not att._native_ok(torch.randn(2, 4, 8), StridedKV(k, k[:, :, :, :4].clone()), meta)  # v differs
+
+
+@needs_cc
+def test_old_builds_of_a_name_are_pruned(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLOTSERVER_CACHE", str(tmp_path))
+    paths = [native.compile_library("edit", native.PRELUDE + ADD + f"/* edit {i} */\n") for i in range(6)]
+    left = sorted((tmp_path / "native").glob("edit-*.so"))
+    assert len(left) == native.KEEP_PER_NAME and paths[-1] in left and paths[0] not in left
