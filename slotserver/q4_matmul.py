@@ -22,6 +22,8 @@ either is missing `available()` is False and torch's kernels serve.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from slotserver import native
@@ -143,8 +145,9 @@ _LIB = native.build("q4_matmul", SOURCE, origin=__file__)
 native.signature(_LIB, "q4_matmul", 4, 3, (native.ctypes.c_int,))
 
 
+@functools.cache
 def available() -> bool:
-    """The library was built and this CPU (compiler) has AVX512-BF16."""
+    """The library was built, with AMX, and the OS lets this process use the tiles (one trial call)."""
     if _LIB is None:
         return False
     x, out = torch.zeros(1, GROUP, dtype=torch.bfloat16), torch.empty(1, 16, dtype=torch.bfloat16)
