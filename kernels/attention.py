@@ -215,7 +215,7 @@ def _native_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float)
     rc = _LIB.decode_attention(
         q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), meta.seq_streams.data_ptr(),
         meta.kv_lens.data_ptr(), n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1),
-        *kv.k.stride()[:3], *kv.v.stride()[:3], scale, int(q.dtype == torch.bfloat16), torch.get_num_threads())
+        *kv.k.stride()[:3], *kv.v.stride()[:3], scale, native.is_bf16(q), torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"decode_attention (C) failed with {rc}: unsupported group or head_dim")
     return out

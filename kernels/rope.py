@@ -34,7 +34,6 @@ def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
 # is x * cos2 + swap_pairs(x) * sin2, 16 lanes at a time with AVX-512 (the pair loop does not
 # vectorize by itself). Tokens split over the threads from 8K elements on.
 NATIVE_C = r"""
-#include <immintrin.h>
 #include <stdlib.h>
 
 int rope(const void *x, const void *cs, const void *sn, void *out, int64_t T, int64_t H, int64_t D, int64_t R,
@@ -53,15 +52,11 @@ int rope(const void *x, const void *cs, const void *sn, void *out, int64_t T, in
         for (int64_t h = 0; h < H; h++) {
             const int64_t in = t * sxt + h * sxh, o = (t * H + h) * D;
             int64_t d = 0;
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#ifdef SLOT_AVX512
             for (; d + 16 <= 2 * R; d += 16) {
-                const __m512 v = xb ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-                                          _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + in + d))), 16))
-                                    : _mm512_loadu_ps((const float *)x + in + d);
-                const __m512 r = _mm512_fmadd_ps(v, _mm512_loadu_ps(c2 + d),
-                                                 _mm512_mul_ps(_mm512_permute_ps(v, 0xB1), _mm512_loadu_ps(s2 + d)));
-                if (xb) _mm256_storeu_si256((__m256i *)((uint16_t *)out + o + d), (__m256i)_mm512_cvtneps_pbh(r));
-                else _mm512_storeu_ps((float *)out + o + d, r);
+                const __m512 v = load16(x, in + d, xb);
+                store16(out, o + d, xb, _mm512_fmadd_ps(v, _mm512_loadu_ps(c2 + d),
+                                                        _mm512_mul_ps(_mm512_permute_ps(v, 0xB1), _mm512_loadu_ps(s2 + d))));
             }
 #endif
             for (; d < 2 * R; d += 2) {

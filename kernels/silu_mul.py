@@ -27,37 +27,14 @@ def reference(gate_up: torch.Tensor) -> torch.Tensor:
 # slowest vector instruction; GCC keeps it without -ffast-math): 1 / (1 + e) as rcp14 plus one
 # Newton step (relative error ~1e-7). Rows split over the threads from 8K elements on.
 NATIVE_C = r"""
-#include <immintrin.h>
-
 static inline float silu_mul1(float g, float u) { return g / (1.0f + fast_exp(-g)) * u; }
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-static inline __m512 fast_exp16(__m512 x) {                   /* fast_exp, 16 lanes */
-    const __m512 t = _mm512_mul_ps(_mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f)),
-                                   _mm512_set1_ps(1.4426950409f));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
+#ifdef SLOT_AVX512
 static inline __m512 silu_mul16(__m512 g, __m512 u) {
     const __m512 den = _mm512_add_ps(_mm512_set1_ps(1.0f), fast_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)));
     __m512 r = _mm512_rcp14_ps(den);
     r = _mm512_mul_ps(r, _mm512_fnmadd_ps(den, r, _mm512_set1_ps(2.0f)));     /* Newton: r (2 - den r) */
     return _mm512_mul_ps(_mm512_mul_ps(g, r), u);
-}
-static inline __m512 load16(const void *p, int64_t i, int b) {
-    return b ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i))), 16))
-             : _mm512_loadu_ps((const float *)p + i);
-}
-static inline void store16(void *p, int64_t i, int b, __m512 v) {
-    if (b) _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), (__m256i)_mm512_cvtneps_pbh(v));
-    else _mm512_storeu_ps((float *)p + i, v);
 }
 #endif
 
@@ -65,7 +42,7 @@ int silu_mul(const void *gu, void *out, int64_t T, int64_t F, int64_t sg, int b,
     #pragma omp parallel for num_threads(n_threads) if (T * F >= 8192) schedule(static)
     for (int64_t t = 0; t < T; t++) {
         int64_t i = 0;
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#ifdef SLOT_AVX512
         for (; i + 16 <= F; i += 16)
             store16(out, t * F + i, b, silu_mul16(load16(gu, t * sg + i, b), load16(gu, t * sg + F + i, b)));
 #endif

@@ -5,10 +5,12 @@ Why C, and why this way: at decode, a CPU step is a few hundred tiny ops, and fo
 far more in per-call setup than in arithmetic. A kernel module may carry its own C source and ask
 `build(name, source)` for a library:
 
-- `PRELUDE` (bf16 conversions, a vectorizable exp, row loads) is prepended; the source is compiled with the system C compiler (`$CC`, else `cc`), `-O3 -march=native`,
-  reassociating float math (not `-ffast-math`, see FLAGS) and `-fopenmp`, into `$SLOTSERVER_CACHE` (default `~/.cache/slotserver/native`), named by a hash of the
-  source, the flags and this CPU's feature flags; a second process (or a second test worker)
-  reuses it. It takes about a second; no torch headers, no Python headers.
+- `PRELUDE` (bf16 conversions, a vectorizable exp, row loads, AVX-512 helpers) is prepended;
+  the source is compiled with the system C compiler (`$CC`, else `cc`): `-O3 -march=native`,
+  float reassociation (not `-ffast-math`, see FLAGS) and `-fopenmp`, into `$SLOTSERVER_CACHE`
+  (default `~/.cache/slotserver/native`), named by a hash of the source, the flags and this CPU's
+  feature flags; a second process (or a second test worker) reuses it. About half a second per
+  kernel; no torch headers, no Python headers.
 - `-fopenmp` links `libgomp.so.1`, which torch has already loaded: the kernel's parallel loops run
   on the calling thread's OpenMP team, the same threads torch's own ops use (no second pool
   fighting for the cores). Callers pass `torch.get_num_threads()` explicitly.
@@ -45,7 +47,8 @@ FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno",
          "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math", "-fopenmp", "-fPIC", "-shared")
 _loaded: dict[str, ctypes.CDLL | None] = {}
 
-# Prepended to every source: bf16 <-> float32, a vectorizable exp, row loads and prefetches.
+# Prepended to every source: bf16 <-> float32, a vectorizable exp, row loads and prefetches,
+# and the AVX-512 forms of loads, stores and exp.
 # A tensor's dtype crosses the boundary as an int flag: 1 for bfloat16, 0 for float32.
 PRELUDE = r"""
 #include <math.h>
@@ -74,6 +77,34 @@ static inline float fast_exp(float x) {
     union { uint32_t u; float f; } e; e.u = (uint32_t)((int32_t)n + 127) << 23;
     return p * e.f;
 }
+/* 16 lanes at a time where the compiler targets AVX-512 with BF16 (SLOT_AVX512): loads and stores
+   of bf16 or float32, and fast_exp with the same polynomial. Kernels keep a scalar loop for the
+   rest (and for other CPUs). */
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define SLOT_AVX512 1
+#include <immintrin.h>
+static inline __m512 load16(const void *p, int64_t i, int bf16) {
+    return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i))), 16))
+                : _mm512_loadu_ps((const float *)p + i);
+}
+static inline void store16(void *p, int64_t i, int bf16, __m512 v) {
+    if (bf16) _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), (__m256i)_mm512_cvtneps_pbh(v));
+    else _mm512_storeu_ps((float *)p + i, v);
+}
+static inline __m512 fast_exp16(__m512 x) {
+    const __m512 t = _mm512_mul_ps(_mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f)),
+                                   _mm512_set1_ps(1.4426950409f));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
 static inline void load_row(const void *base, int64_t off, int bf16, int64_t n, float *dst) {
     if (bf16) { const uint16_t *p = (const uint16_t *)base + off; for (int64_t i = 0; i < n; i++) dst[i] = bf2f(p[i]); }
     else { const float *p = (const float *)base + off; for (int64_t i = 0; i < n; i++) dst[i] = p[i]; }

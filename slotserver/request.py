@@ -1,7 +1,8 @@
 """What a client submits to the engine and what it gets back: a request, its events, its handle.
 
-The engine thread emits events into the handle; an asyncio consumer receives them through
-`loop.call_soon_threadsafe` (never touching engine state), a plain thread through a queue.
+The engine thread emits events into the handle; an asyncio consumer receives them through the
+engine's `Outbox` (one `loop.call_soon_threadsafe` per step, never touching engine state), a plain
+thread through a queue.
 """
 
 from __future__ import annotations
@@ -79,20 +80,17 @@ class RequestHandle:
 
     def __init__(self, request_id: int, request: Request, engine, loop: asyncio.AbstractEventLoop | None = None,
                  outbox: Outbox | None = None):
+        assert loop is None or outbox is not None, "an asyncio consumer's events go through the engine's outbox"
         self.id, self.request, self._engine, self._loop = request_id, request, engine, loop
         self._outbox = outbox
         self._sync: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._async: asyncio.Queue[Event] | None = asyncio.Queue() if loop is not None else None
 
     def emit(self, event: Event) -> None:
-        """Called on the engine thread. With an outbox, delivered when the engine flushes it."""
-        if self._async is not None and self._loop is not None and self._outbox is not None:
+        """Called on the engine thread. An asyncio consumer gets it when the engine flushes its outbox
+        (end of step); a thread consumer at once."""
+        if self._async is not None:
             self._outbox.put(self._loop, self._async, event)
-        elif self._async is not None and self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._async.put_nowait, event)
-            except RuntimeError:  # the loop is closed: the client is gone
-                pass
         else:
             self._sync.put(event)
 
