@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from slotserver.module_loader import LoadedModule, default_dir, load_by_path
+from slotserver.module_loader import LoadedModule, default_dir, load_by_path, module_names, resolve_in_folder
 
 OPS = ("rms_norm", "rope", "attention", "silu_mul")
 KERNEL_CONTRACT = ("OP", "reference", "cpu", "example_inputs", "TOL")
@@ -32,8 +32,8 @@ class KernelSet:
     @classmethod
     def load(cls, folder: Path | None = None, impl: str = "cpu") -> "KernelSet":
         folder = Path(folder) if folder is not None else default_dir("kernels")
-        names = set(OPS) | {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_")}
-        mods = {op: load_by_path(folder / f"{op}.py", KERNEL_CONTRACT) for op in sorted(names)}
+        names = set(OPS) | set(module_names(folder))  # what the lab lists: no symlink out of the folder
+        mods = {op: load_by_path(resolve_in_folder(folder, op, "kernel"), KERNEL_CONTRACT) for op in sorted(names)}
         return cls(mods, impl)
 
     def with_module(self, op: str, loaded: LoadedModule) -> "KernelSet":

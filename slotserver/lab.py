@@ -21,7 +21,8 @@ from slotserver.kernel_set import KERNEL_CONTRACT
 from slotserver.kv_cache import KVCache
 from slotserver.lab_validate import validate_kernel, validate_layout
 from slotserver.layout_loader import LAYOUT_CONTRACT, available_layouts
-from slotserver.module_loader import ModuleLoadError, default_dir, file_version, load_by_path
+from slotserver.module_loader import (ModuleLoadError, default_dir, file_version, load_by_path, locate,
+                                      module_names, resolve_in_folder)
 from slotserver.sandbox import run_forked
 
 
@@ -99,19 +100,23 @@ class Lab:
         if path is None:
             results = [self._reload(str(p), observed) for p in self._changed_files()]
             return {"reloaded": results}
-        p = Path(path)
-        if p.parent.resolve() == self.kernels_dir.resolve():
-            return self._reload_kernel(p, observed)
-        if p.parent.resolve() == self.layouts_dir.resolve():
-            return self._reload_layout(p, observed)
-        return self._event("refused", "file", p.stem, str(p), reason="not in the kernels or layouts folder")
+        where = locate(path, {"kernel": self.kernels_dir, "layout": self.layouts_dir})
+        if where is None:  # never imported, not even by the validator
+            return self._event("refused", "file", Path(str(path)).stem[:100], str(path)[:300],
+                               reason="not a module the lab lists: only <name>.py files inside the "
+                                      f"kernels folder ({self.kernels_dir}) or the layouts folder ({self.layouts_dir})")
+        kind, name = where
+        if kind == "kernel":
+            return self._reload_kernel(self.kernels_dir / f"{name}.py", observed)
+        return self._reload_layout(self.layouts_dir / f"{name}.py", observed)
 
     def _changed_files(self) -> list[Path]:
         ks = self.engine.bundle.model.kernels
         serving = {str(m.path): m.version for m in ks.modules.values()}
         serving[str(self.engine.cache.loaded.path)] = self.engine.cache.loaded.version
         out = []
-        for f in sorted(self.kernels_dir.glob("*.py")) + [self.engine.cache.loaded.path]:
+        listed = [self.kernels_dir / f"{n}.py" for n in module_names(self.kernels_dir)]
+        for f in listed + [self.engine.cache.loaded.path]:
             try:
                 if file_version(f) != serving.get(str(f)):
                     out.append(f)
@@ -151,10 +156,10 @@ class Lab:
         return self._queue(lambda: self._migrate(load_by_path(p, LAYOUT_CONTRACT), observed))
 
     def _switch_layout(self, name: str, observed: float) -> dict:
-        p = self.layouts_dir / f"{name}.py"
-        if not p.is_file():
-            known = ", ".join(available_layouts(self.layouts_dir))
-            return self._event("refused", "layout", name, str(p), reason=f"unknown layout '{name}' (known: {known})")
+        try:
+            p = resolve_in_folder(self.layouts_dir, name, "layout")
+        except ModuleLoadError as e:  # a path, '..', a separator, a symlink out: nothing is imported
+            return self._event("refused", "layout", str(name)[:100], "", reason=str(e))
         check = self._validate_layout_file(p)
         if not check.get("ok"):
             return self._event("refused", "layout", name, str(p), reason=check.get("reason"), line=check.get("line", "?"))

@@ -10,24 +10,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from slotserver.kv_spec import KVSpec
-from slotserver.module_loader import LoadedModule, ModuleLoadError, default_dir, load_by_path
+from slotserver.module_loader import LoadedModule, ModuleLoadError, default_dir, load_by_path, module_names, resolve_in_folder
 
 LAYOUT_CONTRACT = ("NAME", "create")
 LAYOUT_METHODS = ("write", "view", "copy_stream", "export_stream", "import_stream", "bytes_used")
 
 
 def available_layouts(folder: Path | None = None) -> list[str]:
-    folder = Path(folder) if folder is not None else default_dir("layouts")
-    return sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
+    return module_names(Path(folder) if folder is not None else default_dir("layouts"))
 
 
 def load_layout(name: str, folder: Path | None = None) -> LoadedModule:
     folder = Path(folder) if folder is not None else default_dir("layouts")
-    path = folder / f"{name}.py"
-    if not path.is_file():
-        known = ", ".join(available_layouts(folder)) or "none"
-        raise ModuleLoadError(f"unknown layout '{name}' (in {folder}: {known})")
-    return load_by_path(path, LAYOUT_CONTRACT)
+    return load_by_path(resolve_in_folder(folder, name, "layout"), LAYOUT_CONTRACT)
 
 
 def create_layout(loaded: LoadedModule, spec: KVSpec):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import itertools
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from types import ModuleType
 
 _counter = itertools.count()
 REPO_ROOT = Path(__file__).resolve().parent.parent
+NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 
 
 class ModuleLoadError(Exception):
@@ -38,6 +40,46 @@ def file_version(path: Path) -> str:
 def default_dir(kind: str) -> Path:
     """The repository's own `kernels/` or `layouts/` folder."""
     return REPO_ROOT / kind
+
+
+def module_names(folder: Path) -> list[str]:
+    """The names the lab lists from `folder`: `<identifier>.py` files that resolve inside it.
+
+    This list is the whole of what a request may name: nothing else is ever imported, so a
+    name like `/tmp/x/evil`, `../x`, `a/b` or a symlink pointing out of the folder never runs.
+    """
+    root = Path(folder).resolve()
+    names = []
+    for p in sorted(Path(folder).glob("*.py")):
+        if NAME_RE.fullmatch(p.stem) and p.resolve().parent == root and p.resolve().is_file():
+            names.append(p.stem)
+    return names
+
+
+def resolve_in_folder(folder: Path, name: object, kind: str) -> Path:
+    """`folder/<name>.py` for a name `module_names(folder)` lists; ModuleLoadError otherwise.
+
+    Why both checks: the name must be a plain identifier (`fullmatch`, so no separators, dots or
+    a trailing newline), and the resolved file must still lie inside the resolved folder (a
+    symlink in the folder that points elsewhere is refused too).
+    """
+    known = module_names(folder)
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name not in known:
+        shown = name if isinstance(name, str) else type(name).__name__
+        raise ModuleLoadError(f"unknown {kind} {shown[:100]!r} (known: {', '.join(known) or 'none'})")
+    return Path(folder) / f"{name}.py"
+
+
+def locate(path: str | Path, folders: dict[str, Path]) -> tuple[str, str] | None:
+    """(kind, name) when `path` names a file that `module_names` lists in one of `folders`."""
+    try:
+        p = Path(path)
+        for kind, folder in folders.items():
+            if p.suffix == ".py" and p.parent.resolve() == Path(folder).resolve() and p.stem in module_names(folder):
+                return kind, p.stem
+    except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop: not a listed module
+        return None
+    return None
 
 
 def load_by_path(path: Path, required: tuple[str, ...]) -> LoadedModule:

@@ -5,13 +5,13 @@ started with --slots-debug (prompts are other users' data). `?fail_on_no_slot=1`
 when every slot is busy, which is what load balancers poll. Disabled with --no-slots (501).
 
 Slot actions need --slot-save-path (501 otherwise, as in llama-server). File names are checked
-here as well as in the engine, so a name such as `../evil` is refused before anything runs.
+here with the engine's own rule (`slot_files.check_name`) as well as in the engine, so a name
+such as `../evil` or `x.bin\n` is refused before anything runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -23,10 +23,10 @@ from slotserver.server.errors import ApiError, bad_request, not_supported
 from slotserver.server.fields import Fields
 from slotserver.server.jsonio import JSONResp
 from slotserver.server.state import ServerState
+from slotserver.slot_files import check_name
 from slotserver.stats import SlotStats
 
 ACTIONS = ("save", "restore", "erase")
-FILENAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,200}$")
 
 
 def slot_json(s: SlotStats, prompt: str | None) -> dict:
@@ -65,9 +65,10 @@ def _filename(body: dict, action: str) -> str | None:
     if action == "erase":
         return None
     name = Fields(body).str("filename")
-    if not name or not FILENAME.match(name) or ".." in name:
-        raise bad_request(f"Invalid filename {name!r}: use letters, digits, '.', '_' and '-' only")
-    return name
+    try:
+        return check_name(name)  # the engine's own rule (slot_files), so the two cannot drift
+    except RequestError:
+        raise bad_request(f"Invalid filename {name!r}: use letters, digits, '.', '_' and '-' only") from None
 
 
 def _status_of(e: BaseException) -> ApiError | None:
