@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from slotserver import cpu_features
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -34,6 +36,10 @@ class ModelConfig:
             raise ConfigError(f"context size must be >= 0, got {self.max_ctx!r}")
         if self.weights not in ("dense", "int8", "int4", "auto", "auto4"):
             raise ConfigError(f"--weights must be dense, int8, int4, auto or auto4, got {self.weights!r}")
+        try:
+            cpu_features.current()   # SLOTSERVER_CPU: a typo is an error at startup, not at the first kernel build
+        except cpu_features.CpuVariantError as e:
+            raise ConfigError(str(e)) from None
         for name in ("kernels_dir", "layouts_dir"):
             folder = getattr(self, name)
             if folder is not None and not Path(folder).is_dir():

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from slotserver import q4_matmul
+from slotserver import cpu_features, q4_matmul
 
 WEIGHT_FORMATS = ("dense", "int8", "int4", "auto", "auto4")
 INT4_GROUP = 32
@@ -108,13 +108,25 @@ def _prepack(w: torch.Tensor) -> torch.Tensor | None:
     Why: `F.linear` re-blocks the weight on every call. Measured on this CPU over 30 weights of one
     layer shape (so they come from memory, as in the model): 1.4-1.6x faster per matmul at 1 to
     512 rows, bit-identical results. The row hint only tunes the blocking; any row count works.
+    Only where oneDNN runs bf16 natively (AVX-512 BW/VL/DQ, not under SLOTSERVER_CPU=avx2):
+    elsewhere torch refuses the re-blocking and F.linear serves (`prepack_available`).
     """
-    if w.dtype != torch.bfloat16 or w.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+    if w.dtype != torch.bfloat16 or w.device.type != "cpu" or not prepack_available():
         return None
     try:
         return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACK_ROWS_HINT)
     except (RuntimeError, AttributeError):  # a torch build without oneDNN's linear ops
         return None
+
+
+def prepack_available() -> bool:
+    """Whether bf16 weights get oneDNN's pre-packed copy on this CPU (variant included)."""
+    if not (torch.backends.mkldnn.is_available() and cpu_features.current().onednn_bf16):
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # torch's own CPU test (and ONEDNN_MAX_CPU_ISA)
+    except (RuntimeError, AttributeError):
+        return False
 
 
 def _int4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

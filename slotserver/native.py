@@ -6,11 +6,14 @@ far more in per-call setup than in arithmetic. A kernel module may carry its own
 `build(name, source)` for a library:
 
 - `PRELUDE` (bf16 conversions, a vectorizable exp, row loads, AVX-512 helpers) is prepended;
-  the source is compiled with the system C compiler (`$CC`, else `cc`): `-O3 -march=native`,
-  float reassociation (not `-ffast-math`, see FLAGS) and `-fopenmp`, into `$SLOTSERVER_CACHE`
-  (default `~/.cache/slotserver/native`), named by a hash of the source, the flags and this CPU's
-  feature flags; a second process (or a second test worker) reuses it. About half a second per
-  kernel; no torch headers, no Python headers.
+  the source is compiled with the system C compiler (`$CC`, else `cc`): `-O3`, the target flags
+  of the CPU variant (`slotserver.cpu_features`: `-march=native`, or `-march=x86-64-v3` under
+  `SLOTSERVER_CPU=avx2`, AMX taken out under `avx512`), float reassociation (not `-ffast-math`,
+  see FLAGS) and `-fopenmp`, into `$SLOTSERVER_CACHE` (default `~/.cache/slotserver/native`),
+  named by a hash of the source, the flags and this CPU's feature flags; a second process (or a
+  second test worker) reuses it. About half a second per kernel; no torch headers, no Python
+  headers. The C must compile for every variant: AVX-512 code sits under `#ifdef SLOT_AVX512`
+  (or `__AVX512F__`) with a scalar loop beside it.
 - `-fopenmp` links `libgomp.so.1`, which torch has already loaded: the kernel's parallel loops run
   on the calling thread's OpenMP team, the same threads torch's own ops use (no second pool
   fighting for the cores). Callers pass `torch.get_num_threads()` explicitly.
@@ -38,13 +41,16 @@ from pathlib import Path
 
 import torch  # noqa: F401 - loads torch's libgomp first, so the kernels share its OpenMP runtime
 
+from slotserver import cpu_features
+
 log = logging.getLogger("slotserver.native")
 
 # Not -ffast-math: with it, GCC links crtfastmath.o into the library, whose constructor turns on
 # flush-to-zero for the whole process (every later float op of torch and Python would change).
-# These flags alone let the compiler vectorize float reductions.
-FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fno-trapping-math",
-         "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math", "-fopenmp", "-fPIC", "-shared")
+# These flags alone let the compiler vectorize float reductions. The target flags come from the
+# CPU variant (`compile_flags`).
+FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math",
+         "-freciprocal-math", "-fopenmp", "-fPIC", "-shared")
 _loaded: dict[str, ctypes.CDLL | None] = {}
 
 # Prepended to every source: bf16 <-> float32, a vectorizable exp, row loads and prefetches,
@@ -133,15 +139,15 @@ def compiler() -> str | None:
     return shutil.which(cc)
 
 
+def compile_flags() -> tuple[str, ...]:
+    """FLAGS and the target flags of this process's CPU variant (SLOTSERVER_CPU, see cpu_features)."""
+    return (*FLAGS, *cpu_features.current().march_flags())
+
+
 def _cpu_key() -> str:
     """The CPU's feature flags (an `-march=native` library is only valid on a CPU like this one)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    flags = cpu_features.host_flags()
+    return " ".join(sorted(flags)) if flags else (platform.processor() or platform.machine())
 
 
 # Compiled first with the same flags: if this fails (no OpenMP, an unknown flag), the machine has
@@ -155,12 +161,13 @@ def compile_library(name: str, source: str) -> Path:
     cc = compiler()
     if cc is None:
         raise NoCompiler(f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH")
+    flags = compile_flags()
     if name != "probe":
         try:
             compile_library("probe", PRELUDE + PROBE)
         except (NativeError, OSError) as e:
-            raise NoCompiler(f"{cc} cannot build with {' '.join(FLAGS)}: {e}") from None
-    digest = hashlib.sha256("\0".join((source, cc, *FLAGS, _cpu_key())).encode()).hexdigest()[:16]
+            raise NoCompiler(f"{cc} cannot build with {' '.join(flags)}: {e}") from None
+    digest = hashlib.sha256("\0".join((source, cc, *flags, _cpu_key())).encode()).hexdigest()[:16]
     target = cache_dir() / f"{name}-{digest}.so"
     if target.exists():
         return target
@@ -168,7 +175,7 @@ def compile_library(name: str, source: str) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         src, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
         src.write_text(source)
-        proc = subprocess.run([cc, *FLAGS, "-o", str(out), str(src), "-lm"], capture_output=True, text=True)
+        proc = subprocess.run([cc, *flags, "-o", str(out), str(src), "-lm"], capture_output=True, text=True)
         if proc.returncode != 0:
             raise NativeError(f"{name}: C compile error:\n{proc.stderr.strip()[-2000:]}")
         os.replace(out, target)  # atomic: a concurrent builder of the same source just wins or loses
@@ -198,7 +205,7 @@ def build(name: str, source: str, origin: str | None = None, strict: bool = Fals
     if os.environ.get("SLOTSERVER_NATIVE", "1") == "0":  # off by request: the torch formulations serve
         return None
     full = _located(PRELUDE, __file__) + _located(source, origin)
-    key = hashlib.sha256(full.encode()).hexdigest()
+    key = hashlib.sha256("\0".join((full, *compile_flags())).encode()).hexdigest()  # a variant change rebuilds
     if key not in _loaded:
         try:
             _loaded[key] = _load(name, full)

@@ -15,9 +15,10 @@ exactly, see `slotserver.linear`):
   (AMX's pair-interleaved layout), no table, no conversion.
 - `dz`: `[out/16, in/32, 2, 16]` float32: d, and z = m - 128 d, so that per group
   y += d * sum_k x_k (128 + q_k) + z * sum_k x_k (float32 scales: torch's kernel keeps bf16 ones).
-Activations and output are bf16, sums float32. Needs AMX-BF16 at compile time (the library is
-built with -march=native) and the OS's permission for tile data (requested per process); where
-either is missing `available()` is False and torch's kernels serve.
+Activations and output are bf16, sums float32. Needs the `amx` CPU variant (`slotserver.cpu_features`:
+the host has AMX and `SLOTSERVER_CPU` is auto or amx; the library is then built with
+-march=native), AMX-BF16 at compile time and the OS's permission for tile data (requested per
+process); where any is missing `available()` is False and torch's kernels serve.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import functools
 
 import torch
 
-from slotserver import native
+from slotserver import cpu_features, native
 
 GROUP = 32
 
@@ -147,8 +148,9 @@ native.signature(_LIB, "q4_matmul", 4, 3, (native.ctypes.c_int,))
 
 @functools.cache
 def available() -> bool:
-    """The library was built, with AMX, and the OS lets this process use the tiles (one trial call)."""
-    if _LIB is None:
+    """The CPU variant allows AMX, the library was built with it, and the OS lets this process use
+    the tiles (one trial call)."""
+    if _LIB is None or not cpu_features.current().amx:
         return False
     x, out = torch.zeros(1, GROUP, dtype=torch.bfloat16), torch.empty(1, 16, dtype=torch.bfloat16)
     w4, dz = torch.zeros(1, 1, 16, 16, dtype=torch.uint8), torch.zeros(1, 1, 2, 16)

@@ -1,6 +1,7 @@
 """`slotserver.native`: C sources compile once and are cached, compile errors carry the
 compiler's message at the source file's own lines, a missing compiler or SLOTSERVER_NATIVE=0
-means None (torch serves), and loading the kernels leaves the process's float behaviour alone."""
+means None (torch serves), loading the kernels leaves the process's float behaviour alone, and
+each CPU variant (SLOTSERVER_CPU) builds its own library with no instruction above the variant."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import ctypes
 import importlib.util
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from slotserver import native
+from slotserver import cpu_features, native
 from slotserver.module_loader import default_dir
 
 needs_cc = pytest.mark.skipif(native.compiler() is None, reason="no C compiler on this machine")
@@ -119,3 +121,53 @@ def test_old_builds_of_a_name_are_pruned(tmp_path, monkeypatch):
     paths = [native.compile_library("edit", native.PRELUDE + ADD + f"/* edit {i} */\n") for i in range(6)]
     left = sorted((tmp_path / "native").glob("edit-*.so"))
     assert len(left) == native.KEEP_PER_NAME and paths[-1] in left and paths[0] not in left
+
+
+# which instruction sets the compiler targeted: a library above its variant would crash (SIGILL) there
+TARGETS = r"""
+int targets(void) { int t = 0;
+#ifdef __AVX2__
+t |= 1;
+#endif
+#ifdef __AVX512F__
+t |= 2;
+#endif
+#ifdef __AMX_TILE__
+t |= 4;
+#endif
+#ifdef SLOT_AVX512
+t |= 8;
+#endif
+return t; }
+float exp_at(float x) { return fast_exp(x); }
+"""
+NEEDS = {"avx2": "avx2", "avx512": "avx512f", "amx": "amx_tile"}
+
+
+@needs_cc
+@pytest.mark.parametrize("variant", cpu_features.VARIANTS)
+def test_each_cpu_variant_builds_its_own_library_within_its_instruction_set(variant, tmp_path, monkeypatch):
+    if not cpu_features.supports(variant):
+        pytest.skip(f"needs {NEEDS[variant]}")
+    monkeypatch.setenv("SLOTSERVER_CACHE", str(tmp_path))
+    monkeypatch.setenv("SLOTSERVER_CPU", variant)
+    path = native.compile_library("targets", native.PRELUDE + TARGETS)
+    lib = ctypes.CDLL(str(path))
+    lib.exp_at.argtypes, lib.exp_at.restype = [ctypes.c_float], ctypes.c_float
+    assert abs(lib.exp_at(1.0) - 2.7182817) < 1e-5 and lib.exp_at(-100.0) >= 0.0
+    t = lib.targets()
+    assert t & 1 and bool(t & 2) == (variant != "avx2") and bool(t & 4) == (variant == "amx"), (variant, t)
+    assert bool(t & 8) == (variant != "avx2" and "avx512_bf16" in cpu_features.host_flags())
+    monkeypatch.setenv("SLOTSERVER_CPU", "avx2" if variant != "avx2" else "auto")
+    other = native.compile_library("targets", native.PRELUDE + TARGETS)
+    assert (other != path) == (cpu_features.current().variant != variant)  # the cache key holds the flags
+
+
+def test_an_unknown_cpu_variant_is_refused(monkeypatch):
+    monkeypatch.setenv("SLOTSERVER_CPU", "avx3")
+    with pytest.raises(cpu_features.CpuVariantError, match="SLOTSERVER_CPU must be"):
+        native.compile_flags()
+    from slotserver.config import ConfigError, ModelConfig
+
+    with pytest.raises(ConfigError, match="SLOTSERVER_CPU must be"):   # refused at startup, before any build
+        ModelConfig(Path("model.gguf"))

@@ -206,8 +206,9 @@ def test_openai_completion_and_chat_formats(client, tiny_engine):
     assert len(lp["tokens"]) == 4 and all(len(t) <= 2 for t in lp["top_logprobs"])
     assert "".join(lp["tokens"]).replace("\ufffd", "") == choice["text"].replace("\ufffd", "")
     msgs = [{"role": "user", "content": "hi"}]
-    chat = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 3, "logprobs": True,
-                                                      "top_logprobs": 2, "model": "my-model"}).json()
+    # the default temperature samples: seeded, and ignore_eos so a random model's early EOG cannot cut it short
+    chat = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 3, "seed": 3, "ignore_eos": True,
+                                                      "logprobs": True, "top_logprobs": 2, "model": "my-model"}).json()
     assert chat["id"].startswith("chatcmpl-") and chat["object"] == "chat.completion"
     assert chat["model"] == "my-model"
     assert chat["choices"][0]["message"]["role"] == "assistant"
@@ -217,8 +218,8 @@ def test_openai_completion_and_chat_formats(client, tiny_engine):
 
 def test_openai_stream_ends_with_done_and_carries_usage(client):
     msgs = [{"role": "user", "content": "hi"}]
-    r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4, "stream": True,
-                                                   "stream_options": {"include_usage": True}})
+    r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4, "stream": True, "seed": 4,
+                                                   "ignore_eos": True, "stream_options": {"include_usage": True}})
     events = sse_events(r.text)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
@@ -269,7 +270,7 @@ def busy_slots(c: TestClient, prompt: str) -> list[dict]:
 
     def load() -> None:
         while not stop.is_set():
-            c.post("/completion", json={"prompt": prompt, "n_predict": -1, "ignore_eos": True})
+            c.post("/completion", json={"prompt": prompt, "n_predict": -1, "ignore_eos": True, "temperature": 0})
 
     worker = threading.Thread(target=load)
     worker.start()
