@@ -46,7 +46,9 @@ int silu_mul(const void *gu, void *out, int64_t T, int64_t F, int64_t sg, int b,
         for (; i + 16 <= F; i += 16)
             store16(out, t * F + i, b, silu_mul16(load16(gu, t * sg + i, b), load16(gu, t * sg + F + i, b)));
 #endif
-        for (; i < F; i++) st(out, t * F + i, b, silu_mul1(ld(gu, t * sg + i, b), ld(gu, t * sg + F + i, b)));
+        /* b is tested once per row, not per element: with a constant b the loop vectorizes (AVX2) */
+        if (b) for (; i < F; i++) st(out, t * F + i, 1, silu_mul1(ld(gu, t * sg + i, 1), ld(gu, t * sg + F + i, 1)));
+        else for (; i < F; i++) st(out, t * F + i, 0, silu_mul1(ld(gu, t * sg + i, 0), ld(gu, t * sg + F + i, 0)));
     }
     return 0;
 }

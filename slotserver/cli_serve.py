@@ -86,6 +86,10 @@ def add_parser(sub) -> None:
     a("--timeout", type=float, default=600.0, help="read/write timeout in seconds")
     a("--defrag", choices=["on", "off"], default="on")
     a("--no-watch", action="store_true", help="do not watch kernels/ and layouts/ for changes")
+    a("--no-lab-api", action="store_true",
+      help="turn off POST /lab/layout and /lab/reload (403); GET /lab and /lab/events stay readable")
+    a("--max-queue", type=int, default=256, metavar="N",
+      help="requests that may wait for a slot (default 256; 0: none wait); past it: 503")
     a("--cors", action="append", default=[], metavar="ORIGIN", help="allow this CORS origin (repeatable)")
     a("--slots-debug", action="store_true", help="show prompt text in GET /slots")
     p.set_defaults(run=run)

@@ -16,6 +16,9 @@ class EngineConfig:
 
     One step runs at most `min(batch_size, ubatch_size)` tokens in one forward: every decoding
     sequence's next token first, then prefill chunks, oldest request first.
+
+    `queue_limit` (--max-queue) requests may wait for a slot beyond the `n_parallel` running; the
+    next one is refused (HTTP 503). 0 is allowed: nothing waits, a request gets a slot or a 503.
     """
 
     n_parallel: int = 4
@@ -25,7 +28,7 @@ class EngineConfig:
     defrag: str = "on"
     slot_prompt_similarity: float = 0.1
     cache_prompt: bool = True
-    queue_limit: int = 256           # waiting requests beyond the slots; past it: busy
+    queue_limit: int = 256           # --max-queue: waiting requests beyond the slots; past it: busy
     n_predict: int = -1              # server default when a request gives none (-1: no limit)
     slot_save_path: Path | None = None
 
@@ -42,8 +45,8 @@ class EngineConfig:
             raise ConfigError(f"--defrag must be one of {', '.join(DEFRAG_MODES)}, got {self.defrag!r}")
         if not 0.0 <= self.slot_prompt_similarity <= 1.0:
             raise ConfigError(f"--slot-prompt-similarity must be in [0, 1], got {self.slot_prompt_similarity}")
-        if self.queue_limit < 0:
-            raise ConfigError(f"queue limit must be >= 0, got {self.queue_limit}")
+        if isinstance(self.queue_limit, bool) or not isinstance(self.queue_limit, int) or self.queue_limit < 0:
+            raise ConfigError(f"--max-queue must be an integer >= 0, got {self.queue_limit!r}")
         if self.n_predict < -1:
             raise ConfigError(f"--n-predict must be >= -1, got {self.n_predict}")
         if self.slot_save_path is not None and not Path(self.slot_save_path).is_dir():

@@ -181,7 +181,8 @@ def test_http_refuses_a_name_with_a_trailing_newline(http):
 
 def test_http_restore_of_a_bad_file_is_400_with_the_reason(http):
     client, folder = http
-    assert client.post("/completion", json={"prompt": [5, 6, 7, 8], "n_predict": 2, "id_slot": 0}).status_code == 200
+    assert client.post("/completion", json={"prompt": [5, 6, 7, 8], "n_predict": 2, "id_slot": 0,
+                                                "temperature": 0, "ignore_eos": True}).status_code == 200
     assert client.post("/slots/0?action=save", json={"filename": "good.bin"}).json()["n_saved"] == 5
     _tamper(folder, "good.bin", "bad.bin", _set_token(2, 10**9))
     r = client.post("/slots/1?action=restore", json={"filename": "bad.bin"})

@@ -3,7 +3,7 @@
 Middleware, outermost first:
   AccessLog    one line per request (method, path, status, tokens, ms)
   CatchAll     an unexpected exception -> logged 500 JSON error; the server keeps serving
-  CORS         only with --cors ORIGIN (no CORS headers at all otherwise)
+  CORS         only with --cors ORIGIN (no CORS headers at all otherwise), never for /lab (cors.py)
   LoadingGate  503 "Loading model" for every route but /health until the model is loaded
   ApiKeyAuth   401 without a valid key, when keys are configured (public: health, models)
 Routes raise `ApiError`; routing errors (404, 405) get the same JSON error shape.
@@ -16,7 +16,6 @@ from typing import Callable
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -25,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from slotserver.server import routes_completion, routes_lab, routes_misc, routes_openai, routes_slots
 from slotserver.server.access_log import AccessLog
 from slotserver.server.auth import ApiKeyAuth
+from slotserver.server.cors import CorsExceptLab
 from slotserver.server.errors import (ApiError, CatchAll, api_error_handler, http_exception_handler,
                                       loading_error, not_supported)
 from slotserver.server.state import ServerState
@@ -56,8 +56,7 @@ async def metrics(request: Request) -> Response:
 def _middleware(state: ServerState) -> list[Middleware]:
     stack = [Middleware(AccessLog), Middleware(CatchAll)]
     if state.config.cors_origins:
-        stack.append(Middleware(CORSMiddleware, allow_origins=list(state.config.cors_origins),
-                                allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"]))
+        stack.append(Middleware(CorsExceptLab, origins=state.config.cors_origins))
     stack.append(Middleware(LoadingGate, is_ready=lambda: state.ready))
     stack.append(Middleware(ApiKeyAuth, keys=state.config.api_keys))
     return stack

@@ -1,7 +1,8 @@
 """API keys (`--api-key`, `--api-key-file`): `Authorization: Bearer KEY` or `X-Api-Key: KEY`.
 
 As in llama-server, /health, /v1/health, /models and /v1/models stay public (health checks and
-model discovery), and CORS preflight requests pass. Keys are compared with
+model discovery), and CORS preflight requests pass; every other route needs a key, the lab's
+(/lab, /lab/*) included. Keys are compared with
 `hmac.compare_digest` against every configured key, so timing does not reveal a key's prefix.
 """
 

@@ -70,6 +70,13 @@ class Run:
         self.state.forget_prompt(self.handle.id)
 
 
+def busy_message(n_parallel: int, queue_limit: int) -> str:
+    """The 503 a client sees when the wait queue is full, saying how the operator can raise it."""
+    more = max(2 * queue_limit, queue_limit + 16)
+    return (f"server is busy: all {n_parallel} slots are in use and the queue holds {queue_limit} waiting "
+            f"requests, its limit; retry later, or start the server with --max-queue {more} to allow more")
+
+
 def submit(state: ServerState, job: CompletionJob, log_state: dict, prompt_text: str = "") -> Run:
     """Hand the job to the engine; refusals become 400 (bad request) or 503 (queue full)."""
     _, engine = state.require()
@@ -77,8 +84,8 @@ def submit(state: ServerState, job: CompletionJob, log_state: dict, prompt_text:
         handle = engine.submit(job.request, loop=asyncio.get_running_loop())
     except (RequestError, SamplingError) as e:
         raise ApiError(400, str(e)) from None
-    except EngineBusy as e:
-        raise ApiError(503, str(e)) from None
+    except EngineBusy:
+        raise ApiError(503, busy_message(engine.config.n_parallel, engine.config.queue_limit)) from None
     state.remember_prompt(handle.id, prompt_text)
     return Run(state, handle, log_state)
 

@@ -8,6 +8,16 @@ GET /lab/events     server-sent events, one per lab event with `seq` > ?since=N,
 The lab's verbs return futures completed on the engine thread; a refused switch or reload (bad
 name, a module that fails validation) is a 400 with the lab's reason. Without a lab (an engine
 that predates it) every route answers 501.
+
+Who may call what. The two POST verbs change which code the engine runs, so they are guarded
+beyond the inference routes:
+  - they take only `Content-Type: application/json` (415 otherwise), and no /lab route ever gets
+    CORS headers, even with --cors (cors.py): a web page cannot reach them from a browser;
+  - with --api-key, every /lab route needs the key (auth.py);
+  - `--no-lab-api` turns them off: 403 saying so, checked before the body is read.
+GET /lab and /lab/events stay readable with --no-lab-api: they only report (names, versions,
+stats, events), change nothing, and `slotserver top` polls them to show the server. The file
+watcher (a save in kernels/ or layouts/) is a separate path, governed by --no-watch.
 """
 
 from __future__ import annotations
@@ -59,9 +69,23 @@ async def lab_snapshot(request: Request) -> Response:
     return JSONResp(lab.snapshot())
 
 
+def _verbs_enabled(request: Request) -> None:
+    """403 with --no-lab-api (before anything else: a disabled verb reads no body)."""
+    state: ServerState = request.app.state.server
+    if not state.config.lab_api:
+        raise ApiError(403, "the lab API is disabled: this server was started with --no-lab-api "
+                            "(POST /lab/layout and /lab/reload are off; GET /lab still reports)")
+
+
+async def _read_verb_body(request: Request, state: ServerState, allow_empty: bool) -> dict:
+    return await read_json(request, state.config.body_limit, state.config.timeout,
+                           allow_empty=allow_empty, require_json_type=True)
+
+
 async def lab_layout(request: Request) -> Response:
+    _verbs_enabled(request)
     state, lab = _lab(request)
-    f = Fields(await read_json(request, state.config.body_limit, state.config.timeout))
+    f = Fields(await _read_verb_body(request, state, allow_empty=False))
     name = f.str("layout")
     if not name:
         raise bad_request("'layout' (a layout name) is required")
@@ -69,8 +93,9 @@ async def lab_layout(request: Request) -> Response:
 
 
 async def lab_reload(request: Request) -> Response:
+    _verbs_enabled(request)
     state, lab = _lab(request)
-    body = await read_json(request, state.config.body_limit, state.config.timeout, allow_empty=True)
+    body = await _read_verb_body(request, state, allow_empty=True)
     return JSONResp(await _await(lab.reload(Fields(body).str("path"))))
 
 

@@ -4,7 +4,9 @@ GET /slots reads the engine's stats snapshot; it never shows prompt text unless 
 started with --slots-debug (prompts are other users' data). `?fail_on_no_slot=1` answers 503
 when every slot is busy, which is what load balancers poll. Disabled with --no-slots (501).
 
-Slot actions need --slot-save-path (501 otherwise, as in llama-server). File names are checked
+Slot actions need --slot-save-path (501 otherwise, as in llama-server). Save and restore take
+only `Content-Type: application/json` (415 otherwise): they write files and replace state, so no
+web page may trigger them with a cross-origin request that needs no preflight. File names are checked
 here with the engine's own rule (`slot_files.check_name`) as well as in the engine, so a name
 such as `../evil` or `x.bin\n` is refused before anything runs.
 """
@@ -87,9 +89,12 @@ async def slot_action(request: Request) -> Response:
     if state.config.slot_save_path is None:
         raise not_supported("This server does not support slots action. Start it with `--slot-save-path`")
     _, engine = state.require()
-    body = await read_json(request, state.config.body_limit, state.config.timeout, allow_empty=True)
-    slot_id = _slot_id(request.path_params["id_slot"])
     action = request.query_params.get("action", "")
+    # save writes a file and restore replaces a slot's state: like the lab, they take only JSON, so
+    # a web page cannot send them a cross-origin "simple" request (erase only drops a cache)
+    body = await read_json(request, state.config.body_limit, state.config.timeout, allow_empty=True,
+                           require_json_type=action in ("save", "restore"))
+    slot_id = _slot_id(request.path_params["id_slot"])
     if action not in ACTIONS:
         raise bad_request(f"Invalid action {action!r}: use one of {', '.join(ACTIONS)}")
     filename = _filename(body, action)

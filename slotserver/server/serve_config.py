@@ -71,7 +71,8 @@ def server_config_from_args(args) -> ServerConfig:
     return ServerConfig(
         model_path=str(_model_path(args)), alias=args.alias, api_keys=tuple(keys),
         cors_origins=tuple(args.cors), slots_endpoint=args.slots, slots_debug=args.slots_debug,
-        metrics=args.metrics, slot_save_path=_slot_save_path(args.slot_save_path), timeout=args.timeout,
+        metrics=args.metrics, lab_api=not args.no_lab_api, slot_save_path=_slot_save_path(args.slot_save_path),
+        timeout=args.timeout,
         defaults=defaults,
     )
 
@@ -81,6 +82,7 @@ def plan_from_args(args) -> LaunchPlan:
         n_parallel=args.parallel, ctx_size=args.ctx_size, batch_size=args.batch_size,
         ubatch_size=args.ubatch_size, defrag=args.defrag, slot_prompt_similarity=args.slot_prompt_similarity,
         cache_prompt=args.cache_prompt, n_predict=args.n_predict, slot_save_path=args.slot_save_path,
+        queue_limit=args.max_queue,
     )
     model = ModelConfig(model_path=_model_path(args), dtype=args.dtype, weights=args.weights, threads=args.threads,
                         layout=args.layout, kernels_dir=args.kernels_dir, layouts_dir=args.layouts_dir,

@@ -33,7 +33,8 @@ class ServerConfig:
     """What the routes need to know about how the server was started.
 
     `api_keys` empty means no authentication. `cors_origins` empty means no CORS headers at all.
-    `slots_debug` is the only way prompt text appears in GET /slots.
+    `slots_debug` is the only way prompt text appears in GET /slots. `lab_api` false
+    (`--no-lab-api`) turns off the lab's verbs over HTTP (POST /lab/layout, /lab/reload).
     """
 
     model_path: str = ""
@@ -43,6 +44,7 @@ class ServerConfig:
     slots_endpoint: bool = True
     slots_debug: bool = False
     metrics: bool = False
+    lab_api: bool = True
     slot_save_path: Path | None = None
     body_limit: int = DEFAULT_BODY_LIMIT
     timeout: float = 600.0
