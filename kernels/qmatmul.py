@@ -1,0 +1,502 @@
+"""qmatmul: `y[M, N] = x[M, K] @ W^T` with W a GGUF-quantized weight kept in its raw block bytes
+(`slotserver.qblocks.QWeight`, possibly a read-only view of the mapped file), llama.cpp's MUL_MAT.
+
+How `cpu` computes (what llama.cpp's CPU backend does):
+- each activation row is quantized to 8 bits: per block of 32 (`q8_0`, with the block's integer
+  sum, `q8_1` style, for formats with an offset) for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, per super-block of
+  256 with sums per 16 (`q8_K` with `bsums`) for Q2_K..Q6_K. Scales are float32, symmetric
+  (d = amax / 127, q = round-half-even(x / d)); llama.cpp stores q8_0's d as float16 and takes
+  q8_K's sign from the largest value: ours is a little more accurate, same speed.
+- each weight row is unpacked once into unsigned quants (0..63; Q8_0 stays signed) with integer
+  sub-block scales/mins, so that every format is `value = d*sc*u - dmin*mn` (Q4_0's -8, Q6_K's -32
+  and Q3_K's -4 offsets are mins: their integer part uses the activation sums), then dotted with
+  every activation row: `_mm256_maddubs_epi16` + `_mm256_madd_epi16` (AVX2), `_mm256_dpbusd_epi32`
+  (AVX-512 VNNI + VL) for the 32-blocks, plain C elsewhere; exact int32 per block, scaled and
+  summed in float32. OpenMP over output rows (W is read once per call, whatever M).
+- from `PREFILL_ROWS[qtype]` rows on, tiles of W are dequantized by the same unpacking into
+  float32 / bf16 and multiplied by torch (its GEMM beats per-row dots once M is large;
+  `playground/qmatmul_bench.py` measures the crossover).
+No compiler (or SLOTSERVER_NATIVE=0): gguf's dequantizer, tile by tile, then torch.
+
+TOL: the only approximation is the 8-bit activation (and, from PREFILL_ROWS on, bf16 tiles).
+Measured against the exact float64 product (M=64, N=256, unit-variance x): relative RMS error
+0.53% for the 32-blocks, 0.65-0.73% for the 256-blocks, worst element 2-5% of the output RMS;
+llama.cpp's own q8_0 (float16 d) / q8_K (signed max) gives the same numbers to 2 digits. The
+example inputs have outputs of RMS ~1-2, so TOL (|err| <= tol * (1 + |ref|)) is 3e-2 in float32
+and 4e-2 in bf16 (its output rounding, 2^-9 relative, on top). The integer path itself is checked
+100x tighter against a Python model of the same quantization (tests/test_qmatmul.py).
+"""
+
+from __future__ import annotations
+
+import gguf
+import torch
+import torch.nn.functional as F
+import triton as _triton
+import triton.language as tl
+
+from slotserver import cpu_features, native
+from slotserver.qblocks import FLOATS, T, QWeight, dequantize, random_qweight, tile_rows
+
+OP = "qmatmul"
+TOL = {torch.float32: 3e-2, torch.bfloat16: 4e-2}
+# rows from which the dequantize-a-tile + torch GEMM path beats the integer dots: measured by
+# playground/qmatmul_bench.py (1 thread, AVX-512 VNNI + BF16 host, SmolLM2-135M / 0.5B shapes);
+# the 32-block int path stays near 15-25 GFLOP/s whatever M, the K-quants' near 40-50
+PREFILL_ROWS = {int(T.Q4_0): 8, int(T.Q4_1): 8, int(T.Q5_0): 8, int(T.Q5_1): 16, int(T.Q8_0): 16,
+                int(T.Q2_K): 16, int(T.Q3_K): 16, int(T.Q4_K): 16, int(T.Q5_K): 32, int(T.Q6_K): 16}
+
+
+def reference(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """gguf's dequantizer, then a float32 matmul: x [M, K] -> [M, N] in x's dtype."""
+    wf = dequantize(w) if w.qtype not in FLOATS else w.float_view().cpu().float()
+    return (x.cpu().float() @ wf.T).to(x.dtype).to(x.device)
+
+
+NATIVE_C = r"""
+#include <stdlib.h>
+#if defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define QM_VNNI 1
+#endif
+
+static inline float h2f(const uint8_t *p) {
+    const uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    union { uint32_t u; float f; } x;
+    if (e == 0) { const float v = (float)m * 5.9604644775390625e-8f; return s ? -v : v; }
+    x.u = s | (e == 31 ? 0x7F800000u | (m << 13) : ((e + 112) << 23) | (m << 13));
+    return x.f;
+#endif
+}
+
+/* One row's unpacked form: u[K] quants, and per 16 values (K-quants) sc/mn, per block d/dm.
+   Legacy: value = d[b] * u + dm[b] (dm holds the offset or min); K: d[s]*sc[j]*u - dm[s]*mn[j]. */
+typedef struct { uint8_t *u; int16_t *sc, *mn; float *d, *dm; } Row;
+
+static inline void nibbles(const uint8_t *s, uint8_t *o, int n) {   /* n bytes -> lows then highs */
+    for (int l = 0; l < n; l++) { o[l] = s[l] & 15; o[l + n] = s[l] >> 4; }
+}
+
+static void unpack_legacy(int type, const uint8_t *p, int64_t nb, int64_t bs, Row r) {
+    for (int64_t b = 0; b < nb; b++, p += bs) {
+        uint8_t *o = r.u + 32 * b;
+        const int hm = type == Q4_1 || type == Q5_1, hi = type == Q5_0 || type == Q5_1;
+        r.d[b] = h2f(p);
+        if (type == Q8_0) { r.dm[b] = 0.0f; memcpy(o, p + 2, 32); continue; }
+        r.dm[b] = hm ? h2f(p + 2) : r.d[b] * (hi ? -16.0f : -8.0f);
+        nibbles(p + 2 + 2 * hm + 4 * hi, o, 16);
+        if (hi) { uint32_t qh; memcpy(&qh, p + 2 + 2 * hm, 4); for (int l = 0; l < 32; l++) o[l] |= ((qh >> l) & 1u) << 4; }
+    }
+}
+
+static inline void scale_min_k4(const uint8_t *s, int16_t *sc, int16_t *mn) {   /* 8 x 6-bit, each for 32 */
+    for (int j = 0; j < 8; j++) {
+        const int a = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        sc[2 * j] = sc[2 * j + 1] = (int16_t)a; mn[2 * j] = mn[2 * j + 1] = (int16_t)m;
+    }
+}
+
+static void unpack_super(int type, const uint8_t *p, uint8_t *o, int16_t *sc, int16_t *mn, float *d, float *dm) {
+    if (type == Q4_K || type == Q5_K) {
+        *d = h2f(p); *dm = h2f(p + 2); scale_min_k4(p + 4, sc, mn);
+        const uint8_t *qs = p + (type == Q4_K ? 16 : 48), *qh = p + 16;
+        for (int c = 0; c < 4; c++) nibbles(qs + 32 * c, o + 64 * c, 32);
+        if (type == Q5_K) for (int j = 0; j < 8; j++) for (int l = 0; l < 32; l++) o[32 * j + l] |= ((qh[l] >> j) & 1) << 4;
+    } else if (type == Q6_K) {
+        const uint8_t *ql = p, *qh = p + 128; const int8_t *s = (const int8_t *)(p + 192);
+        *d = *dm = h2f(p + 208);
+        for (int j = 0; j < 16; j++) { sc[j] = s[j]; mn[j] = (int16_t)(32 * s[j]); }
+        for (int h = 0; h < 2; h++)        /* l innermost: contiguous, vectorizes */
+            for (int l = 0; l < 32; l++) {
+                const uint8_t a = ql[h * 64 + l], b = ql[h * 64 + 32 + l], c = qh[h * 32 + l];
+                uint8_t *t = o + 128 * h + l;
+                t[0] = (a & 15) | ((c & 3) << 4);         t[32] = (b & 15) | (((c >> 2) & 3) << 4);
+                t[64] = (a >> 4) | (((c >> 4) & 3) << 4); t[96] = (b >> 4) | (((c >> 6) & 3) << 4);
+            }
+    } else if (type == Q3_K) {
+        const uint8_t *hm = p, *qs = p + 32, *s = p + 96;
+        *d = *dm = h2f(p + 108);
+        for (int i = 0; i < 16; i++) {
+            const int lo = (i < 8 ? s[i] : s[i - 8] >> 4) & 15, hi = (s[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
+            sc[i] = (int16_t)((lo | (hi << 4)) - 32); mn[i] = (int16_t)(4 * sc[i]);
+        }
+        for (int h = 0; h < 2; h++) for (int g = 0; g < 4; g++) for (int l = 0; l < 32; l++)
+            o[128 * h + 32 * g + l] = (uint8_t)(((qs[32 * h + l] >> (2 * g)) & 3) | (((hm[l] >> (4 * h + g)) & 1) << 2));
+    } else {   /* Q2_K */
+        const uint8_t *s = p, *qs = p + 16;
+        *d = h2f(p + 80); *dm = h2f(p + 82);
+        for (int j = 0; j < 16; j++) { sc[j] = s[j] & 15; mn[j] = s[j] >> 4; }
+        for (int h = 0; h < 2; h++) for (int g = 0; g < 4; g++) for (int l = 0; l < 32; l++)
+            o[128 * h + 32 * g + l] = (qs[32 * h + l] >> (2 * g)) & 3;
+    }
+}
+
+static void unpack_row(int type, const uint8_t *p, int64_t K, int64_t bs, Row r) {
+    if (type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K) {
+        for (int64_t s = 0; s < K / 256; s++)
+            unpack_super(type, p + s * bs, r.u + 256 * s, r.sc + 16 * s, r.mn + 16 * s, r.d + s, r.dm + s);
+    } else unpack_legacy(type, p, K / 32, bs, r);
+}
+
+/* Activations: per block of B (32 or 256) q = round(x / d), d = amax / 127; sums per 16 values. */
+static void quantize_row(const float *x, int64_t K, int B, int8_t *q, float *d, int16_t *sums) {
+    for (int64_t b = 0; b < K / B; b++) {
+        const float *v = x + b * B; int8_t *o = q + b * B;
+        float amax = 0.0f;
+        for (int i = 0; i < B; i++) amax = fmaxf(amax, fabsf(v[i]));
+        const float dd = amax * (1.0f / 127.0f), id = dd > 0.0f ? 1.0f / dd : 0.0f;
+        for (int i = 0; i < B; i++) o[i] = (int8_t)fminf(127.0f, fmaxf(-127.0f, nearbyintf(v[i] * id)));
+        d[b] = dd;
+    }
+    for (int64_t j = 0; j < K / 16; j++) { int s = 0; for (int i = 0; i < 16; i++) s += q[16 * j + i]; sums[j] = (int16_t)s; }
+}
+
+#if defined(__AVX2__)
+static inline __m256i dot_us(__m256i u, __m256i a) {          /* 8 x int32 sums of 4 u8*s8 products */
+#if defined(QM_VNNI)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, a);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1));
+#endif
+}
+static inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s)); s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+static inline int hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E)); s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+#endif
+
+/* One weight row (unpacked) . one activation row, 32-blocks; sgn: Q8_0 (signed weights). */
+static inline float dot_legacy(Row r, int64_t nb, int sgn, const int8_t *a, const float *da, const int16_t *as) {
+    float acc = 0.0f, macc = 0.0f;
+#if defined(__AVX2__)
+    __m256 vacc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i u = _mm256_loadu_si256((const __m256i *)(r.u + 32 * b)), x = _mm256_loadu_si256((const __m256i *)(a + 32 * b));
+        if (sgn) { x = _mm256_sign_epi8(x, u); u = _mm256_sign_epi8(u, u); }
+        vacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_us(u, x)), _mm256_set1_ps(r.d[b] * da[b]), vacc);
+        macc += r.dm[b] * da[b] * (float)(as[2 * b] + as[2 * b + 1]);
+    }
+    acc = hsum_ps(vacc);
+#else
+    for (int64_t b = 0; b < nb; b++) {
+        int s = 0;
+        for (int i = 0; i < 32; i++) s += (sgn ? (int)(int8_t)r.u[32 * b + i] : (int)r.u[32 * b + i]) * a[32 * b + i];
+        acc += r.d[b] * da[b] * (float)s;
+        macc += r.dm[b] * da[b] * (float)(as[2 * b] + as[2 * b + 1]);
+    }
+#endif
+    return acc + macc;
+}
+
+#if defined(__AVX2__)
+/* The 32-block formats straight from their bytes (no row buffer): llama.cpp's register unpacking. */
+static inline __m256i nibbles32(const uint8_t *qs) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(15));
+}
+static inline __m256i fifth_bits(const uint8_t *qh) {    /* bit j of qh -> 0x10 in byte j */
+    uint32_t x; memcpy(&x, qh, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(16));
+}
+/* Up to 4 activation rows (`mc`) per weight row: each block is unpacked once for all of them. */
+static inline void dot_legacy_direct(int type, const uint8_t *p, int64_t nb, int64_t bs, const int8_t *a, int64_t K,
+                                     const float *da, const int16_t *as, int mc, float *out) {
+    const int hm = type == Q4_1 || type == Q5_1, hi = type == Q5_0 || type == Q5_1;
+    __m256 vacc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    float macc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+    for (int64_t b = 0; b < nb; b++, p += bs) {
+        const float d = h2f(p);
+        __m256i u;
+        float m = 0.0f;
+        if (type == Q8_0) u = _mm256_loadu_si256((const __m256i *)(p + 2));
+        else {
+            u = nibbles32(p + 2 + 2 * hm + 4 * hi);
+            if (hi) u = _mm256_or_si256(u, fifth_bits(p + 2 + 2 * hm));
+            m = hm ? h2f(p + 2) : d * (hi ? -16.0f : -8.0f);
+        }
+        const __m256i ua = type == Q8_0 ? _mm256_sign_epi8(u, u) : u;
+        for (int i = 0; i < 4; i++) {
+            if (i >= mc) break;
+            __m256i x = _mm256_loadu_si256((const __m256i *)(a + i * K + 32 * b));
+            if (type == Q8_0) x = _mm256_sign_epi8(x, u);
+            const float dai = da[i * nb + b];
+            vacc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_us(ua, x)), _mm256_set1_ps(d * dai), vacc[i]);
+            if (type != Q8_0) macc[i] += m * dai * (float)(as[i * (K / 16) + 2 * b] + as[i * (K / 16) + 2 * b + 1]);
+        }
+    }
+    for (int i = 0; i < mc; i++) out[i] = hsum_ps(vacc[i]) + macc[i];
+}
+#endif
+
+/* One weight row (unpacked) . one activation row, 256-blocks: exact int32 per super-block. */
+static inline float dot_k(Row r, int64_t ns, const int8_t *a, const float *da, const int16_t *as) {
+    float acc = 0.0f;
+    for (int64_t s = 0; s < ns; s++) {
+        const uint8_t *u = r.u + 256 * s; const int8_t *x = a + 256 * s;
+        const int16_t *sc = r.sc + 16 * s, *mn = r.mn + 16 * s, *bs = as + 16 * s;
+        int isum = 0, msum = 0;
+#if defined(__AVX2__)
+        __m256i vi = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const __m256i p = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(u + 32 * j)),
+                                                   _mm256_loadu_si256((const __m256i *)(x + 32 * j)));
+            vi = _mm256_add_epi32(vi, _mm256_madd_epi16(p, _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]))));
+        }
+        isum = hsum_epi32(vi);
+#else
+        for (int j = 0; j < 16; j++) { int t = 0; for (int i = 0; i < 16; i++) t += u[16 * j + i] * x[16 * j + i]; isum += sc[j] * t; }
+#endif
+        for (int j = 0; j < 16; j++) msum += mn[j] * bs[j];
+        acc += da[s] * (r.d[s] * (float)isum - r.dm[s] * (float)msum);
+    }
+    return acc;
+}
+
+static int is_k(int type) { return type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K; }
+
+static Row row_alloc(int64_t K) {
+    Row r = { malloc(K + 64), malloc(K / 16 * 2 * sizeof(int16_t) + 64), NULL, malloc(K / 32 * 2 * sizeof(float) + 64), NULL };
+    r.mn = r.sc + K / 16; r.dm = r.d + K / 32;
+    return r;
+}
+static void row_free(Row r) { free(r.u); free(r.sc); free(r.d); }
+
+/* y[m, n] = sum_k x[m, k] W[n, k]; W rows `sw` bytes apart; x/y rows sx/sy elements apart. */
+int qmatmul(const void *w, const void *x, void *y, int64_t M, int64_t N, int64_t K, int64_t sw, int64_t sx,
+            int64_t sy, int64_t bs, int type, int xb, int yb, int n_threads) {
+    const int B = is_k(type) ? 256 : 32;
+    int8_t *q = malloc(M * K + 64); float *da = malloc(M * (K / B) * sizeof(float) + 64);
+    int16_t *as = malloc(M * (K / 16) * sizeof(int16_t) + 64);
+    if (!q || !da || !as) { free(q); free(da); free(as); return 1; }
+    #pragma omp parallel for num_threads(n_threads) if (M * K >= 65536)
+    for (int64_t m = 0; m < M; m++) {
+        float *xf = malloc(K * sizeof(float));
+        load_row(x, m * sx, xb, K, xf);
+        quantize_row(xf, K, B, q + m * K, da + m * (K / B), as + m * (K / 16));
+        free(xf);
+    }
+    #pragma omp parallel num_threads(n_threads) if (N * K * (M < 8 ? M : 8) >= 32768)
+    {
+        Row r = row_alloc(K);
+        #pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            const uint8_t *wr = (const uint8_t *)w + n * sw;
+#if defined(__AVX2__)
+            if (B == 32) {
+                for (int64_t m = 0; m < M; m += 4) {
+                    float v[4]; const int mc = M - m < 4 ? (int)(M - m) : 4;
+                    dot_legacy_direct(type, wr, K / 32, bs, q + m * K, K, da + m * (K / 32), as + m * (K / 16), mc, v);
+                    for (int i = 0; i < mc; i++) st(y, (m + i) * sy + n, yb, v[i]);
+                }
+                continue;
+            }
+#endif
+            unpack_row(type, wr, K, bs, r);
+            for (int64_t m = 0; m < M; m++) {
+                const int8_t *a = q + m * K; const float *d = da + m * (K / B); const int16_t *s = as + m * (K / 16);
+                const float v = B == 256 ? dot_k(r, K / 256, a, d, s)
+                              : type == Q8_0 ? dot_legacy(r, K / 32, 1, a, d, s) : dot_legacy(r, K / 32, 0, a, d, s);
+                st(y, m * sy + n, yb, v);
+            }
+        }
+        row_free(r);
+    }
+    free(q); free(da); free(as);
+    return 0;
+}
+
+/* One unpacked row as floats (loops per block / per 16 so that they vectorize). */
+static void row_floats(int type, Row r, int64_t K, float *f) {
+    if (is_k(type)) {
+        for (int64_t j = 0; j < K / 16; j++) {
+            const float s = r.d[j >> 4] * (float)r.sc[j], m = r.dm[j >> 4] * (float)r.mn[j];
+            for (int i = 0; i < 16; i++) f[16 * j + i] = s * (float)r.u[16 * j + i] - m;
+        }
+    } else if (type == Q8_0) {
+        for (int64_t b = 0; b < K / 32; b++)
+            for (int i = 0; i < 32; i++) f[32 * b + i] = r.d[b] * (float)(int8_t)r.u[32 * b + i];
+    } else {
+        for (int64_t b = 0; b < K / 32; b++)
+            for (int i = 0; i < 32; i++) f[32 * b + i] = r.d[b] * (float)r.u[32 * b + i] + r.dm[b];
+    }
+}
+
+/* Rows [n0, n1) of W as float32/bf16 (ob) into out[(n - n0) * K + k]. */
+int qdequant(const void *w, void *out, int64_t n0, int64_t n1, int64_t K, int64_t sw, int64_t bs, int type,
+             int ob, int n_threads) {
+    #pragma omp parallel num_threads(n_threads) if ((n1 - n0) * K >= 65536)
+    {
+        Row r = row_alloc(K);
+        float *f = malloc(K * sizeof(float));
+        #pragma omp for schedule(static)
+        for (int64_t n = n0; n < n1; n++) {
+            unpack_row(type, (const uint8_t *)w + n * sw, K, bs, r);
+            const int64_t o = (n - n0) * K;
+            row_floats(type, r, K, ob ? f : (float *)out + o);
+            if (!ob) continue;
+            int64_t e = 0;
+#if defined(SLOT_AVX512)
+            for (; e + 16 <= K; e += 16) store16(out, o + e, 1, _mm512_loadu_ps(f + e));
+#endif
+            for (; e < K; e++) ((uint16_t *)out)[o + e] = f2bf(f[e]);
+        }
+        free(f);
+        row_free(r);
+    }
+    return 0;
+}
+"""
+_LIB = native.build("qmatmul", NATIVE_C, origin=__file__, strict=True)
+native.signature(_LIB, "qmatmul", 3, 7, (native.ctypes.c_int,) * 4)
+native.signature(_LIB, "qdequant", 2, 5, (native.ctypes.c_int,) * 3)
+_XDTYPES = (torch.float32, torch.bfloat16)
+_BF16_GEMM = cpu_features.current().onednn_bf16 and cpu_features.current().variant != "other"
+
+
+def cpu(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """x [M, K] (float32 or bf16, unit last stride) -> [M, N] in x's dtype."""
+    if w.qtype in FLOATS:
+        return _float_rows(x, w)
+    if _LIB is None or x.dtype not in _XDTYPES or x.stride(-1) != 1 or w.raw.stride(-1) != 1 or x.device.type != "cpu":
+        return _torch_tiles(x, w)
+    prefill = PREFILL_ROWS[w.qtype] * (1 if _BF16_GEMM else 2)   # float32 tiles: about half the GEMM speed
+    return _dequant_tiles(x, w) if x.shape[0] >= prefill else _int_dots(x, w)
+
+
+def _int_dots(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """Small M: 8-bit activations . unpacked weight rows, integer dots in C (see the docstring)."""
+    y = torch.empty(x.shape[0], w.n, dtype=x.dtype)
+    if x.shape[0] and w.n:
+        block_bytes = gguf.GGML_QUANT_SIZES[T(w.qtype)][1]
+        rc = _LIB.qmatmul(w.raw.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], w.n, w.k, w.raw.stride(0),
+                          x.stride(0), y.stride(0), block_bytes, w.qtype, native.is_bf16(x), native.is_bf16(y),
+                          torch.get_num_threads())
+        assert rc == 0, "qmatmul: out of memory"
+    return y
+
+
+def _dequant_tiles(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """Large M: tiles of W dequantized in C, then torch's GEMM: in bf16 where the CPU runs bf16
+    natively (3-4x float32's speed; bf16 rounding of W and x is below the 8-bit activation error),
+    else in float32."""
+    y = torch.empty(x.shape[0], w.n, dtype=x.dtype)
+    rows, block_bytes = tile_rows(w.k), gguf.GGML_QUANT_SIZES[T(w.qtype)][1]
+    tile = torch.empty(min(rows, w.n), w.k, dtype=torch.bfloat16 if _BF16_GEMM else torch.float32)
+    x = x.to(tile.dtype)
+    for n0 in range(0, w.n, rows):
+        n1 = min(w.n, n0 + rows)
+        _LIB.qdequant(w.raw.data_ptr(), tile.data_ptr(), n0, n1, w.k, w.raw.stride(0), block_bytes, w.qtype,
+                      native.is_bf16(tile), torch.get_num_threads())
+        y[:, n0:n1] = torch.matmul(x, tile[: n1 - n0].T)
+    return y
+
+
+def _torch_tiles(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """No native library: gguf's dequantizer tile by tile (bounded memory), float32 matmul."""
+    y = torch.empty(x.shape[0], w.n, dtype=torch.float32, device=x.device)
+    rows = tile_rows(w.k)
+    for n0 in range(0, w.n, rows):
+        y[:, n0:n0 + rows] = x.float() @ dequantize(w, n0, n0 + rows).to(x.device).T
+    return y.to(x.dtype)
+
+
+def _float_rows(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """F32/F16/BF16 rows: a view of the raw bytes, multiplied in float32 tile by tile."""
+    wv, rows = w.float_view().to(x.device), tile_rows(w.k)
+    y = torch.empty(x.shape[0], w.n, dtype=torch.float32, device=x.device)
+    xf = x.float()
+    for n0 in range(0, w.n, rows):
+        y[:, n0:n0 + rows] = F.linear(xf, wv[n0:n0 + rows].float())
+    return y.to(x.dtype)
+
+
+# Triton: Q8_0 and Q4_0 dequantized in-kernel (QTYPE), any other format dequantized on the host and
+# multiplied by the same kernel in float mode (QTYPE 0: w is a float [N, K] tensor).
+@_triton.jit
+def _qmatmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y,
+                    QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program per [BLOCK_M, BLOCK_N] output tile; K in steps of 32 (one quant block)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    j = tl.arange(0, 32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, 32)):
+        k = kb * 32 + j
+        xt = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_x + k[None, :],
+                     mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0).to(tl.float32)   # [BM, 32]
+        rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w
+        nmask = offs_n[:, None] < N
+        if QTYPE == 0:
+            wt = tl.load(rows + k[None, :], mask=nmask & (k[None, :] < K), other=0.0).to(tl.float32)
+        else:
+            blk = rows + kb * (34 if QTYPE == 8 else 18)                                          # [BN, 1]
+            lo = tl.load(blk, mask=nmask, other=0).to(tl.uint16)
+            hi = tl.load(blk + 1, mask=nmask, other=0).to(tl.uint16)
+            d = (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)                       # [BN, 1]
+            if QTYPE == 8:
+                q = tl.load(blk + 2 + j[None, :], mask=nmask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+            else:
+                b = tl.load(blk + 2 + (j[None, :] % 16), mask=nmask, other=0).to(tl.int32)
+                q = ((b >> (4 * (j[None, :] // 16))) & 15).to(tl.float32) - 8.0
+            wt = q * d                                                                           # [BN, 32]
+        acc += tl.dot(xt, tl.trans(wt))
+    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+TRITON_BLOCK_M, TRITON_BLOCK_N = 16, 32
+
+
+def triton(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """Same contract as `cpu` (x and w.raw on the CUDA device, or CPU under TRITON_INTERPRET=1)."""
+    assert x.dim() == 2 and x.stride(1) == 1 and x.shape[1] == w.k
+    y = torch.empty(x.shape[0], w.n, dtype=x.dtype, device=x.device)
+    if w.qtype in (T.Q8_0, T.Q4_0):
+        wt, qtype = w.raw, int(w.qtype)
+    else:   # host dequantization (gguf's), then the kernel's float mode
+        wt = (w.float_view() if w.qtype in FLOATS else dequantize(w)).to(x.device).contiguous()
+        qtype = 0
+    if x.shape[0] and w.n:
+        grid = (_triton.cdiv(x.shape[0], TRITON_BLOCK_M), _triton.cdiv(w.n, TRITON_BLOCK_N))
+        _qmatmul_kernel[grid](x, wt, y, x.shape[0], w.n, w.k, x.stride(0), wt.stride(0), y.stride(0),
+                              QTYPE=qtype, BLOCK_M=TRITON_BLOCK_M, BLOCK_N=TRITON_BLOCK_N)
+    return y
+
+
+EXAMPLE_TYPES = (T.Q4_0, T.Q8_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.F16, T.BF16, T.F32)
+
+
+def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
+    """x [M, K] unit-variance, M small; W random valid blocks of one of the formats above."""
+    qtype = EXAMPLE_TYPES[int(torch.randint(len(EXAMPLE_TYPES), (), generator=gen))]
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    k = (256 if block == 256 else 32) * int(torch.randint(1, 4 if block == 256 else 12, (), generator=gen))
+    m, n = int(torch.randint(1, 9, (), generator=gen)), int(torch.randint(1, 48, (), generator=gen))
+    return torch.randn(m, k, generator=gen).to(dtype), random_qweight(gen, qtype, n, k)
+
+
+def _aot(qtype: int, x: str, w: str) -> tuple:
+    sig = {"x_ptr": f"*{x}", "w_ptr": f"*{w}", "y_ptr": f"*{x}", "M": "i32", "N": "i32", "K": "i32",
+           "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "QTYPE": "constexpr",
+           "BLOCK_M": "constexpr", "BLOCK_N": "constexpr"}
+    return (_qmatmul_kernel, sig, {"QTYPE": qtype, "BLOCK_M": TRITON_BLOCK_M, "BLOCK_N": TRITON_BLOCK_N})
+
+
+AOT = [_aot(8, "bf16", "u8"), _aot(2, "bf16", "u8"), _aot(2, "fp32", "u8"), _aot(0, "fp32", "fp32")]

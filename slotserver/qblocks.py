@@ -1,0 +1,99 @@
+"""GGUF block formats as raw bytes: the `QWeight` a quantized matmul reads, the format table, a
+dequantizer (gguf's own, tile by tile) and a builder of valid random blocks for tests.
+
+Why keep the raw bytes: llama.cpp computes on the quantized blocks directly (a 4-bit weight is
+read as 4.5 bits per value, not 32), so a matmul weight can stay a zero-copy view of the mmap'd
+GGUF file. Nothing here ever writes to `QWeight.raw` (it may be a read-only mapping).
+
+Block layouts (ggml-common.h; "h" is a little-endian float16):
+- Q4_0 `h d, u8 qs[16]` (18 B / 32): q = nibble - 8 (low nibbles are values 0..15, high 16..31)
+- Q4_1 `h d, h m, u8 qs[16]` (20 B): d * nibble + m
+- Q5_0 `h d, u32 qh, u8 qs[16]` (22 B): fifth bit of value j is bit j of qh, minus 16
+- Q5_1 `h d, h m, u32 qh, u8 qs[16]` (24 B); Q8_0 `h d, i8 qs[32]` (34 B)
+- Q2_K `u8 scales[16], u8 qs[64], h d, h dmin` (84 B / 256); Q3_K `u8 hmask[32], u8 qs[64],
+  u8 scales[12], h d` (110 B); Q4_K `h d, h dmin, u8 scales[12], u8 qs[128]` (144 B);
+  Q5_K `h d, h dmin, u8 scales[12], u8 qh[32], u8 qs[128]` (176 B); Q6_K `u8 ql[128],
+  u8 qh[64], i8 scales[16], h d` (210 B).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gguf
+import numpy as np
+import torch
+
+T = gguf.GGMLQuantizationType
+LEGACY = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)          # blocks of 32, activations as q8_0/q8_1
+KQUANTS = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)         # super-blocks of 256, activations as q8_K
+FLOATS = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
+QUANTIZED = LEGACY + KQUANTS
+# byte offsets of each block's float16 scale fields (what a random block must keep finite)
+F16_FIELDS = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
+              T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+# largest |quant| per format (weights ~ d * this): sizes the random scales so outputs stay O(1)
+QMAX = {T.Q4_0: 8, T.Q4_1: 16, T.Q5_0: 16, T.Q5_1: 32, T.Q8_0: 128,
+        T.Q2_K: 3 * 15, T.Q3_K: 4 * 32, T.Q4_K: 15 * 63, T.Q5_K: 31 * 63, T.Q6_K: 32 * 128}
+TILE_BYTES = 8 << 20   # float32 bytes of dequantized weight alive at once in the tiled paths
+
+
+@dataclass(frozen=True)
+class QWeight:
+    """A GGUF weight `W[n, k]` in its raw block bytes: `raw` is uint8 `[n, row_bytes]` with unit
+    column stride (any row stride: a view into a mapped file is fine), `qtype` a
+    GGMLQuantizationType value. `y = x @ W^T` is what `kernels/qmatmul.py` computes."""
+
+    raw: torch.Tensor
+    qtype: int
+    k: int
+    n: int
+
+    def __post_init__(self):
+        block, size = gguf.GGML_QUANT_SIZES[T(self.qtype)]
+        assert self.k % block == 0, f"{T(self.qtype).name}: k={self.k} is not a multiple of {block}"
+        assert self.raw.dtype == torch.uint8 and tuple(self.raw.shape) == (self.n, self.k // block * size), \
+            f"raw must be uint8 [{self.n}, {self.k // block * size}], got {self.raw.dtype} {tuple(self.raw.shape)}"
+
+    @property
+    def name(self) -> str:
+        return T(self.qtype).name
+
+    def float_view(self) -> torch.Tensor:
+        """F32/F16/BF16 rows as a `[n, k]` tensor of that dtype (no copy)."""
+        return self.raw.view(FLOATS[T(self.qtype)])
+
+
+def row_bytes(qtype: int, k: int) -> int:
+    block, size = gguf.GGML_QUANT_SIZES[T(qtype)]
+    return k // block * size
+
+
+def tile_rows(k: int) -> int:
+    """Rows of W dequantized at once in the tiled paths (bounded memory: TILE_BYTES of float32)."""
+    return max(1, TILE_BYTES // (4 * k))
+
+
+def dequantize(w: QWeight, n0: int = 0, n1: int | None = None) -> torch.Tensor:
+    """Rows [n0, n1) of W as float32 `[rows, k]`, by gguf's numpy dequantizers (the reference)."""
+    raw = w.raw[n0:n1].cpu().numpy()
+    return torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(raw, T(w.qtype)), dtype=np.float32))
+
+
+def random_qweight(gen: torch.Generator, qtype: int, n: int, k: int) -> QWeight:
+    """Valid random blocks: random quant bytes, finite float16 scales sized so that `x @ W^T` with
+    unit-variance x has outputs of order 1 (scale ~ 1 / (qmax * sqrt(k)), signs random for mins)."""
+    qtype = T(qtype)
+    rb = row_bytes(qtype, k)
+    if qtype in FLOATS:
+        w = torch.randn(n, k, generator=gen) / k ** 0.5
+        return QWeight(w.to(FLOATS[qtype]).view(torch.uint8).reshape(n, rb).clone(), int(qtype), k, n)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = torch.randint(0, 256, (n * k // block, size), generator=gen, dtype=torch.uint8)
+    base = 2.0 / (QMAX[qtype] * k ** 0.5)
+    for i, off in enumerate(F16_FIELDS[qtype]):
+        scale = base * (0.5 + torch.rand(raw.shape[0], generator=gen))
+        if i == 1 and qtype in (T.Q4_1, T.Q5_1):   # a min: signed, of the size of the values
+            scale = scale * QMAX[qtype] * (torch.rand(raw.shape[0], generator=gen) - 0.5)
+        raw[:, off:off + 2] = scale.to(torch.float16).view(torch.uint8).reshape(-1, 2)
+    return QWeight(raw.reshape(n, rb), int(qtype), k, n)
