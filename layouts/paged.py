@@ -1,7 +1,8 @@
 """paged: vLLM-style KV pages, a pool `[layer, n_blocks, block_size, kv_head, head_dim]` + block table.
 
 A stream's cells live in fixed-size blocks handed out from a shared pool as the stream grows
-(`write` allocates), so memory follows the tokens actually held rather than `n_cells` per stream,
+(`write` allocates; the pool tensor grows by doubling and shrinks when mostly free), so memory
+follows the tokens actually held rather than `n_cells` per stream (a logical maximum here),
 and the defrag move (`copy_stream`) is a block-table edit with refcounted sharing and
 copy-on-write, not a data copy. `free_stream(stream)` returns a finished stream's blocks.
 
@@ -9,8 +10,8 @@ The bookkeeping (allocator, table, copy-on-write) is `slotserver/paged_blocks.py
 chooses the storage order: tokens before heads inside a block ("NHD", vLLM's default), so one
 cell's K of all heads is one contiguous row. `layouts/paged_hnd.py` is the heads-first variant.
 
-The pool holds `n_streams * ceil(n_cells / block_size)` blocks: every stream can reach `n_cells`
-at once, whatever the sharing (see paged_blocks for why copy-on-write cannot run out).
+The pool may grow to `n_streams * ceil(n_cells / block_size)` blocks (every stream full), or to
+`KVSpec.pool_cells` when set; then the scheduler admits requests by free blocks (`KVBudget`).
 """
 
 from __future__ import annotations

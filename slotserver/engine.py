@@ -39,13 +39,16 @@ log = logging.getLogger("slotserver.engine")
 
 
 class Engine:
-    def __init__(self, bundle: ModelBundle, config: EngineConfig) -> None:
+    def __init__(self, bundle: ModelBundle, config: EngineConfig, kv_pool_cells: int | None = None) -> None:
+        """`kv_pool_cells`: the most KV cells a paged layout's pool may hold, all slots together
+        (None: every stream full); requests then wait for free blocks. Flat layouts ignore it."""
         s, self.bundle, self.config = bundle.model.spec, bundle, config
         if config.n_cells > bundle.model.rope.max_pos:
             raise RequestError(f"a slot's context ({config.n_cells}) exceeds the model's ({bundle.model.rope.max_pos})")
-        spec = KVSpec(s.n_layers, config.n_streams, config.n_cells, s.n_kv_heads, s.head_dim, bundle.model.dtype)
+        spec = KVSpec(s.n_layers, config.n_streams, config.n_cells, s.n_kv_heads, s.head_dim, bundle.model.dtype,
+                      pool_cells=kv_pool_cells)
         self.cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
-        self.sched = Scheduler(config)
+        self.sched = Scheduler(config, budget=lambda: self.cache.budget())  # paged: admit by free blocks
         self.sampler = Sampler(s.vocab_size)
         self.eog = bundle.tokenizer.eog_ids
         self.lab = Lab(self, bundle.config.kernels_dir, bundle.config.layouts_dir)
@@ -163,7 +166,7 @@ class Engine:
         if plan.admitted:  # /slots shows a slot busy before its first token reaches the client
             self.tracker.publish()
         t.append(time.perf_counter())
-        self.cache.apply(plan.moves)
+        self.cache.apply(plan.moves, plan.trims)
         t.append(time.perf_counter())
         try:
             logits = self._forward(plan)

@@ -1,7 +1,9 @@
 """The engine's KV cache: a layout object plus the bookkeeping of defrag moves.
 
-`apply(moves)` carries out a defrag plan with the layout's `copy_stream` (a slice copy for flat
-layouts, a block-table edit for paged ones) and counts moves and bytes moved.
+`apply(moves, trims)` carries out a step plan's KV edits: trims first (a paged layout drops the
+blocks past a stream's kept cells; flat layouts have nothing to free), then the defrag moves with
+the layout's `copy_stream` (a slice copy for flat layouts, a block-table edit for paged ones),
+counting moves and bytes moved. `budget()` tells the scheduler a paged pool's block capacity.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from slotserver.kv_spec import KVSpec
 from slotserver.layout_loader import create_layout, load_layout
 from slotserver.module_loader import LoadedModule
+from slotserver.scheduler import KVBudget
 from slotserver.stream_map import Move
 
 
@@ -27,7 +30,16 @@ class KVCache:
     def name(self) -> str:
         return self.loaded.module.NAME
 
-    def apply(self, moves: list[Move]) -> None:
+    def budget(self) -> KVBudget | None:
+        """The pool's limit in blocks for a paged layout (it has `max_blocks`); None for flat ones."""
+        max_blocks = getattr(self.layout, "max_blocks", None)
+        if max_blocks is None:
+            return None
+        return KVBudget(self.layout.block_size, max_blocks)
+
+    def apply(self, moves: list[Move], trims: tuple[tuple[int, int], ...] = ()) -> None:
+        for stream, n in trims:  # paged: blocks past the kept cells go back
+            self.trim(stream, n)
         free = getattr(self.layout, "free_stream", None)  # paged: the source's blocks go back
         for m in moves:
             self.layout.copy_stream(m.src, m.dst, m.n_cells)
@@ -47,7 +59,15 @@ class KVCache:
         return self.layout.export_stream(stream, n)
 
     def import_stream(self, stream: int, k, v) -> None:
+        """Write canonical K/V into the stream's first cells; a paged stream then holds only those."""
         self.layout.import_stream(stream, k, v)
+        self.trim(stream, k.shape[1])
+
+    def trim(self, stream: int, n: int) -> None:
+        """Keep the stream's first `n` cells' memory (paged: later blocks go back; flat: no-op)."""
+        trim = getattr(self.layout, "trim_stream", None)
+        if trim is not None:
+            trim(stream, n)
 
     def bytes_used(self) -> int:
         return self.layout.bytes_used()

@@ -15,7 +15,12 @@ import torch
 
 @dataclass(frozen=True)
 class KVSpec:
-    """Geometry of the KV memory: `n_streams` independent sequences of `n_cells` positions each."""
+    """Geometry of the KV memory: `n_streams` independent sequences of `n_cells` positions each.
+
+    `pool_cells` caps a paged layout's block pool (all streams together; None: every stream
+    full). With paged layouts `n_cells` is each stream's logical maximum and memory follows the
+    cells held; flat layouts allocate `n_streams * n_cells` at once and ignore `pool_cells`.
+    """
 
     n_layers: int
     n_streams: int
@@ -24,12 +29,15 @@ class KVSpec:
     head_dim: int
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
+    pool_cells: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "n_streams", "n_cells", "n_kv_heads", "head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"KVSpec.{name} must be a positive int, got {value!r}")
+        if self.pool_cells is not None and (not isinstance(self.pool_cells, int) or self.pool_cells <= 0):
+            raise ValueError(f"KVSpec.pool_cells must be a positive int or None, got {self.pool_cells!r}")
 
     @property
     def bytes_per_cell(self) -> int:

@@ -3,7 +3,8 @@ token sits in which cell: over random arrivals, finishes and cancels, no slot or
 never two sequences on one stream, active streams contiguous after every schedule with defrag on,
 FIFO queue order kept, one-token chunks ahead of longer ones (so attention splits a mixed
 step instead of padding decode rows), and every sequence's stream always holds exactly its computed tokens
-(so defrag moves and prompt-cache reuse never corrupt a KV)."""
+(so defrag moves and prompt-cache reuse never corrupt a KV); with a paged pool's budget, the
+blocks held never exceed it, and preempted requests still finish."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from slotserver.engine_config import EngineConfig
 from slotserver.postprocess import Sampled, postprocess
 from slotserver.request import Request, RequestHandle
 from slotserver.sampling import SamplingParams, SequenceRng
-from slotserver.scheduler import Scheduler
+from slotserver.scheduler import KVBudget, Scheduler
 from slotserver.sequence import Sequence
 from slotserver.stop_strings import StopMatcher
 
@@ -25,24 +26,39 @@ EOG = frozenset({0})
 
 
 class FakeCache:
-    """Token ids instead of K/V: cell (stream, pos) holds the token whose KV would be there."""
+    """Token ids instead of K/V: cell (stream, pos) holds the token whose KV would be there.
 
-    def __init__(self, n_streams: int, n_cells: int) -> None:
+    `paged`: like a paged layout under the engine, trims drop cells past the kept ones, a move's
+    destination holds only the copied cells and its source is freed."""
+
+    def __init__(self, n_streams: int, n_cells: int, paged: bool = False) -> None:
+        self.n_cells, self.paged = n_cells, paged
         self.cells = [[None] * n_cells for _ in range(n_streams)]
 
-    def apply(self, moves) -> None:
+    def apply(self, moves, trims=()) -> None:
+        for stream, n in trims:
+            self.cells[stream][n:] = [None] * (self.n_cells - n)
         for m in moves:
-            self.cells[m.dst][: m.n_cells] = self.cells[m.src][: m.n_cells]
+            if self.paged:
+                self.cells[m.dst] = self.cells[m.src][: m.n_cells] + [None] * (self.n_cells - m.n_cells)
+                self.cells[m.src] = [None] * self.n_cells
+            else:
+                self.cells[m.dst][: m.n_cells] = self.cells[m.src][: m.n_cells]
+
+    def blocks_held(self, block_size: int) -> int:
+        """Blocks a paged pool holds: each stream up to its last cell in use."""
+        held = [max((i + 1 for i, t in enumerate(c) if t is not None), default=0) for c in self.cells]
+        return sum(-(-n // block_size) for n in held)
 
 
-def make_machine(defrag: str, tokenizer):
+def make_machine(defrag: str, tokenizer, budget: KVBudget | None = None):
     class SchedulerMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
             self.config = EngineConfig(n_parallel=4, ctx_size=4 * 24, ubatch_size=16, batch_size=16,
                                        defrag=defrag, queue_limit=100)
-            self.sched = Scheduler(self.config)
-            self.cache = FakeCache(self.config.n_streams, self.config.n_cells)
+            self.sched = Scheduler(self.config, budget=lambda: budget)
+            self.cache = FakeCache(self.config.n_streams, self.config.n_cells, paged=budget is not None)
             self.next_id, self.admit_order, self.submit_order = 1, [], []
 
         @rule(prompt=st.lists(st.integers(1, 5), min_size=1, max_size=12),
@@ -60,7 +76,7 @@ def make_machine(defrag: str, tokenizer):
         def step(self, data):
             plan = self.sched.schedule()
             self.admit_order += [s.id for s in plan.admitted]  # schedule() asserts its invariants
-            self.cache.apply(plan.moves)
+            self.cache.apply(plan.moves, plan.trims)
             streams = [c.stream for c in plan.chunks]
             assert len(set(streams)) == len(streams), "two sequences on one stream in a step"
             order = [(c.n > 1, c.stream) for c in plan.chunks]
@@ -68,6 +84,8 @@ def make_machine(defrag: str, tokenizer):
             for c in plan.chunks:
                 assert self.cache.cells[c.stream][: c.start] == c.seq.tokens[: c.start], "KV lost or corrupted"
                 self.cache.cells[c.stream][c.start: c.start + c.n] = c.seq.tokens[c.start: c.start + c.n]
+            if budget is not None:
+                assert self.cache.blocks_held(budget.block_size) <= budget.max_blocks, "KV pool overrun"
             n_sample = sum(c.sample for c in plan.chunks)
             tokens = data.draw(st.lists(st.integers(0, 5), min_size=n_sample, max_size=n_sample))
             postprocess(self.sched, plan, [Sampled(t) for t in tokens], EOG)
@@ -96,8 +114,9 @@ def make_machine(defrag: str, tokenizer):
 
         @invariant()
         def fifo(self):
-            positions = [self.submit_order.index(i) for i in self.admit_order]
-            assert positions == sorted(positions), "requests admitted out of order"
+            if budget is None:  # with a budget, a preempted request is admitted a second time
+                positions = [self.submit_order.index(i) for i in self.admit_order]
+                assert positions == sorted(positions), "requests admitted out of order"
             waiting = [s.id for s in self.sched.waiting]
             assert waiting == sorted(waiting)
 
@@ -107,6 +126,17 @@ def make_machine(defrag: str, tokenizer):
 @pytest.mark.parametrize("defrag", ["on", "off"])
 def test_scheduler_state_machine(defrag, tokenizer):
     machine = make_machine(defrag, tokenizer)
+    machine.TestCase.settings = settings(max_examples=60, stateful_step_count=60, deadline=None,
+                                         suppress_health_check=[HealthCheck.too_slow])
+    machine.TestCase().runTest()
+
+
+@pytest.mark.parametrize("defrag", ["on", "off"])
+def test_scheduler_state_machine_with_a_small_paged_pool(defrag, tokenizer):
+    """6 blocks of 4 cells = one full slot of 24, no decode headroom (so decodes often outgrow the
+    pool): requests wait for blocks, the least advanced sequence is preempted, the pool is never
+    overrun, no KV is corrupted and every request still finishes (`drain`)."""
+    machine = make_machine(defrag, tokenizer, KVBudget(block_size=4, max_blocks=6, headroom=0))
     machine.TestCase.settings = settings(max_examples=60, stateful_step_count=60, deadline=None,
                                          suppress_health_check=[HealthCheck.too_slow])
     machine.TestCase().runTest()
