@@ -23,9 +23,9 @@ import torch.nn.functional as F
 import triton as _triton
 import triton.language as tl
 
-from slotserver import native
-from slotserver.batch import AttnMeta, Batch, SeqChunk
-from slotserver.kv_spec import StridedKV
+from slotserver.lab import native
+from slotserver.model.batch import AttnMeta, Batch, SeqChunk
+from slotserver.lab.kv_spec import StridedKV
 
 OP = "attention"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
@@ -109,7 +109,7 @@ def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) ->
     return out.view(n_seq, q_heads, dim)                                          # [tokens, q_heads, dim]
 
 
-# The decode kernel in C (compiled on first use by `slotserver.native`; without a C compiler the SDPA
+# The decode kernel in C (compiled on first use by `slotserver.lab.native`; without a C compiler the SDPA
 # form above serves). One work unit per (sequence, kv head): its whole query group against each K/V
 # row read once, online softmax over blocks of cells, float32 math, bf16 or float32 in and out.
 # What it saves over SDPA is per-call setup: one call per layer, no mask, no gather, no transposes.

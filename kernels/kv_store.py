@@ -13,7 +13,7 @@ import torch
 import triton as _triton
 import triton.language as tl
 
-from slotserver.kv_spec import StridedKV
+from slotserver.lab.kv_spec import StridedKV
 
 OP = "kv_store"
 TOL = {torch.float32: 1e-6, torch.bfloat16: 1e-6}  # a copy (or the same rounding): exact

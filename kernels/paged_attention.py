@@ -16,8 +16,8 @@ import torch.nn.functional as F
 import triton as _triton
 import triton.language as tl
 
-from slotserver.batch import AttnMeta, Batch, SeqChunk
-from slotserver.kv_spec import PagedKV
+from slotserver.model.batch import AttnMeta, Batch, SeqChunk
+from slotserver.lab.kv_spec import PagedKV
 
 OP = "paged_attention"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}

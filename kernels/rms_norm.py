@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import triton as _triton
 import triton.language as tl
 
-from slotserver import native
+from slotserver.lab import native
 
 OP = "rms_norm"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -26,7 +26,7 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return (y * weight.float()).to(x.dtype)
 
 
-# One pass per row in C (`slotserver.native`): the sum of squares and the scaled store, float32 math.
+# One pass per row in C (`slotserver.lab.native`): the sum of squares and the scaled store, float32 math.
 NATIVE_C = r"""
 int rms_norm(const void *x, const void *w, void *out, int64_t T, int64_t N, int64_t sx,
              float eps, int xb, int wb, int n_threads) {

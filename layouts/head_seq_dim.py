@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from slotserver.kv_spec import KVSpec, StridedKV
+from slotserver.lab.kv_spec import KVSpec, StridedKV
 
 NAME = "head_seq_dim"
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from slotserver.kv_spec import KVSpec
-from slotserver.paged_blocks import PagedKVCache
+from slotserver.lab.kv_spec import KVSpec
+from slotserver.lab.paged_blocks import PagedKVCache
 
 NAME = "paged"
 BLOCK_SIZE = 16

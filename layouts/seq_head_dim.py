@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from slotserver.kv_spec import KVSpec, StridedKV
+from slotserver.lab.kv_spec import KVSpec, StridedKV
 
 NAME = "seq_head_dim"
 

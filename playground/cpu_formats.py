@@ -17,12 +17,12 @@ import time
 
 import torch
 
-from slotserver.batch import Batch, SeqChunk
-from slotserver.default_model import default_model_path
-from slotserver.kv_cache import KVCache
-from slotserver.kv_spec import KVSpec
-from slotserver.model import LlamaModel
-from slotserver.weights import WeightFormat
+from slotserver.model.batch import Batch, SeqChunk
+from slotserver.model.default_model import default_model_path
+from slotserver.engine.kv_cache import KVCache
+from slotserver.lab.kv_spec import KVSpec
+from slotserver.model.model import LlamaModel
+from slotserver.model.weights import WeightFormat
 
 BATCHES = (1, 8, 32)
 DEPTH = 128

@@ -16,12 +16,12 @@ import time
 
 import torch
 
-from slotserver.batch import Batch, SeqChunk
-from slotserver.default_model import default_model_path
-from slotserver.kv_cache import KVCache
-from slotserver.kv_spec import KVSpec
-from slotserver.model import LlamaModel
-from slotserver.stream_map import Move
+from slotserver.model.batch import Batch, SeqChunk
+from slotserver.model.default_model import default_model_path
+from slotserver.engine.kv_cache import KVCache
+from slotserver.lab.kv_spec import KVSpec
+from slotserver.model.model import LlamaModel
+from slotserver.engine.stream_map import Move
 
 SCATTERED = [1, 10, 12, 40, 43]
 N_SLOTS = 64

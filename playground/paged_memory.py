@@ -51,13 +51,13 @@ def measure(setup: Setup) -> dict:
     """In this process: load the model, serve the requests, -> sizes in MiB."""
     import gc
 
-    from slotserver.bundle import ModelBundle
-    from slotserver.config import ModelConfig
-    from slotserver.default_model import default_model_path
-    from slotserver.engine import Engine
-    from slotserver.engine_config import EngineConfig
-    from slotserver.request import Request
-    from slotserver.sampling import SamplingParams
+    from slotserver.model.bundle import ModelBundle
+    from slotserver.model.config import ModelConfig
+    from slotserver.model.default_model import default_model_path
+    from slotserver.engine.engine import Engine
+    from slotserver.engine.config import EngineConfig
+    from slotserver.engine.request import Request
+    from slotserver.model.sampling import SamplingParams
 
     bundle = ModelBundle.load(ModelConfig(model_path=default_model_path(), dtype=setup.dtype, layout=setup.layout))
     gc.collect()

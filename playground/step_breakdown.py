@@ -15,9 +15,9 @@ import collections
 import statistics
 import time
 
-import slotserver.linear as linear_mod
+import slotserver.model.linear as linear_mod
 from cpu_formats import setup
-from slotserver.batch import Batch, SeqChunk
+from slotserver.model.batch import Batch, SeqChunk
 
 
 def instrument(model, cache) -> dict[str, float]:

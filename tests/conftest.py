@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slotserver.default_model import default_model_path
+from slotserver.model.default_model import default_model_path
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -39,20 +39,20 @@ def greedy_fixture() -> list[dict]:
 
 @pytest.fixture(scope="session")
 def model_f32(smollm_path):
-    from slotserver.model import LlamaModel
+    from slotserver.model.model import LlamaModel
 
     return LlamaModel.load(smollm_path, torch.float32, max_pos=1024)
 
 
 @pytest.fixture(scope="session")
 def model_bf16(smollm_path):
-    from slotserver.model import LlamaModel
+    from slotserver.model.model import LlamaModel
 
     return LlamaModel.load(smollm_path, torch.bfloat16, max_pos=1024)
 
 
 @pytest.fixture(scope="session")
 def tokenizer(smollm_metadata):
-    from slotserver.tokenizer import Tokenizer
+    from slotserver.model.text.tokenizer import Tokenizer
 
     return Tokenizer.from_metadata(smollm_metadata)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from slotserver.generate import GenRequest, generate
-from slotserver.sampling import SamplingParams
+from slotserver.model.generate import GenRequest, generate
+from slotserver.model.sampling import SamplingParams
 
 PROMPTS = [
     "The capital of France is",

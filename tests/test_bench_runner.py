@@ -34,7 +34,7 @@ from slotserver.bench.record import RequestRecord
 from slotserver.bench.runner import run_benchmark
 from slotserver.bench.sse import SSEDecoder
 from slotserver.bench.streams import FORMATS
-from slotserver.cli import main
+from slotserver.cli.main import main
 from tiny_gguf import write_tiny_gguf
 
 
@@ -297,7 +297,7 @@ def live_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("live")
     model, port = write_tiny_gguf(root / "tiny.gguf", ctx_len=2048), free_port()
     log = open(root / "server.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "slotserver.cli", "serve", "-m", str(model),
+    proc = subprocess.Popen([sys.executable, "-m", "slotserver.cli.main", "serve", "-m", str(model),
                              "--port", str(port), "-np", "2", "-c", "1024"],
                             stdout=log, stderr=subprocess.STDOUT)
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 90
@@ -321,7 +321,7 @@ def live_server(tmp_path_factory):
 
 def test_real_cli_against_a_live_slotserver(live_server, tmp_path):
     out = tmp_path / "out.json"
-    done = subprocess.run([sys.executable, "-m", "slotserver.cli", "bench", "--base-url", live_server,
+    done = subprocess.run([sys.executable, "-m", "slotserver.cli.main", "bench", "--base-url", live_server,
                            "--num-prompts", "6", "--input-len", "16", "--output-len", "8",
                            "--max-concurrency", "2", "--warmup", "1", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slotserver.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
-from slotserver.tokenizer import Tokenizer
+from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
+from slotserver.model.text.tokenizer import Tokenizer
 
 _SMOL_SYSTEM = (
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"

@@ -8,9 +8,9 @@ import sys
 import pytest
 from tiny_gguf import write_tiny_gguf
 
-from slotserver.bundle import ModelBundle
-from slotserver.config import ModelConfig
-from slotserver.generate import GenRequest, generate
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.model.generate import GenRequest, generate
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def tiny(tmp_path_factory):
 
 
 def _run(*args, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "slotserver.cli", *args], input=stdin, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "slotserver.cli.main", *args], input=stdin, capture_output=True,
                           text=True, timeout=120)
 
 

@@ -34,9 +34,9 @@ def _kernels_report() -> dict:
     """op -> {"native": C library built, dtype: (max error, tolerance, ok)} on a few random inputs."""
     import torch
 
-    from slotserver.kernel_set import KERNEL_CONTRACT
-    from slotserver.lab_check import compare_outputs, move_inputs
-    from slotserver.module_loader import default_dir, load_by_path
+    from slotserver.lab.kernel_set import KERNEL_CONTRACT
+    from slotserver.lab.check import compare_outputs, move_inputs
+    from slotserver.lab.loader import default_dir, load_by_path
 
     out = {}
     for path in sorted(default_dir("kernels").glob("*.py")):
@@ -60,10 +60,10 @@ def _generate(path: Path, dtype_name: str, fmt: str) -> list[dict]:
     """Greedy generation (ignore_eos) -> per prompt: tokens and the top-2 log-prob margin per step."""
     import torch
 
-    from slotserver.generate import GenRequest, generate
-    from slotserver.model import LlamaModel
-    from slotserver.sampling import SamplingParams
-    from slotserver.weights import WeightFormat
+    from slotserver.model.generate import GenRequest, generate
+    from slotserver.model.model import LlamaModel
+    from slotserver.model.sampling import SamplingParams
+    from slotserver.model.weights import WeightFormat
 
     model = LlamaModel.load(path, getattr(torch, dtype_name), max_pos=64, fmt=WeightFormat(fmt))
     reqs = [GenRequest(list(p), N_PREDICT, SamplingParams(temperature=0.0, n_probs=2), ignore_eos=True)
@@ -74,7 +74,9 @@ def _generate(path: Path, dtype_name: str, fmt: str) -> list[dict]:
 
 def child(out: Path) -> None:
     """Everything a user would see under this process's environment, written to `out` as JSON."""
-    from slotserver import cpu_features, linear, q4_matmul
+    from slotserver.lab import cpu_features
+    from slotserver.model import linear
+    from slotserver.model import q4_matmul
     from tiny_gguf import QT, write_tiny_gguf
 
     model = write_tiny_gguf(out.with_suffix(".gguf"), d_model=64, d_ff=128, tensor_type=QT.Q4_1)
@@ -130,7 +132,8 @@ def test_torch_only_form_matches_the_references(reference):
 
 @pytest.mark.parametrize("variant", ["avx2", "avx512", "amx"])
 def test_each_cpu_variant_gives_the_reference_outputs(variant, reference, tmp_path):
-    from slotserver import cpu_features, native
+    from slotserver.lab import cpu_features
+    from slotserver.lab import native
 
     if not cpu_features.supports(variant):
         pytest.skip(NEEDS[variant])

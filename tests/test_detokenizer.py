@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slotserver.detokenizer import IncrementalDetokenizer
-from slotserver.tokenizer import Tokenizer
+from slotserver.model.text.detokenizer import IncrementalDetokenizer
+from slotserver.model.text.tokenizer import Tokenizer
 
 # ASCII, accents, Greek/Cyrillic, CJK, emoji (4-byte UTF-8) and whitespace; no surrogates.
 _ALPHABET = st.one_of(

@@ -7,13 +7,13 @@ import random
 
 import pytest
 
-from slotserver.bundle import ModelBundle
-from slotserver.config import ModelConfig
-from slotserver.engine import Engine
-from slotserver.engine_config import EngineConfig
-from slotserver.generate import GenRequest, generate
-from slotserver.request import EngineBusy, Request, RequestError, TokenEvent
-from slotserver.sampling import SamplingParams
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.engine.engine import Engine
+from slotserver.engine.config import EngineConfig
+from slotserver.model.generate import GenRequest, generate
+from slotserver.engine.request import EngineBusy, Request, RequestError, TokenEvent
+from slotserver.model.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 PROMPTS = [

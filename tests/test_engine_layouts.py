@@ -8,14 +8,14 @@ import random
 import pytest
 from tiny_gguf import write_tiny_gguf
 
-from slotserver.bundle import ModelBundle
-from slotserver.config import ModelConfig
-from slotserver.engine import Engine
-from slotserver.engine_config import EngineConfig
-from slotserver.generate import GenRequest, generate
-from slotserver.layout_loader import available_layouts
-from slotserver.request import Request
-from slotserver.sampling import SamplingParams
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.engine.engine import Engine
+from slotserver.engine.config import EngineConfig
+from slotserver.model.generate import GenRequest, generate
+from slotserver.lab.layouts import available_layouts
+from slotserver.engine.request import Request
+from slotserver.model.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 

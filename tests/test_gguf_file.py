@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from slotserver.default_model import default_model_path
-from slotserver.gguf_file import GGUFError, GGUFFile
+from slotserver.model.default_model import default_model_path
+from slotserver.model.gguf_file import GGUFError, GGUFFile
 from tiny_gguf import tiny_vocab, tiny_weights, write_tiny_gguf
 
 QT = gguf.GGMLQuantizationType

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slotserver.kernel_set import KERNEL_CONTRACT, OPS, KernelSet
-from slotserver.kv_spec import PagedKV, StridedKV
-from slotserver.lab_check import compare_outputs, move_inputs
-from slotserver.module_loader import default_dir, load_by_path
+from slotserver.lab.kernel_set import KERNEL_CONTRACT, OPS, KernelSet
+from slotserver.lab.kv_spec import PagedKV, StridedKV
+from slotserver.lab.check import compare_outputs, move_inputs
+from slotserver.lab.loader import default_dir, load_by_path
 
 KERNEL_FILES = sorted(p for p in default_dir("kernels").glob("*.py") if not p.stem.startswith("_"))
 
@@ -101,7 +101,7 @@ def test_paged_attention_equals_attention_on_the_same_cells():
 
 def test_kv_store_quantizes_like_the_q8_layout():
     """kv_store's int8 path and layouts/q8.py round the same way: the engine may use either."""
-    from slotserver.layout_loader import load_layout
+    from slotserver.lab.layouts import load_layout
 
     q8 = load_layout("q8").module
     mod = _kernel("kv_store")

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from tiny_gguf import write_tiny_gguf
 
-from slotserver.bundle import ModelBundle
-from slotserver.config import ModelConfig
-from slotserver.engine import Engine
-from slotserver.engine_config import EngineConfig
-from slotserver.module_loader import default_dir
-from slotserver import native
-from slotserver.request import Request
-from slotserver.sampling import SamplingParams
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.engine.engine import Engine
+from slotserver.engine.config import EngineConfig
+from slotserver.lab.loader import default_dir
+from slotserver.lab import native
+from slotserver.engine.request import Request
+from slotserver.model.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 FLOAT_LAYOUTS = ["head_seq_dim", "paged", "paged_hnd", "seq_head_dim"]

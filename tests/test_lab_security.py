@@ -17,11 +17,11 @@ import torch
 from starlette.testclient import TestClient
 from tiny_gguf import write_tiny_gguf
 
-from slotserver.bundle import ModelBundle
-from slotserver.config import ModelConfig
-from slotserver.engine import Engine
-from slotserver.engine_config import EngineConfig
-from slotserver.module_loader import ModuleLoadError, default_dir, resolve_in_folder
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.engine.engine import Engine
+from slotserver.engine.config import EngineConfig
+from slotserver.lab.loader import ModuleLoadError, default_dir, resolve_in_folder
 from slotserver.server import ServerConfig, ServerState, create_app
 
 PAYLOAD = '''import pathlib

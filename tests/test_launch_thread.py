@@ -13,12 +13,12 @@ import time
 
 from tiny_gguf import write_tiny_gguf
 
-from slotserver.bundle import ModelBundle
-from slotserver.config import ModelConfig
-from slotserver.engine_config import EngineConfig
-from slotserver.model import LlamaModel
-from slotserver.request import Request
-from slotserver.sampling import SamplingParams
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.engine.config import EngineConfig
+from slotserver.model.model import LlamaModel
+from slotserver.engine.request import Request
+from slotserver.model.sampling import SamplingParams
 from slotserver.server.launch import LaunchPlan, ModelThread
 from slotserver.server.state import ServerState
 

@@ -11,11 +11,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slotserver.batch import Batch, SeqChunk
-from slotserver.kernel_set import KERNEL_CONTRACT
-from slotserver.kv_spec import KVSpec, StridedKV
-from slotserver.layout_loader import available_layouts, create_layout, load_layout
-from slotserver.module_loader import default_dir, load_by_path
+from slotserver.model.batch import Batch, SeqChunk
+from slotserver.lab.kernel_set import KERNEL_CONTRACT
+from slotserver.lab.kv_spec import KVSpec, StridedKV
+from slotserver.lab.layouts import available_layouts, create_layout, load_layout
+from slotserver.lab.loader import default_dir, load_by_path
 
 SPEC = KVSpec(n_layers=3, n_streams=5, n_cells=17, n_kv_heads=2, head_dim=8)
 LAYOUTS = available_layouts()

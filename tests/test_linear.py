@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from slotserver import q4_matmul
-from slotserver.linear import INT4_GROUP, Linear, prepack_available
+from slotserver.model import q4_matmul
+from slotserver.model.linear import INT4_GROUP, Linear, prepack_available
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slotserver.batch import Batch, SeqChunk
-from slotserver.generate import GenRequest, generate
-from slotserver.kv_spec import KVSpec
-from slotserver.layout_loader import create_layout, load_layout
+from slotserver.model.batch import Batch, SeqChunk
+from slotserver.model.generate import GenRequest, generate
+from slotserver.lab.kv_spec import KVSpec
+from slotserver.lab.layouts import create_layout, load_layout
 
 NEAR_TIE = 0.02  # log-probability margin under which llama.cpp and we may legitimately differ
 
@@ -106,8 +106,8 @@ def stepwise_logprobs(model, fixture) -> list[torch.Tensor]:
 
 def test_default_serving_format_agrees_with_float32(f32_logprobs, smollm_path, greedy_fixture, tokenizer):
     """bfloat16 with auto4 weights (int4 for Q4_1 tensors at decode batch sizes) — the CLI default."""
-    from slotserver.model import LlamaModel
-    from slotserver.weights import WeightFormat
+    from slotserver.model.model import LlamaModel
+    from slotserver.model.weights import WeightFormat
 
     model = LlamaModel.load(smollm_path, torch.bfloat16, max_pos=256, fmt=WeightFormat("auto4"))  # the serving default thresholds
     got = stepwise_logprobs(model, greedy_fixture)

@@ -1,4 +1,4 @@
-"""`slotserver.native`: C sources compile once and are cached, compile errors carry the
+"""`slotserver.lab.native`: C sources compile once and are cached, compile errors carry the
 compiler's message at the source file's own lines, a missing compiler or SLOTSERVER_NATIVE=0
 means None (torch serves), loading the kernels leaves the process's float behaviour alone, and
 each CPU variant (SLOTSERVER_CPU) builds its own library with no instruction above the variant."""
@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from slotserver import cpu_features, native
-from slotserver.module_loader import default_dir
+from slotserver.lab import cpu_features
+
+from slotserver.lab import native
+from slotserver.lab.loader import default_dir
 
 needs_cc = pytest.mark.skipif(native.compiler() is None, reason="no C compiler on this machine")
 ADD = "int add(int64_t a, int64_t b) { return (int)(a + b); }\n"
@@ -98,8 +100,8 @@ def test_bf16_rounding_keeps_a_nan_a_nan(tmp_path, monkeypatch):
 def test_the_attention_guard_keeps_mismatched_inputs_away_from_c():
     """Inputs the C kernel would read out of bounds with go to the torch form (which raises or
     copes), never to C: wrong head size, fewer q rows than sequences, a stream past the cache."""
-    from slotserver.batch import Batch, SeqChunk
-    from slotserver.kv_spec import StridedKV
+    from slotserver.model.batch import Batch, SeqChunk
+    from slotserver.lab.kv_spec import StridedKV
 
     spec = importlib.util.spec_from_file_location("_guard_attention", default_dir("kernels") / "attention.py")
     att = importlib.util.module_from_spec(spec)
@@ -167,7 +169,7 @@ def test_an_unknown_cpu_variant_is_refused(monkeypatch):
     monkeypatch.setenv("SLOTSERVER_CPU", "avx3")
     with pytest.raises(cpu_features.CpuVariantError, match="SLOTSERVER_CPU must be"):
         native.compile_flags()
-    from slotserver.config import ConfigError, ModelConfig
+    from slotserver.model.config import ConfigError, ModelConfig
 
     with pytest.raises(ConfigError, match="SLOTSERVER_CPU must be"):   # refused at startup, before any build
         ModelConfig(Path("model.gguf"))

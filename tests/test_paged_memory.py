@@ -11,14 +11,14 @@ import pytest
 import torch
 from tiny_gguf import write_tiny_gguf
 
-from slotserver.bundle import ModelBundle
-from slotserver.config import ModelConfig
-from slotserver.engine import Engine
-from slotserver.engine_config import EngineConfig
-from slotserver.kv_spec import KVSpec
-from slotserver.layout_loader import create_layout, load_layout
-from slotserver.request import Request
-from slotserver.sampling import SamplingParams
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.engine.engine import Engine
+from slotserver.engine.config import EngineConfig
+from slotserver.lab.kv_spec import KVSpec
+from slotserver.lab.layouts import create_layout, load_layout
+from slotserver.engine.request import Request
+from slotserver.model.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 PAGED = ["paged", "paged_hnd"]

@@ -7,17 +7,17 @@ import math
 
 from tiny_gguf import write_tiny_gguf
 
-from slotserver.bundle import ModelBundle
-from slotserver.config import ModelConfig
-from slotserver.detokenizer import IncrementalDetokenizer
-from slotserver.engine import Engine
-from slotserver.engine_config import EngineConfig
-from slotserver.postprocess import Sampled, postprocess
-from slotserver.request import ErrorEvent, Request, RequestHandle
-from slotserver.sampling import SamplingParams, SequenceRng
-from slotserver.scheduler import Scheduler
-from slotserver.sequence import Sequence
-from slotserver.stop_strings import StopMatcher
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.model.text.detokenizer import IncrementalDetokenizer
+from slotserver.engine.engine import Engine
+from slotserver.engine.config import EngineConfig
+from slotserver.engine.postprocess import Sampled, postprocess
+from slotserver.engine.request import ErrorEvent, Request, RequestHandle
+from slotserver.model.sampling import SamplingParams, SequenceRng
+from slotserver.engine.scheduler import Scheduler
+from slotserver.engine.sequence import Sequence
+from slotserver.engine.stop_strings import StopMatcher
 
 
 def test_text_held_for_a_possible_stop_string_is_released_at_eos(tokenizer):

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slotserver.sampling import (
+from slotserver.model.sampling import (
     Sampler,
     SamplingError,
     SamplingParams,

@@ -13,14 +13,14 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from slotserver.detokenizer import IncrementalDetokenizer
-from slotserver.engine_config import EngineConfig
-from slotserver.postprocess import Sampled, postprocess
-from slotserver.request import Request, RequestHandle
-from slotserver.sampling import SamplingParams, SequenceRng
-from slotserver.scheduler import KVBudget, Scheduler
-from slotserver.sequence import Sequence
-from slotserver.stop_strings import StopMatcher
+from slotserver.model.text.detokenizer import IncrementalDetokenizer
+from slotserver.engine.config import EngineConfig
+from slotserver.engine.postprocess import Sampled, postprocess
+from slotserver.engine.request import Request, RequestHandle
+from slotserver.model.sampling import SamplingParams, SequenceRng
+from slotserver.engine.scheduler import KVBudget, Scheduler
+from slotserver.engine.sequence import Sequence
+from slotserver.engine.stop_strings import StopMatcher
 
 EOG = frozenset({0})
 
@@ -145,8 +145,8 @@ def test_scheduler_state_machine_with_a_small_paged_pool(defrag, tokenizer):
 def test_defrag_packs_scattered_slots_and_keeps_idle_caches():
     """5 active of 16 slots scattered like 1, 10, 12, 13, 15 end up on streams 0..4; each idle
     slot that was in the way keeps its cache on another stream."""
-    from slotserver.slots import SlotTable
-    from slotserver.stream_map import StreamMap
+    from slotserver.engine.slots import SlotTable
+    from slotserver.engine.stream_map import StreamMap
 
     table, smap = SlotTable(16, 0.1), StreamMap(16, 17)
     active = {1, 10, 12, 13, 15}

@@ -17,11 +17,11 @@ import pytest
 import torch
 from starlette.testclient import TestClient
 
-from slotserver.bundle import ModelBundle
-from slotserver.chat_template import CHATML_TEMPLATE, ChatTemplate
-from slotserver.config import ModelConfig
-from slotserver.engine import Engine
-from slotserver.engine_config import EngineConfig
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
+from slotserver.model.config import ModelConfig
+from slotserver.engine.engine import Engine
+from slotserver.engine.config import EngineConfig
 from slotserver.server import ServerConfig, ServerState, create_app
 from tiny_gguf import write_tiny_gguf
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from slotserver import cli
-from slotserver.cli_serve import normalize_argv
+from slotserver.cli import main as cli
+from slotserver.cli.serve import normalize_argv
 from slotserver.server.serve_config import plan_from_args, server_config_from_args
 
 
@@ -100,7 +100,7 @@ def test_a_busy_port_is_one_line_and_exit_2(capsys):
 def test_a_broken_model_file_stops_the_server_with_one_line(tmp_path: Path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\x00" * 64)
-    cmd = [sys.executable, "-m", "slotserver.cli", "serve", "-m", str(bad), "--port", "0"]
+    cmd = [sys.executable, "-m", "slotserver.cli.main", "serve", "-m", str(bad), "--port", "0"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
     assert done.returncode == 2 and len(errors) == 1 and "broken.gguf" in errors[0], done.stderr

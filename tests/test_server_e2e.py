@@ -73,7 +73,7 @@ def wait_ready(server: Server) -> None:
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     port, log = free_port(), tmp / "server.log"
-    cmd = [sys.executable, "-m", "slotserver.cli", "serve", "-np", "4", "-c", "2048", "--port", str(port),
+    cmd = [sys.executable, "-m", "slotserver.cli.main", "serve", "-np", "4", "-c", "2048", "--port", str(port),
            "--metrics", "--slot-save-path", str(tmp / "slots"), "--no-watch",  # no hot reloads mid-test
            "--dtype", "float32", "--weights", "dense"]  # llama.cpp's reference outputs are float32
     with log.open("w") as out:

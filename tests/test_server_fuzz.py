@@ -28,11 +28,11 @@ from hypothesis import strategies as st
 from starlette.routing import Route
 from tiny_gguf import write_tiny_gguf
 
-from slotserver.bundle import ModelBundle
-from slotserver.config import ModelConfig
-from slotserver.engine import Engine
-from slotserver.engine_config import EngineConfig
-from slotserver.module_loader import default_dir
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.engine.engine import Engine
+from slotserver.engine.config import EngineConfig
+from slotserver.lab.loader import default_dir
 from test_server_api import make_client
 
 N_CELLS = 32

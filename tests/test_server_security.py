@@ -12,11 +12,11 @@ import pytest
 import torch
 from tiny_gguf import write_tiny_gguf
 
-from slotserver.bundle import ModelBundle
-from slotserver.config import ModelConfig
-from slotserver.engine import Engine
-from slotserver.engine_config import EngineConfig
-from slotserver.request import Request
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.engine.engine import Engine
+from slotserver.engine.config import EngineConfig
+from slotserver.engine.request import Request
 from slotserver.server import ServerConfig, ServerState, create_app
 from slotserver.server.serve_config import plan_from_args, server_config_from_args
 from starlette.testclient import TestClient

@@ -11,14 +11,14 @@ import torch
 from starlette.testclient import TestClient
 from tiny_gguf import write_tiny_gguf
 
-from slotserver.bundle import ModelBundle
-from slotserver.config import ModelConfig
-from slotserver.engine import Engine
-from slotserver.engine_config import EngineConfig
-from slotserver.request import Request, RequestError
-from slotserver.sampling import SamplingParams
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.engine.engine import Engine
+from slotserver.engine.config import EngineConfig
+from slotserver.engine.request import Request, RequestError
+from slotserver.model.sampling import SamplingParams
 from slotserver.server import ServerConfig, ServerState, create_app
-from slotserver.slot_files import SlotBusy
+from slotserver.engine.slot_files import SlotBusy
 
 GREEDY = SamplingParams(temperature=0)
 PROMPT = tuple(range(30, 70))

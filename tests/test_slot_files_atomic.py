@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from slotserver.slot_files import atomic_write
+from slotserver.engine.slot_files import atomic_write
 
 SIZE, CHUNKS = 1 << 20, 64       # 1 MiB per version, written in 64 chunks
 HEADER = 12                      # b"v%010d\n"
@@ -26,7 +26,7 @@ HEADER = 12                      # b"v%010d\n"
 CHILD = """
 import sys, time
 from pathlib import Path
-from slotserver.slot_files import atomic_write
+from slotserver.engine.slot_files import atomic_write
 
 path, version, size, chunks = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from tokenizers import pre_tokenizers
 
-from slotserver.tokenizer import SUPPORTED_PRE, Tokenizer, TokenizerError
+from slotserver.model.text.tokenizer import SUPPORTED_PRE, Tokenizer, TokenizerError
 
 
 @pytest.fixture(scope="module")

@@ -94,7 +94,7 @@ class Terminal:
 
 
 def top(url: str, interval: float = 0.1) -> Terminal:
-    return Terminal([sys.executable, "-m", "slotserver.cli", "top", "--url", url, "--interval", str(interval),
+    return Terminal([sys.executable, "-m", "slotserver.cli.main", "top", "--url", url, "--interval", str(interval),
                      "--api-key", KEY])
 
 
@@ -103,7 +103,7 @@ def server(tmp_path):
     """A real `slotserver serve` on a tiny model: 2 slots of 256 cells, defrag on, an API key."""
     model = write_tiny_gguf(tmp_path / "tiny.gguf", ctx_len=1024)
     port, log = free_port(), open(tmp_path / "server.log", "wb")
-    argv = [sys.executable, "-m", "slotserver.cli", "serve", "-m", str(model), "--port", str(port),
+    argv = [sys.executable, "-m", "slotserver.cli.main", "serve", "-m", str(model), "--port", str(port),
             "-np", "2", "-c", "512", "--no-watch", "--api-key", KEY]
     proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"

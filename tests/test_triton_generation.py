@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from slotserver.generate import GenRequest, generate
-from slotserver.kernel_set import KernelSet
-from slotserver.model import LlamaModel
+from slotserver.model.generate import GenRequest, generate
+from slotserver.lab.kernel_set import KernelSet
+from slotserver.model.model import LlamaModel
 
 LAYOUTS = ["seq_head_dim", "head_seq_dim", "paged", "paged_hnd", "q8"]
 PROMPTS = [[5, 17, 200, 33, 1, 90, 41], [7, 8, 9], [100, 220, 3, 250, 61, 62, 63, 64, 65, 66, 12]]
@@ -99,7 +99,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 if __name__ == "__main__":  # the interpreted half, run by the `triton_tokens` fixture
-    from slotserver.lab_check import triton_mode
+    from slotserver.lab.check import triton_mode
 
     assert triton_mode() == "interpret", "run with TRITON_INTERPRET=1"
     print(MARK + json.dumps(_generate_all(Path(sys.argv[1]), "triton")))

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from slotserver.kernel_set import KERNEL_CONTRACT
-from slotserver.kv_spec import PagedKV, StridedKV
-from slotserver.lab_check import ARCHS, check_aot, check_numerics, format_report, kernel_files, triton_mode
-from slotserver.module_loader import default_dir, load_by_path
+from slotserver.lab.kernel_set import KERNEL_CONTRACT
+from slotserver.lab.kv_spec import PagedKV, StridedKV
+from slotserver.lab.check import ARCHS, check_aot, check_numerics, format_report, kernel_files, triton_mode
+from slotserver.lab.loader import default_dir, load_by_path
 
 KERNELS = default_dir("kernels")
 TRITON_FILES = [p for p in kernel_files(KERNELS) if hasattr(load_by_path(p, KERNEL_CONTRACT).module, "triton")]

@@ -18,7 +18,7 @@ BACKENDS = ("openai", "llama")
 class ConfigError(ValueError):
     """A bad benchmark setting or dataset file; the message names it (the CLI exits 2).
 
-    Not `slotserver.config.ConfigError`: that module imports torch, which a benchmark client
+    Not `slotserver.model.config.ConfigError`: that module imports torch, which a benchmark client
     has no use for.
     """
 

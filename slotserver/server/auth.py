@@ -14,7 +14,7 @@ from pathlib import Path
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from slotserver.config import ConfigError
+from slotserver.model.config import ConfigError
 from slotserver.server.errors import ApiError
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models"})

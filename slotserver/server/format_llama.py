@@ -9,10 +9,10 @@ Field names and meanings follow llama.cpp's tools/server (the `to_json_non_oaico
 
 from __future__ import annotations
 
-from slotserver.request import FinalEvent, TokenEvent
+from slotserver.engine.request import FinalEvent, TokenEvent
 from slotserver.server.generation import Outcome
 from slotserver.server.params import CompletionJob
-from slotserver.tokenizer import Tokenizer
+from slotserver.model.text.tokenizer import Tokenizer
 
 
 def token_entry(tokenizer: Tokenizer, token: int, logprob: float | None) -> dict:

@@ -14,11 +14,11 @@ import secrets
 import time
 
 from slotserver import __version__
-from slotserver.request import FinalEvent, TokenEvent
+from slotserver.engine.request import FinalEvent, TokenEvent
 from slotserver.server.format_llama import timings
 from slotserver.server.generation import Outcome
 from slotserver.server.params import CompletionJob
-from slotserver.tokenizer import Tokenizer
+from slotserver.model.text.tokenizer import Tokenizer
 
 FINGERPRINT = f"slotserver-{__version__}"
 

@@ -15,9 +15,9 @@ from typing import AsyncIterator
 
 from starlette.types import Receive
 
-from slotserver.request import (EngineBusy, ErrorEvent, Event, FinalEvent, RequestError, RequestHandle,
+from slotserver.engine.request import (EngineBusy, ErrorEvent, Event, FinalEvent, RequestError, RequestHandle,
                                 TokenEvent)
-from slotserver.sampling_params import SamplingError
+from slotserver.model.sampling_params import SamplingError
 from slotserver.server.errors import ApiError
 from slotserver.server.params import CompletionJob
 from slotserver.server.sse import wait_for_disconnect

@@ -14,13 +14,13 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from slotserver.config import ConfigError, ModelConfig
-from slotserver.engine_config import EngineConfig
+from slotserver.model.config import ConfigError, ModelConfig
+from slotserver.engine.config import EngineConfig
 from slotserver.server.app import create_app
 from slotserver.server.state import ServerState
 
 if TYPE_CHECKING:
-    from slotserver.engine import Engine
+    from slotserver.engine.engine import Engine
 
 log = logging.getLogger("slotserver.server")
 GRACEFUL_SHUTDOWN_S = 5
@@ -58,10 +58,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 def load(state: ServerState, plan: LaunchPlan, address: str) -> Engine:
     """Load bundle and engine, publish them in `state`, print the summary line; -> the engine, not yet running."""
-    from slotserver.bundle import ModelBundle
-    from slotserver.chat_template import ChatTemplate
-    from slotserver.engine import Engine
-    from slotserver.progress import load_progress
+    from slotserver.model.bundle import ModelBundle
+    from slotserver.model.text.chat_template import ChatTemplate
+    from slotserver.engine.engine import Engine
+    from slotserver.model.progress import load_progress
 
     with load_progress(f"loading {plan.model.model_path.name}") as tick:
         bundle = ModelBundle.load(plan.model, tick)

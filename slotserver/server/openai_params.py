@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from slotserver.chat_template import ChatTemplate, ChatTemplateError
+from slotserver.model.text.chat_template import ChatTemplate, ChatTemplateError
 from slotserver.server.errors import bad_request
 from slotserver.server.fields import Fields
 from slotserver.server.params import CompletionJob, build_request, n_predict_field, refuse_unsupported
 from slotserver.server.prompt import encode, tokenize_prompt
 from slotserver.server.server_config import GenerationDefaults
-from slotserver.tokenizer import Tokenizer
+from slotserver.model.text.tokenizer import Tokenizer
 
 MAX_TOP_LOGPROBS = 20
 

@@ -18,13 +18,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from slotserver.request import Request
-from slotserver.sampling_params import MAX_N_PROBS, SamplingError, SamplingParams
+from slotserver.engine.request import Request
+from slotserver.model.sampling_params import MAX_N_PROBS, SamplingError, SamplingParams
 from slotserver.server.errors import bad_request
 from slotserver.server.fields import INT32_MAX, UINT32_MAX, Fields
 from slotserver.server.prompt import parse_logit_bias, tokenize_prompt
 from slotserver.server.server_config import GenerationDefaults
-from slotserver.tokenizer import Tokenizer
+from slotserver.model.text.tokenizer import Tokenizer
 
 UNSUPPORTED = ("grammar", "json_schema")
 PENALTY_RANGE = (1e-3, 1e3)

@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from slotserver.server.errors import bad_request
-from slotserver.tokenizer import Tokenizer, TokenizerError
+from slotserver.model.text.tokenizer import Tokenizer, TokenizerError
 
 
 def check_token_ids(ids: list[Any], vocab: int, what: str) -> list[int]:

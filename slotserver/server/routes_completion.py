@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from slotserver.request import FinalEvent, TokenEvent
+from slotserver.engine.request import FinalEvent, TokenEvent
 from slotserver.server import format_llama, sse
 from slotserver.server.body import read_json
 from slotserver.server.errors import ApiError
@@ -22,7 +22,7 @@ from slotserver.server.generation import ClientGone, Outcome, Run, collect, subm
 from slotserver.server.jsonio import JSONResp
 from slotserver.server.params import CompletionJob, parse_completion
 from slotserver.server.state import ServerState
-from slotserver.tokenizer import Tokenizer
+from slotserver.model.text.tokenizer import Tokenizer
 
 CLIENT_CLOSED = 499  # nginx's status for "client closed the request"; only seen in our log
 

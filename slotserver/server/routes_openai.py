@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from slotserver.request import FinalEvent, TokenEvent
+from slotserver.engine.request import FinalEvent, TokenEvent
 from slotserver.server import sse
 from slotserver.server.body import read_json
 from slotserver.server.errors import ApiError

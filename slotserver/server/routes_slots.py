@@ -19,14 +19,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from slotserver.request import RequestError
+from slotserver.engine.request import RequestError
 from slotserver.server.body import read_json
 from slotserver.server.errors import ApiError, bad_request, not_supported
 from slotserver.server.fields import Fields
 from slotserver.server.jsonio import JSONResp
 from slotserver.server.state import ServerState
-from slotserver.slot_files import check_name
-from slotserver.stats import SlotStats
+from slotserver.engine.slot_files import check_name
+from slotserver.engine.stats import SlotStats
 
 ACTIONS = ("save", "restore", "erase")
 

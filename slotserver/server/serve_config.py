@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slotserver.chat_template import CHATML_TEMPLATE, ChatTemplate
-from slotserver.config import ConfigError, ModelConfig
-from slotserver.engine_config import EngineConfig
+from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
+from slotserver.model.config import ConfigError, ModelConfig
+from slotserver.engine.config import EngineConfig
 from slotserver.server.auth import read_key_file
 from slotserver.server.launch import LaunchPlan
 from slotserver.server.server_config import GenerationDefaults, ServerConfig
@@ -54,7 +54,7 @@ def _slot_save_path(path: Path | None) -> Path | None:
 
 
 def _model_path(args) -> Path:
-    from slotserver.default_model import default_model_path
+    from slotserver.model.default_model import default_model_path
 
     path = args.model or default_model_path()
     if not Path(path).is_file():

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slotserver.config import ConfigError
+from slotserver.model.config import ConfigError
 from slotserver.server.body import DEFAULT_BODY_LIMIT
 
 

@@ -15,9 +15,9 @@ from slotserver.server.metrics import ServerMetrics
 from slotserver.server.server_config import ServerConfig
 
 if TYPE_CHECKING:
-    from slotserver.bundle import ModelBundle
-    from slotserver.chat_template import ChatTemplate
-    from slotserver.engine import Engine
+    from slotserver.model.bundle import ModelBundle
+    from slotserver.model.text.chat_template import ChatTemplate
+    from slotserver.engine.engine import Engine
 
 
 class ServerState:

@@ -1,0 +1,2 @@
+"""slotserver.cli.main: see docs/architecture.md. Empty on purpose: importing a
+submodule must not import its siblings (the scheduler stays free of torch)."""

@@ -1,0 +1,110 @@
+"""`slotserver generate "prompt"` and `slotserver generate --chat`: stream text to the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DTYPE_NAMES = ("float32", "bfloat16")  # slotserver.model.config.DTYPES, without importing torch here
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate text from a prompt, or chat (--chat)")
+    p.add_argument("prompt", nargs="?", help="the prompt; '-' reads it from stdin")
+    p.add_argument("--chat", action="store_true", help="interactive chat using the model's template")
+    add_model_args(p)
+    p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default 128)")
+    p.add_argument("--temp", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=-1)
+    p.add_argument("--system", default=None, help="system message for --chat")
+    p.set_defaults(run=run)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", type=Path, default=None, help="GGUF file (default: embedded SmolLM2-135M)")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="bfloat16",
+                   help="compute dtype (default bfloat16: fastest here, see docs/performance.md)")
+    p.add_argument("--weights", choices=["dense", "int8", "int4", "auto", "auto4"], default="auto4",
+                   help="matmul weights: dense, int8/int4 weight-only, auto/auto4 (int8/int4 up to 8 rows, dense above;\n"
+                        "int4 only for Q4_1 tensors, which it re-encodes exactly; default auto4)")
+    p.add_argument("-t", "--threads", type=int, default=0)
+    p.add_argument("--layout", default="seq_head_dim")
+    p.add_argument("--kernels-dir", type=Path, default=None)
+    p.add_argument("--layouts-dir", type=Path, default=None)
+
+
+def load_bundle(args):
+    from slotserver.model.bundle import ModelBundle
+    from slotserver.model.config import ModelConfig
+    from slotserver.model.default_model import default_model_path
+    from slotserver.model.progress import load_progress
+
+    config = ModelConfig(model_path=args.model or default_model_path(), dtype=args.dtype,
+                         threads=args.threads, layout=args.layout, kernels_dir=args.kernels_dir, weights=args.weights,
+                         layouts_dir=args.layouts_dir)
+    with load_progress(f"loading {config.model_path.name}") as tick:
+        return ModelBundle.load(config, tick)
+
+
+def run(args) -> int:
+    from slotserver.model.sampling_params import SamplingParams
+
+    if not args.chat and args.prompt is None:
+        print("slotserver generate: error: give a prompt (or '-' for stdin), or --chat", file=sys.stderr)
+        return 2
+    params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                            min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
+    bundle = load_bundle(args)
+    if args.chat:
+        return chat_loop(bundle, args, params)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    ids = bundle.tokenizer.encode(prompt, add_special=True, parse_special=True)
+    stream(bundle, args, ids, params)
+    sys.stdout.write("\n")
+    return 0
+
+
+def stream(bundle, args, ids: list[int], params) -> str:
+    """Generate from `ids`, writing text to stdout as it completes; returns the text."""
+    from slotserver.model.text.detokenizer import IncrementalDetokenizer
+    from slotserver.model.generate import GenRequest, generate
+
+    detok = IncrementalDetokenizer(bundle.tokenizer)
+    eog = bundle.tokenizer.eog_ids
+
+    def on_token(_: int, token: int) -> None:
+        if token not in eog:
+            sys.stdout.write(detok.push(token))
+            sys.stdout.flush()
+
+    n_predict = max(0, min(args.n_predict, bundle.model.rope.max_pos - len(ids)))
+    generate(bundle.model, [GenRequest(ids, n_predict, params)], eog, on_token,
+             layout=args.layout, layouts_dir=args.layouts_dir)
+    tail = detok.flush()
+    sys.stdout.write(tail)
+    return detok.text
+
+
+def chat_loop(bundle, args, params) -> int:
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("chat with the model; an empty line or Ctrl-D ends", file=sys.stderr)
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except EOFError:
+            return 0
+        if not line.strip():
+            return 0
+        messages.append({"role": "user", "content": line})
+        text = bundle.template.render(messages, add_generation_prompt=True)
+        ids = bundle.tokenizer.encode(text, add_special=True, parse_special=True)
+        reply = stream(bundle, args, ids, params)
+        sys.stdout.write("\n")
+        messages.append({"role": "assistant", "content": reply})

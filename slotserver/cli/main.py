@@ -1,0 +1,65 @@
+"""slotserver: a llama.cpp-style LLM slot server with live-reloadable KV layouts and kernels.
+
+The command line: one sub-command per file (`cli_<name>.py`), dispatched here.
+
+Errors the user can fix (a bad flag, a broken GGUF, a missing file) end the program with one clear
+line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from slotserver import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from slotserver.cli import generate as cli_generate
+    from slotserver.cli import lab as cli_lab
+    from slotserver.cli import serve as cli_serve
+    from slotserver.cli import bench as cli_bench
+    from slotserver.cli import top as cli_top
+
+    parser = argparse.ArgumentParser(prog="slotserver", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"slotserver {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cli_generate.add_parser(sub)
+    cli_serve.add_parser(sub)
+    cli_top.add_parser(sub)
+    cli_bench.add_parser(sub)
+    cli_lab.add_parser(sub)
+    return parser
+
+
+# Errors a user can fix: (module, class). Looked up only once raised, so that light commands
+# (top, bench) never import torch just to be able to catch them.
+USER_ERRORS = (("slotserver.model.gguf_file", "GGUFError"), ("slotserver.model.config", "ConfigError"),
+               ("slotserver.lab.loader", "ModuleLoadError"), ("slotserver.model.text.tokenizer", "TokenizerError"),
+               ("slotserver.model.text.chat_template", "ChatTemplateError"), ("builtins", "FileNotFoundError"))
+
+
+def _is_user_error(e: BaseException) -> bool:
+    for module, name in USER_ERRORS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(e, cls):
+            return True
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        print("", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if not _is_user_error(e):
+            raise
+        print(f"slotserver: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""`slotserver serve`: the HTTP server, with llama-server's flag names.
+
+Flags are spelled as in llama-server (`-c/--ctx-size`, `-np/--parallel`, `--api-key`...), and `_`
+in a long flag name counts as `-` (`--ctx_size 2048` works), as llama-server users type both.
+A bad or unknown flag is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from pathlib import Path
+
+from slotserver.cli.generate import add_model_args
+
+LOG_FORMAT = "%(asctime)s %(message)s"
+SHORT_FLAG = re.compile(r"^-[A-Za-z]")   # a single-dash flag (not a negative number like -1)
+
+
+class ServeArgumentParser(argparse.ArgumentParser):
+    """Normalises `--long_name` to `--long-name`; errors are one line, exit status 2.
+
+    Single-dash flags must match exactly, as in llama-server: argparse would otherwise read
+    llama-server's `-ngl 99` as `-n gl` and complain about an integer instead of the flag.
+    """
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = normalize_argv(sys.argv[1:] if args is None else list(args))
+        unknown = [a for a in args if SHORT_FLAG.match(a) and a not in self._option_string_actions]
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, extras
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """`--some_flag[=v]` -> `--some-flag[=v]`; values and single-dash flags are left alone."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--") and len(arg) > 2:
+            name, eq, value = arg.partition("=")
+            arg = name.replace("_", "-") + eq + value
+        out.append(arg)
+    return out
+
+
+def _switch(p: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
+    p.add_argument(f"--{name}", dest=name.replace("-", "_"), action=argparse.BooleanOptionalAction,
+                   default=default, help=help)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="run the HTTP server (llama-server and OpenAI compatible)",
+                       description=__doc__.splitlines()[0], allow_abbrev=False)
+    p.__class__ = ServeArgumentParser  # argparse builds subparsers itself; this keeps its instance
+    add_model_args(p)
+    a = p.add_argument
+    a("--host", default="127.0.0.1")
+    a("--port", type=int, default=8080)
+    a("-c", "--ctx-size", type=int, default=4096, help="KV cells shared by all slots (default 4096)")
+    a("-np", "--parallel", type=int, default=4, help="number of slots (default 4)")
+    a("-b", "--batch-size", type=int, default=2048)
+    a("-ub", "--ubatch-size", type=int, default=512)
+    a("-n", "--n-predict", type=int, default=-1, help="default tokens to predict (-1: no limit)")
+    a("--temp", type=float, default=0.8, help="default temperature")
+    a("--seed", type=int, default=-1, help="default seed (-1: random)")
+    a("--api-key", action="append", default=[], help="require this key (repeatable)")
+    a("--api-key-file", type=Path, default=None, help="file with one API key per line")
+    a("--slot-save-path", type=Path, default=None, help="folder for slot save/restore")
+    a("--metrics", action="store_true", help="enable GET /metrics")
+    _switch(p, "slots", True, "GET /slots (default on)")
+    _switch(p, "jinja", True, "chat templates are always rendered with the Jinja sandbox")
+    a("--chat-template", default=None, help="a Jinja template or a known name (chatml, llama3)")
+    a("--chat-template-file", type=Path, default=None)
+    a("--alias", default="", help="model name shown to clients")
+    _switch(p, "context-shift", False, "not supported yet")
+    _switch(p, "cache-prompt", True, "reuse slot caches across requests (default on)")
+    a("-sps", "--slot-prompt-similarity", type=float, default=0.1)
+    a("--timeout", type=float, default=600.0, help="read/write timeout in seconds")
+    a("--defrag", choices=["on", "off"], default="on")
+    a("--no-watch", action="store_true", help="do not watch kernels/ and layouts/ for changes")
+    a("--no-lab-api", action="store_true",
+      help="turn off POST /lab/layout and /lab/reload (403); GET /lab and /lab/events stay readable")
+    a("--max-queue", type=int, default=256, metavar="N",
+      help="requests that may wait for a slot (default 256; 0: none wait); past it: 503")
+    a("--cors", action="append", default=[], metavar="ORIGIN", help="allow this CORS origin (repeatable)")
+    a("--slots-debug", action="store_true", help="show prompt text in GET /slots")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from slotserver.server.launch import serve
+    from slotserver.server.serve_config import plan_from_args, server_config_from_args
+    from slotserver.server.state import ServerState
+
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt="%H:%M:%S", stream=sys.stderr)
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)  # our own start-up and request lines
+    config = server_config_from_args(args)
+    plan = plan_from_args(args)
+    return serve(ServerState(config), plan)

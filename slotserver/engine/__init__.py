@@ -1,0 +1,2 @@
+"""slotserver.engine.engine: see docs/architecture.md. Empty on purpose: importing a
+submodule must not import its siblings (the scheduler stays free of torch)."""

@@ -1,0 +1,72 @@
+"""Validated configuration of the slot engine (llama-server's flags for slots and batching)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from slotserver.model.config import ConfigError
+
+DEFRAG_MODES = ("on", "off")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """`--parallel N` slots share `--ctx-size` cells: each slot gets ctx_size // n_parallel cells.
+
+    One step runs at most `min(batch_size, ubatch_size)` tokens in one forward: every decoding
+    sequence's next token first, then prefill chunks, oldest request first.
+
+    `queue_limit` (--max-queue) requests may wait for a slot beyond the `n_parallel` running; the
+    next one is refused (HTTP 503). 0 is allowed: nothing waits, a request gets a slot or a 503.
+    """
+
+    n_parallel: int = 4
+    ctx_size: int = 4096
+    batch_size: int = 2048
+    ubatch_size: int = 512
+    defrag: str = "on"
+    slot_prompt_similarity: float = 0.1
+    cache_prompt: bool = True
+    queue_limit: int = 256           # --max-queue: waiting requests beyond the slots; past it: busy
+    n_predict: int = -1              # server default when a request gives none (-1: no limit)
+    slot_save_path: Path | None = None
+
+    def __post_init__(self) -> None:
+        _positive("--parallel", self.n_parallel)
+        _positive("--ctx-size", self.ctx_size)
+        _positive("--batch-size", self.batch_size)
+        _positive("--ubatch-size", self.ubatch_size)
+        if self.ctx_size < self.n_parallel:
+            raise ConfigError(f"--ctx-size {self.ctx_size} is smaller than --parallel {self.n_parallel}")
+        if self.n_parallel > self.step_tokens:
+            raise ConfigError(f"--parallel {self.n_parallel} exceeds the per-step token budget {self.step_tokens}")
+        if self.defrag not in DEFRAG_MODES:
+            raise ConfigError(f"--defrag must be one of {', '.join(DEFRAG_MODES)}, got {self.defrag!r}")
+        if not 0.0 <= self.slot_prompt_similarity <= 1.0:
+            raise ConfigError(f"--slot-prompt-similarity must be in [0, 1], got {self.slot_prompt_similarity}")
+        if isinstance(self.queue_limit, bool) or not isinstance(self.queue_limit, int) or self.queue_limit < 0:
+            raise ConfigError(f"--max-queue must be an integer >= 0, got {self.queue_limit!r}")
+        if self.n_predict < -1:
+            raise ConfigError(f"--n-predict must be >= -1, got {self.n_predict}")
+        if self.slot_save_path is not None and not Path(self.slot_save_path).is_dir():
+            raise ConfigError(f"--slot-save-path {self.slot_save_path} is not a folder")
+
+    @property
+    def n_cells(self) -> int:
+        """KV cells (positions) of one slot."""
+        return self.ctx_size // self.n_parallel
+
+    @property
+    def step_tokens(self) -> int:
+        return min(self.batch_size, self.ubatch_size)
+
+    @property
+    def n_streams(self) -> int:
+        """One stream per slot, plus one spare with defrag on (so a move never overwrites a cache)."""
+        return self.n_parallel + (1 if self.defrag == "on" else 0)
+
+
+def _positive(flag: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{flag} must be a positive integer, got {value!r}")

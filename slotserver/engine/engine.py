@@ -1,0 +1,289 @@
+"""The slot engine: continuous batching over N slots on its own thread.
+
+`step()` reads as the design says: schedule, apply moves, forward, sample, postprocess. Clients
+talk to the engine only through thread-safe verbs (`submit`, `cancel`, `call`) that leave a
+message in the inbox; the engine handles them at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable
+
+import torch
+
+from slotserver.model.batch import Batch, SeqChunk
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.text.detokenizer import IncrementalDetokenizer
+from slotserver.engine.config import EngineConfig
+from slotserver.engine.stats_tracker import StatsTracker
+from slotserver.engine.kv_cache import KVCache
+from slotserver.lab.kv_spec import KVSpec
+from slotserver.lab.lab import Lab
+from slotserver.engine.outbox import Outbox
+from slotserver.engine.postprocess import Sampled, final_event, postprocess
+from slotserver.engine.request import (EngineBusy, ErrorEvent, Request, RequestError, RequestHandle,
+                                ignore_eos_params)
+from slotserver.model.sampling import Sampler, SamplingError, SequenceRng
+from slotserver.engine.scheduler import Scheduler, StepPlan
+from slotserver.engine.sequence import Sequence
+from slotserver.engine.stats import EngineStats
+from slotserver.engine.stop_strings import StopMatcher
+
+log = logging.getLogger("slotserver.engine.engine")
+
+
+class Engine:
+    def __init__(self, bundle: ModelBundle, config: EngineConfig, kv_pool_cells: int | None = None) -> None:
+        """`kv_pool_cells`: the most KV cells a paged layout's pool may hold, all slots together
+        (None: every stream full); requests then wait for free blocks. Flat layouts ignore it."""
+        s, self.bundle, self.config = bundle.model.spec, bundle, config
+        if config.n_cells > bundle.model.rope.max_pos:
+            raise RequestError(f"a slot's context ({config.n_cells}) exceeds the model's ({bundle.model.rope.max_pos})")
+        spec = KVSpec(s.n_layers, config.n_streams, config.n_cells, s.n_kv_heads, s.head_dim, bundle.model.dtype,
+                      pool_cells=kv_pool_cells)
+        self.cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
+        self.sched = Scheduler(config, budget=lambda: self.cache.budget())  # paged: admit by free blocks
+        self.sampler = Sampler(s.vocab_size)
+        self.eog = bundle.tokenizer.eog_ids
+        self.lab = Lab(self, bundle.config.kernels_dir, bundle.config.layouts_dir)
+        self.tracker = StatsTracker(self)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.outbox = Outbox()   # events of a step, one wake-up per event loop
+        self._wake = threading.Event()
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._thread: threading.Thread | None = None
+        self._watcher = None
+        self._stopping = False
+
+    # -- client verbs (any thread) -------------------------------------------------------------
+    def submit(self, request: Request, loop=None) -> RequestHandle:
+        self._validate(request)
+        with self._lock:
+            if self._in_flight >= self.config.n_parallel + self.config.queue_limit:
+                raise EngineBusy(f"server is busy: {self._in_flight} requests in flight, queue full")
+            self._in_flight += 1
+        handle = RequestHandle(next(self._ids), request, self, loop, self.outbox)
+        self._post(("submit", self._sequence(handle)))
+        return handle
+
+    def cancel(self, request_id: int) -> None:
+        self._post(("cancel", request_id))
+
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run `fn()` on the engine thread between two steps; -> a Future of its result."""
+        fut: Future = Future()
+        self._post(("call", fn, fut))
+        return fut
+
+    def slot_action(self, slot_id: int, action: str, filename: str | None = None) -> Future:
+        """Save, restore or erase an idle slot's cache on the engine thread; -> Future[dict]."""
+        from slotserver.engine.engine import slot_files
+
+        actions = {"save": lambda: slot_files.save(self, slot_id, filename),
+                   "restore": lambda: slot_files.restore(self, slot_id, filename),
+                   "erase": lambda: slot_files.erase(self, slot_id)}
+        if action not in actions:
+            raise RequestError(f"action must be one of save, restore, erase; got {action!r}")
+        return self.call(actions[action])
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stats(self) -> EngineStats:
+        return self.tracker.snapshot
+
+    def start(self, watch: bool = False) -> "Engine":
+        """Run the engine loop on a new thread; with `watch`, saves in the kernels/layouts folders hot-reload."""
+        if watch:
+            self._start_watcher()  # before returning: a save right after start() is seen
+        self._thread = threading.Thread(target=self.run, name="slotserver-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def run(self, watch: bool = False) -> None:
+        """Run the engine loop on the calling thread until `stop()`.
+
+        Why a caller would rather give its own thread: torch's OpenMP runtime (libgomp) stops
+        spin-waiting between ops once more OpenMP threads exist than cores, and every thread that
+        has run a parallel torch op keeps its own team. On 2 cores a decode step then takes 1.6-1.9x
+        longer. The server therefore loads the model, builds the engine and runs this loop on one
+        thread, and no other thread of the process runs parallel torch ops (docs/performance.md).
+        """
+        if watch and not self._stopping:
+            self._start_watcher()
+        self._loop()
+
+    def _start_watcher(self) -> None:
+        from slotserver.lab.watcher import Watcher
+
+        self._watcher = Watcher(self.lab, [self.lab.kernels_dir, self.lab.layouts_dir]).start()
+
+    def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    # -- the engine thread -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stopping:
+            try:
+                worked = self.step()
+            except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the server
+                log.exception("engine step failed")
+                self._fail_running(f"engine error: {type(e).__name__}: {e}")
+                self.outbox.flush()
+                worked = True
+            if not worked:
+                self.tracker.publish()  # keep uptime and rates fresh while idle
+                self._wake.wait(0.25)
+                self._wake.clear()
+
+    def step(self) -> bool:
+        """One step. -> False when there was nothing to do. Its events leave when it ends."""
+        try:
+            return self._step()
+        finally:
+            self.outbox.flush()
+
+    def _step(self) -> bool:
+        self._drain_inbox()
+        self.lab.apply_pending()
+        if not self.sched.has_work():
+            return False
+        t = [time.perf_counter()]
+        plan = self.sched.schedule()
+        if plan.admitted:  # /slots shows a slot busy before its first token reaches the client
+            self.tracker.publish()
+        t.append(time.perf_counter())
+        self.cache.apply(plan.moves, plan.trims)
+        t.append(time.perf_counter())
+        try:
+            logits = self._forward(plan)
+        except Exception as e:  # a kernel just swapped in may fail on real shapes: serve the old one
+            if not self.lab.rollback(e):
+                raise
+            logits = self._forward(plan)
+        self.lab.forward_ok()
+        t.append(time.perf_counter())
+        sampled = self._sample(plan, logits)
+        t.append(time.perf_counter())
+        done = postprocess(self.sched, plan, sampled, self.eog)
+        t.append(time.perf_counter())
+        self._release(len(done))
+        self.tracker.after_step(plan, len(done), t)
+        return True
+
+    def _forward(self, plan: StepPlan) -> torch.Tensor | None:
+        if not plan.chunks:
+            return None
+        chunks = [SeqChunk(c.stream, c.start, c.seq.tokens[c.start: c.start + c.n], logits=c.sample)
+                  for c in plan.chunks]
+        return self.bundle.model.forward(Batch.build(chunks), self.cache)   # [n_sample, vocab]
+
+    def _sample(self, plan: StepPlan, logits: torch.Tensor | None) -> list[Sampled]:
+        seqs = [c.seq for c in plan.chunks if c.sample]
+        if not seqs:
+            return []
+        try:
+            out = self.sampler.sample(logits, [s.params for s in seqs], [s.rng for s in seqs], [s.tokens for s in seqs])
+        except SamplingError:
+            return self._sample_rows(seqs, logits)  # find the failing row; fail only its request
+        tokens = out.tokens.tolist()
+        lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(seqs)
+        result = []
+        for i, s in enumerate(seqs):
+            n = s.params.n_probs
+            top = ()
+            if n and out.top_ids is not None:
+                top = tuple(zip(out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist()))
+            result.append(Sampled(tokens[i], lps[i], top))
+        return result
+
+    def _sample_rows(self, seqs, logits: torch.Tensor) -> list[Sampled]:
+        out = []
+        for i, s in enumerate(seqs):
+            try:
+                row = self.sampler.sample(logits[i: i + 1], [s.params], [s.rng], [s.tokens])
+                out.append(Sampled(int(row.tokens[0])))
+            except SamplingError as e:
+                out.append(Sampled(-1, error=f"sampling failed: {e}"))
+        return out
+
+    # -- inbox -------------------------------------------------------------------------------
+    def _post(self, message: tuple) -> None:
+        self._inbox.put(message)
+        self._wake.set()
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if msg[0] == "submit":
+                self.sched.add(msg[1])
+            elif msg[0] == "cancel":
+                self._cancel(msg[1])
+            elif msg[0] == "call":
+                self._run_call(msg[1], msg[2])
+
+    def _run_call(self, fn, fut: Future) -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            fut.set_result(fn())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            fut.set_exception(e)
+
+    def _cancel(self, request_id: int) -> None:
+        for seq in list(self.sched.waiting) + self.sched.running():
+            if seq.id == request_id and not seq.finished:
+                self.sched.finish(seq)
+                seq.handle.emit(final_event(seq, "none"))
+                self._release(1)
+
+    def _fail_running(self, message: str) -> None:
+        for seq in self.sched.running():
+            self.sched.finish(seq)
+            seq.handle.emit(ErrorEvent(message))
+            self._release(1)
+
+    def _release(self, n: int) -> None:
+        with self._lock:
+            self._in_flight -= n
+
+    # -- building a sequence -----------------------------------------------------------------------
+    def _validate(self, r: Request) -> None:
+        if not r.prompt_ids:
+            raise RequestError("the prompt is empty")
+        if len(r.prompt_ids) >= self.config.n_cells:
+            raise RequestError(f"the prompt has {len(r.prompt_ids)} tokens; a slot's context is "
+                               f"{self.config.n_cells} (the request exceeds the available context size)")
+        vocab = self.bundle.model.spec.vocab_size
+        if any(not 0 <= t < vocab for t in r.prompt_ids):
+            raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        if any(not 0 <= t < vocab for t, _ in r.params.logit_bias):
+            raise RequestError(f"logit_bias token ids must be in [0, {vocab})")
+        if not -1 <= r.id_slot < self.config.n_parallel:
+            raise RequestError(f"id_slot must be -1 or in [0, {self.config.n_parallel})")
+
+    def _sequence(self, handle: RequestHandle) -> Sequence:
+        r = handle.request
+        return Sequence(
+            handle=handle, tokens=list(r.prompt_ids), num_prompt=len(r.prompt_ids),
+            rng=SequenceRng(r.params.seed),
+            params=ignore_eos_params(r.params, self.eog) if r.ignore_eos else r.params,
+            detok=IncrementalDetokenizer(self.bundle.tokenizer), stops=StopMatcher(r.stop),
+        )
+

@@ -1,0 +1,73 @@
+"""The engine's KV cache: a layout object plus the bookkeeping of defrag moves.
+
+`apply(moves, trims)` carries out a step plan's KV edits: trims first (a paged layout drops the
+blocks past a stream's kept cells; flat layouts have nothing to free), then the defrag moves with
+the layout's `copy_stream` (a slice copy for flat layouts, a block-table edit for paged ones),
+counting moves and bytes moved. `budget()` tells the scheduler a paged pool's block capacity.
+"""
+
+from __future__ import annotations
+
+from slotserver.lab.kv_spec import KVSpec
+from slotserver.lab.layouts import create_layout, load_layout
+from slotserver.lab.loader import LoadedModule
+from slotserver.engine.scheduler import KVBudget
+from slotserver.engine.stream_map import Move
+
+
+class KVCache:
+    def __init__(self, loaded: LoadedModule, spec: KVSpec) -> None:
+        self.loaded, self.spec = loaded, spec
+        self.layout = create_layout(loaded, spec)
+        self.n_moves = 0
+        self.bytes_moved = 0
+
+    @classmethod
+    def create(cls, name: str, spec: KVSpec, folder=None) -> "KVCache":
+        return cls(load_layout(name, folder), spec)
+
+    @property
+    def name(self) -> str:
+        return self.loaded.module.NAME
+
+    def budget(self) -> KVBudget | None:
+        """The pool's limit in blocks for a paged layout (it has `max_blocks`); None for flat ones."""
+        max_blocks = getattr(self.layout, "max_blocks", None)
+        if max_blocks is None:
+            return None
+        return KVBudget(self.layout.block_size, max_blocks)
+
+    def apply(self, moves: list[Move], trims: tuple[tuple[int, int], ...] = ()) -> None:
+        for stream, n in trims:  # paged: blocks past the kept cells go back
+            self.trim(stream, n)
+        free = getattr(self.layout, "free_stream", None)  # paged: the source's blocks go back
+        for m in moves:
+            self.layout.copy_stream(m.src, m.dst, m.n_cells)
+            if free is not None:
+                free(m.src)  # a defrag move abandons its source stream
+            self.n_moves += 1
+            self.bytes_moved += m.n_cells * self.spec.bytes_per_cell
+
+    # the model talks to the layout through these two
+    def write(self, layer, streams, positions, k, v) -> None:
+        self.layout.write(layer, streams, positions, k, v)
+
+    def view(self, layer):
+        return self.layout.view(layer)
+
+    def export_stream(self, stream: int, n: int):
+        return self.layout.export_stream(stream, n)
+
+    def import_stream(self, stream: int, k, v) -> None:
+        """Write canonical K/V into the stream's first cells; a paged stream then holds only those."""
+        self.layout.import_stream(stream, k, v)
+        self.trim(stream, k.shape[1])
+
+    def trim(self, stream: int, n: int) -> None:
+        """Keep the stream's first `n` cells' memory (paged: later blocks go back; flat: no-op)."""
+        trim = getattr(self.layout, "trim_stream", None)
+        if trim is not None:
+            trim(stream, n)
+
+    def bytes_used(self) -> int:
+        return self.layout.bytes_used()

@@ -1,0 +1,85 @@
+"""After a step: advance counters, append sampled tokens, check stops, stream events out.
+
+Stops, in llama-server's order: an end-of-generation token (unless `ignore_eos`; its text is not
+emitted), a stop string (also across token boundaries; the text is cut before it), `n_predict`
+reached, or the slot's context full (`truncated`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from slotserver.engine.request import ErrorEvent, FinalEvent, TokenEvent
+from slotserver.engine.scheduler import Scheduler, StepPlan
+from slotserver.engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class Sampled:
+    token: int
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()
+    error: str = ""   # sampling failed for this row only (e.g. a bias that forbids every token)
+
+
+def postprocess(sched: Scheduler, plan: StepPlan, sampled: list[Sampled], eog: frozenset[int]) -> list[Sequence]:
+    """`sampled` has one entry per chunk with `sample=True`, in plan order. -> finished sequences."""
+    it = iter(sampled)
+    done = []
+    for chunk in plan.chunks:
+        seq = chunk.seq
+        seq.num_computed += chunk.n
+        if not chunk.sample or seq.finished:
+            continue
+        if _accept(sched, seq, next(it), eog):
+            done.append(seq)
+    return done
+
+
+def _accept(sched: Scheduler, seq: Sequence, s: Sampled, eog: frozenset[int]) -> bool:
+    if s.error:
+        sched.finish(seq)
+        seq.handle.emit(ErrorEvent(s.error))
+        return True
+    now = time.perf_counter()
+    if not seq.t_prompt_done:
+        seq.t_prompt_done = now
+    seq.tokens.append(s.token)
+    req = seq.request
+    if s.token in eog and not req.ignore_eos:
+        tail = seq.stops.feed(seq.detok.flush())[0] + seq.stops.flush()
+        _finish(sched, seq, "eos", "", False, tail)
+        return True
+    text, word = seq.stops.feed(seq.detok.push(s.token))
+    if word is not None:
+        seq.handle.emit(TokenEvent(s.token, text, s.logprob, s.top))
+        _finish(sched, seq, "word", word, False)
+        return True
+    full = seq.num_tokens >= sched.config.n_cells
+    limit = 0 <= req.n_predict <= seq.num_generated
+    if full or limit:
+        text += seq.stops.feed(seq.detok.flush())[0] + seq.stops.flush()
+    seq.handle.emit(TokenEvent(s.token, text, s.logprob, s.top))
+    if full or limit:
+        _finish(sched, seq, "limit", "", full and not limit)
+        return True
+    return False
+
+
+def _finish(sched: Scheduler, seq: Sequence, stop_type: str, word: str, truncated: bool, tail: str = "") -> None:
+    sched.finish(seq)
+    seq.handle.emit(final_event(seq, stop_type, word, truncated, tail))
+
+
+def final_event(seq: Sequence, stop_type: str, word: str = "", truncated: bool = False,
+                tail: str = "") -> FinalEvent:
+    now = time.perf_counter()
+    prompt_done = seq.t_prompt_done or now
+    return FinalEvent(
+        stop_type=stop_type, stopping_word=word, truncated=truncated, id_slot=seq.slot_id,
+        n_prompt=seq.num_prompt, n_cached=seq.num_cached, n_predicted=max(0, seq.num_generated),
+        prompt_ms=1000 * (prompt_done - seq.t_start) if seq.t_start else 0.0,
+        predicted_ms=1000 * (now - prompt_done) if seq.t_prompt_done else 0.0,
+        seed=seq.rng.seed, text=tail,
+    )

@@ -1,0 +1,133 @@
+"""What a client submits to the engine and what it gets back: a request, its events, its handle.
+
+The engine thread emits events into the handle; an asyncio consumer receives them through the
+engine's `Outbox` (one `loop.call_soon_threadsafe` per step, never touching engine state), a plain
+thread through a queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import queue
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Iterator, Union
+
+from slotserver.engine.outbox import Outbox
+from slotserver.model.sampling_params import SamplingParams
+
+
+class RequestError(ValueError):
+    """The request cannot be served as given (HTTP 400)."""
+
+
+class EngineBusy(RuntimeError):
+    """The wait queue is full (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int = -1            # -1: until end of generation or a full context
+    n_keep: int = 0                # kept for context shift (off by default, as in llama-server)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    id_slot: int = -1              # -1: choose by prompt similarity, then least recently used
+    cache_prompt: bool = True
+
+
+def ignore_eos_params(params: SamplingParams, eog: frozenset[int]) -> SamplingParams:
+    """`ignore_eos` is a -inf logit bias on every end-of-generation token, as in llama.cpp."""
+    bias = tuple(params.logit_bias) + tuple((t, -math.inf) for t in sorted(eog))
+    return dataclasses.replace(params, logit_bias=bias)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token: int
+    text: str                                   # newly completed text (may be "" while held back)
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()     # n_probs best (token, logprob), best first
+
+
+@dataclass(frozen=True)
+class FinalEvent:
+    stop_type: str          # "eos" | "limit" | "word" | "none" (cancelled)
+    stopping_word: str
+    truncated: bool         # stopped because the slot's context is full
+    id_slot: int
+    n_prompt: int           # tokens_evaluated
+    n_cached: int           # prompt tokens reused from the slot's cache
+    n_predicted: int
+    prompt_ms: float
+    predicted_ms: float
+    seed: int
+    text: str = ""          # text held back until the end (a partial stop string, half a character)
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    message: str
+
+
+Event = Union[TokenEvent, FinalEvent, ErrorEvent]
+
+
+class RequestHandle:
+    """The client's end of one request: iterate its events (async or sync), or cancel it."""
+
+    def __init__(self, request_id: int, request: Request, engine, loop: asyncio.AbstractEventLoop | None = None,
+                 outbox: Outbox | None = None):
+        assert loop is None or outbox is not None, "an asyncio consumer's events go through the engine's outbox"
+        self.id, self.request, self._engine, self._loop = request_id, request, engine, loop
+        self._outbox = outbox
+        self._sync: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._async: asyncio.Queue[Event] | None = asyncio.Queue() if loop is not None else None
+
+    def emit(self, event: Event) -> None:
+        """Called on the engine thread. An asyncio consumer gets it when the engine flushes its outbox
+        (end of step); a thread consumer at once."""
+        if self._async is not None:
+            self._outbox.put(self._loop, self._async, event)
+        else:
+            self._sync.put(event)
+
+    def cancel(self) -> None:
+        self._engine.cancel(self.id)
+
+    async def events(self) -> AsyncIterator[Event]:
+        assert self._async is not None, "submit(..., loop=...) to consume events asynchronously"
+        while True:
+            event = await self._async.get()
+            yield event
+            if not isinstance(event, TokenEvent):
+                return
+
+    def iter_events(self, timeout: float | None = None) -> Iterator[Event]:
+        while True:
+            event = self._sync.get(timeout=timeout)
+            yield event
+            if not isinstance(event, TokenEvent):
+                return
+
+    def result(self, timeout: float | None = None) -> "Completion":
+        tokens, texts, final = [], [], None
+        for ev in self.iter_events(timeout):
+            if isinstance(ev, TokenEvent):
+                tokens.append(ev.token)
+                texts.append(ev.text)
+            elif isinstance(ev, ErrorEvent):
+                raise RuntimeError(ev.message)
+            else:
+                final = ev
+                texts.append(ev.text)
+        return Completion(tokens, "".join(texts), final)
+
+
+@dataclass
+class Completion:
+    tokens: list[int]
+    text: str
+    final: FinalEvent

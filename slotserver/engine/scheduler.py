@@ -1,0 +1,205 @@
+"""The scheduler: pure Python, no tensors. `schedule()` returns a plain `StepPlan`;
+`postprocess()` applies the sampled tokens.
+
+Per step: admit waiting requests into slots (strict FIFO), defragment the stream map, then fill
+the token budget: every decoding sequence's next token first, then prefill chunks, oldest request
+first. A sequence that is not scheduled keeps its counters and is picked up next step, so nothing
+starves: decodes always run, and the oldest prefill always gets the budget left.
+
+With a paged KV layout the engine passes a capacity callback returning a `KVBudget` (plain
+numbers: block size, the pool's max blocks). Then a stream holding n cells costs ceil(n / block
+size) blocks, and two more rules hold (with a flat layout the callback gives None: no change):
+- admission: the head of the queue gets a slot only if its tokens plus `headroom` decode blocks
+  fit next to every running sequence's tokens plus headroom and the idle slots' prompt caches;
+  idle caches (least recently used first) are evicted to make room, else the head waits (FIFO).
+- decode never runs out: before admitting, if the running sequences' tokens no longer fit, idle
+  caches are evicted, then the running sequence with the least progress (fewest computed cells,
+  youngest on ties) is preempted: its blocks are freed and it goes back to the queue in arrival
+  order, to be prefilled again (prompt + generated tokens) and continue where it stopped.
+Freed blocks are `StepPlan.trims` (stream, cells kept), applied by the engine before the moves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from slotserver.engine.config import EngineConfig
+from slotserver.engine.sequence import Sequence
+from slotserver.engine.slots import SlotTable, common_prefix
+from slotserver.engine.stream_map import Move, StreamMap
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    seq: Sequence
+    stream: int
+    start: int       # = seq.num_computed when planned
+    n: int           # tokens of this step
+    sample: bool     # the chunk reaches the end of the sequence: sample its next token
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    """A paged KV pool's capacity in plain numbers (the scheduler imports no torch)."""
+
+    block_size: int
+    max_blocks: int
+    headroom: int = 1   # decode blocks reserved per sequence at admission
+
+    def blocks(self, n_cells: int) -> int:
+        return -(-n_cells // self.block_size)
+
+
+@dataclass
+class StepPlan:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    moves: list[Move] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)
+    trims: list[tuple[int, int]] = field(default_factory=list)  # (stream, cells kept), before moves
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(c.n for c in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, budget: Callable[[], KVBudget | None] | None = None) -> None:
+        self.config = config
+        self.budget = budget or (lambda: None)  # asked every step: a layout swap may change it
+        self.slots = SlotTable(config.n_parallel, config.slot_prompt_similarity)
+        self.streams = StreamMap(config.n_parallel, config.n_streams)
+        self.waiting: deque[Sequence] = deque()
+
+    # -- verbs used by the engine --------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def running(self) -> list[Sequence]:
+        return [s.seq for s in self.slots.slots if s.seq is not None]
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(not s.idle for s in self.slots.slots)
+
+    def finish(self, seq: Sequence) -> None:
+        """Free the sequence's slot (it keeps the computed tokens as its prompt cache)."""
+        if seq.finished:
+            return
+        seq.finished = True
+        if seq.slot_id >= 0:
+            self.slots.slots[seq.slot_id].release()
+        else:
+            self.waiting.remove(seq)
+
+    # -- one step --------------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        plan, budget = StepPlan(), self.budget()
+        if budget is not None:
+            self._make_room(budget, plan)
+        plan.admitted = self._admit(budget, plan)
+        if self.config.defrag == "on":
+            plan.moves = self.streams.plan_defrag(self.slots.slots)
+        plan.chunks = self._fill_budget()
+        self.check_invariants()
+        return plan
+
+    def _admit(self, budget: KVBudget | None, plan: StepPlan) -> list[Sequence]:
+        admitted = []
+        while self.waiting:
+            seq = self.waiting[0]
+            slot = self.slots.select(tuple(seq.tokens[: seq.num_prompt]), seq.request.id_slot)
+            if slot is None or (budget is not None and not self._fits(budget, seq, slot, plan)):
+                break  # strict FIFO: the head waits, and so does everyone behind it
+            self.waiting.popleft()
+            reuse = common_prefix(slot.cached, seq.tokens) if seq.request.cache_prompt else 0
+            seq.num_computed = seq.num_cached = min(reuse, seq.num_prompt - 1)  # logits need >= 1 token
+            if budget is not None:  # the slot's cached cells past the reused prefix give their blocks back
+                plan.trims.append((self.streams.stream_of[slot.id], seq.num_computed))
+            slot.occupy(seq)
+            seq.t_start = time.perf_counter()
+            admitted.append(seq)
+        return admitted
+
+    # -- paged KV: admission by free blocks, room for decodes ---------------------------------------
+    def _reserved(self, budget: KVBudget, seq: Sequence) -> int:
+        """Blocks a sequence may take soon: its tokens plus the decode headroom, up to a full slot."""
+        return budget.blocks(min(seq.num_tokens + budget.headroom * budget.block_size, self.config.n_cells))
+
+    def _fits(self, budget: KVBudget, seq: Sequence, slot, plan: StepPlan) -> bool:
+        """Can `seq` take `slot` within the pool? Evicts idle caches (LRU first) if that makes it fit."""
+        running = sum(self._reserved(budget, s) for s in self.running())
+        others = sorted((s for s in self.slots.idle() if s is not slot and s.cached), key=lambda s: s.last_used)
+        cached = sum(budget.blocks(len(s.cached)) for s in others)
+        need = running + self._reserved(budget, seq) + cached - budget.max_blocks  # blocks to free
+        if need > cached:
+            return False
+        for victim in others:
+            if need <= 0:
+                break
+            need -= budget.blocks(len(victim.cached))
+            self._evict(victim, plan)
+        return True
+
+    def _make_room(self, budget: KVBudget, plan: StepPlan) -> None:
+        """Every running sequence's tokens must fit this step: evict idle caches, then preempt."""
+        def in_use() -> int:
+            return sum(budget.blocks(min(s.seq.num_tokens, self.config.n_cells) if s.seq else len(s.cached))
+                       for s in self.slots.slots)
+
+        while in_use() > budget.max_blocks:
+            idle = sorted((s for s in self.slots.idle() if s.cached), key=lambda s: s.last_used)
+            if idle:
+                self._evict(idle[0], plan)
+                continue
+            victim = min(self.running(), key=lambda s: (s.num_computed, -s.arrival))
+            self._preempt(victim, plan)
+
+    def _evict(self, slot, plan: StepPlan) -> None:
+        plan.trims.append((self.streams.stream_of[slot.id], 0))
+        slot.cached = []
+
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
+        """Free the sequence's blocks and queue it again in arrival order; it keeps its tokens."""
+        slot = self.slots.slots[seq.slot_id]
+        plan.trims.append((self.streams.stream_of[slot.id], 0))
+        slot.seq, slot.cached = None, []
+        seq.slot_id, seq.num_computed, seq.num_cached = -1, 0, 0
+        later = [i for i, w in enumerate(self.waiting) if w.arrival > seq.arrival]
+        self.waiting.insert(later[0] if later else len(self.waiting), seq)
+        plan.preempted.append(seq)
+
+    def _fill_budget(self) -> list[ScheduledChunk]:
+        budget = self.config.step_tokens
+        running = sorted(self.running(), key=lambda s: s.arrival)
+        chunks = []
+        for seq in running:  # decodes first: one token each
+            if seq.num_pending == 1 and budget > 0:
+                chunks.append(self._chunk(seq, 1))
+                budget -= 1
+        for seq in running:  # then prefill, oldest first
+            if seq.num_pending > 1 and budget > 0:
+                n = min(seq.num_pending, budget)
+                chunks.append(self._chunk(seq, n))
+                budget -= n
+        # Decodes first, then prefill chunks (`AttnMeta.split` runs the two groups apart; a decode
+        # row after a prefill chunk would be padded to the chunk's length), each group in stream
+        # order: contiguous streams are sliced, not gathered.
+        return sorted(chunks, key=lambda c: (c.n > 1, c.stream))
+
+    def _chunk(self, seq: Sequence, n: int) -> ScheduledChunk:
+        stream = self.streams.stream_of[seq.slot_id]
+        return ScheduledChunk(seq, stream, seq.num_computed, n, seq.num_computed + n == seq.num_tokens)
+
+    def check_invariants(self) -> None:
+        """No slot or stream leak, one sequence per slot and stream; packed streams with defrag on."""
+        running = self.running()
+        assert len({s.id for s in running}) == len(running)
+        for slot in self.slots.slots:
+            assert slot.seq is None or slot.seq.slot_id == slot.id
+        self.streams._check()
+        if self.config.defrag == "on":
+            assert self.streams.is_packed(self.slots.slots), "active streams are not contiguous"
+        assert all(s.slot_id == -1 for s in self.waiting)

@@ -1,0 +1,60 @@
+"""One request in flight: its tokens and counters, and its output state.
+
+A sequence carries counters, not phases: `num_computed` tokens have their KV in the slot's stream,
+`num_tokens` exist (prompt + generated). Prefill, chunked prefill and decode only differ in how
+many of the `num_tokens - num_computed` pending tokens a step schedules.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from slotserver.model.text.detokenizer import IncrementalDetokenizer
+from slotserver.engine.request import Request, RequestHandle
+from slotserver.model.sampling import SequenceRng
+from slotserver.model.sampling_params import SamplingParams
+from slotserver.engine.stop_strings import StopMatcher
+
+
+@dataclass
+class Sequence:
+    handle: RequestHandle
+    tokens: list[int]               # prompt + generated
+    num_prompt: int
+    rng: SequenceRng
+    params: SamplingParams          # the request's, plus -inf bias on end-of-generation if ignore_eos
+    detok: IncrementalDetokenizer
+    stops: StopMatcher
+    arrival: float = field(default_factory=time.perf_counter)
+    slot_id: int = -1
+    num_computed: int = 0           # tokens whose K/V are in the stream
+    num_cached: int = 0             # prompt tokens reused from the slot's cache
+    t_start: float = 0.0            # first scheduled
+    t_prompt_done: float = 0.0      # first token sampled
+    finished: bool = False
+
+    @property
+    def request(self) -> Request:
+        return self.handle.request
+
+    @property
+    def id(self) -> int:
+        return self.handle.id
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_pending(self) -> int:
+        return len(self.tokens) - self.num_computed
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+    @property
+    def computed_tokens(self) -> list[int]:
+        """The tokens whose KV is valid in the stream: what the slot caches after this request."""
+        return self.tokens[: self.num_computed]

@@ -1,0 +1,166 @@
+"""Slot save / restore / erase: a slot's cached tokens and KV in a file under `--slot-save-path`.
+
+The KV goes through the layout's canonical export/import (`[n_layers, n, kv_heads, head_dim]`),
+so a file saved with one layout restores into any other of the same dtype. File names are
+validated so nothing escapes the folder: a plain name (no separators, no `..`, no leading dot),
+and the resolved path must still lie inside the folder (no symlink escape). Runs on the engine
+thread (`Engine.call`).
+
+Saves are atomic (`atomic_write`): a crash or kill mid-save leaves the previous file or the new
+one, never a truncated one. Restores trust nothing in the file: token ids must lie in the running
+model's vocabulary, K/V must have the running cache's geometry and dtype and be finite, because
+a restored slot is decoded from directly (an out-of-range id would index past the embedding).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+import torch
+
+from slotserver.engine.request import RequestError
+
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,200}")
+FORMAT = "slotserver-slot-v1"
+
+
+class SlotBusy(RuntimeError):
+    """The slot is processing a request (HTTP 409)."""
+
+
+def check_name(filename: object) -> str:
+    """`filename` if it is a plain slot file name, else RequestError.
+
+    The whole string must match (`fullmatch`: `$` alone would accept a trailing newline), it
+    may not start with a dot (temporary files of `atomic_write` do, so they never collide with
+    user files) and may not contain `..`. Shared with the HTTP route: one rule, one place.
+    """
+    if not isinstance(filename, str) or not NAME_RE.fullmatch(filename) or ".." in filename:
+        raise RequestError(f"invalid slot file name {filename!r}: use letters, digits, '.', '_', '-'")
+    return filename
+
+
+def safe_path(folder: Path | None, filename: str) -> Path:
+    if folder is None:
+        raise RequestError("slot save/restore is disabled: start the server with --slot-save-path")
+    check_name(filename)
+    root = Path(folder).resolve()
+    path = (root / filename).resolve()
+    if path.parent != root:
+        raise RequestError(f"slot file name {filename!r} escapes the slot save folder")
+    return path
+
+
+def atomic_write(path: Path, write_fn: Callable[[BinaryIO], None]) -> int:
+    """Write `path` through `write_fn(file)` so that it is replaced whole or not at all; -> bytes.
+
+    The data goes to a hidden temporary file in the same folder (same file system, so the rename
+    is atomic), is flushed and fsynced, then `os.replace`d over `path`; the folder is fsynced so
+    the rename itself survives a power loss. On any exception the temporary file is removed and
+    `path` is untouched. A SIGKILL leaves at most a stray `.<name>.tmp-<pid>-<hex>` file.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        with open(tmp, "xb") as f:
+            write_fn(f)
+            f.flush()
+            os.fsync(f.fileno())
+            size = f.tell()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return size
+
+
+def _fsync_dir(folder: Path) -> None:
+    if not hasattr(os, "O_DIRECTORY"):  # Windows cannot open a folder; its rename is durable enough
+        return
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _idle_slot(engine, slot_id: int):
+    if not isinstance(slot_id, int) or not 0 <= slot_id < engine.config.n_parallel:
+        raise RequestError(f"id_slot must be in [0, {engine.config.n_parallel})")
+    slot = engine.sched.slots.slots[slot_id]
+    if not slot.idle:
+        raise SlotBusy(f"slot {slot_id} is processing a request")
+    return slot
+
+
+def save(engine, slot_id: int, filename: str) -> dict:
+    t0 = time.perf_counter()
+    path = safe_path(engine.config.slot_save_path, filename)
+    slot = _idle_slot(engine, slot_id)
+    n = len(slot.cached)
+    k, v = engine.cache.export_stream(engine.sched.streams.stream_of[slot_id], n)
+    k, v = k.to(engine.cache.spec.dtype), v.to(engine.cache.spec.dtype)  # what restore requires
+    s = engine.bundle.model.spec
+    data = {"format": FORMAT, "tokens": list(slot.cached), "k": k, "v": v,
+            "geometry": [s.n_layers, s.n_kv_heads, s.head_dim]}
+    written = atomic_write(path, lambda f: torch.save(data, f))
+    return {"id_slot": slot_id, "filename": filename, "n_saved": n, "n_written": written,
+            "timings": {"save_ms": 1000 * (time.perf_counter() - t0)}}
+
+
+def _read(path: Path, filename: str) -> tuple[list, torch.Tensor, torch.Tensor, list]:
+    """(tokens, k, v, geometry) as stored, or RequestError if the file is not a slot file."""
+    try:
+        data = torch.load(path, weights_only=True)
+        tokens, k, v, geometry = data["tokens"], data["k"], data["v"], list(data["geometry"])
+        assert data["format"] == FORMAT and isinstance(tokens, list)
+        assert isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
+        raise RequestError(f"slot file {filename!r} is not a valid slot file ({type(e).__name__})") from None
+    return tokens, k, v, geometry
+
+
+def _check(engine, filename: str, tokens: list, k: torch.Tensor, v: torch.Tensor, geometry: list) -> None:
+    """RequestError naming the first way the file does not fit the running model and cache."""
+    s, where = engine.bundle.model.spec, f"slot file {filename!r}"
+    if geometry != [s.n_layers, s.n_kv_heads, s.head_dim] or k.shape != v.shape \
+            or tuple(k.shape) != (s.n_layers, len(tokens), s.n_kv_heads, s.head_dim):
+        raise RequestError(f"{where} was saved from a different model")
+    if len(tokens) > engine.config.n_cells:
+        raise RequestError(f"{where} holds {len(tokens)} tokens; the slot has only "
+                           f"{engine.config.n_cells} cells")
+    for i, t in enumerate(tokens):
+        if type(t) is not int or not 0 <= t < s.vocab_size:
+            raise RequestError(f"{where}: token id {t!r} at position {i} is outside the vocabulary "
+                               f"({s.vocab_size} tokens)")
+    want = engine.cache.spec.dtype  # what export_stream produces for this cache (layout contract)
+    if k.dtype != want or v.dtype != want:
+        raise RequestError(f"{where}: K/V dtype {k.dtype} does not match the running cache ({want})")
+    if not (torch.isfinite(k).all() and torch.isfinite(v).all()):
+        raise RequestError(f"{where}: K/V holds NaN or infinite values")
+
+
+def restore(engine, slot_id: int, filename: str) -> dict:
+    t0 = time.perf_counter()
+    path = safe_path(engine.config.slot_save_path, filename)
+    slot = _idle_slot(engine, slot_id)
+    if not path.is_file():
+        raise FileNotFoundError(f"slot file {filename!r} not found")
+    tokens, k, v, geometry = _read(path, filename)
+    _check(engine, filename, tokens, k, v, geometry)
+    engine.cache.import_stream(engine.sched.streams.stream_of[slot_id], k, v)
+    slot.cached = tokens
+    return {"id_slot": slot_id, "filename": filename, "n_restored": len(tokens), "n_read": path.stat().st_size,
+            "timings": {"restore_ms": 1000 * (time.perf_counter() - t0)}}
+
+
+def erase(engine, slot_id: int) -> dict:
+    slot = _idle_slot(engine, slot_id)
+    n, slot.cached = len(slot.cached), []
+    return {"id_slot": slot_id, "n_erased": n}

@@ -1,0 +1,75 @@
+"""llama-server's slots: which idle slot a new request takes.
+
+Selection, as in llama-server: the slot named by `id_slot`; else the idle slot whose cached tokens
+share the longest common prefix with the prompt, if that prefix is more than
+`slot_prompt_similarity` of the prompt; else the least recently used idle slot.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from slotserver.engine.sequence import Sequence
+
+_clock = itertools.count(1)
+
+
+@dataclass
+class Slot:
+    id: int
+    cached: list[int] = field(default_factory=list)   # tokens whose KV is in the slot's stream
+    seq: Sequence | None = None
+    last_used: int = 0
+
+    @property
+    def idle(self) -> bool:
+        return self.seq is None
+
+    @property
+    def n_valid(self) -> int:
+        """Cells of the stream that hold valid KV (what a defrag move must copy)."""
+        return self.seq.num_computed if self.seq is not None else len(self.cached)
+
+    def occupy(self, seq: Sequence) -> None:
+        assert self.idle, f"slot {self.id} is busy"
+        self.seq, seq.slot_id, self.last_used = seq, self.id, next(_clock)
+
+    def release(self) -> None:
+        """The request is done: keep what it computed as this slot's prompt cache."""
+        assert self.seq is not None
+        self.cached, self.seq, self.last_used = self.seq.computed_tokens, None, next(_clock)
+
+
+def common_prefix(a: list[int], b: list[int] | tuple[int, ...]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class SlotTable:
+    def __init__(self, n_slots: int, similarity: float) -> None:
+        self.slots = [Slot(i) for i in range(n_slots)]
+        self.similarity = similarity
+
+    def idle(self) -> list[Slot]:
+        return [s for s in self.slots if s.idle]
+
+    def active(self) -> list[Slot]:
+        return [s for s in self.slots if not s.idle]
+
+    def select(self, prompt: tuple[int, ...], id_slot: int) -> Slot | None:
+        """The slot for a request, or None if it must wait."""
+        if id_slot >= 0:
+            slot = self.slots[id_slot]
+            return slot if slot.idle else None
+        idle = self.idle()
+        if not idle:
+            return None
+        if self.similarity > 0 and prompt:
+            best = max(idle, key=lambda s: (common_prefix(s.cached, prompt), -s.last_used))
+            if common_prefix(best.cached, prompt) / len(prompt) > self.similarity:
+                return best
+        return min(idle, key=lambda s: s.last_used)

@@ -1,0 +1,74 @@
+"""Accumulates step timings and counters on the engine thread and publishes `EngineStats`.
+
+Only the engine thread writes; it replaces `snapshot` (a frozen dataclass) in one assignment.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+from slotserver.engine.stats import EngineStats, SlotStats, StepTimings
+
+PHASES = ("schedule", "moves", "forward", "sample", "postprocess")
+
+
+class StatsTracker:
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.t0 = time.perf_counter()
+        self.steps = 0
+        self.sums = dict.fromkeys(PHASES, 0.0)
+        self.prompt_tokens = self.predicted_tokens = self.requests_done = 0
+        self.recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=256)
+        self.last_ms, self.last_tokens = 0.0, 0
+        self.snapshot = EngineStats()
+        self.publish()
+
+    def after_step(self, plan, n_done: int, t: list[float]) -> None:
+        self.steps += 1
+        for name, a, b in zip(PHASES, t, t[1:]):
+            self.sums[name] += (b - a) * 1000
+        n_sampled = sum(1 for c in plan.chunks if c.sample)
+        self.prompt_tokens += sum(c.n for c in plan.chunks if c.start < c.seq.num_prompt)
+        self.predicted_tokens += n_sampled
+        self.requests_done += n_done
+        self.last_ms, self.last_tokens = (t[-1] - t[0]) * 1000, plan.n_tokens
+        self.recent.append((t[-1], n_sampled))
+        self.publish()
+
+    def _rate(self) -> float:
+        now = time.perf_counter()
+        window = [(ts, n) for ts, n in self.recent if now - ts < 5.0]
+        if len(window) < 2:
+            return 0.0
+        span = window[-1][0] - window[0][0]
+        return sum(n for _, n in window[1:]) / span if span > 0 else 0.0
+
+    def publish(self) -> None:
+        e = self.engine
+        n = max(self.steps, 1)
+        timings = StepTimings(**{k: v / n for k, v in self.sums.items()},
+                              last_step_ms=self.last_ms, last_step_tokens=self.last_tokens)
+        self.snapshot = EngineStats(
+            slots=tuple(self._slot(s) for s in e.sched.slots.slots), queue_len=len(e.sched.waiting),
+            n_active=len(e.sched.running()), steps=self.steps, prompt_tokens=self.prompt_tokens,
+            predicted_tokens=self.predicted_tokens, requests_done=self.requests_done,
+            defrag=e.config.defrag, defrag_moves=e.cache.n_moves, defrag_bytes=e.cache.bytes_moved,
+            layout=e.cache.name, kv_bytes=e.cache.bytes_used(), timings=timings,
+            tokens_per_second=self._rate(), uptime_s=time.perf_counter() - self.t0,
+        )
+
+    def _slot(self, slot) -> SlotStats:
+        seq, e = slot.seq, self.engine
+        tps, now = 0.0, time.perf_counter()
+        if seq is not None and seq.t_prompt_done and seq.num_generated > 1:
+            tps = (seq.num_generated - 1) / max(now - seq.t_prompt_done, 1e-6)
+        return SlotStats(
+            id=slot.id, stream=e.sched.streams.stream_of[slot.id],
+            state="idle" if seq is None else "processing", id_task=-1 if seq is None else seq.id,
+            n_ctx=e.config.n_cells, cells_used=slot.n_valid,
+            n_prompt=0 if seq is None else seq.num_prompt, n_cached=0 if seq is None else seq.num_cached,
+            n_generated=0 if seq is None else max(0, seq.num_generated), tokens_per_second=tps,
+            elapsed_s=now - seq.t_start if seq is not None and seq.t_start else 0.0,
+        )

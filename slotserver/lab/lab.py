@@ -1,0 +1,204 @@
+"""The live lab: validated hot swaps of kernels and KV layouts between two engine steps.
+
+Flow: a save (watcher) or a request (HTTP, `reload`/`switch_layout`) -> validation in a forked,
+time-limited child on the lab's worker thread -> on success a swap is queued -> the engine applies
+it at the start of its next step (`apply_pending`), migrating every slot's KV through the layouts'
+canonical export/import for a layout swap. A refused edit leaves the old version serving. Every
+acceptance, swap and refusal is an event (file, line, reason, latency) for HTTP and the TUI.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import queue
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from slotserver.lab.kernel_set import KERNEL_CONTRACT
+from slotserver.engine.kv_cache import KVCache
+from slotserver.lab.validate import validate_kernel, validate_layout
+from slotserver.lab.layouts import LAYOUT_CONTRACT, available_layouts
+from slotserver.lab.loader import (ModuleLoadError, default_dir, file_version, load_by_path, locate,
+                                      module_names, resolve_in_folder)
+from slotserver.lab.sandbox import run_forked
+
+
+class Lab:
+    def __init__(self, engine, kernels_dir: Path | None, layouts_dir: Path | None,
+                 validation_timeout: float = 5.0) -> None:
+        self.engine = engine
+        self.kernels_dir = Path(kernels_dir or default_dir("kernels"))
+        self.layouts_dir = Path(layouts_dir or default_dir("layouts"))
+        self.timeout = validation_timeout
+        self.events: collections.deque[dict] = collections.deque(maxlen=500)
+        self.counts = collections.Counter()
+        self._seq = itertools.count(1)
+        self._lock = threading.Lock()
+        self._pending: queue.SimpleQueue = queue.SimpleQueue()
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="slotserver-lab")
+        self._previous_kernels = None
+
+    # -- requests (any thread) --------------------------------------------------------------------
+    def reload(self, path: str | None = None, observed: float | None = None) -> Future:
+        """Validate and swap in one edited file (or every file whose content changed)."""
+        observed = observed or time.perf_counter()
+        return self._worker.submit(self._reload, path, observed)
+
+    def switch_layout(self, name: str) -> Future:
+        return self._worker.submit(self._switch_layout, name, time.perf_counter())
+
+    def events_since(self, seq: int = 0) -> list[dict]:
+        with self._lock:
+            return [e for e in self.events if e["seq"] > seq]
+
+    def snapshot(self) -> dict:
+        e = self.engine
+        ks = e.bundle.model.kernels
+        mean = ks.mean_ms()
+        return {
+            "layout": {"name": e.cache.name, "version": e.cache.loaded.version, "bytes": e.cache.bytes_used()},
+            "layouts": available_layouts(self.layouts_dir),
+            "kernels": [{"op": op, "impl": ks.impl, "version": m.version, "file": str(m.path),
+                         "mean_ms": mean.get(op, 0.0), "calls": int(ks.timings.get(op, [0])[0])}
+                        for op, m in sorted(ks.modules.items())],
+            "events": self.events_since(0)[-50:],
+            "stats": {"reloads": dict(self.counts)},
+            "engine": e.stats().to_dict(),
+            "dirs": {"kernels": str(self.kernels_dir), "layouts": str(self.layouts_dir)},
+        }
+
+    # -- the engine thread ----------------------------------------------------------------------
+    def apply_pending(self) -> None:
+        while True:
+            try:
+                swap, fut = self._pending.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fut.set_result(swap())
+            except Exception as e:  # noqa: BLE001 - a swap that fails leaves the old version
+                fut.set_result(self._event("refused", "swap", "", "", reason=f"swap failed: {e}"))
+
+    def forward_ok(self) -> None:
+        """A step ran on the current kernels: they are proven, nothing to roll back to any more."""
+        self._previous_kernels = None
+
+    def rollback(self, error: Exception) -> bool:
+        """A step failed right after a kernel swap: serve the previous kernels again."""
+        previous, self._previous_kernels = self._previous_kernels, None
+        if previous is None:
+            return False
+        self.engine.bundle.model.kernels = previous
+        self._event("rolled_back", "kernel", "", "", reason=f"step failed after the swap: {type(error).__name__}: {error}")
+        return True
+
+    # -- worker thread -------------------------------------------------------------------------
+    def _reload(self, path: str | None, observed: float) -> dict:
+        if path is None:
+            results = [self._reload(str(p), observed) for p in self._changed_files()]
+            return {"reloaded": results}
+        where = locate(path, {"kernel": self.kernels_dir, "layout": self.layouts_dir})
+        if where is None:  # never imported, not even by the validator
+            return self._event("refused", "file", Path(str(path)).stem[:100], str(path)[:300],
+                               reason="not a module the lab lists: only <name>.py files inside the "
+                                      f"kernels folder ({self.kernels_dir}) or the layouts folder ({self.layouts_dir})")
+        kind, name = where
+        if kind == "kernel":
+            return self._reload_kernel(self.kernels_dir / f"{name}.py", observed)
+        return self._reload_layout(self.layouts_dir / f"{name}.py", observed)
+
+    def _changed_files(self) -> list[Path]:
+        ks = self.engine.bundle.model.kernels
+        serving = {str(m.path): m.version for m in ks.modules.values()}
+        serving[str(self.engine.cache.loaded.path)] = self.engine.cache.loaded.version
+        out = []
+        listed = [self.kernels_dir / f"{n}.py" for n in module_names(self.kernels_dir)]
+        for f in listed + [self.engine.cache.loaded.path]:
+            try:
+                if file_version(f) != serving.get(str(f)):
+                    out.append(f)
+            except OSError:
+                continue
+        return out
+
+    def _reload_kernel(self, p: Path, observed: float) -> dict:
+        ks = self.engine.bundle.model.kernels
+        op = p.stem
+        if op not in ks.modules:
+            return self._event("refused", "kernel", op, str(p), reason=f"no serving kernel '{op}' (new ops need a model change)")
+        trusted = str(ks.modules[op].path)
+        check = run_forked(lambda: validate_kernel(str(p), trusted, ks.impl), self.timeout)
+        if not check.get("ok"):
+            return self._event("refused", "kernel", op, str(p), reason=check.get("reason"), line=check.get("line", "?"))
+        try:
+            loaded = load_by_path(p, KERNEL_CONTRACT)
+        except ModuleLoadError as e:
+            return self._event("refused", "kernel", op, str(p), reason=str(e))
+
+        def swap() -> dict:
+            model = self.engine.bundle.model
+            self._previous_kernels = model.kernels
+            model.kernels = model.kernels.with_module(op, loaded)
+            return self._event("swapped", "kernel", op, str(p), version=loaded.version,
+                               max_err=check.get("max_err"), latency_ms=1000 * (time.perf_counter() - observed))
+
+        return self._queue(swap)
+
+    def _reload_layout(self, p: Path, observed: float) -> dict:
+        check = self._validate_layout_file(p)
+        if not check.get("ok"):
+            return self._event("refused", "layout", p.stem, str(p), reason=check.get("reason"), line=check.get("line", "?"))
+        if p.resolve() != Path(self.engine.cache.loaded.path).resolve():
+            return self._event("accepted", "layout", p.stem, str(p), version=file_version(p), reason="valid; not the serving layout")
+        return self._queue(lambda: self._migrate(load_by_path(p, LAYOUT_CONTRACT), observed))
+
+    def _switch_layout(self, name: str, observed: float) -> dict:
+        try:
+            p = resolve_in_folder(self.layouts_dir, name, "layout")
+        except ModuleLoadError as e:  # a path, '..', a separator, a symlink out: nothing is imported
+            return self._event("refused", "layout", str(name)[:100], "", reason=str(e))
+        check = self._validate_layout_file(p)
+        if not check.get("ok"):
+            return self._event("refused", "layout", name, str(p), reason=check.get("reason"), line=check.get("line", "?"))
+        return self._queue(lambda: self._migrate(load_by_path(p, LAYOUT_CONTRACT), observed))
+
+    def _validate_layout_file(self, p: Path) -> dict:
+        ks = self.engine.bundle.model.kernels
+        attn = str(ks.modules["attention"].path)
+        paged = str(ks.modules["paged_attention"].path) if "paged_attention" in ks.modules else None
+        return run_forked(lambda: validate_layout(str(p), attn, paged), self.timeout)
+
+    def _migrate(self, loaded, observed: float) -> dict:
+        """Engine thread: a new layout object, every slot's valid KV moved over canonically."""
+        e = self.engine
+        old = e.cache
+        new = KVCache(loaded, old.spec)
+        new.n_moves, new.bytes_moved = old.n_moves, old.bytes_moved
+        moved = 0
+        for slot in e.sched.slots.slots:
+            n = slot.n_valid
+            if n:
+                stream = e.sched.streams.stream_of[slot.id]
+                new.import_stream(stream, *old.export_stream(stream, n))
+                moved += n
+        e.cache = new
+        return self._event("swapped", "layout", loaded.module.NAME, str(loaded.path), version=loaded.version,
+                           migrated_cells=moved, latency_ms=1000 * (time.perf_counter() - observed))
+
+    def _queue(self, swap) -> dict:
+        fut: Future = Future()
+        self._pending.put((swap, fut))
+        self.engine.wake()
+        return fut.result(timeout=600)  # resolves at the engine's next step boundary (the engine must run)
+
+    def _event(self, result: str, kind: str, name: str, file: str, **extra) -> dict:
+        with self._lock:
+            event = {"seq": next(self._seq), "time": time.time(), "result": result, "kind": kind,
+                     "name": name, "file": file, **{k: v for k, v in extra.items() if v is not None}}
+            self.events.append(event)
+            self.counts[result] += 1
+        return event
+

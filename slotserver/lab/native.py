@@ -1,0 +1,254 @@
+"""Hand-written C kernels for the CPU path: compiled on first use, cached, loaded with ctypes.
+
+Why C, and why this way: at decode, a CPU step is a few hundred tiny ops, and for some of them
+(decode attention: one query row per head against a few hundred cached keys) torch's kernels pay
+far more in per-call setup than in arithmetic. A kernel module may carry its own C source and ask
+`build(name, source)` for a library:
+
+- `PRELUDE` (bf16 conversions, a vectorizable exp, row loads, AVX-512 helpers) is prepended;
+  the source is compiled with the system C compiler (`$CC`, else `cc`): `-O3`, the target flags
+  of the CPU variant (`slotserver.lab.cpu_features`: `-march=native`, or `-march=x86-64-v3` under
+  `SLOTSERVER_CPU=avx2`, AMX taken out under `avx512`), float reassociation (not `-ffast-math`,
+  see FLAGS) and `-fopenmp`, into `$SLOTSERVER_CACHE` (default `~/.cache/slotserver/native`),
+  named by a hash of the source, the flags and this CPU's feature flags; a second process (or a
+  second test worker) reuses it. About half a second per kernel; no torch headers, no Python
+  headers. The C must compile for every variant: AVX-512 code sits under `#ifdef SLOT_AVX512`
+  (or `__AVX512F__`) with a scalar loop beside it.
+- `-fopenmp` links `libgomp.so.1`, which torch has already loaded: the kernel's parallel loops run
+  on the calling thread's OpenMP team, the same threads torch's own ops use (no second pool
+  fighting for the cores). Callers pass `torch.get_num_threads()` explicitly.
+- no compiler (or `SLOTSERVER_NATIVE=0`): `build` returns None and the kernel module keeps its
+  torch formulation; nothing depends on a compiler being present. A compile error in a kernel
+  module's source raises (`strict`), with the compiler's messages pointing at the module's own
+  lines (`#line`): the lab refuses such an edit instead of silently serving the torch form.
+  `SLOTSERVER_NATIVE=0` turns every native kernel off (for A/B measurements, or to rule them out).
+
+Only plain C types cross the boundary (pointers as integers, int64 strides, floats); ctypes
+releases the GIL for the duration of the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch  # noqa: F401 - loads torch's libgomp first, so the kernels share its OpenMP runtime
+
+from slotserver.lab import cpu_features
+
+log = logging.getLogger("slotserver.lab.native")
+
+# Not -ffast-math: with it, GCC links crtfastmath.o into the library, whose constructor turns on
+# flush-to-zero for the whole process (every later float op of torch and Python would change).
+# These flags alone let the compiler vectorize float reductions. The target flags come from the
+# CPU variant (`compile_flags`).
+FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math",
+         "-freciprocal-math", "-fopenmp", "-fPIC", "-shared")
+_loaded: dict[str, ctypes.CDLL | None] = {}
+
+# Prepended to every source: bf16 <-> float32, a vectorizable exp, row loads and prefetches,
+# and the AVX-512 forms of loads, stores and exp.
+# A tensor's dtype crosses the boundary as an int flag: 1 for bfloat16, 0 for float32.
+PRELUDE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float bf2f(uint16_t h) { union { uint32_t u; float f; } x; x.u = (uint32_t)h << 16; return x.f; }
+static inline uint16_t f2bf(float f) {
+    union { uint32_t u; float f; } x; x.f = f;
+    if ((x.u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((x.u >> 16) | 0x40u);   /* NaN stays a quiet NaN */
+    return (uint16_t)((x.u + 0x7FFFu + ((x.u >> 16) & 1u)) >> 16);                  /* round to nearest even */
+}
+static inline float ld(const void *base, int64_t i, int bf16) {
+    return bf16 ? bf2f(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+static inline void st(void *base, int64_t i, int bf16, float x) {
+    if (bf16) ((uint16_t *)base)[i] = f2bf(x); else ((float *)base)[i] = x;
+}
+/* e^x as 2^t, t = x log2 e, split into 2^round(t) * 2^f, |f| <= 1/2, with Cephes' exp2f polynomial
+   (relative error ~2e-7); x is clamped to [-87, 88]. Written out so that loops calling it vectorize. */
+static inline float fast_exp(float x) {
+    const float t = (x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x)) * 1.4426950409f;
+    const float n = floorf(t + 0.5f), f = t - n;
+    const float p = 1.0f + f * (6.931472028550421e-1f + f * (2.402264791363012e-1f + f * (5.550332471162809e-2f
+                    + f * (9.618437357674640e-3f + f * (1.339887440266574e-3f + f * 1.535336188319500e-4f)))));
+    union { uint32_t u; float f; } e; e.u = (uint32_t)((int32_t)n + 127) << 23;
+    return p * e.f;
+}
+/* 16 lanes at a time where the compiler targets AVX-512 with BF16 (SLOT_AVX512): loads and stores
+   of bf16 or float32, and fast_exp with the same polynomial. Kernels keep a scalar loop for the
+   rest (and for other CPUs). */
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define SLOT_AVX512 1
+#include <immintrin.h>
+static inline __m512 load16(const void *p, int64_t i, int bf16) {
+    return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i))), 16))
+                : _mm512_loadu_ps((const float *)p + i);
+}
+static inline void store16(void *p, int64_t i, int bf16, __m512 v) {
+    if (bf16) _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), (__m256i)_mm512_cvtneps_pbh(v));
+    else _mm512_storeu_ps((float *)p + i, v);
+}
+static inline __m512 fast_exp16(__m512 x) {
+    const __m512 t = _mm512_mul_ps(_mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f)),
+                                   _mm512_set1_ps(1.4426950409f));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+static inline void load_row(const void *base, int64_t off, int bf16, int64_t n, float *dst) {
+    if (bf16) { const uint16_t *p = (const uint16_t *)base + off; for (int64_t i = 0; i < n; i++) dst[i] = bf2f(p[i]); }
+    else { const float *p = (const float *)base + off; for (int64_t i = 0; i < n; i++) dst[i] = p[i]; }
+}
+static inline void prefetch_row(const void *base, int64_t off, int bf16, int64_t n) {
+    const char *p = (const char *)base + off * (bf16 ? 2 : 4);
+    for (int64_t i = 0; i < n * (bf16 ? 2 : 4); i += 64) __builtin_prefetch(p + i);
+}
+"""
+
+
+class NativeError(RuntimeError):
+    """The C source did not compile (the message carries the compiler's output)."""
+
+
+class NoCompiler(NativeError):
+    """No C compiler on this machine: the kernels' torch formulations serve."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SLOTSERVER_CACHE") or Path.home() / ".cache" / "slotserver") / "native"
+
+
+def compiler() -> str | None:
+    cc = os.environ.get("CC") or "cc"
+    return shutil.which(cc)
+
+
+def compile_flags() -> tuple[str, ...]:
+    """FLAGS and the target flags of this process's CPU variant (SLOTSERVER_CPU, see cpu_features)."""
+    return (*FLAGS, *cpu_features.current().march_flags())
+
+
+def _cpu_key() -> str:
+    """The CPU's feature flags (an `-march=native` library is only valid on a CPU like this one)."""
+    flags = cpu_features.host_flags()
+    return " ".join(sorted(flags)) if flags else (platform.processor() or platform.machine())
+
+
+# Compiled first with the same flags: if this fails (no OpenMP, an unknown flag), the machine has
+# no usable toolchain, which is not the kernel's fault: torch serves instead of refusing a kernel.
+PROBE = "int probe(int n) { int s = 0;\n#pragma omp parallel for reduction(+:s)\nfor (int i = 0; i < n; i++) s += i;\nreturn s; }\n"
+
+
+def compile_library(name: str, source: str) -> Path:
+    """Compile `source` (cached); -> the shared library's path. Raises NoCompiler when this machine
+    cannot build the probe, NativeError when only `source` fails."""
+    cc = compiler()
+    if cc is None:
+        raise NoCompiler(f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH")
+    flags = compile_flags()
+    if name != "probe":
+        try:
+            compile_library("probe", PRELUDE + PROBE)
+        except (NativeError, OSError) as e:
+            raise NoCompiler(f"{cc} cannot build with {' '.join(flags)}: {e}") from None
+    digest = hashlib.sha256("\0".join((source, cc, *flags, _cpu_key())).encode()).hexdigest()[:16]
+    target = cache_dir() / f"{name}-{digest}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        src, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
+        src.write_text(source)
+        proc = subprocess.run([cc, *flags, "-o", str(out), str(src), "-lm"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise NativeError(f"{name}: C compile error:\n{proc.stderr.strip()[-2000:]}")
+        os.replace(out, target)  # atomic: a concurrent builder of the same source just wins or loses
+    _prune(target.parent, name)
+    return target
+
+
+KEEP_PER_NAME = 4
+
+
+def _prune(folder: Path, name: str) -> None:
+    """Every edit of a kernel's C builds a new library: keep the newest few per name. (A library
+    still loaded elsewhere stays valid: unlinking a mapped file only drops its directory entry.)"""
+    libs = sorted(folder.glob(f"{name}-*.so"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in libs[KEEP_PER_NAME:]:
+        old.unlink(missing_ok=True)
+
+
+def build(name: str, source: str, origin: str | None = None, strict: bool = False) -> ctypes.CDLL | None:
+    """The library for `source`; None where it cannot be built here (no compiler, or turned off).
+
+    `origin`: the file that holds `source` verbatim (a kernel module passes its `__file__`), so the
+    compiler's messages point at that file's lines. A compile error raises NativeError with
+    `strict` (a kernel module: a broken edit must be refused, not silently replaced by its torch
+    form), else logs one warning and returns None.
+    """
+    if os.environ.get("SLOTSERVER_NATIVE", "1") == "0":  # off by request: the torch formulations serve
+        return None
+    full = _located(PRELUDE, __file__) + _located(source, origin)
+    key = hashlib.sha256("\0".join((full, *compile_flags())).encode()).hexdigest()  # a variant change rebuilds
+    if key not in _loaded:
+        try:
+            _loaded[key] = _load(name, full)
+        except NativeError as e:
+            if strict and not isinstance(e, NoCompiler):
+                raise  # the source's own error: a kernel edit must be refused, not replaced
+            log.warning("native kernel %s unavailable, using its torch formulation: %s", name, e)
+            _loaded[key] = None
+        except OSError as e:  # the machine's fault (cache folder, compiler binary), never the source's
+            log.warning("native kernel %s unavailable, using its torch formulation: %s", name, e)
+            _loaded[key] = None
+    return _loaded[key]
+
+
+def _load(name: str, full: str) -> ctypes.CDLL:
+    """Compile (or find cached) and load; a cached library that does not load is rebuilt once."""
+    path = compile_library(name, full)
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError:
+        path.unlink(missing_ok=True)   # truncated by a crash, or built for another machine
+        return ctypes.CDLL(str(compile_library(name, full)))
+
+
+def _located(source: str, origin: str | None) -> str:
+    """`source` behind a `#line` directive naming where it sits in `origin` (if it is found there)."""
+    try:
+        text = Path(origin).read_text() if origin else ""
+    except OSError:
+        text = ""
+    at = text.find(source) if text else -1
+    if at < 0:
+        return source
+    return f'#line {text[:at].count(chr(10)) + 1} "{origin}"\n{source}'
+
+
+def is_bf16(t: torch.Tensor) -> int:
+    return int(t.dtype == torch.bfloat16)
+
+
+def signature(lib: ctypes.CDLL | None, fn: str, n_ptrs: int, n_ints: int, tail: tuple = ()) -> None:
+    """Declare `fn(void* x n_ptrs, int64 x n_ints, *tail)` -> int (0 on success)."""
+    if lib is not None:
+        f = getattr(lib, fn)
+        f.argtypes = [ctypes.c_void_p] * n_ptrs + [ctypes.c_int64] * n_ints + list(tail)
+        f.restype = ctypes.c_int

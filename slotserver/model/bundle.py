@@ -1,0 +1,39 @@
+"""Everything loaded from one GGUF file: model, tokenizer and chat template, ready to run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from slotserver.model.text.chat_template import ChatTemplate
+from slotserver.model.config import ModelConfig
+from slotserver.model.gguf_file import GGUFFile
+from slotserver.lab.kernel_set import KernelSet
+from slotserver.model.model import LlamaModel
+from slotserver.model.spec import ModelSpec
+from slotserver.model.text.tokenizer import Tokenizer
+from slotserver.model.weights import Progress
+
+
+@dataclass
+class ModelBundle:
+    config: ModelConfig
+    model: LlamaModel
+    tokenizer: Tokenizer
+    template: ChatTemplate
+    metadata: dict
+
+    @classmethod
+    def load(cls, config: ModelConfig, progress: Progress | None = None) -> "ModelBundle":
+        """Open and validate the file, build the tokenizer first (cheap, fails early), then weights."""
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        f = GGUFFile.open(config.model_path)
+        spec = ModelSpec.from_gguf(f)
+        tokenizer = Tokenizer.from_metadata(f.metadata)
+        template = ChatTemplate.from_metadata(f.metadata, tokenizer)
+        kernels = KernelSet.load(config.kernels_dir)
+        model = LlamaModel.from_file(f, spec, config.torch_dtype, kernels, config.max_ctx or None, progress,
+                                     config.weight_format)
+        return cls(config, model, tokenizer, template, f.metadata)

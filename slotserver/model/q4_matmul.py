@@ -1,0 +1,187 @@
+"""4-bit weight matmul on AMX tiles: every weight is unpacked once per 16 rows.
+
+Why: torch's `_weight_int4pack_mm_for_cpu` works on blocks of 4 rows and unpacks the whole weight
+again for each block, in float32 FMAs: 8 rows cost 2.5x one row, 16 rows 4.7x. Here, per block of
+16 output columns and group of 32 inputs, the 4-bit weights become one bf16 AMX B tile and one
+`tdpbf16ps` serves up to 16 rows, so the cost is nearly flat in rows (30 layers' matmuls of
+SmolLM2: 6.1 ms at 1 row, 6.9 at 8, 8.1 at 16; torch 5.2 / 13.3 / 24.8; docs/performance.md).
+`Linear` uses it from 3 rows (below, torch's kernel is a little faster) to `native_max_rows`.
+
+Format (`pack`), for groups of 32 along `in` with w = d * q + m, q in 0..15 (Q4_1 re-encoded
+exactly, see `slotserver.model.linear`):
+- `w4`: `[out/16, in/32, 16, 16]` bytes: column block, group, k pair p, column i -> the byte
+  `q[i][2p] | q[i][2p+1] << 4`. Widened to 32-bit lanes, masked and OR-ed with 0x4300 per half,
+  a byte becomes the bf16 pair (128 + q[i][2p], 128 + q[i][2p+1]): exactly row p of the B tile
+  (AMX's pair-interleaved layout), no table, no conversion.
+- `dz`: `[out/16, in/32, 2, 16]` float32: d, and z = m - 128 d, so that per group
+  y += d * sum_k x_k (128 + q_k) + z * sum_k x_k (float32 scales: torch's kernel keeps bf16 ones).
+Activations and output are bf16, sums float32. Needs the `amx` CPU variant (`slotserver.lab.cpu_features`:
+the host has AMX and `SLOTSERVER_CPU` is auto or amx; the library is then built with
+-march=native), AMX-BF16 at compile time and the OS's permission for tile data (requested per
+process); where any is missing `available()` is False and torch's kernels serve.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from slotserver.lab import cpu_features
+
+from slotserver.lab import native
+
+GROUP = 32
+
+SOURCE = r"""
+#include <immintrin.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
+typedef struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } tile_config;
+
+static int amx_state = 0;   /* 0 unknown, 1 granted, -1 refused; Linux asks each process to request it */
+static int amx_granted(void) {
+    if (amx_state == 0) amx_state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0 ? 1 : -1;
+    return amx_state == 1;
+}
+
+static inline __m512i unpack(const uint8_t *p) {           /* 16 bytes -> 32 bf16 (128 + q) */
+    const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    const __m512i lo = _mm512_and_si512(w, _mm512_set1_epi32(0x0F));
+    const __m512i hi = _mm512_and_si512(_mm512_slli_epi32(w, 12), _mm512_set1_epi32(0x000F0000));
+    return _mm512_or_si512(_mm512_or_si512(lo, hi), _mm512_set1_epi32(0x43004300));
+}
+
+/* Rows [m0, m0+mb) (mb <= 16) against column blocks [nb0, nb1): per (block, group) one tile product
+   C[mb x 16] = A[mb x 32 k] . B[16 k-pairs x 16 columns], then y += d * C + z * sum_k x. */
+static inline void unpack_group(const uint8_t *wg, uint32_t *b) {
+    for (int p = 0; p < 16; p++) _mm512_store_si512(b + p * 16, unpack(wg + p * 16));
+}
+
+/* y += d * C + z * sum_k x for (block, group) i, whose C was stored in c; the block's last group
+   also writes its 16 output columns and clears y. */
+static inline void fold(int64_t i, const float *c, float *y, const float *xs, const float *dz, uint16_t *out,
+                        int64_t mb, int64_t N, int64_t G) {
+    const int64_t nb = i / G, g = i % G;
+    const __m512 d = _mm512_loadu_ps(dz + i * 32), z = _mm512_loadu_ps(dz + i * 32 + 16);
+    for (int64_t m = 0; m < mb; m++) {
+        const __m512 acc = _mm512_fmadd_ps(z, _mm512_set1_ps(xs[m * G + g]), _mm512_load_ps(y + m * 16));
+        _mm512_store_ps(y + m * 16, _mm512_fmadd_ps(d, _mm512_load_ps(c + m * 16), acc));
+    }
+    if (g == G - 1) {
+        for (int64_t m = 0; m < mb; m++)
+            _mm256_storeu_si256((__m256i *)(out + m * N + nb * 16), (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(y + m * 16)));
+        memset(y, 0, sizeof(float) * 16 * mb);
+    }
+}
+
+/* Rows [0, mb) (mb <= 16) against column blocks [nb0, nb1). Per (block, group) one tile product
+   C[mb x 16] = A[mb x 32 k] . B[16 k-pairs x 16 columns], then y += d * C + z * sum_k x.
+   Software-pipelined: B is unpacked one (block, group) ahead, and C folded one behind, each in
+   the other of two buffers. A tile load right after the vector stores that wrote its bytes (or a
+   vector load right after a tile store) stalls: 39 vs 21 ns per group measured for B. */
+static void rows_block(const uint16_t *x, const float *xs, const uint8_t *w4, const float *dz, uint16_t *out,
+                       int64_t mb, int64_t N, int64_t K, int64_t G, int64_t nb0, int64_t nb1) {
+    if (nb0 >= nb1) return;
+    tile_config cfg = {0};
+    cfg.palette = 1;
+    cfg.rows[0] = cfg.rows[1] = (uint8_t)mb; cfg.rows[2] = 16;   /* C [mb x 16 f32], A [mb x 32 bf16], B */
+    cfg.colsb[0] = cfg.colsb[1] = cfg.colsb[2] = 64;
+    _tile_loadconfig(&cfg);
+    __attribute__((aligned(64))) uint32_t b[2][16 * 16];
+    __attribute__((aligned(64))) float c[2][16 * 16], y[16 * 16];
+    const int64_t first = nb0 * G, last = nb1 * G;          /* (block, group) pairs, flattened */
+    unpack_group(w4 + first * 256, b[0]);
+    memset(y, 0, sizeof(float) * 16 * mb);
+    for (int64_t i = first; i < last; i++) {
+        const int64_t j = (i - first) & 1;
+        if (i + 1 < last) unpack_group(w4 + (i + 1) * 256, b[j ^ 1]);
+        _tile_zero(0);
+        _tile_loadd(1, x + (i % G) * 32, K * 2);
+        _tile_loadd(2, b[j], 64);
+        _tile_dpbf16ps(0, 1, 2);
+        _tile_stored(0, c[j], 64);
+        if (i > first) fold(i - 1, c[j ^ 1], y, xs, dz, out, mb, N, G);
+    }
+    fold(last - 1, c[(last - 1 - first) & 1], y, xs, dz, out, mb, N, G);
+    _tile_release();
+}
+#endif
+
+/* x: [M, K] bf16 (contiguous), out: [M, N] bf16. -> 0; -1 without AMX (CPU, compiler or kernel
+   permission), -2 on bad shapes, -3 out of memory. */
+int q4_matmul(const void *x, const void *w4, const void *dz, void *out, int64_t M, int64_t N, int64_t K, int n_threads) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
+    if (!amx_granted()) return -1;
+    if (K % 32 || N % 16 || M < 1) return -2;
+    const int64_t G = K / 32, NB = N / 16;
+    float *xs = malloc(sizeof(float) * M * G);               /* each row's sum over each group of 32 */
+    if (!xs) return -3;
+    for (int64_t i = 0; i < M * G; i++) {
+        float s = 0.0f;
+        for (int k = 0; k < 32; k++) s += bf2f(((const uint16_t *)x)[i * 32 + k]);
+        xs[i] = s;
+    }
+    #pragma omp parallel num_threads(n_threads)
+    {
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t nb0 = NB * t / nt, nb1 = NB * (t + 1) / nt;
+        for (int64_t m0 = 0; m0 < M; m0 += 16) {
+            const int64_t mb = M - m0 < 16 ? M - m0 : 16;
+            rows_block((const uint16_t *)x + m0 * K, xs + m0 * G, (const uint8_t *)w4, (const float *)dz,
+                       (uint16_t *)out + m0 * N, mb, N, K, G, nb0, nb1);
+        }
+    }
+    free(xs);
+    return 0;
+#else
+    return -1;
+#endif
+}
+"""
+
+_LIB = native.build("q4_matmul", SOURCE, origin=__file__)
+native.signature(_LIB, "q4_matmul", 4, 3, (native.ctypes.c_int,))
+
+
+@functools.cache
+def available() -> bool:
+    """The CPU variant allows AMX, the library was built with it, and the OS lets this process use
+    the tiles (one trial call)."""
+    if _LIB is None or not cpu_features.current().amx:
+        return False
+    x, out = torch.zeros(1, GROUP, dtype=torch.bfloat16), torch.empty(1, 16, dtype=torch.bfloat16)
+    w4, dz = torch.zeros(1, 1, 16, 16, dtype=torch.uint8), torch.zeros(1, 1, 2, 16)
+    return _LIB.q4_matmul(x.data_ptr(), w4.data_ptr(), dz.data_ptr(), out.data_ptr(), 1, 16, GROUP, 1) == 0
+
+
+def pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [out, in] ints 0..15; d, m: [out, in/32] -> (w4, dz) in the layout above."""
+    n, k = q.shape
+    assert k % GROUP == 0 and n % 16 == 0, f"q4_matmul needs in % 32 == 0 and out % 16 == 0, got {tuple(q.shape)}"
+    g = k // GROUP
+    pairs = q.to(torch.uint8).view(n // 16, 16, g, 16, 2)                       # [nb, i, g, p, j]
+    w4 = (pairs[..., 0] | (pairs[..., 1] << 4)).permute(0, 2, 3, 1).contiguous()  # [nb, g, p, i]
+    d16, m16 = (t.float().view(n // 16, 16, g).permute(0, 2, 1) for t in (d, m))  # [nb, g, i]
+    dz = torch.stack([d16, m16 - 128 * d16], dim=2).contiguous()                 # [nb, g, 2, i]
+    return w4, dz
+
+
+def matmul(x: torch.Tensor, w4: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
+    """x: [rows, in] bf16 -> [rows, out] bf16."""
+    x = x.contiguous()
+    rows, k = x.shape
+    nb, g = w4.shape[:2]
+    if not (x.dtype == torch.bfloat16 and x.device.type == w4.device.type == dz.device.type == "cpu"
+            and w4.dtype == torch.uint8 and w4.shape == (nb, g, 16, 16) and w4.is_contiguous() and k == g * GROUP
+            and dz.dtype == torch.float32 and dz.shape == (nb, g, 2, 16) and dz.is_contiguous()):
+        raise ValueError(f"q4_matmul: x {x.dtype} {tuple(x.shape)} does not fit w4 {tuple(w4.shape)} / dz {tuple(dz.shape)}")
+    out = torch.empty((rows, nb * 16), dtype=torch.bfloat16)
+    rc = _LIB.q4_matmul(x.data_ptr(), w4.data_ptr(), dz.data_ptr(), out.data_ptr(), rows, nb * 16, k, torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"q4_matmul (C) failed with {rc}")
+    return out
