@@ -38,6 +38,7 @@ def cpu(x, weight, eps):
 def example_inputs(gen, dtype):
     x = torch.randn(7, 33, generator=gen).to(dtype)
     return x, (1 + 0.1 * torch.randn(33, generator=gen)).to(dtype), 1e-5
+triton = cpu  # a CPU-only variant: the contract needs the name, CPU serving never calls it
 '''
 
 
@@ -128,6 +129,8 @@ BROKEN = {
     "import error": ("import not_a_module_xyz\n", "ModuleNotFoundError"),
     "missing contract": ("import torch\nOP = 'rms_norm'\nTOL = {}\ndef reference(x, w, e): return x\n"
                          "def example_inputs(g, d): return ()\n", "missing contract name(s): cpu"),
+    "no triton": ("__ORIG__\ndel triton\n", "missing contract name(s): triton"),
+    "OP of another file": ("__ORIG__\nOP = 'rope'\n", "OP is 'rope', expected 'rms_norm'"),
     "wrong numerics": ("__ORIG__\ndef cpu(x, weight, eps):\n    return reference(x, weight, eps) * 1.01\n", "wrong numerics"),
     "wrong shape": ("__ORIG__\ndef cpu(x, weight, eps):\n    return reference(x, weight, eps)[:, :-1]\n", "wrong output"),
     "exception at call": ("__ORIG__\ndef cpu(x, weight, eps):\n    raise RuntimeError('boom')\n", "exception when called: RuntimeError: boom"),

@@ -26,6 +26,7 @@ from slotserver.engine.kv_cache import KVCache
 from slotserver.lab.kv_spec import KVSpec
 from slotserver.lab.lab import Lab
 from slotserver.engine.outbox import Outbox
+from slotserver.engine.port import EnginePort
 from slotserver.engine.postprocess import Sampled, final_event, postprocess
 from slotserver.engine.request import (EngineBusy, ErrorEvent, Request, RequestError, RequestHandle,
                                 ignore_eos_params)
@@ -51,7 +52,8 @@ class Engine:
         self.sched = Scheduler(config, budget=lambda: self.cache.budget())  # paged: admit by free blocks
         self.sampler = Sampler(s.vocab_size)
         self.eog = bundle.tokenizer.eog_ids
-        self.lab = Lab(self, bundle.config.kernels_dir, bundle.config.layouts_dir)
+        self.port = EnginePort(self)    # the verbs the lab and the slot files use
+        self.lab = Lab(self.port, bundle.config.kernels_dir, bundle.config.layouts_dir)
         self.tracker = StatsTracker(self)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.outbox = Outbox()   # events of a step, one wake-up per event loop
@@ -85,7 +87,7 @@ class Engine:
 
     def slot_action(self, slot_id: int, action: str, filename: str | None = None) -> Future:
         """Save, restore or erase an idle slot's cache on the engine thread; -> Future[dict]."""
-        from slotserver.engine.engine import slot_files
+        from slotserver.engine import slot_files
 
         actions = {"save": lambda: slot_files.save(self, slot_id, filename),
                    "restore": lambda: slot_files.restore(self, slot_id, filename),

@@ -23,14 +23,13 @@ from typing import BinaryIO, Callable
 
 import torch
 
+from slotserver.engine.port import KVGeometry, SlotBusy  # noqa: F401 - SlotBusy: HTTP 409
 from slotserver.engine.request import RequestError
 
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,200}")
 FORMAT = "slotserver-slot-v1"
 
 
-class SlotBusy(RuntimeError):
-    """The slot is processing a request (HTTP 409)."""
 
 
 def check_name(filename: object) -> str:
@@ -90,27 +89,14 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _idle_slot(engine, slot_id: int):
-    if not isinstance(slot_id, int) or not 0 <= slot_id < engine.config.n_parallel:
-        raise RequestError(f"id_slot must be in [0, {engine.config.n_parallel})")
-    slot = engine.sched.slots.slots[slot_id]
-    if not slot.idle:
-        raise SlotBusy(f"slot {slot_id} is processing a request")
-    return slot
-
-
 def save(engine, slot_id: int, filename: str) -> dict:
     t0 = time.perf_counter()
     path = safe_path(engine.config.slot_save_path, filename)
-    slot = _idle_slot(engine, slot_id)
-    n = len(slot.cached)
-    k, v = engine.cache.export_stream(engine.sched.streams.stream_of[slot_id], n)
-    k, v = k.to(engine.cache.spec.dtype), v.to(engine.cache.spec.dtype)  # what restore requires
-    s = engine.bundle.model.spec
-    data = {"format": FORMAT, "tokens": list(slot.cached), "k": k, "v": v,
-            "geometry": [s.n_layers, s.n_kv_heads, s.head_dim]}
+    tokens, k, v = engine.port.export_slot(slot_id)       # K/V in the cache's dtype: what restore requires
+    g = engine.port.geometry()
+    data = {"format": FORMAT, "tokens": tokens, "k": k, "v": v, "geometry": [g.n_layers, g.n_kv_heads, g.head_dim]}
     written = atomic_write(path, lambda f: torch.save(data, f))
-    return {"id_slot": slot_id, "filename": filename, "n_saved": n, "n_written": written,
+    return {"id_slot": slot_id, "filename": filename, "n_saved": len(tokens), "n_written": written,
             "timings": {"save_ms": 1000 * (time.perf_counter() - t0)}}
 
 
@@ -126,20 +112,19 @@ def _read(path: Path, filename: str) -> tuple[list, torch.Tensor, torch.Tensor, 
     return tokens, k, v, geometry
 
 
-def _check(engine, filename: str, tokens: list, k: torch.Tensor, v: torch.Tensor, geometry: list) -> None:
+def _check(g: KVGeometry, filename: str, tokens: list, k: torch.Tensor, v: torch.Tensor, geometry: list) -> None:
     """RequestError naming the first way the file does not fit the running model and cache."""
-    s, where = engine.bundle.model.spec, f"slot file {filename!r}"
+    s, where = g, f"slot file {filename!r}"
     if geometry != [s.n_layers, s.n_kv_heads, s.head_dim] or k.shape != v.shape \
             or tuple(k.shape) != (s.n_layers, len(tokens), s.n_kv_heads, s.head_dim):
         raise RequestError(f"{where} was saved from a different model")
-    if len(tokens) > engine.config.n_cells:
-        raise RequestError(f"{where} holds {len(tokens)} tokens; the slot has only "
-                           f"{engine.config.n_cells} cells")
+    if len(tokens) > g.n_cells:
+        raise RequestError(f"{where} holds {len(tokens)} tokens; the slot has only {g.n_cells} cells")
     for i, t in enumerate(tokens):
         if type(t) is not int or not 0 <= t < s.vocab_size:
             raise RequestError(f"{where}: token id {t!r} at position {i} is outside the vocabulary "
                                f"({s.vocab_size} tokens)")
-    want = engine.cache.spec.dtype  # what export_stream produces for this cache (layout contract)
+    want = g.dtype  # what export_slot produces for this cache
     if k.dtype != want or v.dtype != want:
         raise RequestError(f"{where}: K/V dtype {k.dtype} does not match the running cache ({want})")
     if not (torch.isfinite(k).all() and torch.isfinite(v).all()):
@@ -149,18 +134,15 @@ def _check(engine, filename: str, tokens: list, k: torch.Tensor, v: torch.Tensor
 def restore(engine, slot_id: int, filename: str) -> dict:
     t0 = time.perf_counter()
     path = safe_path(engine.config.slot_save_path, filename)
-    slot = _idle_slot(engine, slot_id)
+    engine.port.require_idle(slot_id)   # a busy slot is 409 before the file is even looked at
     if not path.is_file():
         raise FileNotFoundError(f"slot file {filename!r} not found")
     tokens, k, v, geometry = _read(path, filename)
-    _check(engine, filename, tokens, k, v, geometry)
-    engine.cache.import_stream(engine.sched.streams.stream_of[slot_id], k, v)
-    slot.cached = tokens
+    _check(engine.port.geometry(), filename, tokens, k, v, geometry)
+    engine.port.import_slot(slot_id, tokens, k, v)
     return {"id_slot": slot_id, "filename": filename, "n_restored": len(tokens), "n_read": path.stat().st_size,
             "timings": {"restore_ms": 1000 * (time.perf_counter() - t0)}}
 
 
 def erase(engine, slot_id: int) -> dict:
-    slot = _idle_slot(engine, slot_id)
-    n, slot.cached = len(slot.cached), []
-    return {"id_slot": slot_id, "n_erased": n}
+    return {"id_slot": slot_id, "n_erased": engine.port.erase_slot(slot_id)}

@@ -18,18 +18,17 @@ import json
 import os
 import subprocess
 import sys
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from slotserver.model.batch import Batch, SeqChunk
-from slotserver.lab.kernel_set import KERNEL_CONTRACT
-from slotserver.lab.kv_spec import KVSpec, StridedKV
 from slotserver.lab.aot import Resources, compile_error, compile_for, spec_dtype
-from slotserver.lab.layouts import available_layouts, create_layout, load_layout
-from slotserver.lab.loader import ModuleLoadError, default_dir, load_by_path
+from slotserver.lab.compare import compare_outputs, move_inputs, output_tensors, where_in  # noqa: F401 - re-exported
+from slotserver.lab.kernel_set import load_kernel
+from slotserver.lab.layouts import available_layouts
+from slotserver.lab.loader import ModuleLoadError, default_dir, module_names, read_source, resolve_in_folder
+from slotserver.lab.validate import Numerics, kernel_numerics, validate_layout
 
 ARCHS = (80, 90)
 DTYPES = (torch.float32, torch.bfloat16)
@@ -60,7 +59,8 @@ def run_lab_check(kernels_dir: Path | None = None, layouts_dir: Path | None = No
 
 
 def kernel_files(kernels_dir: Path) -> list[Path]:
-    return sorted(p for p in Path(kernels_dir).glob("*.py") if not p.stem.startswith("_"))
+    """What the lab lists (module_names): `<identifier>.py` files inside the folder."""
+    return [Path(kernels_dir) / f"{n}.py" for n in module_names(kernels_dir)]
 
 
 def triton_mode() -> str:
@@ -88,34 +88,27 @@ def aot_checks(kernels_dir: Path, archs: tuple[int, ...] = ARCHS) -> list[CheckR
 
 def check_numerics(path: Path, impl: str, n_cases: int = N_CASES, device: str = "cpu",
                    dtypes: tuple[torch.dtype, ...] = DTYPES) -> list[CheckResult]:
-    """`impl` of one kernel module vs its `reference` on `n_cases` example inputs per dtype."""
+    """`impl` of one kernel module vs its own `reference` per dtype (the lab's one validator)."""
     try:
-        mod = load_by_path(path, KERNEL_CONTRACT).module
+        mod = load_kernel(read_source(path)).module       # the contract is enforced: file and name
     except ModuleLoadError as e:
         return [CheckResult(path.stem, impl, ok=False, detail=str(e))]
-    if not callable(getattr(mod, impl, None)):
-        return []
     results = []
     for dtype in (d for d in dtypes if d in mod.TOL):
-        res = CheckResult(mod.OP, impl, str(dtype).removeprefix("torch."), 0.0, mod.TOL[dtype])
         gen = torch.Generator().manual_seed(0)
         try:
-            for _ in range(n_cases):
-                inputs = mod.example_inputs(gen, dtype)
-                want = mod.reference(*move_inputs(inputs, "cpu"))
-                got = getattr(mod, impl)(*move_inputs(inputs, device))
-                err, ok = compare_outputs(got, want, res.tol)
-                res.max_err, res.ok = max(res.max_err, err), res.ok and ok
-        except Exception as e:  # noqa: BLE001 - a broken kernel is a failed check, not a crash
-            res.ok, res.detail = False, f"{where_in(e, path)}: {type(e).__name__}: {str(e)[:300]}"
-        results.append(res)
+            n = kernel_numerics(getattr(mod, impl), mod, dtype, gen, n_cases, device, path)
+            detail = "" if n.ok else (f"{path}:{n.line}: {n.reason}" if n.line != "?" else n.reason)
+        except Exception as e:  # noqa: BLE001 - a broken example_inputs/reference is a failed check
+            n, detail = Numerics(ok=False, tol=float(mod.TOL[dtype])), f"{where_in(e, path)}: {type(e).__name__}: {str(e)[:300]}"
+        results.append(CheckResult(mod.OP, impl, str(dtype).removeprefix("torch."), n.max_err, n.tol, n.ok, detail))
     return results
 
 
 def check_aot(path: Path, archs: tuple[int, ...] = ARCHS) -> list[CheckResult]:
     """Compile every `AOT` spec of a module for each arch: PTX and cubin must come out."""
     try:
-        specs = getattr(load_by_path(path, KERNEL_CONTRACT).module, "AOT", [])
+        specs = getattr(load_kernel(read_source(path)).module, "AOT", [])
     except ModuleLoadError as e:
         return [CheckResult(path.stem, "aot", ok=False, detail=str(e))]
     results = []
@@ -138,81 +131,20 @@ def check_layouts(layouts_dir: Path | None = None, kernels_dir: Path | None = No
 
 
 def _check_layout(name: str, layouts_dir: Path | None, kernels_dir: Path) -> CheckResult:
-    res = CheckResult(name, "layout", "float32", 0.0, 2e-2)
+    """One layout through `validate_layout`, the validator the live reload uses."""
     try:
-        spec = KVSpec(n_layers=2, n_streams=3, n_cells=21, n_kv_heads=2, head_dim=16)
-        lay = create_layout(load_layout(name, layouts_dir), spec)
-        gen = torch.Generator().manual_seed(0)
-        k, v = (torch.randn(2, 19, 2, 16, generator=gen) for _ in range(2))      # [layers, n, heads, dim]
-        for layer in range(2):
-            lay.write(layer, torch.full((19,), 2), torch.arange(19), k[layer], v[layer])
-        lay.copy_stream(2, 0, 19)
-        ek, ev = lay.export_stream(0, 19)
-        meta = Batch.build([SeqChunk(0, 15, [0] * 4)]).attn
-        q = torch.randn(4, 4, 16, generator=gen)
-        view = lay.view(1)
-        attend = _kernel(kernels_dir, "paged_attention" if view.paged else "attention").cpu
-        want = _kernel(kernels_dir, "attention").reference(q, StridedKV(ek[1:2], ev[1:2]), meta, 0.25)
-        for got, ref in ((ek, k), (ev, v), (attend(q, view, meta, 0.25), want)):
-            err, ok = compare_outputs(got, ref, res.tol)
-            res.max_err, res.ok = max(res.max_err, err), res.ok and ok
-    except Exception as e:  # noqa: BLE001
-        res.ok, res.detail = False, f"{type(e).__name__}: {str(e)[:300]}"
-    return res
+        src = read_source(resolve_in_folder(layouts_dir or default_dir("layouts"), name, "layout"))
+        paged = kernels_dir / "paged_attention.py"
+        check = validate_layout(src, _kernel(kernels_dir, "attention"),
+                                _kernel(kernels_dir, "paged_attention") if paged.is_file() else None, seed=0)
+    except Exception as e:  # noqa: BLE001 - a broken attention kernel fails the check, not the command
+        check = {"ok": False, "reason": f"{type(e).__name__}: {str(e)[:300]}"}
+    detail = "" if check["ok"] else check["reason"] + (f" (line {check['line']})" if check.get("line", "?") != "?" else "")
+    return CheckResult(name, "layout", "float32", check.get("max_err"), None, check["ok"], detail)
 
 
 def _kernel(kernels_dir: Path, op: str):
-    return load_by_path(kernels_dir / f"{op}.py", KERNEL_CONTRACT).module
-
-
-def move_inputs(x, device: str):
-    """A copy of example inputs on `device`: tensors cloned (ops such as kv_store write in place,
-    so each implementation gets its own), NamedTuples and dataclasses (AttnMeta) rebuilt."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().clone().to(device)
-    if isinstance(x, tuple):
-        items = [move_inputs(e, device) for e in x]
-        return type(x)(*items) if hasattr(x, "_fields") else tuple(items)
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return dataclasses.replace(x, **{f.name: move_inputs(getattr(x, f.name), device)
-                                         for f in dataclasses.fields(x) if f.init})
-    return x
-
-
-def compare_outputs(got, want, tol: float) -> tuple[float, bool]:
-    """(max abs error, all within `tol` absolute + `tol` relative, like torch.testing.assert_close).
-    Outputs are tensors or tuples of them; an int8 `StridedKV` is compared dequantized."""
-    errs, ok = [0.0], True
-    for g, w in zip(output_tensors(got), output_tensors(want), strict=True):
-        g, w = g.detach().float().cpu(), w.detach().float().cpu()
-        if g.shape != w.shape:
-            return float("inf"), False
-        diff = (g - w).abs()
-        errs.append(float(diff.max()) if diff.numel() else 0.0)
-        ok = ok and bool(torch.all(diff <= tol + tol * w.abs()))   # NaN compares False: fails
-    return max(errs), ok
-
-
-def output_tensors(out) -> list[torch.Tensor]:
-    """A kernel's output as plain tensors: itself, a tuple's tensors, or an int8 StridedKV dequantized."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if getattr(out, "k_scale", None) is not None:
-        return [out.k.float() * out.k_scale.unsqueeze(-1), out.v.float() * out.v_scale.unsqueeze(-1)]
-    return [t for t in out if isinstance(t, torch.Tensor)]
-
-
-def where_in(exc: BaseException, path: Path) -> str:
-    """`file:line` of the innermost frame inside `path` (the kernel file), deepest cause first
-    (the interpreter re-raises a kernel's own error from its launcher), else just the file."""
-    chain = [exc]
-    while chain[-1].__cause__ is not None:
-        chain.append(chain[-1].__cause__)
-    for err in reversed(chain):
-        lines = [f.lineno for f in traceback.extract_tb(err.__traceback__) if Path(f.filename) == Path(path)]
-        if lines:
-            return f"{path}:{lines[-1]}"
-    return str(path)
+    return load_kernel(read_source(kernels_dir / f"{op}.py")).module
 
 
 def _in_worker(kind: str, kernels_dir: Path, n_cases: int, env_changes: dict) -> list[CheckResult]:

@@ -14,10 +14,45 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from slotserver.lab.loader import LoadedModule, default_dir, load_by_path, module_names, resolve_in_folder
+import torch
+
+from slotserver.lab.loader import (LoadedModule, ModuleLoadError, Source, default_dir, load_source, module_names,
+                                   read_source, resolve_in_folder)
 
 OPS = ("rms_norm", "rope", "attention", "silu_mul")
-KERNEL_CONTRACT = ("OP", "reference", "cpu", "example_inputs", "TOL")
+KERNEL_CONTRACT = ("OP", "reference", "cpu", "triton", "example_inputs", "TOL")
+CALLABLES = ("reference", "cpu", "triton", "example_inputs")
+
+
+def contract_problem(module, path: Path) -> str | None:
+    """Why `module` (loaded from `path`) breaks the kernel contract, naming file and name; or None.
+
+    Every kernel module has the same parts: `OP` (its file's name), `reference` (plain torch, the
+    ground truth), `cpu`, `triton`, `example_inputs(gen, dtype)` and `TOL` (dtype -> tolerance,
+    float32 at least). The lab's reload, `slotserver lab check` and the model's load all refuse a
+    module that lacks one, so no op serves without a reference to be validated against.
+    """
+    missing = [n for n in KERNEL_CONTRACT if not hasattr(module, n)]
+    if missing:
+        return f"{path}: missing contract name(s): {', '.join(missing)}"
+    not_callable = [n for n in CALLABLES if not callable(getattr(module, n))]
+    if not_callable:
+        return f"{path}: contract name(s) not callable: {', '.join(not_callable)}"
+    if module.OP != Path(path).stem:
+        return f"{path}: OP is {module.OP!r}, expected {Path(path).stem!r} (the file's name)"
+    tol = module.TOL
+    if not isinstance(tol, dict) or not isinstance(tol.get(torch.float32), (int, float)):
+        return f"{path}: TOL must map torch.float32 (at least) to a tolerance"
+    return None
+
+
+def load_kernel(src: Source) -> LoadedModule:
+    """Execute a kernel file's bytes and enforce the contract (ModuleLoadError naming the part)."""
+    loaded = load_source(src, KERNEL_CONTRACT)
+    problem = contract_problem(loaded.module, src.path)
+    if problem:
+        raise ModuleLoadError(problem)
+    return loaded
 
 
 @dataclass
@@ -33,7 +68,7 @@ class KernelSet:
     def load(cls, folder: Path | None = None, impl: str = "cpu") -> "KernelSet":
         folder = Path(folder) if folder is not None else default_dir("kernels")
         names = set(OPS) | set(module_names(folder))  # what the lab lists: no symlink out of the folder
-        mods = {op: load_by_path(resolve_in_folder(folder, op, "kernel"), KERNEL_CONTRACT) for op in sorted(names)}
+        mods = {op: load_kernel(read_source(resolve_in_folder(folder, op, "kernel"))) for op in sorted(names)}
         return cls(mods, impl)
 
     def with_module(self, op: str, loaded: LoadedModule) -> "KernelSet":

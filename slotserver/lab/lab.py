@@ -17,19 +17,18 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from slotserver.lab.kernel_set import KERNEL_CONTRACT
-from slotserver.engine.kv_cache import KVCache
-from slotserver.lab.validate import validate_kernel, validate_layout
+from slotserver.lab.kernel_set import load_kernel
 from slotserver.lab.layouts import LAYOUT_CONTRACT, available_layouts
-from slotserver.lab.loader import (ModuleLoadError, default_dir, file_version, load_by_path, locate,
-                                      module_names, resolve_in_folder)
+from slotserver.lab.loader import (ModuleLoadError, Source, default_dir, file_version, load_source, locate,
+                                   module_names, read_source, resolve_in_folder)
 from slotserver.lab.sandbox import run_forked
+from slotserver.lab.validate import validate_kernel, validate_layout
 
 
 class Lab:
-    def __init__(self, engine, kernels_dir: Path | None, layouts_dir: Path | None,
+    def __init__(self, port, kernels_dir: Path | None, layouts_dir: Path | None,
                  validation_timeout: float = 5.0) -> None:
-        self.engine = engine
+        self.port = port   # the engine's verbs (slotserver.engine.port.EnginePort): no engine internals here
         self.kernels_dir = Path(kernels_dir or default_dir("kernels"))
         self.layouts_dir = Path(layouts_dir or default_dir("layouts"))
         self.timeout = validation_timeout
@@ -55,18 +54,17 @@ class Lab:
             return [e for e in self.events if e["seq"] > seq]
 
     def snapshot(self) -> dict:
-        e = self.engine
-        ks = e.bundle.model.kernels
+        ks = self.port.kernels
         mean = ks.mean_ms()
         return {
-            "layout": {"name": e.cache.name, "version": e.cache.loaded.version, "bytes": e.cache.bytes_used()},
+            "layout": self.port.layout_info(),
             "layouts": available_layouts(self.layouts_dir),
             "kernels": [{"op": op, "impl": ks.impl, "version": m.version, "file": str(m.path),
                          "mean_ms": mean.get(op, 0.0), "calls": int(ks.timings.get(op, [0])[0])}
                         for op, m in sorted(ks.modules.items())],
             "events": self.events_since(0)[-50:],
             "stats": {"reloads": dict(self.counts)},
-            "engine": e.stats().to_dict(),
+            "engine": self.port.stats().to_dict(),
             "dirs": {"kernels": str(self.kernels_dir), "layouts": str(self.layouts_dir)},
         }
 
@@ -91,7 +89,7 @@ class Lab:
         previous, self._previous_kernels = self._previous_kernels, None
         if previous is None:
             return False
-        self.engine.bundle.model.kernels = previous
+        self.port.swap_kernels(previous)
         self._event("rolled_back", "kernel", "", "", reason=f"step failed after the swap: {type(error).__name__}: {error}")
         return True
 
@@ -111,12 +109,12 @@ class Lab:
         return self._reload_layout(self.layouts_dir / f"{name}.py", observed)
 
     def _changed_files(self) -> list[Path]:
-        ks = self.engine.bundle.model.kernels
-        serving = {str(m.path): m.version for m in ks.modules.values()}
-        serving[str(self.engine.cache.loaded.path)] = self.engine.cache.loaded.version
+        layout = self.port.layout
+        serving = {str(m.path): m.version for m in self.port.kernels.modules.values()}
+        serving[str(layout.path)] = layout.version
         out = []
         listed = [self.kernels_dir / f"{n}.py" for n in module_names(self.kernels_dir)]
-        for f in listed + [self.engine.cache.loaded.path]:
+        for f in listed + [layout.path]:
             try:
                 if file_version(f) != serving.get(str(f)):
                     out.append(f)
@@ -125,73 +123,76 @@ class Lab:
         return out
 
     def _reload_kernel(self, p: Path, observed: float) -> dict:
-        ks = self.engine.bundle.model.kernels
+        ks = self.port.kernels
         op = p.stem
         if op not in ks.modules:
             return self._event("refused", "kernel", op, str(p), reason=f"no serving kernel '{op}' (new ops need a model change)")
-        trusted = str(ks.modules[op].path)
-        check = run_forked(lambda: validate_kernel(str(p), trusted, ks.impl), self.timeout)
+        try:
+            src = read_source(p)            # read once: these bytes are validated, then swapped in
+        except ModuleLoadError as e:
+            return self._event("refused", "kernel", op, str(p), reason=str(e))
+        trusted = ks.modules[op].module    # the serving module, inherited by the fork
+        check = run_forked(lambda: validate_kernel(src, trusted, ks.impl), self.timeout)
         if not check.get("ok"):
             return self._event("refused", "kernel", op, str(p), reason=check.get("reason"), line=check.get("line", "?"))
         try:
-            loaded = load_by_path(p, KERNEL_CONTRACT)
+            loaded = load_kernel(src)
         except ModuleLoadError as e:
             return self._event("refused", "kernel", op, str(p), reason=str(e))
 
         def swap() -> dict:
-            model = self.engine.bundle.model
-            self._previous_kernels = model.kernels
-            model.kernels = model.kernels.with_module(op, loaded)
+            self._previous_kernels = self.port.swap_kernels(self.port.kernels.with_module(op, loaded))
             return self._event("swapped", "kernel", op, str(p), version=loaded.version,
                                max_err=check.get("max_err"), latency_ms=1000 * (time.perf_counter() - observed))
 
         return self._queue(swap)
 
     def _reload_layout(self, p: Path, observed: float) -> dict:
-        check = self._validate_layout_file(p)
+        try:
+            src = read_source(p)
+        except ModuleLoadError as e:
+            return self._event("refused", "layout", p.stem, str(p), reason=str(e))
+        check = self._validate_layout(src)
         if not check.get("ok"):
             return self._event("refused", "layout", p.stem, str(p), reason=check.get("reason"), line=check.get("line", "?"))
-        if p.resolve() != Path(self.engine.cache.loaded.path).resolve():
-            return self._event("accepted", "layout", p.stem, str(p), version=file_version(p), reason="valid; not the serving layout")
-        return self._queue(lambda: self._migrate(load_by_path(p, LAYOUT_CONTRACT), observed))
+        if p.resolve() != Path(self.port.layout.path).resolve():
+            return self._event("accepted", "layout", p.stem, str(p), version=src.version, reason="valid; not the serving layout")
+        return self._swap_layout(src, observed)
 
     def _switch_layout(self, name: str, observed: float) -> dict:
         try:
-            p = resolve_in_folder(self.layouts_dir, name, "layout")
+            src = read_source(resolve_in_folder(self.layouts_dir, name, "layout"))
         except ModuleLoadError as e:  # a path, '..', a separator, a symlink out: nothing is imported
             return self._event("refused", "layout", str(name)[:100], "", reason=str(e))
-        check = self._validate_layout_file(p)
+        check = self._validate_layout(src)
         if not check.get("ok"):
-            return self._event("refused", "layout", name, str(p), reason=check.get("reason"), line=check.get("line", "?"))
-        return self._queue(lambda: self._migrate(load_by_path(p, LAYOUT_CONTRACT), observed))
+            return self._event("refused", "layout", name, str(src.path), reason=check.get("reason"), line=check.get("line", "?"))
+        return self._swap_layout(src, observed)
 
-    def _validate_layout_file(self, p: Path) -> dict:
-        ks = self.engine.bundle.model.kernels
-        attn = str(ks.modules["attention"].path)
-        paged = str(ks.modules["paged_attention"].path) if "paged_attention" in ks.modules else None
-        return run_forked(lambda: validate_layout(str(p), attn, paged), self.timeout)
+    def _validate_layout(self, src: Source) -> dict:
+        mods = self.port.kernels.modules
+        attn = mods["attention"].module
+        paged = mods["paged_attention"].module if "paged_attention" in mods else None
+        return run_forked(lambda: validate_layout(src, attn, paged), self.timeout)
 
-    def _migrate(self, loaded, observed: float) -> dict:
-        """Engine thread: a new layout object, every slot's valid KV moved over canonically."""
-        e = self.engine
-        old = e.cache
-        new = KVCache(loaded, old.spec)
-        new.n_moves, new.bytes_moved = old.n_moves, old.bytes_moved
-        moved = 0
-        for slot in e.sched.slots.slots:
-            n = slot.n_valid
-            if n:
-                stream = e.sched.streams.stream_of[slot.id]
-                new.import_stream(stream, *old.export_stream(stream, n))
-                moved += n
-        e.cache = new
-        return self._event("swapped", "layout", loaded.module.NAME, str(loaded.path), version=loaded.version,
-                           migrated_cells=moved, latency_ms=1000 * (time.perf_counter() - observed))
+    def _swap_layout(self, src: Source, observed: float) -> dict:
+        """The validated bytes become a module here; the engine thread migrates every slot's KV."""
+        try:
+            loaded = load_source(src, LAYOUT_CONTRACT)
+        except ModuleLoadError as e:
+            return self._event("refused", "layout", src.path.stem, str(src.path), reason=str(e))
+
+        def migrate() -> dict:
+            moved = self.port.swap_layout(loaded)
+            return self._event("swapped", "layout", loaded.module.NAME, str(loaded.path), version=loaded.version,
+                               migrated_cells=moved, latency_ms=1000 * (time.perf_counter() - observed))
+
+        return self._queue(migrate)
 
     def _queue(self, swap) -> dict:
         fut: Future = Future()
         self._pending.put((swap, fut))
-        self.engine.wake()
+        self.port.wake()
         return fut.result(timeout=600)  # resolves at the engine's next step boundary (the engine must run)
 
     def _event(self, result: str, kind: str, name: str, file: str, **extra) -> dict:

@@ -8,7 +8,8 @@ keeps working for whoever still holds it until the engine swaps at a step bounda
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import linecache
+import types
 import itertools
 import re
 import sys
@@ -82,21 +83,39 @@ def locate(path: str | Path, folders: dict[str, Path]) -> tuple[str, str] | None
     return None
 
 
-def load_by_path(path: Path, required: tuple[str, ...]) -> LoadedModule:
-    """Execute `path` as a new module; check that it defines every name in `required`."""
+@dataclass(frozen=True)
+class Source:
+    """The bytes of a kernel or layout file, read once: what is validated is what is swapped in."""
+    path: Path
+    data: bytes
+    version: str  # first 12 hex digits of the bytes' sha256
+
+
+def read_source(path: Path) -> Source:
     path = Path(path)
     try:
-        source = path.read_bytes()
+        data = path.read_bytes()
     except OSError as e:
         raise ModuleLoadError(f"{path}: cannot read ({e.strerror})") from None
+    return Source(path, data, hashlib.sha256(data).hexdigest()[:12])
+
+
+def load_source(src: Source, required: tuple[str, ...]) -> LoadedModule:
+    """Execute `src`'s bytes as a new module (never re-reading the file); check `required` names.
+
+    The bytes also go into `linecache` under the file's name, so tracebacks and whatever reads a
+    function's source (triton's `@jit`, `inspect`) see these bytes even if the file changed since.
+    """
+    path = src.path
     name = f"_slotserver_dyn_{path.stem}_{next(_counter)}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ModuleLoadError(f"{path}: not a python module")
-    module = importlib.util.module_from_spec(spec)
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    text = src.data.decode("utf-8", errors="replace")
+    linecache.cache[str(path)] = (len(text), None, text.splitlines(True), str(path))
     try:
+        code = compile(src.data, str(path), "exec", dont_inherit=True)
         sys.modules[name] = module  # dataclasses and triton look modules up by name
-        spec.loader.exec_module(module)
+        exec(code, module.__dict__)  # noqa: S102 - a listed kernel/layout file: the lab's purpose
     except SyntaxError as e:
         raise ModuleLoadError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
     except Exception as e:  # noqa: BLE001 - any import-time failure is reported, not raised
@@ -106,7 +125,12 @@ def load_by_path(path: Path, required: tuple[str, ...]) -> LoadedModule:
     missing = [r for r in required if not hasattr(module, r)]
     if missing:
         raise ModuleLoadError(f"{path}: missing contract name(s): {', '.join(missing)}")
-    return LoadedModule(path, module, hashlib.sha256(source).hexdigest()[:12])
+    return LoadedModule(path, module, src.version)
+
+
+def load_by_path(path: Path, required: tuple[str, ...]) -> LoadedModule:
+    """Read `path` once and execute it as a new module (`load_source`)."""
+    return load_source(read_source(path), required)
 
 
 def line_of(exc: BaseException, path: Path) -> int | str:

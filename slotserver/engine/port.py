@@ -1,0 +1,123 @@
+"""`EnginePort`: the verbs the lab and the slot files use; the engine's state stays the engine's.
+
+Why a port: the lab swaps kernels and layouts and the slot files copy a slot's KV in and out, and
+both used to assign `engine.cache` or walk `engine.sched.slots` themselves. Every such change now
+goes through one of these verbs, which keep the engine's invariants (a layout swap migrates every
+slot's valid cells; a slot is touched only while idle). All mutating verbs run on the engine
+thread: the lab's swaps from `Lab.apply_pending` (between two steps), the slot files through
+`Engine.call`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from slotserver.engine.kv_cache import KVCache
+from slotserver.engine.request import RequestError
+from slotserver.lab.kernel_set import KernelSet
+from slotserver.lab.loader import LoadedModule
+
+
+class SlotBusy(RuntimeError):
+    """The slot is processing a request (HTTP 409)."""
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    """What a slot's canonical K/V must look like for the running model and cache."""
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    n_cells: int         # a slot's context
+    vocab_size: int
+
+
+class EnginePort:
+    def __init__(self, engine) -> None:
+        self._e = engine
+
+    # -- what serves ---------------------------------------------------------------------------
+    @property
+    def kernels(self) -> KernelSet:
+        return self._e.bundle.model.kernels
+
+    @property
+    def layout(self) -> LoadedModule:
+        return self._e.cache.loaded
+
+    def layout_info(self) -> dict:
+        c = self._e.cache
+        return {"name": c.name, "version": c.loaded.version, "bytes": c.bytes_used()}
+
+    def stats(self):
+        return self._e.stats()
+
+    def wake(self) -> None:
+        self._e.wake()
+
+    # -- swaps (engine thread, between two steps) -----------------------------------------------
+    def swap_kernels(self, new: KernelSet) -> KernelSet:
+        """Serve `new` from the next forward on; -> the set it replaces (for a rollback)."""
+        model = self._e.bundle.model
+        old, model.kernels = model.kernels, new
+        return old
+
+    def swap_layout(self, loaded: LoadedModule) -> int:
+        """A new layout object; every slot's valid KV moved over canonically. -> cells migrated."""
+        e, old = self._e, self._e.cache
+        new = KVCache(loaded, old.spec)
+        new.n_moves, new.bytes_moved = old.n_moves, old.bytes_moved
+        moved = 0
+        for slot in e.sched.slots.slots:
+            n = slot.n_valid
+            if n:
+                stream = e.sched.streams.stream_of[slot.id]
+                new.import_stream(stream, *old.export_stream(stream, n))
+                moved += n
+        e.cache = new
+        return moved
+
+    # -- one idle slot's KV (engine thread) ------------------------------------------------------
+    def geometry(self) -> KVGeometry:
+        s, e = self._e.bundle.model.spec, self._e
+        return KVGeometry(s.n_layers, s.n_kv_heads, s.head_dim, e.cache.spec.dtype, e.config.n_cells, s.vocab_size)
+
+    def export_slot(self, slot_id: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """(cached tokens, K, V) of an idle slot, K/V canonical `[n_layers, n, kv_heads, head_dim]`."""
+        slot = self._idle(slot_id)
+        tokens = list(slot.cached)
+        k, v = self._e.cache.export_stream(self._stream(slot_id), len(tokens))
+        dtype = self._e.cache.spec.dtype
+        return tokens, k.to(dtype), v.to(dtype)
+
+    def import_slot(self, slot_id: int, tokens: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        """An idle slot's prompt cache becomes `tokens` with this K/V (checked by the caller)."""
+        slot = self._idle(slot_id)
+        self._e.cache.import_stream(self._stream(slot_id), k, v)
+        slot.cached = list(tokens)
+
+    def erase_slot(self, slot_id: int) -> int:
+        """Drop an idle slot's prompt cache (a paged layout gets its blocks back). -> cells erased."""
+        slot = self._idle(slot_id)
+        n, slot.cached = len(slot.cached), []
+        self._e.cache.trim(self._stream(slot_id), 0)
+        return n
+
+    def require_idle(self, slot_id: int) -> None:
+        """RequestError for an id out of range, SlotBusy for a slot that is processing."""
+        self._idle(slot_id)
+
+    def _idle(self, slot_id: int):
+        n = self._e.config.n_parallel
+        if type(slot_id) is not int or not 0 <= slot_id < n:
+            raise RequestError(f"id_slot must be in [0, {n})")
+        slot = self._e.sched.slots.slots[slot_id]
+        if not slot.idle:
+            raise SlotBusy(f"slot {slot_id} is processing a request")
+        return slot
+
+    def _stream(self, slot_id: int) -> int:
+        return self._e.sched.streams.stream_of[slot_id]
