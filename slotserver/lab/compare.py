@@ -1,6 +1,6 @@
 """Comparing a kernel's output with its reference: shared by the reload validator and `lab check`.
 
-`move_inputs` gives each implementation its own copy of the inputs (kv_store writes in place);
+`move_inputs` gives each implementation its own copy of the inputs (an op may write into its arguments);
 `compare_outputs` is `torch.testing.assert_close`'s rule (`tol` absolute + `tol` relative, NaN
 fails) over tensors, tuples of tensors or an int8 `StridedKV` (compared dequantized).
 """
@@ -15,7 +15,7 @@ import torch
 
 
 def move_inputs(x, device: str):
-    """A copy of example inputs on `device`: tensors cloned (ops such as kv_store write in place,
+    """A copy of example inputs on `device`: tensors cloned (an op may write into its arguments,
     so each implementation gets its own), NamedTuples and dataclasses (AttnMeta) rebuilt."""
     if isinstance(x, torch.Tensor):
         return x.detach().clone().to(device)

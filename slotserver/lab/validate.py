@@ -54,7 +54,7 @@ def kernel_numerics(fn, trusted, dtype: torch.dtype, gen: torch.Generator, n_cas
     res = Numerics(tol=float(trusted.TOL[dtype]))
     for _ in range(n_cases):
         inputs = trusted.example_inputs(gen, dtype)
-        want = trusted.reference(*move_inputs(inputs, "cpu"))  # own copies: kv_store writes in place
+        want = trusted.reference(*move_inputs(inputs, "cpu"))  # own copies: an op may write in place
         try:
             got = fn(*move_inputs(inputs, device))
         except Exception as e:  # noqa: BLE001 - the edit's failure, reported with its line
