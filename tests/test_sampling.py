@@ -220,23 +220,25 @@ def test_matches_a_per_row_reference_port_of_llama_cpp(vocab):
         assert tokens == want
 
 
-def test_n_probs_reports_sorted_log_softmax_after_bias():
+def test_n_probs_report_the_models_own_probabilities_before_bias_and_penalties():
+    """As llama-server: with a token forbidden by logit_bias (as ignore_eos does to end-of-generation),
+    its probability is still the model's, and penalties do not change the report either."""
     logits = torch.randn(3, 500, generator=torch.Generator().manual_seed(4))
     top = int(logits[0].argmax())
     params = [
         SamplingParams(n_probs=5, logit_bias=((top, -math.inf),)),
-        SamplingParams(temperature=0, n_probs=2),
+        SamplingParams(temperature=0, n_probs=2, repeat_penalty=5.0),
         SamplingParams(),
     ]
-    out = Sampler(500).sample(logits, params, [SequenceRng(i) for i in range(3)], [[]] * 3)
+    history = [[], [int(logits[1].argmax())], []]
+    out = Sampler(500).sample(logits, params, [SequenceRng(i) for i in range(3)], history)
     assert out.top_ids.shape == (3, 5) and out.top_logprobs.dtype == torch.float32
-    adjusted = logits.clone()
-    adjusted[0, top] = -math.inf
-    reference = torch.log_softmax(adjusted, dim=1)
+    reference = torch.log_softmax(logits, dim=1)
     assert torch.equal(out.top_ids, reference.topk(5, dim=1).indices)
     assert torch.allclose(out.top_logprobs, reference.gather(1, out.top_ids), atol=1e-5)
     assert bool((out.top_logprobs[:, :-1] >= out.top_logprobs[:, 1:]).all())
-    assert top not in out.top_ids[0].tolist()
+    assert int(out.top_ids[0, 0]) == top and int(out.tokens[0]) != top  # reported, never sampled
+    assert int(out.tokens[1]) != history[1][0]  # the penalty moved the greedy pick, not the report
     assert torch.allclose(out.logprobs, reference.gather(1, out.tokens[:, None]).squeeze(1), atol=1e-5)
 
 

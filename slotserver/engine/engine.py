@@ -201,6 +201,11 @@ class Engine:
             out = self.sampler.sample(logits, [s.params for s in seqs], [s.rng for s in seqs], [s.tokens for s in seqs])
         except SamplingError:
             return self._sample_rows(seqs, logits)  # find the failing row; fail only its request
+        return self._sampled(out, seqs)
+
+    @staticmethod
+    def _sampled(out, seqs) -> list[Sampled]:
+        """Sampler output -> one `Sampled` per row (top list without the -inf padding columns)."""
         tokens = out.tokens.tolist()
         lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(seqs)
         result = []
@@ -208,7 +213,8 @@ class Engine:
             n = s.params.n_probs
             top = ()
             if n and out.top_ids is not None:
-                top = tuple(zip(out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist()))
+                top = tuple((t, lp) for t, lp in zip(out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist())
+                            if lp != float("-inf"))
             result.append(Sampled(tokens[i], lps[i], top))
         return result
 
@@ -217,7 +223,7 @@ class Engine:
         for i, s in enumerate(seqs):
             try:
                 row = self.sampler.sample(logits[i: i + 1], [s.params], [s.rng], [s.tokens])
-                out.append(Sampled(int(row.tokens[0])))
+                out.extend(self._sampled(row, [s]))
             except SamplingError as e:
                 out.append(Sampled(-1, error=f"sampling failed: {e}"))
         return out

@@ -1,21 +1,25 @@
-"""Token sampling with llama.cpp's default sampler chain, vectorised over a batch of sequences.
+"""Token sampling with llama.cpp's sampler chain, vectorised over a batch of sequences.
 
-The chain follows common/sampling.cpp and src/llama-sampling.cpp:
-logit_bias -> penalties -> top_k -> top_p -> min_p -> temperature -> draw.
-Greedy (temperature <= 0) is the argmax after logit_bias and penalties and uses no random draw.
+Every chain starts with logit_bias. Rows whose chain is llama.cpp's default with only penalties,
+top_k, top_p, min_p and temperature active (`SamplingParams.plain_chain`; nearly every request)
+take the batched fast path here: logit_bias -> penalties -> top_k -> top_p -> min_p -> temperature
+-> draw, one uniform per row from the row's own SequenceRng. Greedy (temperature <= 0) is the
+argmax after logit_bias and penalties and uses no random draw. Any other row (typical_p, DRY, XTC,
+top_n_sigma, dynamic temperature, min_keep, mirostat, adaptive-p, a custom `samplers` order, or
+post_sampling_probs) runs llama.cpp's full chain for its row alone (samplers.py).
 
 top_k, top_p and min_p each keep a *prefix* of the logits sorted in descending order, so a row's
 kept set is the shortest of the three prefixes, and a `topk` of a few candidates per row replaces
 a full vocabulary sort whenever that prefix is short (the usual case).
 
-n_probs / logprobs: the softmax of the bias/penalty-adjusted logits at temperature 1, before
-truncation. (llama-server's default reports the raw logits' softmax; including bias and penalties
-means a forbidden token reports probability 0.) They describe the model, not top_k/top_p/min_p.
+n_probs / logprobs, as llama-server reports them: by default the softmax of the model's raw logits,
+before logit_bias and every sampler (so with ignore_eos the end-of-generation token shows the
+model's own probability); with post_sampling_probs, the chain's final distribution (after
+truncation and temperature), only its tokens with p > 0; missing columns are padded with -inf.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 import secrets
@@ -24,13 +28,13 @@ from dataclasses import dataclass
 
 import torch
 
+from slotserver.model.samplers import ChainResult, SamplerState, run_chain
+from slotserver.model.samplers_penalties import History, _row_values, apply_logit_bias_, apply_penalties, apply_penalties_
 from slotserver.model.sampling_params import MAX_N_PROBS, SamplingError, SamplingParams, _int
 
 __all__ = ["MAX_N_PROBS", "SamplingError", "SamplingParams"]  # re-exported from slotserver.model.sampling_params
-__all__ += ["History", "SampleOutput", "SequenceRng", "Sampler"]
+__all__ += ["History", "SampleOutput", "SequenceRng", "SamplerState", "Sampler"]
 __all__ += ["apply_logit_bias_", "apply_penalties_", "apply_penalties"]
-
-History = Sequence[Sequence[int]]  # per row: the token ids so far (prompt + generated)
 
 
 @dataclass
@@ -45,76 +49,18 @@ class SampleOutput:
 
 
 class SequenceRng:
-    """A sequence's own random stream: same seed, same draws, whatever else is in the batch."""
+    """A sequence's own random stream: same seed, same draws, whatever else is in the batch. It also
+    carries the sequence's `SamplerState` (mirostat's mu...), created and dropped with it."""
 
     def __init__(self, seed: int = -1) -> None:
         seed = _int("seed", seed, lo=-1)
         self.seed = secrets.randbits(32) if seed == -1 else seed  # reported back to the client
         self._rng = random.Random(self.seed)
+        self.state = SamplerState()
 
     def next_uniform(self) -> float:
         """A float in [0, 1)."""
         return self._rng.random()
-
-
-def _row_values(params: Sequence[SamplingParams], name: str, device: torch.device) -> torch.Tensor:
-    return torch.tensor([getattr(p, name) for p in params], dtype=torch.float32, device=device)  # [batch]
-
-
-def _window(params: SamplingParams, history: Sequence[int]) -> Sequence[int]:
-    """The last repeat_last_n tokens (-1: all), or nothing when penalties are inactive."""
-    if not params.penalties_active:
-        return ()
-    return history if params.repeat_last_n == -1 else history[-params.repeat_last_n :]
-
-
-def apply_logit_bias_(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """Add each row's logit_bias in place; a repeated token adds up, as llama.cpp applies each in turn."""
-    vocab, device = logits.shape[1], logits.device
-    entries = [(row, tok, bias) for row, p in enumerate(params) for tok, bias in p.logit_bias]
-    if not entries:
-        return logits
-    rows, toks, biases = zip(*entries)
-    if max(toks) >= vocab:
-        raise SamplingError(f"logit_bias token {max(toks)} is outside the vocabulary [0, {vocab})")
-    index = (torch.tensor(rows, device=device), torch.tensor(toks, device=device))
-    return logits.index_put_(index, torch.tensor(biases, dtype=logits.dtype, device=device), accumulate=True)
-
-
-def apply_penalties_(logits: torch.Tensor, params: Sequence[SamplingParams], history: History) -> torch.Tensor:
-    """Apply repeat/frequency/presence penalties in place to float32 `logits` [batch, vocab].
-
-    For each token seen c > 0 times in the row's window: logit /= repeat_penalty if logit > 0
-    else logit *= repeat_penalty; then logit -= c * frequency_penalty + presence_penalty.
-    Counts come from sorting the padded [batch, window] history rather than from a [batch, vocab]
-    table, whose fresh allocation each step costs more in page faults than all of the sampling.
-    """
-    windows = [_window(p, h) for p, h in zip(params, history)]
-    device, vocab = logits.device, logits.shape[1]
-    lengths = torch.tensor([len(w) for w in windows], device=device)  # [batch]
-    width = int(lengths.max()) if windows else 0
-    if width == 0:
-        return logits
-    flat = torch.tensor(list(itertools.chain.from_iterable(windows)), dtype=torch.int64, device=device)
-    if int(flat.min()) < 0 or int(flat.max()) >= vocab:
-        raise SamplingError(f"history contains token ids outside the vocabulary [0, {vocab})")
-    valid = torch.arange(width, device=device)[None, :] < lengths[:, None]  # [batch, width]
-    ids = torch.full(valid.shape, -1, device=device).masked_scatter_(valid, flat)  # [batch, width], pads -1
-    # Pads write to token 0 the value computed from token 0's own count (unchanged if it is
-    # absent), so all writes to a token agree and the scatter below is deterministic.
-    target = ids.clamp(min=0)  # [batch, width]
-    ordered = ids.sort(dim=1).values  # [batch, width]
-    count = torch.searchsorted(ordered, target, right=True) - torch.searchsorted(ordered, target)
-    old = logits.gather(1, target)  # [batch, width]
-    names = ("repeat_penalty", "frequency_penalty", "presence_penalty")
-    rep, freq, pres = (_row_values(params, name, device)[:, None] for name in names)  # [batch, 1] each
-    new = torch.where(old > 0, old / rep, old * rep) - (count * freq + pres)
-    return logits.scatter_(1, target, torch.where(count > 0, new, old))
-
-
-def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams], history: History) -> torch.Tensor:
-    """Out-of-place `apply_penalties_` on a float32 copy of `logits` [batch, vocab]."""
-    return apply_penalties_(logits.to(torch.float32, copy=True), params, history)
 
 
 def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -137,9 +83,9 @@ class _Batch:
     reads only k blocks after one `amax` pass (about 3x faster than torch.topk on CPU).
     """
 
-    def __init__(self, adj: torch.Tensor, params: Sequence[SamplingParams]) -> None:
+    def __init__(self, adj: torch.Tensor, params: Sequence[SamplingParams], fast: Sequence[bool]) -> None:
         self.adj, self.params, self.vocab = adj, params, adj.shape[1]  # adj: [batch, vocab] float32
-        self.greedy = [p.greedy for p in params]
+        self.greedy = [p.greedy or not f for p, f in zip(params, fast)]  # full-chain rows draw elsewhere
         self.top_k_list = [p.top_k if 0 < p.top_k < self.vocab else self.vocab for p in params]  # vocab: off
         self.top_k = torch.tensor(self.top_k_list, device=adj.device)  # [batch]
         self.block = next((n for n in (64, 128, 32, 16) if self.vocab % n == 0 and self.vocab >= 8 * n), 0)
@@ -151,6 +97,7 @@ class _Batch:
             self.argmax = best * self.block + inner.squeeze(1).argmax(dim=1)  # first index on ties
         else:
             self.row_max, self.argmax = adj.max(dim=1)  # [batch] each
+        self.report_from_adj = True  # n_probs come from adj (no bias/penalty edits) rather than the raw logits
         self._lse: torch.Tensor | None = None
         self._top: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -163,7 +110,7 @@ class _Batch:
         rows using top_p without top_k; NaN in rows that never read it (skipping their exps is most
         of the cost)."""
         if self._lse is None:
-            report = any(p.n_probs > 0 for p in self.params)
+            report = self.report_from_adj and any(p.n_probs > 0 for p in self.params)
             need = [
                 report or (not g and k == self.vocab and p.top_p < 1)
                 for p, g, k in zip(self.params, self.greedy, self.top_k_list)
@@ -210,9 +157,12 @@ class Sampler:
             raise SamplingError(f"logits must be [batch, {self.vocab_size}], got {tuple(logits.shape)}")
         if not len(params) == len(rngs) == len(history) == batch:
             raise SamplingError(f"params, rngs and history must each have {batch} rows")
-        edits = any(p.logit_bias or p.penalties_active for p in params)  # in place, on our own buffer
+        fast = [p.plain_chain and not p.post_sampling_probs for p in params]
+        edits = any(p.logit_bias or (f and p.penalties_active) for p, f in zip(params, fast))
         adj = self._scratch(logits).copy_(logits) if edits else logits.to(torch.float32)  # [batch, vocab]
-        b = _Batch(apply_penalties_(apply_logit_bias_(adj, params), params, history), params)
+        fast_history = [h if f else () for h, f in zip(history, fast)]  # full-chain rows: penalties in order
+        b = _Batch(apply_penalties_(apply_logit_bias_(adj, params), params, fast_history), params, fast)
+        b.report_from_adj = not edits
         bad = ~torch.isfinite(b.row_max)  # NaN propagates through max, so NaN logits land here too
         if bool(bad.any()):
             row = int(bad.nonzero()[0])
@@ -221,7 +171,11 @@ class Sampler:
         if not all(b.greedy):
             uniform = [0.0 if g else r.next_uniform() for r, g in zip(rngs, b.greedy)]  # one draw per row
             tokens = self._draw(b, torch.tensor(uniform, dtype=torch.float64, device=adj.device))
-        return self._report(b, tokens, min(max((p.n_probs for p in params), default=0), self.vocab_size))
+        chains = {i: run_chain(b.adj[i], params[i], rngs[i], history[i]) for i, f in enumerate(fast) if not f}
+        if chains:
+            idx = torch.tensor(list(chains), device=adj.device)
+            tokens = tokens.index_copy(0, idx, torch.tensor([r.token for r in chains.values()], device=adj.device))
+        return self._report(logits, b, tokens, chains, raw_is_adj=not edits)
 
     def _scratch(self, logits: torch.Tensor) -> torch.Tensor:
         buf = self._buffer
@@ -287,11 +241,26 @@ class Sampler:
         keep = torch.minimum(torch.minimum(b.top_k.clamp(max=width), n_p.clamp(max=width)), n_min)
         return keep.clamp(min=1), ~open_rows | (n_p <= width) | (n_min < width)
 
-    def _report(self, b: _Batch, tokens: torch.Tensor, n_probs: int) -> SampleOutput:
-        """Chosen-token logprob and top-n alternatives under the adjusted temperature-1 softmax."""
+    def _report(self, raw: torch.Tensor, b: _Batch, tokens: torch.Tensor, chains: dict[int, ChainResult],
+                raw_is_adj: bool) -> SampleOutput:
+        """Chosen-token logprob and top-n alternatives: the raw logits' softmax, or, for rows with
+        post_sampling_probs, their chain's final distribution."""
+        n_probs = min(max((p.n_probs for p in b.params), default=0), self.vocab_size)
         if n_probs == 0:
             return SampleOutput(tokens, None, None, None)
-        lse = b.lse[:, None]  # [batch, 1]
-        chosen = (b.adj.gather(1, tokens[:, None]) - lse).squeeze(1)  # [batch]
-        top_vals, top_ids = b.topk(n_probs)  # [batch, n_probs] each
-        return SampleOutput(tokens, chosen, top_ids.contiguous(), top_vals - lse)
+        if raw_is_adj:
+            lse, (top_vals, top_ids), scores = b.lse[:, None], b.topk(n_probs), b.adj  # [batch, 1], [batch, n] x2
+        else:
+            scores = raw.to(torch.float32)  # [batch, vocab]
+            lse = torch.logsumexp(scores, dim=1, keepdim=True)  # [batch, 1]
+            top_vals, top_ids = torch.topk(scores, n_probs, dim=1)
+        chosen = (scores.gather(1, tokens[:, None]) - lse).squeeze(1)  # [batch]
+        top_ids, top_lps = top_ids.contiguous(), top_vals - lse
+        for i, r in chains.items():
+            if b.params[i].post_sampling_probs:
+                m = min(n_probs, r.ids.numel())
+                top_ids[i], top_lps[i] = 0, -math.inf
+                top_ids[i, :m], top_lps[i, :m] = r.ids[:m].to(top_ids.device), r.logprobs[:m].to(top_lps.device)
+                hit = (r.ids == r.token).nonzero()
+                chosen[i] = float(r.logprobs[int(hit[0])]) if hit.numel() else -math.inf
+        return SampleOutput(tokens, chosen, top_ids, top_lps)

@@ -2,7 +2,7 @@
 
 This is the request-side half of sampling. Request parsing, sequences and the CLI need it without
 the torch sampler, so "what to sample with" lives apart from "how the sampler runs"
-(slotserver/sampling.py, which re-exports these names). Defaults are llama.cpp's; invalid values
+(slotserver/model/sampling.py, which re-exports these names). Defaults are llama.cpp's; invalid values
 raise SamplingError.
 """
 
@@ -12,6 +12,8 @@ import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from slotserver.model.samplers_order import DEFAULT_SAMPLERS, SamplersError, parse_samplers
 
 MAX_N_PROBS = 100
 
@@ -55,6 +57,29 @@ def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
+def _bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise SamplingError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def _samplers(value: object) -> tuple[str, ...]:
+    try:
+        return parse_samplers(value)
+    except SamplersError as e:
+        raise SamplingError(str(e)) from None
+
+
+def _breakers(value: object) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """DRY's processed sequence breakers: (head token, tail tokens) pairs."""
+    try:
+        out = tuple((_int("dry_breakers head", h, lo=0), tuple(_int("dry_breakers tail", t, lo=0) for t in tail))
+                    for h, tail in value)  # type: ignore[union-attr]
+    except (TypeError, ValueError) as e:
+        raise SamplingError(f"dry_breakers must be (head, tail tokens) pairs, got {value!r}") from e
+    return out
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling settings with llama.cpp defaults; invalid values raise SamplingError."""
@@ -70,6 +95,25 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf forbids; a mapping is accepted
     seed: int = -1  # -1: fresh random seed when the sequence's RNG is created
     n_probs: int = 0  # report the top-n probabilities of each sampled position
+    post_sampling_probs: bool = False  # report them after the sampler chain instead of from the raw logits
+    min_keep: int = 0  # top_p, min_p, typical_p and XTC keep at least this many candidates
+    typical_p: float = 1.0  # 1.0: off
+    top_n_sigma: float = -1.0  # <= 0: off
+    xtc_probability: float = 0.0  # 0: off
+    xtc_threshold: float = 0.1  # > 0.5: off
+    dynatemp_range: float = 0.0  # 0: off; temperature in [temperature - range, temperature + range]
+    dynatemp_exponent: float = 1.0
+    dry_multiplier: float = 0.0  # 0: off
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64  # -1: whole history, 0: off
+    dry_breakers: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (head token, tail tokens), see samplers_dry
+    mirostat: int = 0  # 0: off, 1: Mirostat, 2: Mirostat 2.0 (replaces the whole chain, as in llama.cpp)
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    adaptive_target: float = -1.0  # adaptive-p's target probability; < 0: plain draw
+    adaptive_decay: float = 0.9
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS  # order of the chain; names, aliases or a string of letters
 
     def __post_init__(self) -> None:
         checked = {
@@ -84,13 +128,54 @@ class SamplingParams:
             "logit_bias": _logit_bias(self.logit_bias),
             "seed": _int("seed", self.seed, lo=-1),
             "n_probs": _int("n_probs", self.n_probs, lo=0, hi=MAX_N_PROBS),
+            **self._chain_checks(),
         }
         for name, value in checked.items():  # store normalised types (float, int, tuple)
             object.__setattr__(self, name, value)
 
+    def _chain_checks(self) -> dict[str, object]:
+        """The samplers beyond top_k/top_p/min_p/temperature; ranges are llama-server's where it has
+        them, and otherwise the ones outside which float32 logits overflow."""
+        return {
+            "post_sampling_probs": _bool("post_sampling_probs", self.post_sampling_probs),
+            "min_keep": _int("min_keep", self.min_keep, lo=0),
+            "typical_p": _real("typical_p", self.typical_p, lo=0.0, hi=1.0),
+            "top_n_sigma": _real("top_n_sigma", self.top_n_sigma, lo=-1e6, hi=1e6),
+            "xtc_probability": _real("xtc_probability", self.xtc_probability, lo=0.0, hi=1.0),
+            "xtc_threshold": _real("xtc_threshold", self.xtc_threshold, lo=0.0, hi=1.0),
+            "dynatemp_range": _real("dynatemp_range", self.dynatemp_range, lo=-1e6, hi=1e6),
+            "dynatemp_exponent": _real("dynatemp_exponent", self.dynatemp_exponent, lo=-1e3, hi=1e3),
+            "dry_multiplier": _real("dry_multiplier", self.dry_multiplier, lo=-1e6, hi=1e6),
+            "dry_base": _real("dry_base", self.dry_base, lo=0.0, hi=1e6),
+            "dry_allowed_length": _int("dry_allowed_length", self.dry_allowed_length, lo=0),
+            "dry_penalty_last_n": _int("dry_penalty_last_n", self.dry_penalty_last_n, lo=-1),
+            "dry_breakers": _breakers(self.dry_breakers),
+            "mirostat": _int("mirostat", self.mirostat, lo=0, hi=2),
+            "mirostat_tau": _real("mirostat_tau", self.mirostat_tau, lo=-1e6, hi=1e6),
+            "mirostat_eta": _real("mirostat_eta", self.mirostat_eta, lo=-1e6, hi=1e6),
+            "adaptive_target": _real("adaptive_target", self.adaptive_target, lo=-1e6, hi=1.0),
+            "adaptive_decay": _real("adaptive_decay", self.adaptive_decay, lo=0.0, hi=0.99),
+            "samplers": _samplers(self.samplers),
+        }
+
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0
+
+    @property
+    def dry_active(self) -> bool:
+        """llama.cpp's DRY is a no-op unless multiplier != 0, base >= 1 and a window is set."""
+        return self.dry_multiplier != 0 and self.dry_base >= 1 and self.dry_penalty_last_n != 0
+
+    @property
+    def plain_chain(self) -> bool:
+        """True when the chain is llama.cpp's default with only penalties, top_k, top_p, min_p and
+        temperature active: the batched fast path samples such rows exactly as the full chain would."""
+        return (
+            self.mirostat == 0 and self.samplers == DEFAULT_SAMPLERS and self.min_keep == 0
+            and self.typical_p >= 1 and self.top_n_sigma <= 0 and not self.dry_active
+            and (self.xtc_probability <= 0 or self.xtc_threshold > 0.5) and self.dynatemp_range <= 0
+        )
 
     @property
     def penalties_active(self) -> bool:

@@ -9,22 +9,28 @@ Field names and meanings follow llama.cpp's tools/server (the `to_json_non_oaico
 
 from __future__ import annotations
 
+import math
+
 from slotserver.engine.request import FinalEvent, TokenEvent
 from slotserver.server.generation import Outcome
 from slotserver.server.params import CompletionJob
 from slotserver.model.text.tokenizer import Tokenizer
 
 
-def token_entry(tokenizer: Tokenizer, token: int, logprob: float | None) -> dict:
+def token_entry(tokenizer: Tokenizer, token: int, logprob: float | None, as_prob: bool = False) -> dict:
+    """llama-server's entry: `logprob`, or with `post_sampling_probs` the probability `prob`."""
     raw = tokenizer.token_bytes(token, special=True)
-    return {"id": token, "token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+    value = ("prob", None if logprob is None else math.exp(logprob)) if as_prob else ("logprob", logprob)
+    return {"id": token, "token": raw.decode("utf-8", "replace"), value[0]: value[1], "bytes": list(raw)}
 
 
-def probabilities(tokenizer: Tokenizer, events: list[TokenEvent], n_probs: int) -> list[dict]:
-    out = []
+def probabilities(tokenizer: Tokenizer, events: list[TokenEvent], n_probs: int, post_sampling: bool = False) -> list[dict]:
+    """One entry per token with its top `n_probs`: `top_logprobs` of the model's own distribution
+    (before bias and samplers), or with `post_sampling_probs` `top_probs` after the sampler chain."""
+    out, key = [], "top_probs" if post_sampling else "top_logprobs"
     for ev in events:
-        entry = token_entry(tokenizer, ev.token, ev.logprob)
-        entry["top_logprobs"] = [token_entry(tokenizer, t, lp) for t, lp in ev.top[:n_probs]]
+        entry = token_entry(tokenizer, ev.token, ev.logprob, post_sampling)
+        entry[key] = [token_entry(tokenizer, t, lp, post_sampling) for t, lp in ev.top[:n_probs]]
         out.append(entry)
     return out
 
@@ -75,7 +81,7 @@ def final_response(job: CompletionJob, out: Outcome, tokenizer: Tokenizer, model
             "has_new_line": "\n" in out.text}
     body.update(summary(job, out.final, model, prompt))
     if job.n_probs > 0:
-        body["completion_probabilities"] = probabilities(tokenizer, out.tokens, job.n_probs)
+        body["completion_probabilities"] = probabilities(tokenizer, out.tokens, job.n_probs, job.request.params.post_sampling_probs)
     return body
 
 
@@ -84,7 +90,7 @@ def stream_chunk(job: CompletionJob, text: str, events: list[TokenEvent], tokeni
     chunk = {"index": 0, "content": text, "tokens": [e.token for e in events], "stop": False,
              "tokens_predicted": n_predicted, "tokens_evaluated": len(job.request.prompt_ids)}
     if job.n_probs > 0:
-        chunk["completion_probabilities"] = probabilities(tokenizer, events, job.n_probs)
+        chunk["completion_probabilities"] = probabilities(tokenizer, events, job.n_probs, job.request.params.post_sampling_probs)
     return chunk
 
 

@@ -6,6 +6,12 @@ the rest are llama.cpp's. Every invalid value is a 400 naming the field; unknown
 Features that would change the output and that we do not implement (grammars, JSON schemas) are
 refused rather than silently ignored.
 
+Every sampler llama-server accepts is honoured with llama.cpp's semantics (see
+slotserver/model/samplers.py): typical_p, min_keep, top_n_sigma, XTC, dynamic temperature, DRY with
+its sequence breakers, mirostat 1 and 2, adaptive-p, the `samplers` order, post_sampling_probs.
+Unlike llama-server, which clamps some out-of-range values and skips unknown sampler names, those
+are a 400 naming the field; `dry_base` < 1 still means the default, as in llama-server.
+
 Bounds beyond llama.cpp's: repeat_penalty in [1e-3, 1e3], presence/frequency penalties and
 logit biases within +-1e6, and a logit_bias may not forbid every token. Outside these, float32
 logits overflow to inf/NaN, and the engine then fails the whole step, i.e. every request in the
@@ -19,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from slotserver.engine.request import Request
+from slotserver.model.samplers_dry import process_breakers
+from slotserver.model.samplers_order import DEFAULT_SAMPLERS
 from slotserver.model.sampling_params import MAX_N_PROBS, SamplingError, SamplingParams
 from slotserver.server.errors import bad_request
 from slotserver.server.fields import INT32_MAX, UINT32_MAX, Fields
@@ -29,6 +37,8 @@ from slotserver.model.text.tokenizer import Tokenizer
 UNSUPPORTED = ("grammar", "json_schema")
 PENALTY_RANGE = (1e-3, 1e3)
 ADDITIVE_LIMIT = 1e6
+DRY_BREAKERS = ("\n", ":", "\"", "*")  # llama.cpp's default dry_sequence_breakers
+DRY_BASE = 1.75
 
 
 @dataclass(frozen=True)
@@ -69,9 +79,54 @@ def sampling_params(f: Fields, tokenizer: Tokenizer, defaults: GenerationDefault
             logit_bias=parse_logit_bias(tokenizer, f.raw("logit_bias"), ADDITIVE_LIMIT),
             seed=f.int("seed", defaults.seed, lo=-1, hi=UINT32_MAX),
             n_probs=n_probs,
+            **_chain_fields(f, tokenizer),
         )
     except SamplingError as e:
         raise bad_request(str(e)) from None
+
+
+def _chain_fields(f: Fields, tokenizer: Tokenizer) -> dict[str, Any]:
+    """The samplers beyond top_k/top_p/min_p/temperature (llama-server's names and defaults)."""
+    dry_base = f.float("dry_base", DRY_BASE, 0.0, ADDITIVE_LIMIT)
+    out = dict(
+        post_sampling_probs=f.bool("post_sampling_probs", False),
+        min_keep=f.int("min_keep", 0, lo=0),
+        typical_p=f.float("typical_p", 1.0, 0.0, 1.0),
+        top_n_sigma=f.float("top_n_sigma", -1.0, -ADDITIVE_LIMIT, ADDITIVE_LIMIT),
+        xtc_probability=f.float("xtc_probability", 0.0, 0.0, 1.0),
+        xtc_threshold=f.float("xtc_threshold", 0.1, 0.0, 1.0),
+        dynatemp_range=f.float("dynatemp_range", 0.0, -ADDITIVE_LIMIT, ADDITIVE_LIMIT),
+        dynatemp_exponent=f.float("dynatemp_exponent", 1.0, -1e3, 1e3),
+        dry_multiplier=f.float("dry_multiplier", 0.0, -ADDITIVE_LIMIT, ADDITIVE_LIMIT),
+        dry_base=DRY_BASE if dry_base < 1 else dry_base,
+        dry_allowed_length=f.int("dry_allowed_length", 2, lo=0),
+        dry_penalty_last_n=f.int("dry_penalty_last_n", 64, lo=0),
+        mirostat=f.int("mirostat", 0, lo=0, hi=2),
+        mirostat_tau=f.float("mirostat_tau", 5.0, -ADDITIVE_LIMIT, ADDITIVE_LIMIT),
+        mirostat_eta=f.float("mirostat_eta", 0.1, -ADDITIVE_LIMIT, ADDITIVE_LIMIT),
+        adaptive_target=f.float("adaptive_target", -1.0, -ADDITIVE_LIMIT, 1.0),
+        adaptive_decay=f.float("adaptive_decay", 0.9, 0.0, 0.99),
+        samplers=_samplers_field(f),
+    )
+    breakers = _breakers_field(f)
+    if out["dry_multiplier"] != 0 and out["dry_penalty_last_n"] != 0:  # DRY on: map breakers to tokens
+        out["dry_breakers"] = process_breakers(tokenizer, breakers)
+    return out
+
+
+def _samplers_field(f: Fields) -> tuple[str, ...] | str:
+    value = f.raw("samplers", DEFAULT_SAMPLERS)
+    if not isinstance(value, (str, list, tuple)) or (
+            not isinstance(value, str) and not all(isinstance(v, str) for v in value)):
+        raise bad_request("'samplers' must be a string of sampler letters or an array of sampler names")
+    return value if isinstance(value, str) else tuple(value)
+
+
+def _breakers_field(f: Fields) -> tuple[str, ...]:
+    value = f.raw("dry_sequence_breakers", DRY_BREAKERS)
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value):
+        raise bad_request("'dry_sequence_breakers' must be a non-empty array of strings")
+    return tuple(value)
 
 
 def _check_something_allowed(params: SamplingParams, tokenizer: Tokenizer, ignore_eos: bool) -> None:
