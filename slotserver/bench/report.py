@@ -9,6 +9,7 @@ Latencies are milliseconds; a statistic without samples is null (never 0, which 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 from pathlib import Path
@@ -18,7 +19,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from slotserver import __version__
 from slotserver.bench import metrics as m
 from slotserver.bench.config import BenchConfig
 from slotserver.bench.record import RequestRecord
@@ -29,6 +29,15 @@ SECTIONS = (("ttft", "TTFT", "Time to First Token"),
             ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
             ("itl", "ITL", "Inter-token Latency"),
             ("e2el", "E2EL", "End-to-end Latency"))
+
+
+def _installed_version() -> str:
+    """The installed package's version, from its metadata: bench imports nothing of slotserver
+    outside slotserver.bench (not even `slotserver.__version__`), see tests/test_import_graph.py."""
+    try:
+        return importlib.metadata.version("slotserver")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"   # run from a source tree that was never installed
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -48,7 +57,7 @@ def request_json(r: RequestRecord) -> dict[str, Any]:
 def result_json(result: BenchResult) -> dict[str, Any]:
     cfg, mt = result.config, result.metrics
     out: dict[str, Any] = {
-        "schema": SCHEMA, "date": result.started_at, "slotserver_version": __version__,
+        "schema": SCHEMA, "date": result.started_at, "slotserver_version": _installed_version(),
         "backend": cfg.backend, "base_url": cfg.base_url, "model_id": result.model,
         "num_prompts": cfg.num_prompts, "request_rate": cfg.to_json()["request_rate"],
         "burstiness": cfg.burstiness, "max_concurrency": cfg.max_concurrency,

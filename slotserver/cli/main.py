@@ -1,6 +1,6 @@
 """slotserver: a llama.cpp-style LLM slot server with live-reloadable KV layouts and kernels.
 
-The command line: one sub-command per file (`cli_<name>.py`), dispatched here.
+The command line: one sub-command per file (slotserver/cli/<name>.py), dispatched here.
 
 Errors the user can fix (a bad flag, a broken GGUF, a missing file) end the program with one clear
 line on stderr and exit status 2, never a traceback.
@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from slotserver import __version__
+from slotserver.errors import USER_ERRORS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,21 +33,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Errors a user can fix: (module, class). Looked up only once raised, so that light commands
-# (top, bench) never import torch just to be able to catch them.
-USER_ERRORS = (("slotserver.model.gguf_file", "GGUFError"), ("slotserver.model.config", "ConfigError"),
-               ("slotserver.lab.loader", "ModuleLoadError"), ("slotserver.model.text.tokenizer", "TokenizerError"),
-               ("slotserver.model.text.chat_template", "ChatTemplateError"), ("builtins", "FileNotFoundError"))
-
-
-def _is_user_error(e: BaseException) -> bool:
-    for module, name in USER_ERRORS:
-        cls = getattr(sys.modules.get(module), name, None)
-        if cls is not None and isinstance(e, cls):
-            return True
-    return False
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -54,9 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("", file=sys.stderr)
         return 130
-    except Exception as e:
-        if not _is_user_error(e):
-            raise
+    except USER_ERRORS as e:   # slotserver.errors imports no torch: light commands stay light
         print(f"slotserver: error: {e}", file=sys.stderr)
         return 2
 

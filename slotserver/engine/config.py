@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from slotserver.model.config import ConfigError
+from slotserver.errors import ConfigError
 
 DEFRAG_MODES = ("on", "off")
 

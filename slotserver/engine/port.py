@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from slotserver.engine.kv_cache import KVCache
-from slotserver.engine.request import RequestError
+from slotserver.errors import RequestError
 from slotserver.lab.kernel_set import KernelSet
 from slotserver.lab.loader import LoadedModule
 

@@ -15,15 +15,8 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterator, Union
 
 from slotserver.engine.outbox import Outbox
+from slotserver.errors import EngineBusy, RequestError  # noqa: F401  re-export: defined without torch in slotserver.errors
 from slotserver.model.sampling_params import SamplingParams
-
-
-class RequestError(ValueError):
-    """The request cannot be served as given (HTTP 400)."""
-
-
-class EngineBusy(RuntimeError):
-    """The wait queue is full (HTTP 503)."""
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from slotserver.errors import ModuleLoadError  # noqa: F401  re-export: defined without torch in slotserver.errors
+
 _counter = itertools.count()
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
-
-
-class ModuleLoadError(Exception):
-    """A kernel or layout file that cannot be used; the message names the file and the reason."""
 
 
 @dataclass(frozen=True)

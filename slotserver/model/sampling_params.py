@@ -13,13 +13,10 @@ import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from slotserver.errors import SamplingError  # noqa: F401  re-export: defined without torch in slotserver.errors
 from slotserver.model.samplers_order import DEFAULT_SAMPLERS, SamplersError, parse_samplers
 
 MAX_N_PROBS = 100
-
-
-class SamplingError(ValueError):
-    """A sampling parameter or sampler input is invalid; the message names the culprit."""
 
 
 def _real(name: str, value: object, *, lo: float = -math.inf, hi: float = math.inf, positive: bool = False) -> float:

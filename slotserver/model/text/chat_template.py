@@ -21,6 +21,8 @@ import jinja2
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from slotserver.errors import ChatTemplateError  # noqa: F401  re-export: defined without torch in slotserver.errors
+
 if TYPE_CHECKING:
     from slotserver.model.text.tokenizer import Tokenizer
 
@@ -32,10 +34,6 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-
-
-class ChatTemplateError(Exception):
-    """The template or the messages cannot produce a prompt."""
 
 
 class _TemplateRaised(Exception):

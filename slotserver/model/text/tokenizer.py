@@ -25,6 +25,7 @@ from tokenizers import AddedToken, normalizers
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers.models import BPE
 
+from slotserver.errors import TokenizerError  # noqa: F401  re-export: defined without torch in slotserver.errors
 from slotserver.model.text.pretokenizers import PRE_RULES, SUPPORTED_PRE, build_pre_tokenizer
 
 __all__ = ["SUPPORTED_PRE", "Tokenizer", "TokenizerError"]
@@ -48,10 +49,6 @@ _DETECTED = (
         "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"})),
     ("fim_sep_token_id", frozenset({"<|file_sep|>"})),
 )
-
-
-class TokenizerError(Exception):
-    """The metadata describes a tokenizer we cannot reproduce, or the input is invalid."""
 
 
 def _byte_level_table() -> dict[int, str]:
