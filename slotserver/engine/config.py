@@ -31,6 +31,7 @@ class EngineConfig:
     queue_limit: int = 256           # --max-queue: waiting requests beyond the slots; past it: busy
     n_predict: int = -1              # server default when a request gives none (-1: no limit)
     slot_save_path: Path | None = None
+    kv_pool_cells: int | None = None  # --kv-pool-cells: a paged pool's most cells, all slots (None: every stream full)
 
     def __post_init__(self) -> None:
         _positive("--parallel", self.n_parallel)
@@ -49,6 +50,8 @@ class EngineConfig:
             raise ConfigError(f"--max-queue must be an integer >= 0, got {self.queue_limit!r}")
         if self.n_predict < -1:
             raise ConfigError(f"--n-predict must be >= -1, got {self.n_predict}")
+        if self.kv_pool_cells is not None and (type(self.kv_pool_cells) is not int or self.kv_pool_cells < 1):
+            raise ConfigError(f"--kv-pool-cells must be an integer >= 1, got {self.kv_pool_cells!r}")
         if self.slot_save_path is not None and not Path(self.slot_save_path).is_dir():
             raise ConfigError(f"--slot-save-path {self.slot_save_path} is not a folder")
 

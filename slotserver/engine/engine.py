@@ -46,8 +46,9 @@ class Engine:
         s, self.bundle, self.config = bundle.model.spec, bundle, config
         if config.n_cells > bundle.model.rope.max_pos:
             raise RequestError(f"a slot's context ({config.n_cells}) exceeds the model's ({bundle.model.rope.max_pos})")
+        pool = kv_pool_cells if kv_pool_cells is not None else config.kv_pool_cells
         spec = KVSpec(s.n_layers, config.n_streams, config.n_cells, s.n_kv_heads, s.head_dim, bundle.model.dtype,
-                      pool_cells=kv_pool_cells)
+                      pool_cells=pool)
         self.cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
         self.sched = Scheduler(config, budget=lambda: self.cache.budget())  # paged: admit by free blocks
         self.sampler = Sampler(s.vocab_size)
