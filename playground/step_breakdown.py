@@ -1,11 +1,12 @@
 """Where does one forward step's time go? Decode at batch 1 / 8 / 32, prefill, and a mixed step.
 
-Times every matmul (`Linear`, the vocab-sized output apart), every KV write and every kernel of
-the `KernelSet` inside the real forward of the default model; "other" is the rest (embedding,
-residual adds, casts, views). Also times a mixed step (N decodes + one 128-token prefill) against
+Times every matmul (`Linear` / `QLinear`, the vocab-sized output apart; the qmatmul / q4_matmul
+kernels they call are inside those), every KV write and every other kernel of the `KernelSet`
+inside the real forward of the default model; "other" is the rest (embedding, residual adds,
+casts, views). Also times a mixed step (N decodes + one 128-token prefill) against
 its two halves run alone. Numbers in docs/performance.md, section 4.
 
-    .venv/bin/python playground/step_breakdown.py [--config bfloat16:auto4] [--steps 10]
+    .venv/bin/python playground/step_breakdown.py [--config auto:auto] [--steps 10]
 """
 
 from __future__ import annotations
@@ -20,24 +21,31 @@ from cpu_formats import setup
 from slotserver.model.batch import Batch, SeqChunk
 
 
+MATMUL_OPS = ("qmatmul", "q4_matmul")
+
+
 def instrument(model, cache) -> dict[str, float]:
-    """Wrap Linear calls and cache writes with timers; -> the accumulator (name -> seconds)."""
+    """Wrap Linear / QLinear calls and cache writes with timers; -> the accumulator (name -> seconds)."""
     acc: dict[str, float] = collections.defaultdict(float)
-    call, write = linear_mod.Linear.__call__, type(cache).write
+    write = type(cache).write
     vocab = model.spec.vocab_size
 
-    def timed_call(self, x):
-        t = time.perf_counter()
-        y = call(self, x)
-        acc["output" if self.out_features == vocab else "linear"] += time.perf_counter() - t
-        return y
+    def timed(call):
+        def timed_call(self, x, ops=None):
+            t = time.perf_counter()
+            y = call(self, x, ops)
+            acc["output" if self.out_features == vocab else "linear"] += time.perf_counter() - t
+            return y
+        return timed_call
+
+    for cls in (linear_mod.Linear, linear_mod.QLinear):
+        cls.__call__ = timed(cls.__call__)
 
     def timed_write(self, *args, **kwargs):
         t = time.perf_counter()
         write(self, *args, **kwargs)
         acc["kv write"] += time.perf_counter() - t
 
-    linear_mod.Linear.__call__ = timed_call
     type(cache).write = timed_write
     return acc
 
@@ -61,14 +69,15 @@ def breakdown(model, cache, acc, chunks: list[SeqChunk], steps: int) -> tuple[fl
         v[0], v[1] = 0, 0.0
     times = forward_times(model, cache, chunks, steps)
     parts = {k: 1000 * v / steps for k, v in acc.items()}
-    parts.update({op: 1000 * s / steps for op, (n, s) in model.kernels.timings.items() if n})
+    parts.update({op: 1000 * s / steps for op, (n, s) in model.kernels.timings.items()
+                  if n and op not in MATMUL_OPS})   # those run inside "linear" / "output"
     parts["other"] = 1000 * sum(times) / steps - sum(parts.values())
     return 1000 * statistics.median(times), parts
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="bfloat16:auto4")
+    ap.add_argument("--config", default="auto:auto")
     ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args()
     model, cache, toks = setup(args.config)

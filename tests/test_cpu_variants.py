@@ -76,7 +76,9 @@ def child(out: Path) -> None:
     """Everything a user would see under this process's environment, written to `out` as JSON."""
     from slotserver.lab import cpu_features
     from slotserver.model import linear
-    from slotserver.model import q4_matmul
+    from slotserver.lab.kernel_set import KERNEL_CONTRACT
+    from slotserver.lab.loader import default_dir, load_by_path
+    q4_matmul = load_by_path(default_dir("kernels") / "q4_matmul.py", KERNEL_CONTRACT).module
     from tiny_gguf import QT, write_tiny_gguf
 
     model = write_tiny_gguf(out.with_suffix(".gguf"), d_model=64, d_ff=128, tensor_type=QT.Q4_1)

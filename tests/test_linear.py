@@ -1,7 +1,9 @@
 """`Linear`: the dense bf16 weight gives F.linear's exact results (with and without bias, any row
 count; pre-blocked for oneDNN where this CPU runs bf16 natively, plain elsewhere), the AMX int4
-kernel matches the dequantized weight, and the row thresholds route each call to the intended
-kernel. Results are asserted on every CPU; which copy is kept only where the path exists here."""
+kernel (kernels/q4_matmul.py) matches the dequantized weight, and the row thresholds route each
+call to the intended kernel. `QLinear`: its parts go through the KernelSet's qmatmul, outputs
+concatenated, bias added. Results are asserted on every CPU; which copy is kept only where the path
+exists here."""
 
 from __future__ import annotations
 
@@ -9,8 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from slotserver.model import q4_matmul
-from slotserver.model.linear import INT4_GROUP, Linear, prepack_available
+from slotserver.lab.kernel_set import KERNEL_CONTRACT, KernelSet
+from slotserver.lab.loader import default_dir, load_by_path
+from slotserver.model.linear import INT4_GROUP, Linear, QLinear, prepack_available
+from slotserver.model.qblocks import T, dequantize, random_qweight
+
+q4_matmul = load_by_path(default_dir("kernels") / "q4_matmul.py", KERNEL_CONTRACT).module
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
@@ -73,7 +79,7 @@ def test_amx_int4_matmul_matches_the_dequantized_weight(rows):
     q, d, lo, w = _q4_weight(gen, 80, 6 * INT4_GROUP)
     x = torch.randn(rows, w.shape[1], generator=gen).bfloat16()
     want = x.float() @ w.t()
-    got = q4_matmul.matmul(x, *q4_matmul.pack(q, d, lo)).float()
+    got = q4_matmul.cpu(x, *q4_matmul.pack(q, d, lo)).float()
     assert got.shape == want.shape
     assert (got - want).abs().max() <= 8e-3 * want.abs().max(), rows
 
@@ -83,14 +89,19 @@ def test_auto4_routes_rows_to_torch_int4_the_amx_kernel_and_dense(monkeypatch):
     gen = torch.Generator().manual_seed(2)
     w = torch.randn(64, 4 * INT4_GROUP, generator=gen).bfloat16()
     b = torch.randn(64, generator=gen).bfloat16()
-    lin = Linear.build(w, b, "auto4", 8, native_max_rows=32)
+    lin = Linear.build(w, b, "auto4", 8, native_max_rows=32, q4_kernel=q4_matmul)
     assert lin.q4 is not None and lin.q4n is not None and (lin.packed is not None or lin.dense is not None)
     calls = []
-    amx = q4_matmul.matmul
-    monkeypatch.setattr(q4_matmul, "matmul", lambda *a: calls.append(a[0].shape[0]) or amx(*a))
+
+    class Ops:   # the KernelSet's q4_matmul, counting calls
+        @staticmethod
+        def q4_matmul(x, *a):
+            calls.append(x.shape[0])
+            return q4_matmul.cpu(x, *a)
+
     for rows, want in ((1, "int4"), (2, "int4"), (3, "amx"), (8, "amx"), (32, "amx"), (33, "dense")):
         x = torch.randn(rows, w.shape[1], generator=gen).bfloat16()
-        y = lin(x)
+        y = lin(x, Ops)
         if want == "int4":
             assert torch.equal(y, torch._weight_int4pack_mm_for_cpu(x, lin.q4, INT4_GROUP, lin.q4_scale_zero) + b)
         elif want == "dense":
@@ -99,3 +110,33 @@ def test_auto4_routes_rows_to_torch_int4_the_amx_kernel_and_dense(monkeypatch):
             int4 = (torch._weight_int4pack_mm_for_cpu(x, lin.q4, INT4_GROUP, lin.q4_scale_zero) + b).float()
             assert calls[-1] == rows and (y.float() - int4).abs().max() <= 0.02 * int4.abs().max()
     assert calls == [3, 8, 32]
+
+
+def test_q4_matmul_kernel_reference_unpacks_what_pack_packed():
+    """The kernel's reference (any CPU) computes with exactly the weight `pack` was given."""
+    gen = torch.Generator().manual_seed(4)
+    q, d, lo, w = _q4_weight(gen, 32, 3 * INT4_GROUP)
+    x = torch.randn(5, w.shape[1], generator=gen)
+    w4, dz = q4_matmul.pack(q, d, lo)
+    torch.testing.assert_close(q4_matmul.unpack(w4, dz), w, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(q4_matmul.reference(x, w4, dz), x @ w.t(), rtol=1e-5, atol=1e-5)
+    if not q4_matmul.available():   # the AMX-less hosts and variants serve the reference
+        assert torch.equal(q4_matmul.cpu(x, w4, dz), q4_matmul.reference(x, w4, dz))
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_qlinear_concatenates_its_parts_through_the_kernel_set(bias):
+    """Two formats (as a Q4_K_M file's q/k and v): one qmatmul per part, outputs side by side in
+    order, the bias added once; equal to the dequantized weight's float32 product within qmatmul's TOL."""
+    gen = torch.Generator().manual_seed(5)
+    parts = [random_qweight(gen, T.Q4_K, 48, 256), random_qweight(gen, T.Q6_K, 16, 256)]
+    b = torch.randn(64, generator=gen) if bias else None
+    ops = KernelSet.load()
+    lin = QLinear(parts, b)
+    x = torch.randn(3, 256, generator=gen)
+    y = lin(x, ops)
+    assert y.shape == (3, 64) and lin.out_features == 64 and ops.timings["qmatmul"][0] == 2
+    want = x @ torch.cat([dequantize(p) for p in parts]).t() + (0 if b is None else b)
+    assert (y - want).abs().max() <= 3e-2 * (1 + want.abs().max())
+    second = ops.qmatmul(x, parts[1])
+    assert torch.equal(y[:, 48:], second if b is None else second + b[48:])

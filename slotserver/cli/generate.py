@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-DTYPE_NAMES = ("float32", "bfloat16")  # slotserver.model.config.DTYPES, without importing torch here
+DTYPE_NAMES = ("auto", "float32", "bfloat16")  # slotserver.model.config.DTYPES, without importing torch here
 
 
 def add_parser(sub) -> None:
@@ -27,11 +27,13 @@ def add_parser(sub) -> None:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", type=Path, default=None, help="GGUF file (default: embedded SmolLM2-135M)")
-    p.add_argument("--dtype", choices=DTYPE_NAMES, default="bfloat16",
-                   help="compute dtype (default bfloat16: fastest here, see docs/performance.md)")
-    p.add_argument("--weights", choices=["dense", "int8", "int4", "auto", "auto4"], default="auto4",
-                   help="matmul weights: dense, int8/int4 weight-only, auto/auto4 (int8/int4 up to 8 rows, dense above;\n"
-                        "int4 only for Q4_1 tensors, which it re-encodes exactly; default auto4)")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",
+                   help="compute dtype (default auto: bfloat16 where the CPU computes it natively (AVX512-BF16/AMX), "
+                        "else float32; float32 with --weights auto is the exact reference mode)")
+    p.add_argument("--weights", choices=["auto", "q", "dense", "int8", "int4", "auto8", "auto4"], default="auto",
+                   help="matmul weights: auto (default): float32 -> exact dequantized; native bf16 -> auto4; "
+                        "else the GGUF blocks computed on in place (qmatmul); q: the blocks whatever the dtype; "
+                        "dense / int8 / int4 / auto8 / auto4: dequantized at load")
     p.add_argument("-t", "--threads", type=int, default=0)
     p.add_argument("--layout", default="seq_head_dim")
     p.add_argument("--kernels-dir", type=Path, default=None)

@@ -9,7 +9,7 @@ without AMX gives what the host has (never an illegal instruction).
 
 This is the one place that reads `SLOTSERVER_CPU`. What follows it:
 - `slotserver.lab.native`: the compiler's target flags (`march_flags`) and the library cache key;
-- `slotserver.model.q4_matmul`: the AMX kernel only where the variant is `amx`;
+- `kernels/q4_matmul.py`: the AMX kernel only where the variant is `amx`;
 - `slotserver.model.linear`: oneDNN's pre-packed bf16 weights only where bf16 runs natively.
 torch's own kernels read their own variables, before torch's first op: `emulation_env` lists them
 (`ATEN_CPU_CAPABILITY`, `ONEDNN_MAX_CPU_ISA`), for a subprocess that must look like such a host.

@@ -7,35 +7,36 @@ from pathlib import Path
 
 import torch
 
+from slotserver.errors import ConfigError  # noqa: F401  re-export: defined without torch in slotserver.errors
 from slotserver.lab import cpu_features
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-class ConfigError(ValueError):
-    """A bad setting; the message names it."""
+DTYPE_CHOICES = ("auto", *DTYPES)
+WEIGHTS = ("auto", "q", "dense", "int8", "int4", "auto8", "auto4")   # slotserver.model.weights.WEIGHT_KINDS
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     model_path: Path
+    # float32 + weights auto: the exact reference (what library callers and tests get); the CLI
+    # passes its own default, `--dtype auto`: bfloat16 where the CPU computes it natively, else float32
     dtype: str = "float32"
     threads: int = 0                 # 0: leave torch's default
     layout: str = "seq_head_dim"
     kernels_dir: Path | None = None  # None: the repository's kernels/
     layouts_dir: Path | None = None  # None: the repository's layouts/
     max_ctx: int = 0                 # 0: the model's training context
-    weights: str = "dense"           # dense | int8 | int4 | auto / auto4 (int8 / int4 for small batches, dense above)
+    weights: str = "auto"            # auto: GGUF blocks + qmatmul (float32: exact dequantized); see WeightFormat
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if not isinstance(self.threads, int) or self.threads < 0:
             raise ConfigError(f"--threads must be >= 0, got {self.threads!r}")
         if not isinstance(self.max_ctx, int) or self.max_ctx < 0:
             raise ConfigError(f"context size must be >= 0, got {self.max_ctx!r}")
-        if self.weights not in ("dense", "int8", "int4", "auto", "auto4"):
-            raise ConfigError(f"--weights must be dense, int8, int4, auto or auto4, got {self.weights!r}")
+        if self.weights not in WEIGHTS:
+            raise ConfigError(f"--weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
         try:
             cpu_features.current()   # SLOTSERVER_CPU: a typo is an error at startup, not at the first kernel build
         except cpu_features.CpuVariantError as e:
@@ -47,10 +48,28 @@ class ModelConfig:
 
     @property
     def weight_format(self):
+        """auto: with an explicit `--dtype float32` the exact dequantized weights (reference mode);
+        where the CPU computes bf16 natively, auto4; else the GGUF blocks and the qmatmul kernels."""
         from slotserver.model.weights import WeightFormat
 
+        if self.weights == "auto":
+            if self.dtype == "float32":
+                return WeightFormat("dense")   # the exact reference mode
+            # measured per CPU family (docs/performance.md): where bf16 is native, torch's int4 for
+            # few rows and pre-packed bf16 GEMMs above are still 1.7-2.6x faster than the block
+            # kernels; elsewhere (AVX2) the blocks win prefill and match decode at half the memory
+            return WeightFormat("auto4" if resolve_dtype(self.dtype) == "bfloat16" else "q")
         return WeightFormat(self.weights)  # row thresholds: measured defaults, see WeightFormat
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return DTYPES[resolve_dtype(self.dtype)]
+
+
+def resolve_dtype(name: str, cpu: cpu_features.CpuFeatures | None = None) -> str:
+    """auto -> bfloat16 only where the CPU computes bf16 natively (AVX512-BF16 or AMX, within the
+    SLOTSERVER_CPU variant: never under avx2), else float32 (bf16 emulated by conversion is slower)."""
+    if name != "auto":
+        return name
+    cpu = cpu or cpu_features.current()
+    return "bfloat16" if cpu.has("avx512_bf16") or cpu.amx else "float32"

@@ -22,6 +22,8 @@ import gguf
 import numpy as np
 import torch
 
+from slotserver.errors import GGUFError  # noqa: F401  re-export: defined without torch in slotserver.errors
+
 HEADER = struct.Struct("<4sIQQ")  # magic, version, tensor count, metadata (kv) count
 SUPPORTED_VERSIONS = (2, 3)  # what GGUFReader reads (v1 used 32-bit counts)
 MAX_DIMS = 4  # GGML_MAX_DIMS
@@ -31,19 +33,6 @@ MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dim, type,
 _VT = gguf.GGUFValueType
 _SCALAR_SIZES = {_VT.UINT8: 1, _VT.INT8: 1, _VT.BOOL: 1, _VT.UINT16: 2, _VT.INT16: 2, _VT.UINT32: 4,
                  _VT.INT32: 4, _VT.FLOAT32: 4, _VT.UINT64: 8, _VT.INT64: 8, _VT.FLOAT64: 8}
-
-
-class GGUFError(Exception):
-    """A GGUF file is missing, unreadable, malformed or lacks what the caller needs.
-
-    `str(e)` is a single line "<path>: <problem>"; `GGUFError(message)` alone is also accepted.
-    """
-
-    def __init__(self, path: str | os.PathLike, problem: str | None = None) -> None:
-        self.path = None if problem is None else str(path)
-        self.problem = str(path) if problem is None else problem
-        text = self.problem if self.path is None else f"{self.path}: {self.problem}"
-        super().__init__(" ".join(text.splitlines()))  # one line, whatever names contain
 
 
 class _Corrupt(Exception):
@@ -302,3 +291,10 @@ class GGUFFile:
         if not values.flags.writeable or not values.flags.c_contiguous:
             values = np.array(values, dtype=np.float32, order="C")  # F32 is a view of the mmap
         return torch.from_numpy(values).to(dtype)
+
+    def mapped_bytes(self, offset: int, n_bytes: int) -> np.ndarray:
+        """Bytes [offset, offset + n_bytes) of the file as a read-only uint8 view of its mapping
+        (no copy: a quantized weight computed on in place, or several adjacent tensors as one)."""
+        if offset < 0 or offset + n_bytes > len(self._reader.data):
+            raise GGUFError(self.path, f"bytes {offset}..{offset + n_bytes} lie outside the file")
+        return self._reader.data[offset:offset + n_bytes]

@@ -1,10 +1,16 @@
-"""A weight matrix kept in the formats that make its matmul fastest for each batch size.
+"""A model's matmul weights: `QLinear` (GGUF blocks, the default) and `Linear` (dequantized formats).
 
-On CPU a decode step with few tokens is bound by reading (and unpacking) the weights, so
-weight-only int8 / int4 matmuls win there; with many tokens the matmul is compute-bound and the
+`QLinear` keeps the file's quantized blocks (`QWeight`, a view of the mapped file) and calls the
+serving `qmatmul` kernel of the model's KernelSet: llama.cpp's way (integer dots on the blocks
+for few rows, dequantized tiles + GEMM for many; see kernels/qmatmul.py). Its parts are
+concatenated along `out` (q|k|v in one call where they share a format).
+
+`Linear` is the dequantized path: `--weights dense` (and float32's exact reference mode), `int8`,
+`int4`, and their mixes with dense (`auto8`, formerly `auto`; `auto4`). On CPU a decode step with
+few tokens is bound by reading (and unpacking) the weights, so weight-only int8 / int4 matmuls win there; with many tokens the matmul is compute-bound and the
 dense bf16 (or f32) GEMM wins. `Linear` keeps the formats it was asked for and picks per call by
 the number of rows (thresholds in `WeightFormat`, measured in docs/performance.md): for int4
-layers torch's kernel at 1-2 rows, the AMX kernel (`slotserver.model.q4_matmul`) up to
+layers torch's kernel at 1-2 rows, the AMX kernel (kernels/q4_matmul.py, via the KernelSet) up to
 `q4n_max_rows` where the CPU has AMX, torch's int4 up to `int8_max_rows` where it has not, dense
 above. The int8 copy (`torch._weight_int8pack_mm`, per-row scales) is a per-row absmax
 re-quantization of the dequantized GGUF weight. The int4 copies (asymmetric groups of 32:
@@ -21,10 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from slotserver.lab import cpu_features
+from slotserver.model.qblocks import QWeight
 
-from slotserver.model import q4_matmul
-
-WEIGHT_FORMATS = ("dense", "int8", "int4", "auto", "auto4")
+WEIGHT_FORMATS = ("dense", "int8", "int4", "auto8", "auto4")   # Linear's; "auto" was renamed "auto8"
 INT4_GROUP = 32
 PACK_ROWS_HINT = 32
 NATIVE_MIN_ROWS = 3   # below, torch's int4 kernel is as fast (one pass over 4 rows); see docs/performance.md
@@ -40,7 +45,7 @@ class Linear:
     q4: torch.Tensor | None = None      # packed int4 (torch's CPU layout)
     q4_scale_zero: torch.Tensor | None = None  # [in / 32, out, 2] bf16
     packed: torch.Tensor | None = None  # [out, in] bf16 in oneDNN's blocked layout (replaces `dense`)
-    q4n: torch.Tensor | None = None     # int4 in slotserver.model.q4_matmul's layout (AMX kernel), same groups as q4
+    q4n: torch.Tensor | None = None     # int4 in kernels/q4_matmul.py's layout (AMX kernel), same groups as q4
     q4n_dz: torch.Tensor | None = None  # its float32 scales
     q4n_max_rows: int = 0               # rows from NATIVE_MIN_ROWS up to this use the AMX kernel
 
@@ -52,28 +57,29 @@ class Linear:
 
     @classmethod
     def build(cls, w: torch.Tensor, bias: torch.Tensor | None, fmt: str, int8_max_rows: int,
-              native_max_rows: int = 0) -> "Linear":
-        """w: [out, in] in the compute dtype. fmt: dense | int8 / int4 (only) | auto / auto4 (both).
-        With int4 formats and `native_max_rows` > 0, also the AMX kernel's copy where it runs."""
+              native_max_rows: int = 0, q4_kernel=None) -> "Linear":
+        """w: [out, in] in the compute dtype. fmt: dense | int8 / int4 (only) | auto8 / auto4 (both).
+        With int4 formats, `native_max_rows` > 0 and `q4_kernel` (the kernels/q4_matmul.py module)
+        available here, also the AMX kernel's copy."""
         assert fmt in WEIGHT_FORMATS, fmt
         if fmt == "dense" or int8_max_rows <= 0:
             return cls(w, bias)
         if fmt in ("int4", "auto4") and (w.shape[1] % INT4_GROUP or w.shape[0] % 16):
-            fmt = "int8" if fmt == "int4" else "auto"  # torch's int4 packing needs these multiples
+            fmt = "int8" if fmt == "int4" else "auto8"  # torch's int4 packing needs these multiples
         if fmt in ("int4", "auto4"):
             q, d, lo = _int4_groups(w)
             q4, sz = _pack_int4(q, d, lo)
             dense = w if fmt == "auto4" else None
             rows = int8_max_rows if fmt == "auto4" else 1 << 30
             native = {}
-            if native_max_rows > 0 and q4_matmul.available():
-                w4, dz = q4_matmul.pack(q, d, lo)
+            if native_max_rows > 0 and q4_kernel is not None and q4_kernel.available():
+                w4, dz = q4_kernel.pack(q, d, lo)
                 native = dict(q4n=w4, q4n_dz=dz, q4n_max_rows=native_max_rows if fmt == "auto4" else 1 << 30)
             return cls(dense, bias, int8_max_rows=rows, q4=q4, q4_scale_zero=sz, **native)
         scale = (w.float().abs().amax(dim=1) / 127.0).clamp_min(1e-12)   # [out]
         q = torch.round(w.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-        dense = w if fmt == "auto" else None
-        rows = int8_max_rows if fmt == "auto" else 1 << 30
+        dense = w if fmt == "auto8" else None
+        rows = int8_max_rows if fmt == "auto8" else 1 << 30
         return cls(dense, bias, q.contiguous(), scale.to(w.dtype), rows)
 
     @property
@@ -82,10 +88,10 @@ class Linear:
             return (self.dense if self.dense is not None else self.packed).shape[0]
         return (self.q8 if self.q8 is not None else self.q4_scale_zero.transpose(0, 1)).shape[0]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [rows, in] -> [rows, out]."""
+    def __call__(self, x: torch.Tensor, ops=None) -> torch.Tensor:
+        """x: [rows, in] -> [rows, out]. ops: the model's KernelSet (needed for the AMX int4 copy)."""
         if self.q4n is not None and NATIVE_MIN_ROWS <= x.shape[0] <= self.q4n_max_rows:
-            y = q4_matmul.matmul(x.to(torch.bfloat16), self.q4n, self.q4n_dz).to(x.dtype)
+            y = ops.q4_matmul(x.to(torch.bfloat16), self.q4n, self.q4n_dz).to(x.dtype)
             return y if self.bias is None else y + self.bias
         if self.q4 is not None and x.shape[0] <= self.int8_max_rows:
             y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.q4, INT4_GROUP, self.q4_scale_zero)
@@ -102,6 +108,34 @@ class Linear:
         parts = (self.dense, self.packed, self.bias, self.q8, self.q8_scale, self.q4, self.q4_scale_zero,
                  self.q4n, self.q4n_dz)
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+
+@dataclass
+class QLinear:
+    """`y = x @ W^T (+ bias)` with W the row-concatenation of `parts`, each GGUF blocks (`QWeight`),
+    computed by the KernelSet's `qmatmul` (timed, validated, hot-reloadable like every kernel).
+
+    Several parts only where formats differ (e.g. a Q4_K_M file's Q6_K attn_v beside Q4_K q/k):
+    one qmatmul per part, outputs concatenated."""
+
+    parts: list[QWeight]
+    bias: torch.Tensor | None = None    # [out] float32
+
+    @property
+    def out_features(self) -> int:
+        return sum(p.n for p in self.parts)
+
+    def __call__(self, x: torch.Tensor, ops) -> torch.Tensor:
+        """x: [rows, in] float32 or bf16 -> [rows, out] in x's dtype."""
+        x = x.contiguous()
+        ys = [ops.qmatmul(x, p) for p in self.parts]
+        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def nbytes(self) -> int:
+        """Bytes of the blocks (views of the mapped file count: they are what a step reads)."""
+        b = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+        return b + sum(p.raw.shape[0] * p.raw.shape[1] for p in self.parts)
 
 
 def _prepack(w: torch.Tensor) -> torch.Tensor | None:

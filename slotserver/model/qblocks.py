@@ -18,6 +18,7 @@ Block layouts (ggml-common.h; "h" is a little-endian float16):
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import gguf
@@ -97,3 +98,38 @@ def random_qweight(gen: torch.Generator, qtype: int, n: int, k: int) -> QWeight:
             scale = scale * QMAX[qtype] * (torch.rand(raw.shape[0], generator=gen) - 0.5)
         raw[:, off:off + 2] = scale.to(torch.float16).view(torch.uint8).reshape(-1, 2)
     return QWeight(raw.reshape(n, rb), int(qtype), k, n)
+
+
+def from_mapped(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> QWeight:
+    """A QWeight over a GGUF tensor's bytes as `gguf.GGUFReader` maps them (`tensor.data`): no copy.
+
+    `data` may be read-only (the file's mapping); torch then warns that writes would be undefined,
+    which is why nothing here writes `raw`. shape: `(n, k)` in values (numpy order)."""
+    n, k = shape
+    flat = data.reshape(-1).view(np.uint8) if data.dtype != np.uint8 else data.reshape(-1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # "The given NumPy array is not writable"
+        raw = torch.from_numpy(flat)
+    return QWeight(raw.view(n, row_bytes(qtype, k)), int(qtype), k, n)
+
+
+def take_rows(w: QWeight, rows: list[int] | torch.Tensor) -> QWeight:
+    """Rows of W in the given order (a copy of just those rows' bytes: blocks never span rows)."""
+    idx = torch.as_tensor(rows, dtype=torch.long)
+    return QWeight(w.raw.index_select(0, idx), w.qtype, w.k, len(idx))
+
+
+def concat_rows(parts: list[QWeight]) -> QWeight:
+    """One QWeight of the parts' rows, stacked (same format and k): a copy of their bytes."""
+    first = parts[0]
+    assert all(p.qtype == first.qtype and p.k == first.k for p in parts), "concat_rows: mixed formats"
+    return QWeight(torch.cat([p.raw for p in parts]), first.qtype, first.k, sum(p.n for p in parts))
+
+
+def get_rows(w: QWeight, idx: torch.Tensor) -> torch.Tensor:
+    """Rows `idx` of W as float32 `[len(idx), k]`: only those rows are read and dequantized
+    (an embedding lookup; llama.cpp's GET_ROWS)."""
+    raw = w.raw.index_select(0, idx.to(torch.long).flatten())
+    if T(w.qtype) in FLOATS:
+        return raw.view(FLOATS[T(w.qtype)]).float()
+    return dequantize(QWeight(raw, w.qtype, w.k, raw.shape[0]))

@@ -1,80 +1,209 @@
-"""Load a llama-family model's tensors from a GGUF file into compute-dtype torch tensors.
+"""Load a llama-family model's tensors from a GGUF file: as GGUF blocks (default) or dequantized.
 
-Weights are dequantized one tensor at a time (the file itself is memory-mapped), so loading never
-holds two full copies. q/k/v are fused into one `[q+2kv, d_model]` matrix and gate/up into one
-`[2*d_ff, d_model]` matrix: fewer, larger matmuls per layer.
+`--weights auto` (the default) / `q`: every matmul weight stays in its GGUF block format, a
+zero-copy view of the file's mapping (`QWeight`, computed on by the `qmatmul` kernel): loading
+touches no weight bytes, and the pages a step reads are the file's (shared, evictable). Fused
+matmuls: gate|up (adjacent in llama.cpp-written files) is one view; q|k|v is not adjacent there
+(the file's order is k, output, q, v), so it is copied once into one block tensor (~1/6 of the
+layer bytes) where the three share a format: one qmatmul instead of three (measured faster at
+decode b=1: see `WeightFormat.fuse_copy`). The embedding is looked up by dequantizing only the
+rows asked for; tied output projections compute on the embedding's blocks.
+
+`auto` under float32 is the exact reference mode: the dequantized weights in float32 (what llama.cpp's
+F32 run and the tests compare against). `dense` / `int8` / `int4` / `auto8` / `auto4` dequantize at load
+(one tensor at a time, never two full copies): see `Linear`. q/k/v are fused into one
+`[q+2kv, d_model]` matrix and gate/up into one `[2*d_ff, d_model]` matrix.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import gguf
 import torch
 
-from slotserver.model.gguf_file import GGUFFile
-from slotserver.model.linear import Linear
+from slotserver.model.gguf_file import GGUFFile, TensorInfo
+from slotserver.model.linear import Linear, QLinear
+from slotserver.model.qblocks import FLOATS, QUANTIZED, QWeight, concat_rows, from_mapped, get_rows, take_rows
 from slotserver.model.spec import ModelSpec
 
 Progress = Callable[[int, int], None]
 
 
+WEIGHT_KINDS = ("auto", "q", "dense", "int8", "int4", "auto8", "auto4")
+
+
 @dataclass(frozen=True)
 class WeightFormat:
-    """How matmul weights are kept (see `Linear`): dense only, int8 only, or both (auto)."""
+    """How matmul weights are kept. auto: GGUF blocks + qmatmul, except under float32 (the exact
+    dequantized reference); q: GGUF blocks whatever the dtype; the rest: `Linear`'s formats."""
 
-    kind: str = "dense"
+    kind: str = "auto"
+    fuse_copy: bool = True    # q|k|v not adjacent in the file: copy them into one block tensor
     int8_max_rows: int = 8    # with auto/auto4: rows (tokens) up to which the int8/int4 matmul is used
     output_max_rows: int = 4  # the same for the [vocab, d_model] output matmul
-    native_max_rows: int = 32  # int4 layers: rows up to which the AMX kernel (slotserver.model.q4_matmul) is used
+    native_max_rows: int = 32  # int4 layers: rows up to which the AMX kernel (kernels/q4_matmul.py) is used
 
     # Why these thresholds (docs/performance.md; whole decode steps in the model on this CPU, bf16,
     # dense weights pre-blocked for oneDNN): the int8/int4 kernels cost ~linear in rows, the dense
     # GEMM ~flat. Layer matmuls: int4 wins below 8 rows (step 18 vs 30 ms at 2 rows), ties at 8-12,
     # dense wins at 16 (35-37 vs 48 ms). The 49152-row output matmul: dense already wins at 8 rows.
 
+    def __post_init__(self) -> None:
+        assert self.kind in WEIGHT_KINDS, f"weights must be one of {', '.join(WEIGHT_KINDS)}, got {self.kind!r}"
+
+    def resolve(self, dtype: torch.dtype) -> str:
+        """The kind that loads: auto -> dense under float32 (exact), else q."""
+        if self.kind == "auto":
+            return "dense" if dtype == torch.float32 else "q"
+        return self.kind
+
+
+@dataclass
+class Embedding:
+    """Token embedding: dense rows, or GGUF blocks dequantized per lookup (only the rows asked for)."""
+
+    dense: torch.Tensor | None = None    # [vocab, d_model]
+    blocks: QWeight | None = None
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [n] -> float32 [n, d_model]."""
+        if self.blocks is not None:
+            return get_rows(self.blocks, tokens)
+        return self.dense[tokens].float()
+
+
+MatMul = Linear | QLinear   # both: (x [rows, in], ops) -> [rows, out]
+
 
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor      # [d_model]
-    qkv: Linear                  # [(n_heads + 2*n_kv_heads) * head_dim, d_model] (+ bias)
-    wo: Linear                   # [d_model, n_heads * head_dim]
+    qkv: MatMul                  # [(n_heads + 2*n_kv_heads) * head_dim, d_model] (+ bias)
+    wo: MatMul                   # [d_model, n_heads * head_dim]
     ffn_norm: torch.Tensor       # [d_model]
-    gate_up: Linear              # [2 * d_ff, d_model]
-    down: Linear                 # [d_model, d_ff]
+    gate_up: MatMul              # [2 * d_ff, d_model]
+    down: MatMul                 # [d_model, d_ff]
 
 
 @dataclass
 class ModelWeights:
-    embed: torch.Tensor          # [vocab, d_model]
+    embed: Embedding             # [vocab, d_model]
     layers: list[LayerWeights]
     out_norm: torch.Tensor       # [d_model]
-    output: Linear               # [vocab, d_model] (dense part shares the embedding when tied)
+    output: MatMul               # [vocab, d_model] (shares the embedding when tied)
     rope_freqs: torch.Tensor | None  # [rope_dim / 2] llama3-style frequency divisors
+    act_dtype: torch.dtype = torch.float32   # the matmuls' inputs and outputs (see below)
+
+    # Why float32 activations around GGUF-block matmuls whatever the dtype (then only the KV cache
+    # and attention are bf16, as llama.cpp keeps f32 activations and an f16 cache): qmatmul quantizes
+    # its input to 8 bits anyway, at the same speed from float32; rounding to bf16 first and its
+    # output to bf16 again cost greedy agreement with the float32 reference on the fixture
+    # (tests/test_model_reference.py): 96.5% with bf16 activations, 98.4% with float32.
 
 
-def load_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype,
-                 progress: Progress | None = None, fmt: WeightFormat = WeightFormat()) -> ModelWeights:
+def load_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, progress: Progress | None = None,
+                 fmt: WeightFormat = WeightFormat(), q4_kernel=None) -> ModelWeights:
+    """q4_kernel: the kernels/q4_matmul.py module (its `pack`), for the int4 formats' AMX copy."""
     total = spec.n_layers + 2
     tick = progress or (lambda done, total: None)
-    d = spec.d_model
-    embed = _load(f, "token_embd.weight", (spec.vocab_size, d), dtype)
+    d, kind = spec.d_model, fmt.resolve(dtype)
+    fmt = replace(fmt, kind=kind)   # auto resolved: the dequantized paths below read fmt.kind
+    if kind == "q":
+        embed = Embedding(blocks=_blocks(f, "token_embd.weight", (spec.vocab_size, d)))
+    else:
+        embed = Embedding(dense=_load(f, "token_embd.weight", (spec.vocab_size, d), dtype))
     tick(1, total)
     layers = []
     for i in range(spec.n_layers):
-        layers.append(_load_layer(f, spec, i, dtype, fmt))
+        layers.append(_block_layer(f, spec, i, fmt) if kind == "q" else _load_layer(f, spec, i, dtype, fmt, q4_kernel))
         tick(i + 2, total)
     out_norm = _load(f, "output_norm.weight", (d,), torch.float32)
     out_name = "token_embd.weight" if spec.tied_embeddings else "output.weight"
-    out_w = embed if spec.tied_embeddings else _load(f, out_name, (spec.vocab_size, d), dtype)
-    output = Linear.build(out_w, None, _kind(f, out_name, fmt), fmt.output_max_rows)
+    if kind == "q":
+        output = QLinear([embed.blocks if spec.tied_embeddings else _blocks(f, out_name, (spec.vocab_size, d))])
+    else:
+        out_w = embed.dense if spec.tied_embeddings else _load(f, out_name, (spec.vocab_size, d), dtype)
+        output = Linear.build(out_w, None, _kind(f, out_name, fmt), fmt.output_max_rows)
     freqs = _load(f, "rope_freqs.weight", (spec.rope_dim // 2,), torch.float32) if spec.has_rope_freqs else None
     tick(total, total)
-    return ModelWeights(embed, layers, out_norm, output, freqs)
+    return ModelWeights(embed, layers, out_norm, output, freqs, torch.float32 if kind == "q" else dtype)
 
 
-def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: WeightFormat) -> LayerWeights:
+def _block_layer(f: GGUFFile, spec: ModelSpec, i: int, fmt: WeightFormat) -> LayerWeights:
+    """One layer's matmuls as GGUF blocks (q/k rows reordered for neox rope: a copy of those two)."""
+    d, hd, p = spec.d_model, spec.head_dim, f"blk.{i}."
+    q_rows, kv_rows = spec.n_heads * hd, spec.n_kv_heads * hd
+    q = _blocks(f, p + "attn_q.weight", (q_rows, d))
+    k = _blocks(f, p + "attn_k.weight", (kv_rows, d))
+    v = _blocks(f, p + "attn_v.weight", (kv_rows, d))
+    infos = [f.tensors[p + n + ".weight"] for n in ("attn_q", "attn_k", "attn_v")]
+    bias = None
+    if spec.qkv_bias:
+        bq, bk, bv = (_load(f, p + n, (r,), torch.float32)
+                      for n, r in (("attn_q.bias", q_rows), ("attn_k.bias", kv_rows), ("attn_v.bias", kv_rows)))
+        if spec.rope_mode == "neox":
+            bq, bk = _neox_to_normal(bq, spec), _neox_to_normal(bk, spec)
+        bias = torch.cat([bq, bk, bv])
+    if spec.rope_mode == "neox":
+        q, k = take_rows(q, _neox_rows(spec, q.n)), take_rows(k, _neox_rows(spec, k.n))
+        infos[:2] = [None, None]   # no longer the file's bytes
+    gate_up = [_blocks(f, p + n + ".weight", (spec.d_ff, d)) for n in ("ffn_gate", "ffn_up")]
+    return LayerWeights(
+        attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32),
+        qkv=_qlinear(f, [q, k, v], infos, fmt.fuse_copy, bias),
+        wo=_qlinear(f, [_blocks(f, p + "attn_output.weight", (d, q_rows))], [None], False),
+        ffn_norm=_load(f, p + "ffn_norm.weight", (d,), torch.float32),
+        gate_up=_qlinear(f, gate_up, [f.tensors[p + n + ".weight"] for n in ("ffn_gate", "ffn_up")], fmt.fuse_copy),
+        down=_qlinear(f, [_blocks(f, p + "ffn_down.weight", (d, spec.d_ff))], [None], False),
+    )
+
+
+def _blocks(f: GGUFFile, name: str, shape: tuple[int, int]) -> QWeight:
+    """A tensor's GGUF blocks, viewed in the file's mapping (no copy, nothing read yet)."""
+    info = f.require(name, shape)
+    return from_mapped(f.mapped_bytes(info.offset, info.n_bytes), info.ggml_type, shape)
+
+
+def _qlinear(f: GGUFFile, parts: list[QWeight], infos: list[TensorInfo | None], copy: bool,
+             bias: torch.Tensor | None = None):
+    """Parts stacked along `out`: runs of one format become one QWeight (a view of the file where
+    their bytes are adjacent there, else a copy if `copy`); a format qmatmul lacks: dense float32."""
+    if any(int(w.qtype) not in _SERVED for w in parts):
+        dense = torch.cat([get_rows(w, torch.arange(w.n)) for w in parts])
+        return Linear.build(dense, bias, "dense", 0)
+    runs: list[list[int]] = []
+    for j, w in enumerate(parts):
+        if runs and parts[runs[-1][-1]].qtype == w.qtype:
+            runs[-1].append(j)
+        else:
+            runs.append([j])
+    out = []
+    for run in runs:
+        ws, fi = [parts[j] for j in run], [infos[j] for j in run]
+        if len(ws) > 1 and all(fi) and all(a.offset + a.n_bytes == b.offset for a, b in zip(fi, fi[1:])):
+            n = sum(w.n for w in ws)
+            out.append(from_mapped(f.mapped_bytes(fi[0].offset, sum(i.n_bytes for i in fi)), ws[0].qtype, (n, ws[0].k)))
+        elif len(ws) > 1 and copy:
+            out.append(concat_rows(ws))
+        else:
+            out.extend(ws)
+    return QLinear(out, bias)
+
+
+_SERVED = {int(t) for t in QUANTIZED + tuple(FLOATS)}   # the formats kernels/qmatmul.py computes on
+
+
+def _neox_rows(spec: ModelSpec, n: int) -> list[int]:
+    """Row order taking each head from neox rope pairs to adjacent ones (see `_neox_to_normal`)."""
+    hd, half = spec.head_dim, spec.rope_dim // 2
+    order = [j for i in range(half) for j in (i, i + half)] + list(range(spec.rope_dim, hd))
+    return [h * hd + o for h in range(n // hd) for o in order]
+
+
+def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: WeightFormat,
+                q4_kernel=None) -> LayerWeights:
     d, hd, p = spec.d_model, spec.head_dim, f"blk.{i}."
     q = _load(f, p + "attn_q.weight", (spec.n_heads * hd, d), dtype)
     k = _load(f, p + "attn_k.weight", (spec.n_kv_heads * hd, d), dtype)
@@ -94,7 +223,7 @@ def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: W
     def lin(names: list[str], w: torch.Tensor, b: torch.Tensor | None = None) -> Linear:
         kinds = {_kind(f, p + n + ".weight", fmt) for n in names}
         return Linear.build(w, b, kinds.pop() if len(kinds) == 1 else _no_int4(fmt.kind), fmt.int8_max_rows,
-                            fmt.native_max_rows)
+                            fmt.native_max_rows, q4_kernel)
 
     return LayerWeights(
         attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32),
@@ -107,7 +236,7 @@ def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: W
 
 
 def _no_int4(kind: str) -> str:
-    return {"int4": "int8", "auto4": "auto"}.get(kind, kind)
+    return {"int4": "int8", "auto4": "auto8"}.get(kind, kind)
 
 
 def _kind(f: GGUFFile, name: str, fmt: WeightFormat) -> str:

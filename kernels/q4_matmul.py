@@ -1,36 +1,40 @@
-"""4-bit weight matmul on AMX tiles: every weight is unpacked once per 16 rows.
+"""q4_matmul: `y = x @ W^T` for 4-bit weights (groups of 32 along `in`, w = d * q + m, q in 0..15:
+Q4_1 re-encoded exactly) in the AMX kernel's packed layout; the `--weights int4|auto4` path.
 
-Why: torch's `_weight_int4pack_mm_for_cpu` works on blocks of 4 rows and unpacks the whole weight
-again for each block, in float32 FMAs: 8 rows cost 2.5x one row, 16 rows 4.7x. Here, per block of
-16 output columns and group of 32 inputs, the 4-bit weights become one bf16 AMX B tile and one
-`tdpbf16ps` serves up to 16 rows, so the cost is nearly flat in rows (30 layers' matmuls of
+Why AMX tiles: torch's `_weight_int4pack_mm_for_cpu` works on blocks of 4 rows and unpacks the
+whole weight again for each block, in float32 FMAs: 8 rows cost 2.5x one row, 16 rows 4.7x. Here,
+per block of 16 output columns and group of 32 inputs, the 4-bit weights become one bf16 AMX B tile
+and one `tdpbf16ps` serves up to 16 rows, so the cost is nearly flat in rows (30 layers' matmuls of
 SmolLM2: 6.1 ms at 1 row, 6.9 at 8, 8.1 at 16; torch 5.2 / 13.3 / 24.8; docs/performance.md).
-`Linear` uses it from 3 rows (below, torch's kernel is a little faster) to `native_max_rows`.
+The default `--weights auto` computes on the GGUF blocks themselves instead (kernels/qmatmul.py);
+this op stays for AMX hosts, where it was measured fastest at 3-32 rows of Q4_1.
 
-Format (`pack`), for groups of 32 along `in` with w = d * q + m, q in 0..15 (Q4_1 re-encoded
-exactly, see `slotserver.model.linear`):
+Layout (`pack`, fixed at load: a reload of this file must keep it):
 - `w4`: `[out/16, in/32, 16, 16]` bytes: column block, group, k pair p, column i -> the byte
   `q[i][2p] | q[i][2p+1] << 4`. Widened to 32-bit lanes, masked and OR-ed with 0x4300 per half,
   a byte becomes the bf16 pair (128 + q[i][2p], 128 + q[i][2p+1]): exactly row p of the B tile
   (AMX's pair-interleaved layout), no table, no conversion.
 - `dz`: `[out/16, in/32, 2, 16]` float32: d, and z = m - 128 d, so that per group
-  y += d * sum_k x_k (128 + q_k) + z * sum_k x_k (float32 scales: torch's kernel keeps bf16 ones).
-Activations and output are bf16, sums float32. Needs the `amx` CPU variant (`slotserver.lab.cpu_features`:
-the host has AMX and `SLOTSERVER_CPU` is auto or amx; the library is then built with
--march=native), AMX-BF16 at compile time and the OS's permission for tile data (requested per
-process); where any is missing `available()` is False and torch's kernels serve.
+  y += d * sum_k x_k (128 + q_k) + z * sum_k x_k.
+`cpu`: the AMX C kernel (bf16 activations and output, float32 sums) where the CPU variant is `amx`
+(`slotserver.lab.cpu_features`), the compiler has AMX-BF16 and the OS grants tile data; elsewhere
+(and for the AMX-less variants) the reference. The C compiles everywhere: the AMX code sits under
+`#if defined(__AMX_TILE__) && ...` and the entry point returns -1 without it.
+TOL: x and the output rounded to bf16 (2^-9 relative each) on outputs of RMS ~1: 2e-2.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 
 import torch
 
 from slotserver.lab import cpu_features
-
 from slotserver.lab import native
 
+OP = "q4_matmul"
+TOL = {torch.float32: 2e-2, torch.bfloat16: 2e-2}
 GROUP = 32
 
 SOURCE = r"""
@@ -145,7 +149,22 @@ int q4_matmul(const void *x, const void *w4, const void *dz, void *out, int64_t 
 """
 
 _LIB = native.build("q4_matmul", SOURCE, origin=__file__)
-native.signature(_LIB, "q4_matmul", 4, 3, (native.ctypes.c_int,))
+native.signature(_LIB, "q4_matmul", 4, 3, (ctypes.c_int,))
+
+
+def unpack(w4: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
+    """The packed weight as float32 `[out, in]` (w = d * q + m)."""
+    nb, g = w4.shape[:2]
+    q = torch.stack([w4 & 15, w4 >> 4], dim=-1)                          # [nb, g, p, i, j]
+    q = q.permute(0, 3, 1, 2, 4).reshape(nb * 16, g * GROUP).float()      # [out, in]
+    d, z = (dz[:, :, c].permute(0, 2, 1).reshape(nb * 16, g) for c in (0, 1))  # [out, groups]
+    m = z + 128 * d
+    return (q.view(nb * 16, g, GROUP) * d[..., None] + m[..., None]).view(nb * 16, g * GROUP)
+
+
+def reference(x: torch.Tensor, w4: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
+    """Dequantize, then a float32 matmul: x [rows, in] -> [rows, out] in x's dtype."""
+    return (x.float() @ unpack(w4.cpu(), dz.cpu()).to(x.device).T).to(x.dtype)
 
 
 @functools.cache
@@ -171,17 +190,34 @@ def pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tenso
     return w4, dz
 
 
-def matmul(x: torch.Tensor, w4: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
-    """x: [rows, in] bf16 -> [rows, out] bf16."""
-    x = x.contiguous()
-    rows, k = x.shape
+def cpu(x: torch.Tensor, w4: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
+    """x: [rows, in] -> [rows, out] in x's dtype: the AMX kernel where it runs, else the reference."""
+    if not available():
+        return reference(x, w4, dz)
+    xb = x.to(torch.bfloat16).contiguous()
+    rows, k = xb.shape
     nb, g = w4.shape[:2]
-    if not (x.dtype == torch.bfloat16 and x.device.type == w4.device.type == dz.device.type == "cpu"
-            and w4.dtype == torch.uint8 and w4.shape == (nb, g, 16, 16) and w4.is_contiguous() and k == g * GROUP
+    if not (w4.dtype == torch.uint8 and w4.shape == (nb, g, 16, 16) and w4.is_contiguous() and k == g * GROUP
             and dz.dtype == torch.float32 and dz.shape == (nb, g, 2, 16) and dz.is_contiguous()):
-        raise ValueError(f"q4_matmul: x {x.dtype} {tuple(x.shape)} does not fit w4 {tuple(w4.shape)} / dz {tuple(dz.shape)}")
+        raise ValueError(f"q4_matmul: x {tuple(x.shape)} does not fit w4 {tuple(w4.shape)} / dz {tuple(dz.shape)}")
     out = torch.empty((rows, nb * 16), dtype=torch.bfloat16)
-    rc = _LIB.q4_matmul(x.data_ptr(), w4.data_ptr(), dz.data_ptr(), out.data_ptr(), rows, nb * 16, k, torch.get_num_threads())
+    rc = _LIB.q4_matmul(xb.data_ptr(), w4.data_ptr(), dz.data_ptr(), out.data_ptr(), rows, nb * 16, k,
+                        torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"q4_matmul (C) failed with {rc}")
-    return out
+    return out.to(x.dtype)
+
+
+def triton(x: torch.Tensor, w4: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
+    """On a GPU (or the interpreter): the torch formulation on x's device."""
+    return (x.float() @ unpack(w4, dz).T).to(x.dtype)
+
+
+def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
+    """x [rows, in] unit-variance; a random 4-bit weight with outputs of RMS ~1, packed."""
+    rows = int(torch.randint(1, 40, (), generator=gen))
+    n, g = 16 * int(torch.randint(1, 5, (), generator=gen)), int(torch.randint(1, 7, (), generator=gen))
+    q = torch.randint(0, 16, (n, g * GROUP), generator=gen)
+    d = (torch.rand(n, g, generator=gen) + 0.5) * (0.3 / (g * GROUP) ** 0.5)
+    m = -7.5 * d * (0.5 + torch.rand(n, g, generator=gen))
+    return (torch.randn(rows, g * GROUP, generator=gen).to(dtype), *pack(q, d, m))
