@@ -8,6 +8,8 @@ from pathlib import Path
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16")  # slotserver.model.config.DTYPES, without importing torch here
 
+from slotserver.cli.lab import add_lab_arg, apply_lab_dir  # noqa: E402 - light: no torch
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt, or chat (--chat)")
@@ -38,9 +40,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout", default="seq_head_dim")
     p.add_argument("--kernels-dir", type=Path, default=None)
     p.add_argument("--layouts-dir", type=Path, default=None)
+    add_lab_arg(p)
 
 
 def load_bundle(args):
+    apply_lab_dir(args)
     from slotserver.model.bundle import ModelBundle
     from slotserver.model.config import ModelConfig
     from slotserver.model.default_model import default_model_path

@@ -1,4 +1,8 @@
-"""`slotserver lab check`: check the lab's kernels and layouts before (or while) serving them.
+"""`slotserver lab check|init`: check the lab's kernels and layouts, or copy them out for editing.
+
+`lab init DIR` copies the bundled kernels/ and layouts/ (a checkout's own, or the copy an installed
+wheel carries) into DIR/kernels and DIR/layouts; `serve --lab DIR` (or `generate --lab DIR`)
+serves and watches that copy, so an installed package is a lab too.
 
 Runs `slotserver.lab.check.run_lab_check`: every kernel's cpu and Triton implementation against
 its reference (Triton interpreted on CPU when there is no GPU), every Triton kernel compiled ahead
@@ -21,6 +25,45 @@ def add_parser(sub) -> None:
     p.add_argument("--cases", type=int, default=None, help="random inputs per kernel and dtype (default 6)")
     p.add_argument("--no-aot", action="store_true", help="skip the ahead-of-time GPU compiles")
     p.set_defaults(run=run)
+    p = lab_sub.add_parser("init", help="copy the bundled kernels and layouts into DIR for editing")
+    p.add_argument("dir", type=Path)
+    p.add_argument("--force", action="store_true", help="overwrite files that are already there")
+    p.set_defaults(run=run_init)
+
+
+def add_lab_arg(p) -> None:
+    p.add_argument("--lab", type=Path, default=None, metavar="DIR",
+                   help="serve DIR/kernels and DIR/layouts (made by `slotserver lab init DIR`)")
+
+
+def apply_lab_dir(args: argparse.Namespace) -> None:
+    """`--lab DIR` -> args.kernels_dir / args.layouts_dir; ConfigError (one line, exit 2) if odd."""
+    from slotserver.errors import ConfigError
+
+    if getattr(args, "lab", None) is None:
+        return
+    if args.kernels_dir is not None or args.layouts_dir is not None:
+        raise ConfigError("--lab DIR replaces --kernels-dir and --layouts-dir: give one or the others")
+    for kind in ("kernels", "layouts"):
+        if not (args.lab / kind).is_dir():
+            raise ConfigError(f"--lab {args.lab}: no {kind}/ folder there (make one with `slotserver lab init {args.lab}`)")
+    args.kernels_dir, args.layouts_dir = args.lab / "kernels", args.lab / "layouts"
+
+
+def run_init(args: argparse.Namespace) -> int:
+    from slotserver.errors import ConfigError
+    from slotserver.lab.loader import default_dir, module_names
+
+    plan = [(default_dir(kind) / f"{n}.py", args.dir / kind / f"{n}.py")
+            for kind in ("kernels", "layouts") for n in module_names(default_dir(kind))]
+    existing = [str(dst) for _, dst in plan if dst.exists()]
+    if existing and not args.force:
+        raise ConfigError(f"lab init: {len(existing)} file(s) already there (first: {existing[0]}); --force overwrites")
+    for src, dst in plan:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(src.read_bytes())
+    print(f"copied {len(plan)} files into {args.dir}; serve them with: slotserver serve --lab {args.dir}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:

@@ -102,6 +102,9 @@ def run(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt="%H:%M:%S", stream=sys.stderr)
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)  # our own start-up and request lines
+    from slotserver.cli.lab import apply_lab_dir
+
+    apply_lab_dir(args)
     config = server_config_from_args(args)
     plan = plan_from_args(args)
     return serve(ServerState(config), plan)

@@ -37,8 +37,12 @@ def file_version(path: Path) -> str:
 
 
 def default_dir(kind: str) -> Path:
-    """The repository's own `kernels/` or `layouts/` folder."""
-    return REPO_ROOT / kind
+    """The bundled `kernels/` or `layouts/` folder: a source checkout's own (edited in place), else
+    the copy an installed wheel carries inside the package (slotserver/bundled/)."""
+    checkout = REPO_ROOT / kind
+    if (REPO_ROOT / "pyproject.toml").is_file() and checkout.is_dir():   # a source checkout
+        return checkout
+    return Path(__file__).resolve().parents[1] / "bundled" / kind
 
 
 def module_names(folder: Path) -> list[str]:
