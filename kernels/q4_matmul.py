@@ -29,6 +29,8 @@ import ctypes
 import functools
 
 import torch
+import triton as _triton
+import triton.language as tl
 
 from slotserver.lab import cpu_features
 from slotserver.lab import native
@@ -208,9 +210,49 @@ def cpu(x: torch.Tensor, w4: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
     return out.to(x.dtype)
 
 
+@_triton.jit
+def _q4_matmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One program per [BLOCK_M, BLOCK_N] tile of y = x @ w^T, float32 accumulation."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    j = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + j
+        xt = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_x + k[None, :],
+                     mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0).to(tl.float32)   # [BM, BK]
+        wt = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_w + k[None, :],
+                     mask=(offs_n[:, None] < N) & (k[None, :] < K), other=0.0).to(tl.float32)   # [BN, BK]
+        acc += tl.dot(xt, tl.trans(wt))
+    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+TRITON_BLOCK_M, TRITON_BLOCK_N, TRITON_BLOCK_K = 16, 32, 32
+
+
 def triton(x: torch.Tensor, w4: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
-    """On a GPU (or the interpreter): the torch formulation on x's device."""
-    return (x.float() @ unpack(w4, dz).T).to(x.dtype)
+    """On a GPU (or the interpreter): the groups unpacked to a dense float weight on x's device
+    (this packing is AMX's tile order; a GPU has no use for it), then a Triton matmul."""
+    w = unpack(w4.to(x.device), dz.to(x.device)).float().contiguous()          # [out, in]
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+    if x.shape[0] and w.shape[0]:
+        grid = (_triton.cdiv(x.shape[0], TRITON_BLOCK_M), _triton.cdiv(w.shape[0], TRITON_BLOCK_N))
+        _q4_matmul_kernel[grid](x, w, y, x.shape[0], w.shape[0], w.shape[1], x.stride(0), w.stride(0), y.stride(0),
+                                BLOCK_M=TRITON_BLOCK_M, BLOCK_N=TRITON_BLOCK_N, BLOCK_K=TRITON_BLOCK_K)
+    return y
+
+
+def _aot(x: str) -> tuple:
+    sig = {"x_ptr": f"*{x}", "w_ptr": "*fp32", "y_ptr": f"*{x}", "M": "i32", "N": "i32", "K": "i32",
+           "stride_x": "i32", "stride_w": "i32", "stride_y": "i32",
+           "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
+    return (_q4_matmul_kernel, sig, {"BLOCK_M": TRITON_BLOCK_M, "BLOCK_N": TRITON_BLOCK_N, "BLOCK_K": TRITON_BLOCK_K})
+
+
+AOT = [_aot("bf16"), _aot("fp32")]
 
 
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
