@@ -184,3 +184,12 @@ def test_slot_save_and_restore_take_only_application_json(tiny_engine, tmp_path,
         assert list(tmp_path.iterdir()) == []
         r = c.post("/slots/0?action=erase")          # erase drops a cache only: no body needed
         assert r.status_code != 415
+
+
+def test_kv_pool_cells_reaches_the_engine_and_a_bad_value_is_refused():
+    """--kv-pool-cells caps a paged layout's pool (admission by blocks: tests/test_paged_memory.py)."""
+    assert plan_from_args(parse("--kv-pool-cells", "512")).engine.kv_pool_cells == 512
+    assert plan_from_args(parse()).engine.kv_pool_cells is None
+    from slotserver.errors import ConfigError
+    with pytest.raises(ConfigError, match="--kv-pool-cells must be an integer >= 1"):
+        plan_from_args(parse("--kv-pool-cells", "0"))

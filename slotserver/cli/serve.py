@@ -90,6 +90,9 @@ def add_parser(sub) -> None:
       help="turn off POST /lab/layout and /lab/reload (403); GET /lab and /lab/events stay readable")
     a("--max-queue", type=int, default=256, metavar="N",
       help="requests that may wait for a slot (default 256; 0: none wait); past it: 503")
+    a("--kv-pool-cells", type=int, default=None, metavar="N",
+      help="paged layouts: the most KV cells all slots together may hold (default: every slot full); "
+           "requests wait for free blocks past it")
     a("--cors", action="append", default=[], metavar="ORIGIN", help="allow this CORS origin (repeatable)")
     a("--slots-debug", action="store_true", help="show prompt text in GET /slots")
     p.set_defaults(run=run)
