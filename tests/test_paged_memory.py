@@ -74,7 +74,7 @@ def _run(engine: Engine, reqs, watch=None) -> list[list[int]]:
 
 def _engine(tiny, layout: str, ctx: int, n_parallel: int = 4, pool: int | None = None) -> Engine:
     b = ModelBundle.load(ModelConfig(model_path=tiny, layout=layout))
-    return Engine(b, EngineConfig(n_parallel=n_parallel, ctx_size=ctx, ubatch_size=64), kv_pool_cells=pool)
+    return Engine(b, EngineConfig(n_parallel=n_parallel, ctx_size=ctx, ubatch_size=64, kv_pool_cells=pool))
 
 
 def _requests(seed: int, n: int, prompt: tuple[int, int], predict: tuple[int, int]):

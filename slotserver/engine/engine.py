@@ -40,15 +40,12 @@ log = logging.getLogger("slotserver.engine.engine")
 
 
 class Engine:
-    def __init__(self, bundle: ModelBundle, config: EngineConfig, kv_pool_cells: int | None = None) -> None:
-        """`kv_pool_cells`: the most KV cells a paged layout's pool may hold, all slots together
-        (None: every stream full); requests then wait for free blocks. Flat layouts ignore it."""
+    def __init__(self, bundle: ModelBundle, config: EngineConfig) -> None:
         s, self.bundle, self.config = bundle.model.spec, bundle, config
         if config.n_cells > bundle.model.rope.max_pos:
             raise RequestError(f"a slot's context ({config.n_cells}) exceeds the model's ({bundle.model.rope.max_pos})")
-        pool = kv_pool_cells if kv_pool_cells is not None else config.kv_pool_cells
         spec = KVSpec(s.n_layers, config.n_streams, config.n_cells, s.n_kv_heads, s.head_dim, bundle.model.dtype,
-                      pool_cells=pool)
+                      pool_cells=config.kv_pool_cells)   # paged: requests wait for free blocks past it
         self.cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
         self.sched = Scheduler(config, budget=lambda: self.cache.budget())  # paged: admit by free blocks
         self.sampler = Sampler(s.vocab_size)

@@ -87,7 +87,7 @@ class EnginePort:
 
     def export_slot(self, slot_id: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """(cached tokens, K, V) of an idle slot, K/V canonical `[n_layers, n, kv_heads, head_dim]`."""
-        slot = self._idle(slot_id)
+        slot = self.require_idle(slot_id)
         tokens = list(slot.cached)
         k, v = self._e.cache.export_stream(self._stream(slot_id), len(tokens))
         dtype = self._e.cache.spec.dtype
@@ -95,22 +95,19 @@ class EnginePort:
 
     def import_slot(self, slot_id: int, tokens: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
         """An idle slot's prompt cache becomes `tokens` with this K/V (checked by the caller)."""
-        slot = self._idle(slot_id)
+        slot = self.require_idle(slot_id)
         self._e.cache.import_stream(self._stream(slot_id), k, v)
         slot.cached = list(tokens)
 
     def erase_slot(self, slot_id: int) -> int:
         """Drop an idle slot's prompt cache (a paged layout gets its blocks back). -> cells erased."""
-        slot = self._idle(slot_id)
+        slot = self.require_idle(slot_id)
         n, slot.cached = len(slot.cached), []
         self._e.cache.trim(self._stream(slot_id), 0)
         return n
 
-    def require_idle(self, slot_id: int) -> None:
-        """RequestError for an id out of range, SlotBusy for a slot that is processing."""
-        self._idle(slot_id)
-
-    def _idle(self, slot_id: int):
+    def require_idle(self, slot_id: int):
+        """The idle slot; RequestError for an id out of range, SlotBusy for a slot that is processing."""
         n = self._e.config.n_parallel
         if type(slot_id) is not int or not 0 <= slot_id < n:
             raise RequestError(f"id_slot must be in [0, {n})")

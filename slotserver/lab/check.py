@@ -127,17 +127,22 @@ def check_layouts(layouts_dir: Path | None = None, kernels_dir: Path | None = No
     """Each layout: written rows come back through export, a copied stream equals its source,
     and the cpu attention over its view equals the reference over the exported (canonical) K/V."""
     kernels_dir = Path(kernels_dir or default_dir("kernels"))
-    return [_check_layout(name, layouts_dir, kernels_dir) for name in available_layouts(layouts_dir)]
+    try:   # the attention kernels, loaded once for every layout
+        paged = kernels_dir / "paged_attention.py"
+        kernels = (_kernel(kernels_dir, "attention"), _kernel(kernels_dir, "paged_attention") if paged.is_file() else None)
+    except Exception as e:  # noqa: BLE001 - a broken attention kernel fails the checks, not the command
+        kernels = f"{type(e).__name__}: {str(e)[:300]}"
+    return [_check_layout(name, layouts_dir, kernels) for name in available_layouts(layouts_dir)]
 
 
-def _check_layout(name: str, layouts_dir: Path | None, kernels_dir: Path) -> CheckResult:
+def _check_layout(name: str, layouts_dir: Path | None, kernels: tuple | str) -> CheckResult:
     """One layout through `validate_layout`, the validator the live reload uses."""
     try:
+        if isinstance(kernels, str):
+            raise RuntimeError(kernels)
         src = read_source(resolve_in_folder(layouts_dir or default_dir("layouts"), name, "layout"))
-        paged = kernels_dir / "paged_attention.py"
-        check = validate_layout(src, _kernel(kernels_dir, "attention"),
-                                _kernel(kernels_dir, "paged_attention") if paged.is_file() else None, seed=0)
-    except Exception as e:  # noqa: BLE001 - a broken attention kernel fails the check, not the command
+        check = validate_layout(src, *kernels, seed=0)
+    except Exception as e:  # noqa: BLE001 - reported as this layout's failed check
         check = {"ok": False, "reason": f"{type(e).__name__}: {str(e)[:300]}"}
     detail = "" if check["ok"] else check["reason"] + (f" (line {check['line']})" if check.get("line", "?") != "?" else "")
     return CheckResult(name, "layout", "float32", check.get("max_err"), None, check["ok"], detail)

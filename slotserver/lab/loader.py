@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import linecache
-import types
 import itertools
 import re
 import sys
@@ -110,7 +109,7 @@ def load_source(src: Source, required: tuple[str, ...]) -> LoadedModule:
     """
     path = src.path
     name = f"_slotserver_dyn_{path.stem}_{next(_counter)}"
-    module = types.ModuleType(name)
+    module = ModuleType(name)
     module.__file__ = str(path)
     text = src.data.decode("utf-8", errors="replace")
     linecache.cache[str(path)] = (len(text), None, text.splitlines(True), str(path))

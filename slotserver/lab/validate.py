@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slotserver.lab.compare import compare_outputs, move_inputs, where_in
+from slotserver.lab.compare import compare_outputs, move_inputs
 from slotserver.lab.kernel_set import load_kernel
 from slotserver.lab.kv_spec import KVSpec, StridedKV
 from slotserver.lab.layouts import LAYOUT_CONTRACT, create_layout
@@ -146,6 +146,3 @@ def line_from_message(msg: str) -> int | str:
     """ModuleLoadError messages look like '/path/file.py:LINE: ...'."""
     parts = msg.split(":")
     return int(parts[1]) if len(parts) > 2 and parts[1].strip().isdigit() else "?"
-
-
-__all__ = ["Numerics", "kernel_numerics", "validate_kernel", "validate_layout", "where_in", "fail"]
