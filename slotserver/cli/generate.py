@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-DTYPE_NAMES = ("auto", "float32", "bfloat16")  # slotserver.model.config.DTYPES, without importing torch here
+from slotserver.cli.lab import add_lab_arg, apply_lab_dir  # light: no torch
 
-from slotserver.cli.lab import add_lab_arg, apply_lab_dir  # noqa: E402 - light: no torch
+DTYPE_NAMES = ("auto", "float32", "bfloat16")  # slotserver.model.config.DTYPES, without importing torch here
 
 
 def add_parser(sub) -> None:
