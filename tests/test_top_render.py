@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
@@ -230,6 +230,8 @@ LAB = st.fixed_dictionaries({}, optional={
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(labs=st.lists(LAB | JSON, min_size=1, max_size=3), props=JSON,
        width=st.integers(1, 150), height=st.integers(1, 50))
+@example(labs=[{"events": [{"time": 6.8e16}]}], props=None, width=20, height=10)  # past localtime's range
+@example(labs=[{"events": [{"time": -1e300}]}], props=None, width=20, height=10)
 def test_any_json_renders_within_bounds(labs, props, width, height):
     state = TopState(url=URL)
     for i, lab in enumerate(labs):

@@ -191,11 +191,19 @@ def kernels(state: TopState, width: int) -> tuple[Table, int]:
     return t, 1 + max(1, len(state.kernels))
 
 
+def _clock(stamp: float | None) -> str:
+    """HH:MM:SS of a Unix time; a server may send any number, so one out of range prints dashes."""
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(stamp)) if stamp is not None else "--:--:--"
+    except (OverflowError, OSError, ValueError):
+        return "--:--:--"
+
+
 def events(state: TopState, width: int) -> tuple[Group, int]:
     """Newest first, two lines each: what happened where, then the reason (or the latency)."""
     lines: list[Text] = []
     for e in state.events:
-        when = time.strftime("%H:%M:%S", time.localtime(e.time)) if e.time is not None else "--:--:--"
+        when = _clock(e.time)
         first = Text.assemble((when + " ", "dim"), (f"{e.result:<8}", RESULT_STYLE.get(e.result, "")),
                               f" {e.kind} {e.name} ", (e.where, "cyan"))
         detail = e.reason or (f"{e.latency_ms:.0f} ms" if e.latency_ms is not None else "")
