@@ -192,6 +192,11 @@ def pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tenso
     return w4, dz
 
 
+def cpu_path() -> str:
+    """What `cpu` computes with here (shown in /props, /lab and `slotserver top`)."""
+    return "AMX bf16 tiles" if available() else "torch reference (no AMX in this CPU variant)"
+
+
 def cpu(x: torch.Tensor, w4: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
     """x: [rows, in] -> [rows, out] in x's dtype: the AMX kernel where it runs, else the reference."""
     if not available():

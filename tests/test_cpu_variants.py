@@ -82,8 +82,13 @@ def child(out: Path) -> None:
     from tiny_gguf import QT, write_tiny_gguf
 
     model = write_tiny_gguf(out.with_suffix(".gguf"), d_model=64, d_ff=128, tensor_type=QT.Q4_1)
+    from slotserver.lab.kernel_paths import cpu_report
+    from slotserver.lab.kernel_set import KernelSet
+
     report = {
         "variant": cpu_features.current().variant, "amx": q4_matmul.available(),
+        "cpu_report": cpu_report({op: m.module for op, m in KernelSet.load().modules.items()}),
+        "f32_q": _generate(model, "float32", "q"),
         "prepack": linear.prepack_available(), "kernels": _kernels_report(),
         "f32": _generate(model, "float32", "dense"), "bf16_auto4": _generate(model, "bfloat16", "auto4"),
     }
@@ -130,6 +135,9 @@ def test_torch_only_form_matches_the_references(reference):
     assert_kernels_match(reference, native=False)
     assert not reference["amx"]
     assert_same_generation(reference["bf16_auto4"], reference["f32"], BF16_TIE)
+    assert_same_generation(reference["f32_q"], reference["f32"], BF16_TIE)
+    # what /props and /lab tell the user: no C kernel serves
+    assert all(path.startswith("torch") for path in reference["cpu_report"]["kernels"].values()), reference["cpu_report"]
 
 
 @pytest.mark.parametrize("variant", ["avx2", "avx512", "amx"])
@@ -146,6 +154,14 @@ def test_each_cpu_variant_gives_the_reference_outputs(variant, reference, tmp_pa
     assert not got["amx"] or variant == "amx"             # the AMX kernel only where the variant has it
     assert_same_generation(got["f32"], reference["f32"], F32_TIE)
     assert_same_generation(got["bf16_auto4"], reference["f32"], BF16_TIE)
+    assert_same_generation(got["f32_q"], reference["f32"], BF16_TIE)   # the AVX2 default: GGUF blocks
+    shown = got["cpu_report"]      # what /props, /lab and `slotserver top` report
+    assert shown["variant"] == variant and shown["forced"]      # SLOTSERVER_CPU chose it
+    assert variant == "amx" or not any(f.startswith("amx") for f in shown["isa"])
+    assert variant != "avx2" or not any(f.startswith("avx512") for f in shown["isa"])
+    if native.compiler() is not None:
+        assert ("AVX2 maddubs" in shown["kernels"]["qmatmul"]) == (variant == "avx2"), shown["kernels"]["qmatmul"]
+        assert shown["kernels"]["q4_matmul"].startswith("AMX") == got["amx"]
 
 
 if __name__ == "__main__":

@@ -158,6 +158,13 @@ def test_top_follows_a_live_server_and_quits_cleanly(server):
         tui.expect(r"● live", 30)
         tui.expect(header_layout("seq_head_dim"), 5)
         tui.expect(r"\b0 idle\b", 5)
+        # which CPU path serves: the variant this host runs, the same in /props, /lab and the header
+        from slotserver.lab import cpu_features
+        shown = httpx.get(url + "/props", headers=AUTH, timeout=10).json()["cpu"]
+        assert shown["variant"] == cpu_features.current().variant
+        assert httpx.get(url + "/lab", headers=AUTH, timeout=10).json()["cpu"] == shown
+        assert set(shown["kernels"]) >= {"qmatmul", "attention", "rms_norm"}
+        tui.expect(rf"cpu {shown['variant']}", 5)
         mark = len(tui.raw)
         with Load(url):
             tui.expect(r"\d processing\s+\d+", 20, mark)          # a slot row while the request runs

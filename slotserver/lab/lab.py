@@ -17,6 +17,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from slotserver.lab.kernel_paths import cpu_report, kernel_path
 from slotserver.lab.kernel_set import load_kernel
 from slotserver.lab.layouts import LAYOUT_CONTRACT, available_layouts
 from slotserver.lab.loader import (ModuleLoadError, Source, default_dir, file_version, load_source, locate,
@@ -60,8 +61,10 @@ class Lab:
             "layout": self.port.layout_info(),
             "layouts": available_layouts(self.layouts_dir),
             "kernels": [{"op": op, "impl": ks.impl, "version": m.version, "file": str(m.path),
+                         "path": kernel_path(m.module, ks.impl),
                          "mean_ms": mean.get(op, 0.0), "calls": int(ks.timings.get(op, [0])[0])}
                         for op, m in sorted(ks.modules.items())],
+            "cpu": cpu_report({op: m.module for op, m in ks.modules.items()}, ks.impl),
             "events": self.events_since(0)[-50:],
             "stats": {"reloads": dict(self.counts)},
             "engine": self.port.stats().to_dict(),

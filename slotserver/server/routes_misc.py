@@ -14,6 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from slotserver import __version__
+from slotserver.lab.kernel_paths import cpu_report
 from slotserver.server.body import read_json
 from slotserver.server.errors import bad_request, loading_error
 from slotserver.server.fields import Fields
@@ -105,6 +106,7 @@ async def props(request: Request) -> Response:
         "bos_token": piece(tok.bos_id),
         "eos_token": piece(tok.eos_id),
         "build_info": BUILD_INFO,
+        "cpu": cpu_report({op: m.module for op, m in bundle.model.kernels.modules.items()}, bundle.model.kernels.impl),
     })
 
 

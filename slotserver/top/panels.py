@@ -59,7 +59,7 @@ def header(state: TopState, width: int) -> tuple[Group, int]:
     n_slots = len(state.slots) if state.slots else None
     bound = "" if h.uptime_exact or h.uptime_s is None else "≥"     # see track.Tracker.uptime
     segs = [
-        _kv("model", h.model, "bold cyan"), _kv("dtype", h.dtype), _kv("device", h.device),
+        _kv("model", h.model, "bold cyan"), _kv("dtype", h.dtype), _kv("device", h.device), _kv("cpu", h.cpu),
         _kv("layout", h.layout, "bold magenta"), _kv("v", version, "magenta"),
         _kv("uptime", bound + w.duration(h.uptime_s)), _kv("tok/s", w.rate(h.tokens_per_second), "bold green"),
         _kv("queue", w.num(h.queue_len)), _kv("active", f"{w.num(h.n_active)}/{w.num(n_slots)}"),
@@ -169,7 +169,7 @@ def history(state: TopState, width: int) -> tuple[Group, int]:
 
 
 KERNEL_COLUMNS = [("op", 15, 0, False), ("impl", 6, 3, False), ("version", 12, 1, False),
-                  ("mean ms", 8, 2, True), ("calls", 8, 4, True)]
+                  ("mean ms", 8, 2, True), ("calls", 8, 4, True), ("path", 24, 5, False)]
 
 
 def _check(k: KernelRow) -> Text:
@@ -186,7 +186,7 @@ def kernels(state: TopState, width: int) -> tuple[Table, int]:
     t.add_column("last check", no_wrap=True, overflow="ellipsis", ratio=1)
     for k in state.kernels:
         cells = {"op": k.op, "impl": k.impl, "version": Text(k.version, style="magenta"),
-                 "mean ms": w.ms(k.mean_ms), "calls": w.num(k.calls)}
+                 "mean ms": w.ms(k.mean_ms), "calls": w.num(k.calls), "path": Text(k.path or "-", style="dim")}
         t.add_row(*(cells[c[0]] for c in cols), _check(k))
     return t, 1 + max(1, len(state.kernels))
 

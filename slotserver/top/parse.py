@@ -108,7 +108,7 @@ def parse_kernels(raw: list, events: list[EventRow], problems: list[str]) -> lis
         ev = last.get(op)
         rows.append(KernelRow(
             op=op, impl=as_str(d.get("impl")), version=as_str(d.get("version")),
-            mean_ms=as_float(d.get("mean_ms")), calls=as_int(d.get("calls")),
+            mean_ms=as_float(d.get("mean_ms")), calls=as_int(d.get("calls")), path=as_str(d.get("path"), "") or None,
             check=ev.result if ev else None, check_reason=ev.reason if ev else None))
     return rows
 
@@ -131,7 +131,13 @@ def parse_header(lab: dict, engine: dict, props: dict, problems: list[str]) -> H
         tokens_per_second=as_float(engine.get("tokens_per_second")),
         queue_len=as_int(engine.get("queue_len")), n_active=as_int(engine.get("n_active")),
         steps=as_int(engine.get("steps")), kv_bytes=as_int(layout.get("bytes", engine.get("kv_bytes"))),
-        defrag=as_str(engine.get("defrag")))
+        defrag=as_str(engine.get("defrag")), cpu=_cpu(as_dict(lab.get("cpu")) or as_dict(props.get("cpu"))))
+
+
+def _cpu(report: dict) -> str:
+    """"avx512", or "avx2 (forced)" when SLOTSERVER_CPU chose a smaller variant than the host's."""
+    variant = as_str(report.get("variant"))
+    return f"{variant} (forced)" if report.get("forced") is True else variant
 
 
 def parse_layouts(lab: dict) -> list[str]:

@@ -26,6 +26,7 @@ class Header:
     steps: int | None = None
     kv_bytes: int | None = None
     defrag: str = UNKNOWN
+    cpu: str = UNKNOWN                       # the kernels' CPU variant, e.g. "avx512", "avx2 (forced)"
     health: str = UNKNOWN                    # "ok" | "loading" | "error" | "?"
 
 
@@ -85,6 +86,7 @@ class KernelRow:
     version: str = UNKNOWN
     mean_ms: float | None = None
     calls: int | None = None
+    path: str | None = None                  # what the kernel computes with on the server's CPU
     check: str | None = None                 # the last lab event for this op: swapped | refused | ...
     check_reason: str | None = None
 
