@@ -164,5 +164,18 @@ def test_each_cpu_variant_gives_the_reference_outputs(variant, reference, tmp_pa
         assert shown["kernels"]["q4_matmul"].startswith("AMX") == got["amx"]
 
 
+def test_default_threads_are_the_physical_cores():
+    """`-t` unset: one thread per physical core (hyper-thread siblings count once), as llama.cpp."""
+    from slotserver.lab.cpu_features import physical_cores
+
+    two_cores_four_threads = "".join(f"processor : {i}\nphysical id : 0\ncore id : {i // 2}\n\n" for i in range(4))
+    assert physical_cores(two_cores_four_threads, allowed={0, 1, 2, 3}) == 2
+    assert physical_cores(two_cores_four_threads, allowed={0, 1}) == 1          # taskset to one core's siblings
+    two_sockets = "".join(f"processor : {i}\nphysical id : {i // 2}\ncore id : {i % 2}\n\n" for i in range(4))
+    assert physical_cores(two_sockets, allowed={0, 1, 2, 3}) == 4
+    assert physical_cores("", allowed={0, 1, 2}) == 3                           # no topology: usable CPUs
+    assert 1 <= physical_cores() <= (os.cpu_count() or 1)
+
+
 if __name__ == "__main__":
     child(Path(sys.argv[1]))

@@ -36,7 +36,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="matmul weights: auto (default): float32 -> exact dequantized; native bf16 -> auto4; "
                         "else the GGUF blocks computed on in place (qmatmul); q: the blocks whatever the dtype; "
                         "dense / int8 / int4 / auto8 / auto4: dequantized at load")
-    p.add_argument("-t", "--threads", type=int, default=0)
+    p.add_argument("-t", "--threads", type=int, default=0,
+                   help="compute threads (default 0: the physical cores this process may use, as llama.cpp)")
     p.add_argument("--layout", default="seq_head_dim")
     p.add_argument("--kernels-dir", type=Path, default=None)
     p.add_argument("--layouts-dir", type=Path, default=None)

@@ -82,6 +82,27 @@ def host_flags() -> frozenset[str]:
     return frozenset()
 
 
+def physical_cores(cpuinfo: str | None = None, allowed: set[int] | None = None) -> int:
+    """Physical cores this process may run on (hyper-threads of one core count once), as llama.cpp's
+    default thread count: two threads on the two halves of one core fight for its units, so matmul
+    -bound work gets no faster and OpenMP barriers get slower. Falls back to the usable CPU count."""
+    allowed = os.sched_getaffinity(0) if allowed is None and hasattr(os, "sched_getaffinity") else allowed
+    try:
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
+    except OSError:
+        text = ""
+    cores, cpu, phys = set(), None, "0"
+    for line in text.splitlines():
+        key, _, value = (s.strip() for s in line.partition(":"))
+        if key == "processor":
+            cpu, phys = int(value), "0"
+        elif key == "physical id":
+            phys = value
+        elif key == "core id" and cpu is not None and (allowed is None or cpu in allowed):
+            cores.add((phys, value))
+    return len(cores) or (len(allowed) if allowed else os.cpu_count() or 1)
+
+
 def host_variant(flags: frozenset[str] | None = None) -> str:
     """The best variant `flags` (default: this host's) support; "other" below AVX2 or off x86."""
     flags = host_flags() if flags is None else flags

@@ -9,6 +9,7 @@ import torch
 from slotserver.model.text.chat_template import ChatTemplate
 from slotserver.model.config import ModelConfig
 from slotserver.model.gguf_file import GGUFFile
+from slotserver.lab import cpu_features
 from slotserver.lab.kernel_set import KernelSet
 from slotserver.model.model import LlamaModel
 from slotserver.model.spec import ModelSpec
@@ -27,8 +28,7 @@ class ModelBundle:
     @classmethod
     def load(cls, config: ModelConfig, progress: Progress | None = None) -> "ModelBundle":
         """Open and validate the file, build the tokenizer first (cheap, fails early), then weights."""
-        if config.threads:
-            torch.set_num_threads(config.threads)
+        torch.set_num_threads(config.threads or cpu_features.physical_cores())   # -t 0: llama.cpp's default
         f = GGUFFile.open(config.model_path)
         spec = ModelSpec.from_gguf(f)
         tokenizer = Tokenizer.from_metadata(f.metadata)

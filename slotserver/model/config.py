@@ -21,7 +21,7 @@ class ModelConfig:
     # float32 + weights auto: the exact reference (what library callers and tests get); the CLI
     # passes its own default, `--dtype auto`: bfloat16 where the CPU computes it natively, else float32
     dtype: str = "float32"
-    threads: int = 0                 # 0: leave torch's default
+    threads: int = 0                 # 0: the physical cores (cpu_features.physical_cores), as llama.cpp
     layout: str = "seq_head_dim"
     kernels_dir: Path | None = None  # None: the repository's kernels/
     layouts_dir: Path | None = None  # None: the repository's layouts/
