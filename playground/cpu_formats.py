@@ -8,13 +8,14 @@ and the ratio to the first configuration. `--load` instead loads each configurat
 process as the server does (`ModelBundle.load`) and prints seconds and VmRSS after load. The
 engine's defaults (`--dtype`, `--weights`) come from this table; see docs/performance.md.
 
-    .venv/bin/python playground/cpu_formats.py [--rounds 3] [--configs auto:q float32:dense bfloat16:auto4] [--load]
+    .venv/bin/python playground/cpu_formats.py [--rounds 3] [--configs auto:q float32:dense bfloat16:auto4] [--load] [--model F.gguf]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -30,12 +31,13 @@ from slotserver.lab.kv_spec import KVSpec
 from slotserver.model.model import LlamaModel
 
 BATCHES = (1, 8, 32)
+MODEL = os.environ.get("SLOTSERVER_MODEL") or default_model_path()   # --model sets it (children inherit it)
 DEPTH = 128
 
 
 def setup(config: str):
     dtype_name, weights = config.split(":")
-    cfg = ModelConfig(default_model_path(), dtype=dtype_name, weights=weights)   # as the CLI resolves them
+    cfg = ModelConfig(MODEL, dtype=dtype_name, weights=weights)   # as the CLI resolves them
     dtype = cfg.torch_dtype
     model = LlamaModel.load(cfg.model_path, dtype, max_pos=1024, fmt=cfg.weight_format)  # the serving thresholds
     s = model.spec
@@ -69,7 +71,7 @@ def load_child(config: str) -> None:
 
     dtype, weights = config.split(":")
     t = time.perf_counter()
-    bundle = ModelBundle.load(ModelConfig(default_model_path(), dtype=dtype, weights=weights, max_ctx=1024))
+    bundle = ModelBundle.load(ModelConfig(MODEL, dtype=dtype, weights=weights, max_ctx=1024))
     out = {"load_s": time.perf_counter() - t, "rss_load": _rss_mib()}
     bundle.model.forward(Batch.build([SeqChunk(0, 0, [500, 600, 700])]),
                          KVCache.create("seq_head_dim", KVSpec(bundle.model.spec.n_layers, 1, 64, bundle.model.spec.n_kv_heads,
@@ -97,7 +99,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--load", action="store_true", help="load time and RSS per config (fresh processes)")
     ap.add_argument("--load-child", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help="a GGUF file (default: the embedded SmolLM2 Q4_1)")
     args = ap.parse_args()
+    if args.model:
+        global MODEL
+        MODEL = os.environ["SLOTSERVER_MODEL"] = args.model
     if args.load_child:
         return load_child(args.load_child)
     if args.load:

@@ -206,7 +206,7 @@ MALFORMED: dict[str, tuple[Callable[[bytearray, dict], bytes], str]] = {
                                            b"tokenizer.ggml.bos_token_id"),
                       "duplicate metadata key tokenizer.ggml.bos_token_id"),
     "value not utf-8": (lambda d, s: _put(d, s["value:general.name"] + 8, "<B", 0xFF),
-                        "unreadable metadata value general.name"),
+                        "string value of general.name at offset"),
     "name not utf-8": (lambda d, s: _put(d, s[f"ti:{Q}"] + 8, "<B", 0xFF), "is not UTF-8"),
     "too many dims": (lambda d, s: _put(d, s[f"dims:{Q}"] - 4, "<I", 9), "has 9 dimensions"),
     "unknown tensor type": (lambda d, s: _put(d, s[f"type:{Q}"], "<I", 99), f"{Q} has unknown type id 99"),
@@ -274,3 +274,18 @@ def test_custom_alignment_is_honoured_and_checked(tmp_path):
     _put(data, _layout(data)["value:general.alignment"], "<I", 48)
     path.write_bytes(data)
     assert "invalid general.alignment 48" in _open_error(path)
+
+
+def test_metadata_equals_gguf_readers(smollm_path, smollm_metadata):
+    """Our own metadata walk (GGUFReader is too slow for large vocabularies) reads exactly what the
+    gguf package reads: every key, every value, the same Python types; tensor bytes at the same offsets."""
+
+    f = GGUFFile.open(smollm_path)
+    assert f.metadata.keys() == smollm_metadata.keys()
+    for key, want in smollm_metadata.items():
+        got = f.metadata[key]
+        assert type(got) is type(want) and got == want, key
+    for t in gguf.GGUFReader(smollm_path).tensors:
+        info = f.tensors[t.name]
+        assert (info.offset, info.n_bytes) == (t.data_offset, t.n_bytes)
+        assert bytes(f.mapped_bytes(info.offset, 64)) == t.data.reshape(-1).view("u1")[:64].tobytes()
