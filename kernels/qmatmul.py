@@ -67,6 +67,9 @@ enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define QM_VNNI 1
 #endif
+#if defined(QM_VNNI) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#define QM_VNNI512 1   /* two 32-blocks per instruction: see dot_legacy_512 */
+#endif
 
 static inline float h2f(const uint8_t *p) {
     const uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
@@ -251,6 +254,101 @@ static inline void dot_legacy_direct(int type, const uint8_t *p, int64_t nb, int
     }
     for (int i = 0; i < mc; i++) out[i] = hsum_ps(vacc[i]) + macc[i];
 }
+#if defined(QM_VNNI512)
+/* AVX-512 VNNI, two 32-blocks per instruction (one zmm of 64 weights), up to QM_ROWS activation
+   rows per pass. Every legacy format becomes `value = d*u + m` with u unsigned: Q8_0's signed
+   weights are shifted by 128 (u = w ^ 0x80, m = -128 d), since AVX-512 has no vpsignb for the
+   AVX2 path's sign trick. Per activation row, `dx` holds each block's scale repeated 8 times and
+   `sx` its scale times its integer sum / 8, so that one row's two blocks need one dpbusd, one
+   convert and two FMAs on 16 lanes: sum over lanes = sum_b d_b da_b dot_b + m_b da_b sum_b. */
+static inline __m512 pair_ps(float a, float b) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
+}
+static inline __m256i block_u8(int type, const uint8_t *p, float *d, float *m) {
+    const int hm = type == Q4_1 || type == Q5_1, hi = type == Q5_0 || type == Q5_1;
+    *d = h2f(p);
+    if (type == Q8_0) { *m = -128.0f * *d; return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), _mm256_set1_epi8((char)0x80)); }
+    __m256i u = nibbles32(p + 2 + 2 * hm + 4 * hi);
+    if (hi) u = _mm256_or_si256(u, fifth_bits(p + 2 + 2 * hm));
+    *m = hm ? h2f(p + 2) : *d * (hi ? -16.0f : -8.0f);
+    return u;
+}
+static inline void dot_legacy_512_rows(int type, const uint8_t *p, int64_t nb, int64_t bs, const int8_t *a, int64_t K,
+                                       const float *dx, const float *sx, int mc, float *out) {
+    __m512 acc[QM_ROWS], accm[QM_ROWS];   /* two chains per row: the scaled dots and the min terms */
+    for (int i = 0; i < QM_ROWS; i++) { acc[i] = _mm512_setzero_ps(); accm[i] = _mm512_setzero_ps(); }
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, p += 2 * bs) {
+        float d0, m0, d1, m1;
+        const __m256i u0 = block_u8(type, p, &d0, &m0), u1 = block_u8(type, p + bs, &d1, &m1);
+        const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(u0), u1, 1);
+        const __m512 dd = pair_ps(d0, d1), mm = pair_ps(m0, m1);
+        for (int i = 0; i < QM_ROWS; i++) {
+            if (i >= mc) break;
+            const __m512i x = _mm512_loadu_si512((const void *)(a + i * K + 32 * b));
+            const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x));
+            const float *dxi = dx + (i * nb + b) * 8, *sxi = sx + (i * nb + b) * 8;
+            acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dd, _mm512_loadu_ps(dxi)), acc[i]);
+            accm[i] = _mm512_fmadd_ps(mm, _mm512_loadu_ps(sxi), accm[i]);
+        }
+    }
+    for (; b < nb; b++, p += bs) {     /* an odd last block: the low half of the registers */
+        float d0, m0;
+        const __m512i u = _mm512_castsi256_si512(block_u8(type, p, &d0, &m0));
+        const __mmask16 lo = 0x00FF;
+        for (int i = 0; i < QM_ROWS; i++) {
+            if (i >= mc) break;
+            const __m512i x = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a + i * K + 32 * b)));
+            const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x));
+            const float *dxi = dx + (i * nb + b) * 8, *sxi = sx + (i * nb + b) * 8;
+            /* mask3: lanes outside `lo` keep the accumulator (mask_fmadd would keep the first operand) */
+            acc[i] = _mm512_mask3_fmadd_ps(dot, _mm512_mul_ps(_mm512_set1_ps(d0), _mm512_maskz_loadu_ps(lo, dxi)), acc[i], lo);
+            acc[i] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(m0), _mm512_maskz_loadu_ps(lo, sxi), acc[i], lo);
+        }
+    }
+    for (int i = 0; i < mc; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i], accm[i]));
+}
+
+/* One activation row: four blocks per iteration into four independent accumulators (one FMA
+   chain of 4-cycle latency per block pair left a single row at ~8 MACs per cycle). */
+static inline void dot_legacy_512_1(int type, const uint8_t *p, int64_t nb, int64_t bs, const int8_t *a,
+                                    const float *dx, const float *sx, float *out) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), m0 = _mm512_setzero_ps(), m1 = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4, p += 4 * bs) {
+        float d[4], m[4];
+        __m256i u[4];
+        for (int j = 0; j < 4; j++) u[j] = block_u8(type, p + j * bs, &d[j], &m[j]);
+        const __m512i ua = _mm512_inserti64x4(_mm512_castsi256_si512(u[0]), u[1], 1);
+        const __m512i ub = _mm512_inserti64x4(_mm512_castsi256_si512(u[2]), u[3], 1);
+        const __m512i xa = _mm512_loadu_si512((const void *)(a + 32 * b)), xb = _mm512_loadu_si512((const void *)(a + 32 * b + 64));
+        const __m512 da = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ua, xa));
+        const __m512 db = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ub, xb));
+        a0 = _mm512_fmadd_ps(da, _mm512_mul_ps(pair_ps(d[0], d[1]), _mm512_loadu_ps(dx + 8 * b)), a0);
+        a1 = _mm512_fmadd_ps(db, _mm512_mul_ps(pair_ps(d[2], d[3]), _mm512_loadu_ps(dx + 8 * b + 16)), a1);
+        m0 = _mm512_fmadd_ps(pair_ps(m[0], m[1]), _mm512_loadu_ps(sx + 8 * b), m0);
+        m1 = _mm512_fmadd_ps(pair_ps(m[2], m[3]), _mm512_loadu_ps(sx + 8 * b + 16), m1);
+    }
+    float rest = 0.0f;
+    if (b < nb) dot_legacy_512_rows(type, p, nb - b, bs, a + 32 * b, 0, dx + 8 * b, sx + 8 * b, 1, &rest);
+    *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(m0, m1))) + rest;
+}
+
+static inline void dot_legacy_512(int type, const uint8_t *p, int64_t nb, int64_t bs, const int8_t *a, int64_t K,
+                                  const float *dx, const float *sx, int mc, float *out) {
+    if (mc == 1) { dot_legacy_512_1(type, p, nb, bs, a, dx, sx, out); return; }
+    dot_legacy_512_rows(type, p, nb, bs, a, K, dx, sx, mc, out);
+}
+/* mc a constant where it matters (1 row; a full pass of QM_ROWS): unrolled, accumulators in registers */
+#define QM_CASE512(T_) case T_: if (mc == 1) dot_legacy_512(T_, p, nb, bs, a, K, dx, sx, 1, out); \
+                                else if (mc == QM_ROWS) dot_legacy_512(T_, p, nb, bs, a, K, dx, sx, QM_ROWS, out); \
+                                else dot_legacy_512(T_, p, nb, bs, a, K, dx, sx, mc, out); break;
+static void legacy_rows_512(int type, const uint8_t *p, int64_t nb, int64_t bs, const int8_t *a, int64_t K,
+                            const float *dx, const float *sx, int mc, float *out) {
+    switch (type) { QM_CASE512(Q4_0) QM_CASE512(Q4_1) QM_CASE512(Q5_0) QM_CASE512(Q5_1) QM_CASE512(Q8_0) default: break; }
+}
+#endif
+
 /* The same with `type` (and, for one activation row, `mc`) constants, so that the compiler drops
    the per-block format branches and keeps the accumulators in registers: a single decode row ran
    at 6-13 GFLOP/s through the generic form (33 cycles per block), llama.cpp's form needs ~10. */
@@ -309,6 +407,19 @@ int qmatmul(const void *w, const void *x, void *y, int64_t M, int64_t N, int64_t
         quantize_row(xf, K, B, q + m * K, da + m * (K / B), as + m * (K / 16));
         free(xf);
     }
+    float *xd = NULL, *xm = NULL;
+#if defined(QM_VNNI512)
+    if (B == 32) {   /* per-lane scales for dot_legacy_512 (see there) */
+        const int64_t nb = K / 32;
+        xd = malloc(M * nb * 8 * sizeof(float) + 64); xm = malloc(M * nb * 8 * sizeof(float) + 64);
+        if (!xd || !xm) { free(q); free(da); free(as); free(xd); free(xm); return 1; }
+        for (int64_t j = 0; j < M * nb; j++) {
+            const int64_t m = j / nb, b = j % nb;
+            const float s = da[j] * (float)(as[m * (K / 16) + 2 * b] + as[m * (K / 16) + 2 * b + 1]) * 0.125f;
+            for (int l = 0; l < 8; l++) { xd[8 * j + l] = da[j]; xm[8 * j + l] = s; }
+        }
+    }
+#endif
     #pragma omp parallel num_threads(n_threads) if (N * K * (M < 8 ? M : 8) >= 32768)
     {
         Row r = row_alloc(K);
@@ -319,7 +430,11 @@ int qmatmul(const void *w, const void *x, void *y, int64_t M, int64_t N, int64_t
             if (B == 32) {
                 for (int64_t m = 0; m < M; m += QM_ROWS) {
                     float v[QM_ROWS]; const int mc = M - m < QM_ROWS ? (int)(M - m) : QM_ROWS;
+#if defined(QM_VNNI512)
+                    legacy_rows_512(type, wr, K / 32, bs, q + m * K, K, xd + m * (K / 32) * 8, xm + m * (K / 32) * 8, mc, v);
+#else
                     legacy_rows(type, wr, K / 32, bs, q + m * K, K, da + m * (K / 32), as + m * (K / 16), mc, v);
+#endif
                     for (int i = 0; i < mc; i++) st(y, (m + i) * sy + n, yb, v[i]);
                 }
                 continue;
@@ -335,7 +450,7 @@ int qmatmul(const void *w, const void *x, void *y, int64_t M, int64_t N, int64_t
         }
         row_free(r);
     }
-    free(q); free(da); free(as);
+    free(q); free(da); free(as); free(xd); free(xm);
     return 0;
 }
 
