@@ -48,7 +48,7 @@ TOL = {torch.float32: 3e-2, torch.bfloat16: 4e-2}
 # Q4_0/Q4_1/Q5_0 from 16, not 8, since the 32-block dots serve 8 rows per pass (QM_ROWS): in the
 # SmolLM2 Q4_1 model at decode b=8 (2 threads, AVX-512 VNNI + BF16), 70 ms per step on the integer
 # path vs 109 ms on tiles; at b=16 the two tie (128 vs 137 ms, tiles ahead)
-PREFILL_ROWS = {int(T.Q4_0): 16, int(T.Q4_1): 16, int(T.Q5_0): 16, int(T.Q5_1): 16, int(T.Q8_0): 16,
+PREFILL_ROWS = {int(T.Q4_0): 64, int(T.Q4_1): 64, int(T.Q5_0): 64, int(T.Q5_1): 64, int(T.Q8_0): 64,
                 int(T.Q2_K): 16, int(T.Q3_K): 16, int(T.Q4_K): 16, int(T.Q5_K): 32, int(T.Q6_K): 16}
 
 
@@ -454,6 +454,179 @@ int qmatmul(const void *w, const void *x, void *y, int64_t M, int64_t N, int64_t
     return 0;
 }
 
+/* ---- Batched rows on repacked weights (`qrepack` / `qmatmul_r16`) ------------------------------
+   The per-row dots above unpack a weight block once per pass of up to 8 activation rows and pay a
+   convert and two FMAs per (row, block) for 32 products: from 2 rows on, their cost grows with M.
+   Repacked, a 32-block of 16 weight rows is 8 vectors of 64 bytes, vector t holding values
+   4t..4t+3 of each of the 16 rows (lane r = row r), so one dpbusd (AVX-512 VNNI; maddubs + madd on
+   AVX2, two halves of 8 rows) does 4 products for 16 output rows and a block is 8 of them against
+   the activation's four bytes broadcast; the block's scales then cost one convert and two FMAs per
+   16 outputs. Values are unsigned (0..31, Q8_0 shifted by 128) with per-row float d and m
+   (value = d*u + m), so every legacy format runs the same loop. The weight vectors stay in
+   registers while up to R16_ROWS activation rows pass. Layout: U[g][b][t][r][4] bytes,
+   D[g][b][r], Mn[g][b][r] floats; rows padded to a multiple of 16 with zeros. */
+#define R16_ROWS 4
+int qrepack(const void *w, uint8_t *U, float *D, float *Mn, int64_t N, int64_t K, int64_t sw, int64_t bs, int type,
+            int n_threads) {
+    const int64_t nb = K / 32, ng = (N + 15) / 16;
+    #pragma omp parallel num_threads(n_threads)
+    {
+        Row r = row_alloc(K);
+        #pragma omp for schedule(static)
+        for (int64_t n = 0; n < ng * 16; n++) {
+            const int64_t g = n / 16, lane = n % 16;
+            if (n < N) unpack_legacy(type, (const uint8_t *)w + n * sw, nb, bs, r);
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *u = U + ((g * nb + b) * 8 * 16 + lane) * 4;
+                float *d = D + (g * nb + b) * 16 + lane, *m = Mn + (g * nb + b) * 16 + lane;
+                if (n >= N) { for (int t = 0; t < 8; t++) memset(u + t * 64, 0, 4); *d = 0.0f; *m = 0.0f; continue; }
+                for (int t = 0; t < 8; t++)
+                    for (int j = 0; j < 4; j++) {
+                        const uint8_t v = r.u[32 * b + 4 * t + j];
+                        u[t * 64 + j] = type == Q8_0 ? (uint8_t)(v ^ 0x80) : v;
+                    }
+                *d = r.d[b];
+                *m = type == Q8_0 ? -128.0f * r.d[b] : r.dm[b];
+            }
+        }
+        row_free(r);
+    }
+    return 0;
+}
+
+#if defined(QM_VNNI512)
+static inline void r16_block(const uint8_t *u, const float *d, const float *m, const int8_t *a, int64_t K,
+                             const float *da, const float *ds, int64_t nb, int64_t b, int mc, __m512 *acc) {
+    __m512i wv[8];
+    for (int t = 0; t < 8; t++) wv[t] = _mm512_loadu_si512((const void *)(u + 64 * t));
+    const __m512 dv = _mm512_loadu_ps(d), mv = _mm512_loadu_ps(m);
+    for (int i = 0; i < R16_ROWS; i++) {
+        if (i >= mc) break;
+        const int32_t *x4 = (const int32_t *)(a + i * K + 32 * b);
+        __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_set1_epi32(x4[0]));
+        __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], _mm512_set1_epi32(x4[1]));
+        s0 = _mm512_dpbusd_epi32(s0, wv[2], _mm512_set1_epi32(x4[2]));
+        s1 = _mm512_dpbusd_epi32(s1, wv[3], _mm512_set1_epi32(x4[3]));
+        s0 = _mm512_dpbusd_epi32(s0, wv[4], _mm512_set1_epi32(x4[4]));
+        s1 = _mm512_dpbusd_epi32(s1, wv[5], _mm512_set1_epi32(x4[5]));
+        s0 = _mm512_dpbusd_epi32(s0, wv[6], _mm512_set1_epi32(x4[6]));
+        s1 = _mm512_dpbusd_epi32(s1, wv[7], _mm512_set1_epi32(x4[7]));
+        const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+        acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dv, _mm512_set1_ps(da[i * nb + b])), acc[i]);
+        acc[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(ds[i * nb + b]), acc[i]);
+    }
+}
+#endif
+
+#if !defined(QM_VNNI512) && defined(__AVX2__)
+/* AVX2: each 16-row vector as two halves of 8 rows; maddubs + madd per 4 products. maddubs adds
+   two u8*s8 products into int16 with saturation: 5-bit values are safe (2*31*127), Q8_0's shifted
+   bytes are not, so Q8_0 keeps the per-row dots on AVX2 (qmatmul_r16_serves). */
+static inline void r16_block_avx2(const uint8_t *u, const float *d, const float *m, const int8_t *a, int64_t K,
+                                  const float *da, const float *ds, int64_t nb, int64_t b, int mc, __m256 *acc) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) {
+        __m256i wv[8];
+        for (int t = 0; t < 8; t++) wv[t] = _mm256_loadu_si256((const __m256i *)(u + 64 * t + 32 * h));
+        const __m256 dv = _mm256_loadu_ps(d + 8 * h), mv = _mm256_loadu_ps(m + 8 * h);
+        for (int i = 0; i < R16_ROWS; i++) {
+            if (i >= mc) break;
+            const int32_t *x4 = (const int32_t *)(a + i * K + 32 * b);
+            __m256i s0 = _mm256_maddubs_epi16(wv[0], _mm256_set1_epi32(x4[0]));
+            __m256i s1 = _mm256_maddubs_epi16(wv[1], _mm256_set1_epi32(x4[1]));
+            s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(wv[2], _mm256_set1_epi32(x4[2])));   /* 4*2*31*127 < 32767 */
+            s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(wv[3], _mm256_set1_epi32(x4[3])));
+            __m256i s2 = _mm256_maddubs_epi16(wv[4], _mm256_set1_epi32(x4[4]));
+            __m256i s3 = _mm256_maddubs_epi16(wv[5], _mm256_set1_epi32(x4[5]));
+            s2 = _mm256_add_epi16(s2, _mm256_maddubs_epi16(wv[6], _mm256_set1_epi32(x4[6])));
+            s3 = _mm256_add_epi16(s3, _mm256_maddubs_epi16(wv[7], _mm256_set1_epi32(x4[7])));
+            const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones),
+                                               _mm256_madd_epi16(_mm256_add_epi16(s2, s3), ones));
+            __m256 *o = acc + 2 * i + h;
+            *o = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dv, _mm256_set1_ps(da[i * nb + b])), *o);
+            *o = _mm256_fmadd_ps(mv, _mm256_set1_ps(ds[i * nb + b]), *o);
+        }
+    }
+}
+#endif
+
+/* Whether qmatmul_r16 has a vector form for `type` here (else the per-row dots are faster). */
+int qmatmul_r16_serves(int type) {
+#if defined(QM_VNNI512)
+    return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0;
+#elif defined(__AVX2__)
+    return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1;
+#else
+    return 0;
+#endif
+}
+
+/* y[m, n] = sum_k x[m, k] W[n, k] on the repacked weights; x/y rows sx/sy elements apart. */
+int qmatmul_r16(const uint8_t *U, const float *D, const float *Mn, const void *x, void *y, int64_t M, int64_t N,
+                int64_t K, int64_t sx, int64_t sy, int xb, int yb, int n_threads) {
+    const int64_t nb = K / 32, ng = (N + 15) / 16;
+    int8_t *q = malloc(M * K + 64); float *da = malloc(M * nb * sizeof(float) + 64), *ds = malloc(M * nb * sizeof(float) + 64);
+    int16_t *as = malloc(M * (K / 16) * sizeof(int16_t) + 64);
+    if (!q || !da || !ds || !as) { free(q); free(da); free(ds); free(as); return 1; }
+    #pragma omp parallel for num_threads(n_threads) if (M * K >= 65536)
+    for (int64_t m = 0; m < M; m++) {
+        float *xf = malloc(K * sizeof(float));
+        load_row(x, m * sx, xb, K, xf);
+        quantize_row(xf, K, 32, q + m * K, da + m * nb, as + m * (K / 16));
+        free(xf);
+        for (int64_t b = 0; b < nb; b++) ds[m * nb + b] = da[m * nb + b] * (float)(as[m * (K / 16) + 2 * b] + as[m * (K / 16) + 2 * b + 1]);
+    }
+    #pragma omp parallel for num_threads(n_threads) schedule(static) if (ng * K * M >= 32768)
+    for (int64_t g = 0; g < ng; g++) {
+        for (int64_t m0 = 0; m0 < M; m0 += R16_ROWS) {
+            const int mc = M - m0 < R16_ROWS ? (int)(M - m0) : R16_ROWS;
+            float out[R16_ROWS][16];
+#if defined(QM_VNNI512)
+            __m512 acc[R16_ROWS];
+            for (int i = 0; i < R16_ROWS; i++) acc[i] = _mm512_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                const int64_t o = g * nb + b;
+                if (mc == R16_ROWS)
+                    r16_block(U + o * 512, D + o * 16, Mn + o * 16, q + m0 * K, K, da + m0 * nb, ds + m0 * nb, nb, b, R16_ROWS, acc);
+                else
+                    r16_block(U + o * 512, D + o * 16, Mn + o * 16, q + m0 * K, K, da + m0 * nb, ds + m0 * nb, nb, b, mc, acc);
+            }
+            for (int i = 0; i < mc; i++) _mm512_storeu_ps(out[i], acc[i]);
+#elif defined(__AVX2__)
+            __m256 acc[2 * R16_ROWS];
+            for (int i = 0; i < 2 * R16_ROWS; i++) acc[i] = _mm256_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                const int64_t o = g * nb + b;
+                if (mc == R16_ROWS)
+                    r16_block_avx2(U + o * 512, D + o * 16, Mn + o * 16, q + m0 * K, K, da + m0 * nb, ds + m0 * nb, nb, b, R16_ROWS, acc);
+                else
+                    r16_block_avx2(U + o * 512, D + o * 16, Mn + o * 16, q + m0 * K, K, da + m0 * nb, ds + m0 * nb, nb, b, mc, acc);
+            }
+            for (int i = 0; i < mc; i++) { _mm256_storeu_ps(out[i], acc[2 * i]); _mm256_storeu_ps(out[i] + 8, acc[2 * i + 1]); }
+#else
+            for (int i = 0; i < mc; i++) for (int r = 0; r < 16; r++) out[i][r] = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const int64_t o = g * nb + b;
+                const uint8_t *u = U + o * 512;
+                for (int i = 0; i < mc; i++) {
+                    const int8_t *a = q + (m0 + i) * K + 32 * b;
+                    const float sa = da[(m0 + i) * nb + b], sm = ds[(m0 + i) * nb + b];
+                    for (int r = 0; r < 16; r++) {
+                        int s = 0;
+                        for (int t = 0; t < 8; t++) for (int j = 0; j < 4; j++) s += (int)u[t * 64 + r * 4 + j] * (int)a[4 * t + j];
+                        out[i][r] += D[o * 16 + r] * sa * (float)s + Mn[o * 16 + r] * sm;
+                    }
+                }
+            }
+#endif
+            for (int i = 0; i < mc; i++)
+                for (int r = 0; r < 16 && g * 16 + r < N; r++) st(y, (m0 + i) * sy + g * 16 + r, yb, out[i][r]);
+        }
+    }
+    free(q); free(da); free(ds); free(as);
+    return 0;
+}
+
 /* One unpacked row as floats (loops per block / per 16 so that they vectorize). */
 static void row_floats(int type, Row r, int64_t K, float *f) {
     if (is_k(type)) {
@@ -498,6 +671,10 @@ int qdequant(const void *w, void *out, int64_t n0, int64_t n1, int64_t K, int64_
 _LIB = native.build("qmatmul", NATIVE_C, origin=__file__, strict=True)
 native.signature(_LIB, "qmatmul", 3, 7, (native.ctypes.c_int,) * 4)
 native.signature(_LIB, "qdequant", 2, 5, (native.ctypes.c_int,) * 3)
+native.signature(_LIB, "qrepack", 4, 4, (native.ctypes.c_int,) * 2)
+native.signature(_LIB, "qmatmul_r16", 5, 5, (native.ctypes.c_int,) * 3)
+native.signature(_LIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,))
+_R16 = frozenset(t for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0) if _LIB is not None and _LIB.qmatmul_r16_serves(int(t)))
 _XDTYPES = (torch.float32, torch.bfloat16)
 _BF16_GEMM = cpu_features.current().onednn_bf16 and cpu_features.current().variant != "other"
 
@@ -526,9 +703,38 @@ def cpu(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     return _dequant_tiles(x, w) if x.shape[0] >= prefill else _int_dots(x, w)
 
 
+# Repacked 32-block weights for 2+ rows (see qmatmul_r16 in the C): built on a weight's first
+# batched call and kept on that QWeight (so they live and die with the model that owns it), tagged
+# with this module version's token: a reloaded qmatmul builds its own.
+_TOKEN = object()
+
+
+def repacked(w: QWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(U uint8 [groups, blocks, 8, 16, 4], D, Mn float32 [groups, blocks, 16]) of a 32-block weight:
+    1.25 bytes per weight beside the mapped file's 0.56-1.06; see qmatmul_r16."""
+    cached = w.__dict__.get("_qmatmul_r16")
+    if cached is not None and cached[0] is _TOKEN:
+        return cached[1]
+    ng, nb = (w.n + 15) // 16, w.k // 32
+    u = torch.empty(ng, nb, 8, 16, 4, dtype=torch.uint8)
+    d, m = torch.empty(ng, nb, 16), torch.empty(ng, nb, 16)
+    rc = _LIB.qrepack(w.raw.data_ptr(), u.data_ptr(), d.data_ptr(), m.data_ptr(), w.n, w.k, w.raw.stride(0),
+                      gguf.GGML_QUANT_SIZES[T(w.qtype)][1], w.qtype, torch.get_num_threads())
+    assert rc == 0, "qrepack failed"
+    object.__setattr__(w, "_qmatmul_r16", (_TOKEN, (u, d, m)))   # a cache on a frozen dataclass
+    return u, d, m
+
+
 def _int_dots(x: torch.Tensor, w: QWeight) -> torch.Tensor:
-    """Small M: 8-bit activations . unpacked weight rows, integer dots in C (see the docstring)."""
+    """Small M: 8-bit activations . unpacked weight rows, integer dots in C (see the docstring);
+    from 2 rows on, 32-block formats run on their repacked form (16 output rows per vector)."""
     y = torch.empty(x.shape[0], w.n, dtype=x.dtype)
+    if x.shape[0] >= 2 and w.qtype in _R16 and w.n:
+        u, d, m = repacked(w)
+        rc = _LIB.qmatmul_r16(u.data_ptr(), d.data_ptr(), m.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], w.n,
+                              w.k, x.stride(0), y.stride(0), native.is_bf16(x), native.is_bf16(y), torch.get_num_threads())
+        assert rc == 0, "qmatmul: out of memory"
+        return y
     if x.shape[0] and w.n:
         block_bytes = gguf.GGML_QUANT_SIZES[T(w.qtype)][1]
         rc = _LIB.qmatmul(w.raw.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], w.n, w.k, w.raw.stride(0),
