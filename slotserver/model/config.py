@@ -49,16 +49,18 @@ class ModelConfig:
     @property
     def weight_format(self):
         """auto: with an explicit `--dtype float32` the exact dequantized weights (reference mode);
-        where the CPU computes bf16 natively, auto4; else the GGUF blocks and the qmatmul kernels."""
+        on an AMX variant auto4 (its int4 tile kernel, not re-measured against the blocks yet);
+        everywhere else the GGUF blocks, mapped from the file, and the qmatmul kernels."""
         from slotserver.model.weights import WeightFormat
 
         if self.weights == "auto":
             if self.dtype == "float32":
                 return WeightFormat("dense")   # the exact reference mode
-            # measured per CPU family (docs/performance.md): where bf16 is native, torch's int4 for
-            # few rows and pre-packed bf16 GEMMs above are still 1.7-2.6x faster than the block
-            # kernels; elsewhere (AVX2) the blocks win prefill and match decode at half the memory
-            return WeightFormat("auto4" if resolve_dtype(self.dtype) == "bfloat16" else "q")
+            # measured per CPU family (docs/performance.md, "GGUF blocks in place"): with the
+            # repacked batched dots the blocks match or beat auto4 at 8 rows on AVX-512 (VNNI, BF16)
+            # and beat the old default 1.4-3.3x on AVX2, at half the memory and load time; AMX hosts
+            # keep auto4 until the blocks are measured there ("keep the AMX path as fast as today")
+            return WeightFormat("auto4" if cpu_features.current().amx else "q")
         return WeightFormat(self.weights)  # row thresholds: measured defaults, see WeightFormat
 
     @property
