@@ -464,9 +464,9 @@ int qmatmul(const void *w, const void *x, void *y, int64_t M, int64_t N, int64_t
    16 outputs. Values are unsigned (0..31, Q8_0 shifted by 128) with per-row float d and m
    (value = d*u + m), so every legacy format runs the same loop. The weight vectors stay in
    registers while up to R16_ROWS activation rows pass. Layout: U[g][b][t][r][4] bytes,
-   D[g][b][r], Mn[g][b][r] floats; rows padded to a multiple of 16 with zeros. */
+   D[g][b] = {d[16], m[16]} floats; rows padded to a multiple of 16 with zeros. */
 #define R16_ROWS 4
-int qrepack(const void *w, uint8_t *U, float *D, float *Mn, int64_t N, int64_t K, int64_t sw, int64_t bs, int type,
+int qrepack(const void *w, uint8_t *U, float *D, int64_t N, int64_t K, int64_t sw, int64_t bs, int type,
             int n_threads) {
     const int64_t nb = K / 32, ng = (N + 15) / 16;
     #pragma omp parallel num_threads(n_threads)
@@ -478,7 +478,7 @@ int qrepack(const void *w, uint8_t *U, float *D, float *Mn, int64_t N, int64_t K
             if (n < N) unpack_legacy(type, (const uint8_t *)w + n * sw, nb, bs, r);
             for (int64_t b = 0; b < nb; b++) {
                 uint8_t *u = U + ((g * nb + b) * 8 * 16 + lane) * 4;
-                float *d = D + (g * nb + b) * 16 + lane, *m = Mn + (g * nb + b) * 16 + lane;
+                float *d = D + (g * nb + b) * 32 + lane, *m = d + 16;
                 if (n >= N) { for (int t = 0; t < 8; t++) memset(u + t * 64, 0, 4); *d = 0.0f; *m = 0.0f; continue; }
                 for (int t = 0; t < 8; t++)
                     for (int j = 0; j < 4; j++) {
@@ -494,12 +494,48 @@ int qrepack(const void *w, uint8_t *U, float *D, float *Mn, int64_t N, int64_t K
     return 0;
 }
 
+/* Q4_0 / Q4_1 repacked at 4 bits (what a single decode row wants: it is bound by the bytes read,
+   and this is the file's 0.625 bytes per weight, where the byte form above reads 1.25): vector j
+   (j = 0..3, 64 bytes) holds values 4j..4j+3 of the 16 rows in its low nibbles and 4(j+4).. in its
+   high ones; the scales d and m are float16 (what the file holds), S[g][b] = {d[16], m[16]}. */
+static inline uint16_t f2h_exact(float f) {   /* f is a float16 value (from the file): no rounding */
+    union { float f; uint32_t u; } v = { f };
+    const uint32_t s = (v.u >> 16) & 0x8000u, m = v.u & 0x7FFFFFu;
+    const int e = (int)((v.u >> 23) & 0xFF) - 112;
+    if ((v.u & 0x7FFFFFFFu) == 0) return (uint16_t)s;
+    if (e >= 31) return (uint16_t)(s | 0x7C00u);
+    if (e <= 0) return (uint16_t)(s | ((m | 0x800000u) >> (14 - e)));
+    return (uint16_t)(s | ((uint32_t)e << 10) | (m >> 13));
+}
+int qrepack4(const void *w, uint8_t *U, uint16_t *S, int64_t N, int64_t K, int64_t sw, int64_t bs, int type,
+             int n_threads) {
+    const int64_t nb = K / 32, ng = (N + 15) / 16;
+    #pragma omp parallel num_threads(n_threads)
+    {
+        Row r = row_alloc(K);
+        #pragma omp for schedule(static)
+        for (int64_t n = 0; n < ng * 16; n++) {
+            const int64_t g = n / 16, lane = n % 16;
+            if (n < N) unpack_legacy(type, (const uint8_t *)w + n * sw, nb, bs, r);
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *u = U + (g * nb + b) * 256 + lane * 4;
+                uint16_t *sc = S + (g * nb + b) * 32 + lane;
+                for (int j = 0; j < 4; j++)
+                    for (int i = 0; i < 4; i++)
+                        u[64 * j + i] = n < N ? (uint8_t)(r.u[32 * b + 4 * j + i] | (r.u[32 * b + 4 * (j + 4) + i] << 4)) : 0;
+                sc[0] = n < N ? f2h_exact(r.d[b]) : 0;
+                sc[16] = n < N ? f2h_exact(r.dm[b]) : 0;
+            }
+        }
+        row_free(r);
+    }
+    return 0;
+}
+
 #if defined(QM_VNNI512)
-static inline void r16_block(const uint8_t *u, const float *d, const float *m, const int8_t *a, int64_t K,
-                             const float *da, const float *ds, int64_t nb, int64_t b, int mc, __m512 *acc) {
-    __m512i wv[8];
-    for (int t = 0; t < 8; t++) wv[t] = _mm512_loadu_si512((const void *)(u + 64 * t));
-    const __m512 dv = _mm512_loadu_ps(d), mv = _mm512_loadu_ps(m);
+/* Up to R16_ROWS activation rows against one (group, block): 8 dpbusd each, in two chains. */
+static inline void r16_rows_512(const __m512i *wv, __m512 dv, __m512 mv, const int8_t *a, int64_t K, const float *da,
+                                const float *ds, int64_t nb, int64_t b, int mc, __m512 *acc) {
     for (int i = 0; i < R16_ROWS; i++) {
         if (i >= mc) break;
         const int32_t *x4 = (const int32_t *)(a + i * K + 32 * b);
@@ -516,25 +552,53 @@ static inline void r16_block(const uint8_t *u, const float *d, const float *m, c
         acc[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(ds[i * nb + b]), acc[i]);
     }
 }
+static inline void r16_block_512(int nib, const uint8_t *u, const void *sc, const int8_t *a, int64_t K, const float *da,
+                                 const float *ds, int64_t nb, int64_t b, int mc, __m512 *acc) {
+    __m512i wv[8];
+    __m512 dv, mv;
+    if (nib) {
+        const __m512i lo = _mm512_set1_epi8(15);
+        for (int j = 0; j < 4; j++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(u + 64 * j));
+            wv[j] = _mm512_and_si512(v, lo); wv[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
+        }
+        dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
+        mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)sc + 16)));
+    } else {
+        for (int t = 0; t < 8; t++) wv[t] = _mm512_loadu_si512((const void *)(u + 64 * t));
+        dv = _mm512_loadu_ps((const float *)sc); mv = _mm512_loadu_ps((const float *)sc + 16);
+    }
+    r16_rows_512(wv, dv, mv, a, K, da, ds, nb, b, mc, acc);
+}
 #endif
 
 #if !defined(QM_VNNI512) && defined(__AVX2__)
 /* AVX2: each 16-row vector as two halves of 8 rows; maddubs + madd per 4 products. maddubs adds
-   two u8*s8 products into int16 with saturation: 5-bit values are safe (2*31*127), Q8_0's shifted
-   bytes are not, so Q8_0 keeps the per-row dots on AVX2 (qmatmul_r16_serves). */
-static inline void r16_block_avx2(const uint8_t *u, const float *d, const float *m, const int8_t *a, int64_t K,
+   two u8*s8 products into int16 with saturation: 5-bit values are safe (4 sums of 2*31*127 <
+   32767), Q8_0's shifted bytes are not, so Q8_0 keeps the per-row dots on AVX2. */
+static inline void r16_block_avx2(int nib, const uint8_t *u, const void *sc, const int8_t *a, int64_t K,
                                   const float *da, const float *ds, int64_t nb, int64_t b, int mc, __m256 *acc) {
-    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1), lo = _mm256_set1_epi8(15);
     for (int h = 0; h < 2; h++) {
         __m256i wv[8];
-        for (int t = 0; t < 8; t++) wv[t] = _mm256_loadu_si256((const __m256i *)(u + 64 * t + 32 * h));
-        const __m256 dv = _mm256_loadu_ps(d + 8 * h), mv = _mm256_loadu_ps(m + 8 * h);
+        __m256 dv, mv;
+        if (nib) {
+            for (int j = 0; j < 4; j++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(u + 64 * j + 32 * h));
+                wv[j] = _mm256_and_si256(v, lo); wv[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
+            }
+            dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 8 * h)));
+            mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 16 + 8 * h)));
+        } else {
+            for (int t = 0; t < 8; t++) wv[t] = _mm256_loadu_si256((const __m256i *)(u + 64 * t + 32 * h));
+            dv = _mm256_loadu_ps((const float *)sc + 8 * h); mv = _mm256_loadu_ps((const float *)sc + 16 + 8 * h);
+        }
         for (int i = 0; i < R16_ROWS; i++) {
             if (i >= mc) break;
             const int32_t *x4 = (const int32_t *)(a + i * K + 32 * b);
             __m256i s0 = _mm256_maddubs_epi16(wv[0], _mm256_set1_epi32(x4[0]));
             __m256i s1 = _mm256_maddubs_epi16(wv[1], _mm256_set1_epi32(x4[1]));
-            s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(wv[2], _mm256_set1_epi32(x4[2])));   /* 4*2*31*127 < 32767 */
+            s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(wv[2], _mm256_set1_epi32(x4[2])));
             s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(wv[3], _mm256_set1_epi32(x4[3])));
             __m256i s2 = _mm256_maddubs_epi16(wv[4], _mm256_set1_epi32(x4[4]));
             __m256i s3 = _mm256_maddubs_epi16(wv[5], _mm256_set1_epi32(x4[5]));
@@ -550,8 +614,16 @@ static inline void r16_block_avx2(const uint8_t *u, const float *d, const float 
 }
 #endif
 
-/* Whether qmatmul_r16 has a vector form for `type` here (else the per-row dots are faster). */
-int qmatmul_r16_serves(int type) {
+/* Whether qmatmul_r16 has a vector form for `type` here (else the per-row dots are faster);
+   nib: the 4-bit form (Q4_0, Q4_1). */
+int qmatmul_r16_serves(int type, int nib) {
+    if (nib) {
+#if defined(QM_VNNI512) || (defined(__AVX2__) && defined(__F16C__))
+        return type == Q4_0 || type == Q4_1;
+#else
+        return 0;
+#endif
+    }
 #if defined(QM_VNNI512)
     return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0;
 #elif defined(__AVX2__)
@@ -561,12 +633,14 @@ int qmatmul_r16_serves(int type) {
 #endif
 }
 
-/* y[m, n] = sum_k x[m, k] W[n, k] on the repacked weights; x/y rows sx/sy elements apart. */
-int qmatmul_r16(const uint8_t *U, const float *D, const float *Mn, const void *x, void *y, int64_t M, int64_t N,
-                int64_t K, int64_t sx, int64_t sy, int xb, int yb, int n_threads) {
-    const int64_t nb = K / 32, ng = (N + 15) / 16;
+/* y[m, n] = sum_k x[m, k] W[n, k] on repacked weights; x/y rows sx/sy elements apart. nib: U is the
+   4-bit form with float16 scales (D = S), else bytes with float scales (D). */
+int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, int64_t M, int64_t N,
+                int64_t K, int64_t sx, int64_t sy, int xb, int yb, int nib, int n_threads) {
+    const int64_t nb = K / 32, ng = (N + 15) / 16, ub = nib ? 256 : 512;
     int8_t *q = malloc(M * K + 64); float *da = malloc(M * nb * sizeof(float) + 64), *ds = malloc(M * nb * sizeof(float) + 64);
     int16_t *as = malloc(M * (K / 16) * sizeof(int16_t) + 64);
+    const float *sc = (const float *)D;
     if (!q || !da || !ds || !as) { free(q); free(da); free(ds); free(as); return 1; }
     #pragma omp parallel for num_threads(n_threads) if (M * K >= 65536)
     for (int64_t m = 0; m < M; m++) {
@@ -581,15 +655,16 @@ int qmatmul_r16(const uint8_t *U, const float *D, const float *Mn, const void *x
         for (int64_t m0 = 0; m0 < M; m0 += R16_ROWS) {
             const int mc = M - m0 < R16_ROWS ? (int)(M - m0) : R16_ROWS;
             float out[R16_ROWS][16];
+            const int8_t *a = q + m0 * K; const float *dam = da + m0 * nb, *dsm = ds + m0 * nb;
 #if defined(QM_VNNI512)
             __m512 acc[R16_ROWS];
             for (int i = 0; i < R16_ROWS; i++) acc[i] = _mm512_setzero_ps();
             for (int64_t b = 0; b < nb; b++) {
                 const int64_t o = g * nb + b;
-                if (mc == R16_ROWS)
-                    r16_block(U + o * 512, D + o * 16, Mn + o * 16, q + m0 * K, K, da + m0 * nb, ds + m0 * nb, nb, b, R16_ROWS, acc);
-                else
-                    r16_block(U + o * 512, D + o * 16, Mn + o * 16, q + m0 * K, K, da + m0 * nb, ds + m0 * nb, nb, b, mc, acc);
+                const void *so = nib ? (const void *)((const uint16_t *)D + 32 * o) : (const void *)(sc + 32 * o);
+                if (mc == R16_ROWS) r16_block_512(nib, U + o * ub, so, a, K, dam, dsm, nb, b, R16_ROWS, acc);
+                else if (mc == 1) r16_block_512(nib, U + o * ub, so, a, K, dam, dsm, nb, b, 1, acc);
+                else r16_block_512(nib, U + o * ub, so, a, K, dam, dsm, nb, b, mc, acc);
             }
             for (int i = 0; i < mc; i++) _mm512_storeu_ps(out[i], acc[i]);
 #elif defined(__AVX2__)
@@ -597,24 +672,23 @@ int qmatmul_r16(const uint8_t *U, const float *D, const float *Mn, const void *x
             for (int i = 0; i < 2 * R16_ROWS; i++) acc[i] = _mm256_setzero_ps();
             for (int64_t b = 0; b < nb; b++) {
                 const int64_t o = g * nb + b;
-                if (mc == R16_ROWS)
-                    r16_block_avx2(U + o * 512, D + o * 16, Mn + o * 16, q + m0 * K, K, da + m0 * nb, ds + m0 * nb, nb, b, R16_ROWS, acc);
-                else
-                    r16_block_avx2(U + o * 512, D + o * 16, Mn + o * 16, q + m0 * K, K, da + m0 * nb, ds + m0 * nb, nb, b, mc, acc);
+                const void *so = nib ? (const void *)((const uint16_t *)D + 32 * o) : (const void *)(sc + 32 * o);
+                if (mc == R16_ROWS) r16_block_avx2(nib, U + o * ub, so, a, K, dam, dsm, nb, b, R16_ROWS, acc);
+                else if (mc == 1) r16_block_avx2(nib, U + o * ub, so, a, K, dam, dsm, nb, b, 1, acc);
+                else r16_block_avx2(nib, U + o * ub, so, a, K, dam, dsm, nb, b, mc, acc);
             }
             for (int i = 0; i < mc; i++) { _mm256_storeu_ps(out[i], acc[2 * i]); _mm256_storeu_ps(out[i] + 8, acc[2 * i + 1]); }
 #else
-            for (int i = 0; i < mc; i++) for (int r = 0; r < 16; r++) out[i][r] = 0.0f;
+            for (int i = 0; i < mc; i++) for (int r = 0; r < 16; r++) out[i][r] = 0.0f;   /* byte form only (serves) */
             for (int64_t b = 0; b < nb; b++) {
                 const int64_t o = g * nb + b;
                 const uint8_t *u = U + o * 512;
                 for (int i = 0; i < mc; i++) {
-                    const int8_t *a = q + (m0 + i) * K + 32 * b;
-                    const float sa = da[(m0 + i) * nb + b], sm = ds[(m0 + i) * nb + b];
+                    const int8_t *ai = a + i * K + 32 * b;
                     for (int r = 0; r < 16; r++) {
                         int s = 0;
-                        for (int t = 0; t < 8; t++) for (int j = 0; j < 4; j++) s += (int)u[t * 64 + r * 4 + j] * (int)a[4 * t + j];
-                        out[i][r] += D[o * 16 + r] * sa * (float)s + Mn[o * 16 + r] * sm;
+                        for (int t = 0; t < 8; t++) for (int j = 0; j < 4; j++) s += (int)u[t * 64 + r * 4 + j] * (int)ai[4 * t + j];
+                        out[i][r] += sc[32 * o + r] * dam[i * nb + b] * (float)s + sc[32 * o + 16 + r] * dsm[i * nb + b];
                     }
                 }
             }
@@ -671,10 +745,12 @@ int qdequant(const void *w, void *out, int64_t n0, int64_t n1, int64_t K, int64_
 _LIB = native.build("qmatmul", NATIVE_C, origin=__file__, strict=True)
 native.signature(_LIB, "qmatmul", 3, 7, (native.ctypes.c_int,) * 4)
 native.signature(_LIB, "qdequant", 2, 5, (native.ctypes.c_int,) * 3)
-native.signature(_LIB, "qrepack", 4, 4, (native.ctypes.c_int,) * 2)
-native.signature(_LIB, "qmatmul_r16", 5, 5, (native.ctypes.c_int,) * 3)
-native.signature(_LIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,))
-_R16 = frozenset(t for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0) if _LIB is not None and _LIB.qmatmul_r16_serves(int(t)))
+native.signature(_LIB, "qrepack", 3, 4, (native.ctypes.c_int,) * 2)
+native.signature(_LIB, "qmatmul_r16", 4, 5, (native.ctypes.c_int,) * 4)
+native.signature(_LIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,) * 2)
+native.signature(_LIB, "qrepack4", 3, 4, (native.ctypes.c_int,) * 2)
+_R16 = frozenset(t for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0) if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 0))
+_R16_NIB = frozenset(t for t in (T.Q4_0, T.Q4_1) if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 1))
 _XDTYPES = (torch.float32, torch.bfloat16)
 _BF16_GEMM = cpu_features.current().onednn_bf16 and cpu_features.current().variant != "other"
 
@@ -709,30 +785,38 @@ def cpu(x: torch.Tensor, w: QWeight) -> torch.Tensor:
 _TOKEN = object()
 
 
-def repacked(w: QWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(U uint8 [groups, blocks, 8, 16, 4], D, Mn float32 [groups, blocks, 16]) of a 32-block weight:
-    1.25 bytes per weight beside the mapped file's 0.56-1.06; see qmatmul_r16."""
+def repacked(w: QWeight, nib: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(U, scales) of a 32-block weight, see qmatmul_r16 in the C. nib (Q4_0/Q4_1): U uint8
+    [groups, blocks, 4, 16, 4] nibbles and float16 scales [groups, blocks, 2, 16], 0.625 bytes per
+    weight like the file; else U [groups, blocks, 8, 16, 4] bytes and float32 scales, 1.25 bytes."""
     cached = w.__dict__.get("_qmatmul_r16")
     if cached is not None and cached[0] is _TOKEN:
         return cached[1]
     ng, nb = (w.n + 15) // 16, w.k // 32
-    u = torch.empty(ng, nb, 8, 16, 4, dtype=torch.uint8)
-    d, m = torch.empty(ng, nb, 16), torch.empty(ng, nb, 16)
-    rc = _LIB.qrepack(w.raw.data_ptr(), u.data_ptr(), d.data_ptr(), m.data_ptr(), w.n, w.k, w.raw.stride(0),
-                      gguf.GGML_QUANT_SIZES[T(w.qtype)][1], w.qtype, torch.get_num_threads())
+    block_bytes, threads = gguf.GGML_QUANT_SIZES[T(w.qtype)][1], torch.get_num_threads()
+    if nib:
+        u, sc = torch.empty(ng, nb, 4, 16, 4, dtype=torch.uint8), torch.empty(ng, nb, 2, 16, dtype=torch.float16)
+        rc = _LIB.qrepack4(w.raw.data_ptr(), u.data_ptr(), sc.data_ptr(), w.n, w.k, w.raw.stride(0), block_bytes,
+                           w.qtype, threads)
+    else:
+        u, sc = torch.empty(ng, nb, 8, 16, 4, dtype=torch.uint8), torch.empty(ng, nb, 2, 16)
+        rc = _LIB.qrepack(w.raw.data_ptr(), u.data_ptr(), sc.data_ptr(), w.n, w.k, w.raw.stride(0), block_bytes,
+                          w.qtype, threads)
     assert rc == 0, "qrepack failed"
-    object.__setattr__(w, "_qmatmul_r16", (_TOKEN, (u, d, m)))   # a cache on a frozen dataclass
-    return u, d, m
+    object.__setattr__(w, "_qmatmul_r16", (_TOKEN, (u, sc)))   # a cache on a frozen dataclass
+    return u, sc
 
 
 def _int_dots(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """Small M: 8-bit activations . unpacked weight rows, integer dots in C (see the docstring);
     from 2 rows on, 32-block formats run on their repacked form (16 output rows per vector)."""
     y = torch.empty(x.shape[0], w.n, dtype=x.dtype)
-    if x.shape[0] >= 2 and w.qtype in _R16 and w.n:
-        u, d, m = repacked(w)
-        rc = _LIB.qmatmul_r16(u.data_ptr(), d.data_ptr(), m.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], w.n,
-                              w.k, x.stride(0), y.stride(0), native.is_bf16(x), native.is_bf16(y), torch.get_num_threads())
+    nib = w.qtype in _R16_NIB
+    if (nib or (x.shape[0] >= 2 and w.qtype in _R16)) and w.n:
+        u, sc = repacked(w, nib)
+        rc = _LIB.qmatmul_r16(u.data_ptr(), sc.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], w.n, w.k,
+                              x.stride(0), y.stride(0), native.is_bf16(x), native.is_bf16(y), int(nib),
+                              torch.get_num_threads())
         assert rc == 0, "qmatmul: out of memory"
         return y
     if x.shape[0] and w.n:
