@@ -154,14 +154,42 @@ static void unpack_row(int type, const uint8_t *p, int64_t K, int64_t bs, Row r)
     } else unpack_legacy(type, p, K / 32, bs, r);
 }
 
-/* Activations: per block of B (32 or 256) q = round(x / d), d = amax / 127; sums per 16 values. */
+/* Activations: per block of B (32 or 256) q = round(x / d), d = amax / 127; sums per 16 values.
+   The vector forms compute exactly what the scalar loop does (the product x * (1/d) rounded half
+   to even by the default MXCSR, clamped to +-127); they matter from a few rows on, where the
+   scalar form was ~3 ns per value, up to half of a batched call. */
 static void quantize_row(const float *x, int64_t K, int B, int8_t *q, float *d, int16_t *sums) {
     for (int64_t b = 0; b < K / B; b++) {
         const float *v = x + b * B; int8_t *o = q + b * B;
         float amax = 0.0f;
-        for (int i = 0; i < B; i++) amax = fmaxf(amax, fabsf(v[i]));
+        int i = 0;
+#if defined(__AVX512F__)
+        __m512 mx = _mm512_setzero_ps();
+        for (; i + 16 <= B; i += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(v + i)));
+        amax = _mm512_reduce_max_ps(mx);
+#endif
+        for (; i < B; i++) amax = fmaxf(amax, fabsf(v[i]));
         const float dd = amax * (1.0f / 127.0f), id = dd > 0.0f ? 1.0f / dd : 0.0f;
-        for (int i = 0; i < B; i++) o[i] = (int8_t)fminf(127.0f, fmaxf(-127.0f, nearbyintf(v[i] * id)));
+        i = 0;
+#if defined(__AVX512F__)
+        const __m512 vid = _mm512_set1_ps(id);
+        const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+        for (; i + 16 <= B; i += 16) {
+            const __m512i qi = _mm512_min_epi32(hi, _mm512_max_epi32(lo, _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + i), vid))));
+            _mm_storeu_si128((__m128i *)(o + i), _mm512_cvtsepi32_epi8(qi));
+        }
+#elif defined(__AVX2__)
+        const __m256 vid = _mm256_set1_ps(id);
+        for (; i + 32 <= B; i += 32) {   /* llama.cpp's quantize_row_q8_0 packing */
+            __m256i qv[4];
+            for (int j = 0; j < 4; j++) qv[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i + 8 * j), vid));
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qv[0], qv[1]), _mm256_packs_epi32(qv[2], qv[3]));
+            p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            p = _mm256_max_epi8(p, _mm256_set1_epi8(-127));   /* packs saturates to -128..127 */
+            _mm256_storeu_si256((__m256i *)(o + i), p);
+        }
+#endif
+        for (; i < B; i++) o[i] = (int8_t)fminf(127.0f, fmaxf(-127.0f, nearbyintf(v[i] * id)));
         d[b] = dd;
     }
     for (int64_t j = 0; j < K / 16; j++) { int s = 0; for (int i = 0; i < 16; i++) s += q[16 * j + i]; sums[j] = (int16_t)s; }
@@ -464,7 +492,10 @@ int qmatmul(const void *w, const void *x, void *y, int64_t M, int64_t N, int64_t
    16 outputs. Values are unsigned (0..31, Q8_0 shifted by 128) with per-row float d and m
    (value = d*u + m), so every legacy format runs the same loop. The weight vectors stay in
    registers while up to R16_ROWS activation rows pass. Layout: U[g][b][t][r][4] bytes,
-   D[g][b] = {d[16], m[16]} floats; rows padded to a multiple of 16 with zeros. */
+   D[g][b] = {d[16], m[16]} floats; rows padded to a multiple of 16 with zeros. Q4_K and Q5_K
+   fit the same form (one 6-bit scale and min per 32: d = d_s*sc, m = -dmin_s*mn, exact in
+   float32); their activations are then quantized per 32 like the legacy formats' (finer than
+   q8_K's 256, so a little more accurate). */
 #define R16_ROWS 4
 int qrepack(const void *w, uint8_t *U, float *D, int64_t N, int64_t K, int64_t sw, int64_t bs, int type,
             int n_threads) {
@@ -475,7 +506,7 @@ int qrepack(const void *w, uint8_t *U, float *D, int64_t N, int64_t K, int64_t s
         #pragma omp for schedule(static)
         for (int64_t n = 0; n < ng * 16; n++) {
             const int64_t g = n / 16, lane = n % 16;
-            if (n < N) unpack_legacy(type, (const uint8_t *)w + n * sw, nb, bs, r);
+            if (n < N) unpack_row(type, (const uint8_t *)w + n * sw, K, bs, r);
             for (int64_t b = 0; b < nb; b++) {
                 uint8_t *u = U + ((g * nb + b) * 8 * 16 + lane) * 4;
                 float *d = D + (g * nb + b) * 32 + lane, *m = d + 16;
@@ -485,8 +516,12 @@ int qrepack(const void *w, uint8_t *U, float *D, int64_t N, int64_t K, int64_t s
                         const uint8_t v = r.u[32 * b + 4 * t + j];
                         u[t * 64 + j] = type == Q8_0 ? (uint8_t)(v ^ 0x80) : v;
                     }
-                *d = r.d[b];
-                *m = type == Q8_0 ? -128.0f * r.d[b] : r.dm[b];
+                if (is_k(type)) {   /* Q4_K / Q5_K: one 6-bit scale and min per 32 (sc[2j] == sc[2j+1]) */
+                    *d = r.d[b / 8] * (float)r.sc[2 * b]; *m = -r.dm[b / 8] * (float)r.mn[2 * b];
+                } else {
+                    *d = r.d[b];
+                    *m = type == Q8_0 ? -128.0f * r.d[b] : r.dm[b];
+                }
             }
         }
         row_free(r);
@@ -625,9 +660,9 @@ int qmatmul_r16_serves(int type, int nib) {
 #endif
     }
 #if defined(QM_VNNI512)
-    return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0;
+    return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == Q4_K || type == Q5_K;
 #elif defined(__AVX2__)
-    return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1;
+    return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q4_K || type == Q5_K;
 #else
     return 0;
 #endif
@@ -749,7 +784,8 @@ native.signature(_LIB, "qrepack", 3, 4, (native.ctypes.c_int,) * 2)
 native.signature(_LIB, "qmatmul_r16", 4, 5, (native.ctypes.c_int,) * 4)
 native.signature(_LIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,) * 2)
 native.signature(_LIB, "qrepack4", 3, 4, (native.ctypes.c_int,) * 2)
-_R16 = frozenset(t for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0) if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 0))
+_R16 = frozenset(t for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K)
+                 if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 0))
 _R16_NIB = frozenset(t for t in (T.Q4_0, T.Q4_1) if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 1))
 _XDTYPES = (torch.float32, torch.bfloat16)
 _BF16_GEMM = cpu_features.current().onednn_bf16 and cpu_features.current().variant != "other"
@@ -775,6 +811,8 @@ def cpu(x: torch.Tensor, w: QWeight) -> torch.Tensor:
         return _float_rows(x, w)
     if _LIB is None or x.dtype not in _XDTYPES or x.stride(-1) != 1 or w.raw.stride(-1) != 1 or x.device.type != "cpu":
         return _torch_tiles(x, w)
+    if w.qtype in _R16:   # the repacked integer GEMM beats dequantized tiles + oneDNN bf16 at every M measured (1-512)
+        return _int_dots(x, w)
     prefill = PREFILL_ROWS[w.qtype] * (1 if _BF16_GEMM else 2)   # float32 tiles: about half the GEMM speed
     return _dequant_tiles(x, w) if x.shape[0] >= prefill else _int_dots(x, w)
 
