@@ -516,8 +516,10 @@ int qrepack(const void *w, uint8_t *U, float *D, int64_t N, int64_t K, int64_t s
                         const uint8_t v = r.u[32 * b + 4 * t + j];
                         u[t * 64 + j] = type == Q8_0 ? (uint8_t)(v ^ 0x80) : v;
                     }
-                if (is_k(type)) {   /* Q4_K / Q5_K: one 6-bit scale and min per 32 (sc[2j] == sc[2j+1]) */
-                    *d = r.d[b / 8] * (float)r.sc[2 * b]; *m = -r.dm[b / 8] * (float)r.mn[2 * b];
+                if (type == Q6_K) {   /* a scale per 16 (form 2): d = the first 16's, m = the second 16's */
+                    *d = r.d[b / 8] * (float)r.sc[2 * b]; *m = r.d[b / 8] * (float)r.sc[2 * b + 1];
+                } else if (is_k(type)) {   /* Q4_K / Q5_K: one 6-bit scale and min per 32 (sc[2j] == sc[2j+1]) */
+                    *d = r.d[b / 8] * (float)r.sc[2 * b]; *m = -r.dm[b / 8] * (float)r.mn[2 * b];   /* row-global index */
                 } else {
                     *d = r.d[b];
                     *m = type == Q8_0 ? -128.0f * r.d[b] : r.dm[b];
@@ -587,11 +589,32 @@ static inline void r16_rows_512(const __m512i *wv, __m512 dv, __m512 mv, const i
         acc[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(ds[i * nb + b]), acc[i]);
     }
 }
-static inline void r16_block_512(int nib, const uint8_t *u, const void *sc, const int8_t *a, int64_t K, const float *da,
-                                 const float *ds, int64_t nb, int64_t b, int mc, __m512 *acc) {
+/* Form 2 (Q6_K: a scale per 16 values, value = d16 * (u - 32)): the two halves of a block in
+   their own chains, the offset taken out in int32 with the activation's sums per 16. */
+static inline void r16_rows16_512(const __m512i *wv, __m512 d0, __m512 d1, const int8_t *a, int64_t K, const float *da,
+                                  const int16_t *as, int64_t nb, int64_t b, int mc, __m512 *acc) {
+    for (int i = 0; i < R16_ROWS; i++) {
+        if (i >= mc) break;
+        const int32_t *x4 = (const int32_t *)(a + i * K + 32 * b);
+        __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_set1_epi32(x4[0]));
+        __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[4], _mm512_set1_epi32(x4[4]));
+        for (int t = 1; t < 4; t++) {
+            s0 = _mm512_dpbusd_epi32(s0, wv[t], _mm512_set1_epi32(x4[t]));
+            s1 = _mm512_dpbusd_epi32(s1, wv[t + 4], _mm512_set1_epi32(x4[t + 4]));
+        }
+        const int16_t *si = as + i * (K / 16) + 2 * b;
+        s0 = _mm512_sub_epi32(s0, _mm512_set1_epi32(32 * si[0]));
+        s1 = _mm512_sub_epi32(s1, _mm512_set1_epi32(32 * si[1]));
+        const __m512 dai = _mm512_set1_ps(da[i * nb + b]);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(d0, dai), acc[i]);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(d1, dai), acc[i]);
+    }
+}
+static inline void r16_block_512(int form, const uint8_t *u, const void *sc, const int8_t *a, int64_t K, const float *da,
+                                 const float *ds, const int16_t *as, int64_t nb, int64_t b, int mc, __m512 *acc) {
     __m512i wv[8];
     __m512 dv, mv;
-    if (nib) {
+    if (form == 1) {
         const __m512i lo = _mm512_set1_epi8(15);
         for (int j = 0; j < 4; j++) {
             const __m512i v = _mm512_loadu_si512((const void *)(u + 64 * j));
@@ -603,7 +626,8 @@ static inline void r16_block_512(int nib, const uint8_t *u, const void *sc, cons
         for (int t = 0; t < 8; t++) wv[t] = _mm512_loadu_si512((const void *)(u + 64 * t));
         dv = _mm512_loadu_ps((const float *)sc); mv = _mm512_loadu_ps((const float *)sc + 16);
     }
-    r16_rows_512(wv, dv, mv, a, K, da, ds, nb, b, mc, acc);
+    if (form == 2) r16_rows16_512(wv, dv, mv, a, K, da, as, nb, b, mc, acc);
+    else r16_rows_512(wv, dv, mv, a, K, da, ds, nb, b, mc, acc);
 }
 #endif
 
@@ -611,13 +635,14 @@ static inline void r16_block_512(int nib, const uint8_t *u, const void *sc, cons
 /* AVX2: each 16-row vector as two halves of 8 rows; maddubs + madd per 4 products. maddubs adds
    two u8*s8 products into int16 with saturation: 5-bit values are safe (4 sums of 2*31*127 <
    32767), Q8_0's shifted bytes are not, so Q8_0 keeps the per-row dots on AVX2. */
-static inline void r16_block_avx2(int nib, const uint8_t *u, const void *sc, const int8_t *a, int64_t K,
-                                  const float *da, const float *ds, int64_t nb, int64_t b, int mc, __m256 *acc) {
+static inline void r16_block_avx2(int form, const uint8_t *u, const void *sc, const int8_t *a, int64_t K,
+                                  const float *da, const float *ds, const int16_t *as, int64_t nb, int64_t b, int mc,
+                                  __m256 *acc) {
     const __m256i ones = _mm256_set1_epi16(1), lo = _mm256_set1_epi8(15);
     for (int h = 0; h < 2; h++) {
         __m256i wv[8];
         __m256 dv, mv;
-        if (nib) {
+        if (form == 1) {
             for (int j = 0; j < 4; j++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(u + 64 * j + 32 * h));
                 wv[j] = _mm256_and_si256(v, lo); wv[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
@@ -639,9 +664,20 @@ static inline void r16_block_avx2(int nib, const uint8_t *u, const void *sc, con
             __m256i s3 = _mm256_maddubs_epi16(wv[5], _mm256_set1_epi32(x4[5]));
             s2 = _mm256_add_epi16(s2, _mm256_maddubs_epi16(wv[6], _mm256_set1_epi32(x4[6])));
             s3 = _mm256_add_epi16(s3, _mm256_maddubs_epi16(wv[7], _mm256_set1_epi32(x4[7])));
+            __m256 *o = acc + 2 * i + h;
+            if (form == 2) {   /* 6-bit values: two maddubs per int16 at most (2*2*63*127 < 32767) */
+                const int16_t *si = as + i * (K / 16) + 2 * b;
+                const __m256i lo16 = _mm256_sub_epi32(_mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones)),
+                                                      _mm256_set1_epi32(32 * si[0]));
+                const __m256i hi16 = _mm256_sub_epi32(_mm256_add_epi32(_mm256_madd_epi16(s2, ones), _mm256_madd_epi16(s3, ones)),
+                                                      _mm256_set1_epi32(32 * si[1]));
+                const __m256 dai = _mm256_set1_ps(da[i * nb + b]);
+                *o = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo16), _mm256_mul_ps(dv, dai), *o);
+                *o = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi16), _mm256_mul_ps(mv, dai), *o);
+                continue;
+            }
             const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones),
                                                _mm256_madd_epi16(_mm256_add_epi16(s2, s3), ones));
-            __m256 *o = acc + 2 * i + h;
             *o = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dv, _mm256_set1_ps(da[i * nb + b])), *o);
             *o = _mm256_fmadd_ps(mv, _mm256_set1_ps(ds[i * nb + b]), *o);
         }
@@ -649,10 +685,18 @@ static inline void r16_block_avx2(int nib, const uint8_t *u, const void *sc, con
 }
 #endif
 
-/* Whether qmatmul_r16 has a vector form for `type` here (else the per-row dots are faster);
-   nib: the 4-bit form (Q4_0, Q4_1). */
-int qmatmul_r16_serves(int type, int nib) {
-    if (nib) {
+/* Whether qmatmul_r16 has a vector form for `type` in `form` here (else the per-row dots are
+   faster): 0 bytes with a scale and min per 32, 1 the 4-bit form (Q4_0, Q4_1), 2 bytes with a scale
+   per 16 (Q6_K). */
+int qmatmul_r16_serves(int type, int form) {
+    if (form == 2) {
+#if defined(QM_VNNI512) || defined(__AVX2__)
+        return type == Q6_K;
+#else
+        return 0;
+#endif
+    }
+    if (form == 1) {
 #if defined(QM_VNNI512) || (defined(__AVX2__) && defined(__F16C__))
         return type == Q4_0 || type == Q4_1;
 #else
@@ -668,10 +712,11 @@ int qmatmul_r16_serves(int type, int nib) {
 #endif
 }
 
-/* y[m, n] = sum_k x[m, k] W[n, k] on repacked weights; x/y rows sx/sy elements apart. nib: U is the
-   4-bit form with float16 scales (D = S), else bytes with float scales (D). */
+/* y[m, n] = sum_k x[m, k] W[n, k] on repacked weights; x/y rows sx/sy elements apart. form 1: U is
+   the 4-bit form with float16 scales (D = S); 0 and 2: bytes with float scales (D). */
 int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, int64_t M, int64_t N,
-                int64_t K, int64_t sx, int64_t sy, int xb, int yb, int nib, int n_threads) {
+                int64_t K, int64_t sx, int64_t sy, int xb, int yb, int form, int n_threads) {
+    const int nib = form == 1;
     const int64_t nb = K / 32, ng = (N + 15) / 16, ub = nib ? 256 : 512;
     int8_t *q = malloc(M * K + 64); float *da = malloc(M * nb * sizeof(float) + 64), *ds = malloc(M * nb * sizeof(float) + 64);
     int16_t *as = malloc(M * (K / 16) * sizeof(int16_t) + 64);
@@ -691,15 +736,16 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, int64_t
             const int mc = M - m0 < R16_ROWS ? (int)(M - m0) : R16_ROWS;
             float out[R16_ROWS][16];
             const int8_t *a = q + m0 * K; const float *dam = da + m0 * nb, *dsm = ds + m0 * nb;
+            const int16_t *asm_ = as + m0 * (K / 16);
 #if defined(QM_VNNI512)
             __m512 acc[R16_ROWS];
             for (int i = 0; i < R16_ROWS; i++) acc[i] = _mm512_setzero_ps();
             for (int64_t b = 0; b < nb; b++) {
                 const int64_t o = g * nb + b;
                 const void *so = nib ? (const void *)((const uint16_t *)D + 32 * o) : (const void *)(sc + 32 * o);
-                if (mc == R16_ROWS) r16_block_512(nib, U + o * ub, so, a, K, dam, dsm, nb, b, R16_ROWS, acc);
-                else if (mc == 1) r16_block_512(nib, U + o * ub, so, a, K, dam, dsm, nb, b, 1, acc);
-                else r16_block_512(nib, U + o * ub, so, a, K, dam, dsm, nb, b, mc, acc);
+                if (mc == R16_ROWS) r16_block_512(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, R16_ROWS, acc);
+                else if (mc == 1) r16_block_512(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, 1, acc);
+                else r16_block_512(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, mc, acc);
             }
             for (int i = 0; i < mc; i++) _mm512_storeu_ps(out[i], acc[i]);
 #elif defined(__AVX2__)
@@ -708,9 +754,9 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, int64_t
             for (int64_t b = 0; b < nb; b++) {
                 const int64_t o = g * nb + b;
                 const void *so = nib ? (const void *)((const uint16_t *)D + 32 * o) : (const void *)(sc + 32 * o);
-                if (mc == R16_ROWS) r16_block_avx2(nib, U + o * ub, so, a, K, dam, dsm, nb, b, R16_ROWS, acc);
-                else if (mc == 1) r16_block_avx2(nib, U + o * ub, so, a, K, dam, dsm, nb, b, 1, acc);
-                else r16_block_avx2(nib, U + o * ub, so, a, K, dam, dsm, nb, b, mc, acc);
+                if (mc == R16_ROWS) r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, R16_ROWS, acc);
+                else if (mc == 1) r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, 1, acc);
+                else r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, mc, acc);
             }
             for (int i = 0; i < mc; i++) { _mm256_storeu_ps(out[i], acc[2 * i]); _mm256_storeu_ps(out[i] + 8, acc[2 * i + 1]); }
 #else
@@ -785,7 +831,8 @@ native.signature(_LIB, "qmatmul_r16", 4, 5, (native.ctypes.c_int,) * 4)
 native.signature(_LIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,) * 2)
 native.signature(_LIB, "qrepack4", 3, 4, (native.ctypes.c_int,) * 2)
 _R16 = frozenset(t for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K)
-                 if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 0))
+                 if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 0)) | frozenset(
+    t for t in (T.Q6_K,) if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 2))
 _R16_NIB = frozenset(t for t in (T.Q4_0, T.Q4_1) if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 1))
 _XDTYPES = (torch.float32, torch.bfloat16)
 _BF16_GEMM = cpu_features.current().onednn_bf16 and cpu_features.current().variant != "other"
@@ -853,7 +900,8 @@ def _int_dots(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     if (nib or (x.shape[0] >= 2 and w.qtype in _R16)) and w.n:
         u, sc = repacked(w, nib)
         rc = _LIB.qmatmul_r16(u.data_ptr(), sc.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], w.n, w.k,
-                              x.stride(0), y.stride(0), native.is_bf16(x), native.is_bf16(y), int(nib),
+                              x.stride(0), y.stride(0), native.is_bf16(x), native.is_bf16(y),
+                              1 if nib else 2 if w.qtype == T.Q6_K else 0,
                               torch.get_num_threads())
         assert rc == 0, "qmatmul: out of memory"
         return y
