@@ -892,12 +892,21 @@ def repacked(w: QWeight, nib: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return u, sc
 
 
+def repacked_serves(w: QWeight, rows: int) -> bool:
+    """Whether `rows` activation rows run on the repacked form (their activations then quantized
+    per 32 whatever the format). One row: Q8_0's own bytes (1.06 per weight, dotted straight from
+    the file) beat its repacked 1.25; the 5-bit and K formats' per-row unpacking costs more than
+    the extra bytes (SmolLM2 Q4_K_M, mostly Q5_0: b=1 73 -> 83 tok/s; the Q4_1 model's Q8_0
+    output: 106 vs 98 tok/s with it repacked)."""
+    return w.qtype in _R16_NIB or (w.qtype in _R16 and (rows >= 2 or w.qtype != T.Q8_0))
+
+
 def _int_dots(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """Small M: 8-bit activations . unpacked weight rows, integer dots in C (see the docstring);
     from 2 rows on, 32-block formats run on their repacked form (16 output rows per vector)."""
     y = torch.empty(x.shape[0], w.n, dtype=x.dtype)
     nib = w.qtype in _R16_NIB
-    if (nib or (x.shape[0] >= 2 and w.qtype in _R16)) and w.n:
+    if repacked_serves(w, x.shape[0]) and w.n:
         u, sc = repacked(w, nib)
         rc = _LIB.qmatmul_r16(u.data_ptr(), sc.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], w.n, w.k,
                               x.stride(0), y.stride(0), native.is_bf16(x), native.is_bf16(y),

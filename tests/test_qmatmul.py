@@ -77,8 +77,8 @@ def _assert_integer_path(mod, qtype, ms=(1, 3, 17)):
     for m in ms:
         x, w = _case(qtype, m, k=768 if qtype in KQUANTS else 544, seed=1)
         got = mod._int_dots(x, w).double().numpy()   # whatever PREFILL_ROWS says
-        # batched Q4_K/Q5_K run on the repacked form, whose activations are quantized per 32
-        model = int8_model(x, w, 32 if m >= 2 and w.qtype in mod._R16 else None)
+        # K formats on the repacked form have their activations quantized per 32
+        model = int8_model(x, w, 32 if mod.repacked_serves(w, m) else None)
         scale = np.abs(model).max()
         assert np.abs(got - model).max() <= 1e-4 * scale, f"{w.name} m={m}: {np.abs(got - model).max():.3g}"
         assert np.abs(model - mod.reference(x, w).double().numpy()).max() > 1e-3 * scale   # the 8-bit step is real
