@@ -13,12 +13,23 @@ How `cpu` computes (what llama.cpp's CPU backend does):
   every activation row: `_mm256_maddubs_epi16` + `_mm256_madd_epi16` (AVX2), `_mm256_dpbusd_epi32`
   (AVX-512 VNNI + VL) for the 32-blocks, plain C elsewhere; exact int32 per block, scaled and
   summed in float32. OpenMP over output rows (W is read once per call, whatever M).
-- from `PREFILL_ROWS[qtype]` rows on, tiles of W are dequantized by the same unpacking into
-  float32 / bf16 and multiplied by torch (its GEMM beats per-row dots once M is large;
-  `playground/qmatmul_bench.py` measures the crossover).
+- the repacked forms (`qrepack`, `qmatmul_r16`: built on a weight's first call, kept on its
+  QWeight): a 32-block of 16 weight rows becomes 8 vectors of 64 bytes, vector t holding values
+  4t..4t+3 of every row, so one `vpdpbusd` (or `maddubs` + `madd` on AVX2) makes 4 products for
+  16 output rows against the activation's 4 bytes broadcast, and the block's scales cost one
+  convert and two FMAs per 16 outputs; the 8 weight vectors stay in registers while 16 activation
+  rows pass. Q4_0/Q4_1 keep 4-bit nibbles and float16 scales (the file's 0.625 bytes per weight);
+  Q5_0/Q5_1/Q8_0/Q4_K/Q5_K bytes with a scale and min per 32; Q6_K bytes with a scale per 16.
+  This serves every row count for those formats (one decode row included, except Q8_0, whose own
+  bytes are dotted straight from the file): 2-4x the per-row dots from 2 rows, and faster than
+  dequantized tiles + oneDNN's bf16 GEMM up to 512 rows (470-576 vs 380-430 GFLOP/s).
+- Q2_K/Q3_K (and Q8_0 on AVX2, where `maddubs` would saturate): per-row dots below
+  `PREFILL_ROWS[qtype]` rows, above it tiles of W dequantized by the same unpacking into float32 /
+  bf16 and multiplied by torch (`playground/qmatmul_bench.py` measures the crossover).
 No compiler (or SLOTSERVER_NATIVE=0): gguf's dequantizer, tile by tile, then torch.
 
-TOL: the only approximation is the 8-bit activation (and, from PREFILL_ROWS on, bf16 tiles).
+TOL: the only approximation is the 8-bit activation (and, from PREFILL_ROWS on, bf16 tiles); on
+the repacked forms the K formats' activations are quantized per 32, not per 256 (finer).
 Measured against the exact float64 product (M=64, N=256, unit-variance x): relative RMS error
 0.53% for the 32-blocks, 0.65-0.73% for the 256-blocks, worst element 2-5% of the output RMS;
 llama.cpp's own q8_0 (float16 d) / q8_K (signed max) gives the same numbers to 2 digits. The
@@ -852,7 +863,8 @@ def cpu_path() -> str:
         dots = "AVX2 maddubs"
     else:
         dots = "portable C"
-    return f"int8 dots {dots}; {'bf16' if _BF16_GEMM else 'f32'} tiles + GEMM from {min(PREFILL_ROWS.values())} rows"
+    repacked = ", repacked 16-row vectors" if _R16 else ""
+    return f"int8 dots {dots}{repacked}; Q2_K/Q3_K {'bf16' if _BF16_GEMM else 'f32'} tiles + GEMM from {min(PREFILL_ROWS.values())} rows"
 
 
 def cpu(x: torch.Tensor, w: QWeight) -> torch.Tensor:
