@@ -511,40 +511,6 @@ int qmatmul(const void *w, const void *x, void *y, int64_t M, int64_t N, int64_t
    (geomean over SmolLM2 shapes at 8 and 128 rows: AVX-512 250 / 370 / 406 GFLOP/s at 4 / 8 / 16;
    AVX2 173 / 192 / 193, whose 16 registers spill the accumulators either way) */
 #define R16_ROWS 16
-int qrepack(const void *w, uint8_t *U, float *D, int64_t N, int64_t K, int64_t sw, int64_t bs, int type,
-            int n_threads) {
-    const int64_t nb = K / 32, ng = (N + 15) / 16;
-    #pragma omp parallel num_threads(n_threads)
-    {
-        Row r = row_alloc(K);
-        #pragma omp for schedule(static)
-        for (int64_t n = 0; n < ng * 16; n++) {
-            const int64_t g = n / 16, lane = n % 16;
-            if (n < N) unpack_row(type, (const uint8_t *)w + n * sw, K, bs, r);
-            for (int64_t b = 0; b < nb; b++) {
-                uint8_t *u = U + ((g * nb + b) * 8 * 16 + lane) * 4;
-                float *d = D + (g * nb + b) * 32 + lane, *m = d + 16;
-                if (n >= N) { for (int t = 0; t < 8; t++) memset(u + t * 64, 0, 4); *d = 0.0f; *m = 0.0f; continue; }
-                for (int t = 0; t < 8; t++)
-                    for (int j = 0; j < 4; j++) {
-                        const uint8_t v = r.u[32 * b + 4 * t + j];
-                        u[t * 64 + j] = type == Q8_0 ? (uint8_t)(v ^ 0x80) : v;
-                    }
-                if (type == Q6_K) {   /* a scale per 16 (form 2): d = the first 16's, m = the second 16's */
-                    *d = r.d[b / 8] * (float)r.sc[2 * b]; *m = r.d[b / 8] * (float)r.sc[2 * b + 1];
-                } else if (is_k(type)) {   /* Q4_K / Q5_K: one 6-bit scale and min per 32 (sc[2j] == sc[2j+1]) */
-                    *d = r.d[b / 8] * (float)r.sc[2 * b]; *m = -r.dm[b / 8] * (float)r.mn[2 * b];   /* row-global index */
-                } else {
-                    *d = r.d[b];
-                    *m = type == Q8_0 ? -128.0f * r.d[b] : r.dm[b];
-                }
-            }
-        }
-        row_free(r);
-    }
-    return 0;
-}
-
 /* Q4_0 / Q4_1 repacked at 4 bits (what a single decode row wants: it is bound by the bytes read,
    and this is the file's 0.625 bytes per weight, where the byte form above reads 1.25): vector j
    (j = 0..3, 64 bytes) holds values 4j..4j+3 of the 16 rows in its low nibbles and 4(j+4).. in its
@@ -558,24 +524,38 @@ static inline uint16_t f2h_exact(float f) {   /* f is a float16 value (from the 
     if (e <= 0) return (uint16_t)(s | ((m | 0x800000u) >> (14 - e)));
     return (uint16_t)(s | ((uint32_t)e << 10) | (m >> 13));
 }
-int qrepack4(const void *w, uint8_t *U, uint16_t *S, int64_t N, int64_t K, int64_t sw, int64_t bs, int type,
-             int n_threads) {
-    const int64_t nb = K / 32, ng = (N + 15) / 16;
+/* One 32-block's scale and offset (value = d*u + m) of an unpacked row, for the byte form; Q6_K
+   (form 2) gives its two per-16 scales instead. */
+static inline void block_scales(int type, Row r, int64_t b, float *d, float *m) {
+    if (type == Q6_K) { *d = r.d[b / 8] * (float)r.sc[2 * b]; *m = r.d[b / 8] * (float)r.sc[2 * b + 1]; }
+    else if (is_k(type)) { *d = r.d[b / 8] * (float)r.sc[2 * b]; *m = -r.dm[b / 8] * (float)r.mn[2 * b]; }  /* sc[2j] == sc[2j+1] */
+    else { *d = r.d[b]; *m = type == Q8_0 ? -128.0f * r.d[b] : r.dm[b]; }
+}
+
+/* W -> the repacked form (`nib`: the 4-bit one with float16 scales, else bytes with float32);
+   rows past N are zeros. */
+int qrepack(const void *w, uint8_t *U, void *D, int64_t N, int64_t K, int64_t sw, int64_t bs, int type, int nib,
+            int n_threads) {
+    const int64_t nb = K / 32, ng = (N + 15) / 16, ub = nib ? 256 : 512;
     #pragma omp parallel num_threads(n_threads)
     {
         Row r = row_alloc(K);
         #pragma omp for schedule(static)
         for (int64_t n = 0; n < ng * 16; n++) {
             const int64_t g = n / 16, lane = n % 16;
-            if (n < N) unpack_legacy(type, (const uint8_t *)w + n * sw, nb, bs, r);
+            if (n < N) unpack_row(type, (const uint8_t *)w + n * sw, K, bs, r);
             for (int64_t b = 0; b < nb; b++) {
-                uint8_t *u = U + (g * nb + b) * 256 + lane * 4;
-                uint16_t *sc = S + (g * nb + b) * 32 + lane;
-                for (int j = 0; j < 4; j++)
-                    for (int i = 0; i < 4; i++)
-                        u[64 * j + i] = n < N ? (uint8_t)(r.u[32 * b + 4 * j + i] | (r.u[32 * b + 4 * (j + 4) + i] << 4)) : 0;
-                sc[0] = n < N ? f2h_exact(r.d[b]) : 0;
-                sc[16] = n < N ? f2h_exact(r.dm[b]) : 0;
+                uint8_t *u = U + (g * nb + b) * ub + lane * 4;
+                float d = 0.0f, m = 0.0f;
+                if (n < N) block_scales(type, r, b, &d, &m);
+                for (int t = 0; t < (nib ? 4 : 8); t++)
+                    for (int j = 0; j < 4; j++) {
+                        const uint8_t v = n < N ? r.u[32 * b + 4 * t + j] : 0;
+                        u[t * 64 + j] = nib ? (uint8_t)(v | ((n < N ? r.u[32 * b + 4 * (t + 4) + j] : 0) << 4))
+                                            : (uint8_t)(type == Q8_0 && n < N ? v ^ 0x80 : v);
+                    }
+                if (nib) { uint16_t *sc = (uint16_t *)D + (g * nb + b) * 32 + lane; sc[0] = f2h_exact(d); sc[16] = f2h_exact(m); }
+                else { float *sc = (float *)D + (g * nb + b) * 32 + lane; sc[0] = d; sc[16] = m; }
             }
         }
         row_free(r);
@@ -840,10 +820,9 @@ int qdequant(const void *w, void *out, int64_t n0, int64_t n1, int64_t K, int64_
 _LIB = native.build("qmatmul", NATIVE_C, origin=__file__, strict=True)
 native.signature(_LIB, "qmatmul", 3, 7, (native.ctypes.c_int,) * 4)
 native.signature(_LIB, "qdequant", 2, 5, (native.ctypes.c_int,) * 3)
-native.signature(_LIB, "qrepack", 3, 4, (native.ctypes.c_int,) * 2)
+native.signature(_LIB, "qrepack", 3, 4, (native.ctypes.c_int,) * 3)
 native.signature(_LIB, "qmatmul_r16", 4, 5, (native.ctypes.c_int,) * 4)
 native.signature(_LIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,) * 2)
-native.signature(_LIB, "qrepack4", 3, 4, (native.ctypes.c_int,) * 2)
 _R16 = frozenset(t for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K)
                  if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 0)) | frozenset(
     t for t in (T.Q6_K,) if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 2))
@@ -893,15 +872,10 @@ def repacked(w: QWeight, nib: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if cached is not None and cached[0] is _TOKEN:
         return cached[1]
     ng, nb = (w.n + 15) // 16, w.k // 32
-    block_bytes, threads = gguf.GGML_QUANT_SIZES[T(w.qtype)][1], torch.get_num_threads()
-    if nib:
-        u, sc = torch.empty(ng, nb, 4, 16, 4, dtype=torch.uint8), torch.empty(ng, nb, 2, 16, dtype=torch.float16)
-        rc = _LIB.qrepack4(w.raw.data_ptr(), u.data_ptr(), sc.data_ptr(), w.n, w.k, w.raw.stride(0), block_bytes,
-                           w.qtype, threads)
-    else:
-        u, sc = torch.empty(ng, nb, 8, 16, 4, dtype=torch.uint8), torch.empty(ng, nb, 2, 16)
-        rc = _LIB.qrepack(w.raw.data_ptr(), u.data_ptr(), sc.data_ptr(), w.n, w.k, w.raw.stride(0), block_bytes,
-                          w.qtype, threads)
+    u = torch.empty(ng, nb, 4 if nib else 8, 16, 4, dtype=torch.uint8)
+    sc = torch.empty(ng, nb, 2, 16, dtype=torch.float16 if nib else torch.float32)
+    rc = _LIB.qrepack(w.raw.data_ptr(), u.data_ptr(), sc.data_ptr(), w.n, w.k, w.raw.stride(0),
+                      gguf.GGML_QUANT_SIZES[T(w.qtype)][1], w.qtype, int(nib), torch.get_num_threads())
     assert rc == 0, "qrepack failed"
     object.__setattr__(w, "_qmatmul_r16", (_TOKEN, (u, sc)))   # a cache on a frozen dataclass
     return u, sc
