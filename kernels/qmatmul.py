@@ -533,29 +533,42 @@ static inline void block_scales(int type, Row r, int64_t b, float *d, float *m) 
 }
 
 /* W -> the repacked form (`nib`: the 4-bit one with float16 scales, else bytes with float32);
-   rows past N are zeros. */
+   rows past N are zeros. Q5_0/Q5_1 in the 4-bit form (`nib` with a 5-bit type) add a bit plane:
+   after a block's 256 bytes of nibbles, 8 uint64 masks, mask t's bit 4r+j the fifth bit of row r's
+   value 4t+j (0.75 bytes per weight against the byte form's 1.25). One thread per 16-row group, so
+   that a mask is written by one thread. */
 int qrepack(const void *w, uint8_t *U, void *D, int64_t N, int64_t K, int64_t sw, int64_t bs, int type, int nib,
             int n_threads) {
-    const int64_t nb = K / 32, ng = (N + 15) / 16, ub = nib ? 256 : 512;
+    const int hi5 = nib && (type == Q5_0 || type == Q5_1);
+    const int64_t nb = K / 32, ng = (N + 15) / 16, ub = nib ? (hi5 ? 320 : 256) : 512;
     #pragma omp parallel num_threads(n_threads)
     {
         Row r = row_alloc(K);
         #pragma omp for schedule(static)
-        for (int64_t n = 0; n < ng * 16; n++) {
-            const int64_t g = n / 16, lane = n % 16;
-            if (n < N) unpack_row(type, (const uint8_t *)w + n * sw, K, bs, r);
-            for (int64_t b = 0; b < nb; b++) {
-                uint8_t *u = U + (g * nb + b) * ub + lane * 4;
-                float d = 0.0f, m = 0.0f;
-                if (n < N) block_scales(type, r, b, &d, &m);
-                for (int t = 0; t < (nib ? 4 : 8); t++)
-                    for (int j = 0; j < 4; j++) {
-                        const uint8_t v = n < N ? r.u[32 * b + 4 * t + j] : 0;
-                        u[t * 64 + j] = nib ? (uint8_t)(v | ((n < N ? r.u[32 * b + 4 * (t + 4) + j] : 0) << 4))
-                                            : (uint8_t)(type == Q8_0 && n < N ? v ^ 0x80 : v);
-                    }
-                if (nib) { uint16_t *sc = (uint16_t *)D + (g * nb + b) * 32 + lane; sc[0] = f2h_exact(d); sc[16] = f2h_exact(m); }
-                else { float *sc = (float *)D + (g * nb + b) * 32 + lane; sc[0] = d; sc[16] = m; }
+        for (int64_t g = 0; g < ng; g++) {
+            if (hi5) for (int64_t b = 0; b < nb; b++) memset(U + (g * nb + b) * ub + 256, 0, 64);
+            for (int64_t lane = 0; lane < 16; lane++) {
+                const int64_t n = g * 16 + lane;
+                if (n < N) unpack_row(type, (const uint8_t *)w + n * sw, K, bs, r);
+                for (int64_t b = 0; b < nb; b++) {
+                    uint8_t *u = U + (g * nb + b) * ub + lane * 4;
+                    uint64_t *mask = (uint64_t *)(U + (g * nb + b) * ub + 256);
+                    float d = 0.0f, m = 0.0f;
+                    if (n < N) block_scales(type, r, b, &d, &m);
+                    for (int t = 0; t < (nib ? 4 : 8); t++)
+                        for (int j = 0; j < 4; j++) {
+                            const uint8_t v = n < N ? r.u[32 * b + 4 * t + j] : 0;
+                            const uint8_t v2 = n < N && nib ? r.u[32 * b + 4 * (t + 4) + j] : 0;
+                            u[t * 64 + j] = nib ? (uint8_t)((v & 15) | ((v2 & 15) << 4))
+                                                : (uint8_t)(type == Q8_0 && n < N ? v ^ 0x80 : v);
+                            if (hi5) {
+                                mask[t] |= (uint64_t)((v >> 4) & 1) << (4 * lane + j);
+                                mask[t + 4] |= (uint64_t)((v2 >> 4) & 1) << (4 * lane + j);
+                            }
+                        }
+                    if (nib) { uint16_t *sc = (uint16_t *)D + (g * nb + b) * 32 + lane; sc[0] = f2h_exact(d); sc[16] = f2h_exact(m); }
+                    else { float *sc = (float *)D + (g * nb + b) * 32 + lane; sc[0] = d; sc[16] = m; }
+                }
             }
         }
         row_free(r);
@@ -608,11 +621,16 @@ static inline void r16_block_512(int form, const uint8_t *u, const void *sc, con
                                  const float *ds, const int16_t *as, int64_t nb, int64_t b, int mc, __m512 *acc) {
     __m512i wv[8];
     __m512 dv, mv;
-    if (form == 1) {
+    if (form == 1 || form == 3) {
         const __m512i lo = _mm512_set1_epi8(15);
         for (int j = 0; j < 4; j++) {
             const __m512i v = _mm512_loadu_si512((const void *)(u + 64 * j));
             wv[j] = _mm512_and_si512(v, lo); wv[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
+        }
+        if (form == 3) {   /* the fifth bits: mask t -> 0x10 in the bytes of vector t */
+            const uint64_t *mk = (const uint64_t *)(u + 256);
+            for (int t = 0; t < 8; t++)
+                wv[t] = _mm512_or_si512(wv[t], _mm512_and_si512(_mm512_movm_epi8((__mmask64)mk[t]), _mm512_set1_epi8(16)));
         }
         dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
         mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)sc + 16)));
@@ -636,11 +654,13 @@ static inline void r16_block_avx2(int form, const uint8_t *u, const void *sc, co
     for (int h = 0; h < 2; h++) {
         __m256i wv[8];
         __m256 dv, mv;
-        if (form == 1) {
+        if (form == 1 || form == 3) {
             for (int j = 0; j < 4; j++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(u + 64 * j + 32 * h));
                 wv[j] = _mm256_and_si256(v, lo); wv[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
             }
+            if (form == 3)   /* rows 8h..8h+7 of mask t are its 32-bit half h */
+                for (int t = 0; t < 8; t++) wv[t] = _mm256_or_si256(wv[t], fifth_bits(u + 256 + 8 * t + 4 * h));
             dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 8 * h)));
             mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 16 + 8 * h)));
         } else {
@@ -690,6 +710,13 @@ int qmatmul_r16_serves(int type, int form) {
         return 0;
 #endif
     }
+    if (form == 3) {
+#if defined(QM_VNNI512) || (defined(__AVX2__) && defined(__F16C__))
+        return type == Q5_0 || type == Q5_1;
+#else
+        return 0;
+#endif
+    }
     if (form == 1) {
 #if defined(QM_VNNI512) || (defined(__AVX2__) && defined(__F16C__))
         return type == Q4_0 || type == Q4_1;
@@ -710,8 +737,8 @@ int qmatmul_r16_serves(int type, int form) {
    the 4-bit form with float16 scales (D = S); 0 and 2: bytes with float scales (D). */
 int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, int64_t M, int64_t N,
                 int64_t K, int64_t sx, int64_t sy, int xb, int yb, int form, int n_threads) {
-    const int nib = form == 1;
-    const int64_t nb = K / 32, ng = (N + 15) / 16, ub = nib ? 256 : 512;
+    const int nib = form == 1 || form == 3;
+    const int64_t nb = K / 32, ng = (N + 15) / 16, ub = form == 3 ? 320 : nib ? 256 : 512;
     int8_t *q = malloc(M * K + 64); float *da = malloc(M * nb * sizeof(float) + 64), *ds = malloc(M * nb * sizeof(float) + 64);
     int16_t *as = malloc(M * (K / 16) * sizeof(int16_t) + 64);
     const float *sc = (const float *)D;
@@ -826,7 +853,8 @@ native.signature(_LIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,) * 2)
 _R16 = frozenset(t for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K)
                  if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 0)) | frozenset(
     t for t in (T.Q6_K,) if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 2))
-_R16_NIB = frozenset(t for t in (T.Q4_0, T.Q4_1) if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 1))
+_R16_NIB = frozenset(t for t in (T.Q4_0, T.Q4_1) if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 1)) | frozenset(
+    t for t in (T.Q5_0, T.Q5_1) if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 3))
 _XDTYPES = (torch.float32, torch.bfloat16)
 _BF16_GEMM = cpu_features.current().onednn_bf16 and cpu_features.current().variant != "other"
 
@@ -872,7 +900,7 @@ def repacked(w: QWeight, nib: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if cached is not None and cached[0] is _TOKEN:
         return cached[1]
     ng, nb = (w.n + 15) // 16, w.k // 32
-    u = torch.empty(ng, nb, 4 if nib else 8, 16, 4, dtype=torch.uint8)
+    u = torch.empty(ng, nb, (320 if w.qtype in (T.Q5_0, T.Q5_1) else 256) if nib else 512, dtype=torch.uint8)
     sc = torch.empty(ng, nb, 2, 16, dtype=torch.float16 if nib else torch.float32)
     rc = _LIB.qrepack(w.raw.data_ptr(), u.data_ptr(), sc.data_ptr(), w.n, w.k, w.raw.stride(0),
                       gguf.GGML_QUANT_SIZES[T(w.qtype)][1], w.qtype, int(nib), torch.get_num_threads())
@@ -899,7 +927,7 @@ def _int_dots(x: torch.Tensor, w: QWeight) -> torch.Tensor:
         u, sc = repacked(w, nib)
         rc = _LIB.qmatmul_r16(u.data_ptr(), sc.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], w.n, w.k,
                               x.stride(0), y.stride(0), native.is_bf16(x), native.is_bf16(y),
-                              1 if nib else 2 if w.qtype == T.Q6_K else 0,
+                              (3 if w.qtype in (T.Q5_0, T.Q5_1) else 1) if nib else 2 if w.qtype == T.Q6_K else 0,
                               torch.get_num_threads())
         assert rc == 0, "qmatmul: out of memory"
         return y
