@@ -40,6 +40,10 @@ and 4e-2 in bf16 (its output rounding, 2^-9 relative, on top). The integer path 
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import mmap
+
 import gguf
 import torch
 import torch.nn.functional as F
@@ -906,7 +910,44 @@ def repacked(w: QWeight, nib: bool) -> tuple[torch.Tensor, torch.Tensor]:
                       gguf.GGML_QUANT_SIZES[T(w.qtype)][1], w.qtype, int(nib), torch.get_num_threads())
     assert rc == 0, "qrepack failed"
     object.__setattr__(w, "_qmatmul_r16", (_TOKEN, (u, sc)))   # a cache on a frozen dataclass
+    if w.qtype != T.Q8_0:   # every row count now reads the repacked copy: let the file's pages go
+        release_file_pages(w.raw)
     return u, sc
+
+
+def release_file_pages(raw: torch.Tensor) -> bool:
+    """Drop this process's resident pages of `raw` where it is a read-only view of a mapped file
+    (madvise DONTNEED: a later read faults them back in from the file, so nothing can change).
+    Anonymous memory (a copy) is left alone: DONTNEED would zero it. Why: a repacked weight beside
+    its file pages counted twice in RSS (a 1B model would hold ~2x its file). -> whether released."""
+    start = raw.data_ptr()
+    end = start + raw.untyped_storage().nbytes() - raw.storage_offset() * raw.element_size()
+    page = mmap.PAGESIZE
+    lo, hi = -(-start // page) * page, end // page * page
+    if hi <= lo or not _in_file_mapping(start, end):
+        return False
+    return _libc().madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4) == 0   # MADV_DONTNEED
+
+
+def _in_file_mapping(start: int, end: int) -> bool:
+    """[start, end) lies in one read-only mapping of a regular file (/proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                a, b = (int(v, 16) for v in parts[0].split("-"))
+                if a <= start and end <= b:
+                    return len(parts) == 6 and parts[5].startswith("/") and "w" not in parts[1]
+    except OSError:
+        pass
+    return False
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
 
 
 def repacked_serves(w: QWeight, rows: int) -> bool:
