@@ -12,6 +12,11 @@ sliced, not gathered.
 `triton(...)` (the CUDA path) launches a decode kernel when every sequence has one new token
 (`meta.max_q == 1`) and a causal prefill-chunk kernel otherwise; both take the view's strides
 (plain, heads-first and q8 views alike) and bound their KV loop by each sequence's own length.
+
+Two per-layer options every implementation reads from `AttnMeta`: `window` (sliding-window
+attention, gemma2/3: the query at position p sees keys p-window+1 .. p; 0 is full causal attention)
+and `softcap` (gemma2: scores -> softcap * tanh(scores / softcap); 0 is off). The reference masks plainly; the
+CPU and Triton paths never touch the cells before a window: their KV ranges start at its first cell.
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ EACH_CHUNK_MAX = 8   # cpu: up to this many prefill chunks run one SDPA each; mo
 def reference(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
     """q: [tokens, q_heads, head_dim]; kv: logical [streams, cells, kv_heads, head_dim] -> like q.
 
-    Plain per-sequence, per-query loops in float32: obviously correct, slow.
+    Plain per-sequence, per-query loops in float32: obviously correct, slow. The query at position
+    `pos` sees keys `lo .. pos`, lo = pos - window + 1 with a window (else 0).
     """
+    window, softcap = meta.window, meta.softcap
     k, v = _dequant(kv.k, kv.k_scale), _dequant(kv.v, kv.v_scale)
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     group = q.shape[1] // k.shape[2]
@@ -46,66 +53,99 @@ def reference(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> t
         vals = v[stream, :n_kv].float().repeat_interleave(group, dim=1)
         for j in range(n_q):
             row, pos = int(meta.q_offsets[b]) + j, n_kv - n_q + j
-            scores = torch.einsum("hd,khd->hk", q[row].float(), keys[: pos + 1]) * scale
-            out[row] = torch.einsum("hk,khd->hd", scores.softmax(dim=-1), vals[: pos + 1])
+            lo = max(0, pos - window + 1) if window else 0
+            scores = torch.einsum("hd,khd->hk", q[row].float(), keys[lo: pos + 1]) * scale
+            if softcap:
+                scores = softcap * torch.tanh(scores / softcap)
+            out[row] = torch.einsum("hk,khd->hd", scores.softmax(dim=-1), vals[lo: pos + 1])
     return out.to(q.dtype)
 
 
 def cpu(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
     """Same contract as `reference`; the formulation per step is described in the module docstring."""
+    window, softcap = meta.window, meta.softcap
     if meta.max_q == 1:
-        return _cpu_decode(q, kv, meta, scale)
+        return _cpu_decode(q, kv, meta, scale, window, softcap)
     if meta.split is not None:  # decodes first, then prefill chunks: never pad a decode row
         dec, pre = meta.split
-        return torch.cat([_cpu_decode(q[: dec.n_seqs], kv, dec, scale), cpu(q[dec.n_seqs:], kv, pre, scale)])
+        return torch.cat([_cpu_decode(q[: dec.n_seqs], kv, dec, scale, window, softcap),
+                          cpu(q[dec.n_seqs:], kv, pre, scale)])
     if meta.n_seqs <= EACH_CHUNK_MAX:
-        return _cpu_each_chunk(q, kv, meta, scale)
+        return _cpu_each_chunk(q, kv, meta, scale, window, softcap)
     n_seq, max_q, max_kv = meta.n_seqs, meta.max_q, meta.max_kv
     q_heads, dim = q.shape[1], q.shape[2]
-    keys = _dequant(_select(kv.k, meta), _select_scale(kv.k_scale, meta), q.dtype)  # [B, kv_heads, L, dim]
-    vals = _dequant(_select(kv.v, meta), _select_scale(kv.v_scale, meta), q.dtype)
+    lo = max(0, int((meta.kv_lens - meta.q_lens).min()) - window + 1) if window else 0  # no query sees below
+    keys = _dequant(_select(kv.k, meta, lo), _select_scale(kv.k_scale, meta, lo), q.dtype)  # [B, kv_heads, L, dim]
+    vals = _dequant(_select(kv.v, meta, lo), _select_scale(kv.v_scale, meta, lo), q.dtype)
     qp = q[meta.pad_index].transpose(1, 2)                              # [B, q_heads, max_q, dim]
-    key_pos = torch.arange(max_kv, device=q.device)
-    mask = key_pos.view(1, 1, 1, max_kv) <= meta.pad_positions.view(n_seq, 1, max_q, 1)  # [B, 1, max_q, L]
-    out = F.scaled_dot_product_attention(qp, keys, vals, attn_mask=mask, scale=scale,
-                                         enable_gqa=q_heads != kv.k.shape[2])
+    key_pos = torch.arange(lo, max_kv, device=q.device).view(1, 1, 1, max_kv - lo)
+    mask = _band(key_pos, meta.pad_positions.view(n_seq, 1, max_q, 1), window)  # [B, 1, max_q, L]
+    out = _sdpa(qp, keys, vals, mask, scale, softcap)
     return out.transpose(1, 2).reshape(n_seq * max_q, q_heads, dim)[meta.valid_rows]  # [tokens, q_heads, dim]
 
 
-def _cpu_each_chunk(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
+def _band(key_pos: torch.Tensor, q_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """Which keys a query sees: causal, and within `window` positions when there is one."""
+    seen = key_pos <= q_pos
+    return seen & (key_pos > q_pos - window) if window else seen
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+          softcap: float, causal: bool = False) -> torch.Tensor:
+    """q [B, q_heads, M, dim], k/v [B, kv_heads, L, dim]: torch's SDPA (native GQA); with a softcap
+    (which SDPA cannot apply) the same maths written out in float32."""
+    gqa = q.shape[1] != k.shape[1]
+    if not softcap:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
+    group = q.shape[1] // k.shape[1]
+    kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+    scores = torch.matmul(q.float(), kf.transpose(-1, -2)) * scale     # [B, q_heads, M, L]
+    scores = softcap * torch.tanh(scores / softcap)
+    if causal:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril(scores.shape[-1] - scores.shape[-2])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1), vf).to(q.dtype)
+
+
+def _cpu_each_chunk(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, window: int = 0,
+                    softcap: float = 0.0) -> torch.Tensor:
     """A few prefill chunks, one SDPA each: no padding to the longest chunk, and a fresh prompt (no
     cached prefix) is plain causal. Whole prefill steps in the model: 4 x 128 tokens tie with one
     padded call (176 vs 180 ms); 180 + 3 x 40 tokens: 125 vs 139 ms. One chunk: 2.4x faster
-    attention than the padded path."""
-    outs, gqa = [], q.shape[1] != kv.k.shape[2]
+    attention than the padded path. With a window, each chunk reads from its first query's window."""
+    outs = []
     for stream, off, n_q, n_kv in zip(*(t.tolist() for t in (meta.seq_streams, meta.q_offsets, meta.q_lens, meta.kv_lens))):
-        keys = _dequant(kv.k[stream, :n_kv], None if kv.k_scale is None else kv.k_scale[stream, :n_kv], q.dtype)
-        vals = _dequant(kv.v[stream, :n_kv], None if kv.v_scale is None else kv.v_scale[stream, :n_kv], q.dtype)
-        causal = n_kv == n_q                                              # else: queries sit at the end
-        mask = None if causal else torch.arange(n_kv, device=q.device) <= torch.arange(
-            n_kv - n_q, n_kv, device=q.device).unsqueeze(1)               # [n_q, n_kv]
-        out = F.scaled_dot_product_attention(q[off: off + n_q].transpose(0, 1).unsqueeze(0),
-                                             keys.transpose(0, 1).unsqueeze(0), vals.transpose(0, 1).unsqueeze(0),
-                                             attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
+        lo = max(0, n_kv - n_q - window + 1) if window else 0
+        keys = _dequant(kv.k[stream, lo:n_kv], None if kv.k_scale is None else kv.k_scale[stream, lo:n_kv], q.dtype)
+        vals = _dequant(kv.v[stream, lo:n_kv], None if kv.v_scale is None else kv.v_scale[stream, lo:n_kv], q.dtype)
+        causal = n_kv == n_q and not window                               # else: queries sit at the end
+        mask = None if causal else _band(torch.arange(lo, n_kv, device=q.device),
+                                         torch.arange(n_kv - n_q, n_kv, device=q.device).unsqueeze(1), window)
+        out = _sdpa(q[off: off + n_q].transpose(0, 1).unsqueeze(0), keys.transpose(0, 1).unsqueeze(0),
+                    vals.transpose(0, 1).unsqueeze(0), mask, scale, softcap, causal)
         outs.append(out[0].transpose(0, 1))                               # [n_q, q_heads, dim]
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
+def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, window: int = 0,
+                softcap: float = 0.0) -> torch.Tensor:
     """One query per sequence: the C kernel below where it applies, else torch's SDPA with native
     GQA (K/V never repeated) and the key mask `[B, 1, 1, L]` broadcast (no padding). The SDPA form
     was ~1.5x faster than the padded path; the C kernel is faster still (docs/performance.md)."""
     if _native_ok(q, kv, meta):
-        return _native_decode(q, kv, meta, scale)
+        return _native_decode(q, kv, meta, scale, window, softcap)
     n_seq, q_heads, dim = q.shape
-    kv_heads, max_kv = kv.k.shape[2], meta.max_kv
-    keys = _dequant(_select(kv.k, meta), _select_scale(kv.k_scale, meta), q.dtype)  # [B, kv_heads, L, dim]
-    vals = _dequant(_select(kv.v, meta), _select_scale(kv.v_scale, meta), q.dtype)
-    mask = None  # one sequence sees all max_kv cells: no mask (the SDPA kernel is faster without)
+    max_kv = meta.max_kv
+    first = (meta.kv_lens - window).clamp(min=0) if window else torch.zeros_like(meta.kv_lens)  # [B]
+    lo = int(first.min())
+    keys = _dequant(_select(kv.k, meta, lo), _select_scale(kv.k_scale, meta, lo), q.dtype)  # [B, kv_heads, L, dim]
+    vals = _dequant(_select(kv.v, meta, lo), _select_scale(kv.v_scale, meta, lo), q.dtype)
+    mask = None  # one sequence sees all its cells from lo: no mask (the SDPA kernel is faster without)
     if n_seq > 1:
-        mask = (torch.arange(max_kv, device=q.device) < meta.kv_lens.unsqueeze(1)).view(n_seq, 1, 1, max_kv)
-    qg = q.view(n_seq, q_heads, 1, dim)
-    out = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask, scale=scale, enable_gqa=q_heads != kv_heads)
+        key_pos = torch.arange(lo, max_kv, device=q.device)
+        mask = ((key_pos < meta.kv_lens.unsqueeze(1)) & (key_pos >= first.unsqueeze(1))).view(n_seq, 1, 1, max_kv - lo)
+    out = _sdpa(q.view(n_seq, q_heads, 1, dim), keys, vals, mask, scale, softcap)
     return out.view(n_seq, q_heads, dim)                                          # [tokens, q_heads, dim]
 
 
@@ -129,13 +169,14 @@ NATIVE_C = r"""
     _Pragma("omp parallel for num_threads(n_threads) schedule(static)")                              \
     for (int64_t u = 0; u < B * Hkv; u++) {                                                           \
         const int64_t b = u / Hkv, h = u % Hkv, s = streams[b], L = kv_lens[b];                       \
+        const int64_t lo = window > 0 && L > window ? L - window : 0;                                 \
         float qf[GMAX][DIM], acc[GMAX][DIM], sc[GMAX][BLK], row[DIM], m[GMAX], l[GMAX];               \
         for (int64_t g = 0; g < G; g++) {                                                             \
             load_row(q, b * sq_b + (h * G + g) * sq_h, bf16, D, qf[g]);                               \
             for (int64_t d = 0; d < D; d++) { qf[g][d] *= scale; acc[g][d] = 0.0f; }                  \
             m[g] = -INFINITY; l[g] = 0.0f;                                                            \
         }                                                                                             \
-        for (int64_t c0 = 0; c0 < L; c0 += BLK) {                                                     \
+        for (int64_t c0 = lo; c0 < L; c0 += BLK) {                                                    \
             const int64_t n = L - c0 < BLK ? L - c0 : BLK;                                            \
             for (int64_t j = 0; j < n; j++) {                                                         \
                 prefetch_row(k, s * sk_s + (c0 + j + PF) * sk_c + h * sk_h, bf16, D);                 \
@@ -144,7 +185,7 @@ NATIVE_C = r"""
                 for (int64_t g = 0; g < G; g++) {                                                     \
                     float dot = 0.0f;                                                                 \
                     for (int64_t d = 0; d < D; d++) dot += qf[g][d] * row[d];                         \
-                    sc[g][j] = dot;                                                                   \
+                    sc[g][j] = softcap > 0.0f ? softcap * tanhf(dot / softcap) : dot;                 \
                 }                                                                                     \
             }                                                                                         \
             for (int64_t g = 0; g < G; g++) {                                                         \
@@ -175,7 +216,8 @@ NATIVE_C = r"""
 int decode_attention(const void *q, const void *k, const void *v, void *out,
                      const int64_t *streams, const int64_t *kv_lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t Dim,
                      int64_t sq_b, int64_t sq_h, int64_t sk_s, int64_t sk_c, int64_t sk_h,
-                     int64_t sv_s, int64_t sv_c, int64_t sv_h, float scale, int bf16, int n_threads) {
+                     int64_t sv_s, int64_t sv_c, int64_t sv_h, int64_t window, float scale, float softcap,
+                     int bf16, int n_threads) {
     const int64_t G = Hq / Hkv;
     if (G > GMAX || Dim > DMAX || G * Hkv != Hq) return -1;
     if (Dim == 64) { DECODE_BODY(64) }
@@ -185,7 +227,8 @@ int decode_attention(const void *q, const void *k, const void *v, void *out,
 }
 """
 _LIB = native.build("attention_decode", NATIVE_C, origin=__file__, strict=True)
-native.signature(_LIB, "decode_attention", 6, 12, (native.ctypes.c_float, native.ctypes.c_int, native.ctypes.c_int))
+native.signature(_LIB, "decode_attention", 6, 13, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
+                                                   native.ctypes.c_int))
 
 
 def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> bool:
@@ -209,30 +252,31 @@ def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> bool:
     return top <= streams
 
 
-def _native_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
+def _native_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, window: int = 0,
+                   softcap: float = 0.0) -> torch.Tensor:
     n_seq, q_heads, dim = q.shape
     out = torch.empty((n_seq, q_heads, dim), dtype=q.dtype)                        # [tokens, q_heads, dim]
     rc = _LIB.decode_attention(
         q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), meta.seq_streams.data_ptr(),
         meta.kv_lens.data_ptr(), n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1),
-        *kv.k.stride()[:3], *kv.v.stride()[:3], scale, native.is_bf16(q), torch.get_num_threads())
+        *kv.k.stride()[:3], *kv.v.stride()[:3], window, scale, softcap, native.is_bf16(q), torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"decode_attention (C) failed with {rc}: unsupported group or head_dim")
     return out
 
 
-def _select(cache: torch.Tensor, meta: AttnMeta) -> torch.Tensor:
-    """The batch's streams, first `max_kv` cells, as `[B, kv_heads, max_kv, dim]`."""
+def _select(cache: torch.Tensor, meta: AttnMeta, lo: int = 0) -> torch.Tensor:
+    """The batch's streams, cells `lo .. max_kv-1`, as `[B, kv_heads, max_kv - lo, dim]`."""
     if meta.stream_base is not None:
-        part = cache[meta.stream_base: meta.stream_base + meta.n_seqs, : meta.max_kv]
+        part = cache[meta.stream_base: meta.stream_base + meta.n_seqs, lo: meta.max_kv]
     else:
-        part = cache[:, : meta.max_kv].index_select(0, meta.seq_streams)
+        part = cache[:, lo: meta.max_kv].index_select(0, meta.seq_streams)
     return part.transpose(1, 2)
 
 
-def _select_scale(scale: torch.Tensor | None, meta: AttnMeta) -> torch.Tensor | None:
-    """Scales `[streams, cells, kv_heads]` of the batch -> `[B, kv_heads, max_kv, 1]`."""
-    return None if scale is None else _select(scale.unsqueeze(-1), meta)
+def _select_scale(scale: torch.Tensor | None, meta: AttnMeta, lo: int = 0) -> torch.Tensor | None:
+    """Scales `[streams, cells, kv_heads]` of the batch -> `[B, kv_heads, max_kv - lo, 1]`."""
+    return None if scale is None else _select(scale.unsqueeze(-1), meta, lo)
 
 
 def _dequant(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -260,15 +304,25 @@ def _dot(a, b, IEEE_DOT: tl.constexpr):
 
 
 @_triton.jit
+def _softcap(s, softcap):
+    """Scores in log2 units (`q.k * scale * log2 e`) soft-capped in natural units: c * tanh(x / c),
+    tanh(y) = 1 - 2 / (e^{2y} + 1) (saturates cleanly at +-1 where e^{2y} overflows or vanishes)."""
+    y = s / (1.4426950408889634 * softcap)
+    return (softcap * 1.4426950408889634) * (1.0 - 2.0 / (tl.exp(2.0 * y) + 1.0))
+
+
+@_triton.jit
 def _attn_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_ptr, kv_lens_ptr, q_offsets_ptr,
                         stride_qt, stride_qh, stride_ks, stride_kc, stride_kh, stride_vs, stride_vc, stride_vh,
-                        stride_ss, stride_sc, stride_sh, stride_ot, stride_oh, qk_scale,
+                        stride_ss, stride_sc, stride_sh, stride_ot, stride_oh, qk_scale, window, softcap,
                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
-                        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr):
+                        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
+                        SOFTCAP: tl.constexpr):
     """Program (sequence b, KV head h): the GROUP query heads of h for b's single new token.
 
-    The loop runs to b's own kv_len, so the masked tail past it is never read; K/V addresses use
-    the view's strides (any strided layout), q8 rows are scaled as they are loaded.
+    The loop runs over b's own cells, from its window's first (0 without one) to kv_len, so the
+    masked cells on either side are never read; K/V addresses use the view's strides (any strided
+    layout), q8 rows are scaled as they are loaded.
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -287,7 +341,8 @@ def _attn_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_pt
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for start in range(0, kv_len, BLOCK_N):
+    lo = tl.where(window > 0, tl.maximum(kv_len - window, 0), 0)
+    for start in range(lo, kv_len, BLOCK_N):
         cells = start + n
         c_mask = cells < kv_len
         nd_mask = c_mask[:, None] & (d[None, :] < HEAD_DIM)
@@ -297,6 +352,8 @@ def _attn_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_pt
             k = k * tl.load(ks_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None]
             v = v * tl.load(vs_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None]
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)                       # [BLOCK_G, BLOCK_N]
+        if SOFTCAP:
+            s = _softcap(s, softcap)
         s = tl.where(c_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
@@ -313,13 +370,14 @@ def _attn_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_pt
 def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_ptr, q_lens_ptr, kv_lens_ptr,
                          q_offsets_ptr, stride_qt, stride_qh, stride_ks, stride_kc, stride_kh, stride_vs,
                          stride_vc, stride_vh, stride_ss, stride_sc, stride_sh, stride_ot, stride_oh, qk_scale,
-                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                         window, softcap, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
-                         IEEE_DOT: tl.constexpr):
+                         IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr):
     """Program (sequence b, KV head h, row tile): a causal chunk of b's new queries against its cache.
 
     Rows fold the GQA group into the query axis: row r is query j = r // GROUP, head h*GROUP + r % GROUP,
-    at position kv_len - q_len + j. The KV loop stops at the tile's last position (causal bound).
+    at position kv_len - q_len + j. The KV loop stops at the tile's last position (causal bound)
+    and, with a window, starts at the first cell the tile's first query sees.
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -345,7 +403,8 @@ def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_p
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     hi = tl.minimum(kv_len, tl.max(tl.where(r_mask, pos, 0), axis=0) + 1)
-    for start in range(0, hi, BLOCK_N):
+    lo = tl.where(window > 0, tl.maximum(tl.min(tl.where(r_mask, pos, kv_len), axis=0) - window + 1, 0), 0)
+    for start in range(lo, hi, BLOCK_N):
         cells = start + n
         c_mask = cells < hi
         nd_mask = c_mask[:, None] & d_mask
@@ -356,7 +415,11 @@ def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_p
             v = (v.to(tl.float32) * tl.load(vs_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
             k, v = k.to(q.dtype), v.to(q.dtype)
         s = _dot(q, tl.trans(k), IEEE_DOT) * qk_scale    # [BLOCK_M, BLOCK_N]
-        s = tl.where((cells[None, :] <= pos[:, None]) & c_mask[None, :], s, float("-inf"))
+        if SOFTCAP:
+            s = _softcap(s, softcap)
+        seen = (cells[None, :] <= pos[:, None]) & c_mask[None, :]
+        seen = seen & ((cells[None, :] > pos[:, None] - window) | (window == 0))
+        s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -376,18 +439,20 @@ def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torc
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     ks, vs = (kv.k_scale, kv.v_scale) if quant else (kv.k, kv.v)  # unused pointers without q8
     args = (q.stride(0), q.stride(1), *kv.k.stride()[:3], *kv.v.stride()[:3],
-            *(kv.k_scale.stride() if quant else (0, 0, 0)), out.stride(0), out.stride(1), scale * LOG2E)
+            *(kv.k_scale.stride() if quant else (0, 0, 0)), out.stride(0), out.stride(1), scale * LOG2E,
+            meta.window, float(meta.softcap or 1.0))
     if meta.max_q == 1:
         _attn_decode_kernel[(meta.n_seqs, kv_heads)](
             q, kv.k, kv.v, ks, vs, out, meta.seq_streams, meta.kv_lens, meta.q_offsets, *args,
             GROUP=group, HEAD_DIM=dim, BLOCK_G=_triton.next_power_of_2(group),
-            BLOCK_D=_triton.next_power_of_2(dim), BLOCK_N=DECODE_BLOCK_N, QUANT=quant)
+            BLOCK_D=_triton.next_power_of_2(dim), BLOCK_N=DECODE_BLOCK_N, QUANT=quant, SOFTCAP=bool(meta.softcap))
     else:
         grid = (meta.n_seqs, kv_heads, _triton.cdiv(meta.max_q * group, PREFILL_BLOCK_M))
         _attn_prefill_kernel[grid](
             q, kv.k, kv.v, ks, vs, out, meta.seq_streams, meta.q_lens, meta.kv_lens, meta.q_offsets, *args,
             GROUP=group, HEAD_DIM=dim, BLOCK_M=PREFILL_BLOCK_M, BLOCK_D=max(16, _triton.next_power_of_2(dim)),
-            BLOCK_N=PREFILL_BLOCK_N, QUANT=quant, IEEE_DOT=q.dtype == torch.float32 or _interpreted())
+            BLOCK_N=PREFILL_BLOCK_N, QUANT=quant, IEEE_DOT=q.dtype == torch.float32 or _interpreted(),
+            SOFTCAP=bool(meta.softcap))
     return out
 
 
@@ -430,12 +495,20 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
         chunks.append(SeqChunk(stream=s, start=start, tokens=[0] * n_new))
     if torch.rand((), generator=gen) < 0.5:  # the engine's order, decodes first (AttnMeta.split)
         chunks.sort(key=lambda c: len(c.tokens) > 1)
-    meta = Batch.build(chunks).attn
+    meta = example_layer(Batch.build(chunks).attn, gen)
     # q as the model passes it: the query heads of the roped q|k rows (a strided view)
     q = torch.randn(sum(len(c.tokens) for c in chunks), kv_heads * (group + 1), dim, generator=gen)[:, : kv_heads * group]
     k = torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen)
     v = torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen)
     return q.to(dtype), _example_view(k, v, dtype, int(torch.randint(0, 3, (), generator=gen))), meta, 1 / math.sqrt(dim)
+
+
+def example_layer(meta: AttnMeta, gen: torch.Generator) -> AttnMeta:
+    """Half the cases under a sliding window (1 to 24 cells: shorter and longer than the
+    sequences), a third soft-capped (a cap of 0.5 to 3: well inside the scores' range)."""
+    window = int(torch.randint(1, 25, (), generator=gen)) if torch.rand((), generator=gen) < 0.5 else 0
+    softcap = 0.5 + 2.5 * float(torch.rand((), generator=gen)) if torch.rand((), generator=gen) < 0.33 else 0.0
+    return meta.with_layer(window, softcap)
 
 
 def _example_view(k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, kind: int) -> StridedKV:
@@ -458,8 +531,9 @@ def _aot(dtype: str, quant: bool, decode: bool, group: int = 3, dim: int = 64) -
     sig |= {n: "i32" for n in ("stride_qt", "stride_qh", "stride_ks", "stride_kc", "stride_kh", "stride_vs",
                                "stride_vc", "stride_vh", "stride_ss", "stride_sc", "stride_sh",
                                "stride_ot", "stride_oh")}
-    sig |= {"qk_scale": "fp32"}
-    const = {"GROUP": group, "HEAD_DIM": dim, "BLOCK_D": _triton.next_power_of_2(dim), "QUANT": quant}
+    sig |= {"qk_scale": "fp32", "window": "i32", "softcap": "fp32"}
+    const = {"GROUP": group, "HEAD_DIM": dim, "BLOCK_D": _triton.next_power_of_2(dim), "QUANT": quant,
+             "SOFTCAP": False}
     if decode:
         const |= {"BLOCK_G": _triton.next_power_of_2(group), "BLOCK_N": DECODE_BLOCK_N}
     else:

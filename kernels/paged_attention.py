@@ -4,7 +4,9 @@ Same maths as `attention.py`; the KV comes as pages plus a block table (`PagedKV
 stream `s` is row `c % block_size` of page `block_table[s, c // block_size]`. Pages are logical
 `[n_blocks, block_size, kv_head, head_dim]` views with any strides (`paged` stores tokens before
 heads, `paged_hnd` heads before tokens). Only the blocks covering `max_kv` are read (cpu) or each
-sequence's own `kv_len` cells (triton).
+sequence's own `kv_len` cells (triton). A layer's sliding window and softcap come in `AttnMeta`
+(see attention.py): the cpu path gathers from the block of the earliest cell any query sees, the
+triton kernels start their loops at each sequence's (tile's) first visible cell.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import triton.language as tl
 from slotserver.model.batch import AttnMeta, Batch, SeqChunk
 from slotserver.lab.kv_spec import PagedKV
 
+
 OP = "paged_attention"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 LOG2E = 1.4426950408889634
@@ -30,7 +33,7 @@ PREFILL_BLOCK_N = 32
 def reference(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
     """q: [tokens, q_heads, head_dim] -> like q. Per sequence, per query, in float32: slow, plain."""
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    group = q.shape[1] // kv.k_pages.shape[2]
+    group, window, softcap = q.shape[1] // kv.k_pages.shape[2], meta.window, meta.softcap
     for b in range(meta.n_seqs):
         stream, n_q, n_kv = (int(meta.seq_streams[b]), int(meta.q_lens[b]), int(meta.kv_lens[b]))
         cells = torch.arange(n_kv, device=q.device)
@@ -39,37 +42,58 @@ def reference(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> tor
         vals = kv.v_pages[blocks, cells % kv.block_size].float().repeat_interleave(group, dim=1)
         for j in range(n_q):
             row, pos = int(meta.q_offsets[b]) + j, n_kv - n_q + j
-            scores = torch.einsum("hd,khd->hk", q[row].float(), keys[: pos + 1]) * scale
-            out[row] = torch.einsum("hk,khd->hd", scores.softmax(dim=-1), vals[: pos + 1])
+            lo = max(0, pos - window + 1) if window else 0
+            scores = torch.einsum("hd,khd->hk", q[row].float(), keys[lo: pos + 1]) * scale
+            if softcap:
+                scores = softcap * torch.tanh(scores / softcap)
+            out[row] = torch.einsum("hk,khd->hd", scores.softmax(dim=-1), vals[lo: pos + 1])
     return out.to(q.dtype)
 
 
 def cpu(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
-    """Gather the batch's blocks covering `max_kv` to `[B, kv_heads, max_kv, dim]`, then SDPA as in
-    attention.py: decode rows unpadded (GQA group as the query axis), a mixed step split in two."""
+    """Gather the batch's blocks covering `lo .. max_kv-1` to `[B, kv_heads, L, dim]` (lo: the first
+    block any query sees; 0 without a window), then SDPA as in attention.py: decode rows unpadded
+    (GQA group as the query axis), a mixed step split in two."""
     if meta.split is not None:  # decodes first, then prefill chunks: never pad a decode row
         dec, pre = meta.split
         return torch.cat([cpu(q[: dec.n_seqs], kv, dec, scale), cpu(q[dec.n_seqs:], kv, pre, scale)])
-    n_seq, max_q, max_kv = meta.n_seqs, meta.max_q, meta.max_kv
-    q_heads, dim = q.shape[1], q.shape[2]
-    kv_heads = kv.k_pages.shape[2]
-    table = kv.block_table[meta.seq_streams, : -(-max_kv // kv.block_size)].long().clamp(min=0)
-    keys, vals = _gather(kv.k_pages, table, max_kv, q.dtype), _gather(kv.v_pages, table, max_kv, q.dtype)
-    key_pos = torch.arange(max_kv, device=q.device)
-    gqa = q_heads != kv_heads
+    n_seq, max_q, max_kv, window = meta.n_seqs, meta.max_q, meta.max_kv, meta.window
+    q_heads, dim, bs = q.shape[1], q.shape[2], kv.block_size
+    first = max(0, int((meta.kv_lens - meta.q_lens).min()) - window + 1) if window else 0
+    b0 = first // bs
+    table = kv.block_table[meta.seq_streams, b0: -(-max_kv // bs)].long().clamp(min=0)
+    keys, vals = (_gather(pages, table, max_kv - b0 * bs, q.dtype) for pages in (kv.k_pages, kv.v_pages))
+    key_pos = torch.arange(b0 * bs, max_kv, device=q.device)           # [L]
     if max_q == 1:                                                      # decode: q [B, q_heads, 1, dim]
-        mask = (key_pos < meta.kv_lens.unsqueeze(1)).view(n_seq, 1, 1, max_kv)
-        out = F.scaled_dot_product_attention(q.reshape(n_seq, q_heads, 1, dim), keys, vals, attn_mask=mask,
-                                             scale=scale, enable_gqa=gqa)
+        mask = _band(key_pos, meta.kv_lens.view(n_seq, 1) - 1, window).view(n_seq, 1, 1, -1)
+        out = _sdpa(q.reshape(n_seq, q_heads, 1, dim), keys, vals, mask, scale, meta.softcap)
         return out.view(n_seq, q_heads, dim)
     qp = q[meta.pad_index].transpose(1, 2)                              # [B, q_heads, max_q, dim]
-    mask = key_pos.view(1, 1, 1, max_kv) <= meta.pad_positions.view(n_seq, 1, max_q, 1)  # [B, 1, max_q, L]
-    out = F.scaled_dot_product_attention(qp, keys, vals, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    mask = _band(key_pos.view(1, 1, 1, -1), meta.pad_positions.view(n_seq, 1, max_q, 1), window)  # [B, 1, max_q, L]
+    out = _sdpa(qp, keys, vals, mask, scale, meta.softcap)
     return out.transpose(1, 2).reshape(n_seq * max_q, q_heads, dim)[meta.valid_rows]  # [tokens, q_heads, dim]
 
 
+def _band(key_pos: torch.Tensor, q_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """Which keys a query sees: causal, and within `window` positions when there is one."""
+    seen = key_pos <= q_pos
+    return seen & (key_pos > q_pos - window) if window else seen
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+          softcap: float) -> torch.Tensor:
+    """torch's SDPA (native GQA); with a softcap, which SDPA cannot apply, the maths written out."""
+    if not softcap:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    group = q.shape[1] // k.shape[1]
+    kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+    scores = softcap * torch.tanh(torch.matmul(q.float(), kf.transpose(-1, -2)) * scale / softcap)
+    return torch.matmul(scores.masked_fill(~mask, float("-inf")).softmax(dim=-1), vf).to(q.dtype)
+
+
 def _gather(pages: torch.Tensor, table: torch.Tensor, max_kv: int, dtype: torch.dtype) -> torch.Tensor:
-    """pages [n_blocks, bs, kv_heads, dim], table [B, nb] -> [B, kv_heads, max_kv, dim]."""
+    """pages [n_blocks, bs, kv_heads, dim], table [B, nb] -> [B, kv_heads, max_kv, dim] (the first
+    max_kv cells of the blocks the table lists)."""
     n_seq, nb = table.shape
     x = pages[table]                                                    # [B, nb, bs, kv_heads, dim]
     x = x.reshape(n_seq, nb * pages.shape[1], pages.shape[2], pages.shape[3])[:, :max_kv]
@@ -86,6 +110,13 @@ def _dot(a, b, IEEE_DOT: tl.constexpr):
 
 
 @_triton.jit
+def _softcap(s, softcap):
+    """Scores in log2 units soft-capped in natural units: c * tanh(x / c) (see attention.py)."""
+    y = s / (1.4426950408889634 * softcap)
+    return (softcap * 1.4426950408889634) * (1.0 - 2.0 / (tl.exp(2.0 * y) + 1.0))
+
+
+@_triton.jit
 def _page_rows(table_ptr, table_row, cells, c_mask, PAGE: tl.constexpr):
     """(page, row in page) of each logical cell of the stream whose table row starts at
     `table_row`; page 0 for masked cells (never loaded through)."""
@@ -96,11 +127,12 @@ def _page_rows(table_ptr, table_row, cells, c_mask, PAGE: tl.constexpr):
 @_triton.jit
 def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, kv_lens_ptr, q_offsets_ptr,
                          stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb, stride_vr, stride_vh,
-                         stride_bt, stride_ot, stride_oh, qk_scale,
+                         stride_bt, stride_ot, stride_oh, qk_scale, window, softcap,
                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-                         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Program (sequence b, KV head h): b's one new token, its GROUP query heads, over b's kv_len
-    cells looked up through the block table (the loop never goes past b's own length)."""
+                         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                         SOFTCAP: tl.constexpr):
+    """Program (sequence b, KV head h): b's one new token, its GROUP query heads, over b's cells
+    from its window's first (0 without one) to kv_len, looked up through the block table."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     stream = tl.load(streams_ptr + b).to(tl.int64) * stride_bt
@@ -114,7 +146,8 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, k
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for start in range(0, kv_len, BLOCK_N):
+    lo = tl.where(window > 0, tl.maximum(kv_len - window, 0), 0)
+    for start in range(lo, kv_len, BLOCK_N):
         cells = start + tl.arange(0, BLOCK_N)
         c_mask = cells < kv_len
         page, r = _page_rows(table_ptr, stream, cells, c_mask, PAGE)
@@ -124,6 +157,8 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, k
         k = tl.load(k_ptr + k_off, mask=nd_mask, other=0.0).to(tl.float32)    # [BLOCK_N, BLOCK_D]
         v = tl.load(v_ptr + v_off, mask=nd_mask, other=0.0).to(tl.float32)
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)                       # [BLOCK_G, BLOCK_N]
+        if SOFTCAP:
+            s = _softcap(s, softcap)
         s = tl.where(c_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
@@ -138,10 +173,10 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, k
 @_triton.jit
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, q_lens_ptr, kv_lens_ptr,
                           q_offsets_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb,
-                          stride_vr, stride_vh, stride_bt, stride_ot, stride_oh, qk_scale,
+                          stride_vr, stride_vh, stride_bt, stride_ot, stride_oh, qk_scale, window, softcap,
                           GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                          IEEE_DOT: tl.constexpr):
+                          IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr):
     """Program (sequence b, KV head h, row tile): a causal chunk against the paged cache; rows fold
     the GQA group (row r: query r // GROUP, head h*GROUP + r % GROUP), as in attention.py."""
     b = tl.program_id(0)
@@ -163,7 +198,8 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, 
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     hi = tl.minimum(kv_len, tl.max(tl.where(r_mask, pos, 0), axis=0) + 1)
-    for start in range(0, hi, BLOCK_N):
+    lo = tl.where(window > 0, tl.maximum(tl.min(tl.where(r_mask, pos, kv_len), axis=0) - window + 1, 0), 0)
+    for start in range(lo, hi, BLOCK_N):
         cells = start + tl.arange(0, BLOCK_N)
         c_mask = cells < hi
         page, pr = _page_rows(table_ptr, stream, cells, c_mask, PAGE)
@@ -173,7 +209,11 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, 
         v = tl.load(v_ptr + (page * stride_vb + pr * stride_vr)[:, None] + h * stride_vh + d[None, :],
                     mask=nd_mask, other=0.0)
         s = _dot(q, tl.trans(k), IEEE_DOT) * qk_scale                           # [BLOCK_M, BLOCK_N]
-        s = tl.where((cells[None, :] <= pos[:, None]) & c_mask[None, :], s, float("-inf"))
+        if SOFTCAP:
+            s = _softcap(s, softcap)
+        seen = (cells[None, :] <= pos[:, None]) & c_mask[None, :]
+        seen = seen & ((cells[None, :] > pos[:, None] - window) | (window == 0))
+        s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -191,8 +231,9 @@ def triton(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.
     group = q.shape[1] // kv_heads
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     args = (q.stride(0), q.stride(1), *kv.k_pages.stride()[:3], *kv.v_pages.stride()[:3],
-            kv.block_table.stride(0), out.stride(0), out.stride(1), scale * LOG2E)
-    common = dict(GROUP=group, HEAD_DIM=dim, PAGE=kv.block_size)
+            kv.block_table.stride(0), out.stride(0), out.stride(1), scale * LOG2E, meta.window,
+            float(meta.softcap or 1.0))
+    common = dict(GROUP=group, HEAD_DIM=dim, PAGE=kv.block_size, SOFTCAP=bool(meta.softcap))
     if meta.max_q == 1:
         _paged_decode_kernel[(meta.n_seqs, kv_heads)](
             q, kv.k_pages, kv.v_pages, out, kv.block_table, meta.seq_streams, meta.kv_lens, meta.q_offsets,
@@ -222,6 +263,13 @@ def _check(q: torch.Tensor, kv: PagedKV, meta: AttnMeta) -> None:
         assert t.dtype == torch.int64 and t.is_contiguous() and t.device == q.device
 
 
+def example_layer(meta: AttnMeta, gen: torch.Generator) -> AttnMeta:
+    """Half the cases under a sliding window (1 to 24 cells), a third soft-capped (0.5 to 3)."""
+    window = int(torch.randint(1, 25, (), generator=gen)) if torch.rand((), generator=gen) < 0.5 else 0
+    softcap = 0.5 + 2.5 * float(torch.rand((), generator=gen)) if torch.rand((), generator=gen) < 0.33 else 0.0
+    return meta.with_layer(window, softcap)
+
+
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     """A random ragged batch over shuffled pages (block size 4, 8 or 16; tokens- or heads-first
     storage); table entries past each sequence's length are unmapped (-1)."""
@@ -237,7 +285,7 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
         chunks.append(SeqChunk(stream=s, start=int(torch.randint(0, 30, (), generator=gen)), tokens=[0] * n_new))
     if torch.rand((), generator=gen) < 0.5:  # the engine's order, decodes first (AttnMeta.split)
         chunks.sort(key=lambda c: len(c.tokens) > 1)
-    meta = Batch.build(chunks).attn
+    meta = example_layer(Batch.build(chunks).attn, gen)
     owned = torch.randperm(n_blocks, generator=gen)[: n_streams * per_stream].view(n_streams, per_stream)
     table = torch.full((n_streams, per_stream), -1, dtype=torch.int32)
     for s, n_kv in zip(meta.seq_streams.tolist(), meta.kv_lens.tolist()):
@@ -259,8 +307,8 @@ def _aot(dtype: str, decode: bool, group: int = 3, dim: int = 64, page: int = 16
         sig["q_lens_ptr"] = "*i64"
     sig |= {n: "i32" for n in ("stride_qt", "stride_qh", "stride_kb", "stride_kr", "stride_kh", "stride_vb",
                                "stride_vr", "stride_vh", "stride_bt", "stride_ot", "stride_oh")}
-    sig["qk_scale"] = "fp32"
-    const = {"GROUP": group, "HEAD_DIM": dim, "PAGE": page, "BLOCK_D": _triton.next_power_of_2(dim)}
+    sig |= {"qk_scale": "fp32", "window": "i32", "softcap": "fp32"}
+    const = {"GROUP": group, "HEAD_DIM": dim, "PAGE": page, "BLOCK_D": _triton.next_power_of_2(dim), "SOFTCAP": False}
     if decode:
         const |= {"BLOCK_G": _triton.next_power_of_2(group), "BLOCK_N": DECODE_BLOCK_N}
     else:

@@ -76,7 +76,9 @@ def _truncate(p):
 
 
 BROKEN = {
-    "unknown architecture": (dict(**{"general.architecture": "gpt5"}), None, "unknown architecture 'gpt5'"),
+    "unknown architecture": (dict(**{"general.architecture": "gpt5"}), None,
+                             "unknown architecture 'gpt5' (supported: llama, mistral, qwen2, qwen3, gemma2, gemma3"),
+    "unsupported rope": (dict(**{"llama.rope.scaling.type": "su"}), None, "rope scaling type 'su' is not supported"),
     "missing tensor": (dict(n_layers=2, **{"llama.block_count": 3}), None, "missing tensor blk.2."),
     "wrong shape": (dict(**{"llama.feed_forward_length": 96}), None, "has shape"),
     "absurd dimension": (dict(**{"llama.embedding_length": 2**31}), None, "not a sane positive integer"),

@@ -12,6 +12,12 @@ be exercised end to end in milliseconds. Token ids are stable:
 Weights are seeded normal draws scaled by 1/sqrt(fan_in) (embeddings 2/sqrt(d_model), so tied
 logits have a std of about 2), norms are ones. `tiny_weights` returns the exact float32 values
 that `write_tiny_gguf` stores before quantization, for round-trip checks.
+
+`features` adds what other architectures carry (every one with random, non-unit values, so a
+tensor read in the wrong order shows): "qk_norm" (attn_q_norm/attn_k_norm), "post_norms"
+(post_attention_norm/post_ffw_norm), "fused" (phi3's attn_qkv and gate|up in ffn_up),
+"rope_factors" (phi3's rope_factors_long/short), "rope_freqs" (llama3's rope_freqs);
+`head_dim` sets attention.key_length apart from d_model / n_heads.
 """
 
 from __future__ import annotations
@@ -71,33 +77,59 @@ def tiny_vocab(extra_merges: Sequence[str] = ()) -> tuple[list[str], list[str], 
     return tokens + list(SPECIAL_TOKENS), merges, types
 
 
+FEATURES = ("qk_norm", "post_norms", "fused", "rope_factors", "rope_freqs")
+
+
 def tiny_weights(*, n_layers: int = 2, d_model: int = 64, n_heads: int = 4, n_kv_heads: int = 2,
                  d_ff: int = 128, vocab_size: int, tied_embeddings: bool = True,
-                 qkv_bias: bool = False, seed: int = 0) -> dict[str, np.ndarray]:
+                 qkv_bias: bool = False, seed: int = 0, head_dim: int | None = None,
+                 features: Sequence[str] = ()) -> dict[str, np.ndarray]:
     """The float32 weights by llama.cpp name, in numpy order (n_out, n_in), in file order."""
-    if d_model % n_heads or n_heads % n_kv_heads:
+    if (head_dim is None and d_model % n_heads) or n_heads % n_kv_heads:
         raise ValueError("d_model must divide by n_heads and n_heads by n_kv_heads")
+    if set(features) - set(FEATURES):
+        raise ValueError(f"unknown features {set(features) - set(FEATURES)}")
     rng = np.random.default_rng(seed)
-    hd = d_model // n_heads
+    hd = head_dim or d_model // n_heads
 
     def linear(n_out: int, n_in: int) -> np.ndarray:
         return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
 
+    def norm(n: int) -> np.ndarray:
+        return (1 + 0.3 * rng.standard_normal(n)).astype(np.float32)
+
     w = {"token_embd.weight": linear(vocab_size, d_model) * 2}
+    if "rope_freqs" in features:
+        w["rope_freqs.weight"] = (1 + 7 * rng.random(hd // 2)).astype(np.float32)
+    if "rope_factors" in features:
+        for kind in ("long", "short"):
+            w[f"rope_factors_{kind}.weight"] = (1 + 3 * rng.random(hd // 2)).astype(np.float32)
     for i in range(n_layers):
         b = f"blk.{i}."
         w[b + "attn_norm.weight"] = np.ones(d_model, np.float32)
-        w[b + "attn_q.weight"] = linear(n_heads * hd, d_model)  # (n_heads*hd, d_model)
-        w[b + "attn_k.weight"] = linear(n_kv_heads * hd, d_model)  # (n_kv*hd, d_model)
-        w[b + "attn_v.weight"] = linear(n_kv_heads * hd, d_model)
+        if "fused" in features:
+            w[b + "attn_qkv.weight"] = linear((n_heads + 2 * n_kv_heads) * hd, d_model)
+        else:
+            w[b + "attn_q.weight"] = linear(n_heads * hd, d_model)  # (n_heads*hd, d_model)
+            w[b + "attn_k.weight"] = linear(n_kv_heads * hd, d_model)  # (n_kv*hd, d_model)
+            w[b + "attn_v.weight"] = linear(n_kv_heads * hd, d_model)
         if qkv_bias:
             for proj, n_out in (("q", n_heads * hd), ("k", n_kv_heads * hd), ("v", n_kv_heads * hd)):
                 w[b + f"attn_{proj}.bias"] = (rng.standard_normal(n_out) * 0.02).astype(np.float32)
+        if "qk_norm" in features:
+            w[b + "attn_q_norm.weight"], w[b + "attn_k_norm.weight"] = norm(hd), norm(hd)
         w[b + "attn_output.weight"] = linear(d_model, n_heads * hd)
+        if "post_norms" in features:
+            w[b + "post_attention_norm.weight"] = norm(d_model)
         w[b + "ffn_norm.weight"] = np.ones(d_model, np.float32)
-        w[b + "ffn_gate.weight"] = linear(d_ff, d_model)  # (d_ff, d_model)
-        w[b + "ffn_up.weight"] = linear(d_ff, d_model)
+        if "fused" in features:
+            w[b + "ffn_up.weight"] = linear(2 * d_ff, d_model)  # gate rows, then up rows
+        else:
+            w[b + "ffn_gate.weight"] = linear(d_ff, d_model)  # (d_ff, d_model)
+            w[b + "ffn_up.weight"] = linear(d_ff, d_model)
         w[b + "ffn_down.weight"] = linear(d_model, d_ff)  # (d_model, d_ff)
+        if "post_norms" in features:
+            w[b + "post_ffw_norm.weight"] = norm(d_model)
     w["output_norm.weight"] = np.ones(d_model, np.float32)
     if not tied_embeddings:
         w["output.weight"] = linear(vocab_size, d_model) * 2
@@ -164,9 +196,11 @@ def quantize(x: np.ndarray, qtype: QT) -> np.ndarray:
 
 def _metadata(arch: str, *, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int,
               rope_base: float, ctx_len: int, rms_eps: float, chat_template: str,
-              vocab: tuple[list[str], list[str], list[int]]) -> dict[str, tuple[Any, VT]]:
+              vocab: tuple[list[str], list[str], list[int]], head_dim: int | None = None) -> dict[str, tuple[Any, VT]]:
     tokens, merges, types = vocab
-    return {
+    hd = {} if head_dim is None else {f"{arch}.attention.key_length": (head_dim, VT.UINT32),
+                                      f"{arch}.attention.value_length": (head_dim, VT.UINT32)}
+    return hd | {
         "general.name": (f"tiny-{arch}", VT.STRING),
         f"{arch}.block_count": (n_layers, VT.UINT32),
         f"{arch}.context_length": (ctx_len, VT.UINT32),
@@ -176,7 +210,7 @@ def _metadata(arch: str, *, n_layers: int, d_model: int, n_heads: int, n_kv_head
         f"{arch}.attention.head_count_kv": (n_kv_heads, VT.UINT32),
         f"{arch}.rope.freq_base": (rope_base, VT.FLOAT32),
         f"{arch}.attention.layer_norm_rms_epsilon": (rms_eps, VT.FLOAT32),
-        f"{arch}.rope.dimension_count": (d_model // n_heads, VT.UINT32),
+        f"{arch}.rope.dimension_count": (head_dim or d_model // n_heads, VT.UINT32),
         f"{arch}.vocab_size": (len(tokens), VT.UINT32),
         "tokenizer.ggml.model": ("gpt2", VT.STRING),
         "tokenizer.ggml.pre": ("gpt2", VT.STRING),
@@ -197,26 +231,32 @@ def write_tiny_gguf(path: str | os.PathLike, *, arch: str = "llama", n_layers: i
                     vocab_extra_merges: Sequence[str] = (), tensor_type: QT = QT.F32,
                     tied_embeddings: bool = True, rope_base: float = 10000.0, ctx_len: int = 256,
                     seed: int = 0, qkv_bias: bool = False, chat_template: str = CHATML,
-                    rms_eps: float = 1e-5, **overrides: Any) -> Path:
+                    rms_eps: float = 1e-5, head_dim: int | None = None, features: Sequence[str] = (),
+                    **overrides: Any) -> Path:
     """Write a tiny random model to `path` and return it as a Path.
 
     2-D weights are stored as `tensor_type` (quantized types need d_model and d_ff to be
     multiples of the block size: 32, or 256 for K-quants); 1-D norms and biases stay F32.
+    `features` and `head_dim`: see the module docstring.
     `overrides` maps full metadata keys (pass them as `**{"llama.context_length": 512}`) to new
-    values, keeping a known key's value type; a value of None removes the key.
+    values, keeping a known key's value type (a new key: int32, float32 or string, unless given as
+    a `(value, GGUFValueType)` pair); a value of None removes the key.
     """
     vocab = tiny_vocab(vocab_extra_merges)
     meta = {"general.architecture": (arch, VT.STRING)}
     meta |= _metadata(arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
                      n_kv_heads=n_kv_heads, d_ff=d_ff, rope_base=rope_base, ctx_len=ctx_len,
-                     rms_eps=rms_eps, chat_template=chat_template, vocab=vocab)
+                     rms_eps=rms_eps, chat_template=chat_template, vocab=vocab, head_dim=head_dim)
     weights = tiny_weights(n_layers=n_layers, d_model=d_model, n_heads=n_heads,
                            n_kv_heads=n_kv_heads, d_ff=d_ff, vocab_size=len(vocab[0]),
-                           tied_embeddings=tied_embeddings, qkv_bias=qkv_bias, seed=seed)
+                           tied_embeddings=tied_embeddings, qkv_bias=qkv_bias, seed=seed,
+                           head_dim=head_dim, features=features)
     writer = gguf.GGUFWriter(path, arch)
     for key, value in overrides.items():
         if value is None:
             meta.pop(key, None)
+        elif isinstance(value, tuple):   # (value, GGUFValueType): a new key of an explicit type
+            meta[key] = value
         else:
             meta[key] = (value, meta[key][1] if key in meta else VT.get_type(value))
     writer.kv_data[0].clear()  # the writer pre-adds general.architecture; `meta` decides

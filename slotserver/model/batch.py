@@ -7,7 +7,7 @@ chunks into the flat tensors one forward needs, computed once per step and share
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -45,10 +45,21 @@ class AttnMeta:
     # of the rest, each with rows counted from its own first row. A padded kernel runs the two
     # halves apart instead of padding every decode row to the longest prefill chunk.
     split: tuple["AttnMeta", "AttnMeta"] | None = None
+    # Per-layer options (`with_layer`): a sliding window (the query at position p sees keys
+    # p-window+1 .. p; 0: full causal attention) and gemma2's score soft-capping (0: off).
+    window: int = 0
+    softcap: float = 0.0
 
     @property
     def n_seqs(self) -> int:
         return int(self.seq_streams.shape[0])
+
+    def with_layer(self, window: int, softcap: float) -> "AttnMeta":
+        """The same batch under a layer's window and softcap (its split halves too)."""
+        if window == self.window and softcap == self.softcap:
+            return self
+        split = None if self.split is None else tuple(m.with_layer(window, softcap) for m in self.split)
+        return replace(self, window=window, softcap=softcap, split=split)
 
 
 @dataclass(frozen=True)

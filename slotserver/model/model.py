@@ -1,14 +1,20 @@
-"""The llama-family transformer: one forward per step over a ragged batch.
+"""The decoder-only transformer of every supported architecture: one forward per step over a ragged batch.
 
 No Python loop over sequences inside the layers: every layer runs its matmuls on all `[tokens]`
 rows of the batch at once, writes the new K/V rows into the layout, and calls the attention kernel
-once with the batch's `AttnMeta`. Ops come from a `KernelSet` (swappable at step boundaries).
+once with the batch's `AttnMeta` (carrying the layer's sliding window and softcap). Ops come from
+a `KernelSet` (swappable at step boundaries).
+
+One flat forward, no class per architecture: the `ModelSpec` switches (see spec.py's ARCHS) turn
+on what an architecture adds to the llama block: the embedding scale (gemma, granite), per-head
+q/k RMSNorm (qwen3, gemma3), per-layer rope tables and windows (gemma2/3), post-attention and
+post-FFN norms (gemma2/3), a GELU instead of SiLU gate (gemma), residual and logit multipliers
+(granite) and final-logit soft-capping (gemma2).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,7 +24,7 @@ from slotserver.model.gguf_file import GGUFFile
 from slotserver.lab.kernel_set import KernelSet
 from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
-from slotserver.model.weights import ModelWeights, Progress, WeightFormat, load_weights
+from slotserver.model.weights import LayerWeights, ModelWeights, Progress, WeightFormat, load_weights
 
 
 @dataclass
@@ -26,9 +32,14 @@ class LlamaModel:
     spec: ModelSpec
     weights: ModelWeights
     kernels: KernelSet
-    rope: RopeTable
+    rope: RopeTable            # the full-attention layers' table (its max_pos bounds the context)
     dtype: torch.dtype
     path: Path | None = None
+    layer_ropes: list[RopeTable] = field(default_factory=list)  # per layer (windowed layers: their own)
+
+    def __post_init__(self) -> None:
+        if not self.layer_ropes:
+            self.layer_ropes = [self.rope] * self.spec.n_layers
 
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype = torch.float32,
@@ -44,30 +55,68 @@ class LlamaModel:
         kernels = kernels or KernelSet.load()
         q4 = kernels.modules["q4_matmul"].module if "q4_matmul" in kernels.modules else None
         weights = load_weights(f, spec, dtype, progress, fmt, q4)
-        rope = RopeTable(spec, max_pos or spec.ctx_train, weights.rope_freqs)
-        return cls(spec, weights, kernels, rope, dtype, f.path)
+        max_pos = max_pos or spec.ctx_train
+        # phi3 longrope: the long factors once the context passes the trained one (llama.cpp's choice)
+        long = weights.rope_long is not None and max_pos > spec.rope.orig_ctx
+        freqs = weights.rope_long if long else weights.rope_freqs
+        tables: dict[tuple[float, float], RopeTable] = {}
+        for i in range(spec.n_layers):
+            base, scale = spec.rope_params(i)
+            if (base, scale) not in tables:
+                tables[(base, scale)] = RopeTable(spec, max_pos, freqs, base=base, scale=scale)
+        layer_ropes = [tables[spec.rope_params(i)] for i in range(spec.n_layers)]
+        full = tables.get((spec.rope_base, spec.rope_scale)) or layer_ropes[0]
+        return cls(spec, weights, kernels, full, dtype, f.path, layer_ropes)
 
     @torch.inference_mode()
     def forward(self, batch: Batch, cache) -> torch.Tensor:
         """Run the batch, writing its K/V into `cache`; -> float32 logits `[len(logits_rows), vocab]`."""
         s, w, ops = self.spec, self.weights, self.kernels
-        n = batch.n_tokens
-        cos, sin = self.rope.lookup(batch.positions)             # [tokens, rope_dim/2]
+        angles = {id(t): t.lookup(batch.positions) for t in self.layer_ropes}  # cos, sin [tokens, rope_dim/2]
         x = w.embed(batch.tokens)                                # [tokens, d_model] residual in f32
-        q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-        scale = 1.0 / math.sqrt(s.head_dim)
+        if s.embed_scale != 1.0:
+            x = x * s.embed_scale
+        ffn_act = ops.gelu_mul if s.act == "gelu" else ops.silu_mul
         for i, lw in enumerate(w.layers):
             h = ops.rms_norm(x, lw.attn_norm, s.norm_eps).to(w.act_dtype)
-            qkv = lw.qkv(h, ops).to(self.dtype)                 # [tokens, q_size + 2*kv_size]
+            a = self._attention(i, lw, h, batch, cache, *angles[id(self.layer_ropes[i])])
+            x = x + self._branch_out(lw.wo(a, ops), lw.post_attn_norm)
+            h = ops.rms_norm(x, lw.ffn_norm, s.norm_eps).to(w.act_dtype)
+            x = x + self._branch_out(lw.down(ffn_act(lw.gate_up(h, ops)), ops), lw.post_ffn_norm)
+        x = ops.rms_norm(x[batch.logits_rows], w.out_norm, s.norm_eps).to(w.act_dtype)
+        logits = w.output(x, ops).float()                        # [rows, vocab]
+        if s.logit_scale != 1.0:
+            logits = logits / s.logit_scale
+        if s.final_softcap:
+            logits = torch.tanh(logits / s.final_softcap) * s.final_softcap
+        return logits
+
+    def _attention(self, i: int, lw: LayerWeights, h: torch.Tensor, batch: Batch, cache,
+                   cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Layer i's q/k/v from the normed residual h, K/V written, attention -> [tokens, heads * hd]."""
+        s, ops, n = self.spec, self.kernels, batch.n_tokens
+        q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        qkv = lw.qkv(h, ops).to(self.dtype)                      # [tokens, q_size + 2*kv_size]
+        if lw.q_norm is None:
             qk = ops.rope(qkv[:, : q_size + kv_size].view(n, s.n_heads + s.n_kv_heads, s.head_dim), cos, sin)
             q, k = qk[:, : s.n_heads], qk[:, s.n_heads:]        # [tokens, heads, hd], [tokens, kv_heads, hd]
-            v = qkv[:, q_size + kv_size:].view(n, s.n_kv_heads, s.head_dim)
-            cache.write(i, batch.token_streams, batch.positions, k, v)
-            kv = cache.view(i)                                   # StridedKV or PagedKV
-            attend = ops.paged_attention if kv.paged else ops.attention
-            a = attend(q, kv, batch.attn, scale)                 # [tokens, heads, hd]
-            x = x + lw.wo(a.reshape(n, q_size).to(w.act_dtype), ops)
-            h = ops.rms_norm(x, lw.ffn_norm, s.norm_eps).to(w.act_dtype)
-            x = x + lw.down(ops.silu_mul(lw.gate_up(h, ops)), ops)
-        x = ops.rms_norm(x[batch.logits_rows], w.out_norm, s.norm_eps).to(w.act_dtype)
-        return w.output(x, ops).float()                          # [rows, vocab]
+        else:  # per-head RMSNorm before rope (qwen3, gemma3)
+            q = ops.rms_norm(qkv[:, :q_size].reshape(n * s.n_heads, s.head_dim), lw.q_norm, s.norm_eps)
+            k = ops.rms_norm(qkv[:, q_size: q_size + kv_size].reshape(n * s.n_kv_heads, s.head_dim), lw.k_norm,
+                             s.norm_eps)
+            q = ops.rope(q.view(n, s.n_heads, s.head_dim), cos, sin)
+            k = ops.rope(k.view(n, s.n_kv_heads, s.head_dim), cos, sin)
+        v = qkv[:, q_size + kv_size:].view(n, s.n_kv_heads, s.head_dim)
+        cache.write(i, batch.token_streams, batch.positions, k, v)
+        kv = cache.view(i)                                       # StridedKV or PagedKV
+        attend = ops.paged_attention if kv.paged else ops.attention
+        a = attend(q, kv, batch.attn.with_layer(s.window(i), s.attn_softcap), s.q_scale)  # [tokens, heads, hd]
+        return a.reshape(n, q_size).to(self.weights.act_dtype)
+
+    def _branch_out(self, y: torch.Tensor, post_norm: torch.Tensor | None) -> torch.Tensor:
+        """An attention or FFN output before the residual add: post-normed (gemma2/3), scaled (granite)."""
+        if post_norm is not None:
+            y = self.kernels.rms_norm(y, post_norm, self.spec.norm_eps)
+        if self.spec.residual_scale != 1.0:
+            y = y * self.spec.residual_scale
+        return y

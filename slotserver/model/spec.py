@@ -1,8 +1,11 @@
 """GGUF metadata -> a validated `ModelSpec`, driven by a table of architectures.
 
-Adding a llama-family architecture is one `ArchDef` row: whether q/k/v carry biases and which rope
-mode its GGUF weights expect. Everything else (GQA, tied embeddings, rope base/scaling) is read from
-the metadata keys llama.cpp uses (`{arch}.block_count`, `{arch}.attention.head_count_kv`, ...).
+An architecture is one `ArchDef` row: a few switches the one forward (`model.py`) reads (q/k/v
+biases, rope mode, q/k norms, post-norms, the gated FFN's activation, sliding-window pattern,
+soft-capping, fused tensors, granite's multipliers). Everything else (GQA, head sizes, rope base
+and scaling, window size) comes from the metadata keys llama.cpp reads (`{arch}.block_count`,
+`{arch}.attention.sliding_window`, ...), with llama.cpp's defaults (src/llama-model.cpp,
+src/models/<arch>.cpp).
 """
 
 from __future__ import annotations
@@ -11,18 +14,37 @@ import math
 from dataclasses import dataclass
 
 from slotserver.model.gguf_file import GGUFError, GGUFFile
+from slotserver.model.rope_scaling import RopeScaling
 
 
 @dataclass(frozen=True)
 class ArchDef:
     qkv_bias: bool = False
-    rope_mode: str = "normal"  # "normal": adjacent pairs (GGUF llama); "neox": half split (qwen2)
+    rope_mode: str = "normal"    # "normal": adjacent pairs (GGUF llama); "neox": half split (qwen2)
+    embed_scale: str = "none"    # "sqrt_d": x * sqrt(d_model) (gemma); "metadata": {arch}.embedding_scale
+    qk_norm: bool = False        # per-head RMSNorm of q and k before rope (attn_q_norm / attn_k_norm)
+    post_norms: bool = False     # RMSNorm of the attention and FFN outputs before the residual add
+    act: str = "silu"            # gated FFN: "silu" (SwiGLU) or "gelu" (tanh GELU, GeGLU)
+    swa_pattern: int = 0         # n > 0: layer i is windowed when i % n < n - 1 (llama.cpp's pattern)
+    swa_default: int = 0         # window when the metadata has none (0: no window without the key)
+    swa_rope_global: bool = False  # windowed layers keep the global rope base unless freq_base_swa (gemma2)
+    softcap: bool = False        # gemma2: attention and final-logit soft-capping (defaults 50 / 30)
+    fused: bool = False          # phi3: attn_qkv holds q|k|v and ffn_up holds gate|up
+    multipliers: bool = False    # granite: embedding, residual, attention and logit multipliers
+    gemma_scale: bool = False    # 27B gemmas scale q by 1/sqrt(d_model / n_heads), not 1/sqrt(head_dim)
 
 
 ARCHS: dict[str, ArchDef] = {
     "llama": ArchDef(),
     "mistral": ArchDef(),
     "qwen2": ArchDef(qkv_bias=True, rope_mode="neox"),
+    "qwen3": ArchDef(rope_mode="neox", qk_norm=True),
+    "gemma2": ArchDef(rope_mode="neox", embed_scale="sqrt_d", post_norms=True, act="gelu", swa_pattern=2,
+                      swa_default=4096, swa_rope_global=True, softcap=True, gemma_scale=True),
+    "gemma3": ArchDef(rope_mode="neox", embed_scale="sqrt_d", qk_norm=True, post_norms=True, act="gelu",
+                      swa_pattern=6, gemma_scale=True),
+    "phi3": ArchDef(rope_mode="neox", fused=True),
+    "granite": ArchDef(embed_scale="metadata", multipliers=True),
 }
 
 
@@ -40,15 +62,40 @@ class ModelSpec:
     norm_eps: float
     rope_base: float
     rope_dim: int
-    rope_scale: float          # positions are multiplied by this (1 / linear scaling factor)
+    rope_scale: float          # positions are multiplied by this (1 / scaling factor; llama.cpp's freq_scale)
     tied_embeddings: bool
     qkv_bias: bool
     rope_mode: str
     has_rope_freqs: bool       # llama3-style per-frequency factors in `rope_freqs.weight`
+    rope: RopeScaling = RopeScaling()   # yarn / longrope details beyond `rope_scale`
+    windows: tuple[int, ...] = ()       # per layer: sliding window in cells (0: full attention)
+    rope_base_swa: float = 10000.0      # rope base of windowed layers
+    rope_scale_swa: float = 1.0
+    attn_scale: float = 0.0    # q.k multiplier (0: 1/sqrt(head_dim))
+    attn_softcap: float = 0.0  # scores -> c * tanh(scores / c) (gemma2); 0: off
+    final_softcap: float = 0.0  # logits -> c * tanh(logits / c); 0: off
+    embed_scale: float = 1.0   # the embedding rows are multiplied by this
+    residual_scale: float = 1.0  # attention and FFN outputs are multiplied by this before the add
+    logit_scale: float = 1.0   # logits are divided by this (granite)
+    qk_norm: bool = False
+    post_norms: bool = False
+    act: str = "silu"
+    fused: bool = False
 
     @property
     def group(self) -> int:
         return self.n_heads // self.n_kv_heads
+
+    @property
+    def q_scale(self) -> float:
+        return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
+
+    def window(self, layer: int) -> int:
+        return self.windows[layer] if self.windows else 0
+
+    def rope_params(self, layer: int) -> tuple[float, float]:
+        """(base, freq_scale) of a layer's rope: windowed layers have their own (gemma2/3)."""
+        return (self.rope_base_swa, self.rope_scale_swa) if self.window(layer) else (self.rope_base, self.rope_scale)
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelSpec":
@@ -56,28 +103,33 @@ class ModelSpec:
         arch = md.get("general.architecture")
         if arch not in ARCHS:
             raise GGUFError(f"{f.path}: unknown architecture {arch!r} (supported: {', '.join(ARCHS)})")
-        key = _Keys(f, arch)
-        n_heads = key.int("attention.head_count")
-        d_model = key.int("embedding_length")
+        a, key = ARCHS[arch], _Keys(f, arch)
+        n_heads, d_model, n_layers = key.int("attention.head_count"), key.int("embedding_length"), key.int("block_count")
         head_dim = key.int("attention.key_length", d_model // n_heads)
+        if key.int("attention.value_length", head_dim) != head_dim:
+            raise GGUFError(f"{f.path}: attention.value_length differs from key_length (not supported)")
+        rope_dim = key.int("rope.dimension_count", head_dim)
+        rope = RopeScaling.from_metadata(key, rope_dim)
+        windows, base_swa, scale_swa = _sliding_windows(a, key, n_layers, rope)
         spec = cls(
-            arch=arch,
-            n_layers=key.int("block_count"),
-            d_model=d_model,
-            n_heads=n_heads,
-            n_kv_heads=key.int("attention.head_count_kv", n_heads),
-            head_dim=head_dim,
+            arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
+            n_kv_heads=key.int("attention.head_count_kv", n_heads), head_dim=head_dim,
             d_ff=key.int("feed_forward_length"),
             vocab_size=key.int("vocab_size", len(md.get("tokenizer.ggml.tokens", ())) or None),
             ctx_train=key.int("context_length"),
             norm_eps=key.float("attention.layer_norm_rms_epsilon", 1e-5),
-            rope_base=key.float("rope.freq_base", 10000.0),
-            rope_dim=key.int("rope.dimension_count", head_dim),
-            rope_scale=_rope_scale(key),
+            rope_base=rope.base, rope_dim=rope_dim, rope_scale=rope.freq_scale,
             tied_embeddings="output.weight" not in f.tensors,
-            qkv_bias=ARCHS[arch].qkv_bias,
-            rope_mode=ARCHS[arch].rope_mode,
-            has_rope_freqs="rope_freqs.weight" in f.tensors,
+            qkv_bias=a.qkv_bias, rope_mode=a.rope_mode,
+            has_rope_freqs="rope_freqs.weight" in f.tensors, rope=rope,
+            windows=windows, rope_base_swa=base_swa, rope_scale_swa=scale_swa,
+            attn_scale=_attn_scale(a, key, n_layers, d_model, n_heads, head_dim),
+            attn_softcap=key.float("attn_logit_softcapping", 50.0) if a.softcap else 0.0,
+            final_softcap=key.float("final_logit_softcapping", 30.0 if a.softcap else 0.0),
+            embed_scale=_embed_scale(a, key, d_model),
+            residual_scale=key.float("residual_scale", 1.0) if a.multipliers else 1.0,
+            logit_scale=key.float("logit_scale") if a.multipliers else 1.0,
+            qk_norm=a.qk_norm, post_norms=a.post_norms, act=a.act, fused=a.fused,
         )
         spec._validate(f)
         return spec
@@ -90,8 +142,12 @@ class ModelSpec:
             problems.append(f"rope dimension {self.rope_dim} must be even and <= head dim {self.head_dim}")
         if not (0 < self.norm_eps < 1):
             problems.append(f"rms epsilon {self.norm_eps} out of range")
-        if not (self.rope_base > 0 and math.isfinite(self.rope_base)):
-            problems.append(f"rope base {self.rope_base} must be positive")
+        for name in ("rope_base", "rope_base_swa"):
+            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
+                problems.append(f"{name.replace('_', ' ')} {getattr(self, name)} must be positive")
+        for name in ("attn_softcap", "final_softcap", "logit_scale"):
+            if getattr(self, name) < 0 or (name == "logit_scale" and self.logit_scale == 0):
+                problems.append(f"{name} {getattr(self, name)} out of range")
         if problems:
             raise GGUFError(f"{f.path}: bad model metadata: {'; '.join(problems)}")
 
@@ -103,6 +159,12 @@ class _Keys:
 
     def __init__(self, f: GGUFFile, arch: str) -> None:
         self.f, self.arch = f, arch
+
+    def has(self, name: str) -> bool:
+        return f"{self.arch}.{name}" in self.f.metadata
+
+    def raw(self, name: str, default=None):
+        return self.f.metadata.get(f"{self.arch}.{name}", default)
 
     def _get(self, name: str, default):
         value = self.f.metadata.get(f"{self.arch}.{name}", default)
@@ -122,11 +184,41 @@ class _Keys:
             raise GGUFError(f"{self.f.path}: metadata {self.arch}.{name} = {value!r} is not a number")
         return float(value)
 
+    def error(self, what: str) -> GGUFError:
+        return GGUFError(f"{self.f.path}: {what}")
 
-def _rope_scale(key: _Keys) -> float:
-    kind = key.f.metadata.get(f"{key.arch}.rope.scaling.type", "none")
-    if kind in ("none", None):
-        return 1.0
-    if kind == "linear":
-        return 1.0 / key.float("rope.scaling.factor")
-    raise GGUFError(f"{key.f.path}: rope scaling type {kind!r} is not supported (none, linear)")
+
+def _sliding_windows(a: ArchDef, key: _Keys, n_layers: int, rope: RopeScaling) -> tuple[tuple[int, ...], float, float]:
+    """Per-layer windows and the windowed layers' rope (base, scale), as llama.cpp's gemma2/gemma3."""
+    if not a.swa_pattern:
+        return (), rope.base, rope.freq_scale
+    n_swa = key.raw("attention.sliding_window", a.swa_default)
+    if isinstance(n_swa, bool) or not isinstance(n_swa, int) or n_swa < 0:
+        raise key.error(f"metadata {key.arch}.attention.sliding_window = {n_swa!r} is not a window size")
+    if n_swa == 0:
+        return (), rope.base, rope.freq_scale
+    pattern = key.raw("attention.sliding_window_pattern", a.swa_pattern)
+    if isinstance(pattern, list):   # an explicit per-layer flag array
+        if len(pattern) != n_layers:
+            raise key.error(f"attention.sliding_window_pattern has {len(pattern)} entries for {n_layers} layers")
+        flags = [bool(p) for p in pattern]
+    else:
+        flags = [pattern == 0 or i % pattern < pattern - 1 for i in range(n_layers)]
+    base_default, scale = (rope.base, rope.freq_scale) if a.swa_rope_global else (10000.0, 1.0)
+    return tuple(n_swa if w else 0 for w in flags), key.float("rope.freq_base_swa", base_default), scale
+
+
+def _attn_scale(a: ArchDef, key: _Keys, n_layers: int, d_model: int, n_heads: int, head_dim: int) -> float:
+    if a.multipliers:
+        return key.float("attention.scale", 0.0)
+    if a.gemma_scale and n_layers in ({"gemma2": 46, "gemma3": 62}.get(key.arch, -1),):  # the 27B models
+        return 1.0 / math.sqrt(d_model // n_heads)
+    return 0.0
+
+
+def _embed_scale(a: ArchDef, key: _Keys, d_model: int) -> float:
+    if a.embed_scale == "sqrt_d":
+        return math.sqrt(d_model)
+    if a.embed_scale == "metadata":
+        return key.float("embedding_scale", 0.0) or 1.0
+    return 1.0

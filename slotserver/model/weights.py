@@ -85,6 +85,10 @@ class LayerWeights:
     ffn_norm: torch.Tensor       # [d_model]
     gate_up: MatMul              # [2 * d_ff, d_model]
     down: MatMul                 # [d_model, d_ff]
+    q_norm: torch.Tensor | None = None     # [head_dim] per-head RMSNorm of q (qwen3, gemma3)
+    k_norm: torch.Tensor | None = None     # [head_dim]
+    post_attn_norm: torch.Tensor | None = None  # [d_model] RMSNorm of the attention output (gemma2/3)
+    post_ffn_norm: torch.Tensor | None = None   # [d_model] RMSNorm of the FFN output
 
 
 @dataclass
@@ -93,8 +97,9 @@ class ModelWeights:
     layers: list[LayerWeights]
     out_norm: torch.Tensor       # [d_model]
     output: MatMul               # [vocab, d_model] (shares the embedding when tied)
-    rope_freqs: torch.Tensor | None  # [rope_dim / 2] llama3-style frequency divisors
+    rope_freqs: torch.Tensor | None  # [rope_dim / 2] frequency divisors (llama3; phi3's short factors)
     act_dtype: torch.dtype = torch.float32   # the matmuls' inputs and outputs (see below)
+    rope_long: torch.Tensor | None = None    # [rope_dim / 2] phi3 longrope factors past the trained context
 
     # Why float32 activations around GGUF-block matmuls whatever the dtype (then only the KV cache
     # and attention are bf16, as llama.cpp keeps f32 activations and an f16 cache): qmatmul quantizes
@@ -126,14 +131,69 @@ def load_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, progress: Pro
     else:
         out_w = embed.dense if spec.tied_embeddings else _load(f, out_name, (spec.vocab_size, d), dtype)
         output = Linear.build(out_w, None, _kind(f, out_name, fmt), fmt.output_max_rows)
-    freqs = _load(f, "rope_freqs.weight", (spec.rope_dim // 2,), torch.float32) if spec.has_rope_freqs else None
+    freqs, long = (_optional(f, n, (spec.rope_dim // 2,))
+                   for n in ("rope_freqs.weight" if spec.has_rope_freqs else "rope_factors_short.weight",
+                             "rope_factors_long.weight"))
     tick(total, total)
-    return ModelWeights(embed, layers, out_norm, output, freqs, torch.float32 if kind == "q" else dtype)
+    return ModelWeights(embed, layers, out_norm, output, freqs, torch.float32 if kind == "q" else dtype, long)
+
+
+def _optional(f: GGUFFile, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """A float32 tensor the architecture may or may not have (norms, rope factors)."""
+    return _load(f, name, shape, torch.float32) if name in f.tensors else None
+
+
+def _norms(f: GGUFFile, spec: ModelSpec, p: str) -> dict[str, torch.Tensor | None]:
+    """The optional per-layer norms; q/k norm weights reordered like the q/k rows (neox -> pairs)."""
+    d, hd = spec.d_model, spec.head_dim
+    q_norm, k_norm = (_optional(f, p + n, (hd,)) for n in ("attn_q_norm.weight", "attn_k_norm.weight"))
+    if spec.qk_norm and (q_norm is None or k_norm is None):
+        f.require(p + "attn_q_norm.weight", (hd,)), f.require(p + "attn_k_norm.weight", (hd,))
+    if spec.rope_mode == "neox" and q_norm is not None:
+        q_norm, k_norm = _neox_to_normal(q_norm, spec), _neox_to_normal(k_norm, spec)
+    post = [_optional(f, p + n, (d,)) for n in ("post_attention_norm.weight", "post_ffw_norm.weight")]
+    if spec.post_norms and None in post:
+        f.require(p + "post_attention_norm.weight", (d,)), f.require(p + "post_ffw_norm.weight", (d,))
+    return dict(q_norm=q_norm if spec.qk_norm else None, k_norm=k_norm if spec.qk_norm else None,
+                post_attn_norm=post[0] if spec.post_norms else None, post_ffn_norm=post[1] if spec.post_norms else None)
+
+
+def _qkv_rows(spec: ModelSpec) -> list[int]:
+    """Row order of a fused q|k|v tensor taking q and k heads from neox pairs to adjacent ones."""
+    q_rows, kv_rows = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+    return (_neox_rows(spec, q_rows) + [q_rows + r for r in _neox_rows(spec, kv_rows)]
+            + list(range(q_rows + kv_rows, q_rows + 2 * kv_rows)))
 
 
 def _block_layer(f: GGUFFile, spec: ModelSpec, i: int, fmt: WeightFormat) -> LayerWeights:
     """One layer's matmuls as GGUF blocks (q/k rows reordered for neox rope: a copy of those two)."""
     d, hd, p = spec.d_model, spec.head_dim, f"blk.{i}."
+    q_rows, kv_rows = spec.n_heads * hd, spec.n_kv_heads * hd
+    if p + "attn_qkv.weight" in f.tensors:   # phi3: q|k|v already one tensor
+        qkv_w = _blocks(f, p + "attn_qkv.weight", (q_rows + 2 * kv_rows, d))
+        qkv = _qlinear(f, [take_rows(qkv_w, _qkv_rows(spec)) if spec.rope_mode == "neox" else qkv_w], [None], False)
+    else:
+        qkv = _block_qkv(f, spec, p, fmt)
+    if spec.fused:   # phi3: ffn_up holds gate|up
+        gate_up = _qlinear(f, [_blocks(f, p + "ffn_up.weight", (2 * spec.d_ff, d))], [None], False)
+    else:
+        names = ("ffn_gate", "ffn_up")
+        gate_up = _qlinear(f, [_blocks(f, p + n + ".weight", (spec.d_ff, d)) for n in names],
+                           [f.tensors[p + n + ".weight"] for n in names], fmt.fuse_copy)
+    return LayerWeights(
+        attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32),
+        qkv=qkv,
+        wo=_qlinear(f, [_blocks(f, p + "attn_output.weight", (d, q_rows))], [None], False),
+        ffn_norm=_load(f, p + "ffn_norm.weight", (d,), torch.float32),
+        gate_up=gate_up,
+        down=_qlinear(f, [_blocks(f, p + "ffn_down.weight", (d, spec.d_ff))], [None], False),
+        **_norms(f, spec, p),
+    )
+
+
+def _block_qkv(f: GGUFFile, spec: ModelSpec, p: str, fmt: WeightFormat) -> QLinear:
+    """Separate q, k, v tensors as one QLinear (q/k rows reordered for neox rope: a copy of those two)."""
+    d, hd = spec.d_model, spec.head_dim
     q_rows, kv_rows = spec.n_heads * hd, spec.n_kv_heads * hd
     q = _blocks(f, p + "attn_q.weight", (q_rows, d))
     k = _blocks(f, p + "attn_k.weight", (kv_rows, d))
@@ -149,15 +209,7 @@ def _block_layer(f: GGUFFile, spec: ModelSpec, i: int, fmt: WeightFormat) -> Lay
     if spec.rope_mode == "neox":
         q, k = take_rows(q, _neox_rows(spec, q.n)), take_rows(k, _neox_rows(spec, k.n))
         infos[:2] = [None, None]   # no longer the file's bytes
-    gate_up = [_blocks(f, p + n + ".weight", (spec.d_ff, d)) for n in ("ffn_gate", "ffn_up")]
-    return LayerWeights(
-        attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32),
-        qkv=_qlinear(f, [q, k, v], infos, fmt.fuse_copy, bias),
-        wo=_qlinear(f, [_blocks(f, p + "attn_output.weight", (d, q_rows))], [None], False),
-        ffn_norm=_load(f, p + "ffn_norm.weight", (d,), torch.float32),
-        gate_up=_qlinear(f, gate_up, [f.tensors[p + n + ".weight"] for n in ("ffn_gate", "ffn_up")], fmt.fuse_copy),
-        down=_qlinear(f, [_blocks(f, p + "ffn_down.weight", (d, spec.d_ff))], [None], False),
-    )
+    return _qlinear(f, [q, k, v], infos, fmt.fuse_copy, bias)
 
 
 def _blocks(f: GGUFFile, name: str, shape: tuple[int, int]) -> QWeight:
@@ -205,9 +257,15 @@ def _neox_rows(spec: ModelSpec, n: int) -> list[int]:
 def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: WeightFormat,
                 q4_kernel=None) -> LayerWeights:
     d, hd, p = spec.d_model, spec.head_dim, f"blk.{i}."
-    q = _load(f, p + "attn_q.weight", (spec.n_heads * hd, d), dtype)
-    k = _load(f, p + "attn_k.weight", (spec.n_kv_heads * hd, d), dtype)
-    v = _load(f, p + "attn_v.weight", (spec.n_kv_heads * hd, d), dtype)
+    q_rows, kv_rows = spec.n_heads * hd, spec.n_kv_heads * hd
+    if p + "attn_qkv.weight" in f.tensors:   # phi3: q|k|v already one tensor
+        q, k, v = _load(f, p + "attn_qkv.weight", (q_rows + 2 * kv_rows, d), dtype).split([q_rows, kv_rows, kv_rows])
+        qkv_names = ["attn_qkv"]
+    else:
+        q = _load(f, p + "attn_q.weight", (q_rows, d), dtype)
+        k = _load(f, p + "attn_k.weight", (kv_rows, d), dtype)
+        v = _load(f, p + "attn_v.weight", (kv_rows, d), dtype)
+        qkv_names = ["attn_q", "attn_k", "attn_v"]
     bias = None
     if spec.qkv_bias:
         bq = _load(f, p + "attn_q.bias", (spec.n_heads * hd,), dtype)
@@ -218,8 +276,12 @@ def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: W
         bias = torch.cat([bq, bk, bv])
     if spec.rope_mode == "neox":
         q, k = _neox_to_normal(q, spec), _neox_to_normal(k, spec)
-    gate = _load(f, p + "ffn_gate.weight", (spec.d_ff, d), dtype)
-    up = _load(f, p + "ffn_up.weight", (spec.d_ff, d), dtype)
+    if spec.fused:   # phi3: ffn_up holds gate|up
+        gate_up, gate_up_names = _load(f, p + "ffn_up.weight", (2 * spec.d_ff, d), dtype), ["ffn_up"]
+    else:
+        gate_up = torch.cat([_load(f, p + n + ".weight", (spec.d_ff, d), dtype) for n in ("ffn_gate", "ffn_up")])
+        gate_up_names = ["ffn_gate", "ffn_up"]
+
     def lin(names: list[str], w: torch.Tensor, b: torch.Tensor | None = None) -> Linear:
         kinds = {_kind(f, p + n + ".weight", fmt) for n in names}
         return Linear.build(w, b, kinds.pop() if len(kinds) == 1 else _no_int4(fmt.kind), fmt.int8_max_rows,
@@ -227,11 +289,12 @@ def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: W
 
     return LayerWeights(
         attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32),
-        qkv=lin(["attn_q", "attn_k", "attn_v"], torch.cat([q, k, v]), bias),
+        qkv=lin(qkv_names, torch.cat([q, k, v]), bias),
         wo=lin(["attn_output"], _load(f, p + "attn_output.weight", (d, spec.n_heads * hd), dtype)),
         ffn_norm=_load(f, p + "ffn_norm.weight", (d,), torch.float32),
-        gate_up=lin(["ffn_gate", "ffn_up"], torch.cat([gate, up])),
+        gate_up=lin(gate_up_names, gate_up),
         down=lin(["ffn_down"], _load(f, p + "ffn_down.weight", (d, spec.d_ff), dtype)),
+        **_norms(f, spec, p),
     )
 
 

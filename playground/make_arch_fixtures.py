@@ -1,0 +1,133 @@
+"""Make tests/fixtures/archs/: a tiny random-weight GGUF per architecture and llama.cpp's outputs on it.
+
+Run once (it needs the llama.cpp peer build; the tests only read what it writes):
+
+    .venv/bin/python playground/make_arch_fixtures.py [NAME ...]
+
+Each case (`CASES`) is a tiny F32 model from tests/tiny_gguf.py with every switch of its
+architecture on and made to matter (a window shorter than the prompts, soft-caps inside the
+logits' range, norm weights away from 1, a rope scaling whose blend touches the rotated dims).
+llama-server runs it with an f32 KV cache; `POST /completion` with prompt token ids, temperature 0,
+`ignore_eos`, `n_probs 8`, `n_predict` N gives the greedy ids and each step's top-8 log-probs (the
+format of tests/fixtures/greedy_f32.json, plus `banned`: ids the greedy pick excludes, see `banned`). Writes `<name>.gguf` and `<name>.json` per case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from tiny_gguf import bytes_to_unicode, write_tiny_gguf  # noqa: E402
+
+OUT = ROOT / "tests" / "fixtures" / "archs"
+PEER = Path.home() / ".cache/slotserver-peer/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
+N_CTX, N_PREDICT = 256, 12
+U32 = gguf.GGUFValueType.UINT32
+SMALL = dict(d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, ctx_len=512, **{"tokenizer.ggml.pre": "default", "general.name": "tiny"})
+
+CASES: dict[str, dict] = {
+    "gemma3": dict(arch="gemma3", n_layers=6, head_dim=16, rope_base=1e6, features=("qk_norm", "post_norms"),
+                   **{"gemma3.attention.sliding_window": (4, U32), "gemma3.final_logit_softcapping": 8.0}),
+    "qwen3": dict(arch="qwen3", head_dim=16, features=("qk_norm",)),
+    "gemma2": dict(arch="gemma2", head_dim=16, features=("post_norms",),
+                   **{"gemma2.attention.sliding_window": (5, U32), "gemma2.attn_logit_softcapping": 2.0,
+                      "gemma2.final_logit_softcapping": 6.0, "gemma2.rope.freq_base_swa": 500.0}),
+    "phi3": dict(arch="phi3", n_kv_heads=4, features=("fused", "rope_factors"),
+                 **{"phi3.rope.scaling.attn_factor": 1.2, "phi3.rope.scaling.original_context_length": (128, U32)}),
+    "granite": dict(arch="granite", tied_embeddings=False,
+                    **{"granite.embedding_scale": 3.0, "granite.residual_scale": 0.5, "granite.attention.scale": 0.2,
+                       "granite.logit_scale": 1.5}),
+    "qwen2_yarn": dict(arch="qwen2", qkv_bias=True,
+                       **{"qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0,
+                          "qwen2.rope.scaling.original_context_length": (64, U32)}),
+    "llama3_freqs": dict(arch="llama", features=("rope_freqs",), rope_base=500000.0),
+    "llama_linear": dict(arch="llama", **{"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}),
+}
+
+
+def prompts(seed: int = 7) -> list[list[int]]:
+    """Three prompts of ordinary (non-special) token ids: 3, 9 and 17 tokens long."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 300, n).tolist() for n in (3, 9, 17)]
+
+
+def banned() -> list[int]:
+    """Byte tokens of bytes >= 0x80 (GPT-2 byte order): llama-server reports no probabilities for a
+    token that leaves its text as incomplete UTF-8, so greedy decoding never picks them here (a
+    logit bias); the reported probabilities are the raw ones, these tokens included."""
+    return [i for i, b in enumerate(bytes_to_unicode()) if b >= 0x80]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(port: int, path: str, body: dict) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def run_llama(gguf: Path) -> list[dict]:
+    """llama-server on `gguf` (f32 KV, one slot); the greedy completion of every prompt."""
+    port = _free_port()
+    cmd = [str(PEER / "llama-server"), "-m", str(gguf), "--port", str(port), "-c", str(N_CTX), "-np", "1",
+           "-ctk", "f32", "-ctv", "f32", "-fa", "off", "-t", "2", "--no-warmup"]
+    env = dict(os.environ, LD_LIBRARY_PATH=str(PEER))
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(gguf.with_suffix(".log"), "w"), env=env)
+    try:
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError(f"llama-server did not start on {gguf} (see {gguf.with_suffix('.log')})")
+        return [_complete(port, ids) for ids in prompts()]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _complete(port: int, ids: list[int]) -> dict:
+    r = _post(port, "/completion", {"prompt": ids, "n_predict": N_PREDICT, "temperature": 0, "ignore_eos": True,
+                                    "n_probs": 8, "cache_prompt": False, "samplers": ["top_k"], "top_k": 1,
+                                    "logit_bias": [[t, False] for t in banned()]})
+    steps = [{"id": p["id"], "top": [[t["id"], t["logprob"]] for t in p["top_logprobs"]]}
+             for p in r["completion_probabilities"]]
+    assert len(steps) == N_PREDICT, f"llama-server reported {len(steps)} of {N_PREDICT} steps"
+    return {"prompt_ids": ids, "generated_ids": [s["id"] for s in steps], "banned": banned(), "steps": steps}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help=f"cases to make (default: all of {', '.join(CASES)})")
+    names = ap.parse_args().names or list(CASES)
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        gguf = write_tiny_gguf(OUT / f"{name}.gguf", seed=sum(map(ord, name)), **(SMALL | CASES[name]))
+        rows = run_llama(gguf)
+        (OUT / f"{name}.json").write_text(json.dumps(rows, indent=None) + "\n")
+        gguf.with_suffix(".log").unlink(missing_ok=True)
+        print(f"{name}: {gguf.stat().st_size} bytes, greedy {[r['generated_ids'][:6] for r in rows]}")
+
+
+if __name__ == "__main__":
+    main()
