@@ -99,3 +99,59 @@ def test_paged_attention_equals_attention_on_the_same_cells():
                                    atol=1e-5, rtol=1e-5)
 
 
+
+
+def _first_seen(meta) -> list[int]:
+    """Per sequence of the batch: the first cell its earliest query sees under the window."""
+    return [max(0, n_kv - n_q - meta.window + 1) for n_kv, n_q in zip(meta.kv_lens.tolist(), meta.q_lens.tolist())]
+
+
+def _poison_before_window(k: torch.Tensor, v: torch.Tensor, meta, cells_of, nan_below: int) -> None:
+    """In place: 1e4 (it would dominate any score it entered) in each sequence's cells before its
+    window, NaN in those below `nan_below` (no path may even read those: a masked read of NaN
+    still spreads it)."""
+    for s, first in zip(meta.seq_streams.tolist(), _first_seen(meta)):
+        for c in range(first):
+            k[cells_of(s, c)], v[cells_of(s, c)] = (float("nan"),) * 2 if c < nan_below else (1e4,) * 2
+
+
+@pytest.mark.parametrize("op", ["attention", "paged_attention"])
+def test_windowed_attention_skips_the_cells_before_the_window(op):
+    """A sliding window (AttnMeta.window) is honoured by every CPU path (C decode, SDPA decode,
+    per-chunk, padded, paged gather): huge values before a sequence's window change nothing, and
+    the cells before all of the batch's windows (whole blocks of them, paged) are never read."""
+    mod = _kernel(op)
+    gen = torch.Generator().manual_seed(21)
+    for _ in range(20):
+        q, kv, meta, scale = mod.example_inputs(gen, torch.float32)
+        meta = meta.with_layer(int(torch.randint(1, 12, (), generator=gen)), meta.softcap)
+        want = mod.reference(q, kv, meta, scale)
+        if kv.paged:
+            k, v, bs = kv.k_pages.clone(), kv.v_pages.clone(), kv.block_size
+            _poison_before_window(k, v, meta, lambda s, c: (int(kv.block_table[s, c // bs]), c % bs),
+                                  min(_first_seen(meta)) // bs * bs)
+            got = mod.cpu(q, PagedKV(k, v, kv.block_table, bs), meta, scale)
+        else:
+            k, v = (t.float() * (1 if sc is None else sc.unsqueeze(-1)) for t, sc in ((kv.k, kv.k_scale), (kv.v, kv.v_scale)))
+            _poison_before_window(k, v, meta, lambda s, c: (s, c), min(_first_seen(meta)))
+            got = mod.cpu(q, StridedKV(k, v), meta, scale)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_windowed_decode_in_c_reads_only_each_sequences_window():
+    """The C decode kernel starts each sequence at its own window: NaN in every cell before it."""
+    mod = _kernel("attention")
+    if mod._LIB is None:
+        pytest.skip("no C compiler here (or SLOTSERVER_NATIVE=0)")
+    gen, checked = torch.Generator().manual_seed(22), 0
+    while checked < 8:
+        q, kv, meta, scale = mod.example_inputs(gen, torch.float32)
+        if meta.max_q != 1 or kv.k_scale is not None:
+            continue
+        meta = meta.with_layer(int(torch.randint(1, 12, (), generator=gen)), meta.softcap)
+        want = mod.reference(q, kv, meta, scale)
+        k, v = kv.k.clone(), kv.v.clone()
+        for s, first in zip(meta.seq_streams.tolist(), _first_seen(meta)):
+            k[s, :first], v[s, :first] = float("nan"), float("nan")
+        torch.testing.assert_close(mod.cpu(q, StridedKV(k, v), meta, scale), want, atol=1e-4, rtol=1e-4)
+        checked += 1
