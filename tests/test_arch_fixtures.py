@@ -7,7 +7,7 @@ with an f32 KV cache and the top-8 log-probabilities of every step (playground/m
 Fed prompt + llama.cpp's generated ids, float32 slotserver must give the same top-8 probabilities
 (within 1e-3) and the same greedy ids, whether the sequences are prefilled at once (flat layout) or
 decoded one token per step, three sequences per step (flat and paged layouts: the decode kernels
-and their windows).
+and their windows), from dequantized weights or the file's blocks.
 """
 
 from __future__ import annotations
@@ -15,13 +15,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gguf
 import pytest
 import torch
+from tiny_gguf import write_tiny_gguf
 
 from slotserver.lab.kv_spec import KVSpec
 from slotserver.lab.layouts import create_layout, load_layout
 from slotserver.model.batch import Batch, SeqChunk
 from slotserver.model.model import LlamaModel
+from slotserver.model.weights import WeightFormat
 
 ARCHS = Path(__file__).parent / "fixtures" / "archs"
 CASES = sorted(p.stem for p in ARCHS.glob("*.json"))
@@ -93,3 +96,36 @@ def test_prefill_matches_llama_cpp(case):
 def test_decode_matches_llama_cpp(case, layout):
     model, rows = _load(case)
     _compare(_decoded(model, rows, layout), rows)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gguf_block_weights_match_llama_cpp(case):
+    """`--weights q` (the file's blocks through qmatmul; F32 blocks here): the same numbers."""
+    rows = json.loads((ARCHS / f"{case}.json").read_text())
+    model = LlamaModel.load(ARCHS / f"{case}.gguf", torch.float32, max_pos=N_CTX, fmt=WeightFormat("q"))
+    _compare(_prefilled(model, rows), rows)
+
+
+QUANTIZED = {   # neox q/k rows reordered in block form: separate (with q/k norms) and fused (phi3)
+    "gemma3": dict(arch="gemma3", n_layers=6, head_dim=32, features=("qk_norm", "post_norms"),
+                   **{"gemma3.attention.sliding_window": (4, gguf.GGUFValueType.UINT32)}),
+    "qwen3": dict(arch="qwen3", head_dim=32, features=("qk_norm",)),
+    "phi3": dict(arch="phi3", features=("fused", "rope_factors")),
+}
+
+
+@pytest.mark.parametrize("case", QUANTIZED)
+def test_quantized_blocks_match_their_dequantized_weights(tmp_path, case):
+    """A Q8_0 file served as blocks (qmatmul, 8-bit activations) stays close to the same file
+    dequantized to float32: the block path reorders, norms and fuses the same rows."""
+    path = write_tiny_gguf(tmp_path / "m.gguf", tensor_type=gguf.GGMLQuantizationType.Q8_0, d_model=64, n_heads=4,
+                           n_kv_heads=2, d_ff=128, **QUANTIZED[case])
+    tokens = list(range(40, 58))
+    dense, blocks = (LlamaModel.load(path, torch.float32, max_pos=64, fmt=WeightFormat(kind)) for kind in ("dense", "q"))
+    a, b = (_prefilled_tokens(m, tokens) for m in (dense, blocks))
+    assert (a - b).abs().max() < 0.02 * a.abs().max()
+    assert (a.softmax(-1) - b.softmax(-1)).abs().max() < 0.02
+
+
+def _prefilled_tokens(model: LlamaModel, tokens: list[int]) -> torch.Tensor:
+    return model.forward(Batch.build([SeqChunk(0, 0, tokens, all_logits=True)]), _cache(model, "seq_head_dim", 1))
