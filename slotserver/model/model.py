@@ -72,7 +72,8 @@ class LlamaModel:
     def forward(self, batch: Batch, cache) -> torch.Tensor:
         """Run the batch, writing its K/V into `cache`; -> float32 logits `[len(logits_rows), vocab]`."""
         s, w, ops = self.spec, self.weights, self.kernels
-        angles = {id(t): t.lookup(batch.positions) for t in self.layer_ropes}  # cos, sin [tokens, rope_dim/2]
+        tables = {id(t): t for t in self.layer_ropes}            # one lookup per distinct table
+        angles = {k: t.lookup(batch.positions) for k, t in tables.items()}  # cos, sin [tokens, rope_dim/2]
         x = w.embed(batch.tokens)                                # [tokens, d_model] residual in f32
         if s.embed_scale != 1.0:
             x = x * s.embed_scale
