@@ -12,7 +12,9 @@ each step's top-8 log-probabilities. slotserver `--dtype float32` runs the Q4_K_
 dequantized to the same float32 values) and reports, per prompt: the largest top-8 probability
 difference teacher-forced on llama.cpp's ids, whether its own free-running greedy decode (prefill,
 then one token per step, to its first end-of-generation token) gives the same ids. One prompt is
-longer than the 512-token sliding window of the local layers.
+longer than the 512-token sliding window of the local layers. `--serving` also reports what `serve`
+runs by default (`--dtype auto --weights auto`: the file's blocks through qmatmul), teacher-forced:
+its top-8 difference and the share of steps whose argmax is llama.cpp's greedy id.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from make_arch_fixtures import PEER, _free_port, _post  # noqa: E402
 from slotserver.lab.kv_spec import KVSpec  # noqa: E402
 from slotserver.lab.layouts import create_layout, load_layout  # noqa: E402
 from slotserver.model.batch import Batch, SeqChunk  # noqa: E402
+from slotserver.model.config import ModelConfig  # noqa: E402
 from slotserver.model.gguf_file import GGUFFile  # noqa: E402
 from slotserver.model.model import LlamaModel  # noqa: E402
 
@@ -90,16 +93,18 @@ def _wait(port: int) -> None:
     raise RuntimeError("llama-server did not start")
 
 
-def teacher_forced(model: LlamaModel, row: dict) -> float:
-    """Largest top-8 probability difference over llama.cpp's generated steps."""
+def teacher_forced(model: LlamaModel, row: dict) -> tuple[float, int]:
+    """(largest top-8 probability difference, steps whose argmax is llama.cpp's id) over its steps."""
     s, ids = model.spec, row["prompt_ids"] + [st["id"] for st in row["steps"]]
-    cache = create_layout(load_layout("seq_head_dim"), KVSpec(s.n_layers, 1, len(ids), s.n_kv_heads, s.head_dim))
+    cache = create_layout(load_layout("seq_head_dim"),
+                          KVSpec(s.n_layers, 1, len(ids), s.n_kv_heads, s.head_dim, model.dtype))
     lp = model.forward(Batch.build([SeqChunk(0, 0, ids, all_logits=True)]), cache).log_softmax(-1)
-    n, worst = len(row["prompt_ids"]), 0.0
+    n, worst, same = len(row["prompt_ids"]), 0.0, 0
     for i, st in enumerate(row["steps"]):
         top = torch.tensor([t for t, _ in st["top"]])
         worst = max(worst, float((lp[n - 1 + i, top].exp() - torch.tensor([p for _, p in st["top"]]).exp()).abs().max()))
-    return worst
+        same += int(lp[n - 1 + i].argmax()) == st["id"]
+    return worst, same
 
 
 def free_running(model: LlamaModel, prompt: list[int], n_predict: int, eog: set[int]) -> list[int]:
@@ -117,6 +122,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--q4", type=Path, default=Path("/tmp/gemma-3-270m-q4_k_m.gguf"))
     ap.add_argument("--n-predict", type=int, default=64)
+    ap.add_argument("--serving", action="store_true", help="also the default serving mode (dtype/weights auto)")
     args = ap.parse_args()
     rows = llama_rows(f32_file(args.q4), args.n_predict)
     model = LlamaModel.load(args.q4, torch.float32, max_pos=N_CTX)
@@ -127,11 +133,19 @@ def main() -> None:
     worst_all, same_all = 0.0, True
     for i, row in enumerate(rows):
         want = [st["id"] for st in row["steps"]]
-        worst, ours = teacher_forced(model, row), free_running(model, row["prompt_ids"], args.n_predict, eog)
+        worst, ours = teacher_forced(model, row)[0], free_running(model, row["prompt_ids"], args.n_predict, eog)
         worst_all, same_all = max(worst_all, worst), same_all and ours == want
         print(f"{i:>7} {len(row['prompt_ids']):>6} {len(want):>9} {row['stop']:>5} {worst:>15.2e} "
               f"{'same' if ours == want else f'differs at {next(j for j, (a, b) in enumerate(zip(ours + [-1], want + [-2])) if a != b)}'}")
     print(json.dumps({"max_top8_prob_diff": worst_all, "greedy_identical": same_all}))
+    if args.serving:
+        cfg = ModelConfig(model_path=args.q4, dtype="auto", weights="auto")
+        served = LlamaModel.load(args.q4, cfg.torch_dtype, max_pos=N_CTX, fmt=cfg.weight_format)
+        results = [teacher_forced(served, row) for row in rows]
+        steps = sum(len(row["steps"]) for row in rows)
+        print(json.dumps({"serving": f"dtype {cfg.torch_dtype}, weights {cfg.weight_format.kind}",
+                          "max_top8_prob_diff": max(w for w, _ in results),
+                          "greedy_agreement": sum(n for _, n in results) / steps}))
 
 
 if __name__ == "__main__":
