@@ -13,6 +13,7 @@ and their windows), from dequantized weights or the file's blocks.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import gguf
@@ -20,7 +21,10 @@ import pytest
 import torch
 from tiny_gguf import write_tiny_gguf
 
+from slotserver.errors import ModuleLoadError
+from slotserver.lab.kernel_set import KernelSet
 from slotserver.lab.kv_spec import KVSpec
+from slotserver.lab.loader import default_dir
 from slotserver.lab.layouts import create_layout, load_layout
 from slotserver.model.batch import Batch, SeqChunk
 from slotserver.model.model import LlamaModel
@@ -129,3 +133,13 @@ def test_quantized_blocks_match_their_dequantized_weights(tmp_path, case):
 
 def _prefilled_tokens(model: LlamaModel, tokens: list[int]) -> torch.Tensor:
     return model.forward(Batch.build([SeqChunk(0, 0, tokens, all_logits=True)]), _cache(model, "seq_head_dim", 1))
+
+
+def test_a_kernels_folder_without_the_gated_activation_is_refused_at_load(tmp_path):
+    """A lab folder copied before kernels/gelu_mul.py existed: one line at load, not a failing step."""
+    folder = tmp_path / "kernels"
+    shutil.copytree(default_dir("kernels"), folder)
+    (folder / "gelu_mul.py").unlink()
+    with pytest.raises(ModuleLoadError, match="gemma3.gguf: a gemma3 model needs the kernel gelu_mul"):
+        LlamaModel.load(ARCHS / "gemma3.gguf", kernels=KernelSet.load(folder))
+    assert LlamaModel.load(ARCHS / "qwen3.gguf", kernels=KernelSet.load(folder)).spec.arch == "qwen3"

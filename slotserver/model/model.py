@@ -21,6 +21,7 @@ import torch
 
 from slotserver.model.batch import Batch
 from slotserver.model.gguf_file import GGUFFile
+from slotserver.errors import ModuleLoadError
 from slotserver.lab.kernel_set import KernelSet
 from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
@@ -53,6 +54,10 @@ class LlamaModel:
                   kernels: KernelSet | None = None, max_pos: int | None = None,
                   progress: Progress | None = None, fmt: WeightFormat = WeightFormat()) -> "LlamaModel":
         kernels = kernels or KernelSet.load()
+        needed = "gelu_mul" if spec.act == "gelu" else "silu_mul"
+        if needed not in kernels.modules:   # e.g. a lab folder copied before gelu_mul.py existed
+            raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs the kernel {needed} "
+                                  f"(kernels/{needed}.py), absent from the kernels folder")
         q4 = kernels.modules["q4_matmul"].module if "q4_matmul" in kernels.modules else None
         weights = load_weights(f, spec, dtype, progress, fmt, q4)
         max_pos = max_pos or spec.ctx_train
