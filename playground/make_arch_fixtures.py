@@ -89,7 +89,8 @@ def run_llama(gguf: Path) -> list[dict]:
     cmd = [str(PEER / "llama-server"), "-m", str(gguf), "--port", str(port), "-c", str(N_CTX), "-np", "1",
            "-ctk", "f32", "-ctv", "f32", "-fa", "off", "-t", "2", "--no-warmup"]
     env = dict(os.environ, LD_LIBRARY_PATH=str(PEER))
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(gguf.with_suffix(".log"), "w"), env=env)
+    with open(gguf.with_suffix(".log"), "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env)
     try:
         for _ in range(300):
             try:

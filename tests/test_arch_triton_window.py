@@ -8,6 +8,7 @@ cell a sequence's, or a row tile's, earliest query sees). The interpreter needs 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -45,7 +46,7 @@ def _worst(op: str, softcap: bool) -> float:
                 k[s, :first], v[s, :first] = float("nan"), float("nan")
             poisoned = StridedKV(k, v)
         err = float((mod.triton(q, poisoned, meta, scale) - want).abs().max())
-        worst = max(worst, float("inf") if err != err else err)   # NaN: a poisoned cell was read
+        worst = max(worst, float("inf") if math.isnan(err) else err)   # NaN: a poisoned cell was read
     return worst
 
 
