@@ -82,7 +82,13 @@ BAD_COMPLETIONS = {
     "id_slot unknown": completion(id_slot=9),
     "id_slot below -1": completion(id_slot=-2),
     "stream a string": completion(stream="yes"),
-    "grammar": completion(grammar="root ::= \"a\""),
+    "grammar with an undefined rule": completion(grammar="root ::= foo"),
+    "grammar not a string": completion(grammar=5),
+    "grammar empty": completion(grammar="  "),
+    "json_schema not an object": completion(json_schema="x"),
+    "json_schema with an unknown type": completion(json_schema={"type": "nope"}),
+    "grammar and json_schema": completion(grammar="root ::= \"a\"", json_schema={"type": "object"}),
+    "response_format unknown type": completion(response_format={"type": "yaml"}),
 }
 
 BAD_CHATS = {
@@ -96,7 +102,12 @@ BAD_CHATS = {
     "logprobs a string": {"messages": MSGS, "logprobs": "yes"},
     "top_logprobs too many": {"messages": MSGS, "logprobs": True, "top_logprobs": 21},
     "tools": {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}]},
-    "json response_format": {"messages": MSGS, "response_format": {"type": "json_object"}},
+    "response_format a string": {"messages": MSGS, "response_format": "json"},
+    "response_format json_schema without its object": {"messages": MSGS, "response_format": {"type": "json_schema"}},
+    "response_format bad schema": {"messages": MSGS, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "required": 5}}}},
+    "response_format strict not a bool": {"messages": MSGS, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {}, "strict": "yes"}}},
     "stream_options a string": {"messages": MSGS, "stream": True, "stream_options": "x"},
 }
 

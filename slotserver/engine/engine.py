@@ -25,6 +25,8 @@ from slotserver.engine.stats_tracker import StatsTracker
 from slotserver.engine.kv_cache import KVCache
 from slotserver.lab.kv_spec import KVSpec
 from slotserver.lab.lab import Lab
+from slotserver.engine.grammar import GrammarError, Grammars
+from slotserver.engine.masks import MaskFiller
 from slotserver.engine.outbox import Outbox
 from slotserver.engine.port import EnginePort
 from slotserver.engine.postprocess import Sampled, final_event, postprocess
@@ -50,6 +52,8 @@ class Engine:
         self.sched = Scheduler(config, budget=lambda: self.cache.budget())  # paged: admit by free blocks
         self.sampler = Sampler(s.vocab_size)
         self.eog = bundle.tokenizer.eog_ids
+        self.grammars = Grammars(bundle.tokenizer)   # llguidance's vocabulary, built on first use
+        self.masks = MaskFiller(self.grammars)
         self.port = EnginePort(self)    # the verbs the lab and the slot files use
         self.lab = Lab(self.port, bundle.config.kernels_dir, bundle.config.layouts_dir)
         self.tracker = StatsTracker(self)
@@ -133,6 +137,7 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self.masks.close()
 
     # -- the engine thread -----------------------------------------------------------------------
     def _loop(self) -> None:
@@ -168,6 +173,7 @@ class Engine:
         t.append(time.perf_counter())
         self.cache.apply(plan.moves, plan.trims)
         t.append(time.perf_counter())
+        masks = self.masks.start([c.seq.grammar for c in plan.chunks if c.sample])  # filled during the forward
         try:
             logits = self._forward(plan)
         except Exception as e:  # a kernel just swapped in may fail on real shapes: serve the old one
@@ -176,7 +182,7 @@ class Engine:
             logits = self._forward(plan)
         self.lab.forward_ok()
         t.append(time.perf_counter())
-        sampled = self._sample(plan, logits)
+        sampled = self._sample(plan, logits, masks.result())
         t.append(time.perf_counter())
         done = postprocess(self.sched, plan, sampled, self.eog)
         t.append(time.perf_counter())
@@ -191,14 +197,15 @@ class Engine:
                   for c in plan.chunks]
         return self.bundle.model.forward(Batch.build(chunks), self.cache)   # [n_sample, vocab]
 
-    def _sample(self, plan: StepPlan, logits: torch.Tensor | None) -> list[Sampled]:
+    def _sample(self, plan: StepPlan, logits: torch.Tensor | None, allowed: torch.Tensor | None) -> list[Sampled]:
         seqs = [c.seq for c in plan.chunks if c.sample]
         if not seqs:
             return []
         try:
-            out = self.sampler.sample(logits, [s.params for s in seqs], [s.rng for s in seqs], [s.tokens for s in seqs])
+            out = self.sampler.sample(logits, [s.params for s in seqs], [s.rng for s in seqs], [s.tokens for s in seqs],
+                                      allowed)
         except SamplingError:
-            return self._sample_rows(seqs, logits)  # find the failing row; fail only its request
+            return self._sample_rows(seqs, logits, allowed)  # find the failing row; fail only its request
         return self._sampled(out, seqs)
 
     @staticmethod
@@ -216,11 +223,12 @@ class Engine:
             result.append(Sampled(tokens[i], lps[i], top))
         return result
 
-    def _sample_rows(self, seqs, logits: torch.Tensor) -> list[Sampled]:
+    def _sample_rows(self, seqs, logits: torch.Tensor, allowed: torch.Tensor | None) -> list[Sampled]:
         out = []
         for i, s in enumerate(seqs):
             try:
-                row = self.sampler.sample(logits[i: i + 1], [s.params], [s.rng], [s.tokens])
+                row = self.sampler.sample(logits[i: i + 1], [s.params], [s.rng], [s.tokens],
+                                          None if allowed is None else allowed[i: i + 1])
                 out.extend(self._sampled(row, [s]))
             except SamplingError as e:
                 out.append(Sampled(-1, error=f"sampling failed: {e}"))
@@ -238,11 +246,24 @@ class Engine:
             except queue.Empty:
                 return
             if msg[0] == "submit":
-                self.sched.add(msg[1])
+                self._admit(msg[1])
             elif msg[0] == "cancel":
                 self._cancel(msg[1])
             elif msg[0] == "call":
                 self._run_call(msg[1], msg[2])
+
+    def _admit(self, seq: Sequence) -> None:
+        """Queue a submitted sequence; a constrained one gets its grammar matcher here, on the
+        engine thread (a large schema takes milliseconds to compile: never on the event loop)."""
+        if seq.request.grammar is not None:
+            try:
+                seq.grammar = self.grammars.matcher(seq.request.grammar)
+            except GrammarError as e:
+                seq.finished = True
+                seq.handle.emit(ErrorEvent(str(e)))
+                self._release(1)
+                return
+        self.sched.add(seq)
 
     def _run_call(self, fn, fut: Future) -> None:
         if not fut.set_running_or_notify_cancel():

@@ -2,7 +2,9 @@
 
 Stops, in llama-server's order: an end-of-generation token (unless `ignore_eos`; its text is not
 emitted), a stop string (also across token boundaries; the text is cut before it), `n_predict`
-reached, or the slot's context full (`truncated`).
+reached, or the slot's context full (`truncated`). A constrained sequence also ends ("eos") once
+its grammar has accepted and allows nothing more; the token is fed to its matcher here, after the
+step's masks were read.
 """
 
 from __future__ import annotations
@@ -56,15 +58,25 @@ def _accept(sched: Scheduler, seq: Sequence, s: Sampled, eog: frozenset[int]) ->
         seq.handle.emit(TokenEvent(s.token, text, s.logprob, s.top))
         _finish(sched, seq, "word", word, False)
         return True
+    complete = seq.grammar is not None and _grammar_done(seq.grammar, s.token)
     full = seq.num_tokens >= sched.config.n_cells
     limit = 0 <= req.n_predict <= seq.num_generated
-    if full or limit:
+    if full or limit or complete:
         text += seq.stops.feed(seq.detok.flush())[0] + seq.stops.flush()
     seq.handle.emit(TokenEvent(s.token, text, s.logprob, s.top))
+    if complete:
+        _finish(sched, seq, "eos", "", False)
+        return True
     if full or limit:
         _finish(sched, seq, "limit", "", full and not limit)
         return True
     return False
+
+
+def _grammar_done(matcher, token: int) -> bool:
+    """Advance the matcher; True once it allows nothing more (accepted and complete)."""
+    matcher.consume_token(token)
+    return matcher.is_stopped()
 
 
 def _finish(sched: Scheduler, seq: Sequence, stop_type: str, word: str, truncated: bool, tail: str = "") -> None:

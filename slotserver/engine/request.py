@@ -29,6 +29,7 @@ class Request:
     ignore_eos: bool = False
     id_slot: int = -1              # -1: choose by prompt similarity, then least recently used
     cache_prompt: bool = True
+    grammar: str | None = None     # llguidance grammar text (compiled and checked by the server)
 
 
 def ignore_eos_params(params: SamplingParams, eog: frozenset[int]) -> SamplingParams:

@@ -36,6 +36,7 @@ class Sequence:
     t_start: float = 0.0            # first scheduled
     t_prompt_done: float = 0.0      # first token sampled
     finished: bool = False
+    grammar: object | None = None   # the request's llguidance LLMatcher, made on the engine thread
 
     @property
     def request(self) -> Request:

@@ -148,25 +148,30 @@ class Sampler:
         self._buffer: torch.Tensor | None = None
 
     def sample(
-        self, logits: torch.Tensor, params: Sequence[SamplingParams], rngs: Sequence[SequenceRng], history: History
+        self, logits: torch.Tensor, params: Sequence[SamplingParams], rngs: Sequence[SequenceRng], history: History,
+        allowed: torch.Tensor | None = None,
     ) -> SampleOutput:
         """logits [batch, vocab] (any float dtype, computed in float32, never modified); history[i]
-        is row i's token ids, of which the sampler itself takes the last repeat_last_n."""
+        is row i's token ids, of which the sampler itself takes the last repeat_last_n. `allowed`
+        [batch, vocab] bool: a grammar's mask, applied like a -inf logit bias (before penalties and
+        every sampler; n_probs still report the model's own distribution)."""
         batch = logits.shape[0] if logits.dim() == 2 else -1
         if logits.dim() != 2 or logits.shape[1] != self.vocab_size:
             raise SamplingError(f"logits must be [batch, {self.vocab_size}], got {tuple(logits.shape)}")
         if not len(params) == len(rngs) == len(history) == batch:
             raise SamplingError(f"params, rngs and history must each have {batch} rows")
         fast = [p.plain_chain and not p.post_sampling_probs for p in params]
-        edits = any(p.logit_bias or (f and p.penalties_active) for p, f in zip(params, fast))
+        edits = allowed is not None or any(p.logit_bias or (f and p.penalties_active) for p, f in zip(params, fast))
         adj = self._scratch(logits).copy_(logits) if edits else logits.to(torch.float32)  # [batch, vocab]
+        if allowed is not None:
+            adj.masked_fill_(~allowed, -math.inf)
         fast_history = [h if f else () for h, f in zip(history, fast)]  # full-chain rows: penalties in order
         b = _Batch(apply_penalties_(apply_logit_bias_(adj, params), params, fast_history), params, fast)
         b.report_from_adj = not edits
         bad = ~torch.isfinite(b.row_max)  # NaN propagates through max, so NaN logits land here too
         if bool(bad.any()):
             row = int(bad.nonzero()[0])
-            raise SamplingError(f"row {row}: logits are NaN/inf or logit_bias forbids every token")
+            raise SamplingError(f"row {row}: logits are NaN/inf, or logit_bias or a grammar forbids every token")
         tokens = b.argmax  # [batch]
         if not all(b.greedy):
             uniform = [0.0 if g else r.next_uniform() for r, g in zip(rngs, b.greedy)]  # one draw per row

@@ -3,8 +3,8 @@
 OpenAI's names map onto llama-server's: `max_tokens` / `max_completion_tokens` -> n_predict,
 `logprobs` / `top_logprobs` -> n_probs; llama-server's own sampling fields (top_k, min_p,
 repeat_penalty...) are accepted too, as llama-server does. What we cannot honour is refused with a
-400 instead of being silently ignored: `n` > 1, `best_of` > 1, `echo`, `suffix`, `tools`, and a
-`response_format` other than text. Chat prompts come from the model's (or the command line's)
+400 instead of being silently ignored: `n` > 1, `best_of` > 1, `echo`, `suffix`, `tools`.
+`response_format` (and llama-server's `grammar` / `json_schema`) constrain the output (constraints.py). Chat prompts come from the model's (or the command line's)
 chat template only: a `chat_template` field in the body is ignored like any unknown field.
 """
 
@@ -16,7 +16,9 @@ from typing import Any
 from slotserver.model.text.chat_template import ChatTemplate, ChatTemplateError
 from slotserver.server.errors import bad_request
 from slotserver.server.fields import Fields
-from slotserver.server.params import CompletionJob, build_request, n_predict_field, refuse_unsupported
+from slotserver.engine.grammar import Grammars
+from slotserver.server.constraints import parse_constraint
+from slotserver.server.params import CompletionJob, build_request, n_predict_field
 from slotserver.server.prompt import encode, tokenize_prompt
 from slotserver.server.server_config import GenerationDefaults
 from slotserver.model.text.tokenizer import Tokenizer
@@ -32,7 +34,6 @@ class OpenAIJob:
 
 
 def _refuse_unsupported(f: Fields) -> None:
-    refuse_unsupported(f)
     if f.int("n", 1, lo=1) != 1:
         raise bad_request("only n=1 is supported")
     if f.int("best_of", 1, lo=1) != 1:
@@ -43,9 +44,6 @@ def _refuse_unsupported(f: Fields) -> None:
         raise bad_request("'suffix' is not supported")
     if f.raw("tools"):
         raise bad_request("'tools' (function calling) is not supported")
-    fmt = f.obj("response_format")
-    if fmt is not None and fmt.get("type", "text") != "text":
-        raise bad_request("'response_format' other than {\"type\": \"text\"} is not supported")
 
 
 def _stream_flags(f: Fields) -> tuple[bool, bool]:
@@ -56,26 +54,27 @@ def _stream_flags(f: Fields) -> tuple[bool, bool]:
 
 
 def _job(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: GenerationDefaults,
-         n_top: int, want_logprobs: bool) -> CompletionJob:
+         n_top: int, want_logprobs: bool, grammar: str | None) -> CompletionJob:
     if not ids:
         raise bad_request("the prompt is empty")
     n_predict = n_predict_field(f, defaults, "max_completion_tokens", "max_tokens", "n_predict", lo=1)
     engine_probs = max(n_top, 1) if want_logprobs else 0   # the chosen token's logprob needs >= 1
-    request = build_request(f, ids, tokenizer, defaults, n_predict, engine_probs, f.str_list("stop"))
+    request = build_request(f, ids, tokenizer, defaults, n_predict, engine_probs, f.str_list("stop"), grammar)
     stream, usage = _stream_flags(f)
     return CompletionJob(request, stream=stream, n_probs=n_top, want_logprobs=want_logprobs,
                          include_usage=usage)
 
 
 def parse_openai_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults: GenerationDefaults,
-                            default_model: str) -> OpenAIJob:
+                            default_model: str, grammars: Grammars | None = None) -> OpenAIJob:
     f = Fields(body)
     _refuse_unsupported(f)
+    grammar = parse_constraint(f, grammars)
     if "prompt" not in body:
         raise bad_request("'prompt' is required")
     ids = tokenize_prompt(tokenizer, body["prompt"])
     n_top = f.int("logprobs", -1, lo=0, hi=MAX_TOP_LOGPROBS)   # legacy API: an int, 0 = chosen only
-    job = _job(f, ids, tokenizer, defaults, max(n_top, 0), n_top >= 0)
+    job = _job(f, ids, tokenizer, defaults, max(n_top, 0), n_top >= 0, grammar)
     return OpenAIJob(job, f.str("model", default_model) or default_model,
                      tokenizer.decode(ids, special=True))
 
@@ -88,14 +87,15 @@ def render_chat(template: ChatTemplate, messages: Any) -> str:
 
 
 def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplate,
-               defaults: GenerationDefaults, default_model: str) -> OpenAIJob:
+               defaults: GenerationDefaults, default_model: str, grammars: Grammars | None = None) -> OpenAIJob:
     f = Fields(body)
     _refuse_unsupported(f)
+    grammar = parse_constraint(f, grammars)
     if "messages" not in body:
         raise bad_request("'messages' is required")
     text = render_chat(template, body["messages"])
     ids = encode(tokenizer, text, True, True)
     want = f.bool("logprobs", False)
     n_top = f.int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
-    job = _job(f, ids, tokenizer, defaults, n_top if want else 0, want)
+    job = _job(f, ids, tokenizer, defaults, n_top if want else 0, want, grammar)
     return OpenAIJob(job, f.str("model", default_model) or default_model, text)

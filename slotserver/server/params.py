@@ -3,8 +3,7 @@
 Used by /completion and, for the parameters they share, by the OpenAI routes (llama-server also
 accepts its own sampling fields there). Defaults come from the command line (`GenerationDefaults`),
 the rest are llama.cpp's. Every invalid value is a 400 naming the field; unknown fields are ignored.
-Features that would change the output and that we do not implement (grammars, JSON schemas) are
-refused rather than silently ignored.
+Output constraints (`grammar`, `json_schema`, `response_format`) are compiled by constraints.py.
 
 Every sampler llama-server accepts is honoured with llama.cpp's semantics (see
 slotserver/model/samplers.py): typical_p, min_keep, top_n_sigma, XTC, dynamic temperature, DRY with
@@ -24,17 +23,18 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from slotserver.engine.grammar import Grammars
 from slotserver.engine.request import Request
 from slotserver.model.samplers_dry import process_breakers
 from slotserver.model.samplers_order import DEFAULT_SAMPLERS
 from slotserver.model.sampling_params import MAX_N_PROBS, SamplingError, SamplingParams
+from slotserver.server.constraints import parse_constraint
 from slotserver.server.errors import bad_request
 from slotserver.server.fields import INT32_MAX, UINT32_MAX, Fields
 from slotserver.server.prompt import parse_logit_bias, tokenize_prompt
 from slotserver.server.server_config import GenerationDefaults
 from slotserver.model.text.tokenizer import Tokenizer
 
-UNSUPPORTED = ("grammar", "json_schema")
 PENALTY_RANGE = (1e-3, 1e3)
 ADDITIVE_LIMIT = 1e6
 DRY_BREAKERS = ("\n", ":", "\"", "*")  # llama.cpp's default dry_sequence_breakers
@@ -55,12 +55,6 @@ class CompletionJob:
     def __post_init__(self) -> None:
         if not 0 <= self.n_probs <= MAX_N_PROBS:
             raise bad_request(f"'n_probs' must be in [0, {MAX_N_PROBS}], got {self.n_probs}")
-
-
-def refuse_unsupported(f: Fields) -> None:
-    for name in UNSUPPORTED:
-        if f.raw(name):
-            raise bad_request(f"'{name}' is not supported by this server")
 
 
 def sampling_params(f: Fields, tokenizer: Tokenizer, defaults: GenerationDefaults,
@@ -138,7 +132,7 @@ def _check_something_allowed(params: SamplingParams, tokenizer: Tokenizer, ignor
 
 
 def build_request(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: GenerationDefaults,
-                  n_predict: int, n_probs: int, stop: tuple[str, ...]) -> Request:
+                  n_predict: int, n_probs: int, stop: tuple[str, ...], grammar: str | None = None) -> Request:
     params, ignore_eos = sampling_params(f, tokenizer, defaults, n_probs), f.bool("ignore_eos", False)
     _check_something_allowed(params, tokenizer, ignore_eos)
     return Request(
@@ -150,6 +144,7 @@ def build_request(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: Gen
         ignore_eos=ignore_eos,
         id_slot=f.int("id_slot", -1, lo=-1),
         cache_prompt=f.bool("cache_prompt", defaults.cache_prompt),
+        grammar=grammar,
     )
 
 
@@ -162,10 +157,11 @@ def n_predict_field(f: Fields, defaults: GenerationDefaults, *names: str, lo: in
 
 
 def parse_completion(body: dict[str, Any], tokenizer: Tokenizer,
-                     defaults: GenerationDefaults) -> CompletionJob:
-    """POST /completion's body -> a CompletionJob (tokenizes the prompt: run it off the event loop)."""
+                     defaults: GenerationDefaults, grammars: Grammars | None = None) -> CompletionJob:
+    """POST /completion's body -> a CompletionJob (tokenizes the prompt and compiles a grammar: run
+    it off the event loop). `grammars` checks a grammar against the model's vocabulary."""
     f = Fields(body)
-    refuse_unsupported(f)
+    grammar = parse_constraint(f, grammars)
     if "prompt" not in body:
         raise bad_request("'prompt' is required")
     n_probs = f.int("n_probs", 0, lo=0, hi=MAX_N_PROBS)
@@ -175,6 +171,6 @@ def parse_completion(body: dict[str, Any], tokenizer: Tokenizer,
     ids = tokenize_prompt(tokenizer, body["prompt"])
     if not ids:
         raise bad_request("the prompt is empty")
-    request = build_request(f, ids, tokenizer, defaults, n_predict, n_probs, stop)
+    request = build_request(f, ids, tokenizer, defaults, n_predict, n_probs, stop, grammar)
     return CompletionJob(request, stream=stream, return_tokens=return_tokens, n_probs=n_probs,
                          want_logprobs=n_probs > 0)

@@ -45,12 +45,12 @@ def log_state(request: Request) -> dict:
 
 async def completion(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    bundle, _ = state.require()
+    bundle, engine = state.require()
     cfg = state.config
     body = await read_json(request, cfg.body_limit, cfg.timeout)
 
     def prepare() -> tuple[CompletionJob, str]:
-        job = parse_completion(body, bundle.tokenizer, cfg.defaults)
+        job = parse_completion(body, bundle.tokenizer, cfg.defaults, getattr(engine, "grammars", None))
         return job, bundle.tokenizer.decode(job.request.prompt_ids, special=True)
 
     job, prompt = await anyio.to_thread.run_sync(prepare)

@@ -35,14 +35,15 @@ async def completions(request: Request) -> Response:
 
 async def _serve(request: Request, chat: bool) -> Response:
     state: ServerState = request.app.state.server
-    bundle, _ = state.require()
+    bundle, engine = state.require()
     cfg = state.config
     body = await read_json(request, cfg.body_limit, cfg.timeout)
 
     def prepare() -> OpenAIJob:
+        grammars = getattr(engine, "grammars", None)
         if chat:
-            return parse_chat(body, bundle.tokenizer, state.template, cfg.defaults, cfg.model_name)
-        return parse_openai_completion(body, bundle.tokenizer, cfg.defaults, cfg.model_name)
+            return parse_chat(body, bundle.tokenizer, state.template, cfg.defaults, cfg.model_name, grammars)
+        return parse_openai_completion(body, bundle.tokenizer, cfg.defaults, cfg.model_name, grammars)
 
     oa = await anyio.to_thread.run_sync(prepare)
     fmt = OpenAIFormatter(oa.job, oa.model, bundle.tokenizer, chat)
