@@ -101,7 +101,9 @@ BAD_CHATS = {
     "max_tokens zero": {"messages": MSGS, "max_tokens": 0},
     "logprobs a string": {"messages": MSGS, "logprobs": "yes"},
     "top_logprobs too many": {"messages": MSGS, "logprobs": True, "top_logprobs": 21},
-    "tools": {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}]},
+    "tools not functions": {"messages": MSGS, "tools": [{"type": "retrieval"}]},
+    "tool_choice naming no tool": {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}],
+                                   "tool_choice": {"type": "function", "function": {"name": "g"}}},
     "response_format a string": {"messages": MSGS, "response_format": "json"},
     "response_format json_schema without its object": {"messages": MSGS, "response_format": {"type": "json_schema"}},
     "response_format bad schema": {"messages": MSGS, "response_format": {

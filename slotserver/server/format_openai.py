@@ -18,13 +18,18 @@ from slotserver.engine.request import FinalEvent, TokenEvent
 from slotserver.server.format_llama import timings
 from slotserver.server.generation import Outcome
 from slotserver.server.params import CompletionJob
+from slotserver.server.tool_calls import ToolCallParser, stream_deltas
+from slotserver.server.tools import ToolConfig
 from slotserver.model.text.tokenizer import Tokenizer
 
 FINGERPRINT = f"slotserver-{__version__}"
 
 
-def finish_reason(final: FinalEvent) -> str:
-    return "length" if final.stop_type == "limit" else "stop"
+def finish_reason(final: FinalEvent, calls: bool = False) -> str:
+    """llama-server's: "length" at a limit, else "tool_calls" when the answer holds calls, else "stop"."""
+    if final.stop_type == "limit":
+        return "length"
+    return "tool_calls" if calls else "stop"
 
 
 def usage(final: FinalEvent) -> dict:
@@ -61,11 +66,13 @@ def legacy_logprobs(tokenizer: Tokenizer, events: list[TokenEvent], n_top: int, 
 class OpenAIFormatter:
     """Builds every object of one answer (same id, created and model throughout)."""
 
-    def __init__(self, job: CompletionJob, model: str, tokenizer: Tokenizer, chat: bool) -> None:
+    def __init__(self, job: CompletionJob, model: str, tokenizer: Tokenizer, chat: bool,
+                 tools: ToolConfig | None = None) -> None:
         self.job, self.model, self.tokenizer, self.chat = job, model, tokenizer, chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
         self.offset = 0  # legacy logprobs: characters streamed so far
+        self.tools = ToolCallParser(tools) if chat and tools is not None else None
 
     def _envelope(self, choices: list[dict], chunk: bool) -> dict:
         kind = "text_completion"
@@ -84,10 +91,13 @@ class OpenAIFormatter:
         return lp
 
     def full(self, out: Outcome) -> dict:
+        content, calls = self.tools.parse(out.text) if self.tools is not None else (out.text, [])
         choice = {"index": 0, "logprobs": self._logprobs(out.tokens),
-                  "finish_reason": finish_reason(out.final)}
+                  "finish_reason": finish_reason(out.final, bool(calls))}
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": out.text}
+            choice["message"] = {"role": "assistant", "content": content or (None if calls else "")}
+            if calls:
+                choice["message"]["tool_calls"] = calls
         else:
             choice["text"] = out.text
         body = self._envelope([choice], chunk=False)
@@ -104,8 +114,23 @@ class OpenAIFormatter:
         choice.update({"delta": {"content": text}} if self.chat else {"text": text})
         return self._envelope([choice], chunk=True)
 
+    def stream_pieces(self, text: str, events: list[TokenEvent], final: bool = False) -> list[dict]:
+        """The chunks for newly generated text: with tools, content outside calls as content deltas
+        and each completed call as OpenAI's tool_calls deltas; without, one content delta."""
+        if self.tools is None:
+            return [self.delta_chunk(text, events)] if text or (final and events and self.job.want_logprobs) else []
+        first = len(self.tools.calls)
+        content, calls = self.tools.feed(text, final)
+        chunks = [self.delta_chunk(content, events)] if content or (events and self.job.want_logprobs) else []
+        for i, call in enumerate(calls):
+            for delta in stream_deltas(first + i, call):
+                choice = {"index": 0, "logprobs": None, "finish_reason": None, "delta": {"tool_calls": [delta]}}
+                chunks.append(self._envelope([choice], chunk=True))
+        return chunks
+
     def last_chunk(self, final: FinalEvent) -> dict:
-        choice = {"index": 0, "logprobs": None, "finish_reason": finish_reason(final)}
+        calls = self.tools is not None and bool(self.tools.calls)
+        choice = {"index": 0, "logprobs": None, "finish_reason": finish_reason(final, calls)}
         choice.update({"delta": {}} if self.chat else {"text": ""})
         body = self._envelope([choice], chunk=True)
         body.update(usage=usage(final), timings=timings(final))

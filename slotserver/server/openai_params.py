@@ -3,7 +3,8 @@
 OpenAI's names map onto llama-server's: `max_tokens` / `max_completion_tokens` -> n_predict,
 `logprobs` / `top_logprobs` -> n_probs; llama-server's own sampling fields (top_k, min_p,
 repeat_penalty...) are accepted too, as llama-server does. What we cannot honour is refused with a
-400 instead of being silently ignored: `n` > 1, `best_of` > 1, `echo`, `suffix`, `tools`.
+400 instead of being silently ignored: `n` > 1, `best_of` > 1, `echo`, `suffix`, `tools` on /v1/completions.
+Chat `tools`, `tool_choice` and `parallel_tool_calls`: tools.py, tool_prompt.py, tool_calls.py.
 `response_format` (and llama-server's `grammar` / `json_schema`) constrain the output (constraints.py). Chat prompts come from the model's (or the command line's)
 chat template only: a `chat_template` field in the body is ignored like any unknown field.
 """
@@ -17,7 +18,9 @@ from slotserver.model.text.chat_template import ChatTemplate, ChatTemplateError
 from slotserver.server.errors import bad_request
 from slotserver.server.fields import Fields
 from slotserver.engine.grammar import Grammars
-from slotserver.server.constraints import parse_constraint
+from slotserver.server.constraints import compile_checked, parse_constraint, requested
+from slotserver.server.tool_prompt import render_with_tools
+from slotserver.server.tools import ToolConfig, forced_call_grammar, parse_tools
 from slotserver.server.params import CompletionJob, build_request, n_predict_field
 from slotserver.server.prompt import encode, tokenize_prompt
 from slotserver.server.server_config import GenerationDefaults
@@ -31,6 +34,7 @@ class OpenAIJob:
     job: CompletionJob
     model: str          # echoed back in the answer, as OpenAI and llama-server do
     prompt: str         # the prompt text (rendered chat template for chat)
+    tools: ToolConfig | None = None   # chat: the tools offered and how calls are chosen
 
 
 def _refuse_unsupported(f: Fields) -> None:
@@ -42,8 +46,6 @@ def _refuse_unsupported(f: Fields) -> None:
         raise bad_request("'echo' is not supported")
     if f.str("suffix"):
         raise bad_request("'suffix' is not supported")
-    if f.raw("tools"):
-        raise bad_request("'tools' (function calling) is not supported")
 
 
 def _stream_flags(f: Fields) -> tuple[bool, bool]:
@@ -69,6 +71,8 @@ def parse_openai_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults
                             default_model: str, grammars: Grammars | None = None) -> OpenAIJob:
     f = Fields(body)
     _refuse_unsupported(f)
+    if f.raw("tools"):
+        raise bad_request("'tools' (function calling) is a chat feature: use /v1/chat/completions")
     grammar = parse_constraint(f, grammars)
     if "prompt" not in body:
         raise bad_request("'prompt' is required")
@@ -86,16 +90,28 @@ def render_chat(template: ChatTemplate, messages: Any) -> str:
         raise bad_request(str(e)) from None
 
 
+def _chat_grammar(f: Fields, tools: ToolConfig, grammars: Grammars | None) -> str | None:
+    """A forced tool call's grammar, else the request's own constraint (not both, as llama-server)."""
+    found = requested(f)
+    if tools.active and found is not None:
+        raise bad_request(f"'{found[0]}' cannot constrain the output together with 'tools' "
+                          "(use tool_choice \"none\", or drop it)")
+    if tools.forced:
+        return compile_checked("tool_choice", "lark", forced_call_grammar(tools), grammars)
+    return compile_checked(*found, grammars) if found else None
+
+
 def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplate,
                defaults: GenerationDefaults, default_model: str, grammars: Grammars | None = None) -> OpenAIJob:
     f = Fields(body)
     _refuse_unsupported(f)
-    grammar = parse_constraint(f, grammars)
+    tools = parse_tools(f)
+    grammar = _chat_grammar(f, tools, grammars)
     if "messages" not in body:
         raise bad_request("'messages' is required")
-    text = render_chat(template, body["messages"])
+    text = render_with_tools(template, body["messages"], tools)
     ids = encode(tokenizer, text, True, True)
     want = f.bool("logprobs", False)
     n_top = f.int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
     job = _job(f, ids, tokenizer, defaults, n_top if want else 0, want, grammar)
-    return OpenAIJob(job, f.str("model", default_model) or default_model, text)
+    return OpenAIJob(job, f.str("model", default_model) or default_model, text, tools if tools.active else None)

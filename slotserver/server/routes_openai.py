@@ -46,7 +46,7 @@ async def _serve(request: Request, chat: bool) -> Response:
         return parse_openai_completion(body, bundle.tokenizer, cfg.defaults, cfg.model_name, grammars)
 
     oa = await anyio.to_thread.run_sync(prepare)
-    fmt = OpenAIFormatter(oa.job, oa.model, bundle.tokenizer, chat)
+    fmt = OpenAIFormatter(oa.job, oa.model, bundle.tokenizer, chat, oa.tools)
     run = submit(state, oa.job, log_state(request), oa.prompt)
     if oa.job.stream:
         return sse.EventStreamResponse(openai_stream(run, fmt), on_close=run.close, write_timeout=cfg.timeout)
@@ -62,11 +62,12 @@ async def openai_stream(run: Run, fmt: OpenAIFormatter) -> AsyncIterator[bytes]:
         if isinstance(ev, TokenEvent):
             pending.append(ev)
             if ev.text:
-                yield sse.event(fmt.delta_chunk(ev.text, pending))
+                for chunk in fmt.stream_pieces(ev.text, pending):
+                    yield sse.event(chunk)
                 pending = []
         elif isinstance(ev, FinalEvent):
-            if ev.text or (pending and fmt.job.want_logprobs):
-                yield sse.event(fmt.delta_chunk(ev.text, pending))
+            for chunk in fmt.stream_pieces(ev.text, pending, final=True):
+                yield sse.event(chunk)
             yield sse.event(fmt.last_chunk(ev))
             if fmt.job.include_usage:
                 yield sse.event(fmt.usage_chunk(ev))

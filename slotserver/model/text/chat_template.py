@@ -145,6 +145,17 @@ class ChatTemplate:
             raise ChatTemplateError(
                 f"chat template syntax error at line {exc.lineno}: {exc.message}") from exc
 
+    @property
+    def supports_tools(self) -> bool:
+        """The template renders `tools` itself (Qwen 2.5, Hermes...); llama.cpp detects this by
+        rendering probes, a mention of the variable is the same signal for real templates."""
+        return "tools" in self.source
+
+    @property
+    def supports_tool_calls(self) -> bool:
+        """The template renders assistant `tool_calls` in the history."""
+        return "tool_calls" in self.source
+
     @classmethod
     def from_metadata(cls, md: dict[str, Any], tokenizer: Tokenizer) -> ChatTemplate:
         """The model's `tokenizer.chat_template`, with its BOS/EOS token texts.

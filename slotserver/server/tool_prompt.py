@@ -1,0 +1,90 @@
+"""Chat messages with tools -> the prompt, through the model's template or the Hermes fallback.
+
+A template that renders tools itself (it mentions `tools`: Qwen 2.5, Hermes 2/3...) gets them in
+its Jinja context, and the history's tool calls with their arguments as objects (what those
+templates `tojson`). A template without tool support (the default SmolLM2, plain ChatML) gets what
+llama.cpp's fallback gives it: the tools described in the system message, in Hermes' words, the
+history's assistant calls written as `<tool_call>` blocks and `tool` results as user messages in
+`<tool_response>` blocks, so the model sees the same format it is asked to produce.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from slotserver.model.text.chat_template import ChatTemplate, ChatTemplateError
+from slotserver.server.errors import bad_request
+from slotserver.server.tools import CLOSE, OPEN, ToolConfig
+
+SYSTEM = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+          "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
+          "For each function call, return a json object with function name and arguments within "
+          "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": "
+          "<args-json-object>}}\n</tool_call>")
+
+
+def _arguments(call: Any) -> Any:
+    """A history call's arguments as an object (OpenAI sends a JSON string)."""
+    fn = call.get("function", {}) if isinstance(call, dict) else {}
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            return json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            raise bad_request(f"tool call arguments must be JSON, got {args[:80]!r}") from None
+    return args
+
+
+def _native(messages: list) -> list:
+    """Arguments as objects, null content as "" (templates concatenate it)."""
+    out = []
+    for m in messages:
+        if isinstance(m, dict) and m.get("tool_calls"):
+            calls = [{**c, "function": {**c.get("function", {}), "arguments": _arguments(c)}} for c in m["tool_calls"]]
+            m = {**m, "tool_calls": calls, "content": m.get("content") or ""}
+        out.append(m)
+    return out
+
+
+def _call_text(call: dict) -> str:
+    name = call.get("function", {}).get("name", "")
+    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': _arguments(call)}, ensure_ascii=False)}\n{CLOSE}"
+
+
+def _fallback(messages: list, tools: ToolConfig | None) -> list:
+    out = []
+    for m in messages:
+        if not isinstance(m, dict):
+            out.append(m)
+            continue
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            parts = ([m["content"]] if isinstance(m.get("content"), str) and m["content"] else [])
+            parts += [_call_text(c) for c in m["tool_calls"]]
+            m = {"role": "assistant", "content": "\n".join(parts)}
+        elif m.get("role") == "tool":
+            content = m.get("content")
+            content = content if isinstance(content, str) else json.dumps(content)
+            m = {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+        out.append(m)
+    if tools is not None and tools.active:
+        described = SYSTEM.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools.tools))
+        if out and isinstance(out[0], dict) and out[0].get("role") == "system" and isinstance(out[0].get("content"), str):
+            out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + described}
+        else:
+            out.insert(0, {"role": "system", "content": described})
+    return out
+
+
+def render_with_tools(template: ChatTemplate, messages: Any, tools: ToolConfig | None,
+                      add_generation_prompt: bool = True, **extra: Any) -> str:
+    """The prompt text; template problems are a 400 naming them."""
+    try:
+        if isinstance(messages, list) and template.supports_tools:
+            native = tools is not None and tools.active
+            return template.render(_native(messages), add_generation_prompt,
+                                   **({"tools": list(tools.tools)} if native else {}), **extra)
+        msgs = _fallback(messages, tools) if isinstance(messages, list) else messages
+        return template.render(msgs, add_generation_prompt, **extra)
+    except ChatTemplateError as e:
+        raise bad_request(str(e)) from None
