@@ -68,14 +68,20 @@ class Engine:
         self._stopping = False
 
     # -- client verbs (any thread) -------------------------------------------------------------
-    def submit(self, request: Request, loop=None) -> RequestHandle:
+    def submit(self, request: Request, loop=None, parent: RequestHandle | None = None) -> RequestHandle:
+        """Queue a request. `parent`: an earlier handle with the same prompt (n > 1 choices): this one
+        waits for the parent's prefill and copies its prompt KV instead of computing it again."""
         self._validate(request)
+        if parent is not None and parent.request.prompt_ids != request.prompt_ids:
+            raise RequestError("a sibling request must have its parent's prompt")
         with self._lock:
             if self._in_flight >= self.config.n_parallel + self.config.queue_limit:
                 raise EngineBusy(f"server is busy: {self._in_flight} requests in flight, queue full")
             self._in_flight += 1
         handle = RequestHandle(next(self._ids), request, self, loop, self.outbox)
-        self._post(("submit", self._sequence(handle)))
+        handle.seq = self._sequence(handle)
+        handle.seq.parent = parent.seq if parent is not None else None
+        self._post(("submit", handle.seq))
         return handle
 
     def cancel(self, request_id: int) -> None:
@@ -172,6 +178,8 @@ class Engine:
             self.tracker.publish()
         t.append(time.perf_counter())
         self.cache.apply(plan.moves, plan.trims)
+        for f in plan.forks:   # n > 1: a sibling starts from its parent's prompt KV (paged: shared blocks)
+            self.cache.layout.copy_stream(f.src, f.dst, f.n_cells)
         t.append(time.perf_counter())
         masks = self.masks.start([c.seq.grammar for c in plan.chunks if c.sample])  # filled during the forward
         try:

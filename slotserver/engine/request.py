@@ -77,6 +77,7 @@ class RequestHandle:
         assert loop is None or outbox is not None, "an asyncio consumer's events go through the engine's outbox"
         self.id, self.request, self._engine, self._loop = request_id, request, engine, loop
         self._outbox = outbox
+        self.seq = None   # the engine's Sequence (set by Engine.submit; read on the engine thread only)
         self._sync: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._async: asyncio.Queue[Event] | None = asyncio.Queue() if loop is not None else None
 

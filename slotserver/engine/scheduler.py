@@ -17,6 +17,13 @@ size) blocks, and two more rules hold (with a flat layout the callback gives Non
   youngest on ties) is preempted: its blocks are freed and it goes back to the queue in arrival
   order, to be prefilled again (prompt + generated tokens) and continue where it stopped.
 Freed blocks are `StepPlan.trims` (stream, cells kept), applied by the engine before the moves.
+
+Several choices of one prompt (`n` > 1, as llama-server's child tasks): the first sequence
+prefills the prompt; each sibling (its `parent` is that first one) takes a slot but waits while the
+parent is prefilling, then gets the parent's prompt KV (`StepPlan.forks`: a stream copy for
+contiguous layouts, shared blocks with copy-on-write for paged ones) and computes only the last
+prompt token. If the parent is gone before that (finished, cancelled, preempted), the sibling
+prefills on its own: same tokens, only slower.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ class StepPlan:
     admitted: list[Sequence] = field(default_factory=list)
     trims: list[tuple[int, int]] = field(default_factory=list)  # (stream, cells kept), before moves
     preempted: list[Sequence] = field(default_factory=list)
+    forks: list[Move] = field(default_factory=list)   # prompt KV copied to a sibling, after the moves
 
     @property
     def n_tokens(self) -> int:
@@ -102,7 +110,8 @@ class Scheduler:
         plan.admitted = self._admit(budget, plan)
         if self.config.defrag == "on":
             plan.moves = self.streams.plan_defrag(self.slots.slots)
-        plan.chunks = self._fill_budget()
+        waiting = self._fork_siblings(plan)
+        plan.chunks = self._fill_budget(waiting)
         self.check_invariants()
         return plan
 
@@ -171,9 +180,28 @@ class Scheduler:
         self.waiting.insert(later[0] if later else len(self.waiting), seq)
         plan.preempted.append(seq)
 
-    def _fill_budget(self) -> list[ScheduledChunk]:
+    def _fork_siblings(self, plan: StepPlan) -> set[int]:
+        """Copy a prefilled parent's prompt KV to its siblings; -> ids of siblings still waiting."""
+        waiting = set()
+        for seq in self.running():
+            parent = seq.parent
+            if parent is None:
+                continue
+            target = seq.num_prompt - 1                       # the last prompt token is computed for logits
+            if parent.finished or parent.slot_id < 0 or seq.num_computed >= target:
+                seq.parent = None                             # prefill alone (or nothing left to share)
+            elif parent.num_computed < target:
+                waiting.add(seq.id)                           # the parent is still prefilling
+            else:
+                src, dst = self.streams.stream_of[parent.slot_id], self.streams.stream_of[seq.slot_id]
+                plan.forks.append(Move(src, dst, target))
+                seq.num_computed = seq.num_cached = target
+                seq.parent = None
+        return waiting
+
+    def _fill_budget(self, waiting: set[int] = frozenset()) -> list[ScheduledChunk]:
         budget = self.config.step_tokens
-        running = sorted(self.running(), key=lambda s: s.arrival)
+        running = sorted((s for s in self.running() if s.id not in waiting), key=lambda s: s.arrival)
         chunks = []
         for seq in running:  # decodes first: one token each
             if seq.num_pending == 1 and budget > 0:

@@ -37,6 +37,7 @@ class Sequence:
     t_prompt_done: float = 0.0      # first token sampled
     finished: bool = False
     grammar: object | None = None   # the request's llguidance LLMatcher, made on the engine thread
+    parent: Sequence | None = None  # n > 1: the sibling whose prompt KV this one copies (see Scheduler)
 
     @property
     def request(self) -> Request:

@@ -77,7 +77,7 @@ def summary(job: CompletionJob, final: FinalEvent, model: str, prompt: str) -> d
 
 
 def final_response(job: CompletionJob, out: Outcome, tokenizer: Tokenizer, model: str, prompt: str) -> dict:
-    body = {"index": 0, "content": out.text, "tokens": out.token_ids if job.return_tokens else [],
+    body = {"index": job.index, "content": out.text, "tokens": out.token_ids if job.return_tokens else [],
             "has_new_line": "\n" in out.text}
     body.update(summary(job, out.final, model, prompt))
     if job.n_probs > 0:
@@ -87,7 +87,7 @@ def final_response(job: CompletionJob, out: Outcome, tokenizer: Tokenizer, model
 
 def stream_chunk(job: CompletionJob, text: str, events: list[TokenEvent], tokenizer: Tokenizer,
                  n_predicted: int) -> dict:
-    chunk = {"index": 0, "content": text, "tokens": [e.token for e in events], "stop": False,
+    chunk = {"index": job.index, "content": text, "tokens": [e.token for e in events], "stop": False,
              "tokens_predicted": n_predicted, "tokens_evaluated": len(job.request.prompt_ids)}
     if job.n_probs > 0:
         chunk["completion_probabilities"] = probabilities(tokenizer, events, job.n_probs, job.request.params.post_sampling_probs)
@@ -95,6 +95,6 @@ def stream_chunk(job: CompletionJob, text: str, events: list[TokenEvent], tokeni
 
 
 def final_chunk(job: CompletionJob, final: FinalEvent, model: str, prompt: str) -> dict:
-    chunk = {"index": 0, "content": "", "tokens": []}
+    chunk = {"index": job.index, "content": "", "tokens": []}
     chunk.update(summary(job, final, model, prompt))
     return chunk

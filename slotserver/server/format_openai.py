@@ -73,6 +73,13 @@ class OpenAIFormatter:
         self.created = int(time.time())
         self.offset = 0  # legacy logprobs: characters streamed so far
         self.tools = ToolCallParser(tools) if chat and tools is not None else None
+        self.index, self._tool_config = job.index, tools
+
+    def sibling(self, job: CompletionJob) -> "OpenAIFormatter":
+        """The formatter of another choice of the same answer (same id and created)."""
+        other = OpenAIFormatter(job, self.model, self.tokenizer, self.chat, self._tool_config)
+        other.id, other.created = self.id, self.created
+        return other
 
     def _envelope(self, choices: list[dict], chunk: bool) -> dict:
         kind = "text_completion"
@@ -92,7 +99,7 @@ class OpenAIFormatter:
 
     def full(self, out: Outcome) -> dict:
         content, calls = self.tools.parse(out.text) if self.tools is not None else (out.text, [])
-        choice = {"index": 0, "logprobs": self._logprobs(out.tokens),
+        choice = {"index": self.index, "logprobs": self._logprobs(out.tokens),
                   "finish_reason": finish_reason(out.final, bool(calls))}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": content or (None if calls else "")}
@@ -107,10 +114,10 @@ class OpenAIFormatter:
     def role_chunk(self) -> dict:
         """Chat streams open with the assistant role, as OpenAI's do."""
         delta = {"role": "assistant", "content": ""}
-        return self._envelope([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}], True)
+        return self._envelope([{"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}], True)
 
     def delta_chunk(self, text: str, events: list[TokenEvent]) -> dict:
-        choice = {"index": 0, "logprobs": self._logprobs(events), "finish_reason": None}
+        choice = {"index": self.index, "logprobs": self._logprobs(events), "finish_reason": None}
         choice.update({"delta": {"content": text}} if self.chat else {"text": text})
         return self._envelope([choice], chunk=True)
 
@@ -124,19 +131,22 @@ class OpenAIFormatter:
         chunks = [self.delta_chunk(content, events)] if content or (events and self.job.want_logprobs) else []
         for i, call in enumerate(calls):
             for delta in stream_deltas(first + i, call):
-                choice = {"index": 0, "logprobs": None, "finish_reason": None, "delta": {"tool_calls": [delta]}}
+                choice = {"index": self.index, "logprobs": None, "finish_reason": None, "delta": {"tool_calls": [delta]}}
                 chunks.append(self._envelope([choice], chunk=True))
         return chunks
 
     def last_chunk(self, final: FinalEvent) -> dict:
         calls = self.tools is not None and bool(self.tools.calls)
-        choice = {"index": 0, "logprobs": None, "finish_reason": finish_reason(final, calls)}
+        choice = {"index": self.index, "logprobs": None, "finish_reason": finish_reason(final, calls)}
         choice.update({"delta": {}} if self.chat else {"text": ""})
         body = self._envelope([choice], chunk=True)
         body.update(usage=usage(final), timings=timings(final))
         return body
 
-    def usage_chunk(self, final: FinalEvent) -> dict:
+    def usage_chunk(self, finals: list[FinalEvent]) -> dict:
+        """OpenAI's last chunk with `stream_options.include_usage`: empty choices, the whole usage."""
         body = self._envelope([], chunk=True)
-        body["usage"] = usage(final)
+        prompt = sum(f.n_prompt for f in finals)
+        completion = sum(f.n_predicted for f in finals)
+        body["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
         return body

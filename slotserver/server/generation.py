@@ -19,7 +19,7 @@ from slotserver.engine.request import (EngineBusy, ErrorEvent, Event, FinalEvent
                                 TokenEvent)
 from slotserver.model.sampling_params import SamplingError
 from slotserver.server.errors import ApiError
-from slotserver.server.params import CompletionJob
+from slotserver.server.job import CompletionJob
 from slotserver.server.sse import wait_for_disconnect
 from slotserver.server.state import ServerState
 
@@ -77,11 +77,14 @@ def busy_message(n_parallel: int, queue_limit: int) -> str:
             f"requests, its limit; retry later, or start the server with --max-queue {more} to allow more")
 
 
-def submit(state: ServerState, job: CompletionJob, log_state: dict, prompt_text: str = "") -> Run:
-    """Hand the job to the engine; refusals become 400 (bad request) or 503 (queue full)."""
+def submit(state: ServerState, job: CompletionJob, log_state: dict, prompt_text: str = "",
+           parent: Run | None = None) -> Run:
+    """Hand the job to the engine; refusals become 400 (bad request) or 503 (queue full).
+    `parent`: the run of an earlier choice of the same prompt, whose prefill this one shares."""
     _, engine = state.require()
     try:
-        handle = engine.submit(job.request, loop=asyncio.get_running_loop())
+        kw = {"parent": parent.handle} if parent is not None else {}
+        handle = engine.submit(job.request, loop=asyncio.get_running_loop(), **kw)
     except (RequestError, SamplingError) as e:
         raise ApiError(400, str(e)) from None
     except EngineBusy:

@@ -3,7 +3,8 @@
 OpenAI's names map onto llama-server's: `max_tokens` / `max_completion_tokens` -> n_predict,
 `logprobs` / `top_logprobs` -> n_probs; llama-server's own sampling fields (top_k, min_p,
 repeat_penalty...) are accepted too, as llama-server does. What we cannot honour is refused with a
-400 instead of being silently ignored: `n` > 1, `best_of` > 1, `echo`, `suffix`, `tools` on /v1/completions.
+400 instead of being silently ignored: `best_of` > 1, `echo`, `suffix`, `tools` on /v1/completions. `n` and prompt lists:
+choices.py.
 Chat `tools`, `tool_choice` and `parallel_tool_calls`: tools.py, tool_prompt.py, tool_calls.py.
 `response_format` (and llama-server's `grammar` / `json_schema`) constrain the output (constraints.py). Chat prompts come from the model's (or the command line's)
 chat template only: a `chat_template` field in the body is ignored like any unknown field.
@@ -22,7 +23,8 @@ from slotserver.server.constraints import compile_checked, parse_constraint, req
 from slotserver.server.tool_prompt import render_with_tools
 from slotserver.server.tools import ToolConfig, forced_call_grammar, parse_tools
 from slotserver.server.params import CompletionJob, build_request, n_predict_field
-from slotserver.server.prompt import encode, tokenize_prompt
+from slotserver.server.choices import expand, n_choices
+from slotserver.server.prompt import encode, tokenize_prompts
 from slotserver.server.server_config import GenerationDefaults
 from slotserver.model.text.tokenizer import Tokenizer
 
@@ -31,15 +33,17 @@ MAX_TOP_LOGPROBS = 20
 
 @dataclass(frozen=True)
 class OpenAIJob:
-    job: CompletionJob
-    model: str          # echoed back in the answer, as OpenAI and llama-server do
-    prompt: str         # the prompt text (rendered chat template for chat)
+    jobs: list[CompletionJob]   # prompts x n choices, by index (choices.py)
+    model: str                  # echoed back in the answer, as OpenAI and llama-server do
+    prompts: list[str]          # each job's prompt text (the rendered chat template for chat)
     tools: ToolConfig | None = None   # chat: the tools offered and how calls are chosen
+
+    @property
+    def job(self) -> CompletionJob:
+        return self.jobs[0]
 
 
 def _refuse_unsupported(f: Fields) -> None:
-    if f.int("n", 1, lo=1) != 1:
-        raise bad_request("only n=1 is supported")
     if f.int("best_of", 1, lo=1) != 1:
         raise bad_request("only best_of=1 is supported")
     if f.bool("echo", False):
@@ -68,7 +72,7 @@ def _job(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: GenerationDe
 
 
 def parse_openai_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults: GenerationDefaults,
-                            default_model: str, grammars: Grammars | None = None) -> OpenAIJob:
+                            default_model: str, grammars: Grammars | None = None, n_parallel: int = 1) -> OpenAIJob:
     f = Fields(body)
     _refuse_unsupported(f)
     if f.raw("tools"):
@@ -76,11 +80,13 @@ def parse_openai_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults
     grammar = parse_constraint(f, grammars)
     if "prompt" not in body:
         raise bad_request("'prompt' is required")
-    ids = tokenize_prompt(tokenizer, body["prompt"])
+    n = n_choices(f, n_parallel, "n")
     n_top = f.int("logprobs", -1, lo=0, hi=MAX_TOP_LOGPROBS)   # legacy API: an int, 0 = chosen only
-    job = _job(f, ids, tokenizer, defaults, max(n_top, 0), n_top >= 0, grammar)
-    return OpenAIJob(job, f.str("model", default_model) or default_model,
-                     tokenizer.decode(ids, special=True))
+    jobs = [_job(f, ids, tokenizer, defaults, max(n_top, 0), n_top >= 0, grammar)
+            for ids in tokenize_prompts(tokenizer, body["prompt"])]
+    jobs = expand(jobs, n)
+    return OpenAIJob(jobs, f.str("model", default_model) or default_model,
+                     [tokenizer.decode(j.request.prompt_ids, special=True) for j in jobs])
 
 
 def render_chat(template: ChatTemplate, messages: Any) -> str:
@@ -102,7 +108,8 @@ def _chat_grammar(f: Fields, tools: ToolConfig, grammars: Grammars | None) -> st
 
 
 def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplate,
-               defaults: GenerationDefaults, default_model: str, grammars: Grammars | None = None) -> OpenAIJob:
+               defaults: GenerationDefaults, default_model: str, grammars: Grammars | None = None,
+               n_parallel: int = 1) -> OpenAIJob:
     f = Fields(body)
     _refuse_unsupported(f)
     tools = parse_tools(f)
@@ -113,5 +120,7 @@ def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplat
     ids = encode(tokenizer, text, True, True)
     want = f.bool("logprobs", False)
     n_top = f.int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
-    job = _job(f, ids, tokenizer, defaults, n_top if want else 0, want, grammar)
-    return OpenAIJob(job, f.str("model", default_model) or default_model, text, tools if tools.active else None)
+    n = n_choices(f, n_parallel, "n")
+    jobs = expand([_job(f, ids, tokenizer, defaults, n_top if want else 0, want, grammar)], n)
+    return OpenAIJob(jobs, f.str("model", default_model) or default_model, [text] * n,
+                     tools if tools.active else None)

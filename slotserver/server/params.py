@@ -20,7 +20,6 @@ batch (found by the fuzz test); no meaningful setting lies outside them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from slotserver.engine.grammar import Grammars
@@ -28,10 +27,12 @@ from slotserver.engine.request import Request
 from slotserver.model.samplers_dry import process_breakers
 from slotserver.model.samplers_order import DEFAULT_SAMPLERS
 from slotserver.model.sampling_params import MAX_N_PROBS, SamplingError, SamplingParams
+from slotserver.server.choices import expand, n_choices
 from slotserver.server.constraints import parse_constraint
 from slotserver.server.errors import bad_request
 from slotserver.server.fields import INT32_MAX, UINT32_MAX, Fields
-from slotserver.server.prompt import parse_logit_bias, tokenize_prompt
+from slotserver.server.job import CompletionJob  # noqa: F401  re-exported: routes and formats import it from here
+from slotserver.server.prompt import parse_logit_bias, tokenize_prompts
 from slotserver.server.server_config import GenerationDefaults
 from slotserver.model.text.tokenizer import Tokenizer
 
@@ -39,22 +40,6 @@ PENALTY_RANGE = (1e-3, 1e3)
 ADDITIVE_LIMIT = 1e6
 DRY_BREAKERS = ("\n", ":", "\"", "*")  # llama.cpp's default dry_sequence_breakers
 DRY_BASE = 1.75
-
-
-@dataclass(frozen=True)
-class CompletionJob:
-    """One generation as a route runs it: the engine request plus how to answer."""
-
-    request: Request
-    stream: bool = False
-    return_tokens: bool = False
-    n_probs: int = 0              # top probabilities the client asked for (0: none)
-    want_logprobs: bool = False   # the client wants the chosen tokens' log-probabilities
-    include_usage: bool = False   # OpenAI stream_options.include_usage
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.n_probs <= MAX_N_PROBS:
-            raise bad_request(f"'n_probs' must be in [0, {MAX_N_PROBS}], got {self.n_probs}")
 
 
 def sampling_params(f: Fields, tokenizer: Tokenizer, defaults: GenerationDefaults,
@@ -156,10 +141,11 @@ def n_predict_field(f: Fields, defaults: GenerationDefaults, *names: str, lo: in
     return defaults.n_predict
 
 
-def parse_completion(body: dict[str, Any], tokenizer: Tokenizer,
-                     defaults: GenerationDefaults, grammars: Grammars | None = None) -> CompletionJob:
-    """POST /completion's body -> a CompletionJob (tokenizes the prompt and compiles a grammar: run
-    it off the event loop). `grammars` checks a grammar against the model's vocabulary."""
+def parse_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults: GenerationDefaults,
+                     grammars: Grammars | None = None, n_parallel: int = 1) -> list[CompletionJob]:
+    """POST /completion's body -> its jobs, prompts x `n_cmpl` (choices.py); tokenizes the prompts
+    and compiles a grammar: run it off the event loop. `grammars` checks a grammar against the
+    model's vocabulary."""
     f = Fields(body)
     grammar = parse_constraint(f, grammars)
     if "prompt" not in body:
@@ -168,9 +154,12 @@ def parse_completion(body: dict[str, Any], tokenizer: Tokenizer,
     stop = f.str_list("stop")
     n_predict = n_predict_field(f, defaults, "n_predict", "max_tokens")
     stream, return_tokens = f.bool("stream", False), f.bool("return_tokens", False)
-    ids = tokenize_prompt(tokenizer, body["prompt"])
-    if not ids:
-        raise bad_request("the prompt is empty")
-    request = build_request(f, ids, tokenizer, defaults, n_predict, n_probs, stop, grammar)
-    return CompletionJob(request, stream=stream, return_tokens=return_tokens, n_probs=n_probs,
-                         want_logprobs=n_probs > 0)
+    n = n_choices(f, n_parallel, "n_cmpl", "n")
+    jobs = []
+    for ids in tokenize_prompts(tokenizer, body["prompt"]):
+        if not ids:
+            raise bad_request("the prompt is empty")
+        request = build_request(f, ids, tokenizer, defaults, n_predict, n_probs, stop, grammar)
+        jobs.append(CompletionJob(request, stream=stream, return_tokens=return_tokens, n_probs=n_probs,
+                                  want_logprobs=n_probs > 0))
+    return expand(jobs, n)

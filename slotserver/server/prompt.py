@@ -1,8 +1,10 @@
 """Prompts and logit biases in llama-server's accepted forms, turned into token ids.
 
-A prompt is a string, a list of token ids, or a list mixing strings and ids (strings are
-tokenized with parse_special, ids kept; only the first element may get the BOS token), or a
-one-element list of one of those. Several prompts in one request are not supported (400).
+A prompt is a string, a list of token ids, a list mixing strings and ids (strings are tokenized
+with parse_special, ids kept; only the first element may get the BOS token), or an object
+{"prompt_string": ...} (multimodal data is refused: no multimodal models here). Several prompts
+are a list of those, as llama-server reads it (`tokenize_input_prompts`): a list holding only
+ids, or both strings and ids, is ONE prompt; any other list is one prompt per element.
 """
 
 from __future__ import annotations
@@ -32,21 +34,48 @@ def _is_id(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+MAX_PROMPTS = 64
+
+
+def _single(prompt: list) -> bool:
+    """llama-server: a list of ids only, or of strings and ids both, is one prompt."""
+    ids = any(_is_id(x) for x in prompt)
+    return ids and all(_is_id(x) or isinstance(x, str) for x in prompt) and (
+        all(_is_id(x) for x in prompt) or any(isinstance(x, str) for x in prompt))
+
+
+def split_prompts(prompt: Any) -> list[Any]:
+    """The prompts of a `prompt` field, each a string, a list of ids/strings, or a prompt object."""
+    if isinstance(prompt, (str, dict)) or (isinstance(prompt, list) and prompt and _single(prompt)):
+        return [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        raise bad_request("'prompt' must be a string, a list of token ids, a list of strings and ids, "
+                          "or a list of such prompts")
+    if len(prompt) > MAX_PROMPTS:
+        raise bad_request(f"'prompt' holds {len(prompt)} prompts; at most {MAX_PROMPTS} per request")
+    return list(prompt)
+
+
+def tokenize_prompts(tokenizer: Tokenizer, prompt: Any) -> list[list[int]]:
+    return [tokenize_prompt(tokenizer, p) for p in split_prompts(prompt)]
+
+
 def tokenize_prompt(tokenizer: Tokenizer, prompt: Any) -> list[int]:
-    """Token ids of a llama-server `prompt` field (see the module docstring)."""
+    """Token ids of ONE llama-server prompt (see the module docstring)."""
     vocab = tokenizer.vocab_size
     if isinstance(prompt, str):
         return encode(tokenizer, prompt, True, True)
+    if isinstance(prompt, dict):
+        if prompt.get("multimodal_data"):
+            raise bad_request("Multimodal data provided, but model does not support multimodal requests.")
+        if not isinstance(prompt.get("prompt_string"), str):
+            raise bad_request("a prompt object must hold 'prompt_string', a string")
+        return encode(tokenizer, prompt["prompt_string"], True, True)
     if not isinstance(prompt, list) or not prompt:
         raise bad_request("'prompt' must be a string, a list of token ids, or a list of strings and ids")
-    if len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        return tokenize_prompt(tokenizer, prompt[0])
     if not all(isinstance(x, str) or _is_id(x) for x in prompt):
-        raise bad_request("'prompt' holds several prompts or values that are neither strings nor "
-                          "token ids; one prompt per request is supported")
-    if all(isinstance(x, str) for x in prompt):
-        raise bad_request("'prompt' is a list of several strings (several prompts); "
-                          "one prompt per request is supported")
+        raise bad_request("a prompt list must hold strings and token ids, got "
+                          f"{next(x for x in prompt if not (isinstance(x, str) or _is_id(x)))!r}")
     ids: list[int] = []
     for i, x in enumerate(prompt):
         if isinstance(x, str):

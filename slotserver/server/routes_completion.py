@@ -18,7 +18,8 @@ from slotserver.engine.request import FinalEvent, TokenEvent
 from slotserver.server import format_llama, sse
 from slotserver.server.body import read_json
 from slotserver.server.errors import ApiError
-from slotserver.server.generation import ClientGone, Outcome, Run, collect, submit
+from slotserver.server.choices import close_all, collect_all, merged, submit_all
+from slotserver.server.generation import ClientGone, Outcome, Run
 from slotserver.server.jsonio import JSONResp
 from slotserver.server.params import CompletionJob, parse_completion
 from slotserver.server.state import ServerState
@@ -27,15 +28,15 @@ from slotserver.model.text.tokenizer import Tokenizer
 CLIENT_CLOSED = 499  # nginx's status for "client closed the request"; only seen in our log
 
 
-async def respond(run: Run, request: Request, render: Callable[[Outcome], Response]) -> Response:
-    """A non-streaming answer: wait for the whole generation (cancelled if the client leaves)."""
+async def respond(runs: list[Run], request: Request, render: Callable[[list[Outcome]], Response]) -> Response:
+    """A non-streaming answer: wait for every generation (all cancelled if the client leaves)."""
     try:
-        out = await collect(run, request.receive)
+        outs = await collect_all(runs, request.receive)
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED)
     finally:
-        run.close()
-    return render(out)
+        close_all(runs)
+    return render(outs)
 
 
 def log_state(request: Request) -> dict:
@@ -49,39 +50,46 @@ async def completion(request: Request) -> Response:
     cfg = state.config
     body = await read_json(request, cfg.body_limit, cfg.timeout)
 
-    def prepare() -> tuple[CompletionJob, str]:
-        job = parse_completion(body, bundle.tokenizer, cfg.defaults, getattr(engine, "grammars", None))
-        return job, bundle.tokenizer.decode(job.request.prompt_ids, special=True)
+    def prepare() -> tuple[list[CompletionJob], list[str]]:
+        jobs = parse_completion(body, bundle.tokenizer, cfg.defaults, getattr(engine, "grammars", None),
+                                engine.config.n_parallel)
+        return jobs, [bundle.tokenizer.decode(j.request.prompt_ids, special=True) for j in jobs]
 
-    job, prompt = await anyio.to_thread.run_sync(prepare)
-    run = submit(state, job, log_state(request), prompt)
-    if job.stream:
-        chunks = llama_stream(run, job, bundle.tokenizer, cfg.model_name, prompt)
-        return sse.EventStreamResponse(chunks, on_close=run.close, write_timeout=cfg.timeout)
-    return await respond(run, request, lambda out: JSONResp(
-        format_llama.final_response(job, out, bundle.tokenizer, cfg.model_name, prompt)))
+    jobs, prompts = await anyio.to_thread.run_sync(prepare)
+    runs = submit_all(state, jobs, log_state(request), prompts)
+    if jobs[0].stream:
+        chunks = llama_stream(runs, jobs, bundle.tokenizer, cfg.model_name, prompts)
+        return sse.EventStreamResponse(chunks, on_close=lambda: close_all(runs), write_timeout=cfg.timeout)
+
+    def render(outs: list[Outcome]) -> Response:
+        bodies = [format_llama.final_response(j, o, bundle.tokenizer, cfg.model_name, p)
+                  for j, o, p in zip(jobs, outs, prompts)]
+        return JSONResp(bodies[0] if len(bodies) == 1 else bodies)   # llama-server: an array for several
+    return await respond(runs, request, render)
 
 
-async def llama_stream(run: Run, job: CompletionJob, tokenizer: Tokenizer, model: str,
-                       prompt: str) -> AsyncIterator[bytes]:
-    """One chunk per token that completes text (or carries probabilities); then the summary chunk.
+async def llama_stream(runs: list[Run], jobs: list[CompletionJob], tokenizer: Tokenizer, model: str,
+                       prompts: list[str]) -> AsyncIterator[bytes]:
+    """Per job: one chunk per token that completes text (or carries probabilities); then its summary
+    chunk. Several jobs interleave, each chunk with its `index`.
 
     A token whose text is held back (half a UTF-8 character, a possible stop string) rides along
     with the next chunk that has text, so every generated token id is sent exactly once.
     """
-    pending: list[TokenEvent] = []
-    n = 0
-    async for ev in run.events():
+    pending: list[list[TokenEvent]] = [[] for _ in runs]
+    counts = [0] * len(runs)
+    async for i, ev in merged(runs):
+        job = jobs[i]
         if isinstance(ev, TokenEvent):
-            n += 1
-            pending.append(ev)
+            counts[i] += 1
+            pending[i].append(ev)
             if ev.text or job.n_probs > 0:
-                yield sse.event(format_llama.stream_chunk(job, ev.text, pending, tokenizer, n))
-                pending = []
+                yield sse.event(format_llama.stream_chunk(job, ev.text, pending[i], tokenizer, counts[i]))
+                pending[i] = []
         elif isinstance(ev, FinalEvent):
-            if pending or ev.text:
-                yield sse.event(format_llama.stream_chunk(job, ev.text, pending, tokenizer, n))
-            yield sse.event(format_llama.final_chunk(job, ev, model, prompt))
+            if pending[i] or ev.text:
+                yield sse.event(format_llama.stream_chunk(job, ev.text, pending[i], tokenizer, counts[i]))
+            yield sse.event(format_llama.final_chunk(job, ev, model, prompts[i]))
         else:
             yield sse.event(ApiError(500, ev.message, "server_error").body())
 

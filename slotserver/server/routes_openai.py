@@ -6,6 +6,7 @@ refusal happens before the stream starts, and a client that leaves cancels its r
 
 from __future__ import annotations
 
+import dataclasses
 from typing import AsyncIterator
 
 import anyio
@@ -18,7 +19,9 @@ from slotserver.server import sse
 from slotserver.server.body import read_json
 from slotserver.server.errors import ApiError
 from slotserver.server.format_openai import OpenAIFormatter
-from slotserver.server.generation import Run, submit
+from slotserver.server.choices import close_all, submit_all
+from slotserver.server.choices import merged
+from slotserver.server.generation import Run
 from slotserver.server.jsonio import JSONResp
 from slotserver.server.openai_params import OpenAIJob, parse_chat, parse_openai_completion
 from slotserver.server.routes_completion import log_state, respond
@@ -40,39 +43,64 @@ async def _serve(request: Request, chat: bool) -> Response:
     body = await read_json(request, cfg.body_limit, cfg.timeout)
 
     def prepare() -> OpenAIJob:
-        grammars = getattr(engine, "grammars", None)
+        grammars, n_parallel = getattr(engine, "grammars", None), engine.config.n_parallel
         if chat:
-            return parse_chat(body, bundle.tokenizer, state.template, cfg.defaults, cfg.model_name, grammars)
-        return parse_openai_completion(body, bundle.tokenizer, cfg.defaults, cfg.model_name, grammars)
+            return parse_chat(body, bundle.tokenizer, state.template, cfg.defaults, cfg.model_name, grammars,
+                              n_parallel)
+        return parse_openai_completion(body, bundle.tokenizer, cfg.defaults, cfg.model_name, grammars, n_parallel)
 
     oa = await anyio.to_thread.run_sync(prepare)
-    fmt = OpenAIFormatter(oa.job, oa.model, bundle.tokenizer, chat, oa.tools)
-    run = submit(state, oa.job, log_state(request), oa.prompt)
+    first = OpenAIFormatter(oa.job, oa.model, bundle.tokenizer, chat, oa.tools)
+    fmts = [first] + [first.sibling(j) for j in oa.jobs[1:]]
+    runs = submit_all(state, oa.jobs, log_state(request), oa.prompts)
     if oa.job.stream:
-        return sse.EventStreamResponse(openai_stream(run, fmt), on_close=run.close, write_timeout=cfg.timeout)
-    return await respond(run, request, lambda out: JSONResp(fmt.full(out)))
+        return sse.EventStreamResponse(openai_stream(runs, fmts), on_close=lambda: close_all(runs),
+                                       write_timeout=cfg.timeout)
+    return await respond(runs, request, lambda outs: JSONResp(
+        merge_choices([f.full(o) for f, o in zip(fmts, outs)], oa.jobs)))
 
 
-async def openai_stream(run: Run, fmt: OpenAIFormatter) -> AsyncIterator[bytes]:
-    """Role chunk (chat), one chunk per token that completes text, the finish chunk, [DONE]."""
-    if fmt.chat:
-        yield sse.event(fmt.role_chunk())
-    pending: list[TokenEvent] = []
-    async for ev in run.events():
+def merge_choices(bodies: list[dict], jobs) -> dict:
+    """Several answers -> one OpenAI object: every choice by index, usage summed (each prompt
+    counted once, as its choices share it)."""
+    body = bodies[0]
+    if len(bodies) == 1:
+        return body
+    body["choices"] = [c for b in bodies for c in b["choices"]]
+    completion = sum(b["usage"]["completion_tokens"] for b in bodies)
+    prompt = sum(b["usage"]["prompt_tokens"] for b, j in zip(bodies, jobs) if j.parent < 0)
+    body["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return body
+
+
+async def openai_stream(runs: list[Run], fmts: list[OpenAIFormatter]) -> AsyncIterator[bytes]:
+    """Per choice: role chunk (chat), one chunk per token that completes text, the finish chunk;
+    choices interleave, each chunk with its index; then the usage chunk if asked, and [DONE]."""
+    if fmts[0].chat:
+        for fmt in fmts:
+            yield sse.event(fmt.role_chunk())
+    pending: list[list[TokenEvent]] = [[] for _ in runs]
+    finals: list[FinalEvent] = []
+    async for i, ev in merged(runs):
+        fmt = fmts[i]
         if isinstance(ev, TokenEvent):
-            pending.append(ev)
+            pending[i].append(ev)
             if ev.text:
-                for chunk in fmt.stream_pieces(ev.text, pending):
+                for chunk in fmt.stream_pieces(ev.text, pending[i]):
                     yield sse.event(chunk)
-                pending = []
+                pending[i] = []
         elif isinstance(ev, FinalEvent):
-            for chunk in fmt.stream_pieces(ev.text, pending, final=True):
+            for chunk in fmt.stream_pieces(ev.text, pending[i], final=True):
                 yield sse.event(chunk)
             yield sse.event(fmt.last_chunk(ev))
-            if fmt.job.include_usage:
-                yield sse.event(fmt.usage_chunk(ev))
+            if fmt.job.parent < 0:
+                finals.append(dataclasses.replace(ev))
+            else:
+                finals.append(dataclasses.replace(ev, n_prompt=0))   # a shared prompt counts once
         else:
             yield sse.event(ApiError(500, ev.message, "server_error").body())
+    if fmts[0].job.include_usage and finals:
+        yield sse.event(fmts[0].usage_chunk(finals))
     yield sse.DONE
 
 
