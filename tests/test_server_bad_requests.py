@@ -55,9 +55,6 @@ BAD_COMPLETIONS = {
     "a prompt object without its string": completion(prompt={"text": "a"}),
     "a multimodal prompt": completion(prompt={"prompt_string": "a", "multimodal_data": ["AAAA"]}),
     "n_cmpl above the slots": completion(n_cmpl=3),
-    "prompt too long": completion(prompt=[1] * (N_CELLS + 5)),
-    "prompt too long, streaming": completion(prompt=[1] * (N_CELLS + 5), stream=True),
-    "enormous prompt": completion(prompt="word " * 10000),
     "n_predict a string": completion(n_predict="5"),
     "n_predict a bool": completion(n_predict=True),
     "n_predict fractional": completion(n_predict=1.5),
@@ -115,12 +112,31 @@ BAD_CHATS = {
     "response_format strict not a bool": {"messages": MSGS, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {}, "strict": "yes"}}},
     "stream_options a string": {"messages": MSGS, "stream": True, "stream_options": "x"},
+    "two assistant messages at the end": {"messages": MSGS + [{"role": "assistant", "content": "a"}] * 2},
+    "continue_final_message with add_generation_prompt": {
+        "messages": MSGS + [{"role": "assistant", "content": "a"}], "continue_final_message": True,
+        "add_generation_prompt": True},
+    "continue_final_message a number": {"messages": MSGS, "continue_final_message": 1},
 }
 
 
 @pytest.mark.parametrize("body", BAD_COMPLETIONS.values(), ids=BAD_COMPLETIONS.keys())
 def test_bad_completion_parameters_are_400(client, body):
     assert_error(client.post("/completion", json=body), 400)
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/completion", completion(prompt=[1] * (N_CELLS + 5))),
+    ("/completion", completion(prompt=[1] * (N_CELLS + 5), stream=True)),
+    ("/completion", completion(prompt="word " * 10000)),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 200}], "stream": True}),
+])
+def test_a_prompt_over_the_slot_context_is_llama_servers_exceed_context_size_error(client, path, body):
+    r = client.post(path, json=body)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["type"] == "exceed_context_size_error"
+    assert err["n_ctx"] == N_CELLS and err["n_prompt_tokens"] > N_CELLS
+    assert "exceeds the available context size" in err["message"]
 
 
 @pytest.mark.parametrize("body", BAD_CHATS.values(), ids=BAD_CHATS.keys())

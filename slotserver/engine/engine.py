@@ -29,9 +29,9 @@ from slotserver.engine.grammar import GrammarError, Grammars
 from slotserver.engine.masks import MaskFiller
 from slotserver.engine.outbox import Outbox
 from slotserver.engine.port import EnginePort
-from slotserver.engine.postprocess import Sampled, final_event, postprocess
-from slotserver.engine.request import (EngineBusy, ErrorEvent, Request, RequestError, RequestHandle,
-                                ignore_eos_params)
+from slotserver.engine.postprocess import Sampled, final_event, postprocess, progress_event
+from slotserver.engine.request import (ContextExceeded, EngineBusy, ErrorEvent, Request, RequestError,
+                                       RequestHandle, ignore_eos_params)
 from slotserver.model.sampling import Sampler, SamplingError, SequenceRng
 from slotserver.engine.scheduler import Scheduler, StepPlan
 from slotserver.engine.sequence import Sequence
@@ -176,6 +176,9 @@ class Engine:
         plan = self.sched.schedule()
         if plan.admitted:  # /slots shows a slot busy before its first token reaches the client
             self.tracker.publish()
+            for seq in plan.admitted:
+                if seq.request.return_progress:
+                    seq.handle.emit(progress_event(seq, start=True))
         t.append(time.perf_counter())
         self.cache.apply(plan.moves, plan.trims)
         for f in plan.forks:   # n > 1: a sibling starts from its parent's prompt KV (paged: shared blocks)
@@ -303,8 +306,7 @@ class Engine:
         if not r.prompt_ids:
             raise RequestError("the prompt is empty")
         if len(r.prompt_ids) >= self.config.n_cells:
-            raise RequestError(f"the prompt has {len(r.prompt_ids)} tokens; a slot's context is "
-                               f"{self.config.n_cells} (the request exceeds the available context size)")
+            raise ContextExceeded(len(r.prompt_ids), self.config.n_cells)
         vocab = self.bundle.model.spec.vocab_size
         if any(not 0 <= t < vocab for t in r.prompt_ids):
             raise RequestError(f"prompt token ids must be in [0, {vocab})")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from slotserver.engine.request import ErrorEvent, FinalEvent, TokenEvent
+from slotserver.engine.request import ErrorEvent, FinalEvent, ProgressEvent, TokenEvent
 from slotserver.engine.scheduler import Scheduler, StepPlan
 from slotserver.engine.sequence import Sequence
 
@@ -32,6 +32,8 @@ def postprocess(sched: Scheduler, plan: StepPlan, sampled: list[Sampled], eog: f
     for chunk in plan.chunks:
         seq = chunk.seq
         seq.num_computed += chunk.n
+        if seq.request.return_progress and chunk.start < seq.num_prompt and not seq.finished:
+            seq.handle.emit(progress_event(seq))
         if not chunk.sample or seq.finished:
             continue
         if _accept(sched, seq, next(it), eog):
@@ -55,7 +57,7 @@ def _accept(sched: Scheduler, seq: Sequence, s: Sampled, eog: frozenset[int]) ->
         return True
     text, word = seq.stops.feed(seq.detok.push(s.token))
     if word is not None:
-        seq.handle.emit(TokenEvent(s.token, text, s.logprob, s.top))
+        seq.handle.emit(_token_event(seq, s, text))
         _finish(sched, seq, "word", word, False)
         return True
     complete = seq.grammar is not None and _grammar_done(seq.grammar, s.token)
@@ -63,7 +65,7 @@ def _accept(sched: Scheduler, seq: Sequence, s: Sampled, eog: frozenset[int]) ->
     limit = 0 <= req.n_predict <= seq.num_generated
     if full or limit or complete:
         text += seq.stops.feed(seq.detok.flush())[0] + seq.stops.flush()
-    seq.handle.emit(TokenEvent(s.token, text, s.logprob, s.top))
+    seq.handle.emit(_token_event(seq, s, text))
     if complete:
         _finish(sched, seq, "eos", "", False)
         return True
@@ -71,6 +73,20 @@ def _accept(sched: Scheduler, seq: Sequence, s: Sampled, eog: frozenset[int]) ->
         _finish(sched, seq, "limit", "", full and not limit)
         return True
     return False
+
+
+def progress_event(seq: Sequence, start: bool = False) -> ProgressEvent:
+    """Prompt progress so far; `start`: the 0% update sent when the request gets its slot."""
+    processed = seq.num_cached if start else min(seq.num_computed, seq.num_prompt)
+    ms = 0.0 if start else 1000 * (time.perf_counter() - seq.t_start)
+    timings = FinalEvent(stop_type="none", stopping_word="", truncated=False, id_slot=seq.slot_id, n_prompt=processed,
+                         n_cached=seq.num_cached, n_predicted=0, prompt_ms=ms, predicted_ms=0.0, seed=seq.rng.seed)
+    return ProgressEvent(seq.num_prompt, seq.num_cached, processed, ms, timings)
+
+
+def _token_event(seq: Sequence, s: Sampled, text: str) -> TokenEvent:
+    timings = final_event(seq, "none") if seq.request.timings_per_token else None
+    return TokenEvent(s.token, text, s.logprob, s.top, timings)
 
 
 def _grammar_done(matcher, token: int) -> bool:

@@ -19,6 +19,15 @@ from slotserver.errors import EngineBusy, RequestError  # noqa: F401  re-export:
 from slotserver.model.sampling_params import SamplingParams
 
 
+class ContextExceeded(RequestError):
+    """The prompt does not fit a slot's context (llama-server's exceed_context_size_error)."""
+
+    def __init__(self, n_prompt: int, n_ctx: int) -> None:
+        super().__init__(f"the request exceeds the available context size, try increasing it: the prompt has "
+                         f"{n_prompt} tokens, a slot's context is {n_ctx}")
+        self.n_prompt, self.n_ctx = n_prompt, n_ctx
+
+
 @dataclass(frozen=True)
 class Request:
     prompt_ids: tuple[int, ...]
@@ -30,6 +39,8 @@ class Request:
     id_slot: int = -1              # -1: choose by prompt similarity, then least recently used
     cache_prompt: bool = True
     grammar: str | None = None     # llguidance grammar text (compiled and checked by the server)
+    return_progress: bool = False  # ProgressEvents while the prompt is computed (llama-server's return_progress)
+    timings_per_token: bool = False  # every TokenEvent carries the timings so far
 
 
 def ignore_eos_params(params: SamplingParams, eog: frozenset[int]) -> SamplingParams:
@@ -44,6 +55,7 @@ class TokenEvent:
     text: str                                   # newly completed text (may be "" while held back)
     logprob: float | None = None
     top: tuple[tuple[int, float], ...] = ()     # n_probs best (token, logprob), best first
+    timings: "FinalEvent | None" = None         # with timings_per_token: the counters so far
 
 
 @dataclass(frozen=True)
@@ -62,11 +74,23 @@ class FinalEvent:
 
 
 @dataclass(frozen=True)
+class ProgressEvent:
+    """Prompt processing progress (return_progress): llama-server's prompt_progress and timings."""
+
+    total: int              # prompt tokens
+    cache: int              # reused from the slot's cache
+    processed: int          # computed so far (cache included)
+    time_ms: float          # since the request was scheduled
+    timings: FinalEvent     # the counters so far, for the chunk's `timings`
+
+
+@dataclass(frozen=True)
 class ErrorEvent:
     message: str
 
 
-Event = Union[TokenEvent, FinalEvent, ErrorEvent]
+Event = Union[TokenEvent, ProgressEvent, FinalEvent, ErrorEvent]
+END_EVENTS = (FinalEvent, ErrorEvent)
 
 
 class RequestHandle:
@@ -97,14 +121,14 @@ class RequestHandle:
         while True:
             event = await self._async.get()
             yield event
-            if not isinstance(event, TokenEvent):
+            if isinstance(event, END_EVENTS):
                 return
 
     def iter_events(self, timeout: float | None = None) -> Iterator[Event]:
         while True:
             event = self._sync.get(timeout=timeout)
             yield event
-            if not isinstance(event, TokenEvent):
+            if isinstance(event, END_EVENTS):
                 return
 
     def result(self, timeout: float | None = None) -> "Completion":
@@ -115,7 +139,7 @@ class RequestHandle:
                 texts.append(ev.text)
             elif isinstance(ev, ErrorEvent):
                 raise RuntimeError(ev.message)
-            else:
+            elif isinstance(ev, FinalEvent):
                 final = ev
                 texts.append(ev.text)
         return Completion(tokens, "".join(texts), final)

@@ -48,19 +48,36 @@ class SampleOutput:
     top_logprobs: torch.Tensor | None  # [batch, max_n_probs] float32
 
 
+def _mt19937_state(seed: int) -> tuple:
+    """Python's Mersenne Twister state equal to C++'s `std::mt19937(seed)` (init_genrand; Python's
+    own seeding goes through init_by_array and would give other numbers)."""
+    mt = [seed & 0xFFFFFFFF]
+    for i in range(1, 624):
+        mt.append((1812433253 * (mt[-1] ^ (mt[-1] >> 30)) + i) & 0xFFFFFFFF)
+    return (3, (*mt, 624), None)
+
+
 class SequenceRng:
     """A sequence's own random stream: same seed, same draws, whatever else is in the batch. It also
-    carries the sequence's `SamplerState` (mirostat's mu...), created and dropped with it."""
+    carries the sequence's `SamplerState` (mirostat's mu...), created and dropped with it.
+
+    The draws are llama.cpp's: `std::mt19937(seed)` read through libstdc++'s
+    `uniform_real_distribution<double>(0, 1)` (two 32-bit outputs, low word first, over 2^64), so a
+    seed draws the same uniforms as in llama-server and, where the logits agree, picks the same token.
+    """
 
     def __init__(self, seed: int = -1) -> None:
         seed = _int("seed", seed, lo=-1)
         self.seed = secrets.randbits(32) if seed == -1 else seed  # reported back to the client
-        self._rng = random.Random(self.seed)
+        self._rng = random.Random()
+        self._rng.setstate(_mt19937_state(self.seed))
         self.state = SamplerState()
 
     def next_uniform(self) -> float:
-        """A float in [0, 1)."""
-        return self._rng.random()
+        """A float in [0, 1): libstdc++'s generate_canonical<double, 53> over std::mt19937."""
+        low, high = self._rng.getrandbits(32), self._rng.getrandbits(32)
+        u = (low + (high << 32)) / 18446744073709551616.0
+        return u if u < 1.0 else math.nextafter(1.0, 0.0)
 
 
 def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

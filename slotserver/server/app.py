@@ -50,7 +50,8 @@ async def metrics(request: Request) -> Response:
     if not state.config.metrics:
         raise not_supported("This server does not support metrics endpoint. Start it with `--metrics`")
     state.require()
-    return Response(state.metrics.render(), media_type=PROMETHEUS_TEXT)
+    return Response(state.metrics.render(), media_type=PROMETHEUS_TEXT,
+                    headers={"Process-Start-Time-Unix": str(state.created)})
 
 
 def _middleware(state: ServerState) -> list[Middleware]:

@@ -38,16 +38,18 @@ ERROR_TYPES = {
 class ApiError(Exception):
     """An error answer: status, one-line message, and llama-server's error type for the status."""
 
-    def __init__(self, status: int, message: str, type: str | None = None, headers: dict | None = None):
+    def __init__(self, status: int, message: str, type: str | None = None, headers: dict | None = None,
+                 extra: dict | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         fallback = "server_error" if status >= 500 else "invalid_request_error"
         self.type = type or ERROR_TYPES.get(status, fallback)
         self.headers = headers
+        self.extra = extra or {}   # more fields of the error object (n_prompt_tokens, n_ctx...)
 
     def body(self) -> dict:
-        return {"error": {"code": self.status, "message": self.message, "type": self.type}}
+        return {"error": {"code": self.status, "message": self.message, "type": self.type, **self.extra}}
 
     def response(self) -> JSONResp:
         return JSONResp(self.body(), status_code=self.status, headers=self.headers)

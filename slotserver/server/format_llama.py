@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from slotserver.engine.request import FinalEvent, TokenEvent
+from slotserver.engine.request import FinalEvent, ProgressEvent, TokenEvent
 from slotserver.server.generation import Outcome
 from slotserver.server.params import CompletionJob
 from slotserver.model.text.tokenizer import Tokenizer
@@ -41,15 +41,24 @@ def _per(n: int, ms: float) -> tuple[float, float]:
 
 
 def timings(final: FinalEvent) -> dict:
+    """llama-server's timings. The generation rate is over n - 1 tokens: the first token comes from
+    the prompt's last batch and `predicted_ms` runs from it to the last one."""
     prompt_n = final.n_prompt - final.n_cached
     p_tok, p_sec = _per(prompt_n, final.prompt_ms)
-    g_tok, g_sec = _per(final.n_predicted, final.predicted_ms)
+    g_tok, g_sec = _per(max(final.n_predicted - 1, 0), final.predicted_ms)
     return {
         "cache_n": final.n_cached, "prompt_n": prompt_n, "prompt_ms": final.prompt_ms,
         "prompt_per_token_ms": p_tok, "prompt_per_second": p_sec,
         "predicted_n": final.n_predicted, "predicted_ms": final.predicted_ms,
         "predicted_per_token_ms": g_tok, "predicted_per_second": g_sec,
     }
+
+
+def logit_bias_settings(job: CompletionJob) -> list[dict]:
+    """llama-server's `generation_settings.logit_bias`: {bias, token}, -inf as null; with ignore_eos
+    the end-of-generation tokens' -inf biases are listed too, as llama-server adds them."""
+    pairs = list(job.request.params.logit_bias) + [(t, float("-inf")) for t in job.eog_bias]
+    return [{"bias": None if b == float("-inf") else b, "token": t} for t, b in pairs]
 
 
 def generation_settings(job: CompletionJob, seed: int, model: str) -> dict:
@@ -61,7 +70,7 @@ def generation_settings(job: CompletionJob, seed: int, model: str) -> dict:
         "frequency_penalty": p.frequency_penalty, "n_keep": r.n_keep, "ignore_eos": r.ignore_eos,
         "stream": job.stream, "n_probs": job.n_probs, "cache_prompt": r.cache_prompt,
         "stop": list(r.stop), "id_slot": r.id_slot,
-        "logit_bias": [[t, b if b != float("-inf") else False] for t, b in p.logit_bias],
+        "logit_bias": logit_bias_settings(job),
     }
 
 
@@ -91,7 +100,17 @@ def stream_chunk(job: CompletionJob, text: str, events: list[TokenEvent], tokeni
              "tokens_predicted": n_predicted, "tokens_evaluated": len(job.request.prompt_ids)}
     if job.n_probs > 0:
         chunk["completion_probabilities"] = probabilities(tokenizer, events, job.n_probs, job.request.params.post_sampling_probs)
+    if events and events[-1].timings is not None:
+        chunk["timings"] = timings(events[-1].timings)
     return chunk
+
+
+def progress_chunk(job: CompletionJob, ev: ProgressEvent) -> dict:
+    """return_progress: llama-server's partial result with `prompt_progress` and `timings`."""
+    return {"index": job.index, "content": "", "tokens": [], "stop": False, "id_slot": ev.timings.id_slot,
+            "tokens_predicted": 0, "tokens_evaluated": ev.total, "timings": timings(ev.timings),
+            "prompt_progress": {"total": ev.total, "cache": ev.cache, "processed": ev.processed,
+                                "time_ms": ev.time_ms}}
 
 
 def final_chunk(job: CompletionJob, final: FinalEvent, model: str, prompt: str) -> dict:

@@ -14,7 +14,7 @@ import secrets
 import time
 
 from slotserver import __version__
-from slotserver.engine.request import FinalEvent, TokenEvent
+from slotserver.engine.request import FinalEvent, ProgressEvent, TokenEvent
 from slotserver.server.format_llama import timings
 from slotserver.server.generation import Outcome
 from slotserver.server.params import CompletionJob
@@ -113,13 +113,24 @@ class OpenAIFormatter:
 
     def role_chunk(self) -> dict:
         """Chat streams open with the assistant role, as OpenAI's do."""
-        delta = {"role": "assistant", "content": ""}
+        delta = {"role": "assistant", "content": None}
         return self._envelope([{"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}], True)
 
     def delta_chunk(self, text: str, events: list[TokenEvent]) -> dict:
         choice = {"index": self.index, "logprobs": self._logprobs(events), "finish_reason": None}
         choice.update({"delta": {"content": text}} if self.chat else {"text": text})
-        return self._envelope([choice], chunk=True)
+        body = self._envelope([choice], chunk=True)
+        if events and events[-1].timings is not None:   # timings_per_token
+            body["timings"] = timings(events[-1].timings)
+        return body
+
+    def progress_chunk(self, ev: ProgressEvent) -> dict:
+        """return_progress: no choices yet, the prompt's progress and timings (llama-server)."""
+        body = self._envelope([], chunk=True)
+        body["prompt_progress"] = {"total": ev.total, "cache": ev.cache, "processed": ev.processed,
+                                   "time_ms": ev.time_ms}
+        body["timings"] = timings(ev.timings)
+        return body
 
     def stream_pieces(self, text: str, events: list[TokenEvent], final: bool = False) -> list[dict]:
         """The chunks for newly generated text: with tools, content outside calls as content deltas
@@ -149,4 +160,5 @@ class OpenAIFormatter:
         prompt = sum(f.n_prompt for f in finals)
         completion = sum(f.n_predicted for f in finals)
         body["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        body["timings"] = timings(finals[0])   # llama-server's last chunk carries the (first choice's) timings
         return body

@@ -15,7 +15,7 @@ from typing import AsyncIterator
 
 from starlette.types import Receive
 
-from slotserver.engine.request import (EngineBusy, ErrorEvent, Event, FinalEvent, RequestError, RequestHandle,
+from slotserver.engine.request import (ContextExceeded, EngineBusy, ErrorEvent, Event, FinalEvent, RequestError, RequestHandle,
                                 TokenEvent)
 from slotserver.model.sampling_params import SamplingError
 from slotserver.server.errors import ApiError
@@ -56,7 +56,7 @@ class Run:
                 else:
                     metrics.itl.observe(now - self.t_last)
                 self.t_last = now
-            else:
+            elif isinstance(ev, (FinalEvent, ErrorEvent)):
                 self.finished = True
                 if isinstance(ev, FinalEvent):
                     metrics.totals.add(ev)
@@ -85,6 +85,9 @@ def submit(state: ServerState, job: CompletionJob, log_state: dict, prompt_text:
     try:
         kw = {"parent": parent.handle} if parent is not None else {}
         handle = engine.submit(job.request, loop=asyncio.get_running_loop(), **kw)
+    except ContextExceeded as e:
+        raise ApiError(400, str(e), "exceed_context_size_error",
+                       extra={"n_prompt_tokens": e.n_prompt, "n_ctx": e.n_ctx}) from None
     except (RequestError, SamplingError) as e:
         raise ApiError(400, str(e)) from None
     except EngineBusy:
@@ -101,7 +104,7 @@ async def _gather(run: Run) -> Outcome:
             texts.append(ev.text)
         elif isinstance(ev, ErrorEvent):
             raise ApiError(500, ev.message, "server_error")
-        else:
+        elif isinstance(ev, FinalEvent):
             out.final = ev
             texts.append(ev.text)
     out.text = "".join(texts)

@@ -1,5 +1,10 @@
 """GET /metrics: llama-server's `llamacpp:*` metrics plus `slotserver_*`, in Prometheus text format.
 
+The `llamacpp:*` block is written by hand with llama-server's exact names (prometheus_client would
+rename a counter `x_total` to family `x`, and add `_total` to `llamacpp:n_tokens_max`), each with
+its HELP and TYPE lines; token counts and times are the sums over finished requests of what their
+`timings` reported, so the two always agree.
+
 Engine-side numbers (tokens, steps, queue, KV, defrag) are read from the engine's immutable stats
 snapshot at scrape time by a custom collector; nothing is copied on the hot path. Latencies are
 measured here, from the arrival times of a request's events on the event loop: time to first token
@@ -26,13 +31,48 @@ class RequestTotals:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.prompt_n = self.prompt_ms = self.predicted_n = self.predicted_ms = 0.0
+        self.cached_n = self.n_tokens_max = 0
 
     def add(self, ev: FinalEvent) -> None:
         with self._lock:
             self.prompt_n += ev.n_prompt - ev.n_cached
+            self.cached_n += ev.n_cached
             self.prompt_ms += ev.prompt_ms
             self.predicted_n += ev.n_predicted
             self.predicted_ms += ev.predicted_ms
+            self.n_tokens_max = max(self.n_tokens_max, ev.n_prompt + ev.n_predicted)
+
+
+def llamacpp_block(s, t: RequestTotals) -> bytes:
+    """llama-server's metrics, names and types as its /metrics writes them."""
+    cells = sum(x.n_ctx for x in s.slots) or 1
+    used = sum(x.cells_used for x in s.slots)
+    rows = [
+        ("counter", "prompt_tokens_total", "Number of prompt tokens processed.", t.prompt_n),
+        ("counter", "prompt_tokens_cached_total", "Number of prompt tokens taken from the cache.", t.cached_n),
+        ("counter", "prompt_seconds_total", "Prompt process time", t.prompt_ms / 1000),
+        ("counter", "tokens_predicted_total", "Number of generation tokens processed.", t.predicted_n),
+        ("counter", "tokens_predicted_seconds_total", "Predict process time", t.predicted_ms / 1000),
+        ("counter", "n_decode_total", "Total number of llama_decode() calls", s.steps),
+        ("counter", "n_tokens_max", "Largest observed n_tokens.", t.n_tokens_max),
+        ("counter", "spec_decode_num_draft_tokens_total", "Draft tokens (no speculative decoding here).", 0),
+        ("counter", "spec_decode_num_accepted_tokens_total", "Accepted draft tokens (no speculative decoding).", 0),
+        ("counter", "spec_decode_num_drafts_total", "Drafts (no speculative decoding here).", 0),
+        ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s.", _rate(t.prompt_n, t.prompt_ms)),
+        ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s.",
+         _rate(t.predicted_n, t.predicted_ms)),
+        ("gauge", "kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.", used / cells),
+        ("gauge", "kv_cache_tokens", "KV-cache tokens.", used),
+        ("gauge", "requests_processing", "Number of requests processing.", s.n_active),
+        ("gauge", "requests_deferred", "Number of requests deferred.", s.queue_len),
+        # each sampled token is one step in which its slot was busy (prefill chunks aside)
+        ("gauge", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+         s.predicted_tokens / max(s.steps, 1)),
+    ]
+    lines = []
+    for kind, name, doc, value in rows:
+        lines += [f"# HELP llamacpp:{name} {doc}", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {float(value)!r}"]
+    return ("\n".join(lines) + "\n").encode()
 
 
 def _rate(n: float, ms: float) -> float:
@@ -49,29 +89,9 @@ class EngineCollector:
         s = self.stats()
         if s is None:
             return
-        t = self.totals
-        cells = sum(x.n_ctx for x in s.slots) or 1
-        used = sum(x.cells_used for x in s.slots)
         yield from (
-            _counter("llamacpp:prompt_tokens_total", "Number of prompt tokens processed.", s.prompt_tokens),
-            _counter("llamacpp:prompt_seconds_total", "Prompt process time", t.prompt_ms / 1000),
-            _counter("llamacpp:tokens_predicted_total", "Number of generation tokens processed.",
-                     s.predicted_tokens),
-            _counter("llamacpp:tokens_predicted_seconds_total", "Predict process time",
-                     t.predicted_ms / 1000),
-            _counter("llamacpp:n_decode_total", "Total number of llama_decode() calls", s.steps),
-            # Each sampled token is one step in which its slot was busy (prefill chunks aside).
-            _gauge("llamacpp:n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
-                   s.predicted_tokens / max(s.steps, 1)),
-            _gauge("llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
-                   _rate(t.prompt_n, t.prompt_ms)),
-            _gauge("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.",
-                   _rate(t.predicted_n, t.predicted_ms)),
-            _gauge("llamacpp:kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.",
-                   used / cells),
-            _gauge("llamacpp:kv_cache_tokens", "KV-cache tokens.", used),
-            _gauge("llamacpp:requests_processing", "Number of requests processing.", s.n_active),
-            _gauge("llamacpp:requests_deferred", "Number of requests deferred.", s.queue_len),
+            _counter("slotserver_prompt_tokens_computed_total", "Prompt tokens computed by the engine.",
+                     s.prompt_tokens),
             _counter("slotserver_defrag_moves_total", "Sequence defragmentation moves.", s.defrag_moves),
             _counter("slotserver_defrag_bytes_total", "Bytes copied by defragmentation moves.",
                      s.defrag_bytes),
@@ -116,6 +136,9 @@ class ServerMetrics:
         self.itl = Histogram("slotserver_inter_token_latency_seconds", "Time between consecutive tokens.",
                              buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(EngineCollector(stats, lab, self.totals))
+        self._stats = stats
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        s = self._stats()
+        head = llamacpp_block(s, self.totals) if s is not None else b""
+        return head + generate_latest(self.registry)

@@ -22,7 +22,7 @@ from slotserver.engine.grammar import Grammars
 from slotserver.server.constraints import compile_checked, parse_constraint, requested
 from slotserver.server.tool_prompt import render_with_tools
 from slotserver.server.tools import ToolConfig, forced_call_grammar, parse_tools
-from slotserver.server.params import CompletionJob, build_request, n_predict_field
+from slotserver.server.params import CompletionJob, build_request, eog_bias, n_predict_field
 from slotserver.server.choices import expand, n_choices
 from slotserver.server.prompt import encode, tokenize_prompts
 from slotserver.server.server_config import GenerationDefaults
@@ -68,7 +68,7 @@ def _job(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: GenerationDe
     request = build_request(f, ids, tokenizer, defaults, n_predict, engine_probs, f.str_list("stop"), grammar)
     stream, usage = _stream_flags(f)
     return CompletionJob(request, stream=stream, n_probs=n_top, want_logprobs=want_logprobs,
-                         include_usage=usage)
+                         include_usage=usage, eog_bias=eog_bias(request, tokenizer))
 
 
 def parse_openai_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults: GenerationDefaults,
@@ -107,6 +107,27 @@ def _chat_grammar(f: Fields, tools: ToolConfig, grammars: Grammars | None) -> st
     return compile_checked(*found, grammars) if found else None
 
 
+def _continuation(f: Fields, messages: Any) -> tuple[bool, bool]:
+    """(add_generation_prompt, continue_final_message) with llama-server's rules: a final assistant
+    message is continued (prefill) unless said otherwise; both at once is a 400."""
+    add = f.bool("add_generation_prompt", True)
+    raw = f.raw("continue_final_message", False)
+    if raw not in (True, False, "content"):
+        raise bad_request("'continue_final_message' must be true, false or \"content\"")
+    cont = raw is not False
+    last = messages[-1] if isinstance(messages, list) and messages and isinstance(messages[-1], dict) else {}
+    if not cont and last.get("role") == "assistant":
+        before = messages[-2] if len(messages) >= 2 and isinstance(messages[-2], dict) else {}
+        if before.get("role") == "assistant":
+            raise bad_request("Cannot have 2 or more assistant messages at the end of the list.")
+        cont, add = True, False
+    if cont and add:
+        raise bad_request("Cannot set both add_generation_prompt and continue_final_message to true.")
+    if cont and last.get("tool_calls"):
+        raise bad_request("Cannot continue an assistant message that contains tool calls.")
+    return add, cont
+
+
 def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplate,
                defaults: GenerationDefaults, default_model: str, grammars: Grammars | None = None,
                n_parallel: int = 1) -> OpenAIJob:
@@ -116,7 +137,8 @@ def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplat
     grammar = _chat_grammar(f, tools, grammars)
     if "messages" not in body:
         raise bad_request("'messages' is required")
-    text = render_with_tools(template, body["messages"], tools)
+    add_prompt, cont = _continuation(f, body["messages"])
+    text = render_with_tools(template, body["messages"], tools, add_prompt, cont)
     ids = encode(tokenizer, text, True, True)
     want = f.bool("logprobs", False)
     n_top = f.int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)

@@ -130,7 +130,13 @@ def build_request(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: Gen
         id_slot=f.int("id_slot", -1, lo=-1),
         cache_prompt=f.bool("cache_prompt", defaults.cache_prompt),
         grammar=grammar,
+        return_progress=f.bool("return_progress", False),
+        timings_per_token=f.bool("timings_per_token", False),
     )
+
+
+def eog_bias(request: Request, tokenizer: Tokenizer) -> tuple[int, ...]:
+    return tuple(sorted(tokenizer.eog_ids)) if request.ignore_eos else ()
 
 
 def n_predict_field(f: Fields, defaults: GenerationDefaults, *names: str, lo: int = -2) -> int:
@@ -161,5 +167,5 @@ def parse_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults: Gener
             raise bad_request("the prompt is empty")
         request = build_request(f, ids, tokenizer, defaults, n_predict, n_probs, stop, grammar)
         jobs.append(CompletionJob(request, stream=stream, return_tokens=return_tokens, n_probs=n_probs,
-                                  want_logprobs=n_probs > 0))
+                                  want_logprobs=n_probs > 0, eog_bias=eog_bias(request, tokenizer)))
     return expand(jobs, n)

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from slotserver.engine.request import FinalEvent, TokenEvent
+from slotserver.engine.request import FinalEvent, ProgressEvent, TokenEvent
 from slotserver.server import format_llama, sse
 from slotserver.server.body import read_json
 from slotserver.server.errors import ApiError
@@ -86,6 +86,8 @@ async def llama_stream(runs: list[Run], jobs: list[CompletionJob], tokenizer: To
             if ev.text or job.n_probs > 0:
                 yield sse.event(format_llama.stream_chunk(job, ev.text, pending[i], tokenizer, counts[i]))
                 pending[i] = []
+        elif isinstance(ev, ProgressEvent):
+            yield sse.event(format_llama.progress_chunk(job, ev))
         elif isinstance(ev, FinalEvent):
             if pending[i] or ev.text:
                 yield sse.event(format_llama.stream_chunk(job, ev.text, pending[i], tokenizer, counts[i]))

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from slotserver.engine.request import FinalEvent, TokenEvent
+from slotserver.engine.request import FinalEvent, ProgressEvent, TokenEvent
 from slotserver.server import sse
 from slotserver.server.body import read_json
 from slotserver.server.errors import ApiError
@@ -89,6 +89,8 @@ async def openai_stream(runs: list[Run], fmts: list[OpenAIFormatter]) -> AsyncIt
                 for chunk in fmt.stream_pieces(ev.text, pending[i]):
                     yield sse.event(chunk)
                 pending[i] = []
+        elif isinstance(ev, ProgressEvent):
+            yield sse.event(fmt.progress_chunk(ev))
         elif isinstance(ev, FinalEvent):
             for chunk in fmt.stream_pieces(ev.text, pending[i], final=True):
                 yield sse.event(chunk)

@@ -77,15 +77,29 @@ def server_config_from_args(args) -> ServerConfig:
     )
 
 
+def _unified(args) -> tuple[int, int | None, str]:
+    """(ctx_size for EngineConfig, pool cells, layout). `--kv-unified` (llama-server's -kvu): every
+    slot may use the whole context and all slots share one pool of `--ctx-size` cells, i.e. the
+    paged layout with slots of ctx cells and a pool of ctx cells (requests wait, or the least
+    advanced is preempted and recomputed, when the pool is full)."""
+    if not getattr(args, "kv_unified", False):
+        return args.ctx_size, args.kv_pool_cells, args.layout
+    if args.layout not in ("paged", "paged_hnd", "seq_head_dim"):
+        raise ConfigError(f"--kv-unified needs a paged layout, got --layout {args.layout}")
+    layout = args.layout if args.layout.startswith("paged") else "paged"
+    return args.ctx_size * args.parallel, args.kv_pool_cells or args.ctx_size, layout
+
+
 def plan_from_args(args) -> LaunchPlan:
+    ctx_size, pool, layout = _unified(args)
     engine = EngineConfig(
-        n_parallel=args.parallel, ctx_size=args.ctx_size, batch_size=args.batch_size,
+        n_parallel=args.parallel, ctx_size=ctx_size, batch_size=args.batch_size,
         ubatch_size=args.ubatch_size, defrag=args.defrag, slot_prompt_similarity=args.slot_prompt_similarity,
         cache_prompt=args.cache_prompt, n_predict=args.n_predict, slot_save_path=args.slot_save_path,
-        queue_limit=args.max_queue, kv_pool_cells=args.kv_pool_cells,
+        queue_limit=args.max_queue, kv_pool_cells=pool,
     )
     model = ModelConfig(model_path=_model_path(args), dtype=args.dtype, weights=args.weights, threads=args.threads,
-                        layout=args.layout, kernels_dir=args.kernels_dir, layouts_dir=args.layouts_dir,
+                        layout=layout, kernels_dir=args.kernels_dir, layouts_dir=args.layouts_dir,
                         max_ctx=engine.n_cells)
     template = chat_template_source(args.chat_template, args.chat_template_file)
     return LaunchPlan(model=model, engine=engine, host=args.host, port=args.port, chat_template=template,

@@ -76,9 +76,24 @@ def _fallback(messages: list, tools: ToolConfig | None) -> list:
     return out
 
 
+CONTINUE_MARK = "\u2063slotserver-continue\u2063"
+
+
 def render_with_tools(template: ChatTemplate, messages: Any, tools: ToolConfig | None,
-                      add_generation_prompt: bool = True, **extra: Any) -> str:
-    """The prompt text; template problems are a 400 naming them."""
+                      add_generation_prompt: bool = True, continue_final: bool = False, **extra: Any) -> str:
+    """The prompt text; template problems are a 400 naming them. `continue_final`: the prompt ends
+    inside the last (assistant) message, right after its content, so generation continues it (the
+    template renders a marker in its place, and the text is cut there, as llama.cpp does)."""
+    if continue_final and isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+        content = messages[-1].get("content") or ""
+        if not isinstance(content, str):
+            raise bad_request("continue_final_message: the final message's content must be a string")
+        marked = [*messages[:-1], {**messages[-1], "content": CONTINUE_MARK}]
+        text = render_with_tools(template, marked, tools, False, **extra)
+        cut = text.rfind(CONTINUE_MARK)
+        if cut < 0:
+            raise bad_request("continue_final_message: the chat template does not render the final message")
+        return text[:cut] + content
     try:
         if isinstance(messages, list) and template.supports_tools:
             native = tools is not None and tools.active
