@@ -50,8 +50,11 @@ async def metrics(request: Request) -> Response:
     if not state.config.metrics:
         raise not_supported("This server does not support metrics endpoint. Start it with `--metrics`")
     state.require()
-    return Response(state.metrics.render(), media_type=PROMETHEUS_TEXT,
-                    headers={"Process-Start-Time-Unix": str(state.created)})
+    response = Response(state.metrics.render(), media_type=PROMETHEUS_TEXT)
+    # llama-server's spelling: starlette lowercases the names it is given, and clients that read
+    # headers into a plain dict look this one up with its capitals
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(state.created).encode()))
+    return response
 
 
 def _middleware(state: ServerState) -> list[Middleware]:
