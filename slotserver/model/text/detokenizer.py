@@ -65,3 +65,65 @@ class IncrementalDetokenizer:
         if text:
             self._chunks.append(text)
         return text
+
+
+def detokenize(tokenizer: Tokenizer, ids: Iterable[int], remove_special: bool = False,
+               unparse_special: bool = False) -> str:
+    """llama.cpp's `llama_detokenize` (what `common_detokenize` gives llama-server's "prompt"
+    fields): the pieces joined, then llama.cpp's space rules, where `Tokenizer.decode` (what
+    `/detokenize` and streaming give) only joins the pieces.
+
+    - the first piece loses one leading space when the model prefixes text with one
+      (SentencePiece `add_space_prefix`), unless a removed BOS came first;
+    - remove_special drops a leading BOS / trailing EOS that the model adds itself;
+    - byte-level models with `clean_spaces` get " ?" -> "?", " ' " -> "'", " 's" -> "'s"...
+    """
+    ids = list(ids)
+    remove_space = tokenizer.add_space_prefix
+    if remove_special and tokenizer.add_bos and ids and ids[0] == tokenizer.bos_id:
+        remove_space, ids = False, ids[1:]
+    if remove_special and tokenizer.add_eos and ids and ids[-1] == tokenizer.eos_id:
+        ids = ids[:-1]
+    pieces = [tokenizer.token_bytes(i, unparse_special) for i in ids]
+    if remove_space and pieces and pieces[0].startswith(b" "):
+        pieces[0] = pieces[0][1:]
+    text = b"".join(pieces)
+    if tokenizer.clean_spaces:
+        text = _clean_spaces(text)
+    return text.decode("utf-8", "replace")
+
+
+def _clean_spaces(text: bytes) -> bytes:
+    """The three in-place passes of llama_vocab::impl::detokenize's clean_spaces, ported as is."""
+    out = bytearray(text)
+    out = _drop_space_before(out, lambda i: out[i] in b"?!.,")
+    buf, total, i = out, 1 if out else 0, 1
+    while i < len(buf):  # " ' " -> "'"
+        x = buf[i]
+        if x == ord("'") and i + 1 < len(buf) and buf[i - 1] == 32 and buf[i + 1] == 32:
+            total -= 1
+            i += 1
+            buf[i] = 0
+        buf[total] = x
+        total, i = total + 1, i + 1
+    out = buf[:total]
+
+    def contraction(i: int) -> bool:  # " 's", " 'm", " 're", " 've" (not " 't", " 'd", " 'll")
+        if out[i] != ord("'") or i + 1 >= len(out):
+            return False
+        rest = bytes(out[i + 1:i + 3])
+        return rest[:1] in (b"s", b"m") or (len(rest) == 2 and rest in (b"re", b"ve"))
+
+    return bytes(_drop_space_before(out, contraction))
+
+
+def _drop_space_before(buf: bytearray, drop: object) -> bytearray:
+    """Copy `buf`, removing a space that precedes a byte for which `drop(index)` holds."""
+    total = 1 if buf else 0
+    for i in range(1, len(buf)):
+        x = buf[i]
+        if buf[i - 1] == 32 and drop(i):  # type: ignore[operator]
+            total -= 1
+        buf[total] = x
+        total += 1
+    return buf[:total]

@@ -6,15 +6,18 @@ this module only configures it the way llama.cpp's `llama-vocab.cpp` behaves:
 - `gpt2` models: byte-level BPE with the pre-tokenizer regexes llama.cpp picks by
   `tokenizer.ggml.pre` (the table is in `pretokenizers.py`), applied in sequence with every
   match isolated (`unicode_regex_split`).
-- `llama` models (SentencePiece): BPE whose merges are derived from the piece scores (the
-  transformers LlamaConverter trick, equivalent to llama.cpp's best-score bigram merging), byte
-  fallback to `<0xXX>` tokens, spaces escaped as `▁`, and a `▁` prefix on every text fragment
-  that starts the input or follows a special token (llama.cpp's `is_prev_special`).
+- `llama` models (SentencePiece: llama 2, gemma 2/3, phi-3): BPE whose merges come from the piece
+  scores (`spm_merges.py`; llama.cpp's SPM tokenizer is a score-driven bigram merge, which a
+  score-ranked BPE reproduces and a Unigram model does not), byte fallback to `<0xXX>` tokens,
+  spaces escaped as `▁`, and, with `add_space_prefix`, a `▁` before every text fragment that
+  starts the input or follows a special token (llama.cpp's `is_prev_special`).
 - Control/unknown tokens are split out of the text only with `parse_special`; user-defined tokens
-  always are. Two backends are kept so that no shared state is toggled per call (thread safety).
+  always are. llama.cpp's load-time corrections of token types (EOG tokens become control, ...)
+  are in `special_tokens.py`. Two `tokenizers` front ends share one BPE model so that no state is
+  toggled per call (thread safety).
 
 Decoding never goes through `tokenizers`: a per-token byte table reproduces llama.cpp's
-`token_to_piece`, so text can also be rebuilt incrementally (see `detokenizer.py`).
+`token_to_piece` (`pieces.py`), so text can also be rebuilt incrementally (`detokenizer.py`).
 """
 
 from __future__ import annotations
@@ -26,74 +29,15 @@ from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers.models import BPE
 
 from slotserver.errors import TokenizerError  # noqa: F401  re-export: defined without torch in slotserver.errors
+from slotserver.model.text.pieces import piece_tables
 from slotserver.model.text.pretokenizers import PRE_RULES, SUPPORTED_PRE, build_pre_tokenizer
+from slotserver.model.text.special_tokens import (CONTROL, NORMAL, UNKNOWN, USER_DEFINED,
+                                                  find_special_tokens, meta_id)
+from slotserver.model.text.spm_merges import spm_merges
 
 __all__ = ["SUPPORTED_PRE", "Tokenizer", "TokenizerError"]
 
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _P = "tokenizer.ggml."
-
-# Token texts llama.cpp recognises (llama_vocab::impl::load): EOG by text, EOT/EOM auto-detection
-# when the metadata has no id, and the FIM pad / repo / file-separator tokens, which also stop.
-_EOG_TEXTS = frozenset({
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-    "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"})
-_DETECTED = (
-    ("eot_token_id", frozenset({
-        "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-        "<|end_of_text|>", "<EOT>", "_<EOT>", "<end_of_utterance>",
-        "<｜end▁of▁sentence｜>"})),  # DeepSeek's fullwidth bars
-    ("eom_token_id", frozenset({"<|eom_id|>"})),
-    ("fim_pad_token_id", frozenset({"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"})),
-    ("fim_rep_token_id", frozenset({
-        "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"})),
-    ("fim_sep_token_id", frozenset({"<|file_sep|>"})),
-)
-
-
-def _byte_level_table() -> dict[int, str]:
-    """`str.translate` table undoing GPT-2's `bytes_to_unicode`: each character becomes the
-    latin-1 character of its byte. Other characters below 256 become their UTF-8 bytes (as
-    latin-1 characters) so the result always encodes with latin-1; see `_byte_level_bytes`."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[256 + extra] = chr(b)
-            table[b] = chr(b).encode().decode("latin-1")
-            extra += 1
-    return table
-
-
-_BYTE_LEVEL = _byte_level_table()
-
-
-def _byte_level_bytes(piece: str) -> bytes:
-    """Raw bytes of a byte-level BPE piece; characters outside the map pass through as UTF-8."""
-    try:
-        return piece.translate(_BYTE_LEVEL).encode("latin-1")
-    except UnicodeEncodeError:
-        return b"".join(ch.translate(_BYTE_LEVEL).encode("latin-1") if ord(ch) in _BYTE_LEVEL
-                        else ch.encode() for ch in piece)
-
-
-def _spm_merges(vocab: dict[str, int], scores: list[float]) -> list[tuple[str, str]]:
-    """Merges for a SentencePiece vocab: every split of a piece into two pieces, best score first.
-
-    Merging by this rank equals llama.cpp's rule "merge the adjacent pair whose concatenation is
-    the highest-scoring piece" (transformers' SentencePieceExtractor does the same).
-    """
-    found: list[tuple[float, int, int, int, str, str]] = []
-    for piece, pid in vocab.items():
-        for cut in range(1, len(piece)):
-            left, right = piece[:cut], piece[cut:]
-            lid, rid = vocab.get(left), vocab.get(right)
-            if lid is not None and rid is not None:
-                found.append((-scores[pid], pid, lid, rid, left, right))
-    found.sort(key=lambda m: m[:4])
-    return [(m[4], m[5]) for m in found]
 
 
 def _bpe_merges(vocab: dict[str, int], raw: Iterable[str]) -> list[tuple[str, str]]:
@@ -101,14 +45,6 @@ def _bpe_merges(vocab: dict[str, int], raw: Iterable[str]) -> list[tuple[str, st
     pairs = (line.split(" ", 1) for line in raw)
     return [(p[0], p[1]) for p in pairs
             if len(p) == 2 and p[0] in vocab and p[1] in vocab and p[0] + p[1] in vocab]
-
-
-def _meta_id(md: dict[str, Any], key: str, default: int | None, n_vocab: int) -> int | None:
-    """A special token id from metadata; out-of-range ids keep the default (llama.cpp warns)."""
-    value = md.get(_P + key)
-    if value is None or not 0 <= int(value) < n_vocab:
-        return default if default is not None and 0 <= default < n_vocab else None
-    return int(value)
 
 
 class Tokenizer:
@@ -120,36 +56,39 @@ class Tokenizer:
             raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens")
         self._tokens: list[str] = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         n = self.vocab_size = len(self._tokens)
-        self._types: list[int] = list(md.get(_P + "token_type") or [NORMAL] * n)
-        if len(self._types) != n:
-            raise TokenizerError(f"token_type has {len(self._types)} entries for {n} tokens")
-        self._vocab = {text: i for i, text in enumerate(self._tokens)}
+        types = list(md.get(_P + "token_type") or [NORMAL] * n)
+        if len(types) != n:
+            raise TokenizerError(f"token_type has {len(types)} entries for {n} tokens")
+        self._vocab = dict(zip(self._tokens, range(n)))  # a repeated text means its last id
         self.model = str(md.get(_P + "model", ""))
         if self.model == "gpt2":
-            self._init_specials(md, None, None, add_bos=self._init_bpe(md))
+            bpe, add_bos = self._init_bpe(md), None
+            default = None if "no_bos" in PRE_RULES[self.pre][1] else 11  # llama.cpp's BPE ids
+            special = find_special_tokens(md, self._tokens, self._vocab, types, default, default)
         elif self.model == "llama":
-            self._init_spm(md)
-            self._init_specials(md, 1, 2, add_bos=True)  # llama.cpp's SPM defaults
+            special = find_special_tokens(md, self._tokens, self._vocab, types, 1, 2)
+            bpe, add_bos = self._init_spm(md, special.types), True  # llama.cpp's SPM defaults
         else:
             raise TokenizerError(f"unsupported tokenizer model {self.model!r} (need gpt2 or llama)")
-        self.eog_ids = self._find_eog(md)
-        self._hf_plain = self._backend(encode_special_as_text=True)
-        self._hf_special = self._backend(encode_special_as_text=False)
-        self._build_byte_tables()
+        self._types = special.types
+        self.bos_id, self.eos_id, self.eog_ids = special.bos_id, special.eos_id, special.eog_ids
+        self.special_ids = dict(special.ids)
+        self._init_add_special(md, self._add_bos_default if add_bos is None else add_bos)
+        self._hf_plain = self._frontend(bpe, special.rstrip, encode_special_as_text=True)
+        self._hf_special = self._frontend(bpe, special.rstrip, encode_special_as_text=False)
+        self._bytes, self._special_bytes = piece_tables(self._tokens, self._types,
+                                                        spm=self.model == "llama")
 
     @classmethod
     def from_metadata(cls, md: dict[str, Any]) -> Tokenizer:
         """Build from GGUF key/values given as plain Python values."""
         return cls(md)
 
-    def _init_specials(self, md: dict[str, Any], bos: int | None, eos: int | None,
-                       add_bos: bool) -> None:
-        """BOS/EOS ids and whether encode(add_special=True) adds them; metadata keys win.
+    def _init_add_special(self, md: dict[str, Any], add_bos: bool) -> None:
+        """Whether encode(add_special=True) adds BOS/EOS; metadata keys win over defaults.
 
         A default add_bos without any BOS id is dropped; an explicit one is an error.
         """
-        self.bos_id = _meta_id(md, "bos_token_id", bos, self.vocab_size)
-        self.eos_id = _meta_id(md, "eos_token_id", eos, self.vocab_size)
         self.add_bos = bool(md.get(_P + "add_bos_token", add_bos and self.bos_id is not None))
         self.add_eos = bool(md.get(_P + "add_eos_token", False))
         for name, wanted, tid in (("bos", self.add_bos, self.bos_id),
@@ -157,9 +96,8 @@ class Tokenizer:
             if wanted and tid is None:
                 raise TokenizerError(f"add_{name}_token is set but the model has no {name} token")
 
-    def _init_bpe(self, md: dict[str, Any]) -> bool:
-        """Byte-level BPE; the pre-tokenizer name picks the regexes. Returns llama.cpp's
-        add_bos default for that pre-tokenizer."""
+    def _init_bpe(self, md: dict[str, Any]) -> BPE:
+        """Byte-level BPE; the pre-tokenizer name picks the regexes and llama.cpp's defaults."""
         self.pre = str(md.get(_P + "pre") or "default")  # llama.cpp: missing -> 'default'
         if self.pre not in PRE_RULES:
             raise TokenizerError(f"unsupported pre-tokenizer {self.pre!r}; "
@@ -167,80 +105,53 @@ class Tokenizer:
         regexes, flags = PRE_RULES[self.pre]
         if md.get(_P + "merges") is None:
             raise TokenizerError("gpt2 tokenizer without tokenizer.ggml.merges")
-        merges = _bpe_merges(self._vocab, md[_P + "merges"])
-        self._model_args = dict(merges=merges, ignore_merges="ignore_merges" in flags)
         self._normalizer: normalizers.Normalizer | None = None
         self._regexes: tuple[str, ...] | None = regexes
+        self._add_bos_default = "add_bos" in flags
         self.add_space_prefix = False
-        return "add_bos" in flags
+        self.clean_spaces = "keep_spaces" not in flags
+        merges = _bpe_merges(self._vocab, md[_P + "merges"])
+        return BPE(self._vocab, merges, ignore_merges="ignore_merges" in flags)
 
-    def _init_spm(self, md: dict[str, Any]) -> None:
+    def _init_spm(self, md: dict[str, Any], types: list[int]) -> BPE:
         """SentencePiece: score-derived merges, byte fallback, `▁` escaping and prefix."""
         n = self.vocab_size
-        scores = list(md.get(_P + "scores") or [0.0] * n)
+        scores = md.get(_P + "scores")
+        scores = [0.0] * n if scores is None else scores
         if len(scores) != n:
             raise TokenizerError(f"scores has {len(scores)} entries for {n} tokens")
-        unk = _meta_id(md, "unknown_token_id", 0, n)
-        self._model_args = dict(merges=_spm_merges(self._vocab, scores), byte_fallback=True,
-                                unk_token=self._tokens[unk] if unk is not None else None)
+        unk = meta_id(md, "unknown_token_id", 0, n)
+        # user-defined pieces are always split out of the text first, so no merge can form them
+        user = frozenset(i for i, t in enumerate(types) if t == USER_DEFINED)
+        merges = spm_merges(self._tokens, scores, user)
         self.pre = "default"
         self.add_space_prefix = bool(md.get(_P + "add_space_prefix", True))
+        self.clean_spaces = False
         steps = [normalizers.Prepend("▁")] if self.add_space_prefix else []
         self._normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
         self._regexes = None
+        return BPE(self._vocab, merges, byte_fallback=True,
+                   unk_token=self._tokens[unk] if unk is not None else None)
 
-    def _find_eog(self, md: dict[str, Any]) -> frozenset[int]:
-        """End-of-generation ids as llama.cpp computes them (by id and by token text).
-
-        Like llama.cpp, a token found by its text is forced to control type, so it is hidden by
-        `decode(special=False)` and only split out of text with parse_special.
-        """
-        n, forced = self.vocab_size, set()
-        found: list[int | None] = []
-        for key, texts in _DETECTED:
-            tid = _meta_id(md, key, None, n)
-            if tid is None:  # auto-detect (llama.cpp takes one match; we take the lowest id)
-                tid = next((i for i, t in enumerate(self._tokens) if t in texts), None)
-                forced.add(tid)
-            found.append(tid)
-        by_text = {i for i, t in enumerate(self._tokens) if t in _EOG_TEXTS}
-        eot, eom, *fim = found
-        for i in (forced | by_text) - {None}:
-            self._types[i] = CONTROL
-        return frozenset({*by_text, *fim, self.eos_id, eot, eom} - {None})
-
-    def _backend(self, encode_special_as_text: bool) -> _HFTokenizer:
-        """A `tokenizers` instance; control tokens split out of text unless encoded as text."""
-        hf = _HFTokenizer(BPE(self._vocab, **self._model_args))
+    def _frontend(self, bpe: BPE, rstrip: frozenset[int],
+                  encode_special_as_text: bool) -> _HFTokenizer:
+        """A `tokenizers` instance over the shared model; control tokens are split out of the
+        text unless encoded as text, user-defined tokens always are."""
+        hf = _HFTokenizer(bpe)
         if self._normalizer is not None:
             hf.normalizer = self._normalizer
         if self._regexes is not None:
             hf.pre_tokenizer = build_pre_tokenizer(self._regexes)
-        hf.add_special_tokens([AddedToken(self._tokens[i], special=True, normalized=False)
-                               for i, t in enumerate(self._types) if t in (CONTROL, UNKNOWN)])
-        hf.add_tokens([AddedToken(self._tokens[i], special=False, normalized=False)
-                       for i, t in enumerate(self._types) if t == USER_DEFINED])
+
+        def added(i: int, special: bool) -> AddedToken:
+            return AddedToken(self._tokens[i], special=special, normalized=False,
+                              rstrip=i in rstrip)
+
+        hf.add_special_tokens([added(i, True) for i, t in enumerate(self._types)
+                               if t in (CONTROL, UNKNOWN)])
+        hf.add_tokens([added(i, False) for i, t in enumerate(self._types) if t == USER_DEFINED])
         hf.encode_special_tokens = encode_special_as_text
         return hf
-
-    def _build_byte_tables(self) -> None:
-        """Precompute llama.cpp's token_to_piece for every token (special=False and overrides)."""
-        spm = self.model == "llama"
-        table: list[bytes] = []
-        self._special_bytes: dict[int, bytes] = {}
-        for i, (text, kind) in enumerate(zip(self._tokens, self._types)):
-            if kind in (CONTROL, UNKNOWN):
-                self._special_bytes[i] = text.encode()
-                table.append(b"")
-            elif kind == USER_DEFINED:
-                table.append(text.encode())
-            elif kind == NORMAL:
-                table.append(text.replace("▁", " ").encode() if spm else _byte_level_bytes(text))
-            elif kind == BYTE and spm and len(text) == 6 and text.startswith("<0x"):
-                table.append(bytes([int(text[3:5], 16)]))
-            else:  # unused / undefined tokens render as nothing, like llama.cpp
-                table.append(b"")
-        self._bytes = table
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of `text`, like llama-server's /tokenize.
@@ -272,9 +183,9 @@ class Tokenizer:
         return self._bytes[id]
 
     def decode(self, ids: Iterable[int], special: bool = False) -> str:
-        """Concatenated pieces as text; invalid UTF-8 becomes U+FFFD.
-
-        special=False hides control/unknown tokens, as llama.cpp's token_to_piece does.
+        """Concatenated pieces as text, like llama-server's /detokenize; invalid UTF-8 becomes
+        U+FFFD. special=False hides control/unknown tokens, as llama.cpp's token_to_piece does.
+        (`detokenizer.detokenize` is llama.cpp's `llama_detokenize`, with its space rules.)
         """
         return b"".join(self.token_bytes(i, special) for i in ids).decode("utf-8", "replace")
 
@@ -283,6 +194,11 @@ class Tokenizer:
         if not 0 <= id < self.vocab_size:
             raise TokenizerError(f"token id {id} out of range [0, {self.vocab_size})")
         return self._tokens[id]
+
+    def token_type(self, id: int) -> int:
+        """The token's type after llama.cpp's load-time corrections (special_tokens.NORMAL...)."""
+        self.piece(id)  # range check
+        return self._types[id]
 
     def token_to_id(self, text: str) -> int | None:
         """Id of the vocabulary string `text`, or None."""

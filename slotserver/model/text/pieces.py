@@ -1,0 +1,90 @@
+"""llama.cpp's `token_to_piece` for every token at once: the bytes each token stands for.
+
+- normal tokens: byte-level BPE vocabularies (gpt2) store each byte as a printable character
+  (GPT-2's `bytes_to_unicode`), undone here; SentencePiece vocabularies (llama) store spaces as
+  `▁`, turned back into spaces;
+- byte tokens `<0xXX>` (SentencePiece byte fallback) are that one byte;
+- user-defined tokens are their text as is (no `▁` unescaping, like llama.cpp);
+- control and unknown tokens are their text only when special tokens are rendered;
+- unused and undefined tokens render as nothing.
+
+Tables are built with one string operation over the whole vocabulary where possible, since a
+per-token Python loop is a noticeable part of loading a 262k vocabulary.
+"""
+
+from __future__ import annotations
+
+from slotserver.model.text.special_tokens import BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED
+
+__all__ = ["piece_tables"]
+
+_SEP = "\x00"
+
+
+def _byte_level_table() -> dict[int, str]:
+    """`str.translate` table undoing GPT-2's `bytes_to_unicode`: each character becomes the
+    latin-1 character of its byte. Other characters below 256 become their UTF-8 bytes (as
+    latin-1 characters) so the result always encodes with latin-1."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[256 + extra] = chr(b)
+            table[b] = chr(b).encode().decode("latin-1")
+            extra += 1
+    return table
+
+
+_BYTE_LEVEL = _byte_level_table()
+
+
+def _byte_level_bytes(piece: str) -> bytes:
+    """Raw bytes of a byte-level BPE piece; characters outside the map pass through as UTF-8."""
+    try:
+        return piece.translate(_BYTE_LEVEL).encode("latin-1")
+    except UnicodeEncodeError:
+        return b"".join(ch.translate(_BYTE_LEVEL).encode("latin-1") if ord(ch) in _BYTE_LEVEL
+                        else ch.encode() for ch in piece)
+
+
+def _normal_bytes(texts: list[str], spm: bool) -> list[bytes]:
+    """Bytes of normal tokens: one translate/encode over the joined texts when that is exact."""
+    joined = _SEP.join(texts)
+    try:
+        if spm:
+            parts = joined.replace("▁", " ").encode().split(_SEP.encode())
+        else:
+            parts = joined.translate(_BYTE_LEVEL).encode("latin-1").split(_SEP.encode())
+        if len(parts) == len(texts):  # no token produced the separator byte itself
+            return parts
+    except UnicodeEncodeError:  # a byte-level vocabulary with raw (non-mapped) characters
+        pass
+    if spm:
+        return [t.replace("▁", " ").encode() for t in texts]
+    return [_byte_level_bytes(t) for t in texts]
+
+
+def piece_tables(tokens: list[str], types: list[int],
+                 spm: bool) -> tuple[list[bytes], dict[int, bytes]]:
+    """(bytes of every token without special rendering, bytes of control/unknown tokens).
+
+    `spm` selects SentencePiece unescaping (`▁` -> space) over byte-level decoding.
+    """
+    table = [b""] * len(tokens)
+    normal = [i for i, kind in enumerate(types) if kind == NORMAL]
+    for i, data in zip(normal, _normal_bytes([tokens[i] for i in normal], spm)):
+        table[i] = data
+    special: dict[int, bytes] = {}
+    for i, kind in enumerate(types):
+        if kind == NORMAL:
+            continue
+        text = tokens[i]
+        if kind in (CONTROL, UNKNOWN):
+            special[i] = text.encode()
+        elif kind == USER_DEFINED:
+            table[i] = text.encode()
+        elif kind == BYTE and spm and len(text) == 6 and text.startswith("<0x"):
+            table[i] = bytes([int(text[3:5], 16)])
+    return table, special
