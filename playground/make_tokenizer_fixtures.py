@@ -37,6 +37,7 @@ from slotserver.model.text.tokenizer import Tokenizer  # noqa: E402
 OUT = ROOT / "tests" / "fixtures" / "tokenizers"
 LLAMA_CPP = Path.home() / ".cache/slotserver-peer/llama_cpp_python-0.3.36/vendor/llama.cpp"
 GEMMA = Path("/tmp/gemma-3-270m-q4_k_m.gguf")
+REFERENCE = "llama-tokenize of llama.cpp as vendored in llama-cpp-python 0.3.36 (CPU build)"
 VOCABS = ("gemma3", "llama-spm", "phi-3", "qwen2")
 EXTRA = ("llama-bpe", "qwen35", "gpt-2", "starcoder", "refact", "falcon", "mpt", "command-r",
          "deepseek-coder", "deepseek-llm", "gpt-neox", "aquila", "baichuan")
@@ -51,6 +52,11 @@ _SPECIAL_TEXTS = [
     "<|system|>\tx<|end|>\t", "text<|end|>", "</s> and <s> as text", "<table><tr><td>1</td></tr></table>",
     "<b>bold</b> <i>it</i> <code>x = 1</code> <start_of_image>",
 ]
+
+
+_LONG = ("Tokenizers split text into pieces a model has seen in training. " * 8 + "\n\n" +
+         "Ein Tokenizer zerlegt Text; 分词器把文本切成片段；トークナイザーは文章を分割する。 " * 4 +
+         "\n```python\nfor i in range(10):\n    print(f'{i:>4} -> {i * i}')\n```\n" * 3)
 
 
 def corpus() -> list[str]:
@@ -77,6 +83,7 @@ def corpus() -> list[str]:
         "email@example.com a|b\\d+ $PATH C:\\Users\\x",
         "The quick brown fox jumps over the lazy dog. " * 3
         + "Numbers 1 22 333 4444, symbols @#$%^&*()_+-=[]{};':\",./<>?~` and tabs\tand\nnewlines.",
+        _LONG,
     ]
     return texts + _SPECIAL_TEXTS
 
@@ -129,11 +136,16 @@ def write_fixture(name: str, vocab: Path) -> None:
     (OUT / f"{name}.gguf.xz").write_bytes(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
     start = time.perf_counter()
     rows = rows_for(vocab)
-    commit = (LLAMA_CPP / "build/bin").resolve()
-    doc = {"vocab": f"{name}.gguf.xz", "reference": f"llama-tokenize ({commit})", "rows": rows}
-    (OUT / f"{name}.json").write_text(json.dumps(doc, ensure_ascii=False, indent=0) + "\n")
+    (OUT / f"{name}.json").write_text(dump(name, rows))
     print(f"{name}: {len(data) / 1e6:.2f} MB vocab, {len(rows)} rows in "
           f"{time.perf_counter() - start:.0f} s")
+
+
+def dump(name: str, rows: list[dict]) -> str:
+    """The fixture JSON, one row per line (readable diffs)."""
+    head = json.dumps({"vocab": f"{name}.gguf.xz", "reference": REFERENCE})[:-1]
+    lines = ",\n".join(json.dumps(row, ensure_ascii=False) for row in rows)
+    return f'{head}, "rows": [\n{lines}\n]}}\n'
 
 
 def check(name: str, vocab: Path) -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slotserver.model.text.detokenizer import IncrementalDetokenizer
+from slotserver.model.text.detokenizer import IncrementalDetokenizer, detokenize
 from slotserver.model.text.tokenizer import Tokenizer
 
 # ASCII, accents, Greek/Cyrillic, CJK, emoji (4-byte UTF-8) and whitespace; no surrogates.
@@ -80,3 +80,48 @@ def test_control_tokens_render_only_with_special(smollm):
     ids = smollm.encode("<|im_start|>hi<|im_end|>", add_special=False, parse_special=True)
     assert IncrementalDetokenizer(smollm).extend(ids) == "hi"
     assert IncrementalDetokenizer(smollm, special=True).extend(ids) == "<|im_start|>hi<|im_end|>"
+
+
+# --- llama_detokenize (the "prompt" text llama-server reports) -----------------------------
+
+
+def _byte_level(pre: str) -> Tokenizer:
+    """A byte-level vocabulary of single characters only: every piece is one character."""
+    from tokenizers import pre_tokenizers
+
+    tokens = ["<|endoftext|>", *sorted(pre_tokenizers.ByteLevel.alphabet())]
+    return Tokenizer.from_metadata({
+        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [3] + [1] * (len(tokens) - 1), "tokenizer.ggml.merges": [],
+        "tokenizer.ggml.eos_token_id": 0, "tokenizer.ggml.bos_token_id": 0})
+
+
+def test_clean_spaces_follows_llama_cpp_three_passes():
+    """gpt-2 style models clean " ," " !" (pass 1), " ' " (pass 2, in place: "a ' b ' c" ->
+    "a'b'c") and " 's" " 'm" " 're" " 've" but not " 't" " 'd" " 'll" (pass 3)."""
+    tok = _byte_level("gpt-2")
+    assert tok.clean_spaces
+    text = "Hello , world ! it 's a ' b ' c 't I 'm we 're 've 'd 'll ."
+    ids = tok.encode(text, add_special=False)
+    assert decode_all(tok, ids) == text  # /detokenize and streaming keep every space
+    assert detokenize(tok, ids) == "Hello, world! it's a'b'c 't I'm we're've 'd 'll."
+
+
+def test_models_that_keep_spaces_are_not_cleaned(smollm):
+    text = "Hello , world ! it 's"
+    assert not smollm.clean_spaces
+    assert detokenize(smollm, smollm.encode(text, add_special=False)) == text
+
+
+def test_remove_special_drops_added_bos_and_eos_only():
+    tok = _byte_level("llama-bpe")  # llama 3 style: adds BOS by default
+    ids = tok.encode("hi")
+    assert ids[0] == tok.bos_id and tok.add_bos
+    assert detokenize(tok, ids, unparse_special=True) == "<|endoftext|>hi"
+    assert detokenize(tok, ids, remove_special=True, unparse_special=True) == "hi"
+    assert detokenize(tok, [*ids, 0], remove_special=True, unparse_special=True) == \
+        "hi<|endoftext|>"  # EOS is kept: this model does not add it
+
+
+def decode_all(tok: Tokenizer, ids: list[int]) -> str:
+    return IncrementalDetokenizer(tok).extend(ids)
