@@ -33,7 +33,7 @@ from slotserver.model.text.pieces import piece_tables
 from slotserver.model.text.pretokenizers import PRE_RULES, SUPPORTED_PRE, build_pre_tokenizer
 from slotserver.model.text.special_tokens import (CONTROL, NORMAL, UNKNOWN, USER_DEFINED,
                                                   find_special_tokens, meta_id)
-from slotserver.model.text.spm_merges import spm_merges
+from slotserver.model.text.spm_merges import no_gc, spm_merges
 
 __all__ = ["SUPPORTED_PRE", "Tokenizer", "TokenizerError"]
 
@@ -82,7 +82,8 @@ class Tokenizer:
     @classmethod
     def from_metadata(cls, md: dict[str, Any]) -> Tokenizer:
         """Build from GGUF key/values given as plain Python values."""
-        return cls(md)
+        with no_gc():
+            return cls(md)
 
     def _init_add_special(self, md: dict[str, Any], add_bos: bool) -> None:
         """Whether encode(add_special=True) adds BOS/EOS; metadata keys win over defaults.
