@@ -23,7 +23,8 @@ from tokenizer_fixtures import FOLDER, tokenizer
 
 _DATA = json.loads((FOLDER / "templates.json").read_text())
 _CASES = [(case, i) for case in _DATA["cases"] for i in range(len(case["conversations"]))]
-_BOS = "leading BOS text is kept (llama.cpp drops it when the tokenizer adds BOS)"
+_BOS = ("leading BOS text is kept (llama.cpp drops it when the tokenizer adds BOS: "
+        "Tokenizer.drop_added_specials)")
 _BOS_CASES = {(name, i) for name in ("gemma3", "gemma2", "llama3.2") for i in range(5)}
 _OTHER = {("gemma2", 1): "system message not merged into the first user turn",
           ("gemma3", 4): "content parts flattened with newlines before the template sees them"}
@@ -57,10 +58,18 @@ def test_render_matches_llama_server_apply_template(case, i):
 @pytest.mark.parametrize(("case", "i"), [(c, i) for c, i in _CASES
                                          if _known(c["name"], i) == _BOS])
 def test_render_matches_once_the_leading_bos_is_dropped(case, i):
-    """The same prompts after llama.cpp's BOS rule: the sandbox renders these templates right."""
+    """The same prompts after llama.cpp's BOS rule (`Tokenizer.drop_added_specials`, gemma3's
+    tokenizer adds BOS): the sandbox renders these templates right."""
     rendered = _render(case, case["conversations"][i])
     assert rendered.startswith(_DATA["bos_token"])
-    assert rendered[len(_DATA["bos_token"]):] == case["conversations"][i]["prompt"]
+    assert tokenizer("gemma3").drop_added_specials(rendered) == case["conversations"][i]["prompt"]
+
+
+def test_drop_added_specials_only_drops_what_encode_adds():
+    gemma, qwen = tokenizer("gemma3"), tokenizer("qwen2")
+    assert gemma.drop_added_specials("<bos>x<eos>") == "x<eos>"  # adds BOS, not EOS
+    assert gemma.drop_added_specials("x<bos>") == "x<bos>"
+    assert qwen.drop_added_specials("<|endoftext|>x") == "<|endoftext|>x"  # adds nothing
 
 
 def test_gemma3_prompt_tokenizes_to_one_bos_and_its_turn_markers():

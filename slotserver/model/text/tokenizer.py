@@ -175,6 +175,18 @@ class Tokenizer:
             ids.append(self.eos_id)  # type: ignore[arg-type]
         return ids
 
+    def drop_added_specials(self, prompt: str) -> str:
+        """A rendered chat prompt without the BOS (EOS) text the template wrote itself when
+        encode(add_special=True) will add that token anyway: llama.cpp's rule after rendering a
+        template (common/chat.cpp), which keeps gemma and llama 3 prompts to a single BOS."""
+        bos = self.decode([self.bos_id], special=True) if self.bos_id is not None else ""
+        eos = self.decode([self.eos_id], special=True) if self.eos_id is not None else ""
+        if self.add_bos and bos and prompt.startswith(bos):
+            prompt = prompt[len(bos):]
+        if self.add_eos and eos and prompt.endswith(eos):
+            prompt = prompt[:-len(eos)]
+        return prompt
+
     def token_bytes(self, id: int, special: bool = False) -> bytes:
         """Raw bytes of one token's piece (may be part of a UTF-8 character)."""
         if not 0 <= id < self.vocab_size:
