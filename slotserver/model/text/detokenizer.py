@@ -13,9 +13,10 @@ exactly the same replacement rule as `bytes.decode("utf-8", "replace")`. Hence, 
 from __future__ import annotations
 
 import codecs
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-from slotserver.model.text.tokenizer import Tokenizer
+if TYPE_CHECKING:  # the engine streams text through here; building tokenizers needs numpy
+    from slotserver.model.text.tokenizer import Tokenizer
 
 __all__ = ["IncrementalDetokenizer"]
 
