@@ -8,17 +8,18 @@ overlap in every way (every piece reachable by several cuts).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import random
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from slotserver.model.text.spm_merges import spm_merges, spm_merges_reference
 from slotserver.model.text.tokenizer import Tokenizer
-from tokenizer_fixtures import metadata
+from tokenizer_fixtures import metadata, tokenizer
 
 
 def _llama_spm(text: str, vocab: dict[str, int], scores: list[float]) -> list[int]:
@@ -87,6 +88,32 @@ def test_bpe_from_scores_equals_llama_cpp_bigram_merging(which, text):
     md, vocab, scores = _SYNTH[which]
     expected = _llama_spm(text.replace(" ", "▁"), vocab, scores)
     assert _TOKS[which].encode(text, add_special=False) == expected
+
+
+_GEMMA_TEXT = st.text(st.one_of(
+    st.sampled_from("abcdefghijklmnopqrstuvwxyz ABCXYZ0123456789.,;:!?'\"()-_/=+*#@"),
+    st.characters(min_codepoint=0xC0, max_codepoint=0x24F),  # accented Latin
+    st.characters(min_codepoint=0x400, max_codepoint=0x4FF),  # Cyrillic
+    st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF),  # CJK
+    st.characters(min_codepoint=0x1F300, max_codepoint=0x1FAFF),  # emoji (some byte fallback)
+    st.characters(min_codepoint=0x1400, max_codepoint=0x167F)), max_size=30)  # syllabics
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=_GEMMA_TEXT)
+def test_real_gemma3_vocabulary_equals_llama_cpp_bigram_merging(text):
+    """On the 262k vocabulary itself (text without the user-defined whitespace-run tokens, which
+    llama.cpp splits out before merging)."""
+    assume("  " not in text)
+    vocab, scores = _gemma3_pieces()
+    expected = _llama_spm(text.replace(" ", "▁"), vocab, scores)
+    assert tokenizer("gemma3").encode(text, add_special=False) == expected
+
+
+@functools.lru_cache(maxsize=1)
+def _gemma3_pieces() -> tuple[dict[str, int], list[float]]:
+    md = metadata("gemma3")
+    return {t: i for i, t in enumerate(md["tokenizer.ggml.tokens"])}, md["tokenizer.ggml.scores"]
 
 
 def test_fast_merges_equal_the_plain_definition_on_gemma3():
