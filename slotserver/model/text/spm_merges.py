@@ -10,9 +10,10 @@ pieces share a score and their candidate pairs overlap; llama.cpp then takes the
 one listed first (ties are listed by piece id, then cut position).
 
 Enumerating the cuts is the expensive part for a 262k vocabulary (about 2.4M candidate cuts), so
-`spm_merges` finds them with numpy: a polynomial hash of every prefix proposes (left, right) ids
-and each proposal is then checked character by character, so hash collisions can only cost a
-fallback to the plain loop in `spm_merges_reference`, never a wrong merge.
+`spm_merges` finds them with numpy: a polynomial hash of every prefix proposes (left, right) ids,
+and a proposal is kept only if the lengths and a second, independent 64-bit hash agree too. Two
+pieces sharing the first hash send the whole computation to the plain loop
+(`spm_merges_reference`); the tests compare both on the real 262k gemma3 vocabulary.
 """
 
 from __future__ import annotations
@@ -25,15 +26,13 @@ import numpy as np
 
 __all__ = ["no_gc", "spm_merges", "spm_merges_reference"]
 
-_BASE = np.uint64(0x100000001B3)  # odd multiplier; arithmetic wraps modulo 2**64
-
-
 def spm_merges_reference(pieces: Sequence[str], scores: Sequence[float],
                          exclude: frozenset[int] = frozenset()) -> list[tuple[str, str]]:
     """The merge list by a plain loop over every cut (the definition `spm_merges` must match).
 
-    `pieces[i]` is token i's text (unique), `scores[i]` its score; ids in `exclude` (pieces that
-    can never be formed inside a text fragment, e.g. user-defined tokens) get no merges.
+    `pieces[i]` is token i's text (a repeated text counts as its last id, as in llama.cpp),
+    `scores[i]` its score; ids in `exclude` (pieces that can never be formed inside a text
+    fragment, e.g. user-defined tokens) get no merges.
     """
     vocab = {p: i for i, p in enumerate(pieces)}
     found: list[tuple[float, int, int, str, str]] = []
@@ -55,6 +54,8 @@ def spm_merges(pieces: Sequence[str], scores: Sequence[float],
     lens = np.fromiter(map(len, pieces), np.int64, n)
     if n == 0 or int(lens.max()) < 2:
         return []
+    if int(lens.min()) == 0:  # an empty piece has no prefix hash to stand for it
+        return spm_merges_reference(pieces, scores, exclude)
     by_length = np.argsort(-lens, kind="stable")  # pieces longer than `cut` come first
     codes = np.frombuffer("".join(pieces).encode("utf-32-le"), np.uint32).astype(np.uint64) + 1
     hashes = [_Hashes(codes, lens, by_length, base) for base in _BASES]
