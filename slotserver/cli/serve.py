@@ -79,6 +79,12 @@ def add_parser(sub) -> None:
     _switch(p, "jinja", True, "chat templates are always rendered with the Jinja sandbox")
     a("--chat-template", default=None, help="a Jinja template or a known name (chatml, llama3)")
     a("--chat-template-file", type=Path, default=None)
+    a("--chat-template-kwargs", default=None, metavar="JSON",
+      help="a JSON object of chat template variables, under each request's chat_template_kwargs")
+    a("--reasoning-format", default="auto", metavar="FORMAT",
+      help="none | deepseek | deepseek-legacy | auto (default): where <think> text goes in chat answers")
+    a("-rea", "--reasoning", default="auto", metavar="on|off|auto", help="thinking on or off (enable_thinking)")
+    a("--reasoning-budget", type=int, default=-1, metavar="N", help="-1: unlimited (default), 0: thinking off")
     a("--alias", default="", help="model name shown to clients")
     _switch(p, "context-shift", False, "not supported yet")
     _switch(p, "cache-prompt", True, "reuse slot caches across requests (default on)")

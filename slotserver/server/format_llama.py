@@ -85,13 +85,31 @@ def summary(job: CompletionJob, final: FinalEvent, model: str, prompt: str) -> d
     }
 
 
+def select_fields(paths: tuple[str, ...], body: dict) -> dict:
+    """llama-server's `response_fields` (json_get_nested_values): only the listed paths, each under
+    its path as the key ("generation_settings/n_predict"); paths that lead nowhere are left out."""
+    if not paths:
+        return body
+    out = {}
+    for path in paths:
+        value, found = body, True
+        for key in path.split("/"):
+            if not (isinstance(value, dict) and key in value):
+                found = False
+                break
+            value = value[key]
+        if found:
+            out[path] = value
+    return out
+
+
 def final_response(job: CompletionJob, out: Outcome, tokenizer: Tokenizer, model: str, prompt: str) -> dict:
     body = {"index": job.index, "content": out.text, "tokens": out.token_ids if job.return_tokens else [],
             "has_new_line": "\n" in out.text}
     body.update(summary(job, out.final, model, prompt))
     if job.n_probs > 0:
         body["completion_probabilities"] = probabilities(tokenizer, out.tokens, job.n_probs, job.request.params.post_sampling_probs)
-    return body
+    return select_fields(job.response_fields, body)
 
 
 def stream_chunk(job: CompletionJob, text: str, events: list[TokenEvent], tokenizer: Tokenizer,
@@ -116,4 +134,4 @@ def progress_chunk(job: CompletionJob, ev: ProgressEvent) -> dict:
 def final_chunk(job: CompletionJob, final: FinalEvent, model: str, prompt: str) -> dict:
     chunk = {"index": job.index, "content": "", "tokens": []}
     chunk.update(summary(job, final, model, prompt))
-    return chunk
+    return select_fields(job.response_fields, chunk)

@@ -6,6 +6,8 @@ Shapes follow OpenAI's API reference (what the official client parses): `cmpl-`/
 llama-server does) and, when `stream_options.include_usage` is set, also send OpenAI's separate
 final chunk with empty `choices`. Log-probabilities use the chat format for chat and the legacy
 `tokens`/`token_logprobs`/`top_logprobs`/`text_offset` format for completions.
+Chat answers of reasoning models carry their `<think>` block as `reasoning_content` (message or
+delta, reasoning.py); tool calls are parsed from what remains.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from slotserver.engine.request import FinalEvent, ProgressEvent, TokenEvent
 from slotserver.server.format_llama import timings
 from slotserver.server.generation import Outcome
 from slotserver.server.params import CompletionJob
+from slotserver.server.reasoning import ReasoningMode
 from slotserver.server.tool_calls import ToolCallParser, stream_deltas
 from slotserver.server.tools import ToolConfig
 from slotserver.model.text.tokenizer import Tokenizer
@@ -67,17 +70,19 @@ class OpenAIFormatter:
     """Builds every object of one answer (same id, created and model throughout)."""
 
     def __init__(self, job: CompletionJob, model: str, tokenizer: Tokenizer, chat: bool,
-                 tools: ToolConfig | None = None) -> None:
+                 tools: ToolConfig | None = None, reasoning: ReasoningMode | None = None) -> None:
         self.job, self.model, self.tokenizer, self.chat = job, model, tokenizer, chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
         self.offset = 0  # legacy logprobs: characters streamed so far
         self.tools = ToolCallParser(tools) if chat and tools is not None else None
         self.index, self._tool_config = job.index, tools
+        self.reasoning = reasoning if chat and reasoning is not None else ReasoningMode()
+        self.split = self.reasoning.splitter(stream=True)   # the streamed answer's <think> split
 
     def sibling(self, job: CompletionJob) -> "OpenAIFormatter":
         """The formatter of another choice of the same answer (same id and created)."""
-        other = OpenAIFormatter(job, self.model, self.tokenizer, self.chat, self._tool_config)
+        other = OpenAIFormatter(job, self.model, self.tokenizer, self.chat, self._tool_config, self.reasoning)
         other.id, other.created = self.id, self.created
         return other
 
@@ -98,11 +103,14 @@ class OpenAIFormatter:
         return lp
 
     def full(self, out: Outcome) -> dict:
-        content, calls = self.tools.parse(out.text) if self.tools is not None else (out.text, [])
+        reasoning, text = self.reasoning.splitter(stream=False).parse(out.text)
+        content, calls = self.tools.parse(text) if self.tools is not None else (text, [])
         choice = {"index": self.index, "logprobs": self._logprobs(out.tokens),
                   "finish_reason": finish_reason(out.final, bool(calls))}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": content or (None if calls else "")}
+            if reasoning:   # only when there is some, as llama-server
+                choice["message"]["reasoning_content"] = reasoning
             if calls:
                 choice["message"]["tool_calls"] = calls
         else:
@@ -116,9 +124,12 @@ class OpenAIFormatter:
         delta = {"role": "assistant", "content": None}
         return self._envelope([{"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}], True)
 
-    def delta_chunk(self, text: str, events: list[TokenEvent]) -> dict:
+    def delta_chunk(self, text: str, events: list[TokenEvent], reasoning: str = "") -> dict:
         choice = {"index": self.index, "logprobs": self._logprobs(events), "finish_reason": None}
-        choice.update({"delta": {"content": text}} if self.chat else {"text": text})
+        delta = {"reasoning_content": reasoning} if reasoning else {}
+        if text or not reasoning:
+            delta["content"] = text
+        choice.update({"delta": delta} if self.chat else {"text": text})
         body = self._envelope([choice], chunk=True)
         if events and events[-1].timings is not None:   # timings_per_token
             body["timings"] = timings(events[-1].timings)
@@ -133,13 +144,18 @@ class OpenAIFormatter:
         return body
 
     def stream_pieces(self, text: str, events: list[TokenEvent], final: bool = False) -> list[dict]:
-        """The chunks for newly generated text: with tools, content outside calls as content deltas
-        and each completed call as OpenAI's tool_calls deltas; without, one content delta."""
+        """The chunks for newly generated text: reasoning (inside `<think>`) as reasoning_content
+        deltas, then with tools, content outside calls as content deltas and each completed call
+        as OpenAI's tool_calls deltas; without, one content delta. Held-back text (a partial tag)
+        sends nothing but the tokens' logprobs, if asked."""
+        reasoning, text = self.split.feed(text, final)
         if self.tools is None:
-            return [self.delta_chunk(text, events)] if text or (final and events and self.job.want_logprobs) else []
+            keep = text or reasoning or (events and self.job.want_logprobs)
+            return [self.delta_chunk(text, events, reasoning)] if keep else []
         first = len(self.tools.calls)
         content, calls = self.tools.feed(text, final)
-        chunks = [self.delta_chunk(content, events)] if content or (events and self.job.want_logprobs) else []
+        keep = content or reasoning or (events and self.job.want_logprobs)
+        chunks = [self.delta_chunk(content, events, reasoning)] if keep else []
         for i, call in enumerate(calls):
             for delta in stream_deltas(first + i, call):
                 choice = {"index": self.index, "logprobs": None, "finish_reason": None, "delta": {"tool_calls": [delta]}}

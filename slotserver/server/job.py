@@ -22,6 +22,7 @@ class CompletionJob:
     index: int = 0                # this answer's place among the request's (prompts x n choices)
     parent: int = -1              # n > 1: the job (index) whose prompt prefill this one shares
     eog_bias: tuple[int, ...] = ()  # ignore_eos: the end-of-generation ids the engine biases to -inf
+    response_fields: tuple[str, ...] = ()  # /completion: only these fields of the final answer ("a/b" nested)
 
     def __post_init__(self) -> None:
         if not 0 <= self.n_probs <= MAX_N_PROBS:

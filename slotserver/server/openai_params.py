@@ -8,6 +8,9 @@ choices.py.
 Chat `tools`, `tool_choice` and `parallel_tool_calls`: tools.py, tool_prompt.py, tool_calls.py.
 `response_format` (and llama-server's `grammar` / `json_schema`) constrain the output (constraints.py). Chat prompts come from the model's (or the command line's)
 chat template only: a `chat_template` field in the body is ignored like any unknown field.
+`chat_template_kwargs`, `reasoning_effort`, `reasoning_format` and the reasoning budget:
+chat_options.py; the `<think>` split of the answer: reasoning.py. Fields llama-server reads that we
+do not implement are refused by unsupported.py.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from slotserver.server.tool_prompt import render_with_tools
 from slotserver.server.tools import ToolConfig, forced_call_grammar, parse_tools
 from slotserver.server.params import CompletionJob, build_request, eog_bias, n_predict_field
 from slotserver.server.choices import expand, n_choices
+from slotserver.server.chat_options import ChatDefaults, chat_options
+from slotserver.server.reasoning import ReasoningMode, answer_start
+from slotserver.server.unsupported import check_chat_fields, check_completion_fields
 from slotserver.server.prompt import encode, tokenize_prompts
 from slotserver.server.server_config import GenerationDefaults
 from slotserver.model.text.tokenizer import Tokenizer
@@ -37,6 +43,7 @@ class OpenAIJob:
     model: str                  # echoed back in the answer, as OpenAI and llama-server do
     prompts: list[str]          # each job's prompt text (the rendered chat template for chat)
     tools: ToolConfig | None = None   # chat: the tools offered and how calls are chosen
+    reasoning: ReasoningMode = ReasoningMode()   # chat: how the answer's <think> block is split off
 
     @property
     def job(self) -> CompletionJob:
@@ -75,6 +82,7 @@ def parse_openai_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults
                             default_model: str, grammars: Grammars | None = None, n_parallel: int = 1) -> OpenAIJob:
     f = Fields(body)
     _refuse_unsupported(f)
+    check_completion_fields(f)
     if f.raw("tools"):
         raise bad_request("'tools' (function calling) is a chat feature: use /v1/chat/completions")
     grammar = parse_constraint(f, grammars)
@@ -128,21 +136,33 @@ def _continuation(f: Fields, messages: Any) -> tuple[bool, bool]:
     return add, cont
 
 
+def render_chat_request(f: Fields, template: ChatTemplate, tools: ToolConfig,
+                        chat: ChatDefaults) -> tuple[str, ReasoningMode]:
+    """A chat body's prompt text (also /apply-template's answer) and how its answer is split:
+    continuation, tools, chat_template_kwargs and the thinking switches, as llama-server."""
+    if "messages" not in f.body:
+        raise bad_request("'messages' is required")
+    messages = f.body["messages"]
+    add_prompt, cont = _continuation(f, messages)
+    options = chat_options(f, chat)
+    text = render_with_tools(template, messages, tools, add_prompt, cont, variables=options.context)
+    continued = (messages[-1].get("content") or "") if cont else None
+    return text, ReasoningMode(options.reasoning_format, answer_start(text, continued))
+
+
 def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplate,
                defaults: GenerationDefaults, default_model: str, grammars: Grammars | None = None,
-               n_parallel: int = 1) -> OpenAIJob:
+               n_parallel: int = 1, chat: ChatDefaults | None = None) -> OpenAIJob:
     f = Fields(body)
     _refuse_unsupported(f)
+    check_chat_fields(f)
     tools = parse_tools(f)
     grammar = _chat_grammar(f, tools, grammars)
-    if "messages" not in body:
-        raise bad_request("'messages' is required")
-    add_prompt, cont = _continuation(f, body["messages"])
-    text = render_with_tools(template, body["messages"], tools, add_prompt, cont)
+    text, reasoning = render_chat_request(f, template, tools, chat or ChatDefaults())
     ids = encode(tokenizer, text, True, True)
     want = f.bool("logprobs", False)
     n_top = f.int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
     n = n_choices(f, n_parallel, "n")
     jobs = expand([_job(f, ids, tokenizer, defaults, n_top if want else 0, want, grammar)], n)
     return OpenAIJob(jobs, f.str("model", default_model) or default_model, [text] * n,
-                     tools if tools.active else None)
+                     tools if tools.active else None, reasoning)

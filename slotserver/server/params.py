@@ -34,6 +34,7 @@ from slotserver.server.fields import INT32_MAX, UINT32_MAX, Fields
 from slotserver.server.job import CompletionJob  # noqa: F401  re-exported: routes and formats import it from here
 from slotserver.server.prompt import parse_logit_bias, tokenize_prompts
 from slotserver.server.server_config import GenerationDefaults
+from slotserver.server.unsupported import check_completion_fields, response_fields
 from slotserver.model.text.tokenizer import Tokenizer
 
 PENALTY_RANGE = (1e-3, 1e3)
@@ -153,12 +154,14 @@ def parse_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults: Gener
     and compiles a grammar: run it off the event loop. `grammars` checks a grammar against the
     model's vocabulary."""
     f = Fields(body)
+    check_completion_fields(f)
     grammar = parse_constraint(f, grammars)
     if "prompt" not in body:
         raise bad_request("'prompt' is required")
-    n_probs = f.int("n_probs", 0, lo=0, hi=MAX_N_PROBS)
+    n_probs = f.int("n_probs" if f.has("n_probs") else "logprobs", 0, lo=0, hi=MAX_N_PROBS)
     stop = f.str_list("stop")
-    n_predict = n_predict_field(f, defaults, "n_predict", "max_tokens")
+    n_predict = n_predict_field(f, defaults, "n_predict", "max_completion_tokens", "max_tokens")
+    fields = response_fields(f)
     stream, return_tokens = f.bool("stream", False), f.bool("return_tokens", False)
     n = n_choices(f, n_parallel, "n_cmpl", "n")
     jobs = []
@@ -167,5 +170,6 @@ def parse_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults: Gener
             raise bad_request("the prompt is empty")
         request = build_request(f, ids, tokenizer, defaults, n_predict, n_probs, stop, grammar)
         jobs.append(CompletionJob(request, stream=stream, return_tokens=return_tokens, n_probs=n_probs,
-                                  want_logprobs=n_probs > 0, eog_bias=eog_bias(request, tokenizer)))
+                                  want_logprobs=n_probs > 0, eog_bias=eog_bias(request, tokenizer),
+                                  response_fields=fields))
     return expand(jobs, n)

@@ -19,7 +19,8 @@ from slotserver.server.body import read_json
 from slotserver.server.errors import bad_request, loading_error
 from slotserver.server.fields import Fields
 from slotserver.server.jsonio import JSONResp
-from slotserver.server.openai_params import render_chat
+from slotserver.server.openai_params import render_chat_request
+from slotserver.server.tools import parse_tools
 from slotserver.server.prompt import check_token_ids, encode
 from slotserver.server.state import ServerState
 
@@ -69,11 +70,12 @@ async def detokenize(request: Request) -> Response:
 async def apply_template(request: Request) -> Response:
     state: ServerState = request.app.state.server
     state.require()
-    body = await read_json(request, state.config.body_limit, state.config.timeout)
-    if "messages" not in body:
-        raise bad_request("'messages' is required")
-    prompt = await anyio.to_thread.run_sync(render_chat, state.template, body["messages"])
-    return JSONResp({"prompt": prompt})
+    f = Fields(await read_json(request, state.config.body_limit, state.config.timeout))
+
+    def render() -> str:   # as a chat request renders it: tools, continuation, chat_template_kwargs
+        return render_chat_request(f, state.template, parse_tools(f), state.config.chat)[0]
+
+    return JSONResp({"prompt": await anyio.to_thread.run_sync(render)})
 
 
 def default_generation_settings(state: ServerState) -> dict:

@@ -46,11 +46,11 @@ async def _serve(request: Request, chat: bool) -> Response:
         grammars, n_parallel = getattr(engine, "grammars", None), engine.config.n_parallel
         if chat:
             return parse_chat(body, bundle.tokenizer, state.template, cfg.defaults, cfg.model_name, grammars,
-                              n_parallel)
+                              n_parallel, cfg.chat)
         return parse_openai_completion(body, bundle.tokenizer, cfg.defaults, cfg.model_name, grammars, n_parallel)
 
     oa = await anyio.to_thread.run_sync(prepare)
-    first = OpenAIFormatter(oa.job, oa.model, bundle.tokenizer, chat, oa.tools)
+    first = OpenAIFormatter(oa.job, oa.model, bundle.tokenizer, chat, oa.tools, oa.reasoning)
     fmts = [first] + [first.sibling(j) for j in oa.jobs[1:]]
     runs = submit_all(state, oa.jobs, log_state(request), oa.prompts)
     if oa.job.stream:

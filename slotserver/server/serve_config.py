@@ -13,6 +13,7 @@ from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from slotserver.model.config import ConfigError, ModelConfig
 from slotserver.engine.config import EngineConfig
 from slotserver.server.auth import read_key_file
+from slotserver.server.chat_options import chat_defaults_from_flags
 from slotserver.server.launch import LaunchPlan
 from slotserver.server.server_config import GenerationDefaults, ServerConfig
 
@@ -74,6 +75,9 @@ def server_config_from_args(args) -> ServerConfig:
         metrics=args.metrics, lab_api=not args.no_lab_api, slot_save_path=_slot_save_path(args.slot_save_path),
         timeout=args.timeout,
         defaults=defaults,
+        chat=chat_defaults_from_flags(getattr(args, "reasoning_format", "auto"),
+                                      getattr(args, "chat_template_kwargs", None),
+                                      getattr(args, "reasoning", "auto"), getattr(args, "reasoning_budget", -1)),
     )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from slotserver.model.config import ConfigError
 from slotserver.server.body import DEFAULT_BODY_LIMIT
+from slotserver.server.chat_options import ChatDefaults
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class ServerConfig:
     body_limit: int = DEFAULT_BODY_LIMIT
     timeout: float = 600.0
     defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
+    chat: ChatDefaults = field(default_factory=ChatDefaults)   # reasoning format, template kwargs
 
     def __post_init__(self) -> None:
         if any(not isinstance(k, str) or not k for k in self.api_keys):

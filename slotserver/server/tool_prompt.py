@@ -80,16 +80,18 @@ CONTINUE_MARK = "\u2063slotserver-continue\u2063"
 
 
 def render_with_tools(template: ChatTemplate, messages: Any, tools: ToolConfig | None,
-                      add_generation_prompt: bool = True, continue_final: bool = False, **extra: Any) -> str:
+                      add_generation_prompt: bool = True, continue_final: bool = False,
+                      variables: dict[str, Any] | None = None, **extra: Any) -> str:
     """The prompt text; template problems are a 400 naming them. `continue_final`: the prompt ends
     inside the last (assistant) message, right after its content, so generation continues it (the
-    template renders a marker in its place, and the text is cut there, as llama.cpp does)."""
+    template renders a marker in its place, and the text is cut there, as llama.cpp does).
+    `variables`: more of the template's context (chat_template_kwargs)."""
     if continue_final and isinstance(messages, list) and messages and isinstance(messages[-1], dict):
         content = messages[-1].get("content") or ""
         if not isinstance(content, str):
             raise bad_request("continue_final_message: the final message's content must be a string")
         marked = [*messages[:-1], {**messages[-1], "content": CONTINUE_MARK}]
-        text = render_with_tools(template, marked, tools, False, **extra)
+        text = render_with_tools(template, marked, tools, False, variables=variables, **extra)
         cut = text.rfind(CONTINUE_MARK)
         if cut < 0:
             raise bad_request("continue_final_message: the chat template does not render the final message")
@@ -97,9 +99,9 @@ def render_with_tools(template: ChatTemplate, messages: Any, tools: ToolConfig |
     try:
         if isinstance(messages, list) and template.supports_tools:
             native = tools is not None and tools.active
-            return template.render(_native(messages), add_generation_prompt,
+            return template.render(_native(messages), add_generation_prompt, variables,
                                    **({"tools": list(tools.tools)} if native else {}), **extra)
         msgs = _fallback(messages, tools) if isinstance(messages, list) else messages
-        return template.render(msgs, add_generation_prompt, **extra)
+        return template.render(msgs, add_generation_prompt, variables, **extra)
     except ChatTemplateError as e:
         raise bad_request(str(e)) from None

@@ -170,9 +170,10 @@ class ChatTemplate:
         return cls(source, bos_token=text(tokenizer.bos_id), eos_token=text(tokenizer.eos_id))
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-               **extra: Any) -> str:
-        """The prompt text for `messages`; `extra` (tools, etc.) is passed to the template."""
-        context = {"bos_token": self.bos_token, "eos_token": self.eos_token, **extra,
+               variables: dict[str, Any] | None = None, **extra: Any) -> str:
+        """The prompt text for `messages`; `extra` (tools, etc.) is passed to the template, and so
+        is `variables`, a request's `chat_template_kwargs`, whose names may be anything."""
+        context = {"bos_token": self.bos_token, "eos_token": self.eos_token, **(variables or {}), **extra,
                    "messages": _normalize_messages(messages),
                    "add_generation_prompt": add_generation_prompt}
         try:

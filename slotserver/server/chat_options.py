@@ -1,0 +1,123 @@
+"""What a chat request passes to the chat template and how its answer is split into reasoning.
+
+llama-server's fields (tools/server/server-common.cpp `oaicompat_chat_params_parse`):
+- `chat_template_kwargs`: an object whose entries become variables of the template's context
+  (e.g. `{"enable_thinking": false}` for Qwen 3), merged over the server's `--chat-template-kwargs`.
+  `enable_thinking`, when given, must be a boolean.
+- `reasoning_effort`: "none" turns thinking off; any other value reaches the template as
+  `reasoning_effort` (gpt-oss style templates read it).
+- `reasoning_format`: none | auto | deepseek | deepseek-legacy (reasoning.py), default
+  `--reasoning-format` (auto).
+- `reasoning_budget_tokens` (alias `thinking_budget_tokens`): -1 unlimited; 0 turns thinking off
+  (what llama.cpp's `--reasoning-budget 0` did before its budget sampler: enable_thinking=false);
+  a positive budget needs a sampler that forces `</think>` after N tokens, which we do not have:
+  a 400 naming the field.
+
+Every template gets `enable_thinking` (true unless turned off), as llama.cpp passes it; templates
+that do not think ignore it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from slotserver.model.config import ConfigError
+from slotserver.server.errors import bad_request
+from slotserver.server.fields import Fields
+from slotserver.server.reasoning import FORMATS
+
+RESERVED = ("messages", "add_generation_prompt", "tools")   # set by the request's own fields
+ON, OFF = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")   # llama.cpp's is_truthy/is_falsey
+
+
+@dataclass(frozen=True)
+class ChatDefaults:
+    """Server flags: --reasoning-format, --chat-template-kwargs, --reasoning, --reasoning-budget."""
+
+    reasoning_format: str = "auto"
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.reasoning_format not in FORMATS:
+            raise ConfigError(f"--reasoning-format must be one of {', '.join(FORMATS)}, got {self.reasoning_format!r}")
+        if not isinstance(self.template_kwargs, dict):
+            raise ConfigError("--chat-template-kwargs must be a JSON object")
+        _check_kwargs(self.template_kwargs, ConfigError, "--chat-template-kwargs")
+
+
+def chat_defaults_from_flags(reasoning_format: str = "auto", kwargs_json: str | None = None,
+                             reasoning: str = "auto", budget: int = -1) -> ChatDefaults:
+    """The flags -> ChatDefaults; a bad value is a ConfigError (one line, exit status 2).
+    `--reasoning on|off` and `--reasoning-budget 0` set the default `enable_thinking`, as in
+    llama-server; a positive budget is refused (no budget sampler)."""
+    kwargs: dict[str, Any] = {}
+    if kwargs_json is not None:
+        try:
+            kwargs = json.loads(kwargs_json)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--chat-template-kwargs is not valid JSON: {e}") from None
+        if not isinstance(kwargs, dict):
+            raise ConfigError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    if reasoning in ON or reasoning in OFF:
+        kwargs["enable_thinking"] = reasoning in ON
+    elif reasoning not in ("auto", "-1"):
+        raise ConfigError(f"--reasoning must be on, off or auto, got {reasoning!r}")
+    if budget == 0:
+        kwargs["enable_thinking"] = False
+    elif budget != -1:
+        raise ConfigError(f"--reasoning-budget {budget} is not supported: only -1 (unlimited) and 0 "
+                          "(thinking off) are; a token budget needs a sampler that forces </think>")
+    return ChatDefaults(reasoning_format, kwargs)
+
+
+def _check_kwargs(kwargs: dict, error: type[Exception], name: str) -> None:
+    for key in RESERVED:
+        if key in kwargs:
+            raise error(f"'{name}' may not set '{key}': use the request's own '{key}' field")
+    thinking = kwargs.get("enable_thinking")
+    if thinking is not None and not isinstance(thinking, bool):
+        raise error(f"'{name}.enable_thinking' must be a boolean, got {json.dumps(thinking)[:40]}")
+
+
+def reasoning_format(f: Fields, default: str) -> str:
+    value = f.str("reasoning_format", default)
+    if value not in FORMATS:
+        raise bad_request(f"'reasoning_format' must be one of {', '.join(FORMATS)}, got {value!r}")
+    return value
+
+
+def reasoning_budget(f: Fields) -> int:
+    """`reasoning_budget_tokens` (or `thinking_budget_tokens`): -1 or 0, else a 400 naming it."""
+    name = "reasoning_budget_tokens" if f.has("reasoning_budget_tokens") else "thinking_budget_tokens"
+    budget = f.int(name, -1, lo=-1)
+    if budget > 0:
+        raise bad_request(f"'{name}' > 0 is not supported (no reasoning budget sampler); "
+                          "use -1 (unlimited) or 0 (thinking off)")
+    return budget
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    context: dict[str, Any]     # extra variables of the template's context
+    reasoning_format: str
+
+
+def chat_options(f: Fields, defaults: ChatDefaults) -> ChatOptions:
+    """The request's template context and reasoning format, over the server's defaults."""
+    fmt = reasoning_format(f, defaults.reasoning_format)
+    own = f.obj("chat_template_kwargs") or {}
+    _check_kwargs(own, bad_request, "chat_template_kwargs")
+    context = {**defaults.template_kwargs, **own}
+    thinking = context.get("enable_thinking", True)
+    effort = f.str("reasoning_effort")
+    if effort == "none":
+        thinking = False
+        context.pop("reasoning_effort", None)
+    elif effort:
+        context["reasoning_effort"] = effort
+    if reasoning_budget(f) == 0:
+        thinking = False
+    context["enable_thinking"] = thinking
+    return ChatOptions(context, fmt)
