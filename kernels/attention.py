@@ -2,7 +2,12 @@
 
 Covers decode (one query per sequence) and (chunked) prefill (many). The KV comes as logical
 `[stream, cell, kv_head, head_dim]` views (any strides, see `StridedKV`); GQA never repeats K/V.
-`cpu(...)` picks the cheapest torch SDPA formulation per step (docs/performance.md): all-decode
+`cpu(...)` runs every query row, prefill rows included, through the C decode kernel below where it
+applies (plain float caches): row r of a sequence is the one-query computation over its keys
+0..pos, so its result does not depend on how the prompt was split into chunks, cached or batched
+with others (llama.cpp's CPU attention has the same property, and its server tests rely on it:
+greedy output with and without a cached prompt must agree). Elsewhere (no compiler, scaled q8
+caches) it picks the cheapest torch SDPA formulation per step (docs/performance.md): all-decode
 steps unpadded with a broadcast key mask; a mixed step split into its decode rows and its prefill
 chunks (`AttnMeta.split`); up to EACH_CHUNK_MAX prefill chunks one call each (no padding, plain
 causal for a fresh prompt); more chunks one padded, masked call. Each sequence only reads `max_kv`
@@ -66,6 +71,8 @@ def cpu(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.T
     window, softcap = meta.window, meta.softcap
     if meta.max_q == 1:
         return _cpu_decode(q, kv, meta, scale, window, softcap)
+    if _native_ok(q, kv, meta, rows=True):   # every row as a decode row: batch-invariant (docstring)
+        return _native_decode(q, kv, meta, scale, window, softcap, rows=True)
     if meta.split is not None:  # decodes first, then prefill chunks: never pad a decode row
         dec, pre = meta.split
         return torch.cat([_cpu_decode(q[: dec.n_seqs], kv, dec, scale, window, softcap),
@@ -149,70 +156,117 @@ def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, wi
     return out.view(n_seq, q_heads, dim)                                          # [tokens, q_heads, dim]
 
 
-# The decode kernel in C (compiled on first use by `slotserver.lab.native`; without a C compiler the SDPA
-# form above serves). One work unit per (sequence, kv head): its whole query group against each K/V
-# row read once, online softmax over blocks of cells, float32 math, bf16 or float32 in and out.
+# The row kernel in C (compiled on first use by `slotserver.lab.native`; without a C compiler the SDPA
+# form above serves). One work unit per (tile of query rows, kv head): the tile's query group
+# against each K/V row read once, online softmax over aligned blocks of cells, float32 math, bf16
+# or float32 in and out.
 # What it saves over SDPA is per-call setup: one call per layer, no mask, no gather, no transposes.
 NATIVE_C = r"""
+#include <stdlib.h>
 #define GMAX 16
+#define RMAX 64  /* query vectors (row, head) per work unit */
 #define DMAX 256
 #define BLK 64
 #define PF 16   /* rows ahead: K of a later cell, V of this block (read right after the scores) */
 
-/* One query row per (sequence, q head). Work unit: (sequence b, kv head h) and its G = Hq/Hkv query
-   heads, so each K/V row is read once for the whole group. Online softmax over blocks of BLK cells.
+#define LANES 16
+#define DPAD(n) (((n) + LANES - 1) / LANES * LANES)
+
+/* q . k with LANES running sums and a fixed pairwise fold: the compiler vectorizes it (a plain
+   `dot += a*b` loop stays scalar without -ffast-math, which we refuse), and the order of the float
+   additions is the same on every call, so a row's scores never depend on the batch around it.
+   n is a multiple of LANES (rows are zero-padded). */
+static inline float lane_dot(const float *a, const float *b, int64_t n) {
+    float part[LANES] = {0};
+    for (int64_t d = 0; d < n; d += LANES)
+        for (int i = 0; i < LANES; i++) part[i] += a[d + i] * b[d + i];
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int i = 0; i < w; i++) part[i] += part[i + w];
+    return part[0];
+}
+
+/* Query rows come in tiles: consecutive rows of one stream at consecutive positions (a prefill
+   chunk), at most RMAX / G of them; a decode row is a tile of its own. -> number of tiles; start
+   [n + 1] gets each tile's first row. */
+static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t B, int64_t rows_max, int64_t *start) {
+    int64_t n = 0;
+    for (int64_t r = 0; r < B; r++)
+        if (r == 0 || streams[r] != streams[r - 1] || kv_lens[r] != kv_lens[r - 1] + 1 || r - start[n - 1] >= rows_max)
+            start[n++] = r;
+    start[n] = B;
+    return n;
+}
+
+/* Work unit: (tile of query rows, kv head h) with the G = Hq/Hkv query heads of each row: R =
+   rows x G query vectors, so each K/V row is read once for all of them. Query vector i sees cells
+   lo[i] .. hi[i]-1 (its row's kv_len, and window). Online softmax over blocks of BLK cells aligned
+   to multiples of BLK: every query vector takes the same steps in the same order whatever tile it
+   sits in, so prefill rows, decode rows and rows of differently chunked prompts agree bit for bit.
    q: [B, Hq, D] (strides sq_b, sq_h); k, v: [streams, cells, Hkv, D] (strides s*_s, s*_c, s*_h);
    the head_dim stride is 1 everywhere; out: contiguous [B, Hq, D]. Elements are float32, or bf16.
    The body is specialised for head_dim 64 and 128 (constant trip counts vectorize fully). */
-#define DECODE_BODY(DIM)                                                                              \
+#define ATTN_BODY(DIM)                                                                                \
     const int64_t D = (DIM);                                                                          \
-    _Pragma("omp parallel for num_threads(n_threads) schedule(static)")                              \
-    for (int64_t u = 0; u < B * Hkv; u++) {                                                           \
-        const int64_t b = u / Hkv, h = u % Hkv, s = streams[b], L = kv_lens[b];                       \
-        const int64_t lo = window > 0 && L > window ? L - window : 0;                                 \
-        float qf[GMAX][DIM], acc[GMAX][DIM], sc[GMAX][BLK], row[DIM], m[GMAX], l[GMAX];               \
-        for (int64_t g = 0; g < G; g++) {                                                             \
-            load_row(q, b * sq_b + (h * G + g) * sq_h, bf16, D, qf[g]);                               \
-            for (int64_t d = 0; d < D; d++) { qf[g][d] *= scale; acc[g][d] = 0.0f; }                  \
-            m[g] = -INFINITY; l[g] = 0.0f;                                                            \
+    _Pragma("omp parallel for num_threads(n_threads) schedule(static, 1)")                           \
+    for (int64_t u = 0; u < n_tiles * Hkv; u++) {                                                     \
+        const int64_t t = u / Hkv, h = u % Hkv, r0 = tile[t], R = (tile[t + 1] - r0) * G, s = streams[r0]; \
+        float qf[RMAX][DPAD(DIM)], acc[RMAX][DIM], sc[RMAX][BLK], row[DPAD(DIM)], m[RMAX], l[RMAX];   \
+        int64_t lo[RMAX], hi[RMAX], c_lo = INT64_MAX, c_hi = 0;                                       \
+        for (int64_t d = D; d < DPAD(D); d++) row[d] = 0.0f;                                          \
+        for (int64_t i = 0; i < R; i++) {              /* i: row r0 + i / G, query head h * G + i % G */ \
+            const int64_t r = r0 + i / G, L = kv_lens[r];                                             \
+            hi[i] = L; lo[i] = window > 0 && L > window ? L - window : 0;                             \
+            c_lo = lo[i] < c_lo ? lo[i] : c_lo; c_hi = L > c_hi ? L : c_hi;                           \
+            load_row(q, r * sq_b + (h * G + i % G) * sq_h, bf16, D, qf[i]);                           \
+            for (int64_t d = 0; d < D; d++) { qf[i][d] *= scale; acc[i][d] = 0.0f; }                  \
+            for (int64_t d = D; d < DPAD(D); d++) qf[i][d] = 0.0f;                                    \
+            m[i] = -INFINITY; l[i] = 0.0f;                                                            \
         }                                                                                             \
-        for (int64_t c0 = lo; c0 < L; c0 += BLK) {                                                    \
-            const int64_t n = L - c0 < BLK ? L - c0 : BLK;                                            \
-            for (int64_t j = 0; j < n; j++) {                                                         \
-                prefetch_row(k, s * sk_s + (c0 + j + PF) * sk_c + h * sk_h, bf16, D);                 \
-                prefetch_row(v, s * sv_s + (c0 + j) * sv_c + h * sv_h, bf16, D);                      \
-                load_row(k, s * sk_s + (c0 + j) * sk_c + h * sk_h, bf16, D, row);                     \
-                for (int64_t g = 0; g < G; g++) {                                                     \
-                    float dot = 0.0f;                                                                 \
-                    for (int64_t d = 0; d < D; d++) dot += qf[g][d] * row[d];                         \
-                    sc[g][j] = softcap > 0.0f ? softcap * tanhf(dot / softcap) : dot;                 \
+        for (int64_t c0 = c_lo / BLK * BLK; c0 < c_hi; c0 += BLK) {                                   \
+            const int64_t n = c_hi - c0 < BLK ? c_hi - c0 : BLK;                                      \
+            for (int64_t j = c0 < c_lo ? c_lo - c0 : 0; j < n; j++) {                                 \
+                const int64_t c = c0 + j;                                                             \
+                prefetch_row(k, s * sk_s + (c + PF) * sk_c + h * sk_h, bf16, D);                      \
+                prefetch_row(v, s * sv_s + c * sv_c + h * sv_h, bf16, D);                             \
+                load_row(k, s * sk_s + c * sk_c + h * sk_h, bf16, D, row);                            \
+                for (int64_t i = 0; i < R; i++) {                                                     \
+                    if (c < lo[i] || c >= hi[i]) continue;                                            \
+                    const float dot = lane_dot(qf[i], row, DPAD(D));                                  \
+                    sc[i][j] = softcap > 0.0f ? softcap * tanhf(dot / softcap) : dot;                 \
                 }                                                                                     \
             }                                                                                         \
-            for (int64_t g = 0; g < G; g++) {                                                         \
-                float mx = m[g];                                                                      \
-                for (int64_t j = 0; j < n; j++) mx = sc[g][j] > mx ? sc[g][j] : mx;                   \
-                const float corr = fast_exp(m[g] - mx);                                                \
+            for (int64_t i = 0; i < R; i++) {                                                         \
+                const int64_t j0 = lo[i] > c0 ? lo[i] - c0 : 0, j1 = hi[i] - c0 < n ? hi[i] - c0 : n; \
+                if (j0 >= j1) continue;                                                               \
+                float mx = m[i];                                                                      \
+                for (int64_t j = j0; j < j1; j++) mx = sc[i][j] > mx ? sc[i][j] : mx;                 \
+                const float corr = fast_exp(m[i] - mx);                                                \
                 float sum = 0.0f;                                                                     \
-                for (int64_t j = 0; j < n; j++) { sc[g][j] = fast_exp(sc[g][j] - mx); sum += sc[g][j]; } \
-                l[g] = l[g] * corr + sum; m[g] = mx;                                                  \
-                for (int64_t d = 0; d < D; d++) acc[g][d] *= corr;                                    \
+                for (int64_t j = j0; j < j1; j++) { sc[i][j] = fast_exp(sc[i][j] - mx); sum += sc[i][j]; } \
+                l[i] = l[i] * corr + sum; m[i] = mx;                                                  \
+                for (int64_t d = 0; d < D; d++) acc[i][d] *= corr;                                    \
             }                                                                                         \
-            for (int64_t j = 0; j < n; j++) {                                                         \
-                load_row(v, s * sv_s + (c0 + j) * sv_c + h * sv_h, bf16, D, row);                     \
-                for (int64_t g = 0; g < G; g++) {                                                     \
-                    const float p = sc[g][j];                                                         \
-                    for (int64_t d = 0; d < D; d++) acc[g][d] += p * row[d];                          \
+            for (int64_t j = c0 < c_lo ? c_lo - c0 : 0; j < n; j++) {                                 \
+                const int64_t c = c0 + j;                                                             \
+                load_row(v, s * sv_s + c * sv_c + h * sv_h, bf16, D, row);                            \
+                for (int64_t i = 0; i < R; i++) {                                                     \
+                    if (c < lo[i] || c >= hi[i]) continue;                                            \
+                    const float p = sc[i][j];                                                         \
+                    for (int64_t d = 0; d < D; d++) acc[i][d] += p * row[d];                          \
                 }                                                                                     \
             }                                                                                         \
         }                                                                                             \
-        for (int64_t g = 0; g < G; g++) {                                                             \
-            const float inv = 1.0f / l[g];                                                            \
-            const int64_t off = (b * Hq + h * G + g) * D;                                             \
-            if (bf16) { uint16_t *o = (uint16_t *)out + off; for (int64_t d = 0; d < D; d++) o[d] = f2bf(acc[g][d] * inv); } \
-            else { float *o = (float *)out + off; for (int64_t d = 0; d < D; d++) o[d] = acc[g][d] * inv; } \
+        for (int64_t i = 0; i < R; i++) {                                                             \
+            const float inv = 1.0f / l[i];                                                            \
+            const int64_t off = ((r0 + i / G) * Hq + h * G + i % G) * D;                              \
+            if (bf16) { uint16_t *o = (uint16_t *)out + off; for (int64_t d = 0; d < D; d++) o[d] = f2bf(acc[i][d] * inv); } \
+            else { float *o = (float *)out + off; for (int64_t d = 0; d < D; d++) o[d] = acc[i][d] * inv; } \
         }                                                                                             \
     }
 
+/* B query rows (decode rows, or every row of a batch): row r of stream streams[r] sees its first
+   kv_lens[r] cells (causal: its position + 1). -> 0, -1 for an unsupported group or head_dim, -2
+   out of memory. */
 int decode_attention(const void *q, const void *k, const void *v, void *out,
                      const int64_t *streams, const int64_t *kv_lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t Dim,
                      int64_t sq_b, int64_t sq_h, int64_t sk_s, int64_t sk_c, int64_t sk_h,
@@ -220,9 +274,13 @@ int decode_attention(const void *q, const void *k, const void *v, void *out,
                      int bf16, int n_threads) {
     const int64_t G = Hq / Hkv;
     if (G > GMAX || Dim > DMAX || G * Hkv != Hq) return -1;
-    if (Dim == 64) { DECODE_BODY(64) }
-    else if (Dim == 128) { DECODE_BODY(128) }
-    else { DECODE_BODY(Dim) }
+    int64_t *tile = malloc((B + 1) * sizeof(int64_t));
+    if (!tile) return -2;
+    const int64_t n_tiles = row_tiles(streams, kv_lens, B, RMAX / G, tile);
+    if (Dim == 64) { ATTN_BODY(64) }
+    else if (Dim == 128) { ATTN_BODY(128) }
+    else { ATTN_BODY(Dim) }
+    free(tile);
     return 0;
 }
 """
@@ -231,34 +289,39 @@ native.signature(_LIB, "decode_attention", 6, 13, (native.ctypes.c_float, native
                                                    native.ctypes.c_int))
 
 
-def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> bool:
+def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, rows: bool = False) -> bool:
     """The C kernel reads raw memory: only plain float CPU caches of q's head size, unit head_dim
-    strides, int64 metadata of q's batch, and streams that exist."""
+    strides, int64 metadata of q's batch, and streams that exist. rows: q holds every flat row of
+    the batch, run as one decode query each (`meta.row_streams`, `meta.row_kv_lens`)."""
     if _LIB is None or kv.k_scale is not None or q.dim() != 3 or kv.k.dim() != 4:
         return False
-    tensors = (q, kv.k, kv.v, meta.seq_streams, meta.kv_lens)
-    if any(t.device.type != "cpu" for t in tensors) or meta.seq_streams.dtype != torch.int64 \
-            or meta.kv_lens.dtype != torch.int64 or not (meta.seq_streams.is_contiguous() and meta.kv_lens.is_contiguous()):
+    seq_streams, kv_lens = (meta.row_streams, meta.row_kv_lens) if rows else (meta.seq_streams, meta.kv_lens)
+    if seq_streams is None or kv_lens is None:
+        return False
+    tensors = (q, kv.k, kv.v, seq_streams, kv_lens)
+    if any(t.device.type != "cpu" for t in tensors) or seq_streams.dtype != torch.int64 \
+            or kv_lens.dtype != torch.int64 or not (seq_streams.is_contiguous() and kv_lens.is_contiguous()):
         return False
     n_seq, q_heads, dim = q.shape
     streams, cells, kv_heads, kv_dim = kv.k.shape
-    shapes_ok = (kv.v.shape == kv.k.shape and kv_dim == dim and n_seq == meta.n_seqs and dim <= 256
+    shapes_ok = (kv.v.shape == kv.k.shape and kv_dim == dim and n_seq == seq_streams.shape[0] and dim <= 256
                  and q_heads % kv_heads == 0 and q_heads // kv_heads <= 16 and meta.max_kv <= cells)
     if not shapes_ok or q.dtype not in (torch.float32, torch.bfloat16) or not kv.k.dtype == kv.v.dtype == q.dtype:
         return False
     if q.stride(2) != 1 or kv.k.stride(3) != 1 or kv.v.stride(3) != 1:
         return False
-    top = meta.stream_base + n_seq if meta.stream_base is not None else int(meta.seq_streams.max()) + 1
+    top = meta.stream_base + meta.n_seqs if meta.stream_base is not None else int(meta.seq_streams.max()) + 1
     return top <= streams
 
 
 def _native_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, window: int = 0,
-                   softcap: float = 0.0) -> torch.Tensor:
+                   softcap: float = 0.0, rows: bool = False) -> torch.Tensor:
     n_seq, q_heads, dim = q.shape
+    streams, kv_lens = (meta.row_streams, meta.row_kv_lens) if rows else (meta.seq_streams, meta.kv_lens)
     out = torch.empty((n_seq, q_heads, dim), dtype=q.dtype)                        # [tokens, q_heads, dim]
     rc = _LIB.decode_attention(
-        q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), meta.seq_streams.data_ptr(),
-        meta.kv_lens.data_ptr(), n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1),
+        q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), streams.data_ptr(),
+        kv_lens.data_ptr(), n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1),
         *kv.k.stride()[:3], *kv.v.stride()[:3], window, scale, softcap, native.is_bf16(q), torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"decode_attention (C) failed with {rc}: unsupported group or head_dim")

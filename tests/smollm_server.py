@@ -17,10 +17,11 @@ from slotserver.server import ServerConfig, ServerState, create_app
 
 
 @contextlib.contextmanager
-def smollm_client(n_parallel: int = 4, ctx_size: int = 4096, **config):
-    """(TestClient, engine) on the default model in float32 (the reference mode)."""
+def smollm_client(n_parallel: int = 4, ctx_size: int = 4096, dtype: str = "float32", **config):
+    """(TestClient, engine) on the default model in float32 (the reference mode; dtype "auto": what
+    `slotserver serve` runs)."""
     threads = torch.get_num_threads()
-    bundle = ModelBundle.load(ModelConfig(default_model_path(), threads=min(threads, 2)))
+    bundle = ModelBundle.load(ModelConfig(default_model_path(), dtype=dtype, threads=min(threads, 2)))
     engine = Engine(bundle, EngineConfig(n_parallel=n_parallel, ctx_size=ctx_size)).start()
     state = ServerState(ServerConfig(model_path=str(bundle.config.model_path), **config))
     state.set_loaded(bundle, engine)

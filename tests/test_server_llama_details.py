@@ -5,11 +5,11 @@ that a seed draws llama.cpp's own uniforms."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
+from slotserver.cli.main import build_parser
 from slotserver.model.sampling import SequenceRng
 from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from slotserver.server.serve_config import _unified
@@ -85,7 +85,8 @@ def test_idle_slots_keep_nothing_of_their_last_task(client):  # noqa: F811
 
 
 def test_kv_unified_gives_every_slot_the_whole_context_in_one_paged_pool():
-    args = argparse.Namespace(kv_unified=True, ctx_size=256, parallel=4, kv_pool_cells=None, layout="seq_head_dim")
+    parse = build_parser().parse_args
+    args = parse(["serve", "-kvu", "-c", "256", "-np", "4"])    # llama-server's spelling
     assert _unified(args) == (1024, 256, "paged")     # 4 slots of 256 cells, one pool of 256
-    args.kv_unified = False
-    assert _unified(args) == (256, None, "seq_head_dim")
+    assert _unified(parse(["serve", "--kv-unified", "-c", "256", "-np", "4"])) == (1024, 256, "paged")
+    assert _unified(parse(["serve", "-c", "256", "-np", "4"]))[:2] == (256, None)

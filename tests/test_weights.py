@@ -118,8 +118,11 @@ def test_config_defaults_follow_the_cpu(tmp_path, monkeypatch):
     cpu = cpu_features.current()
     native_bf16 = cpu.has("avx512_bf16") or cpu.amx
     serving = ModelConfig(model_path=path, dtype="auto")   # the CLI's default
-    assert serving.torch_dtype == (torch.bfloat16 if native_bf16 else torch.float32)
     assert serving.weight_format.kind == ("auto4" if cpu.amx else "q")   # GGUF blocks unless AMX (not re-measured)
+    # bf16 activations only for the dequantized formats, where the CPU computes bf16 natively
+    assert serving.torch_dtype == (torch.bfloat16 if cpu.amx else torch.float32)
+    dense_auto = ModelConfig(model_path=path, dtype="auto", weights="dense")
+    assert dense_auto.torch_dtype == (torch.bfloat16 if native_bf16 else torch.float32)
     assert ModelConfig(model_path=path).weight_format.kind == "dense"   # float32: the exact reference mode
     assert ModelConfig(model_path=path, dtype="float32", weights="q").weight_format.kind == "q"
     monkeypatch.setenv("SLOTSERVER_CPU", "avx2")   # an AVX2-only host: bf16 would be emulated

@@ -99,6 +99,9 @@ def add_parser(sub) -> None:
     a("--kv-pool-cells", type=int, default=None, metavar="N",
       help="paged layouts: the most KV cells all slots together may hold (default: every slot full); "
            "requests wait for free blocks past it")
+    a("-kvu", "--kv-unified", action="store_true",
+      help="llama-server's unified KV: every slot may use the whole --ctx-size, all slots share one pool "
+           "of --ctx-size cells (a paged layout)")
     a("--cors", action="append", default=[], metavar="ORIGIN", help="allow this CORS origin (repeatable)")
     a("--slots-debug", action="store_true", help="show prompt text in GET /slots")
     p.set_defaults(run=run)

@@ -49,6 +49,11 @@ class AttnMeta:
     # p-window+1 .. p; 0: full causal attention) and gemma2's score soft-capping (0: off).
     window: int = 0
     softcap: float = 0.0
+    # Per flat row: its stream and how many keys it sees (its position + 1). A kernel may run every
+    # row, prefill rows included, as the one-query decode computation (kernels/attention.py does):
+    # a row's result then never depends on how its prompt was batched or cached.
+    row_streams: torch.Tensor | None = None   # [T] int64
+    row_kv_lens: torch.Tensor | None = None   # [T] int64
 
     @property
     def n_seqs(self) -> int:
@@ -126,6 +131,8 @@ def _attn_meta(chunks: list[SeqChunk], device, split: bool = False) -> AttnMeta:
         max_kv=max(kv_lens),
         stream_base=base,
         split=halves,
+        row_streams=_long([c.stream for c in chunks for _ in c.tokens], device),
+        row_kv_lens=_long([c.start + j + 1 for c in chunks for j in range(len(c.tokens))], device),
     )
 
 
