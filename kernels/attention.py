@@ -299,7 +299,7 @@ def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, rows: bool = Fals
     if seq_streams is None or kv_lens is None:
         return False
     tensors = (q, kv.k, kv.v, seq_streams, kv_lens)
-    if any(t.device.type != "cpu" for t in tensors) or seq_streams.dtype != torch.int64 \
+    if not all(t.is_cpu for t in tensors) or seq_streams.dtype != torch.int64 \
             or kv_lens.dtype != torch.int64 or not (seq_streams.is_contiguous() and kv_lens.is_contiguous()):
         return False
     n_seq, q_heads, dim = q.shape

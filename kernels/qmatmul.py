@@ -880,6 +880,10 @@ def cpu_path() -> str:
 
 def cpu(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """x [M, K] (float32 or bf16, unit last stride) -> [M, N] in x's dtype."""
+    fast = w.__dict__.get("_qmatmul_r16")   # the served case, checked in few steps (a decode step makes ~120 calls)
+    if fast is not None and fast[0] is _TOKEN and x.dtype == torch.float32 and x.is_contiguous() and x.is_cpu \
+            and x.dim() == 2 and x.shape[1] == w.k and repacked_serves(w, x.shape[0]):
+        return _r16(x, w, *fast[1])
     if w.qtype in FLOATS:
         return _float_rows(x, w)
     if _LIB is None or x.dtype not in _XDTYPES or x.stride(-1) != 1 or w.raw.stride(-1) != 1 or x.device.type != "cpu":
@@ -962,22 +966,27 @@ def repacked_serves(w: QWeight, rows: int) -> bool:
 def _int_dots(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """Small M: 8-bit activations . unpacked weight rows, integer dots in C (see the docstring);
     from 2 rows on, 32-block formats run on their repacked form (16 output rows per vector)."""
-    y = torch.empty(x.shape[0], w.n, dtype=x.dtype)
-    nib = w.qtype in _R16_NIB
     if repacked_serves(w, x.shape[0]) and w.n:
-        u, sc = repacked(w, nib)
-        rc = _LIB.qmatmul_r16(u.data_ptr(), sc.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], w.n, w.k,
-                              x.stride(0), y.stride(0), native.is_bf16(x), native.is_bf16(y),
-                              (3 if w.qtype in (T.Q5_0, T.Q5_1) else 1) if nib else 2 if w.qtype == T.Q6_K else 0,
-                              torch.get_num_threads())
-        assert rc == 0, "qmatmul: out of memory"
-        return y
+        return _r16(x, w, *repacked(w, w.qtype in _R16_NIB))
+    y = torch.empty(x.shape[0], w.n, dtype=x.dtype)
     if x.shape[0] and w.n:
         block_bytes = gguf.GGML_QUANT_SIZES[T(w.qtype)][1]
         rc = _LIB.qmatmul(w.raw.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], w.n, w.k, w.raw.stride(0),
                           x.stride(0), y.stride(0), block_bytes, w.qtype, native.is_bf16(x), native.is_bf16(y),
                           torch.get_num_threads())
         assert rc == 0, "qmatmul: out of memory"
+    return y
+
+
+def _r16(x: torch.Tensor, w: QWeight, u: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (unit last stride) times the repacked weight -> [M, N] in x's dtype."""
+    y = torch.empty(x.shape[0], w.n, dtype=x.dtype)
+    nib = w.qtype in _R16_NIB
+    form = (3 if w.qtype in (T.Q5_0, T.Q5_1) else 1) if nib else 2 if w.qtype == T.Q6_K else 0
+    bf16 = native.is_bf16(x)
+    rc = _LIB.qmatmul_r16(u.data_ptr(), sc.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], w.n, w.k,
+                          x.stride(0), w.n, bf16, bf16, form, torch.get_num_threads())
+    assert rc == 0, "qmatmul: out of memory"
     return y
 
 

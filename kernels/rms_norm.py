@@ -47,8 +47,8 @@ _FLOATS = (torch.float32, torch.bfloat16)
 
 def cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The C kernel where it applies (one call instead of ~7 small torch ops), else torch."""
-    if (_LIB is not None and x.dim() == 2 and x.dtype in _FLOATS and weight.dtype in _FLOATS
-            and x.stride(1) == 1 and weight.is_contiguous() and weight.shape == x.shape[1:] and x.device.type == weight.device.type == "cpu"):
+    if (_LIB is not None and x.dim() == 2 and x.is_cpu and weight.is_cpu and x.dtype in _FLOATS and weight.dtype in _FLOATS
+            and x.stride(1) == 1 and weight.is_contiguous() and weight.shape == x.shape[1:]):
         out = torch.empty(x.shape, dtype=x.dtype)                                  # [tokens, dim]
         _LIB.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], x.stride(0),
                       eps, native.is_bf16(x), native.is_bf16(weight), torch.get_num_threads())

@@ -59,7 +59,7 @@ native.signature(_LIB, "silu_mul", 2, 3, (native.ctypes.c_int, native.ctypes.c_i
 
 def cpu(gate_up: torch.Tensor) -> torch.Tensor:
     """The C kernel where it applies (one call, no intermediate), else torch's silu and multiply."""
-    if (_LIB is not None and gate_up.dim() == 2 and gate_up.stride(1) == 1 and gate_up.device.type == "cpu"
+    if (_LIB is not None and gate_up.dim() == 2 and gate_up.stride(1) == 1 and gate_up.is_cpu
             and gate_up.dtype in (torch.float32, torch.bfloat16) and gate_up.shape[1] % 2 == 0):
         t, d_ff = gate_up.shape[0], gate_up.shape[1] // 2
         out = torch.empty((t, d_ff), dtype=gate_up.dtype)                          # [tokens, d_ff]

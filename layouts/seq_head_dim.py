@@ -27,8 +27,9 @@ class SeqHeadDim:
     def write(self, layer: int, streams: torch.Tensor, positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:
         """Store rows: `k[t]`, `v[t]` (`[tokens, kv_heads, head_dim]`) at (streams[t], positions[t])."""
-        self.k[layer].index_put_((streams, positions), k.to(self.spec.dtype))
-        self.v[layer].index_put_((streams, positions), v.to(self.spec.dtype))
+        dtype = self.spec.dtype
+        self.k[layer].index_put_((streams, positions), k if k.dtype == dtype else k.to(dtype))
+        self.v[layer].index_put_((streams, positions), v if v.dtype == dtype else v.to(dtype))
 
     def view(self, layer: int) -> StridedKV:
         return StridedKV(self.k[layer], self.v[layer])  # [streams, cells, kv_heads, head_dim]

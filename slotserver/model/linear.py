@@ -128,8 +128,8 @@ class QLinear:
     def __call__(self, x: torch.Tensor, ops) -> torch.Tensor:
         """x: [rows, in] float32 or bf16 -> [rows, out] in x's dtype."""
         x = x.contiguous()
-        ys = [ops.qmatmul(x, p) for p in self.parts]
-        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
+        parts = self.parts
+        y = ops.qmatmul(x, parts[0]) if len(parts) == 1 else torch.cat([ops.qmatmul(x, p) for p in parts], dim=1)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def nbytes(self) -> int:

@@ -83,13 +83,16 @@ class LlamaModel:
         if s.embed_scale != 1.0:
             x = x * s.embed_scale
         ffn_act = ops.gelu_mul if s.act == "gelu" else ops.silu_mul
+        act, plain = w.act_dtype, self._plain_branches()
         for i, lw in enumerate(w.layers):
-            h = ops.rms_norm(x, lw.attn_norm, s.norm_eps).to(w.act_dtype)
+            h = _as(ops.rms_norm(x, lw.attn_norm, s.norm_eps), act)
             a = self._attention(i, lw, h, batch, cache, *angles[id(self.layer_ropes[i])])
-            x = x + self._branch_out(lw.wo(a, ops), lw.post_attn_norm)
-            h = ops.rms_norm(x, lw.ffn_norm, s.norm_eps).to(w.act_dtype)
-            x = x + self._branch_out(lw.down(ffn_act(lw.gate_up(h, ops)), ops), lw.post_ffn_norm)
-        x = ops.rms_norm(x[batch.logits_rows], w.out_norm, s.norm_eps).to(w.act_dtype)
+            y = lw.wo(a, ops)
+            x = x + (y if plain else self._branch_out(y, lw.post_attn_norm))
+            h = _as(ops.rms_norm(x, lw.ffn_norm, s.norm_eps), act)
+            y = lw.down(ffn_act(lw.gate_up(h, ops)), ops)
+            x = x + (y if plain else self._branch_out(y, lw.post_ffn_norm))
+        x = _as(ops.rms_norm(x[batch.logits_rows], w.out_norm, s.norm_eps), act)
         logits = w.output(x, ops).float()                        # [rows, vocab]
         if s.logit_scale != 1.0:
             logits = logits / s.logit_scale
@@ -102,7 +105,7 @@ class LlamaModel:
         """Layer i's q/k/v from the normed residual h, K/V written, attention -> [tokens, heads * hd]."""
         s, ops, n = self.spec, self.kernels, batch.n_tokens
         q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-        qkv = lw.qkv(h, ops).to(self.dtype)                      # [tokens, q_size + 2*kv_size]
+        qkv = _as(lw.qkv(h, ops), self.dtype)                    # [tokens, q_size + 2*kv_size]
         if lw.q_norm is None:
             qk = ops.rope(qkv[:, : q_size + kv_size].view(n, s.n_heads + s.n_kv_heads, s.head_dim), cos, sin)
             q, k = qk[:, : s.n_heads], qk[:, s.n_heads:]        # [tokens, heads, hd], [tokens, kv_heads, hd]
@@ -117,7 +120,12 @@ class LlamaModel:
         kv = cache.view(i)                                       # StridedKV or PagedKV
         attend = ops.paged_attention if kv.paged else ops.attention
         a = attend(q, kv, batch.attn.with_layer(s.window(i), s.attn_softcap), s.q_scale)  # [tokens, heads, hd]
-        return a.reshape(n, q_size).to(self.weights.act_dtype)
+        return _as(a.reshape(n, q_size), self.weights.act_dtype)
+
+    def _plain_branches(self) -> bool:
+        """No post-norms and no residual scale: branch outputs are added as they are (llama, qwen)."""
+        return self.spec.residual_scale == 1.0 and all(
+            lw.post_attn_norm is None and lw.post_ffn_norm is None for lw in self.weights.layers)
 
     def _branch_out(self, y: torch.Tensor, post_norm: torch.Tensor | None) -> torch.Tensor:
         """An attention or FFN output before the residual add: post-normed (gemma2/3), scaled (granite)."""
@@ -126,3 +134,8 @@ class LlamaModel:
         if self.spec.residual_scale != 1.0:
             y = y * self.spec.residual_scale
         return y
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in dtype; the check is cheaper than `.to`'s no-op dispatch (a decode step makes ~150)."""
+    return x if x.dtype == dtype else x.to(dtype)
