@@ -163,6 +163,9 @@ def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, wi
 # What it saves over SDPA is per-call setup: one call per layer, no mask, no gather, no transposes.
 NATIVE_C = r"""
 #include <stdlib.h>
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
 #define GMAX 16
 #define RMAX 64  /* query vectors (row, head) per work unit */
 #define DMAX 256
@@ -185,6 +188,54 @@ static inline float lane_dot(const float *a, const float *b, int64_t n) {
     return part[0];
 }
 
+/* max(m, x[j0..j1)): exact in any order, so LANES running maxima (vectorized) lose nothing. */
+static inline float block_max(const float *x, int64_t j0, int64_t j1, float m) {
+    float part[LANES];
+    for (int i = 0; i < LANES; i++) part[i] = m;
+    int64_t j = j0;
+    for (; j + LANES <= j1; j += LANES)
+        for (int i = 0; i < LANES; i++) part[i] = x[j + i] > part[i] ? x[j + i] : part[i];
+    for (; j < j1; j++) part[0] = x[j] > part[0] ? x[j] : part[0];
+    for (int i = 1; i < LANES; i++) part[0] = part[i] > part[0] ? part[i] : part[0];
+    return part[0];
+}
+
+/* sum of x[j0..j1) in a fixed order (LANES running sums, the tail, a pairwise fold): vectorized,
+   and the same for a given (j0, j1) on every call. */
+static inline float lane_sum(const float *x, int64_t j0, int64_t j1) {
+    float part[LANES] = {0};
+    int64_t j = j0;
+    for (; j + LANES <= j1; j += LANES)
+        for (int i = 0; i < LANES; i++) part[i] += x[j + i];
+    for (int i = 0; j < j1; j++, i++) part[i] += x[j];
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int i = 0; i < w; i++) part[i] += part[i + w];
+    return part[0];
+}
+
+/* IEEE half -> float: exact for every value (subnormals, inf, NaN); written with integer ops so
+   that loops of it vectorize without F16C. */
+static inline float half2f(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7FFFu;
+    union { uint32_t u; float f; } x;
+    if (em >= 0x7C00u) x.u = sign | 0x7F800000u | ((uint32_t)(em & 0x3FFu) << 13);      /* inf, NaN */
+    else if (em >= 0x0400u) x.u = sign | ((em << 13) + 0x38000000u);                    /* normal */
+    else { x.f = (float)em * 5.9604644775390625e-8f; x.u |= sign; }                     /* subnormal: em * 2^-24 */
+    return x.f;
+}
+/* One K or V row of n elements as float32: kt 0 float32, 1 bf16, 2 float16. */
+static inline void load_kv(const void *base, int64_t off, int kt, int64_t n, float *dst) {
+    if (kt != 2) { load_row(base, off, kt, n, dst); return; }
+    const uint16_t *p = (const uint16_t *)base + off;
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + i))));
+#elif defined(__F16C__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + i))));
+#endif
+    for (; i < n; i++) dst[i] = half2f(p[i]);
+}
+
 /* Query rows come in tiles: consecutive rows of one stream at consecutive positions (a prefill
    chunk), at most RMAX / G of them; a decode row is a tile of its own. -> number of tiles; start
    [n + 1] gets each tile's first row. */
@@ -203,7 +254,9 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t
    to multiples of BLK: every query vector takes the same steps in the same order whatever tile it
    sits in, so prefill rows, decode rows and rows of differently chunked prompts agree bit for bit.
    q: [B, Hq, D] (strides sq_b, sq_h); k, v: [streams, cells, Hkv, D] (strides s*_s, s*_c, s*_h);
-   the head_dim stride is 1 everywhere; out: contiguous [B, Hq, D]. Elements are float32, or bf16.
+   the head_dim stride is 1 everywhere; out: contiguous [B, Hq, D]. q and out are float32, or bf16
+   (`bf16`); K/V elements are float32, bf16 or float16 (`kt` 0, 1, 2: llama.cpp's default cache
+   type is f16, half the bytes that decode attention reads at large batches).
    The body is specialised for head_dim 64 and 128 (constant trip counts vectorize fully). */
 #define ATTN_BODY(DIM)                                                                                \
     const int64_t D = (DIM);                                                                          \
@@ -226,9 +279,9 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t
             const int64_t n = c_hi - c0 < BLK ? c_hi - c0 : BLK;                                      \
             for (int64_t j = c0 < c_lo ? c_lo - c0 : 0; j < n; j++) {                                 \
                 const int64_t c = c0 + j;                                                             \
-                prefetch_row(k, s * sk_s + (c + PF) * sk_c + h * sk_h, bf16, D);                      \
-                prefetch_row(v, s * sv_s + c * sv_c + h * sv_h, bf16, D);                             \
-                load_row(k, s * sk_s + c * sk_c + h * sk_h, bf16, D, row);                            \
+                prefetch_row(k, s * sk_s + (c + PF) * sk_c + h * sk_h, kt != 0, D);                  \
+                prefetch_row(v, s * sv_s + c * sv_c + h * sv_h, kt != 0, D);                         \
+                load_kv(k, s * sk_s + c * sk_c + h * sk_h, kt, D, row);                               \
                 for (int64_t i = 0; i < R; i++) {                                                     \
                     if (c < lo[i] || c >= hi[i]) continue;                                            \
                     const float dot = lane_dot(qf[i], row, DPAD(D));                                  \
@@ -238,17 +291,15 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t
             for (int64_t i = 0; i < R; i++) {                                                         \
                 const int64_t j0 = lo[i] > c0 ? lo[i] - c0 : 0, j1 = hi[i] - c0 < n ? hi[i] - c0 : n; \
                 if (j0 >= j1) continue;                                                               \
-                float mx = m[i];                                                                      \
-                for (int64_t j = j0; j < j1; j++) mx = sc[i][j] > mx ? sc[i][j] : mx;                 \
+                const float mx = block_max(sc[i], j0, j1, m[i]);                                      \
                 const float corr = fast_exp(m[i] - mx);                                                \
-                float sum = 0.0f;                                                                     \
-                for (int64_t j = j0; j < j1; j++) { sc[i][j] = fast_exp(sc[i][j] - mx); sum += sc[i][j]; } \
-                l[i] = l[i] * corr + sum; m[i] = mx;                                                  \
+                for (int64_t j = j0; j < j1; j++) sc[i][j] = fast_exp(sc[i][j] - mx);                 \
+                l[i] = l[i] * corr + lane_sum(sc[i], j0, j1); m[i] = mx;                              \
                 for (int64_t d = 0; d < D; d++) acc[i][d] *= corr;                                    \
             }                                                                                         \
             for (int64_t j = c0 < c_lo ? c_lo - c0 : 0; j < n; j++) {                                 \
                 const int64_t c = c0 + j;                                                             \
-                load_row(v, s * sv_s + c * sv_c + h * sv_h, bf16, D, row);                            \
+                load_kv(v, s * sv_s + c * sv_c + h * sv_h, kt, D, row);                               \
                 for (int64_t i = 0; i < R; i++) {                                                     \
                     if (c < lo[i] || c >= hi[i]) continue;                                            \
                     const float p = sc[i][j];                                                         \
@@ -271,7 +322,7 @@ int decode_attention(const void *q, const void *k, const void *v, void *out,
                      const int64_t *streams, const int64_t *kv_lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t Dim,
                      int64_t sq_b, int64_t sq_h, int64_t sk_s, int64_t sk_c, int64_t sk_h,
                      int64_t sv_s, int64_t sv_c, int64_t sv_h, int64_t window, float scale, float softcap,
-                     int bf16, int n_threads) {
+                     int bf16, int kt, int n_threads) {
     const int64_t G = Hq / Hkv;
     if (G > GMAX || Dim > DMAX || G * Hkv != Hq) return -1;
     int64_t *tile = malloc((B + 1) * sizeof(int64_t));
@@ -286,7 +337,8 @@ int decode_attention(const void *q, const void *k, const void *v, void *out,
 """
 _LIB = native.build("attention_decode", NATIVE_C, origin=__file__, strict=True)
 native.signature(_LIB, "decode_attention", 6, 13, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
-                                                   native.ctypes.c_int))
+                                                   native.ctypes.c_int, native.ctypes.c_int))
+_KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, rows: bool = False) -> bool:
@@ -306,7 +358,8 @@ def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, rows: bool = Fals
     streams, cells, kv_heads, kv_dim = kv.k.shape
     shapes_ok = (kv.v.shape == kv.k.shape and kv_dim == dim and n_seq == seq_streams.shape[0] and dim <= 256
                  and q_heads % kv_heads == 0 and q_heads // kv_heads <= 16 and meta.max_kv <= cells)
-    if not shapes_ok or q.dtype not in (torch.float32, torch.bfloat16) or not kv.k.dtype == kv.v.dtype == q.dtype:
+    if not shapes_ok or q.dtype not in (torch.float32, torch.bfloat16) or kv.k.dtype != kv.v.dtype \
+            or kv.k.dtype not in _KV_TYPES:
         return False
     if q.stride(2) != 1 or kv.k.stride(3) != 1 or kv.v.stride(3) != 1:
         return False
@@ -322,7 +375,8 @@ def _native_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float,
     rc = _LIB.decode_attention(
         q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), streams.data_ptr(),
         kv_lens.data_ptr(), n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1),
-        *kv.k.stride()[:3], *kv.v.stride()[:3], window, scale, softcap, native.is_bf16(q), torch.get_num_threads())
+        *kv.k.stride()[:3], *kv.v.stride()[:3], window, scale, softcap, native.is_bf16(q), _KV_TYPES[kv.k.dtype],
+        torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"decode_attention (C) failed with {rc}: unsupported group or head_dim")
     return out
@@ -541,7 +595,7 @@ def _check(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> None:
 
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     """A random ragged batch (mixed decode and prefill chunks, all decode, or all prefill, fresh
-    prompts included) on shuffled streams, over a plain, a heads-first (strided) or a q8 cache;
+    prompts included) on shuffled streams, over a plain, a heads-first (strided), a q8 or an f16 cache;
     odd head_dim and group sizes included."""
     kv_heads = int(torch.randint(1, 4, (), generator=gen))
     group = int(torch.randint(1, 4, (), generator=gen))
@@ -563,7 +617,7 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     q = torch.randn(sum(len(c.tokens) for c in chunks), kv_heads * (group + 1), dim, generator=gen)[:, : kv_heads * group]
     k = torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen)
     v = torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen)
-    return q.to(dtype), _example_view(k, v, dtype, int(torch.randint(0, 3, (), generator=gen))), meta, 1 / math.sqrt(dim)
+    return q.to(dtype), _example_view(k, v, dtype, int(torch.randint(0, 4, (), generator=gen))), meta, 1 / math.sqrt(dim)
 
 
 def example_layer(meta: AttnMeta, gen: torch.Generator) -> AttnMeta:
@@ -575,7 +629,10 @@ def example_layer(meta: AttnMeta, gen: torch.Generator) -> AttnMeta:
 
 
 def _example_view(k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, kind: int) -> StridedKV:
-    """kind 0: contiguous (seq_head_dim); 1: heads-first storage, permuted view; 2: int8 + scales."""
+    """kind 0: contiguous (seq_head_dim); 1: heads-first storage, permuted view; 2: int8 + scales;
+    3: a float16 cache (`--cache-type-k f16`, the serving default) under queries of `dtype`."""
+    if kind == 3:
+        return StridedKV(k.half(), v.half())
     if kind == 1:
         k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
     if kind != 2:

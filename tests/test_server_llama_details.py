@@ -90,3 +90,30 @@ def test_kv_unified_gives_every_slot_the_whole_context_in_one_paged_pool():
     assert _unified(args) == (1024, 256, "paged")     # 4 slots of 256 cells, one pool of 256
     assert _unified(parse(["serve", "--kv-unified", "-c", "256", "-np", "4"])) == (1024, 256, "paged")
     assert _unified(parse(["serve", "-c", "256", "-np", "4"]))[:2] == (256, None)
+
+
+def test_cache_type_flags_choose_the_kv_element_type():
+    """-ctk/-ctv as llama-server spells them: f16 by default under --dtype auto (llama.cpp's default
+    cache type), the model's dtype in the float32 reference mode; one type for K and V."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from slotserver.engine.config import EngineConfig
+    from slotserver.engine.engine import kv_dtype
+    from slotserver.errors import ConfigError
+    from slotserver.server.serve_config import plan_from_args
+
+    parse = build_parser().parse_args
+    assert plan_from_args(parse(["serve"])).engine.cache_type == "auto"
+    assert plan_from_args(parse(["serve", "-ctk", "f32", "-ctv", "f32"])).engine.cache_type == "f32"
+    assert plan_from_args(parse(["serve", "--cache-type-v", "bf16"])).engine.cache_type == "bf16"
+    with pytest.raises(ConfigError, match="differ"):
+        plan_from_args(parse(["serve", "-ctk", "f16", "-ctv", "f32"]))
+    with pytest.raises(ConfigError, match="q8"):
+        plan_from_args(parse(["serve", "-ctk", "q4_0", "-ctv", "q4_0"]))
+    served = SimpleNamespace(config=SimpleNamespace(dtype="auto"), model=SimpleNamespace(dtype=torch.float32))
+    reference = SimpleNamespace(config=SimpleNamespace(dtype="float32"), model=SimpleNamespace(dtype=torch.float32))
+    assert kv_dtype(EngineConfig(), served) == torch.float16
+    assert kv_dtype(EngineConfig(), reference) == torch.float32
+    assert kv_dtype(EngineConfig(cache_type="f32"), served) == torch.float32

@@ -99,6 +99,9 @@ def add_parser(sub) -> None:
     a("--kv-pool-cells", type=int, default=None, metavar="N",
       help="paged layouts: the most KV cells all slots together may hold (default: every slot full); "
            "requests wait for free blocks past it")
+    a("-ctk", "--cache-type-k", default="auto", metavar="TYPE",
+      help="K cache type: f16 (default with --dtype auto, as llama-server), f32, bf16; int8: --layout q8")
+    a("-ctv", "--cache-type-v", default="auto", metavar="TYPE", help="V cache type (the same as K)")
     a("-kvu", "--kv-unified", action="store_true",
       help="llama-server's unified KV: every slot may use the whole --ctx-size, all slots share one pool "
            "of --ctx-size cells (a paged layout)")

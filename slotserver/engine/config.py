@@ -8,6 +8,7 @@ from pathlib import Path
 from slotserver.errors import ConfigError
 
 DEFRAG_MODES = ("on", "off")
+CACHE_TYPES = ("auto", "f32", "f16", "bf16")   # llama-server's -ctk/-ctv names that a float cache can hold
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class EngineConfig:
     n_predict: int = -1              # server default when a request gives none (-1: no limit)
     slot_save_path: Path | None = None
     kv_pool_cells: int | None = None  # --kv-pool-cells: a paged pool's most cells, all slots (None: every stream full)
+    # -ctk/-ctv: the K/V element type. auto: f16 under the CLI's `--dtype auto` (llama.cpp's default
+    # cache type: half the bytes decode attention reads), else the model's dtype (float32 reference)
+    cache_type: str = "auto"
 
     def __post_init__(self) -> None:
         _positive("--parallel", self.n_parallel)
@@ -52,6 +56,9 @@ class EngineConfig:
             raise ConfigError(f"--n-predict must be >= -1, got {self.n_predict}")
         if self.kv_pool_cells is not None and (type(self.kv_pool_cells) is not int or self.kv_pool_cells < 1):
             raise ConfigError(f"--kv-pool-cells must be an integer >= 1, got {self.kv_pool_cells!r}")
+        if self.cache_type not in CACHE_TYPES:
+            raise ConfigError(f"--cache-type-k/-v must be one of {', '.join(CACHE_TYPES[1:])}, got {self.cache_type!r} "
+                              "(int8 K/V: --layout q8)")
         if self.slot_save_path is not None and not Path(self.slot_save_path).is_dir():
             raise ConfigError(f"--slot-save-path {self.slot_save_path} is not a folder")
 

@@ -41,12 +41,22 @@ from slotserver.engine.stop_strings import StopMatcher
 log = logging.getLogger("slotserver.engine.engine")
 
 
+_CACHE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def kv_dtype(config: EngineConfig, bundle: ModelBundle) -> torch.dtype:
+    """The cache's element type: `config.cache_type`, auto resolved as EngineConfig says."""
+    if config.cache_type != "auto":
+        return _CACHE_DTYPES[config.cache_type]
+    return torch.float16 if bundle.config.dtype == "auto" else bundle.model.dtype
+
+
 class Engine:
     def __init__(self, bundle: ModelBundle, config: EngineConfig) -> None:
         s, self.bundle, self.config = bundle.model.spec, bundle, config
         if config.n_cells > bundle.model.rope.max_pos:
             raise RequestError(f"a slot's context ({config.n_cells}) exceeds the model's ({bundle.model.rope.max_pos})")
-        spec = KVSpec(s.n_layers, config.n_streams, config.n_cells, s.n_kv_heads, s.head_dim, bundle.model.dtype,
+        spec = KVSpec(s.n_layers, config.n_streams, config.n_cells, s.n_kv_heads, s.head_dim, kv_dtype(config, bundle),
                       pool_cells=config.kv_pool_cells)   # paged: requests wait for free blocks past it
         self.cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
         self.sched = Scheduler(config, budget=lambda: self.cache.budget())  # paged: admit by free blocks

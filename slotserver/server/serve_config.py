@@ -94,13 +94,21 @@ def _unified(args) -> tuple[int, int | None, str]:
     return args.ctx_size * args.parallel, args.kv_pool_cells or args.ctx_size, layout
 
 
+def _cache_type(args) -> str:
+    """-ctk/-ctv -> EngineConfig.cache_type: one type for K and V (a float cache holds both alike)."""
+    k, v = args.cache_type_k, args.cache_type_v
+    if k != v and "auto" not in (k, v):
+        raise ConfigError(f"--cache-type-k {k} and --cache-type-v {v} differ: K and V share one element type here")
+    return v if k == "auto" else k
+
+
 def plan_from_args(args) -> LaunchPlan:
     ctx_size, pool, layout = _unified(args)
     engine = EngineConfig(
         n_parallel=args.parallel, ctx_size=ctx_size, batch_size=args.batch_size,
         ubatch_size=args.ubatch_size, defrag=args.defrag, slot_prompt_similarity=args.slot_prompt_similarity,
         cache_prompt=args.cache_prompt, n_predict=args.n_predict, slot_save_path=args.slot_save_path,
-        queue_limit=args.max_queue, kv_pool_cells=pool,
+        queue_limit=args.max_queue, kv_pool_cells=pool, cache_type=_cache_type(args),
     )
     model = ModelConfig(model_path=_model_path(args), dtype=args.dtype, weights=args.weights, threads=args.threads,
                         layout=layout, kernels_dir=args.kernels_dir, layouts_dir=args.layouts_dir,
