@@ -530,7 +530,7 @@ def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_p
         if QUANT:
             k = (k.to(tl.float32) * tl.load(ks_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
             v = (v.to(tl.float32) * tl.load(vs_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
-            k, v = k.to(q.dtype), v.to(q.dtype)
+        k, v = k.to(q.dtype), v.to(q.dtype)            # q8 (scaled above) or an f16 cache under f32/bf16 q
         s = _dot(q, tl.trans(k), IEEE_DOT) * qk_scale    # [BLOCK_M, BLOCK_N]
         if SOFTCAP:
             s = _softcap(s, softcap)
@@ -588,7 +588,8 @@ def _check(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> None:
         assert kv.k_scale.shape == kv.k.shape[:3] and kv.k_scale.stride() == kv.v_scale.stride()
         assert kv.k_scale.dtype == kv.v_scale.dtype == torch.float32
     else:
-        assert kv.k.dtype == kv.v.dtype == q.dtype, f"kv {kv.k.dtype} must match q {q.dtype}"
+        assert kv.k.dtype == kv.v.dtype and kv.k.dtype in (q.dtype, torch.float16), \
+            f"kv {kv.k.dtype} must match q {q.dtype} or be float16"
     for t in (meta.seq_streams, meta.q_lens, meta.kv_lens, meta.q_offsets):
         assert t.dtype == torch.int64 and t.is_contiguous() and t.device == q.device
 

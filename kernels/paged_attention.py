@@ -205,9 +205,9 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, 
         page, pr = _page_rows(table_ptr, stream, cells, c_mask, PAGE)
         nd_mask = c_mask[:, None] & d_mask
         k = tl.load(k_ptr + (page * stride_kb + pr * stride_kr)[:, None] + h * stride_kh + d[None, :],
-                    mask=nd_mask, other=0.0)
+                    mask=nd_mask, other=0.0).to(q.dtype)                       # an f16 cache under f32/bf16 q
         v = tl.load(v_ptr + (page * stride_vb + pr * stride_vr)[:, None] + h * stride_vh + d[None, :],
-                    mask=nd_mask, other=0.0)
+                    mask=nd_mask, other=0.0).to(q.dtype)
         s = _dot(q, tl.trans(k), IEEE_DOT) * qk_scale                           # [BLOCK_M, BLOCK_N]
         if SOFTCAP:
             s = _softcap(s, softcap)
@@ -256,7 +256,8 @@ def _check(q: torch.Tensor, kv: PagedKV, meta: AttnMeta) -> None:
     assert kv.block_size & (kv.block_size - 1) == 0, "block_size must be a power of two"
     assert kv.k_pages.shape[3] == q.shape[2] and q.shape[1] % kv.k_pages.shape[2] == 0
     assert kv.k_pages.stride(3) == 1 and kv.v_pages.stride(3) == 1, "head_dim must be innermost"
-    assert kv.k_pages.dtype == kv.v_pages.dtype == q.dtype, f"pages {kv.k_pages.dtype} must match q {q.dtype}"
+    assert kv.k_pages.dtype == kv.v_pages.dtype and kv.k_pages.dtype in (q.dtype, torch.float16), \
+        f"pages {kv.k_pages.dtype} must match q {q.dtype} or be float16"
     assert kv.block_table.dim() == 2 and kv.block_table.stride(1) == 1
     assert kv.block_table.dtype in (torch.int32, torch.int64) and kv.block_table.device == q.device
     for t in (meta.seq_streams, meta.q_lens, meta.kv_lens, meta.q_offsets):
@@ -292,7 +293,8 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
         table[s, : -(-n_kv // block_size)] = owned[s, : -(-n_kv // block_size)].int()
     heads_first = bool(torch.rand((), generator=gen) < 0.5)
     shape = (n_blocks, kv_heads, block_size, dim) if heads_first else (n_blocks, block_size, kv_heads, dim)
-    k, v = (torch.randn(shape, generator=gen).to(dtype) for _ in range(2))
+    cache = torch.float16 if torch.rand((), generator=gen) < 0.25 else dtype   # f16: the serving default cache type
+    k, v = (torch.randn(shape, generator=gen).to(cache) for _ in range(2))
     if heads_first:
         k, v = k.transpose(1, 2), v.transpose(1, 2)
     # q as the model passes it: the query heads of the roped q|k rows (a strided view)
