@@ -170,48 +170,34 @@ NATIVE_C = r"""
 #define RMAX 64  /* query vectors (row, head) per work unit */
 #define DMAX 256
 #define BLK 64
-#define PF 16   /* rows ahead: K of a later cell, V of this block (read right after the scores) */
 
 #define LANES 16
 #define DPAD(n) (((n) + LANES - 1) / LANES * LANES)
 
-/* q . k with LANES running sums and a fixed pairwise fold: the compiler vectorizes it (a plain
-   `dot += a*b` loop stays scalar without -ffast-math, which we refuse), and the order of the float
-   additions is the same on every call, so a row's scores never depend on the batch around it.
-   n is a multiple of LANES (rows are zero-padded). */
+/* q . k, and the block reductions below, are plain loops: native.FLAGS allow reassociation, so the
+   compiler vectorizes them with an order of its own, fixed in the compiled code; every query row
+   (decode or prefill, any tile) runs the same code, so a row's result never depends on the batch
+   around it. n is a multiple of LANES (rows are zero-padded): one vector shape per head_dim. */
 static inline float lane_dot(const float *a, const float *b, int64_t n) {
-    float part[LANES] = {0};
-    for (int64_t d = 0; d < n; d += LANES)
-        for (int i = 0; i < LANES; i++) part[i] += a[d + i] * b[d + i];
-    for (int w = LANES / 2; w > 0; w /= 2)
-        for (int i = 0; i < w; i++) part[i] += part[i + w];
-    return part[0];
+    float dot = 0.0f;
+    for (int64_t d = 0; d < n; d++) dot += a[d] * b[d];
+    return dot;
 }
 
-/* max(m, x[j0..j1)): exact in any order, so LANES running maxima (vectorized) lose nothing. */
+/* max(m, x[j0..j1)) */
 static inline float block_max(const float *x, int64_t j0, int64_t j1, float m) {
-    float part[LANES];
-    for (int i = 0; i < LANES; i++) part[i] = m;
-    int64_t j = j0;
-    for (; j + LANES <= j1; j += LANES)
-        for (int i = 0; i < LANES; i++) part[i] = x[j + i] > part[i] ? x[j + i] : part[i];
-    for (; j < j1; j++) part[0] = x[j] > part[0] ? x[j] : part[0];
-    for (int i = 1; i < LANES; i++) part[0] = part[i] > part[0] ? part[i] : part[0];
-    return part[0];
+    for (int64_t j = j0; j < j1; j++) m = x[j] > m ? x[j] : m;
+    return m;
 }
 
-/* sum of x[j0..j1) in a fixed order (LANES running sums, the tail, a pairwise fold): vectorized,
-   and the same for a given (j0, j1) on every call. */
+/* sum of x[j0..j1) */
 static inline float lane_sum(const float *x, int64_t j0, int64_t j1) {
-    float part[LANES] = {0};
-    int64_t j = j0;
-    for (; j + LANES <= j1; j += LANES)
-        for (int i = 0; i < LANES; i++) part[i] += x[j + i];
-    for (int i = 0; j < j1; j++, i++) part[i] += x[j];
-    for (int w = LANES / 2; w > 0; w /= 2)
-        for (int i = 0; i < w; i++) part[i] += part[i + w];
-    return part[0];
+    float sum = 0.0f;
+    for (int64_t j = j0; j < j1; j++) sum += x[j];
+    return sum;
 }
+
+typedef float v16f __attribute__((vector_size(64), aligned(4)));   /* GCC/Clang vectors, any ISA */
 
 /* IEEE half -> float: exact for every value (subnormals, inf, NaN); written with integer ops so
    that loops of it vectorize without F16C. */
@@ -263,9 +249,9 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t
     _Pragma("omp parallel for num_threads(n_threads) schedule(static, 1)")                           \
     for (int64_t u = 0; u < n_tiles * Hkv; u++) {                                                     \
         const int64_t t = u / Hkv, h = u % Hkv, r0 = tile[t], R = (tile[t + 1] - r0) * G, s = streams[r0]; \
-        float qf[RMAX][DPAD(DIM)], acc[RMAX][DIM], sc[RMAX][BLK], row[DPAD(DIM)], m[RMAX], l[RMAX];   \
+        float qf[RMAX][DPAD(DIM)], acc[RMAX][DIM], kb[BLK][DPAD(DIM)], vb[BLK][DIM], m[RMAX], l[RMAX]; \
         int64_t lo[RMAX], hi[RMAX], c_lo = INT64_MAX, c_hi = 0;                                       \
-        for (int64_t d = D; d < DPAD(D); d++) row[d] = 0.0f;                                          \
+        for (int64_t j = 0; j < BLK; j++) for (int64_t d = D; d < DPAD(D); d++) kb[j][d] = 0.0f;      \
         for (int64_t i = 0; i < R; i++) {              /* i: row r0 + i / G, query head h * G + i % G */ \
             const int64_t r = r0 + i / G, L = kv_lens[r];                                             \
             hi[i] = L; lo[i] = window > 0 && L > window ? L - window : 0;                             \
@@ -276,34 +262,41 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t
             m[i] = -INFINITY; l[i] = 0.0f;                                                            \
         }                                                                                             \
         for (int64_t c0 = c_lo / BLK * BLK; c0 < c_hi; c0 += BLK) {                                   \
-            const int64_t n = c_hi - c0 < BLK ? c_hi - c0 : BLK;                                      \
-            for (int64_t j = c0 < c_lo ? c_lo - c0 : 0; j < n; j++) {                                 \
+            const int64_t n = c_hi - c0 < BLK ? c_hi - c0 : BLK, js = c0 < c_lo ? c_lo - c0 : 0;     \
+            for (int64_t j = js; j < n; j++) {         /* the block's K/V rows, as float32, once */  \
                 const int64_t c = c0 + j;                                                             \
-                prefetch_row(k, s * sk_s + (c + PF) * sk_c + h * sk_h, kt != 0, D);                  \
-                prefetch_row(v, s * sv_s + c * sv_c + h * sv_h, kt != 0, D);                         \
-                load_kv(k, s * sk_s + c * sk_c + h * sk_h, kt, D, row);                               \
-                for (int64_t i = 0; i < R; i++) {                                                     \
-                    if (c < lo[i] || c >= hi[i]) continue;                                            \
-                    const float dot = lane_dot(qf[i], row, DPAD(D));                                  \
-                    sc[i][j] = softcap > 0.0f ? softcap * tanhf(dot / softcap) : dot;                 \
-                }                                                                                     \
+                prefetch_row(k, s * sk_s + (c + BLK) * sk_c + h * sk_h, kt != 0, D);                 \
+                prefetch_row(v, s * sv_s + (c + BLK) * sv_c + h * sv_h, kt != 0, D);                 \
+                load_kv(k, s * sk_s + c * sk_c + h * sk_h, kt, D, kb[j]);                             \
+                load_kv(v, s * sv_s + c * sv_c + h * sv_h, kt, D, vb[j]);                             \
             }                                                                                         \
-            for (int64_t i = 0; i < R; i++) {                                                         \
+            for (int64_t i = 0; i < R; i++) {          /* then each query vector over them */        \
                 const int64_t j0 = lo[i] > c0 ? lo[i] - c0 : 0, j1 = hi[i] - c0 < n ? hi[i] - c0 : n; \
                 if (j0 >= j1) continue;                                                               \
-                const float mx = block_max(sc[i], j0, j1, m[i]);                                      \
+                float p[BLK], a[DIM];                                                                 \
+                for (int64_t j = j0; j < j1; j++) {                                                   \
+                    const float dot = lane_dot(qf[i], kb[j], DPAD(D));                                \
+                    p[j] = softcap > 0.0f ? softcap * tanhf(dot / softcap) : dot;                     \
+                }                                                                                     \
+                const float mx = block_max(p, j0, j1, m[i]);                                          \
                 const float corr = fast_exp(m[i] - mx);                                                \
-                for (int64_t j = j0; j < j1; j++) sc[i][j] = fast_exp(sc[i][j] - mx);                 \
-                l[i] = l[i] * corr + lane_sum(sc[i], j0, j1); m[i] = mx;                              \
-                for (int64_t d = 0; d < D; d++) acc[i][d] *= corr;                                    \
-            }                                                                                         \
-            for (int64_t j = c0 < c_lo ? c_lo - c0 : 0; j < n; j++) {                                 \
-                const int64_t c = c0 + j;                                                             \
-                load_kv(v, s * sv_s + c * sv_c + h * sv_h, kt, D, row);                               \
-                for (int64_t i = 0; i < R; i++) {                                                     \
-                    if (c < lo[i] || c >= hi[i]) continue;                                            \
-                    const float p = sc[i][j];                                                         \
-                    for (int64_t d = 0; d < D; d++) acc[i][d] += p * row[d];                          \
+                for (int64_t j = j0; j < j1; j++) p[j] = fast_exp(p[j] - mx);                         \
+                l[i] = l[i] * corr + lane_sum(p, j0, j1); m[i] = mx;                                  \
+                if (D % 16 == 0 && D <= 128) {         /* 16-float vectors: kept in registers */      \
+                    v16f av[(DIM) / 16 > 0 ? (DIM) / 16 : 1];                                         \
+                    for (int64_t t = 0; t < D / 16; t++) av[t] = *(const v16f *)&acc[i][16 * t] * corr; \
+                    for (int64_t j = j0; j < j1; j++) {                                               \
+                        const float pj = p[j];                                                        \
+                        for (int64_t t = 0; t < D / 16; t++) av[t] += pj * *(const v16f *)&vb[j][16 * t]; \
+                    }                                                                                 \
+                    for (int64_t t = 0; t < D / 16; t++) *(v16f *)&acc[i][16 * t] = av[t];            \
+                } else {                                                                              \
+                    for (int64_t d = 0; d < D; d++) a[d] = acc[i][d] * corr;                          \
+                    for (int64_t j = j0; j < j1; j++) {                                               \
+                        const float pj = p[j];                                                        \
+                        for (int64_t d = 0; d < D; d++) a[d] += pj * vb[j][d];                        \
+                    }                                                                                 \
+                    for (int64_t d = 0; d < D; d++) acc[i][d] = a[d];                                 \
                 }                                                                                     \
             }                                                                                         \
         }                                                                                             \
