@@ -37,6 +37,7 @@ def test_default_model_template_without_generation_prompt(smol_template):
 
 
 def test_default_model_bos_and_eos_texts(smol_template):
+    assert smol_template.from_model and not smol_template.add_bos
     assert smol_template.bos_token == "<|im_start|>"
     assert smol_template.eos_token == "<|im_end|>"
 
@@ -50,9 +51,16 @@ def test_content_parts_are_joined(smol_template):
 def test_model_without_template_falls_back_to_chatml(smollm_metadata):
     md = {k: v for k, v in smollm_metadata.items() if k != "tokenizer.chat_template"}
     template = ChatTemplate.from_metadata(md, Tokenizer.from_metadata(smollm_metadata))
-    assert template.source == CHATML_TEMPLATE
+    assert template.source == CHATML_TEMPLATE and not template.from_model
     assert template.render([{"role": "user", "content": "Hi"}]) == \
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_another_source_keeps_the_models_tokens_and_bos_rule():
+    model = ChatTemplate("{{ bos_token }}x", bos_token="<s>", eos_token="</s>", add_bos=True, from_model=False)
+    other = model.with_source("{{ bos_token }}y{{ eos_token }}")
+    assert (other.bos_token, other.eos_token, other.add_bos, other.from_model) == ("<s>", "</s>", True, True)
+    assert other.render([{"role": "user", "content": "hi"}]) == "y</s>"   # leading BOS cut: encode adds it
 
 
 def test_bos_eos_extra_variables_and_tojson_are_available():
@@ -90,10 +98,17 @@ def test_sandbox_escapes_are_refused(source):
 
 
 def test_runtime_errors_become_single_line_template_errors():
-    template = ChatTemplate("ok\n{{ messages[0]['content'].missing.deeper }}")
+    template = ChatTemplate("ok\n{{ messages[0]['content'] + 5 }}")
     with pytest.raises(ChatTemplateError, match="at line 2") as info:
         template.render([{"role": "user", "content": "hi"}])
     assert "\n" not in str(info.value)
+
+
+def test_undefined_values_chain_as_in_llama_cpps_jinja():
+    """`x.missing.deeper` and `messages[5].role` are undefined (""), not errors, as llama.cpp's
+    runtime has them (gemma 2's template reads messages[0] of a conversation left empty)."""
+    template = ChatTemplate("[{{ messages[0]['content'].missing.deeper }}|{{ messages[5].role }}]")
+    assert template.render([{"role": "user", "content": "hi"}]) == "[|]"
 
 
 @pytest.mark.parametrize(("messages", "complaint"), [

@@ -59,15 +59,18 @@ def bind(host: str, port: int) -> socket.socket:
 def load(state: ServerState, plan: LaunchPlan, address: str) -> Engine:
     """Load bundle and engine, publish them in `state`, print the summary line; -> the engine, not yet running."""
     from slotserver.model.bundle import ModelBundle
-    from slotserver.model.text.chat_template import ChatTemplate
     from slotserver.engine.engine import Engine
     from slotserver.model.progress import load_progress
 
     with load_progress(f"loading {plan.model.model_path.name}") as tick:
         bundle = ModelBundle.load(plan.model, tick)
     template = None
-    if plan.chat_template is not None:
-        template = ChatTemplate(plan.chat_template, bundle.template.bos_token, bundle.template.eos_token)
+    if plan.chat_template is not None:   # same BOS/EOS texts and BOS rule as the model's own
+        template = bundle.template.with_source(plan.chat_template)
+    elif not bundle.template.from_model:
+        print(f"slotserver: warning: {plan.model.model_path.name} has no chat template "
+              "(tokenizer.chat_template); chat prompts use ChatML, as llama-server's do. Give the "
+              "model's own with --chat-template-file", file=sys.stderr, flush=True)
     engine = Engine(bundle, plan.engine)
     state.set_loaded(bundle, engine, template)
     e, layout = plan.engine, engine.stats().layout or plan.model.layout

@@ -30,7 +30,7 @@ from slotserver.server.choices import expand, n_choices
 from slotserver.server.chat_options import ChatDefaults, chat_options
 from slotserver.server.reasoning import ReasoningMode, answer_start
 from slotserver.server.unsupported import check_chat_fields, check_completion_fields
-from slotserver.server.prompt import encode, tokenize_prompts
+from slotserver.server.prompt import encode, prompt_text, tokenize_prompts
 from slotserver.server.server_config import GenerationDefaults
 from slotserver.model.text.tokenizer import Tokenizer
 
@@ -41,7 +41,7 @@ MAX_TOP_LOGPROBS = 20
 class OpenAIJob:
     jobs: list[CompletionJob]   # prompts x n choices, by index (choices.py)
     model: str                  # echoed back in the answer, as OpenAI and llama-server do
-    prompts: list[str]          # each job's prompt text (the rendered chat template for chat)
+    prompts: list[str]          # each job's prompt as llama-server echoes it (prompt.prompt_text)
     tools: ToolConfig | None = None   # chat: the tools offered and how calls are chosen
     reasoning: ReasoningMode = ReasoningMode()   # chat: how the answer's <think> block is split off
 
@@ -94,7 +94,7 @@ def parse_openai_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults
             for ids in tokenize_prompts(tokenizer, body["prompt"])]
     jobs = expand(jobs, n)
     return OpenAIJob(jobs, f.str("model", default_model) or default_model,
-                     [tokenizer.decode(j.request.prompt_ids, special=True) for j in jobs])
+                     [prompt_text(tokenizer, j.request.prompt_ids) for j in jobs])
 
 
 def render_chat(template: ChatTemplate, messages: Any) -> str:
@@ -164,5 +164,5 @@ def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplat
     n_top = f.int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
     n = n_choices(f, n_parallel, "n")
     jobs = expand([_job(f, ids, tokenizer, defaults, n_top if want else 0, want, grammar)], n)
-    return OpenAIJob(jobs, f.str("model", default_model) or default_model, [text] * n,
+    return OpenAIJob(jobs, f.str("model", default_model) or default_model, [prompt_text(tokenizer, ids)] * n,
                      tools if tools.active else None, reasoning)

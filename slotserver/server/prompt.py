@@ -13,7 +13,15 @@ import math
 from typing import Any
 
 from slotserver.server.errors import bad_request
+from slotserver.model.text.detokenizer import detokenize
 from slotserver.model.text.tokenizer import Tokenizer, TokenizerError
+
+
+def prompt_text(tokenizer: Tokenizer, ids: list[int]) -> str:
+    """A prompt as llama-server echoes it (/completion's `prompt`, /slots): its tokens through
+    llama_detokenize with special tokens shown as text (`<bos>`, `<|im_start|>`) and llama.cpp's
+    space rules, i.e. `common_detokenize(ctx, tokens, true)`."""
+    return detokenize(tokenizer, ids, unparse_special=True)
 
 
 def check_token_ids(ids: list[Any], vocab: int, what: str) -> list[int]:

@@ -22,6 +22,7 @@ from slotserver.server.choices import close_all, collect_all, merged, submit_all
 from slotserver.server.generation import ClientGone, Outcome, Run
 from slotserver.server.jsonio import JSONResp
 from slotserver.server.params import CompletionJob, parse_completion
+from slotserver.server.prompt import prompt_text
 from slotserver.server.state import ServerState
 from slotserver.model.text.tokenizer import Tokenizer
 
@@ -53,7 +54,7 @@ async def completion(request: Request) -> Response:
     def prepare() -> tuple[list[CompletionJob], list[str]]:
         jobs = parse_completion(body, bundle.tokenizer, cfg.defaults, getattr(engine, "grammars", None),
                                 engine.config.n_parallel)
-        return jobs, [bundle.tokenizer.decode(j.request.prompt_ids, special=True) for j in jobs]
+        return jobs, [prompt_text(bundle.tokenizer, j.request.prompt_ids) for j in jobs]
 
     jobs, prompts = await anyio.to_thread.run_sync(prepare)
     runs = submit_all(state, jobs, log_state(request), prompts)

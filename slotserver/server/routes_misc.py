@@ -105,6 +105,7 @@ async def props(request: Request) -> Response:
         "endpoint_slots": state.config.slots_endpoint,
         "endpoint_metrics": state.config.metrics,
         "chat_template": state.template.source,
+        "chat_template_caps": state.template.caps.to_map(),
         "bos_token": piece(tok.bos_id),
         "eos_token": piece(tok.eos_id),
         "build_info": BUILD_INFO,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from slotserver.model.text.chat_messages import join_parts, parse_messages
 from slotserver.model.text.chat_template import ChatTemplate, ChatTemplateError
 from slotserver.server.errors import bad_request
 from slotserver.server.tools import CLOSE, OPEN, ToolConfig
@@ -52,20 +53,30 @@ def _call_text(call: dict) -> str:
     return f"{OPEN}\n{json.dumps({'name': name, 'arguments': _arguments(call)}, ensure_ascii=False)}\n{CLOSE}"
 
 
+def _text(messages: list, i: int) -> str:
+    """Message i's content as text (content parts joined as llama.cpp joins them): the fallback
+    writes it inside its own text. A bad part is a 400 naming it."""
+    try:
+        content = parse_messages([messages[i]])[0]["content"]
+    except ChatTemplateError as e:
+        raise bad_request(str(e).replace("messages[0]", f"messages[{i}]", 1)) from None
+    return content if isinstance(content, str) else join_parts(content)
+
+
 def _fallback(messages: list, tools: ToolConfig | None) -> list:
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         if not isinstance(m, dict):
             out.append(m)
             continue
         if m.get("role") == "assistant" and m.get("tool_calls"):
-            parts = ([m["content"]] if isinstance(m.get("content"), str) and m["content"] else [])
+            parts = [_text(messages, i)] if m.get("content") else []
             parts += [_call_text(c) for c in m["tool_calls"]]
             m = {"role": "assistant", "content": "\n".join(parts)}
         elif m.get("role") == "tool":
-            content = m.get("content")
-            content = content if isinstance(content, str) else json.dumps(content)
-            m = {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+            m = {"role": "user", "content": f"<tool_response>\n{_text(messages, i)}\n</tool_response>"}
+        elif m.get("role") == "system" and i == 0 and isinstance(m.get("content"), list):
+            m = {**m, "content": _text(messages, i)}   # the tools' description is appended to it
         out.append(m)
     if tools is not None and tools.active:
         described = SYSTEM.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools.tools))
@@ -87,9 +98,7 @@ def render_with_tools(template: ChatTemplate, messages: Any, tools: ToolConfig |
     template renders a marker in its place, and the text is cut there, as llama.cpp does).
     `variables`: more of the template's context (chat_template_kwargs)."""
     if continue_final and isinstance(messages, list) and messages and isinstance(messages[-1], dict):
-        content = messages[-1].get("content") or ""
-        if not isinstance(content, str):
-            raise bad_request("continue_final_message: the final message's content must be a string")
+        content = _text(messages, len(messages) - 1)
         marked = [*messages[:-1], {**messages[-1], "content": CONTINUE_MARK}]
         text = render_with_tools(template, marked, tools, False, variables=variables, **extra)
         cut = text.rfind(CONTINUE_MARK)

@@ -7,6 +7,12 @@ The environment mirrors the one transformers' `apply_chat_template` uses (trim_b
 lstrip_blocks, loop controls, `raise_exception`, `strftime_now`, a `tojson` that does not
 HTML-escape), so HF-authored templates render the same text.
 
+Around the rendering, what llama-server's chat layer (common/chat.cpp) adds: the messages are
+reshaped to what the template can take (chat_messages.py, from capabilities probed as llama.cpp
+probes them: template_caps.py), and the BOS (EOS) text a template writes itself is cut off the
+prompt when tokenizing adds that token anyway (`add_bos`), so gemma and llama 3 prompts start with
+one BOS, not two. /apply-template shows the prompt so cut, as llama-server's does.
+
 Every failure (bad template, bad messages, an exception inside the template) becomes a
 `ChatTemplateError` with one readable line, suitable for an HTTP 400/500 body.
 """
@@ -22,6 +28,8 @@ from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from slotserver.errors import ChatTemplateError  # noqa: F401  re-export: defined without torch in slotserver.errors
+from slotserver.model.text.chat_messages import fit_messages
+from slotserver.model.text.template_caps import TemplateCaps, is_iterable, is_string, probe_caps
 
 if TYPE_CHECKING:
     from slotserver.model.text.tokenizer import Tokenizer
@@ -44,8 +52,11 @@ def _raise_exception(message: str) -> NoReturn:
     raise _TemplateRaised(str(message))
 
 
+_clock = datetime.now   # tests freeze it (templates print today's date)
+
+
 def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
+    return _clock().strftime(fmt)
 
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
@@ -56,7 +67,11 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
-    """Sandbox where touching an unsafe attribute raises instead of yielding Undefined."""
+    """Sandbox where touching an unsafe attribute raises instead of yielding Undefined.
+
+    Undefined values chain (`messages[0].role` of no messages is undefined, not an error), as in
+    llama.cpp's Jinja runtime: gemma 2's template renders a conversation whose only (system)
+    message llama-server dropped."""
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
         raise SecurityError(
@@ -64,10 +79,12 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
 
 def _environment() -> _Sandbox:
-    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"],
+                   undefined=jinja2.ChainableUndefined)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = _tojson
+    env.tests["string"], env.tests["iterable"] = is_string, is_iterable   # probe-aware, else jinja2's
     return env
 
 
@@ -82,68 +99,26 @@ def _template_line(exc: BaseException) -> int | None:
     return line
 
 
-def _normalize_content(index: int, content: Any) -> str:
-    """A message's content as one string; text parts are joined with newlines like llama.cpp."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ChatTemplateError(
-            f"messages[{index}].content must be a string or a list of text parts, "
-            f"got {type(content).__name__}")
-    texts = []
-    for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") != "text":
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise ChatTemplateError(
-                f"messages[{index}].content[{j}]: only {{type: 'text'}} parts are supported, "
-                f"got {kind!r}")
-        if not isinstance(part.get("text"), str):
-            raise ChatTemplateError(f"messages[{index}].content[{j}].text must be a string")
-        texts.append(part["text"])
-    return "\n".join(texts)
-
-
-def _normalize_messages(messages: Any) -> list[dict[str, Any]]:
-    """Validated copies of the messages, with content parts flattened to strings.
-
-    A `null` content is allowed only for an assistant message carrying tool_calls (OpenAI form).
-    """
-    if not isinstance(messages, list) or not messages:
-        raise ChatTemplateError("messages must be a non-empty list of {role, content} objects")
-    result = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise ChatTemplateError(f"messages[{i}] must be an object, got "
-                                    f"{type(message).__name__}")
-        role = message.get("role")
-        if not isinstance(role, str) or not role:
-            raise ChatTemplateError(f"messages[{i}].role must be a non-empty string")
-        copy = dict(message)
-        content = message.get("content")
-        if content is None and role == "assistant" and message.get("tool_calls"):
-            copy["content"] = None
-        elif "content" not in message:
-            raise ChatTemplateError(f"messages[{i}] has no content")
-        else:
-            copy["content"] = _normalize_content(i, content)
-        result.append(copy)
-    return result
-
-
 class ChatTemplate:
-    """A compiled chat template; `render` is thread-safe (compiled templates are immutable)."""
+    """A compiled chat template; `render` is thread-safe (compiled templates are immutable).
 
-    def __init__(self, source: str, bos_token: str = "", eos_token: str = "") -> None:
+    `add_bos` / `add_eos`: the tokenizer adds BOS / EOS to the prompt itself (llama.cpp's
+    `common_chat_templates.add_bos`). `from_model`: the source is the model's own template, not
+    ChatML put in for a model without one.
+    """
+
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "", add_bos: bool = False,
+                 add_eos: bool = False, from_model: bool = True) -> None:
         if not isinstance(source, str) or not source.strip():
             raise ChatTemplateError("chat template is empty")
-        self.source = source
-        self.bos_token = bos_token
-        self.eos_token = eos_token
+        self.source, self.bos_token, self.eos_token = source, bos_token, eos_token
+        self.add_bos, self.add_eos, self.from_model = add_bos, add_eos, from_model
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateSyntaxError as exc:
             raise ChatTemplateError(
                 f"chat template syntax error at line {exc.lineno}: {exc.message}") from exc
+        self.caps: TemplateCaps = probe_caps(self._template.render)
 
     @property
     def supports_tools(self) -> bool:
@@ -160,22 +135,40 @@ class ChatTemplate:
     def from_metadata(cls, md: dict[str, Any], tokenizer: Tokenizer) -> ChatTemplate:
         """The model's `tokenizer.chat_template`, with its BOS/EOS token texts.
 
-        A model without a template gets ChatML (`CHATML_TEMPLATE`), as llama.cpp does.
+        A model without a template gets ChatML (`CHATML_TEMPLATE`), as llama.cpp does: e.g. the
+        gemma-3-270m GGUFs that carry no template are prompted in ChatML by llama-server too.
         """
-        source = md.get("tokenizer.chat_template") or CHATML_TEMPLATE
+        source = md.get("tokenizer.chat_template")
 
         def text(token_id: int | None) -> str:
             return "" if token_id is None else tokenizer.decode([token_id], special=True)
 
-        return cls(source, bos_token=text(tokenizer.bos_id), eos_token=text(tokenizer.eos_id))
+        return cls(source or CHATML_TEMPLATE, bos_token=text(tokenizer.bos_id), eos_token=text(tokenizer.eos_id),
+                   add_bos=tokenizer.add_bos, add_eos=tokenizer.add_eos, from_model=bool(source))
+
+    def with_source(self, source: str) -> ChatTemplate:
+        """Another template (--chat-template) for the same model: same tokens, same BOS rule."""
+        return ChatTemplate(source, self.bos_token, self.eos_token, self.add_bos, self.add_eos)
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                variables: dict[str, Any] | None = None, **extra: Any) -> str:
         """The prompt text for `messages`; `extra` (tools, etc.) is passed to the template, and so
         is `variables`, a request's `chat_template_kwargs`, whose names may be anything."""
         context = {"bos_token": self.bos_token, "eos_token": self.eos_token, **(variables or {}), **extra,
-                   "messages": _normalize_messages(messages),
+                   "messages": fit_messages(messages, self.caps, self.source),
                    "add_generation_prompt": add_generation_prompt}
+        return self._drop_added_specials(self._render(context))
+
+    def _drop_added_specials(self, text: str) -> str:
+        """llama.cpp's rule after rendering: the template's leading BOS (trailing EOS) text goes
+        when tokenizing the prompt adds that token anyway."""
+        if self.add_bos and self.bos_token and text.startswith(self.bos_token):
+            text = text[len(self.bos_token):]
+        if self.add_eos and self.eos_token and text.endswith(self.eos_token):
+            text = text[:-len(self.eos_token)]
+        return text
+
+    def _render(self, context: dict[str, Any]) -> str:
         try:
             return self._template.render(context)
         except Exception as exc:  # any failure inside a stranger's template is a template error

@@ -178,7 +178,8 @@ class Tokenizer:
     def drop_added_specials(self, prompt: str) -> str:
         """A rendered chat prompt without the BOS (EOS) text the template wrote itself when
         encode(add_special=True) will add that token anyway: llama.cpp's rule after rendering a
-        template (common/chat.cpp), which keeps gemma and llama 3 prompts to a single BOS."""
+        template (common/chat.cpp), which keeps gemma and llama 3 prompts to a single BOS.
+        `ChatTemplate.render` applies the same rule itself (its `add_bos`, from this tokenizer)."""
         bos = self.decode([self.bos_id], special=True) if self.bos_id is not None else ""
         eos = self.decode([self.eos_id], special=True) if self.eos_id is not None else ""
         if self.add_bos and bos and prompt.startswith(bos):
