@@ -26,12 +26,11 @@ STRING_MARKER = "STRING_MARKER"   # llama.cpp's probe content
 
 
 class _Probe:
-    """A probe value's record of how the template used it."""
+    """A probe value's record of how the template used it: iterating it or indexing it by an
+    integer is an array access (mixed in before str / list, whose methods it wraps)."""
 
     ops: set[str]
 
-
-class _ProbeStr(str, _Probe):
     def __iter__(self):
         self.ops.add("array_access")
         return super().__iter__()
@@ -42,15 +41,12 @@ class _ProbeStr(str, _Probe):
         return super().__getitem__(key)
 
 
-class _ProbeList(list, _Probe):
-    def __iter__(self):
-        self.ops.add("array_access")
-        return super().__iter__()
+class _ProbeStr(_Probe, str):
+    pass
 
-    def __getitem__(self, key):
-        if isinstance(key, int):
-            self.ops.add("array_access")
-        return super().__getitem__(key)
+
+class _ProbeList(_Probe, list):
+    pass
 
 
 class _ProbeDict(dict):
