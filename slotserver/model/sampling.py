@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from slotserver.model.sample_rows import draw, keep_length
 from slotserver.model.samplers import ChainResult, SamplerState, run_chain
 from slotserver.model.samplers_penalties import History, _row_values, apply_logit_bias_, apply_penalties, apply_penalties_
 from slotserver.model.sampling_params import MAX_N_PROBS, SamplingError, SamplingParams, _int
@@ -223,7 +224,8 @@ class Sampler:
         return tokens
 
     def _draw_sorted(self, b: _Batch, uniform: torch.Tensor, rows: list[bool]) -> torch.Tensor:
-        """top_k -> top_p -> min_p -> temperature -> draw, on each row's descending top candidates.
+        """top_k -> top_p -> min_p -> temperature -> draw, on each row's descending top candidates
+        (the batched top-k here, each row's arithmetic in sample_rows.py).
 
         A row with top_k on needs its whole top_k prefix (top_p renormalises over top_k's
         survivors). A row without top_k is open: its kept set ends where top_p's mass or min_p's
@@ -233,35 +235,24 @@ class Sampler:
         is_open = [r and k == b.vocab for r, k in zip(rows, b.top_k_list)]
         width = max((k for k, r, o in zip(b.top_k_list, rows, is_open) if r and not o), default=1)
         width = max(width, min(b.vocab, 64)) if any(is_open) else width
-        open_rows = torch.tensor(is_open, device=b.adj.device)  # [batch]
+        picked = [i for i, r in enumerate(rows) if r]
         while True:
             vals, ids = b.topk(width)  # [batch, width] each
-            keep, resolved = self._keep_lengths(b, vals, open_rows)  # [batch] each
-            if width == b.vocab or bool(resolved.all()):
+            cand = vals.tolist()
+            keeps = {i: self._keep(b, i, cand[i], is_open[i]) for i in picked}
+            if width == b.vocab or all(done for _, done in keeps.values()):
                 break
             width = min(b.vocab, width * 8)
-        temp = torch.tensor([1.0 if g else p.temperature for p, g in zip(b.params, b.greedy)], device=b.adj.device)
-        col = torch.arange(width, device=b.adj.device)[None, :]  # [1, width]
-        scaled = vals.masked_fill(col >= keep[:, None], -math.inf) / temp[:, None]  # [batch, width]
-        pick = _inverse_cdf(torch.softmax(scaled, dim=1), uniform)  # [batch]
-        return ids.gather(1, pick[:, None]).squeeze(1)  # [batch]
+        tokens, us, id_rows = b.argmax.tolist(), uniform.tolist(), ids.tolist()
+        for i in picked:
+            tokens[i] = id_rows[i][draw(cand[i], keeps[i][0], b.params[i].temperature, us[i])]
+        return torch.tensor(tokens, dtype=torch.int64, device=b.adj.device)
 
-    def _keep_lengths(
-        self, b: _Batch, vals: torch.Tensor, open_rows: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Kept prefix length per row [batch], and whether it is final (its end is in view) [batch]."""
-        width = vals.shape[1]
-        col = torch.arange(width, device=vals.device)[None, :]  # [1, width]
-        in_k = vals.masked_fill(col >= b.top_k[:, None], -math.inf)  # [batch, width]
-        top_p, min_p = b.values("top_p"), b.values("min_p")  # [batch] each
-        norm = torch.logsumexp(in_k, dim=1)  # [batch]: top_p's normaliser, exact where top_k <= width
-        if bool((open_rows & (top_p < 1)).any()):  # top_k off: normalise over the whole vocab
-            norm = torch.where(open_rows & (b.top_k > width), b.lse, norm)
-        cum = torch.cumsum(torch.exp(in_k - norm[:, None]), dim=1)  # [batch, width]
-        n_p = torch.where(top_p < 1, (cum < top_p[:, None]).sum(dim=1) + 1, width + 1)  # first to reach top_p
-        n_min = (vals >= vals[:, :1] + torch.log(min_p)[:, None]).sum(dim=1)  # log(0) = -inf keeps all
-        keep = torch.minimum(torch.minimum(b.top_k.clamp(max=width), n_p.clamp(max=width)), n_min)
-        return keep.clamp(min=1), ~open_rows | (n_p <= width) | (n_min < width)
+    @staticmethod
+    def _keep(b: _Batch, i: int, vals: list[float], is_open: bool) -> tuple[int, bool]:
+        p, k = b.params[i], b.top_k_list[i]
+        lse = float(b.lse[i]) if is_open and p.top_p < 1 and k > len(vals) else None   # top_p over the vocab
+        return keep_length(vals, k, p.top_p, p.min_p, is_open, lse)
 
     def _report(self, raw: torch.Tensor, b: _Batch, tokens: torch.Tensor, chains: dict[int, ChainResult],
                 raw_is_adj: bool) -> SampleOutput:
