@@ -11,7 +11,7 @@ from openai import OpenAI
 
 from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from slotserver.server.fields import Fields
-from slotserver.server.tool_calls import ToolCallParser
+from slotserver.server.tool_calls import HermesParser
 from slotserver.server.tool_prompt import render_with_tools
 from slotserver.server.tools import parse_tools
 from smollm_server import smollm_client
@@ -140,12 +140,12 @@ def test_a_template_with_tool_support_gets_tools_and_object_arguments():
 
 def test_auto_parser_keeps_what_is_not_a_call_and_streams_like_the_whole():
     text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
-    content, calls = ToolCallParser(_tools()).parse(text)
+    content, calls = HermesParser(_tools()).parse(text)
     assert content == "Let me check." and json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
     for broken in ('<tool_call>\n{"name": "get_weather", "arguments": {"ci\n</tool_call>',
                    '<tool_call>\n{"name": "unknown", "arguments": {}}\n</tool_call>', "a < b <tool"):
-        assert ToolCallParser(_tools()).parse(broken) == (broken, [])
-    p, sent, got = ToolCallParser(_tools()), [], []
+        assert HermesParser(_tools()).parse(broken) == (broken, [])
+    p, sent, got = HermesParser(_tools()), [], []
     for ch in text + " and more":
         c, new = p.feed(ch)
         sent.append(c)
@@ -153,5 +153,5 @@ def test_auto_parser_keeps_what_is_not_a_call_and_streams_like_the_whole():
     c, new = p.feed("", final=True)
     assert "".join(sent) + c == "Let me check.\n and more" and len(got + new) == 1
     two = text + "\n" + text
-    assert len(ToolCallParser(_tools()).parse(two)[1]) == 1
-    assert len(ToolCallParser(_tools(parallel_tool_calls=True)).parse(two)[1]) == 2
+    assert len(HermesParser(_tools()).parse(two)[1]) == 1
+    assert len(HermesParser(_tools(parallel_tool_calls=True)).parse(two)[1]) == 2

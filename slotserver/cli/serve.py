@@ -85,6 +85,9 @@ def add_parser(sub) -> None:
       help="none | deepseek | deepseek-legacy | auto (default): where <think> text goes in chat answers")
     a("-rea", "--reasoning", default="auto", metavar="on|off|auto", help="thinking on or off (enable_thinking)")
     a("--reasoning-budget", type=int, default=-1, metavar="N", help="-1: unlimited (default), 0: thinking off")
+    a("--tool-call-format", default="auto", metavar="FORMAT",
+      help="auto (default: the chat template's own; Hermes <tool_call> blocks for templates without tool "
+           "support) | hermes | generic (llama.cpp's JSON answers): how tool calls are asked for and parsed")
     a("--alias", default="", help="model name shown to clients")
     _switch(p, "context-shift", False, "not supported yet")
     _switch(p, "cache-prompt", True, "reuse slot caches across requests (default on)")

@@ -27,6 +27,7 @@ from slotserver.model.config import ConfigError
 from slotserver.server.errors import bad_request
 from slotserver.server.fields import Fields
 from slotserver.server.reasoning import FORMATS
+from slotserver.server.tool_formats import CHOICES as TOOL_FORMATS
 
 RESERVED = ("messages", "add_generation_prompt", "tools")   # set by the request's own fields
 ON, OFF = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")   # llama.cpp's is_truthy/is_falsey
@@ -34,21 +35,25 @@ ON, OFF = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")   # 
 
 @dataclass(frozen=True)
 class ChatDefaults:
-    """Server flags: --reasoning-format, --chat-template-kwargs, --reasoning, --reasoning-budget."""
+    """Server flags: --reasoning-format, --chat-template-kwargs, --reasoning, --reasoning-budget,
+    --tool-call-format (tool_formats.py)."""
 
     reasoning_format: str = "auto"
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    tool_format: str = "auto"
 
     def __post_init__(self) -> None:
         if self.reasoning_format not in FORMATS:
             raise ConfigError(f"--reasoning-format must be one of {', '.join(FORMATS)}, got {self.reasoning_format!r}")
+        if self.tool_format not in TOOL_FORMATS:
+            raise ConfigError(f"--tool-call-format must be one of {', '.join(TOOL_FORMATS)}, got {self.tool_format!r}")
         if not isinstance(self.template_kwargs, dict):
             raise ConfigError("--chat-template-kwargs must be a JSON object")
         _check_kwargs(self.template_kwargs, ConfigError, "--chat-template-kwargs")
 
 
 def chat_defaults_from_flags(reasoning_format: str = "auto", kwargs_json: str | None = None,
-                             reasoning: str = "auto", budget: int = -1) -> ChatDefaults:
+                             reasoning: str = "auto", budget: int = -1, tool_format: str = "auto") -> ChatDefaults:
     """The flags -> ChatDefaults; a bad value is a ConfigError (one line, exit status 2).
     `--reasoning on|off` and `--reasoning-budget 0` set the default `enable_thinking`, as in
     llama-server; a positive budget is refused (no budget sampler)."""
@@ -69,7 +74,7 @@ def chat_defaults_from_flags(reasoning_format: str = "auto", kwargs_json: str | 
     elif budget != -1:
         raise ConfigError(f"--reasoning-budget {budget} is not supported: only -1 (unlimited) and 0 "
                           "(thinking off) are; a token budget needs a sampler that forces </think>")
-    return ChatDefaults(reasoning_format, kwargs)
+    return ChatDefaults(reasoning_format, kwargs, tool_format)
 
 
 def _check_kwargs(kwargs: dict, error: type[Exception], name: str) -> None:

@@ -21,7 +21,8 @@ from slotserver.server.format_llama import timings
 from slotserver.server.generation import Outcome
 from slotserver.server.params import CompletionJob
 from slotserver.server.reasoning import ReasoningMode
-from slotserver.server.tool_calls import ToolCallParser, stream_deltas
+from slotserver.server.tool_calls import stream_deltas
+from slotserver.server.tool_calls_json import call_parser
 from slotserver.server.tools import ToolConfig
 from slotserver.model.text.tokenizer import Tokenizer
 
@@ -75,7 +76,7 @@ class OpenAIFormatter:
         self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
         self.offset = 0  # legacy logprobs: characters streamed so far
-        self.tools = ToolCallParser(tools) if chat and tools is not None else None
+        self.tools = call_parser(tools) if chat and tools is not None else None
         self.index, self._tool_config = job.index, tools
         self.reasoning = reasoning if chat and reasoning is not None else ReasoningMode()
         self.split = self.reasoning.splitter(stream=True)   # the streamed answer's <think> split

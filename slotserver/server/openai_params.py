@@ -24,7 +24,8 @@ from slotserver.server.fields import Fields
 from slotserver.engine.grammar import Grammars
 from slotserver.server.constraints import compile_checked, parse_constraint, requested
 from slotserver.server.tool_prompt import render_with_tools
-from slotserver.server.tools import ToolConfig, forced_call_grammar, parse_tools
+from slotserver.server.tool_grammar import forced_call_grammar
+from slotserver.server.tools import ToolConfig, parse_tools
 from slotserver.server.params import CompletionJob, build_request, eog_bias, n_predict_field
 from slotserver.server.choices import expand, n_choices
 from slotserver.server.chat_options import ChatDefaults, chat_options
@@ -156,9 +157,10 @@ def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplat
     f = Fields(body)
     _refuse_unsupported(f)
     check_chat_fields(f)
-    tools = parse_tools(f)
+    chat = chat or ChatDefaults()
+    tools = parse_tools(f, template.source, chat.tool_format)
     grammar = _chat_grammar(f, tools, grammars)
-    text, reasoning = render_chat_request(f, template, tools, chat or ChatDefaults())
+    text, reasoning = render_chat_request(f, template, tools, chat)
     ids = encode(tokenizer, text, True, True)
     want = f.bool("logprobs", False)
     n_top = f.int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)

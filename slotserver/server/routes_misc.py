@@ -73,7 +73,9 @@ async def apply_template(request: Request) -> Response:
     f = Fields(await read_json(request, state.config.body_limit, state.config.timeout))
 
     def render() -> str:   # as a chat request renders it: tools, continuation, chat_template_kwargs
-        return render_chat_request(f, state.template, parse_tools(f), state.config.chat)[0]
+        chat = state.config.chat
+        tools = parse_tools(f, state.template.source, chat.tool_format)
+        return render_chat_request(f, state.template, tools, chat)[0]
 
     return JSONResp({"prompt": await anyio.to_thread.run_sync(render)})
 

@@ -77,7 +77,8 @@ def server_config_from_args(args) -> ServerConfig:
         defaults=defaults,
         chat=chat_defaults_from_flags(getattr(args, "reasoning_format", "auto"),
                                       getattr(args, "chat_template_kwargs", None),
-                                      getattr(args, "reasoning", "auto"), getattr(args, "reasoning_budget", -1)),
+                                      getattr(args, "reasoning", "auto"), getattr(args, "reasoning_budget", -1),
+                                      getattr(args, "tool_call_format", "auto")),
     )
 
 

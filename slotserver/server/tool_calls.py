@@ -1,11 +1,12 @@
-"""The model's text -> OpenAI `tool_calls`, whole or streamed (Hermes `<tool_call>` blocks).
+"""The model's text -> OpenAI `tool_calls`, whole or streamed: what every format's parser shares,
+and the Hermes `<tool_call>` parser (the JSON formats: tool_calls_json.py).
 
-`ToolCallParser.feed(text)` takes the generated text as it arrives and returns what is safe to
-send: content (text outside any call, a possible start of `<tool_call>` held back until it is
-decided) and calls (each when its block closes, or at the end for an unclosed last block).
-A block whose JSON does not parse, or names no offered function, is given back as content:
-never dropped. Without `parallel_tool_calls` only the first call is a call; what follows it is
-content, as llama-server does.
+A parser's `feed(text)` takes the generated text as it arrives and returns what is safe to send:
+content (text outside any call; text that may still turn out to start a call is held back until
+it is decided) and calls (each when its block is complete, or at the end for an unclosed last
+block). `parse(text)` is `feed(text, final=True)`: the same code path, so a streamed answer gives
+the same content and calls as the whole one. A block whose JSON does not parse, or names no
+offered function, is given back as content: never dropped.
 
 Calls are OpenAI's objects: {"id": "call_...", "type": "function", "function": {"name",
 "arguments": a JSON string}}; streamed, each call is two deltas as OpenAI sends them: the header
@@ -21,7 +22,14 @@ from dataclasses import dataclass, field
 from slotserver.server.tools import CLOSE, OPEN, ToolConfig
 
 
-def _call(obj: object, names: tuple[str, ...]) -> dict | None:
+def make_call(name: str, args: dict, call_id: str | None = None) -> dict:
+    return {"id": call_id or "call_" + secrets.token_hex(12), "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def call_from(obj: object, names: tuple[str, ...], call_id: str | None = None) -> dict | None:
+    """{"name", "arguments"} (Llama's "parameters"; arguments as an object or a JSON string)
+    naming an offered function -> an OpenAI call, else None."""
     if not isinstance(obj, dict) or obj.get("name") not in names:
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
@@ -32,36 +40,64 @@ def _call(obj: object, names: tuple[str, ...]) -> dict | None:
             return None
     if not isinstance(args, dict):
         return None
-    return {"id": "call_" + secrets.token_hex(12), "type": "function",
-            "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+    return make_call(obj["name"], args, call_id)
 
 
-def parse_call(block: str, names: tuple[str, ...]) -> dict | None:
-    """The body of one `<tool_call>` block -> an OpenAI call, or None if it is not one."""
-    try:
-        return _call(json.loads(block.strip()), names)
-    except json.JSONDecodeError:
-        return None
-
-
-def _partial_open(text: str) -> int:
-    """Length of the longest suffix of `text` that starts `<tool_call>` (to hold back)."""
-    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if OPEN.startswith(text[-n:]):
+def partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest suffix of `text` that starts `marker` (to hold back)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
             return n
     return 0
 
 
 @dataclass
-class ToolCallParser:
+class CallParser:
+    """What every format's parser keeps: the calls so far, the text not yet decided."""
+
     tools: ToolConfig
     calls: list[dict] = field(default_factory=list)
     _buf: str = ""
-    _in_call: bool = False
-    _done: bool = False         # without parallel calls: the first call closes the door
+    _done: bool = False         # no call can follow (without parallel calls: after the first)
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
         """-> (content to send now, calls completed now)."""
+        raise NotImplementedError
+
+    def parse(self, text: str) -> tuple[str, list[dict]]:
+        """A whole answer -> (content, calls); content is stripped around calls."""
+        content, calls = self.feed(text, final=True)
+        return (content.strip() if calls else content), calls
+
+
+def parse_call(block: str, names: tuple[str, ...]) -> dict | None:
+    """The body of one `<tool_call>` block -> an OpenAI call, or None if it is not one."""
+    try:
+        return call_from(json.loads(block.strip()), names)
+    except json.JSONDecodeError:
+        return None
+
+
+@dataclass
+class HermesParser(CallParser):
+    """`<tool_call>` blocks anywhere in the answer. Without `parallel_tool_calls` only the first
+    call is a call; what follows it is content, as llama-server does."""
+
+    _in_call: bool = False
+
+    def _outside(self, final: bool, content: list[str]) -> bool:
+        """Text before the next block goes to content; False when no block starts (yet)."""
+        i = self._buf.find(OPEN)
+        if i < 0:
+            keep = 0 if final else partial_suffix(self._buf, OPEN)
+            content.append(self._buf[: len(self._buf) - keep])
+            self._buf = self._buf[len(self._buf) - keep:]
+            return False
+        content.append(self._buf[:i])
+        self._buf, self._in_call = self._buf[i:], True
+        return True
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
         self._buf += text
         content, new = [], []
         while True:
@@ -69,21 +105,13 @@ class ToolCallParser:
                 content.append(self._buf)
                 self._buf = ""
                 break
-            if not self._in_call:
-                i = self._buf.find(OPEN)
-                if i < 0:
-                    keep = 0 if final else _partial_open(self._buf)
-                    content.append(self._buf[: len(self._buf) - keep])
-                    self._buf = self._buf[len(self._buf) - keep:]
-                    break
-                content.append(self._buf[:i])
-                self._buf, self._in_call = self._buf[i:], True
+            if not self._in_call and not self._outside(final, content):
+                break
             j = self._buf.find(CLOSE)
             if j < 0 and not final:
                 break
-            block = self._buf[len(OPEN): j if j >= 0 else len(self._buf)]
             end = j + len(CLOSE) if j >= 0 else len(self._buf)
-            call = parse_call(block, self.tools.names)
+            call = parse_call(self._buf[len(OPEN): j if j >= 0 else len(self._buf)], self.tools.names)
             if call is None:
                 content.append(self._buf[:end])
             else:
@@ -94,11 +122,6 @@ class ToolCallParser:
                 break
         self.calls.extend(new)
         return "".join(content), new
-
-    def parse(self, text: str) -> tuple[str, list[dict]]:
-        """A whole answer -> (content, calls); content is stripped around calls."""
-        content, calls = self.feed(text, final=True)
-        return (content.strip() if calls else content), calls
 
 
 def stream_deltas(index0: int, call: dict) -> list[dict]:

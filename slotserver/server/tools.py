@@ -1,32 +1,30 @@
 """OpenAI function calling, the request side: `tools`, `tool_choice`, `parallel_tool_calls`.
 
-The call format is Hermes / Qwen 2.5's (what llama.cpp's hermes handler parses, and what the
-fallback prompt in tool_prompt.py teaches a model whose template has no tool support, such as the
-default SmolLM2):
-
-    <tool_call>
-    {"name": "get_weather", "arguments": {"city": "Paris"}}
-    </tool_call>
+The call format (Hermes `<tool_call>` blocks, Llama 3.x JSON, Mistral Nemo `[TOOL_CALLS]`, or
+llama.cpp's generic JSON) comes from the model's chat template (tool_formats.py); the request's
+fields mean the same in every format.
 
 `tool_choice`:
 - "auto" (the default with tools): the model may answer or call; calls are parsed out of its text
-  (tool_calls.py), and a call that does not parse stays in the content, never dropped;
+  (tool_calls.py, tool_calls_json.py), and a call that does not parse stays in the content, never
+  dropped (the generic format is the exception: its answers always go through its grammar, which
+  lets the model answer with {"response": ...} or call);
 - "none": the tools are neither shown to the model nor parsed (plain chat);
 - "required" or {"type": "function", "function": {"name": ...}}: the output is forced through a
-  grammar built from the tools' parameter schemas (as vLLM does), so even a small model returns a
-  call that parses and matches its schema.
-`parallel_tool_calls` (llama-server's default, false): at most one call; true: one or more.
+  grammar built from the tools' parameter schemas (tool_grammar.py, as vLLM does), so even a small
+  model returns a call that parses and matches its schema.
+`parallel_tool_calls` (llama-server's default, false): at most one call; true: one or more
+(Llama 3.x templates render one call per turn: one call there, as llama.cpp).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from slotserver.engine.grammar import JSON_OPTIONS
 from slotserver.server.errors import bad_request
 from slotserver.server.fields import Fields
+from slotserver.server.tool_formats import GENERIC, HERMES, choose_format
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -37,6 +35,7 @@ class ToolConfig:
     choice: str                     # "auto", "none", "required" or "named"
     name: str | None = None         # the forced function with a named tool_choice
     parallel: bool = False
+    format: str = HERMES            # the call format (tool_formats.py)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -49,7 +48,14 @@ class ToolConfig:
 
     @property
     def forced(self) -> bool:
-        return self.active and self.choice in ("required", "named")
+        """The output goes through a grammar: "required" / named, and every answer of the generic
+        format (one JSON object: a call or {"response": ...}, as llama.cpp constrains it)."""
+        return self.active and (self.choice in ("required", "named") or self.format == GENERIC)
+
+    @property
+    def allowed(self) -> tuple[dict, ...]:
+        """The tools a call may name: all, or the one a named tool_choice forces."""
+        return tuple(t for t in self.tools if self.choice != "named" or t["function"]["name"] == self.name)
 
 
 def _tool(i: int, tool: Any) -> dict:
@@ -80,7 +86,9 @@ def _choice(value: Any, names: tuple[str, ...]) -> tuple[str, str | None]:
                       "{\"type\": \"function\", \"function\": {\"name\": ...}}")
 
 
-def parse_tools(f: Fields) -> ToolConfig:
+def parse_tools(f: Fields, template_source: str | None = None, preference: str = "auto") -> ToolConfig:
+    """The request's tool fields; the call format is the template's (`preference`: the server's
+    --tool-call-format)."""
     raw = f.raw("tools", [])
     if not isinstance(raw, list):
         raise bad_request("'tools' must be an array of function tools")
@@ -91,23 +99,6 @@ def parse_tools(f: Fields) -> ToolConfig:
     choice, name = _choice(f.raw("tool_choice"), names)
     if choice != "auto" and choice != "none" and not tools:
         raise bad_request("'tool_choice' requires 'tools'")
-    return ToolConfig(tools, choice, name, f.bool("parallel_tool_calls", False))
+    return ToolConfig(tools, choice, name, f.bool("parallel_tool_calls", False),
+                      choose_format(template_source, preference))
 
-
-def call_schema(tools: ToolConfig) -> dict:
-    """JSON Schema of one call's object: {"name": one of the allowed functions, "arguments": its parameters}."""
-    allowed = [t for t in tools.tools if tools.choice != "named" or t["function"]["name"] == tools.name]
-    options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                "properties": {"name": {"const": t["function"]["name"]}, "arguments": t["function"]["parameters"]}}
-               for t in allowed]
-    schema = options[0] if len(options) == 1 else {"anyOf": options}
-    return {**schema, "x-guidance": JSON_OPTIONS}
-
-
-def forced_call_grammar(tools: ToolConfig) -> str:
-    """A Lark grammar (llguidance) for "required"/named: one call, or several with parallel_tool_calls."""
-    schema = json.dumps(call_schema(tools))
-    rep = ' ("\\n" call)*' if tools.parallel else ""
-    return (f'start: call{rep}\n'
-            f'call: "{OPEN}\\n" json_call "\\n{CLOSE}"\n'
-            f'json_call: %json {schema}\n')

@@ -1,0 +1,70 @@
+"""Which tool-call format a chat uses, chosen from the model's chat template as llama.cpp does.
+
+Four formats, each with its grammar (tool_grammar.py), parser (tool_calls.py, tool_calls_json.py)
+and, for templates that do not speak it, a fallback prompt (tool_fallback.py):
+
+- hermes: Hermes 2/3, Qwen 2.5 and every other template that renders `tools` itself:
+      <tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>     (anywhere, one or more)
+- llama3: Llama 3.1 / 3.2 / 3.3 (their templates have an `ipython` turn for tool results):
+      {"name": "f", "parameters": {...}}     (the whole answer, optionally after <|python_tag|>)
+- mistral: Mistral Nemo (`[TOOL_CALLS]` in the template, without Mistral Small 3.2's `[ARGS]`):
+      [TOOL_CALLS][{"name": "f", "arguments": {...}, "id": "a1b2c3d4e"}]     (9-character ids)
+- generic: llama.cpp's "Generic" format, for templates without tool support: the answer is one
+  JSON object, {"tool_call": {"name", "arguments"}} (or {"tool_calls": [...]} with parallel calls)
+  or {"response": "text"}; every answer goes through its grammar.
+
+The detection rules are those of llama.cpp's common/chat.cpp before its differential autoparser
+(which reaches the same formats for these templates by rendering probes): a table of substrings a
+template's source must hold, and must not. `--tool-call-format` picks the format by hand: `auto`
+(the default) is the template's own, and for a template without tool support Hermes' blocks taught
+in the system message (README "Request fields" says why Hermes and not generic); `hermes` or
+`generic` force that format, taught by the fallback prompt to any template that does not render it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HERMES, LLAMA3, MISTRAL, GENERIC = "hermes", "llama3", "mistral", "generic"
+CHOICES = ("auto", HERMES, GENERIC)   # the values of --tool-call-format
+
+
+@dataclass(frozen=True)
+class NativeRule:
+    """A template whose source holds every `needs` and no `lacks` renders this format itself."""
+
+    format: str
+    needs: tuple[str, ...]
+    lacks: tuple[str, ...] = ()
+
+    def matches(self, source: str) -> bool:
+        return all(s in source for s in self.needs) and not any(s in source for s in self.lacks)
+
+
+# In llama.cpp's order: the first rule that matches wins.
+NATIVE_RULES = (
+    # Mistral Small 3.2 / Devstral / Ministral write [TOOL_CALLS]name[ARGS]{...}: not this format.
+    NativeRule(MISTRAL, ("[TOOL_CALLS]",), ("[ARGS]",)),
+    # Functionary v3.1 also has an ipython turn, but calls with <function=...>.
+    NativeRule(LLAMA3, ("<|start_header_id|>ipython<|end_header_id|>",), ("<function=",)),
+    # Any other template that renders `tools` (llama.cpp probes it; the mention is the same
+    # signal for real templates): Hermes blocks, what Qwen 2.5 and Hermes 2/3 templates teach.
+    NativeRule(HERMES, ("tools",)),
+)
+
+
+def native_format(source: str | None) -> str | None:
+    """The tool-call format the template renders itself (tools, history calls), or None."""
+    if not source:
+        return None
+    return next((rule.format for rule in NATIVE_RULES if rule.matches(source)), None)
+
+
+def choose_format(source: str | None, preference: str = "auto") -> str:
+    """The format of a request's calls: the template's own under `auto`, Hermes for a template
+    without tool support; `hermes` or `generic` when the server was told so."""
+    if preference not in CHOICES:
+        raise ValueError(f"tool-call format must be one of {', '.join(CHOICES)}, got {preference!r}")
+    if preference != "auto":
+        return preference
+    return native_format(source) or HERMES
