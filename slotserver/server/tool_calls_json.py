@@ -20,30 +20,34 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import string
 from dataclasses import dataclass
 from typing import ClassVar
 
 from slotserver.server.tool_calls import CallParser, HermesParser, call_from, partial_suffix
-from slotserver.server.tool_formats import GENERIC, HERMES, LLAMA3, MISTRAL
+from slotserver.server.tool_formats import (GENERIC, HERMES, ID_CHARS, LLAMA3, MISTRAL, MISTRAL_ID, MISTRAL_MARKER,
+                                             PYTHON_TAG)
 from slotserver.server.tools import ToolConfig
 
-MISTRAL_ID = re.compile(r"[a-zA-Z0-9]{9}")
-ALNUM = string.ascii_letters + string.digits
+NEMO_ID = re.compile(MISTRAL_ID)
 
 
 def mistral_id(given: object = None) -> str:
     """The model's id when it has Nemo's form (9 letters or digits: the template refuses others
     when the call comes back in the history), else a new one."""
-    if isinstance(given, str) and MISTRAL_ID.fullmatch(given):
+    if isinstance(given, str) and NEMO_ID.fullmatch(given):
         return given
-    return "".join(secrets.choice(ALNUM) for _ in range(9))
+    return "".join(secrets.choice(ID_CHARS) for _ in range(9))
 
 
 def _opens(text: str, skeletons: tuple[str, ...]) -> tuple[bool | None, int]:
     """Does `text` open with one of `skeletons`' characters (whitespace allowed between them)?
     -> (True, index of the first) / (False, -1) / (None, -1) while too short to say."""
-    chars = [(i, c) for i, c in enumerate(text[:64]) if not c.isspace()]
+    chars: list[tuple[int, str]] = []
+    for i, c in enumerate(text):
+        if not c.isspace():
+            chars.append((i, c))
+            if len(chars) == max(map(len, skeletons)):
+                break
     undecided = False
     for skeleton in skeletons:
         seen = "".join(c for _, c in chars[: len(skeleton)])
@@ -190,7 +194,7 @@ class JsonCallParser(CallParser):
 class Llama3Parser(JsonCallParser):
     """{"name": f, "parameters": {...}} as the whole answer, optionally after <|python_tag|>."""
 
-    MARKER, AFTER_MARKER, BARE = "<|python_tag|>", ('{"',), ('{"',)
+    MARKER, AFTER_MARKER, BARE = PYTHON_TAG, ('{"',), ('{"',)
 
     def decode(self, value: object) -> tuple[str, list[dict]] | None:
         call = call_from(value, self.tools.names)
@@ -201,7 +205,7 @@ class MistralParser(JsonCallParser):
     """[TOOL_CALLS][{"name", "arguments", "id"}, ...] after content, or a bare array of calls
     opening the answer (a vocabulary's [TOOL_CALLS] control token is not in the text)."""
 
-    MARKER, ANYWHERE, AFTER_MARKER, BARE = "[TOOL_CALLS]", True, ("[", "{"), ('[{"',)
+    MARKER, ANYWHERE, AFTER_MARKER, BARE = MISTRAL_MARKER, True, ("[", "{"), ('[{"',)
 
     def decode(self, value: object) -> tuple[str, list[dict]] | None:
         items = value if isinstance(value, list) else [value]

@@ -8,7 +8,8 @@ to produce. Two formats have a fallback:
 - hermes (the default): Qwen 2.5's system text, `<tool_call>` blocks, `<tool_response>` blocks;
 - generic (llama.cpp's): the tools as JSON, answers as {"tool_call": ...} / {"tool_calls": [...]}
   / {"response": ...} objects (a plain assistant turn is written as {"response": ...} while the
-  request's tools are active, since that is what the model wrote), results as {"tool_response"}.
+  request's tools are active, since that is what the model wrote; not a final one, which the
+  answer continues), results as {"tool_response"}.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def _message(fmt: str, messages: list, i: int, active: bool) -> Any:
         return {"role": "assistant", "content": _calls_text(fmt, m, text_of(messages, i) if m.get("content") else "")}
     if role == "tool":
         return {"role": "user", "content": _result_text(fmt, m, text_of(messages, i))}
-    if role == "assistant" and fmt == GENERIC and active:
+    if role == "assistant" and fmt == GENERIC and active and i < len(messages) - 1:   # not a prefill
         return {**m, "content": dumps({"response": text_of(messages, i)})}
     if role == "system" and i == 0 and isinstance(m.get("content"), list):
         return {**m, "content": text_of(messages, i)}   # the tools' description is appended to it

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 
 HERMES, LLAMA3, MISTRAL, GENERIC = "hermes", "llama3", "mistral", "generic"
 CHOICES = ("auto", HERMES, GENERIC)   # the values of --tool-call-format
+MISTRAL_MARKER, PYTHON_TAG = "[TOOL_CALLS]", "<|python_tag|>"   # what opens a Mistral / Llama call
+MISTRAL_ID = "[a-zA-Z0-9]{9}"         # the call ids Mistral Nemo's template accepts (regex)
+ID_CHARS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class NativeRule:
 # In llama.cpp's order: the first rule that matches wins.
 NATIVE_RULES = (
     # Mistral Small 3.2 / Devstral / Ministral write [TOOL_CALLS]name[ARGS]{...}: not this format.
-    NativeRule(MISTRAL, ("[TOOL_CALLS]",), ("[ARGS]",)),
+    NativeRule(MISTRAL, (MISTRAL_MARKER,), ("[ARGS]",)),
     # Functionary v3.1 also has an ipython turn, but calls with <function=...>.
     NativeRule(LLAMA3, ("<|start_header_id|>ipython<|end_header_id|>",), ("<function=",)),
     # Any other template that renders `tools` (llama.cpp probes it; the mention is the same

@@ -17,11 +17,10 @@ import json
 from collections.abc import Callable
 
 from slotserver.engine.grammar import JSON_OPTIONS
-from slotserver.server.tool_formats import GENERIC, HERMES, LLAMA3, MISTRAL
+from slotserver.server.tool_formats import GENERIC, HERMES, LLAMA3, MISTRAL, MISTRAL_ID, MISTRAL_MARKER
 from slotserver.server.tools import CLOSE, OPEN, ToolConfig
 
-MISTRAL_MARKER = "[TOOL_CALLS]"
-MISTRAL_ID = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}   # what Nemo's template demands
+ID_SCHEMA = {"type": "string", "pattern": f"^{MISTRAL_ID}$"}   # what Nemo's template demands
 
 
 def _one_of(options: list[dict]) -> dict:
@@ -58,7 +57,7 @@ def llama3_grammar(tools: ToolConfig) -> str:
 def mistral_grammar(tools: ToolConfig) -> str:
     """`[TOOL_CALLS]` and an array of {"name", "arguments", "id"}: one item, or more with
     parallel_tool_calls."""
-    array = {"type": "array", "items": call_schema(tools, extra={"id": MISTRAL_ID}), "minItems": 1}
+    array = {"type": "array", "items": call_schema(tools, extra={"id": ID_SCHEMA}), "minItems": 1}
     if not tools.parallel:
         array["maxItems"] = 1
     return f'start: "{MISTRAL_MARKER}" json_calls\n' + _json_rule("json_calls", array)

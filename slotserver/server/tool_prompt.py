@@ -18,11 +18,10 @@ from typing import Any
 from slotserver.model.text.chat_template import ChatTemplate, ChatTemplateError
 from slotserver.server.errors import bad_request
 from slotserver.server.tool_fallback import arguments, fallback_messages, text_of
-from slotserver.server.tool_formats import MISTRAL, choose_format, native_format
+from slotserver.server.tool_formats import ID_CHARS, MISTRAL, MISTRAL_ID, choose_format, native_format
 from slotserver.server.tools import ToolConfig
 
-NEMO_ID = re.compile(r"[a-zA-Z0-9]{9}")
-ALNUM = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+NEMO_ID = re.compile(MISTRAL_ID)
 
 
 def nemo_id(call_id: Any) -> Any:
@@ -31,7 +30,7 @@ def nemo_id(call_id: Any) -> Any:
     if not isinstance(call_id, str) or NEMO_ID.fullmatch(call_id):
         return call_id
     n = int.from_bytes(hashlib.sha256(call_id.encode()).digest()[:8], "big")
-    return "".join(ALNUM[(n // 62 ** k) % 62] for k in range(9))
+    return "".join(ID_CHARS[(n // 62 ** k) % 62] for k in range(9))
 
 
 def _native_message(m: Any, fmt: str) -> Any:

@@ -1,0 +1,154 @@
+"""Forced tool calls in every format, through HTTP on the tiny random model: the chat template
+(`--chat-template`: Llama 3.1's, Mistral Nemo's, ChatML) or `--tool-call-format` picks the
+format, the grammar forces a call, and the answer parses back into OpenAI `tool_calls` that match
+their function's schema, whole and streamed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from starlette.testclient import TestClient
+from test_server_api import sse_events
+from tiny_gguf import write_tiny_gguf
+
+from slotserver.engine.config import EngineConfig
+from slotserver.engine.engine import Engine
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ConfigError, ModelConfig
+from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
+from slotserver.server import ServerConfig, ServerState, create_app
+from slotserver.server.chat_options import chat_defaults_from_flags
+
+FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "tool_templates.json").read_text())
+SOURCES = {c["name"]: c["source"] for c in FIXTURES["cases"]}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
+    "type": "object", "required": ["city"], "additionalProperties": False,
+    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["c", "f"]}}}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "required": ["zone"], "additionalProperties": False,
+    "properties": {"zone": {"type": "string", "maxLength": 12}}}}}
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+# (template, --tool-call-format): each format the template gets
+SETUPS = {"llama3": ("llama3.1", "auto"), "mistral": ("mistral-nemo", "auto"), "hermes": ("chatml", "auto"),
+          "generic": ("chatml", "generic")}
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tmp_path_factory):
+    threads = torch.get_num_threads()
+    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", **{"llama.context_length": 4096})
+    bundle = ModelBundle.load(ModelConfig(path, threads=1))
+    engine = Engine(bundle, EngineConfig(n_parallel=1, ctx_size=4096)).start()
+    yield bundle, engine
+    engine.stop()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def clients(tiny_engine):
+    bundle, engine = tiny_engine
+    out = {}
+    for fmt, (name, flag) in SETUPS.items():
+        config = ServerConfig(model_path=str(bundle.config.model_path), chat=chat_defaults_from_flags(tool_format=flag))
+        state = ServerState(config)
+        state.set_loaded(bundle, engine, ChatTemplate(SOURCES.get(name, CHATML_TEMPLATE)))
+        out[fmt] = TestClient(create_app(state))
+    return out
+
+
+def _valid(schema: dict, value: object) -> bool:
+    """The few JSON Schema words these tools use."""
+    if schema.get("type") == "string":
+        return isinstance(value, str) and len(value) <= schema.get("maxLength", len(value)) and \
+            value in schema.get("enum", [value])
+    props = schema.get("properties", {})
+    return (isinstance(value, dict) and set(schema.get("required", [])) <= set(value)
+            and (schema.get("additionalProperties", True) or set(value) <= set(props))
+            and all(_valid(props[k], v) for k, v in value.items() if k in props))
+
+
+def _check_call(call: dict, fmt: str) -> tuple[str, dict]:
+    fn = {"get_weather": WEATHER, "get_time": TIME}[call["function"]["name"]]["function"]
+    args = json.loads(call["function"]["arguments"])
+    assert call["type"] == "function" and _valid(fn["parameters"], args), call
+    if fmt == "mistral":   # the model's own id, in the form Nemo's template takes back
+        assert len(call["id"]) == 9 and call["id"].isalnum()
+    return call["function"]["name"], args
+
+
+def chat(client, **body) -> dict:
+    r = client.post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER, TIME], "temperature": 0,
+                                                  "max_tokens": 120, **body})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+@pytest.mark.parametrize("fmt", sorted(SETUPS))
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_a_forced_call_parses_and_matches_its_schema(clients, fmt, choice):
+    for seed in (0, 1):
+        answer = chat(clients[fmt], tool_choice=choice, seed=seed, temperature=1.0)
+        assert answer["finish_reason"] == "tool_calls" and answer["message"]["content"] is None
+        calls = answer["message"]["tool_calls"]
+        assert len(calls) == 1
+        name, _ = _check_call(calls[0], fmt)
+        assert isinstance(choice, str) or name == "get_time"
+
+
+@pytest.mark.parametrize("fmt", ["mistral", "generic", "hermes"])
+def test_parallel_forced_calls_are_each_valid(clients, fmt):
+    """The random model may add calls until max_tokens: what is left of an unclosed block is
+    content, and such an answer finishes with "length"."""
+    finished = 0
+    for seed in range(4):
+        answer = chat(clients[fmt], tool_choice="required", parallel_tool_calls=True, seed=seed, temperature=0.8)
+        calls = answer["message"].get("tool_calls") or []
+        assert answer["finish_reason"] == "length" or (answer["finish_reason"] == "tool_calls" and calls)
+        finished += answer["finish_reason"] == "tool_calls"
+        for call in calls:
+            _check_call(call, fmt)
+    assert finished
+
+
+@pytest.mark.parametrize("fmt", sorted(SETUPS))
+def test_streamed_deltas_rebuild_the_whole_answers_call(clients, fmt):
+    whole = chat(clients[fmt], tool_choice="required")["message"]["tool_calls"][0]
+    body = {"messages": ASK, "tools": [WEATHER, TIME], "tool_choice": "required", "temperature": 0,
+            "max_tokens": 120, "stream": True}
+    events = sse_events(clients[fmt].post("/v1/chat/completions", json=body).text)
+    chunks = [json.loads(e)["choices"][0] for e in events[:-1] if json.loads(e)["choices"]]
+    deltas = [t for c in chunks for t in c["delta"].get("tool_calls") or []]
+    assert chunks[-1]["finish_reason"] == "tool_calls" and {d["index"] for d in deltas} == {0}
+    name = "".join(d["function"].get("name") or "" for d in deltas)
+    args = "".join(d["function"].get("arguments") or "" for d in deltas)
+    assert (name, json.loads(args)) == (whole["function"]["name"], json.loads(whole["function"]["arguments"]))
+    assert "".join(c["delta"].get("content") or "" for c in chunks) == ""
+
+
+def test_generic_answers_always_go_through_its_grammar_and_stream_as_they_parse(clients):
+    body = {"tools": [WEATHER], "max_tokens": 40}
+    answer = chat(clients["generic"], **body)
+    message = answer["message"]
+    if answer["finish_reason"] == "tool_calls":
+        _check_call(message["tool_calls"][0], "generic")
+    elif answer["finish_reason"] == "stop":   # the grammar closed a {"response": ...}: its text
+        assert not message["content"].startswith('{"response"')
+    events = sse_events(clients["generic"].post("/v1/chat/completions", json={
+        "messages": ASK, "temperature": 0, "stream": True, **body}).text)
+    chunks = [json.loads(e)["choices"][0] for e in events[:-1] if json.loads(e)["choices"]]
+    assert "".join(c["delta"].get("content") or "" for c in chunks) == (message["content"] or "")
+
+
+def test_apply_template_uses_the_templates_own_format(clients):
+    prompts = {fmt: clients[fmt].post("/apply-template", json={"messages": ASK, "tools": [WEATHER]}).json()["prompt"]
+               for fmt in SETUPS}
+    assert "[AVAILABLE_TOOLS]" in prompts["mistral"] and "Environment: ipython" in prompts["llama3"]
+    assert "<tool_call>" in prompts["hermes"] and '{"response": "..."}' in prompts["generic"]
+
+
+def test_an_unknown_tool_call_format_is_a_config_error():
+    with pytest.raises(ConfigError, match="--tool-call-format"):
+        chat_defaults_from_flags(tool_format="xml")
