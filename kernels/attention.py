@@ -69,10 +69,10 @@ def reference(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> t
 def cpu(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
     """Same contract as `reference`; the formulation per step is described in the module docstring."""
     window, softcap = meta.window, meta.softcap
+    if _native_ok(q, kv, meta):   # every row as a decode row: batch-invariant (module docstring)
+        return _native_rows(q, kv, meta, scale, window, softcap)
     if meta.max_q == 1:
         return _cpu_decode(q, kv, meta, scale, window, softcap)
-    if _native_ok(q, kv, meta, rows=True):   # every row as a decode row: batch-invariant (docstring)
-        return _native_decode(q, kv, meta, scale, window, softcap, rows=True)
     if meta.split is not None:  # decodes first, then prefill chunks: never pad a decode row
         dec, pre = meta.split
         return torch.cat([_cpu_decode(q[: dec.n_seqs], kv, dec, scale, window, softcap),
@@ -137,11 +137,9 @@ def _cpu_each_chunk(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float
 
 def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, window: int = 0,
                 softcap: float = 0.0) -> torch.Tensor:
-    """One query per sequence: the C kernel below where it applies, else torch's SDPA with native
-    GQA (K/V never repeated) and the key mask `[B, 1, 1, L]` broadcast (no padding). The SDPA form
-    was ~1.5x faster than the padded path; the C kernel is faster still (docs/performance.md)."""
-    if _native_ok(q, kv, meta):
-        return _native_decode(q, kv, meta, scale, window, softcap)
+    """One query per sequence without the C kernel: torch's SDPA with native GQA (K/V never
+    repeated) and the key mask `[B, 1, 1, L]` broadcast (no padding), ~1.5x faster than the padded
+    path (docs/performance.md)."""
     n_seq, q_heads, dim = q.shape
     max_kv = meta.max_kv
     first = (meta.kv_lens - window).clamp(min=0) if window else torch.zeros_like(meta.kv_lens)  # [B]
@@ -178,7 +176,7 @@ NATIVE_C = r"""
    compiler vectorizes them with an order of its own, fixed in the compiled code; every query row
    (decode or prefill, any tile) runs the same code, so a row's result never depends on the batch
    around it. n is a multiple of LANES (rows are zero-padded): one vector shape per head_dim. */
-static inline float lane_dot(const float *a, const float *b, int64_t n) {
+static inline float row_dot(const float *a, const float *b, int64_t n) {
     float dot = 0.0f;
     for (int64_t d = 0; d < n; d++) dot += a[d] * b[d];
     return dot;
@@ -191,7 +189,7 @@ static inline float block_max(const float *x, int64_t j0, int64_t j1, float m) {
 }
 
 /* sum of x[j0..j1) */
-static inline float lane_sum(const float *x, int64_t j0, int64_t j1) {
+static inline float block_sum(const float *x, int64_t j0, int64_t j1) {
     float sum = 0.0f;
     for (int64_t j = j0; j < j1; j++) sum += x[j];
     return sum;
@@ -275,13 +273,13 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t
                 if (j0 >= j1) continue;                                                               \
                 float p[BLK], a[DIM];                                                                 \
                 for (int64_t j = j0; j < j1; j++) {                                                   \
-                    const float dot = lane_dot(qf[i], kb[j], DPAD(D));                                \
+                    const float dot = row_dot(qf[i], kb[j], DPAD(D));                                \
                     p[j] = softcap > 0.0f ? softcap * tanhf(dot / softcap) : dot;                     \
                 }                                                                                     \
                 const float mx = block_max(p, j0, j1, m[i]);                                          \
                 const float corr = fast_exp(m[i] - mx);                                                \
                 for (int64_t j = j0; j < j1; j++) p[j] = fast_exp(p[j] - mx);                         \
-                l[i] = l[i] * corr + lane_sum(p, j0, j1); m[i] = mx;                                  \
+                l[i] = l[i] * corr + block_sum(p, j0, j1); m[i] = mx;                                  \
                 if (D % 16 == 0 && D <= 128) {         /* 16-float vectors: kept in registers */      \
                     v16f av[(DIM) / 16 > 0 ? (DIM) / 16 : 1];                                         \
                     for (int64_t t = 0; t < D / 16; t++) av[t] = *(const v16f *)&acc[i][16 * t] * corr; \
@@ -334,13 +332,13 @@ native.signature(_LIB, "decode_attention", 6, 13, (native.ctypes.c_float, native
 _KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
-def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, rows: bool = False) -> bool:
+def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> bool:
     """The C kernel reads raw memory: only plain float CPU caches of q's head size, unit head_dim
-    strides, int64 metadata of q's batch, and streams that exist. rows: q holds every flat row of
-    the batch, run as one decode query each (`meta.row_streams`, `meta.row_kv_lens`)."""
+    strides, int64 per-row metadata (`meta.row_streams`, `meta.row_kv_lens`) of q's rows, and
+    streams that exist."""
     if _LIB is None or kv.k_scale is not None or q.dim() != 3 or kv.k.dim() != 4:
         return False
-    seq_streams, kv_lens = (meta.row_streams, meta.row_kv_lens) if rows else (meta.seq_streams, meta.kv_lens)
+    seq_streams, kv_lens = meta.row_streams, meta.row_kv_lens
     if seq_streams is None or kv_lens is None:
         return False
     tensors = (q, kv.k, kv.v, seq_streams, kv_lens)
@@ -360,10 +358,11 @@ def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, rows: bool = Fals
     return top <= streams
 
 
-def _native_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, window: int = 0,
-                   softcap: float = 0.0, rows: bool = False) -> torch.Tensor:
+def _native_rows(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, window: int = 0,
+                 softcap: float = 0.0) -> torch.Tensor:
+    """Every flat row of q as one decode query over its stream's first row_kv_lens cells."""
     n_seq, q_heads, dim = q.shape
-    streams, kv_lens = (meta.row_streams, meta.row_kv_lens) if rows else (meta.seq_streams, meta.kv_lens)
+    streams, kv_lens = meta.row_streams, meta.row_kv_lens
     out = torch.empty((n_seq, q_heads, dim), dtype=q.dtype)                        # [tokens, q_heads, dim]
     rc = _LIB.decode_attention(
         q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), streams.data_ptr(),

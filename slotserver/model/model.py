@@ -41,6 +41,9 @@ class LlamaModel:
     def __post_init__(self) -> None:
         if not self.layer_ropes:
             self.layer_ropes = [self.rope] * self.spec.n_layers
+        # no post-norms and no residual scale: branch outputs are added as they are (llama, qwen)
+        self._plain = self.spec.residual_scale == 1.0 and all(
+            lw.post_attn_norm is None and lw.post_ffn_norm is None for lw in self.weights.layers)
 
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype = torch.float32,
@@ -83,7 +86,7 @@ class LlamaModel:
         if s.embed_scale != 1.0:
             x = x * s.embed_scale
         ffn_act = ops.gelu_mul if s.act == "gelu" else ops.silu_mul
-        act, plain = w.act_dtype, self._plain_branches()
+        act, plain = w.act_dtype, self._plain
         for i, lw in enumerate(w.layers):
             h = _as(ops.rms_norm(x, lw.attn_norm, s.norm_eps), act)
             a = self._attention(i, lw, h, batch, cache, *angles[id(self.layer_ropes[i])])
@@ -121,11 +124,6 @@ class LlamaModel:
         attend = ops.paged_attention if kv.paged else ops.attention
         a = attend(q, kv, batch.attn.with_layer(s.window(i), s.attn_softcap), s.q_scale)  # [tokens, heads, hd]
         return _as(a.reshape(n, q_size), self.weights.act_dtype)
-
-    def _plain_branches(self) -> bool:
-        """No post-norms and no residual scale: branch outputs are added as they are (llama, qwen)."""
-        return self.spec.residual_scale == 1.0 and all(
-            lw.post_attn_norm is None and lw.post_ffn_norm is None for lw in self.weights.layers)
 
     def _branch_out(self, y: torch.Tensor, post_norm: torch.Tensor | None) -> torch.Tensor:
         """An attention or FFN output before the residual add: post-normed (gemma2/3), scaled (granite)."""
