@@ -14,16 +14,11 @@ import threading
 import time
 
 import pytest
-import torch
 from starlette.testclient import TestClient
 
-from slotserver.model.bundle import ModelBundle
 from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
-from slotserver.model.config import ModelConfig
-from slotserver.engine.engine import Engine
-from slotserver.engine.config import EngineConfig
 from slotserver.server import ServerConfig, ServerState, create_app
-from tiny_gguf import write_tiny_gguf
+from tiny_engine import running_tiny_engine
 
 N_PARALLEL, CTX = 2, 128          # 64 cells per slot
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -34,13 +29,8 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "
 @pytest.fixture(scope="module")
 def tiny_engine(tmp_path_factory):
     """(bundle, engine) on a tiny model; one torch thread (tiny ops only lose from threading)."""
-    threads = torch.get_num_threads()
-    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
-    bundle = ModelBundle.load(ModelConfig(path, threads=1))
-    engine = Engine(bundle, EngineConfig(n_parallel=N_PARALLEL, ctx_size=CTX)).start()
-    yield bundle, engine
-    engine.stop()
-    torch.set_num_threads(threads)
+    with running_tiny_engine(tmp_path_factory.mktemp("tiny"), N_PARALLEL, CTX) as running:
+        yield running
 
 
 def make_client(tiny_engine, **config) -> TestClient:

@@ -6,16 +6,11 @@ model with 32-cell slots (so even a valid random request generates at most a few
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from slotserver.model.bundle import ModelBundle
-from slotserver.model.config import ModelConfig
-from slotserver.engine.engine import Engine
-from slotserver.engine.config import EngineConfig
 from test_server_api import assert_error, make_client
-from tiny_gguf import write_tiny_gguf
+from tiny_engine import running_tiny_engine
 
 N_CELLS = 32
 MSGS = [{"role": "user", "content": "hi"}]
@@ -23,13 +18,8 @@ MSGS = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def tiny_engine(tmp_path_factory):
-    threads = torch.get_num_threads()
-    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
-    bundle = ModelBundle.load(ModelConfig(path, threads=1))
-    engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=2 * N_CELLS)).start()
-    yield bundle, engine
-    engine.stop()
-    torch.set_num_threads(threads)
+    with running_tiny_engine(tmp_path_factory.mktemp("tiny"), 2, 2 * N_CELLS) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

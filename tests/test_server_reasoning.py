@@ -13,19 +13,15 @@ import itertools
 import json
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 from test_server_api import assert_error, sse_events
-from tiny_gguf import write_tiny_gguf
+from tiny_engine import running_tiny_engine
 
 from slotserver.cli.main import build_parser
-from slotserver.engine.config import EngineConfig
-from slotserver.engine.engine import Engine
 from slotserver.engine.request import FinalEvent, Request
-from slotserver.model.bundle import ModelBundle
-from slotserver.model.config import ConfigError, ModelConfig
+from slotserver.model.config import ConfigError
 from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from slotserver.server import ServerConfig, ServerState, create_app
 from slotserver.server.chat_options import chat_defaults_from_flags
@@ -142,12 +138,8 @@ ASK = [{"role": "user", "content": "Capital of France?"}]
 def tiny_engine(tmp_path_factory):
     """(bundle, engine) on the tiny model with room for forced answers (its vocabulary is mostly
     bytes, so an answer costs about a token per character)."""
-    threads = torch.get_num_threads()
-    bundle = ModelBundle.load(ModelConfig(write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf"), threads=1))
-    engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=512)).start()
-    yield bundle, engine
-    engine.stop()
-    torch.set_num_threads(threads)
+    with running_tiny_engine(tmp_path_factory.mktemp("tiny"), 2, 512) as running:
+        yield running
 
 
 def serve(tiny_engine, template: str = CHATML_TEMPLATE, **chat_flags) -> TestClient:

@@ -9,11 +9,8 @@ application/json and never answer a cross-origin preflight, so no web page can c
 from __future__ import annotations
 
 import pytest
-import torch
-from tiny_gguf import write_tiny_gguf
+from tiny_engine import running_tiny_engine
 
-from slotserver.model.bundle import ModelBundle
-from slotserver.model.config import ModelConfig
 from slotserver.engine.engine import Engine
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.request import Request
@@ -42,13 +39,8 @@ def assert_error(r, status: int) -> dict:
 
 @pytest.fixture(scope="module")
 def tiny_engine(tmp_path_factory):
-    threads = torch.get_num_threads()
-    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
-    bundle = ModelBundle.load(ModelConfig(path, threads=1))
-    engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=64)).start()
-    yield bundle, engine
-    engine.stop()
-    torch.set_num_threads(threads)
+    with running_tiny_engine(tmp_path_factory.mktemp("tiny"), 2, 64) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from starlette.testclient import TestClient
 from test_server_api import sse_events
-from tiny_gguf import write_tiny_gguf
+from tiny_engine import running_tiny_engine
 
-from slotserver.engine.config import EngineConfig
-from slotserver.engine.engine import Engine
-from slotserver.model.bundle import ModelBundle
-from slotserver.model.config import ConfigError, ModelConfig
+from slotserver.model.config import ConfigError
 from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from slotserver.server import ServerConfig, ServerState, create_app
 from slotserver.server.chat_options import chat_defaults_from_flags
@@ -38,13 +34,8 @@ SETUPS = {"llama3": ("llama3.1", "auto"), "mistral": ("mistral-nemo", "auto"), "
 
 @pytest.fixture(scope="module")
 def tiny_engine(tmp_path_factory):
-    threads = torch.get_num_threads()
-    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", **{"llama.context_length": 4096})
-    bundle = ModelBundle.load(ModelConfig(path, threads=1))
-    engine = Engine(bundle, EngineConfig(n_parallel=1, ctx_size=4096)).start()
-    yield bundle, engine
-    engine.stop()
-    torch.set_num_threads(threads)
+    with running_tiny_engine(tmp_path_factory.mktemp("tiny"), 1, 4096, **{"llama.context_length": 4096}) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
