@@ -67,10 +67,39 @@ PREFILL_ROWS = {int(T.Q4_0): 64, int(T.Q4_1): 64, int(T.Q5_0): 64, int(T.Q5_1): 
                 int(T.Q2_K): 16, int(T.Q3_K): 16, int(T.Q4_K): 16, int(T.Q5_K): 32, int(T.Q6_K): 16}
 
 
-def reference(x: torch.Tensor, w: QWeight) -> torch.Tensor:
-    """gguf's dequantizer, then a float32 matmul: x [M, K] -> [M, N] in x's dtype."""
+# Fusions (FUSES, optional arguments of every implementation): the model asks for them where a
+# step would otherwise call rms_norm / silu_mul before the matmul and add its output to the
+# residual after it. Why: at decode batch 1 each of those is a whole Python -> C round trip
+# (~6-7 us, 90 per step, ~0.7 ms of a ~9 ms step) for ~0.1 us of arithmetic. A qmatmul module
+# without FUSES is called unfused (the model checks), so an older lab copy keeps working.
+FUSES = ("norm", "glu", "acc")
+
+
+def reference(x: torch.Tensor, w: QWeight, norm: torch.Tensor | None = None, eps: float = 0.0, glu: bool = False,
+              acc: torch.Tensor | None = None) -> torch.Tensor:
+    """gguf's dequantizer, then a float32 matmul: x [M, K] -> [M, N] in x's dtype.
+    Fused: glu (x is gate|up [M, 2K]: the input is silu(gate) * up), then `norm` (an RMSNorm
+    weight [K], epsilon eps); acc [M, N]: the product is added into it, and it is returned."""
+    x = _prologue_ref(x, norm, eps, glu)
     wf = dequantize(w) if w.qtype not in FLOATS else w.float_view().cpu().float()
-    return (x.cpu().float() @ wf.T).to(x.dtype).to(x.device)
+    return _epilogue((x.cpu().float() @ wf.T).to(x.dtype).to(x.device), acc)
+
+
+def _prologue_ref(x: torch.Tensor, norm: torch.Tensor | None, eps: float, glu: bool) -> torch.Tensor:
+    """The fused input in torch: the silu_mul and rms_norm kernels' references."""
+    if glu:
+        g, u = x.float().chunk(2, dim=-1)
+        x = (g / (1 + torch.exp(-g)) * u).to(x.dtype)
+    if norm is not None:
+        xf = x.float()
+        x = (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * norm.float()).to(x.dtype)
+    return x
+
+
+def _epilogue(y: torch.Tensor, acc: torch.Tensor | None) -> torch.Tensor:
+    if acc is None:
+        return y
+    return acc.add_(y if y.dtype == acc.dtype else y.to(acc.dtype))
 
 
 NATIVE_C = r"""
@@ -737,10 +766,41 @@ int qmatmul_r16_serves(int type, int form) {
 #endif
 }
 
+/* The fused prologue: row m of the matmul's input into xf [K] float32. glu: x's row is gate|up
+   [2K] and the input is silu(gate) * up (the silu_mul kernel's formula); gw: then RMS-normed with
+   weight gw (the rms_norm kernel's formula and summation order: the same floats as the two kernels
+   called apart). */
+static void prologue_row(const void *x, int64_t off, int xb, int64_t K, const void *gw, int gwb, float eps,
+                         int glu, float *xf) {
+    if (glu) {
+        int64_t i = 0;
+#ifdef SLOT_AVX512
+        for (; i + 16 <= K; i += 16) _mm512_storeu_ps(xf + i, silu_mul16(load16(x, off + i, xb), load16(x, off + K + i, xb)));
+#endif
+        for (; i < K; i++) xf[i] = silu_mul1(ld(x, off + i, xb), ld(x, off + K + i, xb));
+    } else load_row(x, off, xb, K, xf);
+    if (gw) {
+        float ss = 0.0f;
+        for (int64_t i = 0; i < K; i++) ss += xf[i] * xf[i];
+        const float r = 1.0f / sqrtf(ss / (float)K + eps);
+        for (int64_t i = 0; i < K; i++) xf[i] = xf[i] * r * ld(gw, i, gwb);
+    }
+}
+
+/* prologue_row for M rows into out [M, K] float32: the fused input for the paths that do not fuse. */
+int qprologue(const void *x, float *out, const void *gw, int64_t M, int64_t K, int64_t sx, float eps, int xb, int gwb,
+              int glu, int n_threads) {
+    #pragma omp parallel for num_threads(n_threads) if (M * K >= 65536)
+    for (int64_t m = 0; m < M; m++) prologue_row(x, m * sx, xb, K, gw, gwb, eps, glu, out + m * K);
+    return 0;
+}
+
 /* y[m, n] = sum_k x[m, k] W[n, k] on repacked weights; x/y rows sx/sy elements apart. form 1: U is
-   the 4-bit form with float16 scales (D = S); 0 and 2: bytes with float scales (D). */
-int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, int64_t M, int64_t N,
-                int64_t K, int64_t sx, int64_t sy, int xb, int yb, int form, int n_threads) {
+   the 4-bit form with float16 scales (D = S); 0 and 2: bytes with float scales (D). Fused: x
+   through prologue_row (gw: an RMSNorm weight or NULL; glu), and accum: y += the product (a residual). */
+int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const void *gw, int64_t M, int64_t N,
+                int64_t K, int64_t sx, int64_t sy, float eps, int xb, int yb, int gwb, int glu, int accum, int form,
+                int n_threads) {
     const int nib = form == 1 || form == 3;
     const int64_t nb = K / 32, ng = (N + 15) / 16, ub = form == 3 ? 320 : nib ? 256 : 512;
     int8_t *q = malloc(M * K + 64); float *da = malloc(M * nb * sizeof(float) + 64), *ds = malloc(M * nb * sizeof(float) + 64);
@@ -750,7 +810,7 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, int64_t
     #pragma omp parallel for num_threads(n_threads) if (M * K >= 65536)
     for (int64_t m = 0; m < M; m++) {
         float *xf = malloc(K * sizeof(float));
-        load_row(x, m * sx, xb, K, xf);
+        prologue_row(x, m * sx, xb, K, gw, gwb, eps, glu, xf);
         quantize_row(xf, K, 32, q + m * K, da + m * nb, as + m * (K / 16));
         free(xf);
         for (int64_t b = 0; b < nb; b++) ds[m * nb + b] = da[m * nb + b] * (float)(as[m * (K / 16) + 2 * b] + as[m * (K / 16) + 2 * b + 1]);
@@ -799,7 +859,12 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, int64_t
                 }
             }
 #endif
-            for (int i = 0; i < mc; i++)
+            if (accum) for (int i = 0; i < mc; i++)
+                for (int r = 0; r < 16 && g * 16 + r < N; r++) {
+                    const int64_t o = (m0 + i) * sy + g * 16 + r;
+                    st(y, o, yb, ld(y, o, yb) + out[i][r]);
+                }
+            else for (int i = 0; i < mc; i++)
                 for (int r = 0; r < 16 && g * 16 + r < N; r++) st(y, (m0 + i) * sy + g * 16 + r, yb, out[i][r]);
         }
     }
@@ -852,7 +917,8 @@ _LIB = native.build("qmatmul", NATIVE_C, origin=__file__, strict=True)
 native.signature(_LIB, "qmatmul", 3, 7, (native.ctypes.c_int,) * 4)
 native.signature(_LIB, "qdequant", 2, 5, (native.ctypes.c_int,) * 3)
 native.signature(_LIB, "qrepack", 3, 4, (native.ctypes.c_int,) * 3)
-native.signature(_LIB, "qmatmul_r16", 4, 5, (native.ctypes.c_int,) * 4)
+native.signature(_LIB, "qmatmul_r16", 5, 5, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 7)
+native.signature(_LIB, "qprologue", 3, 3, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 4)
 native.signature(_LIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,) * 2)
 _R16 = frozenset(t for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K)
                  if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 0)) | frozenset(
@@ -878,12 +944,19 @@ def cpu_path() -> str:
     return f"int8 dots {dots}{repacked}; Q2_K/Q3_K {'bf16' if _BF16_GEMM else 'f32'} tiles + GEMM from {min(PREFILL_ROWS.values())} rows"
 
 
-def cpu(x: torch.Tensor, w: QWeight) -> torch.Tensor:
-    """x [M, K] (float32 or bf16, unit last stride) -> [M, N] in x's dtype."""
+def cpu(x: torch.Tensor, w: QWeight, norm: torch.Tensor | None = None, eps: float = 0.0, glu: bool = False,
+        acc: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (float32 or bf16, unit last stride) -> [M, N] in x's dtype; fusions as `reference`.
+    The repacked form fuses in C; other paths run the same C prologue, then the matmul, then add."""
     fast = w.__dict__.get("_qmatmul_r16")   # the served case, checked in few steps (a decode step makes ~120 calls)
     if fast is not None and fast[0] is _TOKEN and x.dtype == torch.float32 and x.is_contiguous() and x.is_cpu \
-            and x.dim() == 2 and x.shape[1] == w.k and repacked_serves(w, x.shape[0]):
-        return _r16(x, w, *fast[1])
+            and x.dim() == 2 and x.shape[1] == (2 * w.k if glu else w.k) and repacked_serves(w, x.shape[0]):
+        if norm is None and acc is None and not glu:
+            return _r16(x, w, *fast[1])
+        if _fusable(x, w, norm, acc):
+            return _r16(x, w, *fast[1], norm, eps, glu, acc)
+    if norm is not None or glu or acc is not None:
+        return _epilogue(cpu(_prologue(x, w, norm, eps, glu), w), acc)
     if w.qtype in FLOATS:
         return _float_rows(x, w)
     if _LIB is None or x.dtype not in _XDTYPES or x.stride(-1) != 1 or w.raw.stride(-1) != 1 or x.device.type != "cpu":
@@ -978,16 +1051,39 @@ def _int_dots(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     return y
 
 
-def _r16(x: torch.Tensor, w: QWeight, u: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
-    """x [M, K] (unit last stride) times the repacked weight -> [M, N] in x's dtype."""
-    y = torch.empty(x.shape[0], w.n, dtype=x.dtype)
+def _r16(x: torch.Tensor, w: QWeight, u: torch.Tensor, sc: torch.Tensor, norm: torch.Tensor | None = None,
+         eps: float = 0.0, glu: bool = False, acc: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (unit last stride) times the repacked weight -> [M, N] in x's dtype (fusions: `cpu`)."""
+    y = torch.empty(x.shape[0], w.n, dtype=x.dtype) if acc is None else acc
     nib = w.qtype in _R16_NIB
     form = (3 if w.qtype in (T.Q5_0, T.Q5_1) else 1) if nib else 2 if w.qtype == T.Q6_K else 0
-    bf16 = native.is_bf16(x)
-    rc = _LIB.qmatmul_r16(u.data_ptr(), sc.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], w.n, w.k,
-                          x.stride(0), w.n, bf16, bf16, form, torch.get_num_threads())
+    gw = 0 if norm is None else norm.data_ptr()
+    rc = _LIB.qmatmul_r16(u.data_ptr(), sc.data_ptr(), x.data_ptr(), y.data_ptr(), gw, x.shape[0], w.n, w.k,
+                          x.stride(0), y.stride(0), eps, native.is_bf16(x), native.is_bf16(y),
+                          norm is not None and native.is_bf16(norm), glu, acc is not None, form, torch.get_num_threads())
     assert rc == 0, "qmatmul: out of memory"
     return y
+
+
+def _fusable(x: torch.Tensor, w: QWeight, norm: torch.Tensor | None, acc: torch.Tensor | None) -> bool:
+    """Whether the C reads `norm` and writes `acc` as they are (float CPU tensors of the right shapes)."""
+    floats = (torch.float32, torch.bfloat16)
+    return (norm is None or (norm.is_cpu and norm.dtype in floats and norm.is_contiguous() and norm.shape == (w.k,))) \
+        and (acc is None or (acc.is_cpu and acc.dtype in floats and acc.dim() == 2 and acc.stride(1) == 1
+                             and acc.shape == (x.shape[0], w.n)))
+
+
+def _prologue(x: torch.Tensor, w: QWeight, norm: torch.Tensor | None, eps: float, glu: bool) -> torch.Tensor:
+    """The fused input as a float32 tensor [M, K] for the unfused paths: the C prologue (the same
+    floats as the fused one), or torch's formulas without the library or with unusual tensors."""
+    k = w.k
+    if _LIB is None or not x.is_cpu or x.dim() != 2 or x.stride(1) != 1 or x.dtype not in _XDTYPES \
+            or x.shape[1] != (2 * k if glu else k) or not _fusable(x, w, norm, None):
+        return _prologue_ref(x, norm, eps, glu)
+    out = torch.empty(x.shape[0], k, dtype=torch.float32)
+    _LIB.qprologue(x.data_ptr(), out.data_ptr(), 0 if norm is None else norm.data_ptr(), x.shape[0], k, x.stride(0),
+                   eps, native.is_bf16(x), norm is not None and native.is_bf16(norm), glu, torch.get_num_threads())
+    return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
 def _dequant_tiles(x: torch.Tensor, w: QWeight) -> torch.Tensor:
@@ -1062,8 +1158,12 @@ def _qmatmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y,
 TRITON_BLOCK_M, TRITON_BLOCK_N = 16, 32
 
 
-def triton(x: torch.Tensor, w: QWeight) -> torch.Tensor:
-    """Same contract as `cpu` (x and w.raw on the CUDA device, or CPU under TRITON_INTERPRET=1)."""
+def triton(x: torch.Tensor, w: QWeight, norm: torch.Tensor | None = None, eps: float = 0.0, glu: bool = False,
+           acc: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as `cpu` (x and w.raw on the CUDA device, or CPU under TRITON_INTERPRET=1);
+    the fusions in torch around the kernel (on a GPU the launches, not the Python, are the cost)."""
+    if norm is not None or glu or acc is not None:
+        return _epilogue(triton(_prologue_ref(x, norm, eps, glu).contiguous(), w), acc)
     assert x.dim() == 2 and x.stride(1) == 1 and x.shape[1] == w.k
     y = torch.empty(x.shape[0], w.n, dtype=x.dtype, device=x.device)
     if w.qtype in (T.Q8_0, T.Q4_0):
@@ -1082,12 +1182,19 @@ EXAMPLE_TYPES = (T.Q4_0, T.Q8_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K,
 
 
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
-    """x [M, K] unit-variance, M small; W random valid blocks of one of the formats above."""
+    """x [M, K] unit-variance, M small; W random valid blocks of one of the formats above; half
+    of the draws with one of the fusions (x is then gate|up [M, 2K] for glu; an RMSNorm weight
+    near 1; a residual acc [M, N] in float32, as the model's)."""
     qtype = EXAMPLE_TYPES[int(torch.randint(len(EXAMPLE_TYPES), (), generator=gen))]
     block = gguf.GGML_QUANT_SIZES[qtype][0]
     k = (256 if block == 256 else 32) * int(torch.randint(1, 4 if block == 256 else 12, (), generator=gen))
     m, n = int(torch.randint(1, 9, (), generator=gen)), int(torch.randint(1, 48, (), generator=gen))
-    return torch.randn(m, k, generator=gen).to(dtype), random_qweight(gen, qtype, n, k)
+    w = random_qweight(gen, qtype, n, k)
+    fuse = int(torch.randint(6, (), generator=gen))   # 0-2: none; 3: norm; 4: glu + acc; 5: norm + acc
+    glu, norm = fuse == 4, (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype) if fuse in (3, 5) else None
+    acc = torch.randn(m, n, generator=gen) if fuse >= 4 else None
+    x = torch.randn(m, 2 * k if glu else k, generator=gen).to(dtype)
+    return (x, w) if fuse < 3 else (x, w, norm, 1e-5, glu, acc)
 
 
 def _aot(qtype: int, x: str, w: str) -> tuple:

@@ -23,21 +23,9 @@ def reference(gate_up: torch.Tensor) -> torch.Tensor:
     return (g / (1 + torch.exp(-g)) * u).to(gate_up.dtype)
 
 
-# silu(g) * u per element in float32, one rounding. The AVX-512 path avoids the division (the
-# slowest vector instruction; GCC keeps it without -ffast-math): 1 / (1 + e) as rcp14 plus one
-# Newton step (relative error ~1e-7). Rows split over the threads from 8K elements on.
+# silu(g) * u per element in float32, one rounding, with the native prelude's silu_mul1 / silu_mul16
+# (shared with qmatmul's fused prologue). Rows split over the threads from 8K elements on.
 NATIVE_C = r"""
-static inline float silu_mul1(float g, float u) { return g / (1.0f + fast_exp(-g)) * u; }
-
-#ifdef SLOT_AVX512
-static inline __m512 silu_mul16(__m512 g, __m512 u) {
-    const __m512 den = _mm512_add_ps(_mm512_set1_ps(1.0f), fast_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)));
-    __m512 r = _mm512_rcp14_ps(den);
-    r = _mm512_mul_ps(r, _mm512_fnmadd_ps(den, r, _mm512_set1_ps(2.0f)));     /* Newton: r (2 - den r) */
-    return _mm512_mul_ps(_mm512_mul_ps(g, r), u);
-}
-#endif
-
 int silu_mul(const void *gu, void *out, int64_t T, int64_t F, int64_t sg, int b, int n_threads) {
     #pragma omp parallel for num_threads(n_threads) if (T * F >= 8192) schedule(static)
     for (int64_t t = 0; t < T; t++) {

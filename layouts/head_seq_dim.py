@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from slotserver.lab.kv_rows import write_rows
 from slotserver.lab.kv_spec import KVSpec, StridedKV
 
 NAME = "head_seq_dim"
@@ -34,8 +35,7 @@ class HeadSeqDim:
     def write(self, layer: int, streams: torch.Tensor, positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:
         """Store rows: `k[t]`, `v[t]` (`[tokens, kv_heads, head_dim]`) at (streams[t], positions[t])."""
-        self.k[layer].index_put_((streams, positions), k.to(self.spec.dtype))
-        self.v[layer].index_put_((streams, positions), v.to(self.spec.dtype))
+        write_rows(self.k[layer], self.v[layer], streams, positions, k, v)
 
     def view(self, layer: int) -> StridedKV:
         return StridedKV(self.k[layer], self.v[layer])  # [streams, cells, kv_heads, head_dim], strided

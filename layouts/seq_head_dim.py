@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from slotserver.lab.kv_rows import dst_native, write_rows
 from slotserver.lab.kv_spec import KVSpec, StridedKV
 
 NAME = "seq_head_dim"
@@ -23,16 +24,17 @@ class SeqHeadDim:
         shape = (spec.n_layers, spec.n_streams, spec.n_cells, spec.n_kv_heads, spec.head_dim)
         self.k = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
         self.v = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
+        self._views = [StridedKV(self.k[i], self.v[i]) for i in range(spec.n_layers)]   # made once, not per step
+        self._native = dst_native(self.k[0], self.v[0])
 
     def write(self, layer: int, streams: torch.Tensor, positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:
         """Store rows: `k[t]`, `v[t]` (`[tokens, kv_heads, head_dim]`) at (streams[t], positions[t])."""
-        dtype = self.spec.dtype
-        self.k[layer].index_put_((streams, positions), k if k.dtype == dtype else k.to(dtype))
-        self.v[layer].index_put_((streams, positions), v if v.dtype == dtype else v.to(dtype))
+        view = self._views[layer]
+        write_rows(view.k, view.v, streams, positions, k, v, self._native)
 
     def view(self, layer: int) -> StridedKV:
-        return StridedKV(self.k[layer], self.v[layer])  # [streams, cells, kv_heads, head_dim]
+        return self._views[layer]  # [streams, cells, kv_heads, head_dim]
 
     def copy_stream(self, src: int, dst: int, n: int) -> None:
         """Copy the first `n` cells of stream `src` onto stream `dst` (all layers)."""

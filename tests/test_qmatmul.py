@@ -191,3 +191,29 @@ def test_triton_q8_0_and_q4_0_interpreted():
     assert proc.returncode == 0 and len(lines) == 4, proc.stderr[-2000:]
     for name, *_, err, ok in lines:
         assert ok == "True", f"triton {name}: max error {err}"
+
+
+@pytest.mark.parametrize("m", [1, 5, 80])
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q4_K, T.Q6_K, T.Q8_0, T.Q3_K, T.F16], ids=lambda t: T(t).name)
+def test_fusions_give_the_floats_of_the_separate_kernels(mod, qtype, m):
+    """What the model relies on when it fuses (docs/architecture.md): the pre-norm, the SiLU gate
+    and the residual add inside qmatmul give the same floats as calling rms_norm, silu_mul, qmatmul
+    and an add apart: on the repacked formats (fused in C), on the others (prologue in C, then the
+    usual path), at one row, a few, and prefill sizes; the second call runs on the built repack."""
+    kdir = default_dir("kernels")
+    rms = load_by_path(kdir / "rms_norm.py", KERNEL_CONTRACT).module
+    silu = load_by_path(kdir / "silu_mul.py", KERNEL_CONTRACT).module
+    gen = torch.Generator().manual_seed(int(qtype) * 100 + m)
+    k = 512
+    w = random_qweight(gen, qtype, 48, k)
+    x, gu = torch.randn(m, k, generator=gen), torch.randn(m, 2 * k, generator=gen)
+    norm, res = 1 + 0.1 * torch.randn(k, generator=gen), torch.randn(m, 48, generator=gen)
+    for _ in range(2):
+        assert torch.equal(mod.cpu(x, w, norm, 1e-5), mod.cpu(rms.cpu(x, norm, 1e-5), w))
+        assert torch.equal(mod.cpu(gu, w, None, 0.0, True), mod.cpu(silu.cpu(gu), w))
+        acc = res.clone()
+        out = mod.cpu(x, w, norm, 1e-5, False, acc)
+        assert out is acc and torch.equal(acc, res + mod.cpu(rms.cpu(x, norm, 1e-5), w))
+        acc = res.clone()
+        mod.cpu(gu, w, None, 0.0, True, acc)
+        assert torch.equal(acc, res + mod.cpu(silu.cpu(gu), w))

@@ -68,7 +68,9 @@ class KernelSet:
 
     def __post_init__(self) -> None:
         self._bound = {op: self._timed(op, getattr(m.module, self.impl)) for op, m in self.modules.items()}
-        fields = {"modules", "impl", "timings", "_bound"}
+        # what each module fuses (its optional FUSES: see kernels/qmatmul.py); the model asks only those
+        self.fuses = {op: frozenset(getattr(m.module, "FUSES", ())) for op, m in self.modules.items()}
+        fields = {"modules", "impl", "timings", "_bound", "fuses"}
         for op, fn in self._bound.items():
             if op not in fields and not hasattr(type(self), op):
                 self.__dict__[op] = fn

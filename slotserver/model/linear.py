@@ -132,6 +132,20 @@ class QLinear:
         y = ops.qmatmul(x, parts[0]) if len(parts) == 1 else torch.cat([ops.qmatmul(x, p) for p in parts], dim=1)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
+    def fused(self, x: torch.Tensor, ops, norm: torch.Tensor | None, eps: float, glu: bool,
+              acc: torch.Tensor | None) -> torch.Tensor:
+        """The same product with qmatmul's fusions (kernels/qmatmul.py: x RMS-normed by `norm`, or
+        x = gate|up through silu * up; the output added into `acc`); only for a qmatmul with FUSES.
+        Several parts: each fuses the prologue (a row's norm costs ~0.1 us), the add comes after."""
+        x = x.contiguous()
+        parts = self.parts
+        if len(parts) == 1 and self.bias is None:
+            return ops.qmatmul(x, parts[0], norm, eps, glu, acc)
+        y = ops.qmatmul(x, parts[0], norm, eps, glu) if len(parts) == 1 else torch.cat(
+            [ops.qmatmul(x, p, norm, eps, glu) for p in parts], dim=1)
+        y = y if self.bias is None else y + self.bias.to(y.dtype)
+        return y if acc is None else acc.add_(y)
+
     def nbytes(self) -> int:
         """Bytes of the blocks (views of the mapped file count: they are what a step reads)."""
         b = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()

@@ -25,6 +25,7 @@ from slotserver.errors import ModuleLoadError
 from slotserver.lab.kernel_set import KernelSet
 from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
+from slotserver.model.linear import QLinear
 from slotserver.model.weights import LayerWeights, ModelWeights, Progress, WeightFormat, load_weights
 
 
@@ -85,16 +86,22 @@ class LlamaModel:
         x = w.embed(batch.tokens)                                # [tokens, d_model] residual in f32
         if s.embed_scale != 1.0:
             x = x * s.embed_scale
-        ffn_act = ops.gelu_mul if s.act == "gelu" else ops.silu_mul
-        act, plain = w.act_dtype, self._plain
+        act, plain, silu = w.act_dtype, self._plain, s.act != "gelu"
+        fuse = ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}   # per step: a reload may swap it
         for i, lw in enumerate(w.layers):
-            h = _as(ops.rms_norm(x, lw.attn_norm, s.norm_eps), act)
-            a = self._attention(i, lw, h, batch, cache, *angles[id(self.layer_ropes[i])])
-            y = lw.wo(a, ops)
-            x = x + (y if plain else self._branch_out(y, lw.post_attn_norm))
-            h = _as(ops.rms_norm(x, lw.ffn_norm, s.norm_eps), act)
-            y = lw.down(ffn_act(lw.gate_up(h, ops)), ops)
-            x = x + (y if plain else self._branch_out(y, lw.post_ffn_norm))
+            qkv = self._mm(fuse, lw.qkv, x, norm=lw.attn_norm)       # [tokens, q_size + 2*kv_size]
+            a = self._attention(i, lw, qkv, batch, cache, *angles[id(self.layer_ropes[i])])
+            if plain:
+                x = self._mm(fuse, lw.wo, a, acc=x)                  # x += a @ wo^T
+            else:
+                x = x + self._branch_out(lw.wo(a, ops), lw.post_attn_norm)
+            gate_up = self._mm(fuse, lw.gate_up, x, norm=lw.ffn_norm)  # [tokens, 2 * d_ff]
+            if not silu:
+                gate_up = ops.gelu_mul(gate_up)
+            if plain:
+                x = self._mm(fuse, lw.down, gate_up, glu=silu, acc=x)
+            else:
+                x = x + self._branch_out(self._mm(fuse, lw.down, gate_up, glu=silu), lw.post_ffn_norm)
         x = _as(ops.rms_norm(x[batch.logits_rows], w.out_norm, s.norm_eps), act)
         logits = w.output(x, ops).float()                        # [rows, vocab]
         if s.logit_scale != 1.0:
@@ -103,12 +110,27 @@ class LlamaModel:
             logits = torch.tanh(logits / s.final_softcap) * s.final_softcap
         return logits
 
-    def _attention(self, i: int, lw: LayerWeights, h: torch.Tensor, batch: Batch, cache,
+    def _mm(self, fuse: bool, lin, x: torch.Tensor, norm: torch.Tensor | None = None, glu: bool = False,
+            acc: torch.Tensor | None = None) -> torch.Tensor:
+        """lin(x) with the pre-norm (RMSNorm weight `norm`), the SiLU gate (x = gate|up) and the
+        residual add (into `acc`, returned) fused into qmatmul where it fuses (GGUF blocks and a
+        qmatmul with FUSES), else as the separate kernels: the same floats either way."""
+        if fuse and isinstance(lin, QLinear):
+            return lin.fused(x, self.kernels, norm, self.spec.norm_eps, glu, acc)
+        ops = self.kernels
+        if glu:
+            x = ops.silu_mul(x)
+        if norm is not None:
+            x = _as(ops.rms_norm(x, norm, self.spec.norm_eps), self.weights.act_dtype)
+        y = lin(x, ops)
+        return y if acc is None else acc.add_(y)
+
+    def _attention(self, i: int, lw: LayerWeights, qkv: torch.Tensor, batch: Batch, cache,
                    cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Layer i's q/k/v from the normed residual h, K/V written, attention -> [tokens, heads * hd]."""
+        """Layer i's attention from its q|k|v projection: K/V written, attention -> [tokens, heads * hd]."""
         s, ops, n = self.spec, self.kernels, batch.n_tokens
         q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-        qkv = _as(lw.qkv(h, ops), self.dtype)                    # [tokens, q_size + 2*kv_size]
+        qkv = _as(qkv, self.dtype)                               # [tokens, q_size + 2*kv_size]
         if lw.q_norm is None:
             qk = ops.rope(qkv[:, : q_size + kv_size].view(n, s.n_heads + s.n_kv_heads, s.head_dim), cos, sin)
             q, k = qk[:, : s.n_heads], qk[:, s.n_heads:]        # [tokens, heads, hd], [tokens, kv_heads, hd]
