@@ -330,32 +330,29 @@ _LIB = native.build("attention_decode", NATIVE_C, origin=__file__, strict=True)
 native.signature(_LIB, "decode_attention", 6, 13, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
                                                    native.ctypes.c_int, native.ctypes.c_int))
 _KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_Q_TYPES = (torch.float32, torch.bfloat16)
 
 
 def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> bool:
     """The C kernel reads raw memory: only plain float CPU caches of q's head size, unit head_dim
     strides, int64 per-row metadata (`meta.row_streams`, `meta.row_kv_lens`) of q's rows, and
-    streams that exist."""
-    if _LIB is None or kv.k_scale is not None or q.dim() != 3 or kv.k.dim() != 4:
+    streams that exist. (Ordered and written for a decode step's ~30 calls.)"""
+    seq_streams, kv_lens, k, v = meta.row_streams, meta.row_kv_lens, kv.k, kv.v
+    if _LIB is None or kv.k_scale is not None or seq_streams is None or kv_lens is None:
         return False
-    seq_streams, kv_lens = meta.row_streams, meta.row_kv_lens
-    if seq_streams is None or kv_lens is None:
+    qs, ks = q.shape, k.shape
+    if len(qs) != 3 or len(ks) != 4 or v.shape != ks or ks[3] != qs[2] or qs[0] != seq_streams.shape[0] \
+            or qs[2] > 256 or qs[1] % ks[2] or qs[1] // ks[2] > 16 or meta.max_kv > ks[1]:
         return False
-    tensors = (q, kv.k, kv.v, seq_streams, kv_lens)
-    if not all(t.is_cpu for t in tensors) or seq_streams.dtype != torch.int64 \
-            or kv_lens.dtype != torch.int64 or not (seq_streams.is_contiguous() and kv_lens.is_contiguous()):
+    if q.dtype not in _Q_TYPES or k.dtype != v.dtype or k.dtype not in _KV_TYPES \
+            or seq_streams.dtype != torch.int64 or kv_lens.dtype != torch.int64:
         return False
-    n_seq, q_heads, dim = q.shape
-    streams, cells, kv_heads, kv_dim = kv.k.shape
-    shapes_ok = (kv.v.shape == kv.k.shape and kv_dim == dim and n_seq == seq_streams.shape[0] and dim <= 256
-                 and q_heads % kv_heads == 0 and q_heads // kv_heads <= 16 and meta.max_kv <= cells)
-    if not shapes_ok or q.dtype not in (torch.float32, torch.bfloat16) or kv.k.dtype != kv.v.dtype \
-            or kv.k.dtype not in _KV_TYPES:
-        return False
-    if q.stride(2) != 1 or kv.k.stride(3) != 1 or kv.v.stride(3) != 1:
+    if q.stride(2) != 1 or k.stride(3) != 1 or v.stride(3) != 1 or not seq_streams.is_contiguous() \
+            or not kv_lens.is_contiguous() or not (q.is_cpu and k.is_cpu and v.is_cpu and seq_streams.is_cpu
+                                                   and kv_lens.is_cpu):
         return False
     top = meta.stream_base + meta.n_seqs if meta.stream_base is not None else int(meta.seq_streams.max()) + 1
-    return top <= streams
+    return top <= ks[0]
 
 
 def _native_rows(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, window: int = 0,

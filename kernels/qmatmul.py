@@ -815,7 +815,7 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const v
         free(xf);
         for (int64_t b = 0; b < nb; b++) ds[m * nb + b] = da[m * nb + b] * (float)(as[m * (K / 16) + 2 * b] + as[m * (K / 16) + 2 * b + 1]);
     }
-    #pragma omp parallel for num_threads(n_threads) schedule(static) if (ng * K * M >= 32768)
+    #pragma omp parallel for num_threads(n_threads) schedule(static) if (ng * K * M >= 8192)
     for (int64_t g = 0; g < ng; g++) {
         for (int64_t m0 = 0; m0 < M; m0 += R16_ROWS) {
             const int mc = M - m0 < R16_ROWS ? (int)(M - m0) : R16_ROWS;
@@ -949,12 +949,10 @@ def cpu(x: torch.Tensor, w: QWeight, norm: torch.Tensor | None = None, eps: floa
     """x [M, K] (float32 or bf16, unit last stride) -> [M, N] in x's dtype; fusions as `reference`.
     The repacked form fuses in C; other paths run the same C prologue, then the matmul, then add."""
     fast = w.__dict__.get("_qmatmul_r16")   # the served case, checked in few steps (a decode step makes ~120 calls)
-    if fast is not None and fast[0] is _TOKEN and x.dtype == torch.float32 and x.is_contiguous() and x.is_cpu \
-            and x.dim() == 2 and x.shape[1] == (2 * w.k if glu else w.k) and repacked_serves(w, x.shape[0]):
-        if norm is None and acc is None and not glu:
-            return _r16(x, w, *fast[1])
-        if _fusable(x, w, norm, acc):
-            return _r16(x, w, *fast[1], norm, eps, glu, acc)
+    if fast is not None and fast[0] is _TOKEN and x.dtype == torch.float32 and x.is_contiguous() and x.is_cpu:
+        m, k = x.shape if x.dim() == 2 else (0, 0)
+        if k == (2 * w.k if glu else w.k) and m >= fast[3] and (norm is None and acc is None or _fusable(x, w, norm, acc)):
+            return _r16(x, w, *fast[1], norm, eps, glu, acc, fast[2])
     if norm is not None or glu or acc is not None:
         return _epilogue(cpu(_prologue(x, w, norm, eps, glu), w), acc)
     if w.qtype in FLOATS:
@@ -986,7 +984,9 @@ def repacked(w: QWeight, nib: bool) -> tuple[torch.Tensor, torch.Tensor]:
     rc = _LIB.qrepack(w.raw.data_ptr(), u.data_ptr(), sc.data_ptr(), w.n, w.k, w.raw.stride(0),
                       gguf.GGML_QUANT_SIZES[T(w.qtype)][1], w.qtype, int(nib), torch.get_num_threads())
     assert rc == 0, "qrepack failed"
-    object.__setattr__(w, "_qmatmul_r16", (_TOKEN, (u, sc)))   # a cache on a frozen dataclass
+    form = (3 if w.qtype in (T.Q5_0, T.Q5_1) else 1) if nib else 2 if w.qtype == T.Q6_K else 0
+    min_rows = 1 if repacked_serves(w, 1) else 2
+    object.__setattr__(w, "_qmatmul_r16", (_TOKEN, (u, sc), form, min_rows))   # a cache on a frozen dataclass
     if w.qtype != T.Q8_0:   # every row count now reads the repacked copy: let the file's pages go
         release_file_pages(w.raw)
     return u, sc
@@ -1040,7 +1040,9 @@ def _int_dots(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """Small M: 8-bit activations . unpacked weight rows, integer dots in C (see the docstring);
     from 2 rows on, 32-block formats run on their repacked form (16 output rows per vector)."""
     if repacked_serves(w, x.shape[0]) and w.n:
-        return _r16(x, w, *repacked(w, w.qtype in _R16_NIB))
+        repacked(w, w.qtype in _R16_NIB)
+        _, (u, sc), form, _ = w.__dict__["_qmatmul_r16"]
+        return _r16(x, w, u, sc, form=form)
     y = torch.empty(x.shape[0], w.n, dtype=x.dtype)
     if x.shape[0] and w.n:
         block_bytes = gguf.GGML_QUANT_SIZES[T(w.qtype)][1]
@@ -1052,25 +1054,27 @@ def _int_dots(x: torch.Tensor, w: QWeight) -> torch.Tensor:
 
 
 def _r16(x: torch.Tensor, w: QWeight, u: torch.Tensor, sc: torch.Tensor, norm: torch.Tensor | None = None,
-         eps: float = 0.0, glu: bool = False, acc: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] (unit last stride) times the repacked weight -> [M, N] in x's dtype (fusions: `cpu`)."""
+         eps: float = 0.0, glu: bool = False, acc: torch.Tensor | None = None, form: int = 0) -> torch.Tensor:
+    """x [M, K] (unit last stride) times the repacked weight (`form`: see repacked) -> [M, N] in
+    x's dtype (fusions: `cpu`)."""
     y = torch.empty(x.shape[0], w.n, dtype=x.dtype) if acc is None else acc
-    nib = w.qtype in _R16_NIB
-    form = (3 if w.qtype in (T.Q5_0, T.Q5_1) else 1) if nib else 2 if w.qtype == T.Q6_K else 0
     gw = 0 if norm is None else norm.data_ptr()
     rc = _LIB.qmatmul_r16(u.data_ptr(), sc.data_ptr(), x.data_ptr(), y.data_ptr(), gw, x.shape[0], w.n, w.k,
-                          x.stride(0), y.stride(0), eps, native.is_bf16(x), native.is_bf16(y),
-                          norm is not None and native.is_bf16(norm), glu, acc is not None, form, torch.get_num_threads())
+                          x.stride(0), y.stride(0), eps, x.dtype == torch.bfloat16, y.dtype == torch.bfloat16,
+                          norm is not None and norm.dtype == torch.bfloat16, glu, acc is not None, form,
+                          torch.get_num_threads())
     assert rc == 0, "qmatmul: out of memory"
     return y
 
 
+_FLOATS = (torch.float32, torch.bfloat16)
+
+
 def _fusable(x: torch.Tensor, w: QWeight, norm: torch.Tensor | None, acc: torch.Tensor | None) -> bool:
     """Whether the C reads `norm` and writes `acc` as they are (float CPU tensors of the right shapes)."""
-    floats = (torch.float32, torch.bfloat16)
-    return (norm is None or (norm.is_cpu and norm.dtype in floats and norm.is_contiguous() and norm.shape == (w.k,))) \
-        and (acc is None or (acc.is_cpu and acc.dtype in floats and acc.dim() == 2 and acc.stride(1) == 1
-                             and acc.shape == (x.shape[0], w.n)))
+    return (norm is None or (norm.dtype in _FLOATS and norm.shape == (w.k,) and norm.is_contiguous() and norm.is_cpu)) \
+        and (acc is None or (acc.dtype in _FLOATS and acc.shape == (x.shape[0], w.n) and acc.stride(1) == 1
+                             and acc.is_cpu))
 
 
 def _prologue(x: torch.Tensor, w: QWeight, norm: torch.Tensor | None, eps: float, glu: bool) -> torch.Tensor:

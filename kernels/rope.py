@@ -80,13 +80,14 @@ def cpu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The C kernel where it applies (one call for q and k of every head), else a complex multiply
     in float32: a handful of ops whatever the head count (the real form took ~10), which matters
     at batch 1, where the step's time goes to dispatching small ops."""
-    if (_LIB is not None and x.dim() == 3 and x.stride(2) == 1 and x.dtype in _FLOATS and cos.dtype == sin.dtype
-            and cos.dtype in _FLOATS and cos.stride(1) == 1 and sin.stride(1) == 1 and x.is_cpu
-            and cos.dim() == 2 and cos.shape == sin.shape and cos.shape[0] == x.shape[0] and 2 * cos.shape[1] <= x.shape[2]
-            and cos.is_cpu and sin.is_cpu):
-        out = torch.empty(x.shape, dtype=x.dtype)                                  # [tokens, heads, head_dim]
-        rc = _LIB.rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), *x.shape, cos.shape[1],
-                       x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), native.is_bf16(x), native.is_bf16(cos),
+    shape, cs = x.shape, cos.shape   # the checks are ordered and written for a decode step's ~30 calls
+    if (_LIB is not None and len(shape) == 3 and len(cs) == 2 and cs == sin.shape and cs[0] == shape[0]
+            and 2 * cs[1] <= shape[2] and x.dtype in _FLOATS and cos.dtype in _FLOATS and cos.dtype == sin.dtype
+            and x.stride(2) == 1 and cos.stride(1) == 1 and sin.stride(1) == 1 and x.is_cpu and cos.is_cpu and sin.is_cpu):
+        out = torch.empty(shape, dtype=x.dtype)                                    # [tokens, heads, head_dim]
+        sx = x.stride()
+        rc = _LIB.rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), *shape, cs[1],
+                       sx[0], sx[1], cos.stride(0), sin.stride(0), x.dtype == torch.bfloat16, cos.dtype == torch.bfloat16,
                        torch.get_num_threads())
         if rc == 0:
             return out
