@@ -65,6 +65,7 @@ TOL = {torch.float32: 3e-2, torch.bfloat16: 4e-2}
 # path vs 109 ms on tiles; at b=16 the two tie (128 vs 137 ms, tiles ahead)
 PREFILL_ROWS = {int(T.Q4_0): 64, int(T.Q4_1): 64, int(T.Q5_0): 64, int(T.Q5_1): 64, int(T.Q8_0): 64,
                 int(T.Q2_K): 16, int(T.Q3_K): 16, int(T.Q4_K): 16, int(T.Q5_K): 32, int(T.Q6_K): 16}
+SMALL_Q8_0 = 1 << 20   # weights: below, Q8_0 runs repacked at one row too (see repacked_serves)
 
 
 # Fusions (FUSES, optional arguments of every implementation): the model asks for them where a
@@ -1032,8 +1033,11 @@ def repacked_serves(w: QWeight, rows: int) -> bool:
     per 32 whatever the format). One row: Q8_0's own bytes (1.06 per weight, dotted straight from
     the file) beat its repacked 1.25; the 5-bit and K formats' per-row unpacking costs more than
     the extra bytes (SmolLM2 Q4_K_M, mostly Q5_0: b=1 73 -> 83 tok/s; the Q4_1 model's Q8_0
-    output: 106 vs 98 tok/s with it repacked)."""
-    return w.qtype in _R16_NIB or (w.qtype in _R16 and (rows >= 2 or w.qtype != T.Q8_0))
+    output: 106 vs 98 tok/s with it repacked). A small Q8_0 weight (a Q4_K_M file's attn_v part,
+    192 x 576) is repacked anyway: there the bytes do not matter, and the repacked form fuses (one
+    call instead of a prologue, the per-row dots and an add)."""
+    return w.qtype in _R16_NIB or (w.qtype in _R16 and (rows >= 2 or w.qtype != T.Q8_0 or w.n * w.k <= SMALL_Q8_0))
+
 
 
 def _int_dots(x: torch.Tensor, w: QWeight) -> torch.Tensor:

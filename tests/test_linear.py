@@ -140,3 +140,28 @@ def test_qlinear_concatenates_its_parts_through_the_kernel_set(bias):
     assert (y - want).abs().max() <= 3e-2 * (1 + want.abs().max())
     second = ops.qmatmul(x, parts[1])
     assert torch.equal(y[:, 48:], second if b is None else second + b[48:])
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_qlinear_fused_equals_the_separate_kernels(bias, rows):
+    """`QLinear.fused` (what the forward calls with GGUF blocks): the pre-norm and the residual add
+    inside qmatmul, parts of mixed formats (a Q4_K_M file's Q5_0 q|k beside a small Q8_0 v) written
+    into their columns: the same floats as rms_norm, one qmatmul per part, concatenation, bias and
+    add called apart."""
+    gen = torch.Generator().manual_seed(rows)
+    parts = [random_qweight(gen, T.Q5_0, 64, 256), random_qweight(gen, T.Q8_0, 32, 256)]
+    b = torch.randn(96, generator=gen) if bias else None
+    ops = KernelSet.load()
+    lin = QLinear(parts, b)
+    x, norm = torch.randn(rows, 256, generator=gen), 1 + 0.1 * torch.randn(256, generator=gen)
+    residual = torch.randn(rows, 96, generator=gen)
+    for _ in range(2):   # the second call runs on the repacked forms built by the first
+        want = residual + lin(ops.rms_norm(x, norm, 1e-5), ops)
+        acc = residual.clone()
+        got = lin.fused(x, ops, norm, 1e-5, False, acc)
+        assert got is acc
+        if ops.modules["qmatmul"].module._LIB is None:   # torch's formulas: close, not the C's floats
+            assert (got - want).abs().max() <= 3e-2 * (1 + want.abs().max())
+        else:
+            assert torch.equal(got, want)

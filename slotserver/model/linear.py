@@ -141,9 +141,14 @@ class QLinear:
         parts = self.parts
         if len(parts) == 1 and self.bias is None:
             return ops.qmatmul(x, parts[0], norm, eps, glu, acc)
-        y = ops.qmatmul(x, parts[0], norm, eps, glu) if len(parts) == 1 else torch.cat(
-            [ops.qmatmul(x, p, norm, eps, glu) for p in parts], dim=1)
-        y = y if self.bias is None else y + self.bias.to(y.dtype)
+        if len(parts) == 1:
+            y = ops.qmatmul(x, parts[0], norm, eps, glu)
+        else:   # each part adds into its columns of zeros: no per-part tensors, no concatenation
+            y, n0 = torch.zeros(x.shape[0], self.out_features, dtype=x.dtype), 0
+            for p in parts:
+                ops.qmatmul(x, p, norm, eps, glu, y[:, n0: n0 + p.n])
+                n0 += p.n
+        y = y if self.bias is None else y.add_(self.bias.to(y.dtype))
         return y if acc is None else acc.add_(y)
 
     def nbytes(self) -> int:

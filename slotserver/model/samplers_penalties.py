@@ -48,6 +48,8 @@ def apply_penalties_(logits: torch.Tensor, params: Sequence[SamplingParams], his
     table, whose fresh allocation each step costs more in page faults than all of the sampling.
     """
     windows = [_window(p, h) for p, h in zip(params, history)]
+    if not any(windows):   # no row penalizes (the default): no tensors made
+        return logits
     device, vocab = logits.device, logits.shape[1]
     lengths = torch.tensor([len(w) for w in windows], device=device)  # [batch]
     width = int(lengths.max()) if windows else 0

@@ -105,7 +105,6 @@ class _Batch:
         self.adj, self.params, self.vocab = adj, params, adj.shape[1]  # adj: [batch, vocab] float32
         self.greedy = [p.greedy or not f for p, f in zip(params, fast)]  # full-chain rows draw elsewhere
         self.top_k_list = [p.top_k if 0 < p.top_k < self.vocab else self.vocab for p in params]  # vocab: off
-        self.top_k = torch.tensor(self.top_k_list, device=adj.device)  # [batch]
         self.block = next((n for n in (64, 128, 32, 16) if self.vocab % n == 0 and self.vocab >= 8 * n), 0)
         if self.block:
             self.blocks = adj.reshape(adj.shape[0], -1, self.block)  # [batch, n_blocks, block]
