@@ -296,3 +296,33 @@ def test_bad_inputs_are_rejected_clearly():
         sampler.sample(torch.zeros(1, 9), [SamplingParams()], [SequenceRng(0)], [[]])
     with pytest.raises(SamplingError, match="history"):
         sampler.sample(LOGITS[None], [SamplingParams(repeat_penalty=1.1)], [SequenceRng(0)], [[8]])
+
+
+@pytest.mark.parametrize("vocab", [49152, 1001])   # 1001: the vector loops' scalar tails
+def test_greedy_native_pass_equals_the_batched_sampler(vocab):
+    """Greedy rows without probabilities take one C pass (slotserver/model/sample_greedy.py); an
+    all-true grammar mask forces the batched torch path: same tokens, with logit_bias forbidding
+    (ignore_eos's -inf), forcing, repeated ids adding up, ties going to the lowest id, -0.0 vs 0.0,
+    and the same error for a row with NaN or with every token forbidden."""
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(6, vocab, generator=gen)
+    top = logits.argmax(dim=1)
+    logits[1, [5, 900, vocab - 1]] = 50.0                        # a tie: the lowest id wins
+    logits[2] = 0.0
+    logits[3, 9] = -10.0                                        # only both biases together lift it
+    logits[2, [3, 8]] = -0.0
+    bias = [(), ((int(top[0]), -math.inf),), ((int(top[1]), -math.inf), (7, 1.5)), ((9, 10.0), (9, 10.0)),
+            ((vocab - 1, 100.0),), ((0, -1.0), (0, 1.0))]
+    params = [SamplingParams(temperature=0.0, logit_bias=b) for b in bias]
+    sampler, rngs, hist = Sampler(vocab), [SequenceRng(0) for _ in range(6)], [[1, 2, 3]] * 6
+    fast = sampler.sample(logits, params, rngs, hist)
+    slow = sampler.sample(logits, params, rngs, hist, torch.ones(6, vocab, dtype=torch.bool))
+    assert torch.equal(fast.tokens, slow.tokens) and int(fast.tokens[3]) == 9 and int(fast.tokens[4]) == vocab - 1
+    bad = logits.clone()
+    bad[4, 17] = math.nan
+    for allowed in (None, torch.ones(6, vocab, dtype=torch.bool)):
+        with pytest.raises(SamplingError, match="row 4"):
+            sampler.sample(bad, params, rngs, hist, allowed)
+    every = [SamplingParams(temperature=0.0, logit_bias=tuple((t, -math.inf) for t in range(vocab)))]
+    with pytest.raises(SamplingError, match="row 0"):
+        sampler.sample(logits[:1], every, rngs[:1], hist[:1])

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from slotserver.model.sample_greedy import greedy_tokens
 from slotserver.model.sample_rows import draw, keep_length
 from slotserver.model.samplers import ChainResult, SamplerState, run_chain
 from slotserver.model.samplers_penalties import History, _row_values, apply_logit_bias_, apply_penalties, apply_penalties_
@@ -177,6 +178,9 @@ class Sampler:
             raise SamplingError(f"logits must be [batch, {self.vocab_size}], got {tuple(logits.shape)}")
         if not len(params) == len(rngs) == len(history) == batch:
             raise SamplingError(f"params, rngs and history must each have {batch} rows")
+        greedy = greedy_tokens(logits, params) if allowed is None else None   # one C pass (sample_greedy.py)
+        if greedy is not None:
+            return SampleOutput(greedy, None, None, None)
         fast = [p.plain_chain and not p.post_sampling_probs for p in params]
         edits = allowed is not None or any(p.logit_bias or (f and p.penalties_active) for p, f in zip(params, fast))
         adj = self._scratch(logits).copy_(logits) if edits else logits.to(torch.float32)  # [batch, vocab]
