@@ -196,6 +196,36 @@ static inline float block_sum(const float *x, int64_t j0, int64_t j1) {
 }
 
 typedef float v16f __attribute__((vector_size(64), aligned(4)));   /* GCC/Clang vectors, any ISA */
+typedef int v16i __attribute__((vector_size(64)));
+#if defined(__clang__)
+#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define SHUF(a, b, ...) __builtin_shuffle(a, b, (v16i){__VA_ARGS__})
+#endif
+
+/* The dots of q with 16 consecutive K rows (kb[0..15], nv vectors of 16 floats each): per row a
+   vector of partial sums, then a transpose-and-add tree (4 levels of two shuffles and an add per
+   pair) leaves lane c = q . kb[c]. Why: a dot per row ends in a horizontal reduction (~8
+   instructions) for 4 multiply-adds at head_dim 64; the tree costs ~3 per row. */
+static inline v16f dot16(const float *q, const float *kb, int64_t stride, int64_t nv) {
+    v16f s[16], t[8], u[4], w[2];
+    for (int c = 0; c < 16; c++) {
+        v16f a = *(const v16f *)q * *(const v16f *)(kb + c * stride);
+        for (int64_t x = 1; x < nv; x++) a += *(const v16f *)(q + 16 * x) * *(const v16f *)(kb + c * stride + 16 * x);
+        s[c] = a;
+    }
+    for (int k = 0; k < 8; k++)
+        t[k] = SHUF(s[2 * k], s[2 * k + 1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
+             + SHUF(s[2 * k], s[2 * k + 1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    for (int k = 0; k < 4; k++)
+        u[k] = SHUF(t[2 * k], t[2 * k + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29)
+             + SHUF(t[2 * k], t[2 * k + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    for (int k = 0; k < 2; k++)
+        w[k] = SHUF(u[2 * k], u[2 * k + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
+             + SHUF(u[2 * k], u[2 * k + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    return SHUF(w[0], w[1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+         + SHUF(w[0], w[1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+}
 
 /* IEEE half -> float: exact for every value (subnormals, inf, NaN); written with integer ops so
    that loops of it vectorize without F16C. */
@@ -272,10 +302,16 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t
                 const int64_t j0 = lo[i] > c0 ? lo[i] - c0 : 0, j1 = hi[i] - c0 < n ? hi[i] - c0 : n; \
                 if (j0 >= j1) continue;                                                               \
                 float p[BLK], a[DIM];                                                                 \
-                for (int64_t j = j0; j < j1; j++) {                                                   \
-                    const float dot = row_dot(qf[i], kb[j], DPAD(D));                                \
-                    p[j] = softcap > 0.0f ? softcap * tanhf(dot / softcap) : dot;                     \
-                }                                                                                     \
+                /* whole 16-cell groups inside the row's own range by the tree, its edges one dot   \
+                   each: a cell's method depends on the row alone, never on the tile around it */    \
+                const int64_t g0 = (j0 + 15) / 16 * 16, g1 = j1 / 16 * 16;                           \
+                if (g0 < g1) {                                                                        \
+                    for (int64_t j = j0; j < g0; j++) p[j] = row_dot(qf[i], kb[j], DPAD(D));          \
+                    for (int64_t j = g0; j < g1; j += 16)                                             \
+                        *(v16f *)&p[j] = dot16(qf[i], kb[j], DPAD(D), DPAD(D) / 16);                 \
+                    for (int64_t j = g1; j < j1; j++) p[j] = row_dot(qf[i], kb[j], DPAD(D));          \
+                } else for (int64_t j = j0; j < j1; j++) p[j] = row_dot(qf[i], kb[j], DPAD(D));       \
+                if (softcap > 0.0f) for (int64_t j = j0; j < j1; j++) p[j] = softcap * tanhf(p[j] / softcap); \
                 const float mx = block_max(p, j0, j1, m[i]);                                          \
                 const float corr = fast_exp(m[i] - mx);                                                \
                 for (int64_t j = j0; j < j1; j++) p[j] = fast_exp(p[j] - mx);                         \
