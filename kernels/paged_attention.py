@@ -310,9 +310,10 @@ def _aot(dtype: str, decode: bool, group: int = 3, dim: int = 64, page: int = 16
     sig |= {n: "i32" for n in ("stride_qt", "stride_qh", "stride_kb", "stride_kr", "stride_kh", "stride_vb",
                                "stride_vr", "stride_vh", "stride_bt", "stride_ot", "stride_oh")}
     sig |= {"qk_scale": "fp32", "window": "i32", "softcap": "fp32"}
-    const = {"GROUP": group, "HEAD_DIM": dim, "PAGE": page, "BLOCK_D": _triton.next_power_of_2(dim), "SOFTCAP": False}
+    pow2 = lambda n: 1 << (n - 1).bit_length()   # noqa: E731 - triton.next_power_of_2, without importing triton here
+    const = {"GROUP": group, "HEAD_DIM": dim, "PAGE": page, "BLOCK_D": pow2(dim), "SOFTCAP": False}
     if decode:
-        const |= {"BLOCK_G": _triton.next_power_of_2(group), "BLOCK_N": DECODE_BLOCK_N}
+        const |= {"BLOCK_G": pow2(group), "BLOCK_N": DECODE_BLOCK_N}
     else:
         const |= {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N, "IEEE_DOT": dtype == "fp32"}
     sig |= {name: "constexpr" for name in const}

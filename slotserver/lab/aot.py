@@ -15,6 +15,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from slotserver.lab import lazy_triton
+
 
 @dataclass
 class Resources:
@@ -31,6 +33,7 @@ def compile_for(fn, signature: dict, constexprs: dict, arch: int) -> Resources:
     registers and spills (`CompiledKernel.n_regs`/`n_spills` only exist after loading on a GPU)."""
     import triton
     from triton.backends.compiler import GPUTarget
+    fn = lazy_triton.resolve(fn)   # a kernel file's recorded @jit, made real
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
 
     assert set(signature) == set(fn.arg_names), f"AOT signature keys must be {fn.arg_names}"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from slotserver.lab import lazy_triton
 from slotserver.errors import ModuleLoadError  # noqa: F401  re-export: defined without torch in slotserver.errors
 
 _counter = itertools.count()
@@ -116,7 +117,8 @@ def load_source(src: Source, required: tuple[str, ...]) -> LoadedModule:
     try:
         code = compile(src.data, str(path), "exec", dont_inherit=True)
         sys.modules[name] = module  # dataclasses and triton look modules up by name
-        exec(code, module.__dict__)  # noqa: S102 - a listed kernel/layout file: the lab's purpose
+        with lazy_triton.stand_ins(module.__dict__):   # triton imported on first use, not here
+            exec(code, module.__dict__)  # noqa: S102 - a listed kernel/layout file: the lab's purpose
     except SyntaxError as e:
         raise ModuleLoadError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
     except Exception as e:  # noqa: BLE001 - any import-time failure is reported, not raised

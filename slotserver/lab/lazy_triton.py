@@ -1,0 +1,130 @@
+"""Kernel files import triton at their top without paying for it until a Triton kernel is used.
+
+Every kernel file starts with `import triton` / `import triton.language as tl` and decorates its
+Triton kernel with `@triton.jit`. Serving on CPU never launches one, yet importing triton cost
+~0.2 s and ~71 MiB of a ~1.9 s / ~490 MiB start (measured after torch, which is needed anyway).
+So `load_source` runs a kernel file with stand-ins for those two modules (`stand_ins`, only while
+triton is not imported yet): `@triton.jit` records the function, and the first use of anything
+Triton (launching a kernel, any other `triton.*` or `tl.*` attribute, the AOT compiler via
+`resolve`) imports the real triton and puts the real objects into that module's globals: the
+`triton` / `tl` names and every recorded kernel become what an eager import would have made, so
+Triton's compiler and interpreter (TRITON_INTERPRET=1) see plain modules and JIT functions.
+Nothing else sees the stand-ins: they leave `sys.modules` as soon as the file has run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+import threading
+from collections.abc import Iterator
+from types import ModuleType
+
+_lock = threading.Lock()
+
+
+class LazyJIT:
+    """`@triton.jit` on a stand-in: the function and the decorator's arguments, made real on first use."""
+
+    def __init__(self, fn, kwargs: dict, owner: "_Owner") -> None:
+        self.fn, self.kwargs, self.owner = fn, kwargs, owner
+        owner.pending.append(self)
+        self.__name__ = getattr(fn, "__name__", "kernel")
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def real(self):
+        kernels = self.owner.materialize()
+        if id(self) not in kernels:   # recorded after the import (a stand-in kept past it)
+            with _lock:
+                jit = importlib.import_module("triton").jit
+                kernels[id(self)] = jit(self.fn, **self.kwargs) if self.kwargs else jit(self.fn)
+        return kernels[id(self)]
+
+    def __getitem__(self, grid):
+        return self.real()[grid]
+
+    def __getattr__(self, name: str):
+        return getattr(self.real(), name)
+
+    def __call__(self, *args, **kwargs):
+        return self.real()(*args, **kwargs)
+
+
+class _StandIn(ModuleType):
+    """`triton` or `triton.language` before the real import: `jit` records, anything else imports."""
+
+    def __init__(self, name: str, owner: "_Owner") -> None:
+        super().__init__(name)
+        self._owner = owner
+
+    def jit(self, fn=None, **kwargs):
+        if self.__name__ != "triton":
+            return getattr(self._real(), "jit")(fn, **kwargs)
+        if fn is None:
+            return lambda f: LazyJIT(f, kwargs, self._owner)
+        return LazyJIT(fn, kwargs, self._owner)
+
+    def _real(self) -> ModuleType:
+        self._owner.materialize()
+        return sys.modules[self.__name__]
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):   # import machinery probing: no import here
+            raise AttributeError(name)
+        return getattr(self._real(), name)
+
+
+class _Owner:
+    """One kernel module's stand-ins and recorded kernels."""
+
+    def __init__(self) -> None:
+        self.triton = _StandIn("triton", self)
+        self.language = _StandIn("triton.language", self)
+        self.triton.language = self.language   # `import triton.language as tl` binds this attribute
+        self.namespace: dict | None = None
+        self.kernels: dict[int, object] | None = None
+        self.pending: list[LazyJIT] = []
+
+    def materialize(self) -> dict[int, object]:
+        """Import triton, make every recorded kernel real, patch the module's globals; -> id -> real."""
+        with _lock:
+            if self.kernels is not None:
+                return self.kernels
+            for name, stand_in in (("triton.language", self.language), ("triton", self.triton)):
+                if sys.modules.get(name) is stand_in:
+                    del sys.modules[name]
+            triton = importlib.import_module("triton")
+            language = importlib.import_module("triton.language")
+            kernels: dict[int, object] = {}
+            for lazy in self.pending:
+                kernels[id(lazy)] = triton.jit(lazy.fn, **lazy.kwargs) if lazy.kwargs else triton.jit(lazy.fn)
+            real = {id(self.triton): triton, id(self.language): language, **kernels}
+            if self.namespace is not None:
+                for key, value in list(self.namespace.items()):
+                    if id(value) in real:
+                        self.namespace[key] = real[id(value)]
+            self.kernels = kernels
+            return kernels
+
+
+@contextlib.contextmanager
+def stand_ins(namespace: dict) -> Iterator[None]:
+    """While a kernel file runs in `namespace`: stand-ins for triton where it is not imported yet."""
+    if "triton" in sys.modules:
+        yield
+        return
+    owner = _Owner()
+    owner.namespace = namespace
+    sys.modules["triton"], sys.modules["triton.language"] = owner.triton, owner.language
+    try:
+        yield
+    finally:
+        for name, stand_in in (("triton.language", owner.language), ("triton", owner.triton)):
+            if sys.modules.get(name) is stand_in:
+                del sys.modules[name]
+
+
+def resolve(fn):
+    """The real Triton kernel behind `fn` (a recorded one is made real first); anything else as is."""
+    return fn.real() if isinstance(fn, LazyJIT) else fn
