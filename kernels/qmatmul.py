@@ -952,8 +952,9 @@ def cpu(x: torch.Tensor, w: QWeight, norm: torch.Tensor | None = None, eps: floa
     fast = w.__dict__.get("_qmatmul_r16")   # the served case, checked in few steps (a decode step makes ~120 calls)
     if fast is not None and fast[0] is _TOKEN and x.dtype == torch.float32 and x.is_contiguous() and x.is_cpu:
         m, k = x.shape if x.dim() == 2 else (0, 0)
-        if k == (2 * w.k if glu else w.k) and m >= fast[3] and (norm is None and acc is None or _fusable(x, w, norm, acc)):
-            return _r16(x, w, *fast[1], norm, eps, glu, acc, fast[2])
+        _, u, sc, form, min_rows = fast
+        if k == (2 * w.k if glu else w.k) and m >= min_rows and (norm is None and acc is None or _fusable(x, w, norm, acc)):
+            return _r16(x, w, u, sc, norm, eps, glu, acc, form)
     if norm is not None or glu or acc is not None:
         return _epilogue(cpu(_prologue(x, w, norm, eps, glu), w), acc)
     if w.qtype in FLOATS:
@@ -972,13 +973,16 @@ def cpu(x: torch.Tensor, w: QWeight, norm: torch.Tensor | None = None, eps: floa
 _TOKEN = object()
 
 
-def repacked(w: QWeight, nib: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(U, scales) of a 32-block weight, see qmatmul_r16 in the C. nib (Q4_0/Q4_1): U uint8
-    [groups, blocks, 4, 16, 4] nibbles and float16 scales [groups, blocks, 2, 16], 0.625 bytes per
-    weight like the file; else U [groups, blocks, 8, 16, 4] bytes and float32 scales, 1.25 bytes."""
+def repacked(w: QWeight) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(U, scales, form, min_rows) of a 32-block weight, see qmatmul_r16 in the C: for Q4_0/Q4_1
+    (form 1) U is uint8 [groups, blocks, 4, 16, 4] nibbles with float16 scales [groups, blocks, 2,
+    16], 0.625 bytes per weight like the file; Q5_0/Q5_1 (form 3) nibbles plus a plane of fifth
+    bits; else (forms 0, 2 for Q6_K) U [groups, blocks, 8, 16, 4] bytes and float32 scales, 1.25
+    bytes. min_rows: the fewest rows it serves (`repacked_serves`)."""
     cached = w.__dict__.get("_qmatmul_r16")
     if cached is not None and cached[0] is _TOKEN:
-        return cached[1]
+        return cached[1:]
+    nib = w.qtype in _R16_NIB
     ng, nb = (w.n + 15) // 16, w.k // 32
     u = torch.empty(ng, nb, (320 if w.qtype in (T.Q5_0, T.Q5_1) else 256) if nib else 512, dtype=torch.uint8)
     sc = torch.empty(ng, nb, 2, 16, dtype=torch.float16 if nib else torch.float32)
@@ -986,11 +990,11 @@ def repacked(w: QWeight, nib: bool) -> tuple[torch.Tensor, torch.Tensor]:
                       gguf.GGML_QUANT_SIZES[T(w.qtype)][1], w.qtype, int(nib), torch.get_num_threads())
     assert rc == 0, "qrepack failed"
     form = (3 if w.qtype in (T.Q5_0, T.Q5_1) else 1) if nib else 2 if w.qtype == T.Q6_K else 0
-    min_rows = 1 if repacked_serves(w, 1) else 2
-    object.__setattr__(w, "_qmatmul_r16", (_TOKEN, (u, sc), form, min_rows))   # a cache on a frozen dataclass
+    entry = (u, sc, form, 1 if repacked_serves(w, 1) else 2)
+    object.__setattr__(w, "_qmatmul_r16", (_TOKEN, *entry))   # a cache on a frozen dataclass
     if w.qtype != T.Q8_0:   # every row count now reads the repacked copy: let the file's pages go
         release_file_pages(w.raw)
-    return u, sc
+    return entry
 
 
 def release_file_pages(raw: torch.Tensor) -> bool:
@@ -1039,13 +1043,11 @@ def repacked_serves(w: QWeight, rows: int) -> bool:
     return w.qtype in _R16_NIB or (w.qtype in _R16 and (rows >= 2 or w.qtype != T.Q8_0 or w.n * w.k <= SMALL_Q8_0))
 
 
-
 def _int_dots(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """Small M: 8-bit activations . unpacked weight rows, integer dots in C (see the docstring);
     from 2 rows on, 32-block formats run on their repacked form (16 output rows per vector)."""
     if repacked_serves(w, x.shape[0]) and w.n:
-        repacked(w, w.qtype in _R16_NIB)
-        _, (u, sc), form, _ = w.__dict__["_qmatmul_r16"]
+        u, sc, form, _ = repacked(w)
         return _r16(x, w, u, sc, form=form)
     y = torch.empty(x.shape[0], w.n, dtype=x.dtype)
     if x.shape[0] and w.n:
@@ -1071,13 +1073,10 @@ def _r16(x: torch.Tensor, w: QWeight, u: torch.Tensor, sc: torch.Tensor, norm: t
     return y
 
 
-_FLOATS = (torch.float32, torch.bfloat16)
-
-
 def _fusable(x: torch.Tensor, w: QWeight, norm: torch.Tensor | None, acc: torch.Tensor | None) -> bool:
     """Whether the C reads `norm` and writes `acc` as they are (float CPU tensors of the right shapes)."""
-    return (norm is None or (norm.dtype in _FLOATS and norm.shape == (w.k,) and norm.is_contiguous() and norm.is_cpu)) \
-        and (acc is None or (acc.dtype in _FLOATS and acc.shape == (x.shape[0], w.n) and acc.stride(1) == 1
+    return (norm is None or (norm.dtype in _XDTYPES and norm.shape == (w.k,) and norm.is_contiguous() and norm.is_cpu)) \
+        and (acc is None or (acc.dtype in _XDTYPES and acc.shape == (x.shape[0], w.n) and acc.stride(1) == 1
                              and acc.is_cpu))
 
 

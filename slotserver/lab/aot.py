@@ -33,8 +33,9 @@ def compile_for(fn, signature: dict, constexprs: dict, arch: int) -> Resources:
     registers and spills (`CompiledKernel.n_regs`/`n_spills` only exist after loading on a GPU)."""
     import triton
     from triton.backends.compiler import GPUTarget
-    fn = lazy_triton.resolve(fn)   # a kernel file's recorded @jit, made real
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+    fn = lazy_triton.resolve(fn)   # a kernel file's recorded @jit, made real
 
     assert set(signature) == set(fn.arg_names), f"AOT signature keys must be {fn.arg_names}"
     ordered = {name: signature[name] for name in fn.arg_names}  # the kernel's parameter order

@@ -2,7 +2,7 @@
 
 Every kernel file starts with `import triton` / `import triton.language as tl` and decorates its
 Triton kernel with `@triton.jit`. Serving on CPU never launches one, yet importing triton cost
-~0.2 s and ~71 MiB of a ~1.9 s / ~490 MiB start (measured after torch, which is needed anyway).
+~71 MiB of a ~490 MiB RSS when healthy and ~0.2 s (measured after torch, which is needed anyway).
 So `load_source` runs a kernel file with stand-ins for those two modules (`stand_ins`, only while
 triton is not imported yet): `@triton.jit` records the function, and the first use of anything
 Triton (launching a kernel, any other `triton.*` or `tl.*` attribute, the AOT compiler via
@@ -35,11 +35,13 @@ class LazyJIT:
 
     def real(self):
         kernels = self.owner.materialize()
-        if id(self) not in kernels:   # recorded after the import (a stand-in kept past it)
+        if id(self) not in kernels:   # recorded after the import (`from triton import jit` kept past it)
             with _lock:
-                jit = importlib.import_module("triton").jit
-                kernels[id(self)] = jit(self.fn, **self.kwargs) if self.kwargs else jit(self.fn)
+                kernels[id(self)] = self.made_by(importlib.import_module("triton"))
         return kernels[id(self)]
+
+    def made_by(self, triton: ModuleType):
+        return triton.jit(self.fn, **self.kwargs)
 
     def __getitem__(self, grid):
         return self.real()[grid]
@@ -52,18 +54,12 @@ class LazyJIT:
 
 
 class _StandIn(ModuleType):
-    """`triton` or `triton.language` before the real import: `jit` records, anything else imports."""
+    """`triton` or `triton.language` before the real import: any attribute imports (the owner gives
+    the `triton` stand-in its recording `jit`)."""
 
     def __init__(self, name: str, owner: "_Owner") -> None:
         super().__init__(name)
         self._owner = owner
-
-    def jit(self, fn=None, **kwargs):
-        if self.__name__ != "triton":
-            return getattr(self._real(), "jit")(fn, **kwargs)
-        if fn is None:
-            return lambda f: LazyJIT(f, kwargs, self._owner)
-        return LazyJIT(fn, kwargs, self._owner)
 
     def _real(self) -> ModuleType:
         self._owner.materialize()
@@ -78,13 +74,18 @@ class _StandIn(ModuleType):
 class _Owner:
     """One kernel module's stand-ins and recorded kernels."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespace: dict) -> None:
+        self.namespace = namespace
         self.triton = _StandIn("triton", self)
         self.language = _StandIn("triton.language", self)
         self.triton.language = self.language   # `import triton.language as tl` binds this attribute
-        self.namespace: dict | None = None
+        self.triton.jit = self.jit
         self.kernels: dict[int, object] | None = None
         self.pending: list[LazyJIT] = []
+
+    def jit(self, fn=None, **kwargs):
+        """`@triton.jit` and `@triton.jit(...)`: the kernel recorded (LazyJIT)."""
+        return (lambda f: LazyJIT(f, kwargs, self)) if fn is None else LazyJIT(fn, kwargs, self)
 
     def materialize(self) -> dict[int, object]:
         """Import triton, make every recorded kernel real, patch the module's globals; -> id -> real."""
@@ -96,14 +97,11 @@ class _Owner:
                     del sys.modules[name]
             triton = importlib.import_module("triton")
             language = importlib.import_module("triton.language")
-            kernels: dict[int, object] = {}
-            for lazy in self.pending:
-                kernels[id(lazy)] = triton.jit(lazy.fn, **lazy.kwargs) if lazy.kwargs else triton.jit(lazy.fn)
+            kernels = {id(lazy): lazy.made_by(triton) for lazy in self.pending}
             real = {id(self.triton): triton, id(self.language): language, **kernels}
-            if self.namespace is not None:
-                for key, value in list(self.namespace.items()):
-                    if id(value) in real:
-                        self.namespace[key] = real[id(value)]
+            for key, value in list(self.namespace.items()):
+                if id(value) in real:
+                    self.namespace[key] = real[id(value)]
             self.kernels = kernels
             return kernels
 
@@ -114,8 +112,7 @@ def stand_ins(namespace: dict) -> Iterator[None]:
     if "triton" in sys.modules:
         yield
         return
-    owner = _Owner()
-    owner.namespace = namespace
+    owner = _Owner(namespace)
     sys.modules["triton"], sys.modules["triton.language"] = owner.triton, owner.language
     try:
         yield

@@ -26,6 +26,13 @@ def _window(params: SamplingParams, history: Sequence[int]) -> Sequence[int]:
     return history if params.repeat_last_n == -1 else history[-params.repeat_last_n :]
 
 
+def check_bias_tokens(tokens: Sequence[int], vocab: int) -> None:
+    """logit_bias ids against the model's vocabulary (the params only know they are >= 0)."""
+    bad = next((t for t in tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise SamplingError(f"logit_bias token {bad} is outside the vocabulary [0, {vocab})")
+
+
 def apply_logit_bias_(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Add each row's logit_bias in place; a repeated token adds up, as llama.cpp applies each in turn."""
     vocab, device = logits.shape[1], logits.device
@@ -33,8 +40,7 @@ def apply_logit_bias_(logits: torch.Tensor, params: Sequence[SamplingParams]) ->
     if not entries:
         return logits
     rows, toks, biases = zip(*entries)
-    if max(toks) >= vocab:
-        raise SamplingError(f"logit_bias token {max(toks)} is outside the vocabulary [0, {vocab})")
+    check_bias_tokens(toks, vocab)
     index = (torch.tensor(rows, device=device), torch.tensor(toks, device=device))
     return logits.index_put_(index, torch.tensor(biases, dtype=logits.dtype, device=device), accumulate=True)
 
@@ -52,9 +58,7 @@ def apply_penalties_(logits: torch.Tensor, params: Sequence[SamplingParams], his
         return logits
     device, vocab = logits.device, logits.shape[1]
     lengths = torch.tensor([len(w) for w in windows], device=device)  # [batch]
-    width = int(lengths.max()) if windows else 0
-    if width == 0:
-        return logits
+    width = int(lengths.max())
     flat = torch.tensor(list(itertools.chain.from_iterable(windows)), dtype=torch.int64, device=device)
     if int(flat.min()) < 0 or int(flat.max()) >= vocab:
         raise SamplingError(f"history contains token ids outside the vocabulary [0, {vocab})")

@@ -178,7 +178,7 @@ class Sampler:
             raise SamplingError(f"logits must be [batch, {self.vocab_size}], got {tuple(logits.shape)}")
         if not len(params) == len(rngs) == len(history) == batch:
             raise SamplingError(f"params, rngs and history must each have {batch} rows")
-        greedy = greedy_tokens(logits, params) if allowed is None else None   # one C pass (sample_greedy.py)
+        greedy = greedy_tokens(logits, params, self._scratch(logits)) if allowed is None else None   # one C pass
         if greedy is not None:
             return SampleOutput(greedy, None, None, None)
         fast = [p.plain_chain and not p.post_sampling_probs for p in params]
