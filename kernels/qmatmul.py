@@ -18,8 +18,10 @@ How `cpu` computes (what llama.cpp's CPU backend does):
   4t..4t+3 of every row, so one `vpdpbusd` (or `maddubs` + `madd` on AVX2) makes 4 products for
   16 output rows against the activation's 4 bytes broadcast, and the block's scales cost one
   convert and two FMAs per 16 outputs; the 8 weight vectors stay in registers while 16 activation
-  rows pass. Q4_0/Q4_1 keep 4-bit nibbles and float16 scales (the file's 0.625 bytes per weight);
-  Q5_0/Q5_1/Q8_0/Q4_K/Q5_K bytes with a scale and min per 32; Q6_K bytes with a scale per 16.
+  rows pass. Q4_0/Q4_1 keep 4-bit nibbles and float16 scales (the file's 0.625 bytes per weight),
+  Q5_0/Q5_1 add a plane of fifth bits (0.75), Q4_K/Q5_K the same with float32 scales per 32 (0.75 /
+  0.875: a K super-block's d*sc is exact in float32, not in float16); Q8_0 bytes with a scale and
+  min per 32, Q6_K bytes with a scale per 16 (1.25).
   This serves every row count for those formats (one decode row included, except Q8_0, whose own
   bytes are dotted straight from the file): 2-4x the per-row dots from 2 rows, and faster than
   dequantized tiles + oneDNN's bf16 GEMM up to 512 rows (470-576 vs 380-430 GFLOP/s).
@@ -566,14 +568,20 @@ static inline void block_scales(int type, Row r, int64_t b, float *d, float *m) 
     else { *d = r.d[b]; *m = type == Q8_0 ? -128.0f * r.d[b] : r.dm[b]; }
 }
 
-/* W -> the repacked form (`nib`: the 4-bit one with float16 scales, else bytes with float32);
-   rows past N are zeros. Q5_0/Q5_1 in the 4-bit form (`nib` with a 5-bit type) add a bit plane:
-   after a block's 256 bytes of nibbles, 8 uint64 masks, mask t's bit 4r+j the fifth bit of row r's
-   value 4t+j (0.75 bytes per weight against the byte form's 1.25). One thread per 16-row group, so
-   that a mask is written by one thread. */
-int qrepack(const void *w, uint8_t *U, void *D, int64_t N, int64_t K, int64_t sw, int64_t bs, int type, int nib,
+/* The repacked forms: 0 bytes, scale and min per 32 as float32; 1 4-bit values, float16 scales
+   (Q4_0, Q4_1: the file's own); 2 bytes, a float32 scale per 16 (Q6_K); 3 5-bit values (nibbles
+   plus a plane of fifth bits), float16 scales (Q5_0, Q5_1); 4 and 5 as 1 and 3 with float32 scales
+   (Q4_K, Q5_K: d_s*sc and dmin_s*mn are exact in float32, not in float16). */
+#define FORM_NIB(f) ((f) == 1 || (f) == 3 || (f) == 4 || (f) == 5)
+#define FORM_HI5(f) ((f) == 3 || (f) == 5)
+#define FORM_H16(f) ((f) == 1 || (f) == 3)
+/* W -> repacked `form`; rows past N are zeros. The 5-bit forms add a bit plane: after a block's
+   256 bytes of nibbles, 8 uint64 masks, mask t's bit 4r+j the fifth bit of row r's value 4t+j
+   (0.75 bytes per weight with float16 scales, 0.875 with float32, against the byte form's 1.25).
+   One thread per 16-row group, so that a mask is written by one thread. */
+int qrepack(const void *w, uint8_t *U, void *D, int64_t N, int64_t K, int64_t sw, int64_t bs, int type, int form,
             int n_threads) {
-    const int hi5 = nib && (type == Q5_0 || type == Q5_1);
+    const int nib = FORM_NIB(form), hi5 = FORM_HI5(form), h16 = FORM_H16(form);
     const int64_t nb = K / 32, ng = (N + 15) / 16, ub = nib ? (hi5 ? 320 : 256) : 512;
     #pragma omp parallel num_threads(n_threads)
     {
@@ -600,7 +608,7 @@ int qrepack(const void *w, uint8_t *U, void *D, int64_t N, int64_t K, int64_t sw
                                 mask[t + 4] |= (uint64_t)((v2 >> 4) & 1) << (4 * lane + j);
                             }
                         }
-                    if (nib) { uint16_t *sc = (uint16_t *)D + (g * nb + b) * 32 + lane; sc[0] = f2h_exact(d); sc[16] = f2h_exact(m); }
+                    if (h16) { uint16_t *sc = (uint16_t *)D + (g * nb + b) * 32 + lane; sc[0] = f2h_exact(d); sc[16] = f2h_exact(m); }
                     else { float *sc = (float *)D + (g * nb + b) * 32 + lane; sc[0] = d; sc[16] = m; }
                 }
             }
@@ -655,23 +663,23 @@ static inline void r16_block_512(int form, const uint8_t *u, const void *sc, con
                                  const float *ds, const int16_t *as, int64_t nb, int64_t b, int mc, __m512 *acc) {
     __m512i wv[8];
     __m512 dv, mv;
-    if (form == 1 || form == 3) {
+    if (FORM_NIB(form)) {
         const __m512i lo = _mm512_set1_epi8(15);
         for (int j = 0; j < 4; j++) {
             const __m512i v = _mm512_loadu_si512((const void *)(u + 64 * j));
             wv[j] = _mm512_and_si512(v, lo); wv[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
         }
-        if (form == 3) {   /* the fifth bits: mask t -> 0x10 in the bytes of vector t */
+        if (FORM_HI5(form)) {   /* the fifth bits: + 16 in the bytes that mask t selects (a masked add: one
+                              instruction a vector, where expanding the mask to bytes took three) */
             const uint64_t *mk = (const uint64_t *)(u + 256);
-            for (int t = 0; t < 8; t++)
-                wv[t] = _mm512_or_si512(wv[t], _mm512_and_si512(_mm512_movm_epi8((__mmask64)mk[t]), _mm512_set1_epi8(16)));
+            const __m512i sixteen = _mm512_set1_epi8(16);
+            for (int t = 0; t < 8; t++) wv[t] = _mm512_mask_add_epi8(wv[t], (__mmask64)mk[t], wv[t], sixteen);
         }
+    } else for (int t = 0; t < 8; t++) wv[t] = _mm512_loadu_si512((const void *)(u + 64 * t));
+    if (FORM_H16(form)) {
         dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
         mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)sc + 16)));
-    } else {
-        for (int t = 0; t < 8; t++) wv[t] = _mm512_loadu_si512((const void *)(u + 64 * t));
-        dv = _mm512_loadu_ps((const float *)sc); mv = _mm512_loadu_ps((const float *)sc + 16);
-    }
+    } else { dv = _mm512_loadu_ps((const float *)sc); mv = _mm512_loadu_ps((const float *)sc + 16); }
     if (form == 2) r16_rows16_512(wv, dv, mv, a, K, da, as, nb, b, mc, acc);
     else r16_rows_512(wv, dv, mv, a, K, da, ds, nb, b, mc, acc);
 }
@@ -688,19 +696,21 @@ static inline void r16_block_avx2(int form, const uint8_t *u, const void *sc, co
     for (int h = 0; h < 2; h++) {
         __m256i wv[8];
         __m256 dv, mv;
-        if (form == 1 || form == 3) {
+        if (FORM_NIB(form)) {
             for (int j = 0; j < 4; j++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(u + 64 * j + 32 * h));
                 wv[j] = _mm256_and_si256(v, lo); wv[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
             }
-            if (form == 3)   /* rows 8h..8h+7 of mask t are its 32-bit half h */
+            if (FORM_HI5(form))   /* rows 8h..8h+7 of mask t are its 32-bit half h */
                 for (int t = 0; t < 8; t++) wv[t] = _mm256_or_si256(wv[t], fifth_bits(u + 256 + 8 * t + 4 * h));
+        } else for (int t = 0; t < 8; t++) wv[t] = _mm256_loadu_si256((const __m256i *)(u + 64 * t + 32 * h));
+#if defined(__F16C__)
+        if (FORM_H16(form)) {
             dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 8 * h)));
             mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 16 + 8 * h)));
-        } else {
-            for (int t = 0; t < 8; t++) wv[t] = _mm256_loadu_si256((const __m256i *)(u + 64 * t + 32 * h));
-            dv = _mm256_loadu_ps((const float *)sc + 8 * h); mv = _mm256_loadu_ps((const float *)sc + 16 + 8 * h);
-        }
+        } else
+#endif
+        { dv = _mm256_loadu_ps((const float *)sc + 8 * h); mv = _mm256_loadu_ps((const float *)sc + 16 + 8 * h); }
         for (int i = 0; i < R16_ROWS; i++) {
             if (i >= mc) break;
             const int32_t *x4 = (const int32_t *)(a + i * K + 32 * b);
@@ -734,37 +744,24 @@ static inline void r16_block_avx2(int form, const uint8_t *u, const void *sc, co
 #endif
 
 /* Whether qmatmul_r16 has a vector form for `type` in `form` here (else the per-row dots are
-   faster): 0 bytes with a scale and min per 32, 1 the 4-bit form (Q4_0, Q4_1), 2 bytes with a scale
-   per 16 (Q6_K). */
+   faster); forms at FORM_NIB above. AVX2's maddubs saturates on Q8_0's shifted bytes. */
 int qmatmul_r16_serves(int type, int form) {
-    if (form == 2) {
 #if defined(QM_VNNI512) || defined(__AVX2__)
-        return type == Q6_K;
-#else
-        return 0;
+#if defined(QM_VNNI512) || defined(__F16C__)
+    if (form == 1) return type == Q4_0 || type == Q4_1;
+    if (form == 3) return type == Q5_0 || type == Q5_1;
 #endif
-    }
-    if (form == 3) {
-#if defined(QM_VNNI512) || (defined(__AVX2__) && defined(__F16C__))
-        return type == Q5_0 || type == Q5_1;
-#else
-        return 0;
-#endif
-    }
-    if (form == 1) {
-#if defined(QM_VNNI512) || (defined(__AVX2__) && defined(__F16C__))
-        return type == Q4_0 || type == Q4_1;
-#else
-        return 0;
-#endif
-    }
+    if (form == 2) return type == Q6_K;
+    if (form == 4) return type == Q4_K;
+    if (form == 5) return type == Q5_K;
 #if defined(QM_VNNI512)
-    return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == Q4_K || type == Q5_K;
-#elif defined(__AVX2__)
-    return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q4_K || type == Q5_K;
+    if (form == 0) return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == Q4_K || type == Q5_K;
 #else
-    return 0;
+    if (form == 0) return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q4_K || type == Q5_K;
 #endif
+#endif
+    (void)type; (void)form;
+    return 0;
 }
 
 /* The fused prologue: row m of the matmul's input into xf [K] float32. glu: x's row is gate|up
@@ -802,8 +799,8 @@ int qprologue(const void *x, float *out, const void *gw, int64_t M, int64_t K, i
 int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const void *gw, int64_t M, int64_t N,
                 int64_t K, int64_t sx, int64_t sy, float eps, int xb, int yb, int gwb, int glu, int accum, int form,
                 int n_threads) {
-    const int nib = form == 1 || form == 3;
-    const int64_t nb = K / 32, ng = (N + 15) / 16, ub = form == 3 ? 320 : nib ? 256 : 512;
+    const int h16 = FORM_H16(form);
+    const int64_t nb = K / 32, ng = (N + 15) / 16, ub = FORM_HI5(form) ? 320 : FORM_NIB(form) ? 256 : 512;
     int8_t *q = malloc(M * K + 64); float *da = malloc(M * nb * sizeof(float) + 64), *ds = malloc(M * nb * sizeof(float) + 64);
     int16_t *as = malloc(M * (K / 16) * sizeof(int16_t) + 64);
     const float *sc = (const float *)D;
@@ -828,7 +825,7 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const v
             for (int i = 0; i < R16_ROWS; i++) acc[i] = _mm512_setzero_ps();
             for (int64_t b = 0; b < nb; b++) {
                 const int64_t o = g * nb + b;
-                const void *so = nib ? (const void *)((const uint16_t *)D + 32 * o) : (const void *)(sc + 32 * o);
+                const void *so = h16 ? (const void *)((const uint16_t *)D + 32 * o) : (const void *)(sc + 32 * o);
                 if (mc == R16_ROWS) r16_block_512(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, R16_ROWS, acc);
                 else if (mc == 1) r16_block_512(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, 1, acc);
                 else r16_block_512(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, mc, acc);
@@ -839,7 +836,7 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const v
             for (int i = 0; i < 2 * R16_ROWS; i++) acc[i] = _mm256_setzero_ps();
             for (int64_t b = 0; b < nb; b++) {
                 const int64_t o = g * nb + b;
-                const void *so = nib ? (const void *)((const uint16_t *)D + 32 * o) : (const void *)(sc + 32 * o);
+                const void *so = h16 ? (const void *)((const uint16_t *)D + 32 * o) : (const void *)(sc + 32 * o);
                 if (mc == R16_ROWS) r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, R16_ROWS, acc);
                 else if (mc == 1) r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, 1, acc);
                 else r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, mc, acc);
@@ -921,11 +918,16 @@ native.signature(_LIB, "qrepack", 3, 4, (native.ctypes.c_int,) * 3)
 native.signature(_LIB, "qmatmul_r16", 5, 5, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 7)
 native.signature(_LIB, "qprologue", 3, 3, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 4)
 native.signature(_LIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,) * 2)
-_R16 = frozenset(t for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K)
-                 if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 0)) | frozenset(
-    t for t in (T.Q6_K,) if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 2))
-_R16_NIB = frozenset(t for t in (T.Q4_0, T.Q4_1) if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 1)) | frozenset(
-    t for t in (T.Q5_0, T.Q5_1) if _LIB is not None and _LIB.qmatmul_r16_serves(int(t), 3))
+# The repacked form each format runs on here (see FORM_NIB in the C): the first this CPU serves of
+# its preferred forms, the 4/5-bit ones first (fewer bytes than the byte form 0).
+_FORM_PREFERENCE = {T.Q4_0: (1, 0), T.Q4_1: (1, 0), T.Q5_0: (3, 0), T.Q5_1: (3, 0), T.Q8_0: (0,),
+                    T.Q4_K: (4, 0), T.Q5_K: (5, 0), T.Q6_K: (2,)}
+_R16_FORM = {} if _LIB is None else {
+    t: next(f for f in forms if _LIB.qmatmul_r16_serves(int(t), f))
+    for t, forms in _FORM_PREFERENCE.items() if any(_LIB.qmatmul_r16_serves(int(t), f) for f in forms)}
+_R16 = frozenset(_R16_FORM)
+_NIB_FORMS = (1, 3, 4, 5)   # 4- and 5-bit values: a single decode row is cheapest on these too
+_R16_NIB = frozenset(t for t, f in _R16_FORM.items() if f in _NIB_FORMS)
 _XDTYPES = (torch.float32, torch.bfloat16)
 _BF16_GEMM = cpu_features.current().onednn_bf16 and cpu_features.current().variant != "other"
 
@@ -974,22 +976,22 @@ _TOKEN = object()
 
 
 def repacked(w: QWeight) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """(U, scales, form, min_rows) of a 32-block weight, see qmatmul_r16 in the C: for Q4_0/Q4_1
-    (form 1) U is uint8 [groups, blocks, 4, 16, 4] nibbles with float16 scales [groups, blocks, 2,
-    16], 0.625 bytes per weight like the file; Q5_0/Q5_1 (form 3) nibbles plus a plane of fifth
-    bits; else (forms 0, 2 for Q6_K) U [groups, blocks, 8, 16, 4] bytes and float32 scales, 1.25
-    bytes. min_rows: the fewest rows it serves (`repacked_serves`)."""
+    """(U, scales, form, min_rows) of a 32-block weight, see qmatmul_r16 in the C (FORM_NIB): in
+    the 4-bit forms (1: Q4_0/Q4_1, 4: Q4_K) U is uint8 [groups, blocks, 4, 16, 4] nibbles, 0.625
+    bytes per weight with the file's float16 scales [groups, blocks, 2, 16] (form 1), 0.75 with
+    float32 ones (form 4); the 5-bit forms (3: Q5_0/Q5_1, 5: Q5_K) add a plane of fifth bits; the
+    byte forms (0, 2 for Q6_K) U [groups, blocks, 8, 16, 4] and float32 scales, 1.25 bytes.
+    min_rows: the fewest rows it serves (`repacked_serves`)."""
     cached = w.__dict__.get("_qmatmul_r16")
     if cached is not None and cached[0] is _TOKEN:
         return cached[1:]
-    nib = w.qtype in _R16_NIB
+    form = _R16_FORM[T(w.qtype)]
     ng, nb = (w.n + 15) // 16, w.k // 32
-    u = torch.empty(ng, nb, (320 if w.qtype in (T.Q5_0, T.Q5_1) else 256) if nib else 512, dtype=torch.uint8)
-    sc = torch.empty(ng, nb, 2, 16, dtype=torch.float16 if nib else torch.float32)
+    u = torch.empty(ng, nb, (320 if form in (3, 5) else 256) if form in _NIB_FORMS else 512, dtype=torch.uint8)
+    sc = torch.empty(ng, nb, 2, 16, dtype=torch.float16 if form in (1, 3) else torch.float32)
     rc = _LIB.qrepack(w.raw.data_ptr(), u.data_ptr(), sc.data_ptr(), w.n, w.k, w.raw.stride(0),
-                      gguf.GGML_QUANT_SIZES[T(w.qtype)][1], w.qtype, int(nib), torch.get_num_threads())
+                      gguf.GGML_QUANT_SIZES[T(w.qtype)][1], w.qtype, form, torch.get_num_threads())
     assert rc == 0, "qrepack failed"
-    form = (3 if w.qtype in (T.Q5_0, T.Q5_1) else 1) if nib else 2 if w.qtype == T.Q6_K else 0
     entry = (u, sc, form, 1 if repacked_serves(w, 1) else 2)
     object.__setattr__(w, "_qmatmul_r16", (_TOKEN, *entry))   # a cache on a frozen dataclass
     if w.qtype != T.Q8_0:   # every row count now reads the repacked copy: let the file's pages go
