@@ -571,19 +571,22 @@ static inline void block_scales(int type, Row r, int64_t b, float *d, float *m) 
 /* The repacked forms: 0 bytes, scale and min per 32 as float32; 1 4-bit values, float16 scales
    (Q4_0, Q4_1: the file's own); 2 bytes, a float32 scale per 16 (Q6_K); 3 5-bit values (nibbles
    plus a plane of fifth bits), float16 scales (Q5_0, Q5_1); 4 and 5 as 1 and 3 with float32 scales
-   (Q4_K, Q5_K: d_s*sc and dmin_s*mn are exact in float32, not in float16). */
+   (Q4_K, Q5_K: d_s*sc and dmin_s*mn are exact in float32, not in float16); 6 as 0 with float16
+   scales (Q8_0: d and -128 d, exact; 1.125 bytes per weight, near the file's 1.0625). */
 #define FORM_NIB(f) ((f) == 1 || (f) == 3 || (f) == 4 || (f) == 5)
 #define FORM_HI5(f) ((f) == 3 || (f) == 5)
-#define FORM_H16(f) ((f) == 1 || (f) == 3)
+#define FORM_H16(f) ((f) == 1 || (f) == 3 || (f) == 6)
 /* W -> repacked `form`; rows past N are zeros. The 5-bit forms add a bit plane: after a block's
    256 bytes of nibbles, 8 uint64 masks, mask t's bit 4r+j the fifth bit of row r's value 4t+j
    (0.75 bytes per weight with float16 scales, 0.875 with float32, against the byte form's 1.25).
-   One thread per 16-row group, so that a mask is written by one thread. */
+   One thread per 16-row group, so that a mask is written by one thread. -> 0, or 2 where a float16
+   form's scale does not fit float16 (then use form 0). */
 int qrepack(const void *w, uint8_t *U, void *D, int64_t N, int64_t K, int64_t sw, int64_t bs, int type, int form,
             int n_threads) {
     const int nib = FORM_NIB(form), hi5 = FORM_HI5(form), h16 = FORM_H16(form);
     const int64_t nb = K / 32, ng = (N + 15) / 16, ub = nib ? (hi5 ? 320 : 256) : 512;
-    #pragma omp parallel num_threads(n_threads)
+    int overflow = 0;
+    #pragma omp parallel num_threads(n_threads) reduction(|: overflow)
     {
         Row r = row_alloc(K);
         #pragma omp for schedule(static)
@@ -608,14 +611,17 @@ int qrepack(const void *w, uint8_t *U, void *D, int64_t N, int64_t K, int64_t sw
                                 mask[t + 4] |= (uint64_t)((v2 >> 4) & 1) << (4 * lane + j);
                             }
                         }
-                    if (h16) { uint16_t *sc = (uint16_t *)D + (g * nb + b) * 32 + lane; sc[0] = f2h_exact(d); sc[16] = f2h_exact(m); }
+                    if (h16) {
+                        uint16_t *sc = (uint16_t *)D + (g * nb + b) * 32 + lane; sc[0] = f2h_exact(d); sc[16] = f2h_exact(m);
+                        overflow |= fabsf(d) > 65504.0f || fabsf(m) > 65504.0f;
+                    }
                     else { float *sc = (float *)D + (g * nb + b) * 32 + lane; sc[0] = d; sc[16] = m; }
                 }
             }
         }
         row_free(r);
     }
-    return 0;
+    return overflow ? 2 : 0;
 }
 
 #if defined(QM_VNNI512)
@@ -755,6 +761,7 @@ int qmatmul_r16_serves(int type, int form) {
     if (form == 4) return type == Q4_K;
     if (form == 5) return type == Q5_K;
 #if defined(QM_VNNI512)
+    if (form == 6) return type == Q8_0;
     if (form == 0) return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == Q4_K || type == Q5_K;
 #else
     if (form == 0) return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q4_K || type == Q5_K;
@@ -920,14 +927,14 @@ native.signature(_LIB, "qprologue", 3, 3, (native.ctypes.c_float,) + (native.cty
 native.signature(_LIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,) * 2)
 # The repacked form each format runs on here (see FORM_NIB in the C): the first this CPU serves of
 # its preferred forms, the 4/5-bit ones first (fewer bytes than the byte form 0).
-_FORM_PREFERENCE = {T.Q4_0: (1, 0), T.Q4_1: (1, 0), T.Q5_0: (3, 0), T.Q5_1: (3, 0), T.Q8_0: (0,),
+_FORM_PREFERENCE = {T.Q4_0: (1, 0), T.Q4_1: (1, 0), T.Q5_0: (3, 0), T.Q5_1: (3, 0), T.Q8_0: (6, 0),
                     T.Q4_K: (4, 0), T.Q5_K: (5, 0), T.Q6_K: (2,)}
 _R16_FORM = {} if _LIB is None else {
     t: next(f for f in forms if _LIB.qmatmul_r16_serves(int(t), f))
     for t, forms in _FORM_PREFERENCE.items() if any(_LIB.qmatmul_r16_serves(int(t), f) for f in forms)}
 _R16 = frozenset(_R16_FORM)
-_NIB_FORMS = (1, 3, 4, 5)   # 4- and 5-bit values: a single decode row is cheapest on these too
-_R16_NIB = frozenset(t for t, f in _R16_FORM.items() if f in _NIB_FORMS)
+_NIB_FORMS = (1, 3, 4, 5)   # 4- and 5-bit values
+_H16_FORMS = (1, 3, 6)      # float16 scales
 _XDTYPES = (torch.float32, torch.bfloat16)
 _BF16_GEMM = cpu_features.current().onednn_bf16 and cpu_features.current().variant != "other"
 
@@ -986,17 +993,25 @@ def repacked(w: QWeight) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     if cached is not None and cached[0] is _TOKEN:
         return cached[1:]
     form = _R16_FORM[T(w.qtype)]
-    ng, nb = (w.n + 15) // 16, w.k // 32
-    u = torch.empty(ng, nb, (320 if form in (3, 5) else 256) if form in _NIB_FORMS else 512, dtype=torch.uint8)
-    sc = torch.empty(ng, nb, 2, 16, dtype=torch.float16 if form in (1, 3) else torch.float32)
-    rc = _LIB.qrepack(w.raw.data_ptr(), u.data_ptr(), sc.data_ptr(), w.n, w.k, w.raw.stride(0),
-                      gguf.GGML_QUANT_SIZES[T(w.qtype)][1], w.qtype, form, torch.get_num_threads())
+    u, sc, rc = _repack(w, form)
+    if rc == 2:   # a scale beyond float16 (Q8_0 blocks with values past ~65000): the float32 form
+        form = 0
+        u, sc, rc = _repack(w, form)
     assert rc == 0, "qrepack failed"
-    entry = (u, sc, form, 1 if repacked_serves(w, 1) else 2)
+    entry = (u, sc, form, 1 if _serves_one_row(w, form) else 2)
     object.__setattr__(w, "_qmatmul_r16", (_TOKEN, *entry))   # a cache on a frozen dataclass
-    if w.qtype != T.Q8_0:   # every row count now reads the repacked copy: let the file's pages go
+    if entry[3] == 1:   # every row count now reads the repacked copy: let the file's pages go
         release_file_pages(w.raw)
     return entry
+
+
+def _repack(w: QWeight, form: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    ng, nb = (w.n + 15) // 16, w.k // 32
+    u = torch.empty(ng, nb, (320 if form in (3, 5) else 256) if form in _NIB_FORMS else 512, dtype=torch.uint8)
+    sc = torch.empty(ng, nb, 2, 16, dtype=torch.float16 if form in _H16_FORMS else torch.float32)
+    rc = _LIB.qrepack(w.raw.data_ptr(), u.data_ptr(), sc.data_ptr(), w.n, w.k, w.raw.stride(0),
+                      gguf.GGML_QUANT_SIZES[T(w.qtype)][1], w.qtype, form, torch.get_num_threads())
+    return u, sc, rc
 
 
 def release_file_pages(raw: torch.Tensor) -> bool:
@@ -1036,13 +1051,26 @@ def _libc() -> ctypes.CDLL:
 
 def repacked_serves(w: QWeight, rows: int) -> bool:
     """Whether `rows` activation rows run on the repacked form (their activations then quantized
-    per 32 whatever the format). One row: Q8_0's own bytes (1.06 per weight, dotted straight from
-    the file) beat its repacked 1.25; the 5-bit and K formats' per-row unpacking costs more than
-    the extra bytes (SmolLM2 Q4_K_M, mostly Q5_0: b=1 73 -> 83 tok/s; the Q4_1 model's Q8_0
-    output: 106 vs 98 tok/s with it repacked). A small Q8_0 weight (a Q4_K_M file's attn_v part,
-    192 x 576) is repacked anyway: there the bytes do not matter, and the repacked form fuses (one
-    call instead of a prologue, the per-row dots and an add)."""
-    return w.qtype in _R16_NIB or (w.qtype in _R16 and (rows >= 2 or w.qtype != T.Q8_0 or w.n * w.k <= SMALL_Q8_0))
+    per 32 whatever the format): from 2 rows every format in _R16; one row where the form is
+    compact (`_serves_one_row`)."""
+    form = _R16_FORM.get(T(w.qtype)) if w.qtype in _R16 else None
+    cached = w.__dict__.get("_qmatmul_r16")
+    if cached is not None and cached[0] is _TOKEN:
+        form = cached[3]
+    return form is not None and (rows >= 2 or _serves_one_row(w, form))
+
+
+def _serves_one_row(w: QWeight, form: int) -> bool:
+    """One decode row is bound by the bytes read: every form but Q8_0's float32 byte form (1.25
+    bytes per weight against the file's 1.06, dotted per row straight from the file) serves it. The
+    per-row unpacking of the 5-bit and K formats costs more than the extra bytes of the byte forms
+    (SmolLM2 Q4_K_M, mostly Q5_0: b=1 73 -> 83 tok/s). Q8_0 with float16 scales (form 6, 1.125
+    bytes): SmolLM2's 49152 x 576 output matmul at one row, caches flushed, 1.08 ms (median of 40)
+    against 1.57 per row from the file (and 1.22 in form 0). A
+    small Q8_0 weight (a Q4_K_M file's attn_v part, 192 x 576) runs repacked in any form: there the
+    bytes do not matter, and the repacked form fuses (one call instead of a prologue, the per-row
+    dots and an add)."""
+    return form != 0 or w.qtype != T.Q8_0 or w.n * w.k <= SMALL_Q8_0
 
 
 def _int_dots(x: torch.Tensor, w: QWeight) -> torch.Tensor:
