@@ -572,8 +572,13 @@ static inline void block_scales(int type, Row r, int64_t b, float *d, float *m) 
    (Q4_0, Q4_1: the file's own); 2 bytes, a float32 scale per 16 (Q6_K); 3 5-bit values (nibbles
    plus a plane of fifth bits), float16 scales (Q5_0, Q5_1); 4 and 5 as 1 and 3 with float32 scales
    (Q4_K, Q5_K: d_s*sc and dmin_s*mn are exact in float32, not in float16); 6 as 0 with float16
-   scales (Q8_0: d and -128 d, exact; 1.125 bytes per weight, near the file's 1.0625). */
-#define FORM_NIB(f) ((f) == 1 || (f) == 3 || (f) == 4 || (f) == 5)
+   scales (Q8_0: d and -128 d, exact; 1.125 bytes per weight, near the file's 1.0625); 7 Q6_K's
+   6-bit values as nibbles plus two bit planes (+16, +32), scales per 16 as the super-block's
+   float16 d[16] and int8 sc0[16], sc1[16] (d*sc exact in float32: the same floats as form 2's;
+   0.875 bytes per weight against 1.25). */
+#define FORM_NIB(f) ((f) == 1 || (f) == 3 || (f) == 4 || (f) == 5 || (f) == 7)
+#define FORM_UB(f) ((f) == 7 ? 384 : FORM_HI5(f) ? 320 : FORM_NIB(f) ? 256 : 512)   /* U bytes per (group, block) */
+#define FORM_D64(f) (FORM_H16(f) || (f) == 7)   /* 64 bytes of scales per (group, block), else 128 */
 #define FORM_HI5(f) ((f) == 3 || (f) == 5)
 #define FORM_H16(f) ((f) == 1 || (f) == 3 || (f) == 6)
 /* W -> repacked `form`; rows past N are zeros. The 5-bit forms add a bit plane: after a block's
@@ -583,15 +588,15 @@ static inline void block_scales(int type, Row r, int64_t b, float *d, float *m) 
    form's scale does not fit float16 (then use form 0). */
 int qrepack(const void *w, uint8_t *U, void *D, int64_t N, int64_t K, int64_t sw, int64_t bs, int type, int form,
             int n_threads) {
-    const int nib = FORM_NIB(form), hi5 = FORM_HI5(form), h16 = FORM_H16(form);
-    const int64_t nb = K / 32, ng = (N + 15) / 16, ub = nib ? (hi5 ? 320 : 256) : 512;
+    const int nib = FORM_NIB(form), hi5 = FORM_HI5(form), h16 = FORM_H16(form), hi6 = form == 7;
+    const int64_t nb = K / 32, ng = (N + 15) / 16, ub = FORM_UB(form);
     int overflow = 0;
     #pragma omp parallel num_threads(n_threads) reduction(|: overflow)
     {
         Row r = row_alloc(K);
         #pragma omp for schedule(static)
         for (int64_t g = 0; g < ng; g++) {
-            if (hi5) for (int64_t b = 0; b < nb; b++) memset(U + (g * nb + b) * ub + 256, 0, 64);
+            if (hi5 || hi6) for (int64_t b = 0; b < nb; b++) memset(U + (g * nb + b) * ub + 256, 0, hi6 ? 128 : 64);
             for (int64_t lane = 0; lane < 16; lane++) {
                 const int64_t n = g * 16 + lane;
                 if (n < N) unpack_row(type, (const uint8_t *)w + n * sw, K, bs, r);
@@ -606,12 +611,21 @@ int qrepack(const void *w, uint8_t *U, void *D, int64_t N, int64_t K, int64_t sw
                             const uint8_t v2 = n < N && nib ? r.u[32 * b + 4 * (t + 4) + j] : 0;
                             u[t * 64 + j] = nib ? (uint8_t)((v & 15) | ((v2 & 15) << 4))
                                                 : (uint8_t)(type == Q8_0 && n < N ? v ^ 0x80 : v);
-                            if (hi5) {
+                            if (hi5 || hi6) {
                                 mask[t] |= (uint64_t)((v >> 4) & 1) << (4 * lane + j);
                                 mask[t + 4] |= (uint64_t)((v2 >> 4) & 1) << (4 * lane + j);
                             }
+                            if (hi6) {
+                                mask[t + 8] |= (uint64_t)((v >> 5) & 1) << (4 * lane + j);
+                                mask[t + 12] |= (uint64_t)((v2 >> 5) & 1) << (4 * lane + j);
+                            }
                         }
-                    if (h16) {
+                    if (hi6) {   /* d_s (float16, exact) and the two int8 scales of the block */
+                        uint8_t *e = (uint8_t *)D + (g * nb + b) * 64;
+                        ((uint16_t *)e)[lane] = n < N ? f2h_exact(r.d[b / 8]) : 0;
+                        e[32 + lane] = n < N ? (uint8_t)(int8_t)r.sc[2 * b] : 0;
+                        e[48 + lane] = n < N ? (uint8_t)(int8_t)r.sc[2 * b + 1] : 0;
+                    } else if (h16) {
                         uint16_t *sc = (uint16_t *)D + (g * nb + b) * 32 + lane; sc[0] = f2h_exact(d); sc[16] = f2h_exact(m);
                         overflow |= fabsf(d) > 65504.0f || fabsf(m) > 65504.0f;
                     }
@@ -681,12 +695,25 @@ static inline void r16_block_512(int form, const uint8_t *u, const void *sc, con
             const __m512i sixteen = _mm512_set1_epi8(16);
             for (int t = 0; t < 8; t++) wv[t] = _mm512_mask_add_epi8(wv[t], (__mmask64)mk[t], wv[t], sixteen);
         }
+        if (form == 7) {   /* Q6_K's two high bits: + 16 and + 32 by their masks */
+            const uint64_t *mk = (const uint64_t *)(u + 256);
+            const __m512i sixteen = _mm512_set1_epi8(16), thirty2 = _mm512_set1_epi8(32);
+            for (int t = 0; t < 8; t++) {
+                wv[t] = _mm512_mask_add_epi8(wv[t], (__mmask64)mk[t], wv[t], sixteen);
+                wv[t] = _mm512_mask_add_epi8(wv[t], (__mmask64)mk[t + 8], wv[t], thirty2);
+            }
+        }
     } else for (int t = 0; t < 8; t++) wv[t] = _mm512_loadu_si512((const void *)(u + 64 * t));
-    if (FORM_H16(form)) {
+    if (form == 7) {   /* d * sc in float32: exact, form 2's floats */
+        const __m512 dh = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
+        const int8_t *s8 = (const int8_t *)sc + 32;
+        dv = _mm512_mul_ps(dh, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)s8))));
+        mv = _mm512_mul_ps(dh, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s8 + 16)))));
+    } else if (FORM_H16(form)) {
         dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
         mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)sc + 16)));
     } else { dv = _mm512_loadu_ps((const float *)sc); mv = _mm512_loadu_ps((const float *)sc + 16); }
-    if (form == 2) r16_rows16_512(wv, dv, mv, a, K, da, as, nb, b, mc, acc);
+    if (form == 2 || form == 7) r16_rows16_512(wv, dv, mv, a, K, da, as, nb, b, mc, acc);
     else r16_rows_512(wv, dv, mv, a, K, da, ds, nb, b, mc, acc);
 }
 #endif
@@ -762,6 +789,7 @@ int qmatmul_r16_serves(int type, int form) {
     if (form == 5) return type == Q5_K;
 #if defined(QM_VNNI512)
     if (form == 6) return type == Q8_0;
+    if (form == 7) return type == Q6_K;
     if (form == 0) return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == Q4_K || type == Q5_K;
 #else
     if (form == 0) return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q4_K || type == Q5_K;
@@ -806,8 +834,8 @@ int qprologue(const void *x, float *out, const void *gw, int64_t M, int64_t K, i
 int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const void *gw, int64_t M, int64_t N,
                 int64_t K, int64_t sx, int64_t sy, float eps, int xb, int yb, int gwb, int glu, int accum, int form,
                 int n_threads) {
-    const int h16 = FORM_H16(form);
-    const int64_t nb = K / 32, ng = (N + 15) / 16, ub = FORM_HI5(form) ? 320 : FORM_NIB(form) ? 256 : 512;
+    const int h16 = FORM_D64(form);   /* 32 uint16 of scales per (group, block), else 32 floats */
+    const int64_t nb = K / 32, ng = (N + 15) / 16, ub = FORM_UB(form);
     int8_t *q = malloc(M * K + 64); float *da = malloc(M * nb * sizeof(float) + 64), *ds = malloc(M * nb * sizeof(float) + 64);
     int16_t *as = malloc(M * (K / 16) * sizeof(int16_t) + 64);
     const float *sc = (const float *)D;
@@ -928,13 +956,13 @@ native.signature(_LIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,) * 2)
 # The repacked form each format runs on here (see FORM_NIB in the C): the first this CPU serves of
 # its preferred forms, the 4/5-bit ones first (fewer bytes than the byte form 0).
 _FORM_PREFERENCE = {T.Q4_0: (1, 0), T.Q4_1: (1, 0), T.Q5_0: (3, 0), T.Q5_1: (3, 0), T.Q8_0: (6, 0),
-                    T.Q4_K: (4, 0), T.Q5_K: (5, 0), T.Q6_K: (2,)}
+                    T.Q4_K: (4, 0), T.Q5_K: (5, 0), T.Q6_K: (7, 2)}
 _R16_FORM = {} if _LIB is None else {
     t: next(f for f in forms if _LIB.qmatmul_r16_serves(int(t), f))
     for t, forms in _FORM_PREFERENCE.items() if any(_LIB.qmatmul_r16_serves(int(t), f) for f in forms)}
 _R16 = frozenset(_R16_FORM)
-_NIB_FORMS = (1, 3, 4, 5)   # 4- and 5-bit values
-_H16_FORMS = (1, 3, 6)      # float16 scales
+_D64_FORMS = (1, 3, 6, 7)      # 64 bytes of scales per (group, block): float16 (7: and int8)
+_FORM_UB = {0: 512, 1: 256, 2: 512, 3: 320, 4: 256, 5: 320, 6: 512, 7: 384}   # U bytes per (group, block)
 _XDTYPES = (torch.float32, torch.bfloat16)
 _BF16_GEMM = cpu_features.current().onednn_bf16 and cpu_features.current().variant != "other"
 
@@ -986,8 +1014,10 @@ def repacked(w: QWeight) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """(U, scales, form, min_rows) of a 32-block weight, see qmatmul_r16 in the C (FORM_NIB): in
     the 4-bit forms (1: Q4_0/Q4_1, 4: Q4_K) U is uint8 [groups, blocks, 4, 16, 4] nibbles, 0.625
     bytes per weight with the file's float16 scales [groups, blocks, 2, 16] (form 1), 0.75 with
-    float32 ones (form 4); the 5-bit forms (3: Q5_0/Q5_1, 5: Q5_K) add a plane of fifth bits; the
-    byte forms (0, 2 for Q6_K) U [groups, blocks, 8, 16, 4] and float32 scales, 1.25 bytes.
+    float32 ones (form 4); the 5-bit forms (3: Q5_0/Q5_1, 5: Q5_K) add a plane of fifth bits,
+    Q6_K's (7) two planes with float16 d and int8 scales per 16 (0.875 bytes); the byte forms (0,
+    2 for Q6_K, where the CPU lacks the others) U [groups, blocks, 8, 16, 4] and float32 scales,
+    1.25 bytes; Q8_0's (6) the same with float16 scales, 1.125.
     min_rows: the fewest rows it serves (`repacked_serves`)."""
     cached = w.__dict__.get("_qmatmul_r16")
     if cached is not None and cached[0] is _TOKEN:
@@ -1007,8 +1037,8 @@ def repacked(w: QWeight) -> tuple[torch.Tensor, torch.Tensor, int, int]:
 
 def _repack(w: QWeight, form: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     ng, nb = (w.n + 15) // 16, w.k // 32
-    u = torch.empty(ng, nb, (320 if form in (3, 5) else 256) if form in _NIB_FORMS else 512, dtype=torch.uint8)
-    sc = torch.empty(ng, nb, 2, 16, dtype=torch.float16 if form in _H16_FORMS else torch.float32)
+    u = torch.empty(ng, nb, _FORM_UB[form], dtype=torch.uint8)
+    sc = torch.empty(ng, nb, 2, 16, dtype=torch.float16 if form in _D64_FORMS else torch.float32)
     rc = _LIB.qrepack(w.raw.data_ptr(), u.data_ptr(), sc.data_ptr(), w.n, w.k, w.raw.stride(0),
                       gguf.GGML_QUANT_SIZES[T(w.qtype)][1], w.qtype, form, torch.get_num_threads())
     return u, sc, rc
