@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from slotserver.lab.kv_rows import write_rows
+from slotserver.lab.kv_rows import dst_native, write_rows
 from slotserver.lab.kv_spec import KVSpec, StridedKV
 
 NAME = "head_seq_dim"
@@ -31,14 +31,17 @@ class HeadSeqDim:
         self.v_store = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
         self.k = self.k_store.transpose(2, 3)  # logical [layer, stream, cell, kv_head, head_dim]
         self.v = self.v_store.transpose(2, 3)
+        self._views = [StridedKV(self.k[i], self.v[i]) for i in range(spec.n_layers)]   # made once, not per step
+        self._native = dst_native(self.k[0], self.v[0])
 
     def write(self, layer: int, streams: torch.Tensor, positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:
         """Store rows: `k[t]`, `v[t]` (`[tokens, kv_heads, head_dim]`) at (streams[t], positions[t])."""
-        write_rows(self.k[layer], self.v[layer], streams, positions, k, v)
+        view = self._views[layer]
+        write_rows(view.k, view.v, streams, positions, k, v, self._native)
 
     def view(self, layer: int) -> StridedKV:
-        return StridedKV(self.k[layer], self.v[layer])  # [streams, cells, kv_heads, head_dim], strided
+        return self._views[layer]  # [streams, cells, kv_heads, head_dim], strided
 
     def copy_stream(self, src: int, dst: int, n: int) -> None:
         """Copy the first `n` cells of stream `src` onto stream `dst` (all layers, all heads)."""

@@ -156,7 +156,7 @@ def test_top_follows_a_live_server_and_quits_cleanly(server):
     tui = top(url)
     try:
         tui.expect(r"● live", 30)
-        tui.expect(header_layout("seq_head_dim"), 5)
+        tui.expect(header_layout("head_seq_dim"), 5)   # the default layout
         tui.expect(r"\b0 idle\b", 5)
         # which CPU path serves: the variant this host runs, the same in /props, /lab and the header
         from slotserver.lab import cpu_features
@@ -169,13 +169,13 @@ def test_top_follows_a_live_server_and_quits_cleanly(server):
         with Load(url):
             tui.expect(r"\d processing\s+\d+", 20, mark)          # a slot row while the request runs
         mark = len(tui.raw)
-        r = httpx.post(url + "/lab/layout", json={"layout": "head_seq_dim"}, headers=AUTH, timeout=30)
+        r = httpx.post(url + "/lab/layout", json={"layout": "seq_head_dim"}, headers=AUTH, timeout=30)
         assert r.status_code == 200, r.text
-        tui.expect(header_layout("head_seq_dim"), 10, mark)
-        tui.expect(r"swapped\s+layout head_seq_dim", 5, mark)     # and the event log has the swap
+        tui.expect(header_layout("seq_head_dim"), 10, mark)
+        tui.expect(r"swapped\s+layout seq_head_dim", 5, mark)     # and the event log has the swap
 
         layouts = httpx.get(url + "/lab", headers=AUTH).json()["layouts"]
-        following = layouts[(layouts.index("head_seq_dim") + 1) % len(layouts)]
+        following = layouts[(layouts.index("seq_head_dim") + 1) % len(layouts)]
         mark = len(tui.raw)
         tui.send(b"l")                                           # the key cycles to the next layout
         tui.expect(header_layout(following), 15, mark)

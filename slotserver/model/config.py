@@ -22,7 +22,7 @@ class ModelConfig:
     # passes its own default, `--dtype auto`: bfloat16 where the CPU computes it natively, else float32
     dtype: str = "float32"
     threads: int = 0                 # 0: the physical cores (cpu_features.physical_cores), as llama.cpp
-    layout: str = "seq_head_dim"
+    layout: str = "head_seq_dim"     # a head's cells contiguous: decode attention b=8 ~18% faster (docs/performance.md)
     kernels_dir: Path | None = None  # None: the repository's kernels/
     layouts_dir: Path | None = None  # None: the repository's layouts/
     max_ctx: int = 0                 # 0: the model's training context

@@ -38,7 +38,7 @@ OnToken = Callable[[int, int], None]  # (request index, token id)
 
 
 def generate(model: LlamaModel, requests: list[GenRequest], eog_ids: frozenset[int],
-             on_token: OnToken | None = None, layout: str = "seq_head_dim",
+             on_token: OnToken | None = None, layout: str = "head_seq_dim",
              layouts_dir=None) -> list[GenResult]:
     """Generate for every request at once; returns one `GenResult` per request, in order."""
     s = model.spec

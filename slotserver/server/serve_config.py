@@ -89,7 +89,7 @@ def _unified(args) -> tuple[int, int | None, str]:
     advanced is preempted and recomputed, when the pool is full)."""
     if not getattr(args, "kv_unified", False):
         return args.ctx_size, args.kv_pool_cells, args.layout
-    if args.layout not in ("paged", "paged_hnd", "seq_head_dim"):
+    if args.layout not in ("paged", "paged_hnd", "seq_head_dim", "head_seq_dim"):
         raise ConfigError(f"--kv-unified needs a paged layout, got --layout {args.layout}")
     layout = args.layout if args.layout.startswith("paged") else "paged"
     return args.ctx_size * args.parallel, args.kv_pool_cells or args.ctx_size, layout
