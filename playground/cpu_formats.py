@@ -42,7 +42,7 @@ def setup(config: str):
     model = LlamaModel.load(cfg.model_path, dtype, max_pos=1024, fmt=cfg.weight_format)  # the serving thresholds
     s = model.spec
     kv = torch.float16 if dtype_name == "auto" else dtype   # the engine's cache type (-ctk auto)
-    cache = KVCache.create("seq_head_dim", KVSpec(s.n_layers, max(BATCHES), DEPTH + 64, s.n_kv_heads, s.head_dim, kv))
+    cache = KVCache.create(cfg.layout, KVSpec(s.n_layers, max(BATCHES), DEPTH + 64, s.n_kv_heads, s.head_dim, kv))  # the serving default
     toks = torch.randint(100, 20000, (DEPTH,), generator=torch.Generator().manual_seed(0)).tolist()
     for b in range(max(BATCHES)):
         model.forward(Batch.build([SeqChunk(b, 0, toks, logits=False)]), cache)
