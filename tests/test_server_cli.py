@@ -42,7 +42,8 @@ def test_llama_server_flags_reach_the_configs(tmp_path):
     args = parse("--ctx_size", "1024", "-np", "2", "-b", "256", "-ub", "128", "-n", "32", "--temp", "0.2",
                  "--seed", "9", "--api-key", "k1", "--api-key-file", str(keys), "--no-slots", "--no_cache_prompt",
                  "-sps", "0.5", "--cors", "http://ui", "--alias", "smol", "--slot-save-path", str(tmp_path / "s"),
-                 "--defrag", "off", "--no-context-shift", "--jinja", "--timeout", "30", "--slots-debug", "--metrics")
+                 "--defrag", "off", "--no-context-shift", "--jinja", "--timeout", "30", "--slots-debug", "--metrics",
+                 "--no-warmup")
     config, plan = server_config_from_args(args), plan_from_args(args)
     assert config.api_keys == ("k1", "k2", "k3") and config.cors_origins == ("http://ui",)
     assert not config.slots_endpoint and config.slots_debug and config.metrics and config.timeout == 30
@@ -52,7 +53,7 @@ def test_llama_server_flags_reach_the_configs(tmp_path):
     e = plan.engine
     assert (e.n_parallel, e.ctx_size, e.n_cells, e.batch_size, e.ubatch_size) == (2, 1024, 512, 256, 128)
     assert (e.defrag, e.slot_prompt_similarity, e.cache_prompt) == ("off", 0.5, False)
-    assert (plan.host, plan.port, plan.model.max_ctx) == ("127.0.0.1", 8080, 512)
+    assert (plan.host, plan.port, plan.model.max_ctx) == ("127.0.0.1", 8080, 512) and not plan.warmup
 
 
 def test_defaults_match_llama_server():
@@ -60,7 +61,7 @@ def test_defaults_match_llama_server():
     config, plan = server_config_from_args(args), plan_from_args(args)
     assert (plan.host, plan.port, plan.engine.ctx_size, plan.engine.n_parallel) == ("127.0.0.1", 8080, 4096, 4)
     assert config.slots_endpoint and not config.metrics and not config.api_keys and not config.cors_origins
-    assert not config.slots_debug and plan.chat_template is None and plan.watch
+    assert not config.slots_debug and plan.chat_template is None and plan.watch and plan.warmup
 
 
 def test_chat_template_by_name_or_source():

@@ -96,6 +96,19 @@ def test_matmul_weights_are_views_of_the_mapped_file(tmp_path):
     assert file_offset(model.weights.output) == f.tensors["token_embd.weight"].offset   # tied: the embedding's blocks
 
 
+@pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q8_0, QT.Q6_K], ids=lambda t: t.name)
+def test_warm_up_changes_no_answer(tmp_path, qtype):
+    """The server's warmup (each block matmul once on zeros, before healthy, so the first request
+    does not pay for preparing the weights) leaves every logit of the first request as without it,
+    one decode step at a time too."""
+    path = _tiny(tmp_path, qtype)
+    cold = LlamaModel.load(path, torch.float32, fmt=WeightFormat("q"))
+    warm = LlamaModel.load(path, torch.float32, fmt=WeightFormat("q"))
+    warm.warm_up()
+    assert torch.equal(_logits(warm, TOKENS[:5], one_by_one=True), _logits(cold, TOKENS[:5], one_by_one=True))
+    assert torch.equal(_logits(warm, TOKENS), _logits(cold, TOKENS))
+
+
 def test_embedding_lookup_dequantizes_just_the_rows(tmp_path):
     path = _tiny(tmp_path, QT.Q5_1)
     f = GGUFFile.open(path)

@@ -101,6 +101,10 @@ class ModelWeights:
     act_dtype: torch.dtype = torch.float32   # the matmuls' inputs and outputs (see below)
     rope_long: torch.Tensor | None = None    # [rope_dim / 2] phi3 longrope factors past the trained context
 
+    def matmuls(self) -> list[MatMul]:
+        """Every layer's matmuls, then the output projection."""
+        return [m for lw in self.layers for m in (lw.qkv, lw.wo, lw.gate_up, lw.down)] + [self.output]
+
     # Why float32 activations around GGUF-block matmuls whatever the dtype (then only the KV cache
     # and attention are bf16, as llama.cpp keeps f32 activations and an f16 cache): qmatmul quantizes
     # its input to 8 bits anyway, at the same speed from float32; rounding to bf16 first and its

@@ -34,6 +34,7 @@ class LaunchPlan:
     port: int = 8080
     chat_template: str | None = None   # a Jinja source from the command line, else the model's
     watch: bool = True                 # hot-reload saves in kernels/ and layouts/ (--no-watch: off)
+    warmup: bool = True                # prepare every weight before healthy (--no-warmup: off, as llama-server)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -64,6 +65,8 @@ def load(state: ServerState, plan: LaunchPlan, address: str) -> Engine:
 
     with load_progress(f"loading {plan.model.model_path.name}") as tick:
         bundle = ModelBundle.load(plan.model, tick)
+    if plan.warmup:
+        bundle.model.warm_up()
     template = None
     if plan.chat_template is not None:   # same BOS/EOS texts and BOS rule as the model's own
         template = bundle.template.with_source(plan.chat_template)
