@@ -605,21 +605,25 @@ int qrepack(const void *w, uint8_t *U, void *D, int64_t N, int64_t K, int64_t sw
                     uint64_t *mask = (uint64_t *)(U + (g * nb + b) * ub + 256);
                     float d = 0.0f, m = 0.0f;
                     if (n < N) block_scales(type, r, b, &d, &m);
-                    for (int t = 0; t < (nib ? 4 : 8); t++)
-                        for (int j = 0; j < 4; j++) {
-                            const uint8_t v = n < N ? r.u[32 * b + 4 * t + j] : 0;
-                            const uint8_t v2 = n < N && nib ? r.u[32 * b + 4 * (t + 4) + j] : 0;
-                            u[t * 64 + j] = nib ? (uint8_t)((v & 15) | ((v2 & 15) << 4))
-                                                : (uint8_t)(type == Q8_0 && n < N ? v ^ 0x80 : v);
-                            if (hi5 || hi6) {
-                                mask[t] |= (uint64_t)((v >> 4) & 1) << (4 * lane + j);
-                                mask[t + 4] |= (uint64_t)((v2 >> 4) & 1) << (4 * lane + j);
-                            }
-                            if (hi6) {
-                                mask[t + 8] |= (uint64_t)((v >> 5) & 1) << (4 * lane + j);
-                                mask[t + 12] |= (uint64_t)((v2 >> 5) & 1) << (4 * lane + j);
-                            }
+                    /* four values at a time as one uint32 (values 4t..4t+3 of this row) */
+                    uint32_t x[8] = {0};
+                    if (n < N) memcpy(x, r.u + 32 * b, 32);
+                    if (nib)
+                        for (int t = 0; t < 4; t++) {
+                            const uint32_t o = (x[t] & 0x0F0F0F0Fu) | ((x[t + 4] & 0x0F0F0F0Fu) << 4);
+                            memcpy(u + t * 64, &o, 4);
                         }
+                    else
+                        for (int t = 0; t < 8; t++) {
+                            const uint32_t o = type == Q8_0 && n < N ? x[t] ^ 0x80808080u : x[t];
+                            memcpy(u + t * 64, &o, 4);
+                        }
+                    /* bit k of each of the 4 bytes -> 4 bits (byte j's at bit j): no carries between
+                       the multiply's terms, each lands on its own bit */
+#define BITS4(v, k) ((uint64_t)(((((v) >> (k)) & 0x01010101u) * 0x01020408u) >> 24) & 15u)
+                    if (hi5 || hi6) for (int t = 0; t < 8; t++) mask[t] |= BITS4(x[t], 4) << (4 * lane);
+                    if (hi6) for (int t = 0; t < 8; t++) mask[t + 8] |= BITS4(x[t], 5) << (4 * lane);
+#undef BITS4
                     if (hi6) {   /* d_s (float16, exact) and the two int8 scales of the block */
                         uint8_t *e = (uint8_t *)D + (g * nb + b) * 64;
                         ((uint16_t *)e)[lane] = n < N ? f2h_exact(r.d[b / 8]) : 0;
