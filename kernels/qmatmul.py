@@ -20,11 +20,13 @@ How `cpu` computes (what llama.cpp's CPU backend does):
   convert and two FMAs per 16 outputs; the 8 weight vectors stay in registers while 16 activation
   rows pass. Q4_0/Q4_1 keep 4-bit nibbles and float16 scales (the file's 0.625 bytes per weight),
   Q5_0/Q5_1 add a plane of fifth bits (0.75), Q4_K/Q5_K the same with float32 scales per 32 (0.75 /
-  0.875: a K super-block's d*sc is exact in float32, not in float16); Q8_0 bytes with a scale and
-  min per 32, Q6_K bytes with a scale per 16 (1.25).
-  This serves every row count for those formats (one decode row included, except Q8_0, whose own
-  bytes are dotted straight from the file): 2-4x the per-row dots from 2 rows, and faster than
-  dequantized tiles + oneDNN's bf16 GEMM up to 512 rows (470-576 vs 380-430 GFLOP/s).
+  0.875: a K super-block's d*sc is exact in float32, not in float16); with AVX-512 VNNI Q8_0 bytes
+  with float16 scales (1.125) and Q6_K nibbles plus two bit planes (0.875), else bytes with float32
+  scales (1.25; Q6_K one per 16). The forms per CPU: `_R16_FORM`, from the C's FORM_NIB comment.
+  This serves every row count for those formats (one decode row included, except Q8_0 in the
+  1.25-byte form, whose own bytes are then dotted straight from the file): 2-4x the per-row dots
+  from 2 rows, and faster than dequantized tiles + oneDNN's bf16 GEMM up to 512 rows (470-576 vs
+  380-430 GFLOP/s).
 - Q2_K/Q3_K (and Q8_0 on AVX2, where `maddubs` would saturate): per-row dots below
   `PREFILL_ROWS[qtype]` rows, above it tiles of W dequantized by the same unpacking into float32 /
   bf16 and multiplied by torch (`playground/qmatmul_bench.py` measures the crossover).
@@ -1040,6 +1042,7 @@ def repacked(w: QWeight) -> tuple[torch.Tensor, torch.Tensor, int, int]:
 
 
 def _repack(w: QWeight, form: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(U, scales, qrepack's return code) of `w` in `form`, built now (no cache)."""
     ng, nb = (w.n + 15) // 16, w.k // 32
     u = torch.empty(ng, nb, _FORM_UB[form], dtype=torch.uint8)
     sc = torch.empty(ng, nb, 2, 16, dtype=torch.float16 if form in _D64_FORMS else torch.float32)
@@ -1087,7 +1090,7 @@ def repacked_serves(w: QWeight, rows: int) -> bool:
     """Whether `rows` activation rows run on the repacked form (their activations then quantized
     per 32 whatever the format): from 2 rows every format in _R16; one row where the form is
     compact (`_serves_one_row`)."""
-    form = _R16_FORM.get(T(w.qtype)) if w.qtype in _R16 else None
+    form = _R16_FORM.get(T(w.qtype))
     cached = w.__dict__.get("_qmatmul_r16")
     if cached is not None and cached[0] is _TOKEN:
         form = cached[3]
@@ -1100,10 +1103,9 @@ def _serves_one_row(w: QWeight, form: int) -> bool:
     per-row unpacking of the 5-bit and K formats costs more than the extra bytes of the byte forms
     (SmolLM2 Q4_K_M, mostly Q5_0: b=1 73 -> 83 tok/s). Q8_0 with float16 scales (form 6, 1.125
     bytes): SmolLM2's 49152 x 576 output matmul at one row, caches flushed, 1.08 ms (median of 40)
-    against 1.57 per row from the file (and 1.22 in form 0). A
-    small Q8_0 weight (a Q4_K_M file's attn_v part, 192 x 576) runs repacked in any form: there the
-    bytes do not matter, and the repacked form fuses (one call instead of a prologue, the per-row
-    dots and an add)."""
+    against 1.57 per row from the file (and 1.22 in form 0). A small Q8_0 weight (a Q4_K_M file's
+    attn_v part, 192 x 576) runs repacked in any form: there the bytes do not matter, and the
+    repacked form fuses (one call instead of a prologue, the per-row dots and an add)."""
     return form != 0 or w.qtype != T.Q8_0 or w.n * w.k <= SMALL_Q8_0
 
 
