@@ -21,7 +21,7 @@ How `cpu` computes (what llama.cpp's CPU backend does):
   rows pass. Q4_0/Q4_1 keep 4-bit nibbles and float16 scales (the file's 0.625 bytes per weight),
   Q5_0/Q5_1 add a plane of fifth bits (0.75), Q4_K/Q5_K the same with float32 scales per 32 (0.75 /
   0.875: a K super-block's d*sc is exact in float32, not in float16); with AVX-512 VNNI Q8_0 bytes
-  with float16 scales (1.125) and Q6_K nibbles plus two bit planes (0.875), else bytes with float32
+  with only a float16 d (1.0625, as the file) and Q6_K nibbles plus two bit planes (0.875), else bytes with float32
   scales (1.25; Q6_K one per 16). The forms per CPU: `_R16_FORM`, from the C's FORM_NIB comment.
   This serves every row count for those formats (one decode row included, except Q8_0 in the
   1.25-byte form, whose own bytes are then dotted straight from the file): 2-4x the per-row dots
@@ -573,14 +573,14 @@ static inline void block_scales(int type, Row r, int64_t b, float *d, float *m) 
 /* The repacked forms: 0 bytes, scale and min per 32 as float32; 1 4-bit values, float16 scales
    (Q4_0, Q4_1: the file's own); 2 bytes, a float32 scale per 16 (Q6_K); 3 5-bit values (nibbles
    plus a plane of fifth bits), float16 scales (Q5_0, Q5_1); 4 and 5 as 1 and 3 with float32 scales
-   (Q4_K, Q5_K: d_s*sc and dmin_s*mn are exact in float32, not in float16); 6 as 0 with float16
-   scales (Q8_0: d and -128 d, exact; 1.125 bytes per weight, near the file's 1.0625); 7 Q6_K's
+   (Q4_K, Q5_K: d_s*sc and dmin_s*mn are exact in float32, not in float16); 6 as 0 with only the
+   float16 d (Q8_0: m = -128 d, exact, made in the kernel; 1.0625 bytes per weight, the file's); 7 Q6_K's
    6-bit values as nibbles plus two bit planes (+16, +32), scales per 16 as the super-block's
    float16 d[16] and int8 sc0[16], sc1[16] (d*sc exact in float32: the same floats as form 2's;
    0.875 bytes per weight against 1.25). */
 #define FORM_NIB(f) ((f) == 1 || (f) == 3 || (f) == 4 || (f) == 5 || (f) == 7)
 #define FORM_UB(f) ((f) == 7 ? 384 : FORM_HI5(f) ? 320 : FORM_NIB(f) ? 256 : 512)   /* U bytes per (group, block) */
-#define FORM_D64(f) (FORM_H16(f) || (f) == 7)   /* 64 bytes of scales per (group, block), else 128 */
+#define FORM_DB(f) ((f) == 6 ? 32 : FORM_H16(f) || (f) == 7 ? 64 : 128)   /* scale bytes per (group, block) */
 #define FORM_HI5(f) ((f) == 3 || (f) == 5)
 #define FORM_H16(f) ((f) == 1 || (f) == 3 || (f) == 6)
 /* W -> repacked `form`; rows past N are zeros. The 5-bit forms add a bit plane: after a block's
@@ -631,6 +631,9 @@ int qrepack(const void *w, uint8_t *U, void *D, int64_t N, int64_t K, int64_t sw
                         ((uint16_t *)e)[lane] = n < N ? f2h_exact(r.d[b / 8]) : 0;
                         e[32 + lane] = n < N ? (uint8_t)(int8_t)r.sc[2 * b] : 0;
                         e[48 + lane] = n < N ? (uint8_t)(int8_t)r.sc[2 * b + 1] : 0;
+                    } else if (form == 6) {   /* d only (from the file: exact) */
+                        ((uint16_t *)D)[(g * nb + b) * 16 + lane] = f2h_exact(d);
+                        overflow |= fabsf(d) > 65504.0f;
                     } else if (h16) {
                         uint16_t *sc = (uint16_t *)D + (g * nb + b) * 32 + lane; sc[0] = f2h_exact(d); sc[16] = f2h_exact(m);
                         overflow |= fabsf(d) > 65504.0f || fabsf(m) > 65504.0f;
@@ -715,6 +718,9 @@ static inline void r16_block_512(int form, const uint8_t *u, const void *sc, con
         const int8_t *s8 = (const int8_t *)sc + 32;
         dv = _mm512_mul_ps(dh, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)s8))));
         mv = _mm512_mul_ps(dh, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s8 + 16)))));
+    } else if (form == 6) {   /* Q8_0: m = -128 d (exact in float32, form 0's m) */
+        dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
+        mv = _mm512_mul_ps(dv, _mm512_set1_ps(-128.0f));
     } else if (FORM_H16(form)) {
         dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
         mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)sc + 16)));
@@ -840,7 +846,7 @@ int qprologue(const void *x, float *out, const void *gw, int64_t M, int64_t K, i
 int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const void *gw, int64_t M, int64_t N,
                 int64_t K, int64_t sx, int64_t sy, float eps, int xb, int yb, int gwb, int glu, int accum, int form,
                 int n_threads) {
-    const int h16 = FORM_D64(form);   /* 32 uint16 of scales per (group, block), else 32 floats */
+    const int64_t db = FORM_DB(form);
     const int64_t nb = K / 32, ng = (N + 15) / 16, ub = FORM_UB(form);
     int8_t *q = malloc(M * K + 64); float *da = malloc(M * nb * sizeof(float) + 64), *ds = malloc(M * nb * sizeof(float) + 64);
     int16_t *as = malloc(M * (K / 16) * sizeof(int16_t) + 64);
@@ -866,7 +872,7 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const v
             for (int i = 0; i < R16_ROWS; i++) acc[i] = _mm512_setzero_ps();
             for (int64_t b = 0; b < nb; b++) {
                 const int64_t o = g * nb + b;
-                const void *so = h16 ? (const void *)((const uint16_t *)D + 32 * o) : (const void *)(sc + 32 * o);
+                const void *so = (const uint8_t *)D + db * o;
                 if (mc == R16_ROWS) r16_block_512(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, R16_ROWS, acc);
                 else if (mc == 1) r16_block_512(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, 1, acc);
                 else r16_block_512(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, mc, acc);
@@ -877,7 +883,7 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const v
             for (int i = 0; i < 2 * R16_ROWS; i++) acc[i] = _mm256_setzero_ps();
             for (int64_t b = 0; b < nb; b++) {
                 const int64_t o = g * nb + b;
-                const void *so = h16 ? (const void *)((const uint16_t *)D + 32 * o) : (const void *)(sc + 32 * o);
+                const void *so = (const uint8_t *)D + db * o;
                 if (mc == R16_ROWS) r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, R16_ROWS, acc);
                 else if (mc == 1) r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, 1, acc);
                 else r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, mc, acc);
@@ -967,7 +973,7 @@ _R16_FORM = {} if _LIB is None else {
     t: next(f for f in forms if _LIB.qmatmul_r16_serves(int(t), f))
     for t, forms in _FORM_PREFERENCE.items() if any(_LIB.qmatmul_r16_serves(int(t), f) for f in forms)}
 _R16 = frozenset(_R16_FORM)
-_D64_FORMS = (1, 3, 6, 7)      # 64 bytes of scales per (group, block): float16 (7: and int8)
+_D16_FORMS = (1, 3, 6, 7)      # float16 scales (7: and int8 ones; 6: d only, one row of 16)
 _FORM_UB = {0: 512, 1: 256, 2: 512, 3: 320, 4: 256, 5: 320, 6: 512, 7: 384}   # U bytes per (group, block)
 _XDTYPES = (torch.float32, torch.bfloat16)
 _BF16_GEMM = cpu_features.current().onednn_bf16 and cpu_features.current().variant != "other"
@@ -1023,7 +1029,8 @@ def repacked(w: QWeight) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     float32 ones (form 4); the 5-bit forms (3: Q5_0/Q5_1, 5: Q5_K) add a plane of fifth bits,
     Q6_K's (7) two planes with float16 d and int8 scales per 16 (0.875 bytes); the byte forms (0,
     2 for Q6_K, where the CPU lacks the others) U [groups, blocks, 8, 16, 4] and float32 scales,
-    1.25 bytes; Q8_0's (6) the same with float16 scales, 1.125.
+    1.25 bytes; Q8_0's (6) the same with only its float16 d (scales [groups, blocks, 1, 16]), 1.0625
+    like the file.
     min_rows: the fewest rows it serves (`repacked_serves`)."""
     cached = w.__dict__.get("_qmatmul_r16")
     if cached is not None and cached[0] is _TOKEN:
@@ -1045,7 +1052,7 @@ def _repack(w: QWeight, form: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(U, scales, qrepack's return code) of `w` in `form`, built now (no cache)."""
     ng, nb = (w.n + 15) // 16, w.k // 32
     u = torch.empty(ng, nb, _FORM_UB[form], dtype=torch.uint8)
-    sc = torch.empty(ng, nb, 2, 16, dtype=torch.float16 if form in _D64_FORMS else torch.float32)
+    sc = torch.empty(ng, nb, 1 if form == 6 else 2, 16, dtype=torch.float16 if form in _D16_FORMS else torch.float32)
     rc = _LIB.qrepack(w.raw.data_ptr(), u.data_ptr(), sc.data_ptr(), w.n, w.k, w.raw.stride(0),
                       gguf.GGML_QUANT_SIZES[T(w.qtype)][1], w.qtype, form, torch.get_num_threads())
     return u, sc, rc
@@ -1101,9 +1108,9 @@ def _serves_one_row(w: QWeight, form: int) -> bool:
     """One decode row is bound by the bytes read: every form but Q8_0's float32 byte form (1.25
     bytes per weight against the file's 1.06, dotted per row straight from the file) serves it. The
     per-row unpacking of the 5-bit and K formats costs more than the extra bytes of the byte forms
-    (SmolLM2 Q4_K_M, mostly Q5_0: b=1 73 -> 83 tok/s). Q8_0 with float16 scales (form 6, 1.125
-    bytes): SmolLM2's 49152 x 576 output matmul at one row, caches flushed, 1.08 ms (median of 40)
-    against 1.57 per row from the file (and 1.22 in form 0). A small Q8_0 weight (a Q4_K_M file's
+    (SmolLM2 Q4_K_M, mostly Q5_0: b=1 73 -> 83 tok/s). Q8_0 with its float16 d (form 6, 1.0625
+    bytes): SmolLM2's 49152 x 576 output matmul at one row, caches flushed, 1.03 ms (median of 40)
+    against 1.60 per row from the file (and 1.14 in form 0). A small Q8_0 weight (a Q4_K_M file's
     attn_v part, 192 x 576) runs repacked in any form: there the bytes do not matter, and the
     repacked form fuses (one call instead of a prologue, the per-row dots and an add)."""
     return form != 0 or w.qtype != T.Q8_0 or w.n * w.k <= SMALL_Q8_0
