@@ -118,7 +118,7 @@ class LlamaModel:
         Q4_1 ~150 ms, gemma3-270m Q4_K_M ~600 ms)."""
         for lin in self.weights.matmuls():
             for p in lin.parts if isinstance(lin, QLinear) else ():
-                self.kernels.qmatmul(torch.zeros(2, p.k, dtype=self.weights.act_dtype), p)
+                self.kernels.qmatmul(torch.zeros(2, p.k, dtype=self.weights.act_dtype, device=p.raw.device), p)
 
     def _mm(self, fuse: bool, lin, x: torch.Tensor, norm: torch.Tensor | None = None, glu: bool = False,
             acc: torch.Tensor | None = None) -> torch.Tensor:
