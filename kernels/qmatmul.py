@@ -631,10 +631,9 @@ int qrepack(const void *w, uint8_t *U, void *D, int64_t N, int64_t K, int64_t sw
                         ((uint16_t *)e)[lane] = n < N ? f2h_exact(r.d[b / 8]) : 0;
                         e[32 + lane] = n < N ? (uint8_t)(int8_t)r.sc[2 * b] : 0;
                         e[48 + lane] = n < N ? (uint8_t)(int8_t)r.sc[2 * b + 1] : 0;
-                    } else if (form == 6) {   /* d only (from the file: exact) */
+                    } else if (form == 6) {   /* d only: the file's float16, always exact */
                         ((uint16_t *)D)[(g * nb + b) * 16 + lane] = f2h_exact(d);
-                        overflow |= fabsf(d) > 65504.0f;
-                    } else if (h16) {
+                    } else if (h16) {   /* Q4_0's m = -8 d and Q5_0's -16 d can pass float16's range */
                         uint16_t *sc = (uint16_t *)D + (g * nb + b) * 32 + lane; sc[0] = f2h_exact(d); sc[16] = f2h_exact(m);
                         overflow |= fabsf(d) > 65504.0f || fabsf(m) > 65504.0f;
                     }
@@ -787,6 +786,9 @@ static inline void r16_block_avx2(int form, const uint8_t *u, const void *sc, co
     }
 }
 #endif
+
+/* Bytes per (16-row group, 32-block) of `form`: its values (U), or its scales (D) with `scales`. */
+int qform_bytes(int form, int scales) { return scales ? FORM_DB(form) : FORM_UB(form); }
 
 /* Whether qmatmul_r16 has a vector form for `type` in `form` here (else the per-row dots are
    faster); forms at FORM_NIB above. AVX2's maddubs saturates on Q8_0's shifted bytes. */
@@ -965,6 +967,7 @@ native.signature(_LIB, "qrepack", 3, 4, (native.ctypes.c_int,) * 3)
 native.signature(_LIB, "qmatmul_r16", 5, 5, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 7)
 native.signature(_LIB, "qprologue", 3, 3, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 4)
 native.signature(_LIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,) * 2)
+native.signature(_LIB, "qform_bytes", 0, 0, (native.ctypes.c_int,) * 2)
 # The repacked form each format runs on here (see FORM_NIB in the C): the first this CPU serves of
 # its preferred forms, the 4/5-bit ones first (fewer bytes than the byte form 0).
 _FORM_PREFERENCE = {T.Q4_0: (1, 0), T.Q4_1: (1, 0), T.Q5_0: (3, 0), T.Q5_1: (3, 0), T.Q8_0: (6, 0),
@@ -973,8 +976,6 @@ _R16_FORM = {} if _LIB is None else {
     t: next(f for f in forms if _LIB.qmatmul_r16_serves(int(t), f))
     for t, forms in _FORM_PREFERENCE.items() if any(_LIB.qmatmul_r16_serves(int(t), f) for f in forms)}
 _R16 = frozenset(_R16_FORM)
-_D16_FORMS = (1, 3, 6, 7)      # float16 scales (7: and int8 ones; 6: d only, one row of 16)
-_FORM_UB = {0: 512, 1: 256, 2: 512, 3: 320, 4: 256, 5: 320, 6: 512, 7: 384}   # U bytes per (group, block)
 _XDTYPES = (torch.float32, torch.bfloat16)
 _BF16_GEMM = cpu_features.current().onednn_bf16 and cpu_features.current().variant != "other"
 
@@ -1029,15 +1030,15 @@ def repacked(w: QWeight) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     float32 ones (form 4); the 5-bit forms (3: Q5_0/Q5_1, 5: Q5_K) add a plane of fifth bits,
     Q6_K's (7) two planes with float16 d and int8 scales per 16 (0.875 bytes); the byte forms (0,
     2 for Q6_K, where the CPU lacks the others) U [groups, blocks, 8, 16, 4] and float32 scales,
-    1.25 bytes; Q8_0's (6) the same with only its float16 d (scales [groups, blocks, 1, 16]), 1.0625
-    like the file.
+    1.25 bytes; Q8_0's (6) the same with only its float16 d, 1.0625 like the file. Both tensors are
+    uint8 [groups, blocks, bytes] (`qform_bytes`).
     min_rows: the fewest rows it serves (`repacked_serves`)."""
     cached = w.__dict__.get("_qmatmul_r16")
     if cached is not None and cached[0] is _TOKEN:
         return cached[1:]
     form = _R16_FORM[T(w.qtype)]
     u, sc, rc = _repack(w, form)
-    if rc == 2:   # a scale beyond float16 (Q8_0 blocks with values past ~65000): the float32 form
+    if rc == 2:   # a min beyond float16 (Q4_0's -8 d, Q5_0's -16 d past 65504): the float32 form
         form = 0
         u, sc, rc = _repack(w, form)
     assert rc == 0, "qrepack failed"
@@ -1049,10 +1050,11 @@ def repacked(w: QWeight) -> tuple[torch.Tensor, torch.Tensor, int, int]:
 
 
 def _repack(w: QWeight, form: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(U, scales, qrepack's return code) of `w` in `form`, built now (no cache)."""
+    """(U, scales, qrepack's return code) of `w` in `form`, built now (no cache); both raw bytes
+    whose layout the C defines (FORM_NIB)."""
     ng, nb = (w.n + 15) // 16, w.k // 32
-    u = torch.empty(ng, nb, _FORM_UB[form], dtype=torch.uint8)
-    sc = torch.empty(ng, nb, 1 if form == 6 else 2, 16, dtype=torch.float16 if form in _D16_FORMS else torch.float32)
+    u = torch.empty(ng, nb, _LIB.qform_bytes(form, 0), dtype=torch.uint8)
+    sc = torch.empty(ng, nb, _LIB.qform_bytes(form, 1), dtype=torch.uint8)
     rc = _LIB.qrepack(w.raw.data_ptr(), u.data_ptr(), sc.data_ptr(), w.n, w.k, w.raw.stride(0),
                       gguf.GGML_QUANT_SIZES[T(w.qtype)][1], w.qtype, form, torch.get_num_threads())
     return u, sc, rc

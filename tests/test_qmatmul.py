@@ -216,13 +216,13 @@ def test_triton_q8_0_and_q4_0_interpreted():
 @pytest.mark.parametrize("m", [1, 5, 80])
 @pytest.mark.parametrize("qtype", [T.Q4_1, T.Q4_K, T.Q6_K, T.Q8_0, T.Q3_K, T.F16], ids=lambda t: T(t).name)
 def test_fusions_give_the_floats_of_the_separate_kernels(mod, qtype, m):
-    if mod._LIB is None:
-        pytest.skip("no C compiler: the fusions run torch's formulas (checked against the reference by "
-                    "tests/test_kernels.py), not the separate kernels' floats")
     """What the model relies on when it fuses (docs/architecture.md): the pre-norm, the SiLU gate
     and the residual add inside qmatmul give the same floats as calling rms_norm, silu_mul, qmatmul
     and an add apart: on the repacked formats (fused in C), on the others (prologue in C, then the
     usual path), at one row, a few, and prefill sizes; the second call runs on the built repack."""
+    if mod._LIB is None:
+        pytest.skip("no C compiler: the fusions run torch's formulas (checked against the reference by "
+                    "tests/test_kernels.py), not the separate kernels' floats")
     kdir = default_dir("kernels")
     rms = load_by_path(kdir / "rms_norm.py", KERNEL_CONTRACT).module
     silu = load_by_path(kdir / "silu_mul.py", KERNEL_CONTRACT).module

@@ -15,6 +15,7 @@ import pytest
 
 from slotserver.cli import main as cli
 from slotserver.cli.serve import normalize_argv
+from slotserver.model.config import DEFAULT_LAYOUT
 from slotserver.server.serve_config import plan_from_args, server_config_from_args
 
 
@@ -62,6 +63,7 @@ def test_defaults_match_llama_server():
     assert (plan.host, plan.port, plan.engine.ctx_size, plan.engine.n_parallel) == ("127.0.0.1", 8080, 4096, 4)
     assert config.slots_endpoint and not config.metrics and not config.api_keys and not config.cors_origins
     assert not config.slots_debug and plan.chat_template is None and plan.watch and plan.warmup
+    assert plan.model.layout == DEFAULT_LAYOUT   # the CLI's default is the library's
 
 
 def test_chat_template_by_name_or_source():

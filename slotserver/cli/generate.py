@@ -38,8 +38,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "dense / int8 / int4 / auto8 / auto4: dequantized at load")
     p.add_argument("-t", "--threads", type=int, default=0,
                    help="compute threads (default 0: the physical cores this process may use, as llama.cpp)")
-    p.add_argument("--layout", default="head_seq_dim",
-                   help="KV layout (default head_seq_dim: a head's cells contiguous, faster attention; layouts/)")
+    p.add_argument("--layout", default="head_seq_dim",   # ModelConfig's DEFAULT_LAYOUT (that module imports torch)
+                   help="KV layout, a module of layouts/ (default head_seq_dim)")
     p.add_argument("--kernels-dir", type=Path, default=None)
     p.add_argument("--layouts-dir", type=Path, default=None)
     add_lab_arg(p)

@@ -15,6 +15,10 @@ DTYPE_CHOICES = ("auto", *DTYPES)
 WEIGHTS = ("auto", "q", "dense", "int8", "int4", "auto8", "auto4")   # slotserver.model.weights.WEIGHT_KINDS
 
 
+# A kv head's cells contiguous: the C attention kernel's work unit is one (stream, kv head); decode
+# attention at 8 sequences ~18% faster than seq_head_dim (docs/performance.md, "Fourth round")
+DEFAULT_LAYOUT = "head_seq_dim"
+
 @dataclass(frozen=True)
 class ModelConfig:
     model_path: Path
@@ -22,7 +26,7 @@ class ModelConfig:
     # passes its own default, `--dtype auto`: bfloat16 where the CPU computes it natively, else float32
     dtype: str = "float32"
     threads: int = 0                 # 0: the physical cores (cpu_features.physical_cores), as llama.cpp
-    layout: str = "head_seq_dim"     # a head's cells contiguous: decode attention b=8 ~18% faster (docs/performance.md)
+    layout: str = DEFAULT_LAYOUT
     kernels_dir: Path | None = None  # None: the repository's kernels/
     layouts_dir: Path | None = None  # None: the repository's layouts/
     max_ctx: int = 0                 # 0: the model's training context

@@ -13,6 +13,7 @@ from typing import Callable
 from slotserver.model.batch import Batch, SeqChunk
 from slotserver.lab.kv_spec import KVSpec
 from slotserver.lab.layouts import create_layout, load_layout
+from slotserver.model.config import DEFAULT_LAYOUT
 from slotserver.model.model import LlamaModel
 from slotserver.engine.request import ignore_eos_params
 from slotserver.model.sampling import Sampler, SequenceRng
@@ -38,7 +39,7 @@ OnToken = Callable[[int, int], None]  # (request index, token id)
 
 
 def generate(model: LlamaModel, requests: list[GenRequest], eog_ids: frozenset[int],
-             on_token: OnToken | None = None, layout: str = "head_seq_dim",
+             on_token: OnToken | None = None, layout: str = DEFAULT_LAYOUT,
              layouts_dir=None) -> list[GenResult]:
     """Generate for every request at once; returns one `GenResult` per request, in order."""
     s = model.spec
