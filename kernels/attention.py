@@ -375,7 +375,7 @@ int decode_attention(const void *q, const void *k, const void *v, void *out,
 """
 _LIB = native.build("attention_decode", NATIVE_C, origin=__file__, strict=True)
 native.signature(_LIB, "decode_attention", 6, 13, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
-                                                   native.ctypes.c_int, native.ctypes.c_int))
+                                                   native.ctypes.c_int, native.ctypes.c_int), replay=True)
 _KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _Q_TYPES = (torch.float32, torch.bfloat16)
 

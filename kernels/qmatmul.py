@@ -27,7 +27,7 @@ How `cpu` computes (what llama.cpp's CPU backend does):
   1.25-byte form, whose own bytes are then dotted straight from the file): 2-4x the per-row dots
   from 2 rows, and faster than dequantized tiles + oneDNN's bf16 GEMM up to 512 rows (470-576 vs
   380-430 GFLOP/s).
-- Q2_K/Q3_K (and Q8_0 on AVX2, where `maddubs` would saturate): per-row dots below
+- Q2_K/Q3_K: per-row dots below
   `PREFILL_ROWS[qtype]` rows, above it tiles of W dequantized by the same unpacking into float32 /
   bf16 and multiplied by torch (`playground/qmatmul_bench.py` measures the crossover).
 No compiler (or SLOTSERVER_NATIVE=0): gguf's dequantizer, tile by tile, then torch.
@@ -47,6 +47,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import mmap
+from collections.abc import Callable
 
 import gguf
 import torch
@@ -470,9 +471,10 @@ static Row row_alloc(int64_t K) {
 }
 static void row_free(Row r) { free(r.u); free(r.sc); free(r.d); }
 
-/* y[m, n] = sum_k x[m, k] W[n, k]; W rows `sw` bytes apart; x/y rows sx/sy elements apart. */
+/* y[m, n] = sum_k x[m, k] W[n, k] (accum: y[m, n] += it); W rows `sw` bytes apart; x/y rows sx/sy
+   elements apart. */
 int qmatmul(const void *w, const void *x, void *y, int64_t M, int64_t N, int64_t K, int64_t sw, int64_t sx,
-            int64_t sy, int64_t bs, int type, int xb, int yb, int n_threads) {
+            int64_t sy, int64_t bs, int type, int xb, int yb, int accum, int n_threads) {
     const int B = is_k(type) ? 256 : 32;
     int8_t *q = malloc(M * K + 64); float *da = malloc(M * (K / B) * sizeof(float) + 64);
     int16_t *as = malloc(M * (K / 16) * sizeof(int16_t) + 64);
@@ -512,7 +514,10 @@ int qmatmul(const void *w, const void *x, void *y, int64_t M, int64_t N, int64_t
 #else
                     legacy_rows(type, wr, K / 32, bs, q + m * K, K, da + m * (K / 32), as + m * (K / 16), mc, v);
 #endif
-                    for (int i = 0; i < mc; i++) st(y, (m + i) * sy + n, yb, v[i]);
+                    for (int i = 0; i < mc; i++) {
+                        const int64_t o = (m + i) * sy + n;
+                        st(y, o, yb, accum ? ld(y, o, yb) + v[i] : v[i]);
+                    }
                 }
                 continue;
             }
@@ -522,7 +527,7 @@ int qmatmul(const void *w, const void *x, void *y, int64_t M, int64_t N, int64_t
                 const int8_t *a = q + m * K; const float *d = da + m * (K / B); const int16_t *s = as + m * (K / 16);
                 const float v = B == 256 ? dot_k(r, K / 256, a, d, s)
                               : type == Q8_0 ? dot_legacy(r, K / 32, 1, a, d, s) : dot_legacy(r, K / 32, 0, a, d, s);
-                st(y, m * sy + n, yb, v);
+                st(y, m * sy + n, yb, accum ? ld(y, m * sy + n, yb) + v : v);
             }
         }
         row_free(r);
@@ -732,11 +737,33 @@ static inline void r16_block_512(int form, const uint8_t *u, const void *sc, con
 #if !defined(QM_VNNI512) && defined(__AVX2__)
 /* AVX2: each 16-row vector as two halves of 8 rows; maddubs + madd per 4 products. maddubs adds
    two u8*s8 products into int16 with saturation: 5-bit values are safe (4 sums of 2*31*127 <
-   32767), Q8_0's shifted bytes are not, so Q8_0 keeps the per-row dots on AVX2. */
+   32767), Q8_0's shifted bytes are not: form 6 takes the signed bytes back and multiplies |w| by
+   x * sign(w), llama.cpp's trick (a pair of 128*127 products fits). */
 static inline void r16_block_avx2(int form, const uint8_t *u, const void *sc, const int8_t *a, int64_t K,
                                   const float *da, const float *ds, const int16_t *as, int64_t nb, int64_t b, int mc,
                                   __m256 *acc) {
     const __m256i ones = _mm256_set1_epi16(1), lo = _mm256_set1_epi8(15);
+    if (form == 6) {   /* Q8_0 (u = w + 128): the signed bytes back, and maddubs on |w| and x * sign(w) */
+        for (int h = 0; h < 2; h++) {
+            __m256i w[8], aw[8];
+            for (int t = 0; t < 8; t++) {
+                w[t] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(u + 64 * t + 32 * h)), _mm256_set1_epi8((char)0x80));
+                aw[t] = _mm256_abs_epi8(w[t]);
+            }
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 8 * h)));
+            for (int i = 0; i < R16_ROWS; i++) {
+                if (i >= mc) break;
+                const int32_t *x4 = (const int32_t *)(a + i * K + 32 * b);
+                __m256i s = _mm256_setzero_si256();
+                for (int t = 0; t < 8; t++)   /* a pair is at most 2*128*127 < 32767: one madd per maddubs */
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(aw[t], _mm256_sign_epi8(_mm256_set1_epi32(x4[t]), w[t])), ones));
+                __m256 *o = acc + 2 * i + h;
+                *o = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dv, _mm256_set1_ps(da[i * nb + b])), *o);
+            }
+        }
+        return;
+    }
     for (int h = 0; h < 2; h++) {
         __m256i wv[8];
         __m256 dv, mv;
@@ -791,18 +818,19 @@ static inline void r16_block_avx2(int form, const uint8_t *u, const void *sc, co
 int qform_bytes(int form, int scales) { return scales ? FORM_DB(form) : FORM_UB(form); }
 
 /* Whether qmatmul_r16 has a vector form for `type` in `form` here (else the per-row dots are
-   faster); forms at FORM_NIB above. AVX2's maddubs saturates on Q8_0's shifted bytes. */
+   faster); forms at FORM_NIB above. AVX2 runs Q8_0 in form 6 only (form 0's shifted bytes would
+   saturate maddubs). */
 int qmatmul_r16_serves(int type, int form) {
 #if defined(QM_VNNI512) || defined(__AVX2__)
 #if defined(QM_VNNI512) || defined(__F16C__)
     if (form == 1) return type == Q4_0 || type == Q4_1;
     if (form == 3) return type == Q5_0 || type == Q5_1;
+    if (form == 6) return type == Q8_0;   /* AVX2: signed bytes through maddubs' sign trick */
 #endif
     if (form == 2) return type == Q6_K;
     if (form == 4) return type == Q4_K;
     if (form == 5) return type == Q5_K;
 #if defined(QM_VNNI512)
-    if (form == 6) return type == Q8_0;
     if (form == 7) return type == Q6_K;
     if (form == 0) return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == Q4_K || type == Q5_K;
 #else
@@ -961,11 +989,11 @@ int qdequant(const void *w, void *out, int64_t n0, int64_t n1, int64_t K, int64_
 }
 """
 _LIB = native.build("qmatmul", NATIVE_C, origin=__file__, strict=True)
-native.signature(_LIB, "qmatmul", 3, 7, (native.ctypes.c_int,) * 4)
+native.signature(_LIB, "qmatmul", 3, 7, (native.ctypes.c_int,) * 5, replay=True)
 native.signature(_LIB, "qdequant", 2, 5, (native.ctypes.c_int,) * 3)
 native.signature(_LIB, "qrepack", 3, 4, (native.ctypes.c_int,) * 3)
-native.signature(_LIB, "qmatmul_r16", 5, 5, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 7)
-native.signature(_LIB, "qprologue", 3, 3, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 4)
+native.signature(_LIB, "qmatmul_r16", 5, 5, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 7, replay=True)
+native.signature(_LIB, "qprologue", 3, 3, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 4, replay=True)
 native.signature(_LIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,) * 2)
 native.signature(_LIB, "qform_bytes", 0, 0, (native.ctypes.c_int,) * 2)
 # The repacked form each format runs on here (see FORM_NIB in the C): the first this CPU serves of
@@ -1005,16 +1033,26 @@ def cpu(x: torch.Tensor, w: QWeight, norm: torch.Tensor | None = None, eps: floa
         _, u, sc, form, min_rows = fast
         if k == (2 * w.k if glu else w.k) and m >= min_rows and (norm is None and acc is None or _fusable(x, w, norm, acc)):
             return _r16(x, w, u, sc, norm, eps, glu, acc, form)
-    if norm is not None or glu or acc is not None:
-        return _epilogue(cpu(_prologue(x, w, norm, eps, glu), w), acc)
+    if norm is not None or glu:
+        return cpu(_prologue(x, w, norm, eps, glu), w, acc=acc)
+    route = _route(x, w)
+    if acc is None:
+        return route(x, w)
+    if route is _int_dots and x.dtype == acc.dtype == torch.float32 and _fusable(x, w, None, acc):
+        return _int_dots(x, w, acc)   # the C adds into acc (float32: the same floats as adding after)
+    return _epilogue(route(x, w), acc)
+
+
+def _route(x: torch.Tensor, w: QWeight) -> Callable[[torch.Tensor, QWeight], torch.Tensor]:
+    """Which unfused product computes x [M, K] times w here."""
     if w.qtype in FLOATS:
-        return _float_rows(x, w)
+        return _float_rows
     if _LIB is None or x.dtype not in _XDTYPES or x.stride(-1) != 1 or w.raw.stride(-1) != 1 or x.device.type != "cpu":
-        return _torch_tiles(x, w)
+        return _torch_tiles
     if w.qtype in _R16:   # the repacked integer GEMM beats dequantized tiles + oneDNN bf16 at every M measured (1-512)
-        return _int_dots(x, w)
+        return _int_dots
     prefill = PREFILL_ROWS[w.qtype] * (1 if _BF16_GEMM else 2)   # float32 tiles: about half the GEMM speed
-    return _dequant_tiles(x, w) if x.shape[0] >= prefill else _int_dots(x, w)
+    return _dequant_tiles if x.shape[0] >= prefill else _int_dots
 
 
 # Repacked 32-block weights for 2+ rows (see qmatmul_r16 in the C): built on a weight's first
@@ -1118,18 +1156,19 @@ def _serves_one_row(w: QWeight, form: int) -> bool:
     return form != 0 or w.qtype != T.Q8_0 or w.n * w.k <= SMALL_Q8_0
 
 
-def _int_dots(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+def _int_dots(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torch.Tensor:
     """Small M: 8-bit activations . unpacked weight rows, integer dots in C (see the docstring);
-    from 2 rows on, 32-block formats run on their repacked form (16 output rows per vector)."""
+    from 2 rows on, 32-block formats run on their repacked form (16 output rows per vector).
+    acc: the product is added into it (a float32 [M, N] with unit column stride)."""
     if repacked_serves(w, x.shape[0]) and w.n:
         u, sc, form, _ = repacked(w)
-        return _r16(x, w, u, sc, form=form)
-    y = torch.empty(x.shape[0], w.n, dtype=x.dtype)
+        return _r16(x, w, u, sc, acc=acc, form=form)
+    y = torch.empty(x.shape[0], w.n, dtype=x.dtype) if acc is None else acc
     if x.shape[0] and w.n:
         block_bytes = gguf.GGML_QUANT_SIZES[T(w.qtype)][1]
         rc = _LIB.qmatmul(w.raw.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], w.n, w.k, w.raw.stride(0),
                           x.stride(0), y.stride(0), block_bytes, w.qtype, native.is_bf16(x), native.is_bf16(y),
-                          torch.get_num_threads())
+                          acc is not None, torch.get_num_threads())
         assert rc == 0, "qmatmul: out of memory"
     return y
 

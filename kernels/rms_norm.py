@@ -41,7 +41,8 @@ int rms_norm(const void *x, const void *w, void *out, int64_t T, int64_t N, int6
 }
 """
 _LIB = native.build("rms_norm", NATIVE_C, origin=__file__, strict=True)
-native.signature(_LIB, "rms_norm", 3, 3, (native.ctypes.c_float, native.ctypes.c_int, native.ctypes.c_int, native.ctypes.c_int))
+native.signature(_LIB, "rms_norm", 3, 3, (native.ctypes.c_float, native.ctypes.c_int, native.ctypes.c_int, native.ctypes.c_int),
+                 replay=True)
 _FLOATS = (torch.float32, torch.bfloat16)
 
 

@@ -72,7 +72,7 @@ int rope(const void *x, const void *cs, const void *sn, void *out, int64_t T, in
 }
 """
 _LIB = native.build("rope", NATIVE_C, origin=__file__, strict=True)
-native.signature(_LIB, "rope", 4, 8, (native.ctypes.c_int, native.ctypes.c_int, native.ctypes.c_int))
+native.signature(_LIB, "rope", 4, 8, (native.ctypes.c_int, native.ctypes.c_int, native.ctypes.c_int), replay=True)
 _FLOATS = (torch.float32, torch.bfloat16)
 
 

@@ -42,7 +42,7 @@ int silu_mul(const void *gu, void *out, int64_t T, int64_t F, int64_t sg, int b,
 }
 """
 _LIB = native.build("silu_mul", NATIVE_C, origin=__file__, strict=True)
-native.signature(_LIB, "silu_mul", 2, 3, (native.ctypes.c_int, native.ctypes.c_int))
+native.signature(_LIB, "silu_mul", 2, 3, (native.ctypes.c_int, native.ctypes.c_int), replay=True)
 
 
 def cpu(gate_up: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import torch
+
+from slotserver.model.batch import Batch, SeqChunk
 from slotserver.model.generate import GenRequest, generate
 from slotserver.model.sampling import SamplingParams
 
@@ -34,3 +37,18 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(model_f32, tokeni
     assert alone == batched
     different = generate(model_f32, [GenRequest(ids, 10, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=43))], frozenset())[0].tokens
     assert different != alone
+
+
+def test_a_decode_batch_has_the_tensors_of_the_general_path():
+    """Batch.build's decode shortcut (one int64 tensor, its rows as views) equals the general path."""
+    chunks = [SeqChunk(3, 10, [100]), SeqChunk(4, 11, [101]), SeqChunk(7, 0, [102])]
+    fast = Batch.build(chunks)
+    general = Batch.build(chunks + [SeqChunk(9, 0, [1, 2])])   # a prefill chunk: the general path
+    n = len(chunks)
+    assert fast.attn.max_q == 1 and general.attn.split is not None
+    want = Batch(general.tokens[:n], general.positions[:n], general.token_streams[:n], general.logits_rows[:n],
+                 general.attn.split[0])
+    for a, b in zip(fast.tensors(), want.tensors(), strict=True):
+        assert torch.equal(a, b) and a.dtype == b.dtype
+    assert (fast.attn.max_kv, fast.attn.stream_base) == (12, None)
+    assert Batch.build(chunks[:2]).attn.stream_base == 3

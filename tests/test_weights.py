@@ -109,8 +109,10 @@ def test_warm_up_changes_no_answer(tmp_path, qtype):
     assert torch.equal(_logits(warm, TOKENS), _logits(cold, TOKENS))
 
 
-def test_embedding_lookup_dequantizes_just_the_rows(tmp_path):
-    path = _tiny(tmp_path, QT.Q5_1)
+@pytest.mark.parametrize("qtype", [QT.Q5_1, QT.Q8_0], ids=lambda t: t.name)
+def test_embedding_lookup_dequantizes_just_the_rows(tmp_path, qtype):
+    """Q8_0 (most files' embedding) has its own torch path: the same floats as gguf's dequantizer."""
+    path = _tiny(tmp_path, qtype)
     f = GGUFFile.open(path)
     dense = f.load_tensor("token_embd.weight")
     model = LlamaModel.load(path, torch.bfloat16, fmt=WeightFormat("q"))

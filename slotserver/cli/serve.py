@@ -97,6 +97,8 @@ def add_parser(sub) -> None:
     a("--no-watch", action="store_true", help="do not watch kernels/ and layouts/ for changes")
     a("--no-warmup", action="store_true",
       help="skip the warmup run (each weight's repacked form is then built by the first request)")
+    a("--no-step-graphs", action="store_true",
+      help="run every decode step through the Python forward (no captured step graphs; for A/B runs)")
     a("--no-lab-api", action="store_true",
       help="turn off POST /lab/layout and /lab/reload (403); GET /lab and /lab/events stay readable")
     a("--max-queue", type=int, default=256, metavar="N",

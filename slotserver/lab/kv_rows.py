@@ -68,7 +68,7 @@ int kv_write_rows(void *kd, void *vd, const void *k, const void *v, const int64_
 }
 """
 _LIB = native.build("kv_rows", NATIVE_C, origin=__file__)
-native.signature(_LIB, "kv_write_rows", 6, 15, (native.ctypes.c_int,) * 3)
+native.signature(_LIB, "kv_write_rows", 6, 15, (native.ctypes.c_int,) * 3, replay=True)
 _DST = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _SRC = (torch.float32, torch.bfloat16)
 

@@ -258,9 +258,21 @@ def is_bf16(t: torch.Tensor) -> int:
     return int(t.dtype == torch.bfloat16)
 
 
-def signature(lib: ctypes.CDLL | None, fn: str, n_ptrs: int, n_ints: int, tail: tuple = ()) -> None:
-    """Declare `fn(void* x n_ptrs, int64 x n_ints, *tail)` -> int (0 on success)."""
+def signature(lib: ctypes.CDLL | None, fn: str, n_ptrs: int, n_ints: int, tail: tuple = (),
+              replay: bool = False) -> None:
+    """Declare `fn(void* x n_ptrs, int64 x n_ints, *tail)` -> int (0 on success).
+
+    `replay`: the function may be recorded into a step graph (slotserver/model/step_graph.py) and
+    called again with the same arguments on later steps. Declare it only where every argument is a
+    pointer, a shape, a stride or a constant of the call site, never a value of the step (a
+    position, a length, a stream): per-step values must reach the C through tensors' contents."""
     if lib is not None:
         f = getattr(lib, fn)
         f.argtypes = [ctypes.c_void_p] * n_ptrs + [ctypes.c_int64] * n_ints + list(tail)
         f.restype = ctypes.c_int
+        f.replay = replay
+
+
+def loaded_libraries() -> list[ctypes.CDLL]:
+    """Every library `build` has loaded in this process (a step graph's capture watches their calls)."""
+    return [lib for lib in _loaded.values() if lib is not None]

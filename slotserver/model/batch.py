@@ -7,7 +7,7 @@ chunks into the flat tensors one forward needs, computed once per step and share
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -79,12 +79,19 @@ class Batch:
     def n_tokens(self) -> int:
         return int(self.tokens.shape[0])
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the batch and of its AttnMeta (split halves too), in field order: what a
+        replayed step graph copies into the tensors it was captured with."""
+        return _tensors(self)
+
     @staticmethod
     def build(chunks: list[SeqChunk], device: str | torch.device = "cpu") -> "Batch":
         assert chunks, "empty batch"
         assert len({c.stream for c in chunks}) == len(chunks), "two chunks on one stream"
         q_lens = [len(c.tokens) for c in chunks]
         assert min(q_lens) > 0, "a chunk without tokens"
+        if max(q_lens) == 1 and all(c.logits for c in chunks):
+            return _decode(chunks, device)
         logits_rows, total = [], 0
         for c, n in zip(chunks, q_lens):
             if c.all_logits:
@@ -99,6 +106,23 @@ class Batch:
             logits_rows=_long(logits_rows, device),
             attn=_attn_meta(chunks, device, split=True),
         )
+
+
+def _decode(chunks: list[SeqChunk], device) -> Batch:
+    """A decode step's batch (one token and its logits per sequence), the same tensors as `build`'s
+    general path, as rows of one int64 tensor: one allocation instead of ~15 (~0.3 ms at b=1)."""
+    n = len(chunks)
+    streams = [c.stream for c in chunks]
+    rows = range(n)
+    t = torch.tensor([[c.tokens[0] for c in chunks], [c.start for c in chunks], streams,
+                      [c.start + 1 for c in chunks], list(rows), [1] * n], dtype=torch.int64, device=device)
+    tokens, positions, streams_t, kv_lens, index, ones = t                     # each [n]
+    base = streams[0] if streams == list(range(streams[0], streams[0] + n)) else None
+    meta = AttnMeta(seq_streams=streams_t, q_lens=ones, kv_lens=kv_lens, q_offsets=index,
+                    pad_index=index.view(n, 1), pad_positions=positions.view(n, 1), valid_rows=index, max_q=1,
+                    max_kv=max(c.start + 1 for c in chunks), stream_base=base, row_streams=streams_t,
+                    row_kv_lens=kv_lens)
+    return Batch(tokens=tokens, positions=positions, token_streams=streams_t, logits_rows=index, attn=meta)
 
 
 def _attn_meta(chunks: list[SeqChunk], device, split: bool = False) -> AttnMeta:
@@ -134,6 +158,19 @@ def _attn_meta(chunks: list[SeqChunk], device, split: bool = False) -> AttnMeta:
         row_streams=_long([c.stream for c in chunks for _ in c.tokens], device),
         row_kv_lens=_long([c.start + j + 1 for c in chunks for j in range(len(c.tokens))], device),
     )
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    out = []
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, AttnMeta):
+            out += _tensors(v)
+        elif isinstance(v, tuple) and f.name == "split":
+            out += [t for m in v for t in _tensors(m)]
+    return out
 
 
 def _long(values: list[int], device) -> torch.Tensor:

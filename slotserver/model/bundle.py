@@ -36,4 +36,5 @@ class ModelBundle:
         kernels = KernelSet.load(config.kernels_dir)
         model = LlamaModel.from_file(f, spec, config.torch_dtype, kernels, config.max_ctx or None, progress,
                                      config.weight_format)
+        model.set_step_graphs(config.step_graphs)
         return cls(config, model, tokenizer, template, f.metadata)

@@ -31,6 +31,7 @@ class ModelConfig:
     layouts_dir: Path | None = None  # None: the repository's layouts/
     max_ctx: int = 0                 # 0: the model's training context
     weights: str = "auto"            # auto: GGUF blocks + qmatmul (float32: exact dequantized); see WeightFormat
+    step_graphs: bool = True         # replay captured decode steps (slotserver/model/step_graph.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
@@ -39,6 +40,8 @@ class ModelConfig:
             raise ConfigError(f"--threads must be >= 0, got {self.threads!r}")
         if not isinstance(self.max_ctx, int) or self.max_ctx < 0:
             raise ConfigError(f"context size must be >= 0, got {self.max_ctx!r}")
+        if not isinstance(self.step_graphs, bool):
+            raise ConfigError(f"step_graphs must be a bool, got {self.step_graphs!r}")
         if self.weights not in WEIGHTS:
             raise ConfigError(f"--weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
         try:

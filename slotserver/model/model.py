@@ -25,6 +25,7 @@ from slotserver.errors import ModuleLoadError
 from slotserver.lab.kernel_set import KernelSet
 from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
+from slotserver.model.step_graph import StepGraphs
 from slotserver.model.linear import QLinear
 from slotserver.model.weights import LayerWeights, ModelWeights, Progress, WeightFormat, load_weights
 
@@ -45,6 +46,7 @@ class LlamaModel:
         # no post-norms and no residual scale: branch outputs are added as they are (llama, qwen)
         self._plain = self.spec.residual_scale == 1.0 and all(
             lw.post_attn_norm is None and lw.post_ffn_norm is None for lw in self.weights.layers)
+        self.graphs: StepGraphs | None = StepGraphs()
 
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype = torch.float32,
@@ -79,13 +81,36 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, batch: Batch, cache) -> torch.Tensor:
-        """Run the batch, writing its K/V into `cache`; -> float32 logits `[len(logits_rows), vocab]`."""
-        s, w, ops = self.spec, self.weights, self.kernels
+        """Run the batch, writing its K/V into `cache`; -> float32 logits `[len(logits_rows), vocab]`.
+        A decode-only batch replays its step graph where one was captured (step_graph.py)."""
+        x, angles = self._inputs(batch)
+        key = self._graph_key(batch)
+        if key is None:
+            return self._body(x, angles, batch, cache)
+        inputs = [x, *(t for pair in angles.values() for t in pair), *batch.tensors()]
+        return self.graphs.run((self.kernels, getattr(cache, "layout", cache)), key, inputs,
+                               lambda: self._body(x, angles, batch, cache), self.kernels.timings)
+
+    def _inputs(self, batch: Batch) -> tuple[torch.Tensor, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
+        """The embedded tokens (the residual, f32) and each distinct rope table's cos, sin of the positions."""
         tables = {id(t): t for t in self.layer_ropes}            # one lookup per distinct table
         angles = {k: t.lookup(batch.positions) for k, t in tables.items()}  # cos, sin [tokens, rope_dim/2]
-        x = w.embed(batch.tokens)                                # [tokens, d_model] residual in f32
-        if s.embed_scale != 1.0:
-            x = x * s.embed_scale
+        x = self.weights.embed(batch.tokens)                     # [tokens, d_model] residual in f32
+        if self.spec.embed_scale != 1.0:
+            x = x * self.spec.embed_scale
+        return x, angles
+
+    def _graph_key(self, batch: Batch) -> tuple | None:
+        """A decode-only batch (every row one token, logits for each) of up to max_rows rows on the CPU."""
+        meta, n = batch.attn, batch.n_tokens
+        if self.graphs is None or n > self.graphs.max_rows or meta.max_q != 1 or meta.split is not None \
+                or batch.logits_rows.shape[0] != n or not batch.tokens.is_cpu:
+            return None
+        return n, meta.stream_base is not None, torch.get_num_threads()
+
+    def _body(self, x: torch.Tensor, angles: dict, batch: Batch, cache) -> torch.Tensor:
+        """The layers, the final norm and the output matmul on the embedded batch `x` (updated in place)."""
+        s, w, ops = self.spec, self.weights, self.kernels
         act, plain, silu = w.act_dtype, self._plain, s.act != "gelu"
         fuse = ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}   # per step: a reload may swap it
         for i, lw in enumerate(w.layers):
@@ -102,13 +127,18 @@ class LlamaModel:
                 x = self._mm(fuse, lw.down, gate_up, glu=silu, acc=x)
             else:
                 x = x + self._branch_out(self._mm(fuse, lw.down, gate_up, glu=silu), lw.post_ffn_norm)
-        x = _as(ops.rms_norm(x[batch.logits_rows], w.out_norm, s.norm_eps), act)
+        rows = x if batch.logits_rows.shape[0] == batch.n_tokens else x[batch.logits_rows]  # all rows, in order
+        x = _as(ops.rms_norm(rows, w.out_norm, s.norm_eps), act)
         logits = w.output(x, ops).float()                        # [rows, vocab]
         if s.logit_scale != 1.0:
             logits = logits / s.logit_scale
         if s.final_softcap:
             logits = torch.tanh(logits / s.final_softcap) * s.final_softcap
         return logits
+
+    def set_step_graphs(self, on: bool) -> None:
+        """Replay captured decode steps (step_graph.py; the default), or run every step as usual."""
+        self.graphs = StepGraphs() if on else None
 
     @torch.inference_mode()
     def warm_up(self) -> None:

@@ -1,0 +1,288 @@
+"""Step graphs: a decode step's C calls recorded once, then replayed without the Python between them.
+
+Why: at batch 1, a SmolLM2 decode step makes ~210 kernel calls. On a 2-core AVX2 host the C in
+them took ~5.6 ms and the Python around them (checks, views, output allocations, ctypes argument
+conversions) ~3.5 ms, where llama.cpp's whole step took 6.6 ms. A decode step of b rows makes the
+same calls on the same shapes every step; only the contents of a few input tensors change (the
+embedded tokens, rope angles, positions, streams, row lengths). So, as a CUDA graph is captured and
+replayed (vLLM does it for decode):
+
+- capture: the step's body (layers, final norm, output matmul) runs once as usual while every call
+  into a native library (`slotserver.lab.native`) from this thread is recorded with its arguments,
+  and every tensor the body allocates is kept: the recorded pointers stay valid while the graph lives;
+- replay: the new step's inputs are copied into the captured input tensors, the recorded C calls
+  are made again with their recorded arguments, and the logits are copied out.
+
+A capture is refused (the step runs as usual) when the body
+- did any torch computation: anything but allocating (`empty`; `zeros`, which a replay zeroes
+  again) and taking views (a replay would skip it), or read a tensor's value into Python (`item`, `tolist`, ...);
+- called a C function not declared `replay=True` in `native.signature` (its arguments may hold a
+  value of the step);
+- fails the check replay: every buffer the body allocated is filled with NaN and the graph is
+  replayed on the same inputs; its logits must equal the captured ones bit for bit. A C call the
+  recorder did not see (a kernel that bound its function at import) leaves NaN behind and fails it.
+A refused batch size is tried again at most MAX_TRIES times per kernel set and cache.
+
+Graphs serve decode-only batches of up to MAX_ROWS rows, keyed on (rows, contiguous streams,
+threads) and dropped when the kernel set or the cache's layout changes (a lab reload, a layout
+swap). Each graph holds its step's activations (SmolLM2: ~0.9 MB per row); above MAX_ROWS the
+Python's share of a step is small (b=32: ~5%). A replay advances the kernel set's call counts by
+the captured step's; the per-op mean times come from the steps run as usual.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+
+from slotserver.lab import native
+
+MAX_ROWS = 8
+INT_ARGS, FLOAT_ARGS = 28, 4
+# The replay loop in C: one ctypes call for the whole step instead of ~210 (each converting ~20
+# arguments: ~0.6 ms a step at b=1 on a 2-core AVX2 host). Every recorded function is called
+# through one prototype, its integer-class arguments (pointers, int64, int) in order, then its
+# float ones: under the x86-64 System V convention that places each argument where the callee's
+# own prototype expects it (the integer ones in rdi.. then on the stack in order, the floats in
+# xmm0..), and the arguments it does not declare are ignored. Elsewhere the loop stays in Python.
+REPLAY_C = r"""
+typedef int (*any_fn)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                      int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                      int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                      float, float, float, float);
+typedef struct { void *fn; int64_t a[28]; float f[4]; } Call;
+
+/* calls[0..n) in order; -> 0, or the first nonzero return (its index in *failed). */
+int replay_calls(const Call *calls, int64_t *failed, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const Call *c = calls + i; const int64_t *a = c->a;
+        const int rc = ((any_fn)c->fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11],
+                                       a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22],
+                                       a[23], a[24], a[25], a[26], a[27], c->f[0], c->f[1], c->f[2], c->f[3]);
+        if (rc) { *failed = i; return rc; }
+    }
+    return 0;
+}
+"""
+_SYSV = platform.machine() in ("x86_64", "AMD64") and sys.platform.startswith("linux")
+_LIB = native.build("step_graph", REPLAY_C) if _SYSV else None
+native.signature(_LIB, "replay_calls", 2, 1)
+_CALL = np.dtype([("fn", "<i8"), ("a", "<i8", INT_ARGS), ("f", "<f4", FLOAT_ARGS)])
+MAX_TRIES = 2
+_ALLOC = frozenset({"empty", "empty_like", "new_empty"})
+_ZEROS = frozenset({"zeros", "zeros_like", "new_zeros"})   # allocations a replay zeroes again
+_READS = frozenset({"item", "tolist", "numpy", "__int__", "__index__", "__float__", "__bool__", "__setitem__"})
+
+
+@dataclass
+class StepGraph:
+    calls: list[tuple[Callable, tuple]]   # (C function, its arguments) in call order
+    inputs: list[torch.Tensor]            # the captured step's inputs, refilled by each replay
+    logits: torch.Tensor                  # [rows, vocab], written by the last calls
+    zeroed: list[torch.Tensor]            # allocated as zeros (parts adding into their columns)
+    keep: list[torch.Tensor]              # every tensor the body allocated or viewed
+    counts: dict[str, int]                # kernel op -> calls per step (the kernel set's counters)
+
+    packed: np.ndarray | None = None      # the calls for replay_calls (None: called from Python)
+
+    def __post_init__(self) -> None:
+        self.packed = _pack(self.calls)
+        self._failed = np.zeros(1, dtype=np.int64)
+
+    def replay(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        for dst, src in zip(self.inputs, inputs, strict=True):
+            dst.copy_(src)
+        for t in self.zeroed:
+            t.zero_()
+        if self.packed is not None:
+            rc = _LIB.replay_calls(self.packed.ctypes.data, self._failed.ctypes.data, len(self.packed))
+            if rc:
+                self._fail(self.calls[int(self._failed[0])][0], rc)
+        else:
+            for fn, args in self.calls:
+                rc = fn(*args)
+                if rc:
+                    self._fail(fn, rc)
+        return self.logits.clone()
+
+    @staticmethod
+    def _fail(fn: Callable, rc: int) -> None:
+        raise RuntimeError(f"{fn.__name__} failed with {rc} in a replayed decode step")
+
+    def nbytes(self) -> int:
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in self.keep}
+        return sum(storages.values())
+
+
+@dataclass
+class StepGraphs:
+    """The graphs of one model: `run` replays, captures or runs the body as usual."""
+
+    max_rows: int = MAX_ROWS
+    graphs: dict[tuple, StepGraph] = field(default_factory=dict)
+    tries: dict[tuple, int] = field(default_factory=dict)
+    owner: tuple = ()                     # (kernel set, cache layout) the graphs were captured with
+    lock: threading.Lock = field(default_factory=threading.Lock)   # a graph's buffers serve one step at a time
+
+    def run(self, owner: tuple, key: tuple, inputs: list[torch.Tensor], body: Callable[[], torch.Tensor],
+            counters: dict[str, list]) -> torch.Tensor:
+        if not self.lock.acquire(blocking=False):   # another thread's step (two engines on one model)
+            return body()
+        try:
+            return self._run(owner, key, inputs, body, counters)
+        finally:
+            self.lock.release()
+
+    def _run(self, owner: tuple, key: tuple, inputs: list[torch.Tensor], body: Callable[[], torch.Tensor],
+             counters: dict[str, list]) -> torch.Tensor:
+        if len(owner) != len(self.owner) or any(a is not b for a, b in zip(owner, self.owner)):
+            self.graphs.clear()
+            self.tries.clear()
+            self.owner = owner
+        graph = self.graphs.get(key)
+        if graph is not None:
+            for op, n in graph.counts.items():
+                counters[op][0] += n
+            return graph.replay(inputs)
+        if self.tries.get(key, 0) >= MAX_TRIES:
+            return body()
+        self.tries[key] = self.tries.get(key, 0) + 1
+        graph, logits = capture(body, inputs, counters)
+        if graph is not None:
+            self.graphs[key] = graph
+        return logits
+
+
+def capture(body: Callable[[], torch.Tensor], inputs: list[torch.Tensor],
+            counters: dict[str, list]) -> tuple[StepGraph | None, torch.Tensor]:
+    """Run `body` recording it -> (graph or None where refused, the step's logits)."""
+    saved = [t.clone() for t in inputs]
+    before = {op: acc[0] for op, acc in counters.items()}
+    recorder, mode = _Recorder(), _AllocOnly()
+    with recorder.watching(native.loaded_libraries()), mode:
+        logits = body()
+    if recorder.refused or mode.refused or not isinstance(logits, torch.Tensor):
+        return None, logits
+    counts = {op: acc[0] - before.get(op, 0) for op, acc in counters.items() if acc[0] != before.get(op, 0)}
+    graph = StepGraph(recorder.calls, list(inputs), logits, mode.zeroed, mode.keep, counts)
+    expected = logits.clone()
+    for t in mode.fresh:                   # poison: what the replay does not write stays NaN
+        t.fill_(float("nan") if t.is_floating_point() else 0)
+    if torch.equal(graph.replay(saved), expected):
+        return graph, expected
+    for dst, src in zip(inputs, saved):    # a refused check: the step again, as usual (K/V rewritten)
+        dst.copy_(src)
+    return None, body()
+
+
+def _pack(calls: list[tuple[Callable, tuple]]) -> np.ndarray | None:
+    """The calls as replay_calls' records; None where the C loop is unavailable or an argument
+    type is not a pointer, an integer or a float32."""
+    if _LIB is None:
+        return None
+    out = np.zeros(len(calls), dtype=_CALL)
+    for i, (fn, args) in enumerate(calls):
+        ints, floats = [], []
+        for t, v in zip(fn.argtypes, args, strict=True):
+            if t is ctypes.c_float:
+                floats.append(float(v))
+            elif t in (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int):
+                ints.append(int(v or 0))
+            else:
+                return None
+        if len(ints) > INT_ARGS or len(floats) > FLOAT_ARGS:
+            return None
+        out["fn"][i] = ctypes.cast(fn, ctypes.c_void_p).value
+        out["a"][i, : len(ints)] = ints
+        out["f"][i, : len(floats)] = floats
+    return out
+
+
+class _Recorder:
+    """Wraps every declared function of the loaded libraries while watching; records this thread's calls."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.calls: list[tuple[Callable, tuple]] = []
+        self.refused = ""
+
+    def watching(self, libraries: list[ctypes.CDLL]) -> "_Watching":
+        return _Watching(self, libraries)
+
+    def call(self, fn: Callable, args: tuple):
+        rc = fn(*args)
+        if threading.get_ident() == self.thread:
+            self.calls.append((fn, args))
+            if not getattr(fn, "replay", False):
+                self.refused = f"{fn.__name__} is not declared replayable"
+        return rc
+
+
+class _Watching:
+    def __init__(self, recorder: _Recorder, libraries: list[ctypes.CDLL]) -> None:
+        self.recorder, self.libraries, self.patched = recorder, libraries, []
+
+    def __enter__(self) -> None:
+        for lib in self.libraries:
+            for name, fn in list(vars(lib).items()):
+                if isinstance(fn, ctypes._CFuncPtr):
+                    setattr(lib, name, _Watched(self.recorder, fn))
+                    self.patched.append((lib, name, fn))
+
+    def __exit__(self, *exc) -> None:
+        for lib, name, fn in self.patched:
+            setattr(lib, name, fn)
+
+
+class _Watched:
+    __slots__ = ("recorder", "fn")
+
+    def __init__(self, recorder: _Recorder, fn: Callable) -> None:
+        self.recorder, self.fn = recorder, fn
+
+    def __call__(self, *args):
+        return self.recorder.call(self.fn, args)
+
+
+class _AllocOnly(TorchFunctionMode):
+    """Sees every torch call of the body: keeps what it allocates (`fresh`) and every view; any
+    other result (a computation) or a read of a value into Python sets `refused`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fresh: list[torch.Tensor] = []
+        self.zeroed: list[torch.Tensor] = []
+        self.keep: list[torch.Tensor] = []
+        self.refused = ""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        if (name in _ALLOC or name in _ZEROS) and isinstance(out, torch.Tensor):
+            self.fresh.append(out)
+            self.keep.append(out)
+            if name in _ZEROS:
+                self.zeroed.append(out)
+        elif name in _READS or "out" in kwargs or (name.endswith("_") and not name.endswith("__")):
+            self.refused = self.refused or name
+        else:
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    if not _views_an_argument(t, args):
+                        self.refused = self.refused or name
+                    self.keep.append(t)
+        return out
+
+
+def _views_an_argument(t: torch.Tensor, args) -> bool:
+    ptr = t.untyped_storage().data_ptr()
+    return any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args)

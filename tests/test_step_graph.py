@@ -1,0 +1,104 @@
+"""Replayed decode steps (slotserver/model/step_graph.py) give exactly the logits of the Python
+forward, and a step that cannot be replayed safely is never captured."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slotserver.engine.kv_cache import KVCache
+from slotserver.lab.kernel_set import KernelSet
+from slotserver.lab.kv_spec import KVSpec
+from slotserver.model import step_graph
+from slotserver.model.batch import Batch, SeqChunk
+from slotserver.model.config import ModelConfig
+from slotserver.model.default_model import default_model_path
+from slotserver.model.model import LlamaModel
+
+PROMPTS = [[1, 339, 2783, 260], [1, 57, 9001, 12], [1, 700, 800, 900], [1, 5, 6, 7]]
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaModel:
+    cfg = ModelConfig(default_model_path(), dtype="auto", weights="auto")   # what `serve` runs
+    m = LlamaModel.load(cfg.model_path, cfg.torch_dtype, max_pos=128, fmt=cfg.weight_format)
+    if m.kernels.modules["qmatmul"].module._LIB is None:
+        pytest.skip("no C compiler: the kernels run in torch, and a step graph records only C calls")
+    return m
+
+
+def _decode(model: LlamaModel, rows: int, steps: int = 6) -> list[torch.Tensor]:
+    """Greedy decode of `rows` prompts on streams 0..rows-1 -> each step's logits."""
+    s = model.spec
+    cache = KVCache.create("head_seq_dim", KVSpec(s.n_layers, 4, 32, s.n_kv_heads, s.head_dim, torch.float16))
+    for b in range(rows):
+        model.forward(Batch.build([SeqChunk(b, 0, PROMPTS[b], logits=False)]), cache)
+    out, toks = [], [PROMPTS[b][-1] for b in range(rows)]
+    for i in range(steps):
+        logits = model.forward(Batch.build([SeqChunk(b, 4 + i, [toks[b]]) for b in range(rows)]), cache)
+        out.append(logits)
+        toks = logits.argmax(-1).tolist()
+    return out
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_replayed_decode_steps_give_the_forwards_logits_bit_for_bit(model, rows):
+    model.set_step_graphs(False)
+    plain = _decode(model, rows)
+    model.set_step_graphs(True)
+    replayed = _decode(model, rows)
+    assert (rows, True, torch.get_num_threads()) in model.graphs.graphs   # steps 2.. were replays
+    for a, b in zip(plain, replayed):
+        assert torch.equal(a, b)
+
+
+def test_a_lab_reload_gets_new_graphs_with_the_same_logits(model):
+    """A reload swaps the kernel set between two steps: graphs of the old set must not serve it."""
+    model.set_step_graphs(True)
+    first = _decode(model, 1, steps=3)
+    key = (1, True, torch.get_num_threads())
+    old = model.graphs.graphs[key]
+    kernels = model.kernels
+    try:
+        model.kernels = kernels.with_module("rope", kernels.modules["rope"])   # what a lab reload does
+        again = _decode(model, 1, steps=3)
+        assert model.graphs.graphs[key] is not old
+    finally:
+        model.kernels = kernels
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+
+
+def _inputs() -> list[torch.Tensor]:
+    return [torch.arange(8, dtype=torch.float32)]
+
+
+def test_a_body_that_computes_in_torch_is_not_captured():
+    x = _inputs()
+    graph, out = step_graph.capture(lambda: x[0] * 2, x, {})
+    assert graph is None and torch.equal(out, torch.arange(8) * 2.0)
+
+
+def test_a_c_call_the_recorder_cannot_see_fails_the_check_replay():
+    """A kernel that bound its C function before the capture: its call is not recorded, its output
+    would be stale on replay; the NaN-filled check replay catches it and the step's logits stay right."""
+    norm = KernelSet.load().modules["rms_norm"].module
+    hidden = norm._LIB.rms_norm                     # bound before the capture: invisible to it
+    x, weight = torch.randn(2, 64, generator=torch.Generator().manual_seed(0)), torch.ones(64)
+
+    def body() -> torch.Tensor:
+        out = torch.empty(2, 64)
+        assert hidden(x.data_ptr(), weight.data_ptr(), out.data_ptr(), 2, 64, 64, 1e-5, 0, 0, 1) == 0
+        return out
+
+    graph, out = step_graph.capture(body, [x], {})
+    assert graph is None
+    assert torch.allclose(out, norm.reference(x, weight, 1e-5), atol=1e-5)
+
+
+def test_a_c_function_not_declared_replayable_is_not_captured(monkeypatch):
+    norm = KernelSet.load().modules["rms_norm"].module
+    monkeypatch.setattr(norm._LIB.rms_norm, "replay", False)
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
+    graph, out = step_graph.capture(lambda: norm.cpu(x, torch.ones(64), 1e-5), [x], {})
+    assert graph is None and torch.allclose(out, norm.reference(x, torch.ones(64), 1e-5), atol=1e-5)
