@@ -861,6 +861,48 @@ static inline void r16_tile_avx2(const __m256i (*wv)[8], const __m256 *dv, const
         }
     }
 }
+/* Q8_0's form 6 as the tiles above (r16_block_avx2's sign trick: |w| times x * sign(w)): one
+   product of 128 * 127 pairs fills int16, so each goes to int32 at once. */
+static inline void r16_tile_q8_avx2(const __m256i (*wv)[8], const __m256i (*aw)[8], const __m256 *dv, const int8_t *a,
+                                    int64_t K, int R, const float *da, int64_t nb, __m256 *acc) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s32[2][2];
+    for (int r = 0; r < R; r++) for (int h = 0; h < 2; h++) s32[r][h] = _mm256_setzero_si256();
+    for (int t = 0; t < 8; t++) {
+        __m256i bx[2];
+        for (int r = 0; r < R; r++) bx[r] = _mm256_set1_epi32(((const int32_t *)(a + r * K))[t]);
+        for (int h = 0; h < 2; h++) {
+            const __m256i w = _mm256_load_si256(&wv[h][t]), m = _mm256_load_si256(&aw[h][t]);
+            for (int r = 0; r < R; r++) {
+                s32[r][h] = _mm256_add_epi32(s32[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(m, _mm256_sign_epi8(bx[r], w)), ones));
+                __asm__("" : "+x"(s32[r][h]));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const __m256 dar = _mm256_set1_ps(da[r * nb]);
+        for (int h = 0; h < 2; h++) {
+            const __m256 o = _mm256_load_ps((const float *)(acc + 2 * r + h));
+            acc[2 * r + h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[r][h]), _mm256_mul_ps(dv[h], dar), o);
+        }
+    }
+}
+static inline void r16_block_q8_tiles_avx2(const uint8_t *u, const void *sc, const int8_t *a, int64_t K, const float *da,
+                                           int64_t nb, int64_t b, int mc, __m256 *acc) {
+    __m256i wv[2][8], aw[2][8];
+    __m256 dv[2];
+    for (int h = 0; h < 2; h++) {
+        for (int t = 0; t < 8; t++) {
+            wv[h][t] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(u + 64 * t + 32 * h)), _mm256_set1_epi8((char)0x80));
+            aw[h][t] = _mm256_abs_epi8(wv[h][t]);
+        }
+        dv[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 8 * h)));
+    }
+    const __m256i (*w)[8] = (const __m256i (*)[8])wv, (*m)[8] = (const __m256i (*)[8])aw;
+    int i = 0;
+    for (; i + 2 <= mc; i += 2) r16_tile_q8_avx2(w, m, dv, a + i * K + 32 * b, K, 2, da + i * nb + b, nb, acc + 2 * i);
+    if (i < mc) r16_tile_q8_avx2(w, m, dv, a + i * K + 32 * b, K, 1, da + i * nb + b, nb, acc + 2 * i);
+}
 /* mc (2..16) rows against one (group, block) of a TILE_FORM: its values unpacked once into bytes
    (as r16_block_avx2 does), then the rows two at a time. */
 static inline void r16_block_tiles_avx2(int form, const uint8_t *u, const void *sc, const int8_t *a, int64_t K,
@@ -934,6 +976,8 @@ static void prologue_row(const void *x, int64_t off, int xb, int64_t K, const vo
         int64_t i = 0;
 #ifdef SLOT_AVX512
         for (; i + 16 <= K; i += 16) _mm512_storeu_ps(xf + i, silu_mul16(load16(x, off + i, xb), load16(x, off + K + i, xb)));
+#elif defined(SLOT_AVX2)
+        for (; i + 8 <= K; i += 8) _mm256_storeu_ps(xf + i, silu_mul8(load8(x, off + i, xb), load8(x, off + K + i, xb)));
 #endif
         for (; i < K; i++) xf[i] = silu_mul1(ld(x, off + i, xb), ld(x, off + K + i, xb));
     } else load_row(x, off, xb, K, xf);
@@ -998,6 +1042,7 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const v
                 const int64_t o = g * nb + b;
                 const void *so = (const uint8_t *)D + db * o;
                 if (mc >= 2 && TILE_FORM(form)) r16_block_tiles_avx2(form, U + o * ub, so, a, K, dam, dsm, nb, b, mc, acc);
+                else if (mc >= 2 && form == 6) r16_block_q8_tiles_avx2(U + o * ub, so, a, K, dam, nb, b, mc, acc);
                 else if (mc == R16_ROWS) r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, R16_ROWS, acc);
                 else if (mc == 1) r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, 1, acc);
                 else r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, mc, acc);

@@ -23,7 +23,7 @@ def reference(gate_up: torch.Tensor) -> torch.Tensor:
     return (g / (1 + torch.exp(-g)) * u).to(gate_up.dtype)
 
 
-# silu(g) * u per element in float32, one rounding, with the native prelude's silu_mul1 / silu_mul16
+# silu(g) * u per element in float32, one rounding, with the native prelude's silu_mul1 / silu_mul8 / silu_mul16
 # (shared with qmatmul's fused prologue). Rows split over the threads from 8K elements on.
 NATIVE_C = r"""
 int silu_mul(const void *gu, void *out, int64_t T, int64_t F, int64_t sg, int b, int n_threads) {
@@ -33,6 +33,12 @@ int silu_mul(const void *gu, void *out, int64_t T, int64_t F, int64_t sg, int b,
 #ifdef SLOT_AVX512
         for (; i + 16 <= F; i += 16)
             store16(out, t * F + i, b, silu_mul16(load16(gu, t * sg + i, b), load16(gu, t * sg + F + i, b)));
+#elif defined(SLOT_AVX2)   /* qmatmul's fused prologue runs the same 8 lanes: the same floats */
+        for (; i + 8 <= F; i += 8) {
+            const __m256 y = silu_mul8(load8(gu, t * sg + i, b), load8(gu, t * sg + F + i, b));
+            if (b) for (int j = 0; j < 8; j++) st(out, t * F + i + j, 1, y[j]);
+            else _mm256_storeu_ps((float *)out + t * F + i, y);
+        }
 #endif
         /* b is tested once per row, not per element: with a constant b the loop vectorizes (AVX2) */
         if (b) for (; i < F; i++) st(out, t * F + i, 1, silu_mul1(ld(gu, t * sg + i, 1), ld(gu, t * sg + F + i, 1)));
