@@ -368,6 +368,7 @@ int decode_attention(const void *q, const void *k, const void *v, void *out,
     const int64_t n_tiles = row_tiles(streams, kv_lens, B, RMAX / G, tile);
     if (Dim == 64) { ATTN_BODY(64) }
     else if (Dim == 128) { ATTN_BODY(128) }
+    else if (Dim == 256) { ATTN_BODY(256) }   /* gemma2/3: the generic body ran ~2 GFLOP/s there */
     else { ATTN_BODY(Dim) }
     free(tile);
     return 0;
