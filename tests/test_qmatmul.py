@@ -186,6 +186,18 @@ def test_strided_rows(mod):
     assert torch.equal(mod.cpu(x, strided), mod.cpu(x, w))
 
 
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K])
+def test_a_row_gets_the_same_floats_in_any_batch(mod, qtype):
+    """Batch invariance at the kernel: a row's output does not depend on how many rows share the
+    call or where it sits among them (register tiles of 2 rows, passes of 16 or 64 rows, the
+    one-row path), so a request's answer never depends on its neighbours."""
+    w = random_qweight(torch.Generator().manual_seed(1), qtype, 40, 512)
+    x = torch.randn(130, 512, generator=torch.Generator().manual_seed(2))
+    full = mod.cpu(x, w)
+    for start, rows in [(0, 1), (5, 2), (63, 3), (64, 17), (100, 30), (127, 3)]:
+        assert torch.equal(mod.cpu(x[start:start + rows], w), full[start:start + rows]), (start, rows)
+
 TRITON_SCRIPT = """
 import torch
 from slotserver.lab.kernel_set import KERNEL_CONTRACT
