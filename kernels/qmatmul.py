@@ -27,8 +27,8 @@ How `cpu` computes (what llama.cpp's CPU backend does):
   1.25-byte form, whose own bytes are then dotted straight from the file): 2-4x the per-row dots
   from 2 rows, and faster than dequantized tiles + oneDNN's bf16 GEMM up to 512 rows (470-576 vs
   380-430 GFLOP/s). On AVX2, 2+ rows of a block run as 2-row register tiles over the block's
-  values unpacked once (`r16_block_tiles_avx2`, `r16_block_q8_tiles_avx2`; Q6_K's byte form keeps
-  the per-row loop): on an AVX2-only Zen 3, one thread, Q4_K 1536 x 768 at 8 / 32 rows went from
+  values unpacked once for a pass of up to 64 rows (`r16_block_tiles_avx2`,
+  `r16_block_q8_tiles_avx2`; Q6_K's byte form keeps the per-row loop): on an AVX2-only Zen 3, one thread, Q4_K 1536 x 768 at 8 / 32 rows went from
   107 / 117 to 155 / 179 GFLOP/s with the vector amax below, and the integer path beats float32
   tiles + torch's GEMM at every row count measured (1-128), so PREFILL_ROWS only matters for
   Q2_K/Q3_K.
