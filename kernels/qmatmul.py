@@ -28,10 +28,10 @@ How `cpu` computes (what llama.cpp's CPU backend does):
   from 2 rows, and faster than dequantized tiles + oneDNN's bf16 GEMM up to 512 rows (470-576 vs
   380-430 GFLOP/s). On AVX2, 2+ rows of a block run as 2-row register tiles over the block's
   values unpacked once for a pass of up to 64 rows (`r16_block_tiles_avx2`,
-  `r16_block_q8_tiles_avx2`; Q6_K's byte form keeps the per-row loop): on an AVX2-only Zen 3, one thread, Q4_K 1536 x 768 at 8 / 32 rows went from
-  107 / 117 to 155 / 179 GFLOP/s with the vector amax below, and the integer path beats float32
-  tiles + torch's GEMM at every row count measured (1-128), so PREFILL_ROWS only matters for
-  Q2_K/Q3_K.
+  `r16_block_q8_tiles_avx2`; Q6_K's byte form keeps the per-row loop): on an AVX2-only Zen 3,
+  one thread, Q4_K 1536 x 768 at 8 / 32 rows went from 107 / 117 to 155 / 179 GFLOP/s with the
+  vector amax in quantize_row, and the integer path beats float32 tiles + torch's GEMM at every
+  row count measured (1-128), so PREFILL_ROWS only matters for Q2_K/Q3_K there.
 - Q2_K/Q3_K: per-row dots below
   `PREFILL_ROWS[qtype]` rows, above it tiles of W dequantized by the same unpacking into float32 /
   bf16 and multiplied by torch (`playground/qmatmul_bench.py` measures the crossover).
@@ -757,18 +757,44 @@ static inline void r16_block_512(int form, const uint8_t *u, const void *sc, con
    two u8*s8 products into int16 with saturation: 5-bit values are safe (4 sums of 2*31*127 <
    32767), Q8_0's shifted bytes are not: form 6 takes the signed bytes back and multiplies |w| by
    x * sign(w), llama.cpp's trick (a pair of 128*127 products fits). */
+/* Rows 8h..8h+7 of one (group, block) in `form` (not 6) as 8 vectors of unsigned bytes, vector t
+   holding values 4t..4t+3 of each row, and their scales dv and mins (or Q6_K's second scales) mv. */
+static inline void r16_half_avx2(int form, const uint8_t *u, const void *sc, int h, __m256i *wv, __m256 *dv, __m256 *mv) {
+    const __m256i lo = _mm256_set1_epi8(15);
+    if (FORM_NIB(form)) {
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(u + 64 * j + 32 * h));
+            wv[j] = _mm256_and_si256(v, lo); wv[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
+        }
+        if (FORM_HI5(form))   /* rows 8h..8h+7 of mask t are its 32-bit half h */
+            for (int t = 0; t < 8; t++) wv[t] = _mm256_or_si256(wv[t], fifth_bits(u + 256 + 8 * t + 4 * h));
+    } else for (int t = 0; t < 8; t++) wv[t] = _mm256_loadu_si256((const __m256i *)(u + 64 * t + 32 * h));
+#if defined(__F16C__)
+    if (FORM_H16(form)) {
+        *dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 8 * h)));
+        *mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 16 + 8 * h)));
+        return;
+    }
+#endif
+    *dv = _mm256_loadu_ps((const float *)sc + 8 * h); *mv = _mm256_loadu_ps((const float *)sc + 16 + 8 * h);
+}
+/* The same for Q8_0's form 6 (u = w + 128): the signed bytes w back, |w|, and the float16 d. */
+static inline void r16_half_q8_avx2(const uint8_t *u, const void *sc, int h, __m256i *w, __m256i *aw, __m256 *dv) {
+    for (int t = 0; t < 8; t++) {
+        w[t] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(u + 64 * t + 32 * h)), _mm256_set1_epi8((char)0x80));
+        aw[t] = _mm256_abs_epi8(w[t]);
+    }
+    *dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 8 * h)));
+}
 static inline void r16_block_avx2(int form, const uint8_t *u, const void *sc, const int8_t *a, int64_t K,
                                   const float *da, const float *ds, const int16_t *as, int64_t nb, int64_t b, int mc,
                                   __m256 *acc) {
-    const __m256i ones = _mm256_set1_epi16(1), lo = _mm256_set1_epi8(15);
-    if (form == 6) {   /* Q8_0 (u = w + 128): the signed bytes back, and maddubs on |w| and x * sign(w) */
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (form == 6) {   /* Q8_0: maddubs on |w| and x * sign(w) */
         for (int h = 0; h < 2; h++) {
             __m256i w[8], aw[8];
-            for (int t = 0; t < 8; t++) {
-                w[t] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(u + 64 * t + 32 * h)), _mm256_set1_epi8((char)0x80));
-                aw[t] = _mm256_abs_epi8(w[t]);
-            }
-            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 8 * h)));
+            __m256 dv;
+            r16_half_q8_avx2(u, sc, h, w, aw, &dv);
             for (int i = 0; i < PASS_ROWS; i++) {
                 if (i >= mc) break;
                 const int32_t *x4 = (const int32_t *)(a + i * K + 32 * b);
@@ -785,21 +811,7 @@ static inline void r16_block_avx2(int form, const uint8_t *u, const void *sc, co
     for (int h = 0; h < 2; h++) {
         __m256i wv[8];
         __m256 dv, mv;
-        if (FORM_NIB(form)) {
-            for (int j = 0; j < 4; j++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(u + 64 * j + 32 * h));
-                wv[j] = _mm256_and_si256(v, lo); wv[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
-            }
-            if (FORM_HI5(form))   /* rows 8h..8h+7 of mask t are its 32-bit half h */
-                for (int t = 0; t < 8; t++) wv[t] = _mm256_or_si256(wv[t], fifth_bits(u + 256 + 8 * t + 4 * h));
-        } else for (int t = 0; t < 8; t++) wv[t] = _mm256_loadu_si256((const __m256i *)(u + 64 * t + 32 * h));
-#if defined(__F16C__)
-        if (FORM_H16(form)) {
-            dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 8 * h)));
-            mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 16 + 8 * h)));
-        } else
-#endif
-        { dv = _mm256_loadu_ps((const float *)sc + 8 * h); mv = _mm256_loadu_ps((const float *)sc + 16 + 8 * h); }
+        r16_half_avx2(form, u, sc, h, wv, &dv, &mv);
         for (int i = 0; i < PASS_ROWS; i++) {
             if (i >= mc) break;
             const int32_t *x4 = (const int32_t *)(a + i * K + 32 * b);
@@ -903,51 +915,29 @@ static inline void r16_block_q8_tiles_avx2(const uint8_t *u, const void *sc, con
                                            int64_t nb, int64_t b, int mc, __m256 *acc) {
     __m256i wv[2][8], aw[2][8];
     __m256 dv[2];
-    for (int h = 0; h < 2; h++) {
-        for (int t = 0; t < 8; t++) {
-            wv[h][t] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(u + 64 * t + 32 * h)), _mm256_set1_epi8((char)0x80));
-            aw[h][t] = _mm256_abs_epi8(wv[h][t]);
-        }
-        dv[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 8 * h)));
-    }
+    for (int h = 0; h < 2; h++) r16_half_q8_avx2(u, sc, h, wv[h], aw[h], &dv[h]);
     const __m256i (*w)[8] = (const __m256i (*)[8])wv, (*m)[8] = (const __m256i (*)[8])aw;
     int i = 0;
     for (; i + 2 <= mc; i += 2) r16_tile_q8_avx2(w, m, dv, a + i * K + 32 * b, K, 2, da + i * nb + b, nb, acc + 2 * i);
     if (i < mc) r16_tile_q8_avx2(w, m, dv, a + i * K + 32 * b, K, 1, da + i * nb + b, nb, acc + 2 * i);
 }
-/* mc (2..16) rows against one (group, block) of a TILE_FORM: its values unpacked once into bytes
-   (as r16_block_avx2 does), then the rows two at a time. */
+/* mc (2..PASS_ROWS) rows against one (group, block) of a TILE_FORM: its values unpacked once into
+   bytes, then the rows two at a time. */
 static inline void r16_block_tiles_avx2(int form, const uint8_t *u, const void *sc, const int8_t *a, int64_t K,
                                         const float *da, const float *ds, int64_t nb, int64_t b, int mc,
                                         __m256 *acc) {
     __m256i wv[2][8];
     __m256 dv[2], mv[2];
-    const __m256i lo = _mm256_set1_epi8(15);
-    for (int h = 0; h < 2; h++) {
-        if (FORM_NIB(form)) {
-            for (int j = 0; j < 4; j++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(u + 64 * j + 32 * h));
-                wv[h][j] = _mm256_and_si256(v, lo); wv[h][j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
-            }
-            if (FORM_HI5(form))
-                for (int t = 0; t < 8; t++) wv[h][t] = _mm256_or_si256(wv[h][t], fifth_bits(u + 256 + 8 * t + 4 * h));
-        } else for (int t = 0; t < 8; t++) wv[h][t] = _mm256_loadu_si256((const __m256i *)(u + 64 * t + 32 * h));
-#if defined(__F16C__)
-        if (FORM_H16(form)) {
-            dv[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 8 * h)));
-            mv[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)sc + 16 + 8 * h)));
-        } else
-#endif
-        { dv[h] = _mm256_loadu_ps((const float *)sc + 8 * h); mv[h] = _mm256_loadu_ps((const float *)sc + 16 + 8 * h); }
-    }
+    for (int h = 0; h < 2; h++) r16_half_avx2(form, u, sc, h, wv[h], &dv[h], &mv[h]);
     const __m256i (*w)[8] = (const __m256i (*)[8])wv;
+    const int four = form == 1 || form == 4;
     int i = 0;
-    if (form == 1 || form == 4)   /* constant arguments: each call is its own unrolled copy */
+    if (four)   /* a constant argument: each call is its own unrolled copy */
         for (; i + 2 <= mc; i += 2) r16_tile_avx2(w, dv, mv, 1, a + i * K + 32 * b, K, 2, da + i * nb + b, ds + i * nb + b, nb, acc + 2 * i);
     else
         for (; i + 2 <= mc; i += 2) r16_tile_avx2(w, dv, mv, 0, a + i * K + 32 * b, K, 2, da + i * nb + b, ds + i * nb + b, nb, acc + 2 * i);
     if (i < mc)
-        r16_tile_avx2(w, dv, mv, form == 1 || form == 4, a + i * K + 32 * b, K, 1, da + i * nb + b, ds + i * nb + b, nb, acc + 2 * i);
+        r16_tile_avx2(w, dv, mv, four, a + i * K + 32 * b, K, 1, da + i * nb + b, ds + i * nb + b, nb, acc + 2 * i);
 }
 #endif
 
@@ -1055,7 +1045,6 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const v
                 const void *so = (const uint8_t *)D + db * o;
                 if (mc >= 2 && TILE_FORM(form)) r16_block_tiles_avx2(form, U + o * ub, so, a, K, dam, dsm, nb, b, mc, acc);
                 else if (mc >= 2 && form == 6) r16_block_q8_tiles_avx2(U + o * ub, so, a, K, dam, nb, b, mc, acc);
-                else if (mc == PASS_ROWS) r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, PASS_ROWS, acc);
                 else if (mc == 1) r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, 1, acc);
                 else r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, mc, acc);
             }

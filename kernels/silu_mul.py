@@ -34,11 +34,8 @@ int silu_mul(const void *gu, void *out, int64_t T, int64_t F, int64_t sg, int b,
         for (; i + 16 <= F; i += 16)
             store16(out, t * F + i, b, silu_mul16(load16(gu, t * sg + i, b), load16(gu, t * sg + F + i, b)));
 #elif defined(SLOT_AVX2)   /* qmatmul's fused prologue runs the same 8 lanes: the same floats */
-        for (; i + 8 <= F; i += 8) {
-            const __m256 y = silu_mul8(load8(gu, t * sg + i, b), load8(gu, t * sg + F + i, b));
-            if (b) for (int j = 0; j < 8; j++) st(out, t * F + i + j, 1, y[j]);
-            else _mm256_storeu_ps((float *)out + t * F + i, y);
-        }
+        for (; i + 8 <= F; i += 8)
+            store8(out, t * F + i, b, silu_mul8(load8(gu, t * sg + i, b), load8(gu, t * sg + F + i, b)));
 #endif
         /* b is tested once per row, not per element: with a constant b the loop vectorizes (AVX2) */
         if (b) for (; i < F; i++) st(out, t * F + i, 1, silu_mul1(ld(gu, t * sg + i, 1), ld(gu, t * sg + F + i, 1)));

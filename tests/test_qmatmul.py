@@ -186,7 +186,6 @@ def test_strided_rows(mod):
     assert torch.equal(mod.cpu(x, strided), mod.cpu(x, w))
 
 
-
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K])
 def test_a_row_gets_the_same_floats_in_any_batch(mod, qtype):
     """Batch invariance at the kernel: a row's output does not depend on how many rows share the
@@ -197,6 +196,7 @@ def test_a_row_gets_the_same_floats_in_any_batch(mod, qtype):
     full = mod.cpu(x, w)
     for start, rows in [(0, 1), (5, 2), (63, 3), (64, 17), (100, 30), (127, 3)]:
         assert torch.equal(mod.cpu(x[start:start + rows], w), full[start:start + rows]), (start, rows)
+
 
 TRITON_SCRIPT = """
 import torch

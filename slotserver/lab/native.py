@@ -83,6 +83,11 @@ static inline float fast_exp(float x) {
     union { uint32_t u; float f; } e; e.u = (uint32_t)((int32_t)n + 127) << 23;
     return p * e.f;
 }
+/* fast_exp's polynomial in f by Horner's rule for a vector width (its multiply-add and broadcast). */
+#define EXP2_POLY(fma, set1, f) \
+    fma(fma(fma(fma(fma(fma(set1(1.535336188319500e-4f), f, set1(1.339887440266574e-3f)), f, \
+        set1(9.618437357674640e-3f)), f, set1(5.550332471162809e-2f)), f, set1(2.402264791363012e-1f)), f, \
+        set1(6.931472028550421e-1f)), f, set1(1.0f))
 /* 16 lanes at a time where the compiler targets AVX-512 with BF16 (SLOT_AVX512): loads and stores
    of bf16 or float32, and fast_exp with the same polynomial. Kernels keep a scalar loop for the
    rest (and for other CPUs). */
@@ -101,14 +106,7 @@ static inline __m512 fast_exp16(__m512 x) {
     const __m512 t = _mm512_mul_ps(_mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f)),
                                    _mm512_set1_ps(1.4426950409f));
     const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_scalef_ps(EXP2_POLY(_mm512_fmadd_ps, _mm512_set1_ps, f), n);
 }
 #endif
 /* silu(g) * u in float32 (kernels/silu_mul.py, and qmatmul's fused prologue: one formula for both).
@@ -134,17 +132,15 @@ static inline __m256 load8(const void *p, int64_t i, int bf16) {
     return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16))
                 : _mm256_loadu_ps((const float *)p + i);
 }
+static inline void store8(void *p, int64_t i, int bf16, __m256 v) {
+    if (bf16) { float f[8]; _mm256_storeu_ps(f, v); for (int j = 0; j < 8; j++) ((uint16_t *)p)[i + j] = f2bf(f[j]); }
+    else _mm256_storeu_ps((float *)p + i, v);
+}
 static inline __m256 fast_exp8(__m256 x) {
     const __m256 t = _mm256_mul_ps(_mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f)),
                                    _mm256_set1_ps(1.4426950409f));
     const __m256 n = _mm256_floor_ps(_mm256_add_ps(t, _mm256_set1_ps(0.5f))), f = _mm256_sub_ps(t, n);
-    __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256 p = EXP2_POLY(_mm256_fmadd_ps, _mm256_set1_ps, f);
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
