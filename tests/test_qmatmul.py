@@ -190,7 +190,10 @@ def test_strided_rows(mod):
 def test_a_row_gets_the_same_floats_in_any_batch(mod, qtype):
     """Batch invariance at the kernel: a row's output does not depend on how many rows share the
     call or where it sits among them (register tiles of 2 rows, passes of 16 or 64 rows, the
-    one-row path), so a request's answer never depends on its neighbours."""
+    one-row path), so a request's answer never depends on its neighbours. The torch fallback's
+    GEMM makes no such promise (its blocking follows the row count)."""
+    if mod._LIB is None:
+        pytest.skip("no C compiler here (or SLOTSERVER_NATIVE=0): torch's GEMM is not batch-invariant")
     w = random_qweight(torch.Generator().manual_seed(1), qtype, 40, 512)
     x = torch.randn(130, 512, generator=torch.Generator().manual_seed(2))
     full = mod.cpu(x, w)
