@@ -19,45 +19,77 @@ OP = "rms_norm"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
-def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [tokens, dim], weight: [dim] -> [tokens, dim], computed in float32."""
+# Fusions (FUSES, optional arguments of every implementation; see kernels/qmatmul.py): `acc`, the
+# residual add after a post-norm (gemma2/3's branch outputs: x = x + rms_norm(y)). Why: a torch
+# add between two C calls is a computation a decode step graph cannot replay
+# (slotserver/model/step_graph.py), so gemma3's every step ran its ~230 calls through Python (~5
+# ms of a ~33 ms b=1 step on a 2-core AVX2 host). A module without FUSES is called unfused.
+FUSES = ("acc",)
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [tokens, dim] or [tokens, heads, dim] (normed over the last dim), weight: [dim] -> x's
+    shape, computed in float32, rounded to x's dtype. acc (x's shape): that result is added into
+    it, and acc is returned."""
     xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return (y * weight.float()).to(x.dtype)
+    y = (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+    return y if acc is None else acc.add_(y.to(acc.dtype))
 
 
 # One pass per row in C (`slotserver.lab.native`): the sum of squares and the scaled store, float32 math.
 NATIVE_C = r"""
-int rms_norm(const void *x, const void *w, void *out, int64_t T, int64_t N, int64_t sx,
-             float eps, int xb, int wb, int n_threads) {
-    #pragma omp parallel for num_threads(n_threads) if (T * N >= 65536) schedule(static)
-    for (int64_t t = 0; t < T; t++) {
+/* Rows (t, h) of x at t * sx + h * sh, T x H of them, N values each; out [T, H, N] contiguous,
+   or with `accum` out is a residual (rows ao apart, dtype ab) that each normed value, rounded to
+   x's dtype first (as the unfused add sees it), is added into. */
+int rms_norm(const void *x, const void *w, void *out, int64_t T, int64_t H, int64_t N, int64_t sx, int64_t sh,
+             int64_t ao, float eps, int xb, int wb, int accum, int ab, int n_threads) {
+    #pragma omp parallel for num_threads(n_threads) if (T * H * N >= 65536) schedule(static)
+    for (int64_t r = 0; r < T * H; r++) {
+        const int64_t xo = (r / H) * sx + (r % H) * sh;
         float ss = 0.0f;
-        for (int64_t i = 0; i < N; i++) { const float v = ld(x, t * sx + i, xb); ss += v * v; }
-        const float r = 1.0f / sqrtf(ss / (float)N + eps);
-        for (int64_t i = 0; i < N; i++) st(out, t * N + i, xb, ld(x, t * sx + i, xb) * r * ld(w, i, wb));
+        for (int64_t i = 0; i < N; i++) { const float v = ld(x, xo + i, xb); ss += v * v; }
+        const float s = 1.0f / sqrtf(ss / (float)N + eps);
+        if (accum) for (int64_t i = 0; i < N; i++) {
+            float v = ld(x, xo + i, xb) * s * ld(w, i, wb);
+            if (xb) v = bf2f(f2bf(v));
+            st(out, r * ao + i, ab, ld(out, r * ao + i, ab) + v);
+        }
+        else for (int64_t i = 0; i < N; i++) st(out, r * N + i, xb, ld(x, xo + i, xb) * s * ld(w, i, wb));
     }
     return 0;
 }
 """
 _LIB = native.build("rms_norm", NATIVE_C, origin=__file__, strict=True)
-native.signature(_LIB, "rms_norm", 3, 3, (native.ctypes.c_float, native.ctypes.c_int, native.ctypes.c_int, native.ctypes.c_int),
-                 replay=True)
+native.signature(_LIB, "rms_norm", 3, 6, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 5, replay=True)
 _FLOATS = (torch.float32, torch.bfloat16)
 
 
-def cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | None = None) -> torch.Tensor:
     """The C kernel where it applies (one call instead of ~7 small torch ops), else torch."""
-    if (_LIB is not None and x.dim() == 2 and x.is_cpu and weight.is_cpu and x.dtype in _FLOATS and weight.dtype in _FLOATS
-            and x.stride(1) == 1 and weight.is_contiguous() and weight.shape == x.shape[1:]):
-        out = torch.empty(x.shape, dtype=x.dtype)                                  # [tokens, dim]
-        _LIB.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], x.stride(0),
-                      eps, native.is_bf16(x), native.is_bf16(weight), torch.get_num_threads())
+    if _native_fits(x, weight, acc):
+        rows, heads = (x.shape[0], 1) if x.dim() == 2 else x.shape[:2]
+        out = torch.empty(x.shape, dtype=x.dtype) if acc is None else acc       # x's shape
+        sh = x.stride(1) if x.dim() == 3 else 0
+        ao = x.shape[-1] if acc is None else acc.stride(-2)
+        _LIB.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, heads, x.shape[-1], x.stride(0), sh, ao,
+                      eps, native.is_bf16(x), native.is_bf16(weight), acc is not None, native.is_bf16(out),
+                      torch.get_num_threads())
         return out
     if x.dtype == torch.float32:  # 4 cheap ops: F.rms_norm's CPU path measured 1.2-1.4x slower in the model
         r = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
-        return torch.mul(x, weight).mul_(r)
-    return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
+        y = torch.mul(x, weight).mul_(r)
+    else:
+        y = F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
+    return y if acc is None else acc.add_(y.to(acc.dtype))
+
+
+def _native_fits(x: torch.Tensor, weight: torch.Tensor, acc: torch.Tensor | None) -> bool:
+    """[tokens, dim] or [tokens, heads, dim] rows with a unit last stride (heads rows may be strided:
+    q/k slices of a fused projection), float32/bf16; acc [tokens, dim] with unit last stride."""
+    ok = (_LIB is not None and x.dim() in (2, 3) and x.is_cpu and weight.is_cpu and x.dtype in _FLOATS
+          and weight.dtype in _FLOATS and x.stride(-1) == 1 and weight.is_contiguous() and weight.shape == x.shape[-1:])
+    return ok and (acc is None or (acc.dim() == 2 and x.dim() == 2 and acc.shape == x.shape and acc.stride(1) == 1
+                                   and acc.is_cpu and acc.dtype in _FLOATS))
 
 
 @_triton.jit
@@ -73,8 +105,10 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_out, n_cols, eps,
     tl.store(out_ptr + row * stride_out + cols, (x * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def triton(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as `cpu`. Rows may be strided; the last dim must be contiguous."""
+    if x.dim() == 3:
+        return triton(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
     assert x.dim() == 2 and x.stride(1) == 1, f"x must be [tokens, dim] with unit last stride, got {x.stride()}"
     assert weight.shape == (x.shape[1],) and weight.stride(0) == 1, "weight must be a contiguous [dim]"
     assert x.dtype in (torch.float32, torch.bfloat16, torch.float16) and x.device == weight.device
@@ -83,14 +117,23 @@ def triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         block = _triton.next_power_of_2(x.shape[1])
         _rms_norm_kernel[(x.shape[0],)](x, weight, out, x.stride(0), out.stride(0), x.shape[1], eps,
                                         BLOCK=block, num_warps=4 if block <= 2048 else 8)
-    return out
+    return out if acc is None else acc.add_(out.to(acc.dtype))
 
 
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
+    """[tokens, dim] rows; one case in three strided [tokens, heads, dim] heads (a q slice of a
+    fused projection), one in three with a float32 residual to add into."""
     tokens = int(torch.randint(1, 40, (), generator=gen))
     dim = int(torch.randint(1, 300, (), generator=gen))
-    x = torch.randn(tokens, dim, generator=gen).to(dtype)
+    case = int(torch.randint(0, 3, (), generator=gen))
     w = (1 + 0.1 * torch.randn(dim, generator=gen)).to(dtype)
+    if case == 1:
+        heads = int(torch.randint(1, 5, (), generator=gen))
+        qkv = torch.randn(tokens, (heads + 2) * dim, generator=gen).to(dtype)
+        return qkv[:, : heads * dim].view(tokens, heads, dim), w, 1e-5
+    x = torch.randn(tokens, dim, generator=gen).to(dtype)
+    if case == 2:
+        return x, w, 1e-5, torch.randn(tokens, dim, generator=gen)
     return x, w, 1e-5
 
 

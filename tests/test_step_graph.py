@@ -35,13 +35,13 @@ def _native_rms_norm():
     return norm
 
 
-def _decode(model: LlamaModel, rows: int, steps: int = 6) -> list[torch.Tensor]:
+def _decode(model: LlamaModel, rows: int, steps: int = 6, prompts: list[list[int]] = PROMPTS) -> list[torch.Tensor]:
     """Greedy decode of `rows` prompts on streams 0..rows-1 -> each step's logits."""
     s = model.spec
     cache = KVCache.create("head_seq_dim", KVSpec(s.n_layers, 4, 32, s.n_kv_heads, s.head_dim, torch.float16))
     for b in range(rows):
-        model.forward(Batch.build([SeqChunk(b, 0, PROMPTS[b], logits=False)]), cache)
-    out, toks = [], [PROMPTS[b][-1] for b in range(rows)]
+        model.forward(Batch.build([SeqChunk(b, 0, prompts[b], logits=False)]), cache)
+    out, toks = [], [prompts[b][-1] for b in range(rows)]
     for i in range(steps):
         logits = model.forward(Batch.build([SeqChunk(b, 4 + i, [toks[b]]) for b in range(rows)]), cache)
         out.append(logits)
@@ -56,6 +56,32 @@ def test_replayed_decode_steps_give_the_forwards_logits_bit_for_bit(model, rows)
     model.set_step_graphs(True)
     replayed = _decode(model, rows)
     assert (rows, True, torch.get_num_threads()) in model.graphs.graphs   # steps 2.. were replays
+    for a, b in zip(plain, replayed):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_a_gemma3_model_replays_its_steps_with_the_same_logits(tmp_path, rows):
+    """gemma3's post-norms (the residual added inside rms_norm's C) and per-head q/k norms (strided
+    rows of the q|k|v projection, no copy) keep a whole step in C calls: replayed, not run in
+    Python, and the same logits bit for bit."""
+    import gguf
+    from tiny_gguf import write_tiny_gguf
+    from slotserver.model.weights import WeightFormat
+
+    path = write_tiny_gguf(tmp_path / "g.gguf", tensor_type=gguf.GGMLQuantizationType.Q8_0, d_model=64, n_heads=4,
+                           n_kv_heads=2, d_ff=128, arch="gemma3", n_layers=4, head_dim=32,
+                           features=("qk_norm", "post_norms"),
+                           **{"gemma3.attention.sliding_window": (4, gguf.GGUFValueType.UINT32)})
+    gemma = LlamaModel.load(path, torch.float32, max_pos=128, fmt=WeightFormat("q"))
+    if gemma.kernels.modules["qmatmul"].module._LIB is None:
+        pytest.skip("no C compiler: the kernels run in torch, and a step graph records only C calls")
+    gemma.set_step_graphs(False)
+    prompts = [[t % 300 for t in p] for p in PROMPTS]   # the tiny vocabulary
+    plain = _decode(gemma, rows, prompts=prompts)
+    gemma.set_step_graphs(True)
+    replayed = _decode(gemma, rows, prompts=prompts)
+    assert (rows, True, torch.get_num_threads()) in gemma.graphs.graphs
     for a, b in zip(plain, replayed):
         assert torch.equal(a, b)
 
@@ -96,7 +122,7 @@ def test_a_c_call_the_recorder_cannot_see_fails_the_check_replay():
 
     def body() -> torch.Tensor:
         out = torch.empty(2, 64)
-        assert hidden(x.data_ptr(), weight.data_ptr(), out.data_ptr(), 2, 64, 64, 1e-5, 0, 0, 1) == 0
+        assert hidden(x.data_ptr(), weight.data_ptr(), out.data_ptr(), 2, 1, 64, 64, 0, 64, 1e-5, 0, 0, 0, 0, 1) == 0
         return out
 
     graph, out = step_graph.capture(body, [x], {})

@@ -119,14 +119,14 @@ class LlamaModel:
             if plain:
                 x = self._mm(fuse, lw.wo, a, acc=x)                  # x += a @ wo^T
             else:
-                x = x + self._branch_out(lw.wo(a, ops), lw.post_attn_norm)
+                x = self._residual_add(x, lw.wo(a, ops), lw.post_attn_norm)
             gate_up = self._mm(fuse, lw.gate_up, x, norm=lw.ffn_norm)  # [tokens, 2 * d_ff]
             if not silu:
                 gate_up = ops.gelu_mul(gate_up)
             if plain:
                 x = self._mm(fuse, lw.down, gate_up, glu=silu, acc=x)
             else:
-                x = x + self._branch_out(self._mm(fuse, lw.down, gate_up, glu=silu), lw.post_ffn_norm)
+                x = self._residual_add(x, self._mm(fuse, lw.down, gate_up, glu=silu), lw.post_ffn_norm)
         rows = x if batch.logits_rows.shape[0] == batch.n_tokens else x[batch.logits_rows]  # all rows, in order
         x = _as(ops.rms_norm(rows, w.out_norm, s.norm_eps), act)
         logits = w.output(x, ops).float()                        # [rows, vocab]
@@ -175,17 +175,23 @@ class LlamaModel:
             qk = ops.rope(qkv[:, : q_size + kv_size].view(n, s.n_heads + s.n_kv_heads, s.head_dim), cos, sin)
             q, k = qk[:, : s.n_heads], qk[:, s.n_heads:]        # [tokens, heads, hd], [tokens, kv_heads, hd]
         else:  # per-head RMSNorm before rope (qwen3, gemma3)
-            q = ops.rms_norm(qkv[:, :q_size].reshape(n * s.n_heads, s.head_dim), lw.q_norm, s.norm_eps)
-            k = ops.rms_norm(qkv[:, q_size: q_size + kv_size].reshape(n * s.n_kv_heads, s.head_dim), lw.k_norm,
-                             s.norm_eps)
-            q = ops.rope(q.view(n, s.n_heads, s.head_dim), cos, sin)
-            k = ops.rope(k.view(n, s.n_kv_heads, s.head_dim), cos, sin)
+            q = ops.rms_norm(qkv[:, :q_size].view(n, s.n_heads, s.head_dim), lw.q_norm, s.norm_eps)  # views:
+            k = ops.rms_norm(qkv[:, q_size: q_size + kv_size].view(n, s.n_kv_heads, s.head_dim), lw.k_norm,
+                             s.norm_eps)                         # no copy a step graph would refuse
+            q, k = ops.rope(q, cos, sin), ops.rope(k, cos, sin)
         v = qkv[:, q_size + kv_size:].view(n, s.n_kv_heads, s.head_dim)
         cache.write(i, batch.token_streams, batch.positions, k, v)
         kv = cache.view(i)                                       # StridedKV or PagedKV
         attend = ops.paged_attention if kv.paged else ops.attention
         a = attend(q, kv, batch.attn.with_layer(s.window(i), s.attn_softcap), s.q_scale)  # [tokens, heads, hd]
         return _as(a.reshape(n, q_size), self.weights.act_dtype)
+
+    def _residual_add(self, x: torch.Tensor, y: torch.Tensor, post_norm: torch.Tensor | None) -> torch.Tensor:
+        """x + the branch output of y: in place, in the post-norm's C call, where rms_norm fuses the
+        add (kernels/rms_norm.py FUSES; a torch add would keep the step out of a step graph)."""
+        if post_norm is not None and self.spec.residual_scale == 1.0 and "acc" in self.kernels.fuses.get("rms_norm", ()):
+            return self.kernels.rms_norm(y, post_norm, self.spec.norm_eps, acc=x)
+        return x + self._branch_out(y, post_norm)
 
     def _branch_out(self, y: torch.Tensor, post_norm: torch.Tensor | None) -> torch.Tensor:
         """An attention or FFN output before the residual add: post-normed (gemma2/3), scaled (granite)."""
