@@ -41,20 +41,28 @@ NATIVE_C = r"""
 /* Rows (t, h) of x at t * sx + h * sh, T x H of them, N values each; out [T, H, N] contiguous,
    or with `accum` out is a residual (rows ao apart, dtype ab) that each normed value, rounded to
    x's dtype first (as the unfused add sees it), is added into. */
+#define CHUNK 256
+/* n normed values of a row into o: one function (not inlined) for the stored and the added forms,
+   so that both get the same floats whatever the compiler reassociates or contracts. */
+__attribute__((noinline)) static void normed(const void *x, int64_t xo, int xb, const void *w, int wb, float r,
+                                             int64_t n, float *o) {
+    for (int64_t i = 0; i < n; i++) o[i] = ld(x, xo + i, xb) * r * ld(w, i, wb);
+    if (xb) for (int64_t i = 0; i < n; i++) o[i] = bf2f(f2bf(o[i]));   /* x's dtype, as stored unfused */
+}
 int rms_norm(const void *x, const void *w, void *out, int64_t T, int64_t H, int64_t N, int64_t sx, int64_t sh,
              int64_t ao, float eps, int xb, int wb, int accum, int ab, int n_threads) {
     #pragma omp parallel for num_threads(n_threads) if (T * H * N >= 65536) schedule(static)
-    for (int64_t r = 0; r < T * H; r++) {
-        const int64_t xo = (r / H) * sx + (r % H) * sh;
-        float ss = 0.0f;
+    for (int64_t row = 0; row < T * H; row++) {
+        const int64_t xo = (row / H) * sx + (row % H) * sh;
+        float ss = 0.0f, o[CHUNK];
         for (int64_t i = 0; i < N; i++) { const float v = ld(x, xo + i, xb); ss += v * v; }
-        const float s = 1.0f / sqrtf(ss / (float)N + eps);
-        if (accum) for (int64_t i = 0; i < N; i++) {
-            float v = ld(x, xo + i, xb) * s * ld(w, i, wb);
-            if (xb) v = bf2f(f2bf(v));
-            st(out, r * ao + i, ab, ld(out, r * ao + i, ab) + v);
+        const float r = 1.0f / sqrtf(ss / (float)N + eps);
+        for (int64_t i0 = 0; i0 < N; i0 += CHUNK) {
+            const int64_t n = N - i0 < CHUNK ? N - i0 : CHUNK;
+            normed(x, xo + i0, xb, (const char *)w + i0 * (wb ? 2 : 4), wb, r, n, o);
+            if (accum) for (int64_t i = 0; i < n; i++) st(out, row * ao + i0 + i, ab, ld(out, row * ao + i0 + i, ab) + o[i]);
+            else for (int64_t i = 0; i < n; i++) st(out, row * N + i0 + i, xb, o[i]);
         }
-        else for (int64_t i = 0; i < N; i++) st(out, r * N + i, xb, ld(x, xo + i, xb) * s * ld(w, i, wb));
     }
     return 0;
 }
@@ -121,20 +129,14 @@ def triton(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor 
 
 
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
-    """[tokens, dim] rows; one case in three strided [tokens, heads, dim] heads (a q slice of a
-    fused projection), one in three with a float32 residual to add into."""
+    """[tokens, dim] rows, or one case in three [tokens, heads, dim] (a model's per-head q/k norm).
+    No `acc`: the fusion is an optional argument (an edit without FUSES is called unfused), checked
+    against the unfused floats in tests/test_kernels.py."""
     tokens = int(torch.randint(1, 40, (), generator=gen))
     dim = int(torch.randint(1, 300, (), generator=gen))
-    case = int(torch.randint(0, 3, (), generator=gen))
-    w = (1 + 0.1 * torch.randn(dim, generator=gen)).to(dtype)
-    if case == 1:
-        heads = int(torch.randint(1, 5, (), generator=gen))
-        qkv = torch.randn(tokens, (heads + 2) * dim, generator=gen).to(dtype)
-        return qkv[:, : heads * dim].view(tokens, heads, dim), w, 1e-5
-    x = torch.randn(tokens, dim, generator=gen).to(dtype)
-    if case == 2:
-        return x, w, 1e-5, torch.randn(tokens, dim, generator=gen)
-    return x, w, 1e-5
+    heads = int(torch.randint(1, 5, (), generator=gen)) if int(torch.randint(0, 3, (), generator=gen)) == 0 else 0
+    x = torch.randn(tokens, *((heads,) if heads else ()), dim, generator=gen).to(dtype)
+    return x, (1 + 0.1 * torch.randn(dim, generator=gen)).to(dtype), 1e-5
 
 
 def _aot(x: str, w: str, block: int) -> tuple:

@@ -48,6 +48,30 @@ def test_cpu_matches_reference(path, dtype, form):
         assert ok, f"{path.stem} {dtype}: max error {err:.3g} > tol {mod.TOL[dtype]}"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("form", ["native", "torch"])
+def test_rms_norm_fused_residual_and_strided_heads_give_the_unfused_floats(dtype, form):
+    """What gemma2/3's step runs: the post-norm's residual add inside rms_norm (FUSES acc) and the
+    per-head q/k norms on strided rows of the q|k|v projection give exactly the floats of a copy
+    normed and a torch add after it."""
+    mod = _kernel("rms_norm")
+    if form == "native" and mod._LIB is None:
+        pytest.skip("no C compiler here (or SLOTSERVER_NATIVE=0)")
+    if form == "torch":
+        mod._LIB = None
+    gen = torch.Generator().manual_seed(7)
+    w = (1 + 0.1 * torch.randn(96, generator=gen)).to(dtype)
+    y, residual = torch.randn(5, 96, generator=gen).to(dtype), torch.randn(5, 96, generator=gen)
+    want = residual + mod.cpu(y, w, 1e-6)
+    acc = residual.clone()
+    got = mod.cpu(y, w, 1e-6, acc=acc)
+    assert got is acc and torch.equal(got, want)
+    qkv = torch.randn(5, 7 * 96, generator=gen).to(dtype)
+    q = qkv[:, : 4 * 96].view(5, 4, 96)                          # strided: rows 7 * 96 apart
+    assert torch.equal(mod.cpu(q, w, 1e-6), mod.cpu(q.contiguous().view(20, 96), w, 1e-6).view(5, 4, 96))
+    assert torch.allclose(mod.cpu(q, w, 1e-6).float(), mod.reference(q, w, 1e-6).float(), atol=mod.TOL[dtype])
+
+
 def _poison_strided(kv: StridedKV, meta) -> StridedKV:
     """Huge stale values past each sequence's length, NaN past the longest (never to be read)."""
     k, v = (t.float() * (1 if s is None else s.unsqueeze(-1)) for t, s in ((kv.k, kv.k_scale), (kv.v, kv.v_scale)))

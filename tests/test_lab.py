@@ -131,10 +131,10 @@ BROKEN = {
                          "def example_inputs(g, d): return ()\n", "missing contract name(s): cpu"),
     "no triton": ("__ORIG__\ndel triton\n", "missing contract name(s): triton"),
     "OP of another file": ("__ORIG__\nOP = 'rope'\n", "OP is 'rope', expected 'rms_norm'"),
-    "wrong numerics": ("__ORIG__\ndef cpu(x, weight, eps):\n    return reference(x, weight, eps) * 1.01\n", "wrong numerics"),
-    "wrong shape": ("__ORIG__\ndef cpu(x, weight, eps):\n    return reference(x, weight, eps)[:, :-1]\n", "wrong output"),
-    "exception at call": ("__ORIG__\ndef cpu(x, weight, eps):\n    raise RuntimeError('boom')\n", "exception when called: RuntimeError: boom"),
-    "never returns": ("__ORIG__\ndef cpu(x, weight, eps):\n    while True:\n        pass\n", "time limit"),
+    "wrong numerics": ("__ORIG__\ndef cpu(*args):\n    return reference(*args) * 1.01\n", "wrong numerics"),
+    "wrong shape": ("__ORIG__\ndef cpu(*args):\n    return reference(*args)[..., :-1]\n", "wrong output"),
+    "exception at call": ("__ORIG__\ndef cpu(*args):\n    raise RuntimeError('boom')\n", "exception when called: RuntimeError: boom"),
+    "never returns": ("__ORIG__\ndef cpu(*args):\n    while True:\n        pass\n", "time limit"),
 }
 
 

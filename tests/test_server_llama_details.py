@@ -57,8 +57,8 @@ def test_return_progress_and_timings_per_token_in_streams(client):  # noqa: F811
 
 
 def test_chat_usage_chunk_carries_timings_and_role_chunk_has_null_content(client):  # noqa: F811
-    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True, "temperature": 0,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}   # greedy, 3 tokens whatever they are
     chunks = [json.loads(e) for e in sse_events(client.post("/v1/chat/completions", json=body).text)[:-1]]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     assert chunks[-1]["choices"] == [] and chunks[-1]["timings"]["predicted_n"] == 3
