@@ -19,16 +19,27 @@ def test_every_bundled_kernel_keeps_the_whole_contract():
         assert results and all(r.ok for r in results), (path, [r.detail for r in results])
 
 
-@pytest.mark.parametrize("name", [n for n in KERNEL_CONTRACT if n != "OP"])
-def test_a_module_missing_a_part_is_refused_with_file_and_name(tmp_path, name):
-    folder = tmp_path / "kernels"
+@pytest.fixture(scope="module")
+def kernels_copy(tmp_path_factory):
+    """One copy of the bundled kernels for every case: the other modules' C, compiled once for
+    this folder (a build is keyed on its file's path), is reused by each case's KernelSet.load."""
+    folder = tmp_path_factory.mktemp("contract") / "kernels"
     shutil.copytree(default_dir("kernels"), folder)
-    path = folder / "silu_mul.py"
-    path.write_text(path.read_text() + f"\ndel {name}\n")
-    [result] = check_numerics(path, "cpu", n_cases=1)
-    assert not result.ok and str(path) in result.detail and f"missing contract name(s): {name}" in result.detail
-    with pytest.raises(ModuleLoadError, match=f"silu_mul.py: missing contract name\\(s\\): {name}"):
-        KernelSet.load(folder)
+    return folder
+
+
+@pytest.mark.parametrize("name", [n for n in KERNEL_CONTRACT if n != "OP"])
+def test_a_module_missing_a_part_is_refused_with_file_and_name(kernels_copy, name):
+    path = kernels_copy / "silu_mul.py"
+    original = (default_dir("kernels") / "silu_mul.py").read_text()
+    path.write_text(original + f"\ndel {name}\n")
+    try:
+        [result] = check_numerics(path, "cpu", n_cases=1)
+        assert not result.ok and str(path) in result.detail and f"missing contract name(s): {name}" in result.detail
+        with pytest.raises(ModuleLoadError, match=f"silu_mul.py: missing contract name\\(s\\): {name}"):
+            KernelSet.load(kernels_copy)
+    finally:
+        path.write_text(original)
 
 
 def test_op_must_name_its_file(tmp_path):
