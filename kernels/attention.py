@@ -282,7 +282,7 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t
    the head_dim stride is 1 everywhere; out: contiguous [B, Hq, D]. q and out are float32, or bf16
    (`bf16`); K/V elements are float32, bf16 or float16 (`kt` 0, 1, 2: llama.cpp's default cache
    type is f16, half the bytes that decode attention reads at large batches).
-   The body is specialised for head_dim 64 and 128 (constant trip counts vectorize fully). */
+   The body is specialised for head_dim 64, 128 and 256 (constant trip counts vectorize fully). */
 #define ATTN_BODY(DIM)                                                                                \
     const int64_t D = (DIM);                                                                          \
     _Pragma("omp parallel for num_threads(n_threads) schedule(static, 1)")                           \
@@ -327,14 +327,17 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t
                 const float corr = fast_exp(m[i] - mx);                                                \
                 for (int64_t j = j0; j < j1; j++) p[j] = fast_exp(p[j] - mx);                         \
                 l[i] = l[i] * corr + block_sum(p, j0, j1); m[i] = mx;                                  \
-                if (D % VL == 0 && D <= 128) {         /* VL-float vectors: kept in registers */      \
-                    vacc av[(DIM) / VL > 0 ? (DIM) / VL : 1];                                         \
-                    for (int64_t t = 0; t < D / VL; t++) av[t] = *(const vacc *)&acc[i][VL * t] * corr; \
-                    for (int64_t j = j0; j < j1; j++) {                                               \
-                        const float pj = p[j];                                                        \
-                        for (int64_t t = 0; t < D / VL; t++) av[t] += pj * *(const vacc *)&vb[j][VL * t]; \
+                if (D % VL == 0) {  /* VL-float vectors kept in registers, at most 8 at a time */    \
+                    for (int64_t c = 0; c < D; c += 8 * VL) {                                         \
+                        const int64_t nt = (D - c < 8 * VL ? D - c : 8 * VL) / VL;                    \
+                        vacc av[8];                                                                   \
+                        for (int64_t t = 0; t < nt; t++) av[t] = *(const vacc *)&acc[i][c + VL * t] * corr; \
+                        for (int64_t j = j0; j < j1; j++) {                                           \
+                            const float pj = p[j];                                                    \
+                            for (int64_t t = 0; t < nt; t++) av[t] += pj * *(const vacc *)&vb[j][c + VL * t]; \
+                        }                                                                             \
+                        for (int64_t t = 0; t < nt; t++) *(vacc *)&acc[i][c + VL * t] = av[t];        \
                     }                                                                                 \
-                    for (int64_t t = 0; t < D / VL; t++) *(vacc *)&acc[i][VL * t] = av[t];            \
                 } else {                                                                              \
                     for (int64_t d = 0; d < D; d++) a[d] = acc[i][d] * corr;                          \
                     for (int64_t j = j0; j < j1; j++) {                                               \
