@@ -1038,26 +1038,18 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const v
             }
             for (int i = 0; i < mc; i++) _mm512_storeu_ps(out[i], acc[i]);
 #elif defined(__AVX2__)
-            if (mc == 1) {   /* one row (decode): its two sums alone; zeroing all 2 * PASS_ROWS of them per
-                                group cost 6-13% of a b=1 call (Zen 3: Q8_0 262144 x 640, Q4_1 49152 x 576) */
-                __m256 acc1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-                for (int64_t b = 0; b < nb; b++) {
-                    const int64_t o = g * nb + b;
-                    r16_block_avx2(form, U + o * ub, (const uint8_t *)D + db * o, a, K, dam, dsm, asm_, nb, b, 1, acc1);
-                }
-                _mm256_storeu_ps(out[0], acc1[0]); _mm256_storeu_ps(out[0] + 8, acc1[1]);
-            } else {
             __m256 acc[2 * PASS_ROWS];
-            for (int i = 0; i < 2 * PASS_ROWS; i++) acc[i] = _mm256_setzero_ps();
+            for (int i = 0; i < 2 * mc; i++) acc[i] = _mm256_setzero_ps();   /* the pass's rows only: zeroing all
+                2 * PASS_ROWS per group cost 6-13% of a one-row call (Zen 3: Q8_0 262144 x 640, Q4_1 49152 x 576) */
             for (int64_t b = 0; b < nb; b++) {
                 const int64_t o = g * nb + b;
                 const void *so = (const uint8_t *)D + db * o;
                 if (mc >= 2 && TILE_FORM(form)) r16_block_tiles_avx2(form, U + o * ub, so, a, K, dam, dsm, nb, b, mc, acc);
                 else if (mc >= 2 && form == 6) r16_block_q8_tiles_avx2(U + o * ub, so, a, K, dam, nb, b, mc, acc);
+                else if (mc == 1) r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, 1, acc);
                 else r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, mc, acc);
             }
             for (int i = 0; i < mc; i++) { _mm256_storeu_ps(out[i], acc[2 * i]); _mm256_storeu_ps(out[i] + 8, acc[2 * i + 1]); }
-            }
 #else
             for (int i = 0; i < mc; i++) for (int r = 0; r < 16; r++) out[i][r] = 0.0f;   /* byte form only (serves) */
             for (int64_t b = 0; b < nb; b++) {

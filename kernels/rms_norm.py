@@ -38,9 +38,9 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tens
 
 # One pass per row in C (`slotserver.lab.native`): the sum of squares and the scaled store, float32 math.
 NATIVE_C = r"""
-/* Rows (t, h) of x at t * sx + h * sh, T x H of them, N values each; out [T, H, N] contiguous,
-   or with `accum` out is a residual (rows ao apart, dtype ab) that each normed value, rounded to
-   x's dtype first (as the unfused add sees it), is added into. */
+/* Rows (t, h) of x at t * sx + h * sh, T x H of them, N values each, into out's rows ao apart
+   (dtype ab): stored (out [T, H, N], ao = N, x's dtype), or with `accum` added into a residual,
+   each normed value rounded to x's dtype first (as the unfused add sees it). */
 #define CHUNK 256
 /* n normed values of a row into o: one function (not inlined) for the stored and the added forms,
    so that both get the same floats whatever the compiler reassociates or contracts. */
@@ -60,8 +60,9 @@ int rms_norm(const void *x, const void *w, void *out, int64_t T, int64_t H, int6
         for (int64_t i0 = 0; i0 < N; i0 += CHUNK) {
             const int64_t n = N - i0 < CHUNK ? N - i0 : CHUNK;
             normed(x, xo + i0, xb, (const char *)w + i0 * (wb ? 2 : 4), wb, r, n, o);
-            if (accum) for (int64_t i = 0; i < n; i++) st(out, row * ao + i0 + i, ab, ld(out, row * ao + i0 + i, ab) + o[i]);
-            else for (int64_t i = 0; i < n; i++) st(out, row * N + i0 + i, xb, o[i]);
+            const int64_t oo = row * ao + i0;
+            if (accum) for (int64_t i = 0; i < n; i++) st(out, oo + i, ab, ld(out, oo + i, ab) + o[i]);
+            else for (int64_t i = 0; i < n; i++) st(out, oo + i, ab, o[i]);
         }
     }
     return 0;
@@ -78,8 +79,8 @@ def cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | N
         rows, heads = (x.shape[0], 1) if x.dim() == 2 else x.shape[:2]
         out = torch.empty(x.shape, dtype=x.dtype) if acc is None else acc       # x's shape
         sh = x.stride(1) if x.dim() == 3 else 0
-        ao = x.shape[-1] if acc is None else acc.stride(-2)
-        _LIB.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, heads, x.shape[-1], x.stride(0), sh, ao,
+        _LIB.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, heads, x.shape[-1], x.stride(0), sh,
+                      out.stride(-2),
                       eps, native.is_bf16(x), native.is_bf16(weight), acc is not None, native.is_bf16(out),
                       torch.get_num_threads())
         return out
@@ -115,8 +116,9 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_out, n_cols, eps,
 
 def triton(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as `cpu`. Rows may be strided; the last dim must be contiguous."""
-    if x.dim() == 3:
-        return triton(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
+    if x.dim() == 3:   # [tokens, heads, dim]: the heads' rows as rows (a copy where they are strided)
+        y = triton(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
+        return y if acc is None else acc.add_(y.to(acc.dtype))
     assert x.dim() == 2 and x.stride(1) == 1, f"x must be [tokens, dim] with unit last stride, got {x.stride()}"
     assert weight.shape == (x.shape[1],) and weight.stride(0) == 1, "weight must be a contiguous [dim]"
     assert x.dtype in (torch.float32, torch.bfloat16, torch.float16) and x.device == weight.device

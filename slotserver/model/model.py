@@ -113,20 +113,21 @@ class LlamaModel:
         s, w, ops = self.spec, self.weights, self.kernels
         act, plain, silu = w.act_dtype, self._plain, s.act != "gelu"
         fuse = ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}   # per step: a reload may swap it
+        norm_adds = "acc" in ops.fuses.get("rms_norm", ()) and s.residual_scale == 1.0   # x += post_norm(y) in C
         for i, lw in enumerate(w.layers):
             qkv = self._mm(fuse, lw.qkv, x, norm=lw.attn_norm)       # [tokens, q_size + 2*kv_size]
             a = self._attention(i, lw, qkv, batch, cache, *angles[id(self.layer_ropes[i])])
             if plain:
                 x = self._mm(fuse, lw.wo, a, acc=x)                  # x += a @ wo^T
             else:
-                x = self._residual_add(x, lw.wo(a, ops), lw.post_attn_norm)
+                x = self._residual_add(norm_adds, x, lw.wo(a, ops), lw.post_attn_norm)
             gate_up = self._mm(fuse, lw.gate_up, x, norm=lw.ffn_norm)  # [tokens, 2 * d_ff]
             if not silu:
                 gate_up = ops.gelu_mul(gate_up)
             if plain:
                 x = self._mm(fuse, lw.down, gate_up, glu=silu, acc=x)
             else:
-                x = self._residual_add(x, self._mm(fuse, lw.down, gate_up, glu=silu), lw.post_ffn_norm)
+                x = self._residual_add(norm_adds, x, self._mm(fuse, lw.down, gate_up, glu=silu), lw.post_ffn_norm)
         rows = x if batch.logits_rows.shape[0] == batch.n_tokens else x[batch.logits_rows]  # all rows, in order
         x = _as(ops.rms_norm(rows, w.out_norm, s.norm_eps), act)
         logits = w.output(x, ops).float()                        # [rows, vocab]
@@ -186,10 +187,11 @@ class LlamaModel:
         a = attend(q, kv, batch.attn.with_layer(s.window(i), s.attn_softcap), s.q_scale)  # [tokens, heads, hd]
         return _as(a.reshape(n, q_size), self.weights.act_dtype)
 
-    def _residual_add(self, x: torch.Tensor, y: torch.Tensor, post_norm: torch.Tensor | None) -> torch.Tensor:
+    def _residual_add(self, norm_adds: bool, x: torch.Tensor, y: torch.Tensor,
+                      post_norm: torch.Tensor | None) -> torch.Tensor:
         """x + the branch output of y: in place, in the post-norm's C call, where rms_norm fuses the
-        add (kernels/rms_norm.py FUSES; a torch add would keep the step out of a step graph)."""
-        if post_norm is not None and self.spec.residual_scale == 1.0 and "acc" in self.kernels.fuses.get("rms_norm", ()):
+        add (`norm_adds`: kernels/rms_norm.py FUSES; a torch add would keep the step out of a step graph)."""
+        if norm_adds and post_norm is not None:
             return self.kernels.rms_norm(y, post_norm, self.spec.norm_eps, acc=x)
         return x + self._branch_out(y, post_norm)
 
