@@ -49,9 +49,6 @@ and 4e-2 in bf16 (its output rounding, 2^-9 relative, on top). The integer path 
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import mmap
 from collections.abc import Callable
 
 import gguf
@@ -63,7 +60,7 @@ import triton.language as tl
 from slotserver.lab import cpu_features
 
 from slotserver.lab import native
-from slotserver.model.qblocks import FLOATS, T, QWeight, dequantize, random_qweight, tile_rows
+from slotserver.model.qblocks import FLOATS, T, QWeight, dequantize, random_qweight, release_file_pages, tile_rows
 
 OP = "qmatmul"
 TOL = {torch.float32: 3e-2, torch.bfloat16: 4e-2}
@@ -983,12 +980,7 @@ static void prologue_row(const void *x, int64_t off, int xb, int64_t K, const vo
 #endif
         for (; i < K; i++) xf[i] = silu_mul1(ld(x, off + i, xb), ld(x, off + K + i, xb));
     } else load_row(x, off, xb, K, xf);
-    if (gw) {
-        float ss = 0.0f;
-        for (int64_t i = 0; i < K; i++) ss += xf[i] * xf[i];
-        const float r = 1.0f / sqrtf(ss / (float)K + eps);
-        for (int64_t i = 0; i < K; i++) xf[i] = xf[i] * r * ld(gw, i, gwb);
-    }
+    if (gw) rms_apply(xf, rms_inv(xf, K, eps), gw, gwb, K, xf);
 }
 
 /* prologue_row for M rows into out [M, K] float32: the fused input for the paths that do not fuse. */
@@ -1227,41 +1219,6 @@ def _repack(w: QWeight, form: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     rc = _LIB.qrepack(w.raw.data_ptr(), u.data_ptr(), sc.data_ptr(), w.n, w.k, w.raw.stride(0),
                       gguf.GGML_QUANT_SIZES[T(w.qtype)][1], w.qtype, form, torch.get_num_threads())
     return u, sc, rc
-
-
-def release_file_pages(raw: torch.Tensor) -> bool:
-    """Drop this process's resident pages of `raw` where it is a read-only view of a mapped file
-    (madvise DONTNEED: a later read faults them back in from the file, so nothing can change).
-    Anonymous memory (a copy) is left alone: DONTNEED would zero it. Why: a repacked weight beside
-    its file pages counted twice in RSS (a 1B model would hold ~2x its file). -> whether released."""
-    start = raw.data_ptr()
-    end = start + raw.untyped_storage().nbytes() - raw.storage_offset() * raw.element_size()
-    page = mmap.PAGESIZE
-    lo, hi = -(-start // page) * page, end // page * page
-    if hi <= lo or not _in_file_mapping(start, end):
-        return False
-    return _libc().madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4) == 0   # MADV_DONTNEED
-
-
-def _in_file_mapping(start: int, end: int) -> bool:
-    """[start, end) lies in one read-only mapping of a regular file (/proc/self/maps)."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                parts = line.split(maxsplit=5)
-                a, b = (int(v, 16) for v in parts[0].split("-"))
-                if a <= start and end <= b:
-                    return len(parts) == 6 and parts[5].startswith("/") and "w" not in parts[1]
-    except OSError:
-        pass
-    return False
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc
 
 
 def repacked_serves(w: QWeight, rows: int) -> bool:

@@ -38,32 +38,33 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tens
 
 # One pass per row in C (`slotserver.lab.native`): the sum of squares and the scaled store, float32 math.
 NATIVE_C = r"""
+#include <stdlib.h>
 /* Rows (t, h) of x at t * sx + h * sh, T x H of them, N values each, into out's rows ao apart
    (dtype ab): stored (out [T, H, N], ao = N, x's dtype), or with `accum` added into a residual,
    each normed value rounded to x's dtype first (as the unfused add sees it). */
 #define CHUNK 256
-/* n normed values of a row into o: one function (not inlined) for the stored and the added forms,
-   so that both get the same floats whatever the compiler reassociates or contracts. */
-__attribute__((noinline)) static void normed(const void *x, int64_t xo, int xb, const void *w, int wb, float r,
-                                             int64_t n, float *o) {
-    for (int64_t i = 0; i < n; i++) o[i] = ld(x, xo + i, xb) * r * ld(w, i, wb);
-    if (xb) for (int64_t i = 0; i < n; i++) o[i] = bf2f(f2bf(o[i]));   /* x's dtype, as stored unfused */
-}
 int rms_norm(const void *x, const void *w, void *out, int64_t T, int64_t H, int64_t N, int64_t sx, int64_t sh,
              int64_t ao, float eps, int xb, int wb, int accum, int ab, int n_threads) {
-    #pragma omp parallel for num_threads(n_threads) if (T * H * N >= 65536) schedule(static)
-    for (int64_t row = 0; row < T * H; row++) {
-        const int64_t xo = (row / H) * sx + (row % H) * sh;
-        float ss = 0.0f, o[CHUNK];
-        for (int64_t i = 0; i < N; i++) { const float v = ld(x, xo + i, xb); ss += v * v; }
-        const float r = 1.0f / sqrtf(ss / (float)N + eps);
-        for (int64_t i0 = 0; i0 < N; i0 += CHUNK) {
-            const int64_t n = N - i0 < CHUNK ? N - i0 : CHUNK;
-            normed(x, xo + i0, xb, (const char *)w + i0 * (wb ? 2 : 4), wb, r, n, o);
-            const int64_t oo = row * ao + i0;
-            if (accum) for (int64_t i = 0; i < n; i++) st(out, oo + i, ab, ld(out, oo + i, ab) + o[i]);
-            else for (int64_t i = 0; i < n; i++) st(out, oo + i, ab, o[i]);
+    #pragma omp parallel num_threads(n_threads) if (T * H * N >= 65536)
+    {
+        float *row = xb ? malloc(N * sizeof(float)) : NULL;   /* a bf16 row in float32 */
+        #pragma omp for schedule(static)
+        for (int64_t r0 = 0; r0 < T * H; r0++) {
+            const int64_t xo = (r0 / H) * sx + (r0 % H) * sh;
+            const float *v = (const float *)x + xo;
+            if (xb) { load_row(x, xo, 1, N, row); v = row; }
+            const float r = rms_inv(v, N, eps);   /* the native prelude's: qmatmul's fused norm is the same code */
+            float o[CHUNK];
+            for (int64_t i0 = 0; i0 < N; i0 += CHUNK) {
+                const int64_t n = N - i0 < CHUNK ? N - i0 : CHUNK;
+                rms_apply(v + i0, r, (const char *)w + i0 * (wb ? 2 : 4), wb, n, o);
+                if (xb) for (int64_t i = 0; i < n; i++) o[i] = bf2f(f2bf(o[i]));   /* x's dtype, as stored unfused */
+                const int64_t oo = r0 * ao + i0;
+                if (accum) for (int64_t i = 0; i < n; i++) st(out, oo + i, ab, ld(out, oo + i, ab) + o[i]);
+                else for (int64_t i = 0; i < n; i++) st(out, oo + i, ab, o[i]);
+            }
         }
+        free(row);
     }
     return 0;
 }

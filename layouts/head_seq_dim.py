@@ -27,8 +27,8 @@ class HeadSeqDim:
     def __init__(self, spec: KVSpec) -> None:
         self.spec = spec
         shape = (spec.n_layers, spec.n_streams, spec.n_kv_heads, spec.n_cells, spec.head_dim)
-        self.k_store = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
-        self.v_store = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
+        self.k_store = spec.zeros(shape)
+        self.v_store = spec.zeros(shape)
         self.k = self.k_store.transpose(2, 3)  # logical [layer, stream, cell, kv_head, head_dim]
         self.v = self.v_store.transpose(2, 3)
         self._views = [StridedKV(self.k[i], self.v[i]) for i in range(spec.n_layers)]   # made once, not per step

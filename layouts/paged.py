@@ -31,7 +31,7 @@ class Paged(PagedKVCache):
     name = NAME
 
     def make_pages(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        store = torch.zeros(shape, dtype=self.spec.dtype, device=self.spec.device)
+        store = self.spec.zeros(shape)
         return store, store  # the storage is already in logical order
 
 

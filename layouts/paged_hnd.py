@@ -27,8 +27,7 @@ class PagedHND(PagedKVCache):
 
     def make_pages(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         layers, blocks, block_size, heads, dim = shape
-        store = torch.zeros((layers, blocks, heads, block_size, dim), dtype=self.spec.dtype,
-                            device=self.spec.device)
+        store = self.spec.zeros((layers, blocks, heads, block_size, dim))
         return store, store.transpose(2, 3)  # logical [layers, blocks, block_size, heads, dim]
 
 

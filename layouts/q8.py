@@ -43,10 +43,10 @@ class Q8:
     def __init__(self, spec: KVSpec) -> None:
         self.spec = spec
         shape = (spec.n_layers, spec.n_streams, spec.n_cells, spec.n_kv_heads, spec.head_dim)
-        self.k = torch.zeros(shape, dtype=torch.int8, device=spec.device)
-        self.v = torch.zeros(shape, dtype=torch.int8, device=spec.device)
-        self.k_scale = torch.zeros(shape[:-1], dtype=torch.float32, device=spec.device)
-        self.v_scale = torch.zeros(shape[:-1], dtype=torch.float32, device=spec.device)
+        self.k = spec.zeros(shape, torch.int8)
+        self.v = spec.zeros(shape, torch.int8)
+        self.k_scale = spec.zeros(shape[:-1], torch.float32)
+        self.v_scale = spec.zeros(shape[:-1], torch.float32)
 
     def write(self, layer: int, streams: torch.Tensor, positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:

@@ -22,8 +22,8 @@ class SeqHeadDim:
     def __init__(self, spec: KVSpec) -> None:
         self.spec = spec
         shape = (spec.n_layers, spec.n_streams, spec.n_cells, spec.n_kv_heads, spec.head_dim)
-        self.k = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
-        self.v = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
+        self.k = spec.zeros(shape)
+        self.v = spec.zeros(shape)
         self._views = [StridedKV(self.k[i], self.v[i]) for i in range(spec.n_layers)]   # made once, not per step
         self._native = dst_native(self.k[0], self.v[0])
 

@@ -23,7 +23,7 @@ bench() {  # name port concurrency round
 SLOT=$!
 "$LLAMA_SERVER" -m "$MODEL" --port 8092 -np 32 -c 8192 -t 2 > "$OUT/llama-server.log" 2>&1 &
 LLAMA=$!
-trap 'kill $SLOT $LLAMA 2>/dev/null || true' EXIT
+trap 'kill $SLOT $LLAMA 2>/dev/null || true; wait $SLOT $LLAMA 2>/dev/null || true' EXIT   # wait: the ports are free for the next run
 wait_up 8091; wait_up 8092
 for r in $(seq "$ROUNDS"); do
   for c in 1 8 32; do bench slotserver 8091 "$c" "$r"; bench llama-server 8092 "$c" "$r"; done

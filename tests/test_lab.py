@@ -191,10 +191,11 @@ def test_broken_c_in_a_kernel_is_refused_at_its_line(tiny):
     message at the kernel file's own line (not replaced by the torch form), a wrong result too."""
     kfile = tiny.config.kernels_dir / "rms_norm.py"
     original = kfile.read_text()
-    assert "ss += v * v;" in original and "* r * ld(w, i, wb)" in original, "update the lines this test breaks"
-    line = original[: original.index("ss += v * v;")].count("\n") + 1
-    cases = {"compile error": (original.replace("ss += v * v;", "ss += v * v"), f"rms_norm.py:{line}:"),
-             "wrong numerics in C": (original.replace("* r * ld(w, i, wb)", "* r"), "wrong numerics")}
+    scale = "const float r = rms_inv(v, N, eps);"
+    assert scale in original, "update the line this test breaks"
+    line = original[: original.index(scale)].count("\n") + 1
+    cases = {"compile error": (original.replace(scale, scale.replace("eps", "epsilon")), f"rms_norm.py:{line}:"),
+             "wrong numerics in C": (original.replace(scale, scale.replace("rms_inv", "2.0f * rms_inv")), "wrong numerics")}
     engine = Engine(tiny, EngineConfig(n_parallel=2, ctx_size=2048)).start()
     try:
         for case, (source, phrase) in cases.items():

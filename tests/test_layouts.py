@@ -250,3 +250,26 @@ def test_q8_stores_int8_with_a_scale_per_row():
     assert 0 < (ek - k).abs().max(), "q8 is lossy: an exact read-back means nothing was quantized"
     d = SPEC.head_dim
     assert lay.bytes_used() == flat.bytes_used() * (d + 4) // (4 * d)
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+@pytest.mark.parametrize("name", ["seq_head_dim", "head_seq_dim", "q8"])
+def test_flat_kv_memory_is_resident_only_where_written(name):
+    """A flat layout's whole `-c` is allocated up front, yet memory follows the cells written (as
+    llama-server users see RSS grow with use, not with -c): 256 MiB of K/V cost almost nothing
+    until written, read as zeros, and writing one stream's first cells makes only those resident."""
+    spec = KVSpec(n_layers=16, n_streams=8, n_cells=4096, n_kv_heads=2, head_dim=64, dtype=torch.float16)
+    before = _rss_mib()
+    layout = _make(name, spec)
+    assert _rss_mib() - before < 16
+    view = layout.view(3)
+    assert float(view.k[5, :64].float().abs().max()) == 0.0
+    k, v = (t.to(spec.dtype) for t in _rows(100, 4, spec))
+    for layer in range(spec.n_layers):
+        layout.write(layer, torch.full((100,), 2), torch.arange(100), k, v)
+    assert _rss_mib() - before < 32
+    _close(name, _logical(layout.view(7))[0][2, :100], k)

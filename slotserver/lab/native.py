@@ -149,6 +149,23 @@ static inline __m256 silu_mul8(__m256 g, __m256 u) {
     return _mm256_mul_ps(_mm256_div_ps(g, den), u);
 }
 #endif
+/* RMSNorm's two halves, for kernels/rms_norm.py and qmatmul's fused prologue alike: 1 / rms of
+   v[n] (+ eps), and o = v * r * w. Why here, `noipa`: each library then holds this very code (no
+   clone specialised to its call sites, nothing inlined into a loop gcc vectorizes its own way),
+   and the sum has 16 partial sums in a fixed lane order and a fixed tree, whatever v's alignment;
+   left to gcc under -fassociative-math the two libraries summed in different orders on an
+   AVX-512 Zen 5 host (fused and unfused norms 1 ulp apart). */
+__attribute__((noipa, unused)) static float rms_inv(const float *v, int64_t n, float eps) {
+    float s[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) for (int j = 0; j < 16; j++) s[j] += v[i + j] * v[i + j];
+    for (int j = 0; i < n; i++, j++) s[j] += v[i] * v[i];
+    for (int h = 8; h > 0; h /= 2) for (int j = 0; j < h; j++) s[j] += s[j + h];
+    return 1.0f / sqrtf(s[0] / (float)n + eps);
+}
+__attribute__((noipa, unused)) static void rms_apply(const float *v, float r, const void *w, int wb, int64_t n, float *o) {
+    for (int64_t i = 0; i < n; i++) o[i] = v[i] * r * ld(w, i, wb);
+}
 static inline void load_row(const void *base, int64_t off, int bf16, int64_t n, float *dst) {
     if (bf16) { const uint16_t *p = (const uint16_t *)base + off; for (int64_t i = 0; i < n; i++) dst[i] = bf2f(p[i]); }
     else { const float *p = (const float *)base + off; for (int64_t i = 0; i < n; i++) dst[i] = p[i]; }

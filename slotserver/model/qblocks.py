@@ -18,6 +18,9 @@ Block layouts (ggml-common.h; "h" is a little-endian float16):
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import mmap
 import warnings
 from dataclasses import dataclass
 
@@ -114,16 +117,23 @@ def from_mapped(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> QWeight
 
 
 def take_rows(w: QWeight, rows: list[int] | torch.Tensor) -> QWeight:
-    """Rows of W in the given order (a copy of just those rows' bytes: blocks never span rows)."""
+    """Rows of W in the given order (a copy of just those rows' bytes: blocks never span rows).
+    The copy replaces W (a load-time permutation): W's file pages are released."""
     idx = torch.as_tensor(rows, dtype=torch.long)
-    return QWeight(w.raw.index_select(0, idx), w.qtype, w.k, len(idx))
+    out = QWeight(w.raw.index_select(0, idx), w.qtype, w.k, len(idx))
+    release_file_pages(w.raw)
+    return out
 
 
 def concat_rows(parts: list[QWeight]) -> QWeight:
-    """One QWeight of the parts' rows, stacked (same format and k): a copy of their bytes."""
+    """One QWeight of the parts' rows, stacked (same format and k): a copy of their bytes, which
+    replaces the parts (a load-time fusion, q|k|v or gate|up): their file pages are released."""
     first = parts[0]
     assert all(p.qtype == first.qtype and p.k == first.k for p in parts), "concat_rows: mixed formats"
-    return QWeight(torch.cat([p.raw for p in parts]), first.qtype, first.k, sum(p.n for p in parts))
+    out = QWeight(torch.cat([p.raw for p in parts]), first.qtype, first.k, sum(p.n for p in parts))
+    for p in parts:
+        release_file_pages(p.raw)
+    return out
 
 
 def get_rows(w: QWeight, idx: torch.Tensor) -> torch.Tensor:
@@ -137,3 +147,39 @@ def get_rows(w: QWeight, idx: torch.Tensor) -> torch.Tensor:
         d = blocks[:, :, :2].contiguous().view(torch.float16).float()              # [rows, blocks, 1]
         return (blocks[:, :, 2:].view(torch.int8).float() * d).view(raw.shape[0], w.k)
     return dequantize(QWeight(raw, w.qtype, w.k, raw.shape[0]))
+
+
+def release_file_pages(raw: torch.Tensor) -> bool:
+    """Drop this process's resident pages of `raw` where it is a read-only view of a mapped file
+    (madvise DONTNEED: a later read faults them back in from the file, so nothing can change).
+    Anonymous memory (a copy) is left alone: DONTNEED would zero it. Why: a repacked weight, or a
+    load-time copy (take_rows, concat_rows), beside its source's file pages counted twice in RSS
+    (a 1B model would hold ~2x its file). -> whether released."""
+    start = raw.data_ptr()
+    end = start + raw.untyped_storage().nbytes() - raw.storage_offset() * raw.element_size()
+    page = mmap.PAGESIZE
+    lo, hi = -(-start // page) * page, end // page * page
+    if hi <= lo or not _in_file_mapping(start, end):
+        return False
+    return _libc().madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4) == 0   # MADV_DONTNEED
+
+
+def _in_file_mapping(start: int, end: int) -> bool:
+    """[start, end) lies in one read-only mapping of a regular file (/proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                a, b = (int(v, 16) for v in parts[0].split("-"))
+                if a <= start and end <= b:
+                    return len(parts) == 6 and parts[5].startswith("/") and "w" not in parts[1]
+    except OSError:
+        pass
+    return False
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc

@@ -14,6 +14,8 @@ per-token Python loop is a noticeable part of loading a 262k vocabulary.
 
 from __future__ import annotations
 
+import codecs
+
 from slotserver.model.text.special_tokens import BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED
 
 __all__ = ["piece_tables"]
@@ -40,27 +42,31 @@ def _byte_level_table() -> dict[int, str]:
 _BYTE_LEVEL = _byte_level_table()
 
 
+def _utf8_passthrough(err: UnicodeEncodeError) -> tuple[str, int]:
+    """latin-1 encode error handler: a character outside latin-1 becomes its UTF-8 bytes."""
+    return err.object[err.start:err.end].encode().decode("latin-1"), err.end
+
+
+_PASSTHROUGH = "slotserver-utf8-passthrough"
+codecs.register_error(_PASSTHROUGH, _utf8_passthrough)
+
+
 def _byte_level_bytes(piece: str) -> bytes:
-    """Raw bytes of a byte-level BPE piece; characters outside the map pass through as UTF-8."""
-    try:
-        return piece.translate(_BYTE_LEVEL).encode("latin-1")
-    except UnicodeEncodeError:
-        return b"".join(ch.translate(_BYTE_LEVEL).encode("latin-1") if ord(ch) in _BYTE_LEVEL
-                        else ch.encode() for ch in piece)
+    """Raw bytes of a byte-level BPE piece; characters outside the map pass through as UTF-8.
+    (Every character below 256 is a key of the map, so those left after `translate` are the
+    characters above 255 that the map does not name.)"""
+    return piece.translate(_BYTE_LEVEL).encode("latin-1", _PASSTHROUGH)
 
 
 def _normal_bytes(texts: list[str], spm: bool) -> list[bytes]:
     """Bytes of normal tokens: one translate/encode over the joined texts when that is exact."""
     joined = _SEP.join(texts)
-    try:
-        if spm:
-            parts = joined.replace("▁", " ").encode().split(_SEP.encode())
-        else:
-            parts = joined.translate(_BYTE_LEVEL).encode("latin-1").split(_SEP.encode())
-        if len(parts) == len(texts):  # no token produced the separator byte itself
-            return parts
-    except UnicodeEncodeError:  # a byte-level vocabulary with raw (non-mapped) characters
-        pass
+    if spm:
+        parts = joined.replace("▁", " ").encode().split(_SEP.encode())
+    else:   # raw (non-mapped) characters, as in qwen2's vocabulary, pass through as UTF-8
+        parts = _byte_level_bytes(joined).split(_SEP.encode())
+    if len(parts) == len(texts):  # no token produced the separator byte itself
+        return parts
     if spm:
         return [t.replace("▁", " ").encode() for t in texts]
     return [_byte_level_bytes(t) for t in texts]
