@@ -143,3 +143,19 @@ def test_a_kernels_folder_without_the_gated_activation_is_refused_at_load(tmp_pa
     with pytest.raises(ModuleLoadError, match="gemma3.gguf: a gemma3 model needs the kernel gelu_mul"):
         LlamaModel.load(ARCHS / "gemma3.gguf", kernels=KernelSet.load(folder))
     assert LlamaModel.load(ARCHS / "qwen3.gguf", kernels=KernelSet.load(folder)).spec.arch == "qwen3"
+
+
+@pytest.mark.parametrize("kind", ["dense", "q"])
+@pytest.mark.parametrize("case", ["gemma2", "granite"])
+def test_logits_into_a_reused_buffer_are_the_logits(case, kind):
+    """The engine hands the forward one logits buffer for every step (a fresh 33.5 MB tensor per
+    step cost gemma3 8 ms at batch 32): what lands there, final soft-cap (gemma2) and logit scale
+    (granite) included, is bit for bit a fresh forward's, step after step."""
+    model = LlamaModel.load(ARCHS / f"{case}.gguf", torch.float32, max_pos=N_CTX, fmt=WeightFormat(kind))
+    buffer = torch.full((24, model.weights.output.out_features), float("nan"))
+    prompts = [list(range(40, 58)), list(range(100, 107))]
+    for prompt in prompts:
+        batch = lambda: Batch.build([SeqChunk(0, 0, prompt, all_logits=True)])   # noqa: E731
+        want = model.forward(batch(), _cache(model, "seq_head_dim", 1))
+        got = model.forward(batch(), _cache(model, "seq_head_dim", 1), buffer)
+        assert got.data_ptr() == buffer.data_ptr() and torch.equal(got, want)

@@ -69,6 +69,7 @@ class Engine:
         self.tracker = StatsTracker(self)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.outbox = Outbox()   # events of a step, one wake-up per event loop
+        self._logits = torch.empty(0, bundle.model.weights.output.out_features)   # every step's logits, grown (_forward)
         self._wake = threading.Event()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -216,7 +217,10 @@ class Engine:
             return None
         chunks = [SeqChunk(c.stream, c.start, c.seq.tokens[c.start: c.start + c.n], logits=c.sample)
                   for c in plan.chunks]
-        return self.bundle.model.forward(Batch.build(chunks), self.cache)   # [n_sample, vocab]
+        rows = sum(c.sample for c in plan.chunks)
+        if self._logits.shape[0] < rows:   # one buffer for every step's logits (see LlamaModel.forward)
+            self._logits = torch.empty(rows, self._logits.shape[1])
+        return self.bundle.model.forward(Batch.build(chunks), self.cache, self._logits)   # [n_sample, vocab]
 
     def _sample(self, plan: StepPlan, logits: torch.Tensor | None, allowed: torch.Tensor | None) -> list[Sampled]:
         seqs = [c.seq for c in plan.chunks if c.sample]
