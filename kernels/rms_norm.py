@@ -45,14 +45,16 @@ NATIVE_C = r"""
 #define CHUNK 256
 int rms_norm(const void *x, const void *w, void *out, int64_t T, int64_t H, int64_t N, int64_t sx, int64_t sh,
              int64_t ao, float eps, int xb, int wb, int accum, int ab, int n_threads) {
-    #pragma omp parallel num_threads(n_threads) if (T * H * N >= 65536)
+    int failed = 0;
+    #pragma omp parallel num_threads(n_threads) if (T * H * N >= 65536) reduction(|: failed)
     {
         float *row = xb ? malloc(N * sizeof(float)) : NULL;   /* a bf16 row in float32 */
+        failed = xb && !row;
         #pragma omp for schedule(static)
         for (int64_t r0 = 0; r0 < T * H; r0++) {
             const int64_t xo = (r0 / H) * sx + (r0 % H) * sh;
             const float *v = (const float *)x + xo;
-            if (xb) { load_row(x, xo, 1, N, row); v = row; }
+            if (xb) { if (!row) continue; load_row(x, xo, 1, N, row); v = row; }
             const float r = rms_inv(v, N, eps);   /* the native prelude's: qmatmul's fused norm is the same code */
             float o[CHUNK];
             for (int64_t i0 = 0; i0 < N; i0 += CHUNK) {
@@ -66,7 +68,7 @@ int rms_norm(const void *x, const void *w, void *out, int64_t T, int64_t H, int6
         }
         free(row);
     }
-    return 0;
+    return failed;   /* 1: out of memory */
 }
 """
 _LIB = native.build("rms_norm", NATIVE_C, origin=__file__, strict=True)
@@ -80,10 +82,11 @@ def cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | N
         rows, heads = (x.shape[0], 1) if x.dim() == 2 else x.shape[:2]
         out = torch.empty(x.shape, dtype=x.dtype) if acc is None else acc       # x's shape
         sh = x.stride(1) if x.dim() == 3 else 0
-        _LIB.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, heads, x.shape[-1], x.stride(0), sh,
-                      out.stride(-2),
-                      eps, native.is_bf16(x), native.is_bf16(weight), acc is not None, native.is_bf16(out),
-                      torch.get_num_threads())
+        rc = _LIB.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, heads, x.shape[-1], x.stride(0), sh,
+                           out.stride(-2),
+                           eps, native.is_bf16(x), native.is_bf16(weight), acc is not None, native.is_bf16(out),
+                           torch.get_num_threads())
+        assert rc == 0, "rms_norm: out of memory"
         return out
     if x.dtype == torch.float32:  # 4 cheap ops: F.rms_norm's CPU path measured 1.2-1.4x slower in the model
         r = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps).rsqrt_()

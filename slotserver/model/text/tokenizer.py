@@ -22,6 +22,7 @@ Decoding never goes through `tokenizers`: a per-token byte table reproduces llam
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any, Iterable
 
 from tokenizers import AddedToken, normalizers
@@ -46,7 +47,7 @@ def _bpe_merges(vocab: dict[str, int], raw: list[str]) -> list[tuple[str, str]]:
     in every merge, all in the vocabulary) is parsed and checked without a per-merge Python step:
     the loop took 0.17 s of a 151k-merge vocabulary's load, this ~0.04 s."""
     words = " ".join(raw).split(" ")
-    if len(words) == 2 * len(raw):
+    if len(words) == 2 * len(raw) and all(map(str.__contains__, raw, repeat(" "))):   # one space in each
         a, b = words[::2], words[1::2]
         if all(map(vocab.__contains__, words)) and all(map(vocab.__contains__, map(str.__add__, a, b))):
             return list(zip(a, b))
