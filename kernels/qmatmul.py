@@ -562,6 +562,18 @@ int qmatmul(const void *w, const void *x, void *y, int64_t M, int64_t N, int64_t
    (geomean over SmolLM2 shapes at 8 and 128 rows: AVX-512 250 / 370 / 406 GFLOP/s at 4 / 8 / 16;
    AVX2 173 / 192 / 193, whose 16 registers spill the accumulators either way) */
 #define R16_ROWS 16
+/* Software prefetch, PF_AHEAD (group, block)s ahead of the one computed: a model's weights stream
+   from DRAM (they do not fit L3), and from 8 rows on the hardware prefetcher alone left the loop
+   waiting on memory. Weights cycled past L3, AVX-512 VNNI Zen 5, Qwen 0.5B shapes, 2 threads:
+   Q5_0 896 x 4864 at 16 / 32 rows 542 / 719 -> 911 / 995 GFLOP/s, Q8_0 49152 x 576 416 / 529 ->
+   876 / 923, one row 72 -> 83; forced AVX2 1.02-2.6x (playground/qmatmul_bench.py --cold). Blocks
+   of a thread's groups are contiguous, so the address past a group's end is its next group's. 8
+   blocks ahead was 3-10% slower than 16, 32 the same. */
+#define PF_AHEAD 16
+static inline void r16_prefetch(const uint8_t *u, int64_t ub, const uint8_t *s, int64_t db) {
+    for (int64_t l = 0; l < ub; l += 64) __builtin_prefetch(u + PF_AHEAD * ub + l, 0, 3);
+    for (int64_t l = 0; l < db; l += 64) __builtin_prefetch(s + PF_AHEAD * db + l, 0, 3);
+}
 /* Activation rows per pass over a weight group: the AVX2 tiles keep their sums in memory between
    blocks, so a pass can take more rows and unpack each block (nibbles, fifth bits) fewer times. */
 #if !defined(QM_VNNI512) && defined(__AVX2__)
@@ -1024,6 +1036,7 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const v
             for (int64_t b = 0; b < nb; b++) {
                 const int64_t o = g * nb + b;
                 const void *so = (const uint8_t *)D + db * o;
+                if (m0 == 0) r16_prefetch(U + o * ub, ub, (const uint8_t *)so, db);
                 if (mc == R16_ROWS) r16_block_512(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, R16_ROWS, acc);
                 else if (mc == 1) r16_block_512(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, 1, acc);
                 else r16_block_512(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, mc, acc);
@@ -1036,6 +1049,7 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const v
             for (int64_t b = 0; b < nb; b++) {
                 const int64_t o = g * nb + b;
                 const void *so = (const uint8_t *)D + db * o;
+                if (m0 == 0) r16_prefetch(U + o * ub, ub, (const uint8_t *)so, db);
                 if (mc >= 2 && TILE_FORM(form)) r16_block_tiles_avx2(form, U + o * ub, so, a, K, dam, dsm, nb, b, mc, acc);
                 else if (mc >= 2 && form == 6) r16_block_q8_tiles_avx2(U + o * ub, so, a, K, dam, nb, b, mc, acc);
                 else if (mc == 1) r16_block_avx2(form, U + o * ub, so, a, K, dam, dsm, asm_, nb, b, 1, acc);
