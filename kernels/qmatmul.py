@@ -31,7 +31,10 @@ How `cpu` computes (what llama.cpp's CPU backend does):
   `r16_block_q8_tiles_avx2`; Q6_K's byte form keeps the per-row loop): on an AVX2-only Zen 3,
   one thread, Q4_K 1536 x 768 at 8 / 32 rows went from 107 / 117 to 155 / 179 GFLOP/s with the
   vector amax in quantize_row, and the integer path beats float32 tiles + torch's GEMM at every
-  row count measured (1-128), so PREFILL_ROWS only matters for Q2_K/Q3_K there.
+  row count measured (1-128), so PREFILL_ROWS only matters for Q2_K/Q3_K there. A model's
+  weights do not fit L3 and stream from DRAM: the loop prefetches 16 (group, block)s ahead on a
+  group's first pass of rows (`r16_prefetch`; from 8 rows the hardware prefetcher alone had left it
+  waiting, 1.3-2.5x slower; `qmatmul_bench.py --cold` measures it that way).
 - Q2_K/Q3_K: per-row dots below
   `PREFILL_ROWS[qtype]` rows, above it tiles of W dequantized by the same unpacking into float32 /
   bf16 and multiplied by torch (`playground/qmatmul_bench.py` measures the crossover).
