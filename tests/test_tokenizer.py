@@ -211,3 +211,17 @@ def test_bpe_merges_keep_exactly_the_representable_pairs(merges):
     rule = [(p[0], p[1]) for p in (m.split(" ", 1) for m in merges)
             if len(p) == 2 and p[0] in vocab and p[1] in vocab and p[0] + p[1] in vocab]
     assert _bpe_merges(vocab, merges) == rule
+
+
+@pytest.mark.parametrize("extra", [(), ("ĀāĂă", "xĀāĂăy")])
+def test_byte_level_token_bytes_include_the_zero_byte_and_separator_like_pieces(extra):
+    """Token bytes of a byte-level vocabulary: "Ā" is byte 00 (every GPT-2-style vocabulary has it),
+    a raw character passes through as UTF-8, and pieces holding the bytes 00 01 02 03 (what the
+    table builder joins pieces with) still get their own bytes."""
+    tokens = ("Ā", "ĠhĀ", "Ċ", "中", *extra)
+    tok = Tokenizer.from_metadata(_bpe_metadata("gpt-2", tokens))
+    want = {"Ā": b"\x00", "ĠhĀ": b" h\x00", "Ċ": b"\n", "中": "中".encode(), "ĀāĂă": b"\x00\x01\x02\x03",
+            "xĀāĂăy": b"x\x00\x01\x02\x03y"}
+    for t in tokens:
+        assert tok.token_bytes(tok.token_to_id(t)) == want[t]
+    assert tok.token_bytes(tok.token_to_id("a")) == b"a"
