@@ -54,3 +54,30 @@ def test_model_thread_loads_and_decodes_on_one_thread_then_stops(tmp_path, monke
     assert not model.thread.is_alive(), "the engine loop did not stop"
     assert len(seen["load"]) == 1 and seen["forward"] == seen["load"]
     assert threading.main_thread().ident not in seen["load"]
+
+
+def test_a_start_up_with_the_collector_paused_resumes_it_once_loaded(tmp_path):
+    """`slotserver serve` pauses the cyclic garbage collector for start-up (importing torch and
+    reading the GGUF took ~0.3 s of collections that found nothing); the server must not then run
+    without it, or cycles made by requests would never be freed."""
+    import gc
+    plan = LaunchPlan(ModelConfig(write_tiny_gguf(tmp_path / "tiny.gguf")), EngineConfig(n_parallel=1, ctx_size=256),
+                      watch=False, gc_paused=True)
+    state, failures = ServerState(), []
+    gc.disable()
+    try:
+        model = ModelThread(state, plan, "http://test", failures.append).start()
+        try:
+            deadline = time.monotonic() + 60
+            while state.engine is None and not failures and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert state.engine is not None, failures
+            deadline = time.monotonic() + 10
+            while not gc.isenabled() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert gc.isenabled()
+        finally:
+            model.stop(timeout=10)
+    finally:
+        gc.enable()
+        gc.unfreeze()   # what the thread froze was this test process's objects

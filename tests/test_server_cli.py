@@ -6,6 +6,7 @@ that fails to load runs the real process, since that failure happens after the p
 
 from __future__ import annotations
 
+import gc
 import socket
 import subprocess
 import sys
@@ -98,6 +99,7 @@ def test_a_busy_port_is_one_line_and_exit_2(capsys):
         s.listen()
         status, lines = run_cli(capsys, "--port", str(s.getsockname()[1]))
     assert status == 2 and len(lines) == 1 and "cannot listen on 127.0.0.1:" in lines[0]
+    assert gc.isenabled(), "serve paused the garbage collector for start-up and left it off"
 
 
 def test_a_broken_model_file_stops_the_server_with_one_line(tmp_path: Path):

@@ -7,6 +7,7 @@ ready). If loading fails, the server stops and `serve` exits with status 2 and o
 
 from __future__ import annotations
 
+import gc
 import logging
 import socket
 import sys
@@ -35,6 +36,7 @@ class LaunchPlan:
     chat_template: str | None = None   # a Jinja source from the command line, else the model's
     watch: bool = True                 # hot-reload saves in kernels/ and layouts/ (--no-watch: off)
     warmup: bool = True                # prepare every weight before healthy (--no-warmup: off, as llama-server)
+    gc_paused: bool = False            # start-up ran with the cyclic GC paused (cli/serve.py): resume it once loaded
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -115,6 +117,10 @@ class ModelThread:
             self.state.load_error = str(e) or type(e).__name__
             self.on_failure(self.state.load_error)
             return
+        finally:
+            if self.plan.gc_paused:   # what start-up made lives as long as the server: frozen, later
+                gc.freeze()           # collections skip it (they traversed it all on every full pass)
+                gc.enable()
         if not self.stop_event.is_set():
             engine.run(watch=self.plan.watch)
 
