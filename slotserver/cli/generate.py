@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 
@@ -60,14 +61,19 @@ def load_bundle(args):
 
 
 def run(args) -> int:
-    from slotserver.model.sampling_params import SamplingParams
-
     if not args.chat and args.prompt is None:
         print("slotserver generate: error: give a prompt (or '-' for stdin), or --chat", file=sys.stderr)
         return 2
-    params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
-                            min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
-    bundle = load_bundle(args)
+    gc.disable()   # for start-up only, as `serve` does (cli/serve.py says why)
+    try:
+        from slotserver.model.sampling_params import SamplingParams
+
+        params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                                min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
+        bundle = load_bundle(args)
+        gc.freeze()
+    finally:
+        gc.enable()
     if args.chat:
         return chat_loop(bundle, args, params)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
