@@ -8,6 +8,7 @@ loaded on one thread and decoded on another ran each decode step ~1.6x slower on
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -21,6 +22,13 @@ from slotserver.engine.request import Request
 from slotserver.model.sampling import SamplingParams
 from slotserver.server.launch import LaunchPlan, ModelThread
 from slotserver.server.state import ServerState
+
+
+def _wait_loaded(state: ServerState, failures: list) -> None:
+    deadline = time.monotonic() + 60
+    while state.engine is None and not failures and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert state.engine is not None, failures
 
 
 def test_model_thread_loads_and_decodes_on_one_thread_then_stops(tmp_path, monkeypatch):
@@ -42,10 +50,7 @@ def test_model_thread_loads_and_decodes_on_one_thread_then_stops(tmp_path, monke
     state, failures = ServerState(), []
     model = ModelThread(state, plan, "http://test", failures.append).start()
     try:
-        deadline = time.monotonic() + 60
-        while state.engine is None and not failures and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert state.engine is not None, failures
+        _wait_loaded(state, failures)
         greedy = SamplingParams(temperature=0.0)
         done = [state.engine.submit(Request((5, 6, 7), greedy, n_predict=4, ignore_eos=True)) for _ in range(2)]
         assert all(len(h.result(timeout=60).tokens) == 4 for h in done)
@@ -60,7 +65,6 @@ def test_a_start_up_with_the_collector_paused_resumes_it_once_loaded(tmp_path):
     """`slotserver serve` pauses the cyclic garbage collector for start-up (importing torch and
     reading the GGUF took ~0.3 s of collections that found nothing); the server must not then run
     without it, or cycles made by requests would never be freed."""
-    import gc
     plan = LaunchPlan(ModelConfig(write_tiny_gguf(tmp_path / "tiny.gguf")), EngineConfig(n_parallel=1, ctx_size=256),
                       watch=False, gc_paused=True)
     state, failures = ServerState(), []
@@ -68,10 +72,7 @@ def test_a_start_up_with_the_collector_paused_resumes_it_once_loaded(tmp_path):
     try:
         model = ModelThread(state, plan, "http://test", failures.append).start()
         try:
-            deadline = time.monotonic() + 60
-            while state.engine is None and not failures and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert state.engine is not None, failures
+            _wait_loaded(state, failures)
             deadline = time.monotonic() + 10
             while not gc.isenabled() and time.monotonic() < deadline:
                 time.sleep(0.01)

@@ -49,7 +49,7 @@ class KVSpec:
         start (a 0.5B model at -c 4096: 50 MiB resident before any request). Private, so that a
         forked lab validator writing to it could never reach the server's cache."""
         dtype = dtype or self.dtype
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         if torch.device(self.device).type != "cpu" or nbytes < 1 << 20:
             return torch.zeros(shape, dtype=dtype, device=self.device)
         buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

@@ -20,7 +20,7 @@ from slotserver.model.text.special_tokens import BYTE, CONTROL, NORMAL, UNKNOWN,
 
 __all__ = ["piece_tables"]
 
-_SEP = "\x00"
+_SEP = "\x00"   # joins SentencePiece texts (their byte tokens are "<0xNN>" texts, not raw bytes)
 # Byte-level pieces are joined with the pieces of bytes 00 01 02 03: "\x00" alone is the byte of the
 # piece "Ā", which every GPT-2-style vocabulary has (so the joined fast path never held for them: 151k
 # per-piece calls, 0.12 s of a qwen2 load). Four distinct bytes have no border, so a piece's end
