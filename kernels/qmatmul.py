@@ -845,8 +845,8 @@ static void t512_unpack(int form, const uint8_t *U, const uint8_t *D, int64_t ub
     else { if (G == 2) t512_tile(W, S, nb, a, da, ds, NULL, R_, 2, out, pu, pub, pd, pdb); else t512_tile(W, S, nb, a, da, ds, NULL, R_, 1, out, pu, pub, pd, pdb); } \
     break;
 /* A tile of R rows against the unpacked groups: their sums into out [R][32]. The tile's activations
-   are interleaved by block, a [nb][R][32] bytes, da, ds and xo [nb][R] (t512_interleave): one
-   pointer each, where rows at stride K took a register per row and spilled. */
+   are interleaved by block, a [nb][R][32] bytes, da, ds and xo [nb][R] (t512_at): one pointer
+   each, where rows at stride K took a register per row and spilled. */
 static void t512_rows(const uint8_t *W, const float *S, int64_t nb, int G, const int8_t *a, const float *da,
                       const float *ds, const int32_t *xo, int R, float (*out)[32], const uint8_t *pu, int64_t pub,
                       const uint8_t *pd, int64_t pdb) {
@@ -1121,26 +1121,12 @@ static void r16_store(void *y, int yb, int64_t sy, int accum, int64_t N, int64_t
 }
 
 #if defined(QM_VNNI512)
-/* Row-major activations (q [M][K], da, ds and xo [M][nb]) -> tiles of T512_ROWS rows interleaved by
-   block (see t512_rows), in new buffers (the old are freed; *q is NULL when out of memory). */
-static void t512_interleave(int8_t **q, float **da, float **ds, int32_t **xo, int64_t M, int64_t K) {
-    const int64_t nb = K / 32;
-    int8_t *qt = malloc(M * K + 64); float *dat = malloc(M * nb * sizeof(float) + 64), *dst = malloc(M * nb * sizeof(float) + 64);
-    int32_t *xot = malloc(M * nb * sizeof(int32_t) + 64);
-    if (qt && dat && dst && xot)
-        for (int64_t m0 = 0; m0 < M; m0 += T512_ROWS) {
-            const int64_t R = M - m0 < T512_ROWS ? M - m0 : T512_ROWS;
-            for (int64_t i = 0; i < R; i++)
-                for (int64_t b = 0; b < nb; b++) {
-                    memcpy(qt + m0 * K + (b * R + i) * 32, *q + (m0 + i) * K + 32 * b, 32);
-                    dat[m0 * nb + b * R + i] = (*da)[(m0 + i) * nb + b];
-                    dst[m0 * nb + b * R + i] = (*ds)[(m0 + i) * nb + b];
-                    xot[m0 * nb + b * R + i] = (*xo)[(m0 + i) * nb + b];
-                }
-        }
-    else { free(qt); qt = NULL; }
-    free(*q); free(*da); free(*ds); free(*xo);
-    *q = qt; *da = dat; *ds = dst; *xo = xot;
+/* Where row m's block b goes when the activations are laid out for the tiles (t512_rows): rows in
+   tiles of T512_ROWS from row 0, each tile's blocks interleaved by row, [nb][R][32] bytes and
+   [nb][R] scales. In units of blocks (x 32 for the bytes). */
+static inline int64_t t512_at(int64_t m, int64_t M, int64_t nb, int64_t b) {
+    const int64_t m0 = m - m % T512_ROWS, R = M - m0 < T512_ROWS ? M - m0 : T512_ROWS;
+    return m0 * nb + b * R + (m - m0);
 }
 
 /* qmatmul_r16 from T512_MIN_ROWS rows (see t512_tile): pairs of groups over the threads, each with
@@ -1189,24 +1175,38 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const v
     int32_t *xo = malloc(M * nb * sizeof(int32_t) + 64);
     const float *sc = (const float *)D;
     if (!q || !da || !ds || !as || !xo) { free(q); free(da); free(ds); free(as); free(xo); return 1; }
+#if defined(QM_VNNI512)
+    /* Q6_K's forms (a scale per 16) stay on the 16-row loop: tiles of 3 rows with both halves' sums,
+       or 6 rows with a half at a time, were no faster */
+    const int tiled = M >= T512_MIN_ROWS && form != 2 && form != 7;
+#else
+    const int tiled = 0;
+#endif
     #pragma omp parallel for num_threads(n_threads) if (M * K >= 65536)
     for (int64_t m = 0; m < M; m++) {
-        float *xf = malloc(K * sizeof(float));
+        float *xf = malloc(K * sizeof(float) + (tiled ? K + nb * sizeof(float) : 0));
         prologue_row(x, m * sx, xb, K, gw, gwb, eps, glu, xf);
-        quantize_row(xf, K, 32, q + m * K, da + m * nb, as + m * (K / 16));
-        free(xf);
+        int8_t *qm = tiled ? (int8_t *)(xf + K) : q + m * K;   /* tiled: the row here, then its blocks to their places */
+        float *dm = tiled ? (float *)(qm + K) : da + m * nb;
+        quantize_row(xf, K, 32, qm, dm, as + m * (K / 16));
         for (int64_t b = 0; b < nb; b++) {
             const int sum = as[m * (K / 16) + 2 * b] + as[m * (K / 16) + 2 * b + 1];
-            ds[m * nb + b] = da[m * nb + b] * (float)sum;
-            xo[m * nb + b] = -off * sum;
+#if defined(QM_VNNI512)
+            const int64_t o = tiled ? t512_at(m, M, nb, b) : m * nb + b;
+            if (tiled) memcpy(q + 32 * o, qm + 32 * b, 32);
+#else
+            const int64_t o = m * nb + b;
+#endif
+            da[o] = dm[b];
+            ds[o] = dm[b] * (float)sum;
+            xo[o] = -off * sum;
         }
+        free(xf);
     }
 #if defined(QM_VNNI512)
     const int32_t *xop = off ? xo : NULL;   /* the offset folded into the integer sums (see R16_OFFSET) */
-    if (M >= T512_MIN_ROWS && form != 2 && form != 7) {   /* Q6_K's forms (a scale per 16): tiles of 3 rows with
-            both halves' sums, or 6 rows with a half at a time, were no faster than the 16-row loop */
-        t512_interleave(&q, &da, &ds, &xo, M, K);
-        const int rc = !q || r16_tiles_512(U, (const uint8_t *)D, q, da, ds, off ? xo : NULL, y, M, N, K, sy, yb,
+    if (tiled) {
+        const int rc = r16_tiles_512(U, (const uint8_t *)D, q, da, ds, off ? xo : NULL, y, M, N, K, sy, yb,
                                            accum, form, n_threads);
         free(q); free(da); free(ds); free(as); free(xo);
         return rc;
