@@ -1149,13 +1149,16 @@ static int r16_tiles_512(const uint8_t *U, const uint8_t *D, const int8_t *q, co
             const int64_t g0 = 2 * p;
             const int G = ng - g0 >= 2 ? 2 : 1;
             t512_unpack(form, U, D, ub, db, nb, g0, G, W, S);
+            const int64_t T = (M + T512_ROWS - 1) / T512_ROWS;   /* tiles; each prefetches a T-th of the next pair */
+            const int64_t pub = ((2 * ub + T - 1) / T + 63) & ~(int64_t)63, pdb = ((2 * db + T - 1) / T + 63) & ~(int64_t)63;
             for (int64_t m0 = 0; m0 < M; m0 += T512_ROWS) {
                 const int mc = M - m0 < T512_ROWS ? (int)(M - m0) : T512_ROWS;
                 float out[T512_ROWS][32];
-                /* the first tile prefetches the next pair's bytes (2 blocks' worth per block) */
-                const int pf = m0 == 0 && g0 + 2 < ng;
+                const int64_t p = m0 / T512_ROWS;
+                const int pf = g0 + 2 < ng;
                 t512_rows(W, S, nb, G, q + m0 * K, da + m0 * nb, ds + m0 * nb, xo ? xo + m0 * nb : NULL, mc, out,
-                          pf ? U + (g0 + 2) * nb * ub : NULL, 2 * ub, pf ? D + (g0 + 2) * nb * db : NULL, 2 * db);
+                          pf ? U + (g0 + 2) * nb * ub + p * nb * pub : NULL, pub,
+                          pf ? D + (g0 + 2) * nb * db + p * nb * pdb : NULL, pdb);
                 r16_store(y, yb, sy, accum, N, m0, mc, g0 * 16, 16 * G, &out[0][0], 32);
             }
         }

@@ -26,6 +26,7 @@ from slotserver.lab.kernel_set import KernelSet
 from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
 from slotserver.model.step_graph import StepGraphs
+from slotserver.model import heap
 from slotserver.model.linear import QLinear
 from slotserver.model.weights import LayerWeights, ModelWeights, Progress, WeightFormat, load_weights
 
@@ -77,6 +78,7 @@ class LlamaModel:
                 tables[(base, scale)] = RopeTable(spec, max_pos, freqs, base=base, scale=scale)
         layer_ropes = [tables[spec.rope_params(i)] for i in range(spec.n_layers)]
         full = tables.get((spec.rope_base, spec.rope_scale)) or layer_ropes[0]
+        heap.keep_freed_memory()   # after loading: what the load freed goes back to the system
         return cls(spec, weights, kernels, full, dtype, f.path, layer_ropes)
 
     @torch.inference_mode()
