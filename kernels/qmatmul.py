@@ -39,8 +39,8 @@ How `cpu` computes (what llama.cpp's CPU backend does):
   buffer and passes 6 activation rows at a time over it with the 12 sums in registers
   (`t512_tile`: a broadcast feeds two dpbusd; every form but Q6_K's), and Q4_0/Q5_0/Q8_0's
   constant offset starts each block's integer sum (`R16_OFFSET`) instead of a second FMA: 2
-  threads, weights from DRAM, Q5_0 / Q4_K at 512 rows +12-27%; a row's floats are the same at
-  every M.
+  threads, weights from DRAM, 1.04-1.37x at 32-512 rows (Zen 5; docs/performance.md, ninth
+  round); a row's floats are the same at every M.
 - Q2_K/Q3_K: per-row dots below
   `PREFILL_ROWS[qtype]` rows, above it tiles of W dequantized by the same unpacking into float32 /
   bf16 and multiplied by torch (`playground/qmatmul_bench.py` measures the crossover).
@@ -788,9 +788,10 @@ static inline void r16_block_512(int form, const uint8_t *u, const void *sc, con
    A C model of the loop (form 0, one thread, weights in cache, K 896, N 1536, 96 rows): 690 -> 818
    GOPS (peak 1108: 2 dpbusd a cycle at 4.33 GHz, Zen 5; without the epilogue it reaches 1081);
    4 or 8 rows x 2 groups, 3 x 4, 4 x 3 were slower, and so was the epilogue of block b - 1 moved
-   into block b's dpbusd. In qmatmul_r16, 2 threads, weights from DRAM (qmatmul_bench.py --cold):
-   Q5_0 / Q4_K +12-27% at 512 rows, +5-18% at 128, -6% to +9% at 32 (the larger shapes gain),
-   16 rows lose (so T512_MIN_ROWS). */
+   into block b's dpbusd. In qmatmul_r16, 2 threads, weights from DRAM (qmatmul_bench.py --cold,
+   with the offset folding and the quantization into place): 1.04-1.37x at 32-512 rows on the
+   SmolLM2 and 0.5B shapes, but 0.92-0.97x at 32 rows of K 1536 x N 576; 16 rows lost 10-30% (so
+   T512_MIN_ROWS). */
 #define T512_ROWS 6
 #define T512_MIN_ROWS 32
 static inline __attribute__((always_inline)) void t512_tile(const uint8_t *W, const float *S, int64_t nb,
