@@ -250,7 +250,8 @@ typedef float vacc __attribute__((vector_size(32), aligned(4)));
 /* av[t] += sum over the block's cells j of p[j] * V[j] (nt vectors from column c). On AVX-512, two
    sums a vector, the even and the odd cells, added at the end: one chain of FMAs per vector waited
    on each FMA's latency (4 cycles a cell at head_dim 64). Every row runs the same code, so a row's
-   floats still do not depend on its tile. AVX2 keeps one chain (16 registers: two would spill). */
+   floats still do not depend on its tile. AVX2 keeps one chain: at head_dim 64 its nt is 8, and two
+   sets of 8 would take all 16 registers (not measured). */
 #if defined(__AVX512F__)
 #define PV_SUMS(av, nt, c)                                                                            \
     {                                                                                                 \

@@ -783,10 +783,11 @@ static inline void r16_block_512(int form, const uint8_t *u, const void *sc, con
    T512_ROWS rows at a time over them with the T512_ROWS x 2 sums in registers: a broadcast feeds two
    dpbusd and the weights come from cache. Each row's arithmetic is the loop above's (integer sums
    per block, its convert and two FMAs, blocks in order): the same floats at every M.
-   The first tile of a pair prefetches the next pair's bytes, so that unpacking it does not wait on
-   DRAM (without it the tiles lost to the 16-row loop up to 32 rows).
+   Each row tile prefetches its share of the next pair's bytes, so that unpacking that pair does
+   not wait on DRAM (without it, 32 rows ran 0.84-1.06x the 16-row loop's speed; with it 0.87-1.09x).
    A C model of the loop (form 0, one thread, weights in cache, K 896, N 1536, 96 rows): 690 -> 818
-   GOPS (peak 1108: 2 dpbusd a cycle at 4.33 GHz, Zen 5; without the epilogue it reaches 1081);
+   GOPS (a core's dpbusd peak measured 1075: 8.4 G a second, ~2 a cycle on Zen 5; without the
+   epilogue the model reaches it);
    4 or 8 rows x 2 groups, 3 x 4, 4 x 3 were slower, and so was the epilogue of block b - 1 moved
    into block b's dpbusd. In qmatmul_r16, 2 threads, weights from DRAM (qmatmul_bench.py --cold,
    with the offset folding and the quantization into place): 1.04-1.37x at 32-512 rows on the
@@ -1104,7 +1105,8 @@ int qprologue(const void *x, float *out, const void *gw, int64_t M, int64_t K, i
 static void r16_store(void *y, int yb, int64_t sy, int accum, int64_t N, int64_t m0, int mc, int64_t n0, int nc,
                       const float *out, int64_t os) {
 #if defined(QM_VNNI512)
-    if (!yb && n0 + nc <= N) {   /* whole vectors of float32 (element by element was 13% of a 128-row call) */
+    if (!yb && n0 + nc <= N) {   /* whole vectors of float32 (element by element: Q5_0 896 x 4864, 128 rows,
+                                    one thread, 631 against 719 GFLOP/s) */
         for (int i = 0; i < mc; i++)
             for (int r = 0; r < nc; r += 16) {
                 float *yo = (float *)y + (m0 + i) * sy + n0 + r;
@@ -1150,16 +1152,17 @@ static int r16_tiles_512(const uint8_t *U, const uint8_t *D, const int8_t *q, co
             const int64_t g0 = 2 * p;
             const int G = ng - g0 >= 2 ? 2 : 1;
             t512_unpack(form, U, D, ub, db, nb, g0, G, W, S);
-            const int64_t T = (M + T512_ROWS - 1) / T512_ROWS;   /* tiles; each prefetches a T-th of the next pair */
+            /* each of the T row tiles prefetches a T-th of the next pair (pub / pdb bytes a block) */
+            const int64_t T = (M + T512_ROWS - 1) / T512_ROWS;
             const int64_t pub = ((2 * ub + T - 1) / T + 63) & ~(int64_t)63, pdb = ((2 * db + T - 1) / T + 63) & ~(int64_t)63;
+            const int pf = g0 + 2 < ng;
             for (int64_t m0 = 0; m0 < M; m0 += T512_ROWS) {
                 const int mc = M - m0 < T512_ROWS ? (int)(M - m0) : T512_ROWS;
+                const int64_t tile = m0 / T512_ROWS;
                 float out[T512_ROWS][32];
-                const int64_t p = m0 / T512_ROWS;
-                const int pf = g0 + 2 < ng;
                 t512_rows(W, S, nb, G, q + m0 * K, da + m0 * nb, ds + m0 * nb, xo ? xo + m0 * nb : NULL, mc, out,
-                          pf ? U + (g0 + 2) * nb * ub + p * nb * pub : NULL, pub,
-                          pf ? D + (g0 + 2) * nb * db + p * nb * pdb : NULL, pdb);
+                          pf ? U + (g0 + 2) * nb * ub + tile * nb * pub : NULL, pub,
+                          pf ? D + (g0 + 2) * nb * db + tile * nb * pdb : NULL, pdb);
                 r16_store(y, yb, sy, accum, N, m0, mc, g0 * 16, 16 * G, &out[0][0], 32);
             }
         }
@@ -1176,9 +1179,12 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const v
     const int64_t nb = K / 32, ng = (N + 15) / 16, ub = FORM_UB(form);
     int8_t *q = malloc(M * K + 64); float *da = malloc(M * nb * sizeof(float) + 64), *ds = malloc(M * nb * sizeof(float) + 64);
     int16_t *as = malloc(M * (K / 16) * sizeof(int16_t) + 64);
-    int32_t *xo = malloc(M * nb * sizeof(int32_t) + 64);
+#if !defined(QM_VNNI512)
+    off = 0;   /* the AVX2 and portable loops add the min with its FMA */
+#endif
+    int32_t *xo = off ? malloc(M * nb * sizeof(int32_t) + 64) : NULL;   /* -off * each block's activation sum */
     const float *sc = (const float *)D;
-    if (!q || !da || !ds || !as || !xo) { free(q); free(da); free(ds); free(as); free(xo); return 1; }
+    if (!q || !da || !ds || !as || (off && !xo)) { free(q); free(da); free(ds); free(as); free(xo); return 1; }
 #if defined(QM_VNNI512)
     /* Q6_K's forms (a scale per 16) stay on the 16-row loop: tiles of 3 rows with both halves' sums,
        or 6 rows with a half at a time, were no faster */
@@ -1203,15 +1209,13 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const v
 #endif
             da[o] = dm[b];
             ds[o] = dm[b] * (float)sum;
-            xo[o] = -off * sum;
+            if (xo) xo[o] = -off * sum;
         }
         free(xf);
     }
 #if defined(QM_VNNI512)
-    const int32_t *xop = off ? xo : NULL;   /* the offset folded into the integer sums (see R16_OFFSET) */
-    if (tiled) {
-        const int rc = r16_tiles_512(U, (const uint8_t *)D, q, da, ds, off ? xo : NULL, y, M, N, K, sy, yb,
-                                           accum, form, n_threads);
+    if (tiled) {   /* xo: the offset folded into the integer sums (see R16_OFFSET), or NULL */
+        const int rc = r16_tiles_512(U, (const uint8_t *)D, q, da, ds, xo, y, M, N, K, sy, yb, accum, form, n_threads);
         free(q); free(da); free(ds); free(as); free(xo);
         return rc;
     }
@@ -1233,7 +1237,7 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const v
                 const int64_t o = g * nb + b;
                 const void *so = (const uint8_t *)D + db * o;
                 if (m0 == 0) r16_prefetch(U + o * ub, ub, (const uint8_t *)so, db);
-                const int32_t *xom = xop ? xop + m0 * nb : NULL;
+                const int32_t *xom = xo ? xo + m0 * nb : NULL;
                 if (mc == R16_ROWS) r16_block_512(form, U + o * ub, so, a, K, dam, dsm, xom, asm_, nb, b, R16_ROWS, acc);
                 else if (mc == 1) r16_block_512(form, U + o * ub, so, a, K, dam, dsm, xom, asm_, nb, b, 1, acc);
                 else r16_block_512(form, U + o * ub, so, a, K, dam, dsm, xom, asm_, nb, b, mc, acc);

@@ -8,7 +8,7 @@ system: every step then page-faults again on memory it just had. `perf` of a Qwe
 prefill of 4 x 128 tokens (AVX-512 VNNI Zen 5, 2 threads) put ~6% of the samples in the kernel's
 fault and unmap paths: 17-52 thousand minor faults a step. With the threshold at its maximum
 (32 MiB: glibc refuses more) and the trim threshold at 1 GiB, the same step makes none: 368-424
--> 344-357 ms, and the RSS peak is the same (836 MiB). Setting only the trim threshold is worse
+-> 327-357 ms, and the RSS peak is the same (826-840 MiB either way). Setting only the trim threshold is worse
 (it turns the threshold's raising off: 181 thousand faults, 550 ms).
 
 Cost: memory a step freed stays in the process for the next (its high-water mark of transient
