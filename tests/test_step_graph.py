@@ -86,6 +86,89 @@ def test_a_gemma3_model_replays_its_steps_with_the_same_logits(tmp_path, rows):
         assert torch.equal(a, b)
 
 
+def test_a_qwen2_model_with_qkv_biases_replays_its_steps_with_the_same_logits(tmp_path):
+    """qwen2's q|k|v biases are added by a C call (slotserver/model/bias_add.py): its decode steps
+    are replayed (a torch add kept every qwen2 step out of a graph), with the same logits bit for bit."""
+    import gguf
+    from tiny_gguf import write_tiny_gguf
+    from slotserver.model.weights import WeightFormat
+
+    path = write_tiny_gguf(tmp_path / "q.gguf", tensor_type=gguf.GGMLQuantizationType.Q8_0, arch="qwen2",
+                           qkv_bias=True)
+    qwen = LlamaModel.load(path, torch.float32, max_pos=128, fmt=WeightFormat("q"))
+    if qwen.kernels.modules["qmatmul"].module._LIB is None:
+        pytest.skip("no C compiler: the kernels run in torch, and a step graph records only C calls")
+    prompts = [[t % 300 for t in p] for p in PROMPTS]
+    qwen.set_step_graphs(False)
+    plain = _decode(qwen, 2, prompts=prompts)
+    qwen.set_step_graphs(True)
+    replayed = _decode(qwen, 2, prompts=prompts)
+    assert (2, True, torch.get_num_threads()) in qwen.graphs.graphs
+    for a, b in zip(plain, replayed):
+        assert torch.equal(a, b)
+
+
+def test_a_replay_writes_the_logits_into_the_callers_buffer(model):
+    """The engine passes a reused logits buffer: a replayed step writes its rows there (no fresh
+    [rows, vocab] tensor a step), the same floats as a step run as usual."""
+    model.set_step_graphs(False)
+    plain = _decode(model, 2, steps=3)
+    model.set_step_graphs(True)
+    s = model.spec
+    cache = KVCache.create("head_seq_dim", KVSpec(s.n_layers, 4, 32, s.n_kv_heads, s.head_dim, torch.float16))
+    for b in range(2):
+        model.forward(Batch.build([SeqChunk(b, 0, PROMPTS[b], logits=False)]), cache)
+    buf, toks = torch.full((4, model.weights.output.out_features), float("nan")), [PROMPTS[b][-1] for b in range(2)]
+    for i in range(3):
+        logits = model.forward(Batch.build([SeqChunk(b, 4 + i, [toks[b]]) for b in range(2)]), cache, buf)
+        assert torch.equal(logits, plain[i])
+        toks = logits.argmax(-1).tolist()
+    assert logits.data_ptr() == buf.data_ptr()          # the last step was a replay, into the buffer
+
+
+def _norm_body(norm, rows: int):
+    """A one-call step on `rows` rows (rms_norm's C) and its inputs, for the StepGraphs policy tests."""
+    x, weight = [torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows))], torch.ones(64)
+    return x, (lambda: norm.cpu(x[0], weight, 1e-5))
+
+
+def test_a_large_batch_is_captured_only_once_it_recurs():
+    """Up to EAGER_ROWS rows a batch size is captured at once; a larger one after HOT_STEPS steps of
+    it (a size that passes by while requests come and go costs no capture); every step's output is right."""
+    norm = _native_rms_norm()
+    graphs, owner = step_graph.StepGraphs(), (object(),)
+    for rows in (step_graph.EAGER_ROWS, step_graph.EAGER_ROWS + 1):
+        x, body = _norm_body(norm, rows)
+        key = (rows, True, 1)
+        for step in range(1, step_graph.HOT_STEPS + 2):
+            out = graphs.run(owner, key, x, body, {})
+            assert torch.allclose(out, norm.reference(x[0], torch.ones(64), 1e-5), atol=1e-5)
+            captured = rows <= step_graph.EAGER_ROWS or step >= step_graph.HOT_STEPS
+            assert (key in graphs.graphs) == captured, (rows, step)
+
+
+def test_graphs_past_their_byte_budget_drop_the_least_recently_replayed():
+    norm = _native_rms_norm()
+    owner = (object(),)
+    sizes = {}
+    for rows in (2, 3):
+        probe = step_graph.StepGraphs()
+        x, body = _norm_body(norm, rows)
+        probe.run(owner, (rows, True, 1), x, body, {})
+        sizes[rows] = probe.nbytes()
+    assert sizes[2] > 0
+    graphs = step_graph.StepGraphs(budget=sizes[2] + sizes[3] + sizes[3] // 2)   # room for two of three
+    steps = {rows: _norm_body(norm, rows) for rows in (2, 3, 4)}
+    for rows in (2, 3, 2, 4):                # 3 is then the least recently replayed
+        graphs.run(owner, (rows, True, 1), *steps[rows], {})
+    assert set(k[0] for k in graphs.graphs) == {2, 4} and graphs.nbytes() <= graphs.budget
+    small = step_graph.StepGraphs(budget=sizes[2] - 1)   # one graph larger than the whole budget
+    for _ in range(3):
+        out = small.run(owner, (2, True, 1), *steps[2], {})
+    assert not small.graphs and small.tries[(2, True, 1)] == step_graph.MAX_TRIES
+    assert torch.allclose(out, norm.reference(steps[2][0][0], torch.ones(64), 1e-5), atol=1e-5)
+
+
 def test_a_lab_reload_gets_new_graphs_with_the_same_logits(model):
     """A reload swaps the kernel set between two steps: graphs of the old set must not serve it."""
     model.set_step_graphs(True)

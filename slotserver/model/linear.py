@@ -21,12 +21,13 @@ d and m.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from slotserver.lab import cpu_features
+from slotserver.model.bias_add import add_bias
 from slotserver.model.qblocks import QWeight
 
 WEIGHT_FORMATS = ("dense", "int8", "int4", "auto8", "auto4")   # Linear's; "auto" was renamed "auto8"
@@ -120,6 +121,13 @@ class QLinear:
 
     parts: list[QWeight]
     bias: torch.Tensor | None = None    # [out] float32
+    _bias_as: dict = field(default_factory=dict, repr=False, compare=False)   # dtype -> bias in it
+
+    def bias_in(self, dtype: torch.dtype) -> torch.Tensor:
+        """The bias in `dtype`, converted once (a conversion inside a step keeps it out of a step graph)."""
+        if dtype not in self._bias_as:
+            self._bias_as[dtype] = self.bias.to(dtype).contiguous()
+        return self._bias_as[dtype]
 
     @property
     def out_features(self) -> int:
@@ -148,7 +156,7 @@ class QLinear:
             for p in parts:
                 ops.qmatmul(x, p, norm, eps, glu, y[:, n0: n0 + p.n])
                 n0 += p.n
-        y = y if self.bias is None else y.add_(self.bias.to(y.dtype))
+        y = y if self.bias is None else add_bias(y, self.bias_in(y.dtype))   # in C: a step graph records it
         return y if acc is None else acc.add_(y)
 
     def nbytes(self) -> int:

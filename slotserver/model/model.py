@@ -25,7 +25,7 @@ from slotserver.errors import ModuleLoadError
 from slotserver.lab.kernel_set import KernelSet
 from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
-from slotserver.model.step_graph import StepGraphs
+from slotserver.model.step_graph import GRAPH_BYTES_MIN, StepGraphs
 from slotserver.model import heap
 from slotserver.model.linear import QLinear
 from slotserver.model.weights import LayerWeights, ModelWeights, Progress, WeightFormat, load_weights
@@ -47,7 +47,7 @@ class LlamaModel:
         # no post-norms and no residual scale: branch outputs are added as they are (llama, qwen)
         self._plain = self.spec.residual_scale == 1.0 and all(
             lw.post_attn_norm is None and lw.post_ffn_norm is None for lw in self.weights.layers)
-        self.graphs: StepGraphs | None = StepGraphs()
+        self.graphs: StepGraphs | None = self._step_graphs()
 
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype = torch.float32,
@@ -97,7 +97,8 @@ class LlamaModel:
             return self._body(x, angles, batch, cache, logits_into)
         inputs = [x, *(t for pair in angles.values() for t in pair), *batch.tensors()]
         return self.graphs.run((self.kernels, getattr(cache, "layout", cache)), key, inputs,
-                               lambda: self._body(x, angles, batch, cache), self.kernels.timings)
+                               lambda: self._body(x, angles, batch, cache), self.kernels.timings,
+                               None if logits_into is None else logits_into[: batch.n_tokens])
 
     def _inputs(self, batch: Batch) -> tuple[torch.Tensor, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
         """The embedded tokens (the residual, f32) and each distinct rope table's cos, sin of the positions."""
@@ -151,7 +152,12 @@ class LlamaModel:
 
     def set_step_graphs(self, on: bool) -> None:
         """Replay captured decode steps (step_graph.py; the default), or run every step as usual."""
-        self.graphs = StepGraphs() if on else None
+        self.graphs = self._step_graphs() if on else None
+
+    def _step_graphs(self) -> StepGraphs:
+        """Graphs whose buffers may take a quarter of the weights' bytes (at least GRAPH_BYTES_MIN)."""
+        weights = sum(m.nbytes() for m in self.weights.matmuls())
+        return StepGraphs(budget=max(GRAPH_BYTES_MIN, weights // 4))
 
     @torch.inference_mode()
     def warm_up(self) -> None:

@@ -25,9 +25,21 @@ A refused batch size is tried again at most MAX_TRIES times per kernel set and c
 
 Graphs serve decode-only batches of up to MAX_ROWS rows, keyed on (rows, contiguous streams,
 threads) and dropped when the kernel set or the cache's layout changes (a lab reload, a layout
-swap). Each graph holds its step's activations (SmolLM2: ~0.9 MB per row); above MAX_ROWS the
-Python's share of a step is small (b=32: ~5%). A replay advances the kernel set's call counts by
-the captured step's; the per-op mean times come from the steps run as usual.
+swap). A replay advances the kernel set's call counts by the captured step's; the per-op mean times
+come from the steps run as usual.
+
+Why up to 32 rows: the Python of a step grows with its rows (output allocations, larger tensors to
+set up), and while it runs the other OpenMP threads spin. Measured at decode b=32 (Zen 5, AVX-512
+VNNI): SmolLM2 Q4_K_M 20.4 -> 17.8 ms a step, qwen2 0.5B Q4_K_M 38.2 -> 34.4 ms. Past 32 rows a
+step is mostly matmul and attention.
+
+Memory: each graph holds its step's activations and logits (SmolLM2: ~0.9 MB a row, the 0.5B
+qwen2: ~1.8 MB a row), so the graphs share a byte budget (`budget`, at least GRAPH_BYTES_MIN) and
+the least recently replayed go first. Up to EAGER_ROWS rows a batch size is captured the first time
+it is seen (small graphs, and a single stream's decode); a larger one only once it has been seen
+HOT_STEPS times since the graphs were last dropped (or it was evicted), so a batch size that
+passes by while requests come and go costs no capture (a capture costs about one extra step: the
+check replay).
 """
 
 from __future__ import annotations
@@ -45,7 +57,10 @@ from torch.overrides import TorchFunctionMode
 
 from slotserver.lab import native
 
-MAX_ROWS = 8
+MAX_ROWS = 32
+EAGER_ROWS = 8
+HOT_STEPS = 3
+GRAPH_BYTES_MIN = 128 << 20
 INT_ARGS, FLOAT_ARGS = 28, 4
 # The replay loop in C: one ctypes call for the whole step instead of ~210 (each converting ~20
 # arguments: ~0.6 ms a step at b=1 on a 2-core AVX2 host). Every recorded function is called
@@ -90,6 +105,7 @@ class StepGraph:
     zeroed: list[torch.Tensor]            # allocated as zeros (parts adding into their columns)
     keep: list[torch.Tensor]              # every tensor the body allocated or viewed
     counts: dict[str, int]                # kernel op -> calls per step (the kernel set's counters)
+    owned: int = 0                        # bytes of the tensors the body allocated (what the graph holds)
 
     packed: np.ndarray | None = None      # the calls for replay_calls (None: called from Python)
 
@@ -97,7 +113,9 @@ class StepGraph:
         self.packed = _pack(self.calls)
         self._failed = np.zeros(1, dtype=np.int64)
 
-    def replay(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+    def replay(self, inputs: list[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+        """The step on new `inputs` -> its logits: a copy, written into `out` where given (a caller's
+        reused buffer of the logits' shape: no fresh [rows, vocab] tensor each step)."""
         for dst, src in zip(self.inputs, inputs, strict=True):
             dst.copy_(src)
         for t in self.zeroed:
@@ -111,15 +129,12 @@ class StepGraph:
                 rc = fn(*args)
                 if rc:
                     self._fail(fn, rc)
-        return self.logits.clone()
+        return self.logits.clone() if out is None else out.copy_(self.logits)
 
     @staticmethod
     def _fail(fn: Callable, rc: int) -> None:
         raise RuntimeError(f"{fn.__name__} failed with {rc} in a replayed decode step")
 
-    def nbytes(self) -> int:
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in self.keep}
-        return sum(storages.values())
 
 
 @dataclass
@@ -127,38 +142,60 @@ class StepGraphs:
     """The graphs of one model: `run` replays, captures or runs the body as usual."""
 
     max_rows: int = MAX_ROWS
-    graphs: dict[tuple, StepGraph] = field(default_factory=dict)
+    budget: int = GRAPH_BYTES_MIN         # bytes all graphs may hold together
+    graphs: dict[tuple, StepGraph] = field(default_factory=dict)   # least recently replayed first
     tries: dict[tuple, int] = field(default_factory=dict)
+    seen: dict[tuple, int] = field(default_factory=dict)   # steps of each uncaptured key
     owner: tuple = ()                     # (kernel set, cache layout) the graphs were captured with
     lock: threading.Lock = field(default_factory=threading.Lock)   # a graph's buffers serve one step at a time
 
     def run(self, owner: tuple, key: tuple, inputs: list[torch.Tensor], body: Callable[[], torch.Tensor],
-            counters: dict[str, list]) -> torch.Tensor:
+            counters: dict[str, list], out: torch.Tensor | None = None) -> torch.Tensor:
+        """The step's logits: replayed (into `out` where given), captured, or `body()` as usual."""
         if not self.lock.acquire(blocking=False):   # another thread's step (two engines on one model)
             return body()
         try:
-            return self._run(owner, key, inputs, body, counters)
+            return self._run(owner, key, inputs, body, counters, out)
         finally:
             self.lock.release()
 
     def _run(self, owner: tuple, key: tuple, inputs: list[torch.Tensor], body: Callable[[], torch.Tensor],
-             counters: dict[str, list]) -> torch.Tensor:
+             counters: dict[str, list], out: torch.Tensor | None) -> torch.Tensor:
         if len(owner) != len(self.owner) or any(a is not b for a, b in zip(owner, self.owner)):
             self.graphs.clear()
             self.tries.clear()
+            self.seen.clear()
             self.owner = owner
-        graph = self.graphs.get(key)
+        graph = self.graphs.pop(key, None)
         if graph is not None:
+            self.graphs[key] = graph           # the most recently replayed last
             for op, n in graph.counts.items():
                 counters[op][0] += n
-            return graph.replay(inputs)
-        if self.tries.get(key, 0) >= MAX_TRIES:
+            return graph.replay(inputs, out)
+        self.seen[key] = self.seen.get(key, 0) + 1
+        if self.tries.get(key, 0) >= MAX_TRIES or (key[0] > EAGER_ROWS and self.seen[key] < HOT_STEPS):
             return body()
         self.tries[key] = self.tries.get(key, 0) + 1
         graph, logits = capture(body, inputs, counters)
         if graph is not None:
-            self.graphs[key] = graph
+            self._keep(key, graph)
         return logits
+
+    def _keep(self, key: tuple, graph: StepGraph) -> None:
+        """Add a captured graph, dropping the least recently replayed ones past the budget. A graph
+        larger than the whole budget is not kept, and its key not captured again."""
+        if graph.owned > self.budget:
+            self.tries[key] = MAX_TRIES
+            return
+        self.tries.pop(key, None)              # captured: a later eviction may capture it again
+        self.seen.pop(key, None)
+        self.graphs[key] = graph
+        while sum(g.owned for g in self.graphs.values()) > self.budget:
+            self.graphs.pop(next(iter(self.graphs)))
+
+    def nbytes(self) -> int:
+        """Bytes the graphs hold (their steps' activations and logits)."""
+        return sum(g.owned for g in self.graphs.values())
 
 
 def capture(body: Callable[[], torch.Tensor], inputs: list[torch.Tensor],
@@ -172,7 +209,8 @@ def capture(body: Callable[[], torch.Tensor], inputs: list[torch.Tensor],
     if recorder.refused or mode.refused or not isinstance(logits, torch.Tensor):
         return None, logits
     counts = {op: acc[0] - before.get(op, 0) for op, acc in counters.items() if acc[0] != before.get(op, 0)}
-    graph = StepGraph(recorder.calls, list(inputs), logits, mode.zeroed, mode.keep, counts)
+    owned = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in mode.fresh}
+    graph = StepGraph(recorder.calls, list(inputs), logits, mode.zeroed, mode.keep, counts, sum(owned.values()))
     expected = logits.clone()
     for t in mode.fresh:                   # poison: what the replay does not write stays NaN
         t.fill_(float("nan") if t.is_floating_point() else 0)
