@@ -170,12 +170,13 @@ NATIVE_C = r"""
 #define BLK 64
 
 #define LANES 16
-/* The next block's K/V rows are prefetched only in a unit that reads many cells for few query
-   vectors (decode rows over a long context: 950-975 against 1060-1080 us a call from DRAM at 1000
-   cells). Over a short one they do not help (131 cells from DRAM: 158-166 against 154-162 us), and
-   with the rows in cache they only cost (a prefill tile's rows were just written: 512-517 against
-   424-435 us at 1000 cells, 76 against 63 us at 131). SmolLM2-shaped calls: 32 rows, 9 query and
-   3 KV heads, Zen 5 with AVX-512. */
+/* The next block's K/V rows are prefetched in a prefill tile (more than PF_MAX_R query vectors)
+   and in a unit that reads many cells; not in a short decode unit. For decode rows (SmolLM2-shaped
+   calls: 32 rows, 9 query and 3 KV heads; Zen 5, AVX-512): over 1000 cells from DRAM they help
+   (950-975 against 1060-1080 us a call); over 131 cells from DRAM they do not (158-166 against
+   154-162 us), and in cache they only cost (76 against 63 us). Prefill tiles keep them: without,
+   gemma3-270m's pp128 read 3241-3254 against the previous tree's 3393-3530 tok/s; with, level
+   (3186-3643 against 3238-3628, four alternating runs each). */
 #define PF_MAX_R 16
 #define PF_MIN_CELLS 256
 #define DPAD(n) (((n) + LANES - 1) / LANES * LANES)
@@ -346,7 +347,7 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t
             for (int64_t d = D; d < DPAD(D); d++) qf[i][d] = 0.0f;                                    \
             m[i] = -INFINITY; l[i] = 0.0f;                                                            \
         }                                                                                             \
-        const int pf = R <= PF_MAX_R && c_hi - c_lo >= PF_MIN_CELLS;                                 \
+        const int pf = R > PF_MAX_R || c_hi - c_lo >= PF_MIN_CELLS;                                 \
         for (int64_t c0 = c_lo / BLK * BLK; c0 < c_hi; c0 += BLK) {                                   \
             const int64_t n = c_hi - c0 < BLK ? c_hi - c0 : BLK, js = c0 < c_lo ? c_lo - c0 : 0;     \
             for (int64_t j = js; j < n; j++) {         /* the block's K/V rows, as float32, once */  \
