@@ -30,8 +30,9 @@ come from the steps run as usual.
 
 Why up to 32 rows: the Python of a step grows with its rows (output allocations, larger tensors to
 set up), and while it runs the other OpenMP threads spin. Measured at decode b=32 (Zen 5, AVX-512
-VNNI): SmolLM2 Q4_K_M 20.4 -> 17.8 ms a step, qwen2 0.5B Q4_K_M 38.2 -> 34.4 ms. Past 32 rows a
-step is mostly matmul and attention.
+VNNI; up to 8 rows against up to 32, alternating in one process): SmolLM2 Q4_K_M 17.1-17.2 ->
+15.3-15.5 ms a step, qwen2 0.5B Q4_K_M 38.4-38.5 -> 34.1-34.4 ms. Past 32 rows a step is mostly
+matmul and attention.
 
 Memory: each graph holds its step's activations and logits (SmolLM2: ~0.9 MB a row, the 0.5B
 qwen2: ~1.8 MB a row), so the graphs share a byte budget (`budget`, at least GRAPH_BYTES_MIN) and
@@ -53,9 +54,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch.overrides import TorchFunctionMode
 
 from slotserver.lab import native
+from slotserver.model.step_record import AllocOnly, Recorder
 
 MAX_ROWS = 32
 EAGER_ROWS = 8
@@ -92,9 +93,6 @@ _LIB = native.build("step_graph", REPLAY_C) if _SYSV else None
 native.signature(_LIB, "replay_calls", 2, 1)
 _CALL = np.dtype([("fn", "<i8"), ("a", "<i8", INT_ARGS), ("f", "<f4", FLOAT_ARGS)])
 MAX_TRIES = 2
-_ALLOC = frozenset({"empty", "empty_like", "new_empty"})
-_ZEROS = frozenset({"zeros", "zeros_like", "new_zeros"})   # allocations a replay zeroes again
-_READS = frozenset({"item", "tolist", "numpy", "__int__", "__index__", "__float__", "__bool__", "__setitem__"})
 
 
 @dataclass
@@ -134,7 +132,6 @@ class StepGraph:
     @staticmethod
     def _fail(fn: Callable, rc: int) -> None:
         raise RuntimeError(f"{fn.__name__} failed with {rc} in a replayed decode step")
-
 
 
 @dataclass
@@ -203,7 +200,7 @@ def capture(body: Callable[[], torch.Tensor], inputs: list[torch.Tensor],
     """Run `body` recording it -> (graph or None where refused, the step's logits)."""
     saved = [t.clone() for t in inputs]
     before = {op: acc[0] for op, acc in counters.items()}
-    recorder, mode = _Recorder(), _AllocOnly()
+    recorder, mode = Recorder(), AllocOnly()
     with recorder.watching(native.loaded_libraries()), mode:
         logits = body()
     if recorder.refused or mode.refused or not isinstance(logits, torch.Tensor):
@@ -242,85 +239,3 @@ def _pack(calls: list[tuple[Callable, tuple]]) -> np.ndarray | None:
         out["a"][i, : len(ints)] = ints
         out["f"][i, : len(floats)] = floats
     return out
-
-
-class _Recorder:
-    """Wraps every declared function of the loaded libraries while watching; records this thread's calls."""
-
-    def __init__(self) -> None:
-        self.thread = threading.get_ident()
-        self.calls: list[tuple[Callable, tuple]] = []
-        self.refused = ""
-
-    def watching(self, libraries: list[ctypes.CDLL]) -> "_Watching":
-        return _Watching(self, libraries)
-
-    def call(self, fn: Callable, args: tuple):
-        rc = fn(*args)
-        if threading.get_ident() == self.thread:
-            self.calls.append((fn, args))
-            if not getattr(fn, "replay", False):
-                self.refused = f"{fn.__name__} is not declared replayable"
-        return rc
-
-
-class _Watching:
-    def __init__(self, recorder: _Recorder, libraries: list[ctypes.CDLL]) -> None:
-        self.recorder, self.libraries, self.patched = recorder, libraries, []
-
-    def __enter__(self) -> None:
-        for lib in self.libraries:
-            for name, fn in list(vars(lib).items()):
-                if isinstance(fn, ctypes._CFuncPtr):
-                    setattr(lib, name, _Watched(self.recorder, fn))
-                    self.patched.append((lib, name, fn))
-
-    def __exit__(self, *exc) -> None:
-        for lib, name, fn in self.patched:
-            setattr(lib, name, fn)
-
-
-class _Watched:
-    __slots__ = ("recorder", "fn")
-
-    def __init__(self, recorder: _Recorder, fn: Callable) -> None:
-        self.recorder, self.fn = recorder, fn
-
-    def __call__(self, *args):
-        return self.recorder.call(self.fn, args)
-
-
-class _AllocOnly(TorchFunctionMode):
-    """Sees every torch call of the body: keeps what it allocates (`fresh`) and every view; any
-    other result (a computation) or a read of a value into Python sets `refused`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fresh: list[torch.Tensor] = []
-        self.zeroed: list[torch.Tensor] = []
-        self.keep: list[torch.Tensor] = []
-        self.refused = ""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        name = getattr(func, "__name__", "")
-        if (name in _ALLOC or name in _ZEROS) and isinstance(out, torch.Tensor):
-            self.fresh.append(out)
-            self.keep.append(out)
-            if name in _ZEROS:
-                self.zeroed.append(out)
-        elif name in _READS or "out" in kwargs or (name.endswith("_") and not name.endswith("__")):
-            self.refused = self.refused or name
-        else:
-            for t in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(t, torch.Tensor):
-                    if not _views_an_argument(t, args):
-                        self.refused = self.refused or name
-                    self.keep.append(t)
-        return out
-
-
-def _views_an_argument(t: torch.Tensor, args) -> bool:
-    ptr = t.untyped_storage().data_ptr()
-    return any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args)
