@@ -1,8 +1,9 @@
 """A linear layer's bias added into its output rows in one C call (qwen2's q|k|v biases).
 
 `add_bias(y, bias)`: y[r, :] += bias for every row r, in place; y float32 or bf16 `[rows, out]`
-(any row stride, unit column stride), bias `[out]` in y's dtype. The same floats as torch's
-`y.add_(bias)`: one float32 add per element, rounded once to y's dtype (to nearest even for bf16).
+(any row stride, unit column stride), bias float32 `[out]` (a layer keeps its bias as loaded). The
+same floats as torch's `y.add_(bias.to(y.dtype))`: for a bf16 y the bias is rounded to bf16 first,
+then each sum is one float32 add rounded once to y's dtype (to nearest even).
 
 Why in C: a step graph (step_graph.py) records only native calls, and refuses a step that computes
 anything in torch. A qwen2 step added its q|k|v bias with `add_`, so no decode step of a qwen2 model
@@ -19,15 +20,16 @@ import torch
 from slotserver.lab import native
 
 NATIVE_C = r"""
-/* y[r * ld + c] += b[c] for r < rows, c < cols; y and b float32, or both bf16 (`bf16`). */
-int add_bias(void *y, const void *b, int64_t rows, int64_t cols, int64_t ld, int bf16) {
+/* y[r * ld + c] += b[c] for r < rows, c < cols; b float32, y float32 or bf16 (`bf16`: b rounded to
+   bf16 first, as torch's add of b.to(bf16) does). */
+int add_bias(void *y, const float *b, int64_t rows, int64_t cols, int64_t ld, int bf16) {
     for (int64_t r = 0; r < rows; r++) {
         if (bf16) {
-            uint16_t *o = (uint16_t *)y + r * ld; const uint16_t *p = (const uint16_t *)b;
-            for (int64_t c = 0; c < cols; c++) o[c] = f2bf(bf2f(o[c]) + bf2f(p[c]));
+            uint16_t *o = (uint16_t *)y + r * ld;
+            for (int64_t c = 0; c < cols; c++) o[c] = f2bf(bf2f(o[c]) + bf2f(f2bf(b[c])));
         } else {
-            float *o = (float *)y + r * ld; const float *p = (const float *)b;
-            for (int64_t c = 0; c < cols; c++) o[c] += p[c];
+            float *o = (float *)y + r * ld;
+            for (int64_t c = 0; c < cols; c++) o[c] += b[c];
         }
     }
     return 0;
@@ -39,11 +41,10 @@ native.signature(_LIB, "add_bias", 2, 3, (native.ctypes.c_int,), replay=True)
 
 def add_bias(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """y += bias broadcast over y's rows, in place -> y (torch's add_ where the C call does not apply)."""
-    if bias.dtype != y.dtype:
-        bias = bias.to(y.dtype)
     if _LIB is None or y.dim() != 2 or y.dtype not in (torch.float32, torch.bfloat16) or y.stride(1) != 1 \
-            or not bias.is_contiguous() or bias.shape != (y.shape[1],) or not (y.is_cpu and bias.is_cpu):
-        return y.add_(bias)
+            or bias.dtype != torch.float32 or not bias.is_contiguous() or bias.shape != (y.shape[1],) \
+            or not (y.is_cpu and bias.is_cpu):
+        return y.add_(bias.to(y.dtype))
     rc = _LIB.add_bias(y.data_ptr(), bias.data_ptr(), y.shape[0], y.shape[1], y.stride(0), native.is_bf16(y))
     if rc != 0:
         raise RuntimeError(f"add_bias (C) failed with {rc}")

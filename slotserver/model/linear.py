@@ -21,7 +21,7 @@ d and m.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -121,13 +121,6 @@ class QLinear:
 
     parts: list[QWeight]
     bias: torch.Tensor | None = None    # [out] float32
-    _bias_as: dict = field(default_factory=dict, repr=False, compare=False)   # dtype -> bias in it
-
-    def bias_in(self, dtype: torch.dtype) -> torch.Tensor:
-        """The bias in `dtype`, converted once (a conversion inside a step keeps it out of a step graph)."""
-        if dtype not in self._bias_as:
-            self._bias_as[dtype] = self.bias.to(dtype).contiguous()
-        return self._bias_as[dtype]
 
     @property
     def out_features(self) -> int:
@@ -156,7 +149,7 @@ class QLinear:
             for p in parts:
                 ops.qmatmul(x, p, norm, eps, glu, y[:, n0: n0 + p.n])
                 n0 += p.n
-        y = y if self.bias is None else add_bias(y, self.bias_in(y.dtype))   # in C: a step graph records it
+        y = y if self.bias is None else add_bias(y, self.bias)   # in C: a step graph records it
         return y if acc is None else acc.add_(y)
 
     def nbytes(self) -> int:
