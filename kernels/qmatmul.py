@@ -590,6 +590,12 @@ static inline void r16_prefetch(const uint8_t *u, int64_t ub, const uint8_t *s, 
 #else
 #define PASS_ROWS R16_ROWS
 #endif
+/* The activation rows' prologue (load, norm, GLU, quantize) runs on both threads from this many
+   elements: a decode step at 32 rows (M x K 18-49 K) ran it on one thread while the other spun,
+   ~5% of the step; its row buffer lives on the stack up to ROW_STACK_BYTES (a malloc + free per
+   row was another ~3%, `perf`). */
+#define PROLOGUE_PARALLEL 8192
+#define ROW_STACK_BYTES 65536
 /* Q4_0 / Q4_1 repacked at 4 bits (what a single decode row wants: it is bound by the bytes read,
    and this is the file's 0.625 bytes per weight, where the byte form above reads 1.25): vector j
    (j = 0..3, 64 bytes) holds values 4j..4j+3 of the 16 rows in its low nibbles and 4(j+4).. in its
@@ -1192,9 +1198,11 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const v
 #else
     const int tiled = 0;
 #endif
-    #pragma omp parallel for num_threads(n_threads) if (M * K >= 65536)
+    const size_t xbytes = K * sizeof(float) + (tiled ? K + nb * sizeof(float) : 0);
+    #pragma omp parallel for num_threads(n_threads) if (M >= 2 && M * K >= PROLOGUE_PARALLEL)
     for (int64_t m = 0; m < M; m++) {
-        float *xf = malloc(K * sizeof(float) + (tiled ? K + nb * sizeof(float) : 0));
+        float on_stack[xbytes <= ROW_STACK_BYTES ? xbytes / sizeof(float) + 1 : 1];
+        float *xf = xbytes <= ROW_STACK_BYTES ? on_stack : malloc(xbytes);
         prologue_row(x, m * sx, xb, K, gw, gwb, eps, glu, xf);
         int8_t *qm = tiled ? (int8_t *)(xf + K) : q + m * K;   /* tiled: the row here, then its blocks to their places */
         float *dm = tiled ? (float *)(qm + K) : da + m * nb;
@@ -1211,7 +1219,7 @@ int qmatmul_r16(const uint8_t *U, const void *D, const void *x, void *y, const v
             ds[o] = dm[b] * (float)sum;
             if (xo) xo[o] = -off * sum;
         }
-        free(xf);
+        if (xf != on_stack) free(xf);
     }
 #if defined(QM_VNNI512)
     if (tiled) {   /* xo: the offset folded into the integer sums (see R16_OFFSET), or NULL */
