@@ -142,3 +142,17 @@ def test_config_defaults_follow_the_cpu(tmp_path, monkeypatch):
     assert ModelConfig(model_path=path, dtype="float32", weights="q").weight_format.kind == "q"
     monkeypatch.setenv("SLOTSERVER_CPU", "avx2")   # an AVX2-only host: bf16 would be emulated
     assert resolve_dtype("auto") == "float32" and ModelConfig(model_path=path, dtype="auto").weight_format.kind == "q"
+
+
+def test_amx_hosts_keep_auto4_only_for_q4_1_files(tmp_path, monkeypatch):
+    """On AMX the default keeps the int4 tile path for Q4_1 files (the AMX path as measured); any
+    other file is served from its blocks, never dequantized at load (auto4 would make int8 and
+    bf16 copies of every non-Q4_1 tensor)."""
+    amx = cpu_features.CpuFeatures("amx", cpu_features.host_flags() | cpu_features.AMX)
+    monkeypatch.setattr(cpu_features, "current", lambda env=None: amx)
+    q4_1, q4_k = _tiny(tmp_path, QT.Q4_1), _tiny(tmp_path, QT.Q4_K)
+    assert ModelConfig(model_path=q4_1, dtype="auto").weight_format.kind == "auto4"
+    assert ModelConfig(model_path=q4_k, dtype="auto").weight_format.kind == "q"
+    assert ModelConfig(model_path=q4_k, dtype="auto").torch_dtype == torch.float32
+    assert ModelConfig(model_path=q4_1, dtype="float32").weight_format.kind == "dense"   # the reference mode
+    assert ModelConfig(model_path=q4_k, dtype="auto", weights="auto4").weight_format.kind == "auto4"   # asked for

@@ -34,7 +34,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="compute dtype (default auto: bfloat16 where the CPU computes it natively (AVX512-BF16/AMX), "
                         "else float32; float32 with --weights auto is the exact reference mode)")
     p.add_argument("--weights", choices=["auto", "q", "dense", "int8", "int4", "auto8", "auto4"], default="auto",
-                   help="matmul weights: auto (default): float32 -> exact dequantized (reference); AMX -> auto4; "
+                   help="matmul weights: auto (default): float32 -> exact dequantized (reference); AMX and a Q4_1 file -> auto4; "
                         "else the GGUF blocks computed on in place (qmatmul); q: the blocks whatever the dtype; "
                         "dense / int8 / int4 / auto8 / auto4: dequantized at load")
     p.add_argument("-t", "--threads", type=int, default=0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,8 +57,9 @@ class ModelConfig:
     @property
     def weight_format(self):
         """auto: with an explicit `--dtype float32` the exact dequantized weights (reference mode);
-        on an AMX variant auto4 (its int4 tile kernel, not re-measured against the blocks yet);
-        everywhere else the GGUF blocks, mapped from the file, and the qmatmul kernels."""
+        on an AMX variant, for a file whose layer matmuls are all Q4_1, auto4 (its int4 tile kernel,
+        the AMX path as measured, not re-measured against the blocks yet); everywhere else the GGUF
+        blocks, mapped from the file, and the qmatmul kernels."""
         from slotserver.model.weights import WeightFormat
 
         if self.weights == "auto":
@@ -65,9 +67,12 @@ class ModelConfig:
                 return WeightFormat("dense")   # the exact reference mode
             # measured per CPU family (docs/performance.md, "GGUF blocks in place"): with the
             # repacked batched dots the blocks match or beat auto4 at 8 rows on AVX-512 (VNNI, BF16)
-            # and beat the old default 1.4-3.3x on AVX2, at half the memory and load time; AMX hosts
-            # keep auto4 until the blocks are measured there ("keep the AMX path as fast as today")
-            return WeightFormat("auto4" if cpu_features.current().amx else "q")
+            # and beat the old default 1.4-3.3x on AVX2, at half the memory and load time. AMX hosts
+            # keep auto4 for Q4_1 files ("keep the AMX path as fast as today"); any other file
+            # there takes the blocks too: auto4 would dequantize its tensors at load into int8 and
+            # bf16 copies (issue 16: a 0.5B Q4_K_M file healthy in 13-20 s at 3.8x llama-server's RSS)
+            amx = cpu_features.current().amx
+            return WeightFormat("auto4" if amx and q4_1_matmuls(self.model_path) else "q")
         return WeightFormat(self.weights)  # row thresholds: measured defaults, see WeightFormat
 
     @property
@@ -75,6 +80,35 @@ class ModelConfig:
         if self.dtype == "auto" and self.weight_format.kind == "q":
             return torch.float32   # see resolve_dtype: blocks compute on 8-bit activations anyway
         return DTYPES[resolve_dtype(self.dtype)]
+
+
+MATMUL_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def q4_1_matmuls(path: str | Path) -> bool:
+    """Whether every layer matmul weight (blk.N.attn_q ... ffn_down) of the GGUF at `path` is Q4_1:
+    the files auto4 re-encodes exactly into int4. False for an unreadable file (loading reports it)."""
+    try:
+        st = Path(path).stat()
+        return _q4_1_matmuls(str(path), st.st_size, st.st_mtime_ns)
+    except OSError:
+        return False
+
+
+@functools.lru_cache(maxsize=8)
+def _q4_1_matmuls(path: str, size: int, mtime_ns: int) -> bool:   # size, mtime: the cache key
+    import gguf
+
+    from slotserver.errors import GGUFError
+    from slotserver.model.gguf_file import GGUFFile
+
+    try:
+        tensors = GGUFFile.open(path).tensors
+    except (GGUFError, OSError, ValueError):
+        return False
+    kinds = [t.ggml_type for name, t in tensors.items()
+             if name.startswith("blk.") and name.split(".")[-2] in MATMUL_TENSORS]
+    return bool(kinds) and all(k == gguf.GGMLQuantizationType.Q4_1 for k in kinds)
 
 
 def resolve_dtype(name: str, cpu: cpu_features.CpuFeatures | None = None) -> str:
