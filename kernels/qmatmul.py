@@ -592,10 +592,10 @@ static inline void r16_prefetch(const uint8_t *u, int64_t ub, const uint8_t *s, 
 #endif
 /* The activation rows' prologue (load, norm, GLU, quantize) runs on both threads from this many
    elements: a decode step at 32 rows (M x K 18-49 K) ran it on one thread while the other spun,
-   ~5% of the step; its row buffer lives on the stack up to ROW_STACK_BYTES (a malloc + free per
-   row was another ~3%, `perf`). */
+   ~5% of the step; its row buffer lives on the stack up to ROW_STACK_BYTES, K ~6500 (a malloc +
+   free per row was another ~3%, `perf`; 32 KiB leaves any thread's stack ample room). */
 #define PROLOGUE_PARALLEL 8192
-#define ROW_STACK_BYTES 65536
+#define ROW_STACK_BYTES 32768
 /* Q4_0 / Q4_1 repacked at 4 bits (what a single decode row wants: it is bound by the bytes read,
    and this is the file's 0.625 bytes per weight, where the byte form above reads 1.25): vector j
    (j = 0..3, 64 bytes) holds values 4j..4j+3 of the 16 rows in its low nibbles and 4(j+4).. in its

@@ -86,8 +86,12 @@ async def collect_all(runs: list[Run], receive: Receive) -> list[Outcome]:
 async def merged(runs: list[Run]) -> AsyncIterator[tuple[int, Event]]:
     """(job index, event) from every run as they come; each run's events stay in order."""
     if len(runs) == 1:   # the usual request: no pump task and second queue, two task switches a token fewer
-        async for ev in runs[0].events():
-            yield 0, ev
+        events = runs[0].events()
+        try:
+            async for ev in events:
+                yield 0, ev
+        finally:
+            await events.aclose()
         return
     queue: asyncio.Queue = asyncio.Queue()
 
