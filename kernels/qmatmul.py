@@ -481,6 +481,14 @@ static inline float dot_k(Row r, int64_t ns, const int8_t *a, const float *da, c
 
 static int is_k(int type) { return type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K; }
 
+/* Every entry's activation rows (load, norm, GLU, quantize: qmatmul, qprologue, qmatmul_r16) run on
+   both threads from this many elements: a decode step at 32 rows (M x K 18-49 K) ran them on one
+   thread while the other spun, ~5% of the step; a row's float buffer lives on the stack up to
+   ROW_STACK_BYTES, K ~6500 (a malloc + free per row was another ~3%, `perf`; 32 KiB leaves any
+   thread's stack ample room). */
+#define PROLOGUE_PARALLEL 8192
+#define ROW_STACK_BYTES 32768
+
 static Row row_alloc(int64_t K) {
     Row r = { malloc(K + 64), malloc(K / 16 * 2 * sizeof(int16_t) + 64), NULL, malloc(K / 32 * 2 * sizeof(float) + 64), NULL };
     r.mn = r.sc + K / 16; r.dm = r.d + K / 32;
@@ -496,12 +504,14 @@ int qmatmul(const void *w, const void *x, void *y, int64_t M, int64_t N, int64_t
     int8_t *q = malloc(M * K + 64); float *da = malloc(M * (K / B) * sizeof(float) + 64);
     int16_t *as = malloc(M * (K / 16) * sizeof(int16_t) + 64);
     if (!q || !da || !as) { free(q); free(da); free(as); return 1; }
-    #pragma omp parallel for num_threads(n_threads) if (M * K >= 65536)
+    const size_t xbytes = K * sizeof(float);
+    #pragma omp parallel for num_threads(n_threads) if (M >= 2 && M * K >= PROLOGUE_PARALLEL)
     for (int64_t m = 0; m < M; m++) {
-        float *xf = malloc(K * sizeof(float));
+        float on_stack[xbytes <= ROW_STACK_BYTES ? xbytes / sizeof(float) : 1];
+        float *xf = xbytes <= ROW_STACK_BYTES ? on_stack : malloc(xbytes);
         load_row(x, m * sx, xb, K, xf);
         quantize_row(xf, K, B, q + m * K, da + m * (K / B), as + m * (K / 16));
-        free(xf);
+        if (xf != on_stack) free(xf);
     }
     float *xd = NULL, *xm = NULL;
 #if defined(QM_VNNI512)
@@ -590,12 +600,6 @@ static inline void r16_prefetch(const uint8_t *u, int64_t ub, const uint8_t *s, 
 #else
 #define PASS_ROWS R16_ROWS
 #endif
-/* The activation rows' prologue (load, norm, GLU, quantize) runs on both threads from this many
-   elements: a decode step at 32 rows (M x K 18-49 K) ran it on one thread while the other spun,
-   ~5% of the step; its row buffer lives on the stack up to ROW_STACK_BYTES, K ~6500 (a malloc +
-   free per row was another ~3%, `perf`; 32 KiB leaves any thread's stack ample room). */
-#define PROLOGUE_PARALLEL 8192
-#define ROW_STACK_BYTES 32768
 /* Q4_0 / Q4_1 repacked at 4 bits (what a single decode row wants: it is bound by the bytes read,
    and this is the file's 0.625 bytes per weight, where the byte form above reads 1.25): vector j
    (j = 0..3, 64 bytes) holds values 4j..4j+3 of the 16 rows in its low nibbles and 4(j+4).. in its
@@ -1099,7 +1103,7 @@ static void prologue_row(const void *x, int64_t off, int xb, int64_t K, const vo
 /* prologue_row for M rows into out [M, K] float32: the fused input for the paths that do not fuse. */
 int qprologue(const void *x, float *out, const void *gw, int64_t M, int64_t K, int64_t sx, float eps, int xb, int gwb,
               int glu, int n_threads) {
-    #pragma omp parallel for num_threads(n_threads) if (M * K >= 65536)
+    #pragma omp parallel for num_threads(n_threads) if (M >= 2 && M * K >= PROLOGUE_PARALLEL)
     for (int64_t m = 0; m < M; m++) prologue_row(x, m * sx, xb, K, gw, gwb, eps, glu, out + m * K);
     return 0;
 }

@@ -187,7 +187,7 @@ class StepGraphs:
         self.tries.pop(key, None)              # captured: a later eviction may capture it again
         self.seen.pop(key, None)
         self.graphs[key] = graph
-        while sum(g.owned for g in self.graphs.values()) > self.budget:
+        while self.nbytes() > self.budget:
             self.graphs.pop(next(iter(self.graphs)))
 
     def nbytes(self) -> int:
