@@ -50,9 +50,13 @@ class HeadSeqDim:
         self.v_store[:, dst, :, :n] = self.v_store[:, src, :, :n]
 
     def export_stream(self, stream: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Canonical copy of the first `n` cells: K, V each `[n_layers, n, kv_heads, head_dim]`."""
+        """Canonical copy of the first `n` cells: K, V each `[n_layers, n, kv_heads, head_dim]`.
+
+        A fresh tensor, never `.contiguous()`: that returns the view itself when it is already
+        contiguous (always for n=0), and a saved view writes the whole cache (every slot's K/V)."""
         assert 0 <= n <= self.spec.n_cells
-        return (self.k[:, stream, :n].contiguous(), self.v[:, stream, :n].contiguous())
+        fresh = torch.contiguous_format
+        return self.k[:, stream, :n].clone(memory_format=fresh), self.v[:, stream, :n].clone(memory_format=fresh)
 
     def import_stream(self, stream: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Inverse of `export_stream`: write canonical K/V into the first cells of `stream`."""

@@ -43,9 +43,12 @@ class SeqHeadDim:
         self.v[:, dst, :n] = self.v[:, src, :n]
 
     def export_stream(self, stream: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Canonical copy of the first `n` cells: K, V each `[n_layers, n, kv_heads, head_dim]`."""
+        """Canonical copy of the first `n` cells: K, V each `[n_layers, n, kv_heads, head_dim]`.
+
+        A fresh tensor owning only these cells (a view would carry the whole cache into a slot file)."""
         assert 0 <= n <= self.spec.n_cells
-        return self.k[:, stream, :n].clone(), self.v[:, stream, :n].clone()
+        fresh = torch.contiguous_format
+        return self.k[:, stream, :n].clone(memory_format=fresh), self.v[:, stream, :n].clone(memory_format=fresh)
 
     def import_stream(self, stream: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Inverse of `export_stream`: write canonical K/V into the first cells of `stream`."""

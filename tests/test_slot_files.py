@@ -1,10 +1,14 @@
 """Slot save / restore / erase through the layout's canonical export/import, with file names
 that cannot escape --slot-save-path, restores that refuse files not fitting the running model
-(out-of-vocabulary ids, another dtype, NaN), and saves that never leave a half-written file."""
+(out-of-vocabulary ids, another dtype, NaN), saves that never leave a half-written file, and
+saves that write the slot's own cells only (never another slot's K/V), on every layout."""
 
 from __future__ import annotations
 
 import os
+import struct
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -19,9 +23,16 @@ from slotserver.engine.request import Request, RequestError
 from slotserver.model.sampling import SamplingParams
 from slotserver.server import ServerConfig, ServerState, create_app
 from slotserver.engine.slot_files import SlotBusy
+from slotserver.lab.kv_spec import KVSpec
+from slotserver.lab.layouts import available_layouts, create_layout, load_layout
+from slotserver.server.launch import LaunchPlan, load
 
 GREEDY = SamplingParams(temperature=0)
 PROMPT = tuple(range(30, 70))
+LAYOUTS = available_layouts()
+OVERHEAD = 4096                               # a slot file's bytes besides K/V: zip records, pickle, token ids
+MARKER = 1234.5                               # another stream's value, to be found nowhere in a file
+MARKS = struct.pack("<f", MARKER) * 2         # two float32 markers in a row
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +200,126 @@ def test_http_restore_of_a_bad_file_is_400_with_the_reason(http):
     assert r.status_code == 400
     assert "token id 1000000000 at position 2 is outside the vocabulary" in r.json()["error"]["message"]
     assert client.post("/slots/1?action=restore", json={"filename": "good.bin"}).json()["n_restored"] == 5
+
+
+@pytest.mark.parametrize("n", [0, 5])
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_every_layout_exports_only_the_streams_own_cells(tmp_path, name, n):
+    """Issue 32: torch.save writes a tensor's whole storage, and head_seq_dim's export of an empty
+    stream was a view of the cache, so the file held every stream. Saved the way a slot file is, each
+    layout's export must cost the `n` cells and hold nothing of the stream next door."""
+    spec = KVSpec(n_layers=3, n_streams=3, n_cells=40, n_kv_heads=2, head_dim=8)
+    lay = create_layout(load_layout(name), spec)
+    rows = torch.randn(n, spec.n_kv_heads, spec.head_dim, generator=torch.Generator().manual_seed(1))
+    secret = torch.full((spec.n_cells, spec.n_kv_heads, spec.head_dim), MARKER)
+    for layer in range(spec.n_layers):
+        lay.write(layer, torch.full((spec.n_cells,), 1), torch.arange(spec.n_cells), secret, secret)
+        lay.write(layer, torch.zeros(n, dtype=torch.long), torch.arange(n), rows, -rows)
+    k, v = lay.export_stream(0, n)
+    torch.save({"k": k, "v": v}, tmp_path / "s.bin")
+    data = (tmp_path / "s.bin").read_bytes()
+    assert len(data) <= n * spec.bytes_per_cell + OVERHEAD, f"{len(data)} bytes for {n} cells"
+    assert MARKS not in data, "the file holds another stream's K/V"
+
+
+def _cell_bytes(engine) -> int:
+    """K plus V bytes of one cell of one slot, all layers: what a slot file pays per token."""
+    g = engine.port.geometry()
+    return 2 * g.n_layers * g.n_kv_heads * g.head_dim * torch.empty((), dtype=g.dtype).element_size()
+
+
+def _rows_of_slot(engine, slot_id: int) -> list[bytes]:
+    """Each cached cell's layer-0 K (all heads) as file bytes: a slot file leaking it holds one."""
+    _, k, _ = engine.port.export_slot(slot_id)
+    return [k[0, p].contiguous().numpy().tobytes() for p in range(k.shape[1])]
+
+
+@pytest.mark.parametrize("n_prompt", [0, 3])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_slot_file_holds_only_its_slots_cells(bundle, tmp_path, layout, n_prompt):
+    """Issue 32's reproduction: slot 1 serves a "secret" prompt, then slot 0 (empty, or holding a
+    short prompt) is saved. It wrote 70 MB holding slot 1's K/V; n_written must pay only slot 0's cells."""
+    layout_bundle = ModelBundle.load(ModelConfig(model_path=bundle.config.model_path, layout=layout))
+    engine = _engine(layout_bundle, tmp_path)
+    if n_prompt:
+        _run(engine, Request(tuple(range(5, 5 + n_prompt)), GREEDY, n_predict=1, id_slot=0))
+    _run(engine, Request(PROMPT, GREEDY, n_predict=4, id_slot=1))
+    saved = _act(engine, 0, "save", "e.bin")
+    data = (tmp_path / "e.bin").read_bytes()
+    assert saved["n_saved"] == n_prompt and saved["n_written"] == len(data)
+    assert len(data) <= n_prompt * _cell_bytes(engine) + OVERHEAD, f"{len(data)} bytes for {n_prompt} cells"
+    secrets = _rows_of_slot(engine, 1)
+    assert len(secrets) == len(PROMPT) + 3 and not any(row in data for row in secrets)
+
+
+@pytest.mark.parametrize("n_prompt", [0, 3])
+def test_a_layout_export_that_returns_a_view_still_saves_only_the_slot(bundle, tmp_path, monkeypatch, n_prompt):
+    """A lab layout may hand out a slice of a larger tensor; the save must copy it, not write
+    the slice's whole storage (here a marker block standing for the other slots)."""
+    engine = _engine(bundle, tmp_path)
+    if n_prompt:
+        _run(engine, Request(tuple(range(5, 5 + n_prompt)), GREEDY, n_predict=1, id_slot=0))
+    layout, real = engine.cache.layout, engine.cache.layout.export_stream
+
+    def in_a_larger_tensor(t: torch.Tensor) -> torch.Tensor:
+        others = torch.full((t.shape[0], 100, *t.shape[2:]), MARKER, dtype=t.dtype)
+        return torch.cat([t, others], dim=1)[:, :t.shape[1]]
+
+    def leaky(stream: int, n: int):
+        return tuple(in_a_larger_tensor(t) for t in real(stream, n))
+
+    monkeypatch.setattr(layout, "export_stream", leaky)
+    want = engine.port.export_slot(0)
+    saved = _act(engine, 0, "save", "v.bin")
+    data = (tmp_path / "v.bin").read_bytes()
+    assert saved["n_written"] == len(data) <= n_prompt * _cell_bytes(engine) + OVERHEAD
+    assert MARKS not in data
+    monkeypatch.undo()
+    _act(engine, 1, "restore", "v.bin")
+    got = engine.port.export_slot(1)
+    assert got[0] == want[0] and torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+
+
+def test_http_save_or_restore_onto_a_folder_is_400(http):
+    """A file name that is a folder: a save failed late with a 500 (IsADirectoryError and a
+    traceback), a restore said "not found". Both are the user's mistake: 400, naming it."""
+    client, folder = http
+    (folder / "d.bin").mkdir()
+    for action in ("save", "restore"):
+        r = client.post(f"/slots/0?action={action}", json={"filename": "d.bin"})
+        assert r.status_code == 400, (action, r.status_code, r.text)
+        assert "slot file name 'd.bin' is a folder" in r.json()["error"]["message"]
+    assert [p.name for p in folder.iterdir()] == ["d.bin"] and (folder / "d.bin").is_dir()
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _plant_temporaries(folder) -> tuple[list[str], list[str]]:
+    """(stale, kept) file names: temporaries of killed saves, and files cleanup must not touch."""
+    stale = [f".a.bin.tmp-{_dead_pid()}-0123abcd",           # its writer was killed
+             f".b.bin.tmp-{os.getpid()}-89abcdef"]           # our pid, no save of ours writes it
+    kept = [f".c.bin.tmp-{os.getppid()}-0123abcd",           # a live process's (another server's)
+            "d.bin.tmp-1-0123abcd", ".notes", "e.bin"]       # user files, not the temporary pattern
+    for name in stale + kept:
+        (folder / name).write_bytes(b"x" * 1000)
+    return stale, kept
+
+
+def test_the_next_save_removes_temporaries_that_killed_saves_left(bundle, tmp_path):
+    engine = _engine(bundle, tmp_path)
+    _, kept = _plant_temporaries(tmp_path)
+    _act(engine, 0, "save", "s.bin")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept + ["s.bin"])
+
+
+def test_server_start_removes_temporaries_that_killed_saves_left(bundle, tmp_path):
+    _, kept = _plant_temporaries(tmp_path)
+    plan = LaunchPlan(bundle.config, EngineConfig(n_parallel=2, ctx_size=256, slot_save_path=tmp_path),
+                      watch=False, warmup=False)
+    load(ServerState(), plan, "http://test")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)

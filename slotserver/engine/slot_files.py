@@ -7,13 +7,18 @@ and the resolved path must still lie inside the folder (no symlink escape). Runs
 thread (`Engine.call`).
 
 Saves are atomic (`atomic_write`): a crash or kill mid-save leaves the previous file or the new
-one, never a truncated one. Restores trust nothing in the file: token ids must lie in the running
-model's vocabulary, K/V must have the running cache's geometry and dtype and be finite, because
-a restored slot is decoded from directly (an out-of-range id would index past the embedding).
+one, never a truncated one; the temporary file a killed save leaves behind is removed at the next
+start and by the next save (`remove_stale_temporaries`). A save writes only the slot's own cells,
+whatever its layout's export returns (`_own_storage`). A name that is a folder is a RequestError
+(HTTP 400), for save and restore alike. Restores trust nothing in the file: token ids must lie in
+the running model's vocabulary, K/V must have the running cache's geometry and dtype and be
+finite, because a restored slot is decoded from directly (an out-of-range id would index past
+the embedding).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -28,8 +33,9 @@ from slotserver.engine.request import RequestError
 
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,200}")
 FORMAT = "slotserver-slot-v1"
-
-
+TEMP_RE = re.compile(r"\.(.+)\.tmp-(\d+)-[0-9a-f]{8}")   # `atomic_write`'s temporaries: .<name>.tmp-<pid>-<hex>
+_writing: set[Path] = set()   # temporaries that saves of this process are writing now (by resolved path)
+log = logging.getLogger("slotserver.slots")
 
 
 def check_name(filename: object) -> str:
@@ -61,10 +67,14 @@ def atomic_write(path: Path, write_fn: Callable[[BinaryIO], None]) -> int:
     The data goes to a hidden temporary file in the same folder (same file system, so the rename
     is atomic), is flushed and fsynced, then `os.replace`d over `path`; the folder is fsynced so
     the rename itself survives a power loss. On any exception the temporary file is removed and
-    `path` is untouched. A SIGKILL leaves at most a stray `.<name>.tmp-<pid>-<hex>` file.
+    `path` is untouched. A SIGKILL leaves at most a stray `.<name>.tmp-<pid>-<hex>` file, which
+    `remove_stale_temporaries` deletes later; the temporary is registered in `_writing` before it
+    exists and until it is gone, so that cleanup never takes it from under a live save.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    key = tmp.parent.resolve() / tmp.name
+    _writing.add(key)
     try:
         with open(tmp, "xb") as f:
             write_fn(f)
@@ -75,8 +85,56 @@ def atomic_write(path: Path, write_fn: Callable[[BinaryIO], None]) -> int:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        _writing.discard(key)
     _fsync_dir(path.parent)
     return size
+
+
+def remove_stale_temporaries(folder: Path | None) -> list[str]:
+    """Delete the temporaries that killed saves left in `folder` (up to a whole slot each); -> names.
+
+    Called at server start and before each save. Only names of `atomic_write`'s pattern are
+    touched (user files cannot start with a dot, `check_name`). A temporary is stale when the pid
+    in its name is this process's but no save of this process is writing it (`_writing`: e.g. an
+    earlier server that had the same pid, as a container's server always has), or when that pid
+    runs no process at all. A temporary of another live process (a second server sharing the
+    folder) is kept; so is, until that process ends, one whose writer's pid was reused since.
+    """
+    if folder is None:
+        return []
+    root, removed = Path(folder).resolve(), []
+    for entry in root.iterdir():
+        match = TEMP_RE.fullmatch(entry.name)
+        if match and _is_stale(entry, int(match[2])):
+            try:
+                entry.unlink()
+            except FileNotFoundError:  # its save finished (renamed it) while we looked
+                continue
+            except OSError as e:  # a folder by that name, or no permission: not worth failing for
+                log.warning("cannot remove stale slot temporary %s: %s", entry.name, e.strerror or e)
+                continue
+            removed.append(entry.name)
+    return removed
+
+
+def _is_stale(entry: Path, pid: int) -> bool:
+    if pid == os.getpid():
+        return entry not in _writing
+    return not _process_exists(pid)
+
+
+def _process_exists(pid: int) -> bool:
+    """Whether `pid` runs a process (of any user); True where that cannot be told safely."""
+    if os.name != "posix":
+        return True  # Windows' os.kill(pid, 0) sends CTRL_C_EVENT instead of probing
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except OSError:  # PermissionError: it exists, another user's
+        return True
+    return True
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -89,12 +147,34 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _refuse_folder(path: Path, filename: str) -> None:
+    """RequestError (400) for a name that is a folder: a save would fail only at the final rename
+    (IsADirectoryError, a 500), a restore would say "not found" of something that is there."""
+    if path.is_dir():
+        raise RequestError(f"slot file name {filename!r} is a folder in the slot save folder, not a file")
+
+
+def _own_storage(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a compact copy unless it is exactly its storage: torch.save writes a tensor's whole
+    storage, so an export that returned a view of the cache (even an empty one) would put every
+    slot's K/V into this slot's file. Layouts return copies; this keeps a lab layout honest too."""
+    own = t.numel() * t.element_size()
+    if t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == own:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def save(engine, slot_id: int, filename: str) -> dict:
     t0 = time.perf_counter()
-    path = safe_path(engine.config.slot_save_path, filename)
+    folder = engine.config.slot_save_path
+    path = safe_path(folder, filename)
+    engine.port.require_idle(slot_id)   # a busy slot is 409 before the file is looked at, as in restore
+    _refuse_folder(path, filename)
+    remove_stale_temporaries(folder)
     tokens, k, v = engine.port.export_slot(slot_id)       # K/V in the cache's dtype: what restore requires
     g = engine.port.geometry()
-    data = {"format": FORMAT, "tokens": tokens, "k": k, "v": v, "geometry": [g.n_layers, g.n_kv_heads, g.head_dim]}
+    data = {"format": FORMAT, "tokens": tokens, "k": _own_storage(k), "v": _own_storage(v),
+            "geometry": [g.n_layers, g.n_kv_heads, g.head_dim]}
     written = atomic_write(path, lambda f: torch.save(data, f))
     return {"id_slot": slot_id, "filename": filename, "n_saved": len(tokens), "n_written": written,
             "timings": {"save_ms": 1000 * (time.perf_counter() - t0)}}
@@ -135,6 +215,7 @@ def restore(engine, slot_id: int, filename: str) -> dict:
     t0 = time.perf_counter()
     path = safe_path(engine.config.slot_save_path, filename)
     engine.port.require_idle(slot_id)   # a busy slot is 409 before the file is even looked at
+    _refuse_folder(path, filename)
     if not path.is_file():
         raise FileNotFoundError(f"slot file {filename!r} not found")
     tokens, k, v, geometry = _read(path, filename)

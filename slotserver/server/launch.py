@@ -63,6 +63,7 @@ def load(state: ServerState, plan: LaunchPlan, address: str) -> Engine:
     """Load bundle and engine, publish them in `state`, print the summary line; -> the engine, not yet running."""
     from slotserver.model.bundle import ModelBundle
     from slotserver.engine.engine import Engine
+    from slotserver.engine.slot_files import remove_stale_temporaries
     from slotserver.model.progress import load_progress
 
     with load_progress(f"loading {plan.model.model_path.name}") as tick:
@@ -77,6 +78,7 @@ def load(state: ServerState, plan: LaunchPlan, address: str) -> Engine:
               "(tokenizer.chat_template); chat prompts use ChatML, as llama-server's do. Give the "
               "model's own with --chat-template-file", file=sys.stderr, flush=True)
     engine = Engine(bundle, plan.engine)
+    remove_stale_temporaries(plan.engine.slot_save_path)   # before any save can run: none is live
     state.set_loaded(bundle, engine, template)
     e, layout = plan.engine, engine.stats().layout or plan.model.layout
     print(f"slotserver: {plan.model.model_path.name} ({plan.model.dtype}, layout {layout}), "
