@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
+from slotserver.model.text.chat_template import BUILTIN_NAMES, ChatTemplate, named_template
 from slotserver.model.config import ConfigError, ModelConfig
 from slotserver.engine.config import EngineConfig
 from slotserver.server.auth import read_key_file
@@ -17,16 +17,10 @@ from slotserver.server.chat_options import chat_defaults_from_flags
 from slotserver.server.launch import LaunchPlan
 from slotserver.server.server_config import GenerationDefaults, ServerConfig
 
-LLAMA3_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
-    "'<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
-)
-KNOWN_TEMPLATES = {"chatml": CHATML_TEMPLATE, "llama3": LLAMA3_TEMPLATE}
-
 
 def chat_template_source(value: str | None, file: Path | None) -> str | None:
-    """--chat-template (a known name or a Jinja source) or --chat-template-file, compiled to check it."""
+    """--chat-template (one of llama.cpp's built-in names or a Jinja source) or --chat-template-file,
+    compiled to check it."""
     if value is not None and file is not None:
         raise ConfigError("give --chat-template or --chat-template-file, not both")
     if file is not None:
@@ -34,11 +28,11 @@ def chat_template_source(value: str | None, file: Path | None) -> str | None:
             value = Path(file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"--chat-template-file {file}: {getattr(e, 'strerror', None) or e}") from None
-    elif value is not None and value in KNOWN_TEMPLATES:
-        value = KNOWN_TEMPLATES[value]
+    elif value is not None and named_template(value) is not None:
+        value = named_template(value)
     elif value is not None and "{{" not in value and "{%" not in value:
         raise ConfigError(f"--chat-template {value!r} is neither a known name "
-                          f"({', '.join(KNOWN_TEMPLATES)}) nor a Jinja template")
+                          f"({', '.join(BUILTIN_NAMES)}) nor a Jinja template")
     if value is not None:
         ChatTemplate(value)  # raises ChatTemplateError (one line) on a syntax error
     return value

@@ -13,6 +13,10 @@ probes them: template_caps.py), and the BOS (EOS) text a template writes itself 
 prompt when tokenizing adds that token anyway (`add_bos`), so gemma and llama 3 prompts start with
 one BOS, not two. /apply-template shows the prompt so cut, as llama-server's does.
 
+A template may also be one of llama.cpp's built-in names (`--chat-template gemma`): those are not
+Jinja, they are formatted as llama-server's C++ formats them (builtin_templates.py), from each
+message's role and text, with nothing added or cut around them.
+
 Every failure (bad template, bad messages, an exception inside the template) becomes a
 `ChatTemplateError` with one readable line, suitable for an HTTP 400/500 body.
 """
@@ -28,13 +32,14 @@ from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from slotserver.errors import ChatTemplateError  # noqa: F401  re-export: defined without torch in slotserver.errors
-from slotserver.model.text.chat_messages import fit_messages
+from slotserver.model.text.builtin_templates import BUILTIN_NAMES, apply_builtin, is_builtin
+from slotserver.model.text.chat_messages import fit_messages, join_parts, parse_messages
 from slotserver.model.text.template_caps import TemplateCaps, is_iterable, is_string, probe_caps
 
 if TYPE_CHECKING:
     from slotserver.model.text.tokenizer import Tokenizer
 
-__all__ = ["CHATML_TEMPLATE", "ChatTemplate", "ChatTemplateError"]
+__all__ = ["BUILTIN_NAMES", "CHATML_TEMPLATE", "ChatTemplate", "ChatTemplateError", "named_template"]
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -42,6 +47,18 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+
+
+def named_template(name: str) -> str | None:
+    """The template source `--chat-template NAME` stands for, or None when NAME is not a name.
+
+    `chatml` is ChatML's Jinja, the template llama-server compiles for that name under its default
+    --jinja (so the model's tokens and the caps-driven message fitting apply as before). Every other
+    llama.cpp name stays the name: ChatTemplate formats it as llama-server's C++ does, the only
+    route on which the peer gives that name a format."""
+    if name == "chatml":
+        return CHATML_TEMPLATE
+    return name if is_builtin(name) else None
 
 
 class _TemplateRaised(Exception):
@@ -88,6 +105,14 @@ def _environment() -> _Sandbox:
     return env
 
 
+def _compile(source: str) -> jinja2.Template:
+    """The sandboxed Jinja template, a syntax error being one ChatTemplateError line."""
+    try:
+        return _environment().from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ChatTemplateError(f"chat template syntax error at line {exc.lineno}: {exc.message}") from exc
+
+
 def _template_line(exc: BaseException) -> int | None:
     """Template line where a render error happened (jinja rewrites tracebacks to point there)."""
     line = getattr(exc, "lineno", None)
@@ -104,7 +129,8 @@ class ChatTemplate:
 
     `add_bos` / `add_eos`: the tokenizer adds BOS / EOS to the prompt itself (llama.cpp's
     `common_chat_templates.add_bos`). `from_model`: the source is the model's own template, not
-    ChatML put in for a model without one.
+    ChatML put in for a model without one. `builtin`: the llama.cpp template name the source is
+    (formatted by builtin_templates.py, not Jinja), else None.
     """
 
     def __init__(self, source: str, bos_token: str = "", eos_token: str = "", add_bos: bool = False,
@@ -113,12 +139,9 @@ class ChatTemplate:
             raise ChatTemplateError("chat template is empty")
         self.source, self.bos_token, self.eos_token = source, bos_token, eos_token
         self.add_bos, self.add_eos, self.from_model = add_bos, add_eos, from_model
-        try:
-            self._template = _environment().from_string(source)
-        except jinja2.TemplateSyntaxError as exc:
-            raise ChatTemplateError(
-                f"chat template syntax error at line {exc.lineno}: {exc.message}") from exc
-        self.caps: TemplateCaps = probe_caps(self._template.render)
+        self.builtin: str | None = source if is_builtin(source) else None
+        self._template = None if self.builtin else _compile(source)
+        self.caps: TemplateCaps = TemplateCaps() if self._template is None else probe_caps(self._template.render)
 
     @property
     def supports_tools(self) -> bool:
@@ -154,10 +177,20 @@ class ChatTemplate:
                variables: dict[str, Any] | None = None, **extra: Any) -> str:
         """The prompt text for `messages`; `extra` (tools, etc.) is passed to the template, and so
         is `variables`, a request's `chat_template_kwargs`, whose names may be anything."""
+        if self.builtin is not None:
+            return self._render_builtin(messages, add_generation_prompt)
         context = {"bos_token": self.bos_token, "eos_token": self.eos_token, **(variables or {}), **extra,
                    "messages": fit_messages(messages, self.caps, self.source),
                    "add_generation_prompt": add_generation_prompt}
         return self._drop_added_specials(self._render(context))
+
+    def _render_builtin(self, messages: Any, add_generation_prompt: bool) -> str:
+        """llama-server's legacy route (common_chat_templates_apply_legacy): each message as its role
+        and text (parts joined by newlines), no template variables, and nothing cut: that route
+        cuts no BOS/EOS text, so a format that writes one (GigaChat's `<s>`) keeps it."""
+        chat = [(m["role"], m["content"] if isinstance(m["content"], str) else join_parts(m["content"]))
+                for m in parse_messages(messages)]
+        return apply_builtin(self.builtin, chat, add_generation_prompt)
 
     def _drop_added_specials(self, text: str) -> str:
         """llama.cpp's rule after rendering: the template's leading BOS (trailing EOS) text goes
