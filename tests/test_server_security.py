@@ -97,6 +97,28 @@ def test_the_lab_never_gets_cors_headers_even_with_cors(tiny_engine):
         assert "access-control-allow-origin" not in c.get("/lab", headers=origin).headers
 
 
+@pytest.mark.parametrize("path", ["/slots/0", "/slots", "/metrics", "/lab"])
+def test_slots_and_metrics_get_no_cors_even_with_cors(tiny_engine, path):
+    """The README promises CORS for inference endpoints only: a page must not erase or save slots."""
+    origin = {"Origin": ORIGIN}
+    with make_client(tiny_engine, cors_origins=(ORIGIN,)) as c:
+        pre = c.options(path, headers={**origin, "Access-Control-Request-Method": "POST",
+                                       "Access-Control-Request-Headers": "content-type"})
+        assert pre.status_code != 200 and "access-control-allow-origin" not in pre.headers, pre.headers
+        r = c.get(path, headers=origin)
+        assert "access-control-allow-origin" not in r.headers, (path, r.headers)
+
+
+@pytest.mark.parametrize("path", ["/completion", "/v1/chat/completions", "/tokenize", "/apply-template",
+                                  "/v1/models", "/v1/models/some-id", "/props", "/health"])
+def test_inference_and_info_endpoints_get_cors_with_cors(tiny_engine, path):
+    origin = {"Origin": ORIGIN}
+    with make_client(tiny_engine, cors_origins=(ORIGIN,)) as c:
+        pre = c.options(path, headers={**origin, "Access-Control-Request-Method": "POST",
+                                       "Access-Control-Request-Headers": "content-type"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == ORIGIN, path
+
+
 def test_the_lab_needs_the_api_key(tiny_engine):
     with make_client(tiny_engine, api_keys=("secret",)) as c:
         for method, path in [("GET", "/lab"), ("GET", "/lab/events"), ("POST", "/lab/layout"),
