@@ -206,6 +206,17 @@ def test_openai_completion_and_chat_formats(client, tiny_engine):
     assert len(content) == 3 and all(len(c["top_logprobs"]) == 2 for c in content)
 
 
+@pytest.mark.parametrize("logprobs", [None, False])
+def test_chat_top_logprobs_without_logprobs_is_a_400_naming_both(client, logprobs):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "top_logprobs": 2}
+    if logprobs is not None:
+        body["logprobs"] = logprobs
+    err = assert_error(client.post("/v1/chat/completions", json=body), 400)
+    assert "'top_logprobs' requires 'logprobs': true" in err["message"]
+    body["top_logprobs"] = None   # null is "not given", as OpenAI reads it
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+
+
 def test_openai_stream_ends_with_done_and_carries_usage(client):
     msgs = [{"role": "user", "content": "hi"}]
     r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4, "stream": True, "seed": 4,

@@ -151,6 +151,15 @@ def render_chat_request(f: Fields, template: ChatTemplate, tools: ToolConfig,
     return text, ReasoningMode(options.reasoning_format, answer_start(text, continued))
 
 
+def _chat_logprobs(f: Fields) -> tuple[bool, int]:
+    """(logprobs, top_logprobs). `top_logprobs` alone would return none of what it asks for, so
+    it is a 400 naming both fields, as OpenAI and llama-server answer (not silently dropped)."""
+    want = f.bool("logprobs", False)
+    if f.raw("top_logprobs") is not None and not want:
+        raise bad_request("'top_logprobs' requires 'logprobs': true (send both, or neither)")
+    return want, f.int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
+
+
 def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplate,
                defaults: GenerationDefaults, default_model: str, grammars: Grammars | None = None,
                n_parallel: int = 1, chat: ChatDefaults | None = None) -> OpenAIJob:
@@ -162,8 +171,7 @@ def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplat
     grammar = _chat_grammar(f, tools, grammars)
     text, reasoning = render_chat_request(f, template, tools, chat)
     ids = encode(tokenizer, text, True, True)
-    want = f.bool("logprobs", False)
-    n_top = f.int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
+    want, n_top = _chat_logprobs(f)
     n = n_choices(f, n_parallel, "n")
     jobs = expand([_job(f, ids, tokenizer, defaults, n_top if want else 0, want, grammar)], n)
     return OpenAIJob(jobs, f.str("model", default_model) or default_model, [prompt_text(tokenizer, ids)] * n,
