@@ -12,6 +12,7 @@ import math
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
@@ -113,7 +114,34 @@ def test_props_and_models_describe_the_server(client, tiny_engine):
     assert props["eos_token"] == "<|im_end|>"
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["object"] == "model"
-    assert models["data"][0]["id"] == props["model_path"]
+    assert models["data"][0]["id"] == Path(props["model_path"]).name == props["model_alias"]
+
+
+def test_the_model_id_is_the_file_name_and_the_sdk_retrieves_it(client, tiny_engine):
+    """As llama-server: the id is the file's name (not the absolute path it happens to sit at),
+    and the OpenAI SDK's models.retrieve(id) finds it; an unknown id is OpenAI's 404."""
+    from openai import NotFoundError, OpenAI
+    path = tiny_engine[0].config.model_path
+    sdk = OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client)
+    [listed] = sdk.models.list().data
+    assert listed.id == Path(path).name and "/" not in listed.id
+    assert sdk.models.retrieve(listed.id).id == listed.id
+    assert client.get(f"/v1/models/{path}").json()["id"] == listed.id   # the old id still resolves
+    with pytest.raises(NotFoundError):
+        sdk.models.retrieve("no-such-model")
+    err = client.get("/v1/models/no-such-model").json()["error"]
+    assert err["code"] == "model_not_found" and err["type"] == "invalid_request_error"
+    assert "no-such-model" in err["message"]
+    old_id = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "model": str(path)}
+    r = client.post("/v1/chat/completions", json=old_id)   # a request naming the old long id still runs
+    assert r.status_code == 200 and r.json()["model"] == str(path)
+
+
+def test_alias_is_the_model_id(tiny_engine):
+    with make_client(tiny_engine, alias="smol") as c:
+        assert c.get("/v1/models").json()["data"][0]["id"] == "smol"
+        assert c.get("/v1/models/smol").json()["id"] == "smol"
+        assert c.get("/props").json()["model_alias"] == "smol"
 
 
 def test_non_streaming_completion_reports_llama_server_fields(client, tiny_engine):

@@ -67,6 +67,13 @@ def not_supported(message: str) -> ApiError:
     return ApiError(501, message, "not_supported_error")
 
 
+def model_not_found(model_id: str) -> ApiError:
+    """OpenAI's answer to retrieving an unknown model (its `code` is a string there), so an SDK
+    sees the same error it would from OpenAI."""
+    return ApiError(404, f"The model `{model_id}` does not exist.", "invalid_request_error",
+                    extra={"code": "model_not_found", "param": None})
+
+
 async def api_error_handler(request: Request, exc: Exception) -> JSONResp:
     assert isinstance(exc, ApiError)
     return exc.response()

@@ -1,4 +1,5 @@
-"""Small llama-server endpoints: health, tokenize/detokenize, apply-template, props, models.
+"""Small llama-server endpoints: health, tokenize/detokenize, apply-template, props, models
+(and OpenAI's GET /v1/models/{id}).
 
 /tokenize defaults as in llama-server: `add_special` false, `parse_special` true; `with_pieces`
 gives `[{"id", "piece"}]`, the piece a string, or its byte values when it is not valid UTF-8 on
@@ -16,7 +17,7 @@ from starlette.routing import Route
 from slotserver import __version__
 from slotserver.lab.kernel_paths import cpu_report
 from slotserver.server.body import read_json
-from slotserver.server.errors import bad_request, loading_error
+from slotserver.server.errors import bad_request, loading_error, model_not_found
 from slotserver.server.fields import Fields
 from slotserver.server.jsonio import JSONResp
 from slotserver.server.openai_params import render_chat_request
@@ -101,7 +102,7 @@ async def props(request: Request) -> Response:
     return JSONResp({
         "default_generation_settings": default_generation_settings(state),
         "total_slots": engine.config.n_parallel,
-        "model_alias": state.config.alias,
+        "model_alias": state.config.model_name,   # as llama-server: --alias, else the file's name
         "model_path": state.config.model_path,
         "modalities": {"vision": False, "audio": False},
         "endpoint_slots": state.config.slots_endpoint,
@@ -115,18 +116,33 @@ async def props(request: Request) -> Response:
     })
 
 
-async def models(request: Request) -> Response:
-    state: ServerState = request.app.state.server
+def _model_object(state: ServerState) -> dict:
+    """OpenAI's model object for the one model served, with llama-server's `meta`."""
     bundle, engine = state.require()
-    spec, name = bundle.model.spec, state.config.model_name
+    spec = bundle.model.spec
     meta = {"vocab_type": 2 if bundle.tokenizer.model == "gpt2" else 1, "n_vocab": spec.vocab_size,
             "n_ctx_train": spec.ctx_train, "n_embd": spec.d_model, "n_ctx_slot": engine.config.n_cells}
+    return {"id": state.config.model_name, "object": "model", "created": state.created,
+            "owned_by": "slotserver", "meta": meta}
+
+
+async def models(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    name = state.config.model_name
     return JSONResp({
         "object": "list",
-        "data": [{"id": name, "object": "model", "created": state.created, "owned_by": "slotserver",
-                  "meta": meta}],
+        "data": [_model_object(state)],
         "models": [{"name": name, "model": name, "type": "model", "capabilities": ["completion"]}],
     })
+
+
+async def model(request: Request) -> Response:
+    """GET /v1/models/{id} (the OpenAI SDK's `models.retrieve`): the model, or OpenAI's 404."""
+    state: ServerState = request.app.state.server
+    model_id = request.path_params["model_id"]
+    if not state.config.knows_model(model_id):
+        raise model_not_found(model_id)
+    return JSONResp(_model_object(state))
 
 
 ROUTES = [
@@ -138,4 +154,5 @@ ROUTES = [
     Route("/props", props, methods=["GET"]),
     Route("/models", models, methods=["GET"]),
     Route("/v1/models", models, methods=["GET"]),
+    Route("/v1/models/{model_id:path}", model, methods=["GET"]),
 ]

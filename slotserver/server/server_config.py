@@ -62,5 +62,11 @@ class ServerConfig:
 
     @property
     def model_name(self) -> str:
-        """The name clients see: `--alias`, else the model path (as llama-server does)."""
-        return self.alias or self.model_path or "slotserver"
+        """The model id clients see: `--alias`, else the model file's name, as llama-server forms
+        it; short and the same wherever the file is installed (the full path was the id before)."""
+        return self.alias or Path(self.model_path).name or "slotserver"
+
+    def knows_model(self, model_id: str) -> bool:
+        """Whether GET /v1/models/{id} describes this model: its id, or the full path that was its
+        id before, so a client that stored the old id still finds it."""
+        return model_id == self.model_name or (bool(self.model_path) and model_id == self.model_path)
