@@ -3,6 +3,8 @@ VENV   ?= .venv
 PYTHON ?= python3
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+PORT   ?= 8080
+ARGS   ?=
 
 .PHONY: setup serve test lint clean
 
@@ -15,8 +17,9 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+# make serve PORT=8081 ARGS='-m model.gguf -np 2': the port, then any more `slotserver serve` flags
 serve: setup
-	$(VENV)/bin/slotserver serve
+	$(VENV)/bin/slotserver serve --port $(PORT) $(ARGS)
 
 test: setup
 	$(PY) -m pytest
