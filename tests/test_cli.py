@@ -54,3 +54,23 @@ def test_bad_arguments_are_one_line_errors(tiny, tmp_path):
     assert no_prompt.returncode == 2 and "give a prompt" in no_prompt.stderr
     bad_flag = _run("generate", "--dtype", "float8", "hi")
     assert bad_flag.returncode == 2 and "invalid choice" in bad_flag.stderr
+
+
+@pytest.mark.parametrize("argv", [["generate", "--foo"], ["serve", "--foo"], ["top", "--foo"], ["bench", "--foo"],
+                                  ["lab", "check", "--foo"], ["lab", "init", "d", "--foo"], ["generate", "--dtype", "x"]])
+def test_every_sub_command_refuses_a_bad_flag_pointing_to_its_own_help(capsys, argv):
+    from slotserver.cli import main as cli
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    command = "slotserver " + " ".join(a for a in argv[:2] if not a.startswith("-") and a != "d" and a != "x")
+    assert e.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"{command}: error: ") and lines[0].endswith(f"(see {command} --help)"), lines
+
+
+def test_a_directory_as_model_says_it_is_a_directory(tmp_path):
+    (tmp_path / "m.gguf").write_bytes(b"")
+    out = _run("generate", "-m", str(tmp_path), "hi")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "is a directory" in out.stderr and f"-m {tmp_path / 'm.gguf'}" in out.stderr
+    assert "not found" not in out.stderr

@@ -86,6 +86,7 @@ def test_chat_template_by_name_or_source():
     (["-c", "2", "-np", "4"], "smaller than --parallel"),
     (["--port", "70000"], "--port must be in [0, 65535]"),
     (["-m", "/no/such/model.gguf"], "not found"),
+    (["-m", "/"], "model / is a directory: give a GGUF file"),
     (["--api-key-file", "/no/such/keys.txt"], "--api-key-file"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(capsys, argv, words):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 def add_parser(sub) -> None:
     lab = sub.add_parser("lab", help="the kernel and layout lab")
-    lab_sub = lab.add_subparsers(dest="lab_command", required=True)
+    lab_sub = lab.add_subparsers(dest="lab_command", required=True, metavar="{check,init}")
     p = lab_sub.add_parser("check", help="check kernels against their references, compile for sm_80/sm_90, check layouts")
     p.add_argument("--kernels-dir", type=Path, default=None, help="kernel modules (default: the repo's kernels/)")
     p.add_argument("--layouts-dir", type=Path, default=None, help="layout modules (default: the repo's layouts/)")

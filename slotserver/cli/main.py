@@ -8,24 +8,24 @@ line on stderr and exit status 2, never a traceback.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 from slotserver import __version__
+from slotserver.cli.parser import CommandParser
 from slotserver.errors import USER_ERRORS
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CommandParser:
     from slotserver.cli import generate as cli_generate
     from slotserver.cli import lab as cli_lab
     from slotserver.cli import serve as cli_serve
     from slotserver.cli import bench as cli_bench
     from slotserver.cli import top as cli_top
 
-    parser = argparse.ArgumentParser(prog="slotserver", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="slotserver", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"slotserver {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True)   # sub-parsers: CommandParser too
     cli_generate.add_parser(sub)
     cli_serve.add_parser(sub)
     cli_top.add_parser(sub)

@@ -16,13 +16,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from slotserver.cli.generate import add_model_args
+from slotserver.cli.parser import CommandParser
 
 LOG_FORMAT = "%(asctime)s %(message)s"
 SHORT_FLAG = re.compile(r"^-[A-Za-z]")   # a single-dash flag (not a negative number like -1)
 
 
-class ServeArgumentParser(argparse.ArgumentParser):
-    """Normalises `--long_name` to `--long-name`; errors are one line, exit status 2.
+class ServeArgumentParser(CommandParser):
+    """Normalises `--long_name` to `--long-name`; errors are one line, exit status 2 (CommandParser).
 
     Single-dash flags must match exactly, as in llama-server: argparse would otherwise read
     llama-server's `-ngl 99` as `-n gl` and complain about an integer instead of the flag.
@@ -33,13 +34,7 @@ class ServeArgumentParser(argparse.ArgumentParser):
         unknown = [a for a in args if SHORT_FLAG.match(a) and a not in self._option_string_actions]
         if unknown:
             self.error(f"unrecognized arguments: {' '.join(unknown)}")
-        ns, extras = super().parse_known_args(args, namespace)
-        if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
-        return ns, extras
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        return super().parse_known_args(args, namespace)
 
 
 def normalize_argv(argv: list[str]) -> list[str]:

@@ -228,11 +228,24 @@ def _scan_layout(buf: mmap.mmap) -> tuple[dict[str, Any], dict[str, TensorInfo]]
     return metadata, tensors
 
 
+def directory_problem(path: Path) -> str:
+    """What to say when -m names a folder: that it is one (not "not found", which sends the user
+    looking for a missing file), and the GGUF files inside it, if any, to pick from."""
+    try:
+        found = sorted(p.name for p in path.glob("*.gguf") if p.is_file())
+    except OSError:
+        found = []
+    inside = f" (it holds {', '.join(found[:3])}{', ...' if len(found) > 3 else ''})" if found else ""
+    return f"is a directory{inside}: give a GGUF file, e.g. -m {path / (found[0] if found else 'model.gguf')}"
+
+
 def _open_checked(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo], np.ndarray]:
     """Stat the path, then scan its layout through a read-only mmap -> (metadata, tensors, the
     whole file as a read-only uint8 array over the same mapping)."""
     if not path.exists():
         raise _Corrupt("file not found")
+    if path.is_dir():
+        raise _Corrupt(directory_problem(path))
     if not path.is_file():
         raise _Corrupt("not a regular file")
     try:

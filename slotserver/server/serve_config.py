@@ -50,11 +50,14 @@ def _slot_save_path(path: Path | None) -> Path | None:
 
 def _model_path(args) -> Path:
     from slotserver.model.default_model import default_model_path
+    from slotserver.model.gguf_file import directory_problem
 
-    path = args.model or default_model_path()
-    if not Path(path).is_file():
+    path = Path(args.model or default_model_path())
+    if path.is_dir():
+        raise ConfigError(f"model {path} {directory_problem(path)}")
+    if not path.is_file():
         raise ConfigError(f"model file {path} not found")
-    return Path(path)
+    return path
 
 
 def server_config_from_args(args) -> ServerConfig:
