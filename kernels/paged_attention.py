@@ -7,6 +7,12 @@ heads, `paged_hnd` heads before tokens). Only the blocks covering `max_kv` are r
 sequence's own `kv_len` cells (triton). A layer's sliding window and softcap come in `AttnMeta`
 (see attention.py): the cpu path gathers from the block of the earliest cell any query sees, the
 triton kernels start their loops at each sequence's (tile's) first visible cell.
+
+`cpu(...)` runs every query row through attention.py's C kernel (kernels/attention.c, compiled
+from the same file) reading the cells through the block table: a paged layout and a flat one
+holding the same element type give the same floats, so a live layout swap changes no answer
+(issue 32: through SDPA on bf16 the paged layouts had moved the default model's log-probabilities
+by 0.1-0.2). Where the C kernel does not apply (no compiler) the gather + SDPA form serves.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import torch.nn.functional as F
 import triton as _triton
 import triton.language as tl
 
+from slotserver.lab import native
 from slotserver.model.batch import AttnMeta, Batch, SeqChunk
 from slotserver.lab.kv_spec import PagedKV
 
@@ -51,12 +58,62 @@ def reference(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> tor
 
 
 def cpu(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
+    """Same contract as `reference`: the C row kernel where it applies, else `_cpu_sdpa`."""
+    if _native_ok(q, kv, meta):
+        return _native_rows(q, kv, meta, scale)
+    return _cpu_sdpa(q, kv, meta, scale)
+
+
+# attention.py's C (one file, one library): `paged_attention_rows` is its block-table entry
+NATIVE_C = native.c_source(__file__, "attention.c")
+_LIB = native.build("attention", NATIVE_C, origin=native.c_path(__file__, "attention.c"), strict=True)
+native.signature(_LIB, "paged_attention_rows", 7, 15, (native.ctypes.c_float, native.ctypes.c_float,
+                                                       native.ctypes.c_int, native.ctypes.c_int, native.ctypes.c_int))
+_KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _native_ok(q: torch.Tensor, kv: PagedKV, meta: AttnMeta) -> bool:
+    """The C kernel reads raw memory: CPU float pages with a unit head_dim stride, an int32 table
+    with unit column stride covering every sequence's cells, q of f32/bf16, int64 row metadata."""
+    k, v, table, streams, lens = kv.k_pages, kv.v_pages, kv.block_table, meta.row_streams, meta.row_kv_lens
+    if _LIB is None or streams is None or lens is None or not (q.is_cpu and k.is_cpu and table.is_cpu):
+        return False
+    if q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != v.dtype or k.dtype not in _KV_TYPES:
+        return False
+    ks, qs, bs = k.shape, q.shape, kv.block_size
+    if len(qs) != 3 or len(ks) != 4 or v.shape != ks or ks[1] != bs or bs & (bs - 1) or ks[3] != qs[2] \
+            or qs[2] > 256 or qs[1] % ks[2] or qs[1] // ks[2] > 16 or qs[0] != streams.shape[0]:
+        return False
+    if q.stride(2) != 1 or k.stride(3) != 1 or v.stride(3) != 1 or table.dtype != torch.int32 \
+            or table.dim() != 2 or table.stride(1) != 1 or streams.dtype != torch.int64 or lens.dtype != torch.int64 \
+            or not (streams.is_contiguous() and lens.is_contiguous()):
+        return False
+    return meta.max_kv <= table.shape[1] * bs and int(meta.seq_streams.max()) < table.shape[0]
+
+
+def _native_rows(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
+    """Every row of q as one decode query over its stream's first row_kv_lens cells, via the table."""
+    n_rows, q_heads, dim = q.shape
+    k, v = kv.k_pages, kv.v_pages
+    out = torch.empty((n_rows, q_heads, dim), dtype=q.dtype)                        # [tokens, q_heads, dim]
+    rc = _LIB.paged_attention_rows(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), meta.row_streams.data_ptr(),
+        meta.row_kv_lens.data_ptr(), kv.block_table.data_ptr(), n_rows, q_heads, k.shape[2], dim,
+        q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], kv.block_table.stride(0),
+        kv.block_size.bit_length() - 1, meta.window, scale, meta.softcap, native.is_bf16(q), _KV_TYPES[k.dtype],
+        torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"paged_attention_rows (C) failed with {rc}: unsupported group or head_dim")
+    return out
+
+
+def _cpu_sdpa(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
     """Gather the batch's blocks covering `lo .. max_kv-1` to `[B, kv_heads, L, dim]` (lo: the first
     block any query sees; 0 without a window), then SDPA as in attention.py: decode rows unpadded
     (GQA group as the query axis), a mixed step split in two."""
     if meta.split is not None:  # decodes first, then prefill chunks: never pad a decode row
         dec, pre = meta.split
-        return torch.cat([cpu(q[: dec.n_seqs], kv, dec, scale), cpu(q[dec.n_seqs:], kv, pre, scale)])
+        return torch.cat([_cpu_sdpa(q[: dec.n_seqs], kv, dec, scale), _cpu_sdpa(q[dec.n_seqs:], kv, pre, scale)])
     n_seq, max_q, max_kv, window = meta.n_seqs, meta.max_q, meta.max_kv, meta.window
     q_heads, dim, bs = q.shape[1], q.shape[2], kv.block_size
     first = max(0, int((meta.kv_lens - meta.q_lens).min()) - window + 1) if window else 0

@@ -64,7 +64,8 @@ def drive(engine: Engine, actions: dict, max_steps: int = 5000) -> None:
 @pytest.fixture(scope="module")
 def real(smollm_path, tmp_path_factory):
     k, lay = lab_dirs(tmp_path_factory.mktemp("lab"))
-    bundle = ModelBundle.load(ModelConfig(model_path=smollm_path, kernels_dir=k, layouts_dir=lay))
+    # dtype auto: what `serve` runs (bf16 activations where the CPU computes bf16, else float32)
+    bundle = ModelBundle.load(ModelConfig(model_path=smollm_path, dtype="auto", kernels_dir=k, layouts_dir=lay))
     prompts = ["The capital of France is", "Once upon a time", "def add(a, b):", "The primary colors are",
                "Water boils at", "My favorite book is", "In 1969,", "A list of fruits:"]
     return bundle, [tuple(bundle.tokenizer.encode(p)) for p in prompts]
@@ -77,8 +78,9 @@ def _generate(bundle, prompts, actions, n_predict=24):
 
 
 def test_layout_switches_and_kernel_edit_mid_generation_keep_outputs(real):
-    """8 sequences generate while the layout goes through every float layout and rms_norm is
-    replaced by an equivalent variant: the outputs equal the run without edits."""
+    """8 sequences generate, under the serving default config, while the layout goes through every
+    float layout (the same element type: the same floats) and rms_norm is replaced by an equivalent
+    variant: the outputs equal the run without edits (issue 32: paged layouts changed 6 of 8)."""
     bundle, prompts = real
     engine, handles = _generate(bundle, prompts, {})
     drive(engine, {})
@@ -273,3 +275,36 @@ def test_swaps_under_concurrent_load_lose_nothing(tiny):
     engine.stop()
     assert len(swaps) == 8 and set(done) == set(prompts)
     assert wrong == []
+
+
+@pytest.mark.skipif(native.compiler() is None or os.environ.get("SLOTSERVER_NATIVE") == "0",
+                    reason="no C compiler here: kernels serve their torch forms")
+def test_a_saved_c_file_reloads_every_kernel_that_compiles_it(tiny):
+    """kernels/attention.c is attention's and paged_attention's C: a save (through the watcher)
+    re-validates and swaps both, and a compile error in it is refused at the .c file's line while
+    the old kernels keep serving."""
+    cfile = tiny.config.kernels_dir / "attention.c"
+    original = cfile.read_text()
+    serving = tiny.model.kernels
+    versions = {op: serving.modules[op].version for op in ("attention", "paged_attention")}
+    engine = Engine(tiny, EngineConfig(n_parallel=2, ctx_size=2048)).start(watch=True)
+    try:
+        h = engine.submit(Request(tuple(range(10, 40)), GREEDY, n_predict=600, ignore_eos=True))
+        cfile.write_text(original + "\n/* an edit */\n")
+        events = [_wait_event(engine.lab, 0, timeout=60)]
+        events.append(_wait_event(engine.lab, events[0]["seq"], timeout=60))
+        assert sorted((e["result"], e["name"]) for e in events) == [("swapped", "attention"), ("swapped", "paged_attention")]
+        now = tiny.model.kernels.modules
+        assert all(now[op].version != v for op, v in versions.items())
+        broken = original.replace("const int64_t G = Hq / Hkv,", "const int64_t G = Hq / Hkvv,")
+        line = original[: original.index("const int64_t G = Hq / Hkv,")].count("\n") + 1
+        event = engine.lab.reload(str(cfile)).result(timeout=120) if cfile.write_text(broken) else None
+        refused = event["reloaded"]
+        assert [e["result"] for e in refused] == ["refused", "refused"], refused
+        assert all(f"attention.c:{line}:" in e["reason"] for e in refused), refused
+        assert tiny.model.kernels.modules["attention"].version == now["attention"].version
+        assert len(h.result(timeout=120).tokens) == 600
+    finally:
+        cfile.write_text(original)
+        engine.stop()
+        tiny.model.kernels = serving

@@ -52,10 +52,10 @@ def apply_lab_dir(args: argparse.Namespace) -> None:
 
 def run_init(args: argparse.Namespace) -> int:
     from slotserver.errors import ConfigError
-    from slotserver.lab.loader import default_dir, module_names
+    from slotserver.lab.loader import default_dir, lab_files
 
-    plan = [(default_dir(kind) / f"{n}.py", args.dir / kind / f"{n}.py")
-            for kind in ("kernels", "layouts") for n in module_names(default_dir(kind))]
+    # the modules and the C files they compile (kernels/attention.c)
+    plan = [(src, args.dir / kind / src.name) for kind in ("kernels", "layouts") for src in lab_files(default_dir(kind))]
     existing = [str(dst) for _, dst in plan if dst.exists()]
     if existing and not args.force:
         raise ConfigError(f"lab init: {len(existing)} file(s) already there (first: {existing[0]}); --force overwrites")

@@ -4,15 +4,26 @@
 blocks past a stream's kept cells; flat layouts have nothing to free), then the defrag moves with
 the layout's `copy_stream` (a slice copy for flat layouts, a block-table edit for paged ones),
 counting moves and bytes moved. `budget()` tells the scheduler a paged pool's block capacity.
+
+`kv_type` names what a cell holds: the spec's float type (`f32`, `f16`, `bf16`), or what a layout
+module declares in `KV_TYPE` when it stores something else (q8: int8 with a scale per row). Two
+layouts of the same kv_type give the same floats (the attention kernels share their C, see
+kernels/attention.c), so a swap between them changes no answer; a swap into another kv_type may,
+and /lab and `top` say which one serves.
 """
 
 from __future__ import annotations
+
+import torch
 
 from slotserver.lab.kv_spec import KVSpec
 from slotserver.lab.layouts import create_layout, load_layout
 from slotserver.lab.loader import LoadedModule
 from slotserver.engine.scheduler import KVBudget
 from slotserver.engine.stream_map import Move
+
+
+FLOAT_KV_TYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
 class KVCache:
@@ -29,6 +40,11 @@ class KVCache:
     @property
     def name(self) -> str:
         return self.loaded.module.NAME
+
+    @property
+    def kv_type(self) -> str:
+        declared = getattr(self.loaded.module, "KV_TYPE", None)
+        return str(declared) if declared else FLOAT_KV_TYPES.get(self.spec.dtype, str(self.spec.dtype))
 
     def budget(self) -> KVBudget | None:
         """The pool's limit in blocks for a paged layout (it has `max_blocks`); None for flat ones."""

@@ -50,7 +50,7 @@ class EnginePort:
 
     def layout_info(self) -> dict:
         c = self._e.cache
-        return {"name": c.name, "version": c.loaded.version, "bytes": c.bytes_used()}
+        return {"name": c.name, "version": c.loaded.version, "bytes": c.bytes_used(), "kv_type": c.kv_type}
 
     def stats(self):
         return self._e.stats()

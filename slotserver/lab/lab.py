@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -20,10 +21,12 @@ from pathlib import Path
 from slotserver.lab.kernel_paths import cpu_report, kernel_path
 from slotserver.lab.kernel_set import load_kernel
 from slotserver.lab.layouts import LAYOUT_CONTRACT, available_layouts
-from slotserver.lab.loader import (ModuleLoadError, Source, default_dir, file_version, load_source, locate,
-                                   module_names, read_source, resolve_in_folder)
+from slotserver.lab.loader import (ModuleLoadError, Source, c_files_naming, default_dir, file_version, load_source,
+                                   locate, module_names, read_source, resolve_in_folder)
 from slotserver.lab.sandbox import run_forked
 from slotserver.lab.validate import validate_kernel, validate_layout
+
+log = logging.getLogger("slotserver.lab")
 
 
 class Lab:
@@ -101,6 +104,9 @@ class Lab:
         if path is None:
             results = [self._reload(str(p), observed) for p in self._changed_files()]
             return {"reloaded": results}
+        users = self._c_file_users(path)
+        if users is not None:   # a kernel's C file: every serving kernel that compiles it
+            return {"reloaded": [self._reload_kernel(self.kernels_dir / f"{n}.py", observed) for n in users]}
         where = locate(path, {"kernel": self.kernels_dir, "layout": self.layouts_dir})
         if where is None:  # never imported, not even by the validator
             return self._event("refused", "file", Path(str(path)).stem[:100], str(path)[:300],
@@ -110,6 +116,18 @@ class Lab:
         if kind == "kernel":
             return self._reload_kernel(self.kernels_dir / f"{name}.py", observed)
         return self._reload_layout(self.layouts_dir / f"{name}.py", observed)
+
+    def _c_file_users(self, path: str) -> list[str] | None:
+        """For a `.c` file in the kernels folder: the serving kernels whose source names it (they
+        compile it: a save re-validates each); None for any other path."""
+        try:
+            p = Path(path)
+            if p.suffix != ".c" or p.parent.resolve() != self.kernels_dir.resolve():
+                return None
+        except (OSError, ValueError, RuntimeError):
+            return None
+        serving = self.port.kernels.modules
+        return [n for n in c_files_naming(self.kernels_dir, p.name) if n in serving]
 
     def _changed_files(self) -> list[Path]:
         layout = self.port.layout
@@ -121,7 +139,7 @@ class Lab:
             try:
                 if file_version(f) != serving.get(str(f)):
                     out.append(f)
-            except OSError:
+            except (OSError, ModuleLoadError):
                 continue
         return out
 
@@ -137,7 +155,7 @@ class Lab:
         trusted = ks.modules[op].module    # the serving module, inherited by the fork
         check = run_forked(lambda: validate_kernel(src, trusted, ks.impl), self.timeout)
         if not check.get("ok"):
-            return self._event("refused", "kernel", op, str(p), reason=check.get("reason"), line=check.get("line", "?"))
+            return self._event("refused", "kernel", op, str(p), reason=check.get("reason"), line=check.get("line"))
         try:
             loaded = load_kernel(src)
         except ModuleLoadError as e:
@@ -157,7 +175,7 @@ class Lab:
             return self._event("refused", "layout", p.stem, str(p), reason=str(e))
         check = self._validate_layout(src)
         if not check.get("ok"):
-            return self._event("refused", "layout", p.stem, str(p), reason=check.get("reason"), line=check.get("line", "?"))
+            return self._event("refused", "layout", p.stem, str(p), reason=check.get("reason"), line=check.get("line"))
         if p.resolve() != Path(self.port.layout.path).resolve():
             return self._event("accepted", "layout", p.stem, str(p), version=src.version, reason="valid; not the serving layout")
         return self._swap_layout(src, observed)
@@ -169,7 +187,7 @@ class Lab:
             return self._event("refused", "layout", str(name)[:100], "", reason=str(e))
         check = self._validate_layout(src)
         if not check.get("ok"):
-            return self._event("refused", "layout", name, str(src.path), reason=check.get("reason"), line=check.get("line", "?"))
+            return self._event("refused", "layout", name, str(src.path), reason=check.get("reason"), line=check.get("line"))
         return self._swap_layout(src, observed)
 
     def _validate_layout(self, src: Source) -> dict:
@@ -198,11 +216,34 @@ class Lab:
         self.port.wake()
         return fut.result(timeout=600)  # resolves at the engine's next step boundary (the engine must run)
 
-    def _event(self, result: str, kind: str, name: str, file: str, **extra) -> dict:
+    def _event(self, result: str, kind: str, name: str, file: str, line: object = None, **extra) -> dict:
+        """Record an event for /lab/events and top, and log it: the server's own log shows every
+        swap and refusal too. `line` is always there, an int or None (a validator says "?")."""
         with self._lock:
             event = {"seq": next(self._seq), "time": time.time(), "result": result, "kind": kind,
-                     "name": name, "file": file, **{k: v for k, v in extra.items() if v is not None}}
+                     "name": name, "file": file, "line": line_number(line),
+                     **{k: v for k, v in extra.items() if v is not None}}
             self.events.append(event)
             self.counts[result] += 1
+        log_event(event)
         return event
+
+
+def line_number(line: object) -> int | None:
+    """A source line as an int (1-based), or None when unknown ("?", a non-number, 0)."""
+    if isinstance(line, str) and line.strip().isdigit():
+        line = int(line)
+    return line if isinstance(line, int) and not isinstance(line, bool) and line > 0 else None
+
+
+def log_event(event: dict) -> None:
+    """One log line per lab event: a warning for what did not take effect, else info."""
+    where = event["file"] + (f":{event['line']}" if event["line"] and event["file"] else "")
+    parts = [f"lab: {event['result']} {event['kind']} {event['name']}".rstrip()]
+    if event.get("version"):
+        parts.append(f"version {event['version']}")
+    if event.get("latency_ms") is not None:
+        parts.append(f"in {event['latency_ms']:.0f} ms")
+    text = " ".join(parts) + (f" ({where})" if where else "") + (f": {event['reason']}" if event.get("reason") else "")
+    log.log(logging.WARNING if event["result"] in ("refused", "rolled_back") else logging.INFO, "%s", text)
 

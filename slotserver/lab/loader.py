@@ -3,6 +3,12 @@
 Why by path and fresh: the lab reloads edited files while serving, and a live `@triton.jit`
 function must never be patched in place. Each load gets a unique module name, so an old version
 keeps working for whoever still holds it until the engine swaps at a step boundary.
+
+A kernel's C may sit in a `.c` file beside it, named in the module as
+`native.c_source(__file__, "name.c")` (one file may serve several modules: attention.c is both
+attention's and paged_attention's). Such a file is part of the module's `Source`: read with the
+`.py`, in the version, and what the module compiles during `load_source` is those bytes (not the
+file again), so what was validated is what is swapped in, as for the `.py` itself.
 """
 
 from __future__ import annotations
@@ -12,28 +18,30 @@ import linecache
 import itertools
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from slotserver.lab import lazy_triton
+from slotserver.lab import c_sources, lazy_triton
 from slotserver.errors import ModuleLoadError  # noqa: F401  re-export: defined without torch in slotserver.errors
 
 _counter = itertools.count()
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+C_REF = re.compile(r"""native\.c_source\(\s*__file__\s*,\s*["']([A-Za-z][A-Za-z0-9_]{0,63}\.c)["']\s*\)""")
 
 
 @dataclass(frozen=True)
 class LoadedModule:
     path: Path
     module: ModuleType
-    version: str  # first 12 hex digits of the file's sha256
+    version: str  # first 12 hex digits of the sha256 of the file (and of the C files it names)
+    c_files: tuple[str, ...] = ()   # the `.c` files beside it that it compiles
 
 
 def file_version(path: Path) -> str:
-    """First 12 hex digits of the file's sha256: the version shown for kernels and layouts."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+    """The version shown for kernels and layouts: `read_source(path).version`."""
+    return read_source(path).version
 
 
 def default_dir(kind: str) -> Path:
@@ -90,16 +98,53 @@ class Source:
     """The bytes of a kernel or layout file, read once: what is validated is what is swapped in."""
     path: Path
     data: bytes
-    version: str  # first 12 hex digits of the bytes' sha256
+    version: str  # first 12 hex digits of the sha256 of `data` and of `c_files`
+    c_files: dict[str, bytes] = field(default_factory=dict)   # name -> bytes of each `.c` it names
 
 
 def read_source(path: Path) -> Source:
+    """The file's bytes and those of every `.c` file it names (`C_REF`), from its own folder."""
     path = Path(path)
+    data = _read(path, path)
+    names = sorted(set(C_REF.findall(data.decode("utf-8", errors="replace"))))
+    c_files = {n: _read(path.parent / n, path) for n in names}
+    digest = hashlib.sha256(data)
+    for name, c in c_files.items():
+        digest.update(b"\0" + name.encode() + b"\0" + c)
+    return Source(path, data, digest.hexdigest()[:12], c_files)
+
+
+def _read(path: Path, module: Path) -> bytes:
+    """Bytes of `path`, a regular file inside `module`'s folder (a symlink out is refused)."""
     try:
-        data = path.read_bytes()
+        if path != module and path.resolve().parent != module.resolve().parent:
+            raise ModuleLoadError(f"{module}: {path.name} resolves outside {module.parent}")
+        return path.read_bytes()
     except OSError as e:
-        raise ModuleLoadError(f"{path}: cannot read ({e.strerror})") from None
-    return Source(path, data, hashlib.sha256(data).hexdigest()[:12])
+        raise ModuleLoadError(f"{module}: cannot read {path.name} ({e.strerror})") from None
+
+
+def c_files_naming(folder: Path, c_name: str) -> list[str]:
+    """The modules `module_names(folder)` lists whose source names `c_name` (a saved `.c` reloads them)."""
+    out = []
+    for name in module_names(folder):
+        try:
+            text = (Path(folder) / f"{name}.py").read_text(errors="replace")
+        except OSError:
+            continue
+        if c_name in C_REF.findall(text):
+            out.append(name)
+    return out
+
+
+def lab_files(folder: Path) -> list[Path]:
+    """Every file of a lab folder: the modules it lists and the `.c` files they name."""
+    out: list[Path] = []
+    for name in module_names(folder):
+        py = Path(folder) / f"{name}.py"
+        out.append(py)
+        out += [py.parent / c for c in sorted(set(C_REF.findall(py.read_text(errors="replace"))))]
+    return sorted(set(out))
 
 
 def load_source(src: Source, required: tuple[str, ...]) -> LoadedModule:
@@ -117,7 +162,7 @@ def load_source(src: Source, required: tuple[str, ...]) -> LoadedModule:
     try:
         code = compile(src.data, str(path), "exec", dont_inherit=True)
         sys.modules[name] = module  # dataclasses and triton look modules up by name
-        with lazy_triton.stand_ins(module.__dict__):   # triton imported on first use, not here
+        with lazy_triton.stand_ins(module.__dict__), c_sources.given(path.parent, src.c_files):
             exec(code, module.__dict__)  # noqa: S102 - a listed kernel/layout file: the lab's purpose
     except SyntaxError as e:
         raise ModuleLoadError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
@@ -128,7 +173,7 @@ def load_source(src: Source, required: tuple[str, ...]) -> LoadedModule:
     missing = [r for r in required if not hasattr(module, r)]
     if missing:
         raise ModuleLoadError(f"{path}: missing contract name(s): {', '.join(missing)}")
-    return LoadedModule(path, module, src.version)
+    return LoadedModule(path, module, src.version, tuple(src.c_files))
 
 
 def load_by_path(path: Path, required: tuple[str, ...]) -> LoadedModule:

@@ -26,7 +26,7 @@ class _Handler(FileSystemEventHandler):
         if isinstance(path, bytes):
             path = path.decode()
         p = Path(path)
-        if p.suffix == ".py" and not p.name.startswith((".", "_")):
+        if p.suffix in (".py", ".c") and not p.name.startswith((".", "_")):   # .c: a kernel's C file
             self.watcher.touched(p)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,22 +56,21 @@ class ModelConfig:
     @property
     def weight_format(self):
         """auto: with an explicit `--dtype float32` the exact dequantized weights (reference mode);
-        on an AMX variant, for a file whose layer matmuls are all Q4_1, auto4 (its int4 tile kernel,
-        the AMX path as measured, not re-measured against the blocks yet); everywhere else the GGUF
-        blocks, mapped from the file, and the qmatmul kernels."""
+        everywhere else, on every CPU family, the GGUF blocks, mapped from the file, and the qmatmul
+        kernels: batch-invariant, so a prompt's answer does not depend on what it was batched with.
+
+        AMX hosts took auto4 for Q4_1 files until issue 32: its kernels change with the row count
+        (torch int4 at 1-2 rows, the AMX tile kernel to 32, dense bf16 above), so 7 of 16 greedy
+        texts under 8 concurrent clients differed from the same prompts alone, and it was slower
+        where serving spends its time. Measured on a 2-core Sapphire-Rapids-class host (AMX,
+        AVX-512 BF16/VNNI), SmolLM2-135M Q4_1, decode step b=1 / 8 / 32: auto4 11.8-13.1 /
+        17.0-17.3 / 33.8-36.2 ms, blocks 2.9-3.0 / 8.8-10.0 / 19.4-20.5 ms; prefill of 32 x 16
+        tokens auto4 134 ms, blocks 199-238 ms (AMX tiles win big prefills). `--weights auto4`
+        keeps it on request."""
         from slotserver.model.weights import WeightFormat
 
         if self.weights == "auto":
-            if self.dtype == "float32":
-                return WeightFormat("dense")   # the exact reference mode
-            # measured per CPU family (docs/performance.md, "GGUF blocks in place"): with the
-            # repacked batched dots the blocks match or beat auto4 at 8 rows on AVX-512 (VNNI, BF16)
-            # and beat the old default 1.4-3.3x on AVX2, at half the memory and load time. AMX hosts
-            # keep auto4 for Q4_1 files ("keep the AMX path as fast as today"); any other file
-            # there takes the blocks too: auto4 would dequantize its tensors at load into int8 and
-            # bf16 copies (issue 16: a 0.5B Q4_K_M file healthy in 13-20 s at 3.8x llama-server's RSS)
-            amx = cpu_features.current().amx
-            return WeightFormat("auto4" if amx and q4_1_matmuls(self.model_path) else "q")
+            return WeightFormat("dense" if self.dtype == "float32" else "q")   # dense: the exact reference mode
         return WeightFormat(self.weights)  # row thresholds: measured defaults, see WeightFormat
 
     @property
@@ -82,40 +80,11 @@ class ModelConfig:
         return DTYPES[resolve_dtype(self.dtype)]
 
 
-MATMUL_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-
-
-def q4_1_matmuls(path: str | Path) -> bool:
-    """Whether every layer matmul weight (blk.N.attn_q ... ffn_down) of the GGUF at `path` is Q4_1:
-    the files auto4 re-encodes exactly into int4. False for an unreadable file (loading reports it)."""
-    try:
-        st = Path(path).stat()
-        return _q4_1_matmuls(str(path), st.st_size, st.st_mtime_ns)
-    except OSError:
-        return False
-
-
-@functools.lru_cache(maxsize=8)
-def _q4_1_matmuls(path: str, size: int, mtime_ns: int) -> bool:   # size, mtime: the cache key
-    import gguf
-
-    from slotserver.errors import GGUFError
-    from slotserver.model.gguf_file import GGUFFile
-
-    try:
-        tensors = GGUFFile.open(path).tensors
-    except (GGUFError, OSError, ValueError):
-        return False
-    kinds = [t.ggml_type for name, t in tensors.items()
-             if name.startswith("blk.") and name.split(".")[-2] in MATMUL_TENSORS]
-    return bool(kinds) and all(k == gguf.GGMLQuantizationType.Q4_1 for k in kinds)
-
-
 def resolve_dtype(name: str, cpu: cpu_features.CpuFeatures | None = None) -> str:
     """auto -> bfloat16 only where the CPU computes bf16 natively (AVX512-BF16 or AMX, within the
     SLOTSERVER_CPU variant: never under avx2), else float32 (bf16 emulated by conversion is slower).
 
-    With GGUF blocks (`--weights q`, the default off AMX) `ModelConfig.torch_dtype` keeps float32
+    With GGUF blocks (`--weights q`, the default) `ModelConfig.torch_dtype` keeps float32
     whatever the CPU: the matmuls quantize their inputs to 8 bits as llama.cpp does, so bf16 buys
     no matmul speed (measured: within 1% at 1 and 8 sequences, 7% at 32), while bf16 outputs, KV
     and residual branches moved SmolLM2's log-probabilities by up to 0.26 against the f32 run and
