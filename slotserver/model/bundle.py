@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +15,10 @@ from slotserver.lab.kernel_set import KernelSet
 from slotserver.model.model import LlamaModel
 from slotserver.model.spec import ModelSpec
 from slotserver.model.text.tokenizer import Tokenizer
+from slotserver.model.progress import stage
 from slotserver.model.weights import Progress
+
+log = logging.getLogger("slotserver.load")
 
 
 @dataclass
@@ -31,11 +35,15 @@ class ModelBundle:
         torch.set_num_threads(config.threads or cpu_features.physical_cores())   # -t 0: llama.cpp's default
         f = GGUFFile.open(config.model_path)
         spec = ModelSpec.from_gguf(f)
+        log.info("%s: %s, %d layers, d_model %d, %d-token vocabulary", config.model_path.name, spec.arch,
+                 spec.n_layers, spec.d_model, spec.vocab_size)
         tokenizer = Tokenizer.from_metadata(f.metadata)
         template = ChatTemplate.from_metadata(f.metadata, tokenizer)
         kernels = KernelSet.load(config.kernels_dir)
-        model = LlamaModel.from_file(f, spec, config.torch_dtype, kernels, config.max_ctx or None, progress,
-                                     config.weight_format)
+        with stage(f"reading weights ({config.weight_format.kind}, {str(config.torch_dtype).removeprefix('torch.')})",
+                   "weights read"):
+            model = LlamaModel.from_file(f, spec, config.torch_dtype, kernels, config.max_ctx or None, progress,
+                                         config.weight_format)
         model.set_step_graphs(config.step_graphs)
         return cls(config, model, tokenizer, template, _without_vocabulary(f.metadata))
 

@@ -64,12 +64,14 @@ def load(state: ServerState, plan: LaunchPlan, address: str) -> Engine:
     from slotserver.model.bundle import ModelBundle
     from slotserver.engine.engine import Engine
     from slotserver.engine.slot_files import remove_stale_temporaries
-    from slotserver.model.progress import load_progress
+    from slotserver.model.progress import load_progress, stage
 
-    with load_progress(f"loading {plan.model.model_path.name}") as tick:
+    name = plan.model.model_path.name
+    with stage(f"loading {name}", f"loaded {name}"), load_progress(f"loading {name}") as tick:
         bundle = ModelBundle.load(plan.model, tick)
     if plan.warmup:
-        bundle.model.warm_up()
+        with stage("warming up: each weight's repacked form (--no-warmup skips it)", "warmed up"):
+            bundle.model.warm_up()
     template = None
     if plan.chat_template is not None:   # same BOS/EOS texts and BOS rule as the model's own
         template = bundle.template.with_source(plan.chat_template)
@@ -77,7 +79,9 @@ def load(state: ServerState, plan: LaunchPlan, address: str) -> Engine:
         print(f"slotserver: warning: {plan.model.model_path.name} has no chat template "
               "(tokenizer.chat_template); chat prompts use ChatML, as llama-server's do. Give the "
               "model's own with --chat-template-file", file=sys.stderr, flush=True)
-    engine = Engine(bundle, plan.engine)
+    with stage(f"allocating the KV cache ({plan.engine.n_parallel} slots x {plan.engine.n_cells} cells)",
+               "KV cache allocated"):
+        engine = Engine(bundle, plan.engine)
     remove_stale_temporaries(plan.engine.slot_save_path)   # before any save can run: none is live
     state.set_loaded(bundle, engine, template)
     e, layout = plan.engine, engine.stats().layout or plan.model.layout
