@@ -112,6 +112,11 @@ def test_props_and_models_describe_the_server(client, tiny_engine):
     assert props["default_generation_settings"]["n_ctx"] == CTX // N_PARALLEL
     assert props["chat_template"] == tiny_engine[0].template.source
     assert props["eos_token"] == "<|im_end|>"
+    # ours: what the model computes in and its matmul weights, which top's header shows (not "dtype ?")
+    assert (props["dtype"], props["weights"]) == (str(tiny_engine[0].model.dtype).removeprefix("torch."),
+                                                  tiny_engine[0].config.weight_format.kind)
+    from slotserver.top.parse import parse_header
+    assert parse_header({}, {}, props, []).dtype == props["dtype"] != "?"
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["object"] == "model"
     assert models["data"][0]["id"] == Path(props["model_path"]).name == props["model_alias"]

@@ -110,3 +110,30 @@ def test_a_broken_model_file_stops_the_server_with_one_line(tmp_path: Path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
     assert done.returncode == 2 and len(errors) == 1 and "broken.gguf" in errors[0], done.stderr
+
+
+def test_dtype_help_says_what_the_config_does(tmp_path, monkeypatch, capsys):
+    """`serve --help` once said auto meant bfloat16 on AVX512-BF16/AMX CPUs, while the GGUF blocks
+    (the default weights) keep float32 everywhere: the help's claims, checked on both kinds of CPU."""
+    from slotserver.lab import cpu_features
+    from slotserver.model.config import ModelConfig
+    import torch
+
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "auto (default): float32 with the GGUF blocks (the default --weights, and q)" in help_text
+    assert "with dequantized --weights (dense, int8, int4, auto8, auto4) bfloat16 where the CPU computes it " \
+           "natively (AVX512-BF16/AMX), else float32" in help_text
+    assert "float32: with --weights auto, the exact dequantized reference mode" in help_text
+    model = tmp_path / "m.gguf"
+    for variant, extra, native in (("amx", cpu_features.AMX, True), ("avx2", frozenset(), False)):
+        cpu = cpu_features.CpuFeatures(variant, frozenset({"avx512_bf16"} if native else set()) | extra)
+        monkeypatch.setattr(cpu_features, "current", lambda env=None, cpu=cpu: cpu)
+        assert ModelConfig(model, dtype="auto").weight_format.kind == "q"
+        assert ModelConfig(model, dtype="auto").torch_dtype == torch.float32
+        assert ModelConfig(model, dtype="auto", weights="q").torch_dtype == torch.float32
+        want = torch.bfloat16 if native else torch.float32
+        assert all(ModelConfig(model, dtype="auto", weights=w).torch_dtype == want
+                   for w in ("dense", "int8", "int4", "auto8", "auto4")), variant
+        assert ModelConfig(model, dtype="float32").weight_format.kind == "dense"

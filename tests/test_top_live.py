@@ -147,8 +147,9 @@ class Load:
 
 
 def header_layout(name: str) -> str:
-    """The header's layout field: the name, then its version (the event log has no `v <hash>`)."""
-    return rf"layout {re.escape(name)}\s+v [0-9a-f?]"
+    """The header's layout field: the name, its K/V type, then its version (the event log has no
+    `v <hash>`)."""
+    return rf"layout {re.escape(name)} · (f32|f16|bf16|q8[^\s]*)[^│]*?\s+v [0-9a-f?]"
 
 
 def test_top_follows_a_live_server_and_quits_cleanly(server):

@@ -30,13 +30,16 @@ def add_parser(sub) -> None:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", type=Path, default=None, help="GGUF file (default: embedded SmolLM2-135M)")
-    p.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",
-                   help="compute dtype (default auto: bfloat16 where the CPU computes it natively (AVX512-BF16/AMX), "
-                        "else float32; float32 with --weights auto is the exact reference mode)")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",   # ModelConfig.torch_dtype decides
+                   help="compute dtype. auto (default): float32 with the GGUF blocks (the default --weights, and "
+                        "q), as llama.cpp; with dequantized --weights (dense, int8, int4, auto8, auto4) bfloat16 "
+                        "where the CPU computes it natively (AVX512-BF16/AMX), else float32. float32: with "
+                        "--weights auto, the exact dequantized reference mode. bfloat16: bf16 attention and KV "
+                        "(matmuls on GGUF blocks stay float32)")
     p.add_argument("--weights", choices=["auto", "q", "dense", "int8", "int4", "auto8", "auto4"], default="auto",
-                   help="matmul weights: auto (default): float32 -> exact dequantized (reference); AMX and a Q4_1 file -> auto4; "
-                        "else the GGUF blocks computed on in place (qmatmul); q: the blocks whatever the dtype; "
-                        "dense / int8 / int4 / auto8 / auto4: dequantized at load")
+                   help="matmul weights. auto (default): the GGUF blocks computed on in place (qmatmul); with "
+                        "--dtype float32 the exact dequantized weights (the reference). q: the blocks whatever the "
+                        "dtype. dense / int8 / int4 / auto8 / auto4: dequantized at load")
     p.add_argument("-t", "--threads", type=int, default=0,
                    help="compute threads (default 0: the physical cores this process may use, as llama.cpp)")
     p.add_argument("--layout", default="head_seq_dim",   # ModelConfig's DEFAULT_LAYOUT (that module imports torch)

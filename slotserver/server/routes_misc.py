@@ -104,6 +104,8 @@ async def props(request: Request) -> Response:
         "total_slots": engine.config.n_parallel,
         "model_alias": state.config.model_name,   # as llama-server: --alias, else the file's name
         "model_path": state.config.model_path,
+        "dtype": str(bundle.model.dtype).removeprefix("torch."),   # ours: what the model computes in
+        "weights": bundle.config.weight_format.kind,              # ours: the matmul weights' format
         "modalities": {"vision": False, "audio": False},
         "endpoint_slots": state.config.slots_endpoint,
         "endpoint_metrics": state.config.metrics,

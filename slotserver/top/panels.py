@@ -45,6 +45,15 @@ def _kv(label: str, value: str, style: str = "bold") -> Text:
     return Text.assemble((label + " ", "dim"), (value, style))
 
 
+def _layout(h) -> Text:
+    """`layout paged · f16`: the name, and its K/V element type when the server reports it (a swap
+    to a layout of another type may change answers, one of the same type does not)."""
+    seg = _kv("layout", h.layout, "bold magenta")
+    if h.kv_type:
+        seg.append(f" · {h.kv_type}", "magenta")
+    return seg
+
+
 def status_line(state: TopState) -> Text:
     if state.connected:
         return Text.assemble(("● live ", "bold green"), (state.url, "dim"))
@@ -60,7 +69,7 @@ def header(state: TopState, width: int) -> tuple[Group, int]:
     bound = "" if h.uptime_exact or h.uptime_s is None else "≥"     # see track.Tracker.uptime
     segs = [
         _kv("model", h.model, "bold cyan"), _kv("dtype", h.dtype), _kv("device", h.device), _kv("cpu", h.cpu),
-        _kv("layout", h.layout, "bold magenta"), _kv("v", version, "magenta"),
+        _layout(h), _kv("v", version, "magenta"),
         _kv("uptime", bound + w.duration(h.uptime_s)), _kv("tok/s", w.rate(h.tokens_per_second), "bold green"),
         _kv("queue", w.num(h.queue_len)), _kv("active", f"{w.num(h.n_active)}/{w.num(n_slots)}"),
         _kv("kv", w.size(h.kv_bytes)),

@@ -39,6 +39,14 @@ def as_float(v: Any) -> float | None:
     return float(v)
 
 
+def as_line(v: Any) -> int | None:
+    """A source line: an int, or None for null (servers before issue 32 sent "?" for none)."""
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v)
+    n = as_int(v)
+    return n if n is not None and n > 0 else None
+
+
 def as_str(v: Any, default: str = UNKNOWN) -> str:
     if isinstance(v, str) and v:
         return clean(v)
@@ -81,12 +89,11 @@ def parse_events(raw: list, problems: list[str]) -> list[EventRow]:
         if not isinstance(item, dict):
             problems.append("an event that is not an object")
             continue
-        line = item.get("line")
         reason = item.get("reason")
         rows.append(EventRow(
             seq=as_int(item.get("seq")), time=as_float(item.get("time")), result=as_str(item.get("result")),
             kind=as_str(item.get("kind")), name=as_str(item.get("name"), ""), file=as_str(item.get("file"), ""),
-            line=None if line is None else clean(str(line), 20),
+            line=as_line(item.get("line")),
             reason=None if reason is None else clean(str(reason)),
             latency_ms=as_float(item.get("latency_ms")), version=as_str(item.get("version"), "") or None))
     return sorted(rows, key=lambda e: -(e.seq if e.seq is not None else -1))
@@ -116,8 +123,9 @@ def parse_kernels(raw: list, events: list[EventRow], problems: list[str]) -> lis
 def parse_header(lab: dict, engine: dict, props: dict, problems: list[str]) -> Header:
     """Header fields: the model from /props, the layout from /lab, the counters from the engine.
 
-    /props has no dtype or device today; they are read if a server adds them, else the device
-    falls back to the kernels' implementation name ("cpu", "triton"), which is chosen per device.
+    /props says the compute `dtype` (servers before issue 32 did not: "?"); the device, if a server
+    adds it, else the kernels' implementation name ("cpu", "triton"), which is chosen per device.
+    The serving layout's `kv_type` (its K/V element type: "f16", "bf16"...) is shown when /lab has it.
     """
     layout = section(lab, "layout", dict, problems)
     kernels = lab.get("kernels") if isinstance(lab.get("kernels"), list) else []
@@ -127,11 +135,16 @@ def parse_header(lab: dict, engine: dict, props: dict, problems: list[str]) -> H
         model=model.rsplit("/", 1)[-1], dtype=as_str(props.get("dtype")),
         device=as_str(props.get("device"), impl),
         layout=as_str(layout.get("name"), as_str(engine.get("layout"))),
-        layout_version=as_str(layout.get("version")), uptime_s=as_float(engine.get("uptime_s")),
+        layout_version=as_str(layout.get("version")), kv_type=_short(as_str(layout.get("kv_type"), ""), 32),
+        uptime_s=as_float(engine.get("uptime_s")),
         tokens_per_second=as_float(engine.get("tokens_per_second")),
         queue_len=as_int(engine.get("queue_len")), n_active=as_int(engine.get("n_active")),
         steps=as_int(engine.get("steps")), kv_bytes=as_int(layout.get("bytes", engine.get("kv_bytes"))),
         defrag=as_str(engine.get("defrag")), cpu=_cpu(as_dict(lab.get("cpu")) or as_dict(props.get("cpu"))))
+
+
+def _short(s: str, limit: int) -> str:
+    return s if len(s) <= limit else s[:limit - 1] + "…"
 
 
 def _cpu(report: dict) -> str:
@@ -141,5 +154,7 @@ def _cpu(report: dict) -> str:
 
 
 def parse_layouts(lab: dict) -> list[str]:
+    """The layout names, whether the list holds names or objects with a "name" (and a kv_type)."""
     raw = lab.get("layouts")
-    return [clean(x, 200) for x in raw if isinstance(x, str) and x] if isinstance(raw, list) else []
+    names = [x.get("name") if isinstance(x, dict) else x for x in raw] if isinstance(raw, list) else []
+    return [clean(x, 200) for x in names if isinstance(x, str) and x]

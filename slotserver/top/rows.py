@@ -18,6 +18,7 @@ class Header:
     device: str = UNKNOWN
     layout: str = UNKNOWN
     layout_version: str = UNKNOWN
+    kv_type: str = ""                        # the layout's K/V element type ("f16", "bf16"); "": not reported
     uptime_s: float | None = None
     uptime_exact: bool = False               # False: a lower bound (see track.Tracker.uptime)
     tokens_per_second: float | None = None   # measured between polls (see track.py)
@@ -99,7 +100,7 @@ class EventRow:
     kind: str = UNKNOWN
     name: str = ""
     file: str = ""
-    line: str | None = None
+    line: int | None = None                  # the source line a refusal points at; None: none
     reason: str | None = None
     latency_ms: float | None = None
     version: str | None = None
@@ -108,4 +109,4 @@ class EventRow:
     def where(self) -> str:
         """`file.py:12`, the file's base name (full paths do not fit a terminal column)."""
         base = self.file.rsplit("/", 1)[-1] if self.file else ""
-        return f"{base}:{self.line}" if base and self.line not in (None, "", UNKNOWN) else base
+        return f"{base}:{self.line}" if base and self.line is not None else base
