@@ -255,7 +255,7 @@ def test_malformed_file_gives_one_clear_line(tmp_path, tiny_bytes, case):
 
 def test_missing_path_and_directory_are_named(tmp_path):
     assert "file not found" in _open_error(tmp_path / "absent.gguf")
-    assert "not a regular file" in _open_error(tmp_path)
+    assert "is a directory: give a GGUF file" in _open_error(tmp_path)   # not "not found", not "not a regular file"
 
 
 def test_custom_alignment_is_honoured_and_checked(tmp_path):

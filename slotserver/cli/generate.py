@@ -42,6 +42,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "dtype. dense / int8 / int4 / auto8 / auto4: dequantized at load")
     p.add_argument("-t", "--threads", type=int, default=0,
                    help="compute threads (default 0: the physical cores this process may use, as llama.cpp)")
+    p.add_argument("--check-tensors", action="store_true",
+                   help="check every tensor's data for NaN/inf at load, as llama.cpp's flag (refuses a broken file)")
     p.add_argument("--layout", default="head_seq_dim",   # ModelConfig's DEFAULT_LAYOUT (that module imports torch)
                    help="KV layout, a module of layouts/ (default head_seq_dim)")
     p.add_argument("--kernels-dir", type=Path, default=None)
@@ -60,7 +62,7 @@ def load_bundle(args):
                          threads=args.threads, layout=args.layout, kernels_dir=args.kernels_dir, weights=args.weights,
                          layouts_dir=args.layouts_dir)
     with load_progress(f"loading {config.model_path.name}") as tick:
-        return ModelBundle.load(config, tick)
+        return ModelBundle.load(config, tick, check_tensors=args.check_tensors)
 
 
 def run(args) -> int:

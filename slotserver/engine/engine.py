@@ -33,6 +33,7 @@ from slotserver.engine.postprocess import Sampled, final_event, postprocess, pro
 from slotserver.engine.request import (ContextExceeded, EngineBusy, ErrorEvent, Request, RequestError,
                                        RequestHandle, ignore_eos_params)
 from slotserver.model.sampling import Sampler, SamplingError, SequenceRng
+from slotserver.model.tensor_check import logits_problem
 from slotserver.engine.scheduler import Scheduler, StepPlan
 from slotserver.engine.sequence import Sequence
 from slotserver.engine.stats import EngineStats
@@ -255,8 +256,8 @@ class Engine:
                 row = self.sampler.sample(logits[i: i + 1], [s.params], [s.rng], [s.tokens],
                                           None if allowed is None else allowed[i: i + 1])
                 out.extend(self._sampled(row, [s]))
-            except SamplingError as e:
-                out.append(Sampled(-1, error=f"sampling failed: {e}"))
+            except SamplingError as e:   # NaN logits are the model's fault: say so, not "sampling failed"
+                out.append(Sampled(-1, error=logits_problem(logits[i]) or f"sampling failed: {e}"))
         return out
 
     # -- inbox -------------------------------------------------------------------------------

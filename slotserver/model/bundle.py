@@ -30,10 +30,14 @@ class ModelBundle:
     metadata: dict
 
     @classmethod
-    def load(cls, config: ModelConfig, progress: Progress | None = None) -> "ModelBundle":
-        """Open and validate the file, build the tokenizer first (cheap, fails early), then weights."""
+    def load(cls, config: ModelConfig, progress: Progress | None = None, check_tensors: bool = False) -> "ModelBundle":
+        """Open and validate the file (every tensor's data too with `check_tensors`), build the
+        tokenizer first (cheap, fails early), then weights."""
         torch.set_num_threads(config.threads or cpu_features.physical_cores())   # -t 0: llama.cpp's default
         f = GGUFFile.open(config.model_path)
+        if check_tensors:
+            with stage("checking every tensor's data for NaN/inf (--check-tensors)", "tensor data checked"):
+                f.check_tensors()
         spec = ModelSpec.from_gguf(f)
         log.info("%s: %s, %d layers, d_model %d, %d-token vocabulary", config.model_path.name, spec.arch,
                  spec.n_layers, spec.d_model, spec.vocab_size)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from slotserver.errors import GGUFError  # noqa: F401  re-export: defined without torch in slotserver.errors
+from slotserver.model.tensor_check import count_nonfinite, describe
 
 HEADER = struct.Struct("<4sIQQ")  # magic, version, tensor count, metadata (kv) count
 SUPPORTED_VERSIONS = (2, 3)  # what GGUFReader reads (v1 used 32-bit counts)
@@ -313,6 +314,17 @@ class GGUFFile:
         if not values.flags.writeable or not values.flags.c_contiguous:
             values = np.array(values, dtype=np.float32, order="C")  # F32 is a view of the mmap
         return torch.from_numpy(values).to(dtype)
+
+    def check_tensors(self) -> None:
+        """`--check-tensors`: raise GGUFError naming the first tensor whose data holds NaN or inf
+        where llama.cpp's check looks (tensor_check.py), so the file is refused at load rather
+        than failing every request with NaN logits."""
+        bad = [(info, count) for info in self.tensors.values()
+               if (count := count_nonfinite(self.mapped_bytes(info.offset, info.n_bytes), info.ggml_type)).first >= 0]
+        if bad:
+            (info, count), more = bad[0], len(bad) - 1
+            also = f" (and {more} more tensor{'s' if more > 1 else ''})" if more else ""
+            raise GGUFError(self.path, f"{describe(info.name, info.ggml_type, count)}{also}; refused by --check-tensors")
 
     def mapped_bytes(self, offset: int, n_bytes: int) -> np.ndarray:
         """Bytes [offset, offset + n_bytes) of the file as a read-only uint8 view of its mapping

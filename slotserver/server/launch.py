@@ -36,6 +36,7 @@ class LaunchPlan:
     chat_template: str | None = None   # a Jinja source from the command line, else the model's
     watch: bool = True                 # hot-reload saves in kernels/ and layouts/ (--no-watch: off)
     warmup: bool = True                # prepare every weight before healthy (--no-warmup: off, as llama-server)
+    check_tensors: bool = False        # --check-tensors: refuse a file whose tensor data holds NaN/inf (as llama.cpp)
     gc_paused: bool = False            # start-up ran with the cyclic GC paused (cli/serve.py): resume it once loaded
 
     def __post_init__(self) -> None:
@@ -68,7 +69,7 @@ def load(state: ServerState, plan: LaunchPlan, address: str) -> Engine:
 
     name = plan.model.model_path.name
     with stage(f"loading {name}", f"loaded {name}"), load_progress(f"loading {name}") as tick:
-        bundle = ModelBundle.load(plan.model, tick)
+        bundle = ModelBundle.load(plan.model, tick, check_tensors=plan.check_tensors)
     if plan.warmup:
         with stage("warming up: each weight's repacked form (--no-warmup skips it)", "warmed up"):
             bundle.model.warm_up()

@@ -113,4 +113,4 @@ def plan_from_args(args) -> LaunchPlan:
                         max_ctx=engine.n_cells, step_graphs=not args.no_step_graphs)
     template = chat_template_source(args.chat_template, args.chat_template_file)
     return LaunchPlan(model=model, engine=engine, host=args.host, port=args.port, chat_template=template,
-                      watch=not args.no_watch, warmup=not args.no_warmup)
+                      watch=not args.no_watch, warmup=not args.no_warmup, check_tensors=getattr(args, "check_tensors", False))
