@@ -85,7 +85,7 @@ def add_parser(sub) -> None:
     a("--tool-call-format", default="auto", metavar="FORMAT",
       help="auto (default: the chat template's own; Hermes <tool_call> blocks for templates without tool "
            "support) | hermes | generic (llama.cpp's JSON answers): how tool calls are asked for and parsed")
-    a("--alias", default="", help="model name shown to clients")
+    a("--alias", default="", help="the model id clients see and retrieve (default: the GGUF file's name)")
     _switch(p, "context-shift", False, "not supported yet")
     _switch(p, "cache-prompt", True, "reuse slot caches across requests (default on)")
     a("-sps", "--slot-prompt-similarity", type=float, default=0.1)
