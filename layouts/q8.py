@@ -18,7 +18,7 @@ import torch
 from slotserver.lab.kv_spec import KVSpec, StridedKV
 
 NAME = "q8"
-KV_TYPE = "q8 (int8, f32 scale per row)"   # not the float cache type: /lab and top say so (kv_cache.py)
+KV_TYPE = "q8"   # int8 + a float32 scale per row, not the float cache type: /lab and top say so (kv_cache.py)
 QMAX = 127
 TOL = 1e-2  # read-back error relative to the values' magnitude (lossy: <= absmax / 254 per row)
 

@@ -23,7 +23,8 @@ DEFAULT_LAYOUT = "head_seq_dim"
 class ModelConfig:
     model_path: Path
     # float32 + weights auto: the exact reference (what library callers and tests get); the CLI
-    # passes its own default, `--dtype auto`: bfloat16 where the CPU computes it natively, else float32
+    # passes its own default, `--dtype auto`: float32 with the GGUF blocks (weight_format), and
+    # bfloat16 only for dequantized weights (--weights) on a CPU that computes bf16 natively
     dtype: str = "float32"
     threads: int = 0                 # 0: the physical cores (cpu_features.physical_cores), as llama.cpp
     layout: str = DEFAULT_LAYOUT
