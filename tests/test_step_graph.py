@@ -3,12 +3,16 @@ forward, and a step that cannot be replayed safely is never captured."""
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
 import pytest
 import torch
 
 from slotserver.engine.kv_cache import KVCache
 from slotserver.lab.kernel_set import KernelSet
 from slotserver.lab.kv_spec import KVSpec
+from slotserver.lab.loader import ModuleLoadError, load_source, read_source
 from slotserver.model import step_graph
 from slotserver.model.batch import Batch, SeqChunk
 from slotserver.model.config import ModelConfig
@@ -197,10 +201,11 @@ def test_a_body_that_computes_in_torch_is_not_captured():
 
 
 def test_a_c_call_the_recorder_cannot_see_fails_the_check_replay():
-    """A kernel that bound its C function before the capture: its call is not recorded, its output
-    would be stale on replay; the NaN-filled check replay catches it and the step's logits stay right."""
+    """A kernel that calls a ctypes function of its own (not through the library `native.build`
+    returned): its call is not recorded, its output would be stale on replay; the NaN-filled check
+    replay catches it and the step's logits stay right."""
     norm = _native_rms_norm()
-    hidden = norm._LIB.rms_norm                     # bound before the capture: invisible to it
+    hidden = norm._LIB.rms_norm.fn                  # the bare ctypes function: invisible to the recorder
     x, weight = torch.randn(2, 64, generator=torch.Generator().manual_seed(0)), torch.ones(64)
 
     def body() -> torch.Tensor:
@@ -219,3 +224,54 @@ def test_a_c_function_not_declared_replayable_is_not_captured(monkeypatch):
     x = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
     graph, out = step_graph.capture(lambda: norm.cpu(x, torch.ones(64), 1e-5), [x], {})
     assert graph is None and torch.allclose(out, norm.reference(x, torch.ones(64), 1e-5), atol=1e-5)
+
+
+def test_a_function_bound_before_the_capture_is_still_recorded():
+    """A kernel may bind `_LIB.fn` once (at import) and call it in its steps: the recorder still
+    sees the call (it is looked up per call, not swapped into the library), so the step replays."""
+    norm = _native_rms_norm()
+    bound = norm._LIB.rms_norm
+    x, weight = torch.randn(2, 64, generator=torch.Generator().manual_seed(3)), torch.ones(64)
+
+    def body() -> torch.Tensor:
+        out = torch.empty(2, 64)
+        assert bound(x.data_ptr(), weight.data_ptr(), out.data_ptr(), 2, 1, 64, 64, 0, 64, 1e-5, 0, 0, 0, 0, 1) == 0
+        return out
+
+    graph, out = step_graph.capture(body, [x], {})
+    assert graph is not None and len(graph.calls) == 1
+    assert torch.equal(graph.replay([x]), out)
+
+
+def test_a_kernel_loaded_while_steps_are_recorded_loads_as_written():
+    """Issue 32 (3): the lab loads an edited kernel on its worker thread while the engine thread
+    records step graphs. Recording once swapped wrappers into the shared libraries, and about half
+    of these loads were refused (`'_Watched' object has no attribute 'argtypes'`). Every load must
+    succeed, and every capture must still record its C call."""
+    norm = _native_rms_norm()
+    src = read_source(Path(norm.__file__))
+    x, body = _norm_body(norm, 2)
+    stop, refused, loads = threading.Event(), [], []
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                loads.append(load_source(src, ("cpu",)))
+            except ModuleLoadError as e:
+                refused.append(str(e))
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    captures = []
+    try:
+        while len(loads) + len(refused) < 150:
+            graph, out = step_graph.capture(body, x, {})
+            captures.append(graph is not None and len(graph.calls) == 1)
+            assert torch.allclose(out, norm.reference(x[0], torch.ones(64), 1e-5), atol=1e-5)
+    finally:
+        stop.set()
+        loader.join()
+    assert refused == []
+    assert captures and all(captures)
+    y = loads[-1].module.cpu(x[0], torch.ones(64), 1e-5)   # the last load works as a kernel
+    assert torch.allclose(y, norm.reference(x[0], torch.ones(64), 1e-5), atol=1e-5)

@@ -1,10 +1,15 @@
 """After a step: advance counters, append sampled tokens, check stops, stream events out.
 
-Stops, in llama-server's order: an end-of-generation token (unless `ignore_eos`; its text is not
-emitted), a stop string (also across token boundaries; the text is cut before it), `n_predict`
-reached, or the slot's context full (`truncated`). A constrained sequence also ends ("eos") once
-its grammar has accepted and allows nothing more; the token is fed to its matcher here, after the
-step's masks were read.
+Stops, in llama-server's order: an end-of-generation token (unless `ignore_eos`), a stop string
+(also across token boundaries; the text is cut before it), `n_predict` reached, or the slot's
+context full (`truncated`). A constrained sequence also ends ("eos") once its grammar has accepted
+and allows nothing more; the token is fed to its matcher here, after the step's masks were read.
+
+The end-of-generation token is a step like any other for the client: it gets its TokenEvent (with
+its probabilities, and the held-back text it releases; its own piece adds no text), then the
+FinalEvent. llama-server's process_token does the same (the token joins `tokens`,
+`completion_probabilities` and OpenAI's `logprobs`, and streams its own chunk), and a client that
+scores answers or checks a model against llama.cpp step by step needs that last decision.
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ def _accept(sched: Scheduler, seq: Sequence, s: Sampled, eog: frozenset[int]) ->
     req = seq.request
     if s.token in eog and not req.ignore_eos:
         tail = seq.stops.feed(seq.detok.flush())[0] + seq.stops.flush()
-        _finish(sched, seq, "eos", "", False, tail)
+        seq.handle.emit(_token_event(seq, s, tail))
+        _finish(sched, seq, "eos", "", False)
         return True
     text, word = seq.stops.feed(seq.detok.push(s.token))
     if word is not None:

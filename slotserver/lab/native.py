@@ -29,6 +29,7 @@ releases the GIL for the duration of the call.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -37,11 +38,13 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch  # noqa: F401 - loads torch's libgomp first, so the kernels share its OpenMP runtime
 
-from slotserver.lab import cpu_features
+from slotserver.lab import c_sources, cpu_features
 
 log = logging.getLogger("slotserver.lab.native")
 
@@ -256,6 +259,10 @@ def build(name: str, source: str, origin: str | None = None, strict: bool = Fals
     compiler's messages point at that file's lines. A compile error raises NativeError with
     `strict` (a kernel module: a broken edit must be refused, not silently replaced by its torch
     form), else logs one warning and returns None.
+
+    Each call returns a new `Library` over the one loaded handle: what a caller declares on it
+    (`signature`) reaches no other caller, so a lab edit being loaded never changes the functions
+    of the version still serving, even where both hold the same C.
     """
     if os.environ.get("SLOTSERVER_NATIVE", "1") == "0":  # off by request: the torch formulations serve
         return None
@@ -272,7 +279,8 @@ def build(name: str, source: str, origin: str | None = None, strict: bool = Fals
         except OSError as e:  # the machine's fault (cache folder, compiler binary), never the source's
             log.warning("native kernel %s unavailable, using its torch formulation: %s", name, e)
             _loaded[key] = None
-    return _loaded[key]
+    lib = _loaded[key]
+    return None if lib is None else Library(lib._name, handle=lib._handle)   # the caller's own (Library)
 
 
 def _load(name: str, full: str) -> ctypes.CDLL:
@@ -297,6 +305,18 @@ def _located(source: str, origin: str | None) -> str:
     return f'#line {text[:at].count(chr(10)) + 1} "{origin}"\n{source}'
 
 
+def c_source(origin: str, name: str) -> str:
+    """The C file `name` beside the kernel module `origin` (its `__file__`), as the lab read it
+    with the module (`slotserver.lab.c_sources`); pass the same path as `build`'s origin:
+    `build(lib, c_source(__file__, "x.c"), origin=c_path(__file__, "x.c"))`."""
+    return c_sources.read(origin, name)
+
+
+def c_path(origin: str, name: str) -> str:
+    """The path of the C file `name` beside `origin`: compiler messages point at its lines."""
+    return str(Path(origin).parent / name)
+
+
 def is_bf16(t: torch.Tensor) -> int:
     return int(t.dtype == torch.bfloat16)
 
@@ -308,14 +328,71 @@ def signature(lib: ctypes.CDLL | None, fn: str, n_ptrs: int, n_ints: int, tail: 
     `replay`: the function may be recorded into a step graph (slotserver/model/step_graph.py) and
     called again with the same arguments on later steps. Declare it only where every argument is a
     pointer, a shape, a stride or a constant of the call site, never a value of the step (a
-    position, a length, a stream): per-step values must reach the C through tensors' contents."""
+    position, a length, a stream): per-step values must reach the C through tensors' contents.
+
+    The ctypes function declared is a fresh one (`lib[fn]`, never read back from `lib`'s
+    attributes), published whole as a `Function` by one attribute store: whatever else `lib`
+    holds at that moment, the declaration lands on an object no other thread has seen."""
     if lib is not None:
-        f = getattr(lib, fn)
+        f = lib[fn]
         f.argtypes = [ctypes.c_void_p] * n_ptrs + [ctypes.c_int64] * n_ints + list(tail)
         f.restype = ctypes.c_int
-        f.replay = replay
+        setattr(lib, fn, Function(f, replay))
 
 
-def loaded_libraries() -> list[ctypes.CDLL]:
-    """Every library `build` has loaded in this process (a step graph's capture watches their calls)."""
-    return [lib for lib in _loaded.values() if lib is not None]
+# thread id -> the call a step graph's recorder makes in place of each `Function` call (`recording`)
+_RECORDERS: dict[int, Callable] = {}
+
+
+class Function:
+    """A C function of a library `build` returned, as a kernel calls it (`_LIB.fn(...)`): the
+    declared ctypes function `fn`, handed to this thread's recorder while one is `recording`.
+
+    Why the recorder is looked up per call rather than swapped into the library while recording
+    (as it once was): the lab loads an edited kernel on its worker thread while the engine thread
+    records a step graph, and a load that met a swapped-in wrapper was refused (issue 32: 1 save
+    in 5 under 8 clients, `'_Watched' object has no attribute 'argtypes'`). Now recording writes
+    nothing that another thread reads: a recorder is an entry under its own thread's id, read only
+    by calls on that thread, and every library and function object stays as its loader declared
+    it. The cost is one Python call around each C call (~0.2 us; a replayed step makes none).
+    """
+
+    __slots__ = ("fn", "replay")
+
+    def __init__(self, fn: ctypes._CFuncPtr, replay: bool) -> None:
+        self.fn, self.replay = fn, replay
+
+    def __call__(self, *args):
+        if _RECORDERS:
+            record = _RECORDERS.get(threading.get_ident())
+            if record is not None:
+                return record(self.fn, self.replay, args)
+        return self.fn(*args)
+
+
+class Library(ctypes.CDLL):
+    """What `build` returns: its functions are `Function`s (an undeclared one too, not replayable),
+    so a recorder sees every call made through it."""
+
+    def __getattr__(self, name: str) -> Function:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        f = Function(self[name], False)
+        setattr(self, name, f)
+        return f
+
+
+@contextlib.contextmanager
+def recording(record: Callable[[ctypes._CFuncPtr, bool, tuple], int]):
+    """While inside, every `Function` call on this thread is `record(ctypes function, replay, args)`
+    (which makes the call); other threads' calls are untouched."""
+    me = threading.get_ident()
+    outer = _RECORDERS.get(me)
+    _RECORDERS[me] = record
+    try:
+        yield
+    finally:
+        if outer is None:
+            del _RECORDERS[me]
+        else:
+            _RECORDERS[me] = outer

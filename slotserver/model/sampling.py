@@ -82,6 +82,21 @@ class SequenceRng:
         return u if u < 1.0 else math.nextafter(1.0, 0.0)
 
 
+def row_logsumexp(rows: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Each row's logsumexp: rows [n, vocab] float32, shift [n] (the row's max) -> [n].
+
+    Row by row, because what is reported must not depend on the rows beside it (a scoring client
+    compares a prompt's logprobs alone and under load): torch's batched exp, sum and log split
+    their work by the batch's total size (threads' chunks of a [n, vocab] reduction, vector bodies
+    and scalar tails of an elementwise op), and 3 of 8 prompts reported logprobs up to 1.9e-6 apart
+    alone and among 8 (issue 32). A lone row's ops see only its own vocab-sized data, so they split
+    the same way in any batch. Costs ~20 us a row more than the batched form (vocab 49152, 2
+    threads), paid only by rows that report probabilities or need top_p's whole-vocab mass."""
+    shift = torch.where(shift.isfinite(), shift, 0.0)    # as torch.logsumexp: an infinite max shifts by 0
+    return torch.stack([m + (row - m).exp_().sum().log() for row, m in zip(rows, shift)]) if len(rows) \
+        else shift.clone()
+
+
 def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """Per row, the first column whose cumulative weight exceeds u * total (overwrites `weights`).
 
@@ -136,8 +151,7 @@ class _Batch:
             idx = torch.tensor([i for i, n in enumerate(need) if n], dtype=torch.int64, device=self.adj.device)
             shift = self.row_max.index_select(0, idx)  # [n]
             rows = self.adj if all(need) else self.adj.index_select(0, idx)  # [n, vocab]
-            sums = (rows - shift[:, None]).exp_().sum(dim=1)  # [n]
-            self._lse = torch.full_like(self.row_max, math.nan).index_copy_(0, idx, shift + sums.log())
+            self._lse = torch.full_like(self.row_max, math.nan).index_copy_(0, idx, row_logsumexp(rows, shift))
         return self._lse
 
     def topk(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -268,7 +282,7 @@ class Sampler:
             lse, (top_vals, top_ids), scores = b.lse[:, None], b.topk(n_probs), b.adj  # [batch, 1], [batch, n] x2
         else:
             scores = raw.to(torch.float32)  # [batch, vocab]
-            lse = torch.logsumexp(scores, dim=1, keepdim=True)  # [batch, 1]
+            lse = row_logsumexp(scores, scores.amax(dim=1))[:, None]  # [batch, 1]
             top_vals, top_ids = torch.topk(scores, n_probs, dim=1)
         chosen = (scores.gather(1, tokens[:, None]) - lse).squeeze(1)  # [batch]
         top_ids, top_lps = top_ids.contiguous(), top_vals - lse

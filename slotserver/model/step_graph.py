@@ -8,8 +8,10 @@ embedded tokens, rope angles, positions, streams, row lengths). So, as a CUDA gr
 replayed (vLLM does it for decode):
 
 - capture: the step's body (layers, final norm, output matmul) runs once as usual while every call
-  into a native library (`slotserver.lab.native`) from this thread is recorded with its arguments,
-  and every tensor the body allocates is kept: the recorded pointers stay valid while the graph lives;
+  into a native library (`slotserver.lab.native`) from this thread is recorded with its arguments
+  (`native.recording`: nothing is swapped into the shared libraries, which the lab's thread may be
+  loading an edited kernel against meanwhile), and every tensor the body allocates is kept: the
+  recorded pointers stay valid while the graph lives;
 - replay: the new step's inputs are copied into the captured input tensors, the recorded C calls
   are made again with their recorded arguments, and the logits are copied out.
 
@@ -20,7 +22,8 @@ A capture is refused (the step runs as usual) when the body
   value of the step);
 - fails the check replay: every buffer the body allocated is filled with NaN and the graph is
   replayed on the same inputs; its logits must equal the captured ones bit for bit. A C call the
-  recorder did not see (a kernel that bound its function at import) leaves NaN behind and fails it.
+  recorder did not see (a ctypes function not called through a library `native.build` returned)
+  leaves NaN behind and fails it.
 A refused batch size is tried again at most MAX_TRIES times per kernel set and cache.
 
 Graphs serve decode-only batches of up to MAX_ROWS rows, keyed on (rows, contiguous streams,
@@ -201,7 +204,7 @@ def capture(body: Callable[[], torch.Tensor], inputs: list[torch.Tensor],
     saved = [t.clone() for t in inputs]
     before = {op: acc[0] for op, acc in counters.items()}
     recorder, mode = Recorder(), AllocOnly()
-    with recorder.watching(native.loaded_libraries()), mode:
+    with recorder.watching(), mode:
         logits = body()
     if recorder.refused or mode.refused or not isinstance(logits, torch.Tensor):
         return None, logits

@@ -1,7 +1,9 @@
 """What a step graph's capture sees (step_graph.py): the C calls a step makes, and its torch calls.
 
-`Recorder` wraps every declared function of the loaded native libraries while watching and
-records this thread's calls with their arguments; one not declared `replay=True` refuses the step.
+`Recorder` records the calls this thread makes through the native libraries' functions while
+watching (`native.recording`); one not declared `replay=True` refuses the step. It swaps nothing
+into the shared libraries: the lab loads kernels on another thread meanwhile, and must see them
+as declared (see `native.Function`).
 `AllocOnly` sees every torch call of the step: it keeps what the step allocates (`fresh`, and
 `zeroed` for zeros a replay must zero again) and every view; any other result (a computation) or a
 read of a tensor's value into Python refuses the step, since a replay runs only the C calls.
@@ -9,12 +11,13 @@ read of a tensor's value into Python refuses the step, since a replay runs only 
 
 from __future__ import annotations
 
-import ctypes
-import threading
+import contextlib
 from collections.abc import Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from slotserver.lab import native
 
 _ALLOC = frozenset({"empty", "empty_like", "new_empty"})
 _ZEROS = frozenset({"zeros", "zeros_like", "new_zeros"})   # allocations a replay zeroes again
@@ -22,49 +25,21 @@ _READS = frozenset({"item", "tolist", "numpy", "__int__", "__index__", "__float_
 
 
 class Recorder:
-    """Wraps every declared function of the loaded libraries while watching; records this thread's calls."""
+    """Records the native calls this thread makes while `watching`, in order, with their arguments."""
 
     def __init__(self) -> None:
-        self.thread = threading.get_ident()
         self.calls: list[tuple[Callable, tuple]] = []
         self.refused = ""
 
-    def watching(self, libraries: list[ctypes.CDLL]) -> "_Watching":
-        return _Watching(self, libraries)
+    def watching(self) -> contextlib.AbstractContextManager:
+        return native.recording(self.call)
 
-    def call(self, fn: Callable, args: tuple):
+    def call(self, fn: Callable, replay: bool, args: tuple):
         rc = fn(*args)
-        if threading.get_ident() == self.thread:
-            self.calls.append((fn, args))
-            if not getattr(fn, "replay", False):
-                self.refused = f"{fn.__name__} is not declared replayable"
+        self.calls.append((fn, args))
+        if not replay:
+            self.refused = self.refused or f"{fn.__name__} is not declared replayable"
         return rc
-
-
-class _Watching:
-    def __init__(self, recorder: Recorder, libraries: list[ctypes.CDLL]) -> None:
-        self.recorder, self.libraries, self.patched = recorder, libraries, []
-
-    def __enter__(self) -> None:
-        for lib in self.libraries:
-            for name, fn in list(vars(lib).items()):
-                if isinstance(fn, ctypes._CFuncPtr):
-                    setattr(lib, name, _Watched(self.recorder, fn))
-                    self.patched.append((lib, name, fn))
-
-    def __exit__(self, *exc) -> None:
-        for lib, name, fn in self.patched:
-            setattr(lib, name, fn)
-
-
-class _Watched:
-    __slots__ = ("recorder", "fn")
-
-    def __init__(self, recorder: Recorder, fn: Callable) -> None:
-        self.recorder, self.fn = recorder, fn
-
-    def __call__(self, *args):
-        return self.recorder.call(self.fn, args)
 
 
 class AllocOnly(TorchFunctionMode):
@@ -99,5 +74,15 @@ class AllocOnly(TorchFunctionMode):
 
 
 def _views_an_argument(t: torch.Tensor, args) -> bool:
-    ptr = t.untyped_storage().data_ptr()
-    return any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args)
+    """Whether `t` shares storage with a tensor argument. An opaque tensor (an mkldnn-packed weight,
+    the AMX path's `packed`) has no storage to compare: it is never a view (and before this check
+    knew that, capturing such a step raised out of the engine: issue 32)."""
+    ptr = _storage_ptr(t)
+    return ptr is not None and any(isinstance(a, torch.Tensor) and _storage_ptr(a) == ptr for a in args)
+
+
+def _storage_ptr(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (NotImplementedError, RuntimeError):
+        return None

@@ -3,8 +3,11 @@
 Field names and meanings follow llama.cpp's tools/server (the `to_json_non_oaicompat_*` results):
 `stop_type` is "eos", "limit", "word" or "none" (cancelled); `timings` are per request;
 `completion_probabilities` uses the current format, one entry per generated token with its
-`top_logprobs`. Token text in probabilities is the token's raw piece (special tokens rendered);
-`bytes` are its exact bytes, which matter when a token holds part of a UTF-8 character.
+`top_logprobs`, the end-of-generation token included (as llama-server: `tokens_predicted` entries).
+Token text in probabilities is the token's raw piece (special tokens rendered), except a generated
+end-of-generation token's, which adds no text to the answer: its piece unrendered ('' for a control
+token), as llama-server shows it. `bytes` are the text's exact bytes, which matter when a token
+holds part of a UTF-8 character.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from slotserver.server.params import CompletionJob
 from slotserver.model.text.tokenizer import Tokenizer
 
 
-def token_entry(tokenizer: Tokenizer, token: int, logprob: float | None, as_prob: bool = False) -> dict:
-    """llama-server's entry: `logprob`, or with `post_sampling_probs` the probability `prob`."""
-    raw = tokenizer.token_bytes(token, special=True)
+def token_entry(tokenizer: Tokenizer, token: int, logprob: float | None, as_prob: bool = False,
+                special: bool = True) -> dict:
+    """llama-server's entry: `logprob`, or with `post_sampling_probs` the probability `prob`;
+    `special`: a special token's text rendered (else its piece as the answer's text has it)."""
+    raw = tokenizer.token_bytes(token, special=special)
     value = ("prob", None if logprob is None else math.exp(logprob)) if as_prob else ("logprob", logprob)
     return {"id": token, "token": raw.decode("utf-8", "replace"), value[0]: value[1], "bytes": list(raw)}
 
@@ -29,7 +34,7 @@ def probabilities(tokenizer: Tokenizer, events: list[TokenEvent], n_probs: int, 
     (before bias and samplers), or with `post_sampling_probs` `top_probs` after the sampler chain."""
     out, key = [], "top_probs" if post_sampling else "top_logprobs"
     for ev in events:
-        entry = token_entry(tokenizer, ev.token, ev.logprob, post_sampling)
+        entry = token_entry(tokenizer, ev.token, ev.logprob, post_sampling, special=ev.token not in tokenizer.eog_ids)
         entry[key] = [token_entry(tokenizer, t, lp, post_sampling) for t, lp in ev.top[:n_probs]]
         out.append(entry)
     return out

@@ -5,7 +5,9 @@ Shapes follow OpenAI's API reference (what the official client parses): `cmpl-`/
 "stop" or "length", `usage`. Streams put `usage` in the chunk that carries the finish_reason (as
 llama-server does) and, when `stream_options.include_usage` is set, also send OpenAI's separate
 final chunk with empty `choices`. Log-probabilities use the chat format for chat and the legacy
-`tokens`/`token_logprobs`/`top_logprobs`/`text_offset` format for completions.
+`tokens`/`token_logprobs`/`top_logprobs`/`text_offset` format for completions; as llama-server's,
+they list the end-of-generation token too (its text '': it adds none to the answer), streamed or
+not.
 Chat answers of reasoning models carry their `<think>` block as `reasoning_content` (message or
 delta, reasoning.py); tool calls are parsed from what remains.
 """
@@ -41,15 +43,21 @@ def usage(final: FinalEvent) -> dict:
             "total_tokens": final.n_prompt + final.n_predicted}
 
 
-def _piece(tokenizer: Tokenizer, token: int) -> tuple[str, list[int]]:
-    raw = tokenizer.token_bytes(token, special=True)
+def _piece(tokenizer: Tokenizer, token: int, special: bool = True) -> tuple[str, list[int]]:
+    raw = tokenizer.token_bytes(token, special=special)
     return raw.decode("utf-8", "replace"), list(raw)
+
+
+def _generated(tokenizer: Tokenizer, token: int) -> tuple[str, list[int]]:
+    """A generated token's text: its piece, special tokens rendered, except the end-of-generation
+    token's ('' for a control token), which adds nothing to the answer (llama-server's text_to_send)."""
+    return _piece(tokenizer, token, special=token not in tokenizer.eog_ids)
 
 
 def chat_logprobs(tokenizer: Tokenizer, events: list[TokenEvent], n_top: int) -> dict:
     content = []
     for ev in events:
-        text, raw = _piece(tokenizer, ev.token)
+        text, raw = _generated(tokenizer, ev.token)
         tops = [dict(zip(("token", "bytes"), _piece(tokenizer, t)), logprob=lp) for t, lp in ev.top[:n_top]]
         content.append({"token": text, "logprob": ev.logprob, "bytes": raw, "top_logprobs": tops})
     return {"content": content}
@@ -58,7 +66,7 @@ def chat_logprobs(tokenizer: Tokenizer, events: list[TokenEvent], n_top: int) ->
 def legacy_logprobs(tokenizer: Tokenizer, events: list[TokenEvent], n_top: int, offset: int = 0) -> dict:
     tokens, lps, tops, offsets = [], [], [], []
     for ev in events:
-        text, _ = _piece(tokenizer, ev.token)
+        text, _ = _generated(tokenizer, ev.token)
         tokens.append(text)
         lps.append(ev.logprob)
         tops.append({_piece(tokenizer, t)[0]: lp for t, lp in ev.top[:n_top]})
