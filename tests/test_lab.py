@@ -5,10 +5,8 @@ old version keeps serving."""
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import time
-from pathlib import Path
 
 import pytest
 from tiny_gguf import write_tiny_gguf
@@ -17,36 +15,13 @@ from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ModelConfig
 from slotserver.engine.engine import Engine
 from slotserver.engine.config import EngineConfig
-from slotserver.lab.loader import default_dir
 from slotserver.lab import native
 from slotserver.engine.request import Request
 from slotserver.model.sampling import SamplingParams
+from lab_fixtures import RMS_NORM_VARIANT, lab_dirs
 
 GREEDY = SamplingParams(temperature=0)
 FLOAT_LAYOUTS = ["head_seq_dim", "paged", "paged_hnd", "seq_head_dim"]
-RMS_NORM_VARIANT = '''"""rms_norm, an equivalent variant: normalise with x * rsqrt(mean(x^2)+eps) written out by hand."""
-import torch
-OP = "rms_norm"
-TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
-def reference(x, weight, eps):
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
-def cpu(x, weight, eps):
-    xf = x.float()
-    inv = (xf * xf).sum(-1, keepdim=True).div_(x.shape[-1]).add_(eps).rsqrt_()
-    return (xf * inv * weight.float()).to(x.dtype)
-def example_inputs(gen, dtype):
-    x = torch.randn(7, 33, generator=gen).to(dtype)
-    return x, (1 + 0.1 * torch.randn(33, generator=gen)).to(dtype), 1e-5
-triton = cpu  # a CPU-only variant: the contract needs the name, CPU serving never calls it
-'''
-
-
-def lab_dirs(tmp_path: Path) -> tuple[Path, Path]:
-    k, lay = tmp_path / "kernels", tmp_path / "layouts"
-    shutil.copytree(default_dir("kernels"), k)
-    shutil.copytree(default_dir("layouts"), lay)
-    return k, lay
 
 
 def drive(engine: Engine, actions: dict, max_steps: int = 5000) -> None:

@@ -5,39 +5,24 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 
 import pytest
 from tiny_gguf import write_tiny_gguf
 
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.engine import Engine
-from slotserver.lab.loader import default_dir
 from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ModelConfig
+from lab_fixtures import RMS_NORM_VARIANT, lab_dirs
 
-WRONG_RMS_NORM = '''"""rms_norm, wrong on purpose: twice the right answer."""
-import torch
-OP = "rms_norm"
-TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
-def reference(x, weight, eps):
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
-def cpu(x, weight, eps):
-    return 2 * reference(x, weight, eps)
-def example_inputs(gen, dtype):
-    x = torch.randn(7, 33, generator=gen).to(dtype)
-    return x, (1 + 0.1 * torch.randn(33, generator=gen)).to(dtype), 1e-5
-triton = cpu
-'''
+# the variant with its cpu wrong on purpose: twice the right answer
+WRONG_RMS_NORM = RMS_NORM_VARIANT + "def cpu(x, weight, eps):\n    return 2 * reference(x, weight, eps)\n"
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     root = tmp_path_factory.mktemp("lablog")
-    k, lay = root / "kernels", root / "layouts"
-    shutil.copytree(default_dir("kernels"), k)
-    shutil.copytree(default_dir("layouts"), lay)
+    k, lay = lab_dirs(root)
     bundle = ModelBundle.load(ModelConfig(model_path=write_tiny_gguf(root / "tiny.gguf"), kernels_dir=k,
                                           layouts_dir=lay))
     running = Engine(bundle, EngineConfig(n_parallel=1, ctx_size=64)).start()
