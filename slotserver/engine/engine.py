@@ -30,8 +30,8 @@ from slotserver.engine.masks import MaskFiller
 from slotserver.engine.outbox import Outbox
 from slotserver.engine.port import EnginePort
 from slotserver.engine.postprocess import Sampled, final_event, postprocess, progress_event
-from slotserver.engine.request import (ContextExceeded, EngineBusy, ErrorEvent, Request, RequestError,
-                                       RequestHandle, ignore_eos_params)
+from slotserver.engine.request import ContextExceeded, EngineBusy, ErrorEvent, Request, RequestError, RequestHandle
+from slotserver.model.sampling_params import ignore_eos_params
 from slotserver.model.sampling import Sampler, SamplingError, SequenceRng
 from slotserver.model.tensor_check import logits_problem
 from slotserver.engine.scheduler import Scheduler, StepPlan

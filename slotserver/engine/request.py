@@ -8,8 +8,6 @@ thread through a queue.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import math
 import queue
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterator, Union
@@ -41,12 +39,6 @@ class Request:
     grammar: str | None = None     # llguidance grammar text (compiled and checked by the server)
     return_progress: bool = False  # ProgressEvents while the prompt is computed (llama-server's return_progress)
     timings_per_token: bool = False  # every TokenEvent carries the timings so far
-
-
-def ignore_eos_params(params: SamplingParams, eog: frozenset[int]) -> SamplingParams:
-    """`ignore_eos` is a -inf logit bias on every end-of-generation token, as in llama.cpp."""
-    bias = tuple(params.logit_bias) + tuple((t, -math.inf) for t in sorted(eog))
-    return dataclasses.replace(params, logit_bias=bias)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,8 @@ from slotserver.lab.kv_spec import KVSpec
 from slotserver.lab.layouts import create_layout, load_layout
 from slotserver.model.config import DEFAULT_LAYOUT
 from slotserver.model.model import LlamaModel
-from slotserver.engine.request import ignore_eos_params
 from slotserver.model.sampling import Sampler, SequenceRng
-from slotserver.model.sampling_params import SamplingParams
+from slotserver.model.sampling_params import SamplingParams, ignore_eos_params
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 
 from slotserver.errors import SamplingError  # noqa: F401  re-export: defined without torch in slotserver.errors
@@ -179,3 +180,11 @@ class SamplingParams:
         """As in llama.cpp, penalties are a no-op with an empty window or neutral values."""
         neutral = self.repeat_penalty == 1.0 and self.presence_penalty == 0 and self.frequency_penalty == 0
         return self.repeat_last_n != 0 and not neutral
+
+
+def ignore_eos_params(params: SamplingParams, eog: frozenset[int]) -> SamplingParams:
+    """`ignore_eos` is a -inf logit bias on every end-of-generation token, as in llama.cpp. (Here,
+    beside the parameters it edits: the engine and model/generate.py both use it, and the model
+    layer must not import the engine's.)"""
+    bias = tuple(params.logit_bias) + tuple((t, -math.inf) for t in sorted(eog))
+    return dataclasses.replace(params, logit_bias=bias)
