@@ -17,6 +17,8 @@ sliced, not gathered.
 `triton(...)` (the CUDA path) launches a decode kernel when every sequence has one new token
 (`meta.max_q == 1`) and a causal prefill-chunk kernel otherwise; both take the view's strides
 (plain, heads-first and q8 views alike) and bound their KV loop by each sequence's own length.
+Decode is flash-decoding (issue 34): each sequence's cells are split into chunks over a third grid
+axis so that even batch 1 fills the GPU (`decode_splits`), and a small kernel merges the chunks.
 
 Two per-layer options every implementation reads from `AttnMeta`: `window` (sliding-window
 attention, gemma2/3: the query at position p sees keys p-window+1 .. p; 0 is full causal attention)
@@ -225,7 +227,18 @@ def _dequant(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype = t
 
 
 LOG2E = 1.4426950408889634
-DECODE_BLOCK_N = 16
+# Decode (flash-decoding): the grid is (sequences, KV heads, splits); each program reads one chunk
+# of its sequence's visible cells in [DECODE_BLOCK_N, head_dim] tiles, and a second small kernel
+# merges the chunks' partials. `decode_splits` picks the number of chunks.
+DECODE_BLOCK_N = 64        # cells per K/V tile (a power of two >= 16)
+DECODE_MIN_CHUNK = 256     # no chunk shorter than this many cells (tests lower it to force splits)
+DECODE_MAX_SPLITS = 64
+DECODE_WAVES = 4           # programs wanted: this many per SM (the SMs overlap several programs' loads)
+DECODE_DOT_MIN_GROUP = 2   # GQA groups from this size use tl.dot, padded to 16 rows; smaller ones the broadcast form
+DECODE_WARPS = 4
+DECODE_STAGES = 3          # software-pipelined K/V tile loads (cp.async on sm_80+)
+DECODE_FORCE_SPLITS: int | None = None   # a fixed number of splits (tests, benchmarks); None: decode_splits
+DEFAULT_SMS = 132          # the SM count assumed off a GPU (the interpreter): an H100 SXM
 PREFILL_BLOCK_M = 32
 PREFILL_BLOCK_N = 32
 
@@ -249,46 +262,73 @@ def _softcap(s, softcap):
 
 
 @_triton.jit
-def _attn_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_ptr, kv_lens_ptr, q_offsets_ptr,
-                        stride_qt, stride_qh, stride_ks, stride_kc, stride_kh, stride_vs, stride_vc, stride_vh,
-                        stride_ss, stride_sc, stride_sh, stride_ot, stride_oh, qk_scale, window, softcap,
+def _attn_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, streams_ptr,
+                        kv_lens_ptr, q_offsets_ptr, stride_qt, stride_qh, stride_ks, stride_kc, stride_kh,
+                        stride_vs, stride_vc, stride_vh, stride_ss, stride_sc, stride_sh, stride_ot, stride_oh,
+                        qk_scale, window, softcap,
                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
-                        SOFTCAP: tl.constexpr):
-    """Program (sequence b, KV head h): the GROUP query heads of h for b's single new token.
+                        SOFTCAP: tl.constexpr, DOT: tl.constexpr, IEEE_DOT: tl.constexpr, SPLIT: tl.constexpr):
+    """Program (sequence b, KV head h, split i): the GROUP query heads of h for b's single new token
+    over the i-th of `tl.num_programs(2)` chunks of b's visible cells (flash-decoding).
 
-    The loop runs over b's own cells, from its window's first (0 without one) to kv_len, so the
-    masked cells on either side are never read; K/V addresses use the view's strides (any strided
-    layout), q8 rows are scaled as they are loaded.
+    b's cells run from its window's first (0 without one) to kv_len; they are cut into equal chunks
+    (rounded up to BLOCK_N cells), so the masked cells on either side are never read and a chunk
+    past kv_len reads nothing. SPLIT: the chunk's unnormalised partial (running max m, sum l and
+    accumulator, log2 units) goes to m/l/acc_ptr at [b, q_head, i] for `_attn_decode_combine_kernel`;
+    without (one chunk) the output is written directly. K/V tiles are [BLOCK_N cells, head_dim]
+    loaded along the contiguous head_dim through the view's strides (any strided layout); q8 rows
+    are scaled per cell. DOT: scores and P@V as tl.dot with the group padded to BLOCK_G >= 16 rows
+    (int8 rows converted exactly to q's dtype, their scales applied to the scores and to P); else
+    a float32 broadcast-multiply-reduce.
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
+    split = tl.program_id(2)
+    n_splits = tl.num_programs(2)
     stream = tl.load(streams_ptr + b).to(tl.int64)
     kv_len = tl.load(kv_lens_ptr + b)
     row = tl.load(q_offsets_ptr + b).to(tl.int64)
+    lo = tl.where(window > 0, tl.maximum(kv_len - window, 0), 0)
+    chunk = tl.cdiv(tl.cdiv(kv_len - lo, n_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
+    end = tl.minimum(start + chunk, kv_len)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
-    gd_mask = (g[:, None] < GROUP) & (d[None, :] < HEAD_DIM)
+    g_mask = g < GROUP
+    d_mask = d < HEAD_DIM
+    gd_mask = g_mask[:, None] & d_mask[None, :]
     q = tl.load(q_ptr + row * stride_qt + (h * GROUP + g)[:, None] * stride_qh + d[None, :],
-                mask=gd_mask, other=0.0).to(tl.float32) * qk_scale              # [BLOCK_G, BLOCK_D]
+                mask=gd_mask, other=0.0)                                           # [BLOCK_G, BLOCK_D]
+    qf = q.to(tl.float32) * qk_scale
     k_base = k_ptr + stream * stride_ks + h * stride_kh
     v_base = v_ptr + stream * stride_vs + h * stride_vh
     s_base = stream * stride_ss + h * stride_sh
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    lo = tl.where(window > 0, tl.maximum(kv_len - window, 0), 0)
-    for start in range(lo, kv_len, BLOCK_N):
-        cells = start + n
-        c_mask = cells < kv_len
-        nd_mask = c_mask[:, None] & (d[None, :] < HEAD_DIM)
-        k = tl.load(k_base + cells[:, None] * stride_kc + d[None, :], mask=nd_mask, other=0.0).to(tl.float32)
-        v = tl.load(v_base + cells[:, None] * stride_vc + d[None, :], mask=nd_mask, other=0.0).to(tl.float32)
+    for first in range(start, end, BLOCK_N):
+        cells = first + n
+        c_mask = cells < end
+        nd_mask = c_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + cells[:, None] * stride_kc + d[None, :], mask=nd_mask, other=0.0)
+        v = tl.load(v_base + cells[:, None] * stride_vc + d[None, :], mask=nd_mask, other=0.0)
         if QUANT:
-            k = k * tl.load(ks_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None]
-            v = v * tl.load(vs_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None]
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)                       # [BLOCK_G, BLOCK_N]
+            k_sc = tl.load(ks_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)
+            v_sc = tl.load(vs_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)
+        if DOT:
+            if QUANT:   # int8 -> float32 -> q's dtype: exact (|x| <= 127); the scales apply to s and p
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            s = _dot(q, tl.trans(k.to(q.dtype)), IEEE_DOT) * qk_scale            # [BLOCK_G, BLOCK_N]
+            if QUANT:
+                s = s * k_sc[None, :]
+        else:
+            kf = k.to(tl.float32)
+            if QUANT:
+                kf = kf * k_sc[:, None]
+            s = tl.sum(qf[:, None, :] * kf[None, :, :], axis=2)                   # [BLOCK_G, BLOCK_N]
         if SOFTCAP:
             s = _softcap(s, softcap)
         s = tl.where(c_mask[None, :], s, float("-inf"))
@@ -296,11 +336,47 @@ def _attn_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_pt
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        if DOT:
+            if QUANT:
+                p = p * v_sc[None, :]
+            pv = _dot(p.to(q.dtype), v.to(q.dtype), IEEE_DOT)
+        else:
+            vf = v.to(tl.float32)
+            if QUANT:
+                vf = vf * v_sc[:, None]
+            pv = tl.sum(p[:, :, None] * vf[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
-    out = acc / l_i[:, None]
-    tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=gd_mask)
+    if SPLIT:   # partial [b, q_head, split]: an empty chunk leaves m = -inf, l = 0, acc = 0
+        part = (b * tl.num_programs(1) * GROUP + h * GROUP + g).to(tl.int64) * n_splits + split
+        tl.store(m_ptr + part, m_i, mask=g_mask)
+        tl.store(l_ptr + part, l_i, mask=g_mask)
+        tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
+    else:
+        tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
+                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
+
+
+@_triton.jit
+def _attn_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, n_splits, stride_ot, stride_oh,
+                                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program (sequence b, query head): the n_splits partials of `_attn_decode_kernel` merged,
+    each rescaled to the largest running max (empty chunks weigh 0)."""
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    base = (b * tl.num_programs(1) + head).to(tl.int64) * n_splits
+    i = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    i_mask = i < n_splits
+    d_mask = d < HEAD_DIM
+    m = tl.load(m_ptr + base + i, mask=i_mask, other=float("-inf"))
+    l = tl.load(l_ptr + base + i, mask=i_mask, other=0.0)                       # noqa: E741
+    acc = tl.load(acc_ptr + (base + i)[:, None] * HEAD_DIM + d[None, :], mask=i_mask[:, None] & d_mask[None, :],
+                  other=0.0)                                                     # [BLOCK_S, BLOCK_D]
+    w = tl.exp2(m - tl.max(m, axis=0))                                           # -inf (empty) -> 0
+    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
+    row = tl.load(q_offsets_ptr + b).to(tl.int64)
+    tl.store(out_ptr + row * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 @_triton.jit
@@ -379,10 +455,7 @@ def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torc
             *(kv.k_scale.stride() if quant else (0, 0, 0)), out.stride(0), out.stride(1), scale * LOG2E,
             meta.window, float(meta.softcap or 1.0))
     if meta.max_q == 1:
-        _attn_decode_kernel[(meta.n_seqs, kv_heads)](
-            q, kv.k, kv.v, ks, vs, out, meta.seq_streams, meta.kv_lens, meta.q_offsets, *args,
-            GROUP=group, HEAD_DIM=dim, BLOCK_G=_triton.next_power_of_2(group),
-            BLOCK_D=_triton.next_power_of_2(dim), BLOCK_N=DECODE_BLOCK_N, QUANT=quant, SOFTCAP=bool(meta.softcap))
+        _decode(q, kv, meta, out, ks, vs, args, group, quant)
     else:
         grid = (meta.n_seqs, kv_heads, _triton.cdiv(meta.max_q * group, PREFILL_BLOCK_M))
         _attn_prefill_kernel[grid](
@@ -391,6 +464,55 @@ def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torc
             BLOCK_N=PREFILL_BLOCK_N, QUANT=quant, IEEE_DOT=q.dtype == torch.float32 or _interpreted(),
             SOFTCAP=bool(meta.softcap))
     return out
+
+
+def decode_splits(n_seqs: int, kv_heads: int, span: int, device: torch.device) -> int:
+    """Chunks per (sequence, KV head) for a decode step whose longest visible span is `span` cells:
+    enough programs for DECODE_WAVES per SM, no chunk under DECODE_MIN_CHUNK cells, at most
+    DECODE_MAX_SPLITS (SmolLM2 on 132 SMs: 1 x 4096 -> 16 splits, 8 x 2048 -> 8, 32 x 2048 -> 6)."""
+    if DECODE_FORCE_SPLITS:
+        return max(1, int(DECODE_FORCE_SPLITS))
+    want = -(-DECODE_WAVES * _sm_count(device) // max(1, n_seqs * kv_heads))
+    return max(1, min(want, -(-span // DECODE_MIN_CHUNK), DECODE_MAX_SPLITS))
+
+
+_SMS: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_SMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
+
+
+def _decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, out: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor,
+            args: tuple, group: int, quant: bool) -> None:
+    """One query per sequence: `_attn_decode_kernel` over (sequences, KV heads, splits), then with
+    several splits `_attn_decode_combine_kernel` over (sequences, query heads)."""
+    n_seqs, q_heads, dim = meta.n_seqs, q.shape[1], q.shape[2]
+    kv_heads = q_heads // group
+    span = min(meta.max_kv, meta.window) if meta.window else meta.max_kv
+    n_splits = decode_splits(n_seqs, kv_heads, span, q.device)
+    dot = group >= DECODE_DOT_MIN_GROUP
+    if n_splits > 1:   # partials [B, q_heads, splits(, dim)] in float32
+        m = torch.empty((n_seqs, q_heads, n_splits), dtype=torch.float32, device=q.device)
+        l_sum = torch.empty_like(m)
+        acc = torch.empty((n_seqs, q_heads, n_splits, dim), dtype=torch.float32, device=q.device)
+    else:
+        m = l_sum = acc = out   # unused
+    _attn_decode_kernel[(n_seqs, kv_heads, n_splits)](
+        q, kv.k, kv.v, ks, vs, out, m, l_sum, acc, meta.seq_streams, meta.kv_lens, meta.q_offsets, *args,
+        GROUP=group, HEAD_DIM=dim, BLOCK_G=max(16 if dot else 1, _triton.next_power_of_2(group)),
+        BLOCK_D=max(16, _triton.next_power_of_2(dim)), BLOCK_N=DECODE_BLOCK_N, QUANT=quant,
+        SOFTCAP=bool(meta.softcap), DOT=dot, IEEE_DOT=q.dtype == torch.float32 or _interpreted(),
+        SPLIT=n_splits > 1, num_warps=DECODE_WARPS, num_stages=DECODE_STAGES)
+    if n_splits > 1:
+        _attn_decode_combine_kernel[(n_seqs, q_heads)](
+            m, l_sum, acc, out, meta.q_offsets, n_splits, out.stride(0), out.stride(1), HEAD_DIM=dim,
+            BLOCK_S=_triton.next_power_of_2(n_splits), BLOCK_D=_triton.next_power_of_2(dim))
 
 
 def _interpreted() -> bool:
@@ -463,10 +585,13 @@ def _example_view(k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, kind: in
     return StridedKV(k8, v8, *scales)
 
 
-def _aot(dtype: str, quant: bool, decode: bool, group: int = 3, dim: int = 64) -> tuple:
-    cache = "i8" if quant else dtype
+def _aot(dtype: str, quant: bool, decode: bool, group: int = 3, dim: int = 64, cache: str | None = None,
+         split: bool = True) -> tuple:
+    cache = "i8" if quant else (cache or dtype)
     sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{cache}", "v_ptr": f"*{cache}", "ks_ptr": "*fp32",
-           "vs_ptr": "*fp32", "out_ptr": f"*{dtype}", "streams_ptr": "*i64"}
+           "vs_ptr": "*fp32", "out_ptr": f"*{dtype}"}
+    sig |= {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"} if decode else {}
+    sig |= {"streams_ptr": "*i64"}
     sig |= {"kv_lens_ptr": "*i64"} if decode else {"q_lens_ptr": "*i64", "kv_lens_ptr": "*i64"}
     sig |= {"q_offsets_ptr": "*i64"}
     sig |= {n: "i32" for n in ("stride_qt", "stride_qh", "stride_ks", "stride_kc", "stride_kh", "stride_vs",
@@ -474,15 +599,27 @@ def _aot(dtype: str, quant: bool, decode: bool, group: int = 3, dim: int = 64) -
                                "stride_ot", "stride_oh")}
     sig |= {"qk_scale": "fp32", "window": "i32", "softcap": "fp32"}
     pow2 = lambda n: 1 << (n - 1).bit_length()   # noqa: E731 - triton.next_power_of_2, without importing triton here
-    const = {"GROUP": group, "HEAD_DIM": dim, "BLOCK_D": pow2(dim), "QUANT": quant, "SOFTCAP": False}
+    const = {"GROUP": group, "HEAD_DIM": dim, "BLOCK_D": max(16, pow2(dim)), "QUANT": quant, "SOFTCAP": False}
     if decode:
-        const |= {"BLOCK_G": pow2(group), "BLOCK_N": DECODE_BLOCK_N}
+        dot = group >= DECODE_DOT_MIN_GROUP
+        const |= {"BLOCK_G": max(16 if dot else 1, pow2(group)), "BLOCK_N": DECODE_BLOCK_N, "DOT": dot,
+                  "IEEE_DOT": dtype == "fp32", "SPLIT": split}
     else:
         const |= {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N, "IEEE_DOT": dtype == "fp32"}
     sig |= {name: "constexpr" for name in const}
     return (_attn_decode_kernel if decode else _attn_prefill_kernel, sig, const)
 
 
-# SmolLM2-135M geometry (group 3, head_dim 64): bf16 and q8 caches, decode and prefill.
-AOT = [_aot("bf16", False, True), _aot("bf16", True, True), _aot("bf16", False, False),
-       _aot("bf16", True, False), _aot("fp32", False, True)]
+def _aot_combine(dtype: str, dim: int = 64, splits: int = 16) -> tuple:
+    sig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "out_ptr": f"*{dtype}", "q_offsets_ptr": "*i64",
+           "n_splits": "i32", "stride_ot": "i32", "stride_oh": "i32"}
+    const = {"HEAD_DIM": dim, "BLOCK_S": splits, "BLOCK_D": dim}
+    return (_attn_decode_combine_kernel, sig | {name: "constexpr" for name in const}, const)
+
+
+# SmolLM2-135M geometry (group 3, head_dim 64): bf16, f16 and q8 caches, decode (split and not) and
+# prefill; Llama-3-8B's decode (group 4, head_dim 128); the decode combine for both head sizes.
+AOT = [_aot("bf16", False, True), _aot("bf16", True, True), _aot("bf16", False, True, cache="fp16"),
+       _aot("bf16", False, True, split=False), _aot("bf16", False, True, group=4, dim=128),
+       _aot("bf16", False, False), _aot("bf16", True, False), _aot("fp32", False, True),
+       _aot_combine("bf16"), _aot_combine("bf16", 128)]

@@ -32,7 +32,17 @@ from slotserver.lab.kv_spec import PagedKV
 OP = "paged_attention"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 LOG2E = 1.4426950408889634
-DECODE_BLOCK_N = 16
+# Decode (flash-decoding), as in attention.py: grid (sequences, KV heads, splits), one chunk of a
+# sequence's cells per program in [DECODE_BLOCK_N, head_dim] tiles, then a small combine kernel.
+DECODE_BLOCK_N = 64        # cells per K/V tile (a power of two >= 16; may span several pages)
+DECODE_MIN_CHUNK = 256     # no chunk shorter than this many cells (tests lower it to force splits)
+DECODE_MAX_SPLITS = 64
+DECODE_WAVES = 4           # programs wanted: this many per SM
+DECODE_DOT_MIN_GROUP = 2   # GQA groups from this size use tl.dot, padded to 16 rows; smaller ones the broadcast form
+DECODE_WARPS = 4
+DECODE_STAGES = 3          # software-pipelined K/V tile loads (cp.async on sm_80+)
+DECODE_FORCE_SPLITS: int | None = None   # a fixed number of splits (tests, benchmarks); None: decode_splits
+DEFAULT_SMS = 132          # the SM count assumed off a GPU (the interpreter): an H100 SXM
 PREFILL_BLOCK_M = 32
 PREFILL_BLOCK_N = 32
 
@@ -182,38 +192,52 @@ def _page_rows(table_ptr, table_row, cells, c_mask, PAGE: tl.constexpr):
 
 
 @_triton.jit
-def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, kv_lens_ptr, q_offsets_ptr,
-                         stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb, stride_vr, stride_vh,
-                         stride_bt, stride_ot, stride_oh, qk_scale, window, softcap,
+def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, table_ptr, streams_ptr, kv_lens_ptr,
+                         q_offsets_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb, stride_vr,
+                         stride_vh, stride_bt, stride_ot, stride_oh, qk_scale, window, softcap,
                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                         SOFTCAP: tl.constexpr):
-    """Program (sequence b, KV head h): b's one new token, its GROUP query heads, over b's cells
-    from its window's first (0 without one) to kv_len, looked up through the block table."""
+                         SOFTCAP: tl.constexpr, DOT: tl.constexpr, IEEE_DOT: tl.constexpr, SPLIT: tl.constexpr):
+    """Program (sequence b, KV head h, split i): b's one new token, its GROUP query heads, over the
+    i-th of `tl.num_programs(2)` equal chunks (whole BLOCK_N tiles) of b's cells from its window's
+    first (0 without one) to kv_len, looked up through the block table (flash-decoding; see
+    attention.py's `_attn_decode_kernel`: SPLIT writes the chunk's partial m/l/acc at [b, q_head, i]
+    for `_paged_decode_combine_kernel`, DOT runs scores and P@V as tl.dot over >= 16 padded rows)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
+    split = tl.program_id(2)
+    n_splits = tl.num_programs(2)
     stream = tl.load(streams_ptr + b).to(tl.int64) * stride_bt
     kv_len = tl.load(kv_lens_ptr + b)
     row = tl.load(q_offsets_ptr + b).to(tl.int64)
+    lo = tl.where(window > 0, tl.maximum(kv_len - window, 0), 0)
+    chunk = tl.cdiv(tl.cdiv(kv_len - lo, n_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
+    end = tl.minimum(start + chunk, kv_len)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
-    gd_mask = (g[:, None] < GROUP) & (d[None, :] < HEAD_DIM)
+    g_mask = g < GROUP
+    d_mask = d < HEAD_DIM
+    gd_mask = g_mask[:, None] & d_mask[None, :]
     q = tl.load(q_ptr + row * stride_qt + (h * GROUP + g)[:, None] * stride_qh + d[None, :],
-                mask=gd_mask, other=0.0).to(tl.float32) * qk_scale              # [BLOCK_G, BLOCK_D]
+                mask=gd_mask, other=0.0)                                           # [BLOCK_G, BLOCK_D]
+    qf = q.to(tl.float32) * qk_scale
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    lo = tl.where(window > 0, tl.maximum(kv_len - window, 0), 0)
-    for start in range(lo, kv_len, BLOCK_N):
-        cells = start + tl.arange(0, BLOCK_N)
-        c_mask = cells < kv_len
+    for first in range(start, end, BLOCK_N):
+        cells = first + tl.arange(0, BLOCK_N)
+        c_mask = cells < end
         page, r = _page_rows(table_ptr, stream, cells, c_mask, PAGE)
-        nd_mask = c_mask[:, None] & (d[None, :] < HEAD_DIM)
+        nd_mask = c_mask[:, None] & d_mask[None, :]
         k_off = (page * stride_kb + r * stride_kr)[:, None] + h * stride_kh + d[None, :]
         v_off = (page * stride_vb + r * stride_vr)[:, None] + h * stride_vh + d[None, :]
-        k = tl.load(k_ptr + k_off, mask=nd_mask, other=0.0).to(tl.float32)    # [BLOCK_N, BLOCK_D]
-        v = tl.load(v_ptr + v_off, mask=nd_mask, other=0.0).to(tl.float32)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)                       # [BLOCK_G, BLOCK_N]
+        k = tl.load(k_ptr + k_off, mask=nd_mask, other=0.0)                          # [BLOCK_N, BLOCK_D]
+        v = tl.load(v_ptr + v_off, mask=nd_mask, other=0.0)
+        if DOT:
+            s = _dot(q, tl.trans(k.to(q.dtype)), IEEE_DOT) * qk_scale                 # [BLOCK_G, BLOCK_N]
+        else:
+            s = tl.sum(qf[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
         if SOFTCAP:
             s = _softcap(s, softcap)
         s = tl.where(c_mask[None, :], s, float("-inf"))
@@ -221,10 +245,42 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, k
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        if DOT:
+            pv = _dot(p.to(q.dtype), v.to(q.dtype), IEEE_DOT)
+        else:
+            pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
-    tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
-             (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
+    if SPLIT:   # partial [b, q_head, split]: an empty chunk leaves m = -inf, l = 0, acc = 0
+        part = (b * tl.num_programs(1) * GROUP + h * GROUP + g).to(tl.int64) * n_splits + split
+        tl.store(m_ptr + part, m_i, mask=g_mask)
+        tl.store(l_ptr + part, l_i, mask=g_mask)
+        tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
+    else:
+        tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
+                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
+
+
+@_triton.jit
+def _paged_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, n_splits, stride_ot, stride_oh,
+                                 HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program (sequence b, query head): the n_splits partials of `_paged_decode_kernel` merged,
+    each rescaled to the largest running max (empty chunks weigh 0)."""
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    base = (b * tl.num_programs(1) + head).to(tl.int64) * n_splits
+    i = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    i_mask = i < n_splits
+    d_mask = d < HEAD_DIM
+    m = tl.load(m_ptr + base + i, mask=i_mask, other=float("-inf"))
+    l = tl.load(l_ptr + base + i, mask=i_mask, other=0.0)                       # noqa: E741
+    acc = tl.load(acc_ptr + (base + i)[:, None] * HEAD_DIM + d[None, :], mask=i_mask[:, None] & d_mask[None, :],
+                  other=0.0)                                                     # [BLOCK_S, BLOCK_D]
+    w = tl.exp2(m - tl.max(m, axis=0))                                           # -inf (empty) -> 0
+    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
+    row = tl.load(q_offsets_ptr + b).to(tl.int64)
+    tl.store(out_ptr + row * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 @_triton.jit
@@ -292,18 +348,69 @@ def triton(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.
             float(meta.softcap or 1.0))
     common = dict(GROUP=group, HEAD_DIM=dim, PAGE=kv.block_size, SOFTCAP=bool(meta.softcap))
     if meta.max_q == 1:
-        _paged_decode_kernel[(meta.n_seqs, kv_heads)](
-            q, kv.k_pages, kv.v_pages, out, kv.block_table, meta.seq_streams, meta.kv_lens, meta.q_offsets,
-            *args, **common, BLOCK_G=_triton.next_power_of_2(group), BLOCK_D=_triton.next_power_of_2(dim),
-            BLOCK_N=DECODE_BLOCK_N)
+        _decode(q, kv, meta, out, args, group)
     else:
         grid = (meta.n_seqs, kv_heads, _triton.cdiv(meta.max_q * group, PREFILL_BLOCK_M))
         _paged_prefill_kernel[grid](
             q, kv.k_pages, kv.v_pages, out, kv.block_table, meta.seq_streams, meta.q_lens, meta.kv_lens,
             meta.q_offsets, *args, **common, BLOCK_M=PREFILL_BLOCK_M,
             BLOCK_D=max(16, _triton.next_power_of_2(dim)), BLOCK_N=PREFILL_BLOCK_N,
-            IEEE_DOT=q.dtype == torch.float32 or type(_paged_prefill_kernel).__name__ == "InterpretedFunction")
+            IEEE_DOT=q.dtype == torch.float32 or _interpreted())
     return out
+
+
+def decode_splits(n_seqs: int, kv_heads: int, span: int, device: torch.device) -> int:
+    """Chunks per (sequence, KV head) for a decode step whose longest visible span is `span` cells:
+    enough programs for DECODE_WAVES per SM, no chunk under DECODE_MIN_CHUNK cells, at most
+    DECODE_MAX_SPLITS (as attention.py's)."""
+    if DECODE_FORCE_SPLITS:
+        return max(1, int(DECODE_FORCE_SPLITS))
+    want = -(-DECODE_WAVES * _sm_count(device) // max(1, n_seqs * kv_heads))
+    return max(1, min(want, -(-span // DECODE_MIN_CHUNK), DECODE_MAX_SPLITS))
+
+
+_SMS: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_SMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
+
+
+def _decode(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, out: torch.Tensor, args: tuple, group: int) -> None:
+    """One query per sequence: `_paged_decode_kernel` over (sequences, KV heads, splits), then with
+    several splits `_paged_decode_combine_kernel` over (sequences, query heads)."""
+    n_seqs, q_heads, dim = meta.n_seqs, q.shape[1], q.shape[2]
+    kv_heads = q_heads // group
+    span = min(meta.max_kv, meta.window) if meta.window else meta.max_kv
+    n_splits = decode_splits(n_seqs, kv_heads, span, q.device)
+    dot = group >= DECODE_DOT_MIN_GROUP
+    if n_splits > 1:   # partials [B, q_heads, splits(, dim)] in float32
+        m = torch.empty((n_seqs, q_heads, n_splits), dtype=torch.float32, device=q.device)
+        l_sum = torch.empty_like(m)
+        acc = torch.empty((n_seqs, q_heads, n_splits, dim), dtype=torch.float32, device=q.device)
+    else:
+        m = l_sum = acc = out   # unused
+    _paged_decode_kernel[(n_seqs, kv_heads, n_splits)](
+        q, kv.k_pages, kv.v_pages, out, m, l_sum, acc, kv.block_table, meta.seq_streams, meta.kv_lens,
+        meta.q_offsets, *args, GROUP=group, HEAD_DIM=dim, PAGE=kv.block_size,
+        BLOCK_G=max(16 if dot else 1, _triton.next_power_of_2(group)), BLOCK_D=max(16, _triton.next_power_of_2(dim)),
+        BLOCK_N=DECODE_BLOCK_N, SOFTCAP=bool(meta.softcap), DOT=dot,
+        IEEE_DOT=q.dtype == torch.float32 or _interpreted(), SPLIT=n_splits > 1, num_warps=DECODE_WARPS,
+        num_stages=DECODE_STAGES)
+    if n_splits > 1:
+        _paged_decode_combine_kernel[(n_seqs, q_heads)](
+            m, l_sum, acc, out, meta.q_offsets, n_splits, out.stride(0), out.stride(1), HEAD_DIM=dim,
+            BLOCK_S=_triton.next_power_of_2(n_splits), BLOCK_D=_triton.next_power_of_2(dim))
+
+
+def _interpreted() -> bool:
+    """True when triton was imported with TRITON_INTERPRET=1 (kernels run on CPU tensors)."""
+    return type(_paged_prefill_kernel).__name__ == "InterpretedFunction"
 
 
 def _check(q: torch.Tensor, kv: PagedKV, meta: AttnMeta) -> None:
@@ -359,22 +466,37 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     return q, PagedKV(k, v, table, block_size), meta, 1 / math.sqrt(dim)
 
 
-def _aot(dtype: str, decode: bool, group: int = 3, dim: int = 64, page: int = 16) -> tuple:
-    sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "out_ptr": f"*{dtype}",
-           "table_ptr": "*i32", "streams_ptr": "*i64", "kv_lens_ptr": "*i64", "q_offsets_ptr": "*i64"}
+def _aot(dtype: str, decode: bool, group: int = 3, dim: int = 64, page: int = 16, cache: str | None = None,
+         split: bool = True) -> tuple:
+    cache = cache or dtype
+    sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{cache}", "v_ptr": f"*{cache}", "out_ptr": f"*{dtype}"}
+    sig |= {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"} if decode else {}
+    sig |= {"table_ptr": "*i32", "streams_ptr": "*i64", "kv_lens_ptr": "*i64", "q_offsets_ptr": "*i64"}
     if not decode:
         sig["q_lens_ptr"] = "*i64"
     sig |= {n: "i32" for n in ("stride_qt", "stride_qh", "stride_kb", "stride_kr", "stride_kh", "stride_vb",
                                "stride_vr", "stride_vh", "stride_bt", "stride_ot", "stride_oh")}
     sig |= {"qk_scale": "fp32", "window": "i32", "softcap": "fp32"}
     pow2 = lambda n: 1 << (n - 1).bit_length()   # noqa: E731 - triton.next_power_of_2, without importing triton here
-    const = {"GROUP": group, "HEAD_DIM": dim, "PAGE": page, "BLOCK_D": pow2(dim), "SOFTCAP": False}
+    const = {"GROUP": group, "HEAD_DIM": dim, "PAGE": page, "BLOCK_D": max(16, pow2(dim)), "SOFTCAP": False}
     if decode:
-        const |= {"BLOCK_G": pow2(group), "BLOCK_N": DECODE_BLOCK_N}
+        dot = group >= DECODE_DOT_MIN_GROUP
+        const |= {"BLOCK_G": max(16 if dot else 1, pow2(group)), "BLOCK_N": DECODE_BLOCK_N, "DOT": dot,
+                  "IEEE_DOT": dtype == "fp32", "SPLIT": split}
     else:
         const |= {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N, "IEEE_DOT": dtype == "fp32"}
     sig |= {name: "constexpr" for name in const}
     return (_paged_decode_kernel if decode else _paged_prefill_kernel, sig, const)
 
 
-AOT = [_aot("bf16", True), _aot("bf16", False), _aot("fp32", True)]
+def _aot_combine(dtype: str, dim: int = 64, splits: int = 16) -> tuple:
+    sig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "out_ptr": f"*{dtype}", "q_offsets_ptr": "*i64",
+           "n_splits": "i32", "stride_ot": "i32", "stride_oh": "i32"}
+    const = {"HEAD_DIM": dim, "BLOCK_S": splits, "BLOCK_D": dim}
+    return (_paged_decode_combine_kernel, sig | {name: "constexpr" for name in const}, const)
+
+
+# SmolLM2-135M geometry (group 3, head_dim 64, 16-cell pages): bf16 and f16 pages, decode (split
+# and not) and prefill; Llama-3-8B's decode (group 4, head_dim 128); the decode combine.
+AOT = [_aot("bf16", True), _aot("bf16", True, cache="fp16"), _aot("bf16", True, split=False),
+       _aot("bf16", True, group=4, dim=128), _aot("bf16", False), _aot("fp32", True), _aot_combine("bf16")]

@@ -11,6 +11,7 @@ compile needs the normal import, so it runs here, in the pytest process.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from slotserver.lab.kernel_set import KERNEL_CONTRACT
 from slotserver.lab.kv_spec import PagedKV, StridedKV
 from slotserver.lab.check import ARCHS, check_aot, check_numerics, format_report, kernel_files, triton_mode
 from slotserver.lab.loader import default_dir, load_by_path
+from slotserver.model.batch import Batch, SeqChunk
 
 KERNELS = default_dir("kernels")
 TRITON_FILES = [p for p in kernel_files(KERNELS) if hasattr(load_by_path(p, KERNEL_CONTRACT).module, "triton")]
@@ -34,7 +36,8 @@ def _interpreted_checks() -> dict:
     """Runs inside a TRITON_INTERPRET=1 process: numerics of every module + the masking checks."""
     numerics = [r for p in TRITON_FILES for r in check_numerics(p, "triton", N_CASES)]
     return {"numerics": {f"{r.kernel}/{r.dtype}": [r.ok, r.max_err, r.tol, r.detail] for r in numerics},
-            "masking": {op: _masking_error(op) for op in ("attention", "paged_attention")}}
+            "masking": {op: _masking_error(op) for op in ("attention", "paged_attention")},
+            "splits": {op: _split_decode_checks(op) for op in ("attention", "paged_attention")}}
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +82,35 @@ def test_triton_kernels_compile_ahead_of_time(path, arch):
         print(f"{res.kernel} [{res.dtype}] sm_{arch}: {r.regs} regs, {r.shared} B shared, "
               f"{r.spill_stores} B spill stores, {r.spill_loads} B spill loads")
         assert r.regs > 0
+
+
+@pytest.mark.parametrize("op", ["attention", "paged_attention"])
+def test_triton_decode_splits_the_context(interpreted, op):
+    """Flash-decoding: with the chunk size lowered, each decode case runs several splits (empty
+    ones included) and their combine, over every cache form (seq_head_dim, head_seq_dim strides, q8,
+    f16 under f32/bf16 queries; shuffled tokens- or heads-first pages), with windows and softcaps;
+    every cell outside each sequence's visible range holds NaN, and the output equals the reference."""
+    cases = interpreted["splits"][op]
+    assert len(cases) >= 8 and sum(c["splits"] > 1 for c in cases) >= 6, cases
+    bad = [c for c in cases if not c["ok"]]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("op", ["attention", "paged_attention"])
+def test_decode_splits_fill_the_gpu(op):
+    """The split heuristic (no kernel run): enough (sequence, KV head, split) programs for a few
+    waves of an H100's 132 SMs, chunks of at least DECODE_MIN_CHUNK cells, one split when the
+    batch fills the card by itself."""
+    mod = load_by_path(KERNELS / f"{op}.py", KERNEL_CONTRACT).module
+    cpu = torch.device("cpu")
+    assert mod.DEFAULT_SMS == 132 and mod.DECODE_MIN_CHUNK >= 128
+    assert mod.decode_splits(1, 3, 4096, cpu) == math.ceil(4096 / mod.DECODE_MIN_CHUNK)   # SmolLM2 b=1
+    assert mod.decode_splits(1, 3, 100, cpu) == 1 and mod.decode_splits(8, 3, 1, cpu) == 1
+    for n_seqs, kv_heads, ctx in ((8, 3, 2048), (32, 3, 2048), (64, 3, 4096), (32, 8, 8192), (64, 8, 4096)):
+        n = mod.decode_splits(n_seqs, kv_heads, ctx, cpu)
+        assert n_seqs * kv_heads * n >= mod.DECODE_WAVES * 132 or ctx / n < 2 * mod.DECODE_MIN_CHUNK, (n_seqs, n)
+        assert ctx / n >= mod.DECODE_MIN_CHUNK
+    assert mod.decode_splits(512, 8, 8192, cpu) == 1
 
 
 def test_interpreting_after_a_normal_import_fails(monkeypatch):
@@ -140,6 +172,98 @@ def _poison_paged(kv: PagedKV, meta) -> PagedKV:
         blocks, rows = kv.block_table[s, cells // kv.block_size].long(), cells % kv.block_size
         k2[blocks, rows], v2[blocks, rows] = kv.k_pages[blocks, rows], kv.v_pages[blocks, rows]
     return PagedKV(k2, v2, kv.block_table, kv.block_size)
+
+
+# (q dtype, cache kind, group, head_dim, window, softcap, forced splits): kind 0 seq_head_dim,
+# 1 head_seq_dim (strided view), 2 q8 (int8 + scales), 3 float16 cache; for paged_attention
+# 0/1 tokens-/heads-first pages, 3 float16 pages (2 reads as 0). Group 1 takes the broadcast
+# form, larger groups tl.dot.
+SPLIT_CASES = [
+    ("float32", 0, 3, 32, 0, 0.0, None),
+    ("float32", 1, 3, 32, 20, 1.5, None),
+    ("bfloat16", 3, 3, 32, 7, 0.0, None),
+    ("bfloat16", 2, 3, 32, 0, 2.0, None),
+    ("float32", 2, 1, 24, 33, 0.0, None),
+    ("bfloat16", 1, 1, 32, 0, 1.0, None),
+    ("float32", 3, 4, 40, 0, 0.0, 5),
+    ("bfloat16", 0, 2, 16, 45, 0.0, 3),
+]
+
+
+def _split_decode_checks(op: str) -> list[dict]:
+    """Each SPLIT_CASES decode batch through `op`'s triton with 16-cell tiles and chunks (several
+    splits for the long sequences, empty ones for the short), against the reference on the clean
+    cache; every cell outside [window start, kv_len) of each sequence is NaN in what triton reads."""
+    mod = load_by_path(KERNELS / f"{op}.py", KERNEL_CONTRACT).module
+    mod.DECODE_BLOCK_N, mod.DECODE_MIN_CHUNK = 16, 16
+    gen, out = torch.Generator().manual_seed(5), []
+    for dtype_name, kind, group, dim, window, softcap, forced in SPLIT_CASES:
+        mod.DECODE_FORCE_SPLITS = forced
+        dtype = getattr(torch, dtype_name)
+        kv_heads, n_streams, n_cells = 2, 6, 112
+        starts = [111, 0, 70, 16, 47]          # kv_len 112 (7 chunks), 1, 71, 17, 48
+        streams = torch.randperm(n_streams, generator=gen)[: len(starts)].tolist()
+        meta = Batch.build([SeqChunk(stream=s, start=st, tokens=[0]) for s, st in zip(streams, starts)]).attn
+        meta = meta.with_layer(window, softcap)
+        q = torch.randn(len(starts), kv_heads * (group + 1), dim, generator=gen).to(dtype)[:, : kv_heads * group]
+        k, v = (torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen) for _ in range(2))
+        visible = torch.zeros(n_streams, n_cells, dtype=torch.bool)
+        for s, n in zip(streams, meta.kv_lens.tolist()):
+            visible[s, max(0, n - window) if window else 0: n] = True
+        if op == "attention":
+            kv = mod._example_view(k, v, dtype, kind)
+            poisoned = _poison_view(kv, visible)
+        else:
+            kv, poisoned = _paged_case(k, v, dtype, kind, visible, streams, meta, gen)
+        want = mod.reference(q, kv, meta, 1 / math.sqrt(dim))
+        got = mod.triton(q, poisoned, meta, 1 / math.sqrt(dim))
+        err = float((got.float() - want.float()).abs().max())
+        tol = mod.TOL[dtype]
+        ok = bool(torch.all((got.float() - want.float()).abs() <= tol + tol * want.float().abs()))
+        splits = mod.decode_splits(meta.n_seqs, kv_heads, min(meta.max_kv, window) if window else meta.max_kv,
+                                   q.device)
+        out.append({"case": [dtype_name, kind, group, dim, window, softcap, forced], "splits": splits,
+                    "ok": ok and not math.isnan(err), "err": err})
+    return out
+
+
+def _poison_view(kv: StridedKV, visible: torch.Tensor) -> StridedKV:
+    """The same view (strides, dtype, q8 scales kept) with NaN (q8: a NaN scale) in every cell not visible."""
+    if kv.k_scale is not None:
+        ks, vs = (t.clone() for t in (kv.k_scale, kv.v_scale))
+        ks[~visible], vs[~visible] = float("nan"), float("nan")
+        return StridedKV(kv.k, kv.v, ks, vs)
+    k, v = (t.clone(memory_format=torch.preserve_format) for t in (kv.k, kv.v))
+    k[~visible], v[~visible] = float("nan"), float("nan")
+    assert k.stride() == kv.k.stride()
+    return StridedKV(k, v)
+
+
+def _paged_case(k, v, dtype, kind, visible, streams, meta, gen) -> tuple[PagedKV, PagedKV]:
+    """Shuffled pages of 8 cells holding k/v (tokens-first, heads-first or float16), an unmapped
+    (-1) table tail past each sequence's cells, and the poisoned twin (NaN outside `visible`,
+    the spare pages included)."""
+    n_streams, n_cells, kv_heads, dim = k.shape
+    bs = 8
+    per_stream = n_cells // bs
+    n_blocks = n_streams * per_stream + 3
+    owned = torch.randperm(n_blocks, generator=gen)[: n_streams * per_stream].view(n_streams, per_stream)
+    cache = torch.float16 if kind == 3 else dtype
+    shape = (n_blocks, kv_heads, bs, dim) if kind == 1 else (n_blocks, bs, kv_heads, dim)
+    pages = [torch.randn(shape, generator=gen).to(cache) for _ in range(2)]
+    if kind == 1:
+        pages = [t.transpose(1, 2) for t in pages]
+    table = torch.full((n_streams, per_stream), -1, dtype=torch.int32)
+    poisoned = [torch.full_like(t, float("nan")) for t in pages]
+    for s, n in zip(streams, meta.kv_lens.tolist()):
+        table[s, : -(-n // bs)] = owned[s, : -(-n // bs)].int()
+        for c in range(n):
+            page, r = int(owned[s, c // bs]), c % bs
+            for src, dst, val in ((pages[0], poisoned[0], k), (pages[1], poisoned[1], v)):
+                src[page, r] = val[s, c].to(cache)
+                if visible[s, c]:
+                    dst[page, r] = src[page, r]
+    return PagedKV(pages[0], pages[1], table, bs), PagedKV(poisoned[0], poisoned[1], table, bs)
 
 
 if __name__ == "__main__":  # the interpreted half, run by the `interpreted` fixture
