@@ -19,7 +19,6 @@ import torch
 
 from slotserver.model.batch import Batch, SeqChunk
 from slotserver.model.bundle import ModelBundle
-from slotserver.model.text.detokenizer import IncrementalDetokenizer
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.stats_tracker import StatsTracker
 from slotserver.engine.kv_cache import KVCache
@@ -29,15 +28,13 @@ from slotserver.engine.grammar import GrammarError, Grammars
 from slotserver.engine.masks import MaskFiller
 from slotserver.engine.outbox import Outbox
 from slotserver.engine.port import EnginePort
-from slotserver.engine.postprocess import Sampled, final_event, postprocess, progress_event
-from slotserver.engine.request import ContextExceeded, EngineBusy, ErrorEvent, Request, RequestError, RequestHandle
-from slotserver.model.sampling_params import ignore_eos_params
-from slotserver.model.sampling import Sampler, SamplingError, SequenceRng
-from slotserver.model.tensor_check import logits_problem
+from slotserver.engine.intake import new_sequence, validate
+from slotserver.engine.postprocess import final_event, postprocess, progress_event
+from slotserver.engine.request import EngineBusy, ErrorEvent, Request, RequestError, RequestHandle
 from slotserver.engine.scheduler import Scheduler, StepPlan
 from slotserver.engine.sequence import Sequence
 from slotserver.engine.stats import EngineStats
-from slotserver.engine.stop_strings import StopMatcher
+from slotserver.engine.step_sampling import StepSampling
 
 log = logging.getLogger("slotserver.engine.engine")
 
@@ -61,7 +58,7 @@ class Engine:
                       pool_cells=config.kv_pool_cells)   # paged: requests wait for free blocks past it
         self.cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
         self.sched = Scheduler(config, budget=lambda: self.cache.budget())  # paged: admit by free blocks
-        self.sampler = Sampler(s.vocab_size)
+        self.sampling = StepSampling(s.vocab_size)
         self.eog = bundle.tokenizer.eog_ids
         self.grammars = Grammars(bundle.tokenizer)   # llguidance's vocabulary, built on first use
         self.masks = MaskFiller(self.grammars)
@@ -83,7 +80,7 @@ class Engine:
     def submit(self, request: Request, loop=None, parent: RequestHandle | None = None) -> RequestHandle:
         """Queue a request. `parent`: an earlier handle with the same prompt (n > 1 choices): this one
         waits for the parent's prefill and copies its prompt KV instead of computing it again."""
-        self._validate(request)
+        validate(request, self.config, self.bundle.model.spec.vocab_size)
         if parent is not None and parent.request.prompt_ids != request.prompt_ids:
             raise RequestError("a sibling request must have its parent's prompt")
         with self._lock:
@@ -91,7 +88,7 @@ class Engine:
                 raise EngineBusy(f"server is busy: {self._in_flight} requests in flight, queue full")
             self._in_flight += 1
         handle = RequestHandle(next(self._ids), request, self, loop, self.outbox)
-        handle.seq = self._sequence(handle)
+        handle.seq = new_sequence(handle, self.eog, self.bundle.tokenizer)
         handle.seq.parent = parent.seq if parent is not None else None
         self._post(("submit", handle.seq))
         return handle
@@ -180,38 +177,54 @@ class Engine:
             self.outbox.flush()
 
     def _step(self) -> bool:
+        """schedule, apply moves, forward, sample, postprocess; `t` times each part (stats)."""
         self._drain_inbox()
         self.lab.apply_pending()
         if not self.sched.has_work():
             return False
         t = [time.perf_counter()]
-        plan = self.sched.schedule()
-        if plan.admitted:  # /slots shows a slot busy before its first token reaches the client
-            self.tracker.publish()
-            for seq in plan.admitted:
-                if seq.request.return_progress:
-                    seq.handle.emit(progress_event(seq, start=True))
+        plan = self._schedule()
         t.append(time.perf_counter())
-        self.cache.apply(plan.moves, plan.trims)
-        for f in plan.forks:   # n > 1: a sibling starts from its parent's prompt KV (paged: shared blocks)
-            self.cache.layout.copy_stream(f.src, f.dst, f.n_cells)
+        self._apply_moves(plan)
         t.append(time.perf_counter())
         masks = self.masks.start([c.seq.grammar for c in plan.chunks if c.sample])  # filled during the forward
-        try:
-            logits = self._forward(plan)
-        except Exception as e:  # a kernel just swapped in may fail on real shapes: serve the old one
-            if not self.lab.rollback(e):
-                raise
-            logits = self._forward(plan)
-        self.lab.forward_ok()
+        logits = self._forward_or_roll_back(plan)
         t.append(time.perf_counter())
-        sampled = self._sample(plan, logits, masks.result())
+        sampled = self.sampling.sample(plan, logits, masks.result())
         t.append(time.perf_counter())
         done = postprocess(self.sched, plan, sampled, self.eog)
         t.append(time.perf_counter())
         self._release(len(done))
         self.tracker.after_step(plan, len(done), t)
         return True
+
+    def _schedule(self) -> StepPlan:
+        plan = self.sched.schedule()
+        if plan.admitted:  # /slots shows a slot busy before its first token reaches the client
+            self.tracker.publish()
+            for seq in plan.admitted:
+                if seq.request.return_progress:
+                    seq.handle.emit(progress_event(seq, start=True))
+        return plan
+
+    def _apply_moves(self, plan: StepPlan) -> None:
+        """Trims and defrag moves, then n > 1 forks: a sibling starts from its parent's prompt KV
+        (paged: shared blocks)."""
+        self.cache.apply(plan.moves, plan.trims)
+        for f in plan.forks:
+            self.cache.layout.copy_stream(f.src, f.dst, f.n_cells)
+
+    def _forward_or_roll_back(self, plan: StepPlan) -> torch.Tensor | None:
+        """The forward; a kernel just swapped in that fails on real shapes is rolled back and the
+        step runs again on the previous kernels (the lab's rollback)."""
+        try:
+            logits = self._forward(plan)
+        except Exception as e:  # noqa: BLE001 - re-raised unless the lab had something to roll back
+            if not self.lab.rollback(e):
+                raise
+            logits = self._forward(plan)
+        self.lab.forward_ok()
+        return logits
 
     def _forward(self, plan: StepPlan) -> torch.Tensor | None:
         if not plan.chunks:
@@ -222,43 +235,6 @@ class Engine:
         if self._logits.shape[0] < rows:   # one buffer for every step's logits (see LlamaModel.forward)
             self._logits = torch.empty(rows, self._logits.shape[1])
         return self.bundle.model.forward(Batch.build(chunks), self.cache, self._logits)   # [n_sample, vocab]
-
-    def _sample(self, plan: StepPlan, logits: torch.Tensor | None, allowed: torch.Tensor | None) -> list[Sampled]:
-        seqs = [c.seq for c in plan.chunks if c.sample]
-        if not seqs:
-            return []
-        try:
-            out = self.sampler.sample(logits, [s.params for s in seqs], [s.rng for s in seqs], [s.tokens for s in seqs],
-                                      allowed)
-        except SamplingError:
-            return self._sample_rows(seqs, logits, allowed)  # find the failing row; fail only its request
-        return self._sampled(out, seqs)
-
-    @staticmethod
-    def _sampled(out, seqs) -> list[Sampled]:
-        """Sampler output -> one `Sampled` per row (top list without the -inf padding columns)."""
-        tokens = out.tokens.tolist()
-        lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(seqs)
-        result = []
-        for i, s in enumerate(seqs):
-            n = s.params.n_probs
-            top = ()
-            if n and out.top_ids is not None:
-                top = tuple((t, lp) for t, lp in zip(out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist())
-                            if lp != float("-inf"))
-            result.append(Sampled(tokens[i], lps[i], top))
-        return result
-
-    def _sample_rows(self, seqs, logits: torch.Tensor, allowed: torch.Tensor | None) -> list[Sampled]:
-        out = []
-        for i, s in enumerate(seqs):
-            try:
-                row = self.sampler.sample(logits[i: i + 1], [s.params], [s.rng], [s.tokens],
-                                          None if allowed is None else allowed[i: i + 1])
-                out.extend(self._sampled(row, [s]))
-            except SamplingError as e:   # NaN logits are the model's fault: say so, not "sampling failed"
-                out.append(Sampled(-1, error=logits_problem(logits[i]) or f"sampling failed: {e}"))
-        return out
 
     # -- inbox -------------------------------------------------------------------------------
     def _post(self, message: tuple) -> None:
@@ -315,27 +291,3 @@ class Engine:
     def _release(self, n: int) -> None:
         with self._lock:
             self._in_flight -= n
-
-    # -- building a sequence -----------------------------------------------------------------------
-    def _validate(self, r: Request) -> None:
-        if not r.prompt_ids:
-            raise RequestError("the prompt is empty")
-        if len(r.prompt_ids) >= self.config.n_cells:
-            raise ContextExceeded(len(r.prompt_ids), self.config.n_cells)
-        vocab = self.bundle.model.spec.vocab_size
-        if any(not 0 <= t < vocab for t in r.prompt_ids):
-            raise RequestError(f"prompt token ids must be in [0, {vocab})")
-        if any(not 0 <= t < vocab for t, _ in r.params.logit_bias):
-            raise RequestError(f"logit_bias token ids must be in [0, {vocab})")
-        if not -1 <= r.id_slot < self.config.n_parallel:
-            raise RequestError(f"id_slot must be -1 or in [0, {self.config.n_parallel})")
-
-    def _sequence(self, handle: RequestHandle) -> Sequence:
-        r = handle.request
-        return Sequence(
-            handle=handle, tokens=list(r.prompt_ids), num_prompt=len(r.prompt_ids),
-            rng=SequenceRng(r.params.seed),
-            params=ignore_eos_params(r.params, self.eog) if r.ignore_eos else r.params,
-            detok=IncrementalDetokenizer(self.bundle.tokenizer), stops=StopMatcher(r.stop),
-        )
-

@@ -1,0 +1,61 @@
+"""The sample part of an engine step: one batched sampler call for the rows a step samples, and
+the fallback that finds a failing row.
+
+Why apart from the engine: a step's sampling is one idea (batch the rows, turn the sampler's
+tensors into one `Sampled` per row, and when the batch fails, retry row by row so that only the
+request whose row failed gets an error, named for its cause), and the engine step should read as
+schedule, moves, forward, sample, postprocess.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slotserver.engine.postprocess import Sampled
+from slotserver.engine.scheduler import StepPlan
+from slotserver.model.sampling import Sampler, SamplingError
+from slotserver.model.tensor_check import logits_problem
+
+
+class StepSampling:
+    def __init__(self, vocab_size: int) -> None:
+        self.sampler = Sampler(vocab_size)
+
+    def sample(self, plan: StepPlan, logits: torch.Tensor | None, allowed: torch.Tensor | None) -> list[Sampled]:
+        """logits: [rows sampled, vocab], in the order of the plan's sampling chunks; allowed: the
+        grammar masks of those rows (or None). -> one `Sampled` per sampled row."""
+        seqs = [c.seq for c in plan.chunks if c.sample]
+        if not seqs:
+            return []
+        try:
+            out = self.sampler.sample(logits, [s.params for s in seqs], [s.rng for s in seqs],
+                                      [s.tokens for s in seqs], allowed)
+        except SamplingError:
+            return self._rows(seqs, logits, allowed)  # find the failing row; fail only its request
+        return _sampled(out, seqs)
+
+    def _rows(self, seqs, logits: torch.Tensor, allowed: torch.Tensor | None) -> list[Sampled]:
+        out = []
+        for i, s in enumerate(seqs):
+            try:
+                row = self.sampler.sample(logits[i: i + 1], [s.params], [s.rng], [s.tokens],
+                                          None if allowed is None else allowed[i: i + 1])
+                out.extend(_sampled(row, [s]))
+            except SamplingError as e:   # NaN logits are the model's fault: say so, not "sampling failed"
+                out.append(Sampled(-1, error=logits_problem(logits[i]) or f"sampling failed: {e}"))
+        return out
+
+
+def _sampled(out, seqs) -> list[Sampled]:
+    """Sampler output -> one `Sampled` per row (top list without the -inf padding columns)."""
+    tokens = out.tokens.tolist()
+    lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(seqs)
+    result = []
+    for i, s in enumerate(seqs):
+        n = s.params.n_probs
+        top = ()
+        if n and out.top_ids is not None:
+            top = tuple((t, lp) for t, lp in zip(out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist())
+                        if lp != float("-inf"))
+        result.append(Sampled(tokens[i], lps[i], top))
+    return result
