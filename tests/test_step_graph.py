@@ -200,6 +200,15 @@ def test_a_body_that_computes_in_torch_is_not_captured():
     assert graph is None and torch.equal(out, torch.arange(8) * 2.0)
 
 
+def _rms_norm_body(fn, x: torch.Tensor, weight: torch.Tensor):
+    """A step body calling rms_norm's C function `fn` directly on x [2, 64]."""
+    def body() -> torch.Tensor:
+        out = torch.empty(2, 64)
+        assert fn(x.data_ptr(), weight.data_ptr(), out.data_ptr(), 2, 1, 64, 64, 0, 64, 1e-5, 0, 0, 0, 0, 1) == 0
+        return out
+    return body
+
+
 def test_a_c_call_the_recorder_cannot_see_fails_the_check_replay():
     """A kernel that calls a ctypes function of its own (not through the library `native.build`
     returned): its call is not recorded, its output would be stale on replay; the NaN-filled check
@@ -207,13 +216,7 @@ def test_a_c_call_the_recorder_cannot_see_fails_the_check_replay():
     norm = _native_rms_norm()
     hidden = norm._LIB.rms_norm.fn                  # the bare ctypes function: invisible to the recorder
     x, weight = torch.randn(2, 64, generator=torch.Generator().manual_seed(0)), torch.ones(64)
-
-    def body() -> torch.Tensor:
-        out = torch.empty(2, 64)
-        assert hidden(x.data_ptr(), weight.data_ptr(), out.data_ptr(), 2, 1, 64, 64, 0, 64, 1e-5, 0, 0, 0, 0, 1) == 0
-        return out
-
-    graph, out = step_graph.capture(body, [x], {})
+    graph, out = step_graph.capture(_rms_norm_body(hidden, x, weight), [x], {})
     assert graph is None
     assert torch.allclose(out, norm.reference(x, weight, 1e-5), atol=1e-5)
 
@@ -230,15 +233,8 @@ def test_a_function_bound_before_the_capture_is_still_recorded():
     """A kernel may bind `_LIB.fn` once (at import) and call it in its steps: the recorder still
     sees the call (it is looked up per call, not swapped into the library), so the step replays."""
     norm = _native_rms_norm()
-    bound = norm._LIB.rms_norm
     x, weight = torch.randn(2, 64, generator=torch.Generator().manual_seed(3)), torch.ones(64)
-
-    def body() -> torch.Tensor:
-        out = torch.empty(2, 64)
-        assert bound(x.data_ptr(), weight.data_ptr(), out.data_ptr(), 2, 1, 64, 64, 0, 64, 1e-5, 0, 0, 0, 0, 1) == 0
-        return out
-
-    graph, out = step_graph.capture(body, [x], {})
+    graph, out = step_graph.capture(_rms_norm_body(norm._LIB.rms_norm, x, weight), [x], {})
     assert graph is not None and len(graph.calls) == 1
     assert torch.equal(graph.replay([x]), out)
 
