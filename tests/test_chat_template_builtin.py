@@ -20,7 +20,7 @@ from slotserver.model.text.builtin_templates import BUILTIN_NAMES, apply_builtin
 from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
 from slotserver.server import ServerConfig, ServerState, create_app
 from slotserver.server.launch import load
-from slotserver.server.serve_config import chat_template_source, plan_from_args
+from slotserver.server.config_from_args import chat_template_source, plan_from_args
 from tiny_gguf import write_tiny_gguf
 
 # LLM_CHAT_TEMPLATES in src/llama-chat.cpp, in its std::map's (byte) order.

@@ -224,7 +224,7 @@ def test_unknown_or_unsupported_samplers_are_refused_by_name(value):
 def request_params(body: dict) -> SamplingParams:
     from slotserver.server.fields import Fields
     from slotserver.server.params import sampling_params
-    from slotserver.server.server_config import GenerationDefaults
+    from slotserver.server.config import GenerationDefaults
 
     return sampling_params(Fields(body), FakeTokenizer(), GenerationDefaults(), 0)
 

@@ -17,7 +17,7 @@ import pytest
 from slotserver.cli import main as cli
 from slotserver.cli.serve import normalize_argv
 from slotserver.model.config import DEFAULT_LAYOUT
-from slotserver.server.serve_config import plan_from_args, server_config_from_args
+from slotserver.server.config_from_args import plan_from_args, server_config_from_args
 
 
 def parse(*argv: str):

@@ -12,8 +12,8 @@ import pytest
 from slotserver.cli.main import build_parser
 from slotserver.model.sampling import SequenceRng
 from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
-from slotserver.server.serve_config import _unified
-from slotserver.server.tool_prompt import render_with_tools
+from slotserver.server.config_from_args import _unified
+from slotserver.server.tools.prompt import render_with_tools
 from test_server_api import client, make_client, sse_events, tiny_engine  # noqa: F401  fixtures
 
 # `std::mt19937 r(42); std::uniform_real_distribution<double> d(0.0f, 1.0f);` printed with %.17g
@@ -102,7 +102,7 @@ def test_cache_type_flags_choose_the_kv_element_type():
     from slotserver.engine.config import EngineConfig
     from slotserver.engine.engine import kv_dtype
     from slotserver.errors import ConfigError
-    from slotserver.server.serve_config import plan_from_args
+    from slotserver.server.config_from_args import plan_from_args
 
     parse = build_parser().parse_args
     assert plan_from_args(parse(["serve"])).engine.cache_type == "auto"

@@ -26,11 +26,11 @@ from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from slotserver.server import ServerConfig, ServerState, create_app
 from slotserver.server.chat_options import chat_defaults_from_flags
 from slotserver.server.fields import Fields
-from slotserver.server.format_openai import OpenAIFormatter
+from slotserver.server.formats.openai import OpenAIFormatter
 from slotserver.server.generation import Outcome
 from slotserver.server.params import CompletionJob
 from slotserver.server.reasoning import CONTENT, START, THINK, ReasoningMode, ReasoningSplitter, answer_start
-from slotserver.server.tools import parse_tools
+from slotserver.server.tools.request import parse_tools
 
 # ---------------------------------------------------------------------------------------------
 # the splitter on its own

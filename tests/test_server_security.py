@@ -15,7 +15,7 @@ from slotserver.engine.engine import Engine
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.request import Request
 from slotserver.server import ServerConfig, ServerState, create_app
-from slotserver.server.serve_config import plan_from_args, server_config_from_args
+from slotserver.server.config_from_args import plan_from_args, server_config_from_args
 from starlette.testclient import TestClient
 from test_server_api import ERROR_TYPES, make_client
 from test_server_cli import parse, run_cli

@@ -11,9 +11,9 @@ from openai import OpenAI
 
 from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from slotserver.server.fields import Fields
-from slotserver.server.tool_calls import HermesParser
-from slotserver.server.tool_prompt import render_with_tools
-from slotserver.server.tools import parse_tools
+from slotserver.server.tools.calls import HermesParser
+from slotserver.server.tools.prompt import render_with_tools
+from slotserver.server.tools.request import parse_tools
 from smollm_server import smollm_client
 
 WEATHER = {"type": "function", "function": {

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from slotserver.server.fields import Fields
-from slotserver.server.tool_calls_json import call_parser
-from slotserver.server.tool_formats import GENERIC, HERMES, LLAMA3, MISTRAL, choose_format, native_format
-from slotserver.server.tool_prompt import nemo_id, render_with_tools
-from slotserver.server.tools import parse_tools
+from slotserver.server.tools.calls_json import call_parser
+from slotserver.server.tools.formats import GENERIC, HERMES, LLAMA3, MISTRAL, choose_format, native_format
+from slotserver.server.tools.prompt import nemo_id, render_with_tools
+from slotserver.server.tools.request import parse_tools
 
 FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "tool_templates.json").read_text())
 TEMPLATES = {c["name"]: c for c in FIXTURES["cases"]}

@@ -123,7 +123,7 @@ def run(args) -> int:
     gc.disable()
     try:
         from slotserver.server.launch import serve
-        from slotserver.server.serve_config import plan_from_args, server_config_from_args
+        from slotserver.server.config_from_args import plan_from_args, server_config_from_args
         from slotserver.server.state import ServerState
 
         logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt="%H:%M:%S", stream=sys.stderr)

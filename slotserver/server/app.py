@@ -21,12 +21,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from slotserver.server import routes_completion, routes_lab, routes_misc, routes_openai, routes_slots
 from slotserver.server.access_log import AccessLog
 from slotserver.server.auth import ApiKeyAuth
 from slotserver.server.cors import CorsExceptLab
 from slotserver.server.errors import (ApiError, CatchAll, api_error_handler, http_exception_handler,
                                       loading_error, not_supported)
+from slotserver.server.routes import completion, lab, misc, openai, slots
 from slotserver.server.state import ServerState
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -68,8 +68,8 @@ def _middleware(state: ServerState) -> list[Middleware]:
 
 def create_app(state: ServerState) -> Starlette:
     """The ASGI app serving `state` (which may still be loading: see `ServerState.set_loaded`)."""
-    routes = [*routes_misc.ROUTES, *routes_completion.ROUTES, *routes_openai.ROUTES,
-              *routes_slots.ROUTES, *routes_lab.ROUTES, Route("/metrics", metrics, methods=["GET"])]
+    routes = [*misc.ROUTES, *completion.ROUTES, *openai.ROUTES,
+              *slots.ROUTES, *lab.ROUTES, Route("/metrics", metrics, methods=["GET"])]
     app = Starlette(routes=routes, middleware=_middleware(state),
                     exception_handlers={ApiError: api_error_handler, HTTPException: http_exception_handler})
     app.state.server = state

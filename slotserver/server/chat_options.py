@@ -27,7 +27,7 @@ from slotserver.model.config import ConfigError
 from slotserver.server.errors import bad_request
 from slotserver.server.fields import Fields
 from slotserver.server.reasoning import FORMATS
-from slotserver.server.tool_formats import CHOICES as TOOL_FORMATS
+from slotserver.server.tools.formats import CHOICES as TOOL_FORMATS
 
 RESERVED = ("messages", "add_generation_prompt", "tools")   # set by the request's own fields
 ON, OFF = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")   # llama.cpp's is_truthy/is_falsey
@@ -36,7 +36,7 @@ ON, OFF = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")   # 
 @dataclass(frozen=True)
 class ChatDefaults:
     """Server flags: --reasoning-format, --chat-template-kwargs, --reasoning, --reasoning-budget,
-    --tool-call-format (tool_formats.py)."""
+    --tool-call-format (tools/formats.py)."""
 
     reasoning_format: str = "auto"
     template_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -5,7 +5,7 @@ OpenAI's names map onto llama-server's: `max_tokens` / `max_completion_tokens` -
 repeat_penalty...) are accepted too, as llama-server does. What we cannot honour is refused with a
 400 instead of being silently ignored: `best_of` > 1, `echo`, `suffix`, `tools` on /v1/completions. `n` and prompt lists:
 choices.py.
-Chat `tools`, `tool_choice` and `parallel_tool_calls`: tools.py, tool_prompt.py, tool_calls.py.
+Chat `tools`, `tool_choice` and `parallel_tool_calls`: tools/request.py, tools/prompt.py, tools/calls.py.
 `response_format` (and llama-server's `grammar` / `json_schema`) constrain the output (constraints.py). Chat prompts come from the model's (or the command line's)
 chat template only: a `chat_template` field in the body is ignored like any unknown field.
 `chat_template_kwargs`, `reasoning_effort`, `reasoning_format` and the reasoning budget:
@@ -18,21 +18,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from slotserver.model.text.chat_template import ChatTemplate, ChatTemplateError
+from slotserver.model.text.chat_template import ChatTemplate
 from slotserver.server.errors import bad_request
 from slotserver.server.fields import Fields
 from slotserver.engine.grammar import Grammars
 from slotserver.server.constraints import compile_checked, parse_constraint, requested
-from slotserver.server.tool_prompt import render_with_tools
-from slotserver.server.tool_grammar import forced_call_grammar
-from slotserver.server.tools import ToolConfig, parse_tools
+from slotserver.server.tools.prompt import render_with_tools
+from slotserver.server.tools.grammar import forced_call_grammar
+from slotserver.server.tools.request import ToolConfig, parse_tools
 from slotserver.server.params import CompletionJob, build_request, eog_bias, n_predict_field
 from slotserver.server.choices import expand, n_choices
 from slotserver.server.chat_options import ChatDefaults, chat_options
 from slotserver.server.reasoning import ReasoningMode, answer_start
 from slotserver.server.unsupported import check_chat_fields, check_completion_fields
 from slotserver.server.prompt import encode, prompt_text, tokenize_prompts
-from slotserver.server.server_config import GenerationDefaults
+from slotserver.server.config import GenerationDefaults
 from slotserver.model.text.tokenizer import Tokenizer
 
 MAX_TOP_LOGPROBS = 20
@@ -96,13 +96,6 @@ def parse_openai_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults
     jobs = expand(jobs, n)
     return OpenAIJob(jobs, f.str("model", default_model) or default_model,
                      [prompt_text(tokenizer, j.request.prompt_ids) for j in jobs])
-
-
-def render_chat(template: ChatTemplate, messages: Any) -> str:
-    try:
-        return template.render(messages, add_generation_prompt=True)
-    except ChatTemplateError as e:
-        raise bad_request(str(e)) from None
 
 
 def _chat_grammar(f: Fields, tools: ToolConfig, grammars: Grammars | None) -> str | None:

@@ -33,7 +33,7 @@ from slotserver.server.errors import bad_request
 from slotserver.server.fields import INT32_MAX, UINT32_MAX, Fields
 from slotserver.server.job import CompletionJob  # noqa: F401  re-exported: routes and formats import it from here
 from slotserver.server.prompt import parse_logit_bias, tokenize_prompts
-from slotserver.server.server_config import GenerationDefaults
+from slotserver.server.config import GenerationDefaults
 from slotserver.server.unsupported import check_completion_fields, response_fields
 from slotserver.model.text.tokenizer import Tokenizer
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from slotserver.server.errors import loading_error
 from slotserver.server.metrics import ServerMetrics
-from slotserver.server.server_config import ServerConfig
+from slotserver.server.config import ServerConfig
 
 if TYPE_CHECKING:
     from slotserver.model.bundle import ModelBundle

@@ -20,8 +20,8 @@ from typing import Any
 from slotserver.model.text.chat_messages import join_parts, parse_messages
 from slotserver.model.text.chat_template import ChatTemplateError
 from slotserver.server.errors import bad_request
-from slotserver.server.tool_formats import GENERIC
-from slotserver.server.tools import CLOSE, OPEN, ToolConfig
+from slotserver.server.tools.formats import CLOSE, GENERIC, OPEN
+from slotserver.server.tools.request import ToolConfig
 
 HERMES_SYSTEM = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

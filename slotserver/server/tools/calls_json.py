@@ -23,10 +23,10 @@ import secrets
 from dataclasses import dataclass
 from typing import ClassVar
 
-from slotserver.server.tool_calls import CallParser, HermesParser, call_from, partial_suffix
-from slotserver.server.tool_formats import (GENERIC, HERMES, ID_CHARS, LLAMA3, MISTRAL, MISTRAL_ID, MISTRAL_MARKER,
+from slotserver.server.tools.calls import CallParser, HermesParser, call_from, partial_suffix
+from slotserver.server.tools.formats import (GENERIC, HERMES, ID_CHARS, LLAMA3, MISTRAL, MISTRAL_ID, MISTRAL_MARKER,
                                              PYTHON_TAG)
-from slotserver.server.tools import ToolConfig
+from slotserver.server.tools.request import ToolConfig
 
 NEMO_ID = re.compile(MISTRAL_ID)
 

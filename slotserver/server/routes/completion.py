@@ -15,9 +15,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from slotserver.engine.request import FinalEvent, ProgressEvent, TokenEvent
-from slotserver.server import format_llama, sse
+from slotserver.server import sse
 from slotserver.server.body import read_json
 from slotserver.server.errors import ApiError
+from slotserver.server.formats import llama
 from slotserver.server.choices import close_all, collect_all, merged, submit_all
 from slotserver.server.generation import ClientGone, Outcome, Run
 from slotserver.server.jsonio import JSONResp
@@ -63,7 +64,7 @@ async def completion(request: Request) -> Response:
         return sse.EventStreamResponse(chunks, on_close=lambda: close_all(runs), write_timeout=cfg.timeout)
 
     def render(outs: list[Outcome]) -> Response:
-        bodies = [format_llama.final_response(j, o, bundle.tokenizer, cfg.model_name, p)
+        bodies = [llama.final_response(j, o, bundle.tokenizer, cfg.model_name, p)
                   for j, o, p in zip(jobs, outs, prompts)]
         return JSONResp(bodies[0] if len(bodies) == 1 else bodies)   # llama-server: an array for several
     return await respond(runs, request, render)
@@ -85,14 +86,14 @@ async def llama_stream(runs: list[Run], jobs: list[CompletionJob], tokenizer: To
             counts[i] += 1
             pending[i].append(ev)
             if ev.text or job.n_probs > 0:
-                yield sse.event(format_llama.stream_chunk(job, ev.text, pending[i], tokenizer, counts[i]))
+                yield sse.event(llama.stream_chunk(job, ev.text, pending[i], tokenizer, counts[i]))
                 pending[i] = []
         elif isinstance(ev, ProgressEvent):
-            yield sse.event(format_llama.progress_chunk(job, ev))
+            yield sse.event(llama.progress_chunk(job, ev))
         elif isinstance(ev, FinalEvent):
             if pending[i] or ev.text:
-                yield sse.event(format_llama.stream_chunk(job, ev.text, pending[i], tokenizer, counts[i]))
-            yield sse.event(format_llama.final_chunk(job, ev, model, prompts[i]))
+                yield sse.event(llama.stream_chunk(job, ev.text, pending[i], tokenizer, counts[i]))
+            yield sse.event(llama.final_chunk(job, ev, model, prompts[i]))
         else:
             yield sse.event(ApiError(500, ev.message, "server_error").body())
 

@@ -18,13 +18,13 @@ from slotserver.engine.request import FinalEvent, ProgressEvent, TokenEvent
 from slotserver.server import sse
 from slotserver.server.body import read_json
 from slotserver.server.errors import ApiError
-from slotserver.server.format_openai import OpenAIFormatter
+from slotserver.server.formats.openai import OpenAIFormatter
 from slotserver.server.choices import close_all, submit_all
 from slotserver.server.choices import merged
 from slotserver.server.generation import Run
 from slotserver.server.jsonio import JSONResp
 from slotserver.server.openai_params import OpenAIJob, parse_chat, parse_openai_completion
-from slotserver.server.routes_completion import log_state, respond
+from slotserver.server.routes.completion import log_state, respond
 from slotserver.server.state import ServerState
 
 

@@ -17,8 +17,8 @@ import json
 from collections.abc import Callable
 
 from slotserver.engine.grammar import JSON_OPTIONS
-from slotserver.server.tool_formats import GENERIC, HERMES, LLAMA3, MISTRAL, MISTRAL_ID, MISTRAL_MARKER
-from slotserver.server.tools import CLOSE, OPEN, ToolConfig
+from slotserver.server.tools.formats import CLOSE, GENERIC, HERMES, LLAMA3, MISTRAL, MISTRAL_ID, MISTRAL_MARKER, OPEN
+from slotserver.server.tools.request import ToolConfig
 
 ID_SCHEMA = {"type": "string", "pattern": f"^{MISTRAL_ID}$"}   # what Nemo's template demands
 

@@ -1,12 +1,12 @@
 """Chat messages with tools -> the prompt, through the model's template or the fallback prompt.
 
-A template that renders the request's call format itself (tool_formats.py: Llama 3.x, Mistral
+A template that renders the request's call format itself (formats.py: Llama 3.x, Mistral
 Nemo, or Hermes for Qwen 2.5 and any other template that mentions `tools`) gets the tools in its
 Jinja context and the history as llama-server hands it over (its `workaround` namespace): call
 arguments as objects (what those templates `tojson`), null content as "" next to calls, no empty
 `tool_calls`. Mistral Nemo's template refuses any call id but 9 letters or digits, so other ids
 (OpenAI's `call_...`) are mapped to such ids, the same one for a call and its result.
-Any other template gets the fallback prompt (tool_fallback.py).
+Any other template gets the fallback prompt (fallback.py).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 from slotserver.model.text.chat_template import ChatTemplate, ChatTemplateError
 from slotserver.server.errors import bad_request
-from slotserver.server.tool_fallback import arguments, fallback_messages, text_of
-from slotserver.server.tool_formats import ID_CHARS, MISTRAL, MISTRAL_ID, choose_format, native_format
-from slotserver.server.tools import ToolConfig
+from slotserver.server.tools.fallback import arguments, fallback_messages, text_of
+from slotserver.server.tools.formats import ID_CHARS, MISTRAL, MISTRAL_ID, choose_format, native_format
+from slotserver.server.tools.request import ToolConfig
 
 NEMO_ID = re.compile(MISTRAL_ID)
 

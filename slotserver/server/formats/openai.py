@@ -19,13 +19,13 @@ import time
 
 from slotserver import __version__
 from slotserver.engine.request import FinalEvent, ProgressEvent, TokenEvent
-from slotserver.server.format_llama import timings
+from slotserver.server.formats.llama import timings
 from slotserver.server.generation import Outcome
 from slotserver.server.params import CompletionJob
 from slotserver.server.reasoning import ReasoningMode
-from slotserver.server.tool_calls import stream_deltas
-from slotserver.server.tool_calls_json import call_parser
-from slotserver.server.tools import ToolConfig
+from slotserver.server.tools.calls import stream_deltas
+from slotserver.server.tools.calls_json import call_parser
+from slotserver.server.tools.request import ToolConfig
 from slotserver.model.text.tokenizer import Tokenizer
 
 FINGERPRINT = f"slotserver-{__version__}"

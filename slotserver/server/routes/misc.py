@@ -21,7 +21,7 @@ from slotserver.server.errors import bad_request, loading_error, model_not_found
 from slotserver.server.fields import Fields
 from slotserver.server.jsonio import JSONResp
 from slotserver.server.openai_params import render_chat_request
-from slotserver.server.tools import parse_tools
+from slotserver.server.tools.request import parse_tools
 from slotserver.server.prompt import check_token_ids, encode
 from slotserver.server.state import ServerState
 

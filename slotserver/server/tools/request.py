@@ -1,17 +1,17 @@
 """OpenAI function calling, the request side: `tools`, `tool_choice`, `parallel_tool_calls`.
 
 The call format (Hermes `<tool_call>` blocks, Llama 3.x JSON, Mistral Nemo `[TOOL_CALLS]`, or
-llama.cpp's generic JSON) comes from the model's chat template (tool_formats.py); the request's
+llama.cpp's generic JSON) comes from the model's chat template (formats.py); the request's
 fields mean the same in every format.
 
 `tool_choice`:
 - "auto" (the default with tools): the model may answer or call; calls are parsed out of its text
-  (tool_calls.py, tool_calls_json.py), and a call that does not parse stays in the content, never
+  (calls.py, calls_json.py), and a call that does not parse stays in the content, never
   dropped (the generic format is the exception: its answers always go through its grammar, which
   lets the model answer with {"response": ...} or call);
 - "none": the tools are neither shown to the model nor parsed (plain chat);
 - "required" or {"type": "function", "function": {"name": ...}}: the output is forced through a
-  grammar built from the tools' parameter schemas (tool_grammar.py, as vLLM does), so even a small
+  grammar built from the tools' parameter schemas (grammar.py, as vLLM does), so even a small
   model returns a call that parses and matches its schema.
 `parallel_tool_calls` (llama-server's default, false): at most one call; true: one or more
 (Llama 3.x templates render one call per turn: one call there, as llama.cpp).
@@ -24,9 +24,7 @@ from typing import Any
 
 from slotserver.server.errors import bad_request
 from slotserver.server.fields import Fields
-from slotserver.server.tool_formats import GENERIC, HERMES, choose_format
-
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+from slotserver.server.tools.formats import GENERIC, HERMES, choose_format
 
 
 @dataclass(frozen=True)
@@ -35,7 +33,7 @@ class ToolConfig:
     choice: str                     # "auto", "none", "required" or "named"
     name: str | None = None         # the forced function with a named tool_choice
     parallel: bool = False
-    format: str = HERMES            # the call format (tool_formats.py)
+    format: str = HERMES            # the call format (formats.py)
 
     @property
     def names(self) -> tuple[str, ...]:

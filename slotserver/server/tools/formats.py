@@ -1,7 +1,7 @@
 """Which tool-call format a chat uses, chosen from the model's chat template as llama.cpp does.
 
-Four formats, each with its grammar (tool_grammar.py), parser (tool_calls.py, tool_calls_json.py)
-and, for templates that do not speak it, a fallback prompt (tool_fallback.py):
+Four formats, each with its grammar (grammar.py), parser (calls.py, calls_json.py)
+and, for templates that do not speak it, a fallback prompt (fallback.py):
 
 - hermes: Hermes 2/3, Qwen 2.5 and every other template that renders `tools` itself:
       <tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>     (anywhere, one or more)
@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 HERMES, LLAMA3, MISTRAL, GENERIC = "hermes", "llama3", "mistral", "generic"
+OPEN, CLOSE = "<tool_call>", "</tool_call>"   # a Hermes call's block
 CHOICES = ("auto", HERMES, GENERIC)   # the values of --tool-call-format
 MISTRAL_MARKER, PYTHON_TAG = "[TOOL_CALLS]", "<|python_tag|>"   # what opens a Mistral / Llama call
 MISTRAL_ID = "[a-zA-Z0-9]{9}"         # the call ids Mistral Nemo's template accepts (regex)

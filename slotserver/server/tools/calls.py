@@ -1,5 +1,5 @@
 """The model's text -> OpenAI `tool_calls`, whole or streamed: what every format's parser shares,
-and the Hermes `<tool_call>` parser (the JSON formats: tool_calls_json.py).
+and the Hermes `<tool_call>` parser (the JSON formats: calls_json.py).
 
 A parser's `feed(text)` takes the generated text as it arrives and returns what is safe to send:
 content (text outside any call; text that may still turn out to start a call is held back until
@@ -19,7 +19,8 @@ import json
 import secrets
 from dataclasses import dataclass, field
 
-from slotserver.server.tools import CLOSE, OPEN, ToolConfig
+from slotserver.server.tools.formats import CLOSE, OPEN
+from slotserver.server.tools.request import ToolConfig
 
 
 def make_call(name: str, args: dict, call_id: str | None = None) -> dict:

@@ -15,7 +15,7 @@ from slotserver.engine.config import EngineConfig
 from slotserver.server.auth import read_key_file
 from slotserver.server.chat_options import chat_defaults_from_flags
 from slotserver.server.launch import LaunchPlan
-from slotserver.server.server_config import GenerationDefaults, ServerConfig
+from slotserver.server.config import GenerationDefaults, ServerConfig
 
 
 def chat_template_source(value: str | None, file: Path | None) -> str | None:
