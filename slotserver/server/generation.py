@@ -2,8 +2,8 @@
 
 `Run` wraps a `RequestHandle`: its `events()` records latency metrics as events arrive and its
 `close()` cancels the engine request unless it already finished (always call it: `finally`, or
-the SSE response's `on_close`). `collect()` gathers a whole result for a non-streaming answer
-while watching for the client leaving, so a client that times out frees its slot too.
+the SSE response's `on_close`). `choices.collect_all()` gathers whole results for a non-streaming
+answer while watching for the client leaving, so a client that times out frees its slot too.
 """
 
 from __future__ import annotations
@@ -13,14 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from starlette.types import Receive
 
 from slotserver.engine.request import (ContextExceeded, EngineBusy, ErrorEvent, Event, FinalEvent, RequestError, RequestHandle,
                                 TokenEvent)
 from slotserver.model.sampling_params import SamplingError
 from slotserver.server.errors import ApiError
 from slotserver.server.job import CompletionJob
-from slotserver.server.sse import wait_for_disconnect
 from slotserver.server.state import ServerState
 
 
@@ -109,19 +107,3 @@ async def _gather(run: Run) -> Outcome:
             texts.append(ev.text)
     out.text = "".join(texts)
     return out
-
-
-async def collect(run: Run, receive: Receive) -> Outcome:
-    """The whole result; raises ClientGone if the client leaves first (after cancelling)."""
-    gather = asyncio.ensure_future(_gather(run))
-    watch = asyncio.ensure_future(wait_for_disconnect(receive))
-    try:
-        await asyncio.wait({gather, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not gather.done():
-            gather.cancel()
-    if gather.done() and not gather.cancelled():
-        return gather.result()  # re-raises an ApiError from an engine error event
-    run.close()
-    raise ClientGone()
