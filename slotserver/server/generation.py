@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-
 from slotserver.engine.request import (ContextExceeded, EngineBusy, ErrorEvent, Event, FinalEvent, RequestError, RequestHandle,
                                 TokenEvent)
 from slotserver.model.sampling_params import SamplingError
