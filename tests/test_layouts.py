@@ -1,8 +1,9 @@
 """Every layout in layouts/ keeps the layout contract: rows written are read back through the
 attention view, stream copy moves a prefix, export/import round-trips in canonical form, within a
 per-layout tolerance (q8 is lossy). Plus what each layout promises on top: head_seq_dim hands out
-a strided view of heads-first storage; paged defrag moves no data, copy-on-write keeps streams
-apart, and no block ever leaks."""
+a strided view of heads-first storage; a layout whose view is paged keeps the paged contract
+(`PagedLayout`) and is refused when it lacks part of it; paged defrag moves no data,
+copy-on-write keeps streams apart, and no block ever leaks."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from slotserver.model.batch import Batch, SeqChunk
 from slotserver.lab.kernel_set import KERNEL_CONTRACT
 from slotserver.lab.kv_spec import KVSpec, StridedKV
 from slotserver.lab.layouts import available_layouts, create_layout, load_layout
-from slotserver.lab.loader import default_dir, load_by_path
+from slotserver.lab.loader import ModuleLoadError, default_dir, load_by_path
+from slotserver.lab.paged_contract import PagedLayout, is_paged
 
 SPEC = KVSpec(n_layers=3, n_streams=5, n_cells=17, n_kv_heads=2, head_dim=8)
 LAYOUTS = available_layouts()
@@ -140,6 +142,38 @@ def test_index_tensors_refilled_in_place_between_steps(name):
     want = torch.stack([k[0], k[1], torch.zeros_like(k[0]), k[3], k[4]])  # cell 2 never written
     _close(name, lay.export_stream(1, 5)[0][2], want)
     _close(name, lay.export_stream(3, 6)[0][2][[2, 5]], k[[2, 5]])
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_a_paged_view_comes_with_the_paged_contract(name):
+    """What the engine relies on, through the Protocol's members only: a paged layout's blocks hold
+    `block_size` cells, its pool holds at least one full stream, `trim_stream` keeps the blocks of
+    the first n cells and `free_stream` gives back the rest. A flat layout has none of it."""
+    lay = _make(name)
+    if not is_paged(lay):
+        assert not isinstance(lay, PagedLayout), "a flat layout would be trimmed as if paged"
+        return
+    assert isinstance(lay, PagedLayout)
+    size = lay.block_size
+    assert lay.view(0).block_size == size and lay.max_blocks * size >= SPEC.n_cells
+    k, v = _rows(SPEC.n_cells, 14)
+    for s in (1, 2):
+        lay.write(0, torch.full((SPEC.n_cells,), s), torch.arange(SPEC.n_cells), k, v)
+    lay.trim_stream(1, 1)     # keeps the first block only
+    lay.free_stream(2)
+    kept = lay.export_stream(1, SPEC.n_cells)[0][0]
+    _close(name, kept[:size], k[:size])
+    assert not kept[size:].any() and not lay.export_stream(2, SPEC.n_cells)[0].any()
+
+
+def test_a_paged_layout_missing_part_of_the_paged_contract_is_refused(tmp_path):
+    """A lab edit that drops `free_stream` from a paged layout fails at load, naming the member."""
+    src = (default_dir("layouts") / "paged.py").read_text()
+    edited = src.replace('    name = NAME\n', '    name = NAME\n    free_stream = None\n')
+    assert edited != src
+    (tmp_path / "paged.py").write_text(edited)
+    with pytest.raises(ModuleLoadError, match="view is paged.*lacks free_stream.*PagedLayout"):
+        create_layout(load_layout("paged", tmp_path), SPEC)
 
 
 def test_head_seq_dim_view_is_a_strided_view_of_heads_first_storage():

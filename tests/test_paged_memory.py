@@ -1,7 +1,8 @@
 """Paged layouts keep their promise: the block pool grows with the tokens held and shrinks when
 they go, the engine gives seq_head_dim's tokens (greedy, float32) with a context far larger than
 what it holds, and with a capped pool requests wait for free blocks (or a running one is
-preempted and recomputed) instead of failing."""
+preempted and recomputed) instead of failing. The engine's KV cache makes the paged calls (budget,
+trims, freeing a move's source) for paged layouts only."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ModelConfig
 from slotserver.engine.engine import Engine
 from slotserver.engine.config import EngineConfig
+from slotserver.engine.kv_cache import KVCache
+from slotserver.engine.stream_map import Move
 from slotserver.lab.kv_spec import KVSpec
 from slotserver.lab.layouts import create_layout, load_layout
+from slotserver.lab.paged_contract import KVBudget
 from slotserver.engine.request import Request
 from slotserver.model.sampling import SamplingParams
 
@@ -60,6 +64,29 @@ def test_pool_bytes_follow_the_cells_held_and_data_survives_shrinking(name):
     torch.testing.assert_close(lay.export_stream(2, 3000)[0][0], again)
     assert lay.bytes_used() >= 3000 * spec.bytes_per_cell
     lay.check()
+
+
+@pytest.mark.parametrize("name", PAGED + ["seq_head_dim"])
+def test_the_kv_cache_makes_paged_calls_for_paged_layouts_only(name):
+    """Paged: a budget from the layout's block size and pool limit, a defrag move's source freed, a
+    trim gives blocks back. Flat: no budget, the source keeps its cells, a trim changes nothing."""
+    spec = KVSpec(n_layers=1, n_streams=3, n_cells=64, n_kv_heads=1, head_dim=4, pool_cells=128)
+    cache = KVCache(load_layout(name), spec)
+    rows = _fill(cache.layout, 0, 40, 1.0)
+    cache.apply([Move(0, 1, 40)])
+    cache.trim(1, 1)
+    held = {s: cache.export_stream(s, 40)[0][0] for s in (0, 1)}
+    if not cache.paged:
+        assert cache.budget() is None
+        torch.testing.assert_close(held[0], rows)
+        torch.testing.assert_close(held[1], rows)
+        return
+    size = cache.layout.block_size
+    assert cache.budget() == KVBudget(size, 128 // size)
+    assert not held[0].any(), "a move's source is freed"
+    torch.testing.assert_close(held[1][:size], rows[:size])
+    assert not held[1][size:].any(), "the trim kept the first block only"
+    cache.layout.check()
 
 
 def _run(engine: Engine, reqs, watch=None) -> list[list[int]]:

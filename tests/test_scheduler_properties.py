@@ -4,7 +4,8 @@ never two sequences on one stream, active streams contiguous after every schedul
 FIFO queue order kept, one-token chunks ahead of longer ones (so attention splits a mixed
 step instead of padding decode rows), and every sequence's stream always holds exactly its computed tokens
 (so defrag moves and prompt-cache reuse never corrupt a KV); with a paged pool's budget, the
-blocks held never exceed it, and preempted requests still finish."""
+blocks held never exceed it, and preempted requests still finish. The budget is the only block
+arithmetic: the scheduler asks it in cells, so a pool with no blocks at all works too."""
 
 from __future__ import annotations
 
@@ -164,3 +165,49 @@ def test_defrag_packs_scattered_slots_and_keeps_idle_caches():
         if slot.id not in active:
             assert cells[smap.stream_of[slot.id]][: len(slot.cached)] == slot.cached
     assert smap.plan_defrag(table.slots) == [], "already packed: no moves"
+
+
+def test_kv_budget_turns_cells_into_blocks():
+    """4-cell blocks, a pool of 6: a partly used block counts whole, and a reservation adds
+    `headroom` blocks of cells, at most a full stream."""
+    budget = KVBudget(block_size=4, max_blocks=6, headroom=1)
+    assert [budget.blocks_for(n) for n in (0, 1, 4, 5, 9)] == [0, 1, 1, 2, 3]
+    assert budget.reserve(9, limit=24) == 13 and budget.reserve(22, limit=24) == 24
+    assert budget.fits([9, 12]) and not budget.fits([9, 12, 1])   # 3 + 3 blocks; one more cell is a 7th
+    assert budget.fits([1] * 6) and not budget.fits([1] * 7)
+
+
+class CellPool:
+    """A budget without blocks: the scheduler may only ask it in cells (`reserve`, `fits`)."""
+
+    def __init__(self, cells: int) -> None:
+        self.cells = cells
+
+    def reserve(self, n_tokens: int, limit: int) -> int:
+        return min(n_tokens, limit)
+
+    def fits(self, cells) -> bool:
+        return sum(cells) <= self.cells
+
+
+def _sequence(tokenizer, seq_id: int, prompt: list[int]) -> Sequence:
+    req = Request(tuple(prompt), SamplingParams(temperature=0), n_predict=4)
+    return Sequence(RequestHandle(seq_id, req, engine=None), list(prompt), len(prompt), SequenceRng(1),
+                    req.params, IncrementalDetokenizer(tokenizer), StopMatcher(()))
+
+
+def test_the_scheduler_asks_the_budget_in_cells_only(tokenizer):
+    """A 20-cell pool: of two prompts of 12 and 10 tokens only the first is admitted; once the pool
+    shrinks below the first one's 13 tokens it is preempted and queued ahead of the second."""
+    pool = CellPool(20)
+    sched = Scheduler(EngineConfig(n_parallel=2, ctx_size=48, ubatch_size=16, batch_size=16), budget=lambda: pool)
+    first, second = _sequence(tokenizer, 1, [1, 2] * 6), _sequence(tokenizer, 2, [3] * 10)
+    sched.add(first)
+    sched.add(second)
+    plan = sched.schedule()
+    assert plan.admitted == [first] and list(sched.waiting) == [second]
+    postprocess(sched, plan, [Sampled(3)], EOG)
+    assert first.num_tokens == 13
+    pool.cells = 12
+    plan = sched.schedule()
+    assert plan.preempted == [first] and not plan.admitted and list(sched.waiting) == [first, second]

@@ -3,7 +3,11 @@
 `apply(moves, trims)` carries out a step plan's KV edits: trims first (a paged layout drops the
 blocks past a stream's kept cells; flat layouts have nothing to free), then the defrag moves with
 the layout's `copy_stream` (a slice copy for flat layouts, a block-table edit for paged ones),
-counting moves and bytes moved. `budget()` tells the scheduler a paged pool's block capacity.
+counting moves and bytes moved. `budget()` tells the scheduler a paged pool's capacity.
+
+Whether the layout is paged is decided once, by its view (`is_paged`); `create_layout` has then
+checked the paged contract (`PagedLayout`, slotserver/lab/paged_contract.py), so the paged calls
+here (`trim_stream`, `free_stream`, `block_size`, `max_blocks`) are made without probing.
 
 `kv_type` names what a cell holds: the spec's float type (`f32`, `f16`, `bf16`), or what a layout
 module declares in `KV_TYPE` when it stores something else (q8: int8 with a scale per row). Two
@@ -19,7 +23,7 @@ import torch
 from slotserver.lab.kv_spec import KVSpec
 from slotserver.lab.layouts import create_layout, load_layout
 from slotserver.lab.loader import LoadedModule
-from slotserver.engine.scheduler import KVBudget
+from slotserver.lab.paged_contract import KVBudget, is_paged
 from slotserver.engine.stream_map import Move
 
 
@@ -30,6 +34,7 @@ class KVCache:
     def __init__(self, loaded: LoadedModule, spec: KVSpec) -> None:
         self.loaded, self.spec = loaded, spec
         self.layout = create_layout(loaded, spec)
+        self.paged = is_paged(self.layout)
         self.n_moves = 0
         self.bytes_moved = 0
 
@@ -47,20 +52,16 @@ class KVCache:
         return str(declared) if declared else FLOAT_KV_TYPES.get(self.spec.dtype, str(self.spec.dtype))
 
     def budget(self) -> KVBudget | None:
-        """The pool's limit in blocks for a paged layout (it has `max_blocks`); None for flat ones."""
-        max_blocks = getattr(self.layout, "max_blocks", None)
-        if max_blocks is None:
-            return None
-        return KVBudget(self.layout.block_size, max_blocks)
+        """A paged pool's capacity, which the scheduler asks in cells; None for flat layouts."""
+        return KVBudget.of(self.layout) if self.paged else None
 
     def apply(self, moves: list[Move], trims: tuple[tuple[int, int], ...] = ()) -> None:
         for stream, n in trims:  # paged: blocks past the kept cells go back
             self.trim(stream, n)
-        free = getattr(self.layout, "free_stream", None)  # paged: the source's blocks go back
         for m in moves:
             self.layout.copy_stream(m.src, m.dst, m.n_cells)
-            if free is not None:
-                free(m.src)  # a defrag move abandons its source stream
+            if self.paged:
+                self.layout.free_stream(m.src)  # a defrag move abandons its source: its blocks go back
             self.n_moves += 1
             self.bytes_moved += m.n_cells * self.spec.bytes_per_cell
 
@@ -81,9 +82,8 @@ class KVCache:
 
     def trim(self, stream: int, n: int) -> None:
         """Keep the stream's first `n` cells' memory (paged: later blocks go back; flat: no-op)."""
-        trim = getattr(self.layout, "trim_stream", None)
-        if trim is not None:
-            trim(stream, n)
+        if self.paged:
+            self.layout.trim_stream(stream, n)
 
     def bytes_used(self) -> int:
         return self.layout.bytes_used()

@@ -6,12 +6,14 @@ the token budget: every decoding sequence's next token first, then prefill chunk
 first. A sequence that is not scheduled keeps its counters and is picked up next step, so nothing
 starves: decodes always run, and the oldest prefill always gets the budget left.
 
-With a paged KV layout the engine passes a capacity callback returning a `KVBudget` (plain
-numbers: block size, the pool's max blocks). Then a stream holding n cells costs ceil(n / block
-size) blocks, and two more rules hold (with a flat layout the callback gives None: no change):
-- admission: the head of the queue gets a slot only if its tokens plus `headroom` decode blocks
-  fit next to every running sequence's tokens plus headroom and the idle slots' prompt caches;
-  idle caches (least recently used first) are evicted to make room, else the head waits (FIFO).
+With a paged KV layout the engine passes a capacity callback returning a `KVBudget`
+(slotserver/lab/paged_contract.py, owned by the KV side: the only place cells become blocks). The
+scheduler speaks in cells: it asks the budget whether streams holding so many cells fit the pool
+(`fits`) and how many cells a sequence may hold soon (`reserve`: its tokens plus decode headroom,
+at most a full slot). Two more rules then hold (with a flat layout the callback gives None: no change):
+- admission: the head of the queue gets a slot only if its reservation fits next to every running
+  sequence's reservation and the idle slots' prompt caches; idle caches (least recently used
+  first) are evicted to make room, else the head waits (FIFO).
 - decode never runs out: before admitting, if the running sequences' tokens no longer fit, idle
   caches are evicted, then the running sequence with the least progress (fewest computed cells,
   youngest on ties) is preempted: its blocks are freed and it goes back to the queue in arrival
@@ -37,6 +39,7 @@ from slotserver.engine.config import EngineConfig
 from slotserver.engine.sequence import Sequence
 from slotserver.engine.slots import SlotTable, common_prefix
 from slotserver.engine.stream_map import Move, StreamMap
+from slotserver.lab.paged_contract import KVBudget  # also imported from here: the budget `Scheduler` receives
 
 
 @dataclass(frozen=True)
@@ -46,18 +49,6 @@ class ScheduledChunk:
     start: int       # = seq.num_computed when planned
     n: int           # tokens of this step
     sample: bool     # the chunk reaches the end of the sequence: sample its next token
-
-
-@dataclass(frozen=True)
-class KVBudget:
-    """A paged KV pool's capacity in plain numbers (the scheduler imports no torch)."""
-
-    block_size: int
-    max_blocks: int
-    headroom: int = 1   # decode blocks reserved per sequence at admission
-
-    def blocks(self, n_cells: int) -> int:
-        return -(-n_cells // self.block_size)
 
 
 @dataclass
@@ -132,39 +123,30 @@ class Scheduler:
             admitted.append(seq)
         return admitted
 
-    # -- paged KV: admission by free blocks, room for decodes ---------------------------------------
-    def _reserved(self, budget: KVBudget, seq: Sequence) -> int:
-        """Blocks a sequence may take soon: its tokens plus the decode headroom, up to a full slot."""
-        return budget.blocks(min(seq.num_tokens + budget.headroom * budget.block_size, self.config.n_cells))
-
+    # -- paged KV: admission by free blocks, room for decodes (the budget is asked in cells) ----
     def _fits(self, budget: KVBudget, seq: Sequence, slot, plan: StepPlan) -> bool:
         """Can `seq` take `slot` within the pool? Evicts idle caches (LRU first) if that makes it fit."""
-        running = sum(self._reserved(budget, s) for s in self.running())
+        soon = [budget.reserve(s.num_tokens, self.config.n_cells) for s in (*self.running(), seq)]
+        if not budget.fits(soon):
+            return False  # even with every idle cache gone: evict nothing, the head waits
         others = sorted((s for s in self.slots.idle() if s is not slot and s.cached), key=lambda s: s.last_used)
-        cached = sum(budget.blocks(len(s.cached)) for s in others)
-        need = running + self._reserved(budget, seq) + cached - budget.max_blocks  # blocks to free
-        if need > cached:
-            return False
-        for victim in others:
-            if need <= 0:
-                break
-            need -= budget.blocks(len(victim.cached))
-            self._evict(victim, plan)
+        while not budget.fits(soon + [len(s.cached) for s in others]):
+            self._evict(others.pop(0), plan)
         return True
 
     def _make_room(self, budget: KVBudget, plan: StepPlan) -> None:
         """Every running sequence's tokens must fit this step: evict idle caches, then preempt."""
-        def in_use() -> int:
-            return sum(budget.blocks(min(s.seq.num_tokens, self.config.n_cells) if s.seq else len(s.cached))
-                       for s in self.slots.slots)
-
-        while in_use() > budget.max_blocks:
+        while not budget.fits(self._held()):
             idle = sorted((s for s in self.slots.idle() if s.cached), key=lambda s: s.last_used)
             if idle:
                 self._evict(idle[0], plan)
                 continue
             victim = min(self.running(), key=lambda s: (s.num_computed, -s.arrival))
             self._preempt(victim, plan)
+
+    def _held(self) -> list[int]:
+        """Cells each slot holds now: a running sequence's tokens (up to a full slot), else its cache."""
+        return [min(s.seq.num_tokens, self.config.n_cells) if s.seq else len(s.cached) for s in self.slots.slots]
 
     def _evict(self, slot, plan: StepPlan) -> None:
         plan.trims.append((self.streams.stream_of[slot.id], 0))

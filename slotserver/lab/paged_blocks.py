@@ -20,7 +20,8 @@ block between two streams is only safe if neither can write into it while shared
 back to the free list when its last reference is dropped.
 
 Running out: the pool may not hold every stream full (`KVSpec.pool_cells`); the scheduler admits
-by free blocks (`KVBudget`) so a write never needs more than `max_blocks`. If it ever would, the
+by free blocks (`KVBudget`, slotserver/lab/paged_contract.py, built from `block_size` and
+`max_blocks`) so a write never needs more than `max_blocks`. If it ever would, the
 allocator fails loudly ("KV block pool exhausted") instead of overwriting another stream's cells.
 """
 
@@ -215,7 +216,8 @@ class BlockTable:
 
 
 class PagedKVCache:
-    """The layout contract on top of a `BlockTable`, for any order of rows inside a block.
+    """The layout contract and the paged contract (`PagedLayout`: block_size, max_blocks,
+    trim_stream, free_stream) on top of a `BlockTable`, for any order of rows inside a block.
 
     Subclasses (the layout modules) only choose the storage: `make_pages(shape)` returns one pool
     tensor and its logical `[n_layers, n_blocks, block_size, kv_heads, head_dim]` view (e.g. a
