@@ -164,23 +164,24 @@ def test_broken_edits_are_refused_while_generation_stays_correct(tiny):
 @pytest.mark.skipif(native.compiler() is None or os.environ.get("SLOTSERVER_NATIVE") == "0",
                     reason="no C compiler here: kernels serve their torch forms")
 def test_broken_c_in_a_kernel_is_refused_at_its_line(tiny):
-    """A kernel's C source is part of the edit: a compile error is refused with the compiler's
-    message at the kernel file's own line (not replaced by the torch form), a wrong result too."""
-    kfile = tiny.config.kernels_dir / "rms_norm.py"
-    original = kfile.read_text()
+    """A kernel's C source (kernels/rms_norm.c, named by rms_norm.py) is part of the kernel: a saved
+    compile error is refused with the compiler's message at the .c file's own line (not replaced
+    by the torch form), a wrong result too."""
+    cfile = tiny.config.kernels_dir / "rms_norm.c"
+    original = cfile.read_text()
     scale = "const float r = rms_inv(v, N, eps);"
     assert scale in original, "update the line this test breaks"
     line = original[: original.index(scale)].count("\n") + 1
-    cases = {"compile error": (original.replace(scale, scale.replace("eps", "epsilon")), f"rms_norm.py:{line}:"),
+    cases = {"compile error": (original.replace(scale, scale.replace("eps", "epsilon")), f"rms_norm.c:{line}:"),
              "wrong numerics in C": (original.replace(scale, scale.replace("rms_inv", "2.0f * rms_inv")), "wrong numerics")}
     engine = Engine(tiny, EngineConfig(n_parallel=2, ctx_size=2048)).start()
     try:
         for case, (source, phrase) in cases.items():
-            kfile.write_text(source)
-            event = engine.lab.reload(str(kfile)).result(timeout=120)
-            assert event["result"] == "refused" and phrase in event["reason"], (case, event)
+            cfile.write_text(source)
+            [event] = engine.lab.reload(str(cfile)).result(timeout=120)["reloaded"]
+            assert event["result"] == "refused" and event["name"] == "rms_norm" and phrase in event["reason"], (case, event)
     finally:
-        kfile.write_text(original)
+        cfile.write_text(original)
         engine.stop()
     assert "C compile error" in engine.lab.events_since(0)[-2]["reason"]
 

@@ -5,9 +5,11 @@ each CPU variant (SLOTSERVER_CPU) builds its own library with no instruction abo
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -46,6 +48,57 @@ def test_a_compile_error_points_at_the_line_of_its_origin_file(tmp_path, monkeyp
     assert native.build("broken", broken, origin=str(origin)) is None  # not strict: one warning, None
 
 
+@needs_cc
+def test_a_compile_error_in_a_c_file_points_at_its_line(tmp_path, monkeypatch):
+    """What a kernel module does (`c_source` + `c_path`): the message names the .c file's line."""
+    monkeypatch.setenv("SLOTSERVER_CACHE", str(tmp_path))
+    monkeypatch.delenv("SLOTSERVER_NATIVE", raising=False)
+    (tmp_path / "k.c").write_text("/* k.c */\n#include <stdlib.h>\nint add(int64_t a, int64_t b) { return (int)(a + b) }\n")
+    module = str(tmp_path / "k.py")
+    with pytest.raises(native.NativeError, match=r"C compile error(.|\n)*k\.c:3:"):
+        native.build("broken_c", native.c_source(module, "k.c"), origin=native.c_path(module, "k.c"), strict=True)
+    # the file saved again since its text was read (the lab compiles the bytes it validated): still k.c's lines
+    read = native.c_source(module, "k.c").replace("a + b", "a + b + 0")
+    (tmp_path / "k.c").write_text("/* another save */\n")
+    with pytest.raises(native.NativeError, match=r"C compile error(.|\n)*k\.c:3:"):
+        native.build("broken_c", read, origin=native.c_path(module, "k.c"), strict=True)
+    # no origin: named by the library, never at the prelude's lines
+    with pytest.raises(native.NativeError, match=r"C compile error(.|\n)*<broken_c>:3:") as e:
+        native.build("broken_c", read + "/* no origin */\n", strict=True)
+    assert "prelude.h" not in str(e.value)
+
+
+def test_the_prelude_is_prepended_from_prelude_h_at_its_lines(monkeypatch):
+    """native.PRELUDE is slotserver/lab/prelude.h, and what is compiled starts with a #line
+    directive naming that file (a message about a prelude helper points at prelude.h)."""
+    header = Path(native.__file__).with_name("prelude.h")
+    assert native.PRELUDE == header.read_text() and "static inline float bf2f" in native.PRELUDE
+    monkeypatch.delenv("SLOTSERVER_NATIVE", raising=False)
+    seen = {}
+
+    def record(name, source):
+        seen[name] = source
+        raise native.NativeError("recorded, not compiled")
+
+    monkeypatch.setattr(native, "compile_library", record)
+    assert native.build("prelude_line", ADD + "/* prelude line */\n") is None
+    assert seen["prelude_line"].startswith(f'#line 1 "{header}"\n{native.PRELUDE}')
+
+
+def test_c_lives_in_c_files_not_in_python_strings():
+    """Every C source of the tree is a .c (or .h) file: no module under kernels/, layouts/ or
+    slotserver/ holds C in a string (the one-line toolchain probe, native.PROBE, aside)."""
+    root = Path(__file__).resolve().parent.parent
+    c_like = re.compile(r"#include\s*<|\b(?:int|void|float|static)\s+[\w\s*]*\w+\s*\([^)]*\)\s*\{")
+    found = []
+    for path in sorted([*(root / "kernels").glob("*.py"), *(root / "layouts").glob("*.py"), *(root / "slotserver").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and c_like.search(node.value) \
+                    and node.value != native.PROBE:
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not found, f"move this C into a .c file beside its module (native.c_source / c_path): {found}"
+
+
 def test_no_compiler_or_switched_off_means_torch_serves(monkeypatch):
     monkeypatch.setenv("SLOTSERVER_NATIVE", "0")
     assert native.build("add", ADD, strict=True) is None
@@ -68,7 +121,7 @@ def test_kernels_build_their_c_here_and_leave_subnormals_alone():
         if getattr(mod, "NATIVE_C", None) is not None:
             mods.append(mod)
             assert mod._LIB is not None, path.stem
-    assert {m.OP for m in mods} >= {"attention", "rms_norm", "rope", "silu_mul"}
+    assert {m.OP for m in mods} >= {"attention", "rms_norm", "rope", "silu_mul", "gelu_mul", "qmatmul"}
     assert sys.float_info.min / 2 > 0.0
     assert torch.tensor(1e-40, dtype=torch.float32).item() > 0.0
 

@@ -15,27 +15,16 @@ without a graph, as before.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from slotserver.lab import native
 
-NATIVE_C = r"""
-/* y[r * ld + c] += b[c] for r < rows, c < cols; b float32, y float32 or bf16 (`bf16`: b rounded to
-   bf16 first, as torch's add of b.to(bf16) does). */
-int add_bias(void *y, const float *b, int64_t rows, int64_t cols, int64_t ld, int bf16) {
-    for (int64_t r = 0; r < rows; r++) {
-        if (bf16) {
-            uint16_t *o = (uint16_t *)y + r * ld;
-            for (int64_t c = 0; c < cols; c++) o[c] = f2bf(bf2f(o[c]) + bf2f(f2bf(b[c])));
-        } else {
-            float *o = (float *)y + r * ld;
-            for (int64_t c = 0; c < cols; c++) o[c] += b[c];
-        }
-    }
-    return 0;
-}
-"""
-_LIB = native.build("bias_add", NATIVE_C, origin=__file__)
+# The C (bias_add.c beside this file; not hot-reloaded: read once at import).
+_C_FILE = Path(__file__).with_name("bias_add.c")
+NATIVE_C = _C_FILE.read_text()
+_LIB = native.build("bias_add", NATIVE_C, origin=str(_C_FILE))
 native.signature(_LIB, "add_bias", 2, 3, (native.ctypes.c_int,), replay=True)
 
 
