@@ -132,11 +132,13 @@ def test_lab_check_points_at_the_broken_line(tmp_path):
     src = (KERNELS / "rms_norm.py").read_text()
     good = "    inv = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)\n"
     line = src[: src.index(good)].count("\n") + 1
+    c_src = (KERNELS / "rms_norm.c").read_text()
     cpu_return, c_scale = "y = torch.mul(x, weight).mul_(r)", "const float r = rms_inv(v, N, eps);"
-    assert cpu_return in src and c_scale in src, "rms_norm.cpu changed: update the lines this test breaks"
-    broken = tmp_path / "rms_norm.py"   # cpu broken both in C (the scale doubled) and in torch
+    assert cpu_return in src and c_scale in c_src, "rms_norm.cpu changed: update the lines this test breaks"
+    broken = tmp_path / "rms_norm.py"   # cpu broken both in C (the scale doubled, in its rms_norm.c) and in torch
     broken.write_text(src.replace(good, good.replace("+ eps)", "+ eps) + tl.zeros([3], tl.float32)"))
-                      .replace(cpu_return, "y = x").replace(c_scale, c_scale.replace("rms_inv", "2.0f * rms_inv")))
+                      .replace(cpu_return, "y = x"))
+    (tmp_path / "rms_norm.c").write_text(c_src.replace(c_scale, c_scale.replace("rms_inv", "2.0f * rms_inv")))
     results = check_aot(broken, (90,)) + check_numerics(broken, "cpu", n_cases=2)
     assert not any(r.ok for r in results if r.impl == "aot" or r.dtype == "float32")
     assert f"rms_norm.py:{line}: CompilationError: Shape element 0 must be a power of 2" in results[0].detail
