@@ -263,7 +263,9 @@ def test_a_saved_c_file_reloads_every_kernel_that_compiles_it(tiny):
     original = cfile.read_text()
     serving = tiny.model.kernels
     versions = {op: serving.modules[op].version for op in ("attention", "paged_attention")}
-    engine = Engine(tiny, EngineConfig(n_parallel=2, ctx_size=2048)).start(watch=True)
+    engine = Engine(tiny, EngineConfig(n_parallel=2, ctx_size=2048))
+    engine.lab.timeout = 60.0   # each validation compiles attention.c anew (seconds on a busy 2-core host)
+    engine.start(watch=True)
     try:
         h = engine.submit(Request(tuple(range(10, 40)), GREEDY, n_predict=600, ignore_eos=True))
         cfile.write_text(original + "\n/* an edit */\n")
