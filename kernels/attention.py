@@ -35,9 +35,9 @@ import torch.nn.functional as F
 import triton as _triton
 import triton.language as tl
 
-from slotserver.lab import native
-from slotserver.model.batch import AttnMeta, Batch, SeqChunk
-from slotserver.lab.kv_spec import StridedKV
+from slotserver.runtime import native
+from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk
+from slotserver.runtime.kv_spec import StridedKV
 
 OP = "attention"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
@@ -157,7 +157,7 @@ def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, wi
 
 
 # The row kernel in C (kernels/attention.c, shared with paged_attention.py: compiled on first use
-# by `slotserver.lab.native`; without a C compiler the SDPA form above serves).
+# by `slotserver.runtime.native`; without a C compiler the SDPA form above serves).
 NATIVE_C = native.c_source(__file__, "attention.c")
 _LIB = native.build("attention", NATIVE_C, origin=native.c_path(__file__, "attention.c"), strict=True)
 native.signature(_LIB, "decode_attention", 6, 13, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,

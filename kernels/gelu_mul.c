@@ -1,5 +1,5 @@
 /* gelu_mul.c: the CPU kernel of kernels/gelu_mul.py, compiled with native.PRELUDE
-   (slotserver/lab/prelude.h) in front.
+   (slotserver/runtime/prelude.h) in front.
 
    gelu(g) * u per element in float32, one rounding: g / (1 + exp(-2z)),
    z = sqrt(2/pi)(g + 0.044715 g^3). The AVX-512 path takes the reciprocal as rcp14 plus one

@@ -24,9 +24,9 @@ import torch.nn.functional as F
 import triton as _triton
 import triton.language as tl
 
-from slotserver.lab import native
-from slotserver.model.batch import AttnMeta, Batch, SeqChunk
-from slotserver.lab.kv_spec import PagedKV
+from slotserver.runtime import native
+from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk
+from slotserver.runtime.kv_spec import PagedKV
 
 
 OP = "paged_attention"

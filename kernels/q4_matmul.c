@@ -1,5 +1,5 @@
 /* q4_matmul.c: the AMX kernel of kernels/q4_matmul.py (the packed layout it reads: that module's
-   docstring). Compiled with native.PRELUDE (slotserver/lab/prelude.h) in front; it compiles
+   docstring). Compiled with native.PRELUDE (slotserver/runtime/prelude.h) in front; it compiles
    everywhere, the AMX code under `#if defined(__AMX_TILE__) && ...`, the entry point returning -1
    without it. */
 #include <immintrin.h>

@@ -17,7 +17,7 @@ Layout (`pack`, fixed at load: a reload of this file must keep it):
 - `dz`: `[out/16, in/32, 2, 16]` float32: d, and z = m - 128 d, so that per group
   y += d * sum_k x_k (128 + q_k) + z * sum_k x_k.
 `cpu`: the AMX C kernel (bf16 activations and output, float32 sums) where the CPU variant is `amx`
-(`slotserver.lab.cpu_features`), the compiler has AMX-BF16 and the OS grants tile data; elsewhere
+(`slotserver.runtime.cpu_features`), the compiler has AMX-BF16 and the OS grants tile data; elsewhere
 (and for the AMX-less variants) the reference. The C compiles everywhere: the AMX code sits under
 `#if defined(__AMX_TILE__) && ...` and the entry point returns -1 without it.
 TOL: x and the output rounded to bf16 (2^-9 relative each) on outputs of RMS ~1: 2e-2.
@@ -32,8 +32,8 @@ import torch
 import triton as _triton
 import triton.language as tl
 
-from slotserver.lab import cpu_features
-from slotserver.lab import native
+from slotserver.runtime import cpu_features
+from slotserver.runtime import native
 
 OP = "q4_matmul"
 TOL = {torch.float32: 2e-2, torch.bfloat16: 2e-2}

@@ -1,6 +1,6 @@
 /* qmatmul.c: the CPU kernel of kernels/qmatmul.py: how it computes (8-bit activations, the unpacked
    and the repacked weight forms, the tiles) is that module's docstring. Compiled with
-   native.PRELUDE (slotserver/lab/prelude.h) in front: its fused prologue calls the prelude's
+   native.PRELUDE (slotserver/runtime/prelude.h) in front: its fused prologue calls the prelude's
    silu_mul1/8/16, rms_inv and rms_apply, the same code as kernels/silu_mul.c and rms_norm.c. */
 #include <stdlib.h>
 #if defined(__AVX2__) || defined(__F16C__)

@@ -1,5 +1,5 @@
 """qmatmul: `y[M, N] = x[M, K] @ W^T` with W a GGUF-quantized weight kept in its raw block bytes
-(`slotserver.model.qblocks.QWeight`, possibly a read-only view of the mapped file), llama.cpp's MUL_MAT.
+(`slotserver.runtime.qblocks.QWeight`, possibly a read-only view of the mapped file), llama.cpp's MUL_MAT.
 
 How `cpu` computes (what llama.cpp's CPU backend does):
 - each activation row is quantized to 8 bits: per block of 32 (`q8_0`, with the block's integer
@@ -66,10 +66,10 @@ import torch.nn.functional as F
 import triton as _triton
 import triton.language as tl
 
-from slotserver.lab import cpu_features
+from slotserver.runtime import cpu_features
 
-from slotserver.lab import native
-from slotserver.model.qblocks import FLOATS, T, QWeight, dequantize, random_qweight, release_file_pages, tile_rows
+from slotserver.runtime import native
+from slotserver.runtime.qblocks import FLOATS, T, QWeight, dequantize, random_qweight, release_file_pages, tile_rows
 
 OP = "qmatmul"
 TOL = {torch.float32: 3e-2, torch.bfloat16: 4e-2}

@@ -1,8 +1,8 @@
 /* rms_norm.c: the CPU kernel of kernels/rms_norm.py, compiled with native.PRELUDE
-   (slotserver/lab/prelude.h) in front: rms_inv and rms_apply are there, shared with qmatmul's
+   (slotserver/runtime/prelude.h) in front: rms_inv and rms_apply are there, shared with qmatmul's
    fused prologue.
 
-   One pass per row (`slotserver.lab.native`): the sum of squares and the scaled store, float32
+   One pass per row (`slotserver.runtime.native`): the sum of squares and the scaled store, float32
    math. */
 #include <stdlib.h>
 /* Rows (t, h) of x at t * sx + h * sh, T x H of them, N values each, into out's rows ao apart

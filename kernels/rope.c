@@ -1,5 +1,5 @@
 /* rope.c: the CPU kernel of kernels/rope.py, compiled with native.PRELUDE
-   (slotserver/lab/prelude.h) in front.
+   (slotserver/runtime/prelude.h) in front.
 
    Pairs (2i, 2i+1) of the first 2R dims turn by (cos, sin)[t, i], the rest is copied; float32 math.
    Per token, cos and sin are laid out once as [c0 c0 c1 c1 ..] and [-s0 s0 -s1 s1 ..]; then a row

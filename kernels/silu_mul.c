@@ -1,5 +1,5 @@
 /* silu_mul.c: the CPU kernel of kernels/silu_mul.py, compiled with native.PRELUDE
-   (slotserver/lab/prelude.h) in front.
+   (slotserver/runtime/prelude.h) in front.
 
    silu(g) * u per element in float32, one rounding, with the native prelude's silu_mul1 /
    silu_mul8 / silu_mul16 (shared with qmatmul's fused prologue). Rows split over the threads

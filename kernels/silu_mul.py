@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import triton as _triton
 import triton.language as tl
 
-from slotserver.lab import native
+from slotserver.runtime import native
 
 OP = "silu_mul"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}

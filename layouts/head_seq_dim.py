@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from slotserver.lab.kv_rows import dst_native, write_rows
-from slotserver.lab.kv_spec import KVSpec, StridedKV
+from slotserver.runtime.kv_rows import dst_native, write_rows
+from slotserver.runtime.kv_spec import KVSpec, StridedKV
 
 NAME = "head_seq_dim"
 

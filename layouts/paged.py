@@ -6,7 +6,7 @@ follows the tokens actually held rather than `n_cells` per stream (a logical max
 and the defrag move (`copy_stream`) is a block-table edit with refcounted sharing and
 copy-on-write, not a data copy. `free_stream(stream)` returns a finished stream's blocks.
 
-The bookkeeping (allocator, table, copy-on-write) is `slotserver/lab/paged_blocks.py`; this file
+The bookkeeping (allocator, table, copy-on-write) is `slotserver/runtime/paged_blocks.py`; this file
 chooses the storage order: tokens before heads inside a block ("NHD", vLLM's default), so one
 cell's K of all heads is one contiguous row. `layouts/paged_hnd.py` is the heads-first variant.
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from slotserver.lab.kv_spec import KVSpec
-from slotserver.lab.paged_blocks import PagedKVCache
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.paged_blocks import PagedKVCache
 
 NAME = "paged"
 BLOCK_SIZE = 16

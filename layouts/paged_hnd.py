@@ -1,7 +1,7 @@
 """paged_hnd: KV pages with heads before tokens inside a block, `[layer, n_blocks, kv_head, block_size, head_dim]`.
 
 Same growing pool, block table, copy-on-write defrag and `free_stream` as `layouts/paged.py` (the shared
-bookkeeping is `slotserver/lab/paged_blocks.py`); only the order of rows inside a block differs. With
+bookkeeping is `slotserver/runtime/paged_blocks.py`); only the order of rows inside a block differs. With
 heads first, one head's keys of a block are `block_size * head_dim` contiguous values, which is
 what a kernel that walks one KV head at a time reads (FlashInfer's "HND" layout).
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from slotserver.lab.kv_spec import KVSpec
-from slotserver.lab.paged_blocks import PagedKVCache
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.paged_blocks import PagedKVCache
 
 NAME = "paged_hnd"
 BLOCK_SIZE = 16

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from slotserver.lab.kv_spec import KVSpec, StridedKV
+from slotserver.runtime.kv_spec import KVSpec, StridedKV
 
 NAME = "q8"
 KV_TYPE = "q8"   # int8 + a float32 scale per row, not the float cache type: /lab and top say so (kv_cache.py)

@@ -16,10 +16,10 @@ import time
 
 import torch
 
-from slotserver.model.batch import Batch, SeqChunk
+from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.model.default_model import default_model_path
 from slotserver.engine.kv_cache import KVCache
-from slotserver.lab.kv_spec import KVSpec
+from slotserver.runtime.kv_spec import KVSpec
 from slotserver.model.model import LlamaModel
 from slotserver.engine.stream_map import Move
 

@@ -31,9 +31,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from make_arch_fixtures import PEER, _free_port, _post  # noqa: E402
 
-from slotserver.lab.kv_spec import KVSpec  # noqa: E402
-from slotserver.lab.layouts import create_layout, load_layout  # noqa: E402
-from slotserver.model.batch import Batch, SeqChunk  # noqa: E402
+from slotserver.runtime.kv_spec import KVSpec  # noqa: E402
+from slotserver.runtime.layouts import create_layout, load_layout  # noqa: E402
+from slotserver.runtime.batch import Batch, SeqChunk  # noqa: E402
 from slotserver.model.config import ModelConfig  # noqa: E402
 from slotserver.model.gguf_file import GGUFFile  # noqa: E402
 from slotserver.model.model import LlamaModel  # noqa: E402

@@ -35,10 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from slotserver.lab.kernel_set import KERNEL_CONTRACT  # noqa: E402
-from slotserver.lab.kv_spec import PagedKV, StridedKV  # noqa: E402
-from slotserver.lab.loader import default_dir, load_by_path  # noqa: E402
-from slotserver.model.batch import Batch, SeqChunk  # noqa: E402
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT  # noqa: E402
+from slotserver.runtime.kv_spec import PagedKV, StridedKV  # noqa: E402
+from slotserver.runtime.loader import default_dir, load_by_path  # noqa: E402
+from slotserver.runtime.batch import Batch, SeqChunk  # noqa: E402
 
 GEOMETRIES = {  # name: (kv_heads, q_heads, head_dim, [(batch, context), ...])
     "SmolLM2": (3, 9, 64, [(1, 4096), (8, 2048), (32, 2048), (64, 4096)]),

@@ -13,7 +13,7 @@
 #   cd <repo root> && PYTHONPATH=. bash playground/gpu_check.sh [OUT_DIR]
 #
 # Nothing here needs starlette, uvicorn, watchdog, gguf or llguidance (the lab check and the bench
-# import only torch, triton and slotserver.lab/model.batch). GPU_CHECK_DRY=1 runs the same steps on a
+# import only torch, triton and slotserver.runtime). GPU_CHECK_DRY=1 runs the same steps on a
 # CPU: the lab check as it is, the bench's --dry-run under TRITON_INTERPRET=1 (tiny shapes).
 set -u
 T0=$(date +%s)

@@ -21,7 +21,7 @@ from pathlib import Path
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.engine import Engine
 from slotserver.engine.request import Request
-from slotserver.lab.loader import default_dir
+from slotserver.runtime.loader import default_dir
 from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ModelConfig
 from slotserver.model.default_model import default_model_path

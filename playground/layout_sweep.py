@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from slotserver.model.batch import Batch, SeqChunk
-from slotserver.lab.kernel_set import KernelSet
+from slotserver.runtime.batch import Batch, SeqChunk
+from slotserver.runtime.kernel_set import KernelSet
 from slotserver.engine.kv_cache import KVCache
-from slotserver.lab.kv_spec import KVSpec
-from slotserver.lab.layouts import available_layouts
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.layouts import available_layouts
 
 KV_HEADS, Q_HEADS, HEAD_DIM = 3, 9, 64
 

@@ -30,7 +30,7 @@ CASES = {
 
 
 def step_ms(model, cache) -> float:
-    from slotserver.model.batch import Batch, SeqChunk
+    from slotserver.runtime.batch import Batch, SeqChunk
 
     times = []
     for i in range(15):

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from slotserver.lab import cpu_features
-from slotserver.lab.kernel_set import KERNEL_CONTRACT
-from slotserver.lab.loader import load_by_path
-from slotserver.model.qblocks import QUANTIZED, T, random_qweight
+from slotserver.runtime import cpu_features
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT
+from slotserver.runtime.loader import load_by_path
+from slotserver.runtime.qblocks import QUANTIZED, T, random_qweight
 
 SHAPES = [(576, 576), (576, 1536), (1536, 576), (576, 49152), (896, 4864)]   # (K, N): SmolLM2-135M, a 0.5B
 MS = [1, 2, 4, 8, 16, 32, 64, 128]

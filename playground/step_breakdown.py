@@ -16,10 +16,10 @@ import collections
 import statistics
 import time
 
-import slotserver.lab.kernel_set as kernel_set_mod
+import slotserver.runtime.kernel_set as kernel_set_mod
 import slotserver.model.linear as linear_mod
 from cpu_formats import setup
-from slotserver.model.batch import Batch, SeqChunk
+from slotserver.runtime.batch import Batch, SeqChunk
 
 
 MATMUL_OPS = ("qmatmul", "q4_matmul")

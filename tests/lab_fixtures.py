@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from slotserver.lab.loader import default_dir
+from slotserver.runtime.loader import default_dir
 
 RMS_NORM_VARIANT = '''"""rms_norm, an equivalent variant: normalise with x * rsqrt(mean(x^2)+eps) written out by hand."""
 import torch

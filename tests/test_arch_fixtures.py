@@ -22,11 +22,11 @@ import torch
 from tiny_gguf import write_tiny_gguf
 
 from slotserver.errors import ModuleLoadError
-from slotserver.lab.kernel_set import KernelSet
-from slotserver.lab.kv_spec import KVSpec
-from slotserver.lab.loader import default_dir
-from slotserver.lab.layouts import create_layout, load_layout
-from slotserver.model.batch import Batch, SeqChunk
+from slotserver.runtime.kernel_set import KernelSet
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.loader import default_dir
+from slotserver.runtime.layouts import create_layout, load_layout
+from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.model.model import LlamaModel
 from slotserver.model.weights import WeightFormat
 

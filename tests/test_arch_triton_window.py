@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from slotserver.lab.check import triton_mode
-from slotserver.lab.kernel_set import KERNEL_CONTRACT
-from slotserver.lab.kv_spec import PagedKV, StridedKV
-from slotserver.lab.loader import default_dir, load_by_path
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT
+from slotserver.runtime.kv_spec import PagedKV, StridedKV
+from slotserver.runtime.loader import default_dir, load_by_path
 
 MARK = "TRITON-WINDOW "
 

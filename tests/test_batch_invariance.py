@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from slotserver.engine.kv_cache import KVCache
-from slotserver.lab.kv_spec import KVSpec
-from slotserver.model.batch import Batch, SeqChunk
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.model.config import ModelConfig
 from slotserver.model.default_model import default_model_path
 from slotserver.model.model import LlamaModel

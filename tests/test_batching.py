@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from slotserver.model.batch import Batch, SeqChunk
+from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.model.generate import GenRequest, generate
 from slotserver.model.sampling import SamplingParams
 

@@ -34,9 +34,9 @@ def _kernels_report() -> dict:
     """op -> {"native": C library built, dtype: (max error, tolerance, ok)} on a few random inputs."""
     import torch
 
-    from slotserver.lab.kernel_set import KERNEL_CONTRACT
+    from slotserver.runtime.kernel_set import KERNEL_CONTRACT
     from slotserver.lab.check import compare_outputs, move_inputs
-    from slotserver.lab.loader import default_dir, load_by_path
+    from slotserver.runtime.loader import default_dir, load_by_path
 
     out = {}
     for path in sorted(default_dir("kernels").glob("*.py")):
@@ -74,16 +74,16 @@ def _generate(path: Path, dtype_name: str, fmt: str) -> list[dict]:
 
 def child(out: Path) -> None:
     """Everything a user would see under this process's environment, written to `out` as JSON."""
-    from slotserver.lab import cpu_features
+    from slotserver.runtime import cpu_features
     from slotserver.model import linear
-    from slotserver.lab.kernel_set import KERNEL_CONTRACT
-    from slotserver.lab.loader import default_dir, load_by_path
+    from slotserver.runtime.kernel_set import KERNEL_CONTRACT
+    from slotserver.runtime.loader import default_dir, load_by_path
     q4_matmul = load_by_path(default_dir("kernels") / "q4_matmul.py", KERNEL_CONTRACT).module
     from tiny_gguf import QT, write_tiny_gguf
 
     model = write_tiny_gguf(out.with_suffix(".gguf"), d_model=64, d_ff=128, tensor_type=QT.Q4_1)
-    from slotserver.lab.kernel_paths import cpu_report
-    from slotserver.lab.kernel_set import KernelSet
+    from slotserver.runtime.kernel_paths import cpu_report
+    from slotserver.runtime.kernel_set import KernelSet
 
     report = {
         "variant": cpu_features.current().variant, "amx": q4_matmul.available(),
@@ -142,8 +142,8 @@ def test_torch_only_form_matches_the_references(reference):
 
 @pytest.mark.parametrize("variant", ["avx2", "avx512", "amx"])
 def test_each_cpu_variant_gives_the_reference_outputs(variant, reference, tmp_path):
-    from slotserver.lab import cpu_features
-    from slotserver.lab import native
+    from slotserver.runtime import cpu_features
+    from slotserver.runtime import native
 
     if not cpu_features.supports(variant):
         pytest.skip(NEEDS[variant])
@@ -166,7 +166,7 @@ def test_each_cpu_variant_gives_the_reference_outputs(variant, reference, tmp_pa
 
 def test_default_threads_are_the_physical_cores():
     """`-t` unset: one thread per physical core (hyper-thread siblings count once), as llama.cpp."""
-    from slotserver.lab.cpu_features import physical_cores
+    from slotserver.runtime.cpu_features import physical_cores
 
     two_cores_four_threads = "".join(f"processor : {i}\nphysical id : 0\ncore id : {i // 2}\n\n" for i in range(4))
     assert physical_cores(two_cores_four_threads, allowed={0, 1, 2, 3}) == 2

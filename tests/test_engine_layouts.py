@@ -13,7 +13,7 @@ from slotserver.model.config import ModelConfig
 from slotserver.engine.engine import Engine
 from slotserver.engine.config import EngineConfig
 from slotserver.model.generate import GenRequest, generate
-from slotserver.lab.layouts import available_layouts
+from slotserver.runtime.layouts import available_layouts
 from slotserver.engine.request import Request
 from slotserver.model.sampling import SamplingParams
 

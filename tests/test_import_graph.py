@@ -32,13 +32,15 @@ HEAVY = ("torch", "numpy", "triton")
 TORCH_FREE_SEAMS = ("slotserver.engine.scheduler", "slotserver.engine.slots", "slotserver.engine.stream_map",
                     "slotserver.engine.sequence", "slotserver.errors")
 SELF_CONTAINED = ("slotserver.top", "slotserver.bench")   # import nothing of slotserver but themselves
-FORBIDDEN_FOR_PLUGINS = ("slotserver.server", "slotserver.engine")
-# Nothing imports a layer above its own (model < engine < server < cli): a direct import only,
-# so the message names the line to move. (The lab's contracts sit below model in issue 33's plan;
-# lab/validate.py -> model.batch is that plan's remaining arrow, not yet checked here.)
-ABOVE = {"slotserver.model": ("slotserver.engine", "slotserver.server", "slotserver.cli"),
-         "slotserver.engine": ("slotserver.server", "slotserver.cli"),
-         "slotserver.server": ("slotserver.cli",)}
+FORBIDDEN_FOR_PLUGINS = ("slotserver.server", "slotserver.engine", "slotserver.lab", "slotserver.model")
+# The layers, lowest first: nothing imports a layer above its own (a direct import only, so the
+# message names the line to move). runtime: the contracts kernels, layouts, model and engine build on
+# (KV spec, layout and kernel contracts, loader, native builds, CPU features, Batch); model: GGUF,
+# weights, forward, sampling; lab: the live lab (watch, validate, swap, check); engine: slots,
+# scheduler, the step; server, cli: the edges. (top/ and bench/ speak HTTP: SELF_CONTAINED.)
+LAYERS = ("slotserver.errors", "slotserver.runtime", "slotserver.model", "slotserver.lab", "slotserver.engine",
+          "slotserver.server", "slotserver.cli")
+ABOVE = {layer: LAYERS[i + 1:] for i, layer in enumerate(LAYERS[:-1])}
 
 
 def _module_name(path: Path) -> str:
@@ -140,7 +142,7 @@ def _show(chain: list[str]) -> str:
 OLD_HOMES = {"ConfigError": "slotserver.model.config", "RequestError": "slotserver.engine.request",
              "EngineBusy": "slotserver.engine.request", "SamplingError": "slotserver.model.sampling_params",
              "GGUFError": "slotserver.model.gguf_file", "TokenizerError": "slotserver.model.text.tokenizer",
-             "ChatTemplateError": "slotserver.model.text.chat_template", "ModuleLoadError": "slotserver.lab.loader"}
+             "ChatTemplateError": "slotserver.model.text.chat_template", "ModuleLoadError": "slotserver.runtime.loader"}
 
 
 @pytest.mark.parametrize("name, module", sorted(OLD_HOMES.items()))

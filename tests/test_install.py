@@ -48,7 +48,7 @@ def test_an_installed_wheel_generates_like_the_source_tree(installed, tmp_path):
     model = write_tiny_gguf(tmp_path / "tiny.gguf")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    where = _run(["-c", "import slotserver.lab.loader as l; print(l.__file__); print(l.default_dir('kernels'))"],
+    where = _run(["-c", "import slotserver.runtime.loader as l; print(l.__file__); print(l.default_dir('kernels'))"],
                  elsewhere, str(installed))
     assert where.returncode == 0, where.stderr
     module_file, kernels = where.stdout.split()

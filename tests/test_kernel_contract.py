@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from slotserver.lab.check import check_numerics, kernel_files
-from slotserver.lab.kernel_set import KERNEL_CONTRACT, KernelSet
-from slotserver.lab.loader import ModuleLoadError, default_dir
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT, KernelSet
+from slotserver.runtime.loader import ModuleLoadError, default_dir
 
 
 def test_every_bundled_kernel_keeps_the_whole_contract():

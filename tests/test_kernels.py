@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slotserver.lab.kernel_set import KERNEL_CONTRACT, OPS, KernelSet
-from slotserver.lab.kv_spec import PagedKV, StridedKV
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT, OPS, KernelSet
+from slotserver.runtime.kv_spec import PagedKV, StridedKV
 from slotserver.lab.check import compare_outputs, move_inputs
-from slotserver.lab.loader import default_dir, load_by_path
+from slotserver.runtime.loader import default_dir, load_by_path
 
 KERNEL_FILES = sorted(p for p in default_dir("kernels").glob("*.py") if not p.stem.startswith("_"))
 

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 
-from slotserver.lab import kv_rows, native
+from slotserver.runtime import kv_rows, native
 
 needs_c = pytest.mark.skipif(kv_rows._LIB is None, reason="no C compiler: the torch form (index_put_) serves")
 

@@ -15,7 +15,7 @@ from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ModelConfig
 from slotserver.engine.engine import Engine
 from slotserver.engine.config import EngineConfig
-from slotserver.lab import native
+from slotserver.runtime import native
 from slotserver.engine.request import Request
 from slotserver.model.sampling import SamplingParams
 from lab_fixtures import RMS_NORM_VARIANT, lab_dirs

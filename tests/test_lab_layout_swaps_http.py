@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from slotserver.lab.layouts import available_layouts
+from slotserver.runtime.layouts import available_layouts
 from smollm_server import smollm_client
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def add(a, b):", "The primary colors are",

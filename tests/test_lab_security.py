@@ -21,7 +21,7 @@ from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ModelConfig
 from slotserver.engine.engine import Engine
 from slotserver.engine.config import EngineConfig
-from slotserver.lab.loader import ModuleLoadError, default_dir, resolve_in_folder
+from slotserver.runtime.loader import ModuleLoadError, default_dir, resolve_in_folder
 from slotserver.server import ServerConfig, ServerState, create_app
 
 PAYLOAD = '''import pathlib

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from tiny_gguf import write_tiny_gguf
 
-from slotserver.lab.loader import default_dir
+from slotserver.runtime.loader import default_dir
 from test_server_e2e import Server, free_port, wait_ready
 
 # The next save follows each swap at once: a swap drops the step graphs, so the engine records new

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from slotserver.engine.kv_cache import KVCache
-from slotserver.lab import native
-from slotserver.lab.kernel_set import KERNEL_CONTRACT
-from slotserver.lab.kv_spec import KVSpec
-from slotserver.lab.layouts import available_layouts
-from slotserver.lab.loader import default_dir, load_by_path
-from slotserver.model.batch import Batch, SeqChunk
+from slotserver.runtime import native
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.layouts import available_layouts
+from slotserver.runtime.loader import default_dir, load_by_path
+from slotserver.runtime.batch import Batch, SeqChunk
 
 FLOAT_LAYOUTS = [n for n in available_layouts() if n != "q8"]
 KERNELS = {op: load_by_path(default_dir("kernels") / f"{op}.py", KERNEL_CONTRACT).module

@@ -12,12 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slotserver.model.batch import Batch, SeqChunk
-from slotserver.lab.kernel_set import KERNEL_CONTRACT
-from slotserver.lab.kv_spec import KVSpec, StridedKV
-from slotserver.lab.layouts import available_layouts, create_layout, load_layout
-from slotserver.lab.loader import ModuleLoadError, default_dir, load_by_path
-from slotserver.lab.paged_contract import PagedLayout, is_paged
+from slotserver.runtime.batch import Batch, SeqChunk
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT
+from slotserver.runtime.kv_spec import KVSpec, StridedKV
+from slotserver.runtime.layouts import available_layouts, create_layout, load_layout
+from slotserver.runtime.loader import ModuleLoadError, default_dir, load_by_path
+from slotserver.runtime.paged_contract import PagedLayout, is_paged
 
 SPEC = KVSpec(n_layers=3, n_streams=5, n_cells=17, n_kv_heads=2, head_dim=8)
 LAYOUTS = available_layouts()

@@ -1,5 +1,5 @@
 """Serving on CPU does not import triton (~0.2 s and ~71 MiB of the start): kernel files run with
-stand-ins (slotserver/lab/lazy_triton.py). Their Triton kernels still work on first use, made real
+stand-ins (slotserver/runtime/lazy_triton.py). Their Triton kernels still work on first use, made real
 then, interpreted here, and equal to the reference; the AOT compiler gets real kernels."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import textwrap
 
 SCRIPT = textwrap.dedent("""
     import sys, torch
-    from slotserver.lab.kernel_set import KernelSet
+    from slotserver.runtime.kernel_set import KernelSet
     from slotserver.model.bundle import ModelBundle
     from slotserver.model.config import ModelConfig
     from slotserver.model.default_model import default_model_path
@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent("""
     assert "triton" in sys.modules and type(mod._rms_norm_kernel).__name__ == "InterpretedFunction"
     assert type(mod._triton).__name__ == "module" and mod._triton is sys.modules["triton"]
     assert torch.allclose(got, mod.reference(x, w, 1e-5), atol=1e-5), (got - mod.reference(x, w, 1e-5)).abs().max()
-    from slotserver.lab.lazy_triton import resolve
+    from slotserver.runtime.lazy_triton import resolve
     qm = ks.modules["qmatmul"].module
     assert type(resolve(qm.AOT[0][0])).__name__ == "InterpretedFunction"   # recorded before the import: made real
     print("ok")

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from slotserver.lab.kernel_set import KERNEL_CONTRACT, KernelSet
-from slotserver.lab.loader import default_dir, load_by_path
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT, KernelSet
+from slotserver.runtime.loader import default_dir, load_by_path
 from slotserver.model.linear import INT4_GROUP, Linear, QLinear, prepack_available
-from slotserver.model.qblocks import T, dequantize, random_qweight
+from slotserver.runtime.qblocks import T, dequantize, random_qweight
 
 q4_matmul = load_by_path(default_dir("kernels") / "q4_matmul.py", KERNEL_CONTRACT).module
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slotserver.model.batch import Batch, SeqChunk
+from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.model.generate import GenRequest, generate
-from slotserver.lab.kv_spec import KVSpec
-from slotserver.lab.layouts import create_layout, load_layout
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.layouts import create_layout, load_layout
 
 NEAR_TIE = 0.02  # log-probability margin under which llama.cpp and we may legitimately differ
 

@@ -1,4 +1,4 @@
-"""`slotserver.lab.native`: C sources compile once and are cached, compile errors carry the
+"""`slotserver.runtime.native`: C sources compile once and are cached, compile errors carry the
 compiler's message at the source file's own lines, a missing compiler or SLOTSERVER_NATIVE=0
 means None (torch serves), loading the kernels leaves the process's float behaviour alone, and
 each CPU variant (SLOTSERVER_CPU) builds its own library with no instruction above the variant."""
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from slotserver.lab import cpu_features
+from slotserver.runtime import cpu_features
 
-from slotserver.lab import native
-from slotserver.lab.loader import default_dir
+from slotserver.runtime import native
+from slotserver.runtime.loader import default_dir
 
 needs_cc = pytest.mark.skipif(native.compiler() is None, reason="no C compiler on this machine")
 ADD = "int add(int64_t a, int64_t b) { return (int)(a + b); }\n"
@@ -69,7 +69,7 @@ def test_a_compile_error_in_a_c_file_points_at_its_line(tmp_path, monkeypatch):
 
 
 def test_the_prelude_is_prepended_from_prelude_h_at_its_lines(monkeypatch):
-    """native.PRELUDE is slotserver/lab/prelude.h, and what is compiled starts with a #line
+    """native.PRELUDE is slotserver/runtime/prelude.h, and what is compiled starts with a #line
     directive naming that file (a message about a prelude helper points at prelude.h)."""
     header = Path(native.__file__).with_name("prelude.h")
     assert native.PRELUDE == header.read_text() and "static inline float bf2f" in native.PRELUDE
@@ -153,8 +153,8 @@ def test_bf16_rounding_keeps_a_nan_a_nan(tmp_path, monkeypatch):
 def test_the_attention_guard_keeps_mismatched_inputs_away_from_c():
     """Inputs the C kernel would read out of bounds with go to the torch form (which raises or
     copes), never to C: wrong head size, fewer q rows than sequences, a stream past the cache."""
-    from slotserver.model.batch import Batch, SeqChunk
-    from slotserver.lab.kv_spec import StridedKV
+    from slotserver.runtime.batch import Batch, SeqChunk
+    from slotserver.runtime.kv_spec import StridedKV
 
     spec = importlib.util.spec_from_file_location("_guard_attention", default_dir("kernels") / "attention.py")
     att = importlib.util.module_from_spec(spec)

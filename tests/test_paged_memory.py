@@ -18,9 +18,9 @@ from slotserver.engine.engine import Engine
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.kv_cache import KVCache
 from slotserver.engine.stream_map import Move
-from slotserver.lab.kv_spec import KVSpec
-from slotserver.lab.layouts import create_layout, load_layout
-from slotserver.lab.paged_contract import KVBudget
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.layouts import create_layout, load_layout
+from slotserver.runtime.paged_contract import KVBudget
 from slotserver.engine.request import Request
 from slotserver.model.sampling import SamplingParams
 

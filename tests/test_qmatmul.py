@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 import torch
 
-from slotserver.lab import native
-from slotserver.lab.kernel_set import KERNEL_CONTRACT
+from slotserver.runtime import native
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT
 from slotserver.lab.check import compare_outputs
-from slotserver.lab.loader import default_dir, load_by_path
-from slotserver.model.qblocks import FLOATS, KQUANTS, QUANTIZED, T, QWeight, dequantize, random_qweight
+from slotserver.runtime.loader import default_dir, load_by_path
+from slotserver.runtime.qblocks import FLOATS, KQUANTS, QUANTIZED, T, QWeight, dequantize, random_qweight
 
 PATH = default_dir("kernels") / "qmatmul.py"
 ALL = QUANTIZED + tuple(FLOATS)
@@ -203,10 +203,10 @@ def test_a_row_gets_the_same_floats_in_any_batch(mod, qtype):
 
 TRITON_SCRIPT = """
 import torch
-from slotserver.lab.kernel_set import KERNEL_CONTRACT
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT
 from slotserver.lab.check import compare_outputs
-from slotserver.lab.loader import default_dir, load_by_path
-from slotserver.model.qblocks import T, random_qweight
+from slotserver.runtime.loader import default_dir, load_by_path
+from slotserver.runtime.qblocks import T, random_qweight
 mod = load_by_path(default_dir("kernels") / "qmatmul.py", KERNEL_CONTRACT).module
 gen = torch.Generator().manual_seed(6)
 for qtype, m, n, k in [(T.Q8_0, 3, 40, 96), (T.Q4_0, 17, 33, 64), (T.Q4_0, 1, 5, 32), (T.Q4_K, 2, 9, 256)]:

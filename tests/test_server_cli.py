@@ -115,7 +115,7 @@ def test_a_broken_model_file_stops_the_server_with_one_line(tmp_path: Path):
 def test_dtype_help_says_what_the_config_does(tmp_path, monkeypatch, capsys):
     """`serve --help` once said auto meant bfloat16 on AVX512-BF16/AMX CPUs, while the GGUF blocks
     (the default weights) keep float32 everywhere: the help's claims, checked on both kinds of CPU."""
-    from slotserver.lab import cpu_features
+    from slotserver.runtime import cpu_features
     from slotserver.model.config import ModelConfig
     import torch
 

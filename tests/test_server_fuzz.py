@@ -32,7 +32,7 @@ from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ModelConfig
 from slotserver.engine.engine import Engine
 from slotserver.engine.config import EngineConfig
-from slotserver.lab.loader import default_dir
+from slotserver.runtime.loader import default_dir
 from test_server_api import make_client
 
 N_CELLS = 32

@@ -23,8 +23,8 @@ from slotserver.engine.request import Request, RequestError
 from slotserver.model.sampling import SamplingParams
 from slotserver.server import ServerConfig, ServerState, create_app
 from slotserver.engine.slot_files import SlotBusy
-from slotserver.lab.kv_spec import KVSpec
-from slotserver.lab.layouts import available_layouts, create_layout, load_layout
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.layouts import available_layouts, create_layout, load_layout
 from slotserver.server.launch import LaunchPlan, load
 
 GREEDY = SamplingParams(temperature=0)

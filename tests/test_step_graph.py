@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from slotserver.engine.kv_cache import KVCache
-from slotserver.lab.kernel_set import KernelSet
-from slotserver.lab.kv_spec import KVSpec
-from slotserver.lab.loader import ModuleLoadError, load_source, read_source
+from slotserver.runtime.kernel_set import KernelSet
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.loader import ModuleLoadError, load_source, read_source
 from slotserver.model import step_graph
-from slotserver.model.batch import Batch, SeqChunk
+from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.model.config import ModelConfig
 from slotserver.model.default_model import default_model_path
 from slotserver.model.model import LlamaModel

@@ -9,14 +9,14 @@ import torch
 from llama_reference import llama_logits
 from tiny_gguf import write_tiny_gguf
 
-from slotserver.model.batch import Batch, SeqChunk
+from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.model.bundle import ModelBundle
 from slotserver.cli.main import main
 from slotserver.model.config import ModelConfig
 from slotserver.model.generate import GenRequest, generate
 from slotserver.model.gguf_file import GGUFError
-from slotserver.lab.kv_spec import KVSpec
-from slotserver.lab.layouts import create_layout, load_layout
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.layouts import create_layout, load_layout
 
 QT = gguf.GGMLQuantizationType
 TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q6_K]

@@ -160,7 +160,7 @@ def test_top_follows_a_live_server_and_quits_cleanly(server):
         tui.expect(header_layout("head_seq_dim"), 5)   # the default layout
         tui.expect(r"\b0 idle\b", 5)
         # which CPU path serves: the variant this host runs, the same in /props, /lab and the header
-        from slotserver.lab import cpu_features
+        from slotserver.runtime import cpu_features
         shown = httpx.get(url + "/props", headers=AUTH, timeout=10).json()["cpu"]
         assert shown["variant"] == cpu_features.current().variant
         assert httpx.get(url + "/lab", headers=AUTH, timeout=10).json()["cpu"] == shown

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from slotserver.model.generate import GenRequest, generate
-from slotserver.lab.kernel_set import KernelSet
+from slotserver.runtime.kernel_set import KernelSet
 from slotserver.model.model import LlamaModel
 
 LAYOUTS = ["seq_head_dim", "head_seq_dim", "paged", "paged_hnd", "q8"]

@@ -19,11 +19,11 @@ import sys
 import pytest
 import torch
 
-from slotserver.lab.kernel_set import KERNEL_CONTRACT
-from slotserver.lab.kv_spec import PagedKV, StridedKV
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT
+from slotserver.runtime.kv_spec import PagedKV, StridedKV
 from slotserver.lab.check import ARCHS, check_aot, check_numerics, format_report, kernel_files, triton_mode
-from slotserver.lab.loader import default_dir, load_by_path
-from slotserver.model.batch import Batch, SeqChunk
+from slotserver.runtime.loader import default_dir, load_by_path
+from slotserver.runtime.batch import Batch, SeqChunk
 
 KERNELS = default_dir("kernels")
 TRITON_FILES = [p for p in kernel_files(KERNELS) if hasattr(load_by_path(p, KERNEL_CONTRACT).module, "triton")]

@@ -16,10 +16,10 @@ import pytest
 import torch
 from tiny_gguf import write_tiny_gguf
 
-from slotserver.lab import cpu_features
-from slotserver.lab.kv_spec import KVSpec
-from slotserver.lab.layouts import create_layout, load_layout
-from slotserver.model.batch import Batch, SeqChunk
+from slotserver.runtime import cpu_features
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.layouts import create_layout, load_layout
+from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.model.config import ModelConfig, resolve_dtype
 from slotserver.model.gguf_file import GGUFFile
 from slotserver.model.linear import Linear, QLinear

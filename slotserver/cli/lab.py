@@ -52,7 +52,7 @@ def apply_lab_dir(args: argparse.Namespace) -> None:
 
 def run_init(args: argparse.Namespace) -> int:
     from slotserver.errors import ConfigError
-    from slotserver.lab.loader import default_dir, lab_files
+    from slotserver.runtime.loader import default_dir, lab_files
 
     # the modules and the C files they compile (kernels/attention.c)
     plan = [(src, args.dir / kind / src.name) for kind in ("kernels", "layouts") for src in lab_files(default_dir(kind))]

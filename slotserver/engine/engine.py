@@ -17,12 +17,12 @@ from typing import Callable
 
 import torch
 
-from slotserver.model.batch import Batch, SeqChunk
+from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.model.bundle import ModelBundle
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.stats_tracker import StatsTracker
 from slotserver.engine.kv_cache import KVCache
-from slotserver.lab.kv_spec import KVSpec
+from slotserver.runtime.kv_spec import KVSpec
 from slotserver.lab.lab import Lab
 from slotserver.engine.grammar import GrammarError, Grammars
 from slotserver.engine.masks import MaskFiller

@@ -6,7 +6,7 @@ the layout's `copy_stream` (a slice copy for flat layouts, a block-table edit fo
 counting moves and bytes moved. `budget()` tells the scheduler a paged pool's capacity.
 
 Whether the layout is paged is decided once, by its view (`is_paged`); `create_layout` has then
-checked the paged contract (`PagedLayout`, slotserver/lab/paged_contract.py), so the paged calls
+checked the paged contract (`PagedLayout`, slotserver/runtime/paged_contract.py), so the paged calls
 here (`trim_stream`, `free_stream`, `block_size`, `max_blocks`) are made without probing.
 
 `kv_type` names what a cell holds: the spec's float type (`f32`, `f16`, `bf16`), or what a layout
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import torch
 
-from slotserver.lab.kv_spec import KVSpec
-from slotserver.lab.layouts import create_layout, load_layout
-from slotserver.lab.loader import LoadedModule
-from slotserver.lab.paged_contract import KVBudget, is_paged
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.layouts import create_layout, load_layout
+from slotserver.runtime.loader import LoadedModule
+from slotserver.runtime.paged_contract import KVBudget, is_paged
 from slotserver.engine.stream_map import Move
 
 

@@ -16,8 +16,8 @@ import torch
 
 from slotserver.engine.kv_cache import KVCache
 from slotserver.errors import RequestError
-from slotserver.lab.kernel_set import KernelSet
-from slotserver.lab.loader import LoadedModule
+from slotserver.runtime.kernel_set import KernelSet
+from slotserver.runtime.loader import LoadedModule
 
 
 class SlotBusy(RuntimeError):

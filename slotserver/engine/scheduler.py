@@ -7,7 +7,7 @@ first. A sequence that is not scheduled keeps its counters and is picked up next
 starves: decodes always run, and the oldest prefill always gets the budget left.
 
 With a paged KV layout the engine passes a capacity callback returning a `KVBudget`
-(slotserver/lab/paged_contract.py, owned by the KV side: the only place cells become blocks). The
+(slotserver/runtime/paged_contract.py, owned by the KV side: the only place cells become blocks). The
 scheduler speaks in cells: it asks the budget whether streams holding so many cells fit the pool
 (`fits`) and how many cells a sequence may hold soon (`reserve`: its tokens plus decode headroom,
 at most a full slot). Two more rules then hold (with a flat layout the callback gives None: no change):
@@ -39,7 +39,7 @@ from slotserver.engine.config import EngineConfig
 from slotserver.engine.sequence import Sequence
 from slotserver.engine.slots import SlotTable, common_prefix
 from slotserver.engine.stream_map import Move, StreamMap
-from slotserver.lab.paged_contract import KVBudget  # also imported from here: the budget `Scheduler` receives
+from slotserver.runtime.paged_contract import KVBudget  # also imported from here: the budget `Scheduler` receives
 
 
 @dataclass(frozen=True)

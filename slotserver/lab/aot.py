@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from slotserver.lab import lazy_triton
+from slotserver.runtime import lazy_triton
 
 
 @dataclass

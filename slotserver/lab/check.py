@@ -25,9 +25,9 @@ import torch
 
 from slotserver.lab.aot import Resources, compile_error, compile_for, spec_dtype
 from slotserver.lab.compare import compare_outputs, move_inputs, output_tensors, where_in  # noqa: F401 - re-exported
-from slotserver.lab.kernel_set import load_kernel
-from slotserver.lab.layouts import available_layouts
-from slotserver.lab.loader import ModuleLoadError, default_dir, module_names, read_source, resolve_in_folder
+from slotserver.runtime.kernel_set import load_kernel
+from slotserver.runtime.layouts import available_layouts
+from slotserver.runtime.loader import ModuleLoadError, default_dir, module_names, read_source, resolve_in_folder
 from slotserver.lab.validate import Numerics, kernel_numerics, validate_layout
 
 ARCHS = (80, 90)

@@ -18,10 +18,10 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from slotserver.lab.kernel_paths import cpu_report, kernel_path
-from slotserver.lab.kernel_set import load_kernel
-from slotserver.lab.layouts import LAYOUT_CONTRACT, available_layouts
-from slotserver.lab.loader import (ModuleLoadError, Source, c_files_naming, default_dir, file_version, load_source,
+from slotserver.runtime.kernel_paths import cpu_report, kernel_path
+from slotserver.runtime.kernel_set import load_kernel
+from slotserver.runtime.layouts import LAYOUT_CONTRACT, available_layouts
+from slotserver.runtime.loader import (ModuleLoadError, Source, c_files_naming, default_dir, file_version, load_source,
                                    locate, module_names, read_source, resolve_in_folder)
 from slotserver.lab.sandbox import run_forked
 from slotserver.lab.validate import validate_kernel, validate_layout

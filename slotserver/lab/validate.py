@@ -23,11 +23,11 @@ from dataclasses import dataclass
 import torch
 
 from slotserver.lab.compare import compare_outputs, move_inputs
-from slotserver.lab.kernel_set import load_kernel
-from slotserver.lab.kv_spec import KVSpec, StridedKV
-from slotserver.lab.layouts import LAYOUT_CONTRACT, create_layout
-from slotserver.lab.loader import ModuleLoadError, Source, line_of, load_source
-from slotserver.model.batch import Batch, SeqChunk
+from slotserver.runtime.kernel_set import load_kernel
+from slotserver.runtime.kv_spec import KVSpec, StridedKV
+from slotserver.runtime.layouts import LAYOUT_CONTRACT, create_layout
+from slotserver.runtime.loader import ModuleLoadError, Source, line_of, load_source
+from slotserver.runtime.batch import Batch, SeqChunk
 
 N_TRIALS = 3
 LAYOUT_SPEC = KVSpec(n_layers=2, n_streams=4, n_cells=40, n_kv_heads=2, head_dim=16)

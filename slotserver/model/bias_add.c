@@ -1,5 +1,5 @@
 /* bias_add.c: add_bias of slotserver/model/bias_add.py. Compiled with native.PRELUDE
-   (slotserver/lab/prelude.h) in front (bf2f, f2bf). */
+   (slotserver/runtime/prelude.h) in front (bf2f, f2bf). */
 /* y[r * ld + c] += b[c] for r < rows, c < cols; b float32, y float32 or bf16 (`bf16`: b rounded to
    bf16 first, as torch's add of b.to(bf16) does). */
 int add_bias(void *y, const float *b, int64_t rows, int64_t cols, int64_t ld, int bf16) {

@@ -10,8 +10,8 @@ import torch
 from slotserver.model.text.chat_template import ChatTemplate
 from slotserver.model.config import ModelConfig
 from slotserver.model.gguf_file import GGUFFile
-from slotserver.lab import cpu_features
-from slotserver.lab.kernel_set import KernelSet
+from slotserver.runtime import cpu_features
+from slotserver.runtime.kernel_set import KernelSet
 from slotserver.model.model import LlamaModel
 from slotserver.model.spec import ModelSpec
 from slotserver.model.text.tokenizer import Tokenizer

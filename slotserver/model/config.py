@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from slotserver.errors import ConfigError  # noqa: F401  re-export: defined without torch in slotserver.errors
-from slotserver.lab import cpu_features
+from slotserver.runtime import cpu_features
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DTYPE_CHOICES = ("auto", *DTYPES)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from slotserver.model.batch import Batch, SeqChunk
-from slotserver.lab.kv_spec import KVSpec
-from slotserver.lab.layouts import create_layout, load_layout
+from slotserver.runtime.batch import Batch, SeqChunk
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.layouts import create_layout, load_layout
 from slotserver.model.config import DEFAULT_LAYOUT
 from slotserver.model.model import LlamaModel
 from slotserver.model.sampling import Sampler, SequenceRng

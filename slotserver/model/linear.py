@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from slotserver.lab import cpu_features
+from slotserver.runtime import cpu_features
 from slotserver.model.bias_add import add_bias
-from slotserver.model.qblocks import QWeight
+from slotserver.runtime.qblocks import QWeight
 
 WEIGHT_FORMATS = ("dense", "int8", "int4", "auto8", "auto4")   # Linear's; "auto" was renamed "auto8"
 INT4_GROUP = 32

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from slotserver.model.batch import Batch
+from slotserver.runtime.batch import Batch
 from slotserver.model.gguf_file import GGUFFile
 from slotserver.errors import ModuleLoadError
-from slotserver.lab.kernel_set import KernelSet
+from slotserver.runtime.kernel_set import KernelSet
 from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
 from slotserver.model.step_graph import GRAPH_BYTES_MIN, StepGraphs

@@ -1,6 +1,6 @@
 /* sample_greedy.c: greedy_rows, the one native pass of slotserver/model/sample_greedy.py (why,
    and when it applies: that module's docstring). Compiled with native.PRELUDE
-   (slotserver/lab/prelude.h) in front. */
+   (slotserver/runtime/prelude.h) in front. */
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from slotserver.lab import native
+from slotserver.runtime import native
 from slotserver.model.samplers_penalties import check_bias_tokens
 from slotserver.model.sampling_params import SamplingError, SamplingParams
 

@@ -1,5 +1,5 @@
 /* step_graph.c: replay_calls, the replay loop of slotserver/model/step_graph.py. Compiled with
-   native.PRELUDE (slotserver/lab/prelude.h) in front; built on x86-64 Linux only.
+   native.PRELUDE (slotserver/runtime/prelude.h) in front; built on x86-64 Linux only.
 
    The replay loop in C: one ctypes call for the whole step instead of ~210 (each converting ~20
    arguments: ~0.6 ms a step at b=1 on a 2-core AVX2 host). Every recorded function is called

@@ -8,7 +8,7 @@ embedded tokens, rope angles, positions, streams, row lengths). So, as a CUDA gr
 replayed (vLLM does it for decode):
 
 - capture: the step's body (layers, final norm, output matmul) runs once as usual while every call
-  into a native library (`slotserver.lab.native`) from this thread is recorded with its arguments
+  into a native library (`slotserver.runtime.native`) from this thread is recorded with its arguments
   (`native.recording`: nothing is swapped into the shared libraries, which the lab's thread may be
   loading an edited kernel against meanwhile), and every tensor the body allocates is kept: the
   recorded pointers stay valid while the graph lives;
@@ -59,7 +59,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from slotserver.lab import native
+from slotserver.runtime import native
 from slotserver.model.step_record import AllocOnly, Recorder
 
 MAX_ROWS = 32

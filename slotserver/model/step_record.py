@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
-from slotserver.lab import native
+from slotserver.runtime import native
 
 _ALLOC = frozenset({"empty", "empty_like", "new_empty"})
 _ZEROS = frozenset({"zeros", "zeros_like", "new_zeros"})   # allocations a replay zeroes again

@@ -25,7 +25,7 @@ import torch
 
 from slotserver.model.gguf_file import GGUFFile, TensorInfo
 from slotserver.model.linear import Linear, QLinear
-from slotserver.model.qblocks import FLOATS, QUANTIZED, QWeight, concat_rows, from_mapped, get_rows, take_rows
+from slotserver.runtime.qblocks import FLOATS, QUANTIZED, QWeight, concat_rows, from_mapped, get_rows, take_rows
 from slotserver.model.spec import ModelSpec
 
 Progress = Callable[[int, int], None]

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from slotserver import __version__
-from slotserver.lab.kernel_paths import cpu_report
+from slotserver.runtime.kernel_paths import cpu_report
 from slotserver.server.body import read_json
 from slotserver.server.errors import bad_request, loading_error, model_not_found
 from slotserver.server.fields import Fields

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from slotserver.lab import native
+from slotserver.runtime import native
 
 # The C (kv_rows.c beside this file; not hot-reloaded: read once at import).
 _C_FILE = Path(__file__).with_name("kv_rows.c")

@@ -1,5 +1,5 @@
-/* kv_rows.c: kv_write_rows of slotserver/lab/kv_rows.py (what it writes, and why: that module's
-   docstring). Compiled with native.PRELUDE (slotserver/lab/prelude.h) in front. */
+/* kv_rows.c: kv_write_rows of slotserver/runtime/kv_rows.py (what it writes, and why: that module's
+   docstring). Compiled with native.PRELUDE (slotserver/runtime/prelude.h) in front. */
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif

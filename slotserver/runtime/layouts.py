@@ -3,7 +3,7 @@
 A layout module defines `NAME` and `create(spec: KVSpec)`; the object it returns keeps the layout
 contract documented in `docs/architecture.md` (write, view, copy_stream, export_stream,
 import_stream, bytes_used). A layout whose view is paged also keeps the paged contract
-(`PagedLayout` in slotserver/lab/paged_contract.py: block_size, max_blocks, trim_stream,
+(`PagedLayout` in slotserver/runtime/paged_contract.py: block_size, max_blocks, trim_stream,
 free_stream), checked here so a layout missing part of it is refused when loaded.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slotserver.lab.kv_spec import KVSpec
-from slotserver.lab.loader import LoadedModule, ModuleLoadError, default_dir, load_by_path, module_names, resolve_in_folder
-from slotserver.lab.paged_contract import is_paged, paged_missing
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.loader import LoadedModule, ModuleLoadError, default_dir, load_by_path, module_names, resolve_in_folder
+from slotserver.runtime.paged_contract import is_paged, paged_missing
 
 LAYOUT_CONTRACT = ("NAME", "create")
 LAYOUT_METHODS = ("write", "view", "copy_stream", "export_stream", "import_stream", "bytes_used")
@@ -38,5 +38,5 @@ def create_layout(loaded: LoadedModule, spec: KVSpec):
     missing = paged_missing(layout) if is_paged(layout) else []
     if missing:
         raise ModuleLoadError(f"{loaded.path}: its view is paged, but the layout object lacks {', '.join(missing)} "
-                              "(the paged contract, PagedLayout in slotserver/lab/paged_contract.py)")
+                              "(the paged contract, PagedLayout in slotserver/runtime/paged_contract.py)")
     return layout

@@ -5,7 +5,7 @@ A layout is paged when its `view(layer)` is a `PagedKV` (`view.paged`). Then its
 blocks of `block_size` cells taken from a pool of at most `max_blocks`, and the engine gives blocks
 back with `trim_stream(stream, n)` (keep the first n cells) and `free_stream(stream)` (keep none,
 e.g. a defrag move's source). `PagedLayout` states that as a Protocol; `create_layout`
-(slotserver/lab/layouts.py) refuses a paged layout missing any of it, so a lab edit that drops a
+(slotserver/runtime/layouts.py) refuses a paged layout missing any of it, so a lab edit that drops a
 method fails at load time with its name rather than as a leak later.
 
 `KVBudget` is the pool's capacity in plain numbers. The scheduler receives one every step and asks

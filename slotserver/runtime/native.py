@@ -7,7 +7,7 @@ far more in per-call setup than in arithmetic. A kernel module may carry its own
 
 - `PRELUDE` (prelude.h beside this file: bf16 conversions, a vectorizable exp, row loads, AVX-512
   helpers) is prepended; the source is compiled with the system C compiler (`$CC`, else `cc`):
-  `-O3`, the target flags of the CPU variant (`slotserver.lab.cpu_features`: `-march=native`, or
+  `-O3`, the target flags of the CPU variant (`slotserver.runtime.cpu_features`: `-march=native`, or
   `-march=x86-64-v3` under `SLOTSERVER_CPU=avx2`, AMX taken out under `avx512`), float
   reassociation (not `-ffast-math`, see FLAGS) and `-fopenmp`, into `$SLOTSERVER_CACHE` (default
   `~/.cache/slotserver/native`), named by a hash of the source, the flags and this CPU's feature
@@ -44,9 +44,9 @@ from pathlib import Path
 
 import torch  # noqa: F401 - loads torch's libgomp first, so the kernels share its OpenMP runtime
 
-from slotserver.lab import c_sources, cpu_features
+from slotserver.runtime import c_sources, cpu_features
 
-log = logging.getLogger("slotserver.lab.native")
+log = logging.getLogger("slotserver.runtime.native")
 
 # Not -ffast-math: with it, GCC links crtfastmath.o into the library, whose constructor turns on
 # flush-to-zero for the whole process (every later float op of torch and Python would change).
@@ -197,7 +197,7 @@ def _located(source: str, origin: str | None, name: str | None = None) -> str:
 
 def c_source(origin: str, name: str) -> str:
     """The C file `name` beside the kernel module `origin` (its `__file__`), as the lab read it
-    with the module (`slotserver.lab.c_sources`); pass the same path as `build`'s origin:
+    with the module (`slotserver.runtime.c_sources`); pass the same path as `build`'s origin:
     `build(lib, c_source(__file__, "x.c"), origin=c_path(__file__, "x.c"))`."""
     return c_sources.read(origin, name)
 

@@ -8,7 +8,7 @@ takes the best the host has. A forced variant is capped by the host: asking for 
 without AMX gives what the host has (never an illegal instruction).
 
 This is the one place that reads `SLOTSERVER_CPU`. What follows it:
-- `slotserver.lab.native`: the compiler's target flags (`march_flags`) and the library cache key;
+- `slotserver.runtime.native`: the compiler's target flags (`march_flags`) and the library cache key;
 - `kernels/q4_matmul.py`: the AMX kernel only where the variant is `amx`;
 - `slotserver.model.linear`: oneDNN's pre-packed bf16 weights only where bf16 runs natively.
 torch's own kernels read their own variables, before torch's first op: `emulation_env` lists them

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from slotserver.lab.loader import (LoadedModule, ModuleLoadError, Source, default_dir, load_source, module_names,
+from slotserver.runtime.loader import (LoadedModule, ModuleLoadError, Source, default_dir, load_source, module_names,
                                    read_source, resolve_in_folder)
 
 OPS = ("rms_norm", "rope", "attention", "silu_mul")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from slotserver.lab import c_sources, lazy_triton
+from slotserver.runtime import c_sources, lazy_triton
 from slotserver.errors import ModuleLoadError  # noqa: F401  re-export: defined without torch in slotserver.errors
 
 _counter = itertools.count()

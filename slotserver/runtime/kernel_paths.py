@@ -6,7 +6,7 @@ answer. `/props`, `GET /lab` and `slotserver top` all show this one report.
 
 A kernel module may export `cpu_path() -> str` (one short line: what its `cpu` runs here, e.g.
 "C int8 dots, AVX-512 VNNI"); otherwise the path is derived from the module's native library
-(`_LIB`, the convention of `slotserver.lab.native`): "C (<variant>)" when it was built, "torch"
+(`_LIB`, the convention of `slotserver.runtime.native`): "C (<variant>)" when it was built, "torch"
 when not (no compiler, or SLOTSERVER_NATIVE=0).
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from slotserver.lab import cpu_features
+from slotserver.runtime import cpu_features
 
 ISA_PREFIXES = ("avx2", "avx512", "amx", "avx_vnni", "fma", "f16c")
 

@@ -20,7 +20,7 @@ block between two streams is only safe if neither can write into it while shared
 back to the free list when its last reference is dropped.
 
 Running out: the pool may not hold every stream full (`KVSpec.pool_cells`); the scheduler admits
-by free blocks (`KVBudget`, slotserver/lab/paged_contract.py, built from `block_size` and
+by free blocks (`KVBudget`, slotserver/runtime/paged_contract.py, built from `block_size` and
 `max_blocks`) so a write never needs more than `max_blocks`. If it ever would, the
 allocator fails loudly ("KV block pool exhausted") instead of overwriting another stream's cells.
 """
@@ -262,7 +262,7 @@ class PagedKVCache:
         self.v[layer].index_put_((blocks, rows), v.to(self.spec.dtype))
 
     def view(self, layer: int):
-        from slotserver.lab.kv_spec import PagedKV
+        from slotserver.runtime.kv_spec import PagedKV
 
         return PagedKV(self.k[layer], self.v[layer], self.blocks.device_table(), self.block_size)
 

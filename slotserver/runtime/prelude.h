@@ -1,4 +1,4 @@
-/* prelude.h: prepended to every native kernel's source by slotserver/lab/native.py (its PRELUDE,
+/* prelude.h: prepended to every native kernel's source by slotserver/runtime/native.py (its PRELUDE,
    with a #line directive pointing at this file): bf16 <-> float32, a vectorizable exp, row loads
    and prefetches, the AVX-512 (and AVX2) forms of loads, stores and exp, and the silu_mul and
    RMSNorm helpers that kernels/qmatmul.c shares with silu_mul.c and rms_norm.c.
