@@ -25,7 +25,7 @@ from slotserver.engine.request import Request
 from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ModelConfig
 from slotserver.model.default_model import default_model_path
-from slotserver.model.sampling_params import SamplingParams
+from slotserver.model.sampling.params import SamplingParams
 
 SCHEMA = {"type": "object", "required": ["story", "year"], "additionalProperties": False,
           "properties": {"story": {"type": "string", "minLength": 4000}, "year": {"type": "integer"}}}

@@ -25,7 +25,7 @@ from slotserver.runtime.loader import default_dir
 from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ModelConfig
 from slotserver.model.default_model import default_model_path
-from slotserver.model.sampling import SamplingParams
+from slotserver.model.sampling.sampler import SamplingParams
 
 
 def wait_event(lab, seen: int, timeout: float = 30.0) -> dict:

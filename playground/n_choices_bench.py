@@ -19,7 +19,7 @@ from slotserver.engine.request import Request
 from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ModelConfig
 from slotserver.model.default_model import default_model_path
-from slotserver.model.sampling_params import SamplingParams
+from slotserver.model.sampling.params import SamplingParams
 
 
 def run(engine: Engine, prompt: tuple[int, ...], n: int, tokens: int, share: bool = True) -> float:

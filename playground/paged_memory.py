@@ -57,7 +57,7 @@ def measure(setup: Setup) -> dict:
     from slotserver.engine.engine import Engine
     from slotserver.engine.config import EngineConfig
     from slotserver.engine.request import Request
-    from slotserver.model.sampling import SamplingParams
+    from slotserver.model.sampling.sampler import SamplingParams
 
     bundle = ModelBundle.load(ModelConfig(model_path=default_model_path(), dtype=setup.dtype, layout=setup.layout))
     gc.collect()

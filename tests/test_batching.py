@@ -6,7 +6,7 @@ import torch
 
 from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.model.generate import GenRequest, generate
-from slotserver.model.sampling import SamplingParams
+from slotserver.model.sampling.sampler import SamplingParams
 
 PROMPTS = [
     "The capital of France is",

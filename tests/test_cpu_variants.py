@@ -62,7 +62,7 @@ def _generate(path: Path, dtype_name: str, fmt: str) -> list[dict]:
 
     from slotserver.model.generate import GenRequest, generate
     from slotserver.model.model import LlamaModel
-    from slotserver.model.sampling import SamplingParams
+    from slotserver.model.sampling.sampler import SamplingParams
     from slotserver.model.weights import WeightFormat
 
     model = LlamaModel.load(path, getattr(torch, dtype_name), max_pos=64, fmt=WeightFormat(fmt))

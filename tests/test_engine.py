@@ -13,7 +13,7 @@ from slotserver.engine.engine import Engine
 from slotserver.engine.config import EngineConfig
 from slotserver.model.generate import GenRequest, generate
 from slotserver.engine.request import EngineBusy, Request, RequestError, TokenEvent
-from slotserver.model.sampling import SamplingParams
+from slotserver.model.sampling.sampler import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 PROMPTS = [

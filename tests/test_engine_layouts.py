@@ -15,7 +15,7 @@ from slotserver.engine.config import EngineConfig
 from slotserver.model.generate import GenRequest, generate
 from slotserver.runtime.layouts import available_layouts
 from slotserver.engine.request import Request
-from slotserver.model.sampling import SamplingParams
+from slotserver.model.sampling.sampler import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 

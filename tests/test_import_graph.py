@@ -12,7 +12,7 @@ Runtime part: a fresh interpreter imports the seams and the light commands' modu
 cannot see: a third-party package that imports numpy itself (the walk stops at our tree's edge).
 
 Every failure names the chain of imports that crosses the seam, e.g.
-"slotserver.engine.slots -> slotserver.engine.sequence -> slotserver.model.sampling -> torch".
+"slotserver.engine.slots -> slotserver.engine.sequence -> slotserver.model.sampling.sampler -> torch".
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def _show(chain: list[str]) -> str:
 # Where each user-facing error was defined before slotserver.errors; the name must stay importable
 # there, and be the very class the command line and the server catch.
 OLD_HOMES = {"ConfigError": "slotserver.model.config", "RequestError": "slotserver.engine.request",
-             "EngineBusy": "slotserver.engine.request", "SamplingError": "slotserver.model.sampling_params",
+             "EngineBusy": "slotserver.engine.request", "SamplingError": "slotserver.model.sampling.params",
              "GGUFError": "slotserver.model.gguf_file", "TokenizerError": "slotserver.model.text.tokenizer",
              "ChatTemplateError": "slotserver.model.text.chat_template", "ModuleLoadError": "slotserver.runtime.loader"}
 

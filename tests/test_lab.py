@@ -17,7 +17,7 @@ from slotserver.engine.engine import Engine
 from slotserver.engine.config import EngineConfig
 from slotserver.runtime import native
 from slotserver.engine.request import Request
-from slotserver.model.sampling import SamplingParams
+from slotserver.model.sampling.sampler import SamplingParams
 from lab_fixtures import RMS_NORM_VARIANT, lab_dirs
 
 GREEDY = SamplingParams(temperature=0)

@@ -19,7 +19,7 @@ from slotserver.model.config import ModelConfig
 from slotserver.engine.config import EngineConfig
 from slotserver.model.model import LlamaModel
 from slotserver.engine.request import Request
-from slotserver.model.sampling import SamplingParams
+from slotserver.model.sampling.sampler import SamplingParams
 from slotserver.server.launch import LaunchPlan, ModelThread
 from slotserver.server.state import ServerState
 

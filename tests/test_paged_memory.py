@@ -22,7 +22,7 @@ from slotserver.runtime.kv_spec import KVSpec
 from slotserver.runtime.layouts import create_layout, load_layout
 from slotserver.runtime.paged_contract import KVBudget
 from slotserver.engine.request import Request
-from slotserver.model.sampling import SamplingParams
+from slotserver.model.sampling.sampler import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 PAGED = ["paged", "paged_hnd"]

@@ -14,7 +14,7 @@ from slotserver.engine.engine import Engine
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.postprocess import Sampled, postprocess
 from slotserver.engine.request import ErrorEvent, FinalEvent, Request, RequestHandle, TokenEvent
-from slotserver.model.sampling import SamplingParams, SequenceRng
+from slotserver.model.sampling.sampler import SamplingParams, SequenceRng
 from slotserver.engine.scheduler import Scheduler
 from slotserver.engine.sequence import Sequence
 from slotserver.engine.stop_strings import StopMatcher

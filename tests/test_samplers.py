@@ -11,10 +11,10 @@ import math
 import pytest
 import torch
 
-from slotserver.model.samplers import Candidates, temperature_ext, top_n_sigma, typical, xtc
-from slotserver.model.samplers_dry import dry_penalties, process_breakers
-from slotserver.model.samplers_final import SamplerState, dist, mirostat_v2
-from slotserver.model.sampling import Sampler, SamplingError, SamplingParams, SequenceRng
+from slotserver.model.sampling.chain import Candidates, temperature_ext, top_n_sigma, typical, xtc
+from slotserver.model.sampling.dry import dry_penalties, process_breakers
+from slotserver.model.sampling.final import SamplerState, dist, mirostat_v2
+from slotserver.model.sampling.sampler import Sampler, SamplingError, SamplingParams, SequenceRng
 
 
 def cands(probs: list[float]) -> Candidates:

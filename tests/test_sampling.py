@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slotserver.model.sampling import (
+from slotserver.model.sampling.sampler import (
     Sampler,
     SamplingError,
     SamplingParams,
@@ -300,7 +300,7 @@ def test_bad_inputs_are_rejected_clearly():
 
 @pytest.mark.parametrize("vocab", [49152, 1001])   # 1001: the vector loops' scalar tails
 def test_greedy_native_pass_equals_the_batched_sampler(vocab):
-    """Greedy rows without probabilities take one C pass (slotserver/model/sample_greedy.py); an
+    """Greedy rows without probabilities take one C pass (slotserver/model/sampling/greedy.py); an
     all-true grammar mask forces the batched torch path: same tokens, with logit_bias forbidding
     (ignore_eos's -inf), forcing, repeated ids adding up, ties going to the lowest id, -0.0 vs 0.0,
     and the same error for a row with NaN or with every token forbidden."""

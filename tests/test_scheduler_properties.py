@@ -18,7 +18,7 @@ from slotserver.model.text.detokenizer import IncrementalDetokenizer
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.postprocess import Sampled, postprocess
 from slotserver.engine.request import Request, RequestHandle
-from slotserver.model.sampling import SamplingParams, SequenceRng
+from slotserver.model.sampling.sampler import SamplingParams, SequenceRng
 from slotserver.engine.scheduler import KVBudget, Scheduler
 from slotserver.engine.sequence import Sequence
 from slotserver.engine.stop_strings import StopMatcher

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from slotserver.cli.main import build_parser
-from slotserver.model.sampling import SequenceRng
+from slotserver.model.sampling.sampler import SequenceRng
 from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from slotserver.server.config_from_args import _unified
 from slotserver.server.tools.prompt import render_with_tools

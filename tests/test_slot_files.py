@@ -20,7 +20,7 @@ from slotserver.model.config import ModelConfig
 from slotserver.engine.engine import Engine
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.request import Request, RequestError
-from slotserver.model.sampling import SamplingParams
+from slotserver.model.sampling.sampler import SamplingParams
 from slotserver.server import ServerConfig, ServerState, create_app
 from slotserver.engine.slot_files import SlotBusy
 from slotserver.runtime.kv_spec import KVSpec

@@ -71,7 +71,7 @@ def run(args) -> int:
         return 2
     gc.disable()   # for start-up only, as `serve` does (cli/serve.py says why)
     try:
-        from slotserver.model.sampling_params import SamplingParams
+        from slotserver.model.sampling.params import SamplingParams
 
         params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                                 min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)

@@ -12,8 +12,8 @@ from slotserver.engine.config import EngineConfig
 from slotserver.engine.request import ContextExceeded, RequestError, RequestHandle
 from slotserver.engine.sequence import Sequence
 from slotserver.engine.stop_strings import StopMatcher
-from slotserver.model.sampling import SequenceRng
-from slotserver.model.sampling_params import ignore_eos_params
+from slotserver.model.sampling.sampler import SequenceRng
+from slotserver.model.sampling.params import ignore_eos_params
 from slotserver.model.text.detokenizer import IncrementalDetokenizer
 
 

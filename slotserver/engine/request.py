@@ -14,7 +14,7 @@ from typing import AsyncIterator, Iterator, Union
 
 from slotserver.engine.outbox import Outbox
 from slotserver.errors import EngineBusy, RequestError  # noqa: F401  re-export: defined without torch in slotserver.errors
-from slotserver.model.sampling_params import SamplingParams
+from slotserver.model.sampling.params import SamplingParams
 
 
 class ContextExceeded(RequestError):

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 from slotserver.engine.request import Request, RequestHandle
 from slotserver.engine.stop_strings import StopMatcher
-from slotserver.model.sampling_params import SamplingParams
+from slotserver.model.sampling.params import SamplingParams
 from slotserver.model.text.detokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:  # the engine makes the rng; a sequence only carries it (the sampler module imports torch)
-    from slotserver.model.sampling import SequenceRng
+    from slotserver.model.sampling.sampler import SequenceRng
 
 
 @dataclass

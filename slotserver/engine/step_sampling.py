@@ -13,7 +13,7 @@ import torch
 
 from slotserver.engine.postprocess import Sampled
 from slotserver.engine.scheduler import StepPlan
-from slotserver.model.sampling import Sampler, SamplingError
+from slotserver.model.sampling.sampler import Sampler, SamplingError
 from slotserver.model.tensor_check import logits_problem
 
 

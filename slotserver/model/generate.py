@@ -15,8 +15,8 @@ from slotserver.runtime.kv_spec import KVSpec
 from slotserver.runtime.layouts import create_layout, load_layout
 from slotserver.model.config import DEFAULT_LAYOUT
 from slotserver.model.model import LlamaModel
-from slotserver.model.sampling import Sampler, SequenceRng
-from slotserver.model.sampling_params import SamplingParams, ignore_eos_params
+from slotserver.model.sampling.sampler import Sampler, SequenceRng
+from slotserver.model.sampling.params import SamplingParams, ignore_eos_params
 
 
 @dataclass

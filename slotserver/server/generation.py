@@ -15,7 +15,7 @@ from typing import AsyncIterator
 
 from slotserver.engine.request import (ContextExceeded, EngineBusy, ErrorEvent, Event, FinalEvent, RequestError, RequestHandle,
                                 TokenEvent)
-from slotserver.model.sampling_params import SamplingError
+from slotserver.model.sampling.params import SamplingError
 from slotserver.server.errors import ApiError
 from slotserver.server.job import CompletionJob
 from slotserver.server.state import ServerState

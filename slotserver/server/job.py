@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slotserver.engine.request import Request
-from slotserver.model.sampling_params import MAX_N_PROBS
+from slotserver.model.sampling.params import MAX_N_PROBS
 from slotserver.server.errors import bad_request
 
 

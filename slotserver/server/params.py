@@ -6,7 +6,7 @@ the rest are llama.cpp's. Every invalid value is a 400 naming the field; unknown
 Output constraints (`grammar`, `json_schema`, `response_format`) are compiled by constraints.py.
 
 Every sampler llama-server accepts is honoured with llama.cpp's semantics (see
-slotserver/model/samplers.py): typical_p, min_keep, top_n_sigma, XTC, dynamic temperature, DRY with
+slotserver/model/sampling/chain.py): typical_p, min_keep, top_n_sigma, XTC, dynamic temperature, DRY with
 its sequence breakers, mirostat 1 and 2, adaptive-p, the `samplers` order, post_sampling_probs.
 Unlike llama-server, which clamps some out-of-range values and skips unknown sampler names, those
 are a 400 naming the field; `dry_base` < 1 still means the default, as in llama-server.
@@ -24,9 +24,9 @@ from typing import Any
 
 from slotserver.engine.grammar import Grammars
 from slotserver.engine.request import Request
-from slotserver.model.samplers_dry import process_breakers
-from slotserver.model.samplers_order import DEFAULT_SAMPLERS
-from slotserver.model.sampling_params import MAX_N_PROBS, SamplingError, SamplingParams
+from slotserver.model.sampling.dry import process_breakers
+from slotserver.model.sampling.order import DEFAULT_SAMPLERS
+from slotserver.model.sampling.params import MAX_N_PROBS, SamplingError, SamplingParams
 from slotserver.server.choices import expand, n_choices
 from slotserver.server.constraints import parse_constraint
 from slotserver.server.errors import bad_request

@@ -1,6 +1,6 @@
 """logit_bias and the repeat/frequency/presence penalties, batched over rows (llama.cpp semantics).
 
-Used by the batched fast path (sampling.py) and, one row at a time, by the full chain (samplers.py).
+Used by the batched fast path (sampler.py) and, one row at a time, by the full chain (chain.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from slotserver.model.sampling_params import SamplingError, SamplingParams
+from slotserver.model.sampling.params import SamplingError, SamplingParams
 
 History = Sequence[Sequence[int]]  # per row: the token ids so far (prompt + generated)
 

@@ -1,7 +1,7 @@
 """One row's top_k -> top_p -> min_p -> temperature -> draw, on its descending candidates, in
 Python floats.
 
-Why not torch: after the batched top-k (sampling.py), a row has a few dozen candidates, and the
+Why not torch: after the batched top-k (sampler.py), a row has a few dozen candidates, and the
 ~45 small torch calls that truncated and drew them for the whole batch cost ~5 us each whatever
 their size (0.3 ms of a one-sequence step, 0.9 ms at eight sequences), where these loops take
 ~20 us a row. Float64 throughout, like the per-row port of llama.cpp's chain the tests compare

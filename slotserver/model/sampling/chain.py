@@ -1,6 +1,6 @@
 """llama.cpp's full sampler chain for one row: every sampler, in the request's `samplers` order.
 
-The batched fast path in sampling.py covers the common chain (penalties, top_k, top_p, min_p,
+The batched fast path in sampler.py covers the common chain (penalties, top_k, top_p, min_p,
 temperature). A row that turns on anything else (typical_p, DRY, XTC, top_n_sigma, dynamic
 temperature, min_keep, mirostat, adaptive-p, a custom order) or asks for post-sampling
 probabilities runs here instead: one sort of its vocabulary, then each sampler as in
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from slotserver.model.samplers_dry import dry_penalties
-from slotserver.model.samplers_final import ChainResult, SamplerState, adaptive_p, dist, mirostat_v1, mirostat_v2
-from slotserver.model.samplers_penalties import apply_penalties_
-from slotserver.model.sampling_params import SamplingParams
+from slotserver.model.sampling.dry import dry_penalties
+from slotserver.model.sampling.final import ChainResult, SamplerState, adaptive_p, dist, mirostat_v1, mirostat_v2
+from slotserver.model.sampling.penalties import apply_penalties_
+from slotserver.model.sampling.params import SamplingParams
 
 __all__ = ["ChainResult", "SamplerState", "Candidates", "run_chain"]
 

@@ -1,4 +1,4 @@
-/* sample_greedy.c: greedy_rows, the one native pass of slotserver/model/sample_greedy.py (why,
+/* sample_greedy.c: greedy_rows, the one native pass of slotserver/model/sampling/greedy.py (why,
    and when it applies: that module's docstring). Compiled with native.PRELUDE
    (slotserver/runtime/prelude.h) in front. */
 #if defined(__AVX2__)

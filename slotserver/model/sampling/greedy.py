@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 from slotserver.runtime import native
-from slotserver.model.samplers_penalties import check_bias_tokens
-from slotserver.model.sampling_params import SamplingError, SamplingParams
+from slotserver.model.sampling.penalties import check_bias_tokens
+from slotserver.model.sampling.params import SamplingError, SamplingParams
 
-# The C (sample_greedy.c beside this file; not hot-reloaded: read once at import).
-_C_FILE = Path(__file__).with_name("sample_greedy.c")
+# The C (greedy.c beside this file; not hot-reloaded: read once at import).
+_C_FILE = Path(__file__).with_name("greedy.c")
 NATIVE_C = _C_FILE.read_text()
 _LIB = native.build("sample_greedy", NATIVE_C, origin=str(_C_FILE))
 native.signature(_LIB, "greedy_rows", 6, 3)

@@ -2,7 +2,7 @@
 
 This is the request-side half of sampling. Request parsing, sequences and the CLI need it without
 the torch sampler, so "what to sample with" lives apart from "how the sampler runs"
-(slotserver/model/sampling.py, which re-exports these names). Defaults are llama.cpp's; invalid values
+(slotserver/model/sampling/sampler.py, which re-exports these names). Defaults are llama.cpp's; invalid values
 raise SamplingError.
 """
 
@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from slotserver.errors import SamplingError  # noqa: F401  re-export: defined without torch in slotserver.errors
-from slotserver.model.samplers_order import DEFAULT_SAMPLERS, SamplersError, parse_samplers
+from slotserver.model.sampling.order import DEFAULT_SAMPLERS, SamplersError, parse_samplers
 
 MAX_N_PROBS = 100
 
@@ -105,7 +105,7 @@ class SamplingParams:
     dry_base: float = 1.75
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = 64  # -1: whole history, 0: off
-    dry_breakers: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (head token, tail tokens), see samplers_dry
+    dry_breakers: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (head token, tail tokens), see sampling/dry.py
     mirostat: int = 0  # 0: off, 1: Mirostat, 2: Mirostat 2.0 (replaces the whole chain, as in llama.cpp)
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1

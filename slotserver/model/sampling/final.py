@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slotserver.model.sampling_params import SamplingParams
+from slotserver.model.sampling.params import SamplingParams
 
 MIROSTAT_M = 100  # llama.cpp's common_sampler_init passes m = 100
 INT_MIN = -(2**31)

@@ -6,7 +6,7 @@ take the batched fast path here: logit_bias -> penalties -> top_k -> top_p -> mi
 -> draw, one uniform per row from the row's own SequenceRng. Greedy (temperature <= 0) is the
 argmax after logit_bias and penalties and uses no random draw. Any other row (typical_p, DRY, XTC,
 top_n_sigma, dynamic temperature, min_keep, mirostat, adaptive-p, a custom `samplers` order, or
-post_sampling_probs) runs llama.cpp's full chain for its row alone (samplers.py).
+post_sampling_probs) runs llama.cpp's full chain for its row alone (chain.py).
 
 top_k, top_p and min_p each keep a *prefix* of the logits sorted in descending order, so a row's
 kept set is the shortest of the three prefixes, and a `topk` of a few candidates per row replaces
@@ -28,13 +28,13 @@ from dataclasses import dataclass
 
 import torch
 
-from slotserver.model.sample_greedy import greedy_tokens
-from slotserver.model.sample_rows import draw, keep_length
-from slotserver.model.samplers import ChainResult, SamplerState, run_chain
-from slotserver.model.samplers_penalties import History, _row_values, apply_logit_bias_, apply_penalties, apply_penalties_
-from slotserver.model.sampling_params import MAX_N_PROBS, SamplingError, SamplingParams, _int
+from slotserver.model.sampling.greedy import greedy_tokens
+from slotserver.model.sampling.row import draw, keep_length
+from slotserver.model.sampling.chain import ChainResult, SamplerState, run_chain
+from slotserver.model.sampling.penalties import History, _row_values, apply_logit_bias_, apply_penalties, apply_penalties_
+from slotserver.model.sampling.params import MAX_N_PROBS, SamplingError, SamplingParams, _int
 
-__all__ = ["MAX_N_PROBS", "SamplingError", "SamplingParams"]  # re-exported from slotserver.model.sampling_params
+__all__ = ["MAX_N_PROBS", "SamplingError", "SamplingParams"]  # re-exported from slotserver.model.sampling.params
 __all__ += ["History", "SampleOutput", "SequenceRng", "SamplerState", "Sampler"]
 __all__ += ["apply_logit_bias_", "apply_penalties_", "apply_penalties"]
 
@@ -242,7 +242,7 @@ class Sampler:
 
     def _draw_sorted(self, b: _Batch, uniform: torch.Tensor, rows: list[bool]) -> torch.Tensor:
         """top_k -> top_p -> min_p -> temperature -> draw, on each row's descending top candidates
-        (the batched top-k here, each row's arithmetic in sample_rows.py).
+        (the batched top-k here, each row's arithmetic in row.py).
 
         A row with top_k on needs its whole top_k prefix (top_p renormalises over top_k's
         survivors). A row without top_k is open: its kept set ends where top_p's mass or min_p's
