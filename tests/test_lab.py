@@ -283,6 +283,20 @@ def test_a_saved_c_file_reloads_every_kernel_that_compiles_it(tiny):
         assert tiny.model.kernels.modules["attention"].version == now["attention"].version
         assert len(h.result(timeout=120).tokens) == 600
     finally:
+        engine.stop()   # first: the restore below must not reach a watcher
         cfile.write_text(original)
-        engine.stop()
         tiny.model.kernels = serving
+
+
+def test_a_swap_queued_as_the_engine_stops_is_refused_not_waited_for(tiny):
+    """A save the watcher saw as the engine stopped must not keep the lab's worker (and the
+    interpreter's exit, which joins it) waiting for a step that never comes."""
+    import threading
+
+    engine = Engine(tiny, EngineConfig(n_parallel=1, ctx_size=256)).start()
+    engine.stop()
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(engine.lab._queue(lambda: {"result": "swapped"})), daemon=True)
+    waiter.start()
+    waiter.join(timeout=10)
+    assert got and got[0]["result"] == "refused" and "engine stopped" in got[0]["reason"], got

@@ -152,6 +152,7 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self.lab.close()   # a swap still waiting for a step is refused, not waited for
         self.masks.close()
 
     # -- the engine thread -----------------------------------------------------------------------

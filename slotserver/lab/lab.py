@@ -16,6 +16,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout   # not the builtin before Python 3.11
 from pathlib import Path
 
 from slotserver.runtime.kernel_paths import cpu_report, kernel_path
@@ -43,6 +44,7 @@ class Lab:
         self._pending: queue.SimpleQueue = queue.SimpleQueue()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="slotserver-lab")
         self._previous_kernels = None
+        self._closed = False
 
     # -- requests (any thread) --------------------------------------------------------------------
     def reload(self, path: str | None = None, observed: float | None = None) -> Future:
@@ -211,10 +213,36 @@ class Lab:
         return self._queue(migrate)
 
     def _queue(self, swap) -> dict:
+        """Hand `swap` to the engine thread; -> its event once a step boundary ran it. Once the
+        engine stopped (`close`), no step will: the swap is refused instead of waiting (a save seen
+        by the watcher as the engine stops kept the lab's worker, and the interpreter's exit
+        that joins it, waiting for 600 s)."""
         fut: Future = Future()
         self._pending.put((swap, fut))
         self.port.wake()
-        return fut.result(timeout=600)  # resolves at the engine's next step boundary (the engine must run)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            try:
+                return fut.result(timeout=0.2)
+            except FutureTimeout:
+                if self._closed:
+                    self._refuse_pending("the engine stopped before the swap")
+        return fut.result(timeout=0)   # raises TimeoutError: the engine never reached a step boundary
+
+    def close(self) -> None:
+        """The engine stopped: refuse what waits for a step, start no new validation."""
+        self._closed = True
+        self._refuse_pending("the engine stopped before the swap")
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+    def _refuse_pending(self, reason: str) -> None:
+        while True:
+            try:
+                _, fut = self._pending.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.done():
+                fut.set_result(self._event("refused", "swap", "", "", reason=reason))
 
     def _event(self, result: str, kind: str, name: str, file: str, line: object = None, **extra) -> dict:
         """Record an event for /lab/events and top, and log it: the server's own log shows every
