@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import queue
 import threading
 import time
 from concurrent.futures import Future
@@ -24,15 +23,15 @@ from slotserver.engine.stats_tracker import StatsTracker
 from slotserver.engine.kv_cache import KVCache
 from slotserver.runtime.kv_spec import KVSpec
 from slotserver.lab.lab import Lab
-from slotserver.engine.grammar import GrammarError, Grammars
+from slotserver.engine.grammar import Grammars
+from slotserver.engine.inbox import Inbox
 from slotserver.engine.masks import MaskFiller
 from slotserver.engine.outbox import Outbox
 from slotserver.engine.port import EnginePort
 from slotserver.engine.intake import new_sequence, validate
-from slotserver.engine.postprocess import final_event, postprocess, progress_event
-from slotserver.engine.request import EngineBusy, ErrorEvent, Request, RequestError, RequestHandle
+from slotserver.engine.postprocess import postprocess, progress_event
+from slotserver.engine.request import Request, RequestError, RequestHandle
 from slotserver.engine.scheduler import Scheduler, StepPlan
-from slotserver.engine.sequence import Sequence
 from slotserver.engine.stats import EngineStats
 from slotserver.engine.step_sampling import StepSampling
 
@@ -65,13 +64,11 @@ class Engine:
         self.port = EnginePort(self)    # the verbs the lab and the slot files use
         self.lab = Lab(self.port, bundle.config.kernels_dir, bundle.config.layouts_dir)
         self.tracker = StatsTracker(self)
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self.inbox = Inbox(self.sched, self.grammars, config.n_parallel + config.queue_limit, self._wake)
         self.outbox = Outbox()   # events of a step, one wake-up per event loop
         self._logits = torch.empty(0, bundle.model.weights.output.out_features)   # every step's logits, grown (_forward)
-        self._wake = threading.Event()
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        self._in_flight = 0
         self._thread: threading.Thread | None = None
         self._watcher = None
         self._stopping = False
@@ -83,23 +80,20 @@ class Engine:
         validate(request, self.config, self.bundle.model.spec.vocab_size)
         if parent is not None and parent.request.prompt_ids != request.prompt_ids:
             raise RequestError("a sibling request must have its parent's prompt")
-        with self._lock:
-            if self._in_flight >= self.config.n_parallel + self.config.queue_limit:
-                raise EngineBusy(f"server is busy: {self._in_flight} requests in flight, queue full")
-            self._in_flight += 1
+        self.inbox.take()
         handle = RequestHandle(next(self._ids), request, self, loop, self.outbox)
         handle.seq = new_sequence(handle, self.eog, self.bundle.tokenizer)
         handle.seq.parent = parent.seq if parent is not None else None
-        self._post(("submit", handle.seq))
+        self.inbox.post(("submit", handle.seq))
         return handle
 
     def cancel(self, request_id: int) -> None:
-        self._post(("cancel", request_id))
+        self.inbox.post(("cancel", request_id))
 
     def call(self, fn: Callable[[], object]) -> Future:
         """Run `fn()` on the engine thread between two steps; -> a Future of its result."""
         fut: Future = Future()
-        self._post(("call", fn, fut))
+        self.inbox.post(("call", fn, fut))
         return fut
 
     def slot_action(self, slot_id: int, action: str, filename: str | None = None) -> Future:
@@ -162,7 +156,7 @@ class Engine:
                 worked = self.step()
             except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the server
                 log.exception("engine step failed")
-                self._fail_running(f"engine error: {type(e).__name__}: {e}")
+                self.inbox.fail_running(f"engine error: {type(e).__name__}: {e}")
                 self.outbox.flush()
                 worked = True
             if not worked:
@@ -179,7 +173,7 @@ class Engine:
 
     def _step(self) -> bool:
         """schedule, apply moves, forward, sample, postprocess; `t` times each part (stats)."""
-        self._drain_inbox()
+        self.inbox.drain()
         self.lab.apply_pending()
         if not self.sched.has_work():
             return False
@@ -195,7 +189,7 @@ class Engine:
         t.append(time.perf_counter())
         done = postprocess(self.sched, plan, sampled, self.eog)
         t.append(time.perf_counter())
-        self._release(len(done))
+        self.inbox.release(len(done))
         self.tracker.after_step(plan, len(done), t)
         return True
 
@@ -236,59 +230,3 @@ class Engine:
         if self._logits.shape[0] < rows:   # one buffer for every step's logits (see LlamaModel.forward)
             self._logits = torch.empty(rows, self._logits.shape[1])
         return self.bundle.model.forward(Batch.build(chunks), self.cache, self._logits)   # [n_sample, vocab]
-
-    # -- inbox -------------------------------------------------------------------------------
-    def _post(self, message: tuple) -> None:
-        self._inbox.put(message)
-        self._wake.set()
-
-    def _drain_inbox(self) -> None:
-        while True:
-            try:
-                msg = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            if msg[0] == "submit":
-                self._admit(msg[1])
-            elif msg[0] == "cancel":
-                self._cancel(msg[1])
-            elif msg[0] == "call":
-                self._run_call(msg[1], msg[2])
-
-    def _admit(self, seq: Sequence) -> None:
-        """Queue a submitted sequence; a constrained one gets its grammar matcher here, on the
-        engine thread (a large schema takes milliseconds to compile: never on the event loop)."""
-        if seq.request.grammar is not None:
-            try:
-                seq.grammar = self.grammars.matcher(seq.request.grammar)
-            except GrammarError as e:
-                seq.finished = True
-                seq.handle.emit(ErrorEvent(str(e)))
-                self._release(1)
-                return
-        self.sched.add(seq)
-
-    def _run_call(self, fn, fut: Future) -> None:
-        if not fut.set_running_or_notify_cancel():
-            return
-        try:
-            fut.set_result(fn())
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            fut.set_exception(e)
-
-    def _cancel(self, request_id: int) -> None:
-        for seq in list(self.sched.waiting) + self.sched.running():
-            if seq.id == request_id and not seq.finished:
-                self.sched.finish(seq)
-                seq.handle.emit(final_event(seq, "none"))
-                self._release(1)
-
-    def _fail_running(self, message: str) -> None:
-        for seq in self.sched.running():
-            self.sched.finish(seq)
-            seq.handle.emit(ErrorEvent(message))
-            self._release(1)
-
-    def _release(self, n: int) -> None:
-        with self._lock:
-            self._in_flight -= n
