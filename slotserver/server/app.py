@@ -3,7 +3,7 @@
 Middleware, outermost first:
   AccessLog    one line per request (method, path, status, tokens, ms)
   CatchAll     an unexpected exception -> logged 500 JSON error; the server keeps serving
-  CORS         only with --cors ORIGIN (no CORS headers at all otherwise), never for /lab (cors.py)
+  CORS         only with --cors ORIGIN (no CORS headers at all otherwise), on inference and info paths only (cors.py)
   LoadingGate  503 "Loading model" for every route but /health until the model is loaded
   ApiKeyAuth   401 without a valid key, when keys are configured (public: health, models)
 Routes raise `ApiError`; routing errors (404, 405) get the same JSON error shape.
@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slotserver.server.access_log import AccessLog
 from slotserver.server.auth import ApiKeyAuth
-from slotserver.server.cors import CorsExceptLab
+from slotserver.server.cors import InferenceCors
 from slotserver.server.errors import (ApiError, CatchAll, api_error_handler, http_exception_handler,
                                       loading_error, not_supported)
 from slotserver.server.routes import completion, lab, misc, openai, slots
@@ -60,7 +60,7 @@ async def metrics(request: Request) -> Response:
 def _middleware(state: ServerState) -> list[Middleware]:
     stack = [Middleware(AccessLog), Middleware(CatchAll)]
     if state.config.cors_origins:
-        stack.append(Middleware(CorsExceptLab, origins=state.config.cors_origins))
+        stack.append(Middleware(InferenceCors, origins=state.config.cors_origins))
     stack.append(Middleware(LoadingGate, is_ready=lambda: state.ready))
     stack.append(Middleware(ApiKeyAuth, keys=state.config.api_keys))
     return stack

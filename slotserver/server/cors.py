@@ -47,6 +47,3 @@ class InferenceCors:
             await self.app(scope, receive, send)
             return
         await self.cors(scope, receive, send)
-
-
-CorsExceptLab = InferenceCors   # the name app.py imports (it predates the allowlist)
