@@ -146,8 +146,14 @@ static inline float half2f(uint16_t h) {
     else { x.f = (float)em * 5.9604644775390625e-8f; x.u |= sign; }                     /* subnormal: em * 2^-24 */
     return x.f;
 }
-/* One K or V row of n elements as float32: kt 0 float32, 1 bf16, 2 float16. */
-static inline void load_kv(const void *base, int64_t off, int kt, int64_t n, float *dst) {
+/* One K or V row of n elements as float32: kt 0 float32, 1 bf16, 2 float16, 3 int8 times the
+   row's float32 scale (q8 layouts: value = q * scale, as their reference dequantizes). */
+static inline void load_kv(const void *base, int64_t off, int kt, int64_t n, float *dst, float row_scale) {
+    if (kt == 3) {
+        const int8_t *p = (const int8_t *)base + off;
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)p[i] * row_scale;
+        return;
+    }
     if (kt != 2) { load_row(base, off, kt, n, dst); return; }
     const uint16_t *p = (const uint16_t *)base + off;
     int64_t i = 0;
@@ -179,7 +185,7 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t
    q: [B, Hq, D] (strides sq_b, sq_h); k, v: [streams, cells, Hkv, D] (strides s*_s, s*_c, s*_h),
    or with a block table [streams, tb_s] pages [n_pages, page, Hkv, D] (CELL);
    the head_dim stride is 1 everywhere; out: contiguous [B, Hq, D]. q and out are float32, or bf16
-   (`bf16`); K/V elements are float32, bf16 or float16 (`kt` 0, 1, 2: llama.cpp's default cache
+   (`bf16`); K/V elements are float32, bf16, float16 or int8 with scales (`kt` 0-3; 2: llama.cpp's default cache
    type is f16, half the bytes that decode attention reads at large batches).
    The body is specialised for head_dim 64, 128 and 256 (constant trip counts vectorize fully). */
 /* Element offset of cell c of stream s (without the head's): flat, or through the block table
@@ -214,8 +220,9 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t
                     prefetch_row(k, CELL(s, c + BLK, sk_s, sk_c) + h * sk_h, kt != 0, D);           \
                     prefetch_row(v, CELL(s, c + BLK, sv_s, sv_c) + h * sv_h, kt != 0, D);           \
                 }                                                                                     \
-                load_kv(k, CELL(s, c, sk_s, sk_c) + h * sk_h, kt, D, kb[j]);                          \
-                load_kv(v, CELL(s, c, sv_s, sv_c) + h * sv_h, kt, D, vb[j]);                          \
+                const int64_t so = kt == 3 ? CELL(s, c, ss_s, ss_c) + h * ss_h : 0;                   \
+                load_kv(k, CELL(s, c, sk_s, sk_c) + h * sk_h, kt, D, kb[j], kt == 3 ? ks[so] : 1.0f); \
+                load_kv(v, CELL(s, c, sv_s, sv_c) + h * sv_h, kt, D, vb[j], kt == 3 ? vs[so] : 1.0f); \
             }                                                                                         \
             for (int64_t i = 0; i < R; i++) {          /* then each query vector over them */        \
                 const int64_t j0 = lo[i] > c0 ? lo[i] - c0 : 0, j1 = hi[i] - c0 < n ? hi[i] - c0 : n; \
@@ -266,8 +273,10 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t
    for an unsupported group or head_dim, -2 out of memory. */
 static int attention_rows(const void *q, const void *k, const void *v, void *out,
                           const int64_t *streams, const int64_t *kv_lens, const int32_t *table,
+                          const float *ks, const float *vs,
                           int64_t B, int64_t Hq, int64_t Hkv, int64_t Dim, int64_t sq_b, int64_t sq_h,
                           int64_t sk_s, int64_t sk_c, int64_t sk_h, int64_t sv_s, int64_t sv_c, int64_t sv_h,
+                          int64_t ss_s, int64_t ss_c, int64_t ss_h,
                           int64_t tb_s, int64_t page_shift, int64_t window, float scale, float softcap,
                           int bf16, int kt, int n_threads) {
     const int64_t G = Hq / Hkv, page_mask = ((int64_t)1 << page_shift) - 1;
@@ -283,15 +292,18 @@ static int attention_rows(const void *q, const void *k, const void *v, void *out
     return 0;
 }
 
-/* Flat K/V [streams, cells, Hkv, D] (any strides): every argument a pointer, shape, stride or
-   constant, so a step graph may replay it (native.signature(replay=True)). */
+/* Flat K/V [streams, cells, Hkv, D] (any strides); int8 K/V (kt 3) come with float32 scales
+   ks, vs [streams, cells, Hkv] of one stride set (ss_*). Every argument a pointer, shape, stride or
+   constant, so a step graph may replay it (native.signature(replay=True); 27 integer-class
+   arguments, step_graph replays up to 28). */
 int decode_attention(const void *q, const void *k, const void *v, void *out,
-                     const int64_t *streams, const int64_t *kv_lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t Dim,
+                     const int64_t *streams, const int64_t *kv_lens, const float *ks, const float *vs,
+                     int64_t B, int64_t Hq, int64_t Hkv, int64_t Dim,
                      int64_t sq_b, int64_t sq_h, int64_t sk_s, int64_t sk_c, int64_t sk_h,
-                     int64_t sv_s, int64_t sv_c, int64_t sv_h, int64_t window, float scale, float softcap,
-                     int bf16, int kt, int n_threads) {
-    return attention_rows(q, k, v, out, streams, kv_lens, NULL, B, Hq, Hkv, Dim, sq_b, sq_h, sk_s, sk_c, sk_h,
-                          sv_s, sv_c, sv_h, 0, 0, window, scale, softcap, bf16, kt, n_threads);
+                     int64_t sv_s, int64_t sv_c, int64_t sv_h, int64_t ss_s, int64_t ss_c, int64_t ss_h,
+                     int64_t window, float scale, float softcap, int bf16, int kt, int n_threads) {
+    return attention_rows(q, k, v, out, streams, kv_lens, NULL, ks, vs, B, Hq, Hkv, Dim, sq_b, sq_h, sk_s, sk_c,
+                          sk_h, sv_s, sv_c, sv_h, ss_s, ss_c, ss_h, 0, 0, window, scale, softcap, bf16, kt, n_threads);
 }
 
 /* Paged K/V: pages [n_pages, page, Hkv, D] (page stride s*_s, row stride s*_c, any order inside),
@@ -303,6 +315,7 @@ int paged_attention_rows(const void *q, const void *k, const void *v, void *out,
                          int64_t sk_s, int64_t sk_c, int64_t sk_h, int64_t sv_s, int64_t sv_c, int64_t sv_h,
                          int64_t tb_s, int64_t page_shift, int64_t window, float scale, float softcap,
                          int bf16, int kt, int n_threads) {
-    return attention_rows(q, k, v, out, streams, kv_lens, table, B, Hq, Hkv, Dim, sq_b, sq_h, sk_s, sk_c, sk_h,
-                          sv_s, sv_c, sv_h, tb_s, page_shift, window, scale, softcap, bf16, kt, n_threads);
+    return attention_rows(q, k, v, out, streams, kv_lens, table, NULL, NULL, B, Hq, Hkv, Dim, sq_b, sq_h, sk_s,
+                          sk_c, sk_h, sv_s, sv_c, sv_h, 0, 0, 0, tb_s, page_shift, window, scale, softcap, bf16,
+                          kt, n_threads);
 }

@@ -6,8 +6,9 @@ Covers decode (one query per sequence) and (chunked) prefill (many). The KV come
 applies (plain float caches): row r of a sequence is the one-query computation over its keys
 0..pos, so its result does not depend on how the prompt was split into chunks, cached or batched
 with others (llama.cpp's CPU attention has the same property, and its server tests rely on it:
-greedy output with and without a cached prompt must agree). Elsewhere (no compiler, scaled q8
-caches) it picks the cheapest torch SDPA formulation per step (docs/performance.md): all-decode
+greedy output with and without a cached prompt must agree). The C reads float32, bf16 and
+float16 caches, and q8's int8 ones with their scales (value = q * scale, as the reference
+dequantizes). Without a compiler it picks the cheapest torch SDPA formulation per step (docs/performance.md): all-decode
 steps unpadded with a broadcast key mask; a mixed step split into its decode rows and its prefill
 chunks (`AttnMeta.split`); up to EACH_CHUNK_MAX prefill chunks one call each (no padding, plain
 causal for a fresh prompt); more chunks one padded, masked call. Each sequence only reads `max_kv`
@@ -160,18 +161,21 @@ def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, wi
 # by `slotserver.runtime.native`; without a C compiler the SDPA form above serves).
 NATIVE_C = native.c_source(__file__, "attention.c")
 _LIB = native.build("attention", NATIVE_C, origin=native.c_path(__file__, "attention.c"), strict=True)
-native.signature(_LIB, "decode_attention", 6, 13, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
+native.signature(_LIB, "decode_attention", 8, 16, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
                                                    native.ctypes.c_int, native.ctypes.c_int), replay=True)
-_KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}   # int8: q8, with its scales
 _Q_TYPES = (torch.float32, torch.bfloat16)
 
 
 def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> bool:
-    """The C kernel reads raw memory: only plain float CPU caches of q's head size, unit head_dim
-    strides, int64 per-row metadata (`meta.row_streams`, `meta.row_kv_lens`) of q's rows, and
-    streams that exist. (Ordered and written for a decode step's ~30 calls.)"""
+    """The C kernel reads raw memory: float CPU caches, or int8 ones with float32 scales of one
+    stride set (q8), of q's head size, unit head_dim strides, int64 per-row metadata
+    (`meta.row_streams`, `meta.row_kv_lens`) of q's rows, and streams that exist. (Ordered and
+    written for a decode step's ~30 calls.)"""
     seq_streams, kv_lens, k, v = meta.row_streams, meta.row_kv_lens, kv.k, kv.v
-    if _LIB is None or kv.k_scale is not None or seq_streams is None or kv_lens is None:
+    if _LIB is None or seq_streams is None or kv_lens is None or (kv.k_scale is None) != (k.dtype != torch.int8):
+        return False
+    if kv.k_scale is not None and not _scales_ok(kv):
         return False
     qs, ks = q.shape, k.shape
     if len(qs) != 3 or len(ks) != 4 or v.shape != ks or ks[3] != qs[2] or qs[0] != seq_streams.shape[0] \
@@ -188,17 +192,26 @@ def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> bool:
     return top <= ks[0]
 
 
+def _scales_ok(kv: StridedKV) -> bool:
+    """q8's scales: float32 [streams, cells, kv_heads] on the CPU, K's and V's with one stride set."""
+    ks, vs = kv.k_scale, kv.v_scale
+    return (vs is not None and ks.dtype == vs.dtype == torch.float32 and ks.shape == vs.shape == kv.k.shape[:3]
+            and ks.stride() == vs.stride() and ks.is_cpu and vs.is_cpu)
+
+
 def _native_rows(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, window: int = 0,
                  softcap: float = 0.0) -> torch.Tensor:
     """Every flat row of q as one decode query over its stream's first row_kv_lens cells."""
     n_seq, q_heads, dim = q.shape
     streams, kv_lens = meta.row_streams, meta.row_kv_lens
     out = torch.empty((n_seq, q_heads, dim), dtype=q.dtype)                        # [tokens, q_heads, dim]
+    quant = kv.k_scale is not None                                                 # q8: int8 + scales
     rc = _LIB.decode_attention(
-        q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), streams.data_ptr(),
-        kv_lens.data_ptr(), n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1),
-        *kv.k.stride()[:3], *kv.v.stride()[:3], window, scale, softcap, native.is_bf16(q), _KV_TYPES[kv.k.dtype],
-        torch.get_num_threads())
+        q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), streams.data_ptr(), kv_lens.data_ptr(),
+        kv.k_scale.data_ptr() if quant else 0, kv.v_scale.data_ptr() if quant else 0,
+        n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1), *kv.k.stride()[:3], *kv.v.stride()[:3],
+        *(kv.k_scale.stride() if quant else (0, 0, 0)), window, scale, softcap, native.is_bf16(q),
+        _KV_TYPES[kv.k.dtype], torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"decode_attention (C) failed with {rc}: unsupported group or head_dim")
     return out

@@ -52,3 +52,20 @@ def test_same_element_type_same_floats(q_dtype, kv_dtype, window):
     first = outs[FLOAT_LAYOUTS[0]]
     for name, out in outs.items():
         assert torch.equal(out, first), f"{name} differs from {FLOAT_LAYOUTS[0]} by {(out - first).abs().max()}"
+
+
+@needs_c
+def test_q8_under_bf16_queries_is_computed_in_float32():
+    """q8 (int8 K/V with a scale per row) runs through the same C kernel as the float caches: its
+    values are dequantized and summed in float32 whatever q's type, so under bf16 queries the
+    output is the float32 reference rounded once to bf16 (torch's SDPA, which served q8 before,
+    dequantized to bf16 and summed there: errors of several bf16 steps)."""
+    chunks = [SeqChunk(3, 40, [0]), SeqChunk(0, 17, [0] * 4), SeqChunk(1, 60, [0])]
+    view = _filled("q8", torch.float32, 13, chunks).view(1)
+    meta = Batch.build(chunks).attn
+    q = torch.randn(6, 9, 64, generator=torch.Generator().manual_seed(2)).bfloat16()
+    kernel = KERNELS["attention"]
+    got = kernel.cpu(q, view, meta, 0.125).float()
+    want = kernel.reference(q.float(), view, meta, 0.125)
+    excess = (got - want).abs() - (2.0 ** -8 * want.abs() + 1e-6)   # one bf16 rounding: <= 2^-9 relative
+    assert float(excess.max()) <= 0.0, float((got - want).abs().max())
