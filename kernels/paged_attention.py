@@ -98,7 +98,9 @@ def _native_ok(q: torch.Tensor, kv: PagedKV, meta: AttnMeta) -> bool:
             or table.dim() != 2 or table.stride(1) != 1 or streams.dtype != torch.int64 or lens.dtype != torch.int64 \
             or not (streams.is_contiguous() and lens.is_contiguous()):
         return False
-    return meta.max_kv <= table.shape[1] * bs and int(meta.seq_streams.max()) < table.shape[0]
+    # the streams' range as attention.py finds it: no tensor read when the batch's streams are contiguous
+    top = meta.stream_base + meta.n_seqs if meta.stream_base is not None else int(meta.seq_streams.max()) + 1
+    return meta.max_kv <= table.shape[1] * bs and top <= table.shape[0]
 
 
 def _native_rows(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
