@@ -8,7 +8,6 @@ message in the inbox; the engine handles them at the next step boundary.
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import time
 from concurrent.futures import Future
@@ -25,6 +24,7 @@ from slotserver.runtime.kv_spec import KVSpec
 from slotserver.lab.lab import Lab
 from slotserver.engine.grammar import Grammars
 from slotserver.engine.inbox import Inbox
+from slotserver.engine.loop import EngineLoop
 from slotserver.engine.masks import MaskFiller
 from slotserver.engine.outbox import Outbox
 from slotserver.engine.port import EnginePort
@@ -34,9 +34,6 @@ from slotserver.engine.request import Request, RequestError, RequestHandle
 from slotserver.engine.scheduler import Scheduler, StepPlan
 from slotserver.engine.stats import EngineStats
 from slotserver.engine.step_sampling import StepSampling
-
-log = logging.getLogger("slotserver.engine.engine")
-
 
 _CACHE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -69,9 +66,7 @@ class Engine:
         self.outbox = Outbox()   # events of a step, one wake-up per event loop
         self._logits = torch.empty(0, bundle.model.weights.output.out_features)   # every step's logits, grown (_forward)
         self._ids = itertools.count(1)
-        self._thread: threading.Thread | None = None
-        self._watcher = None
-        self._stopping = False
+        self.loop = EngineLoop(self, self._wake)   # the thread, the watcher
 
     # -- client verbs (any thread) -------------------------------------------------------------
     def submit(self, request: Request, loop=None, parent: RequestHandle | None = None) -> RequestHandle:
@@ -115,10 +110,7 @@ class Engine:
 
     def start(self, watch: bool = False) -> "Engine":
         """Run the engine loop on a new thread; with `watch`, saves in the kernels/layouts folders hot-reload."""
-        if watch:
-            self._start_watcher()  # before returning: a save right after start() is seen
-        self._thread = threading.Thread(target=self.run, name="slotserver-engine", daemon=True)
-        self._thread.start()
+        self.loop.start(watch)
         return self
 
     def run(self, watch: bool = False) -> None:
@@ -130,40 +122,16 @@ class Engine:
         longer. The server therefore loads the model, builds the engine and runs this loop on one
         thread, and no other thread of the process runs parallel torch ops (docs/performance.md).
         """
-        if watch and not self._stopping:
-            self._start_watcher()
-        self._loop()
-
-    def _start_watcher(self) -> None:
-        from slotserver.lab.watcher import Watcher
-
-        self._watcher = Watcher(self.lab, [self.lab.kernels_dir, self.lab.layouts_dir]).start()
+        if watch:
+            self.loop.start_watcher()
+        self.loop.run()
 
     def stop(self) -> None:
-        if self._watcher is not None:
-            self._watcher.stop()
-        self._stopping = True
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        self.loop.stop()
         self.lab.close()   # a swap still waiting for a step is refused, not waited for
         self.masks.close()
 
     # -- the engine thread -----------------------------------------------------------------------
-    def _loop(self) -> None:
-        while not self._stopping:
-            try:
-                worked = self.step()
-            except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the server
-                log.exception("engine step failed")
-                self.inbox.fail_running(f"engine error: {type(e).__name__}: {e}")
-                self.outbox.flush()
-                worked = True
-            if not worked:
-                self.tracker.publish()  # keep uptime and rates fresh while idle
-                self._wake.wait(0.25)
-                self._wake.clear()
-
     def step(self) -> bool:
         """One step. -> False when there was nothing to do. Its events leave when it ends."""
         try:
