@@ -3,7 +3,7 @@
 Without --cors there are no CORS headers at all, so a browser lets no other origin read an answer
 or send a request that needs a preflight. With --cors, starlette's CORSMiddleware answers
 preflights and adds the headers on an allowlist of paths (`CORS_PATHS`): the inference
-endpoints (completions, chat, tokenize, detokenize, apply-template) and what a web UI reads to
+endpoints (completions, chat, responses, tokenize, detokenize, apply-template) and what a web UI reads to
 set itself up (health, props, models). Everything else skips it entirely: the slots
 (`/slots`, `/slots/N?action=save|restore|erase`, which read or overwrite other clients' KV and
 files), `/metrics`, and the lab (`/lab/layout`, `/lab/reload`, which change the code the engine
@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 CORS_PATHS = frozenset({
     "/completion", "/completions", "/v1/completions", "/v1/chat/completions", "/chat/completions",
     "/tokenize", "/detokenize", "/apply-template",
+    "/v1/responses", "/responses", "/v1/responses/input_tokens", "/responses/input_tokens",
     "/health", "/v1/health", "/props", "/models", "/v1/models",
 })
 MODEL_PREFIX = "/v1/models/"   # GET /v1/models/{id}: read-only, as /v1/models
