@@ -1,5 +1,10 @@
 """API keys (`--api-key`, `--api-key-file`): `Authorization: Bearer KEY` or `X-Api-Key: KEY`.
 
+`X-Api-Key` is how Anthropic's clients send their key (llama-server reads it when there is no
+Authorization header); a request passes when either header holds a valid key, so a proxy's own
+Authorization header does not hide the client's X-Api-Key. A refusal on the Anthropic routes
+(/v1/messages...) is in Anthropic's error shape (anthropic_errors.py), elsewhere in llama-server's.
+
 As in llama-server, /health, /v1/health, /models and /v1/models stay public (health checks and
 model discovery), and CORS preflight requests pass; every other route needs a key, the lab's
 (/lab, /lab/*) included. Keys are compared with
@@ -15,6 +20,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slotserver.model.config import ConfigError
+from slotserver.server.anthropic_errors import error_response, is_anthropic_path
 from slotserver.server.errors import ApiError
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models"})
@@ -32,11 +38,15 @@ def read_key_file(path: Path) -> list[str]:
     return keys
 
 
-def presented_key(headers: Headers) -> str | None:
+def presented_keys(headers: Headers) -> list[str]:
+    """The keys a request presents: the Authorization header's bearer token, then X-Api-Key."""
+    keys = []
     auth = headers.get("authorization", "")
     if auth[:7].lower() == "bearer ":
-        return auth[7:].strip()
-    return headers.get("x-api-key")
+        keys.append(auth[7:].strip())
+    if headers.get("x-api-key") is not None:
+        keys.append(headers["x-api-key"])
+    return keys
 
 
 def key_matches(given: str, keys: tuple[str, ...]) -> bool:
@@ -58,8 +68,10 @@ class ApiKeyAuth:
                 or scope["method"] == "OPTIONS":
             await self.app(scope, receive, send)
             return
-        given = presented_key(Headers(scope=scope))
-        if given is None or not key_matches(given, self.keys):
-            await ApiError(401, "Invalid API Key", "authentication_error").response()(scope, receive, send)
+        given = presented_keys(Headers(scope=scope))
+        if not any([key_matches(key, self.keys) for key in given]):   # a list: every key is compared
+            err = ApiError(401, "Invalid API Key", "authentication_error")
+            answer = error_response(err) if is_anthropic_path(scope["path"]) else err.response()
+            await answer(scope, receive, send)
             return
         await self.app(scope, receive, send)
