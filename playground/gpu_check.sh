@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One-shot GPU check for the decode attention kernels (issue 34), under 5 minutes on an H100 with cold
-# Triton caches and no network:
+# One-shot GPU check (issue 34), under 6 minutes on an H100 with cold Triton caches and no network:
 #   1. nvidia-smi and versions (python, torch, triton, CUDA; which optional packages the image lacks);
+#   1b. playground/gpu_model_check.sh (MODEL_S seconds, default 150): the model served on --device cuda:
+#      wheels from .gpu_wheels/ (carry it: playground/gpu_wheels.sh makes it), random-weight Qwen2.5-0.5B
+#      shapes, generate, decode tok/s vs the bytes bound, HTTP bench; GPU_CHECK_PARTS=attention skips it;
 #   2. `slotserver lab check` restricted to kernels/attention.py and kernels/paged_attention.py (a
 #      temporary kernels folder holding those two and attention.c): cpu and Triton (on cuda) numerics
 #      against the references, AOT compiles for sm_80/sm_90, layout contracts;
@@ -17,7 +19,8 @@
 # CPU: the lab check as it is, the bench's --dry-run under TRITON_INTERPRET=1 (tiny shapes).
 set -u
 T0=$(date +%s)
-TOTAL_S=${GPU_CHECK_TOTAL_S:-285}        # everything, with margin under 5 minutes
+TOTAL_S=${GPU_CHECK_TOTAL_S:-330}        # everything, with margin under 6 minutes
+PARTS=${GPU_CHECK_PARTS:-model,attention}
 OUT_DIR="${1:-${OUT:-./gpu_out}}"
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
 cd "$(dirname "$0")/.." || exit 1        # the repo root
@@ -53,11 +56,17 @@ missing = [m for m in ("starlette", "uvicorn", "watchdog", "gguf", "llguidance",
 print("absent packages (none of them needed here):", ", ".join(missing) or "none")
 EOF
 
+if [[ "$PARTS" == *model* ]]; then
+    echo "== model on the device (playground/gpu_model_check.sh)"
+    MODEL_S=${MODEL_S:-150} timeout $(( ${MODEL_S:-150} + 20 )) bash playground/gpu_model_check.sh "$OUT_DIR" \
+        2>&1 | tee "$OUT_DIR/model_check.log"
+fi
+
 echo "== lab check (attention, paged_attention)"
 LAB_TMP=$(mktemp -d)
 mkdir -p "$LAB_TMP/kernels"
 cp kernels/attention.py kernels/paged_attention.py kernels/attention.c "$LAB_TMP/kernels/"
-LAB_S=$(( $(left) - 170 )); (( LAB_S > 120 )) && LAB_S=120; (( LAB_S < 30 )) && LAB_S=30
+LAB_S=$(( $(left) - 100 )); (( LAB_S > 120 )) && LAB_S=120; (( LAB_S < 40 )) && LAB_S=40
 timeout "$LAB_S" $PY -m slotserver.cli.main lab check --kernels-dir "$LAB_TMP/kernels" --cases 3 \
     > "$OUT_DIR/lab_check.txt" 2>&1
 LAB_RC=$?
@@ -86,4 +95,6 @@ grep -m1 -E "^device|^device-to-device" "$OUT_DIR/attention_bench.log"
 grep -E "checks passed" "$OUT_DIR/lab_check.txt" | sed 's/^/lab check: /' || echo "lab check: no result (exit $LAB_RC)"
 grep -E "^FAIL" "$OUT_DIR/lab_check.txt" | head -5
 sed -n '/^summary/,$p' "$OUT_DIR/attention_bench.log" | grep -v -e "UserWarning" -e "warn_once"
+[[ -f "$OUT_DIR/model_bench.log" ]] && sed -n '/^copy bandwidth/,$p' "$OUT_DIR/model_bench.log"
+grep -h "^concurrency" "$OUT_DIR/model_check.log" 2>/dev/null
 echo "exit codes: lab check $LAB_RC, bench $BENCH_RC"

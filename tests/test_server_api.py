@@ -117,6 +117,9 @@ def test_props_and_models_describe_the_server(client, tiny_engine):
                                                   tiny_engine[0].config.weight_format.kind)
     from slotserver.top.parse import parse_header
     assert parse_header({}, {}, props, []).dtype == props["dtype"] != "?"
+    assert props["device"] == tiny_engine[0].model.device == "cpu"   # ModelConfig's library default
+    assert parse_header({}, {}, props, []).device == "cpu"
+    assert client.get("/lab").json()["device"] == "cpu"
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["object"] == "model"
     assert models["data"][0]["id"] == Path(props["model_path"]).name == props["model_alias"]

@@ -40,6 +40,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="matmul weights. auto (default): the GGUF blocks computed on in place (qmatmul); with "
                         "--dtype float32 the exact dequantized weights (the reference). q: the blocks whatever the "
                         "dtype. dense / int8 / int4 / auto8 / auto4: dequantized at load")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where to compute. auto (default): the GPU when torch sees one (as llama.cpp offloads by "
+                        "default), else the CPU. cuda: the Triton kernels, weights dequantized to --dtype (bfloat16 "
+                        "with auto) for cuBLAS; an error without a GPU")
     p.add_argument("-t", "--threads", type=int, default=0,
                    help="compute threads (default 0: the physical cores this process may use, as llama.cpp)")
     p.add_argument("--check-tensors", action="store_true",
@@ -60,7 +64,7 @@ def load_bundle(args):
 
     config = ModelConfig(model_path=args.model or default_model_path(), dtype=args.dtype,
                          threads=args.threads, layout=args.layout, kernels_dir=args.kernels_dir, weights=args.weights,
-                         layouts_dir=args.layouts_dir)
+                         layouts_dir=args.layouts_dir, device=args.device)
     with load_progress(f"loading {config.model_path.name}") as tick:
         return ModelBundle.load(config, tick, check_tensors=args.check_tensors)
 

@@ -51,7 +51,8 @@ class Engine:
         if config.n_cells > bundle.model.rope.max_pos:
             raise RequestError(f"a slot's context ({config.n_cells}) exceeds the model's ({bundle.model.rope.max_pos})")
         spec = KVSpec(s.n_layers, config.n_streams, config.n_cells, s.n_kv_heads, s.head_dim, kv_dtype(config, bundle),
-                      pool_cells=config.kv_pool_cells)   # paged: requests wait for free blocks past it
+                      pool_cells=config.kv_pool_cells,   # paged: requests wait for free blocks past it
+                      device=bundle.model.device)
         self.cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
         self.sched = Scheduler(config, budget=lambda: self.cache.budget())  # paged: admit by free blocks
         self.sampling = StepSampling(s.vocab_size)
@@ -64,7 +65,8 @@ class Engine:
         self._wake = threading.Event()
         self.inbox = Inbox(self.sched, self.grammars, config.n_parallel + config.queue_limit, self._wake)
         self.outbox = Outbox()   # events of a step, one wake-up per event loop
-        self._logits = torch.empty(0, bundle.model.weights.output.out_features)   # every step's logits, grown (_forward)
+        self.device = bundle.model.device
+        self._logits = torch.empty(0, bundle.model.weights.output.out_features, device=self.device)   # grown (_forward)
         self._ids = itertools.count(1)
         self.loop = EngineLoop(self, self._wake)   # the thread, the watcher
 
@@ -196,5 +198,7 @@ class Engine:
                   for c in plan.chunks]
         rows = sum(c.sample for c in plan.chunks)
         if self._logits.shape[0] < rows:   # one buffer for every step's logits (see LlamaModel.forward)
-            self._logits = torch.empty(rows, self._logits.shape[1])
-        return self.bundle.model.forward(Batch.build(chunks), self.cache, self._logits)   # [n_sample, vocab]
+            self._logits = torch.empty(rows, self._logits.shape[1], device=self.device)
+        logits = self.bundle.model.forward(Batch.build(chunks, self.device), self.cache, self._logits)
+        # [n_sample, vocab]; the samplers run on the host for now: one copy of the rows (docs/gpu.md)
+        return logits if logits.is_cpu else logits.cpu()

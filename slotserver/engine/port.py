@@ -16,6 +16,7 @@ import torch
 
 from slotserver.engine.kv_cache import KVCache
 from slotserver.errors import RequestError
+from slotserver.runtime.device import describe
 from slotserver.runtime.kernel_set import KernelSet
 from slotserver.runtime.loader import LoadedModule
 
@@ -43,6 +44,14 @@ class EnginePort:
     @property
     def kernels(self) -> KernelSet:
         return self._e.bundle.model.kernels
+
+    @property
+    def device(self) -> str:
+        """"cpu" or "cuda": where kernels are validated and serve."""
+        return self._e.device
+
+    def device_name(self) -> str:
+        return describe(self._e.device)
 
     @property
     def layout(self) -> LoadedModule:

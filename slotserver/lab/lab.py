@@ -24,7 +24,7 @@ from slotserver.runtime.kernel_set import load_kernel
 from slotserver.runtime.layouts import LAYOUT_CONTRACT, available_layouts
 from slotserver.runtime.loader import (ModuleLoadError, Source, c_files_naming, default_dir, file_version, load_source,
                                    locate, module_names, read_source, resolve_in_folder)
-from slotserver.lab.sandbox import run_forked
+from slotserver.lab.sandbox import run_forked as run_forked_cpu, run_isolated
 from slotserver.lab.validate import validate_kernel, validate_layout
 
 log = logging.getLogger("slotserver.lab")
@@ -63,6 +63,7 @@ class Lab:
         ks = self.port.kernels
         mean = ks.mean_ms()
         return {
+            "device": self.port.device_name(),
             "layout": self.port.layout_info(),
             "layouts": available_layouts(self.layouts_dir),
             "kernels": [{"op": op, "impl": ks.impl, "version": m.version, "file": str(m.path),
@@ -155,7 +156,8 @@ class Lab:
         except ModuleLoadError as e:
             return self._event("refused", "kernel", op, str(p), reason=str(e))
         trusted = ks.modules[op].module    # the serving module, inherited by the fork
-        check = run_forked(lambda: validate_kernel(src, trusted, ks.impl), self.timeout)
+        device = self.port.device
+        check = run_isolated(lambda: validate_kernel(src, trusted, ks.impl, device), self.timeout, device)
         if not check.get("ok"):
             return self._event("refused", "kernel", op, str(p), reason=check.get("reason"), line=check.get("line"))
         try:
@@ -196,7 +198,7 @@ class Lab:
         mods = self.port.kernels.modules
         attn = mods["attention"].module
         paged = mods["paged_attention"].module if "paged_attention" in mods else None
-        return run_forked(lambda: validate_layout(src, attn, paged), self.timeout)
+        return run_forked_cpu(lambda: validate_layout(src, attn, paged), self.timeout)   # layouts: checked on the CPU
 
     def _swap_layout(self, src: Source, observed: float) -> dict:
         """The validated bytes become a module here; the engine thread migrates every slot's KV."""

@@ -1,5 +1,10 @@
 """Run a check in a forked child with a time limit: a kernel that never returns is killed.
 
+On CUDA (`run_isolated(..., device="cuda")`) the check runs on a thread instead: CUDA cannot be
+used in a forked child of a process that initialized it. A thread cannot be killed, so a GPU
+kernel that never returns is reported after the time limit and left running (its stream is the
+check's own, not the engine's).
+
 Why fork: a Python thread cannot be stopped, and a fresh interpreter costs seconds (torch import);
 a fork costs tens of milliseconds and sees every module already imported. The child runs torch on
 one thread (OpenMP's worker pool does not survive a fork) and reports a JSON-able dict through a
@@ -12,9 +17,33 @@ import json
 import os
 import select
 import signal
+import threading
 import time
 import traceback
 from typing import Callable
+
+
+def run_isolated(fn: Callable[[], dict], timeout: float, device: str = "cpu") -> dict:
+    """-> fn()'s dict, or {"ok": False, "reason": ...}: forked on the CPU, on a thread on CUDA."""
+    return run_forked(fn, timeout) if device == "cpu" else run_threaded(fn, timeout)
+
+
+def run_threaded(fn: Callable[[], dict], timeout: float) -> dict:
+    """fn() on a daemon thread with a time limit (CUDA: see the module's docstring)."""
+    box: list[dict] = []
+
+    def target() -> None:
+        try:
+            box.append(fn())
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            box.append({"ok": False, "reason": f"{type(e).__name__}: {e}", "trace": traceback.format_exc(limit=5)})
+
+    t = threading.Thread(target=target, name="slotserver-lab-check", daemon=True)
+    t.start()
+    t.join(timeout)
+    if not box:
+        return {"ok": False, "reason": f"time limit: no answer within {timeout:.1f} s (a kernel that never returns?)"}
+    return json.loads(json.dumps(box[0], default=str))   # the same JSON-able dict a fork would give
 
 
 def run_forked(fn: Callable[[], dict], timeout: float) -> dict:

@@ -11,6 +11,7 @@ from slotserver.model.text.chat_template import ChatTemplate
 from slotserver.model.config import ModelConfig
 from slotserver.model.gguf_file import GGUFFile
 from slotserver.runtime import cpu_features
+from slotserver.runtime.device import kernel_impl
 from slotserver.runtime.kernel_set import KernelSet
 from slotserver.model.model import LlamaModel
 from slotserver.model.spec import ModelSpec
@@ -43,12 +44,13 @@ class ModelBundle:
                  spec.n_layers, spec.d_model, spec.vocab_size)
         tokenizer = Tokenizer.from_metadata(f.metadata)
         template = ChatTemplate.from_metadata(f.metadata, tokenizer)
-        kernels = KernelSet.load(config.kernels_dir)
-        with stage(f"reading weights ({config.weight_format.kind}, {str(config.torch_dtype).removeprefix('torch.')})",
+        device = config.resolved_device
+        kernels = KernelSet.load(config.kernels_dir, impl=kernel_impl(device))
+        with stage(f"reading weights ({config.weight_format.kind}, {str(config.torch_dtype).removeprefix('torch.')}, {device})",
                    "weights read"):
             model = LlamaModel.from_file(f, spec, config.torch_dtype, kernels, config.max_ctx or None, progress,
-                                         config.weight_format)
-        model.set_step_graphs(config.step_graphs)
+                                         config.weight_format, device)
+        model.set_step_graphs(config.step_graphs and device == "cpu")   # CUDA graphs: not yet (docs/gpu.md)
         return cls(config, model, tokenizer, template, _without_vocabulary(f.metadata))
 
 

@@ -9,6 +9,7 @@ import torch
 
 from slotserver.errors import ConfigError  # noqa: F401  re-export: defined without torch in slotserver.errors
 from slotserver.runtime import cpu_features
+from slotserver.runtime.device import resolve_device
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DTYPE_CHOICES = ("auto", *DTYPES)
@@ -33,6 +34,7 @@ class ModelConfig:
     max_ctx: int = 0                 # 0: the model's training context
     weights: str = "auto"            # auto: GGUF blocks + qmatmul (float32: exact dequantized); see WeightFormat
     step_graphs: bool = True         # replay captured decode steps (slotserver/model/step_graph.py)
+    device: str = "cpu"              # auto | cpu | cuda (runtime/device.py); the CLI's default is auto
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
@@ -45,6 +47,9 @@ class ModelConfig:
             raise ConfigError(f"step_graphs must be a bool, got {self.step_graphs!r}")
         if self.weights not in WEIGHTS:
             raise ConfigError(f"--weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
+        if resolve_device(self.device) == "cuda" and self.weights not in ("auto", "dense"):
+            raise ConfigError(f"--weights {self.weights} is CPU-only; on --device cuda the weights are "
+                              "dequantized at load (auto or dense)")
         try:
             cpu_features.current()   # SLOTSERVER_CPU: a typo is an error at startup, not at the first kernel build
         except cpu_features.CpuVariantError as e:
@@ -71,11 +76,20 @@ class ModelConfig:
         from slotserver.model.weights import WeightFormat
 
         if self.weights == "auto":
+            if self.resolved_device == "cuda":
+                return WeightFormat("dense")   # cuBLAS on dequantized weights (runtime/device.py says why)
             return WeightFormat("dense" if self.dtype == "float32" else "q")   # dense: the exact reference mode
         return WeightFormat(self.weights)  # row thresholds: measured defaults, see WeightFormat
 
     @property
+    def resolved_device(self) -> str:
+        """"cpu" or "cuda": `device` with auto resolved (runtime/device.py)."""
+        return resolve_device(self.device)
+
+    @property
     def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto" and self.resolved_device == "cuda":
+            return torch.bfloat16   # every CUDA card we target computes bf16 natively (tensor cores)
         if self.dtype == "auto" and self.weight_format.kind == "q":
             return torch.float32   # see resolve_dtype: blocks compute on 8-bit activations anyway
         return DTYPES[resolve_dtype(self.dtype)]

@@ -45,7 +45,7 @@ def generate(model: LlamaModel, requests: list[GenRequest], eog_ids: frozenset[i
     n_cells = max(len(r.prompt_ids) + r.n_predict for r in requests)
     assert all(r.prompt_ids for r in requests), "empty prompt"
     assert n_cells <= model.rope.max_pos, "prompt + n_predict longer than the model's context"
-    spec = KVSpec(s.n_layers, len(requests), n_cells, s.n_kv_heads, s.head_dim, model.dtype)
+    spec = KVSpec(s.n_layers, len(requests), n_cells, s.n_kv_heads, s.head_dim, model.dtype, device=model.device)
     cache = create_layout(load_layout(layout, layouts_dir), spec)
     params = [ignore_eos_params(r.params, eog_ids) if r.ignore_eos else r.params for r in requests]
     rngs = [SequenceRng(p.seed) for p in params]
@@ -56,7 +56,7 @@ def generate(model: LlamaModel, requests: list[GenRequest], eog_ids: frozenset[i
     active = [i for i, r in enumerate(requests) if r.n_predict > 0]
     chunks = [chunks[i] for i in active]
     while active:
-        logits = model.forward(Batch.build(chunks), cache)                # [len(active), vocab]
+        logits = model.forward(Batch.build(chunks, model.device), cache).cpu()   # [len(active), vocab], sampled on the host
         out = sampler.sample(logits, [params[i] for i in active], [rngs[i] for i in active],
                              [history[i] for i in active])
         still = []

@@ -28,6 +28,7 @@ from slotserver.model.rope_table import RopeTable
 from slotserver.model.step_graph import GRAPH_BYTES_MIN, StepGraphs
 from slotserver.model import heap
 from slotserver.model.linear import QLinear
+from slotserver.model.placement import to_device
 from slotserver.model.weights import LayerWeights, ModelWeights, Progress, WeightFormat, load_weights
 
 
@@ -49,6 +50,11 @@ class LlamaModel:
             lw.post_attn_norm is None and lw.post_ffn_norm is None for lw in self.weights.layers)
         self.graphs: StepGraphs | None = self._step_graphs()
 
+    @property
+    def device(self) -> str:
+        """Where the weights live and the forward runs: "cpu" or "cuda" (runtime/device.py)."""
+        return self.weights.out_norm.device.type
+
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype = torch.float32,
              kernels: KernelSet | None = None, max_pos: int | None = None,
@@ -59,7 +65,9 @@ class LlamaModel:
     @classmethod
     def from_file(cls, f: GGUFFile, spec: ModelSpec, dtype: torch.dtype,
                   kernels: KernelSet | None = None, max_pos: int | None = None,
-                  progress: Progress | None = None, fmt: WeightFormat = WeightFormat()) -> "LlamaModel":
+                  progress: Progress | None = None, fmt: WeightFormat = WeightFormat(),
+                  device: str = "cpu") -> "LlamaModel":
+        """device: where the weights and rope tables live (runtime/device.py; kernels bound to match)."""
         kernels = kernels or KernelSet.load()
         needed = "gelu_mul" if spec.act == "gelu" else "silu_mul"
         if needed not in kernels.modules:   # e.g. a lab folder copied before gelu_mul.py existed
@@ -67,6 +75,8 @@ class LlamaModel:
                                   f"(kernels/{needed}.py), absent from the kernels folder")
         q4 = kernels.modules["q4_matmul"].module if "q4_matmul" in kernels.modules else None
         weights = load_weights(f, spec, dtype, progress, fmt, q4)
+        if device != "cpu":
+            weights = to_device(weights, device)
         max_pos = max_pos or spec.ctx_train
         # phi3 longrope: the long factors once the context passes the trained one (llama.cpp's choice)
         long = weights.rope_long is not None and max_pos > spec.rope.orig_ctx
@@ -75,7 +85,7 @@ class LlamaModel:
         for i in range(spec.n_layers):
             base, scale = spec.rope_params(i)
             if (base, scale) not in tables:
-                tables[(base, scale)] = RopeTable(spec, max_pos, freqs, base=base, scale=scale)
+                tables[(base, scale)] = RopeTable(spec, max_pos, freqs, device=device, base=base, scale=scale)
         layer_ropes = [tables[spec.rope_params(i)] for i in range(spec.n_layers)]
         full = tables.get((spec.rope_base, spec.rope_scale)) or layer_ropes[0]
         heap.keep_freed_memory()   # after loading: what the load freed goes back to the system

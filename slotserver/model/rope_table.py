@@ -24,7 +24,7 @@ class RopeTable:
         i = torch.arange(half, dtype=torch.float64)
         inv = base ** (-2.0 * i / spec.rope_dim)
         if freq_factors is not None:
-            inv = inv / freq_factors.double()
+            inv = inv / freq_factors.double().cpu()
         pos = torch.arange(max_pos, dtype=torch.float64)
         extrap = torch.outer(pos, inv)                         # [max_pos, rope_dim/2]
         angles, mscale = extrap * scale, r.attn_factor

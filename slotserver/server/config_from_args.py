@@ -16,6 +16,7 @@ from slotserver.server.auth import read_key_file
 from slotserver.server.chat_options import chat_defaults_from_flags
 from slotserver.server.launch import LaunchPlan
 from slotserver.server.config import GenerationDefaults, ServerConfig
+from slotserver.server.embed_config import embedding_config_from_args
 
 
 def chat_template_source(value: str | None, file: Path | None) -> str | None:
@@ -76,6 +77,7 @@ def server_config_from_args(args) -> ServerConfig:
                                       getattr(args, "chat_template_kwargs", None),
                                       getattr(args, "reasoning", "auto"), getattr(args, "reasoning_budget", -1),
                                       getattr(args, "tool_call_format", "auto")),
+        embedding=embedding_config_from_args(args),   # None unless --embedding / --reranking
     )
 
 
@@ -110,7 +112,7 @@ def plan_from_args(args) -> LaunchPlan:
     )
     model = ModelConfig(model_path=_model_path(args), dtype=args.dtype, weights=args.weights, threads=args.threads,
                         layout=layout, kernels_dir=args.kernels_dir, layouts_dir=args.layouts_dir,
-                        max_ctx=engine.n_cells, step_graphs=not args.no_step_graphs)
+                        max_ctx=engine.n_cells, step_graphs=not args.no_step_graphs, device=args.device)
     template = chat_template_source(args.chat_template, args.chat_template_file)
     return LaunchPlan(model=model, engine=engine, host=args.host, port=args.port, chat_template=template,
                       watch=not args.no_watch, warmup=not args.no_warmup, check_tensors=getattr(args, "check_tensors", False))

@@ -15,6 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from slotserver import __version__
+from slotserver.runtime.device import describe
 from slotserver.runtime.kernel_paths import cpu_report
 from slotserver.server.body import read_json
 from slotserver.server.errors import bad_request, loading_error, model_not_found
@@ -106,6 +107,7 @@ async def props(request: Request) -> Response:
         "model_path": state.config.model_path,
         "dtype": str(bundle.model.dtype).removeprefix("torch."),   # ours: what the model computes in
         "weights": bundle.config.weight_format.kind,              # ours: the matmul weights' format
+        "device": describe(bundle.model.device),                  # ours: cpu, or cuda:N (card name)
         "modalities": {"vision": False, "audio": False},
         "endpoint_slots": state.config.slots_endpoint,
         "endpoint_metrics": state.config.metrics,

@@ -1,0 +1,127 @@
+"""Model decode speed on a device: ms per step and tokens/s at batch 1/8/32/64, against the bound
+the weight and KV bytes per step set at the card's measured copy bandwidth; then the whole engine
+(scheduler, sampling on the host, postprocess) generating the same batches.
+
+    python playground/gpu_model_bench.py model.gguf [more.gguf ...] --device cuda --out DIR
+    python playground/gpu_model_bench.py /tmp/tiny.gguf --device cpu --batches 1,2 --steps 3   # dry run
+
+The models are usually random-weight files of real shapes (playground/shape_model.py): a decode
+step's time does not depend on the values. Each number is the median over `--steps` steps after
+two warm-up steps; on CUDA each step is synchronized. Writes DIR/model_bench.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from slotserver.engine.config import EngineConfig
+from slotserver.engine.engine import Engine
+from slotserver.engine.kv_cache import KVCache
+from slotserver.engine.request import Request
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.model.sampling.params import SamplingParams
+from slotserver.runtime.batch import Batch, SeqChunk
+from slotserver.runtime.kv_spec import KVSpec
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
+    """Bytes/s of a device-to-device copy (read + write counted), median of 5."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(6):
+        sync(device)
+        t = time.perf_counter()
+        b.copy_(a)
+        sync(device)
+        times.append(time.perf_counter() - t)
+    return 2 * nbytes / statistics.median(times[1:])
+
+
+def decode_steps(bundle: ModelBundle, batch: int, ctx: int, steps: int, layout: str) -> dict:
+    """Prefill `batch` streams to `ctx` tokens, then time decode steps of one token each."""
+    model, dev = bundle.model, bundle.model.device
+    s = model.spec
+    kv_dtype = torch.float16 if dev == "cuda" else model.dtype
+    cache = KVCache.create(layout, KVSpec(s.n_layers, batch, ctx + steps + 8, s.n_kv_heads, s.head_dim, kv_dtype,
+                                          device=dev))
+    toks = torch.randint(100, min(s.vocab_size, 20000), (ctx,), generator=torch.Generator().manual_seed(0)).tolist()
+    for b in range(batch):
+        model.forward(Batch.build([SeqChunk(b, 0, toks, logits=False)], dev), cache)
+    times = []
+    for i in range(steps + 2):
+        bt = Batch.build([SeqChunk(b, ctx + i, [500]) for b in range(batch)], dev)
+        sync(dev)
+        t = time.perf_counter()
+        model.forward(bt, cache)
+        sync(dev)
+        times.append(time.perf_counter() - t)
+    step = statistics.median(times[2:])
+    weights = sum(m.nbytes() for m in model.weights.matmuls())
+    kv = 2 * s.n_layers * batch * (ctx + steps // 2) * s.n_kv_heads * s.head_dim * cache.spec.dtype.itemsize
+    return {"batch": batch, "ctx": ctx, "step_ms": 1000 * step, "tok_s": batch / step,
+            "weight_bytes": weights, "kv_bytes": kv}
+
+
+def engine_run(bundle: ModelBundle, batch: int, n_predict: int, prompt_len: int) -> dict:
+    """The engine generating `batch` requests of `n_predict` tokens (greedy, ignore_eos): tok/s."""
+    eng = Engine(bundle, EngineConfig(n_parallel=batch, ctx_size=batch * (prompt_len + n_predict + 16))).start()
+    try:
+        prompts = [tuple(range(100 + i, 100 + i + prompt_len)) for i in range(batch)]   # no shared prefix
+        t = time.perf_counter()
+        handles = [eng.submit(Request(prompt_ids=p, n_predict=n_predict, ignore_eos=True,
+                                      params=SamplingParams(temperature=0.0))) for p in prompts]
+        n = sum(len(h.result(timeout=600).tokens) for h in handles)
+        wall = time.perf_counter() - t
+    finally:
+        eng.stop()
+    return {"n_predict": n_predict, "engine_tok_s": n / wall}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("models", nargs="+", type=Path)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--batches", default="1,8,32,64")
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--engine-tokens", type=int, default=32, help="tokens per request in the engine run (0: skip)")
+    p.add_argument("--layout", default="head_seq_dim")
+    p.add_argument("--out", type=Path, default=Path("."))
+    a = p.parse_args()
+    batches = [int(b) for b in a.batches.split(",")]
+    rows, bw = [], None
+    for path in a.models:
+        bundle = ModelBundle.load(ModelConfig(path, dtype="auto", device=a.device, max_ctx=a.ctx + a.steps + 64))
+        dev = bundle.model.device
+        bw = bw or copy_bandwidth(dev, 1 << 28 if dev == "cpu" else 1 << 30)
+        for b in batches:
+            r = decode_steps(bundle, b, a.ctx, a.steps, a.layout)
+            r.update(model=path.name, device=dev, bound_tok_s=b * bw / 2 / (r["weight_bytes"] + r["kv_bytes"]))
+            if a.engine_tokens:
+                r.update(engine_run(bundle, b, a.engine_tokens, 16))
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "model_bench.json").write_text(json.dumps({"copy_bytes_s": bw, "rows": rows}, indent=1))
+    print(f"\ncopy bandwidth {bw / 1e9:.0f} GB/s (read + write); bound = reading weights + KV once per step at half of it")
+    print(f"{'model':28} {'b':>3} {'ms/step':>8} {'tok/s':>9} {'bound':>9} {'of bound':>8} {'engine tok/s':>12}")
+    for r in rows:
+        print(f"{r['model'][:28]:28} {r['batch']:>3} {r['step_ms']:8.2f} {r['tok_s']:9.0f} {r['bound_tok_s']:9.0f} "
+              f"{r['tok_s'] / r['bound_tok_s']:8.0%} {r.get('engine_tok_s', 0):12.0f}")
+
+
+if __name__ == "__main__":
+    main()
