@@ -327,12 +327,16 @@ def _dequant_tiles(x: torch.Tensor, w: QWeight) -> torch.Tensor:
 
 
 def _torch_tiles(x: torch.Tensor, w: QWeight) -> torch.Tensor:
-    """No native library: gguf's dequantizer tile by tile (bounded memory), float32 matmul."""
-    y = torch.empty(x.shape[0], w.n, dtype=torch.float32, device=x.device)
-    rows = tile_rows(w.k)
-    for n0 in range(0, w.n, rows):
-        y[:, n0:n0 + rows] = x.float() @ dequantize(w, n0, n0 + rows).to(x.device).T
-    return y.to(x.dtype)
+    """No native library: W dequantized once by gguf's dequantizer (tile by tile) and kept on the
+    QWeight in float32, then torch's matmul. Why keep it: dequantizing in numpy at every call made
+    a SmolLM2 decode step take seconds (the whole suite under SLOTSERVER_NATIVE=0 ~3x its time);
+    4 bytes per weight is the price of running without a compiler (--weights dense costs the same)."""
+    dense = w.__dict__.get("_qmatmul_dense")
+    if dense is None or dense[0] is not _TOKEN or dense[1].device != x.device:
+        rows = tile_rows(w.k)
+        full = torch.cat([dequantize(w, n0, n0 + rows) for n0 in range(0, w.n, rows)]).to(x.device)
+        w.__dict__["_qmatmul_dense"] = dense = (_TOKEN, full)   # [n, k] float32, this module version's
+    return F.linear(x.float(), dense[1]).to(x.dtype)
 
 
 def _float_rows(x: torch.Tensor, w: QWeight) -> torch.Tensor:

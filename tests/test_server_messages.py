@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 from slotserver.engine.request import FinalEvent, Request
 from slotserver.model.text.chat_template import ChatTemplate
 from slotserver.server import ServerConfig, ServerState, create_app
-from slotserver.server.anthropic_messages import normalize_billing
+from slotserver.server.anthropic.messages import normalize_billing
 from slotserver.server.fields import Fields
 from slotserver.server.formats.anthropic import AnthropicFormatter
 from slotserver.server.generation import Outcome

@@ -27,6 +27,8 @@ from slotserver.server.cors import InferenceCors
 from slotserver.server.errors import (ApiError, CatchAll, api_error_handler, http_exception_handler,
                                       loading_error, not_supported)
 from slotserver.server.routes import completion, lab, messages, misc, openai, responses, slots
+from slotserver.server.routes import embeddings, rerank
+from slotserver.server.routes import infill
 from slotserver.server.state import ServerState
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -69,7 +71,8 @@ def _middleware(state: ServerState) -> list[Middleware]:
 def create_app(state: ServerState) -> Starlette:
     """The ASGI app serving `state` (which may still be loading: see `ServerState.set_loaded`)."""
     routes = [*misc.ROUTES, *completion.ROUTES, *openai.ROUTES, *messages.ROUTES, *responses.ROUTES,
-              *slots.ROUTES, *lab.ROUTES, Route("/metrics", metrics, methods=["GET"])]
+              *slots.ROUTES, *lab.ROUTES, Route("/metrics", metrics, methods=["GET"]),
+              *embeddings.ROUTES, *rerank.ROUTES, *infill.ROUTES]
     app = Starlette(routes=routes, middleware=_middleware(state),
                     exception_handlers={ApiError: api_error_handler, HTTPException: http_exception_handler})
     app.state.server = state

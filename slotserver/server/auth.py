@@ -3,7 +3,7 @@
 `X-Api-Key` is how Anthropic's clients send their key (llama-server reads it when there is no
 Authorization header); a request passes when either header holds a valid key, so a proxy's own
 Authorization header does not hide the client's X-Api-Key. A refusal on the Anthropic routes
-(/v1/messages...) is in Anthropic's error shape (anthropic_errors.py), elsewhere in llama-server's.
+(/v1/messages...) is in Anthropic's error shape (anthropic/errors.py), elsewhere in llama-server's.
 
 As in llama-server, /health, /v1/health, /models and /v1/models stay public (health checks and
 model discovery), and CORS preflight requests pass; every other route needs a key, the lab's
@@ -20,7 +20,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slotserver.model.config import ConfigError
-from slotserver.server.anthropic_errors import error_response, is_anthropic_path
+from slotserver.server.anthropic.errors import error_response, is_anthropic_path
 from slotserver.server.errors import ApiError
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models"})

@@ -9,6 +9,7 @@ from pathlib import Path
 from slotserver.model.config import ConfigError
 from slotserver.server.body import DEFAULT_BODY_LIMIT
 from slotserver.server.chat_options import ChatDefaults
+from slotserver.server.embed_config import EmbeddingConfig
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class ServerConfig:
     timeout: float = 600.0
     defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
     chat: ChatDefaults = field(default_factory=ChatDefaults)   # reasoning format, template kwargs
+    embedding: EmbeddingConfig | None = None   # --embedding/--reranking: an embedding-only server (embed_config.py)
+    spm_infill: bool = False   # --spm-infill: /infill puts the suffix before the prefix (infill_prompt.py)
 
     def __post_init__(self) -> None:
         if any(not isinstance(k, str) or not k for k in self.api_keys):
@@ -59,6 +62,8 @@ class ServerConfig:
             raise ConfigError(f"body limit must be positive, got {self.body_limit}")
         if not (math.isfinite(self.timeout) and self.timeout > 0):
             raise ConfigError(f"--timeout must be a positive number of seconds, got {self.timeout}")
+        if not isinstance(self.spm_infill, bool):
+            raise ConfigError(f"spm_infill must be true or false, got {self.spm_infill!r}")
 
     @property
     def model_name(self) -> str:

@@ -78,6 +78,7 @@ def server_config_from_args(args) -> ServerConfig:
                                       getattr(args, "reasoning", "auto"), getattr(args, "reasoning_budget", -1),
                                       getattr(args, "tool_call_format", "auto")),
         embedding=embedding_config_from_args(args),   # None unless --embedding / --reranking
+        spm_infill=getattr(args, "spm_infill", False),
     )
 
 

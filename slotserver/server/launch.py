@@ -67,6 +67,9 @@ def load(state: ServerState, plan: LaunchPlan, address: str) -> Engine:
     from slotserver.engine.slot_files import remove_stale_temporaries
     from slotserver.model.progress import load_progress, stage
 
+    if state.config.embedding is not None:   # --embedding: an embedding-only server, no engine
+        from slotserver.server.embed_launch import load_embedder
+        return load_embedder(state, plan, address)   # type: ignore[return-value]  (runs and stops like one)
     name = plan.model.model_path.name
     with stage(f"loading {name}", f"loaded {name}"), load_progress(f"loading {name}") as tick:
         bundle = ModelBundle.load(plan.model, tick, check_tensors=plan.check_tensors)
@@ -114,6 +117,8 @@ class ModelThread:
         self.stop_event.set()
         if self.state.engine is not None:
             self.state.engine.stop()
+        if self.state.embedder is not None:
+            self.state.embedder.stop()
         self.thread.join(timeout)
 
     def _run(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from slotserver.server.errors import loading_error
+from slotserver.server.errors import loading_error, not_supported
 from slotserver.server.metrics import ServerMetrics
 from slotserver.server.config import ServerConfig
 
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from slotserver.model.bundle import ModelBundle
     from slotserver.model.text.chat_template import ChatTemplate
     from slotserver.engine.engine import Engine
+    from slotserver.server.embed_worker import EmbedWorker
 
 
 class ServerState:
@@ -26,6 +27,8 @@ class ServerState:
         self.bundle: ModelBundle | None = None
         self.template: ChatTemplate | None = None
         self.engine: Engine | None = None
+        # --embedding: an embedding-only server has this instead of an engine (embed_launch.py)
+        self.embedder: EmbedWorker | None = None
         self.load_error: str | None = None
         self.created = int(time.time())
         # In-flight request id -> prompt text, kept only with --slots-debug (GET /slots shows it).
@@ -34,7 +37,7 @@ class ServerState:
 
     @property
     def ready(self) -> bool:
-        return self.engine is not None
+        return self.engine is not None or self.embedder is not None
 
     def set_loaded(self, bundle: ModelBundle, engine: Engine, template: ChatTemplate | None = None) -> None:
         """Publish a loaded model; the engine goes last, since `ready` reads it."""
@@ -45,6 +48,10 @@ class ServerState:
     def require(self) -> tuple[ModelBundle, Engine]:
         """(bundle, engine), or a 503 "Loading model" error while loading."""
         engine = self.engine
+        if engine is None and self.embedder is not None:   # --embedding: llama-server computes no completions
+            raise not_supported("This server is embedding-only (started with --embedding or --reranking): it "
+                                "serves /embeddings, /v1/embeddings and /rerank, not this endpoint. Start it "
+                                "without --embedding")
         if engine is None or self.bundle is None:
             raise loading_error()
         return self.bundle, engine

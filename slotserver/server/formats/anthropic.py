@@ -25,7 +25,7 @@ import json
 import secrets
 
 from slotserver.engine.request import FinalEvent
-from slotserver.server.anthropic_errors import error_body
+from slotserver.server.anthropic.errors import error_body
 from slotserver.server.generation import Outcome
 from slotserver.server.jsonio import dumps
 from slotserver.server.openai_params import OpenAIJob

@@ -1,10 +1,10 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API, streaming or not.
 
-The request is translated into a chat request (anthropic_params.py) and served by the same
+The request is translated into a chat request (anthropic/params.py) and served by the same
 machinery as /v1/chat/completions: one job, submitted to the engine, its answer shaped by
 formats/anthropic.py. As on every route, all refusals happen before a stream starts, and a client
 that leaves cancels its request. Errors, refusals included, are in Anthropic's shape
-(anthropic_errors.py); one during a stream is an `error` event that ends it.
+(anthropic/errors.py); one during a stream is an `error` event that ends it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from starlette.routing import Route
 
 from slotserver.engine.request import ErrorEvent, FinalEvent, TokenEvent
 from slotserver.server import sse
-from slotserver.server.anthropic_errors import error_response
-from slotserver.server.anthropic_params import MessagesJob, count_tokens, parse_messages_request
+from slotserver.server.anthropic.errors import error_response
+from slotserver.server.anthropic.params import MessagesJob, count_tokens, parse_messages_request
 from slotserver.server.body import read_json
 from slotserver.server.choices import close_all, submit_all
 from slotserver.server.errors import ApiError

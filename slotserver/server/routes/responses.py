@@ -1,7 +1,7 @@
 """POST /v1/responses (and /responses, as llama-server): OpenAI's Responses API, streaming or not;
 POST /v1/responses/input_tokens: the prompt's token count; GET/DELETE /v1/responses/{id}: 404.
 
-A Responses body is converted into a chat-completions body (responses_params.py) and parsed,
+A Responses body is converted into a chat-completions body (responses/params.py) and parsed,
 validated and run by the chat machinery, then answered in the Responses shapes
 (formats/responses.py, formats/responses_stream.py). As on every route, all refusals happen
 before a stream starts, and a client that leaves cancels its request. Nothing is stored: the
@@ -28,7 +28,7 @@ from slotserver.server.formats.responses_stream import ResponseStream, frame
 from slotserver.server.generation import Run
 from slotserver.server.jsonio import JSONResp
 from slotserver.server.openai_params import OpenAIJob, parse_chat
-from slotserver.server.responses_params import ResponsesRequest, parse_responses
+from slotserver.server.responses.params import ResponsesRequest, parse_responses
 from slotserver.server.routes.completion import log_state, respond
 from slotserver.server.state import ServerState
 

@@ -5,17 +5,17 @@ The Responses API is served by the chat machinery (as llama-server serves it: th
 converted, then parsed as a chat request), so sampling, templates, tools, grammars and every
 llama-server field (`top_k`, `grammar`, `timings_per_token`, `return_progress`, ...) behave as on
 /v1/chat/completions. The Responses fields map as:
-- `input`, `instructions` -> `messages` (responses_input.py); `max_output_tokens` -> `max_tokens`;
+- `input`, `instructions` -> `messages` (responses/input.py); `max_output_tokens` -> `max_tokens`;
   `temperature`, `top_p`, `parallel_tool_calls`, `stream` pass through;
 - `tools` (the flat {type: "function", name, description, parameters, strict}) and
-  `tool_choice` (responses_tools.py);
+  `tool_choice` (responses/tools.py);
 - `text.format` (`json_schema` / `json_object`) -> `response_format`, enforced by the grammar
   engine; `reasoning.effort` -> `reasoning_effort`;
 - `include: ["message.output_text.logprobs"]` and `top_logprobs` -> logprobs;
 - identifiers that change nothing here (`metadata`, `user`, `safety_identifier`,
   `prompt_cache_key`, `max_tool_calls`: no built-in tools exist) are validated and echoed.
 This server keeps no state: `store: true`, `previous_response_id`, `background`, `conversation`
-and the other OpenAI features we do not have are a 400 naming the field (responses_fields.py),
+and the other OpenAI features we do not have are a 400 naming the field (responses/fields.py),
 never silently dropped. The OpenAI SDK sends none of them unless asked.
 """
 
@@ -28,9 +28,9 @@ from slotserver.engine.grammar import Grammars
 from slotserver.server.constraints import compile_checked
 from slotserver.server.errors import bad_request
 from slotserver.server.fields import Fields
-from slotserver.server.responses_fields import RESPONSES_ONLY, check_fields, echoed_identifiers
-from slotserver.server.responses_input import input_messages
-from slotserver.server.responses_tools import convert_tools
+from slotserver.server.responses.fields import RESPONSES_ONLY, check_fields, echoed_identifiers
+from slotserver.server.responses.input import input_messages
+from slotserver.server.responses.tools import convert_tools
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 INCLUDABLE = (LOGPROBS_INCLUDE, "reasoning.encrypted_content", "file_search_call.results",

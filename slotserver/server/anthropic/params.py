@@ -4,7 +4,7 @@ The body is checked and translated into an OpenAI chat body, which `parse_chat` 
 job as for /v1/chat/completions: same template rendering, tool prompts and grammars, sampling
 fields, reasoning split. The fields, as llama-server maps them (server-chat.cpp
 `server_chat_convert_anthropic_to_oai`) unless said otherwise:
-- `system`, `messages`: anthropic_messages.py. `model` is echoed back.
+- `system`, `messages`: anthropic/messages.py. `model` is echoed back.
 - `max_tokens` -> max_tokens; required on /v1/messages, as Anthropic's API has it (llama-server
   fills in 4096), not read by count_tokens. `stop_sequences` -> stop; `temperature`, `top_p`,
   `top_k`, `stream` and llama-server's `chat_template_kwargs` pass through.
@@ -30,7 +30,7 @@ from typing import Any
 from slotserver.engine.grammar import Grammars
 from slotserver.model.text.chat_template import ChatTemplate
 from slotserver.model.text.tokenizer import Tokenizer
-from slotserver.server.anthropic_messages import convert_messages
+from slotserver.server.anthropic.messages import convert_messages
 from slotserver.server.chat_options import ChatDefaults
 from slotserver.server.config import GenerationDefaults
 from slotserver.server.errors import bad_request

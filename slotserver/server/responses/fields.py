@@ -1,6 +1,6 @@
 """The Responses API's fields that are neither generation nor input: refused, or validated and echoed.
 
-Every field of OpenAI's `responses.create` is accounted for here or in responses_params.py, so
+Every field of OpenAI's `responses.create` is accounted for here or in responses/params.py, so
 none is silently dropped (the route then hands what remains, llama-server's own fields, to the
 chat parser, which ignores unknown names as llama-server does):
 - state this server does not keep: `store: true` (nothing is stored: a later GET or
