@@ -7,6 +7,12 @@ token per sequence. Layouts are timed interleaved, round after round, so noise h
 Prints a table (microseconds per layer-call, and the ratio to seq_head_dim) and saves a PNG.
 
     .venv/bin/python playground/layout_sweep.py [--out playground/out/layout_sweep.png]
+    python playground/layout_sweep.py --device cuda --batches 1 8 32 64 --contexts 1024 2048 4096 8192 \
+        --dtype bfloat16      # that engineer's experiment, with the serving Triton kernels
+
+On CUDA each layout's call is captured once in a CUDA graph and the graph replayed `reps` times
+between two synchronizations: what a step graph would cost, without the launch's Python (eager
+times of these small calls measure the host: docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from pathlib import Path
 import torch
 
 from slotserver.runtime.batch import Batch, SeqChunk
+from slotserver.runtime.device import kernel_impl, resolve_device
 from slotserver.runtime.kernel_set import KernelSet
 from slotserver.engine.kv_cache import KVCache
 from slotserver.runtime.kv_spec import KVSpec
@@ -27,34 +34,52 @@ from slotserver.runtime.layouts import available_layouts
 KV_HEADS, Q_HEADS, HEAD_DIM = 3, 9, 64
 
 
-def fill(cache: KVCache, batch: int, context: int, dtype) -> None:
+def fill(cache: KVCache, batch: int, context: int, dtype, device: str) -> None:
     gen = torch.Generator().manual_seed(0)
     for s in range(batch):
-        k = torch.randn(context, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
-        cache.write(0, torch.full((context,), s), torch.arange(context), k, k * 0.5)
+        k = torch.randn(context, KV_HEADS, HEAD_DIM, generator=gen).to(device, dtype)
+        pos = torch.arange(context, device=device)
+        cache.write(0, torch.full((context,), s, device=device), pos, k, k * 0.5)
 
 
 def time_one(kernels: KernelSet, cache: KVCache, meta, q, reps: int) -> float:
     view = cache.view(0)
     attend = kernels.paged_attention if view.paged else kernels.attention
     attend(q, view, meta, 0.125)
+    if q.is_cuda:
+        return _graph_time(lambda: attend(q, view, meta, 0.125), reps)
     t = time.perf_counter()
     for _ in range(reps):
         attend(q, view, meta, 0.125)
     return (time.perf_counter() - t) / reps * 1e6
 
 
-def sweep(batches, contexts, dtype, rounds: int, reps: int) -> dict:
-    kernels, names = KernelSet.load(), available_layouts()
+def _graph_time(call, reps: int) -> float:
+    """Microseconds per call: the call captured in a CUDA graph, replayed `reps` times."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    graph.replay()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / reps * 1e6
+
+
+def sweep(batches, contexts, dtype, rounds: int, reps: int, device: str = "cpu") -> dict:
+    kernels, names = KernelSet.load(impl=kernel_impl(device)), available_layouts()
     results = {}
     for b in batches:
         for ctx in contexts:
-            spec = KVSpec(1, b, ctx + 1, KV_HEADS, HEAD_DIM, dtype)
+            spec = KVSpec(1, b, ctx + 1, KV_HEADS, HEAD_DIM, dtype, device=device)
             caches = {n: KVCache.create(n, spec) for n in names}
             for c in caches.values():
-                fill(c, b, ctx, dtype)
-            meta = Batch.build([SeqChunk(s, ctx - 1, [0]) for s in range(b)]).attn
-            q = torch.randn(b, Q_HEADS, HEAD_DIM).to(dtype)
+                fill(c, b, ctx, dtype, device)
+            meta = Batch.build([SeqChunk(s, ctx - 1, [0]) for s in range(b)], device).attn
+            q = torch.randn(b, Q_HEADS, HEAD_DIM).to(device, dtype)
             times = {n: [] for n in names}
             for _ in range(rounds):
                 for n in names:
@@ -100,9 +125,12 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu")
     ap.add_argument("--out", type=Path, default=Path("playground/out/layout_sweep.png"))
     args = ap.parse_args()
-    results = sweep(args.batches, args.contexts, getattr(torch, args.dtype), args.rounds, args.reps)
+    device = resolve_device(args.device)
+    results = sweep(args.batches, args.contexts, getattr(torch, args.dtype), args.rounds, args.reps, device)
+    print(f"device {device}, kernels {kernel_impl(device)}, {args.dtype}")
     print_table(results)
     plot(results, args.out)
 
