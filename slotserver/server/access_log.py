@@ -10,33 +10,23 @@ from __future__ import annotations
 import logging
 import time
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
+
+from slotserver.server.asgi_http import HttpMiddleware, StatusRecorder
 
 log = logging.getLogger("slotserver.http")
 
 
-class AccessLog:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+class AccessLog(HttpMiddleware):
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
-        status = [0]
+        recorder = StatusRecorder(send)
         info = scope.setdefault("state", {})
-
-        async def recording_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
         try:
-            await self.app(scope, receive, recording_send)
+            await self.app(scope, receive, recorder)
         finally:
             ms = (time.perf_counter() - t0) * 1000
             tokens = info.get("tokens")
             tok = f"{tokens[0]}+{tokens[1]} tok" if tokens else "- tok"
-            log.info("%s %s %d %s %.0f ms", scope["method"], scope["path"], status[0] or 500, tok, ms)
+            log.info("%s %s %d %s %.0f ms", scope["method"], scope["path"], recorder.status or 500, tok, ms)
 

@@ -12,8 +12,9 @@ import logging
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
+from slotserver.server.asgi_http import HttpMiddleware, StatusRecorder
 from slotserver.server.jsonio import JSONResp, dumps
 
 log = logging.getLogger("slotserver.http")
@@ -89,33 +90,20 @@ async def http_exception_handler(request: Request, exc: Exception) -> JSONResp:
     return ApiError(exc.status_code, message, headers=exc.headers).response()
 
 
-class CatchAll:
+class CatchAll(HttpMiddleware):
     """ASGI middleware: an unexpected exception becomes a logged 500 JSON error, not a crash.
 
     If the response has already started (a stream), nothing more can be said to that client; the
     failure is logged and the connection is ended cleanly.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        recorder = StatusRecorder(send)
         try:
-            await self.app(scope, receive, tracking_send)
+            await self.app(scope, receive, recorder)
         except Exception as e:  # noqa: BLE001 - the one place that turns surprises into a 500
             log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
-            if started:
+            if recorder.status:   # started: nothing more can be said to this client
                 return
             err = ApiError(500, f"internal server error: {type(e).__name__}", "server_error")
             body = dumps(err.body())
