@@ -7,7 +7,9 @@ be exercised end to end in milliseconds. Token ids are stable:
 - 0..255: the 256 byte tokens, in GPT-2's `bytes_to_unicode` order ("!" is 0, "Ġ" (space) is 220),
 - then one token per merge, in merge order (`DEFAULT_MERGES`, then `vocab_extra_merges`),
 - then the specials `<|endoftext|>` (bos/padding), `<|im_start|>`, `<|im_end|>` (eos: ChatML ends
-  every turn with it, so generation stops there), all with token type CONTROL.
+  every turn with it, so generation stops there), all with token type CONTROL,
+- then `extra_specials`, if given (also CONTROL; e.g. `FIM_SPECIALS`, Qwen2.5-Coder's FIM tokens,
+  which llama.cpp finds by their text).
 
 Weights are seeded normal draws scaled by 1/sqrt(fan_in) (embeddings 2/sqrt(d_model), so tied
 logits have a std of about 2), norms are ones. `tiny_weights` returns the exact float32 values
@@ -39,6 +41,8 @@ CHATML = (  # literal newlines inside the Jinja strings, as in SmolLM2's templat
 )
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 BOS_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_end|>"
+FIM_SPECIALS = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>",
+                "<|file_sep|>")   # Qwen2.5-Coder's texts: pre, mid, suf, pad, rep, sep
 DEFAULT_MERGES = (
     "Ġ t", "h e", "i n", "Ġ a", "e r", "o n", "Ġt he", "r e", "a t", "e n", "o r", "Ġ s",
     "Ġ w", "Ġ o", "e s", "Ġ c", "i s", "i t", "a n", "Ġ b", "Ġ f", "Ġ m", "Ġ p", "a l",
@@ -62,7 +66,8 @@ def bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, (chr(c) for c in cs)))
 
 
-def tiny_vocab(extra_merges: Sequence[str] = ()) -> tuple[list[str], list[str], list[int]]:
+def tiny_vocab(extra_merges: Sequence[str] = (),
+               extra_specials: Sequence[str] = ()) -> tuple[list[str], list[str], list[int]]:
     """(tokens, merges, token_types) of the tiny vocabulary; merges must build on known tokens."""
     tokens = list(bytes_to_unicode().values())
     merges = list(DEFAULT_MERGES) + list(extra_merges)
@@ -73,8 +78,9 @@ def tiny_vocab(extra_merges: Sequence[str] = ()) -> tuple[list[str], list[str], 
             raise ValueError(f"merge {merge!r} must join two known tokens into a new one")
         tokens.append(left + right)
         known.add(left + right)
-    types = [int(gguf.TokenType.NORMAL)] * len(tokens) + [int(gguf.TokenType.CONTROL)] * 3
-    return tokens + list(SPECIAL_TOKENS), merges, types
+    specials = list(SPECIAL_TOKENS) + list(extra_specials)
+    types = [int(gguf.TokenType.NORMAL)] * len(tokens) + [int(gguf.TokenType.CONTROL)] * len(specials)
+    return tokens + specials, merges, types
 
 
 FEATURES = ("qk_norm", "post_norms", "fused", "rope_factors", "rope_freqs")
@@ -232,17 +238,17 @@ def write_tiny_gguf(path: str | os.PathLike, *, arch: str = "llama", n_layers: i
                     tied_embeddings: bool = True, rope_base: float = 10000.0, ctx_len: int = 256,
                     seed: int = 0, qkv_bias: bool = False, chat_template: str = CHATML,
                     rms_eps: float = 1e-5, head_dim: int | None = None, features: Sequence[str] = (),
-                    **overrides: Any) -> Path:
+                    extra_specials: Sequence[str] = (), **overrides: Any) -> Path:
     """Write a tiny random model to `path` and return it as a Path.
 
     2-D weights are stored as `tensor_type` (quantized types need d_model and d_ff to be
     multiples of the block size: 32, or 256 for K-quants); 1-D norms and biases stay F32.
-    `features` and `head_dim`: see the module docstring.
+    `features`, `head_dim` and `extra_specials`: see the module docstring.
     `overrides` maps full metadata keys (pass them as `**{"llama.context_length": 512}`) to new
     values, keeping a known key's value type (a new key: int32, float32 or string, unless given as
     a `(value, GGUFValueType)` pair); a value of None removes the key.
     """
-    vocab = tiny_vocab(vocab_extra_merges)
+    vocab = tiny_vocab(vocab_extra_merges, extra_specials)
     meta = {"general.architecture": (arch, VT.STRING)}
     meta |= _metadata(arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
                      n_kv_heads=n_kv_heads, d_ff=d_ff, rope_base=rope_base, ctx_len=ctx_len,
