@@ -376,3 +376,14 @@ def test_one_log_line_per_request_with_status_tokens_and_time(client, caplog):
     lines = [rec.getMessage() for rec in caplog.records if rec.name == "slotserver.http"]
     assert [line for line in lines if re.fullmatch(r"POST /completion 200 \d+\+3 tok \d+ ms", line)], lines
     assert [line for line in lines if re.fullmatch(r"GET /nope 404 - tok \d+ ms", line)], lines
+
+
+def test_chat_input_tokens_count_the_prompt_the_chat_route_runs(client):
+    """llama-server's /v1/chat/completions/input_tokens: the same rendering and tokens as the chat
+    route (its usage.prompt_tokens), nothing generated; a bad body is the chat route's 400."""
+    body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}]}
+    n = client.post("/v1/chat/completions/input_tokens", json=body).json()["input_tokens"]
+    usage = client.post("/v1/chat/completions", json={**body, "max_tokens": 1, "temperature": 0}).json()["usage"]
+    assert n == usage["prompt_tokens"] > 5
+    assert client.post("/chat/completions/input_tokens", json=body).json() == {"input_tokens": n}
+    assert client.post("/v1/chat/completions/input_tokens", json={"messages": "hi"}).status_code == 400

@@ -36,6 +36,7 @@ class EngineConfig:
     # -ctk/-ctv: the K/V element type. auto: f16 under the CLI's `--dtype auto` (llama.cpp's default
     # cache type: half the bytes decode attention reads), else the model's dtype (float32 reference)
     cache_type: str = "auto"
+    sleep_idle_s: float = -1.0       # --sleep-idle-seconds: idle this long -> weights and KV released (-1: never)
 
     def __post_init__(self) -> None:
         _positive("--parallel", self.n_parallel)
@@ -59,6 +60,8 @@ class EngineConfig:
         if self.cache_type not in CACHE_TYPES:
             raise ConfigError(f"--cache-type-k/-v must be one of {', '.join(CACHE_TYPES[1:])}, got {self.cache_type!r} "
                               "(int8 K/V: --layout q8)")
+        if not (self.sleep_idle_s == -1 or self.sleep_idle_s > 0):
+            raise ConfigError(f"--sleep-idle-seconds must be -1 (never) or > 0, got {self.sleep_idle_s}")
         if self.slot_save_path is not None and not Path(self.slot_save_path).is_dir():
             raise ConfigError(f"--slot-save-path {self.slot_save_path} is not a folder")
 

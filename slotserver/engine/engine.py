@@ -25,6 +25,7 @@ from slotserver.lab.lab import Lab
 from slotserver.engine.grammar import Grammars
 from slotserver.engine.inbox import Inbox
 from slotserver.engine.loop import EngineLoop
+from slotserver.engine.sleep import Sleeper
 from slotserver.engine.masks import MaskFiller
 from slotserver.engine.outbox import Outbox
 from slotserver.engine.port import EnginePort
@@ -69,6 +70,7 @@ class Engine:
         self._logits = torch.empty(0, bundle.model.weights.output.out_features, device=self.device)   # grown (_forward)
         self._ids = itertools.count(1)
         self.loop = EngineLoop(self, self._wake)   # the thread, the watcher
+        self.sleeper = Sleeper(self, config.sleep_idle_s)   # --sleep-idle-seconds
 
     # -- client verbs (any thread) -------------------------------------------------------------
     def submit(self, request: Request, loop=None, parent: RequestHandle | None = None) -> RequestHandle:
@@ -134,6 +136,10 @@ class Engine:
         self.masks.close()
 
     # -- the engine thread -----------------------------------------------------------------------
+    def release_buffers(self) -> None:
+        """Drop the logits buffer (sleep); `_forward` grows a new one on the next step."""
+        self._logits = torch.empty(0, self._logits.shape[1], device=self.device)
+
     def step(self) -> bool:
         """One step. -> False when there was nothing to do. Its events leave when it ends."""
         try:
@@ -143,6 +149,7 @@ class Engine:
 
     def _step(self) -> bool:
         """schedule, apply moves, forward, sample, postprocess; `t` times each part (stats)."""
+        self.sleeper.wake_if_needed()   # asleep (--sleep-idle-seconds) and asked for: weights and KV back
         self.inbox.drain()
         self.lab.apply_pending()
         if not self.sched.has_work():

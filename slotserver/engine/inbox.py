@@ -43,6 +43,10 @@ class Inbox:
         self._wake.set()
 
     # -- the engine thread -------------------------------------------------------------------------
+    def pending(self) -> bool:
+        """Whether a client message waits (a sleeping engine wakes for it before draining)."""
+        return not self._messages.empty()
+
     def drain(self) -> None:
         while True:
             try:

@@ -86,4 +86,13 @@ class KVCache:
             self.layout.trim_stream(stream, n)
 
     def bytes_used(self) -> int:
-        return self.layout.bytes_used()
+        return self.layout.bytes_used() if self.layout is not None else 0
+
+    # --sleep-idle-seconds (engine/sleep.py): the memory goes, the layout module and spec stay
+    def release(self) -> None:
+        """Free the KV memory; nothing may read or write the cache until `restore()`."""
+        self.layout = None
+
+    def restore(self) -> None:
+        """Fresh, zeroed KV memory of the same layout module and spec (no cell holds valid KV)."""
+        self.layout = create_layout(self.loaded, self.spec)

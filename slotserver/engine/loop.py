@@ -45,8 +45,12 @@ class EngineLoop:
                 e.inbox.fail_running(f"engine error: {type(exc).__name__}: {exc}")
                 e.outbox.flush()
                 worked = True
-            if not worked:
-                e.tracker.publish()  # keep uptime and rates fresh while idle
+            if worked:
+                e.sleeper.worked()
+            else:
+                if not e.sleeper.asleep:
+                    e.tracker.publish()  # keep uptime and rates fresh while idle (asleep: the last snapshot)
+                e.sleeper.maybe_sleep()
                 self.wake.wait(IDLE_WAIT_S)
                 self.wake.clear()
 

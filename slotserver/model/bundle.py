@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import dataclass
 
@@ -17,7 +18,8 @@ from slotserver.model.model import LlamaModel
 from slotserver.model.spec import ModelSpec
 from slotserver.model.text.tokenizer import Tokenizer
 from slotserver.model.progress import stage
-from slotserver.model.weights import Progress
+from slotserver.model.placement import to_device
+from slotserver.model.weights import Progress, load_weights
 
 log = logging.getLogger("slotserver.load")
 
@@ -52,6 +54,25 @@ class ModelBundle:
                                          config.weight_format, device)
         model.set_step_graphs(config.step_graphs and device == "cpu")   # CUDA graphs: not yet (docs/gpu.md)
         return cls(config, model, tokenizer, template, _without_vocabulary(f.metadata))
+
+
+    # --sleep-idle-seconds: the weights go while the server sleeps, the rest (tokenizer, template,
+    # spec, kernels, config) stays, so /props and the tokenizer routes answer without waking it
+    def drop_weights(self) -> None:
+        """Release the matmul weights (and the step graphs that hold their buffers)."""
+        self.model.weights = None
+        self.model.set_step_graphs(False)
+        gc.collect()
+
+    def reload_weights(self) -> None:
+        """Read the weights again as `load` did (same format, dtype, device), then warm them up."""
+        cfg, model = self.config, self.model
+        f = GGUFFile.open(cfg.model_path)
+        q4 = model.kernels.modules["q4_matmul"].module if "q4_matmul" in model.kernels.modules else None
+        weights = load_weights(f, model.spec, cfg.torch_dtype, None, cfg.weight_format, q4)
+        model.weights = weights if model.device == "cpu" else to_device(weights, model.device)
+        model.set_step_graphs(cfg.step_graphs and model.device == "cpu")
+        model.warm_up()
 
 
 # The vocabulary arrays, read once by the tokenizer: kept as Python lists they held ~13 MiB of a

@@ -49,11 +49,12 @@ class LlamaModel:
         self._plain = self.spec.residual_scale == 1.0 and all(
             lw.post_attn_norm is None and lw.post_ffn_norm is None for lw in self.weights.layers)
         self.graphs: StepGraphs | None = self._step_graphs()
+        self._device = self.weights.out_norm.device.type   # kept while the weights are dropped (sleep)
 
     @property
     def device(self) -> str:
         """Where the weights live and the forward runs: "cpu" or "cuda" (runtime/device.py)."""
-        return self.weights.out_norm.device.type
+        return self._device
 
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype = torch.float32,

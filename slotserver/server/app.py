@@ -5,6 +5,7 @@ Middleware, outermost first:
   CatchAll     an unexpected exception -> logged 500 JSON error; the server keeps serving
   CORS         only with --cors ORIGIN (no CORS headers at all otherwise), on inference and info paths only (cors.py)
   LoadingGate  503 "Loading model" for every route but /health until the model is loaded
+  WakeGate     a sleeping engine (--sleep-idle-seconds) wakes for every route but the read-only ones
   ApiKeyAuth   401 without a valid key, when keys are configured (public: health, models)
 Routes raise `ApiError`; routing errors (404, 405) get the same JSON error shape.
 """
@@ -30,6 +31,7 @@ from slotserver.server.routes import completion, lab, messages, misc, openai, re
 from slotserver.server.routes import embeddings, rerank
 from slotserver.server.routes import infill
 from slotserver.server.state import ServerState
+from slotserver.server.wake_gate import WakeGate
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -64,6 +66,7 @@ def _middleware(state: ServerState) -> list[Middleware]:
     if state.config.cors_origins:
         stack.append(Middleware(InferenceCors, origins=state.config.cors_origins))
     stack.append(Middleware(LoadingGate, is_ready=lambda: state.ready))
+    stack.append(Middleware(WakeGate, engine=lambda: state.engine))   # --sleep-idle-seconds
     stack.append(Middleware(ApiKeyAuth, keys=state.config.api_keys))
     return stack
 

@@ -23,8 +23,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 CORS_PATHS = frozenset({
     "/completion", "/completions", "/v1/completions", "/v1/chat/completions", "/chat/completions",
-    "/tokenize", "/detokenize", "/apply-template",
+    "/tokenize", "/detokenize", "/apply-template", "/infill",
     "/v1/responses", "/responses", "/v1/responses/input_tokens", "/responses/input_tokens",
+    "/v1/chat/completions/input_tokens", "/chat/completions/input_tokens", "/v1/messages", "/v1/messages/count_tokens",
     "/health", "/v1/health", "/props", "/models", "/v1/models",
 })
 MODEL_PREFIX = "/v1/models/"   # GET /v1/models/{id}: read-only, as /v1/models

@@ -26,12 +26,15 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2
 
 
 class RequestTotals:
-    """Sums over finished requests (prompt/generation time as the engine reports them)."""
+    """Sums over finished requests (prompt/generation time as the engine reports them), and the
+    same sums since the last scrape (`bucket`): llama-server's throughput gauges cover only the
+    requests finished between two scrapes (its `reset_bucket`), so an idle server reports 0."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.prompt_n = self.prompt_ms = self.predicted_n = self.predicted_ms = 0.0
         self.cached_n = self.n_tokens_max = 0
+        self.bucket = [0.0, 0.0, 0.0, 0.0]   # prompt n, prompt ms, predicted n, predicted ms since the last scrape
 
     def add(self, ev: FinalEvent) -> None:
         with self._lock:
@@ -41,10 +44,20 @@ class RequestTotals:
             self.predicted_n += ev.n_predicted
             self.predicted_ms += ev.predicted_ms
             self.n_tokens_max = max(self.n_tokens_max, ev.n_prompt + ev.n_predicted)
+            for i, v in enumerate((ev.n_prompt - ev.n_cached, ev.prompt_ms, ev.n_predicted, ev.predicted_ms)):
+                self.bucket[i] += v
+
+    def take_bucket(self) -> list[float]:
+        """The sums since the last scrape, and a new empty bucket."""
+        with self._lock:
+            bucket, self.bucket = self.bucket, [0.0, 0.0, 0.0, 0.0]
+        return bucket
 
 
 def llamacpp_block(s, t: RequestTotals) -> bytes:
-    """llama-server's metrics, names and types as its /metrics writes them."""
+    """llama-server's metrics, names and types as its /metrics writes them (the throughput gauges
+    over the requests finished since the previous scrape, as llama-server's)."""
+    pn, pms, gn, gms = t.take_bucket()
     cells = sum(x.n_ctx for x in s.slots) or 1
     used = sum(x.cells_used for x in s.slots)
     rows = [
@@ -58,9 +71,8 @@ def llamacpp_block(s, t: RequestTotals) -> bytes:
         ("counter", "spec_decode_num_draft_tokens_total", "Draft tokens (no speculative decoding here).", 0),
         ("counter", "spec_decode_num_accepted_tokens_total", "Accepted draft tokens (no speculative decoding).", 0),
         ("counter", "spec_decode_num_drafts_total", "Drafts (no speculative decoding here).", 0),
-        ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s.", _rate(t.prompt_n, t.prompt_ms)),
-        ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s.",
-         _rate(t.predicted_n, t.predicted_ms)),
+        ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s.", _rate(pn, pms)),
+        ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s.", _rate(gn, gms)),
         ("gauge", "kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.", used / cells),
         ("gauge", "kv_cache_tokens", "KV-cache tokens.", used),
         ("gauge", "requests_processing", "Number of requests processing.", s.n_active),

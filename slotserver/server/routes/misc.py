@@ -103,6 +103,7 @@ async def props(request: Request) -> Response:
     return JSONResp({
         "default_generation_settings": default_generation_settings(state),
         "total_slots": engine.config.n_parallel,
+        "is_sleeping": engine.sleeper.is_sleeping,   # --sleep-idle-seconds (llama-server's field)
         "model_alias": state.config.model_name,   # as llama-server: --alias, else the file's name
         "model_path": state.config.model_path,
         "dtype": str(bundle.model.dtype).removeprefix("torch."),   # ours: what the model computes in

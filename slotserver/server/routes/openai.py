@@ -106,7 +106,22 @@ async def openai_stream(runs: list[Run], fmts: list[OpenAIFormatter]) -> AsyncIt
     yield sse.DONE
 
 
+async def chat_input_tokens(request: Request) -> Response:
+    """llama-server's /v1/chat/completions/input_tokens: the prompt a chat body would run, counted
+    (rendered and tokenized exactly as the chat route does; nothing is generated)."""
+    state: ServerState = request.app.state.server
+    bundle, engine = state.require()
+    cfg = state.config
+    body = await read_json(request, cfg.body_limit, cfg.timeout)
+    oa = await anyio.to_thread.run_sync(lambda: parse_chat(
+        {**body, "stream": False}, bundle.tokenizer, state.template, cfg.defaults, cfg.model_name,
+        getattr(engine, "grammars", None), engine.config.n_parallel, cfg.chat))
+    return JSONResp({"input_tokens": len(oa.job.request.prompt_ids)})
+
+
 ROUTES = [
+    Route("/v1/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
+    Route("/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/chat/completions", chat_completions, methods=["POST"]),
