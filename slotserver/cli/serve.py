@@ -111,6 +111,15 @@ def add_parser(sub) -> None:
            "of --ctx-size cells (a paged layout)")
     a("--cors", action="append", default=[], metavar="ORIGIN", help="allow this CORS origin (repeatable)")
     a("--slots-debug", action="store_true", help="show prompt text in GET /slots")
+    a("--embedding", "--embeddings", dest="embedding", action="store_true",
+      help="embedding-only server (as llama-server): /embedding(s), /v1/embeddings; no completions")
+    a("--pooling", choices=["none", "mean", "cls", "last", "rank"], default=None,
+      help="pooling for embeddings (default: the model's own, {arch}.pooling_type)")
+    a("--reranking", "--rerank", dest="reranking", action="store_true",
+      help="serve /rerank (and /v1/rerank): --embedding with rank pooling, for a BERT cross-encoder")
+    a("-fa", "--flash-attn", choices=["on", "off", "auto"], default="auto",
+      help="accepted for llama-server's command lines; no effect: attention has one (exact) kernel per "
+           "layout here, whatever the setting")
     p.set_defaults(run=run)
 
 

@@ -84,7 +84,7 @@ class Tokenizer:
             special = find_special_tokens(md, self._tokens, self._vocab, types, 1, 2)
             bpe, add_bos = self._init_spm(md, special.types), True  # llama.cpp's SPM defaults
         else:
-            raise TokenizerError(f"unsupported tokenizer model {self.model!r} (need gpt2 or llama)")
+            raise TokenizerError(f"unsupported tokenizer model {self.model!r} (need gpt2, llama or bert)")
         self._types = special.types
         self.bos_id, self.eos_id, self.eog_ids = special.bos_id, special.eos_id, special.eog_ids
         self.special_ids = dict(special.ids)
@@ -98,6 +98,9 @@ class Tokenizer:
     @classmethod
     def from_metadata(cls, md: dict[str, Any]) -> Tokenizer:
         """Build from GGUF key/values given as plain Python values."""
+        if cls is Tokenizer and md.get(_P + "model") == "bert":   # WordPiece (BERT): text/wordpiece.py
+            from slotserver.model.text.wordpiece import WordPieceTokenizer
+            return WordPieceTokenizer.from_metadata(md)
         with no_gc():
             return cls(md)
 

@@ -1,0 +1,193 @@
+"""Make tests/fixtures/bert/: a tiny random BERT GGUF and, where the llama.cpp peer is built, its outputs.
+
+    .venv/bin/python playground/make_bert_fixture.py            # the GGUF, then llama-server's outputs
+    .venv/bin/python playground/make_bert_fixture.py --no-peer  # the GGUF only
+
+`tiny-bert.gguf` is what llama.cpp's converter writes for a BERT model (arch `bert`, its metadata
+keys and tensor names), small enough to commit (~100 KB): 2 layers, d_model 32, 4 heads, d_ff 64,
+64 positions, token types, every bias, layer-norm weights away from 1, the `cls` dense layer and a
+2-label `cls.output` classifier, mean pooling in its metadata. Its WordPiece vocabulary (120 pieces,
+in llama.cpp's form: `▁` marks a word start, continuations lose `##`) holds every lowercase letter as
+a word start and as a continuation, digits, punctuation, two CJK characters, a few whole words and
+pieces, and the specials at ids 0-4 (not BERT's usual 100-103, so the metadata's ids must be read).
+The token embedding is stored in F16, everything else in F32.
+
+With the peer (../shared/tools/llamacpp-peer/build), `tiny-bert.json` records llama-server's answers on
+it, run with `-fa off` (its f32 attention: with flash attention on, llama.cpp's CPU kernel casts K and V,
+and for small batches Q and the running V sums, to f16, which moved these vectors by up to ~2e-4): /tokenize of tricky texts (`tokenize`), /embeddings for pooling mean, cls, last and none
+(`embeddings`: raw for none, else normalized), and /rerank scores (`rerank`), for tests/test_embeddings.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "fixtures" / "bert"
+PEER = Path.home() / ".cache/slotserver-peer/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
+D, HEADS, FF, LAYERS, CTX, LABELS = 32, 4, 64, 2, 64, 2
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = ["the", "is", "test", "hello", "world", "this", "machine", "learning", "paris", "cafe", "un", "don",
+         "[unused0]", "中", "文"]
+PIECES = ["aff", "able", "ing", "ed"]
+PUNCT = list(".,!?'-()\":;$")
+TEXTS = ["hello world", "Hello, World!", "This is a test.", "Café naïve résumé", "中文 test 中", "unaffable",
+         "don't stop", "[CLS] special [SEP] tokens", "[unused0] stays a word", "tabs\tand\nnewlines  here",
+         "ÀÉÎ õü", "machine learning is fun", "paris 2024: $5 (cheap)!", "x", "the the the the the the"]
+QUERY, DOCS = "machine learning", ["learning machines", "paris is a city", "hello world", "un test"]
+
+
+def vocab() -> tuple[list[str], list[int]]:
+    """(tokens in llama.cpp's GGUF form, token types)."""
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    digits = [str(d) for d in range(10)]
+    starts = WORDS + letters + digits + PUNCT
+    tokens = SPECIALS + ["▁" + w for w in starts] + PIECES + letters + digits
+    types = [int(gguf.TokenType.CONTROL)] * len(SPECIALS) + [int(gguf.TokenType.NORMAL)] * (len(tokens) - len(SPECIALS))
+    assert len(set(tokens)) == len(tokens)
+    return tokens, types
+
+
+def tensors(rng: np.random.Generator, n_vocab: int) -> dict[str, np.ndarray]:
+    """Every tensor, in numpy (row-major, llama.cpp's `[out, in]` for matrices)."""
+    def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def norm(name: str) -> dict[str, np.ndarray]:
+        return {f"{name}.weight": 1 + normal(D, scale=0.2), f"{name}.bias": normal(D, scale=0.1)}
+
+    t = {"token_embd.weight": normal(n_vocab, D), "position_embd.weight": normal(CTX, D, scale=0.5),
+         "token_types.weight": normal(2, D, scale=0.5), **norm("token_embd_norm")}
+    for i in range(LAYERS):
+        p = f"blk.{i}."
+        for n in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            t[p + n + ".weight"], t[p + n + ".bias"] = normal(D, D, scale=D ** -0.5), normal(D, scale=0.1)
+        t |= {p + "ffn_up.weight": normal(FF, D, scale=D ** -0.5), p + "ffn_up.bias": normal(FF, scale=0.1),
+              p + "ffn_down.weight": normal(D, FF, scale=FF ** -0.5), p + "ffn_down.bias": normal(D, scale=0.1)}
+        t |= norm(p + "attn_output_norm") | norm(p + "layer_output_norm")
+    t |= {"cls.weight": normal(D, D, scale=D ** -0.5), "cls.bias": normal(D, scale=0.1),
+          "cls.output.weight": normal(LABELS, D, scale=D ** -0.5), "cls.output.bias": normal(LABELS, scale=0.1)}
+    return t
+
+
+def write(path: Path, seed: int = 35) -> Path:
+    tokens, types = vocab()
+    w = gguf.GGUFWriter(str(path), "bert")
+    w.add_name("tiny-bert")
+    w.add_context_length(CTX)
+    w.add_embedding_length(D)
+    w.add_feed_forward_length(FF)
+    w.add_block_count(LAYERS)
+    w.add_head_count(HEADS)
+    w.add_layer_norm_eps(1e-12)
+    w.add_causal_attention(False)
+    w.add_pooling_type(gguf.PoolingType.MEAN)
+    w.add_classifier_output_labels(["yes", "no"])
+    w.add_token_type_count(2)
+    w.add_tokenizer_model("bert")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    for key, tid in (("bos", 2), ("eos", 3), ("unk", 1), ("sep", 3), ("pad", 0), ("mask", 4)):
+        getattr(w, f"add_{key}_token_id")(tid)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(True)
+    w.add_add_sep_token(False)
+    w.add_bool("tokenizer.ggml.normalizer.lowercase", True)
+    for name, value in tensors(np.random.default_rng(seed), len(tokens)).items():
+        w.add_tensor(name, value.astype(np.float16) if name == "token_embd.weight" else value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _post(port: int, path: str, body: dict):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def llama_server(path: Path, *flags: str):
+    """A started llama-server on `path` with `flags` (a context manager yielding its port)."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def run():
+        port = _free_port()
+        cmd = [str(PEER / "llama-server"), "-m", str(path), "--port", str(port), "-c", "256", "-np", "1",
+               "-t", "2", "--no-warmup", "-fa", "off", *flags]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=dict(os.environ, LD_LIBRARY_PATH=str(PEER)))
+        try:
+            for _ in range(300):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                        break
+                except OSError:
+                    time.sleep(0.1)
+            yield port
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    return run()
+
+
+def record(path: Path) -> dict:
+    out: dict = {"texts": TEXTS, "query": QUERY, "documents": DOCS, "embeddings": {}}
+    for pooling in ("mean", "cls", "last", "none"):
+        with llama_server(path, "--embedding", "--pooling", pooling) as port:
+            if pooling == "mean":
+                out["tokenize"] = [_post(port, "/tokenize", {"content": t, "add_special": True})["tokens"]
+                                   for t in TEXTS]
+            rows = _post(port, "/embeddings", {"content": TEXTS})
+            out["embeddings"][pooling] = [r["embedding"] for r in sorted(rows, key=lambda r: r["index"])]
+    with llama_server(path, "--reranking") as port:
+        res = _post(port, "/rerank", {"query": QUERY, "documents": DOCS})
+        out["rerank"] = {"scores": [r["relevance_score"] for r in sorted(res["results"], key=lambda r: r["index"])],
+                         "prompt_tokens": res["usage"]["prompt_tokens"]}
+    return out
+
+
+def _rounded(obj):
+    if isinstance(obj, float):
+        return float(f"{obj:.8g}")
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_rounded(v) for v in obj]
+    return obj
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--no-peer", action="store_true", help="write the GGUF only")
+    args = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = write(OUT / "tiny-bert.gguf")
+    print(f"{path}: {path.stat().st_size} bytes")
+    if not args.no_peer:
+        text = json.dumps(_rounded(record(path)))   # 8 significant digits: float32's, in half the bytes
+        (OUT / "tiny-bert.json").write_text(text + "\n")
+        print(f"{OUT / 'tiny-bert.json'} written")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""BERT, the encoder llama.cpp serves embeddings and reranking with (src/models/bert.cpp), in plain torch.
+
+One forward runs many sequences at once, their tokens packed into one `[T, d]` batch, and returns
+every token's final hidden state; pooling (pooling.py) picks from those. The graph is llama.cpp's
+`build_bert`:
+```
+x = tok_embd[t] + token_types[0] + pos_embd[p]          # token type 0 ("sentence A") for every token
+x = LayerNorm(x)                                         # token_embd_norm
+per layer (post-norm, every projection with its bias):
+  a = attention(x Wq, x Wk, x Wv) Wo                     # bidirectional: no causal mask, no KV cache
+  x = LayerNorm(a + x)                                   # attn_output_norm
+  x = LayerNorm(GELU(x Wup) Wdown + x)                   # layer_output_norm; GELU: tanh form, as ggml_gelu
+```
+Projections and norms run on the packed rows; attention pads each sequence (packed_attention.py).
+Weights are dequantized to float32 at load (bert_weights.py): BERT embedders are small (MiniLM-L6 is
+22M parameters), and llama.cpp computes these graphs in f32 activations too. `matmul_dtype` bfloat16
+(`serve --dtype bfloat16`) runs the projections in bf16 with f32 accumulation (AMX or AVX512-BF16
+where the CPU has them; ~4x faster matmuls on an AMX host) while norms, GELU and residuals stay f32.
+
+`gelu_table`: ggml's CPU GELU reads a table of float16 values (`GGML_GELU_FP16`: the input rounded
+to f16, the result stored in f16); with it on (the default) this forward does the same.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from slotserver.model.encoder.bert_spec import BertSpec
+from slotserver.model.encoder.bert_weights import BertLayer, BertWeights, load_bert_weights, matmul_weights
+from slotserver.model.encoder.packed_attention import PackedAttention
+from slotserver.model.gguf_file import GGUFFile
+
+
+def ggml_gelu(x: torch.Tensor) -> torch.Tensor:
+    """ggml's CPU GELU: tanh form looked up in a float16 table (input and result rounded to f16; torch's
+    half GELU computes in float and rounds), 0 at or below -10 and the identity at or above 10."""
+    y = F.gelu(x.half(), approximate="tanh").float()
+    return torch.where(x >= 10.0, x, y.masked_fill_(x <= -10.0, 0.0))
+
+
+class BertModel:
+    """A loaded BERT encoder: `forward(seqs)` -> every token's final hidden state."""
+
+    def __init__(self, spec: BertSpec, weights: BertWeights, gelu_table: bool = True,
+                 matmul_dtype: torch.dtype = torch.float32) -> None:
+        self.spec, self.weights, self.gelu_table = spec, weights, gelu_table
+        self.matmul_dtype = matmul_dtype
+        self.layers = matmul_weights(weights.layers, matmul_dtype)
+
+    @classmethod
+    def from_file(cls, f: GGUFFile, spec: BertSpec | None = None, gelu_table: bool = True,
+                  matmul_dtype: torch.dtype = torch.float32) -> "BertModel":
+        spec = spec or BertSpec.from_gguf(f)
+        return cls(spec, load_bert_weights(f, spec), gelu_table, matmul_dtype)
+
+    @torch.inference_mode()
+    def forward(self, seqs: list[list[int]]) -> torch.Tensor:
+        """Token sequences (each 1..ctx_train ids) -> float32 hidden states `[T, d]`, T the tokens of
+        all sequences packed in order."""
+        s, w = self.spec, self.weights
+        lengths = [len(q) for q in seqs]
+        tokens = torch.tensor([t for q in seqs for t in q])                           # [T]
+        positions = torch.cat([torch.arange(n) for n in lengths])                     # [T]
+        x = w.tok_embd[tokens] + w.type_row0 + w.pos_embd[positions]                  # [T, d]
+        x = F.layer_norm(x, (s.d_model,), *w.embd_norm, s.norm_eps)
+        attention = PackedAttention.of(lengths)
+        for lw in self.layers:
+            x = self._layer(lw, x, attention)
+        return x
+
+    def _layer(self, lw: BertLayer, x: torch.Tensor, attention: PackedAttention) -> torch.Tensor:
+        d, eps = self.spec.d_model, self.spec.norm_eps
+        a = attention.attend(self._linear(x, lw.qkv, lw.qkv_b), self.spec.n_heads)   # [T, d]
+        x = F.layer_norm(self._linear(a, lw.wo, lw.wo_b) + x, (d,), *lw.attn_norm, eps)
+        h = self._linear(x, lw.up, lw.up_b)                                           # [T, d_ff]
+        h = ggml_gelu(h) if self.gelu_table else F.gelu(h, approximate="tanh")
+        return F.layer_norm(self._linear(h, lw.down, lw.down_b) + x, (d,), *lw.out_norm, eps)
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """x @ w^T + b in float32 out; bf16 inputs when the weights are bf16 (f32 accumulation)."""
+        if w.dtype == torch.float32:
+            return F.linear(x, w, b)
+        return F.linear(x.to(w.dtype), w).float().add_(b)

@@ -1,0 +1,119 @@
+"""`Embedder`: a GGUF file loaded for embeddings and reranking: encoder, tokenizer, pooling.
+
+`Embedder.load` reads a BERT encoder (encoder/bert.py, its WordPiece vocabulary) or, for any other
+supported architecture, the llama-family model's final-normed hidden states (encoder/decoder.py).
+`run(sequences)` computes pooled vectors for many token sequences in few forwards: sorted by
+length, cut into batches of at most `max_batch_tokens` tokens counted as if padded to the batch's
+longest (which bounds attention's `[B, H, L, L]` scores; the projections run on the packed tokens).
+
+The pooling is the one asked for, else the model's (`{arch}.pooling_type`, none when absent), as
+llama.cpp picks it. `rank` needs the BERT classification head; a model without it is refused at
+load, in one line naming the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from slotserver.errors import ConfigError
+from slotserver.model.config import ModelConfig
+from slotserver.model.encoder.pooling import POOLINGS, Head, pool
+from slotserver.model.gguf_file import GGUFFile
+from slotserver.model.text.tokenizer import Tokenizer
+from slotserver.runtime import cpu_features
+
+DEFAULT_BATCH_TOKENS = 8192
+RERANK_TEMPLATE_KEY = "tokenizer.chat_template.rerank"   # llama_model_chat_template(model, "rerank")
+
+
+class Encoder(Protocol):
+    def forward(self, seqs: list[list[int]]) -> torch.Tensor:
+        """Token sequences -> float32 hidden states `[sum of lengths, d]`, packed in order."""
+
+
+@dataclass
+class Embedder:
+    encoder: Encoder
+    tokenizer: Tokenizer
+    pooling: str                      # one of POOLINGS
+    ctx_train: int                    # the longest sequence the model takes
+    dims: int                         # a pooled vector's size (a token's with pooling none)
+    arch: str
+    cls: Head | None = None           # rank pooling's head (BERT)
+    cls_out: Head | None = None
+    rerank_template: str | None = None
+    max_batch_tokens: int = DEFAULT_BATCH_TOKENS
+
+    @classmethod
+    def load(cls, config: ModelConfig, pooling: str | None = None, gelu_table: bool = True) -> "Embedder":
+        """The file of `config.model_path` for embeddings with `pooling` (None: the model's own)."""
+        torch.set_num_threads(config.threads or cpu_features.physical_cores())
+        f = GGUFFile.open(config.model_path)
+        arch = f.metadata.get("general.architecture")
+        template = f.metadata.get(RERANK_TEMPLATE_KEY)
+        template = template if isinstance(template, str) else None
+        if arch == "bert":   # --dtype bfloat16: bf16 projections; auto and float32: f32 (llama.cpp's results)
+            dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
+            return cls._bert(f, pooling, gelu_table, template, dtype)
+        return cls._decoder(config, f, pooling, template)
+
+    @classmethod
+    def _bert(cls, f: GGUFFile, pooling: str | None, gelu_table: bool, template: str | None,
+              dtype: torch.dtype) -> "Embedder":
+        from slotserver.model.encoder.bert import BertModel
+        from slotserver.model.encoder.bert_spec import BertSpec
+
+        spec = BertSpec.from_gguf(f)
+        tokenizer = Tokenizer.from_metadata(f.metadata)
+        pooling = _checked_pooling(f, pooling or spec.pooling, spec.can_rank)
+        model = BertModel.from_file(f, spec, gelu_table, dtype)
+        dims = spec.n_cls_out if pooling == "rank" else spec.d_model
+        return cls(model, tokenizer, pooling, spec.ctx_train, dims, "bert", model.weights.cls,
+                   model.weights.cls_out, template)
+
+    @classmethod
+    def _decoder(cls, config: ModelConfig, f: GGUFFile, pooling: str | None, template: str | None) -> "Embedder":
+        from slotserver.model.bundle import ModelBundle
+        from slotserver.model.encoder.decoder import DecoderEncoder
+
+        key = f"{f.metadata.get('general.architecture')}.pooling_type"
+        own = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}.get(f.metadata.get(key, 0), "none")
+        pooling = _checked_pooling(f, pooling or own, can_rank=False)
+        bundle = ModelBundle.load(config)
+        enc = DecoderEncoder(bundle.model, config.layouts_dir)
+        return cls(enc, bundle.tokenizer, pooling, enc.ctx_train, enc.d_model, bundle.model.spec.arch,
+                   rerank_template=template)
+
+    def run(self, seqs: list[list[int]]) -> list[torch.Tensor]:
+        """Pooled float32 vectors, one tensor per sequence (`[1, dims]`, or `[len, dims]` with pooling
+        none), in the order given. Every sequence must hold 1..ctx_train tokens in the vocabulary."""
+        out: list[torch.Tensor | None] = [None] * len(seqs)
+        for batch in self._batches(seqs):
+            hidden = self.encoder.forward([seqs[i] for i in batch])                  # [T, d] packed
+            lengths = [len(seqs[i]) for i in batch]
+            for i, vec in zip(batch, pool(self.pooling, hidden, lengths, self.cls, self.cls_out)):
+                out[i] = vec
+        return out  # type: ignore[return-value]
+
+    def _batches(self, seqs: list[list[int]]) -> list[list[int]]:
+        """Indices of `seqs` by length, cut where the padded batch would pass max_batch_tokens."""
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+        batches: list[list[int]] = []
+        for i in order:   # lengths grow along `order`, so the newest is the batch's longest
+            if batches and (len(batches[-1]) + 1) * len(seqs[i]) <= self.max_batch_tokens:
+                batches[-1].append(i)
+            else:
+                batches.append([i])
+        return batches
+
+
+def _checked_pooling(f: GGUFFile, pooling: str, can_rank: bool) -> str:
+    if pooling not in POOLINGS:
+        raise ConfigError(f"--pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+    if pooling == "rank" and not can_rank:
+        raise ConfigError(f"{f.path}: rank pooling (--reranking) needs a BERT model with a classification "
+                          "head (cls / cls.output tensors); this file has none")
+    return pooling
