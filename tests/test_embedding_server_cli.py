@@ -88,3 +88,23 @@ def test_reranking_a_model_without_a_classifier_is_one_line_and_exit_2(tmp_path)
     errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
     assert done.returncode == 2 and len(errors) == 1, done.stderr
     assert "tiny-llama.gguf" in errors[0] and "classification head" in errors[0]
+
+
+def test_a_bert_file_without_embedding_says_how_to_serve_it():
+    from slotserver.model.gguf_file import GGUFError, GGUFFile
+    from slotserver.model.spec import ModelSpec
+
+    with pytest.raises(GGUFError, match=r"tiny-bert.gguf: bert is an embedding model.*serve --embedding"):
+        ModelSpec.from_gguf(GGUFFile.open(TINY_BERT))
+
+
+def test_embeddings_run_on_the_cpu_and_say_so_for_another_device():
+    from slotserver.model.config import ModelConfig
+    from slotserver.model.encoder.embedder import Embedder
+
+    from types import SimpleNamespace
+
+    # (a ModelConfig refuses cuda itself on a host without a GPU: a stand-in reaches the embedder's check)
+    with pytest.raises(ConfigError, match="--device cuda: embeddings and reranking run on the CPU only"):
+        Embedder.load(SimpleNamespace(device="cuda"))
+    assert Embedder.load(ModelConfig(TINY_BERT, device="auto", threads=1)).dims == 32

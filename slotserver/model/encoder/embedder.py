@@ -13,7 +13,7 @@ load, in one line naming the file.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -49,7 +49,12 @@ class Embedder:
 
     @classmethod
     def load(cls, config: ModelConfig, pooling: str | None = None, gelu_table: bool = True) -> "Embedder":
-        """The file of `config.model_path` for embeddings with `pooling` (None: the model's own)."""
+        """The file of `config.model_path` for embeddings with `pooling` (None: the model's own).
+        On the CPU: `--device auto` means the CPU here, an explicit other device is refused."""
+        if config.device not in ("cpu", "auto"):
+            raise ConfigError(f"--device {config.device}: embeddings and reranking run on the CPU only "
+                              "(use --device cpu or auto)")
+        config = replace(config, device="cpu")
         torch.set_num_threads(config.threads or cpu_features.physical_cores())
         f = GGUFFile.open(config.model_path)
         arch = f.metadata.get("general.architecture")
