@@ -124,7 +124,10 @@ def check(world, r) -> None:
     client, root, sentinel = world
     event(f"{r.request.url.path.split('/')[1] or '/'} {r.status_code}")
     assert r.status_code < 500, (r.request.method, str(r.request.url), r.status_code, r.text[:300])
-    if r.status_code >= 400:   # the status as the code; OpenAI's own string for an unknown model id
+    if r.status_code >= 400 and r.request.url.path.startswith("/v1/messages"):   # Anthropic's error shape
+        body = r.json()
+        assert body["type"] == "error" and body["error"]["type"] and body["error"]["message"], r.text[:300]
+    elif r.status_code >= 400:   # the status as the code; OpenAI's own string for an unknown model id
         code = r.json()["error"]["code"]
         assert code == r.status_code or (r.status_code, code) == (404, "model_not_found"), r.text[:300]
     assert not sentinel.exists(), "a module from outside the lab's folders was imported"
@@ -141,7 +144,8 @@ def routes(client) -> list[tuple[str, str]]:
 
 
 PATH_PARAMS = {"id_slot": st.sampled_from(["0", "1", "9", "-1", "abc", "..", "%2e%2e", "1e3", str(2**63)]),
-               "model_id:path": st.sampled_from(["tiny.gguf", "x", "..", "a/../b", "%2e%2e", "\u00e9", "a" * 300])}
+               "model_id:path": st.sampled_from(["tiny.gguf", "x", "..", "a/../b", "%2e%2e", "\u00e9", "a" * 300]),
+               "response_id": st.sampled_from(["resp_1", "x", "..", "%2e%2e", "a" * 300])}
 # /lab/events with an integer `since` streams forever: only values it refuses
 QUERIES = {"/slots/{id_slot}": {"action": st.sampled_from(["save", "restore", "erase", "x", "", "../save"])},
            "/lab/events": {"since": st.sampled_from(["x", "1.5", "", "--1", "\u00b2", "0x10"])},

@@ -100,6 +100,10 @@ def add_parser(sub) -> None:
       help="turn off POST /lab/layout and /lab/reload (403); GET /lab and /lab/events stay readable")
     a("--max-queue", type=int, default=256, metavar="N",
       help="requests that may wait for a slot (default 256; 0: none wait); past it: 503")
+    a("--sleep-idle-seconds", type=float, default=-1, metavar="S",
+      help="after S seconds without requests, release the weights and the KV cache; the next request "
+           "reloads them (default -1: never). /health, /props, /models, /slots and /metrics answer "
+           "while asleep without waking it")
     a("--kv-pool-cells", type=int, default=None, metavar="N",
       help="paged layouts: the most KV cells all slots together may hold (default: every slot full); "
            "requests wait for free blocks past it")
@@ -111,6 +115,8 @@ def add_parser(sub) -> None:
            "of --ctx-size cells (a paged layout)")
     a("--cors", action="append", default=[], metavar="ORIGIN", help="allow this CORS origin (repeatable)")
     a("--slots-debug", action="store_true", help="show prompt text in GET /slots")
+    a("--spm-infill", action="store_true",
+      help="/infill: Suffix/Prefix/Middle order instead of Prefix/Suffix/Middle, as some models prefer")
     a("--embedding", "--embeddings", dest="embedding", action="store_true",
       help="embedding-only server (as llama-server): /embedding(s), /v1/embeddings; no completions")
     a("--pooling", choices=["none", "mean", "cls", "last", "rank"], default=None,
