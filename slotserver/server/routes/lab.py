@@ -22,6 +22,8 @@ watcher (a save in kernels/ or layouts/) is a separate path, governed by --no-wa
 
 from __future__ import annotations
 
+import re
+
 import asyncio
 from typing import AsyncIterator
 
@@ -102,7 +104,7 @@ async def lab_reload(request: Request) -> Response:
 async def lab_events(request: Request) -> Response:
     state, lab = _lab(request)
     raw = request.query_params.get("since", "0")
-    if not raw.lstrip("-").isdigit():
+    if not re.fullmatch(r"-?[0-9]+", raw):   # str.isdigit() accepts "²"; lstrip("-") accepted "--1"
         raise bad_request(f"'since' must be an integer, got {raw!r}")
     return sse.EventStreamResponse(follow_events(lab, int(raw)), write_timeout=state.config.timeout)
 
