@@ -179,20 +179,23 @@ class Tokenizer:
         add_special adds BOS/EOS as the model asks (add_bos/add_eos); parse_special lets
         control-token text such as `<|im_start|>` become that token instead of plain text.
         """
-        if not isinstance(text, str):
-            raise TokenizerError(f"encode expects str, got {type(text).__name__}")
-        ids: list[int] = []
-        if add_special and self.add_bos:
-            ids.append(self.bos_id)  # type: ignore[arg-type]
-        if text:
-            backend = self._hf_special if parse_special else self._hf_plain
-            try:
-                ids.extend(backend.encode(text, add_special_tokens=False).ids)
-            except Exception as exc:  # e.g. lone surrogates in the input
-                raise TokenizerError(f"cannot tokenize text: {exc}") from exc
+        ids: list[int] = [self.bos_id] if add_special and self.add_bos else []   # type: ignore[list-item]
+        ids += self._encode_text(text, parse_special)
         if add_special and self.add_eos:
             ids.append(self.eos_id)  # type: ignore[arg-type]
         return ids
+
+    def _encode_text(self, text: str, parse_special: bool) -> list[int]:
+        """The ids of `text` alone (no BOS/EOS); TokenizerError for a non-str or untokenizable text."""
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode expects str, got {type(text).__name__}")
+        if not text:
+            return []
+        backend = self._hf_special if parse_special else self._hf_plain
+        try:
+            return backend.encode(text, add_special_tokens=False).ids
+        except Exception as exc:  # e.g. lone surrogates in the input
+            raise TokenizerError(f"cannot tokenize text: {exc}") from exc
 
     def drop_added_specials(self, prompt: str) -> str:
         """A rendered chat prompt without the BOS (EOS) text the template wrote itself when

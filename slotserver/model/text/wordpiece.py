@@ -106,15 +106,8 @@ class WordPieceTokenizer(Tokenizer):
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of `text`; add_special wraps them in [CLS] ... [SEP] (llama.cpp's WPM rule)."""
-        if not isinstance(text, str):
-            raise TokenizerError(f"encode expects str, got {type(text).__name__}")
         ids: list[int] = [self.bos_id] if add_special else []   # type: ignore[list-item]
-        if text:
-            backend = self._hf_special if parse_special else self._hf_plain
-            try:
-                ids.extend(backend.encode(text, add_special_tokens=False).ids)
-            except Exception as exc:  # e.g. lone surrogates in the input
-                raise TokenizerError(f"cannot tokenize text: {exc}") from exc
+        ids += self._encode_text(text, parse_special)
         if add_special:
             ids.append(self.sep_id)   # type: ignore[arg-type]
         return ids

@@ -58,14 +58,21 @@ async def completion(request: Request) -> Response:
         return jobs, [prompt_text(bundle.tokenizer, j.request.prompt_ids) for j in jobs]
 
     jobs, prompts = await anyio.to_thread.run_sync(prepare)
+    return await run_llama_jobs(request, state, jobs, prompts)
+
+
+async def run_llama_jobs(request: Request, state: ServerState, jobs: list[CompletionJob],
+                         prompts: list[str]) -> Response:
+    """Submit parsed /completion-style jobs and answer in llama-server's shape, streamed or whole
+    (/completion and /infill)."""
+    tokenizer, cfg = state.bundle.tokenizer, state.config
     runs = submit_all(state, jobs, log_state(request), prompts)
     if jobs[0].stream:
-        chunks = llama_stream(runs, jobs, bundle.tokenizer, cfg.model_name, prompts)
+        chunks = llama_stream(runs, jobs, tokenizer, cfg.model_name, prompts)
         return sse.EventStreamResponse(chunks, on_close=lambda: close_all(runs), write_timeout=cfg.timeout)
 
     def render(outs: list[Outcome]) -> Response:
-        bodies = [llama.final_response(j, o, bundle.tokenizer, cfg.model_name, p)
-                  for j, o, p in zip(jobs, outs, prompts)]
+        bodies = [llama.final_response(j, o, tokenizer, cfg.model_name, p) for j, o, p in zip(jobs, outs, prompts)]
         return JSONResp(bodies[0] if len(bodies) == 1 else bodies)   # llama-server: an array for several
     return await respond(runs, request, render)
 

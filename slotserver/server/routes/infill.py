@@ -17,17 +17,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from slotserver.server import sse
 from slotserver.server.body import read_json
-from slotserver.server.choices import close_all, submit_all
-from slotserver.server.formats import llama
-from slotserver.server.generation import Outcome
 from slotserver.server.infill_prompt import FimTokens, InfillBudget, format_infill
 from slotserver.server.infill_request import parse_infill
-from slotserver.server.jsonio import JSONResp
 from slotserver.server.params import CompletionJob, parse_completion
 from slotserver.server.prompt import prompt_text
-from slotserver.server.routes.completion import llama_stream, log_state, respond
+from slotserver.server.routes.completion import run_llama_jobs
 from slotserver.server.state import ServerState
 
 
@@ -52,16 +47,7 @@ async def infill(request: Request) -> Response:
     cfg = state.config
     body = await read_json(request, cfg.body_limit, cfg.timeout)
     jobs, prompts = await anyio.to_thread.run_sync(infill_jobs, state, body)
-    runs = submit_all(state, jobs, log_state(request), prompts)
-    if jobs[0].stream:
-        chunks = llama_stream(runs, jobs, bundle.tokenizer, cfg.model_name, prompts)
-        return sse.EventStreamResponse(chunks, on_close=lambda: close_all(runs), write_timeout=cfg.timeout)
-
-    def render(outs: list[Outcome]) -> Response:
-        bodies = [llama.final_response(j, o, bundle.tokenizer, cfg.model_name, p)
-                  for j, o, p in zip(jobs, outs, prompts)]
-        return JSONResp(bodies[0] if len(bodies) == 1 else bodies)   # n_cmpl > 1: an array, as /completion
-    return await respond(runs, request, render)
+    return await run_llama_jobs(request, state, jobs, prompts)
 
 
 ROUTES = [Route("/infill", infill, methods=["POST"])]
