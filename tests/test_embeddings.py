@@ -295,3 +295,16 @@ def test_bfloat16_projections_stay_close_to_float32():
     for a, b in zip(f32.run(seqs), bf16.run(seqs)):
         cos = torch.nn.functional.cosine_similarity(a[0], b[0], dim=0)
         assert 0.999 < cos < 1 - 1e-7   # close, and not the f32 numbers (the bf16 path did run)
+
+
+def test_an_embedding_server_tokenizes_and_describes_itself(client, tok):
+    """The routes that need only a tokenizer or the server's description answer on an embedding
+    server too (llama-server serves /tokenize there): WordPiece ids, the model, its size."""
+    ids = client.post("/tokenize", json={"content": "hello world", "add_special": True}).json()["tokens"]
+    assert ids == tok.encode("hello world", True, True)
+    assert client.post("/detokenize", json={"tokens": ids[1:-1]}).json()["content"].strip() == "hello world"
+    props = client.get("/props").json()
+    vec = client.post("/v1/embeddings", json={"input": "x"}).json()["data"][0]["embedding"]
+    assert props["embedding"] is True and props["n_embd"] == len(vec) and props["is_sleeping"] is False
+    models = client.get("/v1/models").json()
+    assert models["data"][0]["meta"]["n_embd"] == len(vec) and models["models"][0]["capabilities"] == ["embedding"]

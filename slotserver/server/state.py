@@ -56,6 +56,15 @@ class ServerState:
             raise loading_error()
         return self.bundle, engine
 
+    def tokenizer(self):
+        """The served model's tokenizer, the engine's or an embedding server's (the routes that
+        need only a tokenizer answer on both); 503 "Loading model" before either is loaded."""
+        if self.engine is not None and self.bundle is not None:
+            return self.bundle.tokenizer
+        if self.embedder is not None:
+            return self.embedder.embedder.tokenizer
+        raise loading_error()
+
     def lab(self):
         """The engine's lab (live layouts/kernels), or None while loading or if the engine has none."""
         return getattr(self.engine, "lab", None) if self.engine is not None else None

@@ -45,12 +45,11 @@ def _piece(raw: bytes) -> str | list[int]:
 
 async def tokenize(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    bundle, _ = state.require()
+    tok = state.tokenizer()
     f = Fields(await read_json(request, state.config.body_limit, state.config.timeout))
     content = f.str("content", "")
     add_special, parse_special = f.bool("add_special", False), f.bool("parse_special", True)
     with_pieces = f.bool("with_pieces", False)
-    tok = bundle.tokenizer
     ids = await anyio.to_thread.run_sync(encode, tok, content, add_special, parse_special)
     if with_pieces:
         pieces = [{"id": t, "piece": _piece(tok.token_bytes(t, special=True))} for t in ids]
@@ -60,13 +59,13 @@ async def tokenize(request: Request) -> Response:
 
 async def detokenize(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    bundle, _ = state.require()
+    tok = state.tokenizer()
     f = Fields(await read_json(request, state.config.body_limit, state.config.timeout))
     tokens = f.raw("tokens", [])
     if not isinstance(tokens, list):
         raise bad_request("'tokens' must be a list of token ids")
-    check_token_ids(tokens, bundle.tokenizer.vocab_size, "'tokens'")
-    return JSONResp({"content": bundle.tokenizer.decode(tokens, special=True)})
+    check_token_ids(tokens, tok.vocab_size, "'tokens'")
+    return JSONResp({"content": tok.decode(tokens, special=True)})
 
 
 async def apply_template(request: Request) -> Response:
@@ -94,6 +93,8 @@ def default_generation_settings(state: ServerState) -> dict:
 
 async def props(request: Request) -> Response:
     state: ServerState = request.app.state.server
+    if state.engine is None and state.embedder is not None:
+        return JSONResp(_embedding_props(state))
     bundle, engine = state.require()
     tok = bundle.tokenizer
 
@@ -121,8 +122,25 @@ async def props(request: Request) -> Response:
     })
 
 
+def _embedding_props(state: ServerState) -> dict:
+    """/props of an embedding-only server: what it serves and how (no generation settings)."""
+    e, tok = state.embedder.embedder, state.tokenizer()
+    return {"total_slots": 1, "model_alias": state.config.model_name, "model_path": state.config.model_path,
+            "embedding": True, "pooling": e.pooling, "n_embd": e.dims, "reranking": e.pooling == "rank",
+            "device": "cpu", "is_sleeping": False, "modalities": {"vision": False, "audio": False},
+            "endpoint_slots": state.config.slots_endpoint, "endpoint_metrics": state.config.metrics,
+            "bos_token": tok.decode([tok.bos_id], special=True) if tok.bos_id is not None else "",
+            "eos_token": tok.decode([tok.eos_id], special=True) if tok.eos_id is not None else "",
+            "build_info": BUILD_INFO}
+
+
 def _model_object(state: ServerState) -> dict:
     """OpenAI's model object for the one model served, with llama-server's `meta`."""
+    if state.engine is None and state.embedder is not None:
+        e = state.embedder.embedder
+        meta = {"n_vocab": e.tokenizer.vocab_size, "n_ctx_train": e.ctx_train, "n_embd": e.dims}
+        return {"id": state.config.model_name, "object": "model", "created": state.created,
+                "owned_by": "slotserver", "meta": meta}
     bundle, engine = state.require()
     spec = bundle.model.spec
     meta = {"vocab_type": 2 if bundle.tokenizer.model == "gpt2" else 1, "n_vocab": spec.vocab_size,
@@ -137,7 +155,8 @@ async def models(request: Request) -> Response:
     return JSONResp({
         "object": "list",
         "data": [_model_object(state)],
-        "models": [{"name": name, "model": name, "type": "model", "capabilities": ["completion"]}],
+        "models": [{"name": name, "model": name, "type": "model",
+                    "capabilities": ["embedding" if state.engine is None and state.embedder else "completion"]}],
     })
 
 
