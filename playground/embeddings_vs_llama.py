@@ -23,17 +23,16 @@ a random 2-layer BERT cross-encoder). Each server runs alone (one at a time, sam
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+
+from local_server import free_port, post, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
@@ -59,23 +58,10 @@ QUERIES = ["Machine learning is", "Which city is the capital?", "a fox"]
 DOCS = BASE[:8]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def post(port: int, path: str, body: dict):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        return json.loads(r.read())
-
-
 @contextmanager
 def server(kind: str, model: Path, threads: int, *flags: str):
     """llama-server ("llama") or slotserver ("slot") on `model`; yields its port once healthy."""
-    port = _free_port()
+    port = free_port()
     if kind == "llama":
         cmd = [str(PEER / "llama-server"), "-m", str(model), "-t", str(threads), "-np", "32", "-c", "16384",
                "-b", "2048", "-ub", "2048", "--port", str(port), *LLAMA_FLAGS, *flags]
@@ -86,15 +72,7 @@ def server(kind: str, model: Path, threads: int, *flags: str):
         env = dict(os.environ)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError(f"{kind} did not start: {' '.join(cmd)}")
+        wait_healthy(port, f"{kind} ({' '.join(cmd)})", proc)
         yield port
     finally:
         proc.terminate()

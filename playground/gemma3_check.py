@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from make_arch_fixtures import PEER, _free_port, _post  # noqa: E402
+from local_server import free_port, post, wait_healthy  # noqa: E402
+from make_arch_fixtures import PEER  # noqa: E402
 
 from slotserver.runtime.kv_spec import KVSpec  # noqa: E402
 from slotserver.runtime.layouts import create_layout, load_layout  # noqa: E402
@@ -59,18 +60,19 @@ def f32_file(q4: Path) -> Path:
 
 
 def llama_rows(f32: Path, n_predict: int) -> list[dict]:
-    port = _free_port()
+    port = free_port()
     cmd = [str(PEER / "llama-server"), "-m", str(f32), "--port", str(port), "-c", str(N_CTX), "-np", "1",
            "-ctk", "f32", "-ctv", "f32", "-fa", "off", "-t", str(os.cpu_count() or 2), "--no-warmup"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=dict(os.environ, LD_LIBRARY_PATH=str(PEER)))
     try:
-        _wait(port)
+        wait_healthy(port, "llama-server", proc, timeout_s=180)
         rows = []
         for text in PROMPTS:
-            ids = _post(port, "/tokenize", {"content": text, "add_special": True, "parse_special": True})["tokens"]
-            r = _post(port, "/completion", {"prompt": ids, "n_predict": n_predict, "temperature": 0, "n_probs": 8,
-                                            "cache_prompt": False, "samplers": ["top_k"], "top_k": 1})
+            ids = post(port, "/tokenize", {"content": text, "add_special": True, "parse_special": True},
+                       timeout_s=120)["tokens"]
+            r = post(port, "/completion", {"prompt": ids, "n_predict": n_predict, "temperature": 0, "n_probs": 8,
+                                           "cache_prompt": False, "samplers": ["top_k"], "top_k": 1}, timeout_s=120)
             steps = [{"id": p["id"], "top": [[t["id"], t["logprob"]] for t in p["top_logprobs"]]}
                      for p in r["completion_probabilities"]]
             rows.append({"prompt_ids": ids, "steps": steps, "stop": r["stop_type"]})
@@ -78,19 +80,6 @@ def llama_rows(f32: Path, n_predict: int) -> list[dict]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-
-
-def _wait(port: int) -> None:
-    import time
-    import urllib.request
-    for _ in range(600):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError("llama-server did not start")
 
 
 def teacher_forced(model: LlamaModel, row: dict) -> tuple[float, int]:

@@ -26,15 +26,13 @@ with prompt" differs from its first token, a near tie the engines order differen
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
+
+from local_server import free_port, post, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -77,23 +75,10 @@ BUDGETS = {"A": (2048, -1, 4096, False), "B": (256, 200, 1024, False), "C": (204
 GREEDY = {"temperature": 0, "n_predict": 16, "return_tokens": True, "cache_prompt": True, "n_probs": 2}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def post(port: int, path: str, body: dict) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        return json.loads(r.read())
-
-
 @contextmanager
 def server(kind: str, model: Path, threads: int, flags: list[str]):
     """llama-server ("llama") or slotserver ("slot") with one slot; yields its port once healthy."""
-    port = _free_port()
+    port = free_port()
     common = ["-m", str(model), "-t", str(threads), "-np", "1", "--port", str(port), *flags]
     if kind == "llama":
         cmd, env = [str(PEER / "llama-server"), *common], dict(os.environ, LD_LIBRARY_PATH=str(PEER))
@@ -101,15 +86,7 @@ def server(kind: str, model: Path, threads: int, flags: list[str]):
         cmd, env = [str(ROOT / ".venv/bin/slotserver"), "serve", *common], dict(os.environ)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
-        for _ in range(1200):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError(f"{kind} did not start: {' '.join(cmd)}")
+        wait_healthy(port, f"{kind} ({' '.join(cmd)})", proc, timeout_s=180)
         yield port
     finally:
         proc.terminate()

@@ -17,11 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import gguf
@@ -29,6 +26,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+from local_server import free_port, post, wait_healthy  # noqa: E402
 from tiny_gguf import bytes_to_unicode, write_tiny_gguf  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "archs"
@@ -70,37 +68,16 @@ def banned() -> list[int]:
     return [i for i, b in enumerate(bytes_to_unicode()) if b >= 0x80]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(port: int, path: str, body: dict) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
-
-
 def run_llama(gguf: Path) -> list[dict]:
     """llama-server on `gguf` (f32 KV, one slot); the greedy completion of every prompt."""
-    port = _free_port()
+    port = free_port()
     cmd = [str(PEER / "llama-server"), "-m", str(gguf), "--port", str(port), "-c", str(N_CTX), "-np", "1",
            "-ctk", "f32", "-ctv", "f32", "-fa", "off", "-t", "2", "--no-warmup"]
     env = dict(os.environ, LD_LIBRARY_PATH=str(PEER))
     with open(gguf.with_suffix(".log"), "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env)
     try:
-        for _ in range(300):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError(f"llama-server did not start on {gguf} (see {gguf.with_suffix('.log')})")
+        wait_healthy(port, f"llama-server on {gguf} (see {gguf.with_suffix('.log')})", proc, timeout_s=60)
         return [_complete(port, ids) for ids in prompts()]
     finally:
         proc.terminate()
@@ -108,9 +85,9 @@ def run_llama(gguf: Path) -> list[dict]:
 
 
 def _complete(port: int, ids: list[int]) -> dict:
-    r = _post(port, "/completion", {"prompt": ids, "n_predict": N_PREDICT, "temperature": 0, "ignore_eos": True,
-                                    "n_probs": 8, "cache_prompt": False, "samplers": ["top_k"], "top_k": 1,
-                                    "logit_bias": [[t, False] for t in banned()]})
+    r = post(port, "/completion", {"prompt": ids, "n_predict": N_PREDICT, "temperature": 0, "ignore_eos": True,
+                                   "n_probs": 8, "cache_prompt": False, "samplers": ["top_k"], "top_k": 1,
+                                   "logit_bias": [[t, False] for t in banned()]}, timeout_s=120)
     steps = [{"id": p["id"], "top": [[t["id"], t["logprob"]] for t in p["top_logprobs"]]}
              for p in r["completion_probabilities"]]
     assert len(steps) == N_PREDICT, f"llama-server reported {len(steps)} of {N_PREDICT} steps"

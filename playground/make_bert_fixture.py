@@ -23,14 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import gguf
 import numpy as np
+
+from local_server import free_port, post, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "fixtures" / "bert"
@@ -112,37 +111,19 @@ def write(path: Path, seed: int = 35) -> Path:
     return path
 
 
-def _post(port: int, path: str, body: dict):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def llama_server(path: Path, *flags: str):
     """A started llama-server on `path` with `flags` (a context manager yielding its port)."""
     from contextlib import contextmanager
 
     @contextmanager
     def run():
-        port = _free_port()
+        port = free_port()
         cmd = [str(PEER / "llama-server"), "-m", str(path), "--port", str(port), "-c", "256", "-np", "1",
                "-t", "2", "--no-warmup", "-fa", "off", *flags]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env=dict(os.environ, LD_LIBRARY_PATH=str(PEER)))
         try:
-            for _ in range(300):
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                        break
-                except OSError:
-                    time.sleep(0.1)
+            wait_healthy(port, "llama-server", proc, timeout_s=60)
             yield port
         finally:
             proc.terminate()
@@ -155,12 +136,12 @@ def record(path: Path) -> dict:
     for pooling in ("mean", "cls", "last", "none"):
         with llama_server(path, "--embedding", "--pooling", pooling) as port:
             if pooling == "mean":
-                out["tokenize"] = [_post(port, "/tokenize", {"content": t, "add_special": True})["tokens"]
-                                   for t in TEXTS]
-            rows = _post(port, "/embeddings", {"content": TEXTS})
+                out["tokenize"] = [post(port, "/tokenize", {"content": t, "add_special": True},
+                                        timeout_s=120)["tokens"] for t in TEXTS]
+            rows = post(port, "/embeddings", {"content": TEXTS}, timeout_s=120)
             out["embeddings"][pooling] = [r["embedding"] for r in sorted(rows, key=lambda r: r["index"])]
     with llama_server(path, "--reranking") as port:
-        res = _post(port, "/rerank", {"query": QUERY, "documents": DOCS})
+        res = post(port, "/rerank", {"query": QUERY, "documents": DOCS}, timeout_s=120)
         out["rerank"] = {"scores": [r["relevance_score"] for r in sorted(res["results"], key=lambda r: r["index"])],
                          "prompt_tokens": res["usage"]["prompt_tokens"]}
     return out

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import tempfile
-import time
+from contextlib import contextmanager
 import urllib.request
 from datetime import date
 from pathlib import Path
 
+from local_server import free_port, wait_healthy
 from template_sources import GEMMA3, LLAMA2, MISTRAL_V01, PHI3_MEDIUM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,12 +77,6 @@ CONVERSATIONS = [
 KWARGS = {"date_string": "26 Jul 2024"}  # llama 3.x templates print today's date otherwise
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _request(port: int, path: str, body: dict | None = None) -> dict:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data, {"Content-Type": "application/json"})
@@ -93,9 +87,11 @@ def _request(port: int, path: str, body: dict | None = None) -> dict:
         return {"error": json.loads(exc.read())["error"], "status": exc.code}
 
 
-def render_all(gemma: Path, source: str | None, tmp: Path) -> tuple[dict, list[dict]]:
-    """llama-server's template caps, and its prompt (or error) for every conversation."""
-    port = _free_port()
+@contextmanager
+def llama_server(gemma: Path, source: str | None, tmp: Path):
+    """llama-server (`--jinja`) on `gemma` with the chat template `source` (None: the file's own),
+    its log in `tmp`; yields its port once healthy."""
+    port = free_port()
     args = [str(LLAMA_CPP / "build/bin/llama-server"), "-m", str(gemma), "--jinja", "--port",
             str(port), "-c", "512", "-t", "1", "-np", "1"]
     if source is not None:
@@ -105,47 +101,49 @@ def render_all(gemma: Path, source: str | None, tmp: Path) -> tuple[dict, list[d
         server = subprocess.Popen(args, stdout=log, stderr=log,
                                   env={"LD_LIBRARY_PATH": str(LLAMA_CPP / "build/bin")})
         try:
-            _wait_healthy(port, server)
-            caps = _request(port, "/props")["chat_template_caps"]
-            return caps, [_request(port, "/apply-template", {"messages": messages, "chat_template_kwargs": KWARGS})
-                          for messages in CONVERSATIONS]
+            wait_healthy(port, "llama-server (see its log)", server)
+            yield port
         finally:
             server.terminate()
             server.wait(timeout=30)
 
 
-def _wait_healthy(port: int, server: subprocess.Popen) -> None:
-    for _ in range(300):
-        if server.poll() is not None:
-            raise RuntimeError("llama-server exited; see its log")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("llama-server did not become healthy")
+def render_all(gemma: Path, source: str | None, tmp: Path) -> tuple[dict, list[dict]]:
+    """llama-server's template caps, and its prompt (or error) for every conversation."""
+    with llama_server(gemma, source, tmp) as port:
+        caps = _request(port, "/props")["chat_template_caps"]
+        return caps, [_request(port, "/apply-template", {"messages": messages, "chat_template_kwargs": KWARGS})
+                      for messages in CONVERSATIONS]
+
+
+def gemma_arg(doc: str) -> Path:
+    """The `--gemma PATH` of the command line (a script whose docstring is `doc`)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--gemma", type=Path, default=GEMMA)
+    return parser.parse_args().gemma
+
+
+def write_fixture(out: Path, cases: list[dict]) -> None:
+    """`cases`, with the BOS/EOS texts the templates saw and today's date, as the JSON file `out`."""
+    out.write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>", "add_bos": True,
+                               "date": date.today().isoformat(), "cases": cases},
+                              ensure_ascii=False, indent=1) + "\n")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gemma", type=Path, default=GEMMA)
-    args = parser.parse_args()
+    gemma = gemma_arg(__doc__)
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, template in TEMPLATES.items():
             source = template
             if template is not None and template.endswith(".jinja"):
                 source = (LLAMA_CPP / "models" / "templates" / template).read_text()
-            caps, results = render_all(args.gemma, source, Path(tmp))
+            caps, results = render_all(gemma, source, Path(tmp))
             cases.append({"name": name, "source": source, "kwargs": KWARGS, "caps": caps,
                           "conversations": [{"messages": m, **r}
                                             for m, r in zip(CONVERSATIONS, results)]})
             print(name, "".join("." if "prompt" in r else "E" for r in results))
-    OUT.write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>", "add_bos": True,
-                               "date": date.today().isoformat(), "cases": cases},
-                              ensure_ascii=False, indent=1) + "\n")
+    write_fixture(OUT, cases)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,10 @@ file keeps each template's source, so the tests need nothing else.
 
 from __future__ import annotations
 
-import argparse
-import json
-import subprocess
 import tempfile
-from datetime import date
 from pathlib import Path
 
-from make_template_fixtures import GEMMA, LLAMA_CPP, KWARGS, _free_port, _request, _wait_healthy
+from make_template_fixtures import LLAMA_CPP, KWARGS, _request, gemma_arg, llama_server, write_fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "fixtures" / "tool_templates.json"
@@ -57,35 +53,21 @@ CONVERSATIONS = [
 
 def render_all(gemma: Path, source: str, tmp: Path) -> list[dict]:
     """llama-server's prompt (or error) for every conversation."""
-    port = _free_port()
-    (tmp / "t.jinja").write_text(source)
-    args = [str(LLAMA_CPP / "build/bin/llama-server"), "-m", str(gemma), "--jinja", "--port", str(port),
-            "-c", "512", "-t", "1", "-np", "1", "--chat-template-file", str(tmp / "t.jinja")]
-    with open(tmp / "server.log", "w") as log:
-        server = subprocess.Popen(args, stdout=log, stderr=log, env={"LD_LIBRARY_PATH": str(LLAMA_CPP / "build/bin")})
-        try:
-            _wait_healthy(port, server)
-            return [_request(port, "/apply-template", {**c, "chat_template_kwargs": KWARGS}) for c in CONVERSATIONS]
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+    with llama_server(gemma, source, tmp) as port:
+        return [_request(port, "/apply-template", {**c, "chat_template_kwargs": KWARGS}) for c in CONVERSATIONS]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gemma", type=Path, default=GEMMA)
-    args = parser.parse_args()
+    gemma = gemma_arg(__doc__)
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, file in TEMPLATES.items():
             source = (LLAMA_CPP / "models" / "templates" / file).read_text()
-            results = render_all(args.gemma, source, Path(tmp))
+            results = render_all(gemma, source, Path(tmp))
             cases.append({"name": name, "source": source, "kwargs": KWARGS,
                           "conversations": [{**c, **r} for c, r in zip(CONVERSATIONS, results, strict=True)]})
             print(name, "".join("." if "prompt" in r else "E" for r in results))
-    OUT.write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>", "add_bos": True,
-                               "date": date.today().isoformat(), "cases": cases},
-                              ensure_ascii=False, indent=1) + "\n")
+    write_fixture(OUT, cases)
 
 
 if __name__ == "__main__":
