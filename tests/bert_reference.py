@@ -15,19 +15,10 @@ from __future__ import annotations
 import math
 import unicodedata
 
-import gguf
 import numpy as np
 import torch
 
-
-def read_gguf(path) -> tuple[dict, dict[str, torch.Tensor]]:
-    r = gguf.GGUFReader(path)
-    md = {k: f.contents() for k, f in r.fields.items()}
-    ts = {}
-    for t in r.tensors:
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        ts[t.name] = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type))).double().reshape(shape)
-    return md, ts
+from llama_reference import read_gguf  # noqa: F401  (re-exported for the embedding tests)
 
 
 def _gelu_table() -> np.ndarray:

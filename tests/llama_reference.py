@@ -14,7 +14,8 @@ import torch
 NEOX_ARCHS = {"qwen2"}
 
 
-def _tensors(path) -> tuple[dict, dict]:
+def read_gguf(path) -> tuple[dict, dict]:
+    """(metadata, every tensor dequantized to float64 in its natural shape) by gguf-py alone."""
     r = gguf.GGUFReader(path)
     md = {k: f.contents() for k, f in r.fields.items()}
     ts = {}
@@ -39,7 +40,7 @@ def _rope(x: torch.Tensor, base: float, neox: bool) -> torch.Tensor:
 
 def llama_logits(path, tokens: list[int]) -> torch.Tensor:
     """Logits `[len(tokens), vocab]` of the model in `path` for one sequence."""
-    md, w = _tensors(path)
+    md, w = read_gguf(path)
     arch = md["general.architecture"]
     nh, nkv = md[f"{arch}.attention.head_count"], md[f"{arch}.attention.head_count_kv"]
     eps, base = md[f"{arch}.attention.layer_norm_rms_epsilon"], md[f"{arch}.rope.freq_base"]

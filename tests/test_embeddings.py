@@ -133,7 +133,7 @@ def test_normalizations_are_llama_servers_embd_normalize():
 def test_a_decoder_models_pooled_states_are_its_final_normed_hidden_states(tmp_path):
     """Pooling over a llama model: each token's vector times the output matrix gives the independent
     reference forward's logits, so the vectors are llama.cpp's result_norm."""
-    from llama_reference import _tensors, llama_logits
+    from llama_reference import read_gguf as _tensors, llama_logits
     from tiny_gguf import write_tiny_gguf
 
     path = write_tiny_gguf(tmp_path / "tiny-llama.gguf", seed=3)

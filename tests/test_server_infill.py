@@ -15,18 +15,15 @@ import json
 import gguf
 import pytest
 import torch
-from starlette.testclient import TestClient
 
 from slotserver.cli import main as cli
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.engine import Engine
 from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ConfigError, ModelConfig
-from slotserver.server.app import create_app
 from slotserver.server.config import GenerationDefaults, ServerConfig
 from slotserver.server.config_from_args import server_config_from_args
-from slotserver.server.state import ServerState
-from test_server_api import assert_error, sse_events
+from test_server_api import assert_error, make_client, sse_events
 from tiny_gguf import FIM_SPECIALS, tiny_vocab, write_tiny_gguf
 
 HEAD = "<|repo_name|>myproject\n"      # FIM_REP + llama-server's fixed project name
@@ -47,13 +44,6 @@ def engine_on(path, **config):
         torch.set_num_threads(threads)
 
 
-def client_for(running, **config) -> TestClient:
-    bundle, engine = running
-    state = ServerState(ServerConfig(model_path=str(bundle.config.model_path), **config))
-    state.set_loaded(bundle, engine)
-    return TestClient(create_app(state))
-
-
 @pytest.fixture(scope="module")
 def fim(tmp_path_factory):
     """A model with Qwen2.5-Coder's FIM texts (found by text, as llama.cpp does), -b 64, 256 cells."""
@@ -63,7 +53,7 @@ def fim(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(fim):
-    with client_for(fim) as c:
+    with make_client(fim) as c:
         yield c
 
 
@@ -114,14 +104,14 @@ def test_prefix_keeps_its_last_48_tokens_and_suffix_its_first_14_minus_the_promp
 
 def test_extra_context_keeps_its_last_n_ctx_minus_batch_minus_twice_n_predict_tokens(fim):
     tok = fim[0].tokenizer
-    with client_for(fim, defaults=GenerationDefaults(n_predict=64)) as c:   # 256 - 64 - 2*64 = 64 tokens
+    with make_client(fim, defaults=GenerationDefaults(n_predict=64)) as c:   # 256 - 64 - 2*64 = 64 tokens
         r = infill(c, input_prefix="p", input_suffix="s", input_extra=[{"filename": "f.py", "text": DIGITS}])
     kept_digits = 64 - 1 - len(tok.encode("filename\n"))
     assert r["prompt"] == f"{DIGITS[-kept_digits:]}{TAIL}<|fim_prefix|>p<|fim_suffix|>s<|fim_middle|>"
 
 
 def test_spm_infill_puts_the_suffix_part_first(fim):
-    with client_for(fim, spm_infill=True) as c:
+    with make_client(fim, spm_infill=True) as c:
         r = infill(c, input_prefix="a=", prompt="1", input_suffix="\nb=2")
     assert r["prompt"] == f"{HEAD}{TAIL}<|fim_suffix|>\nb=2<|fim_prefix|>a=1<|fim_middle|>"
 
@@ -142,14 +132,14 @@ def test_bos_after_the_extra_context_and_snippets_without_file_separators(tmp_pa
             for k, t in zip(("pre", "suf", "mid"), PLAIN_SPECIALS)}
     path = write_tiny_gguf(tmp_path / "bos.gguf", extra_specials=PLAIN_SPECIALS,
                            **meta, **{"tokenizer.ggml.add_bos_token": True})
-    with engine_on(path) as running, client_for(running) as c:
+    with engine_on(path) as running, make_client(running) as c:
         r = infill(c, input_prefix="a", input_suffix="b", prompt="c", input_extra=[{"text": "x"}, {"text": "y"}])
     snippet = "\n\n--- snippet ---\n\n"
     assert r["prompt"] == f"{snippet}x{snippet}y<|endoftext|><pre>ac<suf>b<mid>"
 
 
 def test_a_model_without_fim_tokens_gets_llama_servers_501(tmp_path):
-    with engine_on(write_tiny_gguf(tmp_path / "plain.gguf")) as running, client_for(running) as c:
+    with engine_on(write_tiny_gguf(tmp_path / "plain.gguf")) as running, make_client(running) as c:
         err = assert_error(c.post("/infill", json={"input_prefix": "a", "input_suffix": "b"}), 501)
     assert err["message"] == ("Infill is not supported by this model: prefix token is missing. "
                               "suffix token is missing. middle token is missing. ")
