@@ -73,6 +73,7 @@ def add_parser(sub) -> None:
     a("--slot-save-path", type=Path, default=None, help="folder for slot save/restore")
     a("--metrics", action="store_true", help="enable GET /metrics")
     _switch(p, "slots", True, "GET /slots (default on)")
+    _switch(p, "webui", True, "the web page at / (chat and monitor; default on)")
     _switch(p, "jinja", True, "chat templates are always rendered with the Jinja sandbox")
     a("--chat-template", default=None, help="a Jinja template or a known name (chatml, llama3)")
     a("--chat-template-file", type=Path, default=None)

@@ -4,9 +4,9 @@ Middleware, outermost first:
   AccessLog    one line per request (method, path, status, tokens, ms)
   CatchAll     an unexpected exception -> logged 500 JSON error; the server keeps serving
   CORS         only with --cors ORIGIN (no CORS headers at all otherwise), on inference and info paths only (cors.py)
-  LoadingGate  503 "Loading model" for every route but /health until the model is loaded
+  LoadingGate  503 "Loading model" for every route but /health and the web page until the model is loaded
   WakeGate     a sleeping engine (--sleep-idle-seconds) wakes for every route but the read-only ones
-  ApiKeyAuth   401 without a valid key, when keys are configured (public: health, models)
+  ApiKeyAuth   401 without a valid key, when keys are configured (public: health, models, the web page)
 Routes raise `ApiError`; routing errors (404, 405) get the same JSON error shape.
 """
 
@@ -30,6 +30,7 @@ from slotserver.server.errors import (ApiError, CatchAll, api_error_handler, htt
 from slotserver.server.routes import completion, lab, messages, misc, openai, responses, slots
 from slotserver.server.routes import embeddings, rerank
 from slotserver.server.routes import infill
+from slotserver.server.routes import webui
 from slotserver.server.state import ServerState
 from slotserver.server.wake_gate import WakeGate
 
@@ -43,7 +44,9 @@ class LoadingGate:
         self.app, self.is_ready = app, is_ready
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not self.is_ready() and scope["path"] not in ("/health", "/v1/health"):
+        # the web page loads while the model does (it shows the 503s of the API it polls)
+        if scope["type"] == "http" and not self.is_ready() and scope["path"] not in ("/health", "/v1/health") \
+                and not webui.is_webui_path(scope["path"]):
             await loading_error().response()(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -76,6 +79,8 @@ def create_app(state: ServerState) -> Starlette:
     routes = [*misc.ROUTES, *completion.ROUTES, *openai.ROUTES, *messages.ROUTES, *responses.ROUTES,
               *slots.ROUTES, *lab.ROUTES, Route("/metrics", metrics, methods=["GET"]),
               *embeddings.ROUTES, *rerank.ROUTES, *infill.ROUTES]
+    if state.config.webui:   # --no-webui: 404 at /, as llama-server
+        routes += webui.routes()
     app = Starlette(routes=routes, middleware=_middleware(state),
                     exception_handlers={ApiError: api_error_handler, HTTPException: http_exception_handler})
     app.state.server = state

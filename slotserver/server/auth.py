@@ -6,7 +6,8 @@ Authorization header does not hide the client's X-Api-Key. A refusal on the Anth
 (/v1/messages...) is in Anthropic's error shape (anthropic/errors.py), elsewhere in llama-server's.
 
 As in llama-server, /health, /v1/health, /models and /v1/models stay public (health checks and
-model discovery), and CORS preflight requests pass; every other route needs a key, the lab's
+model discovery), and CORS preflight requests pass; so do the web page's static files (`/`,
+`/webui/*`: no data; the page sends the key the user types); every other route needs a key, the lab's
 (/lab, /lab/*) included. Keys are compared with
 `hmac.compare_digest` against every configured key, so timing does not reveal a key's prefix.
 """
@@ -24,6 +25,8 @@ from slotserver.server.anthropic.errors import error_response, is_anthropic_path
 from slotserver.server.errors import ApiError
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models"})
+# the web page (routes/webui.py): static files holding no data; the page asks for the key itself
+PUBLIC_WEBUI = ("/", "/webui/")
 
 
 def read_key_file(path: Path) -> list[str]:
@@ -64,8 +67,9 @@ class ApiKeyAuth:
         self.app, self.keys = app, tuple(keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or scope["path"] in PUBLIC_PATHS \
-                or scope["method"] == "OPTIONS":
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not self.keys or path in PUBLIC_PATHS or scope["method"] == "OPTIONS" \
+                or path == PUBLIC_WEBUI[0] or path.startswith(PUBLIC_WEBUI[1]):
             await self.app(scope, receive, send)
             return
         given = presented_keys(Headers(scope=scope))

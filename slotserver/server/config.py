@@ -54,6 +54,7 @@ class ServerConfig:
     chat: ChatDefaults = field(default_factory=ChatDefaults)   # reasoning format, template kwargs
     embedding: EmbeddingConfig | None = None   # --embedding/--reranking: an embedding-only server (embed_config.py)
     spm_infill: bool = False   # --spm-infill: /infill puts the suffix before the prefix (infill_prompt.py)
+    webui: bool = True   # --no-webui: no page at / (routes/webui.py)
 
     def __post_init__(self) -> None:
         if any(not isinstance(k, str) or not k for k in self.api_keys):

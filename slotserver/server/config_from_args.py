@@ -79,6 +79,7 @@ def server_config_from_args(args) -> ServerConfig:
                                       getattr(args, "tool_call_format", "auto")),
         embedding=embedding_config_from_args(args),   # None unless --embedding / --reranking
         spm_infill=getattr(args, "spm_infill", False),
+        webui=getattr(args, "webui", True),
     )
 
 
