@@ -204,7 +204,9 @@ def test_stop_ends_a_generation(browser, server):
 def test_model_text_is_never_html(browser, server):
     evil = "<script>window.__xss=1</script><img src=x onerror=\"window.__xss=2\"> **bold** `<b>code</b>`"
     conv = [{"id": "x", "title": "evil", "messages": [{"role": "user", "content": evil},
-                                                     {"role": "assistant", "content": evil, "reasoning": evil}]}]
+                                                     {"role": "assistant", "content": evil, "reasoning": evil,
+                                                      "tool_calls": [{"id": "c", "name": "<img src=x>",
+                                                                      "arguments": evil}]}]}]
     browser.js(f"localStorage.setItem('slotserver.conversations', {json.dumps(json.dumps(conv))})")
     browser.open(server.url + "/")
     time.sleep(0.3)
@@ -212,6 +214,9 @@ def test_model_text_is_never_html(browser, server):
     assert browser.js("window.__xss === undefined")
     assert browser.js("document.querySelectorAll('#messages strong').length") >= 1
     assert "<script>window.__xss=1</script>" in browser.js(ASSISTANT_TEXT)[0]
+    # reasoning is folded away; the tool call is shown, as text
+    assert browser.js("document.querySelector('#messages details.reasoning').open") is False
+    assert "tool call: <img src=x>" in browser.js("document.querySelector('#messages .tool-call').textContent")
     browser.js("localStorage.clear()")
 
 
