@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from test_server_e2e import Server, free_port, wait_ready
@@ -27,6 +28,7 @@ from tiny_gguf import write_tiny_gguf
 
 CHROMIUM = os.environ.get("CHROMIUM") or next(
     (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+KEY = "webui-test-key"
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed")]
 
 
@@ -124,14 +126,18 @@ class Browser:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """A tiny-model server with an API key, serving (and watching) a copy of the lab's modules."""
     tmp = tmp_path_factory.mktemp("webui")
     model = write_tiny_gguf(tmp / "tiny.gguf")
     port, log = free_port(), tmp / "server.log"
+    subprocess.run([sys.executable, "-m", "slotserver.cli.main", "lab", "init", str(tmp / "lab")], check=True,
+                   capture_output=True)
     cmd = [sys.executable, "-m", "slotserver.cli.main", "serve", "-m", str(model), "-np", "2", "-c", "512",
-           "--port", str(port), "--dtype", "float32", "--no-watch", "--no-warmup"]
+           "--port", str(port), "--dtype", "float32", "--no-warmup", "--lab", str(tmp / "lab"), "--api-key", KEY]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(f"http://127.0.0.1:{port}", proc, log, tmp)
+    server = Server(f"http://127.0.0.1:{port}", proc, log, tmp,
+                    http=httpx.Client(timeout=120, headers={"Authorization": f"Bearer {KEY}"}))
     try:
         wait_ready(server)
         yield server
@@ -159,6 +165,13 @@ def save_shot(browser: Browser, shots: Path, name: str) -> None:
         shutil.copy(shots / name, Path(os.environ["WEBUI_SCREENSHOTS"]) / name)
 
 
+def open_page(browser: Browser, server: Server) -> None:
+    """The page, with the API key typed into its field (sessionStorage keeps it for the tab)."""
+    browser.open(server.url + "/")
+    set_value(browser, "api-key", KEY)
+    browser.js("document.getElementById('key-form').requestSubmit()")
+
+
 def set_value(browser: Browser, element_id: str, value: str) -> None:
     browser.js(f"document.getElementById({json.dumps(element_id)}).value = {json.dumps(value)}")
 
@@ -171,11 +184,11 @@ ASSISTANT_TEXT = "Array.from(document.querySelectorAll('#messages .msg.assistant
 
 
 def test_chat_streams_an_answer_and_keeps_it(browser, server, shots):
-    browser.open(server.url + "/")
+    open_page(browser, server)
     set_value(browser, "max_tokens", "12")
+    set_value(browser, "temperature", "0")   # greedy: the random model's answer is the same each run
     set_value(browser, "prompt", "Say hello")
-    click(browser, "send")
-    browser.wait("document.getElementById('stop').disabled === false", what="streaming to start")
+    click(browser, "send")   # its handler disables Send before it first awaits
     browser.wait("document.getElementById('send').disabled === false", timeout=20, what="the answer to end")
     texts = browser.js(ASSISTANT_TEXT)
     assert len(texts) == 1 and texts[0].strip(), texts
@@ -187,7 +200,7 @@ def test_chat_streams_an_answer_and_keeps_it(browser, server, shots):
 
 
 def test_stop_ends_a_generation(browser, server):
-    browser.open(server.url + "/")
+    open_page(browser, server)
     set_value(browser, "max_tokens", "4000")
     set_value(browser, "prompt", "Tell a long story")
     click(browser, "send")
@@ -221,7 +234,7 @@ def test_model_text_is_never_html(browser, server):
 
 
 def test_monitor_switches_a_layout_and_shows_it(browser, server, shots):
-    browser.open(server.url + "/")
+    open_page(browser, server)
     click(browser, "tab-monitor")
     browser.wait("document.querySelectorAll('#slots-body tr').length === 2", what="two slot rows")
     browser.wait("document.querySelectorAll('#kernels-body tr').length > 0", what="kernel rows")
@@ -238,3 +251,27 @@ def test_monitor_switches_a_layout_and_shows_it(browser, server, shots):
     time.sleep(1.2)
     save_shot(browser, shots, "webui-monitor.png")
     assert browser.problems() == []
+
+
+def test_without_the_key_the_page_says_so_and_with_it_goes_live(browser, server):
+    browser.open(server.url + "/")
+    browser.js("sessionStorage.clear()")
+    click(browser, "tab-monitor")
+    browser.wait("document.getElementById('mon-status').textContent.includes('401')", what="a 401 in the status")
+    set_value(browser, "api-key", KEY)
+    browser.js("document.getElementById('key-form').requestSubmit()")
+    browser.wait("document.getElementById('mon-status').textContent.includes('live')", what="the monitor going live")
+    assert KEY not in browser.js("location.href")
+
+
+def test_a_kernel_saved_in_the_lab_folder_shows_in_the_monitor(browser, server):
+    open_page(browser, server)
+    click(browser, "tab-monitor")
+    browser.wait("document.querySelectorAll('#kernels-body tr').length > 0", what="kernel rows")
+    version = "Array.from(document.querySelectorAll('#kernels-body tr')).find(r => r.cells[0].textContent === 'rms_norm').cells[2].textContent"
+    before = browser.js(version)
+    kernel = server.save_dir / "lab" / "kernels" / "rms_norm.py"
+    kernel.write_text(kernel.read_text() + "\n# an edit the monitor must show\n")
+    browser.wait(f"{version} !== {json.dumps(before)}", timeout=15, what="the new rms_norm version")
+    browser.wait("Array.from(document.querySelectorAll('#events-body tr')).some(r => "
+                 "r.textContent.includes('rms_norm') && r.textContent.includes('swapped'))", what="the swap event")
