@@ -125,3 +125,11 @@ def test_js_render_and_sse_under_node(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("ok ")
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+def test_every_script_parses_as_a_module(tmp_path):
+    for js in WEBUI_DIR.glob("*.js"):
+        shutil.copy(js, tmp_path / (js.stem + ".mjs"))
+        r = subprocess.run([NODE, "--check", str(tmp_path / (js.stem + ".mjs"))], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, js.name + ": " + r.stderr

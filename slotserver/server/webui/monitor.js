@@ -122,14 +122,17 @@ function layoutChoices(lab) {
 async function poll() {
   const now = Date.now();
   try {
-    const [slots, lab, p] = await Promise.all([getJson("/slots"), getJson("/lab"), props ? props : getJson("/props")]);
+    // /slots may be off (--no-slots: 501); the lab's engine section has the same slots then
+    const [slotsAnswer, lab, p] = await Promise.all([getJson("/slots").catch((e) => (e.status === 501 ? null : Promise.reject(e))),
+      getJson("/lab"), props ? props : getJson("/props")]);
     props = p;
     const engine = lab.engine || {};
+    const slots = Array.isArray(slotsAnswer) ? slotsAnswer : (engine.slots || []);
     const [t, s] = tracker.rates(engine, now);
     if (t !== null) { tps.push(t); stepMs.push(s || 0); }
     header(lab, engine);
-    slotsTable(Array.isArray(slots) ? slots : []);
-    streamsView(Array.isArray(slots) ? slots : engine.slots || [], engine, now);
+    slotsTable(slots);
+    streamsView(slots, engine, now);
     charts();
     kernelsTable(lab);
     eventsTable(lab);
