@@ -89,6 +89,13 @@ def add_parser(sub) -> None:
     a("--alias", default="", help="the model id clients see and retrieve (default: the GGUF file's name)")
     _switch(p, "context-shift", False, "not supported yet")
     _switch(p, "cache-prompt", True, "reuse slot caches across requests (default on)")
+    a("-cram", "--cache-ram", type=int, default=0, metavar="MiB",
+      help="host-memory prompt cache shared by all slots: a slot's KV is kept there when another prompt "
+           "takes the slot, and a request restores its longest cached prefix into any slot "
+           "(default 0: off; -1: no limit)")
+    _switch(p, "cache-idle-slots", True, "with --cache-ram: save idle slots to it when a request starts "
+            "(and clear them with --kv-unified); default on")
+    a("-v", "--verbose", action="store_true", help="debug log lines (the prompt cache's among them)")
     a("-sps", "--slot-prompt-similarity", type=float, default=0.1)
     a("--timeout", type=float, default=600.0, help="read/write timeout in seconds")
     a("--defrag", choices=["on", "off"], default="on")
@@ -142,7 +149,8 @@ def run(args) -> int:
         from slotserver.server.config_from_args import plan_from_args, server_config_from_args
         from slotserver.server.state import ServerState
 
-        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt="%H:%M:%S", stream=sys.stderr)
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=LOG_FORMAT,
+                            datefmt="%H:%M:%S", stream=sys.stderr)
         logging.getLogger("uvicorn.error").setLevel(logging.WARNING)  # our own start-up and request lines
         from slotserver.cli.lab import apply_lab_dir
 

@@ -37,6 +37,9 @@ class EngineConfig:
     # cache type: half the bytes decode attention reads), else the model's dtype (float32 reference)
     cache_type: str = "auto"
     sleep_idle_s: float = -1.0       # --sleep-idle-seconds: idle this long -> weights and KV released (-1: never)
+    cache_ram_mib: int = 0           # --cache-ram: host-memory prompt cache (engine/prompt_cache.py); 0 off, -1 no limit
+    cache_idle_slots: bool = True    # with a RAM cache: idle slots saved to it when a request starts
+    kv_unified: bool = False         # --kv-unified: one paged pool; idle slots saved to the RAM cache are also cleared
 
     def __post_init__(self) -> None:
         _positive("--parallel", self.n_parallel)
@@ -60,6 +63,8 @@ class EngineConfig:
         if self.cache_type not in CACHE_TYPES:
             raise ConfigError(f"--cache-type-k/-v must be one of {', '.join(CACHE_TYPES[1:])}, got {self.cache_type!r} "
                               "(int8 K/V: --layout q8)")
+        if isinstance(self.cache_ram_mib, bool) or not isinstance(self.cache_ram_mib, int) or self.cache_ram_mib < -1:
+            raise ConfigError(f"--cache-ram must be -1 (no limit), 0 (off) or a number of MiB, got {self.cache_ram_mib!r}")
         if not (self.sleep_idle_s == -1 or self.sleep_idle_s > 0):
             raise ConfigError(f"--sleep-idle-seconds must be -1 (never) or > 0, got {self.sleep_idle_s}")
         if self.slot_save_path is not None and not Path(self.slot_save_path).is_dir():

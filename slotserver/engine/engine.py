@@ -28,6 +28,7 @@ from slotserver.engine.loop import EngineLoop
 from slotserver.engine.sleep import Sleeper
 from slotserver.engine.masks import MaskFiller
 from slotserver.engine.outbox import Outbox
+from slotserver.engine.prompt_cache import PromptCache, RamCacheHooks
 from slotserver.engine.port import EnginePort
 from slotserver.engine.intake import new_sequence, validate
 from slotserver.engine.postprocess import postprocess, progress_event
@@ -55,7 +56,11 @@ class Engine:
                       pool_cells=config.kv_pool_cells,   # paged: requests wait for free blocks past it
                       device=bundle.model.device)
         self.cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
-        self.sched = Scheduler(config, budget=lambda: self.cache.budget())  # paged: admit by free blocks
+        self.prompt_cache = PromptCache(config.cache_ram_mib << 20 if config.cache_ram_mib > 0 else -1) \
+            if config.cache_ram_mib else None   # --cache-ram
+        hooks = RamCacheHooks(self, self.prompt_cache, config.cache_idle_slots, config.kv_unified) \
+            if self.prompt_cache is not None else None
+        self.sched = Scheduler(config, budget=lambda: self.cache.budget(), hooks=hooks)  # paged: admit by free blocks
         self.sampling = StepSampling(s.vocab_size)
         self.eog = bundle.tokenizer.eog_ids
         self.grammars = Grammars(bundle.tokenizer)   # llguidance's vocabulary, built on first use

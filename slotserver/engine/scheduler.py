@@ -66,8 +66,12 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, budget: Callable[[], KVBudget | None] | None = None) -> None:
+    def __init__(self, config: EngineConfig, budget: Callable[[], KVBudget | None] | None = None,
+                 hooks=None) -> None:
         self.config = config
+        # --cache-ram (engine/prompt_cache.py): on_select(slot, seq) may put a longer cached prefix in
+        # the slot before its reuse is counted; on_admitted() runs once a request took its slot
+        self.hooks = hooks
         self.budget = budget or (lambda: None)  # asked every step: a layout swap may change it
         self.slots = SlotTable(config.n_parallel, config.slot_prompt_similarity)
         self.streams = StreamMap(config.n_parallel, config.n_streams)
@@ -114,6 +118,8 @@ class Scheduler:
             if slot is None or (budget is not None and not self._fits(budget, seq, slot, plan)):
                 break  # strict FIFO: the head waits, and so does everyone behind it
             self.waiting.popleft()
+            if self.hooks is not None:
+                self.hooks.on_select(slot, seq)
             reuse = common_prefix(slot.cached, seq.tokens) if seq.request.cache_prompt else 0
             seq.num_computed = seq.num_cached = min(reuse, seq.num_prompt - 1)  # logits need >= 1 token
             if budget is not None:  # the slot's cached cells past the reused prefix give their blocks back
@@ -121,6 +127,8 @@ class Scheduler:
             slot.occupy(seq)
             seq.t_start = time.perf_counter()
             admitted.append(seq)
+            if self.hooks is not None:
+                self.hooks.on_admitted()
         return admitted
 
     # -- paged KV: admission by free blocks, room for decodes (the budget is asked in cells) ----

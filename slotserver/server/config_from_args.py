@@ -111,7 +111,8 @@ def plan_from_args(args) -> LaunchPlan:
         ubatch_size=args.ubatch_size, defrag=args.defrag, slot_prompt_similarity=args.slot_prompt_similarity,
         cache_prompt=args.cache_prompt, n_predict=args.n_predict, slot_save_path=args.slot_save_path,
         queue_limit=args.max_queue, kv_pool_cells=pool, cache_type=_cache_type(args),
-        sleep_idle_s=args.sleep_idle_seconds,
+        sleep_idle_s=args.sleep_idle_seconds, cache_ram_mib=args.cache_ram, cache_idle_slots=args.cache_idle_slots,
+        kv_unified=bool(getattr(args, "kv_unified", False)),
     )
     model = ModelConfig(model_path=_model_path(args), dtype=args.dtype, weights=args.weights, threads=args.threads,
                         layout=layout, kernels_dir=args.kernels_dir, layouts_dir=args.layouts_dir,

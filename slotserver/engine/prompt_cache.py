@@ -1,0 +1,129 @@
+"""`--cache-ram MiB`: llama-server's host-memory prompt cache, shared by every slot.
+
+A slot keeps the KV of its last prompt (its `cached` tokens) until another prompt takes it. With
+a RAM cache, that KV is not lost: it is copied to host memory (canonical `[n_layers, n, kv_heads,
+head_dim]` tensors, whatever the layout) under its tokens, and a new request whose prompt shares
+a longer prefix with a cached entry than with the slot it landed on gets that prefix copied into
+its slot instead of computing it again (llama-server's `prompt_save` / `prompt_load` when a slot is
+chosen). Entries are evicted least recently used first once their bytes pass the limit.
+
+`--cache-idle-slots` (on by default with a RAM cache, as llama-server): when a request starts,
+every idle slot's KV is saved to the cache; with `--kv-unified` (one paged pool for all slots) the
+idle slot is then cleared, which gives its blocks to the running requests
+(llama.cpp's test_kv_keep_only_active.py). Log lines at debug level (`-v`) carry llama-server's
+test tags.
+
+Runs on the engine thread, inside the scheduler's admission (its `on_select` / `on_admitted`
+hooks): the scheduler stays pure bookkeeping; the copies are made here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from slotserver.engine.slots import Slot, common_prefix
+
+if TYPE_CHECKING:
+    from slotserver.engine.engine import Engine
+    from slotserver.engine.sequence import Sequence
+
+log = logging.getLogger("slotserver.engine.prompt_cache")
+
+
+@dataclass
+class Entry:
+    k: torch.Tensor        # [n_layers, n, kv_heads, head_dim], on the host
+    v: torch.Tensor
+    nbytes: int
+
+
+class PromptCache:
+    """Token prefix -> host K/V, LRU by bytes (`limit` < 0: no limit)."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit = limit_bytes
+        self.entries: OrderedDict[tuple[int, ...], Entry] = OrderedDict()
+        self.bytes = 0
+        self.hits = 0
+
+    def __contains__(self, tokens: tuple[int, ...]) -> bool:
+        return tokens in self.entries
+
+    def save(self, tokens: tuple[int, ...], k: torch.Tensor, v: torch.Tensor) -> bool:
+        """Keep (tokens, K, V); -> False when it alone exceeds the limit (not kept)."""
+        nbytes = k.numel() * k.element_size() + v.numel() * v.element_size()
+        if not tokens or (0 <= self.limit < nbytes):
+            return False
+        if tokens in self.entries:
+            self.entries.move_to_end(tokens)
+            return True
+        self.entries[tokens] = Entry(k.cpu(), v.cpu(), nbytes)
+        self.bytes += nbytes
+        while 0 <= self.limit < self.bytes:
+            _, old = self.entries.popitem(last=False)
+            self.bytes -= old.nbytes
+        return True
+
+    def best(self, prompt: tuple[int, ...]) -> tuple[tuple[int, ...], Entry, int] | None:
+        """The entry sharing the longest prefix with `prompt` (and that length), or None."""
+        best, n_best = None, 0
+        for tokens in self.entries:
+            n = common_prefix(list(tokens), prompt)
+            if n > n_best:
+                best, n_best = tokens, n
+        if best is None:
+            return None
+        self.entries.move_to_end(best)
+        return best, self.entries[best], n_best
+
+
+class RamCacheHooks:
+    """The scheduler's admission hooks that move KV between slots and the RAM cache."""
+
+    def __init__(self, engine: "Engine", cache: PromptCache, idle_slots: bool, unified: bool) -> None:
+        self.e, self.cache, self.idle_slots, self.unified = engine, cache, idle_slots, unified
+        if idle_slots:
+            log.debug("idle slots will be saved to prompt cache%s upon starting a new task",
+                      " and cleared" if unified else "")
+            log.debug("__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__")
+
+    def on_select(self, slot: Slot, seq: "Sequence") -> None:
+        """Before the slot's reuse is counted: a longer cached prefix replaces the slot's KV."""
+        prompt = tuple(seq.tokens[: seq.num_prompt])
+        own = common_prefix(slot.cached, prompt)
+        if own < len(slot.cached):   # the new prompt overwrites part of the slot's KV: keep it in RAM first
+            self._save(slot)
+        found = self.cache.best(prompt) if seq.request.cache_prompt else None
+        if found is None or found[2] <= own:
+            return
+        tokens, entry, n = found
+        log.debug("updating prompt cache: slot %d takes %d cached tokens", slot.id, n)
+        self.e.cache.import_stream(self._stream(slot), entry.k[:, :n], entry.v[:, :n])
+        slot.cached = list(tokens[:n])
+        self.cache.hits += 1
+
+    def on_admitted(self) -> None:
+        """After a request took its slot: idle slots to the cache (and cleared with a shared pool)."""
+        if not self.idle_slots:
+            return
+        for slot in self.e.sched.slots.idle():
+            if slot.cached and self._save(slot):
+                log.debug("slot %d: __TEST_TAG_CACHE_IDLE_SLOT__", slot.id)
+            if self.unified and slot.cached:
+                slot.cached = []
+                self.e.cache.trim(self._stream(slot), 0)
+
+    def _save(self, slot: Slot) -> bool:
+        tokens = tuple(slot.cached)
+        if not tokens or tokens in self.cache:
+            return False
+        k, v = self.e.cache.export_stream(self._stream(slot), len(tokens))
+        return self.cache.save(tokens, k, v)
+
+    def _stream(self, slot: Slot) -> int:
+        return self.e.sched.streams.stream_of[slot.id]

@@ -1,0 +1,72 @@
+"""--cache-ram: a slot's KV survives another prompt taking the slot (host memory), and a request
+restores its longest cached prefix into whatever slot it lands on; the answer is the one computed
+from scratch, and the restored tokens are reported as cached (llama-server's prompt cache)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slotserver.engine.config import EngineConfig
+from slotserver.engine.engine import Engine
+from slotserver.engine.prompt_cache import PromptCache
+from slotserver.engine.request import Request
+from slotserver.errors import ConfigError
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.model.sampling.params import SamplingParams
+from tiny_gguf import write_tiny_gguf
+
+LONG = tuple(range(5, 45))
+OTHER = (200, 201, 202, 203, 204, 205)
+
+
+def _run(engine: Engine, prompt, id_slot: int = -1):
+    req = Request(prompt, SamplingParams(temperature=0.0), n_predict=4, ignore_eos=True, id_slot=id_slot)
+    return engine.submit(req).result(60)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return ModelBundle.load(ModelConfig(write_tiny_gguf(tmp_path_factory.mktemp("pc") / "t.gguf", ctx_len=512),
+                                        threads=1, layout="paged"))
+
+
+@pytest.mark.parametrize("unified", [False, True])
+def test_a_prefix_pushed_out_of_its_slot_comes_back_from_ram(bundle, unified):
+    config = EngineConfig(n_parallel=2, ctx_size=256, cache_ram_mib=16, kv_unified=unified,
+                          kv_pool_cells=128 if unified else None)
+    engine = Engine(bundle, config).start()
+    try:
+        first = _run(engine, LONG, id_slot=0)
+        _run(engine, OTHER, id_slot=0)              # slot 0's LONG KV moves to the RAM cache
+        again = _run(engine, LONG, id_slot=1)       # another slot: restored from RAM, not recomputed
+        assert again.tokens == first.tokens
+        assert again.final.n_cached == len(LONG) - 1 and engine.prompt_cache.hits >= 1
+        if unified:   # idle slots were saved and cleared when a request started: only the running one held KV
+            assert engine.sched.slots.slots[0].cached == []
+    finally:
+        engine.stop()
+
+
+def test_without_ram_cache_the_prefix_is_recomputed(bundle):
+    engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=256)).start()
+    try:
+        first = _run(engine, LONG, id_slot=0)
+        _run(engine, OTHER, id_slot=0)
+        again = _run(engine, LONG, id_slot=1)
+        assert again.tokens == first.tokens and again.final.n_cached == 0 and engine.prompt_cache is None
+    finally:
+        engine.stop()
+
+
+def test_the_cache_evicts_least_recently_used_by_bytes():
+    kv = torch.zeros(2, 4, 2, 8)                       # 512 bytes each for K and V
+    cache = PromptCache(limit_bytes=2048)
+    assert cache.save((1, 2, 3), kv, kv) and cache.save((4, 5), kv, kv)
+    assert cache.best((1, 2, 9))[2] == 2              # (1, 2, 3) used last now
+    cache.save((7,), kv, kv)                           # over 2048: (4, 5) goes
+    assert (4, 5) not in cache and (1, 2, 3) in cache and cache.bytes == 2048
+    assert not PromptCache(limit_bytes=100).save((1,), kv, kv)   # larger than the whole cache
+    with pytest.raises(ConfigError, match="--cache-ram"):
+        EngineConfig(cache_ram_mib=-2)
