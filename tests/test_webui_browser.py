@@ -201,7 +201,9 @@ def test_chat_streams_an_answer_and_keeps_it(browser, server, shots):
 
 def test_stop_ends_a_generation(browser, server):
     open_page(browser, server)
+    click(browser, "new-chat")
     set_value(browser, "max_tokens", "4000")
+    set_value(browser, "temperature", "0")   # greedy: never an early end of text from the random model
     set_value(browser, "prompt", "Tell a long story")
     click(browser, "send")
     browser.wait(f"{ASSISTANT_TEXT}.slice(-1)[0].length > 0", what="streamed text")
@@ -212,6 +214,12 @@ def test_stop_ends_a_generation(browser, server):
     while server.busy_slots() and time.monotonic() < deadline:   # the server frees the slot
         time.sleep(0.1)
     assert server.busy_slots() == 0
+    # Regenerate replaces the stopped answer with a new one
+    set_value(browser, "max_tokens", "6")
+    click(browser, "regen")
+    browser.wait("document.getElementById('send').disabled === false", timeout=20, what="the regenerated answer")
+    texts = browser.js(ASSISTANT_TEXT)
+    assert len(texts) == 1 and "stopped" not in texts[0], texts
 
 
 def test_model_text_is_never_html(browser, server):
