@@ -81,7 +81,7 @@ def test_over_http_read_only_routes_let_it_sleep_and_others_wake_it(engine):
     _wait(lambda: client.get("/props").json()["is_sleeping"])
     scrape = client.get("/metrics").text
     assert "llamacpp:predicted_tokens_seconds 0.0" in scrape                            # nothing since the last scrape
-    for path in ("/health", "/props", "/v1/models", "/metrics", "/slots"):
+    for path in ("/health", "/props", "/v1/models", "/metrics", "/slots", "/lab", "/"):
         assert client.get(path).status_code == 200, path
     assert client.get("/metrics").text == scrape and engine.sleeper.is_sleeping
     assert client.post("/tokenize", json={"content": "hello"}).status_code == 200

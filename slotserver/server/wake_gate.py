@@ -1,6 +1,7 @@
 """`WakeGate`: a request to a sleeping server (`--sleep-idle-seconds`) asks the engine to wake,
 except on the routes that answer from what sleep keeps (llama-server's read-only set): health,
-props, models, slots, metrics and the lab's snapshot and events. /metrics then serves the
+props, models, slots, metrics, the lab's snapshot and events, and the web page (whose monitor
+polls /slots, /lab and /props: watching a sleeping server does not wake it). /metrics then serves the
 snapshot taken on entering sleep, and polling /props does not wake the model it reports on.
 
 A woken request goes on at once; the engine reloads at its next step boundary, before it handles
@@ -15,8 +16,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slotserver.server.asgi_http import HttpMiddleware
 
-READ_ONLY = frozenset({"/health", "/v1/health", "/props", "/models", "/v1/models", "/metrics", "/slots",
+READ_ONLY = frozenset({"/", "/health", "/v1/health", "/props", "/models", "/v1/models", "/metrics", "/slots",
                        "/lab", "/lab/events"})
+READ_ONLY_PREFIXES = ("/v1/models/", "/webui/")   # a model's description; the web page's files
 
 
 class WakeGate(HttpMiddleware):
@@ -34,4 +36,4 @@ class WakeGate(HttpMiddleware):
 
 def _read_only(scope: Scope) -> bool:
     path = scope["path"]
-    return scope["method"] in ("GET", "HEAD") and (path in READ_ONLY or path.startswith("/v1/models/"))
+    return scope["method"] in ("GET", "HEAD") and (path in READ_ONLY or path.startswith(READ_ONLY_PREFIXES))
