@@ -18,6 +18,7 @@ from slotserver.cli import main as cli
 from slotserver.server import ServerConfig, ServerState, create_app
 from slotserver.server.config_from_args import server_config_from_args
 from slotserver.server.routes.webui import CSP, WEBUI_DIR
+from test_server_api import make_client
 from tiny_engine import running_tiny_engine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,11 +31,7 @@ def tiny_engine(tmp_path_factory):
         yield running
 
 
-def client_for(tiny_engine, **config) -> TestClient:
-    bundle, engine = tiny_engine
-    state = ServerState(ServerConfig(model_path=str(bundle.config.model_path), **config))
-    state.set_loaded(bundle, engine)
-    return TestClient(create_app(state))
+client_for = make_client   # test_server_api's: a TestClient on the running tiny engine
 
 
 def test_the_page_has_the_csp_and_no_inline_code(tiny_engine):
