@@ -3,8 +3,8 @@
     .venv/bin/python playground/embeddings_vs_llama.py [--threads 2] [--rounds 20] [--repeat 3] [--decoder]
         [--skip-speed] [--llama-flag=-fa --llama-flag=off] [--slot-flag=--dtype --slot-flag=bfloat16]
 
-Needs the llama.cpp peer (../shared/tools/llamacpp-peer/build) and the reference models
-(../shared/tools/models/fetch: minilm/minilm-f16.gguf, all-MiniLM-L6-v2 F16; reranker/tiny-reranker.gguf,
+Needs a llama.cpp build and the reference models outside the repo (local_server.py: LLAMA_CPP_DIR,
+SLOTSERVER_MODELS: minilm/minilm-f16.gguf, all-MiniLM-L6-v2 F16; reranker/tiny-reranker.gguf,
 a random 2-layer BERT cross-encoder). Each server runs alone (one at a time, same thread count):
 1. `--embedding --pooling mean` and `--pooling cls` on MiniLM: POST /v1/embeddings for the 60 TEXTS
    (sentences, punctuation, accents, CJK, numbers, one of ~230 tokens); per text the cosine similarity
@@ -32,12 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from local_server import free_port, post, wait_healthy
+from local_server import MODELS, PEER, free_port, post, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-PEER = CACHE / "slotserver-peer/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
-MODELS = CACHE / "slotserver-models"
 BASE = ["The quick brown fox jumps over the lazy dog.", "I believe the meaning of life is",
         "Machine learning is a field of study in artificial intelligence.", "Paris is the capital of France.",
         "Café, naïve, résumé: accents are stripped when lowercasing.", "中文文本 and mixed scripts 日本語",

@@ -29,8 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from local_server import free_port, post, wait_healthy  # noqa: E402
-from make_arch_fixtures import PEER  # noqa: E402
+from local_server import PEER, free_port, post, wait_healthy  # noqa: E402
 
 from slotserver.runtime.kv_spec import KVSpec  # noqa: E402
 from slotserver.runtime.layouts import create_layout, load_layout  # noqa: E402

@@ -2,8 +2,8 @@
 
     .venv/bin/python playground/infill_vs_llama.py [--threads 2] [--model PATH]
 
-Needs the llama.cpp peer (../shared/tools/llamacpp-peer/build) and Qwen2.5-Coder-0.5B-Instruct
-Q4_K_M (../shared/tools/models/fetch: qwen/model.gguf), a model with FIM tokens (pre/suf/mid, repo
+Needs a llama.cpp build and Qwen2.5-Coder-0.5B-Instruct Q4_K_M outside the repo (local_server.py:
+LLAMA_CPP_DIR, SLOTSERVER_MODELS/qwen/model.gguf, or --model), a model with FIM tokens (pre/suf/mid, repo
 name, file separator). Three server set-ups (each server alone, one at a time, -np 1), each request
 greedy (temperature 0, n_predict 16, return_tokens):
   A: -c 4096 -b 2048           the suite's two requests, no prompt, mixed ids in the prefix, ...
@@ -32,13 +32,11 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from local_server import free_port, post, wait_healthy
+from local_server import MODELS, PEER, free_port, post, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-PEER = CACHE / "slotserver-peer/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
-MODEL = CACHE / "slotserver-models/qwen/model.gguf"
+MODEL = MODELS / "qwen/model.gguf"
 
 PREFIX = "#include <cstdio>\n#include \"llama.h\"\n\nint main() {\n"
 SUITE = {"input_prefix": PREFIX, "prompt": "    int n_threads = llama_", "input_suffix": "}\n"}

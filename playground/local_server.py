@@ -1,14 +1,28 @@
-"""What the playground's comparison scripts share to drive a server process on this machine: a
-free port, waiting for /health, and a JSON POST. (Tests keep their own copies: tests import
-nothing from playground/.)"""
+"""What the playground's comparison scripts share: where the llama.cpp peer and the reference
+models are, a free port, waiting for /health, and a JSON POST. (Tests keep their own copies: tests
+import nothing from playground/, and read only tests/fixtures/.)
+
+The peer and the models are outside the repository (a llama.cpp build and real GGUF files, hundreds
+of MB): set `LLAMA_CPP_DIR` (a llama.cpp source tree with its `build/bin`) and `SLOTSERVER_MODELS`,
+or let them default to where the team's build tools put them under ~/.cache. Only the scripts that
+compare against llama.cpp or regenerate fixtures need them; the fixtures they write are committed
+in tests/fixtures/."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
+
+
+_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+LLAMA_CPP = Path(os.environ.get("LLAMA_CPP_DIR") or _CACHE / "slotserver-peer/llama_cpp_python-0.3.36/vendor/llama.cpp")
+PEER = LLAMA_CPP / "build" / "bin"      # llama-server, llama-bench, ...
+MODELS = Path(os.environ.get("SLOTSERVER_MODELS") or _CACHE / "slotserver-models")
 
 
 def free_port() -> int:

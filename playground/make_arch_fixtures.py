@@ -26,11 +26,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from local_server import free_port, post, wait_healthy  # noqa: E402
+from local_server import PEER, free_port, post, wait_healthy  # noqa: E402
 from tiny_gguf import bytes_to_unicode, write_tiny_gguf  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "archs"
-PEER = Path.home() / ".cache/slotserver-peer/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
 N_CTX, N_PREDICT = 256, 12
 U32 = gguf.GGUFValueType.UINT32
 SMALL = dict(d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, ctx_len=512, **{"tokenizer.ggml.pre": "default", "general.name": "tiny"})

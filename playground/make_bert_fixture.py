@@ -12,7 +12,7 @@ a word start and as a continuation, digits, punctuation, two CJK characters, a f
 pieces, and the specials at ids 0-4 (not BERT's usual 100-103, so the metadata's ids must be read).
 The token embedding is stored in F16, everything else in F32.
 
-With the peer (../shared/tools/llamacpp-peer/build), `tiny-bert.json` records llama-server's answers on
+With a llama.cpp build (local_server.py: LLAMA_CPP_DIR), `tiny-bert.json` records llama-server's answers on
 it, run with `-fa off` (its f32 attention: with flash attention on, llama.cpp's CPU kernel casts K and V,
 and for small batches Q and the running V sums, to f16, which moved these vectors by up to ~2e-4): /tokenize of tricky texts (`tokenize`), /embeddings for pooling mean, cls, last and none
 (`embeddings`: raw for none, else normalized), and /rerank scores (`rerank`), for tests/test_embeddings.py.
@@ -29,11 +29,10 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from local_server import free_port, post, wait_healthy
+from local_server import PEER, free_port, post, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "fixtures" / "bert"
-PEER = Path.home() / ".cache/slotserver-peer/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
 D, HEADS, FF, LAYERS, CTX, LABELS = 32, 4, 64, 2, 64, 2
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ["the", "is", "test", "hello", "world", "this", "machine", "learning", "paris", "cafe", "un", "don",

@@ -27,12 +27,11 @@ import urllib.request
 from datetime import date
 from pathlib import Path
 
-from local_server import free_port, wait_healthy
+from local_server import LLAMA_CPP, free_port, wait_healthy
 from template_sources import GEMMA3, LLAMA2, MISTRAL_V01, PHI3_MEDIUM
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "fixtures" / "tokenizers" / "templates.json"
-LLAMA_CPP = Path.home() / ".cache/slotserver-peer/llama_cpp_python-0.3.36/vendor/llama.cpp"
 GEMMA = Path("/tmp/gemma-3-270m-q4_k_m.gguf")
 
 TEMPLATES = {

@@ -34,8 +34,10 @@ sys.path.insert(0, str(ROOT))
 from slotserver.model.gguf_file import GGUFFile  # noqa: E402
 from slotserver.model.text.tokenizer import Tokenizer  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "playground"))
+from local_server import LLAMA_CPP  # noqa: E402
+
 OUT = ROOT / "tests" / "fixtures" / "tokenizers"
-LLAMA_CPP = Path.home() / ".cache/slotserver-peer/llama_cpp_python-0.3.36/vendor/llama.cpp"
 GEMMA = Path("/tmp/gemma-3-270m-q4_k_m.gguf")
 REFERENCE = "llama-tokenize of llama.cpp as vendored in llama-cpp-python 0.3.36 (CPU build)"
 VOCABS = ("gemma3", "llama-spm", "phi-3", "qwen2")
