@@ -73,7 +73,7 @@ class PromptCache:
         """The entry sharing the longest prefix with `prompt` (and that length), or None."""
         best, n_best = None, 0
         for tokens in self.entries:
-            n = common_prefix(list(tokens), prompt)
+            n = common_prefix(tokens, prompt)
             if n > n_best:
                 best, n_best = tokens, n
         if best is None:

@@ -41,7 +41,7 @@ class Slot:
         self.cached, self.seq, self.last_used = self.seq.computed_tokens, None, next(_clock)
 
 
-def common_prefix(a: list[int], b: list[int] | tuple[int, ...]) -> int:
+def common_prefix(a: list[int] | tuple[int, ...], b: list[int] | tuple[int, ...]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:

@@ -24,7 +24,7 @@ from slotserver.runtime.kernel_set import load_kernel
 from slotserver.runtime.layouts import LAYOUT_CONTRACT, available_layouts
 from slotserver.runtime.loader import (ModuleLoadError, Source, c_files_naming, default_dir, file_version, load_source,
                                    locate, module_names, read_source, resolve_in_folder)
-from slotserver.lab.sandbox import run_forked as run_forked_cpu, run_isolated
+from slotserver.lab.sandbox import run_isolated
 from slotserver.lab.validate import validate_kernel, validate_layout
 
 log = logging.getLogger("slotserver.lab")
@@ -198,7 +198,7 @@ class Lab:
         mods = self.port.kernels.modules
         attn = mods["attention"].module
         paged = mods["paged_attention"].module if "paged_attention" in mods else None
-        return run_forked_cpu(lambda: validate_layout(src, attn, paged), self.timeout)   # layouts: checked on the CPU
+        return run_isolated(lambda: validate_layout(src, attn, paged), self.timeout, "cpu")   # layouts: checked on the CPU
 
     def _swap_layout(self, src: Source, observed: float) -> dict:
         """The validated bytes become a module here; the engine thread migrates every slot's KV."""

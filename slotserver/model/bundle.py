@@ -14,12 +14,11 @@ from slotserver.model.gguf_file import GGUFFile
 from slotserver.runtime import cpu_features
 from slotserver.runtime.device import kernel_impl
 from slotserver.runtime.kernel_set import KernelSet
-from slotserver.model.model import LlamaModel
+from slotserver.model.model import LlamaModel, read_weights
 from slotserver.model.spec import ModelSpec
 from slotserver.model.text.tokenizer import Tokenizer
 from slotserver.model.progress import stage
-from slotserver.model.placement import to_device
-from slotserver.model.weights import Progress, load_weights
+from slotserver.model.weights import Progress
 
 log = logging.getLogger("slotserver.load")
 
@@ -52,7 +51,7 @@ class ModelBundle:
                    "weights read"):
             model = LlamaModel.from_file(f, spec, config.torch_dtype, kernels, config.max_ctx or None, progress,
                                          config.weight_format, device)
-        model.set_step_graphs(config.step_graphs and device == "cpu")   # CUDA graphs: not yet (docs/gpu.md)
+        model.set_step_graphs(config.replays_step_graphs)
         return cls(config, model, tokenizer, template, _without_vocabulary(f.metadata))
 
 
@@ -67,11 +66,9 @@ class ModelBundle:
     def reload_weights(self) -> None:
         """Read the weights again as `load` did (same format, dtype, device), then warm them up."""
         cfg, model = self.config, self.model
-        f = GGUFFile.open(cfg.model_path)
-        q4 = model.kernels.modules["q4_matmul"].module if "q4_matmul" in model.kernels.modules else None
-        weights = load_weights(f, model.spec, cfg.torch_dtype, None, cfg.weight_format, q4)
-        model.weights = weights if model.device == "cpu" else to_device(weights, model.device)
-        model.set_step_graphs(cfg.step_graphs and model.device == "cpu")
+        model.weights = read_weights(GGUFFile.open(cfg.model_path), model.spec, model.dtype, model.kernels,
+                                     cfg.weight_format, model.device)
+        model.set_step_graphs(cfg.replays_step_graphs)
         model.warm_up()
 
 

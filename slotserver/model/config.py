@@ -87,6 +87,11 @@ class ModelConfig:
         return resolve_device(self.device)
 
     @property
+    def replays_step_graphs(self) -> bool:
+        """The CPU's C step graphs (model/step_graph.py); CUDA graphs are not built yet (docs/gpu.md)."""
+        return self.step_graphs and self.resolved_device == "cpu"
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto" and self.resolved_device == "cuda":
             return torch.bfloat16   # every CUDA card we target computes bf16 natively (tensor cores)

@@ -74,10 +74,7 @@ class LlamaModel:
         if needed not in kernels.modules:   # e.g. a lab folder copied before gelu_mul.py existed
             raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs the kernel {needed} "
                                   f"(kernels/{needed}.py), absent from the kernels folder")
-        q4 = kernels.modules["q4_matmul"].module if "q4_matmul" in kernels.modules else None
-        weights = load_weights(f, spec, dtype, progress, fmt, q4)
-        if device != "cpu":
-            weights = to_device(weights, device)
+        weights = read_weights(f, spec, dtype, kernels, fmt, device, progress)
         max_pos = max_pos or spec.ctx_train
         # phi3 longrope: the long factors once the context passes the trained one (llama.cpp's choice)
         long = weights.rope_long is not None and max_pos > spec.rope.orig_ctx
@@ -231,6 +228,14 @@ class LlamaModel:
         if self.spec.residual_scale != 1.0:
             y = y * self.spec.residual_scale
         return y
+
+
+def read_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, kernels: KernelSet, fmt: WeightFormat,
+                 device: str = "cpu", progress: Progress | None = None) -> ModelWeights:
+    """The matmul weights of `f` in `fmt`, on `device` (a load, and a wake from sleep)."""
+    q4 = kernels.modules["q4_matmul"].module if "q4_matmul" in kernels.modules else None
+    weights = load_weights(f, spec, dtype, progress, fmt, q4)
+    return weights if device == "cpu" else to_device(weights, device)
 
 
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -36,20 +36,23 @@ async def completions(request: Request) -> Response:
     return await _serve(request, chat=False)
 
 
-async def _serve(request: Request, chat: bool) -> Response:
-    state: ServerState = request.app.state.server
+def _prepare(state: ServerState, body: dict, chat: bool) -> OpenAIJob:
+    """A chat or completion body parsed into jobs, with the server's defaults and grammars."""
     bundle, engine = state.require()
     cfg = state.config
+    grammars, n_parallel = getattr(engine, "grammars", None), engine.config.n_parallel
+    if chat:
+        return parse_chat(body, bundle.tokenizer, state.template, cfg.defaults, cfg.model_name, grammars,
+                          n_parallel, cfg.chat)
+    return parse_openai_completion(body, bundle.tokenizer, cfg.defaults, cfg.model_name, grammars, n_parallel)
+
+
+async def _serve(request: Request, chat: bool) -> Response:
+    state: ServerState = request.app.state.server
+    bundle, _ = state.require()
+    cfg = state.config
     body = await read_json(request, cfg.body_limit, cfg.timeout)
-
-    def prepare() -> OpenAIJob:
-        grammars, n_parallel = getattr(engine, "grammars", None), engine.config.n_parallel
-        if chat:
-            return parse_chat(body, bundle.tokenizer, state.template, cfg.defaults, cfg.model_name, grammars,
-                              n_parallel, cfg.chat)
-        return parse_openai_completion(body, bundle.tokenizer, cfg.defaults, cfg.model_name, grammars, n_parallel)
-
-    oa = await anyio.to_thread.run_sync(prepare)
+    oa = await anyio.to_thread.run_sync(_prepare, state, body, chat)
     first = OpenAIFormatter(oa.job, oa.model, bundle.tokenizer, chat, oa.tools, oa.reasoning)
     fmts = [first] + [first.sibling(j) for j in oa.jobs[1:]]
     runs = submit_all(state, oa.jobs, log_state(request), oa.prompts)
@@ -110,12 +113,9 @@ async def chat_input_tokens(request: Request) -> Response:
     """llama-server's /v1/chat/completions/input_tokens: the prompt a chat body would run, counted
     (rendered and tokenized exactly as the chat route does; nothing is generated)."""
     state: ServerState = request.app.state.server
-    bundle, engine = state.require()
-    cfg = state.config
-    body = await read_json(request, cfg.body_limit, cfg.timeout)
-    oa = await anyio.to_thread.run_sync(lambda: parse_chat(
-        {**body, "stream": False}, bundle.tokenizer, state.template, cfg.defaults, cfg.model_name,
-        getattr(engine, "grammars", None), engine.config.n_parallel, cfg.chat))
+    state.require()
+    body = await read_json(request, state.config.body_limit, state.config.timeout)
+    oa = await anyio.to_thread.run_sync(_prepare, state, {**body, "stream": False}, True)
     return JSONResp({"input_tokens": len(oa.job.request.prompt_ids)})
 
 
