@@ -482,10 +482,14 @@ def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torc
 def decode_splits(n_seqs: int, kv_heads: int, span: int, device: torch.device) -> int:
     """Chunks per (sequence, KV head) for a decode step whose longest visible span is `span` cells:
     enough programs for DECODE_WAVES per SM, no chunk under DECODE_MIN_CHUNK cells, at most
-    DECODE_MAX_SPLITS (SmolLM2 on 132 SMs: 1 x 4096 -> 16 splits, 8 x 2048 -> 8, 32 x 2048 -> 6)."""
+    DECODE_MAX_SPLITS (SmolLM2 on 132 SMs: 1 x 4096 -> 16 splits, 8 x 2048 -> 8, 32 x 2048 -> 6).
+    The span counts as the power of two at or above it, so the split count (a launch's grid) stays
+    the same while a decode's context grows inside [2^k, 2^(k+1)): what a CUDA graph captured for
+    that bucket (slotserver/model/cuda_graph.py) replays."""
     if DECODE_FORCE_SPLITS:
         return max(1, int(DECODE_FORCE_SPLITS))
     want = -(-DECODE_WAVES * _sm_count(device) // max(1, n_seqs * kv_heads))
+    span = 1 << max(0, span - 1).bit_length()
     return max(1, min(want, -(-span // DECODE_MIN_CHUNK), DECODE_MAX_SPLITS))
 
 

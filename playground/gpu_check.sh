@@ -1,100 +1,102 @@
 #!/usr/bin/env bash
-# One-shot GPU check (issue 34), under 6 minutes on an H100 with cold Triton caches and no network:
-#   1. nvidia-smi and versions (python, torch, triton, CUDA; which optional packages the image lacks);
-#   1b. playground/gpu_model_check.sh (MODEL_S seconds, default 150): the model served on --device cuda:
-#      wheels from .gpu_wheels/ (carry it: playground/gpu_wheels.sh makes it), random-weight Qwen2.5-0.5B
-#      shapes, generate, decode tok/s vs the bytes bound, HTTP bench; GPU_CHECK_PARTS=attention skips it;
-#   2. `slotserver lab check` restricted to kernels/attention.py and kernels/paged_attention.py (a
-#      temporary kernels folder holding those two and attention.c): cpu and Triton (on cuda) numerics
-#      against the references, AOT compiles for sm_80/sm_90, layout contracts;
-#   3. playground/gpu_attention_bench.py: our decode kernels (seq_head_dim, head_seq_dim, paged,
-#      paged_hnd) vs torch SDPA and the copy bandwidth, then a short tuning sweep while time is left;
-#   4. a short table last.
-# Logs go to OUT_DIR (argument, else $OUT, else ./gpu_out).
+# One-shot GPU check (issue 34): everything a lent GPU machine (no network, minutes) has to do,
+# part by part, each with its own time slice, in the order of what matters most:
+#   versions  nvidia-smi, python/torch/triton/CUDA, which packages the image lacks;
+#   wheels    installs .gpu_wheels/ (carry it; playground/gpu_wheels.sh makes it);
+#   tests     the CUDA tests of tests/test_device.py (GPU vs CPU tokens, CUDA-graph replays, the engine);
+#   model     playground/gpu_model_check.sh: random-weight Qwen2.5-0.5B shapes (Q4_K, BF16, Q8_0),
+#             generate, decode ms/step with CUDA graphs and eager vs the bytes bound, HTTP bench;
+#   hf        playground/hf_bench.py: Hugging Face transformers, static cache, same shape, bf16;
+#   kernels   playground/gpu_kernel_bench.py: rms_norm/rope/silu/gelu vs copy bandwidth, prefill vs SDPA;
+#   sweep     playground/layout_sweep.py --device cuda: every layout, serving kernels, CUDA-graph times;
+#   lab       `slotserver lab check` on cuda (every kernel: Triton numerics vs reference, AOT);
+#   attention playground/gpu_attention_bench.py: decode attention vs SDPA and the copy bandwidth.
+# A part starts only with at least 20 s left; logs go to OUT_DIR/<part>.log, a short table last.
 #
 #   cd <repo root> && PYTHONPATH=. bash playground/gpu_check.sh [OUT_DIR]
-#
-# Nothing here needs starlette, uvicorn, watchdog, gguf or llguidance (the lab check and the bench
-# import only torch, triton and slotserver.runtime). GPU_CHECK_DRY=1 runs the same steps on a
-# CPU: the lab check as it is, the bench's --dry-run under TRITON_INTERPRET=1 (tiny shapes).
+#   GPU_CHECK_PARTS=tests,model GPU_CHECK_TOTAL_S=200 ...   (a subset, a shorter budget)
+#   GPU_CHECK_DRY=1 ...   (the same parts on a CPU: tiny shapes, --device cpu, TRITON_INTERPRET)
 set -u
 T0=$(date +%s)
-TOTAL_S=${GPU_CHECK_TOTAL_S:-330}        # everything, with margin under 6 minutes
-PARTS=${GPU_CHECK_PARTS:-model,attention}
+TOTAL_S=${GPU_CHECK_TOTAL_S:-480}
+PARTS=${GPU_CHECK_PARTS:-versions,wheels,tests,model,hf,kernels,sweep,lab,attention}
 OUT_DIR="${1:-${OUT:-./gpu_out}}"
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
 cd "$(dirname "$0")/.." || exit 1        # the repo root
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PY=${PYTHON:-python}
+export PY=${PYTHON:-python}
 DRY=${GPU_CHECK_DRY:-0}
 elapsed() { echo $(( $(date +%s) - T0 )); }
 left() { echo $(( TOTAL_S - $(date +%s) + T0 )); }
+declare -A RC
+
+# part NAME SLICE_S CMD...: CMD under a timeout of min(SLICE_S, time left - 5), output in NAME.log
+part() {
+    local name=$1 slice=$2; shift 2
+    [[ ",$PARTS," == *",$name,"* ]] || return 0
+    local t=$(( $(left) - 5 )); (( t > slice )) && t=$slice
+    if (( t < 20 )); then echo "== $name: skipped ($(left) s left)"; RC[$name]=skipped; return 0; fi
+    echo "== $name (up to $t s, at $(elapsed) s)"
+    if declare -F "$1" >/dev/null; then   # a function of this script: timeout runs programs only
+        PART_S=$t timeout "$t" bash -c "$(declare -f "$1"); $*" > "$OUT_DIR/$name.log" 2>&1
+    else
+        PART_S=$t timeout "$t" "$@" > "$OUT_DIR/$name.log" 2>&1
+    fi
+    RC[$name]=$?
+    grep -v -e "UserWarning" -e "warn_once" -e "warnings.warn" "$OUT_DIR/$name.log" | tail -${TAIL:-25}
+    (( RC[$name] == 124 )) && echo "$name: stopped by its $t s timeout"
+    echo "$name: exit ${RC[$name]} after $(elapsed) s"
+}
 
 echo "== gpu_check: $(date -u +%FT%TZ), repo $(git rev-parse --short HEAD 2>/dev/null || echo '?') (dirty files: $(git status --porcelain 2>/dev/null | wc -l)), out $OUT_DIR"
-
-echo "== nvidia-smi"
-{ nvidia-smi && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.memory,power.limit --format=csv; } \
-    > "$OUT_DIR/nvidia-smi.txt" 2>&1
-cat "$OUT_DIR/nvidia-smi.txt"
-
-echo "== versions"
-$PY - <<'EOF' 2>&1 | tee "$OUT_DIR/versions.txt"
-import importlib.util, platform, sys
+versions() {
+    nvidia-smi && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.memory,power.limit --format=csv
+    $PY - <<'EOF'
+import importlib.util, platform
 import torch, triton
 print(f"python {platform.python_version()}, torch {torch.__version__} (cuda {torch.version.cuda}), triton {triton.__version__}")
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print(f"device {p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.1f} GiB")
-else:
-    print("no CUDA device")
-def absent(name):
-    try:
-        return importlib.util.find_spec(name) is None
-    except Exception:   # noqa: BLE001 - an import hook refusing it counts as absent
-        return True
-missing = [m for m in ("starlette", "uvicorn", "watchdog", "gguf", "llguidance", "numpy", "transformers") if absent(m)]
-print("absent packages (none of them needed here):", ", ".join(missing) or "none")
+missing = [m for m in ("starlette", "uvicorn", "watchdog", "gguf", "llguidance", "transformers", "pytest")
+           if importlib.util.find_spec(m) is None]
+print("absent packages:", ", ".join(missing) or "none")
 EOF
-
-if [[ "$PARTS" == *model* ]]; then
-    echo "== model on the device (playground/gpu_model_check.sh)"
-    MODEL_S=${MODEL_S:-150} timeout $(( ${MODEL_S:-150} + 20 )) bash playground/gpu_model_check.sh "$OUT_DIR" \
-        2>&1 | tee "$OUT_DIR/model_check.log"
-fi
-
-echo "== lab check (attention, paged_attention)"
-LAB_TMP=$(mktemp -d)
-mkdir -p "$LAB_TMP/kernels"
-cp kernels/attention.py kernels/paged_attention.py kernels/attention.c "$LAB_TMP/kernels/"
-LAB_S=$(( $(left) - 100 )); (( LAB_S > 120 )) && LAB_S=120; (( LAB_S < 40 )) && LAB_S=40
-timeout "$LAB_S" $PY -m slotserver.cli.main lab check --kernels-dir "$LAB_TMP/kernels" --cases 3 \
-    > "$OUT_DIR/lab_check.txt" 2>&1
-LAB_RC=$?
-rm -rf "$LAB_TMP"
-cat "$OUT_DIR/lab_check.txt"
-(( LAB_RC == 124 )) && echo "lab check: stopped by its ${LAB_S} s timeout"
-echo "lab check: exit $LAB_RC after $(elapsed) s"
-
-echo "== decode attention bench"
-BENCH_S=$(( $(left) - 15 )); (( BENCH_S < 40 )) && BENCH_S=40
-BUDGET=$(( BENCH_S - 45 )); (( BUDGET < 20 )) && BUDGET=20   # the bench starts no case after this
+}
+wheels() {   # --no-deps: never replace the image's torch, triton or numpy
+    $PY -c "import gguf, starlette, uvicorn, watchdog, llguidance, pytest" 2>/dev/null && { echo "wheels: all present"; return 0; }
+    [[ -d .gpu_wheels ]] || { echo "no .gpu_wheels folder: run playground/gpu_wheels.sh with network first and carry it"; return 3; }
+    $PY -m pip install -q --no-index --no-deps --find-links .gpu_wheels \
+        $(ls .gpu_wheels | grep -v -e '^numpy' -e '^torch' -e '^triton' | sed 's|^|.gpu_wheels/|') 2>&1 | tail -3
+    $PY -c "import gguf, starlette, uvicorn, pytest; print('wheels ok')"
+}
+part versions 30 versions
+part wheels 60 wheels
+part tests 100 $PY -m pytest -q -x -p no:cacheprovider tests/test_device.py -k "cuda or device"
+TAIL=30 part model 200 bash playground/gpu_model_check.sh "$OUT_DIR"
 if [[ "$DRY" == 1 ]]; then
-    TRITON_INTERPRET=1 timeout "$BENCH_S" $PY playground/gpu_attention_bench.py --dry-run --tune --out "$OUT_DIR" \
-        --budget-s "$BUDGET" > "$OUT_DIR/attention_bench.log" 2>&1
+    part hf 60 $PY playground/hf_bench.py --device cpu --tiny --batches 1,2 --steps 4 --out "$OUT_DIR"
+    part kernels 60 env TRITON_INTERPRET=1 $PY playground/gpu_kernel_bench.py --dry-run --out "$OUT_DIR"
+    part sweep 60 $PY playground/layout_sweep.py --device cpu --batches 1 2 --contexts 64 --rounds 1 --reps 1 \
+        --out "$OUT_DIR/layout_sweep.png"
 else
-    timeout "$BENCH_S" $PY playground/gpu_attention_bench.py --tune --out "$OUT_DIR" --budget-s "$BUDGET" \
-        > "$OUT_DIR/attention_bench.log" 2>&1
+    part hf 60 $PY playground/hf_bench.py --device cuda --batches 1,8,32,64 --steps 32 --budget-s 45 --no-compile --out "$OUT_DIR"
+    part kernels 50 $PY playground/gpu_kernel_bench.py --budget-s 40 --out "$OUT_DIR"
+    part sweep 50 $PY playground/layout_sweep.py --device cuda --dtype bfloat16 --batches 1 8 32 64 \
+        --contexts 1024 2048 4096 8192 --rounds 2 --reps 20 --out "$OUT_DIR/layout_sweep.png"
 fi
-BENCH_RC=$?
-grep -v -e "UserWarning" -e "warn_once" "$OUT_DIR/attention_bench.log"
-(( BENCH_RC == 124 )) && echo "bench: stopped by its ${BENCH_S} s timeout (rows so far are in attention_bench.log)"
+part lab 90 $PY -m slotserver.cli.main lab check --cases 2
+ATT_DRY=(); [[ "$DRY" == 1 ]] && ATT_DRY=(--dry-run)
+[[ "$DRY" == 1 ]] && export TRITON_INTERPRET=1
+part attention 60 $PY playground/gpu_attention_bench.py "${ATT_DRY[@]}" --out "$OUT_DIR" --budget-s 30
 
 echo
 echo "== short table ($(elapsed) s in all; logs in $OUT_DIR)"
-grep -m1 -E "^device|^device-to-device" "$OUT_DIR/attention_bench.log"
-grep -E "checks passed" "$OUT_DIR/lab_check.txt" | sed 's/^/lab check: /' || echo "lab check: no result (exit $LAB_RC)"
-grep -E "^FAIL" "$OUT_DIR/lab_check.txt" | head -5
-sed -n '/^summary/,$p' "$OUT_DIR/attention_bench.log" | grep -v -e "UserWarning" -e "warn_once"
+for p in "${!RC[@]}"; do echo "part $p: exit ${RC[$p]}"; done | sort
+grep -h -E "passed|failed" "$OUT_DIR/tests.log" 2>/dev/null | tail -1
 [[ -f "$OUT_DIR/model_bench.log" ]] && sed -n '/^copy bandwidth/,$p' "$OUT_DIR/model_bench.log"
-grep -h "^concurrency" "$OUT_DIR/model_check.log" 2>/dev/null
-echo "exit codes: lab check $LAB_RC, bench $BENCH_RC"
+grep -h "^concurrency" "$OUT_DIR/model.log" 2>/dev/null
+grep -h "^hf b=" "$OUT_DIR/hf.log" 2>/dev/null
+sed -n '/^summary/,$p' "$OUT_DIR/kernels.log" 2>/dev/null | head -30
+grep -h -E "checks passed|^FAIL" "$OUT_DIR/lab.log" 2>/dev/null | head -6
+sed -n '/^summary/,$p' "$OUT_DIR/attention.log" 2>/dev/null | head -20

@@ -50,9 +50,11 @@ def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / statistics.median(times[1:])
 
 
-def decode_steps(bundle: ModelBundle, batch: int, ctx: int, steps: int, layout: str) -> dict:
-    """Prefill `batch` streams to `ctx` tokens, then time decode steps of one token each."""
+def decode_steps(bundle: ModelBundle, batch: int, ctx: int, steps: int, layout: str, graphs: bool = True) -> dict:
+    """Prefill `batch` streams to `ctx` tokens, then time decode steps of one token each (replayed
+    from step graphs, CUDA graphs on a GPU, or eager: `graphs`)."""
     model, dev = bundle.model, bundle.model.device
+    model.set_step_graphs(graphs)
     s = model.spec
     kv_dtype = torch.float16 if dev == "cuda" else model.dtype
     cache = KVCache.create(layout, KVSpec(s.n_layers, batch, ctx + steps + 8, s.n_kv_heads, s.head_dim, kv_dtype,
@@ -69,6 +71,7 @@ def decode_steps(bundle: ModelBundle, batch: int, ctx: int, steps: int, layout: 
         sync(dev)
         times.append(time.perf_counter() - t)
     step = statistics.median(times[2:])
+    model.set_step_graphs(True)
     weights = sum(m.nbytes() for m in model.weights.matmuls())
     kv = 2 * s.n_layers * batch * (ctx + steps // 2) * s.n_kv_heads * s.head_dim * cache.spec.dtype.itemsize
     return {"batch": batch, "ctx": ctx, "step_ms": 1000 * step, "tok_s": batch / step,
@@ -109,6 +112,7 @@ def main() -> None:
         bw = bw or copy_bandwidth(dev, 1 << 28 if dev == "cpu" else 1 << 30)
         for b in batches:
             r = decode_steps(bundle, b, a.ctx, a.steps, a.layout)
+            r["eager_step_ms"] = decode_steps(bundle, b, a.ctx, a.steps, a.layout, graphs=False)["step_ms"]
             r.update(model=path.name, device=dev, bound_tok_s=b * bw / (r["weight_bytes"] + r["kv_bytes"]))
             if a.engine_tokens:
                 r.update(engine_run(bundle, b, a.engine_tokens, 16))
@@ -119,10 +123,11 @@ def main() -> None:
     # the copy's bytes moved per second (read + write) is what the memory delivers; a decode step
     # only reads, so its bound is weights + KV bytes at that rate (the issue's ~6000 tok/s for 0.5B)
     print(f"\ncopy bandwidth {bw / 1e9:.0f} GB/s (read + write); bound = weights + KV bytes read once per step at it")
-    print(f"{'model':28} {'b':>3} {'ms/step':>8} {'tok/s':>9} {'bound':>9} {'of bound':>8} {'engine tok/s':>12}")
+    print(f"{'model':28} {'b':>3} {'ms/step':>8} {'eager ms':>8} {'tok/s':>9} {'bound':>9} {'of bound':>8} "
+          f"{'engine tok/s':>12}")
     for r in rows:
-        print(f"{r['model'][:28]:28} {r['batch']:>3} {r['step_ms']:8.2f} {r['tok_s']:9.0f} {r['bound_tok_s']:9.0f} "
-              f"{r['tok_s'] / r['bound_tok_s']:8.0%} {r.get('engine_tok_s', 0):12.0f}")
+        print(f"{r['model'][:28]:28} {r['batch']:>3} {r['step_ms']:8.2f} {r['eager_step_ms']:8.2f} {r['tok_s']:9.0f} "
+              f"{r['bound_tok_s']:9.0f} {r['tok_s'] / r['bound_tok_s']:8.0%} {r.get('engine_tok_s', 0):12.0f}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 # The model half of the GPU check (issue 34): slotserver serving on `--device cuda`.
 #   1. installs the wheels the GPU image lacks (gguf, starlette, uvicorn, watchdog, llguidance...) from
 #      .gpu_wheels/ (made beforehand, with network, by playground/gpu_wheels.sh; carried with the run);
-#   2. writes random-weight GGUFs of Qwen2.5-0.5B's shape (Q4_K and BF16; playground/shape_model.py);
+#   2. writes random-weight GGUFs of Qwen2.5-0.5B's shape (Q4_K, BF16, Q8_0; playground/shape_model.py);
 #   3. `slotserver generate --device cuda`: loads and answers (a smoke test);
 #   4. playground/gpu_model_bench.py: decode ms/step and tok/s at b=1/8/32/64 vs the bytes bound,
 #      and the whole engine's tok/s;
@@ -17,7 +17,7 @@ mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
 cd "$(dirname "$0")/.." || exit 1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python}
-MODEL_S=${MODEL_S:-170}
+MODEL_S=${PART_S:-${MODEL_S:-170}}   # gpu_check.sh gives its slice as PART_S
 left() { echo $(( MODEL_S - $(date +%s) + T0 )); }
 if [[ "${GPU_CHECK_DRY:-0}" == 1 ]]; then
     DEV=cpu; SHAPE=tiny; BATCHES=1,4; STEPS=3; CONC="1 4"; NP=4
@@ -40,7 +40,7 @@ $PY -c "import gguf, starlette, uvicorn; print('wheels ok: gguf', gguf.__version
 
 echo "== shape models ($SHAPE)"
 MD=$(mktemp -d)
-for q in Q4_K BF16; do
+for q in Q4_K BF16 Q8_0; do
     timeout 60 $PY playground/shape_model.py "$SHAPE" "$q" "$MD/$SHAPE-$q.gguf" || echo "shape model $q failed"
 done
 ls -la "$MD"
@@ -52,7 +52,7 @@ echo "generate: exit $?"; tail -5 "$OUT_DIR/generate.log"
 
 echo "== model bench"
 BS=$(( $(left) - 60 )); (( BS < 30 )) && BS=30
-timeout "$BS" $PY playground/gpu_model_bench.py "$MD/$SHAPE-Q4_K.gguf" "$MD/$SHAPE-BF16.gguf" --device "$DEV" \
+timeout "$BS" $PY playground/gpu_model_bench.py "$MD/$SHAPE-Q4_K.gguf" "$MD/$SHAPE-BF16.gguf" "$MD/$SHAPE-Q8_0.gguf" --device "$DEV" \
     --batches "$BATCHES" --steps "$STEPS" --out "$OUT_DIR" > "$OUT_DIR/model_bench.log" 2>&1
 echo "model bench: exit $?"; grep -v -e Warning -e warn "$OUT_DIR/model_bench.log" | tail -12
 

@@ -18,6 +18,7 @@ times of these small calls measure the host: docs/gpu.md).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from pathlib import Path
@@ -127,12 +128,23 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu")
     ap.add_argument("--out", type=Path, default=Path("playground/out/layout_sweep.png"))
+    ap.add_argument("--replot", type=Path, help="only draw the PNG from a JSON a run saved")
     args = ap.parse_args()
+    if args.replot:
+        rows = json.loads(args.replot.read_text())["rows"]
+        plot({(r.pop("batch"), r.pop("context")): r for r in rows}, args.out)
+        return
     device = resolve_device(args.device)
     results = sweep(args.batches, args.contexts, getattr(torch, args.dtype), args.rounds, args.reps, device)
     print(f"device {device}, kernels {kernel_impl(device)}, {args.dtype}")
     print_table(results)
-    plot(results, args.out)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"batch": b, "context": c, **row} for (b, c), row in results.items()]
+    args.out.with_suffix(".json").write_text(json.dumps({"device": device, "dtype": args.dtype, "rows": rows}))
+    try:
+        plot(results, args.out)
+    except ImportError as e:   # a GPU image without matplotlib: --replot makes the PNG from the JSON
+        print(f"no plot ({e}); the numbers are in {args.out.with_suffix('.json')}")
 
 
 if __name__ == "__main__":

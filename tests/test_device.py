@@ -75,3 +75,85 @@ def test_cuda_greedy_tokens_match_the_cpu(tmp_path):
         assert bundle.model.device == dev and bundle.model.kernels.impl == kernel_impl(dev)
         out[dev] = [r.tokens for r in generate(bundle.model, reqs, frozenset())]
     assert out["cuda"] == out["cpu"]
+
+
+def test_greedy_on_the_device_picks_the_hosts_tokens():
+    """The device greedy path (argmax where the logits are, only ids back) gives the C pass's
+    tokens, biases and ties included, refuses rows it does not serve, and names a NaN row.
+    It is device-agnostic torch, so the CPU runs the same code a GPU does."""
+    from slotserver.model.sampling.greedy import greedy_tokens, greedy_tokens_device
+    from slotserver.model.sampling.params import SamplingError, SamplingParams
+
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(5, 300, generator=gen)
+    logits[3, 10] = logits[3, 200] = logits[3].max() + 1          # a tie: the first index wins
+    params = [SamplingParams(temperature=0.0) for _ in range(5)]
+    params[1] = SamplingParams(temperature=0.0, logit_bias=((int(logits[1].argmax()), float("-inf")),))
+    params[2] = SamplingParams(temperature=0.0, logit_bias=((5, 100.0), (5, -50.0)))   # added in turn
+    got = greedy_tokens_device(logits, params)
+    assert got.tolist() == greedy_tokens(logits, params, torch.empty(300)).tolist()
+    assert got[3] == 10 and got[2] == 5 and got[1] != logits[1].argmax()
+    assert greedy_tokens_device(logits, [SamplingParams(temperature=0.8)] * 5) is None
+    assert greedy_tokens_device(logits, [SamplingParams(temperature=0.0, n_probs=2)] * 5) is None
+    logits[4, 0] = float("nan")
+    with pytest.raises(SamplingError, match="row 4"):
+        greedy_tokens_device(logits, params)
+
+
+def test_a_replayed_decode_reads_its_batch_through_one_copy():
+    """CUDA-graph inputs: the context buckets that fix the attention's grid, and the copy of a new
+    decode batch into the captured one (every field, through the one tensor they are views of)."""
+    from slotserver.model.cuda_graph import _copy_inputs, kv_bucket
+    from slotserver.runtime.batch import Batch, SeqChunk
+
+    assert [kv_bucket(n) for n in (1, 256, 257, 512, 513, 4096, 4097)] == [256, 256, 512, 512, 1024, 4096, 8192]
+    old = Batch.build([SeqChunk(0, 10, [5]), SeqChunk(1, 20, [6])])
+    new = Batch.build([SeqChunk(3, 700, [8]), SeqChunk(2, 300, [9])])
+    _copy_inputs(old, new)
+    assert all(torch.equal(a, b) for a, b in zip(old.tensors(), new.tensors()))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cuda_graph_replays_give_the_eager_tokens(tmp_path):
+    """Decode steps replayed from CUDA graphs, across a context bucket (256 -> 512 cells) and at
+    two batch sizes, give the eager steps' greedy tokens; a kernel swap drops the graphs."""
+    from slotserver.model.bundle import ModelBundle
+
+    path = write_tiny_gguf(tmp_path / "m.gguf")
+    bundle = ModelBundle.load(ModelConfig(path, device="cuda", dtype="float32"))
+    model = bundle.model
+    reqs = [GenRequest(list(range(5, 250)), 30, ignore_eos=True), GenRequest([7, 8, 9], 30, ignore_eos=True)]
+    model.set_step_graphs(False)
+    eager = [r.tokens for r in generate(model, reqs, frozenset())]
+    model.set_step_graphs(True)
+    assert [r.tokens for r in generate(model, reqs, frozenset())] == eager
+    assert model.graphs.captures >= 2 and model.graphs.replays > 20
+    model.kernels = model.kernels.with_module("rms_norm", model.kernels.modules["rms_norm"])
+    assert [r.tokens for r in generate(model, reqs[1:], frozenset())] == eager[1:]
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_the_engine_on_cuda_serves_like_the_cpu(tmp_path):
+    """The engine on the GPU (graphs, greedy on the device, host samplers on copied rows): greedy
+    requests give the CPU engine's tokens; seeded sampling and n_probs answer on both."""
+    from slotserver.engine.config import EngineConfig
+    from slotserver.engine.engine import Engine
+    from slotserver.engine.request import Request
+    from slotserver.model.bundle import ModelBundle
+    from slotserver.model.sampling.params import SamplingParams
+
+    path = write_tiny_gguf(tmp_path / "m.gguf")
+    out = {}
+    for dev in ("cpu", "cuda"):
+        engine = Engine(ModelBundle.load(ModelConfig(path, device=dev)), EngineConfig(n_parallel=4, ctx_size=512)).start()
+        try:
+            hs = [engine.submit(Request(prompt_ids=tuple(range(5 + i, 40 + 3 * i)), n_predict=12, ignore_eos=True,
+                                        params=SamplingParams(temperature=0.0))) for i in range(3)]
+            hs.append(engine.submit(Request(prompt_ids=(5, 6, 7), n_predict=8, ignore_eos=True,
+                                            params=SamplingParams(temperature=0.9, seed=3, n_probs=2))))
+            res = [h.result(timeout=120) for h in hs]
+        finally:
+            engine.stop()
+        out[dev] = [r.tokens for r in res[:3]]
+        assert len(res[3].tokens) == 8
+    assert out["cuda"] == out["cpu"]

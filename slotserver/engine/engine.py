@@ -212,5 +212,4 @@ class Engine:
         if self._logits.shape[0] < rows:   # one buffer for every step's logits (see LlamaModel.forward)
             self._logits = torch.empty(rows, self._logits.shape[1], device=self.device)
         logits = self.bundle.model.forward(Batch.build(chunks, self.device), self.cache, self._logits)
-        # [n_sample, vocab]; the samplers run on the host for now: one copy of the rows (docs/gpu.md)
-        return logits if logits.is_cpu else logits.cpu()
+        return logits   # [n_sample, vocab], where the model ran (StepSampling copies what the host needs)

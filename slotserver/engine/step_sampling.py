@@ -13,6 +13,7 @@ import torch
 
 from slotserver.engine.postprocess import Sampled
 from slotserver.engine.scheduler import StepPlan
+from slotserver.model.sampling.greedy import greedy_tokens_device
 from slotserver.model.sampling.sampler import Sampler, SamplingError
 from slotserver.model.tensor_check import logits_problem
 
@@ -27,12 +28,28 @@ class StepSampling:
         seqs = [c.seq for c in plan.chunks if c.sample]
         if not seqs:
             return []
+        if logits is not None and not logits.is_cpu:   # the GPU's logits: greedy there, else one copy
+            tokens = self._on_device(logits, seqs, allowed)
+            if tokens is not None:
+                return [Sampled(t) for t in tokens.tolist()]
+            logits = logits.cpu()
         try:
             out = self.sampler.sample(logits, [s.params for s in seqs], [s.rng for s in seqs],
                                       [s.tokens for s in seqs], allowed)
         except SamplingError:
             return self._rows(seqs, logits, allowed)  # find the failing row; fail only its request
         return _sampled(out, seqs)
+
+    def _on_device(self, logits: torch.Tensor, seqs, allowed: torch.Tensor | None) -> torch.Tensor | None:
+        """Every row greedy without grammar, penalties or probabilities: its tokens, argmax on the
+        device (only the ids come back); else None, and the host samplers run on a copy. Why not
+        every sampler there yet: docs/gpu.md ("Sampling")."""
+        if allowed is not None:
+            return None
+        try:
+            return greedy_tokens_device(logits, [s.params for s in seqs])
+        except SamplingError:
+            return None   # the host path names the failing row and fails only its request
 
     def _rows(self, seqs, logits: torch.Tensor, allowed: torch.Tensor | None) -> list[Sampled]:
         out = []

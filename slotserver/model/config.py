@@ -88,8 +88,8 @@ class ModelConfig:
 
     @property
     def replays_step_graphs(self) -> bool:
-        """The CPU's C step graphs (model/step_graph.py); CUDA graphs are not built yet (docs/gpu.md)."""
-        return self.step_graphs and self.resolved_device == "cpu"
+        """The CPU's C step graphs (model/step_graph.py), CUDA graphs on a GPU (model/cuda_graph.py)."""
+        return self.step_graphs
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -26,6 +26,7 @@ from slotserver.runtime.kernel_set import KernelSet
 from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
 from slotserver.model.step_graph import GRAPH_BYTES_MIN, StepGraphs
+from slotserver.model.cuda_graph import CudaGraphs
 from slotserver.model import heap
 from slotserver.model.linear import QLinear
 from slotserver.model.placement import to_device
@@ -48,8 +49,8 @@ class LlamaModel:
         # no post-norms and no residual scale: branch outputs are added as they are (llama, qwen)
         self._plain = self.spec.residual_scale == 1.0 and all(
             lw.post_attn_norm is None and lw.post_ffn_norm is None for lw in self.weights.layers)
-        self.graphs: StepGraphs | None = self._step_graphs()
         self._device = self.weights.out_norm.device.type   # kept while the weights are dropped (sleep)
+        self.graphs: StepGraphs | CudaGraphs | None = self._step_graphs()
 
     @property
     def device(self) -> str:
@@ -99,6 +100,10 @@ class LlamaModel:
         it is written again. Why: 32 rows of a 262k vocabulary are 33.5 MB, above glibc's mmap
         threshold, so a fresh tensor was a fresh mapping every step, each page faulted and zeroed
         by the kernel: 8 of gemma3-270m's 48 ms at batch 32 (AVX-512 Zen 5 host)."""
+        if batch.attn.max_kv > self.rope.max_pos:   # on the host: a device index past the table would abort
+            raise ValueError(f"position {batch.attn.max_kv - 1} beyond the rope table ({self.rope.max_pos})")
+        if isinstance(self.graphs, CudaGraphs):
+            return self._forward_cuda(batch, cache, logits_into)
         x, angles = self._inputs(batch)
         key = self._graph_key(batch)
         if key is None:
@@ -107,6 +112,15 @@ class LlamaModel:
         return self.graphs.run((self.kernels, getattr(cache, "layout", cache)), key, inputs,
                                lambda: self._body(x, angles, batch, cache), self.kernels.timings,
                                None if logits_into is None else logits_into[: batch.n_tokens])
+
+    def _forward_cuda(self, batch: Batch, cache, logits_into: torch.Tensor | None) -> torch.Tensor:
+        """A decode step replayed from a CUDA graph where one serves it (cuda_graph.py), else eager."""
+        view = cache.view(0)
+        key = self.graphs.key(batch, view.paged)
+        if key is None:
+            return self._body(*self._inputs(batch), batch, cache, logits_into)
+        owner = (self.kernels, getattr(cache, "layout", cache), self.weights, view.k.data_ptr())
+        return self.graphs.run(owner, key, batch, lambda b: self._body(*self._inputs(b), b, cache))
 
     def _inputs(self, batch: Batch) -> tuple[torch.Tensor, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
         """The embedded tokens (the residual, f32) and each distinct rope table's cos, sin of the positions."""
@@ -162,8 +176,11 @@ class LlamaModel:
         """Replay captured decode steps (step_graph.py; the default), or run every step as usual."""
         self.graphs = self._step_graphs() if on else None
 
-    def _step_graphs(self) -> StepGraphs:
-        """Graphs whose buffers may take a quarter of the weights' bytes (at least GRAPH_BYTES_MIN)."""
+    def _step_graphs(self) -> StepGraphs | CudaGraphs:
+        """On CUDA, CUDA graphs (cuda_graph.py); on the CPU, the C step graphs, whose buffers may take
+        a quarter of the weights' bytes (at least GRAPH_BYTES_MIN)."""
+        if self._device == "cuda":
+            return CudaGraphs()
         weights = sum(m.nbytes() for m in self.weights.matmuls())
         return StepGraphs(budget=max(GRAPH_BYTES_MIN, weights // 4))
 

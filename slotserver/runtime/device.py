@@ -7,8 +7,8 @@ and nowhere else:
 - the matmul weights: the GGUF blocks (qmatmul) on the CPU; on CUDA they are dequantized at load
   to the compute dtype and multiplied by cuBLAS (`F.linear`): the Triton qmatmul still dequantizes
   K-quants on the host per call, which no GPU step can afford (docs/gpu.md);
-- the step graphs: the CPU replays its own C step graphs (model/step_graph.py); CUDA graphs are
-  not captured yet (docs/gpu.md says what that costs);
+- the step graphs: the CPU replays its own C step graphs (model/step_graph.py), CUDA a captured
+  CUDA graph per decode batch size and context bucket (model/cuda_graph.py);
 - the lab's validation sandbox: a fork on the CPU; on CUDA a thread, since CUDA cannot be used in a
   forked child.
 """
