@@ -72,7 +72,7 @@ wheels() {   # --no-deps: never replace the image's torch, triton or numpy
 }
 part versions 30 versions
 part wheels 60 wheels
-part tests 100 $PY -m pytest -q -x -p no:cacheprovider tests/test_device.py -k "cuda or device"
+TAIL=60 part tests 100 $PY -m pytest -q -rf --tb=short -p no:cacheprovider tests/test_device.py
 TAIL=30 part model 200 bash playground/gpu_model_check.sh "$OUT_DIR"
 if [[ "$DRY" == 1 ]]; then
     part hf 60 $PY playground/hf_bench.py --device cpu --tiny --batches 1,2 --steps 4 --out "$OUT_DIR"

@@ -157,3 +157,14 @@ def test_the_engine_on_cuda_serves_like_the_cpu(tmp_path):
         out[dev] = [r.tokens for r in res[:3]]
         assert len(res[3].tokens) == 8
     assert out["cuda"] == out["cpu"]
+
+
+def test_a_bf16_weight_blocked_for_onednn_moves_as_its_plain_matrix():
+    """A bf16 load on an AVX-512 host re-blocks dense weights for oneDNN (CPU-only); a move to
+    another device takes the plain [out, in] matrix back (the first H100 run failed here)."""
+    from slotserver.model.linear import Linear
+
+    w = torch.randn(32, 64).bfloat16()
+    moved = to_device(Linear(w.clone(), torch.ones(32).bfloat16()), "meta")
+    assert moved.packed is None and moved.dense.device.type == "meta" and moved.dense.shape == (32, 64)
+    assert moved.bias.device.type == "meta"

@@ -13,6 +13,7 @@ import dataclasses
 
 import torch
 
+from slotserver.model.linear import Linear
 from slotserver.runtime.qblocks import QWeight
 
 
@@ -25,6 +26,10 @@ def to_device(obj, device: str):
         return [to_device(o, device) for o in obj]
     if isinstance(obj, QWeight):
         return dataclasses.replace(obj, raw=obj.raw.to(device))
+    if isinstance(obj, Linear) and obj.packed is not None and device != "cpu":
+        # oneDNN's blocked copy is CPU-only (a bf16 load on an AVX-512 host makes it): back to [out, in]
+        # (moved first: a CPU dense weight would be re-blocked by Linear.__post_init__)
+        return to_device(dataclasses.replace(obj, dense=obj.packed.to_dense().to(device), packed=None), device)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         moved = {f.name: to_device(getattr(obj, f.name), device) for f in dataclasses.fields(obj) if f.init}
         return type(obj)(**moved)
