@@ -252,8 +252,12 @@ DECODE_WARPS = 4
 DECODE_STAGES = 3          # software-pipelined K/V tile loads (cp.async on sm_80+)
 DECODE_FORCE_SPLITS: int | None = None   # a fixed number of splits (tests, benchmarks); None: decode_splits
 DEFAULT_SMS = 132          # the SM count assumed off a GPU (the interpreter): an H100 SXM
-PREFILL_BLOCK_M = 32
+PREFILL_BLOCK_M = 32       # float32 (IEEE dots, the reference mode): small tiles, no spills
 PREFILL_BLOCK_N = 32
+# 16-bit q on a GPU: query rows (GQA group folded in) x cells per tile, warps, pipeline stages.
+# Why larger: each K/V tile is read once per row tile, so 32 rows (4.5 queries of a 7-head group)
+# re-read the cache ~7x more than 128 rows; the first H100 run measured 32x32 at 0.25-0.35x SDPA.
+PREFILL16 = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
 
 
 @_triton.jit
@@ -393,6 +397,37 @@ def _attn_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, n
 
 
 @_triton.jit
+def _prefill_tile(q, acc, m_i, l_i, k_base, v_base, ks_ptr, vs_ptr, s_base, stride_kc, stride_vc, stride_sc,
+                  start, hi, pos, window, qk_scale, softcap, n, d, d_mask, QUANT: tl.constexpr,
+                  IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, MASK: tl.constexpr):
+    """One [BLOCK_N, head_dim] K/V tile folded into the running (acc, max, sum). MASK: the tile
+    crosses a row's causal or window bound (else every cell is seen by every row: no masking)."""
+    cells = start + n
+    c_mask = cells < hi
+    nd_mask = c_mask[:, None] & d_mask
+    k = tl.load(k_base + cells[:, None] * stride_kc + d[None, :], mask=nd_mask, other=0.0)
+    v = tl.load(v_base + cells[:, None] * stride_vc + d[None, :], mask=nd_mask, other=0.0)
+    if QUANT:
+        k = (k.to(tl.float32) * tl.load(ks_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
+        v = (v.to(tl.float32) * tl.load(vs_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
+    k, v = k.to(q.dtype), v.to(q.dtype)            # q8 (scaled above) or an f16 cache under f32/bf16 q
+    s = _dot(q, tl.trans(k), IEEE_DOT) * qk_scale    # [BLOCK_M, BLOCK_N]
+    if SOFTCAP:
+        s = _softcap(s, softcap)
+    if MASK:
+        seen = (cells[None, :] <= pos[:, None]) & c_mask[None, :]
+        seen = seen & ((cells[None, :] > pos[:, None] - window) | (window == 0))
+        s = tl.where(seen, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with nothing seen yet: no NaN
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE_DOT)
+    return acc, m_new, l_i
+
+
+@_triton.jit
 def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_ptr, q_lens_ptr, kv_lens_ptr,
                          q_offsets_ptr, stride_qt, stride_qh, stride_ks, stride_kc, stride_kh, stride_vs,
                          stride_vc, stride_vh, stride_ss, stride_sc, stride_sh, stride_ot, stride_oh, qk_scale,
@@ -403,7 +438,8 @@ def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_p
 
     Rows fold the GQA group into the query axis: row r is query j = r // GROUP, head h*GROUP + r % GROUP,
     at position kv_len - q_len + j. The KV loop stops at the tile's last position (causal bound)
-    and, with a window, starts at the first cell the tile's first query sees.
+    and, with a window, starts at the first cell the tile's first query sees. Without a window, the
+    tiles below the tile's first position are seen by every row and skip the masks (`MASK=False`).
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -429,32 +465,21 @@ def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_p
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     hi = tl.minimum(kv_len, tl.max(tl.where(r_mask, pos, 0), axis=0) + 1)
-    lo = tl.where(window > 0, tl.maximum(tl.min(tl.where(r_mask, pos, kv_len), axis=0) - window + 1, 0), 0)
-    for start in range(lo, hi, BLOCK_N):
-        cells = start + n
-        c_mask = cells < hi
-        nd_mask = c_mask[:, None] & d_mask
-        k = tl.load(k_base + cells[:, None] * stride_kc + d[None, :], mask=nd_mask, other=0.0)
-        v = tl.load(v_base + cells[:, None] * stride_vc + d[None, :], mask=nd_mask, other=0.0)
-        if QUANT:
-            k = (k.to(tl.float32) * tl.load(ks_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
-            v = (v.to(tl.float32) * tl.load(vs_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
-        k, v = k.to(q.dtype), v.to(q.dtype)            # q8 (scaled above) or an f16 cache under f32/bf16 q
-        s = _dot(q, tl.trans(k), IEEE_DOT) * qk_scale    # [BLOCK_M, BLOCK_N]
-        if SOFTCAP:
-            s = _softcap(s, softcap)
-        seen = (cells[None, :] <= pos[:, None]) & c_mask[None, :]
-        seen = seen & ((cells[None, :] > pos[:, None] - window) | (window == 0))
-        s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE_DOT)
-        m_i = m_new
+    first = tl.min(tl.where(r_mask, pos, kv_len), axis=0)                        # the tile's first position
+    lo = tl.where(window > 0, tl.maximum(first - window + 1, 0), 0)
+    mid = tl.where(window > 0, lo, tl.minimum(first + 1, hi) // BLOCK_N * BLOCK_N)  # [lo, mid): seen by all
+    for start in range(lo, mid, BLOCK_N):
+        acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, k_base, v_base, ks_ptr, vs_ptr, s_base, stride_kc,
+                                      stride_vc, stride_sc, start, hi, pos, window, qk_scale, softcap, n, d,
+                                      d_mask, QUANT, IEEE_DOT, SOFTCAP, False)
+    for start in range(mid, hi, BLOCK_N):
+        acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, k_base, v_base, ks_ptr, vs_ptr, s_base, stride_kc,
+                                      stride_vc, stride_sc, start, hi, pos, window, qk_scale, softcap, n, d,
+                                      d_mask, QUANT, IEEE_DOT, SOFTCAP, True)
     out = acc / l_i[:, None]
     o_rows = (q_off + j)[:, None] * stride_ot + (h * GROUP + r % GROUP)[:, None] * stride_oh + d[None, :]
     tl.store(out_ptr + o_rows, out.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask)
+
 
 def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
     """Same contract as `cpu`: q [tokens, q_heads, head_dim], kv logical [streams, cells, kv_heads, head_dim]."""
@@ -470,12 +495,13 @@ def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torc
     if meta.max_q == 1:
         _decode(q, kv, meta, out, ks, vs, args, group, quant)
     else:
-        grid = (meta.n_seqs, kv_heads, _triton.cdiv(meta.max_q * group, PREFILL_BLOCK_M))
+        ieee = q.dtype == torch.float32 or _interpreted()
+        tiles = {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N} if q.dtype == torch.float32 else PREFILL16
+        grid = (meta.n_seqs, kv_heads, _triton.cdiv(meta.max_q * group, tiles["BLOCK_M"]))
         _attn_prefill_kernel[grid](
             q, kv.k, kv.v, ks, vs, out, meta.seq_streams, meta.q_lens, meta.kv_lens, meta.q_offsets, *args,
-            GROUP=group, HEAD_DIM=dim, BLOCK_M=PREFILL_BLOCK_M, BLOCK_D=max(16, _triton.next_power_of_2(dim)),
-            BLOCK_N=PREFILL_BLOCK_N, QUANT=quant, IEEE_DOT=q.dtype == torch.float32 or _interpreted(),
-            SOFTCAP=bool(meta.softcap))
+            GROUP=group, HEAD_DIM=dim, BLOCK_D=max(16, _triton.next_power_of_2(dim)), QUANT=quant,
+            IEEE_DOT=ieee, SOFTCAP=bool(meta.softcap), **tiles)
     return out
 
 
@@ -622,7 +648,12 @@ def _aot(dtype: str, quant: bool, decode: bool, group: int = 3, dim: int = 64, c
         const |= {"BLOCK_G": max(16 if dot else 1, pow2(group)), "BLOCK_N": DECODE_BLOCK_N, "DOT": dot,
                   "IEEE_DOT": dtype == "fp32", "SPLIT": split}
     else:
-        const |= {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N, "IEEE_DOT": dtype == "fp32"}
+        if dtype == "fp32":
+            const |= {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N, "IEEE_DOT": True}
+        else:   # the 16-bit tiles with their launch options, as they serve
+            const |= {"BLOCK_M": PREFILL16["BLOCK_M"], "BLOCK_N": PREFILL16["BLOCK_N"], "IEEE_DOT": False}
+            sig |= {name: "constexpr" for name in const}
+            return (_attn_prefill_kernel, sig, const, {k: PREFILL16[k] for k in ("num_warps", "num_stages")})
     sig |= {name: "constexpr" for name in const}
     return (_attn_decode_kernel if decode else _attn_prefill_kernel, sig, const)
 

@@ -81,7 +81,8 @@ if [[ "$DRY" == 1 ]]; then
         --out "$OUT_DIR/layout_sweep.png"
 else
     part hf 60 $PY playground/hf_bench.py --device cuda --batches 1,8,32,64 --steps 32 --budget-s 45 --no-compile --out "$OUT_DIR"
-    part kernels 50 $PY playground/gpu_kernel_bench.py --budget-s 40 --out "$OUT_DIR"
+    part kernels 75 $PY playground/gpu_kernel_bench.py --budget-s 60 --out "$OUT_DIR" \
+        --prefill-tiles "${PREFILL_TILES:-128,64,8,3;64,64,4,3;128,32,8,3;64,32,4,3;128,128,8,3}"
     part sweep 50 $PY playground/layout_sweep.py --device cuda --dtype bfloat16 --batches 1 8 32 64 \
         --contexts 1024 2048 4096 8192 --rounds 2 --reps 20 --out "$OUT_DIR/layout_sweep.png"
 fi
@@ -97,6 +98,8 @@ grep -h -E "passed|failed" "$OUT_DIR/tests.log" 2>/dev/null | tail -1
 [[ -f "$OUT_DIR/model_bench.log" ]] && sed -n '/^copy bandwidth/,$p' "$OUT_DIR/model_bench.log"
 grep -h "^concurrency" "$OUT_DIR/model.log" 2>/dev/null
 grep -h "^hf b=" "$OUT_DIR/hf.log" 2>/dev/null
+grep -h "^engine phases" "$OUT_DIR/model_bench.log" 2>/dev/null
+grep -h "^tiles" "$OUT_DIR/kernels.log" 2>/dev/null
 sed -n '/^summary/,$p' "$OUT_DIR/kernels.log" 2>/dev/null | head -30
 grep -h -E "checks passed|^FAIL" "$OUT_DIR/lab.log" 2>/dev/null | head -6
 sed -n '/^summary/,$p' "$OUT_DIR/attention.log" 2>/dev/null | head -20

@@ -247,12 +247,41 @@ def run_cases(args, dev, timer, copy_gbs, mods, say, t_start) -> tuple[list, lis
     return rows, skipped, failed
 
 
+def run_prefill_tiles(args, dev, timer, mods, say, t_start) -> list[dict]:
+    """--prefill-tiles: the prefill cases again under each (BLOCK_M, BLOCK_N, warps, stages) of
+    kernels/attention.py's 16-bit tiles (PREFILL16), to pick its default from measurements."""
+    mod, rows = mods["attention"], []
+    saved = dict(mod.PREFILL16)
+    length = DRY_ATTN_LEN if args.dry_run else ATTN_LEN
+    try:
+        for spec in args.prefill_tiles.split(";"):
+            m, n, w, st = (int(x) for x in spec.split(","))
+            mod.PREFILL16 = {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": st}
+            for b in ATTN_BATCHES:
+                for model, geo in (DRY_ATTN if args.dry_run else ATTN).items():
+                    if time.time() - t_start > args.budget_s:
+                        return rows
+                    try:
+                        r = run_attention(mods, model, geo, b, length, dev, timer)
+                    except Exception as e:  # noqa: BLE001
+                        say(f"tiles {spec} {model} B={b}: FAILED {type(e).__name__}: {str(e)[:200]}")
+                        continue
+                    r["tiles"] = spec
+                    rows.append(r)
+                    say(f"tiles {spec:12s} {model:9s} B={b}  {r['us']:8.1f} us  {r['tflops']:6.1f} TFLOP/s  "
+                        f"{r['vs_sdpa']:.2f}x SDPA  err {r['rel_err']:.1e}")
+    finally:
+        mod.PREFILL16 = saved
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (run under TRITON_INTERPRET=1)")
     ap.add_argument("--out", type=Path, default=None, help="folder for gpu_kernel_bench.txt/.json")
     ap.add_argument("--budget-s", type=float, default=60.0, help="start no new case after this many seconds")
     ap.add_argument("--rep-ms", type=int, default=25, help="do_bench repetition time per measurement")
+    ap.add_argument("--prefill-tiles", default="", help='e.g. "128,64,8,3;64,64,4,3": prefill under each tiling')
     args = ap.parse_args(argv)
     t_start = time.time()
     if not args.dry_run and not torch.cuda.is_available():
@@ -269,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
 
     dev, timer, copy_gbs, mods = setup(args, say)
     rows, skipped, failed = run_cases(args, dev, timer, copy_gbs, mods, say, t_start)
-    summary(rows, say, min(DRY_TOKENS_FIRST if args.dry_run else TOKENS_FIRST))
+    if args.prefill_tiles:
+        rows += run_prefill_tiles(args, dev, timer, mods, say, t_start)
+    summary([r for r in rows if "tiles" not in r], say, min(DRY_TOKENS_FIRST if args.dry_run else TOKENS_FIRST))
     if skipped:
         say(f"skipped (time budget {args.budget_s:.0f} s or kernel not loaded): {', '.join(skipped)}")
     if failed:

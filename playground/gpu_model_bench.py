@@ -13,6 +13,7 @@ two warm-up steps; on CUDA each step is synchronized. Writes DIR/model_bench.jso
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -79,18 +80,23 @@ def decode_steps(bundle: ModelBundle, batch: int, ctx: int, steps: int, layout: 
 
 
 def engine_run(bundle: ModelBundle, batch: int, n_predict: int, prompt_len: int) -> dict:
-    """The engine generating `batch` requests of `n_predict` tokens (greedy, ignore_eos): tok/s."""
+    """The engine generating `batch` requests of `n_predict` tokens (greedy, ignore_eos): tok/s, after
+    one warm-up round (Triton compiles, CUDA-graph captures), and the mean ms of each step phase."""
     eng = Engine(bundle, EngineConfig(n_parallel=batch, ctx_size=batch * (prompt_len + n_predict + 16))).start()
     try:
-        prompts = [tuple(range(100 + i, 100 + i + prompt_len)) for i in range(batch)]   # no shared prefix
-        t = time.perf_counter()
-        handles = [eng.submit(Request(prompt_ids=p, n_predict=n_predict, ignore_eos=True,
-                                      params=SamplingParams(temperature=0.0))) for p in prompts]
-        n = sum(len(h.result(timeout=600).tokens) for h in handles)
-        wall = time.perf_counter() - t
+        def round_(first: int) -> tuple[int, float]:
+            vocab = bundle.model.spec.vocab_size - 8   # no shared prefix between the rows
+            prompts = [tuple(4 + (first + i + j) % vocab for j in range(prompt_len)) for i in range(batch)]
+            t = time.perf_counter()
+            handles = [eng.submit(Request(prompt_ids=p, n_predict=n_predict, ignore_eos=True,
+                                          params=SamplingParams(temperature=0.0))) for p in prompts]
+            return sum(len(h.result(timeout=600).tokens) for h in handles), time.perf_counter() - t
+        round_(3000)
+        n, wall = round_(100)
+        phases = dataclasses.asdict(eng.tracker.snapshot.timings)
     finally:
         eng.stop()
-    return {"n_predict": n_predict, "engine_tok_s": n / wall}
+    return {"n_predict": n_predict, "engine_tok_s": n / wall, "engine_phase_ms": phases}
 
 
 def main() -> None:
@@ -100,7 +106,7 @@ def main() -> None:
     p.add_argument("--batches", default="1,8,32,64")
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--engine-tokens", type=int, default=32, help="tokens per request in the engine run (0: skip)")
+    p.add_argument("--engine-tokens", type=int, default=64, help="tokens per request in the engine run (0: skip)")
     p.add_argument("--layout", default="head_seq_dim")
     p.add_argument("--out", type=Path, default=Path("."))
     a = p.parse_args()
@@ -128,6 +134,10 @@ def main() -> None:
     for r in rows:
         print(f"{r['model'][:28]:28} {r['batch']:>3} {r['step_ms']:8.2f} {r['eager_step_ms']:8.2f} {r['tok_s']:9.0f} "
               f"{r['bound_tok_s']:9.0f} {r['tok_s'] / r['bound_tok_s']:8.0%} {r.get('engine_tok_s', 0):12.0f}")
+    for r in rows:   # where an engine step's time goes (forward: launches; sample: waits for the device)
+        if "engine_phase_ms" in r:
+            print(f"engine phases, ms a step: {r['model'][:28]} b={r['batch']}: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in r["engine_phase_ms"].items() if not k.startswith("last")))
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def test_cuda_graph_replays_give_the_eager_tokens(tmp_path):
     two batch sizes, give the eager steps' greedy tokens; a kernel swap drops the graphs."""
     from slotserver.model.bundle import ModelBundle
 
-    path = write_tiny_gguf(tmp_path / "m.gguf")
+    path = write_tiny_gguf(tmp_path / "m.gguf", ctx_len=1024)
     bundle = ModelBundle.load(ModelConfig(path, device="cuda", dtype="float32"))
     model = bundle.model
     reqs = [GenRequest(list(range(5, 250)), 30, ignore_eos=True), GenRequest([7, 8, 9], 30, ignore_eos=True)]

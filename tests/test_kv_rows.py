@@ -79,3 +79,37 @@ def test_portable_half_conversion_matches_torch(tmp_path):
     nan = torch.tensor([float("nan")])
     f(nan.data_ptr(), out.data_ptr(), 1)
     assert torch.isnan(out[:1].view(torch.float16)).all()
+
+
+_TRITON_WRITE = """
+import torch
+from slotserver.runtime import kv_rows_triton as kt
+g = torch.Generator().manual_seed(0)
+store = torch.zeros(2, 3, 5, 16, 8, dtype=torch.float16)   # [k|v, stream, head, cell, dim]: head_seq_dim
+kd, vd = store[0].transpose(1, 2), store[1].transpose(1, 2)  # logical [stream, cell, head, dim], strided
+qkv = torch.randn(4, 3 * 5, 8, generator=g).bfloat16()        # k, v: slices of a fused projection
+k, v = qkv[:, 5:10], qkv[:, 10:]
+streams, pos = torch.tensor([0, 2, 1, 2]), torch.tensor([3, 15, 0, 7])
+assert kt.fits(kd, vd, streams, pos, k, v)
+kt.write(kd, vd, streams, pos, k, v)
+ek, ev = torch.zeros_like(kd), torch.zeros_like(vd)
+ek.index_put_((streams, pos), k.to(ek.dtype))
+ev.index_put_((streams, pos), v.to(ev.dtype))
+assert torch.equal(kd, ek) and torch.equal(vd, ev), "not index_put_'s bytes"
+kt.write(kd, vd, torch.tensor([5]), torch.tensor([0]), k[:1], v[:1])   # stream 5 of 3: not written
+assert torch.equal(kd, ek), "an out-of-range row was written"
+print("ok")
+"""
+
+
+def test_the_gpu_write_stores_index_puts_bytes():
+    """The CUDA path's one Triton launch (runtime/kv_rows_triton.py), run by Triton's interpreter on
+    CPU tensors in a process of its own: the bytes of a cast + index_put_ into a strided view, and
+    a row outside the cache dropped rather than written past it."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _TRITON_WRITE], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

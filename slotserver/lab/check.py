@@ -112,11 +112,11 @@ def check_aot(path: Path, archs: tuple[int, ...] = ARCHS) -> list[CheckResult]:
     except ModuleLoadError as e:
         return [CheckResult(path.stem, "aot", ok=False, detail=str(e))]
     results = []
-    for fn, signature, constexprs in specs:
+    for fn, signature, constexprs, *options in specs:   # options: launch options (num_warps, num_stages)
         res = CheckResult(f"{path.stem}:{fn.__name__}", "aot", spec_dtype(signature))
         for arch in archs:
             try:
-                res.resources[f"sm_{arch}"] = compile_for(fn, signature, constexprs, arch)
+                res.resources[f"sm_{arch}"] = compile_for(fn, signature, constexprs, arch, *options)
             except Exception as e:  # noqa: BLE001
                 res.ok, res.detail = False, f"sm_{arch}: {compile_error(e, fn, path)}"
         results.append(res)

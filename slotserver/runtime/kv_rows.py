@@ -4,7 +4,8 @@
 head_dim]`, float32 or bf16) at `(streams[t], positions[t])` of the logical `[stream, cell, kv_head,
 head_dim]` views `k_dst` / `v_dst` (any strides, float32 / bf16 / float16), converting with
 round-to-nearest-even as torch's `.to` does: the same bytes as `dst.index_put_((streams,
-positions), src.to(dst.dtype))`, which is the fallback (no compiler, other devices, other dtypes).
+positions), src.to(dst.dtype))`, which is the fallback (no compiler, other dtypes). CUDA views take
+one Triton launch (kv_rows_triton.py).
 
 Why: a decode step writes one row per layer; the torch form is two casts and two `index_put_`
 (~13 us per layer at batch 1, ~0.4 ms of a ~8 ms step), the C form one call (~8 us with its
@@ -34,6 +35,12 @@ def write_rows(k_dst: torch.Tensor, v_dst: torch.Tensor, streams: torch.Tensor, 
                k: torch.Tensor, v: torch.Tensor, dst_ok: bool | None = None) -> None:
     """k_dst, v_dst: `[streams, cells, kv_heads, head_dim]` views; k, v: `[tokens, kv_heads, head_dim]`.
     dst_ok: `dst_native(k_dst, v_dst)` where the caller checked it once (a layout, at creation)."""
+    if k_dst.is_cuda:   # one Triton launch (kv_rows_triton.py), where it fits
+        from slotserver.runtime import kv_rows_triton
+
+        if kv_rows_triton.fits(k_dst, v_dst, streams, positions, k, v):
+            kv_rows_triton.write(k_dst, v_dst, streams, positions, k, v)
+            return
     if dst_ok is None:
         dst_ok = dst_native(k_dst, v_dst)
     if not (dst_ok and _src_native(k_dst, streams, positions, k, v)):
