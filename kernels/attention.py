@@ -255,9 +255,13 @@ DEFAULT_SMS = 132          # the SM count assumed off a GPU (the interpreter): a
 PREFILL_BLOCK_M = 32       # float32 (IEEE dots, the reference mode): small tiles, no spills
 PREFILL_BLOCK_N = 32
 # 16-bit q on a GPU: query rows (GQA group folded in) x cells per tile, warps, pipeline stages.
-# Why larger: each K/V tile is read once per row tile, so 32 rows (4.5 queries of a 7-head group)
-# re-read the cache ~7x more than 128 rows; the first H100 run measured 32x32 at 0.25-0.35x SDPA.
-PREFILL16 = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+# Measured on an H100 (2026-11-26, docs/gpu.md; 2048-token prefill, bf16, ours/SDPA throughput for
+# Qwen2.5-0.5B B=1 / Llama-8B B=1 / Qwen B=4 / Llama B=4): 32x32 (4 warps) 0.35/0.29/0.26/0.25;
+# 128x64 (8) 0.49/0.71/0.64/0.62; 64x64 (4) 0.87/0.78/0.77/0.81; 128x32 (8) 0.52/0.62/0.72/0.57;
+# 64x32 (4) 0.71/0.64/0.74/0.60; 128x128 (8) 0.58/0.69/0.61/0.60. Larger tiles than 32x32 because
+# each K/V tile is read once per row tile. ptxas (lab check, sm_90) still reports spills at 64x64
+# (~0.4 KB): the next thing to look at for the last 0.2x.
+PREFILL16 = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 
 
 @_triton.jit

@@ -83,7 +83,6 @@ BAD_COMPLETIONS = {
 
 BAD_CHATS = {
     "messages missing": {"max_tokens": 2},
-    "messages empty": {"messages": []},
     "messages a string": {"messages": "hi"},
     "message without content": {"messages": [{"role": "user"}]},
     "content a number": {"messages": [{"role": "user", "content": 5}]},

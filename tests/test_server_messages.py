@@ -98,7 +98,7 @@ def assert_error(r, status: int, *words: str) -> str:
     assert r.status_code == status, r.text
     body = r.json()
     assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
-    assert body["error"]["type"] == {400: "invalid_request_error", 401: "authentication_error"}[status]
+    assert body["error"]["type"] == {400: "invalid_request_error", 401: "authentication_error", 500: "api_error"}[status]
     assert all(w in body["error"]["message"] for w in words), body["error"]["message"]
     return body["error"]["message"]
 
@@ -248,11 +248,9 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
 @pytest.mark.parametrize("body, words", [
     ({"messages": HELLO}, ["'max_tokens' is required"]),
     ({"max_tokens": 5}, ["'messages' is required"]),
-    ({"max_tokens": 5, "messages": []}, ["'messages'"]),
+    ({"max_tokens": 5, "messages": "hi"}, ["'messages'"]),
     ({"max_tokens": 5, "messages": HELLO, "service_tier": "auto"}, ["'service_tier' is not supported"]),
     ({"max_tokens": 0, "messages": HELLO}, ["'max_tokens'"]),
-    ({"max_tokens": 5, "messages": [{"role": "user", "content": [IMAGE]}]},
-     ["messages[0].content[0]", "image input is not supported"]),
     ({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, ["messages[0].role"]),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]}, ["'video'"]),
     ({"max_tokens": 5, "messages": HELLO, "stop_sequences": "END"}, ["'stop_sequences'"]),
@@ -265,9 +263,22 @@ def test_bad_requests_are_400_in_anthropic_shape_naming_the_field(raw, body, wor
     assert_error(raw.post("/v1/messages", json=body), 400, *words)
 
 
+def test_an_image_is_llama_servers_500_and_empty_messages_are_accepted(sdk, raw):
+    """As llama-server answers (llama.cpp's test_compat_anthropic checks both): an image block to a
+    text-only model is a 500 naming it, in Anthropic's error shape; `messages: []` generates."""
+    assert_error(raw.post("/v1/messages", json={"max_tokens": 5, "messages": [{"role": "user", "content": [IMAGE]}]}),
+                 500, "messages[0].content[0]", "image input is not supported")
+    with pytest.raises(anthropic.InternalServerError, match="image input is not supported"):
+        sdk.with_options(max_retries=0).messages.create(model="smol", max_tokens=5,
+                                                        messages=[{"role": "user", "content": [IMAGE]}])
+    empty = raw.post("/v1/messages", json={"max_tokens": 3, "messages": [], "temperature": 0})
+    assert empty.status_code == 200 and empty.json()["type"] == "message", empty.text
+    assert empty.json()["usage"]["output_tokens"] >= 1
+
+
 def test_sdk_raises_bad_request_with_the_message(sdk, raw):
-    with pytest.raises(anthropic.BadRequestError, match="image input is not supported"):
-        sdk.messages.create(model="smol", max_tokens=5, messages=[{"role": "user", "content": [IMAGE]}])
+    with pytest.raises(anthropic.BadRequestError, match="'video'"):
+        sdk.messages.create(model="smol", max_tokens=5, messages=[{"role": "user", "content": [{"type": "video"}]}])
     assert_error(raw.post("/v1/messages", content=b"{not json"), 400)
     assert_error(raw.post("/v1/messages/count_tokens", json={"messages": "hi"}), 400, "'messages'")
     assert raw.post("/v1/messages", json={"max_tokens": 1, "messages": HELLO, "metadata": {"user_id": "u1"}}).status_code == 200

@@ -65,9 +65,11 @@ def join_parts(parts: list[dict[str, str]]) -> str:
 
 
 def parse_messages(messages: Any) -> list[dict[str, Any]]:
-    """Validated copies of the request's messages, content as a string or text parts."""
-    if not isinstance(messages, list) or not messages:
-        raise ChatTemplateError("messages must be a non-empty list of {role, content} objects")
+    """Validated copies of the request's messages, content as a string or text parts. An empty list
+    is accepted, as llama-server accepts it (the template's generation prompt alone; llama.cpp's
+    test_compat_anthropic checks it on /v1/messages)."""
+    if not isinstance(messages, list):
+        raise ChatTemplateError("messages must be a list of {role, content} objects")
     result = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):

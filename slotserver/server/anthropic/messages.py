@@ -12,10 +12,13 @@ here:
   a `tool` message answering its `tool_use_id`, its content a string or text blocks concatenated.
   `is_error` is accepted and, as in llama-server, the result is rendered like any other.
 
-Where llama-server silently drops what it cannot render, this is a 400 naming the block: image
-and document blocks (no multimodal model is loaded; the message says "image input is not
-supported", llama-server's words), `redacted_thinking` (only Anthropic can read it), unknown block
-types, unknown keys. Two deliberate differences: a user turn holding text and `tool_result`
+Where llama-server silently drops what it cannot render, this is a 400 naming the block:
+`redacted_thinking` (only Anthropic can read it), unknown block types, unknown keys. Image and
+document blocks answer as llama-server does, a 500 saying "image input is not supported" (no
+multimodal model is loaded; llama.cpp's test_compat_anthropic checks that status and words; an
+SDK retries a 5xx twice before raising it). An empty `messages` list is accepted, as llama-server
+accepts it: the prompt is the system message and the template's generation prompt (Anthropic's own
+API refuses it). Two deliberate differences: a user turn holding text and `tool_result`
 blocks becomes messages in block order (llama-server puts the text first, which separates the
 results from the calls they answer); and a final assistant turn (a prefill, which the answer
 continues) gets its text blocks joined into one string, as the continuation needs.
@@ -28,7 +31,7 @@ import json
 from typing import Any
 
 from slotserver.model.text.chat_messages import join_parts
-from slotserver.server.errors import bad_request
+from slotserver.server.errors import ApiError, bad_request
 
 ROLES = ("user", "assistant")
 TEXT_KEYS = frozenset({"type", "text", "cache_control", "citations"})
@@ -49,8 +52,8 @@ def _str(value: Any, where: str, empty: bool = True) -> str:
 
 
 def refuse_media(kind: str, where: str):
-    return bad_request(f"'{where}': {MEDIA[kind]} input is not supported: this server runs no multimodal "
-                       "model (only text blocks are)")
+    return ApiError(500, f"'{where}': {MEDIA[kind]} input is not supported: this server runs no multimodal "
+                    "model (only text blocks are)")   # llama-server's status for it (module docstring)
 
 
 def text_block(block: Any, where: str) -> str:
@@ -185,8 +188,8 @@ def convert_message(i: int, message: Any, last: bool) -> list[dict]:
 
 def convert_messages(system: Any, messages: Any) -> list[dict]:
     """`system` and `messages` -> the OpenAI chat messages, in order."""
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty list of {role, content} objects (as Anthropic's API)")
+    if not isinstance(messages, list):   # empty: accepted, as llama-server does (module docstring)
+        raise bad_request("'messages' must be a list of {role, content} objects")
     out = [m for m in [system_message(system)] if m is not None]
     for i, message in enumerate(messages):
         out.extend(convert_message(i, message, i == len(messages) - 1))
