@@ -50,27 +50,31 @@ def start(cmd: list[str], port: int, what: str, log: Path) -> subprocess.Popen:
     return proc
 
 
-def turn(port: int, history: list[dict], max_tokens: int) -> tuple[float, str]:
-    """One request: -> (prompt ms as the server reports it, the answer text)."""
+def turn(port: int, history: list[dict], max_tokens: int) -> tuple[float, str, int, int]:
+    """One request: -> (prompt ms as the server reports it, the answer text, prompt tokens computed,
+    prompt tokens taken from a cache)."""
     r = post(port, "/v1/chat/completions", {"messages": history, "max_tokens": max_tokens, "temperature": 0,
                                              "cache_prompt": True})
-    return float(r["timings"]["prompt_ms"]), r["choices"][0]["message"]["content"]
+    t = r["timings"]
+    return float(t["prompt_ms"]), r["choices"][0]["message"]["content"], int(t["prompt_n"]), int(t.get("cache_n", 0))
 
 
 def run_turn(port: int, agents: list[list[dict]], t: int, seed: int, words: int, max_tokens: int,
-             conc: int) -> tuple[list[float], float]:
+             conc: int) -> tuple[list[float], float, int, int]:
     """Turn t of every agent, `conc` at a time: each agent's history grows by a tool result and
-    the answer. -> (per-agent prompt ms, wall seconds)."""
+    the answer. -> (per-agent prompt ms, wall seconds, prompt tokens computed, taken from a cache)."""
+    counts = [[0, 0] for _ in agents]
+
     def one(i: int) -> float:
         rng = random.Random(seed * 1000 + t * 100 + i)   # the same tool output on both servers
         agents[i].append({"role": "user", "content": f"Tool output {t}:\n{tool_output(rng, words)}\nWhat next?"})
-        ms, answer = turn(port, agents[i], max_tokens)
+        ms, answer, counts[i][0], counts[i][1] = turn(port, agents[i], max_tokens)
         agents[i].append({"role": "assistant", "content": answer})
         return ms
     t0 = time.perf_counter()
     with ThreadPoolExecutor(conc) as pool:
         ms = list(pool.map(one, range(len(agents))))
-    return ms, time.perf_counter() - t0
+    return ms, time.perf_counter() - t0, sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
 def main() -> None:
@@ -103,17 +107,17 @@ def main() -> None:
         for t in range(a.turns):
             r = {p: run_turn(p, hist[p], t, a.seed, a.words, a.max_tokens, a.slots) for p in (ours, peer)}
             rows.append((t, *r[ours], *r[peer]))
-            (o_ms, o_s), (p_ms, p_s) = r[ours], r[peer]
+            (o_ms, o_s, o_n, o_c), (p_ms, p_s, p_n, p_c) = r[ours], r[peer]
             print(f"turn {t + 1}: TTFT p50 {statistics.median(o_ms):7.0f} ms vs {statistics.median(p_ms):7.0f} ms "
-                  f"({statistics.median(p_ms) / statistics.median(o_ms):4.2f}x), wall {o_s:5.1f} s vs {p_s:5.1f} s",
-                  flush=True)
+                  f"({statistics.median(p_ms) / statistics.median(o_ms):4.2f}x), wall {o_s:5.1f} s vs {p_s:5.1f} s; "
+                  f"prompt tokens computed/cached {o_n}/{o_c} vs {p_n}/{p_c}", flush=True)
     finally:
         for p in procs:
             p.terminate()
             p.wait()
-    o_all = [m for row in rows for m in row[1]]
-    p_all = [m for row in rows for m in row[3]]
-    o_total, p_total = sum(row[2] for row in rows), sum(row[4] for row in rows)
+    o_all = [m for row in rows for m in row[1]]     # row: turn, then (ms, wall, computed, cached) of each server
+    p_all = [m for row in rows for m in row[5]]
+    o_total, p_total = sum(row[2] for row in rows), sum(row[6] for row in rows)
     print(f"\n{a.agents} agents on -np {a.slots}, {a.turns} turns, slotserver flags: {a.slot_flags or '(defaults)'}")
     print(f"total {o_total:.1f} s vs llama-server {p_total:.1f} s: {p_total / o_total:.2f}x; "
           f"TTFT p50 {statistics.median(o_all):.0f} vs {statistics.median(p_all):.0f} ms: "

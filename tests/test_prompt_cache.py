@@ -49,6 +49,27 @@ def test_a_prefix_pushed_out_of_its_slot_comes_back_from_ram(bundle, unified):
         engine.stop()
 
 
+def test_hit_rates_count_what_came_from_a_cache(bundle):
+    """Per slot and in all (what /slots, /lab and `top` show): prompt tokens reused against computed,
+    and the RAM cache's entries, bytes and hits."""
+    from slotserver.server.routes.slots import slot_json
+
+    engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=256, cache_ram_mib=16)).start()
+    try:
+        _run(engine, LONG, id_slot=0)                      # 40 computed
+        _run(engine, OTHER, id_slot=0)                     # 6 computed; LONG's KV to RAM
+        again = _run(engine, LONG, id_slot=1)              # 39 from RAM, 1 computed
+        stats = engine.stats()
+        s0, s1 = stats.slots
+        assert (s0.prompt_cached, s0.prompt_computed) == (0, len(LONG) + len(OTHER))
+        assert (s1.prompt_cached, s1.prompt_computed) == (again.final.n_cached, len(LONG) - again.final.n_cached)
+        assert stats.prompt_tokens_cached == len(LONG) - 1 and stats.ram_cache_hits == 1
+        assert stats.ram_cache_entries >= 1 and stats.ram_cache_bytes > 0
+        assert slot_json(s1, None)["prompt_cache"] == {"n_cached": 39, "n_computed": 1, "hit_rate": 0.975}
+    finally:
+        engine.stop()
+
+
 def test_without_ram_cache_the_prefix_is_recomputed(bundle):
     engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=256)).start()
     try:

@@ -238,3 +238,16 @@ def test_any_json_renders_within_bounds(labs, props, width, height):
         state.apply(Poll(float(i), lab=lab, props=props, health="ok"))
     lines = frame(state, width, height).splitlines()
     assert len(lines) <= height and all(len(line) <= width for line in lines)
+
+
+def test_header_shows_the_prompt_cache_hit_rate_and_the_ram_cache():
+    """What came from a cache over all prompt tokens (the engine's counters), and --cache-ram's
+    size; a server that does not report them shows `?` and no RAM segment."""
+    lab = load("lab_busy")
+    lab["engine"].update(prompt_tokens=250, prompt_tokens_cached=750, ram_cache_bytes=3 << 20)
+    state = TopState(url=URL)
+    state.apply(Poll(100.0, lab=lab, props=load("props"), health="ok"))
+    header = " ".join(panel_lines(frame(state), "slotserver top"))
+    assert "cache hit 75%" in header and f"ram cache {widgets.size(3 << 20)}" in header
+    plain = " ".join(panel_lines(frame(state_from("lab_busy")), "slotserver top"))
+    assert "cache hit ?" in plain and "ram cache" not in plain

@@ -89,10 +89,10 @@ def add_parser(sub) -> None:
     a("--alias", default="", help="the model id clients see and retrieve (default: the GGUF file's name)")
     _switch(p, "context-shift", False, "not supported yet")
     _switch(p, "cache-prompt", True, "reuse slot caches across requests (default on)")
-    a("-cram", "--cache-ram", type=int, default=0, metavar="MiB",
+    a("-cram", "--cache-ram", type=int, default=8192, metavar="MiB",
       help="host-memory prompt cache shared by all slots: a slot's KV is kept there when another prompt "
            "takes the slot, and a request restores its longest cached prefix into any slot "
-           "(default 0: off; -1: no limit)")
+           "(default 8192, as llama-server; 0: off; -1: no limit)")
     _switch(p, "cache-idle-slots", True, "with --cache-ram: save idle slots to it when a request starts "
             "(and clear them with --kv-unified); default on")
     a("-v", "--verbose", action="store_true", help="debug log lines (the prompt cache's among them)")

@@ -178,6 +178,7 @@ class Engine:
     def _schedule(self) -> StepPlan:
         plan = self.sched.schedule()
         if plan.admitted:  # /slots shows a slot busy before its first token reaches the client
+            self.tracker.admitted(plan.admitted)
             self.tracker.publish()
             for seq in plan.admitted:
                 if seq.request.return_progress:

@@ -22,6 +22,8 @@ class SlotStats:
     n_generated: int
     tokens_per_second: float
     elapsed_s: float = 0.0     # since the request took the slot
+    prompt_cached: int = 0     # prompt tokens this slot's requests took from a cache (its own KV or RAM), all so far
+    prompt_computed: int = 0   # prompt tokens they computed
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,10 @@ class EngineStats:
     n_active: int = 0
     steps: int = 0
     prompt_tokens: int = 0          # prompt tokens computed (prefilled) so far
+    prompt_tokens_cached: int = 0   # prompt tokens taken from a cache (a slot's KV or the RAM cache) so far
+    ram_cache_entries: int = 0      # --cache-ram: prompts held in host memory
+    ram_cache_bytes: int = 0
+    ram_cache_hits: int = 0         # requests that restored a prefix from it
     predicted_tokens: int = 0       # tokens sampled so far
     requests_done: int = 0
     defrag: str = "on"

@@ -20,6 +20,8 @@ class StatsTracker:
         self.steps = 0
         self.sums = dict.fromkeys(PHASES, 0.0)
         self.prompt_tokens = self.predicted_tokens = self.requests_done = 0
+        self.cached = collections.Counter()     # slot id -> prompt tokens taken from a cache
+        self.computed = collections.Counter()   # slot id -> prompt tokens computed
         self.recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=256)
         self.last_ms, self.last_tokens = 0.0, 0
         self.snapshot = EngineStats()
@@ -36,6 +38,12 @@ class StatsTracker:
         self.last_ms, self.last_tokens = (t[-1] - t[0]) * 1000, plan.n_tokens
         self.recent.append((t[-1], n_sampled))
         self.publish()
+
+    def admitted(self, seqs) -> None:
+        """Requests that just took their slots: their prompts' reused and computed tokens (hit rates)."""
+        for seq in seqs:
+            self.cached[seq.slot_id] += seq.num_cached
+            self.computed[seq.slot_id] += max(0, seq.num_prompt - seq.num_cached)
 
     def _rate(self) -> float:
         now = time.perf_counter()
@@ -57,7 +65,14 @@ class StatsTracker:
             defrag=e.config.defrag, defrag_moves=e.cache.n_moves, defrag_bytes=e.cache.bytes_moved,
             layout=e.cache.name, kv_bytes=e.cache.bytes_used(), timings=timings,
             tokens_per_second=self._rate(), uptime_s=time.perf_counter() - self.t0,
+            prompt_tokens_cached=sum(self.cached.values()), **self._ram_cache(),
         )
+
+    def _ram_cache(self) -> dict:
+        pc = getattr(self.engine, "prompt_cache", None)
+        if pc is None:
+            return {}
+        return {"ram_cache_entries": len(pc.entries), "ram_cache_bytes": pc.bytes, "ram_cache_hits": pc.hits}
 
     def _slot(self, slot) -> SlotStats:
         seq, e = slot.seq, self.engine
@@ -71,4 +86,5 @@ class StatsTracker:
             n_prompt=0 if seq is None else seq.num_prompt, n_cached=0 if seq is None else seq.num_cached,
             n_generated=0 if seq is None else max(0, seq.num_generated), tokens_per_second=tps,
             elapsed_s=now - seq.t_start if seq is not None and seq.t_start else 0.0,
+            prompt_cached=self.cached[slot.id], prompt_computed=self.computed[slot.id],
         )

@@ -73,7 +73,10 @@ def header(state: TopState, width: int) -> tuple[Group, int]:
         _kv("uptime", bound + w.duration(h.uptime_s)), _kv("tok/s", w.rate(h.tokens_per_second), "bold green"),
         _kv("queue", w.num(h.queue_len)), _kv("active", f"{w.num(h.n_active)}/{w.num(n_slots)}"),
         _kv("kv", w.size(h.kv_bytes)),
+        _kv("cache hit", "?" if h.cache_hit is None else f"{100 * h.cache_hit:.0f}%"),
     ]
+    if h.ram_cache_bytes is not None:
+        segs.append(_kv("ram cache", w.size(h.ram_cache_bytes)))
     lines = [status_line(state)] + pack(segs, width)
     lines[0].no_wrap, lines[0].overflow = True, "ellipsis"
     return Group(*lines), len(lines)

@@ -140,7 +140,16 @@ def parse_header(lab: dict, engine: dict, props: dict, problems: list[str]) -> H
         tokens_per_second=as_float(engine.get("tokens_per_second")),
         queue_len=as_int(engine.get("queue_len")), n_active=as_int(engine.get("n_active")),
         steps=as_int(engine.get("steps")), kv_bytes=as_int(layout.get("bytes", engine.get("kv_bytes"))),
-        defrag=as_str(engine.get("defrag")), cpu=_cpu(as_dict(lab.get("cpu")) or as_dict(props.get("cpu"))))
+        defrag=as_str(engine.get("defrag")), cpu=_cpu(as_dict(lab.get("cpu")) or as_dict(props.get("cpu"))),
+        cache_hit=_hit_rate(engine), ram_cache_bytes=as_int(engine.get("ram_cache_bytes")))
+
+
+def _hit_rate(engine: dict) -> float | None:
+    """Prompt tokens taken from a cache over all prompt tokens (computed ones are `prompt_tokens`)."""
+    cached, computed = as_int(engine.get("prompt_tokens_cached")), as_int(engine.get("prompt_tokens"))
+    if cached is None or computed is None or cached + computed == 0:
+        return None
+    return cached / (cached + computed)
 
 
 def _short(s: str, limit: int) -> str:

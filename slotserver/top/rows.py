@@ -27,6 +27,8 @@ class Header:
     steps: int | None = None
     kv_bytes: int | None = None
     defrag: str = UNKNOWN
+    cache_hit: float | None = None           # prompt tokens taken from a cache / all prompt tokens so far
+    ram_cache_bytes: int | None = None       # --cache-ram's bytes (None: off, or a server without it)
     cpu: str = UNKNOWN                       # the kernels' CPU variant, e.g. "avx512", "avx2 (forced)"
     health: str = UNKNOWN                    # "ok" | "loading" | "error" | "?"
 

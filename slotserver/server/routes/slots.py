@@ -37,6 +37,9 @@ def slot_json(s: SlotStats, prompt: str | None) -> dict:
         "id": s.id, "id_task": s.id_task, "n_ctx": s.n_ctx, "speculative": False, "is_processing": busy,
         "state": s.state, "stream": s.stream, "cells_used": s.cells_used, "n_prompt": s.n_prompt,
         "n_cached": s.n_cached, "tokens_per_second": s.tokens_per_second, "elapsed_s": s.elapsed_s,
+        # this slot's requests so far: prompt tokens reused from a cache (its KV or --cache-ram) and computed
+        "prompt_cache": {"n_cached": s.prompt_cached, "n_computed": s.prompt_computed,
+                         "hit_rate": round(s.prompt_cached / max(1, s.prompt_cached + s.prompt_computed), 4)},
         # llama-server's list; an idle slot keeps nothing of its last task (n_remain -1, n_decoded 0);
         # a busy one's remaining budget is not in the stats snapshot: -1 (unknown), as with no n_predict
         "next_token": [{"has_next_token": busy, "has_new_line": False, "n_remain": -1,
