@@ -9,7 +9,7 @@ import torch
 
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.engine import Engine
-from slotserver.engine.prompt_cache import PromptCache
+from slotserver.engine.prompt_cache import MIN_SHARED, PromptCache
 from slotserver.engine.request import Request
 from slotserver.errors import ConfigError
 from slotserver.model.bundle import ModelBundle
@@ -68,6 +68,44 @@ def test_hit_rates_count_what_came_from_a_cache(bundle):
         assert slot_json(s1, None)["prompt_cache"] == {"n_cached": 39, "n_computed": 1, "hit_rate": 0.975}
     finally:
         engine.stop()
+
+
+def _drive(engine: Engine, arrivals: dict[int, list[Request]]) -> list:
+    """The engine stepped on this thread, requests submitted at the given steps (deterministic)."""
+    handles, step = [], 0
+    while step < 500:
+        handles += [engine.submit(r) for r in arrivals.get(step, [])]
+        if not engine.step() and step > max(arrivals):
+            break
+        step += 1
+    return [h.result(timeout=0) for h in handles]
+
+
+def _req(prompt, n=4, id_slot=-1, cache_prompt=True):
+    return Request(prompt, SamplingParams(temperature=0.0), n_predict=n, ignore_eos=True, id_slot=id_slot,
+                   cache_prompt=cache_prompt)
+
+
+@pytest.mark.parametrize("layout", ["paged", "head_seq_dim"])
+def test_a_prefix_held_by_another_slot_is_copied_not_recomputed(tmp_path, layout):
+    """Without a RAM cache: a prompt sharing a long prefix with another slot's KV (idle, or busy
+    generating) starts from a copy of it, and answers as the same prompt computed from scratch."""
+    bundle = ModelBundle.load(ModelConfig(write_tiny_gguf(tmp_path / "t.gguf", ctx_len=512), threads=1,
+                                          layout=layout))
+    longer = LONG + (100, 101, 102)
+    fresh = _drive(Engine(bundle, EngineConfig(n_parallel=3, ctx_size=384)), {0: [_req(longer, cache_prompt=False)]})
+    eng = Engine(bundle, EngineConfig(n_parallel=3, ctx_size=384))
+    idle = _drive(eng, {0: [_req(LONG, id_slot=0)], 40: [_req(longer, id_slot=1)]})   # slot 0 idle by then
+    assert idle[1].final.n_cached == len(LONG) and idle[1].tokens == fresh[0].tokens
+    assert eng.sched.hooks.shared == 1 and eng.prompt_cache is None
+    eng = Engine(bundle, EngineConfig(n_parallel=3, ctx_size=384))
+    busy = _drive(eng, {0: [_req(LONG, n=40, id_slot=0)], 3: [_req(longer, id_slot=1)]})   # slot 0 decoding
+    assert busy[1].final.n_cached == len(LONG) and busy[1].tokens == fresh[0].tokens
+    alone = _drive(Engine(bundle, EngineConfig(n_parallel=3, ctx_size=384)), {0: [_req(LONG, n=40)]})[0]
+    assert busy[0].tokens == alone.tokens   # the slot copied from went on undisturbed
+    short = LONG[: MIN_SHARED - 1] + (250,)   # too short a prefix to be worth a copy
+    eng = Engine(bundle, EngineConfig(n_parallel=3, ctx_size=384))
+    assert _drive(eng, {0: [_req(LONG, id_slot=0)], 40: [_req(short, id_slot=1)]})[1].final.n_cached == 0
 
 
 def test_without_ram_cache_the_prefix_is_recomputed(bundle):

@@ -58,8 +58,7 @@ class Engine:
         self.cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
         self.prompt_cache = PromptCache(config.cache_ram_mib << 20 if config.cache_ram_mib > 0 else -1) \
             if config.cache_ram_mib else None   # --cache-ram
-        hooks = RamCacheHooks(self, self.prompt_cache, config.cache_idle_slots, config.kv_unified) \
-            if self.prompt_cache is not None else None
+        hooks = RamCacheHooks(self, self.prompt_cache, config.cache_idle_slots, config.kv_unified)   # + slot sharing
         self.sched = Scheduler(config, budget=lambda: self.cache.budget(), hooks=hooks)  # paged: admit by free blocks
         self.sampling = StepSampling(s.vocab_size)
         self.eog = bundle.tokenizer.eog_ids

@@ -13,6 +13,13 @@ idle slot is then cleared, which gives its blocks to the running requests
 (llama.cpp's test_kv_keep_only_active.py). Log lines at debug level (`-v`) carry llama-server's
 test tags.
 
+**Prefix sharing across slots** (issue 37), with or without a RAM cache: a request whose prompt
+shares a longer prefix with another slot's KV (an idle slot's cache, or the tokens a busy slot has
+computed so far) than with its own slot and the RAM cache gets that prefix copied from that slot's
+stream (`copy_stream`: a block-table edit on paged layouts, copy-on-write; a memory copy on flat
+ones) instead of computing it again. So agents sharing a long system prompt compute it once, on
+whichever slot got there first. At least MIN_SHARED tokens, or it is not worth the copy.
+
 Runs on the engine thread, inside the scheduler's admission (its `on_select` / `on_admitted`
 hooks): the scheduler stays pure bookkeeping; the copies are made here.
 """
@@ -33,6 +40,8 @@ if TYPE_CHECKING:
     from slotserver.engine.sequence import Sequence
 
 log = logging.getLogger("slotserver.engine.prompt_cache")
+
+MIN_SHARED = 16   # tokens: a shorter prefix found in another slot is recomputed rather than copied
 
 
 @dataclass
@@ -83,29 +92,53 @@ class PromptCache:
 
 
 class RamCacheHooks:
-    """The scheduler's admission hooks that move KV between slots and the RAM cache."""
+    """The scheduler's admission hooks that move KV between slots and the RAM cache (`cache`; None:
+    --cache-ram 0, and only the slot-to-slot sharing runs)."""
 
-    def __init__(self, engine: "Engine", cache: PromptCache, idle_slots: bool, unified: bool) -> None:
-        self.e, self.cache, self.idle_slots, self.unified = engine, cache, idle_slots, unified
-        if idle_slots:
+    def __init__(self, engine: "Engine", cache: PromptCache | None, idle_slots: bool, unified: bool) -> None:
+        self.e, self.cache, self.unified = engine, cache, unified
+        self.idle_slots = idle_slots and cache is not None
+        self.shared = 0   # requests that took a prefix from another slot
+        if self.idle_slots:
             log.debug("idle slots will be saved to prompt cache%s upon starting a new task",
                       " and cleared" if unified else "")
             log.debug("__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__")
 
     def on_select(self, slot: Slot, seq: "Sequence") -> None:
-        """Before the slot's reuse is counted: a longer cached prefix replaces the slot's KV."""
+        """Before the slot's reuse is counted: a longer prefix, from another slot or the RAM cache,
+        replaces the slot's KV."""
         prompt = tuple(seq.tokens[: seq.num_prompt])
         own = common_prefix(slot.cached, prompt)
-        if own < len(slot.cached):   # the new prompt overwrites part of the slot's KV: keep it in RAM first
+        if own < len(slot.cached) and self.cache is not None:   # about to be overwritten: keep it in RAM first
             self._save(slot)
-        found = self.cache.best(prompt) if seq.request.cache_prompt else None
-        if found is None or found[2] <= own:
+        if not seq.request.cache_prompt:
             return
-        tokens, entry, n = found
-        log.debug("updating prompt cache: slot %d takes %d cached tokens", slot.id, n)
-        self.e.cache.import_stream(self._stream(slot), entry.k[:, :n], entry.v[:, :n])
-        slot.cached = list(tokens[:n])
-        self.cache.hits += 1
+        source, n_slot = self._best_slot(slot, prompt)
+        found = self.cache.best(prompt) if self.cache is not None else None
+        if found is not None and found[2] > max(own, n_slot):
+            tokens, entry, n = found
+            log.debug("updating prompt cache: slot %d takes %d cached tokens", slot.id, n)
+            self.e.cache.import_stream(self._stream(slot), entry.k[:, :n], entry.v[:, :n])
+            slot.cached = list(tokens[:n])
+            self.cache.hits += 1
+        elif source is not None and n_slot >= own + MIN_SHARED:
+            log.debug("slot %d takes a %d-token prefix from slot %d", slot.id, n_slot, source.id)
+            self.e.cache.layout.copy_stream(self._stream(source), self._stream(slot), n_slot)
+            slot.cached = list(prompt[:n_slot])
+            self.shared += 1
+
+    def _best_slot(self, slot: Slot, prompt: tuple[int, ...]) -> tuple[Slot | None, int]:
+        """The other slot whose valid KV shares the longest prefix with `prompt`, and that length:
+        an idle slot's cache, a busy one's computed tokens (its stream holds exactly those)."""
+        best, n_best = None, 0
+        for other in self.e.sched.slots.slots:
+            if other is slot:
+                continue
+            tokens = other.cached if other.seq is None else other.seq.tokens[: other.seq.num_computed]
+            n = common_prefix(tokens, prompt)
+            if n > n_best:
+                best, n_best = other, n
+        return best, n_best
 
     def on_admitted(self) -> None:
         """After a request took its slot: idle slots to the cache (and cleared with a shared pool)."""
