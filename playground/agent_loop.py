@@ -11,6 +11,8 @@ noisy machine hits both alike). Per turn: the median time to first token over th
 prompt's time: `timings.prompt_ms`, which both servers report) and the wall time of the turn.
 
     .venv/bin/python playground/agent_loop.py [--slot-flags "--cache-ram 8192"] [--turns 8]
+    .venv/bin/python playground/agent_loop.py --restart-after 5 --slot-flags "--cache-disk /tmp/kv"
+        (slotserver stopped and started again after turn 5: what --cache-disk keeps)
 
 Needs the llama.cpp peer (playground/local_server.py says where). Prints a table and the ratios.
 """
@@ -88,6 +90,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=32768)
     ap.add_argument("--slot-flags", default="", help="more slotserver flags, e.g. \"--cache-ram 8192\"")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--restart-after", type=int, default=0, help="restart slotserver after this turn (0: never)")
     ap.add_argument("--out", type=Path, default=Path("playground/out/agent_loop"))
     a = ap.parse_args()
     if a.model is None:
@@ -96,8 +99,9 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     ours, peer = free_port(), free_port()
     common = ["-m", a.model, "-np", str(a.slots), "-c", str(a.ctx), "-t", "2"]
-    procs = [start([sys.executable, "-m", "slotserver.cli.main", "serve", *common, "--port", str(ours), "--no-watch",
-                    *shlex.split(a.slot_flags)], ours, "slotserver", a.out / "slotserver.log"),
+    ours_cmd = [sys.executable, "-m", "slotserver.cli.main", "serve", *common, "--port", str(ours), "--no-watch",
+                *shlex.split(a.slot_flags)]
+    procs = [start(ours_cmd, ours, "slotserver", a.out / "slotserver.log"),
              start([str(PEER / "llama-server"), *common, "--port", str(peer)], peer, "llama-server",
                    a.out / "llama-server.log")]
     system = {"role": "system", "content": "You are a coding agent. Read each tool output and say what to do next."}
@@ -107,6 +111,11 @@ def main() -> None:
         for t in range(a.turns):
             r = {p: run_turn(p, hist[p], t, a.seed, a.words, a.max_tokens, a.slots) for p in (ours, peer)}
             rows.append((t, *r[ours], *r[peer]))
+            if t + 1 == a.restart_after:   # SIGTERM: a clean stop (what --cache-disk saves), then a cold start
+                procs[0].terminate()
+                procs[0].wait()
+                procs[0] = start(ours_cmd, ours, "slotserver", a.out / "slotserver-restarted.log")
+                print(f"(slotserver restarted after turn {t + 1})", flush=True)
             (o_ms, o_s, o_n, o_c), (p_ms, p_s, p_n, p_c) = r[ours], r[peer]
             print(f"turn {t + 1}: TTFT p50 {statistics.median(o_ms):7.0f} ms vs {statistics.median(p_ms):7.0f} ms "
                   f"({statistics.median(p_ms) / statistics.median(o_ms):4.2f}x), wall {o_s:5.1f} s vs {p_s:5.1f} s; "

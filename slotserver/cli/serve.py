@@ -93,6 +93,11 @@ def add_parser(sub) -> None:
       help="host-memory prompt cache shared by all slots: a slot's KV is kept there when another prompt "
            "takes the slot, and a request restores its longest cached prefix into any slot "
            "(default 8192, as llama-server; 0: off; -1: no limit)")
+    a("--cache-disk", type=Path, default=None, metavar="DIR",
+      help="prompt-cache entries also on disk under DIR (per model file and KV type), so a restart "
+           "keeps them: written when KV leaves a slot and at shutdown, read back by longest prefix")
+    a("--cache-disk-mib", type=int, default=10240, metavar="MiB",
+      help="--cache-disk's size cap for this model, least recently used out first (default 10240; -1: no limit)")
     _switch(p, "cache-idle-slots", True, "with --cache-ram: save idle slots to it when a request starts "
             "(and clear them with --kv-unified); default on")
     a("-v", "--verbose", action="store_true", help="debug log lines (the prompt cache's among them)")

@@ -40,6 +40,8 @@ class EngineConfig:
     cache_ram_mib: int = 0           # --cache-ram: host-memory prompt cache (engine/prompt_cache.py); 0 off, -1 no limit
     cache_idle_slots: bool = True    # with a RAM cache: idle slots saved to it when a request starts
     kv_unified: bool = False         # --kv-unified: one paged pool; idle slots saved to the RAM cache are also cleared
+    cache_disk: Path | None = None   # --cache-disk: prompt-cache entries on disk, across restarts (engine/disk_cache.py)
+    cache_disk_mib: int = 10240      # --cache-disk-mib: the folder's size cap for this model (-1: no limit)
 
     def __post_init__(self) -> None:
         _positive("--parallel", self.n_parallel)
@@ -67,6 +69,11 @@ class EngineConfig:
             raise ConfigError(f"--cache-ram must be -1 (no limit), 0 (off) or a number of MiB, got {self.cache_ram_mib!r}")
         if not (self.sleep_idle_s == -1 or self.sleep_idle_s > 0):
             raise ConfigError(f"--sleep-idle-seconds must be -1 (never) or > 0, got {self.sleep_idle_s}")
+        if isinstance(self.cache_disk_mib, bool) or not isinstance(self.cache_disk_mib, int) or self.cache_disk_mib < -1 \
+                or self.cache_disk_mib == 0:
+            raise ConfigError(f"--cache-disk-mib must be -1 (no limit) or a number of MiB, got {self.cache_disk_mib!r}")
+        if self.cache_disk is not None and Path(self.cache_disk).exists() and not Path(self.cache_disk).is_dir():
+            raise ConfigError(f"--cache-disk {self.cache_disk} is not a folder")
         if self.slot_save_path is not None and not Path(self.slot_save_path).is_dir():
             raise ConfigError(f"--slot-save-path {self.slot_save_path} is not a folder")
 

@@ -11,6 +11,7 @@ import itertools
 import threading
 import time
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -28,6 +29,7 @@ from slotserver.engine.loop import EngineLoop
 from slotserver.engine.sleep import Sleeper
 from slotserver.engine.masks import MaskFiller
 from slotserver.engine.outbox import Outbox
+from slotserver.engine.disk_cache import DiskCache, model_key
 from slotserver.engine.prompt_cache import PromptCache, RamCacheHooks
 from slotserver.engine.port import EnginePort
 from slotserver.engine.intake import new_sequence, validate
@@ -47,6 +49,13 @@ def kv_dtype(config: EngineConfig, bundle: ModelBundle) -> torch.dtype:
     return torch.float16 if bundle.config.dtype == "auto" else bundle.model.dtype
 
 
+def _disk_cache(config: EngineConfig, bundle: ModelBundle, spec: KVSpec) -> DiskCache:
+    """--cache-disk's store for this model file, KV type and geometry (engine/disk_cache.py)."""
+    key = model_key(Path(bundle.config.model_path), spec.dtype, (spec.n_layers, spec.n_kv_heads, spec.head_dim))
+    limit = config.cache_disk_mib << 20 if config.cache_disk_mib > 0 else -1
+    return DiskCache(Path(config.cache_disk), limit, key, spec.dtype)
+
+
 class Engine:
     def __init__(self, bundle: ModelBundle, config: EngineConfig) -> None:
         s, self.bundle, self.config = bundle.model.spec, bundle, config
@@ -58,7 +67,9 @@ class Engine:
         self.cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
         self.prompt_cache = PromptCache(config.cache_ram_mib << 20 if config.cache_ram_mib > 0 else -1) \
             if config.cache_ram_mib else None   # --cache-ram
-        hooks = RamCacheHooks(self, self.prompt_cache, config.cache_idle_slots, config.kv_unified)   # + slot sharing
+        self.disk_cache = _disk_cache(config, bundle, spec) if config.cache_disk is not None else None
+        hooks = RamCacheHooks(self, self.prompt_cache, config.cache_idle_slots, config.kv_unified,
+                              self.disk_cache)   # + slot sharing
         self.sched = Scheduler(config, budget=lambda: self.cache.budget(), hooks=hooks)  # paged: admit by free blocks
         self.sampling = StepSampling(s.vocab_size)
         self.eog = bundle.tokenizer.eog_ids
@@ -136,6 +147,7 @@ class Engine:
 
     def stop(self) -> None:
         self.loop.stop()
+        self.sched.hooks.on_stop()   # --cache-disk: what the slots hold goes to disk (the thread is stopped)
         self.lab.close()   # a swap still waiting for a step is refused, not waited for
         self.masks.close()
 

@@ -36,6 +36,7 @@ import torch
 from slotserver.engine.slots import Slot, common_prefix
 
 if TYPE_CHECKING:
+    from slotserver.engine.disk_cache import DiskCache
     from slotserver.engine.engine import Engine
     from slotserver.engine.sequence import Sequence
 
@@ -95,9 +96,10 @@ class RamCacheHooks:
     """The scheduler's admission hooks that move KV between slots and the RAM cache (`cache`; None:
     --cache-ram 0, and only the slot-to-slot sharing runs)."""
 
-    def __init__(self, engine: "Engine", cache: PromptCache | None, idle_slots: bool, unified: bool) -> None:
-        self.e, self.cache, self.unified = engine, cache, unified
-        self.idle_slots = idle_slots and cache is not None
+    def __init__(self, engine: "Engine", cache: PromptCache | None, idle_slots: bool, unified: bool,
+                 disk: "DiskCache | None" = None) -> None:
+        self.e, self.cache, self.unified, self.disk = engine, cache, unified, disk
+        self.idle_slots = idle_slots and (cache is not None or disk is not None)
         self.shared = 0   # requests that took a prefix from another slot
         if self.idle_slots:
             log.debug("idle slots will be saved to prompt cache%s upon starting a new task",
@@ -109,12 +111,14 @@ class RamCacheHooks:
         replaces the slot's KV."""
         prompt = tuple(seq.tokens[: seq.num_prompt])
         own = common_prefix(slot.cached, prompt)
-        if own < len(slot.cached) and self.cache is not None:   # about to be overwritten: keep it in RAM first
+        if own < len(slot.cached):   # about to be overwritten: keep it in RAM (and on disk) first
             self._save(slot)
         if not seq.request.cache_prompt:
             return
         source, n_slot = self._best_slot(slot, prompt)
         found = self.cache.best(prompt) if self.cache is not None else None
+        if self._from_disk(slot, prompt, max(own, n_slot, found[2] if found else 0)):
+            return
         if found is not None and found[2] > max(own, n_slot):
             tokens, entry, n = found
             log.debug("updating prompt cache: slot %d takes %d cached tokens", slot.id, n)
@@ -126,6 +130,36 @@ class RamCacheHooks:
             self.e.cache.layout.copy_stream(self._stream(source), self._stream(slot), n_slot)
             slot.cached = list(prompt[:n_slot])
             self.shared += 1
+
+    def _from_disk(self, slot: Slot, prompt: tuple[int, ...], n_memory: int) -> bool:
+        """--cache-disk: a longer prefix than memory offers, read back into the slot (and kept in RAM)."""
+        found = self.disk.best(prompt) if self.disk is not None else None
+        if found is None or found[1] <= n_memory:
+            return False
+        tokens, n = found
+        kv = self.disk.load(tokens)
+        if kv is None:   # did not check out (logged, deleted): memory's best, if any, still serves
+            return False
+        log.debug("slot %d takes %d tokens from the disk cache", slot.id, n)
+        self.e.cache.import_stream(self._stream(slot), kv[0][:, :n], kv[1][:, :n])
+        slot.cached = list(tokens[:n])
+        if self.cache is not None:
+            self.cache.save(tokens, *kv)
+        return True
+
+    def on_stop(self) -> None:
+        """The engine stopped: every slot's KV to disk (--cache-disk), so a restart finds it."""
+        if self.disk is None:
+            return
+        try:
+            for slot in self.e.sched.slots.slots:
+                if slot.n_valid:
+                    tokens = (slot.cached if slot.seq is None else slot.seq.tokens[: slot.seq.num_computed])
+                    k, v = self.e.cache.export_stream(self._stream(slot), len(tokens))
+                    self.disk.save(tuple(tokens), k.cpu(), v.cpu())
+        except Exception as e:  # noqa: BLE001 - asleep (KV released) or a lab layout failing: stop anyway
+            log.warning("disk cache: the slots could not be saved at stop (%s)", e)
+        self.disk.flush()
 
     def _best_slot(self, slot: Slot, prompt: tuple[int, ...]) -> tuple[Slot | None, int]:
         """The other slot whose valid KV shares the longest prefix with `prompt`, and that length:
@@ -153,10 +187,14 @@ class RamCacheHooks:
 
     def _save(self, slot: Slot) -> bool:
         tokens = tuple(slot.cached)
-        if not tokens or tokens in self.cache:
+        if not tokens or (self.cache is not None and tokens in self.cache):
+            return False
+        if self.cache is None and (self.disk is None or tokens in self.disk.index):
             return False
         k, v = self.e.cache.export_stream(self._stream(slot), len(tokens))
-        return self.cache.save(tokens, k, v)
+        if self.disk is not None:
+            self.disk.save(tokens, k.cpu(), v.cpu())
+        return self.cache.save(tokens, k, v) if self.cache is not None else True
 
     def _stream(self, slot: Slot) -> int:
         return self.e.sched.streams.stream_of[slot.id]

@@ -112,6 +112,7 @@ def plan_from_args(args) -> LaunchPlan:
         cache_prompt=args.cache_prompt, n_predict=args.n_predict, slot_save_path=args.slot_save_path,
         queue_limit=args.max_queue, kv_pool_cells=pool, cache_type=_cache_type(args),
         sleep_idle_s=args.sleep_idle_seconds, cache_ram_mib=args.cache_ram, cache_idle_slots=args.cache_idle_slots,
+        cache_disk=args.cache_disk, cache_disk_mib=args.cache_disk_mib,
         kv_unified=bool(getattr(args, "kv_unified", False)),
     )
     model = ModelConfig(model_path=_model_path(args), dtype=args.dtype, weights=args.weights, threads=args.threads,

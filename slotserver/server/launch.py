@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import signal
 import socket
 import sys
 import threading
@@ -137,6 +138,13 @@ class ModelThread:
             engine.run(watch=self.plan.watch)
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    """SIGTERM after uvicorn's graceful shutdown: uvicorn re-raises the signal it caught once it has
+    stopped, and the default action would end the process before `serve`'s cleanup (the engine's
+    stop, which writes --cache-disk's entries). Raised as SystemExit, the cleanup runs first."""
+    raise SystemExit(0)
+
+
 def serve(state: ServerState, plan: LaunchPlan) -> int:
     """Run until interrupted; -> exit status (2 if the model failed to load)."""
     import uvicorn
@@ -154,6 +162,8 @@ def serve(state: ServerState, plan: LaunchPlan) -> int:
         server.should_exit = True
 
     model = ModelThread(state, plan, address, on_failure).start()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         server.run(sockets=[sock])
     finally:
