@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from slotserver.errors import ChatTemplateError
 from slotserver.model.text.builtin_template_table import TURNS, trim
 
 Chat = list[tuple[str, str]]   # (role, content) pairs, as llm_chat_apply_template takes them
@@ -146,8 +147,8 @@ def is_builtin(name: object) -> bool:
 
 def apply_builtin(name: str, chat: Chat, add_ass: bool = True) -> str:
     """llm_chat_apply_template(name): the prompt for `chat`, a non-empty list of (role, content)."""
-    if not chat:
-        raise ValueError("a chat needs at least one message")
+    if not chat:   # the Jinja templates render an empty chat (llama-server's permissive /v1/messages); these need one
+        raise ChatTemplateError(f"the built-in chat template {name!r} needs at least one message")
     if name in FUNCTIONS:
         return FUNCTIONS[name](chat, add_ass)
     if name in TURNS:
