@@ -78,11 +78,12 @@ def test_cuda_greedy_tokens_match_the_cpu(tmp_path):
 
 
 def test_greedy_on_the_device_picks_the_hosts_tokens():
-    """The device greedy path (argmax where the logits are, only ids back) gives the C pass's
+    """The device greedy path (argmax where the logits are, only ids back) gives the host sampler's
     tokens, biases and ties included, refuses rows it does not serve, and names a NaN row.
     It is device-agnostic torch, so the CPU runs the same code a GPU does."""
-    from slotserver.model.sampling.greedy import greedy_tokens, greedy_tokens_device
+    from slotserver.model.sampling.greedy import greedy_tokens_device
     from slotserver.model.sampling.params import SamplingError, SamplingParams
+    from slotserver.model.sampling.sampler import Sampler, SequenceRng
 
     gen = torch.Generator().manual_seed(7)
     logits = torch.randn(5, 300, generator=gen)
@@ -91,7 +92,8 @@ def test_greedy_on_the_device_picks_the_hosts_tokens():
     params[1] = SamplingParams(temperature=0.0, logit_bias=((int(logits[1].argmax()), float("-inf")),))
     params[2] = SamplingParams(temperature=0.0, logit_bias=((5, 100.0), (5, -50.0)))   # added in turn
     got = greedy_tokens_device(logits, params)
-    assert got.tolist() == greedy_tokens(logits, params, torch.empty(300)).tolist()
+    host = Sampler(300).sample(logits, params, [SequenceRng(1) for _ in params], [[] for _ in params])
+    assert got.tolist() == host.tokens.tolist()   # the host sampler (its C greedy pass where it is built)
     assert got[3] == 10 and got[2] == 5 and got[1] != logits[1].argmax()
     assert greedy_tokens_device(logits, [SamplingParams(temperature=0.8)] * 5) is None
     assert greedy_tokens_device(logits, [SamplingParams(temperature=0.0, n_probs=2)] * 5) is None
