@@ -108,6 +108,22 @@ def test_a_prefix_held_by_another_slot_is_copied_not_recomputed(tmp_path, layout
     assert _drive(eng, {0: [_req(LONG, id_slot=0)], 40: [_req(short, id_slot=1)]})[1].final.n_cached == 0
 
 
+def test_concurrent_prompts_with_one_prefix_compute_it_once(tmp_path):
+    """Four requests sharing a long prefix arrive together: the first computes it, the others wait
+    for that prefill and start from a copy (paged: the same blocks), and each answers as it would
+    alone."""
+    bundle = ModelBundle.load(ModelConfig(write_tiny_gguf(tmp_path / "t.gguf", ctx_len=512), threads=1,
+                                          layout="paged"))
+    prefix = tuple(range(5, 205))
+    prompts = [prefix + (100 + i, 101 + i) for i in range(4)]
+    eng = Engine(bundle, EngineConfig(n_parallel=4, ctx_size=1024, batch_size=64, ubatch_size=64))
+    together = _drive(eng, {0: [_req(p, n=3) for p in prompts]})
+    assert [r.final.n_cached for r in together] == [0, len(prefix), len(prefix), len(prefix)]
+    assert eng.sched.hooks.shared == 3
+    alone = [_drive(Engine(bundle, EngineConfig(n_parallel=4, ctx_size=1024)), {0: [_req(p, n=3)]})[0] for p in prompts]
+    assert [r.tokens for r in together] == [r.tokens for r in alone]
+
+
 def test_without_ram_cache_the_prefix_is_recomputed(bundle):
     engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=256)).start()
     try:

@@ -161,6 +161,21 @@ class RamCacheHooks:
             log.warning("disk cache: the slots could not be saved at stop (%s)", e)
         self.disk.flush()
 
+    def holds_back(self, seq: "Sequence", running: list) -> bool:
+        """Whether `seq` should wait: a running sequence still prefilling computes a prefix of at least
+        MIN_SHARED tokens that `seq`'s prompt shares, so `seq` will copy it instead of computing it
+        too (concurrent requests with one long system prompt compute it once). The wait lasts that
+        prefill; only prefilling sequences are compared (usually none or one)."""
+        if not seq.request.cache_prompt:
+            return False
+        prompt = seq.tokens[: seq.num_prompt]
+        for other in running:
+            if other.num_computed < other.num_prompt and other.request.cache_prompt:
+                n = common_prefix(other.tokens[: other.num_prompt], prompt)
+                if n >= MIN_SHARED and other.num_computed < n:
+                    return True
+        return False
+
     def _best_slot(self, slot: Slot, prompt: tuple[int, ...]) -> tuple[Slot | None, int]:
         """The other slot whose valid KV shares the longest prefix with `prompt`, and that length:
         an idle slot's cache, a busy one's computed tokens (its stream holds exactly those)."""

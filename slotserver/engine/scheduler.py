@@ -114,6 +114,8 @@ class Scheduler:
         admitted = []
         while self.waiting:
             seq = self.waiting[0]
+            if self.hooks is not None and self.hooks.holds_back(seq, self.running()):
+                break  # a running prefill is computing this prompt's prefix: take a copy once it is done
             slot = self.slots.select(tuple(seq.tokens[: seq.num_prompt]), seq.request.id_slot)
             if slot is None or (budget is not None and not self._fits(budget, seq, slot, plan)):
                 break  # strict FIFO: the head waits, and so does everyone behind it
