@@ -73,18 +73,16 @@ def _native_fits(x: torch.Tensor, weight: torch.Tensor, acc: torch.Tensor | None
 
 
 @_triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_out, n_rows, n_cols, eps,
-                     BLOCK: tl.constexpr, ROWS: tl.constexpr):
-    """ROWS rows per program: each row loaded once, reduced in float32, scaled, stored. Why several:
-    a 896-wide row is too little work for a program (one per row ran at 31-62% of an H100's copy
-    bandwidth at 2048-8192 rows, the first GPU run); the weight is loaded once for all of them."""
-    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]    # [ROWS, 1]
-    cols = tl.arange(0, BLOCK)[None, :]                                            # [1, BLOCK]
-    mask = (rows < n_rows) & (cols < n_cols)
-    x = tl.load(x_ptr + rows * stride_x + cols, mask=mask, other=0.0).to(tl.float32)   # [ROWS, BLOCK]
-    w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-    inv = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)                           # [ROWS]
-    tl.store(out_ptr + rows * stride_out + cols, (x * inv[:, None] * w).to(out_ptr.dtype.element_ty), mask=mask)
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_out, n_cols, eps,
+                     BLOCK: tl.constexpr):
+    """One program per row: the whole row is loaded once, reduced in float32, scaled, stored."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)   # [BLOCK]
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    inv = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    tl.store(out_ptr + row * stride_out + cols, (x * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def triton(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | None = None) -> torch.Tensor:
@@ -98,10 +96,8 @@ def triton(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor 
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.shape[0]:
         block = _triton.next_power_of_2(x.shape[1])
-        rows = max(1, min(16, 2048 // block))     # ~2048 elements a program
-        _rms_norm_kernel[(_triton.cdiv(x.shape[0], rows),)](x, weight, out, x.stride(0), out.stride(0), x.shape[0],
-                                                            x.shape[1], eps, BLOCK=block, ROWS=rows,
-                                                            num_warps=4 if rows * block <= 2048 else 8)
+        _rms_norm_kernel[(x.shape[0],)](x, weight, out, x.stride(0), out.stride(0), x.shape[1], eps,
+                                        BLOCK=block, num_warps=4 if block <= 2048 else 8)
     return out if acc is None else acc.add_(out.to(acc.dtype))
 
 
@@ -117,9 +113,9 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
 
 
 def _aot(x: str, w: str, block: int) -> tuple:
-    sig = {"x_ptr": f"*{x}", "w_ptr": f"*{w}", "out_ptr": f"*{x}", "stride_x": "i32", "stride_out": "i32",
-           "n_rows": "i32", "n_cols": "i32", "eps": "fp32", "BLOCK": "constexpr", "ROWS": "constexpr"}
-    return (_rms_norm_kernel, sig, {"BLOCK": block, "ROWS": max(1, min(16, 2048 // block))})
+    sig = {"x_ptr": f"*{x}", "w_ptr": f"*{w}", "out_ptr": f"*{x}", "stride_x": "i32",
+           "stride_out": "i32", "n_cols": "i32", "eps": "fp32", "BLOCK": "constexpr"}
+    return (_rms_norm_kernel, sig, {"BLOCK": block})
 
 
 AOT = [_aot("fp32", "fp32", 1024), _aot("bf16", "fp32", 4096)]

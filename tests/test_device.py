@@ -170,3 +170,18 @@ def test_a_bf16_weight_blocked_for_onednn_moves_as_its_plain_matrix():
     moved = to_device(Linear(w.clone(), torch.ones(32).bfloat16()), "meta")
     assert moved.packed is None and moved.dense.device.type == "meta" and moved.dense.shape == (32, 64)
     assert moved.bias.device.type == "meta"
+
+
+def test_a_position_past_the_rope_table_is_refused_before_any_kernel(tmp_path):
+    """The forward checks the batch's positions on the host (from its max_kv), for every device:
+    the rope lookup no longer reads them back each step."""
+    from slotserver.engine.kv_cache import KVCache
+    from slotserver.runtime.batch import Batch, SeqChunk
+    from slotserver.runtime.kv_spec import KVSpec
+
+    model = LlamaModel.load(write_tiny_gguf(tmp_path / "m.gguf", ctx_len=64), torch.float32)
+    s = model.spec
+    cache = KVCache.create("head_seq_dim", KVSpec(s.n_layers, 1, 128, s.n_kv_heads, s.head_dim, torch.float32))
+    with pytest.raises(ValueError, match="position 64 beyond the rope table"):
+        model.forward(Batch.build([SeqChunk(0, 60, [5, 6, 7, 8, 9])]), cache)
+    assert model.forward(Batch.build([SeqChunk(0, 59, [5, 6, 7, 8, 9])]), cache).shape[0] == 1

@@ -87,6 +87,8 @@ class DiskCache:
     def load(self, tokens: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The entry's K, V; None (logged, file deleted) if it does not check out."""
         path = self.index.get(tokens)
+        if path is None:   # evicted by the writer since `best`
+            return None
         try:
             k, v = self._read(path)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
@@ -109,8 +111,8 @@ class DiskCache:
             with path.open("rb") as f:
                 header = json.loads(f.readline())
             ok = header["format"] == FORMAT and header["key"] == self.key and isinstance(header["tokens"], list)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            ok, header = False, {"error": str(e)}
+        except (OSError, ValueError, KeyError, TypeError):
+            ok = False
         if not ok:
             log.warning("disk cache: skipping %s (not an entry of this model and KV type)", path)
             path.unlink(missing_ok=True)
@@ -120,14 +122,14 @@ class DiskCache:
     def _read(self, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         with path.open("rb") as f:
             header = json.loads(f.readline())
-            payload = f.read()
+            payload = bytearray(f.read())   # writable: torch.frombuffer views it, no second copy
         if header["format"] != FORMAT or header["key"] != self.key or DTYPES[header["dtype"]] != self.dtype:
             raise ValueError("another model's or KV type's entry")
         shape = tuple(header["shape"])
         half = torch.Size(shape).numel() * self.dtype.itemsize
         if len(payload) != 2 * half or zlib.crc32(payload) != header["crc32"] or shape[1] != len(header["tokens"]):
             raise ValueError("truncated or corrupt")
-        kv = torch.frombuffer(bytearray(payload), dtype=self.dtype)
+        kv = torch.frombuffer(payload, dtype=self.dtype)
         k, v = kv[: half // self.dtype.itemsize].view(shape), kv[half // self.dtype.itemsize:].view(shape)
         if not (torch.isfinite(k).all() and torch.isfinite(v).all()):
             raise ValueError("NaN or infinite K/V")

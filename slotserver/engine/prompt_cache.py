@@ -117,9 +117,10 @@ class RamCacheHooks:
             return
         source, n_slot = self._best_slot(slot, prompt)
         found = self.cache.best(prompt) if self.cache is not None else None
-        if self._from_disk(slot, prompt, max(own, n_slot, found[2] if found else 0)):
+        n_ram = found[2] if found is not None else 0
+        if self._from_disk(slot, prompt, max(own, n_slot, n_ram)):
             return
-        if found is not None and found[2] > max(own, n_slot):
+        if n_ram > max(own, n_slot):
             tokens, entry, n = found
             log.debug("updating prompt cache: slot %d takes %d cached tokens", slot.id, n)
             self.e.cache.import_stream(self._stream(slot), entry.k[:, :n], entry.v[:, :n])
@@ -154,7 +155,7 @@ class RamCacheHooks:
         try:
             for slot in self.e.sched.slots.slots:
                 if slot.n_valid:
-                    tokens = (slot.cached if slot.seq is None else slot.seq.tokens[: slot.seq.num_computed])
+                    tokens = slot.valid_tokens()
                     k, v = self.e.cache.export_stream(self._stream(slot), len(tokens))
                     self.disk.save(tuple(tokens), k.cpu(), v.cpu())
         except Exception as e:  # noqa: BLE001 - asleep (KV released) or a lab layout failing: stop anyway
@@ -183,8 +184,7 @@ class RamCacheHooks:
         for other in self.e.sched.slots.slots:
             if other is slot:
                 continue
-            tokens = other.cached if other.seq is None else other.seq.tokens[: other.seq.num_computed]
-            n = common_prefix(tokens, prompt)
+            n = common_prefix(other.valid_tokens(), prompt)
             if n > n_best:
                 best, n_best = other, n
         return best, n_best
@@ -201,15 +201,16 @@ class RamCacheHooks:
                 self.e.cache.trim(self._stream(slot), 0)
 
     def _save(self, slot: Slot) -> bool:
+        """The slot's cache into each store that lacks it (RAM, disk); -> whether anything was kept."""
         tokens = tuple(slot.cached)
-        if not tokens or (self.cache is not None and tokens in self.cache):
-            return False
-        if self.cache is None and (self.disk is None or tokens in self.disk.index):
+        to_ram = self.cache is not None and tokens not in self.cache
+        to_disk = self.disk is not None and tokens not in self.disk.index
+        if not tokens or not (to_ram or to_disk):
             return False
         k, v = self.e.cache.export_stream(self._stream(slot), len(tokens))
-        if self.disk is not None:
+        if to_disk:
             self.disk.save(tokens, k.cpu(), v.cpu())
-        return self.cache.save(tokens, k, v) if self.cache is not None else True
+        return self.cache.save(tokens, k, v) if to_ram else True
 
     def _stream(self, slot: Slot) -> int:
         return self.e.sched.streams.stream_of[slot.id]

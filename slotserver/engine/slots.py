@@ -31,6 +31,10 @@ class Slot:
         """Cells of the stream that hold valid KV (what a defrag move must copy)."""
         return self.seq.num_computed if self.seq is not None else len(self.cached)
 
+    def valid_tokens(self) -> list[int]:
+        """The tokens whose KV the stream holds: the cache of an idle slot, a busy one's computed tokens."""
+        return self.cached if self.seq is None else self.seq.tokens[: self.seq.num_computed]
+
     def occupy(self, seq: Sequence) -> None:
         assert self.idle, f"slot {self.id} is busy"
         self.seq, seq.slot_id, self.last_used = seq, self.id, next(_clock)

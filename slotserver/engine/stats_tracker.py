@@ -69,7 +69,7 @@ class StatsTracker:
         )
 
     def _ram_cache(self) -> dict:
-        pc = getattr(self.engine, "prompt_cache", None)
+        pc = self.engine.prompt_cache
         if pc is None:
             return {}
         return {"ram_cache_entries": len(pc.entries), "ram_cache_bytes": pc.bytes, "ram_cache_hits": pc.hits}

@@ -31,6 +31,11 @@ _LIB = native.build("sample_greedy", NATIVE_C, origin=str(_C_FILE))
 native.signature(_LIB, "greedy_rows", 6, 3)
 
 
+def _plain_greedy(p: SamplingParams) -> bool:
+    """A row both greedy paths serve: greedy on the plain chain, no probabilities, no penalty."""
+    return p.greedy and p.plain_chain and not p.post_sampling_probs and not p.n_probs and not p.penalties_active
+
+
 def greedy_tokens(logits: torch.Tensor, params: Sequence[SamplingParams], scratch: torch.Tensor) -> torch.Tensor | None:
     """logits [batch, vocab] float32 CPU, unit last stride -> int64 tokens [batch], or None (not this
     path). scratch: a contiguous float32 CPU buffer of at least vocab elements (the Sampler's)."""
@@ -39,7 +44,7 @@ def greedy_tokens(logits: torch.Tensor, params: Sequence[SamplingParams], scratc
         return None
     offsets, ids, vals = [0], [], []
     for p in params:
-        if not p.greedy or not p.plain_chain or p.post_sampling_probs or p.n_probs or p.penalties_active:
+        if not _plain_greedy(p):
             return None
         for t, v in p.logit_bias:
             ids.append(t)
@@ -63,7 +68,7 @@ def greedy_tokens_device(logits: torch.Tensor, params: Sequence[SamplingParams])
     torch's argmax returns the first index of the maximum, as the C does."""
     rows, cols, vals = [], [], []
     for b, p in enumerate(params):
-        if not p.greedy or not p.plain_chain or p.post_sampling_probs or p.n_probs or p.penalties_active:
+        if not _plain_greedy(p):
             return None
         for t, v in p.logit_bias:
             rows.append(b)
