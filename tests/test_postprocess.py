@@ -29,7 +29,7 @@ def test_text_held_for_a_possible_stop_string_is_released_at_eos(tokenizer):
     newline, eos = tokenizer.encode("Hi\n")[-1], 2
     for token in (tokenizer.encode("Hi")[0], newline, eos):
         plan = sched.schedule()
-        postprocess(sched, plan, [Sampled(token)], tokenizer.eog_ids)
+        postprocess(sched, plan, [(Sampled(token),)], tokenizer.eog_ids)
     result = handle.result(timeout=0)
     assert result.final.stop_type == "eos" and result.text == "Hi\n"
 
@@ -45,7 +45,7 @@ def test_the_eos_step_is_a_token_event_with_its_probabilities(tokenizer):
     hi, newline, eos = tokenizer.encode("Hi")[0], tokenizer.encode("Hi\n")[-1], 2
     for s in (Sampled(hi, -0.1, ((hi, -0.1), (7, -3.0))), Sampled(newline, -0.2, ((newline, -0.2), (7, -2.0))),
               Sampled(eos, -0.3, ((eos, -0.3), (newline, -1.5)))):
-        postprocess(sched, sched.schedule(), [s], tokenizer.eog_ids)
+        postprocess(sched, sched.schedule(), [(s,)], tokenizer.eog_ids)
     *steps, final = list(handle.iter_events(timeout=0))
     assert all(isinstance(e, TokenEvent) for e in steps) and isinstance(final, FinalEvent)
     assert [e.token for e in steps] == [hi, newline, eos] and final.n_predicted == 3

@@ -89,7 +89,7 @@ def make_machine(defrag: str, tokenizer, budget: KVBudget | None = None):
                 assert self.cache.blocks_held(budget.block_size) <= budget.max_blocks, "KV pool overrun"
             n_sample = sum(c.sample for c in plan.chunks)
             tokens = data.draw(st.lists(st.integers(0, 5), min_size=n_sample, max_size=n_sample))
-            postprocess(self.sched, plan, [Sampled(t) for t in tokens], EOG)
+            postprocess(self.sched, plan, [(Sampled(t),) for t in tokens], EOG)
 
         @rule(data=st.data())
         def drain(self, data):
@@ -206,7 +206,7 @@ def test_the_scheduler_asks_the_budget_in_cells_only(tokenizer):
     sched.add(second)
     plan = sched.schedule()
     assert plan.admitted == [first] and list(sched.waiting) == [second]
-    postprocess(sched, plan, [Sampled(3)], EOG)
+    postprocess(sched, plan, [(Sampled(3),)], EOG)
     assert first.num_tokens == 13
     pool.cells = 12
     plan = sched.schedule()

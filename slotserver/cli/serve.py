@@ -15,6 +15,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from slotserver.cli.spec_args import add_spec_args
 from slotserver.cli.generate import add_model_args
 from slotserver.cli.parser import CommandParser
 
@@ -89,6 +90,7 @@ def add_parser(sub) -> None:
     a("--alias", default="", help="the model id clients see and retrieve (default: the GGUF file's name)")
     _switch(p, "context-shift", False, "not supported yet")
     _switch(p, "cache-prompt", True, "reuse slot caches across requests (default on)")
+    add_spec_args(p)
     a("-cram", "--cache-ram", type=int, default=8192, metavar="MiB",
       help="host-memory prompt cache shared by all slots: a slot's KV is kept there when another prompt "
            "takes the slot, and a request restores its longest cached prefix into any slot "

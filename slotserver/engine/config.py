@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from slotserver.engine.speculative.config import SpecConfig
 from slotserver.errors import ConfigError
 
 DEFRAG_MODES = ("on", "off")
@@ -42,6 +43,7 @@ class EngineConfig:
     kv_unified: bool = False         # --kv-unified: one paged pool; idle slots saved to the RAM cache are also cleared
     cache_disk: Path | None = None   # --cache-disk: prompt-cache entries on disk, across restarts (engine/disk_cache.py)
     cache_disk_mib: int = 10240      # --cache-disk-mib: the folder's size cap for this model (-1: no limit)
+    spec: SpecConfig = field(default_factory=SpecConfig)   # --spec-*: speculative decoding (off by default)
 
     def __post_init__(self) -> None:
         _positive("--parallel", self.n_parallel)

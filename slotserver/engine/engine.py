@@ -38,6 +38,7 @@ from slotserver.engine.request import Request, RequestError, RequestHandle
 from slotserver.engine.scheduler import Scheduler, StepPlan
 from slotserver.engine.stats import EngineStats
 from slotserver.engine.step_sampling import StepSampling
+from slotserver.engine.speculative.speculator import Speculator, make_drafters
 
 _CACHE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -57,7 +58,8 @@ def _disk_cache(config: EngineConfig, bundle: ModelBundle, spec: KVSpec) -> Disk
 
 
 class Engine:
-    def __init__(self, bundle: ModelBundle, config: EngineConfig) -> None:
+    def __init__(self, bundle: ModelBundle, config: EngineConfig, draft: ModelBundle | None = None) -> None:
+        """draft: the draft model of `--spec-type draft-simple` (same vocabulary, checked)."""
         s, self.bundle, self.config = bundle.model.spec, bundle, config
         if config.n_cells > bundle.model.rope.max_pos:
             raise RequestError(f"a slot's context ({config.n_cells}) exceeds the model's ({bundle.model.rope.max_pos})")
@@ -72,6 +74,7 @@ class Engine:
                               self.disk_cache)   # + slot sharing
         self.sched = Scheduler(config, budget=lambda: self.cache.budget(), hooks=hooks)  # paged: admit by free blocks
         self.sampling = StepSampling(s.vocab_size)
+        self.spec = _speculator(config, bundle, draft)   # --spec-type: drafts verified in the forward
         self.eog = bundle.tokenizer.eog_ids
         self.grammars = Grammars(bundle.tokenizer)   # llguidance's vocabulary, built on first use
         self.masks = MaskFiller(self.grammars)
@@ -175,15 +178,18 @@ class Engine:
         t.append(time.perf_counter())
         self._apply_moves(plan)
         t.append(time.perf_counter())
+        self._draft(plan)
+        t.append(time.perf_counter())
         masks = self.masks.start([c.seq.grammar for c in plan.chunks if c.sample])  # filled during the forward
         logits = self._forward_or_roll_back(plan)
         t.append(time.perf_counter())
-        sampled = self.sampling.sample(plan, logits, masks.result())
+        runs = self.sampling.sample(plan, logits, masks.result())   # per sampling chunk: its token(s)
+        self.spec.learn(plan, runs)
         t.append(time.perf_counter())
-        done = postprocess(self.sched, plan, sampled, self.eog)
+        done = postprocess(self.sched, plan, runs, self.eog)
         t.append(time.perf_counter())
         self.inbox.release(len(done))
-        self.tracker.after_step(plan, len(done), t)
+        self.tracker.after_step(plan, len(done), t, runs)
         return True
 
     def _schedule(self) -> StepPlan:
@@ -203,6 +209,17 @@ class Engine:
         for f in plan.forks:
             self.cache.layout.copy_stream(f.src, f.dst, f.n_cells)
 
+    def _draft(self, plan: StepPlan) -> None:
+        """Speculative decoding: decode chunks of eligible sequences get draft tokens (speculative/)."""
+        if not self.spec.enabled or not plan.chunks:
+            return
+        budget = self.cache.budget()
+        fits = None
+        if budget is not None:   # paged: the draft's cells must fit the pool beside every slot's
+            held = self.sched.held_cells()
+            fits = lambda seq, n: budget.fits([n if i == seq.slot_id else h for i, h in enumerate(held)])  # noqa: E731
+        self.spec.draft(plan, {s.id for s in self.sched.running()}, self.config.step_tokens - plan.n_tokens, fits)
+
     def _forward_or_roll_back(self, plan: StepPlan) -> torch.Tensor | None:
         """The forward; a kernel just swapped in that fails on real shapes is rolled back and the
         step runs again on the previous kernels (the lab's rollback)."""
@@ -218,10 +235,19 @@ class Engine:
     def _forward(self, plan: StepPlan) -> torch.Tensor | None:
         if not plan.chunks:
             return None
-        chunks = [SeqChunk(c.stream, c.start, c.seq.tokens[c.start: c.start + c.n], logits=c.sample)
-                  for c in plan.chunks]
-        rows = sum(c.sample for c in plan.chunks)
+        chunks = [SeqChunk(c.stream, c.start, c.seq.tokens[c.start: c.start + c.n] + list(c.draft),
+                           all_logits=bool(c.draft), logits=c.sample) for c in plan.chunks]
+        rows = sum(c.sample + len(c.draft) for c in plan.chunks)
         if self._logits.shape[0] < rows:   # one buffer for every step's logits (see LlamaModel.forward)
             self._logits = torch.empty(rows, self._logits.shape[1], device=self.device)
         logits = self.bundle.model.forward(Batch.build(chunks, self.device), self.cache, self._logits)
         return logits   # [n_sample, vocab], where the model ran (StepSampling copies what the host needs)
+
+
+def _speculator(config: EngineConfig, bundle: ModelBundle, draft: ModelBundle | None) -> Speculator:
+    """The drafters `config.spec` names; a draft model of another vocabulary is refused here."""
+    if draft is not None:
+        from slotserver.engine.speculative.draft_model import check_vocabulary
+        check_vocabulary(bundle, draft)
+    drafters = make_drafters(config.spec, draft, config.n_parallel, config.n_cells) if config.spec.enabled else []
+    return Speculator(config.spec, config.n_cells, bundle.model.spec.vocab_size, drafters)

@@ -30,8 +30,10 @@ class Sampled:
     error: str = ""   # sampling failed for this row only (e.g. a bias that forbids every token)
 
 
-def postprocess(sched: Scheduler, plan: StepPlan, sampled: list[Sampled], eog: frozenset[int]) -> list[Sequence]:
-    """`sampled` has one entry per chunk with `sample=True`, in plan order. -> finished sequences."""
+def postprocess(sched: Scheduler, plan: StepPlan, sampled: list[tuple[Sampled, ...]],
+                eog: frozenset[int]) -> list[Sequence]:
+    """`sampled` has one run per chunk with `sample=True`, in plan order: one token, or a verified
+    draft's (its drafts that matched, then the target's own token). -> finished sequences."""
     it = iter(sampled)
     done = []
     for chunk in plan.chunks:
@@ -41,8 +43,11 @@ def postprocess(sched: Scheduler, plan: StepPlan, sampled: list[Sampled], eog: f
             seq.handle.emit(progress_event(seq))
         if not chunk.sample or seq.finished:
             continue
-        if _accept(sched, seq, next(it), eog):
-            done.append(seq)
+        for i, s in enumerate(next(it)):
+            seq.num_computed += i > 0   # the draft token before this one matched: its K/V is valid
+            if _accept(sched, seq, s, eog):
+                done.append(seq)
+                break
     return done
 
 
@@ -116,4 +121,5 @@ def final_event(seq: Sequence, stop_type: str, word: str = "", truncated: bool =
         prompt_ms=1000 * (prompt_done - seq.t_start) if seq.t_start else 0.0,
         predicted_ms=1000 * (now - prompt_done) if seq.t_prompt_done else 0.0,
         seed=seq.rng.seed, text=tail,
+        draft_n=seq.spec.drafted if seq.spec else 0, draft_n_accepted=seq.spec.accepted if seq.spec else 0,
     )

@@ -39,6 +39,11 @@ class Request:
     grammar: str | None = None     # llguidance grammar text (compiled and checked by the server)
     return_progress: bool = False  # ProgressEvents while the prompt is computed (llama-server's return_progress)
     timings_per_token: bool = False  # every TokenEvent carries the timings so far
+    # llama-server's `speculative.n_max/n_min/p_min`: this request's draft sizes (None: the server's);
+    # n_max 0 turns speculation off for it
+    spec_n_max: int | None = None
+    spec_n_min: int | None = None
+    spec_p_min: float | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,8 @@ class FinalEvent:
     predicted_ms: float
     seed: int
     text: str = ""          # text held back until the end (a partial stop string, half a character)
+    draft_n: int = 0        # speculative decoding: draft tokens proposed (llama-server's timings.draft_n)
+    draft_n_accepted: int = 0
 
 
 @dataclass(frozen=True)

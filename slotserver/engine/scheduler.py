@@ -49,6 +49,7 @@ class ScheduledChunk:
     start: int       # = seq.num_computed when planned
     n: int           # tokens of this step
     sample: bool     # the chunk reaches the end of the sequence: sample its next token
+    draft: tuple[int, ...] = ()   # speculative tokens after the chunk's, verified from their logits rows
 
 
 @dataclass
@@ -153,6 +154,10 @@ class Scheduler:
                 continue
             victim = min(self.running(), key=lambda s: (s.num_computed, -s.arrival))
             self._preempt(victim, plan)
+
+    def held_cells(self) -> list[int]:
+        """Cells each slot holds now (per slot id), as the paged pool counts them."""
+        return self._held()
 
     def _held(self) -> list[int]:
         """Cells each slot holds now: a running sequence's tokens (up to a full slot), else its cache."""

@@ -18,6 +18,7 @@ from slotserver.model.text.detokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:  # the engine makes the rng; a sequence only carries it (the sampler module imports torch)
     from slotserver.model.sampling.sampler import SequenceRng
+    from slotserver.engine.speculative.speculator import SpecState
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Sequence:
     finished: bool = False
     grammar: object | None = None   # the request's llguidance LLMatcher, made on the engine thread
     parent: Sequence | None = None  # n > 1: the sibling whose prompt KV this one copies (see Scheduler)
+    spec: SpecState | None = None   # speculative decoding's totals and adaptive cap (engine/speculative)
 
     @property
     def request(self) -> Request:

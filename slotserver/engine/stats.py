@@ -24,6 +24,7 @@ class SlotStats:
     elapsed_s: float = 0.0     # since the request took the slot
     prompt_cached: int = 0     # prompt tokens this slot's requests took from a cache (its own KV or RAM), all so far
     prompt_computed: int = 0   # prompt tokens they computed
+    speculative: bool = False  # drafts are verified for this slot's requests (--spec-type)
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class StepTimings:
 
     schedule: float = 0.0
     moves: float = 0.0
+    draft: float = 0.0         # speculative decoding's drafters
     forward: float = 0.0
     sample: float = 0.0
     postprocess: float = 0.0
@@ -51,6 +53,9 @@ class EngineStats:
     ram_cache_bytes: int = 0
     ram_cache_hits: int = 0         # requests that restored a prefix from it
     predicted_tokens: int = 0       # tokens sampled so far
+    spec_draft_tokens: int = 0      # speculative decoding: draft tokens proposed
+    spec_accepted_tokens: int = 0   # of which the target kept
+    spec_drafts: int = 0            # drafts verified
     requests_done: int = 0
     defrag: str = "on"
     defrag_moves: int = 0

@@ -10,7 +10,7 @@ import time
 
 from slotserver.engine.stats import EngineStats, SlotStats, StepTimings
 
-PHASES = ("schedule", "moves", "forward", "sample", "postprocess")
+PHASES = ("schedule", "moves", "draft", "forward", "sample", "postprocess")
 
 
 class StatsTracker:
@@ -20,6 +20,7 @@ class StatsTracker:
         self.steps = 0
         self.sums = dict.fromkeys(PHASES, 0.0)
         self.prompt_tokens = self.predicted_tokens = self.requests_done = 0
+        self.spec = [0, 0, 0]                   # speculative decoding: draft tokens, accepted, verifications
         self.cached = collections.Counter()     # slot id -> prompt tokens taken from a cache
         self.computed = collections.Counter()   # slot id -> prompt tokens computed
         self.recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=256)
@@ -27,11 +28,15 @@ class StatsTracker:
         self.snapshot = EngineStats()
         self.publish()
 
-    def after_step(self, plan, n_done: int, t: list[float]) -> None:
+    def after_step(self, plan, n_done: int, t: list[float], runs=()) -> None:
+        """runs: the tokens each sampling chunk got (StepSampling.sample): several for a verified draft."""
         self.steps += 1
         for name, a, b in zip(PHASES, t, t[1:]):
             self.sums[name] += (b - a) * 1000
-        n_sampled = sum(1 for c in plan.chunks if c.sample)
+        n_sampled = sum(len(r) for r in runs) if runs else sum(1 for c in plan.chunks if c.sample)
+        for c, r in zip((c for c in plan.chunks if c.sample), runs):
+            if c.draft:
+                self.spec = [self.spec[0] + len(c.draft), self.spec[1] + len(r) - 1, self.spec[2] + 1]
         self.prompt_tokens += sum(c.n for c in plan.chunks if c.start < c.seq.num_prompt)
         self.predicted_tokens += n_sampled
         self.requests_done += n_done
@@ -66,6 +71,7 @@ class StatsTracker:
             layout=e.cache.name, kv_bytes=e.cache.bytes_used(), timings=timings,
             tokens_per_second=self._rate(), uptime_s=time.perf_counter() - self.t0,
             prompt_tokens_cached=sum(self.cached.values()), **self._ram_cache(),
+            spec_draft_tokens=self.spec[0], spec_accepted_tokens=self.spec[1], spec_drafts=self.spec[2],
         )
 
     def _ram_cache(self) -> dict:
@@ -87,4 +93,5 @@ class StatsTracker:
             n_generated=0 if seq is None else max(0, seq.num_generated), tokens_per_second=tps,
             elapsed_s=now - seq.t_start if seq is not None and seq.t_start else 0.0,
             prompt_cached=self.cached[slot.id], prompt_computed=self.computed[slot.id],
+            speculative=e.spec.enabled,
         )

@@ -13,6 +13,7 @@ import torch
 
 from slotserver.engine.postprocess import Sampled
 from slotserver.engine.scheduler import StepPlan
+from slotserver.engine.speculative.verify import greedy_run, sampled_run
 from slotserver.model.sampling.greedy import greedy_tokens_device
 from slotserver.model.sampling.sampler import Sampler, SamplingError
 from slotserver.model.tensor_check import logits_problem
@@ -22,10 +23,32 @@ class StepSampling:
     def __init__(self, vocab_size: int) -> None:
         self.sampler = Sampler(vocab_size)
 
-    def sample(self, plan: StepPlan, logits: torch.Tensor | None, allowed: torch.Tensor | None) -> list[Sampled]:
-        """logits: [rows sampled, vocab], in the order of the plan's sampling chunks; allowed: the
-        grammar masks of those rows (or None). -> one `Sampled` per sampled row."""
-        seqs = [c.seq for c in plan.chunks if c.sample]
+    def sample(self, plan: StepPlan, logits: torch.Tensor | None,
+               allowed: torch.Tensor | None) -> list[tuple[Sampled, ...]]:
+        """logits: [rows, vocab] in plan order, 1 + len(draft) rows for a drafted chunk and 1 for any
+        other sampling chunk; allowed: the grammar masks of the sampling chunks (or None).
+        -> per sampling chunk, the tokens it gets: one, or a verified draft's run (speculative/verify.py)."""
+        chunks = [c for c in plan.chunks if c.sample]
+        if not any(c.draft for c in chunks):
+            return [(s,) for s in self._sample_rows([c.seq for c in chunks], logits, allowed)]
+        starts, row = [], 0
+        for c in chunks:
+            starts.append(row)
+            row += 1 + len(c.draft)
+        plain = [i for i, c in enumerate(chunks) if not c.draft]
+        out: list[tuple[Sampled, ...]] = [()] * len(chunks)
+        if plain:
+            rows = logits[torch.tensor([starts[i] for i in plain], device=logits.device)]
+            mask = None if allowed is None else allowed[plain]
+            for i, s in zip(plain, self._sample_rows([chunks[i].seq for i in plain], rows, mask)):
+                out[i] = (s,)
+        for i, c in enumerate(chunks):
+            if c.draft:
+                out[i] = self._verify(c, logits[starts[i]: starts[i] + 1 + len(c.draft)])
+        return out
+
+    def _sample_rows(self, seqs, logits: torch.Tensor | None, allowed: torch.Tensor | None) -> list[Sampled]:
+        """One token per row (the step's sampling without drafts)."""
         if not seqs:
             return []
         if logits is not None and not logits.is_cpu:   # the GPU's logits: greedy there, else one copy
@@ -39,6 +62,18 @@ class StepSampling:
         except SamplingError:
             return self._rows(seqs, logits, allowed)  # find the failing row; fail only its request
         return _sampled(out, seqs)
+
+    def _verify(self, chunk, rows: torch.Tensor) -> tuple[Sampled, ...]:
+        """A drafted chunk's rows [1 + k, vocab] -> the run its sequence keeps (at least one token)."""
+        seq = chunk.seq
+        try:
+            tokens = greedy_run(rows, seq.params, chunk.draft, self.sampler)
+            if tokens is not None:
+                return tuple(Sampled(t) for t in tokens)
+            rows = rows.cpu()
+            return tuple(_sampled(o, [seq])[0] for o in sampled_run(self.sampler, rows, seq, chunk.draft))
+        except SamplingError:
+            return tuple(self._rows([seq], rows[:1].cpu(), None))   # row 0 names the problem
 
     def _on_device(self, logits: torch.Tensor, seqs, allowed: torch.Tensor | None) -> torch.Tensor | None:
         """Every row greedy without grammar, penalties or probabilities: its tokens, argmax on the

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from slotserver.model.text.chat_template import BUILTIN_NAMES, ChatTemplate, named_template
 from slotserver.model.config import ConfigError, ModelConfig
+from slotserver.engine.speculative.config import SpecConfig
 from slotserver.engine.config import EngineConfig
 from slotserver.server.auth import read_key_file
 from slotserver.server.chat_options import chat_defaults_from_flags
@@ -113,7 +114,7 @@ def plan_from_args(args) -> LaunchPlan:
         queue_limit=args.max_queue, kv_pool_cells=pool, cache_type=_cache_type(args),
         sleep_idle_s=args.sleep_idle_seconds, cache_ram_mib=args.cache_ram, cache_idle_slots=args.cache_idle_slots,
         cache_disk=args.cache_disk, cache_disk_mib=args.cache_disk_mib,
-        kv_unified=bool(getattr(args, "kv_unified", False)),
+        kv_unified=bool(getattr(args, "kv_unified", False)), spec=spec_config_from_args(args),
     )
     model = ModelConfig(model_path=_model_path(args), dtype=args.dtype, weights=args.weights, threads=args.threads,
                         layout=layout, kernels_dir=args.kernels_dir, layouts_dir=args.layouts_dir,
@@ -121,3 +122,13 @@ def plan_from_args(args) -> LaunchPlan:
     template = chat_template_source(args.chat_template, args.chat_template_file)
     return LaunchPlan(model=model, engine=engine, host=args.host, port=args.port, chat_template=template,
                       watch=not args.no_watch, warmup=not args.no_warmup, check_tensors=getattr(args, "check_tensors", False))
+
+
+def spec_config_from_args(args) -> SpecConfig:
+    """The --spec-* flags (cli/spec_args.py) -> a validated SpecConfig (a bad value: a ConfigError naming it)."""
+    names = ("draft_n_max", "draft_n_min", "draft_p_min", "ngram_simple_size_n", "ngram_simple_size_m",
+             "ngram_mod_n_match", "ngram_mod_n_min", "ngram_mod_n_max")
+    draft = getattr(args, "spec_draft_model", None)
+    return SpecConfig(types=SpecConfig.parse_types(getattr(args, "spec_type", None), draft), draft_model=draft,
+                      adaptive=getattr(args, "spec_adaptive", True),
+                      **{n: getattr(args, "spec_" + n, getattr(SpecConfig(), n)) for n in names})

@@ -13,7 +13,7 @@ import signal
 import socket
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 from slotserver.model.config import ConfigError, ModelConfig
@@ -84,15 +84,34 @@ def load(state: ServerState, plan: LaunchPlan, address: str) -> Engine:
         print(f"slotserver: warning: {plan.model.model_path.name} has no chat template "
               "(tokenizer.chat_template); chat prompts use ChatML, as llama-server's do. Give the "
               "model's own with --chat-template-file", file=sys.stderr, flush=True)
+    draft = _load_draft(plan)
     with stage(f"allocating the KV cache ({plan.engine.n_parallel} slots x {plan.engine.n_cells} cells)",
                "KV cache allocated"):
-        engine = Engine(bundle, plan.engine)
+        engine = Engine(bundle, plan.engine, draft)
     remove_stale_temporaries(plan.engine.slot_save_path)   # before any save can run: none is live
     state.set_loaded(bundle, engine, template)
     e, layout = plan.engine, engine.stats().layout or plan.model.layout
     print(f"slotserver: {plan.model.model_path.name} ({plan.model.dtype}, layout {layout}), "
           f"{e.n_parallel} slots x {e.n_cells} ctx, listening on {address}", file=sys.stderr, flush=True)
     return engine
+
+
+def _load_draft(plan: LaunchPlan):
+    """-md: the draft model of --spec-type draft-simple, read as the model is (same dtype, weights,
+    device, threads) with its default layout; None when no type needs it."""
+    from slotserver.model.bundle import ModelBundle
+    from slotserver.model.config import DEFAULT_LAYOUT
+    from slotserver.model.progress import load_progress, stage
+
+    spec = plan.engine.spec
+    if "draft-simple" not in spec.types:
+        return None
+    name = spec.draft_model.name
+    with stage(f"loading the draft model {name}", f"loaded {name}"), load_progress(f"loading {name}") as tick:
+        draft = ModelBundle.load(replace(plan.model, model_path=spec.draft_model, layout=DEFAULT_LAYOUT), tick)
+    if plan.warmup:
+        draft.model.warm_up()
+    return draft
 
 
 class ModelThread:

@@ -133,7 +133,27 @@ def build_request(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: Gen
         grammar=grammar,
         return_progress=f.bool("return_progress", False),
         timings_per_token=f.bool("timings_per_token", False),
+        **speculative_fields(f),
     )
+
+
+def speculative_fields(f: Fields) -> dict:
+    """llama-server's per-request draft sizes: `speculative.n_max` (0: no speculation for this
+    request), `speculative.n_min`, `speculative.p_min`; absent: the server's --spec-draft-* values."""
+    n_max = f.int("speculative.n_max", -1, lo=-1, hi=INT32_MAX) if f.has("speculative.n_max") else None
+    n_min = f.int("speculative.n_min", 0, lo=0, hi=INT32_MAX) if f.has("speculative.n_min") else None
+    p_min = f.float("speculative.p_min", 0.0, lo=0.0, hi=1.0) if f.has("speculative.p_min") else None
+    if n_max is not None and n_max < 0:
+        n_max = None
+    kind = f.str("speculative.type")
+    if kind == "none":
+        n_max = 0
+    elif kind is not None:
+        raise bad_request(f"'speculative.type' {kind!r} is not supported per request: the server's --spec-type "
+                          "applies ('none' turns speculation off for this request)")
+    if n_max is not None and n_min is not None and n_min > n_max:
+        raise bad_request(f"'speculative.n_min' ({n_min}) exceeds 'speculative.n_max' ({n_max})")
+    return {"spec_n_max": n_max, "spec_n_min": n_min, "spec_p_min": p_min}
 
 
 def eog_bias(request: Request, tokenizer: Tokenizer) -> tuple[int, ...]:

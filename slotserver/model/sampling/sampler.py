@@ -217,6 +217,10 @@ class Sampler:
             tokens = tokens.index_copy(0, idx, torch.tensor([r.token for r in chains.values()], device=adj.device))
         return self._report(logits, b, tokens, chains, raw_is_adj=not edits)
 
+    def scratch_for(self, logits: torch.Tensor) -> torch.Tensor:
+        """A float32 buffer of the logits' shape, reused across calls (greedy_tokens' scratch row)."""
+        return self._scratch(logits)
+
     def _scratch(self, logits: torch.Tensor) -> torch.Tensor:
         buf = self._buffer
         if buf is None or buf.shape[0] < logits.shape[0] or buf.device != logits.device:

@@ -51,12 +51,15 @@ def timings(final: FinalEvent) -> dict:
     prompt_n = final.n_prompt - final.n_cached
     p_tok, p_sec = _per(prompt_n, final.prompt_ms)
     g_tok, g_sec = _per(max(final.n_predicted - 1, 0), final.predicted_ms)
-    return {
+    out = {
         "cache_n": final.n_cached, "prompt_n": prompt_n, "prompt_ms": final.prompt_ms,
         "prompt_per_token_ms": p_tok, "prompt_per_second": p_sec,
         "predicted_n": final.n_predicted, "predicted_ms": final.predicted_ms,
         "predicted_per_token_ms": g_tok, "predicted_per_second": g_sec,
     }
+    if final.draft_n > 0:   # speculative decoding, as llama-server: only once something was drafted
+        out.update(draft_n=final.draft_n, draft_n_accepted=final.draft_n_accepted)
+    return out
 
 
 def logit_bias_settings(job: CompletionJob) -> list[dict]:

@@ -34,7 +34,7 @@ ACTIONS = ("save", "restore", "erase")
 def slot_json(s: SlotStats, prompt: str | None) -> dict:
     busy = s.state == "processing"
     out = {
-        "id": s.id, "id_task": s.id_task, "n_ctx": s.n_ctx, "speculative": False, "is_processing": busy,
+        "id": s.id, "id_task": s.id_task, "n_ctx": s.n_ctx, "speculative": s.speculative, "is_processing": busy,
         "state": s.state, "stream": s.stream, "cells_used": s.cells_used, "n_prompt": s.n_prompt,
         "n_cached": s.n_cached, "tokens_per_second": s.tokens_per_second, "elapsed_s": s.elapsed_s,
         # this slot's requests so far: prompt tokens reused from a cache (its KV or --cache-ram) and computed

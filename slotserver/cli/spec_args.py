@@ -1,0 +1,39 @@
+"""`slotserver serve`'s speculative decoding flags: the vendored llama.cpp's names (common/arg.cpp),
+old aliases included, and their `SpecConfig`.
+
+Draft tokens come from n-grams of the prompt and the output so far (`--spec-type ngram-simple` or
+`ngram-mod`: no second model) or from a draft model of the same vocabulary (`-md FILE`, type
+draft-simple). Off by default, as in llama-server. engine/speculative/ says how drafts are verified.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from slotserver.engine.speculative.config import SPEC_TYPES, SpecConfig
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    a, d = p.add_argument, SpecConfig()
+    a("--spec-type", default=None, metavar="TYPES",
+      help=f"comma-separated speculative decoding types: {', '.join(SPEC_TYPES)} (default none; "
+           "draft-simple when -md is given)")
+    a("-md", "--spec-draft-model", "--model-draft", dest="spec_draft_model", type=Path, default=None,
+      metavar="FNAME", help="draft model for speculative decoding (same vocabulary as the model)")
+    for flags, name, kind, text in (
+            (("--spec-draft-n-max", "--draft", "--draft-n", "--draft-max"), "draft_n_max", int,
+             "tokens to draft with the draft model"),
+            (("--spec-draft-n-min", "--draft-min", "--draft-n-min"), "draft_n_min", int,
+             "fewer draft tokens than this are not verified"),
+            (("--spec-draft-p-min", "--draft-p-min"), "draft_p_min", float,
+             "stop drafting below this probability of the draft's top token (greedy)"),
+            (("--spec-ngram-simple-size-n",), "ngram_simple_size_n", int, "ngram-simple: length of the lookup n-gram"),
+            (("--spec-ngram-simple-size-m",), "ngram_simple_size_m", int, "ngram-simple: length of the drafted m-gram"),
+            (("--spec-ngram-mod-n-match",), "ngram_mod_n_match", int, "ngram-mod: lookup length"),
+            (("--spec-ngram-mod-n-min",), "ngram_mod_n_min", int, "ngram-mod: shortest draft"),
+            (("--spec-ngram-mod-n-max",), "ngram_mod_n_max", int, "ngram-mod: longest draft")):
+        a(*flags, dest="spec_" + name, type=kind, default=getattr(d, name), metavar="N",
+          help=f"{text} (default {getattr(d, name)})")
+    a("--spec-adaptive", dest="spec_adaptive", action=argparse.BooleanOptionalAction, default=True,
+      help="shorten and pause drafts while they are rejected, so speculation never costs much (default on)")
