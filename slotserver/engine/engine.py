@@ -249,5 +249,6 @@ def _speculator(config: EngineConfig, bundle: ModelBundle, draft: ModelBundle | 
     if draft is not None:
         from slotserver.engine.speculative.draft_model import check_vocabulary
         check_vocabulary(bundle, draft)
-    drafters = make_drafters(config.spec, draft, config.n_parallel, config.n_cells) if config.spec.enabled else []
+    drafters = make_drafters(config.spec, draft, config.n_parallel, config.n_cells, kv_dtype(config, bundle)) \
+        if config.spec.enabled else []
     return Speculator(config.spec, config.n_cells, bundle.model.spec.vocab_size, drafters)

@@ -52,13 +52,13 @@ class NgramMod:
 
     def propose_one(self, tokens: list[int], n_max: int, seq_id: int = 0) -> list[int]:
         """tokens: the sequence so far, its last token sampled but not yet computed. -> the draft."""
-        n, cur = self.n, len(tokens)
+        n, cur = self.n, len(tokens) - 1     # cur: the tokens before the sampled one (llama.cpp's prompt)
         self._last[seq_id] = 0
         if cur < n or n_max <= 0:
             return []
         if self._seen.get(seq_id, 0) + 32 < cur or seq_id not in self._seen:   # new n-grams in chunks
             self._add_upto(seq_id, tokens, cur - n)
-        key = tokens[cur - n:]
+        key = tokens[cur + 1 - n:]
         draft: list[int] = []
         for _ in range(self.n_max):   # the whole chain, so that n_min is checked on it, then cut to n_max
             t = self.table.get(self._idx(key), EMPTY)

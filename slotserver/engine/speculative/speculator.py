@@ -50,7 +50,8 @@ class SpecState:
         self.skip = self.backoff
 
 
-def make_drafters(config: SpecConfig, draft_bundle=None, n_slots: int = 0, n_cells: int = 0) -> list[Drafter]:
+def make_drafters(config: SpecConfig, draft_bundle=None, n_slots: int = 0, n_cells: int = 0,
+                  kv_dtype=None) -> list[Drafter]:
     out: list[Drafter] = []
     for t in config.types:
         if t == "ngram-simple":
@@ -60,7 +61,7 @@ def make_drafters(config: SpecConfig, draft_bundle=None, n_slots: int = 0, n_cel
         elif t == "draft-simple":
             from slotserver.engine.speculative.draft_model import DraftModel   # torch, a second cache
             out.append(DraftModel(draft_bundle, n_slots, n_cells, config.draft_n_max, config.draft_n_min,
-                                  config.draft_p_min))
+                                  config.draft_p_min, kv_dtype))
     return out
 
 
