@@ -192,3 +192,19 @@ def test_the_default_model_drafting_for_itself_is_always_accepted(smollm_path):
     plain, fast = (_generate(bundle, s, n=24, prompt=ids, ctx=1024) for s in (SpecConfig(), spec))
     assert fast.tokens == plain.tokens
     assert fast.final.draft_n >= 16 and fast.final.draft_n_accepted == fast.final.draft_n
+
+
+def test_synthetic_acceptance_keeps_drafts_at_the_given_rates(tiny):
+    """--spec-synth-rates (llama.cpp's benchmarking mode): rate 1 keeps every draft, rate 0 none (and
+    then the output is plain decoding's); a seed makes the draws repeat."""
+    base = dict(types=("ngram-mod",), ngram_mod_n_match=2, ngram_mod_n_min=1, ngram_mod_n_max=4)
+    every = _generate(tiny, SpecConfig(**base, synth_rates=(1.0,) * 4), temperature=0.8)
+    assert every.final.draft_n > 0 and every.final.draft_n_accepted == every.final.draft_n
+    none = _generate(tiny, SpecConfig(**base, synth_rates=(0.0,) * 4), temperature=0.8)
+    assert none.final.draft_n > 0 and none.final.draft_n_accepted == 0
+    assert none.tokens == _generate(tiny, SpecConfig(), temperature=0.8).tokens
+    half = [_generate(tiny, SpecConfig(**base, synth_len=2.0), temperature=0.8).final for _ in range(2)]
+    assert (half[0].draft_n, half[0].draft_n_accepted) == (half[1].draft_n, half[1].draft_n_accepted)
+    assert 0 < half[0].draft_n_accepted < half[0].draft_n
+    with pytest.raises(ConfigError, match="4 values"):
+        SpecConfig(**base, synth_rates=(1.0, 0.5))

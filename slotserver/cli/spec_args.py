@@ -35,5 +35,10 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
             (("--spec-ngram-mod-n-max",), "ngram_mod_n_max", int, "ngram-mod: longest draft")):
         a(*flags, dest="spec_" + name, type=kind, default=getattr(d, name), metavar="N",
           help=f"{text} (default {getattr(d, name)})")
+    a("--spec-synth-rates", default=None, metavar="P0,P1,...",
+      help="benchmarking only: accept draft position i at random with these non-increasing rates "
+           "(as many as the draft's n_max) instead of by match; the output is then not the model's")
+    a("--spec-synth-len", type=float, default=None, metavar="L",
+      help="benchmarking only: synthetic acceptance with this mean accepted length (target token included)")
     a("--spec-adaptive", dest="spec_adaptive", action=argparse.BooleanOptionalAction, default=True,
       help="shorten and pause drafts while they are rejected, so speculation never costs much (default on)")

@@ -73,7 +73,7 @@ class Engine:
         hooks = RamCacheHooks(self, self.prompt_cache, config.cache_idle_slots, config.kv_unified,
                               self.disk_cache)   # + slot sharing
         self.sched = Scheduler(config, budget=lambda: self.cache.budget(), hooks=hooks)  # paged: admit by free blocks
-        self.sampling = StepSampling(s.vocab_size)
+        self.sampling = StepSampling(s.vocab_size, config.spec.synth_probs, bundle.tokenizer.eog_ids)
         self.spec = _speculator(config, bundle, draft)   # --spec-type: drafts verified in the forward
         self.eog = bundle.tokenizer.eog_ids
         self.grammars = Grammars(bundle.tokenizer)   # llguidance's vocabulary, built on first use

@@ -9,19 +9,23 @@ schedule, moves, forward, sample, postprocess.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from slotserver.engine.postprocess import Sampled
 from slotserver.engine.scheduler import StepPlan
-from slotserver.engine.speculative.verify import greedy_run, sampled_run
+from slotserver.engine.speculative.verify import greedy_run, sampled_run, synth_run
 from slotserver.model.sampling.greedy import greedy_tokens_device
 from slotserver.model.sampling.sampler import Sampler, SamplingError
 from slotserver.model.tensor_check import logits_problem
 
 
 class StepSampling:
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, synth_probs: tuple[float, ...] = (), eog: frozenset[int] = frozenset()) -> None:
+        """synth_probs, eog: --spec-synth-*'s acceptance (speculative/verify.py `synth_run`)."""
         self.sampler = Sampler(vocab_size)
+        self.synth_probs, self.eog = synth_probs, eog
 
     def sample(self, plan: StepPlan, logits: torch.Tensor | None,
                allowed: torch.Tensor | None) -> list[tuple[Sampled, ...]]:
@@ -67,6 +71,9 @@ class StepSampling:
         """A drafted chunk's rows [1 + k, vocab] -> the run its sequence keeps (at least one token)."""
         seq = chunk.seq
         try:
+            if self.synth_probs:
+                outs, tokens = synth_run(self.sampler, rows.cpu(), seq, chunk.draft, self.synth_probs, self.eog)
+                return tuple(replace(_sampled(o, [seq])[0], token=t) for o, t in zip(outs, tokens))
             tokens = greedy_run(rows, seq.params, chunk.draft, self.sampler)
             if tokens is not None:
                 return tuple(Sampled(t) for t in tokens)

@@ -33,6 +33,10 @@ class SpecConfig:
     ngram_mod_n_min: int = 48           # --spec-ngram-mod-n-min
     ngram_mod_n_max: int = 64           # --spec-ngram-mod-n-max
     adaptive: bool = True               # --spec-adaptive/--no-spec-adaptive: back off while drafts miss
+    # --spec-synth-rates / --spec-synth-len: llama.cpp's synthetic acceptance, for benchmarking only:
+    # draft position i is accepted at random with these unconditional rates (the output is not the model's)
+    synth_rates: tuple[float, ...] = ()
+    synth_len: float | None = None
 
     def __post_init__(self) -> None:
         for t in self.types:
@@ -54,6 +58,18 @@ class SpecConfig:
                               f"{self.ngram_mod_n_max}")
         if not 0.0 <= self.draft_p_min <= 1.0:
             raise ConfigError(f"--spec-draft-p-min must be in [0, 1], got {self.draft_p_min}")
+        self.synth_probs   # noqa: B018 - validates the synthetic acceptance flags
+
+    @property
+    def synth_probs(self) -> tuple[float, ...]:
+        """Per draft position, the probability of accepting it given the one before was accepted
+        (llama.cpp's `common_speculative_synth_rates_resolve`, then rate_i / rate_i-1); () when off."""
+        rates = _synth_rates(self.synth_rates, self.synth_len, self.n_max)
+        probs, prev = [], 1.0
+        for r in rates:
+            probs.append(r / prev if prev > 0 else 0.0)
+            prev = r
+        return tuple(probs)
 
     @property
     def enabled(self) -> bool:
@@ -87,3 +103,35 @@ def _int(name: str, value: int, lo: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
         flag = "--spec-" + name.replace("_", "-")
         raise ConfigError(f"{flag} must be an integer >= {lo}, got {value!r}")
+
+
+def _synth_rates(rates: tuple[float, ...], length: float | None, n_max: int) -> tuple[float, ...]:
+    if not rates and length is None:
+        return ()
+    if rates and length is not None:
+        raise ConfigError("--spec-synth-len and --spec-synth-rates are mutually exclusive")
+    if n_max <= 0:
+        raise ConfigError("synthetic acceptance needs a speculative type (--spec-type)")
+    if rates:
+        if len(rates) != n_max:
+            raise ConfigError(f"--spec-synth-rates must have {n_max} values (the draft's n_max), got {len(rates)}")
+        if any(not 0.0 <= r <= 1.0 for r in rates) or any(b > a for a, b in zip(rates, rates[1:])):
+            raise ConfigError("--spec-synth-rates must be within [0, 1] and non-increasing")
+        return tuple(rates)
+    if not 1.0 <= length <= n_max + 1:
+        raise ConfigError(f"--spec-synth-len must be within [1, {n_max + 1}], got {length}")
+    return tuple(_geometric(length, n_max) ** (i + 1) for i in range(n_max))
+
+
+def _geometric(length: float, n_max: int) -> float:
+    """The p whose p + p^2 + ... + p^n_max is length - 1 (bisection, as llama.cpp)."""
+    if length == n_max + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(32 if length > 1.0 else 0):
+        mid = 0.5 * (lo + hi)
+        if sum(mid ** (j + 1) for j in range(n_max)) < length - 1.0:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi) if length > 1.0 else 0.0

@@ -34,6 +34,7 @@ class SpecState:
     """A sequence's speculation: its totals (the response's timings) and its adaptive cap."""
 
     cap: int
+    synth_rng: object = None  # --spec-synth-*: the acceptance draws' own stream (a SequenceRng)
     drafted: int = 0          # draft tokens proposed (timings.draft_n)
     accepted: int = 0         # of which the target kept (timings.draft_n_accepted)
     drafts: int = 0           # verifications
@@ -69,6 +70,7 @@ class Speculator:
     def __init__(self, config: SpecConfig, n_cells: int, vocab: int, drafters: list[Drafter]) -> None:
         self.config, self.n_cells, self.vocab, self.drafters = config, n_cells, vocab, drafters
         self.n_max = config.n_max
+        self.adaptive = config.adaptive and not config.synth_probs   # synthetic rates are measured as given
         self._known: set[int] = set()   # sequence ids the drafters may hold state for
 
     @property
@@ -113,12 +115,19 @@ class Speculator:
         if budget is not None and not budget.done:
             return False
         if seq.spec is None:
-            seq.spec = SpecState(cap=self.n_max)
+            seq.spec = SpecState(cap=self.n_max, synth_rng=self._synth_rng(seq))
             self._known.add(seq.id)
         if seq.spec.skip > 0:
             seq.spec.skip -= 1
             return False
         return True
+
+    def _synth_rng(self, seq):
+        """--spec-synth-*: a second random stream, seeded with the request's seed (llama.cpp's spec_synth_rng)."""
+        if not self.config.synth_probs:
+            return None
+        from slotserver.model.sampling.sampler import SequenceRng   # torch: only with synthetic acceptance
+        return SequenceRng(seq.rng.seed)
 
     def _room(self, seq) -> int:
         """How many draft tokens the sequence may take: its cap, the context (one cell spare), n_predict."""
@@ -134,7 +143,7 @@ class Speculator:
         for c, run in zip((c for c in plan.chunks if c.sample), runs):
             if c.draft:
                 n_accepted = len(run) - 1
-                c.seq.spec.learn(len(c.draft), n_accepted, self.n_max, self.config.adaptive)
+                c.seq.spec.learn(len(c.draft), n_accepted, self.n_max, self.adaptive)
                 self.drafters[c.seq.spec.last].accepted(c.seq.id, len(c.draft), n_accepted)
 
     def _forget_gone(self, running: set[int]) -> None:

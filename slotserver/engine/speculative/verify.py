@@ -55,3 +55,24 @@ def sampled_run(sampler: Sampler, rows: torch.Tensor, seq, draft: tuple[int, ...
         if i == len(draft) or int(out.tokens[0]) != draft[i]:
             break
     return outs
+
+
+def synth_run(sampler: Sampler, rows: torch.Tensor, seq, draft: tuple[int, ...], probs: tuple[float, ...],
+              eog: frozenset[int]) -> tuple[list, list[int]]:
+    """llama.cpp's synthetic acceptance (`server_sample_and_accept_synth`, benchmarking only): each
+    row is sampled as usual, but draft i is kept at random with `probs[i]` (never an end-of-generation
+    token) instead of when it matches. -> (the sampler outputs of the rows sampled, the run's tokens).
+    The draws come from the sequence's second stream `seq.spec.synth_rng`, seeded with its seed."""
+    outs, tokens = [], []
+    for i in range(len(draft) + 1):
+        out = sampler.sample(rows[i: i + 1], [seq.params], [seq.rng], [seq.tokens + tokens])
+        outs.append(out)
+        if i == len(draft):
+            tokens.append(int(out.tokens[0]))
+            break
+        keep = seq.spec.synth_rng.next_uniform() < probs[i]
+        if not keep or draft[i] in eog:
+            tokens.append(int(out.tokens[0]))
+            break
+        tokens.append(draft[i])
+    return outs, tokens
