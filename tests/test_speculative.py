@@ -30,10 +30,12 @@ def tiny(tmp_path_factory):
     return ModelBundle.load(ModelConfig(path, threads=1))
 
 
-def _generate(bundle, spec: SpecConfig, temperature: float = 0.0, n: int = 60, prompt=PROMPT, layout=None,
-              ctx: int = 512, steps: list | None = None, **fields):
+def _generate(bundle, spec: SpecConfig, temperature: float = 0.0, n: int = 60, prompt=PROMPT, ctx: int = 512,
+              steps: list | None = None, engines: list | None = None, **fields):
     engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=ctx, spec=spec),
                     draft=bundle if "draft-simple" in spec.types else None)
+    if engines is not None:
+        engines.append(engine)
     req = Request(prompt, SamplingParams(temperature=temperature, seed=3, top_k=3), n_predict=n, ignore_eos=True,
                   **fields)
     handle = engine.submit(req)
@@ -104,6 +106,22 @@ def test_a_model_drafting_for_itself_greedily_is_always_accepted(tiny):
     spec = SpecConfig(types=("draft-simple",), draft_model=tiny.config.model_path, draft_n_max=5)
     out = _generate(tiny, spec, prompt=tuple(range(5, 40)))
     assert out.final.draft_n >= 40 and out.final.draft_n_accepted == out.final.draft_n
+
+
+def test_a_paged_pool_holds_only_the_accepted_tokens(tmp_path):
+    """Rejected drafts' blocks go back to the pool after every step: it holds what the scheduler
+    counts (the sequence's tokens), so admission never promises blocks a draft took."""
+    paged = ModelBundle.load(ModelConfig(write_tiny_gguf(tmp_path / "p.gguf", ctx_len=512), threads=1, layout="paged"))
+    engine = Engine(paged, EngineConfig(n_parallel=2, ctx_size=512, spec=NGRAM))
+    handle = engine.submit(Request(PROMPT, SamplingParams(temperature=1.5, seed=3, top_k=3), n_predict=60,
+                                   ignore_eos=True))
+    layout, held = engine.cache.layout, []
+    while engine.step():
+        held.append((layout.blocks.alloc.n_used, -(-handle.seq.num_tokens // layout.block_size)))
+    out = handle.result(1)
+    assert out.tokens == _generate(paged, SpecConfig(), temperature=1.5).tokens
+    assert 0 < out.final.draft_n_accepted < out.final.draft_n     # some drafts were rejected
+    assert all(used <= want for used, want in held), held
 
 
 def test_drafts_stop_at_a_full_slot_and_at_n_predict(tiny):

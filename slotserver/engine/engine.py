@@ -187,6 +187,7 @@ class Engine:
         self.spec.learn(plan, runs)
         t.append(time.perf_counter())
         done = postprocess(self.sched, plan, runs, self.eog)
+        self._trim_rejected(plan)
         t.append(time.perf_counter())
         self.inbox.release(len(done))
         self.tracker.after_step(plan, len(done), t, runs)
@@ -219,6 +220,13 @@ class Engine:
             held = self.sched.held_cells()
             fits = lambda seq, n: budget.fits([n if i == seq.slot_id else h for i, h in enumerate(held)])  # noqa: E731
         self.spec.draft(plan, {s.id for s in self.sched.running()}, self.config.step_tokens - plan.n_tokens, fits)
+
+    def _trim_rejected(self, plan: StepPlan) -> None:
+        """Paged: blocks a rejected draft's cells took go back, so the pool holds what the scheduler
+        counts (a sequence's tokens); flat layouts keep the cells, written over by the next step."""
+        for c in plan.chunks:
+            if c.draft:
+                self.cache.trim(c.stream, c.seq.num_tokens)
 
     def _forward_or_roll_back(self, plan: StepPlan) -> torch.Tensor | None:
         """The forward; a kernel just swapped in that fails on real shapes is rolled back and the
