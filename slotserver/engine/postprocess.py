@@ -55,6 +55,8 @@ def _accept(sched: Scheduler, seq: Sequence, s: Sampled, eog: frozenset[int]) ->
     if not seq.t_prompt_done:
         seq.t_prompt_done = now
     seq.tokens.append(s.token)
+    if seq.reasoning is not None:
+        seq.reasoning.accept(s.token)
     req = seq.request
     if s.token in eog and not req.ignore_eos:
         tail = seq.stops.feed(seq.detok.flush())[0] + seq.stops.flush()

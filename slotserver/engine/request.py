@@ -14,6 +14,7 @@ from typing import AsyncIterator, Iterator, Union
 
 from slotserver.engine.outbox import Outbox
 from slotserver.errors import EngineBusy, RequestError  # noqa: F401  re-export: defined without torch in slotserver.errors
+from slotserver.engine.reasoning_budget import BudgetSpec
 from slotserver.model.sampling.params import SamplingParams
 
 
@@ -39,6 +40,7 @@ class Request:
     grammar: str | None = None     # llguidance grammar text (compiled and checked by the server)
     return_progress: bool = False  # ProgressEvents while the prompt is computed (llama-server's return_progress)
     timings_per_token: bool = False  # every TokenEvent carries the timings so far
+    reasoning_budget: BudgetSpec | None = None  # tokens allowed inside <think> (reasoning_budget.py)
 
 
 @dataclass(frozen=True)
