@@ -233,10 +233,22 @@ def test_thinking_switch_and_history_reach_the_template(thinker, raw):
     shorter = [*HELLO, {"role": "assistant", "content": said[1:]}, {"role": "user", "content": "Again"}]
     assert count(thinker, messages=turns) > count(thinker, messages=shorter)
     budget = {"type": "enabled", "budget_tokens": 50}
-    assert_error(thinker.post("/v1/messages", json={"max_tokens": 100, "messages": HELLO, "thinking": budget}),
-                 400, "thinking.budget_tokens")
     ok = raw.post("/v1/messages", json={"max_tokens": 2, "messages": HELLO, "thinking": budget})   # no <think>
     assert ok.status_code == 200 and ok.json()["content"][0]["type"] == "text"
+
+
+def test_thinking_budget_tokens_end_the_thinking_after_n_tokens(thinker):
+    """budget_tokens becomes thinking_budget_tokens, as llama-server maps it: after N tokens of
+    thinking `</think>` is forced and the answer follows in a text block."""
+    body = {"max_tokens": 24, "temperature": 0, "messages": HELLO}
+    free = thinker.post("/v1/chat/completions", json={**body, "logprobs": True}).json()["choices"][0]
+    assert "content" in free["message"] and not free["message"]["content"]   # 24 tokens of thinking
+    first = "".join(e["token"] for e in free["logprobs"]["content"][:3]).strip()
+    m = thinker.post("/v1/messages", json={**body, "thinking": {"type": "enabled", "budget_tokens": 3}}).json()
+    assert m["content"][0] == {"type": "thinking", "thinking": first, "signature": ""}
+    assert m["content"][1]["type"] == "text" and m["content"][1]["text"]
+    unbounded = thinker.post("/v1/messages", json={**body, "thinking": {"type": "enabled"}}).json()   # 10000
+    assert [b["type"] for b in unbounded["content"]] == ["thinking"]
 
 
 # ---------------------------------------------------------------------------------------------

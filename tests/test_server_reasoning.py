@@ -1,7 +1,7 @@
 """Reasoning models and chat template variables: the `<think>` split (reasoning.py) as a unit and
 through HTTP, `reasoning_format`, forced-open thinking, `chat_template_kwargs` (request and
 `--chat-template-kwargs`), the thinking switches, and the 400s for llama-server fields we do not
-implement (unsupported.py).
+implement (unsupported.py). The reasoning budget: test_reasoning_budget.py.
 
 Through HTTP the tiny random model's answer is forced with a GBNF grammar (one string), so the
 text to split is known; the template is ours (`--chat-template`), so the prompt is too.
@@ -228,13 +228,15 @@ def test_a_template_that_opens_think_makes_the_answer_start_inside_it(tiny_engin
 
 
 @pytest.mark.parametrize("switch", [{"chat_template_kwargs": {"enable_thinking": False}},
-                                    {"reasoning_effort": "none"}, {"reasoning_budget_tokens": 0},
-                                    {"thinking_budget_tokens": 0}])
+                                    {"reasoning_effort": "none"}])
 def test_every_thinking_switch_reaches_the_template(tiny_engine, switch):
     with serve(tiny_engine, THINKING) as c:
         prompt = c.post("/apply-template", json={"messages": ASK, **switch}).json()["prompt"]
         assert prompt.endswith("<think>\n\n</think>\n\n")
-    for flags in ({"reasoning": "off"}, {"budget": 0}, {"kwargs_json": '{"enable_thinking": false}'}):
+        # a budget of 0 leaves the template alone: the sampler forces </think> (test_reasoning_budget.py)
+        budget = c.post("/apply-template", json={"messages": ASK, "reasoning_budget_tokens": 0}).json()["prompt"]
+        assert budget.endswith("assistant\n<think>\n")
+    for flags in ({"reasoning": "off"}, {"kwargs_json": '{"enable_thinking": false}'}):
         with serve(tiny_engine, THINKING, **flags) as c:
             prompt = c.post("/apply-template", json={"messages": ASK}).json()["prompt"]
             assert prompt.endswith("<think>\n\n</think>\n\n")
@@ -273,12 +275,12 @@ def test_bad_chat_template_kwargs_are_400_naming_the_field(client, kwargs, named
 
 def test_server_flags_parse_and_bad_values_fail_at_startup():
     args = build_parser().parse_args(["serve", "--reasoning-format", "deepseek", "--chat-template-kwargs",
-                                      '{"a": 1}', "-rea", "off", "--reasoning-budget", "-1"])
-    d = chat_defaults_from_flags(args.reasoning_format, args.chat_template_kwargs, args.reasoning, args.reasoning_budget)
+                                      '{"a": 1}', "-rea", "off"])
+    d = chat_defaults_from_flags(args.reasoning_format, args.chat_template_kwargs, args.reasoning)
     assert d.reasoning_format == "deepseek" and d.template_kwargs == {"a": 1, "enable_thinking": False}
     assert build_parser().parse_args(["serve"]).reasoning_format == "auto"   # llama-server's default
     for bad, flag in [({"reasoning_format": "r1"}, "--reasoning-format"), ({"kwargs_json": "{"}, "--chat-template-kwargs"),
-                      ({"kwargs_json": "[1]"}, "--chat-template-kwargs"), ({"budget": 512}, "--reasoning-budget"),
+                      ({"kwargs_json": "[1]"}, "--chat-template-kwargs"),
                       ({"reasoning": "maybe"}, "--reasoning"),
                       ({"kwargs_json": '{"enable_thinking": "no"}'}, "--chat-template-kwargs")]:
         with pytest.raises(ConfigError, match=flag):
@@ -291,9 +293,7 @@ def test_server_flags_parse_and_bad_values_fail_at_startup():
 REFUSED = [("n_indent", 4), ("t_max_predict_ms", 100), ("n_cache_reuse", 256), ("sse_ping_interval", 10),
            ("verbose", True), ("backend_sampling", True), ("grammar_lazy", True), ("reasoning_control", True),
            ("lora", [{"id": 0, "scale": 1.0}]), ("grammar_triggers", ["<x>"]), ("preserved_tokens", ["<x>"]),
-           ("chat_parser", "x"), ("generation_prompt", "x"), ("chat_format", 3),
-           ("reasoning_budget_message", "stop"), ("reasoning_budget_end_tags", ["</think>"]),
-           ("reasoning_budget_start_tag", "<think>")]
+           ("chat_parser", "x"), ("generation_prompt", "x"), ("chat_format", 3)]
 DEFAULTS = {"n_indent": 0, "t_max_predict_ms": -1, "n_cache_reuse": 0, "sse_ping_interval": -1, "verbose": False,
             "backend_sampling": False, "grammar_lazy": False, "reasoning_control": False, "lora": [],
             "grammar_triggers": [], "preserved_tokens": [], "chat_format": 0, "n_discard": 8,
@@ -316,16 +316,10 @@ def test_their_default_values_are_accepted(client, path, base):
 
 @pytest.mark.parametrize("body,name", [
     ({"echo": True}, "echo"), ({"parse_tool_calls": True}, "parse_tool_calls"),
-    ({"reasoning_budget_tokens": 0}, "reasoning_budget_tokens"), ({"reasoning_format": "x"}, "reasoning_format")])
+    ({"reasoning_format": "x"}, "reasoning_format")])
 def test_chat_only_fields_are_refused_on_completion(client, body, name):
     err = assert_error(client.post("/completion", json={"prompt": "hi", "n_predict": 1, **body}), 400)
     assert f"'{name}'" in err["message"]
-
-
-def test_a_positive_reasoning_budget_is_refused_on_chat(client):
-    for name in ("reasoning_budget_tokens", "thinking_budget_tokens"):
-        err = assert_error(client.post("/v1/chat/completions", json={"messages": ASK, name: 100}), 400)
-        assert f"'{name}'" in err["message"]
 
 
 def test_response_fields_and_completion_aliases(client):

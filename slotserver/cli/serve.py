@@ -83,7 +83,10 @@ def add_parser(sub) -> None:
     a("--reasoning-format", default="auto", metavar="FORMAT",
       help="none | deepseek | deepseek-legacy | auto (default): where <think> text goes in chat answers")
     a("-rea", "--reasoning", default="auto", metavar="on|off|auto", help="thinking on or off (enable_thinking)")
-    a("--reasoning-budget", type=int, default=-1, metavar="N", help="-1: unlimited (default), 0: thinking off")
+    a("--reasoning-budget", type=int, default=-1, metavar="N",
+      help="tokens of thinking (<think> block) before its end is forced: -1 unlimited (default), 0 at once")
+    a("--reasoning-budget-message", default="", metavar="MESSAGE",
+      help="text forced before the end-of-thinking tag when the budget runs out (default: none)")
     a("--tool-call-format", default="auto", metavar="FORMAT",
       help="auto (default: the chat template's own; Hermes <tool_call> blocks for templates without tool "
            "support) | hermes | generic (llama.cpp's JSON answers): how tool calls are asked for and parsed")

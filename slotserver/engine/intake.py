@@ -9,6 +9,7 @@ engine's state but its configuration.
 from __future__ import annotations
 
 from slotserver.engine.config import EngineConfig
+from slotserver.engine.reasoning_budget import ReasoningBudget
 from slotserver.engine.request import ContextExceeded, RequestError, RequestHandle
 from slotserver.engine.sequence import Sequence
 from slotserver.engine.stop_strings import StopMatcher
@@ -31,14 +32,18 @@ def validate(request, config: EngineConfig, vocab: int) -> None:
         raise RequestError(f"logit_bias token ids must be in [0, {vocab})")
     if not -1 <= r.id_slot < config.n_parallel:
         raise RequestError(f"id_slot must be -1 or in [0, {config.n_parallel})")
+    if r.reasoning_budget is not None:
+        r.reasoning_budget.check(vocab)
 
 
 def new_sequence(handle: RequestHandle, eog: frozenset[int], tokenizer) -> Sequence:
     """The sequence of a validated request: `ignore_eos` becomes a -inf bias on every EOG token."""
     r = handle.request
+    budget = r.reasoning_budget
     return Sequence(
         handle=handle, tokens=list(r.prompt_ids), num_prompt=len(r.prompt_ids),
         rng=SequenceRng(r.params.seed),
         params=ignore_eos_params(r.params, eog) if r.ignore_eos else r.params,
         detok=IncrementalDetokenizer(tokenizer), stops=StopMatcher(r.stop),
+        reasoning=ReasoningBudget(budget, tokenizer.token_bytes) if budget is not None else None,
     )

@@ -43,11 +43,14 @@ def postprocess(sched: Scheduler, plan: StepPlan, sampled: list[tuple[Sampled, .
             seq.handle.emit(progress_event(seq))
         if not chunk.sample or seq.finished:
             continue
-        for i, s in enumerate(next(it)):
+        run = next(it)
+        for i, s in enumerate(run):
             seq.num_computed += i > 0   # the draft token before this one matched: its K/V is valid
             if _accept(sched, seq, s, eog):
                 done.append(seq)
                 break
+            if i + 1 < len(run) and seq.reasoning is not None and not seq.reasoning.done:
+                break   # a start tag in the run armed a reasoning budget: it must see the next token sampled
     return done
 
 
@@ -60,6 +63,8 @@ def _accept(sched: Scheduler, seq: Sequence, s: Sampled, eog: frozenset[int]) ->
     if not seq.t_prompt_done:
         seq.t_prompt_done = now
     seq.tokens.append(s.token)
+    if seq.reasoning is not None:
+        seq.reasoning.accept(s.token)
     req = seq.request
     if s.token in eog and not req.ignore_eos:
         tail = seq.stops.feed(seq.detok.flush())[0] + seq.stops.flush()

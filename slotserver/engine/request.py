@@ -14,6 +14,7 @@ from typing import AsyncIterator, Iterator, Union
 
 from slotserver.engine.outbox import Outbox
 from slotserver.errors import EngineBusy, RequestError  # noqa: F401  re-export: defined without torch in slotserver.errors
+from slotserver.engine.reasoning_budget import BudgetSpec
 from slotserver.model.sampling.params import SamplingParams
 
 
@@ -44,6 +45,7 @@ class Request:
     spec_n_max: int | None = None
     spec_n_min: int | None = None
     spec_p_min: float | None = None
+    reasoning_budget: BudgetSpec | None = None  # tokens allowed inside <think> (reasoning_budget.py)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from slotserver.engine.reasoning_budget import ReasoningBudget
 from slotserver.engine.request import Request, RequestHandle
 from slotserver.engine.stop_strings import StopMatcher
 from slotserver.model.sampling.params import SamplingParams
@@ -40,6 +41,7 @@ class Sequence:
     grammar: object | None = None   # the request's llguidance LLMatcher, made on the engine thread
     parent: Sequence | None = None  # n > 1: the sibling whose prompt KV this one copies (see Scheduler)
     spec: SpecState | None = None   # speculative decoding's totals and adaptive cap (engine/speculative)
+    reasoning: ReasoningBudget | None = None  # the request's reasoning budget state (fed in postprocess)
 
     @property
     def request(self) -> Request:

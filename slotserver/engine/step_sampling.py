@@ -55,11 +55,13 @@ class StepSampling:
         """One token per row (the step's sampling without drafts)."""
         if not seqs:
             return []
+        forced = [s.reasoning.forced_token if s.reasoning is not None else None for s in seqs]
         if logits is not None and not logits.is_cpu:   # the GPU's logits: greedy there, else one copy
             tokens = self._on_device(logits, seqs, allowed)
-            if tokens is not None:
-                return [Sampled(t) for t in tokens.tolist()]
+            if tokens is not None:   # a forced token replaces the row's argmax (it is what the mask leaves)
+                return [Sampled(t if f is None else f) for t, f in zip(tokens.tolist(), forced)]
             logits = logits.cpu()
+        allowed = _force(allowed, forced, self.sampler.vocab_size)
         try:
             out = self.sampler.sample(logits, [s.params for s in seqs], [s.rng for s in seqs],
                                       [s.tokens for s in seqs], allowed)
@@ -103,6 +105,23 @@ class StepSampling:
             except SamplingError as e:   # NaN logits are the model's fault: say so, not "sampling failed"
                 out.append(Sampled(-1, error=logits_problem(logits[i]) or f"sampling failed: {e}"))
         return out
+
+
+def _force(allowed: torch.Tensor | None, forced: list[int | None], vocab: int) -> torch.Tensor | None:
+    """Rows whose reasoning budget is forcing may sample only their forced token: a mask like a
+    grammar's, so every other logit is -inf before the chain, as llama.cpp's budget sampler sets
+    them. Reported probabilities follow: by default the model's raw ones (the forced token's own
+    logprob, the raw top n), with post_sampling_probs the masked chain's (the forced token, p=1).
+    A grammar that forbids the forced token leaves the row nothing: it fails, as in llama.cpp."""
+    rows = [i for i, f in enumerate(forced) if f is not None]
+    if not rows:
+        return allowed
+    mask = torch.ones(len(forced), vocab, dtype=torch.bool) if allowed is None else allowed.clone()
+    idx, tokens = torch.tensor(rows), torch.tensor([forced[i] for i in rows])
+    keep = mask[idx, tokens]
+    mask[idx] = False
+    mask[idx, tokens] = keep
+    return mask
 
 
 def _sampled(out, seqs) -> list[Sampled]:

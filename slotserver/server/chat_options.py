@@ -8,10 +8,9 @@ llama-server's fields (tools/server/server-common.cpp `oaicompat_chat_params_par
   `reasoning_effort` (gpt-oss style templates read it).
 - `reasoning_format`: none | auto | deepseek | deepseek-legacy (reasoning.py), default
   `--reasoning-format` (auto).
-- `reasoning_budget_tokens` (alias `thinking_budget_tokens`): -1 unlimited; 0 turns thinking off
-  (what llama.cpp's `--reasoning-budget 0` did before its budget sampler: enable_thinking=false);
-  a positive budget needs a sampler that forces `</think>` after N tokens, which we do not have:
-  a 400 naming the field.
+- `reasoning_budget_tokens` (alias `thinking_budget_tokens`) and `--reasoning-budget` do not
+  touch the template (budget 0 forces `</think>` at once instead, as llama.cpp's budget sampler
+  does): budget_fields.py.
 
 Every template gets `enable_thinking` (true unless turned off), as llama.cpp passes it; templates
 that do not think ignore it.
@@ -35,8 +34,8 @@ ON, OFF = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")   # 
 
 @dataclass(frozen=True)
 class ChatDefaults:
-    """Server flags: --reasoning-format, --chat-template-kwargs, --reasoning, --reasoning-budget,
-    --tool-call-format (tools/formats.py)."""
+    """Server flags: --reasoning-format, --chat-template-kwargs, --reasoning, --tool-call-format
+    (tools/formats.py)."""
 
     reasoning_format: str = "auto"
     template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -53,10 +52,9 @@ class ChatDefaults:
 
 
 def chat_defaults_from_flags(reasoning_format: str = "auto", kwargs_json: str | None = None,
-                             reasoning: str = "auto", budget: int = -1, tool_format: str = "auto") -> ChatDefaults:
+                             reasoning: str = "auto", tool_format: str = "auto") -> ChatDefaults:
     """The flags -> ChatDefaults; a bad value is a ConfigError (one line, exit status 2).
-    `--reasoning on|off` and `--reasoning-budget 0` set the default `enable_thinking`, as in
-    llama-server; a positive budget is refused (no budget sampler)."""
+    `--reasoning on|off` sets the default `enable_thinking`, as in llama-server."""
     kwargs: dict[str, Any] = {}
     if kwargs_json is not None:
         try:
@@ -69,11 +67,6 @@ def chat_defaults_from_flags(reasoning_format: str = "auto", kwargs_json: str | 
         kwargs["enable_thinking"] = reasoning in ON
     elif reasoning not in ("auto", "-1"):
         raise ConfigError(f"--reasoning must be on, off or auto, got {reasoning!r}")
-    if budget == 0:
-        kwargs["enable_thinking"] = False
-    elif budget != -1:
-        raise ConfigError(f"--reasoning-budget {budget} is not supported: only -1 (unlimited) and 0 "
-                          "(thinking off) are; a token budget needs a sampler that forces </think>")
     return ChatDefaults(reasoning_format, kwargs, tool_format)
 
 
@@ -91,16 +84,6 @@ def reasoning_format(f: Fields, default: str) -> str:
     if value not in FORMATS:
         raise bad_request(f"'reasoning_format' must be one of {', '.join(FORMATS)}, got {value!r}")
     return value
-
-
-def reasoning_budget(f: Fields) -> int:
-    """`reasoning_budget_tokens` (or `thinking_budget_tokens`): -1 or 0, else a 400 naming it."""
-    name = "reasoning_budget_tokens" if f.has("reasoning_budget_tokens") else "thinking_budget_tokens"
-    budget = f.int(name, -1, lo=-1)
-    if budget > 0:
-        raise bad_request(f"'{name}' > 0 is not supported (no reasoning budget sampler); "
-                          "use -1 (unlimited) or 0 (thinking off)")
-    return budget
 
 
 @dataclass(frozen=True)
@@ -122,7 +105,5 @@ def chat_options(f: Fields, defaults: ChatDefaults) -> ChatOptions:
         context.pop("reasoning_effort", None)
     elif effort:
         context["reasoning_effort"] = effort
-    if reasoning_budget(f) == 0:
-        thinking = False
     context["enable_thinking"] = thinking
     return ChatOptions(context, fmt)

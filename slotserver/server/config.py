@@ -14,12 +14,15 @@ from slotserver.server.embed_config import EmbeddingConfig
 
 @dataclass(frozen=True)
 class GenerationDefaults:
-    """Per-request defaults set on the command line (`-n`, `--temp`, `--seed`, `--cache-prompt`)."""
+    """Per-request defaults set on the command line (`-n`, `--temp`, `--seed`, `--cache-prompt`,
+    `--reasoning-budget`, `--reasoning-budget-message`: budget_fields.py)."""
 
     n_predict: int = -1
     temperature: float = 0.8
     seed: int = -1
     cache_prompt: bool = True
+    reasoning_budget: int = -1          # -1: unlimited
+    reasoning_budget_message: str = ""  # forced before the end tag when the budget runs out
 
     def __post_init__(self) -> None:
         if self.n_predict < -1:
@@ -28,6 +31,11 @@ class GenerationDefaults:
             raise ConfigError(f"--temp must be a finite number, got {self.temperature}")
         if not -1 <= self.seed < 2**32:
             raise ConfigError(f"--seed must be -1 or in [0, 2^32), got {self.seed}")
+        if not -1 <= self.reasoning_budget < 2**31:
+            raise ConfigError(f"--reasoning-budget must be -1 (unlimited) or a number of tokens >= 0, "
+                              f"got {self.reasoning_budget}")
+        if not isinstance(self.reasoning_budget_message, str):
+            raise ConfigError("--reasoning-budget-message must be a string")
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,9 @@ def server_config_from_args(args) -> ServerConfig:
     if args.context_shift:
         raise ConfigError("context shift is not supported yet; run without --context-shift")
     defaults = GenerationDefaults(n_predict=args.n_predict, temperature=args.temp, seed=args.seed,
-                                  cache_prompt=args.cache_prompt)
+                                  cache_prompt=args.cache_prompt,
+                                  reasoning_budget=getattr(args, "reasoning_budget", -1),
+                                  reasoning_budget_message=getattr(args, "reasoning_budget_message", ""))
     return ServerConfig(
         model_path=str(_model_path(args)), alias=args.alias, api_keys=tuple(keys),
         cors_origins=tuple(args.cors), slots_endpoint=args.slots, slots_debug=args.slots_debug,
@@ -76,8 +78,7 @@ def server_config_from_args(args) -> ServerConfig:
         defaults=defaults,
         chat=chat_defaults_from_flags(getattr(args, "reasoning_format", "auto"),
                                       getattr(args, "chat_template_kwargs", None),
-                                      getattr(args, "reasoning", "auto"), getattr(args, "reasoning_budget", -1),
-                                      getattr(args, "tool_call_format", "auto")),
+                                      getattr(args, "reasoning", "auto"), getattr(args, "tool_call_format", "auto")),
         embedding=embedding_config_from_args(args),   # None unless --embedding / --reranking
         spm_infill=getattr(args, "spm_infill", False),
         webui=getattr(args, "webui", True),

@@ -8,8 +8,8 @@ choices.py.
 Chat `tools`, `tool_choice` and `parallel_tool_calls`: tools/request.py, tools/prompt.py, tools/calls.py.
 `response_format` (and llama-server's `grammar` / `json_schema`) constrain the output (constraints.py). Chat prompts come from the model's (or the command line's)
 chat template only: a `chat_template` field in the body is ignored like any unknown field.
-`chat_template_kwargs`, `reasoning_effort`, `reasoning_format` and the reasoning budget:
-chat_options.py; the `<think>` split of the answer: reasoning.py. Fields llama-server reads that we
+`chat_template_kwargs`, `reasoning_effort`, `reasoning_format`: chat_options.py; the reasoning
+budget: budget_fields.py; the `<think>` split of the answer: reasoning.py. Fields llama-server reads that we
 do not implement are refused by unsupported.py.
 """
 
@@ -29,7 +29,9 @@ from slotserver.server.tools.request import ToolConfig, parse_tools
 from slotserver.server.params import CompletionJob, build_request, eog_bias, n_predict_field
 from slotserver.server.choices import expand, n_choices
 from slotserver.server.chat_options import ChatDefaults, chat_options
-from slotserver.server.reasoning import ReasoningMode, answer_start
+from slotserver.server.reasoning import THINK, ReasoningMode, answer_start, template_thinks
+from slotserver.server.budget_fields import chat_budget, completion_budget
+from slotserver.engine.reasoning_budget import BudgetSpec
 from slotserver.server.unsupported import check_chat_fields, check_completion_fields
 from slotserver.server.prompt import encode, prompt_text, tokenize_prompts
 from slotserver.server.config import GenerationDefaults
@@ -68,12 +70,13 @@ def _stream_flags(f: Fields) -> tuple[bool, bool]:
 
 
 def _job(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: GenerationDefaults,
-         n_top: int, want_logprobs: bool, grammar: str | None) -> CompletionJob:
+         n_top: int, want_logprobs: bool, grammar: str | None, budget: BudgetSpec | None) -> CompletionJob:
     if not ids:
         raise bad_request("the prompt is empty")
     n_predict = n_predict_field(f, defaults, "max_completion_tokens", "max_tokens", "n_predict", lo=1)
     engine_probs = max(n_top, 1) if want_logprobs else 0   # the chosen token's logprob needs >= 1
-    request = build_request(f, ids, tokenizer, defaults, n_predict, engine_probs, f.str_list("stop"), grammar)
+    request = build_request(f, ids, tokenizer, defaults, n_predict, engine_probs, f.str_list("stop"), grammar,
+                            budget)
     stream, usage = _stream_flags(f)
     return CompletionJob(request, stream=stream, n_probs=n_top, want_logprobs=want_logprobs,
                          include_usage=usage, eog_bias=eog_bias(request, tokenizer))
@@ -91,7 +94,8 @@ def parse_openai_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults
         raise bad_request("'prompt' is required")
     n = n_choices(f, n_parallel, "n")
     n_top = f.int("logprobs", -1, lo=0, hi=MAX_TOP_LOGPROBS)   # legacy API: an int, 0 = chosen only
-    jobs = [_job(f, ids, tokenizer, defaults, max(n_top, 0), n_top >= 0, grammar)
+    budget = completion_budget(f, tokenizer, defaults)
+    jobs = [_job(f, ids, tokenizer, defaults, max(n_top, 0), n_top >= 0, grammar, budget)
             for ids in tokenize_prompts(tokenizer, body["prompt"])]
     jobs = expand(jobs, n)
     return OpenAIJob(jobs, f.str("model", default_model) or default_model,
@@ -166,6 +170,7 @@ def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplat
     ids = encode(tokenizer, text, True, True)
     want, n_top = _chat_logprobs(f)
     n = n_choices(f, n_parallel, "n")
-    jobs = expand([_job(f, ids, tokenizer, defaults, n_top if want else 0, want, grammar)], n)
+    budget = chat_budget(f, tokenizer, defaults, template_thinks(template.source), reasoning.start == THINK)
+    jobs = expand([_job(f, ids, tokenizer, defaults, n_top if want else 0, want, grammar, budget)], n)
     return OpenAIJob(jobs, f.str("model", default_model) or default_model, [prompt_text(tokenizer, ids)] * n,
                      tools if tools.active else None, reasoning)

@@ -23,10 +23,12 @@ import math
 from typing import Any
 
 from slotserver.engine.grammar import Grammars
+from slotserver.engine.reasoning_budget import BudgetSpec
 from slotserver.engine.request import Request
 from slotserver.model.sampling.dry import process_breakers
 from slotserver.model.sampling.order import DEFAULT_SAMPLERS
 from slotserver.model.sampling.params import MAX_N_PROBS, SamplingError, SamplingParams
+from slotserver.server.budget_fields import completion_budget
 from slotserver.server.choices import expand, n_choices
 from slotserver.server.constraints import parse_constraint
 from slotserver.server.errors import bad_request
@@ -118,7 +120,8 @@ def _check_something_allowed(params: SamplingParams, tokenizer: Tokenizer, ignor
 
 
 def build_request(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: GenerationDefaults,
-                  n_predict: int, n_probs: int, stop: tuple[str, ...], grammar: str | None = None) -> Request:
+                  n_predict: int, n_probs: int, stop: tuple[str, ...], grammar: str | None = None,
+                  budget: BudgetSpec | None = None) -> Request:
     params, ignore_eos = sampling_params(f, tokenizer, defaults, n_probs), f.bool("ignore_eos", False)
     _check_something_allowed(params, tokenizer, ignore_eos)
     return Request(
@@ -134,6 +137,7 @@ def build_request(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: Gen
         return_progress=f.bool("return_progress", False),
         timings_per_token=f.bool("timings_per_token", False),
         **speculative_fields(f),
+        reasoning_budget=budget,
     )
 
 
@@ -184,11 +188,12 @@ def parse_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults: Gener
     fields = response_fields(f)
     stream, return_tokens = f.bool("stream", False), f.bool("return_tokens", False)
     n = n_choices(f, n_parallel, "n_cmpl", "n")
+    budget = completion_budget(f, tokenizer, defaults)
     jobs = []
     for ids in tokenize_prompts(tokenizer, body["prompt"]):
         if not ids:
             raise bad_request("the prompt is empty")
-        request = build_request(f, ids, tokenizer, defaults, n_predict, n_probs, stop, grammar)
+        request = build_request(f, ids, tokenizer, defaults, n_predict, n_probs, stop, grammar, budget)
         jobs.append(CompletionJob(request, stream=stream, return_tokens=return_tokens, n_probs=n_probs,
                                   want_logprobs=n_probs > 0, eog_bias=eog_bias(request, tokenizer),
                                   response_fields=fields))

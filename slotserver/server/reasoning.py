@@ -42,6 +42,11 @@ def _held(text: str, tag: str) -> int:
     return 0
 
 
+def template_thinks(source: str | None) -> bool:
+    """Whether a chat template (its source) has a reasoning block: it writes `<think>`."""
+    return OPEN in (source or "")
+
+
 def answer_start(prompt: str, continued: str | None = None) -> str:
     """Where the answer begins: THINK when the prompt left a `<think>` open (so the output starts
     inside the reasoning), CONTENT when a continued assistant message is already past its block,

@@ -38,10 +38,6 @@ NON_EMPTY = (
     ("preserved_tokens", "preserved tokens (lazy grammars) are not supported"),
     ("chat_parser", "chat parsers are chosen by the server"),
     ("generation_prompt", "the generation prompt comes from the chat template"),
-    ("reasoning_budget_start_tag", "reasoning budgets are not supported"),
-    ("reasoning_budget_end_tags", "reasoning budgets are not supported"),
-    ("reasoning_budget_end_tag", "reasoning budgets are not supported"),
-    ("reasoning_budget_message", "reasoning budgets are not supported"),
 )
 
 
@@ -76,15 +72,13 @@ def response_fields(f: Fields) -> tuple[str, ...]:
 
 def check_completion_fields(f: Fields) -> None:
     """/completion and /v1/completions: the common refusals, plus the chat-only fields that
-    llama-server would act on here (echo, parsing tool calls, a reasoning budget)."""
+    llama-server would act on here (echo, parsing tool calls). The reasoning budget fields:
+    budget_fields.py."""
     _check_common(f)
     if f.bool("echo", False):
         raise _refuse("echo", "the prompt is not echoed")
     if f.bool("parse_tool_calls", False):
         raise _refuse("parse_tool_calls", "tool calls are parsed on /v1/chat/completions only")
-    for name in ("reasoning_budget_tokens", "thinking_budget_tokens"):
-        if f.int(name, -1, lo=-1) != -1:
-            raise _refuse(name, "reasoning budgets apply to /v1/chat/completions only")
     value = f.str("reasoning_format")
     if value is not None and value not in FORMATS:
         raise bad_request(f"'reasoning_format' must be one of {', '.join(FORMATS)}, got {value!r}")

@@ -15,9 +15,9 @@ fields, reasoning split. The fields, as llama-server maps them (server-chat.cpp
   `strict: true` needs a forced choice (any / tool): only then is the output held to its schema.
 - `thinking`: {"type": "enabled", "budget_tokens": N} / {"type": "adaptive"} think (the template's
   `enable_thinking`), {"type": "disabled"} does not; `display: "omitted"` returns thinking blocks
-  without their text. llama-server enforces a budget with a sampler, only for templates with a
-  reasoning block; here a template without one gets no budget either, and with one, a budget
-  that could stop the thinking (N < max_tokens) is a 400 naming it: no such sampler here.
+  without their text. `budget_tokens` (default 10000, as llama-server) becomes the chat body's
+  `thinking_budget_tokens`: after N thinking tokens `</think>` is forced (budget_fields.py; only
+  templates with a reasoning block have one to limit, as in llama-server).
 - `metadata.user_id` is accepted (llama-server keeps it and uses it for nothing).
 Any other field is a 400 naming it, never silently dropped.
 """
@@ -37,7 +37,6 @@ from slotserver.server.errors import bad_request
 from slotserver.server.fields import INT32_MAX, Fields
 from slotserver.server.openai_params import OpenAIJob, parse_chat, render_chat_request
 from slotserver.server.prompt import encode
-from slotserver.server.reasoning import OPEN
 from slotserver.server.tools.request import parse_tools
 
 FIELDS = ("model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p",
@@ -124,15 +123,11 @@ def _tools(body: dict, oai: dict) -> None:
             oai[key] = value
 
 
-def template_thinks(template: ChatTemplate) -> bool:
-    """Whether the chat template has a reasoning block (it writes `<think>`)."""
-    return OPEN in (template.source or "")
-
-
-def _thinking(value: Any, thinks: bool, max_tokens: int | None) -> tuple[bool | None, bool]:
-    """-> (enable_thinking or None for the template's default, omit the thinking text)."""
+def _thinking(value: Any) -> tuple[bool | None, bool, int | None]:
+    """-> (enable_thinking or None for the template's default, omit the thinking text, the
+    budget: `thinking_budget_tokens`, or None)."""
     if value is None:
-        return None, False
+        return None, False, None
     kind = value.get("type") if isinstance(value, dict) else None
     if kind not in THINKING:
         raise bad_request("'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N}, "
@@ -142,13 +137,8 @@ def _thinking(value: Any, thinks: bool, max_tokens: int | None) -> tuple[bool | 
     display = Fields(value).str("display", "summarized")
     if display not in ("summarized", "omitted"):
         raise bad_request("'thinking.display' must be \"summarized\" or \"omitted\"")
-    if kind == "enabled":
-        budget = Fields(value).int("budget_tokens", LLAMA_BUDGET, lo=0, hi=INT32_MAX)
-        if thinks and max_tokens is not None and budget < max_tokens:
-            raise bad_request(f"'thinking.budget_tokens' ({budget}) below max_tokens ({max_tokens}) is not "
-                              "supported: it needs a sampler that ends the thinking, which this server does "
-                              "not have; use {\"type\": \"adaptive\"} or a budget of at least max_tokens")
-    return kind != "disabled", display == "omitted"
+    budget = Fields(value).int("budget_tokens", LLAMA_BUDGET, lo=0, hi=INT32_MAX) if kind == "enabled" else None
+    return kind != "disabled", display == "omitted", budget
 
 
 def _template_kwargs(f: Fields, thinking: bool | None) -> dict | None:
@@ -161,7 +151,7 @@ def _template_kwargs(f: Fields, thinking: bool | None) -> dict | None:
     return {**(kwargs or {}), "enable_thinking": thinking}
 
 
-def chat_body(body: Any, template: ChatTemplate, counting: bool) -> tuple[dict, bool]:
+def chat_body(body: Any, counting: bool) -> tuple[dict, bool]:
     """The Messages body -> (the equivalent chat body, omit_thinking); every field checked."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
@@ -181,9 +171,10 @@ def chat_body(body: Any, template: ChatTemplate, counting: bool) -> tuple[dict, 
     _keys(metadata, ("user_id",), "metadata")
     Fields(metadata).str("user_id")
     _tools(body, oai)
-    thinking, omit = _thinking(body.get("thinking"), template_thinks(template), max_tokens)
+    thinking, omit, budget = _thinking(body.get("thinking"))
     kwargs = _template_kwargs(f, thinking)
-    extra = {"max_tokens": max_tokens, "chat_template_kwargs": kwargs, **{k: body.get(k) for k in PASSED}}
+    extra = {"max_tokens": max_tokens, "chat_template_kwargs": kwargs, "thinking_budget_tokens": budget,
+             **{k: body.get(k) for k in PASSED}}
     oai.update({k: v for k, v in extra.items() if v is not None})
     return oai, omit
 
@@ -191,13 +182,13 @@ def chat_body(body: Any, template: ChatTemplate, counting: bool) -> tuple[dict, 
 def parse_messages_request(body: Any, tokenizer: Tokenizer, template: ChatTemplate, defaults: GenerationDefaults,
                            default_model: str, grammars: Grammars | None, chat: ChatDefaults) -> MessagesJob:
     """POST /v1/messages -> its job (tokenizes and may compile a grammar: run it off the loop)."""
-    oai, omit = chat_body(body, template, counting=False)
+    oai, omit = chat_body(body, counting=False)
     return MessagesJob(parse_chat(oai, tokenizer, template, defaults, default_model, grammars, 1, chat), omit)
 
 
 def count_tokens(body: Any, tokenizer: Tokenizer, template: ChatTemplate, chat: ChatDefaults) -> int:
     """POST /v1/messages/count_tokens: the tokens of the prompt /v1/messages would render."""
-    oai, _ = chat_body(body, template, counting=True)
+    oai, _ = chat_body(body, counting=True)
     f = Fields(oai)
     text, _ = render_chat_request(f, template, parse_tools(f, template.source, chat.tool_format), chat)
     return len(encode(tokenizer, text, True, True))
