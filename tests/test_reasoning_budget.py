@@ -169,9 +169,9 @@ def test_the_device_greedy_path_takes_the_forced_token_after_its_argmax(monkeypa
     forcing = budget(0, opened=True)
     seqs = [SimpleNamespace(reasoning=None, params=SamplingParams(temperature=0)),
             SimpleNamespace(reasoning=forcing, params=SamplingParams(temperature=0))]
-    plan = SimpleNamespace(chunks=[SimpleNamespace(sample=True, seq=s) for s in seqs])
+    plan = SimpleNamespace(chunks=[SimpleNamespace(sample=True, seq=s, draft=()) for s in seqs])
     out = step_sampling.StepSampling(16).sample(plan, torch.empty(2, 16, device="meta"), None)
-    assert [s.token for s in out] == [11, FORCED[0]]
+    assert [run[0].token for run in out] == [11, FORCED[0]]
 
 
 def test_a_grammar_that_forbids_the_forced_token_fails_that_request_alone(engine):

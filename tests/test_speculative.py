@@ -226,3 +226,41 @@ def test_synthetic_acceptance_keeps_drafts_at_the_given_rates(tiny):
     assert 0 < half[0].draft_n_accepted < half[0].draft_n
     with pytest.raises(ConfigError, match="4 values"):
         SpecConfig(**base, synth_rates=(1.0, 0.5))
+
+
+def test_a_draft_run_stops_where_it_arms_a_reasoning_budget(tokenizer):
+    """The budget must see each token before the next is sampled: a verified run whose first token
+    is the start tag keeps only that token (the drafts after it were sampled unbudgeted), and counts
+    only its K/V; the next step samples under the budget."""
+    from slotserver.engine.postprocess import Sampled, postprocess
+    from slotserver.engine.reasoning_budget import BudgetSpec, ReasoningBudget
+    from slotserver.engine.request import RequestHandle
+    from slotserver.engine.scheduler import Scheduler
+    from slotserver.engine.sequence import Sequence
+    from slotserver.engine.stop_strings import StopMatcher
+    from slotserver.model.sampling.sampler import SequenceRng
+    from slotserver.model.text.detokenizer import IncrementalDetokenizer
+    from dataclasses import replace
+
+    sched = Scheduler(EngineConfig(n_parallel=1, ctx_size=64))
+    req = Request((1, 2, 3), SamplingParams(temperature=0))
+    seq = Sequence(RequestHandle(1, req, engine=None), [1, 2, 3], 3, SequenceRng(0), req.params,
+                   IncrementalDetokenizer(tokenizer), StopMatcher(()))
+    seq.reasoning = ReasoningBudget(BudgetSpec(2, ((60,),), ((61,),), (61,)))
+    sched.add(seq)
+    postprocess(sched, sched.schedule(), [(Sampled(7),)], tokenizer.eog_ids)     # prefill: 1 2 3 -> 7
+    plan = sched.schedule()
+    plan.chunks[0] = replace(plan.chunks[0], draft=(60, 8))                       # 7 | drafts 60 8
+    postprocess(sched, plan, [(Sampled(60), Sampled(8), Sampled(9))], tokenizer.eog_ids)
+    assert seq.tokens == [1, 2, 3, 7, 60] and seq.num_computed == 4 and not seq.reasoning.done
+
+
+def test_a_reasoning_budget_sees_every_token_under_speculation(tiny):
+    """The greedy output repeats token 66; as a start tag it arms a budget of 3 that forces (70, 71).
+    Drafts stop where a run arms the budget, so the forced end comes where it comes without them."""
+    from slotserver.engine.reasoning_budget import BudgetSpec
+
+    budget = BudgetSpec(3, ((66,),), ((71,),), (70, 71))
+    plain, fast = (_generate(tiny, s, n=40, reasoning_budget=budget) for s in (SpecConfig(), NGRAM))
+    assert fast.tokens == plain.tokens and fast.final.draft_n_accepted > 0
+    assert plain.tokens[:6] == [66, 66, 66, 66, 70, 71]
