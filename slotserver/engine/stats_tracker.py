@@ -32,7 +32,7 @@ class StatsTracker:
         for name, a, b in zip(PHASES, t, t[1:]):
             self.sums[name] += (b - a) * 1000
         n_sampled = sum(1 for c in plan.chunks if c.sample)
-        self.prompt_tokens += sum(c.n for c in plan.chunks if c.start < c.seq.num_prompt)
+        self.prompt_tokens += sum(c.n for c in plan.chunks if c.start < c.seq.prompt_end)
         self.predicted_tokens += n_sampled
         self.requests_done += n_done
         self.last_ms, self.last_tokens = (t[-1] - t[0]) * 1000, plan.n_tokens
