@@ -36,6 +36,16 @@ class FakeCache:
         self.n_cells, self.paged = n_cells, paged
         self.cells = [[None] * n_cells for _ in range(n_streams)]
 
+    def shift(self, shifts) -> None:
+        """KV shifts (context shift, cache reuse): each span's cells move down (the engine also
+        re-rotates K; here the tokens just move), then a paged stream keeps only `keep` cells."""
+        for s in shifts:
+            cells = self.cells[s.stream]
+            for span in s.spans:
+                cells[span.dst: span.dst + span.n] = cells[span.src: span.src + span.n]
+            if self.paged:
+                cells[s.keep:] = [None] * (self.n_cells - s.keep)
+
     def apply(self, moves, trims=()) -> None:
         for stream, n in trims:
             self.cells[stream][n:] = [None] * (self.n_cells - n)
@@ -52,20 +62,22 @@ class FakeCache:
         return sum(-(-n // block_size) for n in held)
 
 
-def make_machine(defrag: str, tokenizer, budget: KVBudget | None = None):
+def make_machine(defrag: str, tokenizer, budget: KVBudget | None = None, max_predict: int = 8, **engine):
     class SchedulerMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
             self.config = EngineConfig(n_parallel=4, ctx_size=4 * 24, ubatch_size=16, batch_size=16,
-                                       defrag=defrag, queue_limit=100)
+                                       defrag=defrag, queue_limit=100, **engine)
             self.sched = Scheduler(self.config, budget=lambda: budget)
             self.cache = FakeCache(self.config.n_streams, self.config.n_cells, paged=budget is not None)
             self.next_id, self.admit_order, self.submit_order = 1, [], []
 
         @rule(prompt=st.lists(st.integers(1, 5), min_size=1, max_size=12),
-              n_predict=st.integers(1, 8), pin=st.integers(-3, 3))
-        def submit(self, prompt, n_predict, pin):
-            req = Request(tuple(prompt), SamplingParams(temperature=0), n_predict=n_predict, id_slot=max(pin, -1))
+              n_predict=st.integers(1, max_predict), pin=st.integers(-3, 3), keep=st.integers(-1, 4),
+              discard=st.integers(0, 6))
+        def submit(self, prompt, n_predict, pin, keep, discard):
+            req = Request(tuple(prompt), SamplingParams(temperature=0), n_predict=n_predict, id_slot=max(pin, -1),
+                          n_keep=keep, n_discard=discard)   # n_keep, n_discard: context shift only
             handle = RequestHandle(self.next_id, req, engine=None)
             self.next_id += 1
             seq = Sequence(handle, list(prompt), len(prompt), SequenceRng(1), req.params,
@@ -77,6 +89,7 @@ def make_machine(defrag: str, tokenizer, budget: KVBudget | None = None):
         def step(self, data):
             plan = self.sched.schedule()
             self.admit_order += [s.id for s in plan.admitted]  # schedule() asserts its invariants
+            self.cache.shift(plan.shifts)   # before the trims and moves, as Engine._apply_moves
             self.cache.apply(plan.moves, plan.trims)
             streams = [c.stream for c in plan.chunks]
             assert len(set(streams)) == len(streams), "two sequences on one stream in a step"
@@ -139,6 +152,17 @@ def test_scheduler_state_machine_with_a_small_paged_pool(defrag, tokenizer):
     overrun, no KV is corrupted and every request still finishes (`drain`)."""
     machine = make_machine(defrag, tokenizer, KVBudget(block_size=4, max_blocks=6, headroom=0))
     machine.TestCase.settings = settings(max_examples=60, stateful_step_count=60, deadline=None,
+                                         suppress_health_check=[HealthCheck.too_slow])
+    machine.TestCase().runTest()
+
+
+@pytest.mark.parametrize("budget", [None, KVBudget(block_size=4, max_blocks=6, headroom=0)])
+@pytest.mark.parametrize("defrag", ["on", "off"])
+def test_scheduler_state_machine_with_context_shift_and_cache_reuse(defrag, budget, tokenizer):
+    """Generations past the 24-cell slots (context shift) and prompts reusing cached chunks of >= 2
+    tokens: every stream still holds exactly its sequence's tokens, n_predict is honoured (drain)."""
+    machine = make_machine(defrag, tokenizer, budget, max_predict=40, context_shift=True, cache_reuse=2)
+    machine.TestCase.settings = settings(max_examples=40, stateful_step_count=60, deadline=None,
                                          suppress_health_check=[HealthCheck.too_slow])
     machine.TestCase().runTest()
 

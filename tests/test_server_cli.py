@@ -55,6 +55,9 @@ def test_llama_server_flags_reach_the_configs(tmp_path):
     e = plan.engine
     assert (e.n_parallel, e.ctx_size, e.n_cells, e.batch_size, e.ubatch_size) == (2, 1024, 512, 256, 128)
     assert (e.defrag, e.slot_prompt_similarity, e.cache_prompt) == ("off", 0.5, False)
+    assert (e.context_shift, e.cache_reuse) == (False, 0)
+    e = plan_from_args(parse("--context-shift", "--cache-reuse", "256")).engine
+    assert (e.context_shift, e.cache_reuse) == (True, 256)
     assert (plan.host, plan.port, plan.model.max_ctx) == ("127.0.0.1", 8080, 512) and not plan.warmup
 
 
@@ -79,7 +82,8 @@ def test_chat_template_by_name_or_source():
     (["-n32"], "unrecognized arguments: -n32"),
     (["--port", "abc"], "invalid int value"),
     (["--defrag", "maybe"], "invalid choice"),
-    (["--context-shift"], "context shift is not supported yet"),
+    (["--cache-reuse", "-1"], "--cache-reuse must be an integer >= 0"),
+    (["--context-shift", "-c", "8", "-np", "2"], "--context-shift needs slots of more than 4 cells"),
     (["--chat-template", "no-such-template"], "neither a known name"),
     (["--chat-template", "{% if %}"], "chat template syntax error"),
     (["-np", "0"], "--parallel must be a positive integer"),

@@ -91,7 +91,11 @@ def add_parser(sub) -> None:
       help="auto (default: the chat template's own; Hermes <tool_call> blocks for templates without tool "
            "support) | hermes | generic (llama.cpp's JSON answers): how tool calls are asked for and parsed")
     a("--alias", default="", help="the model id clients see and retrieve (default: the GGUF file's name)")
-    _switch(p, "context-shift", False, "not supported yet")
+    _switch(p, "context-shift", False, "a full slot drops tokens after n_keep and goes on generating, the KV "
+            "moved and K re-rotated (default off, as llama-server)")
+    a("--cache-reuse", type=int, default=0, metavar="N",
+      help="reuse cached chunks of at least N tokens past the common prefix by KV shifting, as llama-server "
+           "(needs --cache-prompt; default 0: off)")
     _switch(p, "cache-prompt", True, "reuse slot caches across requests (default on)")
     add_spec_args(p)
     a("-cram", "--cache-ram", type=int, default=8192, metavar="MiB",

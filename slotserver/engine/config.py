@@ -10,6 +10,7 @@ from slotserver.errors import ConfigError
 
 DEFRAG_MODES = ("on", "off")
 CACHE_TYPES = ("auto", "f32", "f16", "bf16")   # llama-server's -ctk/-ctv names that a float cache can hold
+MIN_SHIFT_CELLS = 4   # a context shift keeps at most n_cells - 4 tokens (llama-server's rule)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class EngineConfig:
     cache_disk: Path | None = None   # --cache-disk: prompt-cache entries on disk, across restarts (engine/disk_cache.py)
     cache_disk_mib: int = 10240      # --cache-disk-mib: the folder's size cap for this model (-1: no limit)
     spec: SpecConfig = field(default_factory=SpecConfig)   # --spec-*: speculative decoding (off by default)
+    context_shift: bool = False      # --context-shift: a full slot drops tokens and goes on (engine/context_shift.py)
+    cache_reuse: int = 0             # --cache-reuse N: reuse cached chunks of >= N tokens by KV shifting (0: off)
 
     def __post_init__(self) -> None:
         _positive("--parallel", self.n_parallel)
@@ -76,6 +79,10 @@ class EngineConfig:
             raise ConfigError(f"--cache-disk-mib must be -1 (no limit) or a number of MiB, got {self.cache_disk_mib!r}")
         if self.cache_disk is not None and Path(self.cache_disk).exists() and not Path(self.cache_disk).is_dir():
             raise ConfigError(f"--cache-disk {self.cache_disk} is not a folder")
+        if isinstance(self.cache_reuse, bool) or not isinstance(self.cache_reuse, int) or self.cache_reuse < 0:
+            raise ConfigError(f"--cache-reuse must be an integer >= 0, got {self.cache_reuse!r}")
+        if self.context_shift and self.n_cells <= MIN_SHIFT_CELLS:
+            raise ConfigError(f"--context-shift needs slots of more than {MIN_SHIFT_CELLS} cells, got {self.n_cells}")
         if self.slot_save_path is not None and not Path(self.slot_save_path).is_dir():
             raise ConfigError(f"--slot-save-path {self.slot_save_path} is not a folder")
 

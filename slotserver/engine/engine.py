@@ -33,6 +33,7 @@ from slotserver.engine.disk_cache import DiskCache, model_key
 from slotserver.engine.prompt_cache import PromptCache, RamCacheHooks
 from slotserver.engine.port import EnginePort
 from slotserver.engine.intake import new_sequence, validate
+from slotserver.engine.kv_shift import apply_shift, check_shift_support
 from slotserver.engine.postprocess import postprocess, progress_event
 from slotserver.engine.request import Request, RequestError, RequestHandle
 from slotserver.engine.scheduler import Scheduler, StepPlan
@@ -72,7 +73,9 @@ class Engine:
         self.disk_cache = _disk_cache(config, bundle, spec) if config.cache_disk is not None else None
         hooks = RamCacheHooks(self, self.prompt_cache, config.cache_idle_slots, config.kv_unified,
                               self.disk_cache)   # + slot sharing
-        self.sched = Scheduler(config, budget=lambda: self.cache.budget(), hooks=hooks)  # paged: admit by free blocks
+        check_shift_support(config, bundle.model, self.cache)   # --context-shift / --cache-reuse
+        self.sched = Scheduler(config, budget=lambda: self.cache.budget(), hooks=hooks,  # paged: admit by free blocks
+                               add_bos=bundle.tokenizer.add_bos)
         self.sampling = StepSampling(s.vocab_size, config.spec.synth_probs, bundle.tokenizer.eog_ids)
         self.spec = _speculator(config, bundle, draft)   # --spec-type: drafts verified in the forward
         self.eog = bundle.tokenizer.eog_ids
@@ -204,8 +207,12 @@ class Engine:
         return plan
 
     def _apply_moves(self, plan: StepPlan) -> None:
-        """Trims and defrag moves, then n > 1 forks: a sibling starts from its parent's prompt KV
-        (paged: shared blocks)."""
+        """KV shifts (context shift, cache reuse: cells moved down, K re-rotated; engine/kv_shift.py),
+        trims and defrag moves, then n > 1 forks: a sibling starts from its parent's prompt KV
+        (paged: shared blocks). Shifts come first: their streams are the plan's before defrag, and an
+        admission's trim keeps what a cache-reuse shift put in place."""
+        for shift in plan.shifts:
+            apply_shift(self.cache, self.bundle.model, shift)
         self.cache.apply(plan.moves, plan.trims)
         for f in plan.forks:
             self.cache.layout.copy_stream(f.src, f.dst, f.n_cells)

@@ -39,7 +39,7 @@ def postprocess(sched: Scheduler, plan: StepPlan, sampled: list[tuple[Sampled, .
     for chunk in plan.chunks:
         seq = chunk.seq
         seq.num_computed += chunk.n
-        if seq.request.return_progress and chunk.start < seq.num_prompt and not seq.finished:
+        if seq.request.return_progress and chunk.start < seq.prompt_end and not seq.finished:
             seq.handle.emit(progress_event(seq))
         if not chunk.sample or seq.finished:
             continue
@@ -77,7 +77,7 @@ def _accept(sched: Scheduler, seq: Sequence, s: Sampled, eog: frozenset[int]) ->
         _finish(sched, seq, "word", word, False)
         return True
     complete = seq.grammar is not None and _grammar_done(seq.grammar, s.token)
-    full = seq.num_tokens >= sched.config.n_cells
+    full = seq.num_tokens >= sched.config.n_cells and sched.shift is None   # else shifted next step
     limit = 0 <= req.n_predict <= seq.num_generated
     if full or limit or complete:
         text += seq.stops.feed(seq.detok.flush())[0] + seq.stops.flush()
@@ -121,7 +121,7 @@ def final_event(seq: Sequence, stop_type: str, word: str = "", truncated: bool =
     now = time.perf_counter()
     prompt_done = seq.t_prompt_done or now
     return FinalEvent(
-        stop_type=stop_type, stopping_word=word, truncated=truncated, id_slot=seq.slot_id,
+        stop_type=stop_type, stopping_word=word, truncated=truncated or seq.shifted, id_slot=seq.slot_id,
         n_prompt=seq.num_prompt, n_cached=seq.num_cached, n_predicted=max(0, seq.num_generated),
         prompt_ms=1000 * (prompt_done - seq.t_start) if seq.t_start else 0.0,
         predicted_ms=1000 * (now - prompt_done) if seq.t_prompt_done else 0.0,

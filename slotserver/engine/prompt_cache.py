@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from slotserver.engine.cache_reuse import min_chunk
 from slotserver.engine.slots import Slot, common_prefix
 
 if TYPE_CHECKING:
@@ -122,6 +123,7 @@ class RamCacheHooks:
             return
         if n_ram > max(own, n_slot):
             tokens, entry, n = found
+            n = self._restore_len(seq, tokens, n)
             log.debug("updating prompt cache: slot %d takes %d cached tokens", slot.id, n)
             self.e.cache.import_stream(self._stream(slot), entry.k[:, :n], entry.v[:, :n])
             slot.cached = list(tokens[:n])
@@ -138,6 +140,7 @@ class RamCacheHooks:
         if found is None or found[1] <= n_memory:
             return False
         tokens, n = found
+        n = self._restore_len(seq, tokens, n)
         kv = self.disk.load(tokens)
         if kv is None:   # did not check out (logged, deleted): memory's best, if any, still serves
             return False
@@ -147,6 +150,13 @@ class RamCacheHooks:
         if self.cache is not None:
             self.cache.save(tokens, *kv)
         return True
+
+    def _restore_len(self, seq: "Sequence", tokens: tuple[int, ...], n: int) -> int:
+        """Cells of a cached entry to put in the slot: its common prefix with the prompt, or all of it
+        when the request reuses chunks past the prefix (--cache-reuse; llama-server restores whole
+        entries) and every stream may hold a full slot (no --kv-pool-cells limit to overrun)."""
+        whole = min_chunk(seq, self.e.config) > 0 and self.e.cache.spec.pool_cells is None
+        return len(tokens) if whole else n
 
     def on_stop(self) -> None:
         """The engine stopped: every slot's KV to disk (--cache-disk), so a restart finds it."""
@@ -171,8 +181,8 @@ class RamCacheHooks:
             return False
         prompt = seq.tokens[: seq.num_prompt]
         for other in running:
-            if other.num_computed < other.num_prompt and other.request.cache_prompt:
-                n = common_prefix(other.tokens[: other.num_prompt], prompt)
+            if other.num_computed < other.prompt_end and other.request.cache_prompt:
+                n = common_prefix(other.tokens[: other.prompt_end], prompt)
                 if n >= MIN_SHARED and other.num_computed < n:
                     return True
         return False

@@ -32,7 +32,9 @@ class Request:
     prompt_ids: tuple[int, ...]
     params: SamplingParams = field(default_factory=SamplingParams)
     n_predict: int = -1            # -1: until end of generation or a full context
-    n_keep: int = 0                # kept for context shift (off by default, as in llama-server)
+    n_keep: int = 0                # context shift: tokens kept at the start (-1: the whole prompt)
+    n_discard: int = 0             # context shift: tokens dropped after them (0: half of the rest)
+    n_cache_reuse: int | None = None   # cache reuse's least chunk (0: off; None: the engine's --cache-reuse)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     id_slot: int = -1              # -1: choose by prompt similarity, then least recently used

@@ -20,6 +20,10 @@ at most a full slot). Two more rules then hold (with a flat layout the callback 
   order, to be prefilled again (prompt + generated tokens) and continue where it stopped.
 Freed blocks are `StepPlan.trims` (stream, cells kept), applied by the engine before the moves.
 
+KV shifts (`StepPlan.shifts`, applied first): with --context-shift a generating sequence whose
+slot is full drops tokens at the start of the step (engine/context_shift.py); with --cache-reuse
+an admission moves cached chunks into place (engine/cache_reuse.py).
+
 Several choices of one prompt (`n` > 1, as llama-server's child tasks): the first sequence
 prefills the prompt; each sibling (its `parent` is that first one) takes a slot but waits while the
 parent is prefilling, then gets the parent's prompt KV (`StepPlan.forks`: a stream copy for
@@ -35,9 +39,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from slotserver.engine import cache_reuse
 from slotserver.engine.config import EngineConfig
+from slotserver.engine.context_shift import ContextShift, KVShift
 from slotserver.engine.sequence import Sequence
-from slotserver.engine.slots import SlotTable, common_prefix
+from slotserver.engine.slots import SlotTable
 from slotserver.engine.stream_map import Move, StreamMap
 from slotserver.runtime.paged_contract import KVBudget  # also imported from here: the budget `Scheduler` receives
 
@@ -60,6 +66,7 @@ class StepPlan:
     trims: list[tuple[int, int]] = field(default_factory=list)  # (stream, cells kept), before moves
     preempted: list[Sequence] = field(default_factory=list)
     forks: list[Move] = field(default_factory=list)   # prompt KV copied to a sibling, after the moves
+    shifts: list[KVShift] = field(default_factory=list)  # context shift / cache reuse, before the trims
 
     @property
     def n_tokens(self) -> int:
@@ -68,8 +75,10 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, budget: Callable[[], KVBudget | None] | None = None,
-                 hooks=None) -> None:
+                 hooks=None, add_bos: bool = False) -> None:
         self.config = config
+        # --context-shift: a full slot's sequence drops tokens (engine/context_shift.py); add_bos: n_keep + 1
+        self.shift = ContextShift(config.n_cells, add_bos) if config.context_shift else None
         # --cache-ram (engine/prompt_cache.py): on_select(slot, seq) may put a longer cached prefix in
         # the slot before its reuse is counted; on_admitted() runs once a request took its slot
         self.hooks = hooks
@@ -101,6 +110,8 @@ class Scheduler:
     # -- one step --------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         plan, budget = StepPlan(), self.budget()
+        if self.shift is not None:   # before the budget: a shifted sequence holds fewer cells
+            plan.shifts = self.shift.shift_full(self.running(), self.streams.stream_of)
         if budget is not None:
             self._make_room(budget, plan)
         plan.admitted = self._admit(budget, plan)
@@ -123,8 +134,10 @@ class Scheduler:
             self.waiting.popleft()
             if self.hooks is not None:
                 self.hooks.on_select(slot, seq)
-            reuse = common_prefix(slot.cached, seq.tokens) if seq.request.cache_prompt else 0
-            seq.num_computed = seq.num_cached = min(reuse, seq.num_prompt - 1)  # logits need >= 1 token
+            n_min = cache_reuse.min_chunk(seq, self.config)
+            reuse, shift = cache_reuse.reuse(slot.cached, seq, n_min, self.streams.stream_of[slot.id])
+            plan.shifts += [shift] if shift is not None else []   # --cache-reuse: chunks moved into place
+            seq.num_computed = seq.num_cached = min(reuse, seq.num_prompt - 1, seq.num_tokens - 1)  # logits need >= 1 token
             if budget is not None:  # the slot's cached cells past the reused prefix give their blocks back
                 plan.trims.append((self.streams.stream_of[slot.id], seq.num_computed))
             slot.occupy(seq)

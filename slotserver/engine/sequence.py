@@ -1,7 +1,7 @@
 """One request in flight: its tokens and counters, and its output state.
 
 A sequence carries counters, not phases: `num_computed` tokens have their KV in the slot's stream,
-`num_tokens` exist (prompt + generated). Prefill, chunked prefill and decode only differ in how
+`num_tokens` exist (prompt + generated, less what a context shift dropped). Prefill, chunked prefill and decode only differ in how
 many of the `num_tokens - num_computed` pending tokens a step schedules.
 """
 
@@ -42,6 +42,10 @@ class Sequence:
     parent: Sequence | None = None  # n > 1: the sibling whose prompt KV this one copies (see Scheduler)
     spec: SpecState | None = None   # speculative decoding's totals and adaptive cap (engine/speculative)
     reasoning: ReasoningBudget | None = None  # the request's reasoning budget state (fed in postprocess)
+    # context shift (engine/context_shift.py): tokens dropped from `tokens` (and the KV), still counted
+    num_discarded: int = 0          # all of them
+    num_prompt_discarded: int = 0   # of which prompt tokens
+    shifted: bool = False           # a shift ran: the response says truncated (as llama-server)
 
     @property
     def request(self) -> Request:
@@ -61,7 +65,13 @@ class Sequence:
 
     @property
     def num_generated(self) -> int:
-        return len(self.tokens) - self.num_prompt
+        """Every generated token, those a context shift dropped from `tokens` included."""
+        return len(self.tokens) + self.num_discarded - self.num_prompt
+
+    @property
+    def prompt_end(self) -> int:
+        """Where the prompt ends in `tokens`: `num_prompt` until a context shift drops prompt tokens."""
+        return self.num_prompt - self.num_prompt_discarded
 
     @property
     def computed_tokens(self) -> list[int]:

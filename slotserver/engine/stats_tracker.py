@@ -37,7 +37,7 @@ class StatsTracker:
         for c, r in zip((c for c in plan.chunks if c.sample), runs):
             if c.draft:
                 self.spec = [self.spec[0] + len(c.draft), self.spec[1] + len(r) - 1, self.spec[2] + 1]
-        self.prompt_tokens += sum(c.n for c in plan.chunks if c.start < c.seq.num_prompt)
+        self.prompt_tokens += sum(c.n for c in plan.chunks if c.start < c.seq.prompt_end)
         self.predicted_tokens += n_sampled
         self.requests_done += n_done
         self.last_ms, self.last_tokens = (t[-1] - t[0]) * 1000, plan.n_tokens

@@ -64,8 +64,6 @@ def _model_path(args) -> Path:
 
 def server_config_from_args(args) -> ServerConfig:
     keys = list(args.api_key) + (read_key_file(args.api_key_file) if args.api_key_file else [])
-    if args.context_shift:
-        raise ConfigError("context shift is not supported yet; run without --context-shift")
     defaults = GenerationDefaults(n_predict=args.n_predict, temperature=args.temp, seed=args.seed,
                                   cache_prompt=args.cache_prompt,
                                   reasoning_budget=getattr(args, "reasoning_budget", -1),
@@ -116,6 +114,7 @@ def plan_from_args(args) -> LaunchPlan:
         sleep_idle_s=args.sleep_idle_seconds, cache_ram_mib=args.cache_ram, cache_idle_slots=args.cache_idle_slots,
         cache_disk=args.cache_disk, cache_disk_mib=args.cache_disk_mib,
         kv_unified=bool(getattr(args, "kv_unified", False)), spec=spec_config_from_args(args),
+        context_shift=args.context_shift, cache_reuse=getattr(args, "cache_reuse", 0),
     )
     model = ModelConfig(model_path=_model_path(args), dtype=args.dtype, weights=args.weights, threads=args.threads,
                         layout=layout, kernels_dir=args.kernels_dir, layouts_dir=args.layouts_dir,

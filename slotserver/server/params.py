@@ -129,6 +129,8 @@ def build_request(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: Gen
         params=params,
         n_predict=n_predict,
         n_keep=f.int("n_keep", 0, lo=-1),
+        n_discard=f.int("n_discard", 0, lo=0),
+        n_cache_reuse=f.int("n_cache_reuse", None, lo=0),   # None: the server's --cache-reuse
         stop=stop,
         ignore_eos=ignore_eos,
         id_slot=f.int("id_slot", -1, lo=-1),

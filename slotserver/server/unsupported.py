@@ -8,8 +8,9 @@ working, and refused with a reason otherwise. Fields that need the engine (a sto
 sampler, KV shifting) are refused rather than half-implemented outside it.
 
 Fields llama-server reads but gives no effect on a route are accepted and validated there, as it
-does: `n_discard` (context shift is off), `reasoning_format` off the chat route, `stream_options`
-on /completion, `response_fields` on the OpenAI routes (it only shapes /completion's answer).
+does: `reasoning_format` off the chat route, `stream_options` on /completion, `response_fields` on
+the OpenAI routes (it only shapes /completion's answer). `n_keep`, `n_discard` (context shift) and
+`n_cache_reuse` (chunk reuse) are honoured: server/params.py passes them to the engine.
 The README's "Request fields" table lists all of it.
 """
 
@@ -23,7 +24,6 @@ from slotserver.server.reasoning import FORMATS
 NUMBERS = (
     ("n_indent", "stopping at a line indented less than n_indent is not supported"),
     ("t_max_predict_ms", "a time limit on generation is not supported"),
-    ("n_cache_reuse", "reusing cache chunks by KV shifting is not supported"),
     ("sse_ping_interval", "SSE pings are not sent (only -1 or 0, no pings, is accepted)"),
 )
 FLAGS = (
@@ -58,7 +58,6 @@ def _check_common(f: Fields) -> None:
             raise _refuse(name, why)
     if f.int("chat_format", 0, lo=0) != 0:
         raise _refuse("chat_format", "chat formats are chosen by the server")
-    f.int("n_discard", 0, lo=0)     # context shift only: accepted, as n_keep, while it is off
     response_fields(f)
 
 
