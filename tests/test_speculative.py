@@ -264,3 +264,17 @@ def test_a_reasoning_budget_sees_every_token_under_speculation(tiny):
     plain, fast = (_generate(tiny, s, n=40, reasoning_budget=budget) for s in (SpecConfig(), NGRAM))
     assert fast.tokens == plain.tokens and fast.final.draft_n_accepted > 0
     assert plain.tokens[:6] == [66, 66, 66, 66, 70, 71]
+
+
+def test_speculation_under_context_shift_gives_the_tokens_of_plain_decoding(tiny):
+    """A generation past the slot's end (context shift on): drafts stop short of the full slot, the
+    shift runs, drafting resumes on the shifted tokens; the text is plain decoding's."""
+    def run(spec):
+        engine = Engine(tiny, EngineConfig(n_parallel=2, ctx_size=256, spec=spec, context_shift=True))
+        handle = engine.submit(Request(PROMPT, SamplingParams(temperature=0), n_predict=200, ignore_eos=True))
+        while engine.step():
+            pass
+        return handle.result(1)
+    plain, fast = run(SpecConfig()), run(NGRAM)
+    assert len(fast.tokens) == 200 and fast.final.truncated
+    assert fast.tokens == plain.tokens and fast.final.draft_n_accepted > 0
