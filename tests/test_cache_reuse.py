@@ -95,13 +95,17 @@ def test_without_cache_prompt_nothing_is_reused(path):
     assert _second(path, "seq_head_dim", P + X + Q, P + Q + R, server=4, cache_prompt=False)[2].n_cached == 0
 
 
-def test_a_slot_restored_from_the_ram_cache_offers_its_chunks(path):
-    """--cache-ram: another prompt took the slot meanwhile; the cached entry comes back whole (as
-    llama-server's prompt_load), so its chunks past the common prefix are still reused."""
-    e = engine(path, n_parallel=1, ctx_size=128, cache_reuse=4, cache_ram_mib=64)
+@pytest.mark.parametrize("store", ["ram", "disk"])
+def test_a_slot_restored_from_the_prompt_cache_offers_its_chunks(path, tmp_path, store):
+    """--cache-ram / --cache-disk: another prompt took the slot meanwhile; the cached entry comes back
+    whole (as llama-server's prompt_load), so its chunks past the common prefix are still reused."""
+    tier = {"cache_ram_mib": 64} if store == "ram" else {"cache_ram_mib": 0, "cache_disk": tmp_path / "kv"}
+    e = engine(path, n_parallel=1, ctx_size=128, cache_reuse=4, **tier)
     for prompt in (P + X + Q, R + Y):
         e.submit(Request(tuple(prompt), GREEDY, n_predict=1, ignore_eos=True))
         run(e)
+    if e.disk_cache is not None:
+        e.disk_cache.flush()   # its writes are a background thread's
     h = e.submit(Request(tuple(P + Q + R), GREEDY, n_predict=8, ignore_eos=True))
     run(e)
     tokens, logprobs, final = _events(h)

@@ -119,7 +119,7 @@ class RamCacheHooks:
         source, n_slot = self._best_slot(slot, prompt)
         found = self.cache.best(prompt) if self.cache is not None else None
         n_ram = found[2] if found is not None else 0
-        if self._from_disk(slot, prompt, max(own, n_slot, n_ram)):
+        if self._from_disk(slot, seq, prompt, max(own, n_slot, n_ram)):
             return
         if n_ram > max(own, n_slot):
             tokens, entry, n = found
@@ -134,7 +134,7 @@ class RamCacheHooks:
             slot.cached = list(prompt[:n_slot])
             self.shared += 1
 
-    def _from_disk(self, slot: Slot, prompt: tuple[int, ...], n_memory: int) -> bool:
+    def _from_disk(self, slot: Slot, seq: "Sequence", prompt: tuple[int, ...], n_memory: int) -> bool:
         """--cache-disk: a longer prefix than memory offers, read back into the slot (and kept in RAM)."""
         found = self.disk.best(prompt) if self.disk is not None else None
         if found is None or found[1] <= n_memory:
