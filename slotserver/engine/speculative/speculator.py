@@ -111,6 +111,8 @@ class Speculator:
         seq = c.seq
         if c.n != 1 or not c.sample or seq.grammar is not None or seq.request.spec_n_max == 0:
             return False
+        if c.start < seq.prompt_end:   # the prompt's last token (a cached prefix): drafts start after the
+            return False               # first sampled token, as llama-server's (same draws however cached)
         budget = getattr(seq, "reasoning", None)
         if budget is not None and not budget.done:
             return False
