@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from gguf import GGUFValueType
 from tiny_gguf import write_tiny_gguf
@@ -23,14 +24,17 @@ from tiny_gguf import write_tiny_gguf
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.engine import Engine
 from slotserver.engine.kv_cache import KVCache
+from slotserver.engine.request import FinalEvent, TokenEvent
 from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ModelConfig
 from slotserver.model.model import LlamaModel
 from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.layouts import available_layouts
 
 U32 = GGUFValueType.UINT32
 MAX_POS = 256
+FLOAT_LAYOUTS = [name for name in available_layouts() if name != "q8"]   # q8 re-quantizes: its own bound
 SMALL = dict(n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, ctx_len=512)
 VARIANTS: dict[str, dict] = {
     "llama": dict(arch="llama"),
@@ -44,6 +48,15 @@ VARIANTS: dict[str, dict] = {
     "gemma3_window": dict(arch="gemma3", head_dim=16, rope_base=1e6, features=("qk_norm", "post_norms"), **{
         "gemma3.attention.sliding_window": (4, U32), "gemma3.final_logit_softcapping": 8.0}),
 }
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models only lose from threads (as tests/tiny_engine.py); the caller's count comes back."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def write_variant(folder: Path, name: str, **extra) -> Path:
@@ -74,9 +87,22 @@ def fresh_logits(model: LlamaModel, layout: str, tokens: list[int]) -> torch.Ten
 
 
 def engine(path: Path, layout: str = "seq_head_dim", **config) -> Engine:
-    """A float32 engine (float32 KV) on the model at `path`, driven with `run` on this thread."""
-    bundle = ModelBundle.load(ModelConfig(model_path=path, layout=layout))
+    """A float32 engine (float32 KV) on the model at `path`, driven with `run` on this thread (one
+    torch thread: `one_torch_thread` restores the count)."""
+    bundle = ModelBundle.load(ModelConfig(model_path=path, layout=layout, threads=1))
     return Engine(bundle, EngineConfig(**config))
+
+
+def events(handle) -> tuple[list[int], list[float], object]:
+    """(tokens, their log-probabilities, final event) of a finished request."""
+    tokens, logprobs, final = [], [], None
+    for ev in handle.iter_events(timeout=0):
+        if isinstance(ev, TokenEvent):
+            tokens.append(ev.token)
+            logprobs.append(ev.logprob)
+        elif isinstance(ev, FinalEvent):
+            final = ev
+    return tokens, logprobs, final
 
 
 def run(engine: Engine, max_steps: int = 5000) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from shift_fixtures import engine, run, write_variant
-from test_context_shift import FLOAT_LAYOUTS, _events
+from shift_fixtures import FLOAT_LAYOUTS, engine, events, run, write_variant
+from shift_fixtures import one_torch_thread  # noqa: F401  (autouse)
 
 from slotserver.engine.cache_reuse import find_chunks
 from slotserver.engine.context_shift import Span
@@ -53,7 +53,7 @@ def _second(path: Path, layout: str, first: list[int], second: list[int], server
     run(e)
     if hasattr(e.cache.layout, "check"):
         e.cache.layout.check()
-    return _events(h)
+    return events(h)
 
 
 @pytest.mark.parametrize("layout", FLOAT_LAYOUTS)
@@ -108,7 +108,7 @@ def test_a_slot_restored_from_the_prompt_cache_offers_its_chunks(path, tmp_path,
         e.disk_cache.flush()   # its writes are a background thread's
     h = e.submit(Request(tuple(P + Q + R), GREEDY, n_predict=8, ignore_eos=True))
     run(e)
-    tokens, logprobs, final = _events(h)
+    tokens, logprobs, final = events(h)
     want_tokens, want_logprobs, _ = _second(path, "seq_head_dim", P + X + Q, P + Q + R, cache_prompt=False)
     assert final.n_cached == len(P + Q)
     assert tokens == want_tokens and max(abs(a - b) for a, b in zip(logprobs, want_logprobs)) < 1e-4

@@ -16,23 +16,23 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from shift_fixtures import VARIANTS, engine, fresh_logits, load_model, new_cache, prefill, run, write_variant
+from shift_fixtures import (FLOAT_LAYOUTS, VARIANTS, engine, events, fresh_logits, load_model, new_cache, prefill,
+                            run, write_variant)
+from shift_fixtures import one_torch_thread  # noqa: F401  (autouse)
 
 from slotserver.engine.context_shift import ContextShift, KVShift, Span
 from slotserver.engine.kv_shift import apply_shift
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.engine import Engine
-from slotserver.engine.request import ContextExceeded, FinalEvent, Request, TokenEvent
+from slotserver.engine.request import ContextExceeded, Request
 from slotserver.errors import ConfigError
 from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ModelConfig
 from slotserver.model.rope_shift import rotate_keys
 from slotserver.model.sampling.sampler import SamplingParams
-from slotserver.runtime.layouts import available_layouts
 from slotserver.runtime.loader import default_dir
 
 ARCHS = Path(__file__).parent / "fixtures" / "archs"
-FLOAT_LAYOUTS = [name for name in available_layouts() if name != "q8"]
 TOKENS = torch.randint(3, 300, (60,), generator=torch.Generator().manual_seed(1)).tolist()
 KEEP, DISCARD, NEXT = 5, 20, 77
 
@@ -126,18 +126,6 @@ PROMPT = tuple(range(40, 60))
 N_CELLS = 32   # ctx_size 64 over 2 slots
 
 
-def _events(handle) -> tuple[list[int], list[float], object]:
-    """(tokens, their log-probabilities, final event) of a finished request."""
-    tokens, logprobs, final = [], [], None
-    for ev in handle.iter_events(timeout=0):
-        if isinstance(ev, TokenEvent):
-            tokens.append(ev.token)
-            logprobs.append(ev.logprob)
-        elif isinstance(ev, FinalEvent):
-            final = ev
-    return tokens, logprobs, final
-
-
 def _oracle(model, prompt, chosen: list[int], n_keep: int) -> tuple[list[float], list[int]]:
     """One-layer oracle: before each token, prefill the tokens the slot holds from scratch, shifting as
     llama-server does (n_discard: half of the rest); -> (log-probability of each chosen token, the
@@ -165,7 +153,7 @@ def test_generation_past_the_slot_matches_an_oracle_that_recomputes_the_kept_tok
     run(e)
     model = load_model(path)
     for h, n_keep in zip(handles, (3, 9)):
-        tokens, logprobs, final = _events(h)
+        tokens, logprobs, final = events(h)
         assert len(tokens) == final.n_predicted == h.request.n_predict and final.truncated
         assert final.n_prompt == len(h.request.prompt_ids) and final.stop_type == "limit"
         want, _ = _oracle(model, h.request.prompt_ids, tokens, n_keep)
@@ -180,12 +168,12 @@ def test_after_a_shift_the_slot_caches_what_its_kv_holds(folder):
     e = engine(path, n_parallel=1, ctx_size=N_CELLS, context_shift=True)
     h = e.submit(Request(PROMPT, SamplingParams(temperature=1.0, seed=3), n_predict=30, ignore_eos=True, n_keep=2))
     run(e)
-    tokens, _, final = _events(h)
+    tokens, _, final = events(h)
     assert final.truncated and e.stats().prompt_tokens == len(PROMPT)   # decodes after a shift are no prompt
     _, held = _oracle(load_model(path), PROMPT, tokens, 2)
     h = e.submit(Request(tuple(held) + (NEXT,), SamplingParams(temperature=0, n_probs=1), n_predict=1))
     run(e)
-    tokens, logprobs, final = _events(h)
+    tokens, logprobs, final = events(h)
     assert final.n_cached == len(held) and not final.truncated
     want = torch.log_softmax(fresh_logits(load_model(path), "seq_head_dim", held + [NEXT]).double(), -1)
     assert abs(logprobs[0] - want[tokens[0]].item()) < 1e-4
@@ -195,7 +183,7 @@ def test_without_context_shift_a_full_slot_ends_the_request(folder):
     e = engine(write_variant(folder, "llama"), n_parallel=2, ctx_size=2 * N_CELLS)
     h = e.submit(Request(PROMPT, SamplingParams(temperature=0), n_predict=100, ignore_eos=True))
     run(e)
-    tokens, _, final = _events(h)
+    tokens, _, final = events(h)
     assert len(tokens) == final.n_predicted == N_CELLS - len(PROMPT) and final.truncated
 
 
@@ -214,7 +202,7 @@ def test_without_n_predict_generation_goes_on_past_many_slots(folder):
         e.step()
     h.cancel()
     run(e)
-    tokens, _, final = _events(h)
+    tokens, _, final = events(h)
     assert len(tokens) >= 4 * N_CELLS and final.stop_type == "none" and final.truncated
 
 
@@ -231,7 +219,7 @@ def test_a_deeper_model_shifts_too_and_counts_every_token(folder, tmp_path):
     long = engine(path, n_parallel=1, ctx_size=128)
     ref = long.submit(Request(prompt, greedy, n_predict=40, ignore_eos=True))
     run(long)
-    (tokens, _, final), (want, _, _) = _events(h), _events(ref)
+    (tokens, _, final), (want, _, _) = events(h), events(ref)
     assert len(tokens) == final.n_predicted == 40 and final.truncated
     assert tokens[: N_CELLS - len(prompt)] == want[: N_CELLS - len(prompt)]
 

@@ -28,10 +28,13 @@ KV is its own once copied, so it shifts like any sequence.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from slotserver.engine.config import MIN_SHIFT_CELLS
 from slotserver.engine.sequence import Sequence
+
+log = logging.getLogger("slotserver.engine.context_shift")
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,8 @@ class ContextShift:
         """Drop the tokens after n_keep from the sequence's counters; -> the KV move, or None when
         nothing is discarded (n_left too small)."""
         n_keep, n_discard = self.sizes(seq)
+        log.info("slot %d: context shift, n_keep = %d, n_left = %d, n_discard = %d", seq.slot_id, n_keep,
+                 seq.num_computed - n_keep, n_discard)   # llama-server's warning line
         seq.shifted = True   # llama-server: slot.truncated = true
         if n_discard == 0:
             return None

@@ -137,7 +137,8 @@ class Scheduler:
             n_min = cache_reuse.min_chunk(seq, self.config)
             reuse, shift = cache_reuse.reuse(slot.cached, seq, n_min, self.streams.stream_of[slot.id])
             plan.shifts += [shift] if shift is not None else []   # --cache-reuse: chunks moved into place
-            seq.num_computed = seq.num_cached = min(reuse, seq.num_prompt - 1, seq.num_tokens - 1)  # logits need >= 1 token
+            # logits need >= 1 token (num_tokens: a preempted sequence that a context shift shortened)
+            seq.num_computed = seq.num_cached = min(reuse, seq.num_prompt - 1, seq.num_tokens - 1)
             if budget is not None:  # the slot's cached cells past the reused prefix give their blocks back
                 plan.trims.append((self.streams.stream_of[slot.id], seq.num_computed))
             slot.occupy(seq)

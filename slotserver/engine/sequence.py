@@ -1,8 +1,9 @@
 """One request in flight: its tokens and counters, and its output state.
 
 A sequence carries counters, not phases: `num_computed` tokens have their KV in the slot's stream,
-`num_tokens` exist (prompt + generated, less what a context shift dropped). Prefill, chunked prefill and decode only differ in how
-many of the `num_tokens - num_computed` pending tokens a step schedules.
+`num_tokens` exist (prompt + generated, less what a context shift dropped). Prefill, chunked
+prefill and decode only differ in how many of the `num_tokens - num_computed` pending tokens a
+step schedules.
 """
 
 from __future__ import annotations
