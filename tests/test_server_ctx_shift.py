@@ -9,12 +9,9 @@ within 1e-4: on one layer a moved chunk's KV is exactly what computing it gives)
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from shift_fixtures import write_variant
-from test_server_e2e import Server, free_port, wait_ready
+from test_server_e2e import Server, serving
 
 P, X, Q, R = (list(range(a, a + n)) for a, n in ((10, 6), (100, 5), (200, 12), (30, 4)))
 
@@ -22,20 +19,10 @@ P, X, Q, R = (list(range(a, a + n)) for a, n in ((10, 6), (100, 5), (200, 12), (
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ctx")
-    model, port, log = write_variant(tmp, "llama"), free_port(), tmp / "server.log"
-    cmd = [sys.executable, "-m", "slotserver.cli.main", "serve", "-m", str(model), "-np", "1", "-c", "32",
-           "--port", str(port), "--context-shift", "--cache-reuse", "4",
-           "--cache-ram", "0", "--dtype", "float32", "--no-watch", "--no-warmup", "-t", "1"]
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    srv = Server(f"http://127.0.0.1:{port}", proc, log, tmp)
-    try:
-        wait_ready(srv)
+    with serving(tmp, "-m", str(write_variant(tmp, "llama")), "-np", "1", "-c", "32", "--context-shift",
+                 "--cache-reuse", "4", "--cache-ram", "0", "--dtype", "float32", "--no-watch", "--no-warmup",
+                 "-t", "1") as srv:
         yield srv
-    finally:
-        srv.http.close()
-        proc.terminate()
-        proc.wait(15)
 
 
 def complete(server: Server, prompt: list[int], n: int, **extra) -> dict:

@@ -9,6 +9,7 @@ that must produce exactly what each request produces alone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -69,16 +70,14 @@ def wait_ready(server: Server) -> None:
     pytest.fail(f"server not ready after {STARTUP_S} s:\n{server.log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("serve")
+@contextlib.contextmanager
+def serving(tmp: Path, *flags: str, save_dir: Path | None = None):
+    """A `slotserver serve` process with these flags on a free port, ready; stopped afterwards."""
     port, log = free_port(), tmp / "server.log"
-    cmd = [sys.executable, "-m", "slotserver.cli.main", "serve", "-np", "4", "-c", "2048", "--port", str(port),
-           "--metrics", "--slot-save-path", str(tmp / "slots"), "--no-watch",  # no hot reloads mid-test
-           "--dtype", "float32", "--weights", "dense"]  # llama.cpp's reference outputs are float32
+    cmd = [sys.executable, "-m", "slotserver.cli.main", "serve", "--port", str(port), *flags]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    srv = Server(f"http://127.0.0.1:{port}", proc, log, tmp / "slots")
+    srv = Server(f"http://127.0.0.1:{port}", proc, log, save_dir or tmp)
     try:
         wait_ready(srv)
         yield srv
@@ -90,6 +89,16 @@ def server(tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    with serving(tmp, "-np", "4", "-c", "2048", "--metrics", "--slot-save-path", str(tmp / "slots"),
+                 "--no-watch",  # no hot reloads mid-test
+                 "--dtype", "float32", "--weights", "dense",  # llama.cpp's reference outputs are float32
+                 save_dir=tmp / "slots") as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
