@@ -4,15 +4,18 @@ speculative decoding, same model, same requests, concurrency 1.
 Code edit: the model is asked to rewrite a ~1k-token Python function with two small changes
 (rename a variable, add a comment), greedy, up to --n-predict tokens or EOS: an answer that
 mostly repeats its prompt, what n-gram drafting is for. Decode speed is the server's own
-`timings.predicted_per_second`. Plain chat: a few short questions, ~200-token greedy answers,
-where drafts mostly miss and speculation must cost next to nothing.
+`timings.predicted_per_second`. Plain chat: short questions, ~200-token greedy answers, where
+drafts mostly miss and speculation must cost next to nothing. Each chat question is asked once:
+ngram-mod's table is shared by all requests (as llama.cpp's), so a repeated question is drafted
+from its own earlier answer (100% accepted, 2-3x faster: not plain chat any more). The code edit
+is repeated; there ngram-mod's second pass accepts a little more (931 vs 908 of ~1000 drafted).
 
 Every server stays up the whole run (an idle one costs nothing) and each repetition sends the
 same request to each of them in turn, starting one further along the list each time, so a slow
 spell of this noisy machine hits all alike; the table shows medians. Greedy output must not depend
 on speculation: each server's answers are compared with its no-speculation twin's and printed.
 
-    .venv/bin/python playground/spec_bench.py [--reps 3] [--chat-reps 2] [--model F.gguf]
+    .venv/bin/python playground/spec_bench.py [--reps 3] [--chat-questions 6] [--model F.gguf]
     .venv/bin/python playground/spec_bench.py --slot-spec "ngram-simple" \\
         --slot-spec "ngram-simple --spec-ngram-simple-size-n 8 --spec-ngram-simple-size-m 32"
         (each --slot-spec is one more slotserver: --spec-type's value, then any more flags)
@@ -135,7 +138,10 @@ EDIT_ASK = ("Rewrite this function with two small changes: rename the variable `
 
 CHAT = ("What are three good habits for staying healthy while working at a desk all day?",
         "Explain in simple words how a rainbow forms.",
-        "Give me a short plan for learning to cook basic meals in a month.")
+        "Give me a short plan for learning to cook basic meals in a month.",
+        "Why do cats purr? Give a few possible reasons.",
+        "What should I pack for a three-day hiking trip?",
+        "Describe the water cycle for a ten-year-old.")
 
 DEFAULT_SLOT_SPECS = (
     "ngram-simple",
@@ -171,7 +177,8 @@ def build_servers(a: argparse.Namespace) -> list[Server]:
     peer = [str(PEER / "llama-server"), *common, "--metrics"]
     servers = [Server("slotserver", "slotserver", False, slot)]
     for s in a.slot_spec or DEFAULT_SLOT_SPECS:
-        servers.append(Server(f"slotserver {spec_label(s)}", "slotserver", True, [*slot, "--spec-type", *shlex.split(s)]))
+        flags = [*slot, "--spec-type", *shlex.split(s)]
+        servers.append(Server(f"slotserver {spec_label(s)}", "slotserver", True, flags))
     servers.append(Server("llama-server", "llama-server", False, peer))
     if a.peer_spec:
         label = spec_label(shlex.split(a.peer_spec)[1] if a.peer_spec.startswith("--spec-type") else a.peer_spec)
@@ -257,8 +264,9 @@ def print_table(servers: list[Server], workload: str) -> None:
         rs = s.runs[workload]
         drafted, acc = sum(r["draft_n"] for r in rs), sum(r["accepted"] for r in rs)
         rate = f"{acc}/{drafted} {acc / drafted:4.0%}" if drafted else "-"
-        same = ("yes" if identical(s, twin, workload) else "NO") if s.spec else ("yes" if identical(s, s, workload) else "NO")
-        print(f"{s.name:<44} {median_tps(s, workload):7.2f} {median_tps(s, workload) / median_tps(twin, workload):9.2f} "
+        same = "yes" if identical(s, twin if s.spec else s, workload) else "NO"
+        tps = median_tps(s, workload)
+        print(f"{s.name:<44} {tps:7.2f} {tps / median_tps(twin, workload):9.2f} "
               f"{statistics.median(r['n'] for r in rs):7.0f} {rate:>17} {same:>11}")
 
 
@@ -307,7 +315,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--model", default=str(qwen) if qwen.is_file() else None,
                     help="GGUF (default: Qwen2.5-Coder-0.5B when present, else the embedded default model)")
     ap.add_argument("--reps", type=int, default=3, help="code-edit requests per server")
-    ap.add_argument("--chat-reps", type=int, default=2, help="rounds of the chat questions (0: no chat)")
+    ap.add_argument("--chat-questions", type=int, default=len(CHAT),
+                    help=f"chat: the first N of {len(CHAT)} questions, each once on every server (0: no chat)")
     ap.add_argument("--n-predict", type=int, default=1024, help="code edit: at most this many tokens")
     ap.add_argument("--chat-tokens", type=int, default=200)
     ap.add_argument("--ctx", type=int, default=4096)
@@ -331,26 +340,28 @@ def main() -> None:
     print(f"model {a.model}; -np 1 -c {a.ctx} -t {a.threads}; CPU flags: {cpu_flags()}", flush=True)
     edit = [{"role": "system", "content": "You are a careful coding assistant. Reply with code only."},
             {"role": "user", "content": f"{EDIT_ASK}\n\n```python\n{FUNCTION}```"}]
-    chat_jobs = [([{"role": "user", "content": q}], a.chat_tokens) for q in CHAT]
+    chat_jobs = [([{"role": "user", "content": q}], a.chat_tokens) for q in CHAT[:a.chat_questions]]
     try:
         start_all(servers, a.out)
         print(f"all {len(servers)} servers up; load average {os.getloadavg()[0]:.1f}", flush=True)
         t0 = time.monotonic()
         round_robin(servers, "code edit", [(edit, a.n_predict)], a.reps)
-        if a.chat_reps:
+        if chat_jobs:
             chatters = [s for s in servers if s.family == "slotserver" or not a.no_peer_chat]
-            round_robin(chatters, "chat", chat_jobs, a.chat_reps)
+            round_robin(chatters, "chat", chat_jobs, 1)
     finally:
         stop_all(servers)
-    print(f"\n{(time.monotonic() - t0) / 60:.0f} min; load average now {os.getloadavg()[0]:.1f}; CPU flags: {cpu_flags()}")
+    print(f"\n{(time.monotonic() - t0) / 60:.0f} min; load average now {os.getloadavg()[0]:.1f}; "
+          f"CPU flags: {cpu_flags()}")
     print_table(servers, "code edit")
-    if a.chat_reps:
+    if chat_jobs:
         print_table([s for s in servers if "chat" in s.runs], "chat")
-    print_ratios(servers, bool(a.chat_reps))
+    print_ratios(servers, bool(chat_jobs))
     save(servers, a.out / "runs.json")
     for w in ("code edit", "chat"):
         divergence([s for s in servers if w in s.runs], w)
-    same = servers[0].runs["code edit"][0]["text"] == next(s for s in servers if s.name == "llama-server").runs["code edit"][0]["text"]
+    peer = next(s for s in servers if s.name == "llama-server")
+    same = servers[0].runs["code edit"][0]["text"] == peer.runs["code edit"][0]["text"]
     print(f"\nslotserver's greedy code edit is {'the same as' if same else 'NOT the same as'} llama-server's "
           "(informational: two implementations may round differently)")
 
