@@ -161,7 +161,7 @@ class Scheduler:
 
     def _make_room(self, budget: KVBudget, plan: StepPlan) -> None:
         """Every running sequence's tokens must fit this step: evict idle caches, then preempt."""
-        while not budget.fits(self._held()):
+        while not budget.fits(self.held_cells()):
             idle = sorted((s for s in self.slots.idle() if s.cached), key=lambda s: s.last_used)
             if idle:
                 self._evict(idle[0], plan)
@@ -170,10 +170,6 @@ class Scheduler:
             self._preempt(victim, plan)
 
     def held_cells(self) -> list[int]:
-        """Cells each slot holds now (per slot id), as the paged pool counts them."""
-        return self._held()
-
-    def _held(self) -> list[int]:
         """Cells each slot holds now: a running sequence's tokens (up to a full slot), else its cache."""
         return [min(s.seq.num_tokens, self.config.n_cells) if s.seq else len(s.cached) for s in self.slots.slots]
 

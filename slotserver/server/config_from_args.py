@@ -128,7 +128,7 @@ def spec_config_from_args(args) -> SpecConfig:
     """The --spec-* flags (cli/spec_args.py) -> a validated SpecConfig (a bad value: a ConfigError naming it)."""
     names = ("draft_n_max", "draft_n_min", "draft_p_min", "ngram_simple_size_n", "ngram_simple_size_m",
              "ngram_mod_n_match", "ngram_mod_n_min", "ngram_mod_n_max")
-    draft = getattr(args, "spec_draft_model", None)
+    draft, default = getattr(args, "spec_draft_model", None), SpecConfig()
     rates = getattr(args, "spec_synth_rates", None)
     try:
         rates = tuple(float(r) for r in rates.split(",")) if rates else ()
@@ -137,4 +137,4 @@ def spec_config_from_args(args) -> SpecConfig:
     return SpecConfig(types=SpecConfig.parse_types(getattr(args, "spec_type", None), draft), draft_model=draft,
                       adaptive=getattr(args, "spec_adaptive", True), synth_rates=rates,
                       synth_len=getattr(args, "spec_synth_len", None),
-                      **{n: getattr(args, "spec_" + n, getattr(SpecConfig(), n)) for n in names})
+                      **{n: getattr(args, "spec_" + n, getattr(default, n)) for n in names})

@@ -12,7 +12,7 @@ proposes a draft for a sequence in a step wins (llama.cpp's order: the list's).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from slotserver.errors import ConfigError
@@ -91,13 +91,6 @@ class SpecConfig:
         types = tuple(t.strip() for t in text.split(",") if t.strip())
         return () if types == ("none",) else types
 
-    def for_request(self, n_max: int | None, n_min: int | None, p_min: float | None) -> "SpecConfig":
-        """A request's `speculative.n_max/n_min/p_min` over the server's draft settings (llama-server's
-        per-request fields; they size draft-simple's drafts)."""
-        changes = {k: v for k, v in (("draft_n_max", n_max), ("draft_n_min", n_min), ("draft_p_min", p_min))
-                   if v is not None}
-        return replace(self, **changes) if changes else self
-
 
 def _int(name: str, value: int, lo: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
@@ -124,14 +117,11 @@ def _synth_rates(rates: tuple[float, ...], length: float | None, n_max: int) -> 
 
 
 def _geometric(length: float, n_max: int) -> float:
-    """The p whose p + p^2 + ... + p^n_max is length - 1 (bisection, as llama.cpp)."""
-    if length == n_max + 1:
-        return 1.0
+    """The p whose p + p^2 + ... + p^n_max is length - 1 (32 bisection steps, as llama.cpp)."""
+    if length <= 1.0 or length == n_max + 1:
+        return 0.0 if length <= 1.0 else 1.0
     lo, hi = 0.0, 1.0
-    for _ in range(32 if length > 1.0 else 0):
+    for _ in range(32):
         mid = 0.5 * (lo + hi)
-        if sum(mid ** (j + 1) for j in range(n_max)) < length - 1.0:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi) if length > 1.0 else 0.0
+        lo, hi = (mid, hi) if sum(mid ** (j + 1) for j in range(n_max)) < length - 1.0 else (lo, mid)
+    return 0.5 * (lo + hi)

@@ -31,7 +31,7 @@ class NgramMod:
     def _idx(self, key) -> int:
         h = 0
         for t in key:
-            h = (h * _MUL + (t & 0xFFFFFFFF if t >= 0 else t & _MASK64)) & _MASK64
+            h = (h * _MUL + t) & _MASK64   # llama.cpp's size_t arithmetic; ids are >= 0
         return h % self.size
 
     def _add_upto(self, seq_id: int, tokens: list[int], end: int) -> None:

@@ -70,7 +70,8 @@ class Speculator:
     def __init__(self, config: SpecConfig, n_cells: int, vocab: int, drafters: list[Drafter]) -> None:
         self.config, self.n_cells, self.vocab, self.drafters = config, n_cells, vocab, drafters
         self.n_max = config.n_max
-        self.adaptive = config.adaptive and not config.synth_probs   # synthetic rates are measured as given
+        self.synthetic = bool(config.synth_probs)                   # --spec-synth-*: acceptance at given rates
+        self.adaptive = config.adaptive and not self.synthetic     # ... measured as given, so no adaptive cap
         self._known: set[int] = set()   # sequence ids the drafters may hold state for
 
     @property
@@ -82,7 +83,7 @@ class Speculator:
         slots; token_room: tokens the step may still take; fits(seq, n_cells) -> whether the paged
         pool holds the sequence at n_cells (None: a flat layout)."""
         self._forget_gone(running)
-        wants = [(i, c, self._room(c.seq)) for i, c in enumerate(plan.chunks) if self._eligible(c)]
+        wants = [(i, c, self._room(c.seq)) for i, c in enumerate(plan.chunks) if self._wants_draft(c)]
         wants = [(i, c, n) for i, c, n in wants if n > 0]
         if not wants or token_room <= 0:
             return
@@ -107,7 +108,9 @@ class Speculator:
                 c.seq.spec.last = d
                 plan.chunks[i] = replace(c, draft=tuple(tokens))
 
-    def _eligible(self, c: ScheduledChunk) -> bool:
+    def _wants_draft(self, c: ScheduledChunk) -> bool:
+        """Whether the chunk's sequence drafts this step. Gives a new sequence its `SpecState`, and a
+        sequence backing off spends one of its skipped steps here."""
         seq = c.seq
         if c.n != 1 or not c.sample or seq.grammar is not None or seq.request.spec_n_max == 0:
             return False
@@ -126,7 +129,7 @@ class Speculator:
 
     def _synth_rng(self, seq):
         """--spec-synth-*: a second random stream, seeded with the request's seed (llama.cpp's spec_synth_rng)."""
-        if not self.config.synth_probs:
+        if not self.synthetic:
             return None
         from slotserver.model.sampling.sampler import SequenceRng   # torch: only with synthetic acceptance
         return SequenceRng(seq.rng.seed)
@@ -142,6 +145,8 @@ class Speculator:
 
     def learn(self, plan: StepPlan, runs) -> None:
         """After sampling: `runs` has one tuple of accepted tokens per sampling chunk (verify.py)."""
+        if not self.drafters:
+            return
         for c, run in zip((c for c in plan.chunks if c.sample), runs):
             if c.draft:
                 n_accepted = len(run) - 1
