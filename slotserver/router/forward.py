@@ -1,0 +1,99 @@
+"""The catch-all ASGI endpoint: every path the router does not answer itself goes to a replica.
+
+It reads the body (bounded), computes the prompt's routing key, asks the policy for a replica,
+and tries up to `retries` other replicas while nothing was streamed yet (proxy.Attempt). The whole
+forward runs as a task beside a watcher of the client's connection: a disconnect cancels it, and
+the cancelled attempt closes its upstream request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+
+from slotserver.router.fleet import Fleet
+from slotserver.router.policy import Policy
+from slotserver.router.prefix import block_hashes, canonical_text, leading_key
+from slotserver.router.proxy import (RETRY_ERRORS, Attempt, PayloadTooLarge, error_body, read_body, send_json,
+                                     upstream_request)
+from slotserver.router.stats import RouterStats
+
+
+class Forwarder:
+    def __init__(self, fleet: Fleet, policy: Policy, stats: RouterStats, client: httpx.AsyncClient) -> None:
+        self.fleet, self.policy, self.stats, self.client = fleet, policy, stats, client
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            body = await read_body(receive, self.fleet.config.body_limit)
+        except PayloadTooLarge:
+            await send_json(send, 413, error_body(413, "request body too large", "invalid_request_error"))
+            return
+        except asyncio.CancelledError:
+            return   # the client left while sending its request
+        task = asyncio.create_task(self.forward(scope, body, send))
+        watch = asyncio.create_task(_disconnected(receive))
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            self.stats.disconnects += 1
+            task.cancel()
+        watch.cancel()
+        await asyncio.gather(task, watch, return_exceptions=True)
+
+    def key(self, body: bytes) -> tuple[list[bytes], bytes | None]:
+        """The prompt's block hashes and its consistent-hash key (None: no prompt in the body)."""
+        try:
+            text = canonical_text(json.loads(body)) if body else ""
+        except (ValueError, UnicodeDecodeError):
+            text = ""   # not JSON: the replica will say what is wrong with it
+        if not text:
+            return [], None
+        hashes = block_hashes(text, self.fleet.config.block_bytes)
+        return hashes, leading_key(text, hashes, self.fleet.config.hash_blocks)
+
+    def _another(self, tried: set[str]) -> bool:
+        return any(r.url not in tried for r in self.fleet.healthy())
+
+    async def forward(self, scope, body: bytes, send) -> None:
+        hashes, lead = self.key(body)
+        tried: set[str] = set()
+        last_error = "no replica is healthy"
+        for _ in range(self.fleet.config.retries + 1):
+            decision = self.policy.choose(self.fleet.healthy(), hashes, lead, tried)
+            if decision is None:
+                break
+            r = decision.replica
+            tried.add(r.url)
+            self.stats.count(decision)
+            self.policy.sent(decision, hashes)
+            attempt = Attempt(self.client, decision)
+            r.inflight += 1
+            try:
+                try:
+                    status = await attempt.open(upstream_request(self.client, scope, r.url, body))
+                except RETRY_ERRORS as e:
+                    r.failures += 1
+                    self.fleet.drain(r, f"{type(e).__name__} on a request")
+                    last_error = f"replica {r.name} failed: {type(e).__name__}"
+                    self.stats.retries += 1
+                    continue
+                if status == 503 and len(tried) <= self.fleet.config.retries and self._another(tried):
+                    last_error = f"replica {r.name} answered 503"   # busy or loading: try another
+                    self.stats.retries += 1
+                    continue
+                if not await attempt.pump(send):
+                    self.stats.cut += 1
+                return
+            finally:
+                r.inflight -= 1
+                await attempt.close()
+        code = 503 if not tried else 502
+        await send_json(send, code, error_body(code, last_error if tried else "no replica is healthy",
+                                               "unavailable_error"))
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
