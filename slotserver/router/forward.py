@@ -15,7 +15,7 @@ import httpx
 
 from slotserver.router.fleet import Fleet
 from slotserver.router.policy import Policy
-from slotserver.router.prefix import block_hashes, canonical_text, leading_key
+from slotserver.router.prefix import PromptKey, canonical_text
 from slotserver.router.proxy import (RETRY_ERRORS, Attempt, PayloadTooLarge, error_body, read_body, send_json,
                                      upstream_request)
 from slotserver.router.stats import RouterStats
@@ -42,32 +42,29 @@ class Forwarder:
         watch.cancel()
         await asyncio.gather(task, watch, return_exceptions=True)
 
-    def key(self, body: bytes) -> tuple[list[bytes], bytes | None]:
-        """The prompt's block hashes and its consistent-hash key (None: no prompt in the body)."""
+    def key(self, body: bytes) -> PromptKey | None:
+        """The prompt's routing key (None: no prompt in the body)."""
         try:
             text = canonical_text(json.loads(body)) if body else ""
         except (ValueError, UnicodeDecodeError):
             text = ""   # not JSON: the replica will say what is wrong with it
-        if not text:
-            return [], None
-        hashes = block_hashes(text, self.fleet.config.block_bytes)
-        return hashes, leading_key(text, hashes, self.fleet.config.hash_blocks)
+        return PromptKey.of(text, self.fleet.config.block_bytes, self.fleet.config.hash_blocks)
 
     def _another(self, tried: set[str]) -> bool:
         return any(r.url not in tried for r in self.fleet.healthy())
 
     async def forward(self, scope, body: bytes, send) -> None:
-        hashes, lead = self.key(body)
+        key = self.key(body)
         tried: set[str] = set()
         last_error = "no replica is healthy"
         for _ in range(self.fleet.config.retries + 1):
-            decision = self.policy.choose(self.fleet.healthy(), hashes, lead, tried)
+            decision = self.policy.choose(self.fleet.healthy(), key, tried)
             if decision is None:
                 break
             r = decision.replica
             tried.add(r.url)
             self.stats.count(decision)
-            self.policy.sent(decision, hashes)
+            self.policy.sent(decision, key)
             attempt = Attempt(self.client, decision)
             r.inflight += 1
             try:

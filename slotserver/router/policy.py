@@ -2,15 +2,24 @@
 
 `prefix` (the default), in order:
 1. **prefix hit**: the replica that last served the longest prefix of this prompt (AffinityTable),
-   if it is healthy and not overloaded. Its KV cache (or RAM prompt cache) most likely still holds
-   that prefix, so it computes only the new tail: for an agent re-sending its whole history each
-   turn, that is the difference between prefilling a few dozen tokens and a few thousand.
-2. **hash**: otherwise a consistent (rendezvous) hash of the prompt's leading blocks, if that replica
-   is not overloaded. Without any shared state it sends the same conversation to the same replica
-   from any router (several routers, or one restarted with an empty table), and moves only 1/N of
-   the keys when a replica joins or leaves.
-3. **least loaded**: otherwise the healthy replica with the lowest load (ties: fewest requests
-   routed so far, then URL order), which is also where requests without a prompt go.
+   when this prompt *continues* an earlier one (the match ends where an earlier prompt ended: the
+   next turn of a conversation, its whole history so far) and the replica is not overloaded. Its
+   KV cache (or RAM prompt cache) most likely still holds that prefix, so it computes only the new
+   tail: for an agent re-sending its whole history each turn, that is the difference between
+   prefilling a few dozen tokens and a few thousand. (A share of the prompt, as SGLang's
+   cache_threshold, cannot tell a conversation's own history from a long system prompt that every
+   conversation shares; where the match ends can.)
+2. Otherwise the request is placed among the *least busy* replicas (those with a free slot, or else
+   those with the lowest load): the owner of a shorter match if it is one of them (a new
+   conversation that shares only the agent's system prompt: a weak hit, still "prefix_hit"), else
+   the one a consistent (rendezvous) **hash** of the prompt's leading blocks names. Without any
+   shared state the hash sends the same prompt to the same replica from any router (several
+   routers, or one restarted with an empty table), and moves only 1/N of the keys when a replica
+   joins or leaves. Restricting it to the least busy replicas is what spreads a burst of new
+   conversations that all start with the same system prompt (their leading blocks, hence their
+   hash, are the same) over the fleet instead of piling them on one replica.
+3. **least loaded** (the fallback, counted apart): the replica holding a long prefix was
+   overloaded, so the request went to a least busy one instead, as in 2.
 
 "Overloaded" means: no free slot (from /slots) AND more than `balance_slack` requests above the
 least loaded replica. Affinity is worth a short wait (a cached prefix saves its whole prefill) but
@@ -26,6 +35,7 @@ import hashlib
 from dataclasses import dataclass
 
 from slotserver.router.affinity import AffinityTable
+from slotserver.router.prefix import PromptKey
 from slotserver.router.replica import Replica
 
 
@@ -55,27 +65,30 @@ class Policy:
             return False
         return r.load - min(c.load for c in candidates) > self.slack
 
-    def choose(self, candidates: list[Replica], hashes: list[bytes], lead: bytes | None,
+    def choose(self, candidates: list[Replica], key: PromptKey | None,
                exclude: set[str] = frozenset()) -> Decision | None:
         """The replica for a request, among healthy `candidates` not in `exclude` (already failed
-        for this request); None when none is left. `lead` is the consistent-hash key (None: no prompt)."""
+        for this request); None when none is left. `key` is None for a request without a prompt."""
         pool = [r for r in candidates if r.url not in exclude]
         if not pool:
             return None
         if self.name == "round-robin":
             self._rr += 1
             return Decision(pool[self._rr % len(pool)], "round_robin")
-        if self.name == "prefix" and lead is not None:
-            n, owner = self.table.longest_match(hashes)
-            hit = next((r for r in pool if r.url == owner), None)
-            if hit is not None and not self.overloaded(hit, pool):
-                return Decision(hit, "prefix_hit", n)
-            hashed = rendezvous(lead, pool)
-            if not self.overloaded(hashed, pool):
-                return Decision(hashed, "hash", n)
-        return Decision(least_loaded(pool), "least_loaded")
+        if self.name != "prefix" or key is None:
+            return Decision(least_loaded(pool), "least_loaded")
+        n, url, continues = self.table.longest_match(key)
+        owner = next((r for r in pool if r.url == url), None)
+        strong = owner is not None and continues
+        if strong and not self.overloaded(owner, pool):
+            return Decision(owner, "prefix_hit", n)
+        low = min(r.load for r in pool)
+        free = [r for r in pool if r.has_free_slot() or r.load == low]
+        if owner in free:   # (a strong owner in `free` was not overloaded: it returned above)
+            return Decision(owner, "prefix_hit", n)
+        return Decision(rendezvous(key.lead, free), "least_loaded" if strong else "hash", n)
 
-    def sent(self, decision: Decision, hashes: list[bytes]) -> None:
+    def sent(self, decision: Decision, key: PromptKey | None) -> None:
         """Remember that the chosen replica now holds this prompt's blocks."""
-        if self.name == "prefix" and hashes:
-            self.table.record(hashes, decision.replica.url)
+        if self.name == "prefix" and key is not None:
+            self.table.record(key, decision.replica.url)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 # the prompt-bearing fields of the APIs the replicas speak, in rendering order: tools and system
@@ -51,6 +52,10 @@ def canonical_text(body: Any) -> str:
     return "".join(parts)
 
 
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
 def block_hashes(text: str, block_bytes: int) -> list[bytes]:
     """Chained hashes of the UTF-8 text's full blocks: hashes[i] identifies its first (i + 1) * block_bytes bytes.
 
@@ -60,14 +65,24 @@ def block_hashes(text: str, block_bytes: int) -> list[bytes]:
     data = text.encode("utf-8", "surrogatepass")
     step = block_bytes   # a block boundary inside a multi-byte character is harmless: both sides hash the same bytes
     for end in range(step, len(data) + 1, step):
-        prev = hashlib.blake2b(prev + data[end - step:end], digest_size=16).digest()
+        prev = _digest(prev + data[end - step:end])
         out.append(prev)
     return out
 
 
-def leading_key(text: str, hashes: list[bytes], hash_blocks: int) -> bytes:
-    """What the consistent hash looks at: the first `hash_blocks` blocks, or the whole text when it
-    is shorter (a short first turn still lands somewhere stable)."""
-    if len(hashes) >= hash_blocks:
-        return hashes[hash_blocks - 1]
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+@dataclass(frozen=True)
+class PromptKey:
+    """What the policy routes on. `whole` identifies the exact text (an identical request sent
+    again); `lead` is the consistent hash's key: the first `hash_blocks` blocks, or the whole text
+    when it is shorter (a short first turn still lands somewhere stable)."""
+    blocks: list[bytes]
+    whole: bytes
+    lead: bytes
+
+    @classmethod
+    def of(cls, text: str, block_bytes: int, hash_blocks: int) -> "PromptKey | None":
+        if not text:
+            return None
+        blocks = block_hashes(text, block_bytes)
+        whole = _digest(b"whole:" + text.encode("utf-8", "surrogatepass"))
+        return cls(blocks, whole, blocks[hash_blocks - 1] if len(blocks) >= hash_blocks else whole)
