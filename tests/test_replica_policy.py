@@ -100,3 +100,14 @@ def test_affinity_table_is_bounded_and_forgets_a_replica():
 def test_bad_config_is_one_clear_error(kw, words):
     with pytest.raises(RouterConfigError, match=words):
         RouterConfig(**kw)
+
+
+@pytest.mark.parametrize("argv, words", [(["router"], "no replica"),
+                                         (["router", "--upstream", "localhost:8080"], "not an http"),
+                                         (["router", "--upstream", "http://a:1", "--block-bytes", "2"], "--block-bytes")])
+def test_router_command_refuses_bad_flags_in_one_line(argv, words, capsys):
+    from slotserver.cli.main import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err and err.startswith("slotserver: error:")

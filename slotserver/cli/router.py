@@ -63,6 +63,7 @@ def run(args) -> int:
 
     config = build_config(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)   # not a line per upstream request
     try:
         router = Router(config)
     except RouterConfigError as e:
