@@ -48,6 +48,7 @@ class StubReplica:
     name: str
     counter: float = 0.0                  # llamacpp:prompt_tokens_total it reports
     healthy: bool = True
+    busy: bool = False                    # answer 503 to completions (a full queue), /health still ok
     seen: list[Seen] = field(default_factory=list)
     inflight: int = 0
 
@@ -85,6 +86,8 @@ class StubReplica:
         body = await request.json()
         seen = Seen(request.url.path, body)
         self.seen.append(seen)
+        if self.busy:
+            return JSONResponse({"error": {"code": 503, "message": "queue full"}}, status_code=503)
         if not body.get("stream"):
             return JSONResponse({"content": f"answer from {self.name}", "replica": self.name})
         return StreamingResponse(self._events(seen), media_type="text/event-stream")

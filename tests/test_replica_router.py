@@ -109,6 +109,18 @@ def test_a_replica_dying_before_streaming_is_retried_elsewhere():
         hole.close()
 
 
+def test_a_503_answer_is_retried_elsewhere_unless_no_replica_is_left():
+    with fleet(2, policy="round-robin") as (client, stubs, _, _):
+        stubs[0].busy = True
+        for i in range(4):
+            r = client.post("/completion", json={"prompt": f"p{i}"})
+            assert r.status_code == 200 and r.json()["replica"] == "r1"
+        assert stubs[0].seen and client.get("/router/replicas").json()["retries"] == len(stubs[0].seen)
+        stubs[1].busy = True
+        r = client.post("/completion", json={"prompt": "last"})
+        assert r.status_code == 503 and r.json()["error"]["message"] == "queue full"   # the replica's own answer
+
+
 def test_no_retry_once_streaming_started():
     with fleet(2) as (client, stubs, _, _):
         got = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import httpx
 
@@ -20,12 +21,16 @@ from slotserver.router.proxy import (RETRY_ERRORS, Attempt, PayloadTooLarge, err
                                      upstream_request)
 from slotserver.router.stats import RouterStats
 
+log = logging.getLogger("slotserver.router")
+
 
 class Forwarder:
     def __init__(self, fleet: Fleet, policy: Policy, stats: RouterStats, client: httpx.AsyncClient) -> None:
         self.fleet, self.policy, self.stats, self.client = fleet, policy, stats, client
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return   # websockets: nothing the replicas speak
         try:
             body = await read_body(receive, self.fleet.config.body_limit)
         except PayloadTooLarge:
@@ -33,14 +38,24 @@ class Forwarder:
             return
         except asyncio.CancelledError:
             return   # the client left while sending its request
-        task = asyncio.create_task(self.forward(scope, body, send))
+        started = []
+
+        async def tracked_send(message) -> None:
+            started.append(True)
+            await send(message)
+
+        task = asyncio.create_task(self.forward(scope, body, tracked_send))
         watch = asyncio.create_task(_disconnected(receive))
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
             self.stats.disconnects += 1
             task.cancel()
         watch.cancel()
-        await asyncio.gather(task, watch, return_exceptions=True)
+        result, _ = await asyncio.gather(task, watch, return_exceptions=True)
+        if isinstance(result, Exception):   # a bug of ours, never the client's fault: say so, keep serving
+            log.error("forwarding %s %s failed", scope["method"], scope["path"], exc_info=result)
+            if not started:
+                await send_json(send, 500, error_body(500, f"router error: {type(result).__name__}", "server_error"))
 
     def key(self, body: bytes) -> PromptKey | None:
         """The prompt's routing key (None: no prompt in the body)."""

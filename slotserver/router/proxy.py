@@ -27,8 +27,9 @@ log = logging.getLogger("slotserver.router")
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "host", "content-length"}
-RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.ReadTimeout,
-                httpx.RemoteProtocolError, httpx.WriteError, httpx.PoolTimeout)
+# any failure to talk to the replica (refused, reset, timed out, a broken HTTP answer): the replica,
+# not the request, is at fault, so another replica may answer it
+RETRY_ERRORS = (httpx.TransportError,)
 
 
 class PayloadTooLarge(Exception):
