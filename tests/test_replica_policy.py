@@ -111,3 +111,13 @@ def test_router_command_refuses_bad_flags_in_one_line(argv, words, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err and err.startswith("slotserver: error:")
+
+
+def test_router_command_refuses_an_unknown_flag_pointing_to_its_own_help(capsys):
+    from slotserver.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["router", "--foo"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1
+    assert lines[0].startswith("slotserver router: error: ") and lines[0].endswith("(see slotserver router --help)")
