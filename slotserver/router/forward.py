@@ -15,7 +15,7 @@ import logging
 import httpx
 
 from slotserver.router.fleet import Fleet
-from slotserver.router.policy import Policy
+from slotserver.router.policy import Decision, Policy
 from slotserver.router.prefix import PromptKey, canonical_text
 from slotserver.router.proxy import (RETRY_ERRORS, Attempt, PayloadTooLarge, error_body, read_body, send_json,
                                      upstream_request)
@@ -69,41 +69,45 @@ class Forwarder:
         return any(r.url not in tried for r in self.fleet.healthy())
 
     async def forward(self, scope, body: bytes, send) -> None:
+        """Up to 1 + retries replicas, each tried once, until one answers."""
         key = self.key(body)
         tried: set[str] = set()
-        last_error = "no replica is healthy"
+        last_error = None
         for _ in range(self.fleet.config.retries + 1):
             decision = self.policy.choose(self.fleet.healthy(), key, tried)
             if decision is None:
                 break
-            r = decision.replica
-            tried.add(r.url)
+            tried.add(decision.replica.url)
             self.stats.count(decision)
             self.policy.sent(decision, key)
-            attempt = Attempt(self.client, decision)
-            r.inflight += 1
-            try:
-                try:
-                    status = await attempt.open(upstream_request(self.client, scope, r.url, body))
-                except RETRY_ERRORS as e:
-                    r.failures += 1
-                    self.fleet.drain(r, f"{type(e).__name__} on a request")
-                    last_error = f"replica {r.name} failed: {type(e).__name__}"
-                    self.stats.retries += 1
-                    continue
-                if status == 503 and len(tried) <= self.fleet.config.retries and self._another(tried):
-                    last_error = f"replica {r.name} answered 503"   # busy or loading: try another
-                    self.stats.retries += 1
-                    continue
-                if not await attempt.pump(send):
-                    self.stats.cut += 1
+            may_retry = len(tried) <= self.fleet.config.retries and self._another(tried)
+            last_error = await self._try(decision, scope, body, send, may_retry)
+            if last_error is None:
                 return
-            finally:
-                r.inflight -= 1
-                await attempt.close()
-        code = 503 if not tried else 502
-        await send_json(send, code, error_body(code, last_error if tried else "no replica is healthy",
-                                               "unavailable_error"))
+            self.stats.retries += 1
+        code = 502 if last_error else 503
+        await send_json(send, code, error_body(code, last_error or "no replica is healthy", "unavailable_error"))
+
+    async def _try(self, decision: Decision, scope, body: bytes, send, may_retry: bool) -> str | None:
+        """One attempt: None once the client was answered, else why another replica should try."""
+        r = decision.replica
+        attempt = Attempt(self.client, decision)
+        r.inflight += 1
+        try:
+            try:
+                status = await attempt.open(upstream_request(self.client, scope, r.url, body))
+            except RETRY_ERRORS as e:
+                r.failures += 1
+                self.fleet.drain(r, f"{type(e).__name__} on a request")
+                return f"replica {r.name} failed: {type(e).__name__}"
+            if status == 503 and may_retry:
+                return f"replica {r.name} answered 503"   # busy or loading: another may answer
+            if not await attempt.pump(send):
+                self.stats.cut += 1
+            return None
+        finally:
+            r.inflight -= 1
+            await attempt.close()
 
 
 async def _disconnected(receive) -> None:

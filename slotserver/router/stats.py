@@ -12,7 +12,7 @@ REASONS = ("prefix_hit", "hash", "least_loaded", "round_robin")
 class RouterStats:
     def __init__(self) -> None:
         self.routed: Counter[tuple[str, str]] = Counter()   # (replica name, reason) -> requests
-        self.retries = 0        # attempts given up on a replica before anything was streamed
+        self.retries = 0        # attempts that failed before anything was streamed (the next replica, if any, tries)
         self.cut = 0            # answers cut because the replica broke off mid-stream
         self.disconnects = 0    # clients that left before their answer ended
 
@@ -33,7 +33,7 @@ class RouterStats:
                  "# TYPE slotserver_router_requests_total counter"]
         lines += [f'slotserver_router_requests_total{{replica="{_esc(name)}",reason="{reason}"}} {n}'
                   for (name, reason), n in sorted(self.routed.items())]
-        for name, doc, value in (("retries", "Attempts moved to another replica before anything was streamed.",
+        for name, doc, value in (("retries", "Attempts that failed before anything was streamed; another replica then tried.",
                                   self.retries),
                                  ("cut", "Answers cut because a replica failed mid-stream.", self.cut),
                                  ("client_disconnects", "Clients that left before their answer ended.",
