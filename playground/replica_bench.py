@@ -10,8 +10,9 @@ Hit rate is what the replicas themselves report: the sum of `timings.cache_n` (p
 from a cache: slot KV or the RAM prompt cache) over the sum of cache_n + prompt_n (computed), over
 every request. Each turn's new tool output can never be cached, so that rate has a ceiling below
 100% (~83% here); "history" is the share of what each turn re-sends (the previous turn's prompt
-and answer) that was taken from a cache: 100% is a perfect router. Each policy gets freshly started replicas (empty caches); the same conversations,
-tool outputs and greedy answers are sent under both.
+and answer) that was taken from a cache: 100% is a perfect router. Each policy gets freshly
+started replicas (empty caches); the same conversations, tool outputs and greedy answers are sent
+under both.
 
 Kill phase: the prefix policy again, on fresh replicas, and replica 0 is SIGKILLed once a third of
 the requests are done. A request that fails is classified by what its client had received: nothing

@@ -104,7 +104,8 @@ def test_bad_config_is_one_clear_error(kw, words):
 
 @pytest.mark.parametrize("argv, words", [(["router"], "no replica"),
                                          (["router", "--upstream", "localhost:8080"], "not an http"),
-                                         (["router", "--upstream", "http://a:1", "--block-bytes", "2"], "--block-bytes")])
+                                         (["router", "--upstream", "http://a:1", "--block-bytes", "2"],
+                                          "--block-bytes")])
 def test_router_command_refuses_bad_flags_in_one_line(argv, words, capsys):
     from slotserver.cli.main import main
 

@@ -25,7 +25,8 @@ from slotserver.router.prefix import PromptKey
 class AffinityTable:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._owner: OrderedDict[bytes, tuple[str, bool]] = OrderedDict()   # block hash -> (replica url, a prompt ended here)
+        # block hash -> (replica url, whether a prompt ended at this block)
+        self._owner: OrderedDict[bytes, tuple[str, bool]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._owner)

@@ -46,7 +46,8 @@ def canonical_text(body: Any) -> str:
         if value is None:
             continue
         if isinstance(value, list) and name in ("messages", "input", "input_extra"):
-            parts.extend(f"{name}:{_text(item)}\n" for item in value)   # one line per message: turn N is a prefix of N+1
+            # one line per message: turn N's text is a prefix of turn N+1's
+            parts.extend(f"{name}:{_text(item)}\n" for item in value)
         else:
             parts.append(f"{name}:{_text(value)}\n")
     return "".join(parts)

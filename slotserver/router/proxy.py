@@ -96,7 +96,8 @@ class Attempt:
         """Send the held status, headers and chunk, then the rest as it comes. False when the
         upstream broke off mid-answer (the client's connection must then be closed unfinished)."""
         resp = self.resp
-        headers = [(k.lower(), v) for k, v in resp.headers.raw if k.decode("latin-1").lower() not in HOP_BY_HOP - {"content-length"}]
+        drop = HOP_BY_HOP - {"content-length"}   # the raw bytes go through: the upstream's length holds
+        headers = [(k.lower(), v) for k, v in resp.headers.raw if k.decode("latin-1").lower() not in drop]
         headers.append((b"x-slotserver-replica", self.decision.replica.name.encode()))
         await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
         await send({"type": "http.response.body", "body": self.first, "more_body": not self.done})
