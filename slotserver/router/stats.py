@@ -33,8 +33,8 @@ class RouterStats:
                  "# TYPE slotserver_router_requests_total counter"]
         lines += [f'slotserver_router_requests_total{{replica="{_esc(name)}",reason="{reason}"}} {n}'
                   for (name, reason), n in sorted(self.routed.items())]
-        for name, doc, value in (("retries", "Attempts that failed before anything was streamed (another replica tried).",
-                                  self.retries),
+        for name, doc, value in (("retries", "Attempts that failed before anything was streamed "
+                                  "(another replica tried).", self.retries),
                                  ("cut", "Answers cut because a replica failed mid-stream.", self.cut),
                                  ("client_disconnects", "Clients that left before their answer ended.",
                                   self.disconnects)):
