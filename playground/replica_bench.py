@@ -21,6 +21,7 @@ answer (cut mid-stream: the router may not retry that; the agent re-sends the tu
 
     .venv/bin/python playground/replica_bench.py [--replicas 3] [--np 2] [--conversations 12] [--turns 8]
         [--threads 1] [--n-predict 16] [--replica-flags "--cache-ram 0"] [--skip-kill]
+        [--policies round-robin,prefix]
 """
 
 from __future__ import annotations
@@ -206,10 +207,12 @@ def main() -> None:
     ap.add_argument("--replica-flags", default="", help="more `slotserver serve` flags for every replica")
     ap.add_argument("--logs", type=Path, default=Path("/tmp/replica_bench"))
     ap.add_argument("--skip-kill", action="store_true")
+    ap.add_argument("--policies", default="prefix,round-robin",
+                    help="the runs, in this order (the host's load drifts: run both orders to see it)")
     args = ap.parse_args()
     args.logs.mkdir(parents=True, exist_ok=True)
     runs = []
-    for policy in ("prefix", "round-robin"):
+    for policy in args.policies.split(","):
         print(f"policy {policy} ...", flush=True)
         runs.append(one_run(args, policy, args.logs))
     if not args.skip_kill:
@@ -223,7 +226,10 @@ def main() -> None:
         print(f"{r.policy:<20} {r.requests:>8} {r.hit_rate():>9.1%} {r.history_rate():>8.1%} {r.cached:>8} "
               f"{r.computed:>9} {r.wall_s:>8.1f} {r.lost_before_stream:>5} {r.cut_mid_stream:>4}  {r.routed} "
               f"{sorted(r.by_replica.values())}")
-    base, ours = runs[1], runs[0]
+    by_name = {r.policy: r for r in runs}
+    if "prefix" not in by_name or "round-robin" not in by_name:
+        return
+    base, ours = by_name["round-robin"], by_name["prefix"]
     print(f"prefix vs round-robin: hit rate {ours.hit_rate():.1%} vs {base.hit_rate():.1%} (re-sent history "
           f"reused {ours.history_rate():.1%} vs {base.history_rate():.1%}), prompt tokens computed "
           f"{base.computed / max(1, ours.computed):.2f}x fewer, total time {base.wall_s / ours.wall_s:.2f}x faster")
