@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shlex
 import subprocess
@@ -73,6 +74,7 @@ class Run:
     cut_mid_stream: int = 0
     by_replica: dict = field(default_factory=dict)
     wall_s: float = 0.0
+    cpu_s: float = 0.0         # CPU seconds the replica processes used (less sensitive to other jobs than wall time)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def hit_rate(self) -> float:
@@ -162,6 +164,15 @@ def fleet(args, policy: str, logs: Path) -> tuple[list[subprocess.Popen], subpro
     return procs, router, f"http://127.0.0.1:{rport}"
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a live process (its threads included), from /proc; 0 where unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stop(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if p.poll() is None:
@@ -189,6 +200,7 @@ def one_run(args, policy: str, logs: Path, kill_at: float | None = None) -> Run:
             for f in futures:
                 f.result()
         run.wall_s = time.perf_counter() - t0
+        run.cpu_s = sum(cpu_seconds(p.pid) for p in procs if p.poll() is None)
         run.routed = httpx.get(url + "/router/replicas").json()["routed"]
     finally:
         stop([router, *procs])
@@ -221,18 +233,19 @@ def main() -> None:
     print(f"\n{args.replicas} replicas x -np {args.np} -t {args.threads}, {args.conversations} conversations x "
           f"{args.turns} turns, n_predict {args.n_predict}, replica flags: {args.replica_flags or '(defaults)'}")
     print(f"{'run':<20} {'requests':>8} {'hit rate':>9} {'history':>8} {'cached':>8} {'computed':>9} {'wall s':>8} "
-          f"{'lost':>5} {'cut':>4}  routed / per replica")
+          f"{'cpu s':>7} {'lost':>5} {'cut':>4}  routed / per replica")
     for r in runs:
         print(f"{r.policy:<20} {r.requests:>8} {r.hit_rate():>9.1%} {r.history_rate():>8.1%} {r.cached:>8} "
-              f"{r.computed:>9} {r.wall_s:>8.1f} {r.lost_before_stream:>5} {r.cut_mid_stream:>4}  {r.routed} "
-              f"{sorted(r.by_replica.values())}")
+              f"{r.computed:>9} {r.wall_s:>8.1f} {r.cpu_s:>7.1f} {r.lost_before_stream:>5} {r.cut_mid_stream:>4}  "
+              f"{r.routed} {sorted(r.by_replica.values())}")
     by_name = {r.policy: r for r in runs}
     if "prefix" not in by_name or "round-robin" not in by_name:
         return
     base, ours = by_name["round-robin"], by_name["prefix"]
     print(f"prefix vs round-robin: hit rate {ours.hit_rate():.1%} vs {base.hit_rate():.1%} (re-sent history "
           f"reused {ours.history_rate():.1%} vs {base.history_rate():.1%}), prompt tokens computed "
-          f"{base.computed / max(1, ours.computed):.2f}x fewer, total time {base.wall_s / ours.wall_s:.2f}x faster")
+          f"{base.computed / max(1, ours.computed):.2f}x fewer, total time {base.wall_s / ours.wall_s:.2f}x faster, "
+          f"replica CPU time {base.cpu_s / max(ours.cpu_s, 1e-9):.2f}x less")
 
 
 if __name__ == "__main__":
