@@ -74,7 +74,8 @@ class Run:
     cut_mid_stream: int = 0
     by_replica: dict = field(default_factory=dict)
     wall_s: float = 0.0
-    cpu_s: float = 0.0         # CPU seconds the replica processes used (less sensitive to other jobs than wall time)
+    cpu_s: float = 0.0         # CPU seconds the replicas used for the workload (less sensitive to other jobs
+                               # than wall time; in the kill run, the killed replica's share is missing)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def hit_rate(self) -> float:
@@ -189,6 +190,7 @@ def one_run(args, policy: str, logs: Path, kill_at: float | None = None) -> Run:
     run, done = Run(policy if kill_at is None else policy + " + kill"), [0]
     total = args.conversations * args.turns
     try:
+        cpu0 = sum(cpu_seconds(p.pid) for p in procs)   # start-up (load, warmup) left out
         t0 = time.perf_counter()
         with ThreadPoolExecutor(args.conversations) as pool:
             futures = [pool.submit(conversation, i, args, url, run, done) for i in range(args.conversations)]
@@ -200,7 +202,7 @@ def one_run(args, policy: str, logs: Path, kill_at: float | None = None) -> Run:
             for f in futures:
                 f.result()
         run.wall_s = time.perf_counter() - t0
-        run.cpu_s = sum(cpu_seconds(p.pid) for p in procs if p.poll() is None)
+        run.cpu_s = sum(cpu_seconds(p.pid) for p in procs if p.poll() is None) - cpu0
         run.routed = httpx.get(url + "/router/replicas").json()["routed"]
     finally:
         stop([router, *procs])
