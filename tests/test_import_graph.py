@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "numpy", "triton")
 TORCH_FREE_SEAMS = ("slotserver.engine.scheduler", "slotserver.engine.slots", "slotserver.engine.stream_map",
                     "slotserver.engine.sequence", "slotserver.errors")
-SELF_CONTAINED = ("slotserver.top", "slotserver.bench", "slotserver.router")   # import nothing of slotserver but themselves
+SELF_CONTAINED = ("slotserver.top", "slotserver.bench", "slotserver.replicas")   # import nothing of slotserver but themselves
 FORBIDDEN_FOR_PLUGINS = ("slotserver.server", "slotserver.engine", "slotserver.lab", "slotserver.model")
 # The layers, lowest first: nothing imports a layer above its own (a direct import only, so the
 # message names the line to move). runtime: the contracts kernels, layouts, model and engine build on

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from slotserver.router.affinity import AffinityTable
-from slotserver.router.config import RouterConfig, RouterConfigError
-from slotserver.router.policy import Policy, rendezvous
-from slotserver.router.prefix import PromptKey, block_hashes, canonical_text
-from slotserver.router.replica import Replica
+from slotserver.replicas.affinity import AffinityTable
+from slotserver.replicas.config import RouterConfig, RouterConfigError
+from slotserver.replicas.policy import Policy, rendezvous
+from slotserver.replicas.prefix import PromptKey, block_hashes, canonical_text
+from slotserver.replicas.replica import Replica
 
 SYSTEM = {"role": "system", "content": "You are an agent with tools. " * 10}
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from replica_stubs import BlackHole, Serving, StubReplica, free_port
-from slotserver.router.app import Router
-from slotserver.router.config import RouterConfig
+from slotserver.replicas.app import Router
+from slotserver.replicas.config import RouterConfig
 
 SYSTEM = "You are a coding agent. Use the tools to answer. " * 4
 
@@ -173,7 +173,8 @@ def test_metrics_sum_counters_and_label_gauges():
                        for x in lines)
         assert 'slotserver_ttft_seconds_bucket{le="+Inf"} 6.0' in lines and "slotserver_ttft_seconds_count 6.0" in lines
         assert not any("_created" in x for x in lines)
-        hits = [x for x in lines if x.startswith("slotserver_router_requests_total{") and 'reason="prefix_hit"' in x]
+        hits = [x for x in lines
+                if x.startswith("slotserver_replica_router_requests_total{") and 'reason="prefix_hit"' in x]
         assert sum(float(x.split()[-1]) for x in hits) == 2             # the 2nd and 3rd found the 1st's prefix
 
 

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from replica_stubs import Serving
-from slotserver.router.app import Router
-from slotserver.router.config import RouterConfig
+from slotserver.replicas.app import Router
+from slotserver.replicas.config import RouterConfig
 from slotserver.server import ServerConfig, ServerState, create_app
 from tiny_engine import running_tiny_engine
 

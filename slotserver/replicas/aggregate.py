@@ -9,7 +9,7 @@ replicas means nothing, and users aggregate those with sum() or avg() as they ne
 samples (creation timestamps) are dropped: a sum of timestamps is not one.
 
 A replica that does not answer /metrics (down, or started without --metrics) is left out; the
-router's own counters (slotserver_router_*) follow.
+router's own counters (slotserver_replica_router_*) follow.
 """
 
 from __future__ import annotations

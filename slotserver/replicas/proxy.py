@@ -21,9 +21,9 @@ import logging
 
 import httpx
 
-from slotserver.router.policy import Decision
+from slotserver.replicas.policy import Decision
 
-log = logging.getLogger("slotserver.router")
+log = logging.getLogger("slotserver.replicas")
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "host", "content-length"}

@@ -34,9 +34,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from slotserver.router.affinity import AffinityTable
-from slotserver.router.prefix import PromptKey
-from slotserver.router.replica import Replica
+from slotserver.replicas.affinity import AffinityTable
+from slotserver.replicas.prefix import PromptKey
+from slotserver.replicas.replica import Replica
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,14 @@ import logging
 
 import httpx
 
-from slotserver.router.fleet import Fleet
-from slotserver.router.policy import Decision, Policy
-from slotserver.router.prefix import PromptKey, canonical_text
-from slotserver.router.proxy import (RETRY_ERRORS, Attempt, PayloadTooLarge, error_body, read_body, send_json,
+from slotserver.replicas.fleet import Fleet
+from slotserver.replicas.policy import Decision, Policy
+from slotserver.replicas.prefix import PromptKey, canonical_text
+from slotserver.replicas.proxy import (RETRY_ERRORS, Attempt, PayloadTooLarge, error_body, read_body, send_json,
                                      upstream_request)
-from slotserver.router.stats import RouterStats
+from slotserver.replicas.stats import RouterStats
 
-log = logging.getLogger("slotserver.router")
+log = logging.getLogger("slotserver.replicas")
 
 
 class Forwarder:

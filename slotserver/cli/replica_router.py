@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
 
 
 def build_config(args):
-    from slotserver.router.config import RouterConfig, RouterConfigError
+    from slotserver.replicas.config import RouterConfig, RouterConfigError
 
     try:
         return RouterConfig(upstreams=tuple(args.upstream), upstreams_file=args.upstreams_file, host=args.host,
@@ -58,8 +58,8 @@ def build_config(args):
 def run(args) -> int:
     import uvicorn
 
-    from slotserver.router.app import Router
-    from slotserver.router.config import RouterConfigError
+    from slotserver.replicas.app import Router
+    from slotserver.replicas.config import RouterConfigError
 
     config = build_config(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -68,7 +68,7 @@ def run(args) -> int:
         router = Router(config)
     except RouterConfigError as e:
         raise ConfigError(str(e)) from None
-    logging.getLogger("slotserver.router").info(
+    logging.getLogger("slotserver.replicas").info(
         "replica router on http://%s:%d, policy %s, %d upstreams", config.host, config.port, config.policy,
         len(router.fleet.replicas))
     uvicorn.run(router.app, host=config.host, port=config.port, log_level="warning", access_log=False)

@@ -19,13 +19,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Mount, Route
 
-from slotserver.router.affinity import AffinityTable
-from slotserver.router.aggregate import merge
-from slotserver.router.config import RouterConfig
-from slotserver.router.fleet import Fleet
-from slotserver.router.forward import Forwarder
-from slotserver.router.policy import Policy
-from slotserver.router.stats import RouterStats
+from slotserver.replicas.affinity import AffinityTable
+from slotserver.replicas.aggregate import merge
+from slotserver.replicas.config import RouterConfig
+from slotserver.replicas.fleet import Fleet
+from slotserver.replicas.forward import Forwarder
+from slotserver.replicas.policy import Policy
+from slotserver.replicas.stats import RouterStats
 
 
 class Router:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from slotserver.router.prefix import PromptKey
+from slotserver.replicas.prefix import PromptKey
 
 
 class AffinityTable:

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import httpx
 
-from slotserver.router.affinity import AffinityTable
-from slotserver.router.config import RouterConfig, RouterConfigError, read_upstreams_file
-from slotserver.router.replica import Replica
+from slotserver.replicas.affinity import AffinityTable
+from slotserver.replicas.config import RouterConfig, RouterConfigError, read_upstreams_file
+from slotserver.replicas.replica import Replica
 
-log = logging.getLogger("slotserver.router")
+log = logging.getLogger("slotserver.replicas")
 
 
 class Fleet:
