@@ -6,7 +6,8 @@
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14,
+       MXFP4 = 39 };
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define QM_VNNI 1
 #endif
@@ -27,6 +28,18 @@ static inline float h2f(const uint8_t *p) {
 #endif
 }
 
+/* MXFP4 (gpt-oss's experts; ggml-common.h block_mxfp4: `u8 e, u8 qs[16]`, 17 B / 32): value =
+   kvalues_mxfp4[nibble] * 2^(e - 128), the E2M1 values doubled times half the E8M0 scale, exactly
+   ggml's GGML_E8M0_TO_FP32_HALF (e < 2 are float32 denormals; no NaN for 0xff, as ggml). Unpacked
+   as u = kvalue + 12 (0..24, unsigned like the other 32-blocks) with the offset m = -12 d, so
+   every path of the legacy formats serves it; R16_OFFSET folds the -12 into the integer sums. */
+static const uint8_t MXFP4_U[16] = { 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0 };
+static inline float e8m0_half(uint8_t e) {
+    union { uint32_t u; float f; } x;
+    x.u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    return x.f;
+}
+
 /* One row's unpacked form: u[K] quants, and per 16 values (K-quants) sc/mn, per block d/dm.
    Legacy: value = d[b] * u + dm[b] (dm holds the offset or min); K: d[s]*sc[j]*u - dm[s]*mn[j]. */
 typedef struct { uint8_t *u; int16_t *sc, *mn; float *d, *dm; } Row;
@@ -39,6 +52,11 @@ static void unpack_legacy(int type, const uint8_t *p, int64_t nb, int64_t bs, Ro
     for (int64_t b = 0; b < nb; b++, p += bs) {
         uint8_t *o = r.u + 32 * b;
         const int hm = type == Q4_1 || type == Q5_1, hi = type == Q5_0 || type == Q5_1;
+        if (type == MXFP4) {
+            r.d[b] = e8m0_half(p[0]); r.dm[b] = -12.0f * r.d[b];
+            for (int l = 0; l < 16; l++) { o[l] = MXFP4_U[p[1 + l] & 15]; o[l + 16] = MXFP4_U[p[1 + l] >> 4]; }
+            continue;
+        }
         r.d[b] = h2f(p);
         if (type == Q8_0) { r.dm[b] = 0.0f; memcpy(o, p + 2, 32); continue; }
         r.dm[b] = hm ? h2f(p + 2) : r.d[b] * (hi ? -16.0f : -8.0f);
@@ -193,6 +211,10 @@ static inline __m256i nibbles32(const uint8_t *qs) {
     const __m128i t = _mm_loadu_si128((const __m128i *)qs);
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(15));
 }
+static inline __m256i mxfp4_u32(const uint8_t *qs) {   /* 16 bytes of nibbles -> 32 u = kvalue + 12 */
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_U));
+    return _mm256_shuffle_epi8(lut, nibbles32(qs));
+}
 static inline __m256i fifth_bits(const uint8_t *qh) {    /* bit j of qh -> 0x10 in byte j */
     uint32_t x; memcpy(&x, qh, 4);
     const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
@@ -210,10 +232,11 @@ static inline void dot_legacy_direct(int type, const uint8_t *p, int64_t nb, int
     float macc[QM_ROWS];
     for (int i = 0; i < QM_ROWS; i++) { vacc[i] = _mm256_setzero_ps(); macc[i] = 0.0f; }
     for (int64_t b = 0; b < nb; b++, p += bs) {
-        const float d = h2f(p);
+        const float d = type == MXFP4 ? e8m0_half(p[0]) : h2f(p);
         __m256i u;
         float m = 0.0f;
         if (type == Q8_0) u = _mm256_loadu_si256((const __m256i *)(p + 2));
+        else if (type == MXFP4) { u = mxfp4_u32(p + 1); m = -12.0f * d; }
         else {
             u = nibbles32(p + 2 + 2 * hm + 4 * hi);
             if (hi) u = _mm256_or_si256(u, fifth_bits(p + 2 + 2 * hm));
@@ -243,6 +266,7 @@ static inline __m512 pair_ps(float a, float b) {
 }
 static inline __m256i block_u8(int type, const uint8_t *p, float *d, float *m) {
     const int hm = type == Q4_1 || type == Q5_1, hi = type == Q5_0 || type == Q5_1;
+    if (type == MXFP4) { *d = e8m0_half(p[0]); *m = -12.0f * *d; return mxfp4_u32(p + 1); }
     *d = h2f(p);
     if (type == Q8_0) { *m = -128.0f * *d; return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), _mm256_set1_epi8((char)0x80)); }
     __m256i u = nibbles32(p + 2 + 2 * hm + 4 * hi);
@@ -322,7 +346,7 @@ static inline void dot_legacy_512(int type, const uint8_t *p, int64_t nb, int64_
                                 else dot_legacy_512(T_, p, nb, bs, a, K, dx, sx, mc, out); break;
 static void legacy_rows_512(int type, const uint8_t *p, int64_t nb, int64_t bs, const int8_t *a, int64_t K,
                             const float *dx, const float *sx, int mc, float *out) {
-    switch (type) { QM_CASE512(Q4_0) QM_CASE512(Q4_1) QM_CASE512(Q5_0) QM_CASE512(Q5_1) QM_CASE512(Q8_0) default: break; }
+    switch (type) { QM_CASE512(Q4_0) QM_CASE512(Q4_1) QM_CASE512(Q5_0) QM_CASE512(Q5_1) QM_CASE512(Q8_0) QM_CASE512(MXFP4) default: break; }
 }
 #endif
 
@@ -333,7 +357,7 @@ static void legacy_rows_512(int type, const uint8_t *p, int64_t nb, int64_t bs, 
                              else dot_legacy_direct(T_, p, nb, bs, a, K, da, as, mc, out); break;
 static void legacy_rows(int type, const uint8_t *p, int64_t nb, int64_t bs, const int8_t *a, int64_t K,
                         const float *da, const int16_t *as, int mc, float *out) {
-    switch (type) { QM_CASE(Q4_0) QM_CASE(Q4_1) QM_CASE(Q5_0) QM_CASE(Q5_1) QM_CASE(Q8_0) default: break; }
+    switch (type) { QM_CASE(Q4_0) QM_CASE(Q4_1) QM_CASE(Q5_0) QM_CASE(Q5_1) QM_CASE(Q8_0) QM_CASE(MXFP4) default: break; }
 }
 #endif
 
@@ -952,12 +976,14 @@ int qmatmul_r16_serves(int type, int form) {
 #endif
     if (form == 2) return type == Q6_K;
     if (form == 4) return type == Q4_K;
-    if (form == 5) return type == Q5_K;
+    if (form == 5) return type == Q5_K || type == MXFP4;   /* MXFP4's u = kvalue + 12 fits 5 bits */
 #if defined(QM_VNNI512)
     if (form == 7) return type == Q6_K;
-    if (form == 0) return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == Q4_K || type == Q5_K;
+    if (form == 0) return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == Q4_K || type == Q5_K
+                           || type == MXFP4;
 #else
-    if (form == 0) return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q4_K || type == Q5_K;
+    if (form == 0) return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q4_K || type == Q5_K
+                           || type == MXFP4;
 #endif
 #endif
     (void)type; (void)form;
@@ -1183,6 +1209,9 @@ static void row_floats(int type, Row r, int64_t K, float *f) {
     } else if (type == Q8_0) {
         for (int64_t b = 0; b < K / 32; b++)
             for (int i = 0; i < 32; i++) f[32 * b + i] = r.d[b] * (float)(int8_t)r.u[32 * b + i];
+    } else if (type == MXFP4) {   /* kvalue * d, ggml's product (d*u + m would round, or inf - inf at e = 255) */
+        for (int64_t b = 0; b < K / 32; b++)
+            for (int i = 0; i < 32; i++) f[32 * b + i] = (float)((int)r.u[32 * b + i] - 12) * r.d[b];
     } else {
         for (int64_t b = 0; b < K / 32; b++)
             for (int i = 0; i < 32; i++) f[32 * b + i] = r.d[b] * (float)r.u[32 * b + i] + r.dm[b];
