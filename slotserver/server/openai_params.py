@@ -29,6 +29,7 @@ from slotserver.server.tools.request import ToolConfig, parse_tools
 from slotserver.server.params import CompletionJob, build_request, eog_bias, n_predict_field
 from slotserver.server.choices import expand, n_choices
 from slotserver.server.chat_options import ChatDefaults, chat_options
+from slotserver.server.harmony import answer_prefix, template_is_harmony
 from slotserver.server.reasoning import THINK, ReasoningMode, answer_start, template_thinks
 from slotserver.server.budget_fields import chat_budget, completion_budget
 from slotserver.engine.reasoning_budget import BudgetSpec
@@ -145,7 +146,8 @@ def render_chat_request(f: Fields, template: ChatTemplate, tools: ToolConfig,
     options = chat_options(f, chat)
     text = render_with_tools(template, messages, tools, add_prompt, cont, variables=options.context)
     continued = (messages[-1].get("content") or "") if cont else None
-    return text, ReasoningMode(options.reasoning_format, answer_start(text, continued))
+    harmony = answer_prefix(text) if template_is_harmony(template.source) else None
+    return text, ReasoningMode(options.reasoning_format, answer_start(text, continued), harmony)
 
 
 def _chat_logprobs(f: Fields) -> tuple[bool, int]:

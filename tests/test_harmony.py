@@ -1,0 +1,177 @@
+"""gpt-oss's harmony format (server/harmony.py, server/answer.py): llama.cpp's own parser cases.
+
+CASES are the "GPT-OSS format tests" of llama.cpp's tests/test-chat.cpp (vendored llama.cpp of
+llama_cpp_python 0.3.36), inputs and expected messages copied as they are there: the model's output
+after the generation prompt `<|start|>assistant`, the reasoning format, the offered tools, and the
+expected reasoning_content / content / tool calls. Each is checked whole and streamed (every
+one-character split, and the pieces a real stream of tokens would give), where the deltas must add
+up to the whole answer's split, as test-chat.cpp's streaming check demands.
+The two continuation cases differ from llama.cpp by design: slotserver's answer to a continued
+message holds only the generated text (as for every format here), so the prefilled "Hello, " and
+"I'm" are not repeated.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slotserver.server.answer import answer_parser
+from slotserver.server.harmony import HarmonyParser, answer_prefix, template_is_harmony
+from slotserver.server.reasoning import ReasoningMode
+from slotserver.server.tools.formats import HARMONY, HERMES, choose_format
+from slotserver.server.tools.request import ToolConfig
+
+HELLO, THINKING = "Hello, world!\nWhat's up?", "I'm\nthinking"
+SPECIAL = {"type": "function", "function": {"name": "special_function", "description": "I'm special", "parameters": {
+    "type": "object", "properties": {"arg1": {"type": "integer", "description": "The arg."}}, "required": ["arg1"]}}}
+EDIT = {"type": "function", "function": {"name": "edit", "description": "Edit a file", "parameters": {
+    "type": "object", "properties": {"oldString": {"type": "string"}, "newString": {"type": "string"},
+                                     "replaceAll": {"type": "boolean"}}, "required": ["oldString", "newString"]}}}
+CALL = ("special_function", {"arg1": 1})
+EDIT_ARGS = {"oldString": "if (part < railCount - 1) {", "newString": "if (part < 4) {", "replaceAll": False}
+
+# (output, reasoning_format, tools, expected reasoning, expected content, expected calls [(name, args)])
+CASES = {
+    "final channel": ("<|channel|>final<|message|>" + HELLO, "auto", [], "", HELLO, []),
+    "commentary channel": ("<|channel|>commentary<|message|>" + HELLO, "auto", [], "", HELLO, []),
+    "analysis then final": ("<|channel|>analysis<|message|>I'm\nthinking<|end|><|start|>assistant<|channel|>final"
+                            "<|message|>" + HELLO, "auto", [], THINKING, HELLO, []),
+    "analysis then final, reasoning_format none": (
+        "<|channel|>analysis<|message|>I'm\nthinking<|end|><|start|>assistant<|channel|>final<|message|>" + HELLO,
+        "none", [], "", "<|channel|>analysis<|message|>I'm\nthinking<|end|>" + HELLO, []),
+    "recipient in role": (" to=functions.special_function<|channel|>analysis<|message|>{\"arg1\": 1}",
+                          "auto", [SPECIAL], "", "", [CALL]),
+    "recipient in channel": ("<|channel|>analysis to=functions.special_function<|message|>{\"arg1\": 1}",
+                             "auto", [SPECIAL], "", "", [CALL]),
+    "constraint": (" to=functions.special_function<|channel|>analysis <|constrain|>json<|message|>{\"arg1\": 1}",
+                   "auto", [SPECIAL], "", "", [CALL]),
+    "commentary call": ("<|channel|>commentary to=functions.special_function<|message|>{\"arg1\": 1}",
+                        "auto", [SPECIAL], "", "", [CALL]),
+    "reasoning then call": ("<|channel|>analysis<|message|>I'm\nthinking<|end|>"
+                            "<|start|>assistant to=functions.special_function<|channel|>analysis<|message|>{\"arg1\": 1}",
+                            "auto", [SPECIAL], THINKING, "", [CALL]),
+    "complex call": ("<|channel|>analysis<|message|>Thinking about edit...<|end|>"
+                     "<|start|>assistant<|channel|>commentary to=functions.edit <|constrain|>json"
+                     "<|message|>" + json.dumps(EDIT_ARGS), "auto", [EDIT], "Thinking about edit...", "",
+                     [("edit", EDIT_ARGS)]),
+    "structured output": ("<|channel|>analysis<|message|>I need to output the invoice details in JSON<|end|>"
+                          "<|start|>assistant<|channel|>final <|constrain|>json<|message|>"
+                          '{"amount": 123.45, "date": "2025-12-03"}', "auto", [],
+                          "I need to output the invoice details in JSON", '{"amount": 123.45, "date": "2025-12-03"}', []),
+    "unsolicited builtin, recipient in role": (
+        "<|channel|>analysis<|message|>I will execute python to say hello<|end|>"
+        "<|start|>assistant to=container.exec<|channel|>commentary<|message|>python3 -c 'print(\"hello\")'",
+        "auto", [], "I will execute python to say hello", "", []),
+    "unsolicited builtin, recipient in channel": (
+        "<|channel|>analysis<|message|>I will execute python to say hello<|end|>"
+        "<|start|>assistant<|channel|>commentary to=python <|constrain|>code<|message|>print(\"hello\")",
+        "auto", [], "I will execute python to say hello", "", []),
+    "stray commentary before reasoning": (
+        "<|channel|>commentary to=assistant<|channel|>analysis<|message|>I'm\nthinking<|end|><|start|>assistant"
+        "<|channel|>final<|message|>" + HELLO, "auto", [], THINKING, HELLO, []),
+    "stray commentary before final": (
+        "<|channel|>analysis<|message|>I'm\nthinking<|end|><|start|>assistant<|channel|>commentary to=assistant"
+        "<|channel|>final<|message|>" + HELLO, "auto", [], THINKING, HELLO, []),
+}
+
+
+def _tools(tools: list[dict]) -> ToolConfig | None:
+    return ToolConfig(tuple(tools), "auto", format=HARMONY) if tools else None
+
+
+def _calls(calls: list[dict]) -> list[tuple[str, dict]]:
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+def _streamed(parser, pieces: list[str]) -> tuple[str, str, list[dict]]:
+    reasoning, content, calls = "", "", []
+    for i, piece in enumerate(pieces):
+        r, c, k = parser.feed(piece, final=i == len(pieces) - 1)
+        reasoning, content, calls = reasoning + r, content + c, calls + k
+    return reasoning, content, calls
+
+
+def _token_pieces(text: str) -> list[str]:
+    """The pieces a token stream gives: each special marker whole, the text between in 3-char bits."""
+    out, i = [], 0
+    while i < len(text):
+        j = text.find("<|", i)
+        if j == i:
+            k = text.index("|>", i) + 2
+            out.append(text[i:k])
+            i = k
+        else:
+            end = len(text) if j < 0 else j
+            out += [text[p:min(p + 3, end)] for p in range(i, end, 3)]
+            i = end
+    return out + [""]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_llama_cpp_gpt_oss_cases(name):
+    output, fmt, tools, reasoning, content, calls = CASES[name]
+    mode = ReasoningMode(fmt, harmony="")
+    got = answer_parser(mode, _tools(tools), stream=False).parse(output)
+    assert got[:2] == (reasoning, content) and _calls(got[2]) == calls
+    for pieces in ([*output, ""], _token_pieces(output)):
+        parser = answer_parser(mode, _tools(tools), stream=True)
+        r, c, k = _streamed(parser, pieces)
+        assert (r, c, _calls(k)) == (reasoning, content, calls), pieces
+        assert _calls(parser.tool_calls) == calls
+
+
+def test_partial_analysis_streams_its_reasoning():
+    """llama.cpp's partial case: `<|channel|>analysis<|message|>I'm\\nthinking`, not yet ended."""
+    parser = HarmonyParser()
+    assert parser.feed("<|channel|>analysis<|message|>I'm\nthink") == ("I'm\nthink", "", [])
+    assert parser.feed("ing<|en") == ("ing", "", [])   # a tail that may become <|end|> is held
+    assert parser.feed("d|><|start|>assistant<|channel|>final<|message|>Hi", final=True) == ("", "Hi", [])
+
+
+def test_continued_messages_answer_only_the_generated_text():
+    """llama.cpp's two continuation cases: the prompt ends inside the final message, or inside
+    the analysis one; what follows is read in that message."""
+    prompt = ("<|start|>user<|message|>Hey there!<|end|><|start|>assistant<|channel|>analysis<|message|>I'm thinking"
+              "<|end|><|start|>assistant<|channel|>final<|message|>Hello, ")
+    parser = HarmonyParser(prefix=answer_prefix(prompt))
+    assert parser.parse(HELLO.removeprefix("Hello, ")) == ("", "world!\nWhat's up?", [])
+    parser = HarmonyParser(prefix=answer_prefix("<|start|>user<|message|>Hey<|end|><|start|>assistant"
+                                                "<|channel|>analysis<|message|>I'm"))
+    assert parser.parse(" thinking<|end|><|start|>assistant<|channel|>final<|message|>" + HELLO) == \
+        (" thinking", HELLO, [])
+    assert answer_prefix("<|start|>user<|message|>Hi<|end|><|start|>assistant") == ""
+    assert answer_prefix("<|start|>assistant<|channel|>final<|message|>A<|end|><|start|>user<|message|>B<|end|>") == ""
+
+
+def test_output_that_is_no_harmony_is_given_back_as_content():
+    """Where llama.cpp's parse fails (and its server answers an error), nothing is dropped here."""
+    assert HarmonyParser().parse("Just text, no header.") == ("", "Just text, no header.", [])
+    bad = "<|channel|>commentary to=functions.special_function<|message|>{not json"
+    assert HarmonyParser(tools=_tools([SPECIAL])).parse(bad) == ("", "{not json", [])
+    assert HarmonyParser().parse("<|channel|>analysis<|message|>  \n<|end|><|start|>assistant<|channel|>final"
+                                 "<|message|>ok") == ("", "ok", [])   # whitespace-only reasoning is dropped
+
+
+def test_only_offered_functions_are_calls_and_one_without_parallel_calls():
+    two = ("<|channel|>commentary to=functions.special_function<|message|>{\"arg1\": 1}<|call|>"
+           "<|start|>assistant<|channel|>commentary to=functions.special_function<|message|>{\"arg1\": 2}")
+    assert _calls(HarmonyParser(tools=_tools([SPECIAL])).parse(two)[2]) == [CALL]
+    parallel = ToolConfig((SPECIAL,), "auto", parallel=True, format=HARMONY)
+    assert _calls(HarmonyParser(tools=parallel).parse(two)[2]) == [CALL, ("special_function", {"arg1": 2})]
+    assert HarmonyParser(tools=_tools([EDIT])).parse(two) == ("", "", [])   # not offered: unsolicited, dropped
+    none = ToolConfig((SPECIAL,), "none", format=HARMONY)
+    assert HarmonyParser(tools=none).parse(two) == ("", "", [])
+
+
+def test_gpt_oss_templates_choose_harmony():
+    source = "{{- '<|start|>assistant<|channel|>final<|message|>' }} {% if tools %}{% endif %}"
+    assert template_is_harmony(source) and choose_format(source) == HARMONY
+    assert choose_format("{% if tools %}{% endif %}") == HERMES and not template_is_harmony("{{ messages }}")
+    hermes = ToolConfig((SPECIAL,), "auto", format=HERMES)   # --tool-call-format hermes on a gpt-oss template
+    parser = answer_parser(ReasoningMode("auto", harmony=""), hermes, stream=False)
+    out = parser.parse('<|channel|>final<|message|><tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}'
+                       '\n</tool_call>')
+    assert out[:2] == ("", "") and _calls(out[2]) == [CALL]
