@@ -14,14 +14,21 @@ message holds only the generated text (as for every format here), so the prefill
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
+from slotserver.model.text.chat_template import ChatTemplate
 from slotserver.server.answer import answer_parser
+from slotserver.server.chat_options import ChatDefaults
+from slotserver.server.fields import Fields
 from slotserver.server.harmony import HarmonyParser, answer_prefix, template_is_harmony
+from slotserver.server.openai_params import render_chat_request
 from slotserver.server.reasoning import ReasoningMode
+from slotserver.server.tools.prompt import render_with_tools
 from slotserver.server.tools.formats import HARMONY, HERMES, choose_format
-from slotserver.server.tools.request import ToolConfig
+from slotserver.server.tools.request import ToolConfig, parse_tools
 
 HELLO, THINKING = "Hello, world!\nWhat's up?", "I'm\nthinking"
 SPECIAL = {"type": "function", "function": {"name": "special_function", "description": "I'm special", "parameters": {
@@ -175,3 +182,37 @@ def test_gpt_oss_templates_choose_harmony():
     out = parser.parse('<|channel|>final<|message|><tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}'
                        '\n</tool_call>')
     assert out[:2] == ("", "") and _calls(out[2]) == [CALL]
+
+
+TEMPLATES = json.loads((Path(__file__).parent / "fixtures" / "harmony_templates.json").read_text())
+GPT_OSS = TEMPLATES["cases"][0]
+DATE = re.compile(r"Current date: \d{4}-\d{2}-\d{2}")
+
+
+@pytest.mark.parametrize("i", range(len(GPT_OSS["conversations"])))
+def test_gpt_oss_template_renders_as_llama_server(i):
+    """llama.cpp's openai-gpt-oss-120b.jinja in our sandbox: tools, reasoning_effort, developer
+    and system messages, a call with its reasoning_content and result, as llama-server's
+    /apply-template (tests/fixtures/harmony_templates.json; playground/make_harmony_fixture.py)."""
+    conv = GPT_OSS["conversations"][i]
+    template = ChatTemplate(GPT_OSS["source"], TEMPLATES["bos_token"], TEMPLATES["eos_token"], TEMPLATES["add_bos"])
+    config = parse_tools(Fields({"tools": conv.get("tools", [])}), GPT_OSS["source"])
+    assert config.format == HARMONY
+    got = render_with_tools(template, conv["messages"], config, variables=conv.get("chat_template_kwargs"))
+    assert DATE.sub("DATE", got) == DATE.sub("DATE", conv["prompt"])
+    assert ("Reasoning: " + conv.get("chat_template_kwargs", {}).get("reasoning_effort", "medium")) in got
+
+
+def test_a_gpt_oss_chat_request_answers_in_harmony():
+    """The chat request path: a gpt-oss template makes the answer harmony, read after its
+    generation prompt, and a call in the answer a tool call."""
+    template = ChatTemplate(GPT_OSS["source"], TEMPLATES["bos_token"], TEMPLATES["eos_token"], TEMPLATES["add_bos"])
+    body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [SPECIAL]}
+    f = Fields(body)
+    tools = parse_tools(f, template.source)
+    text, mode = render_chat_request(f, template, tools, ChatDefaults())
+    assert text.endswith("<|start|>assistant") and mode.harmony == "" and mode.format == "auto"
+    out = ("<|channel|>analysis<|message|>Need the tool.<|end|><|start|>assistant<|channel|>commentary "
+           "to=functions.special_function <|constrain|>json<|message|>{\"arg1\": 7}")
+    reasoning, content, calls = answer_parser(mode, tools, stream=False).parse(out)
+    assert (reasoning, content, _calls(calls)) == ("Need the tool.", "", [("special_function", {"arg1": 7})])
