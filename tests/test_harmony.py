@@ -216,3 +216,24 @@ def test_a_gpt_oss_chat_request_answers_in_harmony():
            "to=functions.special_function <|constrain|>json<|message|>{\"arg1\": 7}")
     reasoning, content, calls = answer_parser(mode, tools, stream=False).parse(out)
     assert (reasoning, content, _calls(calls)) == ("Need the tool.", "", [("special_function", {"arg1": 7})])
+
+
+def test_a_forced_call_grammar_admits_exactly_harmony_calls_to_the_allowed_functions(tokenizer):
+    """tool_choice required / named: the output is one harmony call whose arguments match the
+    function's schema (tools/grammar.py), and it parses back into that call."""
+    from slotserver.engine.grammar import Grammars
+    from slotserver.server.tools.grammar import forced_call_grammar
+
+    grammars = Grammars(tokenizer)
+    config = ToolConfig((SPECIAL, EDIT), "required", format=HARMONY)
+    grammar = forced_call_grammar(config)
+    grammars.check(grammar)
+    good = '<|channel|>commentary to=functions.special_function <|constrain|>json<|message|>{"arg1": 3}'
+    for text, ok in ((good, True), (good.replace('{"arg1": 3}', '{"arg1": "x"}'), False),
+                     (good.replace("special_function", "other"), False)):
+        m = grammars.matcher(grammar)
+        accepted = m.consume_tokens(tokenizer.encode(text, add_special=False, parse_special=False))
+        assert (accepted and m.is_accepting()) == ok, text
+    assert _calls(HarmonyParser(tools=config).parse(good)[2]) == [("special_function", {"arg1": 3})]
+    named = forced_call_grammar(ToolConfig((SPECIAL, EDIT), "named", "edit", format=HARMONY))
+    assert "functions.edit" in named and "special_function" not in named

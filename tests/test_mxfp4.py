@@ -39,18 +39,25 @@ MX = T.MXFP4
 PATH = default_dir("kernels") / "qmatmul.py"
 
 
-@pytest.fixture(params=["native", "avx2", "plain"])
-def mod(request, monkeypatch):
+@pytest.fixture(scope="module", params=["native", "avx2", "plain"])
+def mod(request):
     """kernels/qmatmul.py compiled for this CPU, for SLOTSERVER_CPU=avx2, and as portable C."""
-    if request.param == "avx2":
-        monkeypatch.setenv("SLOTSERVER_CPU", "avx2")
-    if request.param == "plain":
-        flags = tuple(native.FLAGS) + ("-march=x86-64", "-mtune=generic")
-        monkeypatch.setattr(native, "compile_flags", lambda: flags)
-    m = load_by_path(PATH, KERNEL_CONTRACT).module
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "avx2":
+            patch.setenv("SLOTSERVER_CPU", "avx2")
+        if request.param == "plain":
+            flags = tuple(native.FLAGS) + ("-march=x86-64", "-mtune=generic")
+            patch.setattr(native, "compile_flags", lambda: flags)
+        m = load_by_path(PATH, KERNEL_CONTRACT).module
     if m._LIB is None:
         pytest.skip("no C compiler here (or SLOTSERVER_NATIVE=0)")
+    # the portable C is its own build (avx2 is the native one on an AVX2-only host)
+    assert request.param != "plain" or m._LIB._name not in _BUILT.values()
+    _BUILT[request.param] = m._LIB._name
     return m
+
+
+_BUILT: dict[str, str] = {}
 
 
 def _fixture_weight() -> QWeight:
