@@ -43,9 +43,11 @@ How `cpu` computes (what llama.cpp's CPU backend does):
   round); a row's floats are the same at every M.
 - MXFP4 (gpt-oss's experts, an E8M0 exponent per 32): unpacked as u = kvalue + 12 (0..24) with
   m = -12 d, a 32-block like Q4_0 (the AVX paths look the nibbles' values up with one vpshufb);
-  repacked in Q5_K's 5-bit form 5 (0.875 bytes per weight, float32 d and m: 2^(e-128) is no
-  float16), the offset folded into the integer sums on AVX-512 VNNI (R16_OFFSET), so the product
-  is ggml's d_w * d_x * sum(kvalue * q) with a float32 d_x for ggml's float16.
+  repacked in its own form 8: the file's nibbles and E8M0 bytes (0.53 bytes per weight), looked
+  up (vpshufb) and decoded in the kernel into the byte values and float32 d, m = -12 d of the
+  other forms (Q5_K's 5-bit form 5 and the byte form 0 serve it too: the same floats), the offset
+  folded into the integer sums on AVX-512 VNNI (R16_OFFSET), so the product is ggml's
+  d_w * d_x * sum(kvalue * q) with a float32 d_x for ggml's float16.
 - Q2_K/Q3_K: per-row dots below
   `PREFILL_ROWS[qtype]` rows, above it tiles of W dequantized by the same unpacking into float32 /
   bf16 and multiplied by torch (`playground/qmatmul_bench.py` measures the crossover).
@@ -138,7 +140,7 @@ native.signature(_LIB, "qform_bytes", 0, 0, (native.ctypes.c_int,) * 2)
 # The repacked form each format runs on here (see FORM_NIB in the C): the first this CPU serves of
 # its preferred forms, the 4/5-bit ones first (fewer bytes than the byte form 0).
 _FORM_PREFERENCE = {T.Q4_0: (1, 0), T.Q4_1: (1, 0), T.Q5_0: (3, 0), T.Q5_1: (3, 0), T.Q8_0: (6, 0),
-                    T.Q4_K: (4, 0), T.Q5_K: (5, 0), T.Q6_K: (7, 2), T.MXFP4: (5, 0)}
+                    T.Q4_K: (4, 0), T.Q5_K: (5, 0), T.Q6_K: (7, 2), T.MXFP4: (8, 5, 0)}
 _R16_FORM = {} if _LIB is None else {
     t: next(f for f in forms if _LIB.qmatmul_r16_serves(int(t), f))
     for t, forms in _FORM_PREFERENCE.items() if any(_LIB.qmatmul_r16_serves(int(t), f) for f in forms)}
@@ -210,7 +212,8 @@ def repacked(w: QWeight) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     the 4-bit forms (1: Q4_0/Q4_1, 4: Q4_K) U is uint8 [groups, blocks, 4, 16, 4] nibbles, 0.625
     bytes per weight with the file's float16 scales [groups, blocks, 2, 16] (form 1), 0.75 with
     float32 ones (form 4); the 5-bit forms (3: Q5_0/Q5_1, 5: Q5_K) add a plane of fifth bits,
-    Q6_K's (7) two planes with float16 d and int8 scales per 16 (0.875 bytes); the byte forms (0,
+    Q6_K's (7) two planes with float16 d and int8 scales per 16 (0.875 bytes), MXFP4's (8) its
+    file's nibbles and E8M0 bytes [groups, blocks, 16] (0.53 bytes); the byte forms (0,
     2 for Q6_K, where the CPU lacks the others) U [groups, blocks, 8, 16, 4] and float32 scales,
     1.25 bytes; Q8_0's (6) the same with only its float16 d, 1.0625 like the file. Both tensors are
     uint8 [groups, blocks, bytes] (`qform_bytes`).

@@ -6,7 +6,7 @@ nibble in both halves plus random blocks, and quantize_row_mxfp4_ref of awkward 
 - gguf-py's dequantizer, qmatmul's C dequantizer (every CPU variant) and the embedding lookup give
   ggml's float32 bits, denormal scales (e < 2) and overflow to inf (e = 255) included; gguf-py's
   quantizer (what writes our fixtures) gives ggml's bytes;
-- the C products (the per-row dots of the `qmatmul` entry and the repacked forms 5 and 0) equal a
+- the C products (the per-row dots of the `qmatmul` entry and the repacked forms 8, 5 and 0) equal a
   Python model of the 8-bit activations within 1e-4 of the output scale, on this CPU's variant,
   SLOTSERVER_CPU=avx2 and plain C;
 - a GGUF file with an MXFP4 matrix and a 3-D expert tensor is read in place and multiplies like
@@ -128,7 +128,7 @@ def test_products_equal_the_int8_model(mod, m):
     model = _int8_model(x, w)
     scale = np.abs(model).max()
     products = {"per-row": _per_row_dots(mod, x, w), "served": mod.cpu(x, w)}
-    for form in (5, 0):
+    for form in (8, 5, 0):
         if mod._LIB.qmatmul_r16_serves(int(MX), form):
             u, sc, rc = mod._repack(w, form)
             assert rc == 0
@@ -137,6 +137,24 @@ def test_products_equal_the_int8_model(mod, m):
         err = np.abs(got.double().numpy() - model).max()
         assert err <= 1e-4 * scale, f"{name} m={m}: {err:.3g}"
     assert np.abs(model - mod.reference(x, w).double().numpy()).max() > 1e-3 * scale   # the 8-bit step is real
+
+
+def test_repacked_forms_keep_every_exponent(mod):
+    """The nibble form 8 stores each row's E8M0 byte and decodes it in the kernel: over the
+    fixture's exponents 0..240 (denormal scales included; far past, the products overflow) it gives
+    form 0's floats (float32 d and m) bit for bit."""
+    w = QWeight(torch.from_numpy(FIXTURE["blocks"][:241].copy()), int(MX), 32, 241)
+    x = torch.randn(3, 32, generator=torch.Generator().manual_seed(5))
+    forms = [f for f in (8, 5, 0) if mod._LIB.qmatmul_r16_serves(int(MX), f)]
+    if len(forms) < 2:
+        pytest.skip("one repacked form (or none) on this CPU variant")
+    outs = []
+    for form in forms:
+        u, sc, rc = mod._repack(w, form)
+        assert rc == 0
+        outs.append(mod._r16(x, w, u, sc, form=form))
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    assert torch.isfinite(outs[0]).all() and (outs[0][:, 200:] != 0).all()
 
 
 def _write(path: Path, tensors: dict[str, np.ndarray]) -> Path:
