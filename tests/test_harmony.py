@@ -237,3 +237,38 @@ def test_a_forced_call_grammar_admits_exactly_harmony_calls_to_the_allowed_funct
     assert _calls(HarmonyParser(tools=config).parse(good)[2]) == [("special_function", {"arg1": 3})]
     named = forced_call_grammar(ToolConfig((SPECIAL, EDIT), "named", "edit", format=HARMONY))
     assert "functions.edit" in named and "special_function" not in named
+
+
+def test_the_chat_formatters_answer_harmony_whole_and_streamed():
+    """What a client sees: OpenAI's message and stream deltas, Anthropic's blocks, for a gpt-oss
+    answer that thinks, says a preamble and calls a tool."""
+    from slotserver.engine.request import FinalEvent, Request
+    from slotserver.server.formats.anthropic import AnthropicFormatter
+    from slotserver.server.formats.openai import OpenAIFormatter
+    from slotserver.server.generation import Outcome
+    from slotserver.server.openai_params import OpenAIJob
+    from slotserver.server.params import CompletionJob
+
+    tools = ToolConfig((SPECIAL,), "auto", format=HARMONY)
+    mode = ReasoningMode("auto", harmony="")
+    text = ("<|channel|>analysis<|message|>Need arg1.<|end|><|start|>assistant<|channel|>commentary<|message|>"
+            "Calling.<|end|><|start|>assistant<|channel|>commentary to=functions.special_function <|constrain|>json"
+            "<|message|>{\"arg1\": 1}")
+    final = FinalEvent("eos", "", False, 0, 5, 0, 9, 1.0, 1.0, 0)
+    job = CompletionJob(Request((1, 2)))
+    body = OpenAIFormatter(job, "m", None, True, tools, mode).full(Outcome(text=text, final=final))
+    message, choice = body["choices"][0]["message"], body["choices"][0]
+    got = (message["reasoning_content"], message["content"], choice["finish_reason"])
+    assert got == ("Need arg1.", "Calling.", "tool_calls")
+    assert _calls(message["tool_calls"]) == [CALL]
+    fmt = OpenAIFormatter(job, "m", None, True, tools, mode)
+    chunks = [c for p in _token_pieces(text) for c in fmt.stream_pieces(p, [])] + fmt.stream_pieces("", [], final=True)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Need arg1."
+    assert "".join(d.get("content") or "" for d in deltas) == "Calling."
+    heads = [t for d in deltas for t in d.get("tool_calls", []) if "id" in t]
+    assert [(h["index"], h["function"]["name"]) for h in heads] == [(0, "special_function")]
+    assert fmt.last_chunk(final)["choices"][0]["finish_reason"] == "tool_calls"
+    anthropic = AnthropicFormatter(OpenAIJob([job], "m", [""], tools, mode)).full(Outcome(text=text, final=final))
+    assert [b["type"] for b in anthropic["content"]] == ["thinking", "text", "tool_use"]
+    assert anthropic["content"][2]["input"] == {"arg1": 1} and anthropic["stop_reason"] == "tool_use"

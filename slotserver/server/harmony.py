@@ -146,7 +146,8 @@ class HarmonyParser:
         if recipient is None or recipient == "assistant":
             return REASONING if channel == "analysis" else CONTENT
         name = recipient.removeprefix("functions.")
-        offered = self.tools is not None and self.tools.active and name in (t["function"]["name"] for t in self.tools.allowed)
+        offered = self.tools is not None and self.tools.active \
+            and name in (t["function"]["name"] for t in self.tools.allowed)
         if recipient.startswith("functions.") and offered and (self.tools.parallel or not self.calls):
             self._name = name
             return TOOL

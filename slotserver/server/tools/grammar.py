@@ -88,10 +88,9 @@ def generic_grammar(tools: ToolConfig) -> str:
 def harmony_grammar(tools: ToolConfig) -> str:
     """gpt-oss: one message to the function, in the channel-header form llama.cpp's grammar allows
     (`<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS`); one call per turn."""
-    names = [t["function"]["name"] for t in tools.allowed]
-    rules = [f'call{i}: "<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>" args{i}\n'
-             + _json_rule(f"args{i}", t["function"]["parameters"]) for i, (n, t) in enumerate(zip(names, tools.allowed))]
-    return "start: " + " | ".join(f"call{i}" for i in range(len(names))) + "\n" + "".join(rules)
+    rules = [f'call{i}: "<|channel|>commentary to=functions.{t["function"]["name"]} <|constrain|>json<|message|>" '
+             f'args{i}\n' + _json_rule(f"args{i}", t["function"]["parameters"]) for i, t in enumerate(tools.allowed)]
+    return "start: " + " | ".join(f"call{i}" for i in range(len(rules))) + "\n" + "".join(rules)
 
 
 GRAMMARS: dict[str, Callable[[ToolConfig], str]] = {

@@ -5,8 +5,9 @@ Nemo, or Hermes for Qwen 2.5 and any other template that mentions `tools`) gets 
 Jinja context and the history as llama-server hands it over (its `workaround` namespace): call
 arguments as objects (what those templates `tojson`), null content as "" next to calls, no empty
 `tool_calls`; gpt-oss's (harmony) gets an assistant message's `reasoning_content` as its
-`thinking`, as llama.cpp hands it over. Mistral Nemo's template refuses any call id but 9 letters or digits, so other ids
-(OpenAI's `call_...`) are mapped to such ids, the same one for a call and its result.
+`thinking`, as llama.cpp hands it over. Mistral Nemo's template refuses any call id but 9 letters
+or digits, so other ids (OpenAI's `call_...`) are mapped to such ids, the same one for a call and
+its result.
 Any other template gets the fallback prompt (fallback.py).
 """
 
