@@ -23,7 +23,7 @@ from slotserver.model.text.chat_template import ChatTemplate
 from slotserver.server.answer import answer_parser
 from slotserver.server.chat_options import ChatDefaults
 from slotserver.server.fields import Fields
-from slotserver.server.harmony import HarmonyParser, answer_prefix, template_is_harmony
+from slotserver.server.harmony import HarmonyParser, answer_prefix, in_analysis, template_is_harmony
 from slotserver.server.openai_params import render_chat_request
 from slotserver.server.reasoning import ReasoningMode
 from slotserver.server.tools.prompt import render_with_tools
@@ -272,3 +272,22 @@ def test_the_chat_formatters_answer_harmony_whole_and_streamed():
     anthropic = AnthropicFormatter(OpenAIJob([job], "m", [""], tools, mode)).full(Outcome(text=text, final=final))
     assert [b["type"] for b in anthropic["content"]] == ["thinking", "text", "tool_use"]
     assert anthropic["content"][2]["input"] == {"arg1": 1} and anthropic["stop_reason"] == "tool_use"
+
+
+def test_the_reasoning_budget_counts_harmonys_analysis_message(tokenizer):
+    """reasoning_budget_tokens on a gpt-oss template: the block is the analysis message (llama.cpp's
+    thinking tags for GPT-OSS), over the request's tags; a prompt that continues an analysis
+    message leaves it open."""
+    from slotserver.server.config import GenerationDefaults
+    from slotserver.server.harmony import BUDGET_TAGS
+    from slotserver.server.openai_params import parse_chat
+
+    template = ChatTemplate(GPT_OSS["source"], TEMPLATES["bos_token"], TEMPLATES["eos_token"], TEMPLATES["add_bos"])
+    body = {"messages": [{"role": "user", "content": "Hi"}], "reasoning_budget_tokens": 5,
+            "reasoning_budget_start_tag": "<think>", "reasoning_budget_end_tags": ["</think>"]}
+    spec = parse_chat(body, tokenizer, template, GenerationDefaults(), "m").jobs[0].request.reasoning_budget
+    ids = lambda text: tuple(tokenizer.encode(text, add_special=False, parse_special=True))   # noqa: E731
+    assert spec.budget == 5 and spec.start == (ids(BUDGET_TAGS[0]),) and spec.end == (ids("<|end|>"),)
+    assert not spec.opened
+    assert in_analysis("<|channel|>analysis<|message|>I'm") and not in_analysis("<|channel|>final<|message|>Hi")
+    assert not in_analysis("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>final<|message|>")

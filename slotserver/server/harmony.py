@@ -58,6 +58,15 @@ def template_is_harmony(source: str | None) -> bool:
     return CHANNEL in (source or "")
 
 
+BUDGET_TAGS = (CHANNEL + "analysis" + MESSAGE, (END,))   # the reasoning budget's block (llama.cpp's thinking tags)
+
+
+def in_analysis(prefix: str) -> bool:
+    """Whether an answer that continues `prefix` (answer_prefix) starts inside an analysis message."""
+    i = prefix.rfind(BUDGET_TAGS[0])
+    return i >= 0 and END not in prefix[i:]
+
+
 def answer_prefix(prompt: str) -> str:
     """What of the prompt the answer continues: the text after its last `<|start|>` when that
     opens an assistant message ('' for the generation prompt `<|start|>assistant`; a header and

@@ -29,9 +29,10 @@ from slotserver.server.tools.request import ToolConfig, parse_tools
 from slotserver.server.params import CompletionJob, build_request, eog_bias, n_predict_field
 from slotserver.server.choices import expand, n_choices
 from slotserver.server.chat_options import ChatDefaults, chat_options
-from slotserver.server.harmony import answer_prefix, template_is_harmony
+from slotserver.server.harmony import BUDGET_TAGS as HARMONY_BUDGET_TAGS
+from slotserver.server.harmony import answer_prefix, in_analysis, template_is_harmony
 from slotserver.server.reasoning import THINK, ReasoningMode, answer_start, template_thinks
-from slotserver.server.budget_fields import chat_budget, completion_budget
+from slotserver.server.budget_fields import THINK_TAGS, chat_budget, completion_budget
 from slotserver.engine.reasoning_budget import BudgetSpec
 from slotserver.server.unsupported import check_chat_fields, check_completion_fields
 from slotserver.server.prompt import encode, prompt_text, tokenize_prompts
@@ -159,6 +160,14 @@ def _chat_logprobs(f: Fields) -> tuple[bool, int]:
     return want, f.int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
 
 
+def _budget_block(template: ChatTemplate, mode: ReasoningMode) -> tuple[tuple | None, bool]:
+    """The template's reasoning block for the budget (its tags, or None) and whether the prompt
+    leaves it open."""
+    if mode.harmony is not None:
+        return HARMONY_BUDGET_TAGS, in_analysis(mode.harmony)
+    return (THINK_TAGS if template_thinks(template.source) else None), mode.start == THINK
+
+
 def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplate,
                defaults: GenerationDefaults, default_model: str, grammars: Grammars | None = None,
                n_parallel: int = 1, chat: ChatDefaults | None = None) -> OpenAIJob:
@@ -172,7 +181,7 @@ def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplat
     ids = encode(tokenizer, text, True, True)
     want, n_top = _chat_logprobs(f)
     n = n_choices(f, n_parallel, "n")
-    budget = chat_budget(f, tokenizer, defaults, template_thinks(template.source), reasoning.start == THINK)
+    budget = chat_budget(f, tokenizer, defaults, *_budget_block(template, reasoning))
     jobs = expand([_job(f, ids, tokenizer, defaults, n_top if want else 0, want, grammar, budget)], n)
     return OpenAIJob(jobs, f.str("model", default_model) or default_model, [prompt_text(tokenizer, ids)] * n,
                      tools if tools.active else None, reasoning)
