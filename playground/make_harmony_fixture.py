@@ -33,6 +33,9 @@ CONVERSATIONS = [
                   {"role": "user", "content": "And the time?"}], "tools": [WEATHER, TIME]},
     {"messages": [ASK, {"role": "assistant", "content": "Sunny, 21 C.", "reasoning_content": "Easy."},
                   {"role": "user", "content": "Thanks!"}]},
+    # no description: the template's `"// " + tool.description` is "// " (llama.cpp's null concat)
+    {"messages": [ASK], "tools": [{"type": "function", "function": {"name": "ping", "parameters": {
+        "type": "object", "properties": {"host": {"type": "string"}}}}}]},
 ]
 
 

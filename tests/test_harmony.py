@@ -291,3 +291,68 @@ def test_the_reasoning_budget_counts_harmonys_analysis_message(tokenizer):
     assert not spec.opened
     assert in_analysis("<|channel|>analysis<|message|>I'm") and not in_analysis("<|channel|>final<|message|>Hi")
     assert not in_analysis("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>final<|message|>")
+
+
+# ---------------------------------------------------------------------------------------------
+# through HTTP: the tiny model's answer forced by a grammar, the template gpt-oss's
+
+CITY = {"type": "function", "function": {"name": "get_weather", "parameters": {   # a closed object: a short call
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Lima"]}}, "required": ["city"],
+    "additionalProperties": False}}}
+HARMONY_ANSWER = ("<|channel|>analysis<|message|>The user asks for a capital.<|end|><|start|>assistant"
+                  "<|channel|>final<|message|>Paris.")
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_client(tmp_path_factory):
+    from starlette.testclient import TestClient
+    from tiny_engine import running_tiny_engine
+
+    from slotserver.server import ServerConfig, ServerState, create_app
+
+    with running_tiny_engine(tmp_path_factory.mktemp("tiny"), 1, 1024, ctx_len=1024) as (bundle, engine):
+        state = ServerState(ServerConfig(model_path=str(bundle.config.model_path)))
+        state.set_loaded(bundle, engine, ChatTemplate(GPT_OSS["source"]))
+        with TestClient(create_app(state)) as client:
+            yield client
+
+
+def _post(client, **body) -> dict:
+    body = {"messages": [{"role": "user", "content": "Capital of France?"}], "temperature": 0, "max_tokens": 200,
+            **body}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json() if not body.get("stream") else r.text
+
+
+def test_http_gpt_oss_answers_split_reasoning_and_content(gpt_oss_client):
+    from test_server_api import sse_events
+
+    grammar = "root ::= " + json.dumps(HARMONY_ANSWER)
+    message = _post(gpt_oss_client, grammar=grammar)["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("The user asks for a capital.", "Paris.")
+    events = [json.loads(e) for e in sse_events(_post(gpt_oss_client, grammar=grammar, stream=True))[:-1]]
+    deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == "The user asks for a capital."
+    assert "".join(d.get("content") or "" for d in deltas) == "Paris."
+
+
+def test_http_gpt_oss_required_tool_call_comes_back_as_a_call(gpt_oss_client):
+    """tool_choice required: the harmony grammar forces a call the parser returns as tool_calls."""
+    body = _post(gpt_oss_client, tools=[CITY], tool_choice="required", seed=3)
+    choice = body["choices"][0]
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"])["city"] in ("Paris", "Lima")
+    assert choice["finish_reason"] == "tool_calls" and not choice["message"]["content"]
+
+
+def test_a_string_plus_null_or_undefined_renders_as_in_llama_cpps_runtime():
+    """llama.cpp's Jinja runtime concatenates a string with null or undefined as with ""
+    (gpt-oss's `"// " + tool.description`); any other operation on them still fails."""
+    from slotserver.errors import ChatTemplateError
+
+    source = "{{ '[' + messages[0].missing + ']' }}{{ nothing + '!' }}{{ '<' + gone }}{{ 1 + 2 }}"
+    assert ChatTemplate(source).render([{"role": "user", "content": "x"}], variables={"gone": None}) == "[]!<3"
+    with pytest.raises(ChatTemplateError):
+        ChatTemplate("{{ missing + 1 }}").render([{"role": "user", "content": "x"}])
