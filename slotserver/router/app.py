@@ -1,0 +1,154 @@
+"""The router's HTTP app: llama-server's router routes over `ModelRouter`.
+
+  GET  /health /v1/health          ok (the router itself; each model has its own)
+  GET  /models /v1/models          every model with its status (?reload=1 reads the sources again)
+  POST /models/load /models/unload {"model": NAME} -> {"success": true}
+  GET  /models/sse                 state changes as server-sent events
+  GET  /props                      the router's own (role "router"); ?model=NAME: that model's
+  POST inference routes            to the model named by the body's `model` field
+  GET  /metrics /slots ...         to the model named by `?model=`
+  ?autoload=true|false             per request, over --models-autoload
+
+Errors are llama-server's JSON; the API key (auth.py) guards all but /health and the model lists.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from slotserver import __version__
+from slotserver.router.auth import RouterAuth
+from slotserver.router.errors import RouterError
+from slotserver.router.listing import models_json
+from slotserver.router.models import ModelRouter
+from slotserver.router.proxy import forward
+
+log = logging.getLogger("slotserver.router")
+POST_ROUTES = ("/completion", "/completions", "/v1/completions", "/chat/completions", "/v1/chat/completions",
+               "/v1/responses", "/responses", "/v1/responses/input_tokens", "/responses/input_tokens",
+               "/v1/messages", "/v1/messages/count_tokens", "/infill", "/embedding", "/embeddings",
+               "/v1/embeddings", "/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/tokenize",
+               "/detokenize", "/apply-template", "/chat/completions/input_tokens",
+               "/v1/chat/completions/input_tokens", "/props", "/slots/{id_slot}", "/lora-adapters")
+GET_ROUTES = ("/metrics", "/slots", "/lora-adapters", "/lab")
+
+
+def _router(request: Request) -> ModelRouter:
+    return request.app.state.router
+
+
+def _autoload(request: Request) -> bool:
+    value = request.query_params.get("autoload")
+    return _router(request).config.autoload if value is None else value in ("true", "1")
+
+
+async def _json_body(request: Request) -> dict:
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise RouterError(400, "the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise RouterError(400, "the request body must be a JSON object")
+    return body
+
+
+async def _proxy(request: Request, name: str) -> Response:
+    router = _router(request)
+    child = await router.acquire(name, _autoload(request), request.is_disconnected)
+    return await forward(router.client, request, child.url, await request.body(), lambda: router.release(name))
+
+
+async def proxy_post(request: Request) -> Response:
+    name = (await _json_body(request)).get("model")
+    return await _proxy(request, name if isinstance(name, str) else "")
+
+
+async def proxy_get(request: Request) -> Response:
+    return await _proxy(request, request.query_params.get("model", ""))
+
+
+async def props(request: Request) -> Response:
+    if request.query_params.get("model"):
+        return await proxy_get(request)
+    config = _router(request).config
+    return JSONResponse({"role": "router", "max_instances": config.models_max, "models_autoload": config.autoload,
+                         "model_alias": "slotserver", "model_path": "none",
+                         "default_generation_settings": {"params": {}, "n_ctx": 0},
+                         "build_info": f"b{__version__}-slotserver"})
+
+
+async def models(request: Request) -> Response:
+    router = _router(request)
+    if request.query_params.get("reload"):
+        await router.reload()
+    return JSONResponse(models_json(router.catalog, router.instances))
+
+
+async def load(request: Request) -> Response:
+    router, name = _router(request), (await _json_body(request)).get("model") or ""
+    if name not in router.catalog:
+        raise RouterError(404, "model is not found", "not_found_error")
+    if router.instances[name].running:
+        raise RouterError(400, "model is already running")
+    await router.load(name)
+    return JSONResponse({"success": True})
+
+
+async def unload(request: Request) -> Response:
+    router, name = _router(request), (await _json_body(request)).get("model") or ""
+    if name not in router.catalog:
+        raise RouterError(400, "model is not found")
+    if not router.instances[name].running:
+        raise RouterError(400, "model is not running")
+    router.request_stop(name)
+    return JSONResponse({"success": True})
+
+
+async def sse(request: Request) -> Response:
+    return StreamingResponse(_router(request).events.stream(), media_type="text/event-stream")
+
+
+async def no_downloads(request: Request) -> Response:
+    raise RouterError(501, "this server does not download or delete models: put GGUF files in --models-dir "
+                           "or --models-cache (user/repo/TAG.gguf) and GET /models?reload=1")
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def _router_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RouterError)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return RouterError(exc.status_code, str(exc.detail)).response()
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("router: %s %s failed", request.method, request.url.path, exc_info=exc)
+    return RouterError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+
+
+def create_router_app(router: ModelRouter) -> Starlette:
+    routes = [Route("/health", health), Route("/v1/health", health), Route("/models", models),
+              Route("/v1/models", models), Route("/models", no_downloads, methods=["POST", "DELETE"]),
+              Route("/models/load", load, methods=["POST"]), Route("/models/unload", unload, methods=["POST"]),
+              Route("/models/sse", sse), Route("/props", props)]
+    routes += [Route(path, proxy_post, methods=["POST"]) for path in POST_ROUTES]
+    routes += [Route(path, proxy_get) for path in GET_ROUTES]
+    app = Starlette(routes=routes, middleware=[Middleware(RouterAuth, keys=router.config.api_keys)],
+                    exception_handlers={RouterError: _router_error, HTTPException: _http_error,
+                                        Exception: _internal_error})
+    app.state.router = router
+    return app
