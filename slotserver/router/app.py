@@ -6,7 +6,8 @@
   GET  /models/sse                 state changes as server-sent events
   GET  /props                      the router's own (role "router"); ?model=NAME: that model's
   POST inference routes            to the model named by the body's `model` field
-  GET  /metrics /slots ...         to the model named by `?model=`
+  GET  /metrics                    every loaded model's, labelled model="NAME" (?model=NAME: that one's)
+  GET  /slots /lab ...             to the model named by `?model=`
   ?autoload=true|false             per request, over --models-autoload
 
 Errors are llama-server's JSON; the API key (auth.py) guards all but /health and the model lists.
@@ -25,9 +26,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from slotserver import __version__
+from slotserver.errors import ConfigError
 from slotserver.router.auth import RouterAuth
 from slotserver.router.errors import RouterError
 from slotserver.router.listing import models_json
+from slotserver.router.metrics import scrape
 from slotserver.router.models import ModelRouter
 from slotserver.router.proxy import forward
 
@@ -38,7 +41,8 @@ POST_ROUTES = ("/completion", "/completions", "/v1/completions", "/chat/completi
                "/v1/embeddings", "/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/tokenize",
                "/detokenize", "/apply-template", "/chat/completions/input_tokens",
                "/v1/chat/completions/input_tokens", "/props", "/slots/{id_slot}", "/lora-adapters")
-GET_ROUTES = ("/metrics", "/slots", "/lora-adapters", "/lab")
+GET_ROUTES = ("/slots", "/lora-adapters", "/lab")
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def _router(request: Request) -> ModelRouter:
@@ -85,10 +89,23 @@ async def props(request: Request) -> Response:
                          "build_info": f"b{__version__}-slotserver"})
 
 
+async def metrics(request: Request) -> Response:
+    """?model=NAME: that model's own; else every loaded model's, labelled by model (metrics.py)."""
+    if request.query_params.get("model"):
+        return await proxy_get(request)
+    router = _router(request)
+    if not router.config.metrics:
+        raise RouterError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
+    return Response(await scrape(router.client, router.instances), media_type=PROMETHEUS_TEXT)
+
+
 async def models(request: Request) -> Response:
     router = _router(request)
     if request.query_params.get("reload"):
-        await router.reload()
+        try:
+            await router.reload()
+        except ConfigError as e:   # an edited preset file with a bad key: the old list stays
+            raise RouterError(500, str(e)) from None
     return JSONResponse(models_json(router.catalog, router.instances))
 
 
@@ -144,7 +161,7 @@ def create_router_app(router: ModelRouter) -> Starlette:
     routes = [Route("/health", health), Route("/v1/health", health), Route("/models", models),
               Route("/v1/models", models), Route("/models", no_downloads, methods=["POST", "DELETE"]),
               Route("/models/load", load, methods=["POST"]), Route("/models/unload", unload, methods=["POST"]),
-              Route("/models/sse", sse), Route("/props", props)]
+              Route("/models/sse", sse), Route("/props", props), Route("/metrics", metrics)]
     routes += [Route(path, proxy_post, methods=["POST"]) for path in POST_ROUTES]
     routes += [Route(path, proxy_get) for path in GET_ROUTES]
     app = Starlette(routes=routes, middleware=[Middleware(RouterAuth, keys=router.config.api_keys)],

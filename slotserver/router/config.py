@@ -21,10 +21,12 @@ class RouterConfig:
     models_preset: Path | None = None   # an INI file of presets (llama-server's --models-preset)
     models_cache: Path | None = None    # hub ids as folders: CACHE/user/repo/TAG.gguf (no downloads here)
     models_max: int = 4                 # loaded at once, 0: no limit (llama-server's default 4)
+    max_queue: int = 256                # requests that may wait for a model to load; past it: 503
     autoload: bool = True               # --no-models-autoload: a request for an unloaded model is a 400
     host: str = "127.0.0.1"
     port: int = 8080
     api_keys: tuple[str, ...] = ()
+    metrics: bool = False               # --metrics: GET /metrics merges the models' (children get the flag too)
     child_argv: tuple[str, ...] = ()    # the router's own flags every child gets (host, port, keys, models-* removed)
     child_command: tuple[str, ...] = ()  # how to start a child server: [python, -m, slotserver.cli.main, serve]
     fake_timing: bool = False           # LLAMA_SERVER_DEBUG_FAKE_TIMING: loads and proxied requests take 2 s longer

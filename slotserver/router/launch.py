@@ -38,8 +38,6 @@ def bind(host: str, port: int) -> socket.socket:
 def serve_router(config: RouterConfig, flags: Flags) -> int:
     import uvicorn
 
-    sock = bind(config.host, config.port)
-
     @contextlib.asynccontextmanager
     async def lifespan(app):
         router = app.state.router
@@ -50,6 +48,7 @@ def serve_router(config: RouterConfig, flags: Flags) -> int:
             await router.stop_all()
 
     router = ModelRouter(config, flags)   # reads the sources: a bad preset stops here
+    sock = bind(config.host, config.port)
     app = create_router_app(router)
     app.router.lifespan_context = lifespan
     names = ", ".join(n for n, e in router.catalog.items() if not e.hidden) or "none"

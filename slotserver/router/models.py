@@ -41,6 +41,7 @@ class ModelRouter:
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
+        self.n_waiting = 0   # requests waiting for their model (loading, or queued for a slot)
 
     # ----- state changes and waiting
     def _notify(self) -> None:
@@ -157,7 +158,13 @@ class ModelRouter:
         if not autoload and not inst.running:
             raise RouterError(400, "model is not loaded")
         if not inst.ready:
-            await self._ensure_ready(inst, gone)
+            if self.n_waiting >= self.config.max_queue:
+                raise RouterError(503, f"{self.n_waiting} requests already wait for a model (--max-queue)")
+            self.n_waiting += 1
+            try:
+                await self._ensure_ready(inst, gone)
+            finally:
+                self.n_waiting -= 1
         if inst.child is None or inst.status not in (LOADED, LOADING):
             raise RouterError(400, f"model name={name} is not running")
         inst.req_count += 1   # no await since the wait ended: nothing can evict it in between

@@ -67,8 +67,12 @@ def read_preset_file(path: Path, flags: Flags) -> tuple[PresetSection, dict[str,
     try:
         text = path.read_text(encoding="utf-8")
         parser.read_string("[\x00top]\n" + text, source=str(path))
+    except configparser.ParsingError as e:   # line numbers: the file's (one line was put before it)
+        lineno = e.errors[0][0] - 1
+        line = text.splitlines()[lineno - 1].strip()
+        raise ConfigError(f"--models-preset {path}: line {lineno}: {line!r} is not `key = value`") from None
     except (OSError, UnicodeDecodeError, configparser.Error) as e:
-        raise ConfigError(f"--models-preset {path}: {e}") from None
+        raise ConfigError(f"--models-preset {path}: {' '.join(str(e).split())}") from None
     glob, models = PresetSection("*"), {}
     for name in parser.sections():
         section = _section(name, parser[name], flags)
