@@ -25,7 +25,8 @@ def router(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("router")
     (tmp / "models").mkdir()
     (tmp / "models" / "a.gguf").symlink_to(ARCHS / "llama_linear.gguf")
-    (tmp / "models" / "b.gguf").symlink_to(ARCHS / "qwen3.gguf")
+    (tmp / "models" / "b.gguf").symlink_to(ARCHS / "llama3_freqs.gguf")
+    (tmp / "models" / "broken.gguf").write_bytes(b"GGUF" + bytes(60))   # its server exits at load
     (tmp / "hub").mkdir()   # an empty hub cache: the host's own is not listed
     with serving(tmp, "--models-dir", str(tmp / "models"), "--models-cache", str(tmp / "hub"), "--models-max", "1",
                  "-c", "2048", "-np", "1", "--no-warmup", "--no-watch", "--metrics", "--api-key", "router-key") as srv:
@@ -50,7 +51,7 @@ def chat(router, model: str, **kw) -> httpx.Response:
 
 
 def test_lists_every_model_and_needs_the_key_elsewhere(router):
-    assert statuses(router) == {"a": "unloaded", "b": "unloaded"}
+    assert statuses(router) == {"a": "unloaded", "b": "unloaded", "broken": "unloaded"}
     assert httpx.get(router.url + "/v1/models").status_code == 200          # public, as llama-server
     assert httpx.get(router.url + "/props").json()["error"]["type"] == "authentication_error"
     props = router.get("/props").json()
@@ -88,7 +89,7 @@ def test_a_client_that_leaves_mid_stream_frees_the_childs_slot(router):
 def test_another_model_evicts_the_least_recently_used(router):
     r = chat(router, "b")
     assert r.status_code == 200 and r.json()["model"] == "b"
-    assert statuses(router) == {"a": "unloaded", "b": "loaded"}
+    assert statuses(router) == {"a": "unloaded", "b": "loaded", "broken": "unloaded"}
 
 
 def test_metrics_carry_the_model_label(router):
@@ -116,3 +117,11 @@ def test_load_unload_and_the_errors_llama_server_gives(router):
     assert statuses(router)["b"] == "unloaded"
     assert router.post("/models/load", {"model": "b"}).json() == {"success": True}
     wait_status(router, "b", "loaded")
+
+
+def test_a_model_that_fails_to_load_is_an_error_and_listed_as_failed(router):
+    r = chat(router, "broken")
+    assert (r.status_code, r.json()["error"]["message"]) == (500, "model name=broken failed to load")
+    status = next(m["status"] for m in router.get("/v1/models").json()["data"] if m["id"] == "broken")
+    assert (status["value"], status["failed"], status["exit_code"]) == ("unloaded", True, 2)
+    assert router.get("/props").json()["role"] == "router"   # the router goes on serving

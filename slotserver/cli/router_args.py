@@ -82,7 +82,8 @@ def router_config(args, parser: argparse.ArgumentParser):
     config = RouterConfig(models_dir=args.models_dir, models_preset=args.models_preset, models_cache=cache,
                           models_max=args.models_max, max_queue=args.max_queue,
                           autoload=args.models_autoload, host=args.host, port=args.port,
-                          api_keys=keys, metrics=args.metrics, child_argv=tuple(passthrough_argv(args.serve_argv, table)),
+                          api_keys=keys, metrics=args.metrics,
+                          child_argv=tuple(passthrough_argv(args.serve_argv, table)),
                           child_command=(sys.executable, "-m", "slotserver.cli.main", "serve"),
                           fake_timing=fake_timing_from_env())
     return config, table

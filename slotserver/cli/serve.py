@@ -189,5 +189,6 @@ def run_router(args) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=LOG_FORMAT,
                         datefmt="%H:%M:%S", stream=sys.stderr)
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)   # a line per proxied request and health poll
     config, flags = router_config(args, args.serve_parser)
     return serve_router(config, flags)
