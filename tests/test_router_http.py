@@ -54,6 +54,8 @@ def test_lists_every_model_and_needs_the_key_elsewhere(router):
     assert statuses(router) == {"a": "unloaded", "b": "unloaded", "broken": "unloaded"}
     assert httpx.get(router.url + "/v1/models").status_code == 200          # public, as llama-server
     assert httpx.get(router.url + "/props").json()["error"]["type"] == "authentication_error"
+    assert router.get("/v1/models/b").json()["status"]["value"] == "unloaded"
+    assert router.get("/v1/models/zz").json()["error"]["code"] == "model_not_found"
     props = router.get("/props").json()
     assert (props["role"], props["max_instances"], props["models_autoload"]) == ("router", 1, True)
 
@@ -98,6 +100,15 @@ def test_metrics_carry_the_model_label(router):
     assert 'llamacpp:prompt_tokens_total{model="b"}' in text and 'model="a"' not in text
     own = router.get("/metrics?model=b").text
     assert "llamacpp:prompt_tokens_total " in own   # the child's own, unlabelled
+
+
+def test_each_model_has_its_own_lab(router):
+    chat(router, "b")
+    assert router.get("/lab?model=b").json()["layout"]["name"] == "head_seq_dim"
+    r = router.post("/lab/layout?model=b", {"layout": "seq_head_dim"})
+    assert r.status_code == 200, r.text
+    assert router.get("/lab?model=b").json()["layout"]["name"] == "seq_head_dim"
+    assert router.get("/lab").json()["error"]["message"] == "model name is missing from the request"
 
 
 def test_load_unload_and_the_errors_llama_server_gives(router):

@@ -4,6 +4,8 @@ merged /metrics text."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from slotserver.router import hub_cache
 from slotserver.router.catalog import build_catalog
 from slotserver.router.child_args import child_argv
 from slotserver.router.config import RouterConfig
+from slotserver.router.events import Events
 from slotserver.router.instance import LOADED, UNLOADED, Instance
 from slotserver.router.metrics import merge
 from slotserver.router.sched import LruSched
@@ -157,3 +160,19 @@ def test_a_bad_preset_stops_the_router_with_one_line(tmp_path, capsys):
     assert err == f"slotserver: error: --models-preset {ini}: line 3: 'ctx-size' is not `key = value`"
     assert main(["serve", "--models-dir", str(tmp_path), "-m", "x.gguf"]) == 2
     assert "exclude each other" in capsys.readouterr().err
+
+
+def test_sse_subscribers_get_each_event_once_subscribed():
+    async def run():
+        events = Events()
+        stream = events.stream()
+        assert await stream.__anext__() == b": connected\n\n"   # subscribed from here on
+        events.publish("model_status", "a", {"status": "loading"})
+        events.publish("models_reload", "*")
+        got = [await stream.__anext__(), await stream.__anext__()]
+        await stream.aclose()
+        assert events.subscribers == set()
+        return got
+    first, second = asyncio.run(run())
+    assert json.loads(first[6:]) == {"model": "a", "event": "model_status", "data": {"status": "loading"}}
+    assert json.loads(second[6:]) == {"model": "*", "event": "models_reload"}

@@ -7,7 +7,7 @@
   GET  /props                      the router's own (role "router"); ?model=NAME: that model's
   POST inference routes            to the model named by the body's `model` field
   GET  /metrics                    every loaded model's, labelled model="NAME" (?model=NAME: that one's)
-  GET  /slots /lab ...             to the model named by `?model=`
+  GET  /slots /lab ...             to the model named by `?model=` (so are POST /lab/layout, /lab/reload)
   ?autoload=true|false             per request, over --models-autoload
 
 Errors are llama-server's JSON; the API key (auth.py) guards all but /health and the model lists.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -29,7 +30,7 @@ from slotserver import __version__
 from slotserver.errors import ConfigError
 from slotserver.router.auth import RouterAuth
 from slotserver.router.errors import RouterError
-from slotserver.router.listing import models_json
+from slotserver.router.listing import model_json, models_json
 from slotserver.router.metrics import scrape
 from slotserver.router.models import ModelRouter
 from slotserver.router.proxy import forward
@@ -41,7 +42,8 @@ POST_ROUTES = ("/completion", "/completions", "/v1/completions", "/chat/completi
                "/v1/embeddings", "/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/tokenize",
                "/detokenize", "/apply-template", "/chat/completions/input_tokens",
                "/v1/chat/completions/input_tokens", "/props", "/slots/{id_slot}", "/lora-adapters")
-GET_ROUTES = ("/slots", "/lora-adapters", "/lab")
+GET_ROUTES = ("/slots", "/lora-adapters", "/lab", "/lab/events")
+LAB_POST_ROUTES = ("/lab/layout", "/lab/reload")   # the model in ?model= (their bodies are the lab's)
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -75,13 +77,13 @@ async def proxy_post(request: Request) -> Response:
     return await _proxy(request, name if isinstance(name, str) else "")
 
 
-async def proxy_get(request: Request) -> Response:
+async def proxy_by_query(request: Request) -> Response:
     return await _proxy(request, request.query_params.get("model", ""))
 
 
 async def props(request: Request) -> Response:
     if request.query_params.get("model"):
-        return await proxy_get(request)
+        return await proxy_by_query(request)
     config = _router(request).config
     return JSONResponse({"role": "router", "max_instances": config.models_max, "models_autoload": config.autoload,
                          "model_alias": "slotserver", "model_path": "none",
@@ -92,7 +94,7 @@ async def props(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     """?model=NAME: that model's own; else every loaded model's, labelled by model (metrics.py)."""
     if request.query_params.get("model"):
-        return await proxy_get(request)
+        return await proxy_by_query(request)
     router = _router(request)
     if not router.config.metrics:
         raise RouterError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
@@ -107,6 +109,15 @@ async def models(request: Request) -> Response:
         except ConfigError as e:   # an edited preset file with a bad key: the old list stays
             raise RouterError(500, str(e)) from None
     return JSONResponse(models_json(router.catalog, router.instances))
+
+
+async def model(request: Request) -> Response:
+    """GET /v1/models/{id} (the OpenAI SDK's `models.retrieve`): one entry of the list, or OpenAI's 404."""
+    router, name = _router(request), request.path_params["model_id"]
+    if name not in router.catalog or name not in router.instances:
+        raise RouterError(404, f"The model `{name}` does not exist.", "invalid_request_error",
+                          extra={"code": "model_not_found", "param": None})
+    return JSONResponse(model_json(router.catalog[name], router.instances[name], int(time.time())))
 
 
 async def load(request: Request) -> Response:
@@ -159,11 +170,13 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 def create_router_app(router: ModelRouter) -> Starlette:
     routes = [Route("/health", health), Route("/v1/health", health), Route("/models", models),
-              Route("/v1/models", models), Route("/models", no_downloads, methods=["POST", "DELETE"]),
+              Route("/v1/models", models), Route("/v1/models/{model_id:path}", model),
+              Route("/models", no_downloads, methods=["POST", "DELETE"]),
               Route("/models/load", load, methods=["POST"]), Route("/models/unload", unload, methods=["POST"]),
               Route("/models/sse", sse), Route("/props", props), Route("/metrics", metrics)]
     routes += [Route(path, proxy_post, methods=["POST"]) for path in POST_ROUTES]
-    routes += [Route(path, proxy_get) for path in GET_ROUTES]
+    routes += [Route(path, proxy_by_query) for path in GET_ROUTES]
+    routes += [Route(path, proxy_by_query, methods=["POST"]) for path in LAB_POST_ROUTES]
     app = Starlette(routes=routes, middleware=[Middleware(RouterAuth, keys=router.config.api_keys)],
                     exception_handlers={RouterError: _router_error, HTTPException: _http_error,
                                         Exception: _internal_error})

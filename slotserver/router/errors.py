@@ -13,11 +13,11 @@ TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_fo
 
 
 class RouterError(Exception):
-    def __init__(self, status: int, message: str, type: str | None = None):
+    def __init__(self, status: int, message: str, type: str | None = None, extra: dict | None = None):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.extra = status, message, extra or {}
         self.type = type or TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
     def response(self) -> JSONResponse:
-        body = {"error": {"code": self.status, "message": self.message, "type": self.type}}
+        body = {"error": {"code": self.status, "message": self.message, "type": self.type, **self.extra}}
         return JSONResponse(body, status_code=self.status)

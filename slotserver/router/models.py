@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import httpx
@@ -29,6 +30,14 @@ from slotserver.router.sched import LruSched
 log = logging.getLogger("slotserver.router")
 FAKE_DELAY_S = 2.0      # LLAMA_SERVER_DEBUG_FAKE_TIMING, as llama-server
 WAIT_POLL_S = 0.2       # how often a waiting request checks that its client is still there
+
+
+@dataclass
+class _Wait:
+    """One waiting request's view: in the queue, has loaded the model, has seen it loading."""
+    queued: bool = False
+    did_load: bool = False
+    saw_loading: bool = False
 
 
 class ModelRouter:
@@ -183,44 +192,56 @@ class ModelRouter:
 
     async def _ensure_ready(self, inst: Instance, gone: Callable[[], Awaitable[bool]]) -> None:
         """llama-server's ensure_model_ready: queue, load at the head of the queue, wait for loaded."""
-        name, queued, did_load, saw_loading = inst.name, False, False, False
+        w = _Wait()
         try:
-            while True:
-                if inst.stopping or (inst.status == UNLOADED and not (did_load or saw_loading)):
-                    if not queued:   # the queue entry also keeps the model safe from eviction
-                        self.sched.join(name)
-                        queued = True
-                        self.sched.tick()
-                if not inst.stopping:
-                    if inst.status == LOADED:
-                        break
-                    if inst.status == LOADING:
-                        saw_loading = True
-                    elif did_load or saw_loading:   # a spawn happened and the instance came back down
-                        if inst.failed:
-                            raise RouterError(500, f"model name={name} failed to load")
-                        break   # unloaded by another code path: the caller answers "not running"
+            while not self._settled(inst, w):
                 if await gone():
-                    raise RouterError(400, f"request cancelled while waiting for model name={name}")
-                if inst.status == UNLOADED and not inst.stopping and self.sched.try_claim(name):
-                    try:
-                        await self.load(name)
-                        did_load = True
-                    except RouterError as e:
-                        log.warning("router: queued load of %s did not go through: %s", name, e.message)
-                        self.sched.claim_failed(name)   # lost a race for the slot: stay in line
-                    self.sched.tick()
+                    raise RouterError(400, f"request cancelled while waiting for model name={inst.name}")
+                if inst.status == UNLOADED and not inst.stopping and self.sched.try_claim(inst.name):
+                    w.did_load = await self._load_claimed(inst.name) or w.did_load
                     continue
                 await self._wait_change(WAIT_POLL_S)
         except BaseException:
-            if queued:
-                self.sched.leave(name)
+            if w.queued:
+                self.sched.leave(inst.name)
                 self.sched.tick()   # a slot freed for this waiter goes to the next one
                 self._notify()
             raise
-        if queued:   # no tick here: the caller counts its request before anything else runs
-            self.sched.leave(name)
+        if w.queued:   # no tick here: the caller counts its request before anything else runs
+            self.sched.leave(inst.name)
             self._notify()
+
+    def _settled(self, inst: Instance, w: "_Wait") -> bool:
+        """One look at the model for a waiting request: True when the wait is over (loaded, or down
+        again after a spawn); joins the queue when the model needs a load or is on its way out."""
+        if self.instances.get(inst.name) is not inst:
+            return True   # a reload removed the model: the caller answers "not running"
+        if not w.queued and (inst.stopping or (inst.status == UNLOADED and not (w.did_load or w.saw_loading))):
+            self.sched.join(inst.name)   # the queue entry also keeps the model safe from eviction
+            w.queued = True
+            self.sched.tick()
+        if inst.stopping:
+            return False   # a stopping instance takes no new request: the next one serves it
+        if inst.status == LOADING:
+            w.saw_loading = True
+            return False
+        if inst.status == UNLOADED and (w.did_load or w.saw_loading):
+            if inst.failed:
+                raise RouterError(500, f"model name={inst.name} failed to load")
+            return True   # unloaded by another code path: the caller answers "not running"
+        return inst.status == LOADED
+
+    async def _load_claimed(self, name: str) -> bool:
+        """This waiter's turn: load; on failure (a race for the slot) stay in line."""
+        try:
+            await self.load(name)
+            ok = True
+        except RouterError as e:
+            log.warning("router: queued load of %s did not go through: %s", name, e.message)
+            self.sched.claim_failed(name)
+            ok = False
+        self.sched.tick()
+        return ok
 
     # ----- the list
     async def reload(self) -> None:
