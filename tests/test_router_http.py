@@ -1,5 +1,5 @@
-"""Router mode through HTTP, as clients use it: one `slotserver serve --models-dir` with two tiny
-models and --models-max 1, each model in its own child server.
+"""Router mode through HTTP, as clients use it: one `slotserver serve --models-dir` with the default
+model and a tiny one and --models-max 1, each model in its own child server.
 
 Requests pick the model by their `model` field and load it on demand; a second model evicts the
 least recently used one; /models lists both with their status; load/unload, autoload off, API
@@ -16,6 +16,8 @@ import httpx
 import pytest
 from test_server_e2e import serving
 
+from slotserver.model.default_model import default_model_path
+
 ARCHS = Path(__file__).parent / "fixtures" / "archs"
 KEY = {"Authorization": "Bearer router-key"}
 
@@ -24,7 +26,7 @@ KEY = {"Authorization": "Bearer router-key"}
 def router(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("router")
     (tmp / "models").mkdir()
-    (tmp / "models" / "a.gguf").symlink_to(ARCHS / "llama_linear.gguf")
+    (tmp / "models" / "a.gguf").symlink_to(default_model_path())   # slow enough to leave mid-stream
     (tmp / "models" / "b.gguf").symlink_to(ARCHS / "llama3_freqs.gguf")
     (tmp / "models" / "broken.gguf").write_bytes(b"GGUF" + bytes(60))   # its server exits at load
     (tmp / "hub").mkdir()   # an empty hub cache: the host's own is not listed
@@ -64,6 +66,10 @@ def test_a_request_loads_its_model_and_streams_the_same_answer(router):
     r = chat(router, "a")
     assert r.status_code == 200, r.text
     assert r.json()["model"] == "a" and statuses(router)["a"] == "loaded"
+    args = next(m for m in router.get("/v1/models").json()["data"] if m["id"] == "a")["status"]["args"]
+    child = f"http://127.0.0.1:{args[args.index('--port') + 1]}"
+    assert httpx.post(child + "/completion", json={"prompt": "x"}, headers=KEY).status_code == 401, \
+        "a model's own server must not be reachable past the router"
     text = r.json()["choices"][0]["message"]["content"]
     with router.http.stream("POST", router.url + "/v1/chat/completions", json={
             "model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0,
@@ -76,16 +82,21 @@ def test_a_request_loads_its_model_and_streams_the_same_answer(router):
 
 
 def test_a_client_that_leaves_mid_stream_frees_the_childs_slot(router):
-    body = {"model": "a", "prompt": "once upon", "n_predict": 1900, "ignore_eos": True, "stream": True}
+    body = {"model": "a", "prompt": "once upon", "n_predict": 1000, "ignore_eos": True, "stream": True}
     with router.http.stream("POST", router.url + "/completion", json=body) as s:
-        next(s.iter_lines())   # the first token is out: the child is generating
-        assert router.get("/slots?model=a").json()[0]["is_processing"]
+        lines = s.iter_lines()   # kept: a dropped iterator would close the stream at once
+        first = next(lines)      # the first token is out: the child is generating
+        assert s.status_code == 200 and first.startswith("data: "), first
+        started = time.time()   # (/slots is the engine's stats snapshot: it may lag a step behind)
+        while not router.get("/slots?model=a").json()[0]["is_processing"]:
+            assert time.time() - started < 10, f"the child's slot never showed the request: {first}"
+            time.sleep(0.01)
     left, decoded = time.time(), 0
     while (slot := router.get("/slots?model=a").json()[0])["is_processing"]:
         decoded = slot["next_token"][0]["n_decoded"]
-        assert time.time() - left < 120
+        assert time.time() - left < 60, f"the child still generates ({decoded} tokens) for a client that left"
         time.sleep(0.01)
-    assert decoded < 1900 / 2, f"the child generated {decoded} of 1900 tokens for a client that had left"
+    assert decoded < 1000 / 2, f"the child generated {decoded} of 1000 tokens for a client that had left"
 
 
 def test_another_model_evicts_the_least_recently_used(router):

@@ -69,7 +69,8 @@ async def _json_body(request: Request) -> dict:
 async def _proxy(request: Request, name: str) -> Response:
     router = _router(request)
     child = await router.acquire(name, _autoload(request), request.is_disconnected)
-    return await forward(router.client, request, child.url, await request.body(), lambda: router.release(name))
+    return await forward(router.client, request, child.url, child.auth, await request.body(),
+                         lambda: router.release(name))
 
 
 async def proxy_post(request: Request) -> Response:

@@ -6,6 +6,10 @@ and glibc's heap would keep much of it in-process); a crash takes down one model
 and the child is the ordinary server, unchanged. The cost is a second start (import torch, read
 the GGUF: ~2-3 s for a small model) and one loopback hop per request.
 
+Each child requires an API key only the router knows (a random one, handed over in a 0600 file,
+not on the command line where `ps` shows it): the children listen on loopback, and without it
+any local user could reach a model past the router's own --api-key check.
+
 The child dies with the router: Linux's PR_SET_PDEATHSIG sends it SIGTERM when the router exits,
 however it exits (a SIGKILLed router leaves no orphan holding memory and a port).
 Its output goes to the router's stderr, each line prefixed with `[model] `.
@@ -16,9 +20,12 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+import os
+import secrets
 import signal
 import socket
 import sys
+import tempfile
 
 import httpx
 
@@ -42,7 +49,12 @@ def _die_with_parent() -> None:   # runs in the child between fork and exec
 
 class Child:
     def __init__(self, name: str, argv: list[str], port: int, env: dict[str, str] | None = None):
-        self.name, self.argv, self.port, self.env = name, argv, port, env
+        key = secrets.token_urlsafe(32)
+        fd, self.key_file = tempfile.mkstemp(prefix="slotserver-child-", suffix=".key")   # mode 0600
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
+        self.auth = {"Authorization": f"Bearer {key}"}
+        self.name, self.argv, self.port, self.env = name, [*argv, "--api-key-file", self.key_file], port, env
         self.proc: asyncio.subprocess.Process | None = None
         self._pipe: asyncio.Task | None = None
 
@@ -51,10 +63,20 @@ class Child:
         return f"http://127.0.0.1:{self.port}"
 
     async def start(self) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, env=self.env, preexec_fn=_die_with_parent)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, env=self.env, preexec_fn=_die_with_parent)
+        except OSError:
+            self._remove_key()
+            raise
         self._pipe = asyncio.create_task(self._forward_output())
+
+    def _remove_key(self) -> None:
+        try:
+            os.unlink(self.key_file)
+        except FileNotFoundError:
+            pass
 
     async def _forward_output(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
@@ -80,7 +102,8 @@ class Child:
     async def info(self, client: httpx.AsyncClient) -> dict:
         """The child's own /v1/models entry (its meta: vocabulary, context, size...), or {}."""
         try:
-            data = (await client.get(self.url + "/v1/models", timeout=5.0)).json().get("data") or [{}]
+            answer = await client.get(self.url + "/v1/models", headers=self.auth, timeout=5.0)
+            data = answer.json().get("data") or [{}]
             return data[0] if isinstance(data[0], dict) else {}
         except (httpx.HTTPError, ValueError, AttributeError):
             return {}
@@ -88,6 +111,7 @@ class Child:
     async def wait(self) -> int:
         assert self.proc is not None
         code = await self.proc.wait()
+        self._remove_key()
         if self._pipe is not None:
             await asyncio.gather(self._pipe, return_exceptions=True)
         return code

@@ -51,7 +51,8 @@ def merge(texts: dict[str, str]) -> str:
 async def scrape(client: httpx.AsyncClient, instances: dict[str, Instance]) -> str:
     async def one(inst: Instance) -> tuple[str, str]:
         try:
-            r = await client.get(inst.child.url + "/metrics", timeout=10.0) if inst.child else None
+            r = await client.get(inst.child.url + "/metrics", headers=inst.child.auth, timeout=10.0) \
+                if inst.child else None
             return inst.name, r.text if r is not None and r.status_code == 200 else ""
         except httpx.HTTPError:
             return inst.name, ""   # exited meanwhile: it has no metrics any more

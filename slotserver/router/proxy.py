@@ -19,8 +19,10 @@ from starlette.responses import Response, StreamingResponse
 
 from slotserver.router.errors import RouterError
 
-HOP_BY_HOP = {"host", "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-              "trailer", "trailers", "transfer-encoding", "upgrade", "content-length"}
+# not passed on: hop-by-hop headers, and the client's key, which the router checked (the child
+# gets the router's own key for it, child.py)
+HOP_BY_HOP = {"authorization", "x-api-key", "host", "connection", "keep-alive", "proxy-authenticate",
+              "proxy-authorization", "te", "trailer", "trailers", "transfer-encoding", "upgrade", "content-length"}
 DISCONNECT_POLL_S = 0.25
 
 
@@ -28,12 +30,13 @@ def _headers(items) -> list[tuple[str, str]]:
     return [(k, v) for k, v in items if k.lower() not in HOP_BY_HOP]
 
 
-async def forward(client: httpx.AsyncClient, request: Request, base_url: str, body: bytes,
+async def forward(client: httpx.AsyncClient, request: Request, base_url: str, auth: dict[str, str], body: bytes,
                   done: Callable[[], None]) -> Response:
     """The child's answer to `request` (method, path, query, headers, `body`); `done()` runs once,
     when the answer is over, failed, or its client left."""
     url = base_url + request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    upstream = client.build_request(request.method, url, headers=_headers(request.headers.items()), content=body)
+    headers = _headers(request.headers.items()) + list(auth.items())
+    upstream = client.build_request(request.method, url, headers=headers, content=body)
     sending = asyncio.ensure_future(client.send(upstream, stream=True))
     try:
         while not (await asyncio.wait({sending}, timeout=DISCONNECT_POLL_S))[0]:
