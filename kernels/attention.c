@@ -351,6 +351,10 @@ int decode_attention(const void *q, const void *k, const void *v, void *out,
                           sk_h, sv_s, sv_c, sv_h, ss_s, ss_c, ss_h, 0, 0, window, scale, softcap, bf16, kt, n_threads);
 }
 
+/* 1 where prompt rows of an f16/bf16 cache run on AMX tiles in this build and process, else 0
+   (the kernels' cpu_path report). */
+int attention_prompt_amx(void) { return prompt_amx(2, 64); }
+
 /* decode_attention with `prompt` flags [B] (1: a row of a prompt chunk, which AMX may serve; see
    attention_amx.c). Not replayable: step graphs replay decode steps, which have no prompt rows. */
 int prompt_attention(const void *q, const void *k, const void *v, void *out,

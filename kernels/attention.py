@@ -162,12 +162,21 @@ def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, wi
 NATIVE_C = native.joined(__file__, [("attention_amx.c", native.c_source(__file__, "attention_amx.c")),
                                      ("attention.c", native.c_source(__file__, "attention.c"))])
 _LIB = native.build("attention", NATIVE_C, strict=True)
+native.signature(_LIB, "attention_prompt_amx", 0, 0)
 native.signature(_LIB, "decode_attention", 8, 16, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
                                                    native.ctypes.c_int, native.ctypes.c_int), replay=True)
 native.signature(_LIB, "prompt_attention", 7, 13, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
                                                    native.ctypes.c_int, native.ctypes.c_int))
 _KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}   # int8: q8, with its scales
 _Q_TYPES = (torch.float32, torch.bfloat16)
+
+
+def cpu_path() -> str:
+    """What `cpu` computes with here (shown in /props, /lab and `slotserver top`)."""
+    if _LIB is None:
+        return "torch SDPA"
+    amx = _LIB.attention_prompt_amx() == 1
+    return "C row kernel, float32" + ("; prompt rows of f16/bf16 caches: AMX bf16 hi+lo tiles" if amx else "")
 
 
 def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> bool:
