@@ -196,6 +196,19 @@ static void amx_pv(const amx_args *a, int64_t RP, amx_block b, const uint16_t *p
     }
 }
 
+/* P's split: hi = x with its low 16 bits cleared (a bf16 value exactly; lo = x - hi is exact in
+   float32 and has 16 significant bits at most, rounded to bf16's 8 on conversion). */
+#define HI_MASK _mm512_castsi512_ps(_mm512_set1_epi32((int)0xFFFF0000u))
+
+/* e^x for x <= TAU (x - the row's reference max): fast_exp16's polynomial without its clamp. Lanes
+   below float32's range (e^-87) give 0 or a denormal through scalef, never a wrong value; masked
+   lanes may hold anything, their results are discarded. */
+static inline __m512 exp16(__m512 x) {
+    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950409f));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, n);
+    return _mm512_scalef_ps(EXP2_POLY(_mm512_fmadd_ps, _mm512_set1_ps, f), n);
+}
+
 /* Lanes [j0, j1) of the 16 cells from j. */
 static inline __mmask16 lanes(int64_t j, int64_t j0, int64_t j1) {
     const uint32_t below1 = j1 - j >= 16 ? 0xFFFFu : j1 > j ? (1u << (j1 - j)) - 1 : 0u;
@@ -234,10 +247,13 @@ static void amx_softmax(const amx_args *a, int64_t R, amx_block b, const int64_t
             l[i] *= corr; m[i] = mx;
         }
         __m512 sum = _mm512_setzero_ps();
-        for (int64_t c = 0; c < AB / 16; c++) {   /* lanes outside [j0, j1) are exact zeros */
-            const __m512 e = _mm512_maskz_mov_ps(in[c], fast_exp16(_mm512_sub_ps(sv[c], _mm512_set1_ps(m[i]))));
-            sum = _mm512_add_ps(sum, e);
-            split16(e, h + 16 * c, o + 16 * c);
+        for (int64_t c = 0; c < AB / 16; c += 2) {   /* lanes outside [j0, j1) are exact zeros */
+            const __m512 e0 = _mm512_maskz_mov_ps(in[c], exp16(_mm512_sub_ps(sv[c], _mm512_set1_ps(m[i]))));
+            const __m512 e1 = _mm512_maskz_mov_ps(in[c + 1], exp16(_mm512_sub_ps(sv[c + 1], _mm512_set1_ps(m[i]))));
+            sum = _mm512_add_ps(_mm512_add_ps(sum, e0), e1);
+            const __m512 h0 = _mm512_and_ps(e0, HI_MASK), h1 = _mm512_and_ps(e1, HI_MASK);   /* exact bf16 */
+            _mm512_store_si512(h + 16 * c, (__m512i)_mm512_cvtne2ps_pbh(h1, h0));
+            _mm512_store_si512(o + 16 * c, (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(e1, h1), _mm512_sub_ps(e0, h0)));
         }
         l[i] += _mm512_reduce_add_ps(sum);
     }
