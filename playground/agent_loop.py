@@ -20,6 +20,7 @@ Needs the llama.cpp peer (playground/local_server.py says where). Prints a table
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shlex
 import statistics
@@ -46,8 +47,9 @@ def tool_output(rng: random.Random, n_words: int) -> str:
     return "\n".join(lines)
 
 
-def start(cmd: list[str], port: int, what: str, log: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+def start(cmd: list[str], port: int, what: str, log: Path, env: dict | None = None) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env=None if env is None else {**os.environ, **env})
     wait_healthy(port, what, proc, timeout_s=300)
     return proc
 
@@ -89,6 +91,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--ctx", type=int, default=32768)
     ap.add_argument("--slot-flags", default="", help="more slotserver flags, e.g. \"--cache-ram 8192\"")
+    ap.add_argument("--before-env", default="",
+                    help="also run a second slotserver under these variables, e.g. \"SLOTSERVER_CPU=avx512\" "
+                         "(prompt rows on the row kernel, as before AMX served them): an A/B in the same run")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--restart-after", type=int, default=0, help="restart slotserver after this turn (0: never)")
     ap.add_argument("--out", type=Path, default=Path("playground/out/agent_loop"))
@@ -97,40 +102,50 @@ def main() -> None:
         from slotserver.model.default_model import default_model_path
         a.model = str(default_model_path())
     a.out.mkdir(parents=True, exist_ok=True)
-    ours, peer = free_port(), free_port()
     common = ["-m", a.model, "-np", str(a.slots), "-c", str(a.ctx), "-t", "2"]
-    ours_cmd = [sys.executable, "-m", "slotserver.cli.main", "serve", *common, "--port", str(ours), "--no-watch",
+
+    def ours_cmd(port: int) -> list[str]:
+        return [sys.executable, "-m", "slotserver.cli.main", "serve", *common, "--port", str(port), "--no-watch",
                 *shlex.split(a.slot_flags)]
-    procs = [start(ours_cmd, ours, "slotserver", a.out / "slotserver.log"),
-             start([str(PEER / "llama-server"), *common, "--port", str(peer)], peer, "llama-server",
-                   a.out / "llama-server.log")]
+    ours, peer = free_port(), free_port()
+    names = {ours: "slotserver", peer: "llama-server"}
+    procs = {ours: start(ours_cmd(ours), ours, "slotserver", a.out / "slotserver.log"),
+             peer: start([str(PEER / "llama-server"), *common, "--port", str(peer)], peer, "llama-server",
+                         a.out / "llama-server.log")}
+    if a.before_env:
+        before = free_port()
+        env = dict(kv.split("=", 1) for kv in shlex.split(a.before_env))
+        names[before] = "slotserver " + a.before_env
+        procs[before] = start(ours_cmd(before), before, names[before], a.out / "slotserver-before.log", env)
+    ports = [ours, *[p for p in procs if p not in (ours, peer)], peer]
     system = {"role": "system", "content": "You are a coding agent. Read each tool output and say what to do next."}
-    hist = {p: [[dict(system)] for _ in range(a.agents)] for p in (ours, peer)}
-    rows = []
+    hist = {p: [[dict(system)] for _ in range(a.agents)] for p in ports}
+    rows = []   # per turn: {port: (per-agent ms, wall s, computed, cached)}
     try:
         for t in range(a.turns):
-            r = {p: run_turn(p, hist[p], t, a.seed, a.words, a.max_tokens, a.slots) for p in (ours, peer)}
-            rows.append((t, *r[ours], *r[peer]))
+            r = {p: run_turn(p, hist[p], t, a.seed, a.words, a.max_tokens, a.slots) for p in ports}
+            rows.append(r)
             if t + 1 == a.restart_after:   # SIGTERM: a clean stop (what --cache-disk saves), then a cold start
-                procs[0].terminate()
-                procs[0].wait()
-                procs[0] = start(ours_cmd, ours, "slotserver", a.out / "slotserver-restarted.log")
+                procs[ours].terminate()
+                procs[ours].wait()
+                procs[ours] = start(ours_cmd(ours), ours, "slotserver", a.out / "slotserver-restarted.log")
                 print(f"(slotserver restarted after turn {t + 1})", flush=True)
-            (o_ms, o_s, o_n, o_c), (p_ms, p_s, p_n, p_c) = r[ours], r[peer]
-            print(f"turn {t + 1}: TTFT p50 {statistics.median(o_ms):7.0f} ms vs {statistics.median(p_ms):7.0f} ms "
-                  f"({statistics.median(p_ms) / statistics.median(o_ms):4.2f}x), wall {o_s:5.1f} s vs {p_s:5.1f} s; "
-                  f"prompt tokens computed/cached {o_n}/{o_c} vs {p_n}/{p_c}", flush=True)
+            print(f"turn {t + 1}: " + "; ".join(
+                f"{names[p]} TTFT p50 {statistics.median(r[p][0]):.0f} ms, wall {r[p][1]:.1f} s, "
+                f"computed/cached {r[p][2]}/{r[p][3]}" for p in ports), flush=True)
     finally:
-        for p in procs:
-            p.terminate()
-            p.wait()
-    o_all = [m for row in rows for m in row[1]]     # row: turn, then (ms, wall, computed, cached) of each server
-    p_all = [m for row in rows for m in row[5]]
-    o_total, p_total = sum(row[2] for row in rows), sum(row[6] for row in rows)
+        for proc in procs.values():
+            proc.terminate()
+            proc.wait()
     print(f"\n{a.agents} agents on -np {a.slots}, {a.turns} turns, slotserver flags: {a.slot_flags or '(defaults)'}")
-    print(f"total {o_total:.1f} s vs llama-server {p_total:.1f} s: {p_total / o_total:.2f}x; "
-          f"TTFT p50 {statistics.median(o_all):.0f} vs {statistics.median(p_all):.0f} ms: "
-          f"{statistics.median(p_all) / statistics.median(o_all):.2f}x")
+    peer_total = sum(r[peer][1] for r in rows)
+    peer_p50 = statistics.median(m for r in rows for m in r[peer][0])
+    for p in ports[:-1]:
+        total, p50 = sum(r[p][1] for r in rows), statistics.median(m for r in rows for m in r[p][0])
+        first, last = statistics.median(rows[0][p][0]), statistics.median(rows[-1][p][0])
+        print(f"{names[p]}: total {total:.1f} s vs llama-server {peer_total:.1f} s: {peer_total / total:.2f}x; "
+              f"TTFT p50 {p50:.0f} vs {peer_p50:.0f} ms: {peer_p50 / p50:.2f}x; "
+              f"last turn / first turn TTFT {last / first:.2f}")
 
 
 if __name__ == "__main__":
