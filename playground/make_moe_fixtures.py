@@ -44,20 +44,20 @@ TINY = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hi
             vocab_size=310, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0)
 CASES: dict[str, tuple[str, dict]] = {
     # softmax, top-k, renormalized (llama.cpp always renormalizes qwen3moe); per-head q/k norms, neox
-    "qwen3moe": ("Qwen3MoeForCausalLM", dict(head_dim=16, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=24,
+    "qwen3moe": ("Qwen3MoeForCausalLM", dict(head_dim=16, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
                                              intermediate_size=64, norm_topk_prob=True, decoder_sparse_step=1,
                                              mlp_only_layers=[])),
     # softmax, top-k, not renormalized; q/k RMSNorm over the whole projection (not per head; llama.cpp
     # sizes attn_k_norm as n_embd: no GQA, as OLMoE-1B-7B)
-    "olmoe": ("OlmoeForCausalLM", dict(num_key_value_heads=4, num_experts=8, num_experts_per_tok=2, intermediate_size=24, norm_topk_prob=False,
+    "olmoe": ("OlmoeForCausalLM", dict(num_key_value_heads=4, num_experts=8, num_experts_per_tok=2, intermediate_size=32, norm_topk_prob=False,
                                        clip_qkv=None)),
     # top-k then softmax over the selected (= softmax, top-k, renormalized); granite's multipliers
-    "granitemoe": ("GraniteMoeForCausalLM", dict(num_local_experts=6, num_experts_per_tok=2, intermediate_size=24,
+    "granitemoe": ("GraniteMoeForCausalLM", dict(num_local_experts=6, num_experts_per_tok=2, intermediate_size=32,
                                                  embedding_multiplier=3.0, residual_multiplier=0.5,
                                                  attention_multiplier=0.2, logits_scaling=1.5)),
     # softmax, top-k, not renormalized; a shared expert behind a sigmoid gate; q/k/v biases
-    "qwen2moe": ("Qwen2MoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24,
-                                             shared_expert_intermediate_size=40, intermediate_size=64,
+    "qwen2moe": ("Qwen2MoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                             shared_expert_intermediate_size=64, intermediate_size=64,
                                              norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[])),
 }
 # a seed whose greedy ids avoid the special tokens (the test bans them, llama-server picks a CONTROL

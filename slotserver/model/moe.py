@@ -2,7 +2,7 @@
 
 What llama.cpp's `build_moe_ffn` computes for one layer on the normed rows h `[T, d_model]`:
 
-    logits  = h @ W_router^T                         # [T, E]       float32 (the router is kept dense)
+    logits  = h @ W_router^T                         # [T, E]       float32 (the router is kept dense, summed in f64)
     ids, w  = route(logits)                          # [T, k] each  (moe_spec.py: gating, renormalization)
     gu      = moe_matmul(h, gate|up experts, ids)    # [T, k, 2 F]  each slot its expert's gate|up
     y       = moe_matmul(gu, down experts, ids, glu) # [T, k, d]    silu(gate) * up, then down
@@ -29,13 +29,13 @@ WEIGHT_SUM_MIN = 6.103515625e-5   # llama.cpp clamps the weights' sum here (floa
 
 @dataclass
 class MoeWeights:
-    router: torch.Tensor                  # [E, d_model] float32 (ffn_gate_inp)
+    router: torch.Tensor                  # [E, d_model] float64 (ffn_gate_inp: see router_logits)
     gate_up: list[Experts]                # [E, 2 F, d_model] (one Experts; two where gate and up differ in format)
     down: Experts                         # [E, d_model, F]
-    shared_gate: torch.Tensor | None = None  # [d_model] float32 (qwen2moe's ffn_gate_inp_shexp)
+    shared_gate: torch.Tensor | None = None  # [1, d_model] float64 (qwen2moe's ffn_gate_inp_shexp)
 
     def nbytes(self) -> int:
-        return sum(e.nbytes() for e in (*self.gate_up, self.down)) + self.router.numel() * 4
+        return sum(e.nbytes() for e in (*self.gate_up, self.down)) + self.router.numel() * 8
 
 
 def route(logits: torch.Tensor, moe: MoeSpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,10 +54,19 @@ def route(logits: torch.Tensor, moe: MoeSpec) -> tuple[torch.Tensor, torch.Tenso
     return ids, w
 
 
+def router_logits(h: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
+    """h [T, d] @ router^T -> [T, E] float32, the same floats for a row whatever T: summed in
+    float64 (router kept float64), rounded once. Why: torch's float32 GEMM blocks by the row
+    count (a gemv at one row), so a token's logits moved in their last bits with the batch around
+    it, enough to flip a near-tie of the top-k; float64 sums of float32 products differ far below
+    float32's rounding, so the rounded logits agree (batch invariance, as every other op keeps it)."""
+    return (h.double() @ router.T).float()
+
+
 def moe_ffn(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None) -> torch.Tensor:
     """The routed experts' output on normed rows h [T, d_model] float32 -> [T, d_model] float32.
     shared: the shared expert's FFN as a callable (h -> [T, d_model]), or None."""
-    ids, w = route(h @ mw.router.T, moe)                           # [T, k], [T, k]
+    ids, w = route(router_logits(h, mw.router), moe)               # [T, k], [T, k]
     parts = [ops.moe_matmul(h, e, ids) for e in mw.gate_up]        # [T, k, 2F] (or [T, k, F] twice)
     gu = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
     y = ops.moe_matmul(gu, mw.down, ids, glu=True)                 # [T, k, d_model]
@@ -67,6 +76,6 @@ def moe_ffn(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None) -> 
     if shared is not None:
         s = shared(h)
         if mw.shared_gate is not None:
-            s = s * torch.sigmoid(h @ mw.shared_gate)[:, None]
+            s = s * torch.sigmoid(router_logits(h, mw.shared_gate))   # [T, 1]
         out += s
     return out

@@ -5,7 +5,7 @@ kernels/moe_matmul.py) under `--weights q` (the default); under `dense` (float32
 reference mode) they are dequantized into float `Experts` of the compute dtype, computed on by the
 same kernel's torch grouping. The dequantized int8/int4 formats have no expert form: a MoE file
 asked for them is refused in one line. The router (`ffn_gate_inp`, llama-quantize keeps it F32)
-and qwen2moe's shared-expert gate are small and always float32.
+and qwen2moe's shared-expert gate are small and kept dense (the router in float64: moe.py's router_logits).
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ def load_moe(f: GGUFFile, spec: ModelSpec, p: str, kind: str, dtype: torch.dtype
     moe, d = spec.moe, spec.d_model
     e, ff = moe.n_expert, moe.d_ff
     f.require(p + "ffn_gate_inp.weight", (e, d))
-    router = f.load_tensor(p + "ffn_gate_inp.weight", torch.float32)                    # [E, d_model]
+    router = f.load_tensor(p + "ffn_gate_inp.weight", torch.float32).double()           # [E, d_model]
     gate, up = (_expert_rows(f, p + n, (e, ff, d), kind, dtype) for n in ("ffn_gate_exps.weight", "ffn_up_exps.weight"))
     down = _expert_rows(f, p + "ffn_down_exps.weight", (e, d, ff), kind, dtype)
     gate_up = [Experts((gate, up), e)] if gate.qtype == up.qtype else [Experts((gate,), e), Experts((up,), e)]
     shared_gate = None
     if moe.d_ff_shared and p + "ffn_gate_inp_shexp.weight" in f.tensors:
         f.require(p + "ffn_gate_inp_shexp.weight", (1, d))
-        shared_gate = f.load_tensor(p + "ffn_gate_inp_shexp.weight", torch.float32).view(d)
+        shared_gate = f.load_tensor(p + "ffn_gate_inp_shexp.weight", torch.float32).double()   # [1, d_model]
     return MoeWeights(router, gate_up, Experts((down,), e), shared_gate)
 
 
