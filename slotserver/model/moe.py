@@ -5,8 +5,7 @@ What llama.cpp's `build_moe_ffn` computes for one layer on the normed rows h `[T
     logits  = h @ W_router^T                         # [T, E]       float32 (the router is kept dense, summed in f64)
     ids, w  = route(logits)                          # [T, k] each  (moe_spec.py: gating, renormalization)
     gu      = moe_matmul(h, gate|up experts, ids)    # [T, k, 2 F]  each slot its expert's gate|up
-    y       = moe_matmul(gu, down experts, ids, glu) # [T, k, d]    silu(gate) * up, then down
-    out     = sum_j w[:, j] * y[:, j]                # [T, d]
+    out     = moe_matmul(gu, down experts, ids, glu, w)  # [T, d]   silu(gate) * up, down, sum_j w_j y_j
     (+ shared expert FFN(h), times sigmoid(h . w_shared_gate) where the file has that gate)
 
 The experts' matmuls are a kernel (kernels/moe_matmul.py: rows grouped by expert, each active
@@ -69,10 +68,7 @@ def moe_ffn(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None) -> 
     ids, w = route(router_logits(h, mw.router), moe)               # [T, k], [T, k]
     parts = [ops.moe_matmul(h, e, ids) for e in mw.gate_up]        # [T, k, 2F] (or [T, k, F] twice)
     gu = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-    y = ops.moe_matmul(gu, mw.down, ids, glu=True)                 # [T, k, d_model]
-    out = y[:, 0] * w[:, :1]
-    for j in range(1, y.shape[1]):                                 # slot order, as llama.cpp's adds
-        out += y[:, j] * w[:, j: j + 1]
+    out = ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w)    # [T, d_model], summed in slot order
     if shared is not None:
         s = shared(h)
         if mw.shared_gate is not None:
