@@ -21,7 +21,8 @@
 
    glu: each input row is gate|up [2K] and goes through silu(gate) * up first (qmatmul_r16's fused
    prologue). w: NULL, or the routing weights [T, kk]: then y is [T, N], each token's sum over its
-   slots j = 0, 1, ... (in that order, as llama.cpp adds them) of w[t, j] * its row.
+   slots j = 0, 1, ... (in that order, as llama.cpp adds them) of w[t, j] * its row; accum: that
+   sum added into y (the residual) instead of stored.
    Returns 0, 1 (out of memory), 2 (an expert id out of range) or qmatmul_r16's code. */
 typedef struct { int64_t e, p, m; } MoeItem;
 
@@ -51,7 +52,7 @@ static int moe_group(const int64_t *ids, const float *x, int64_t R, int64_t kk, 
 
 int moe_matmul(const uint8_t *U, const uint8_t *S, const int64_t *offs, const int64_t *part_n, const float *x,
                float *y, const int64_t *ids, const float *w, int64_t T, int64_t kk, int64_t P, int64_t K, int64_t sxt,
-               int64_t sxj, int64_t E, int glu, int form, int off, int n_threads) {
+               int64_t sxj, int64_t E, int glu, int accum, int form, int off, int n_threads) {
     const int64_t R = T * kk, Kx = glu ? 2 * K : K;
     int64_t N = 0, *col = malloc((P + 1) * sizeof(int64_t));
     for (int64_t p = 0; p < P && col; p++) { col[p] = N; N += part_n[p]; }
@@ -73,19 +74,22 @@ int moe_matmul(const uint8_t *U, const uint8_t *S, const int64_t *offs, const in
                           yg + start[e] * N + col[p], NULL, items[i].m, part_n[p], K, Kx, N, 0.0f, 0, 0, 0, glu, 0,
                           form, off, spread ? 1 : n_threads);
     }
+    float *row = accum ? malloc(N * sizeof(float) + 64) : NULL;
+    if (accum && !row) rc = 1;
     for (int64_t t = 0; t < T && !rc; t++) {
         if (!w) {
             for (int64_t j = 0; j < kk; j++) memcpy(y + (t * kk + j) * N, yg + pos[t * kk + j] * N, N * sizeof(float));
             continue;
         }
-        float *out = y + t * N;
+        float *out = accum ? row : y + t * N;
         const float *y0 = yg + pos[t * kk] * N;
         for (int64_t n = 0; n < N; n++) out[n] = w[t * kk] * y0[n];
         for (int64_t j = 1; j < kk; j++) {
             const float *yj = yg + pos[t * kk + j] * N, wj = w[t * kk + j];
             for (int64_t n = 0; n < N; n++) out[n] += wj * yj[n];
         }
+        if (accum) for (int64_t n = 0; n < N; n++) y[t * N + n] += row[n];   /* the residual + the sum, as llama.cpp */
     }
-    free(col); free(start); free(pos); free(xg); free(yg); free(items);
+    free(row); free(col); free(start); free(pos); free(xg); free(yg); free(items);
     return rc;
 }

@@ -6,7 +6,9 @@
 experts.py: the 3-D GGUF tensors' blocks, expert e's rows the concatenation of its parts' rows).
 glu: x is gate|up (last dim 2K) and the input is silu(gate) * up. -> `[T, k, N]` in x's dtype;
 with `weights` (the routing weights `[T, k]` float32) -> `[T, N]`: each token's weighted sum over
-its slots, added in slot order (j = 0, 1, ...) as llama.cpp adds the weighted experts.
+its slots, added in slot order (j = 0, 1, ...) as llama.cpp adds the weighted experts; and with
+`acc` (`[T, N]` float32, the residual) that sum is added into acc, which is returned.
+The C call is replayable in a step graph: the ids and weights reach it through tensors' contents.
 
 How `cpu` computes (kernels/moe_matmul.c, compiled with kernels/qmatmul.c in one library): the
 rows are grouped by expert and each expert used runs qmatmul's repacked integer GEMM
@@ -37,7 +39,7 @@ TOL = {torch.float32: 3e-2, torch.bfloat16: 4e-2}
 
 
 def reference(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
-              weights: torch.Tensor | None = None) -> torch.Tensor:
+              weights: torch.Tensor | None = None, acc: torch.Tensor | None = None) -> torch.Tensor:
     """Every (token, slot) against its expert's dequantized matrix, in float32."""
     xs = _slots(x, ids.shape[1]).float()                                 # [T, k, K or 2K]
     if glu:
@@ -45,17 +47,17 @@ def reference(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
         xs = g / (1 + torch.exp(-g)) * u
     mats = torch.stack([w.dense(e) for e in range(w.n_expert)])         # [E, N, K]
     y = torch.einsum("tjk,tjnk->tjn", xs, mats[ids.long()])
-    return _combine(y, weights).to(x.dtype)
+    return _combine(y.to(x.dtype), weights, acc)
 
 
-def _combine(y: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """y [T, k, N] -> itself, or sum_j weights[:, j] * y[:, j] [T, N] added in slot order."""
+def _combine(y: torch.Tensor, weights: torch.Tensor | None, acc: torch.Tensor | None = None) -> torch.Tensor:
+    """y [T, k, N] -> itself, or sum_j weights[:, j] * y[:, j] [T, N] added in slot order (into acc)."""
     if weights is None:
         return y
     out = y[:, 0] * weights[:, :1].to(y.dtype)
     for j in range(1, y.shape[1]):
         out += y[:, j] * weights[:, j: j + 1].to(y.dtype)
-    return out
+    return out if acc is None else acc.add_(out.to(acc.dtype))
 
 
 def _slots(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -66,7 +68,7 @@ def _slots(x: torch.Tensor, k: int) -> torch.Tensor:
 NATIVE_C = native.c_source(__file__, "qmatmul.c") + \
     f'\n#line 1 "{native.c_path(__file__, "moe_matmul.c")}"\n' + native.c_source(__file__, "moe_matmul.c")
 _LIB = native.build("moe_matmul", NATIVE_C, origin=native.c_path(__file__, "qmatmul.c"), strict=True)
-native.signature(_LIB, "moe_matmul", 8, 7, (native.ctypes.c_int,) * 4)
+native.signature(_LIB, "moe_matmul", 8, 7, (native.ctypes.c_int,) * 5, replay=True)
 native.signature(_LIB, "qrepack", 3, 4, (native.ctypes.c_int,) * 3)
 native.signature(_LIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,) * 2)
 native.signature(_LIB, "qform_bytes", 0, 0, (native.ctypes.c_int,) * 2)
@@ -82,27 +84,33 @@ _TOKEN = object()   # this module version's repacked copies (a reloaded module b
 
 
 def cpu(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
-        weights: torch.Tensor | None = None) -> torch.Tensor:
+        weights: torch.Tensor | None = None, acc: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, K'] or [T, k, K'] (float32 or bf16), ids [T, k] -> [T, k, N] (with weights: [T, N]) in x's dtype."""
     t, k = ids.shape
     kx = 2 * w.k if glu else w.k
     assert x.shape[-1] == kx and x.shape[0] == t and (x.dim() == 2 or x.shape[1] == k), \
         f"moe_matmul: x {tuple(x.shape)} for ids {tuple(ids.shape)} and K={w.k}{' (glu)' if glu else ''}"
     if _LIB is None or not x.is_cpu or T(w.qtype) not in _R16_FORM or w.k % 32 or t * k == 0:
-        return _combine(_grouped(x, w, ids, glu), weights)
+        return _combine(_grouped(x, w, ids, glu), weights, acc)
     u, s, offs, form, part_n = repacked(w)
     xf = x if x.dtype == torch.float32 and x.stride(-1) == 1 else x.float().contiguous()
     sxj = 0 if xf.dim() == 2 else xf.stride(1)
     ids64 = ids if ids.dtype == torch.int64 and ids.is_contiguous() else ids.long().contiguous()
-    wf = None if weights is None else weights.float().contiguous()
-    y = torch.empty((t, k, w.n) if wf is None else (t, w.n), dtype=torch.float32)
+    wf = weights if weights is None or weights.dtype == torch.float32 and weights.is_contiguous() \
+        else weights.float().contiguous()
+    fused = acc is not None and wf is not None and acc.dtype == torch.float32 and acc.is_contiguous() \
+        and acc.shape == (t, w.n)
+    y = acc if fused else torch.empty((t, k, w.n) if wf is None else (t, w.n), dtype=torch.float32)
     rc = _LIB.moe_matmul(u.data_ptr(), s.data_ptr(), offs.data_ptr(), part_n.data_ptr(), xf.data_ptr(), y.data_ptr(),
                          ids64.data_ptr(), 0 if wf is None else wf.data_ptr(), t, k, len(w.parts), w.k, xf.stride(0),
-                         sxj, w.n_expert, glu, form,
+                         sxj, w.n_expert, glu, fused, form,
                          R16_OFFSET.get(T(w.qtype), 0), torch.get_num_threads())
     assert rc != 2, f"moe_matmul: an expert id outside 0..{w.n_expert - 1}"
     assert rc == 0, f"moe_matmul: failed ({rc})"
-    return y if x.dtype == torch.float32 else y.to(x.dtype)
+    if fused:
+        return acc
+    y = y if x.dtype == torch.float32 else y.to(x.dtype)
+    return y if acc is None else acc.add_(y.to(acc.dtype))
 
 
 def repacked(w: Experts) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor]:
@@ -195,7 +203,7 @@ def _moe_kernel(x_ptr, w_ptr, ids_ptr, y_ptr, N, K, k_used, stride_xt, stride_xj
 
 
 def triton(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
-           weights: torch.Tensor | None = None) -> torch.Tensor:
+           weights: torch.Tensor | None = None, acc: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as `cpu`: the experts dequantized once on the host (kept on `w`), one program
     per (token, slot) row and column block reading its expert's rows; the glu gate and the
     weighted sum in torch."""
@@ -215,7 +223,7 @@ def triton(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
         grid = (t * k, _triton.cdiv(w.n, block_n))
         _moe_kernel[grid](x, dense, ids64, y, w.n, w.k, k, x.stride(0), 0 if x.dim() == 2 else x.stride(1),
                           dense.stride(0), BLOCK_N=block_n, BLOCK_K=32)
-    return _combine(y, weights)
+    return _combine(y, weights, acc)
 
 
 EXAMPLE_TYPES = (T.Q4_0, T.Q8_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q3_K, T.F32, T.F16)
@@ -238,7 +246,8 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     glu = per_slot and bool(torch.randint(2, (), generator=gen))
     shape = (tokens, k, 2 * kdim if glu else kdim) if per_slot else (tokens, kdim)
     weights = torch.rand(tokens, k, generator=gen) if per_slot and bool(torch.randint(2, (), generator=gen)) else None
-    return torch.randn(*shape, generator=gen).to(dtype), Experts(parts, n_expert), ids, glu, weights
+    acc = torch.randn(tokens, sum(rows), generator=gen) if weights is not None and bool(torch.randint(2, (), generator=gen)) else None
+    return torch.randn(*shape, generator=gen).to(dtype), Experts(parts, n_expert), ids, glu, weights, acc
 
 
 def _aot(dtype: str) -> tuple:

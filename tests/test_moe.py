@@ -13,8 +13,6 @@ import torch
 
 from slotserver.errors import GGUFError
 from slotserver.model.model import LlamaModel
-from slotserver.model.moe import route
-from slotserver.model.moe_spec import MoeSpec
 from slotserver.model.weights import WeightFormat
 from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.runtime.experts import Experts
@@ -79,7 +77,8 @@ def test_q8_0_experts_on_blocks_match_their_dequantized_weights(tmp_path, case):
 
 def test_a_sequence_decodes_the_same_floats_alone_or_in_a_batch(tmp_path):
     """Batch invariance through the experts: a sequence's logits do not depend on which other rows
-    (routed to other experts) share its step; and MoE steps are never captured as step graphs."""
+    (routed to other experts) share its step; and a qwen3moe decode step (route, experts, their sum
+    and the residual add all in C) replays from a step graph with the floats of running it as usual."""
     model = LlamaModel.load(q8_copy(ARCHS / "qwen3moe.gguf", tmp_path / "q8.gguf"), torch.float32, max_pos=64,
                             fmt=WeightFormat("q"))
     prompts = [PROMPT, [5, 6, 7, 260, 261], [300, 2, 77]]
@@ -93,27 +92,37 @@ def test_a_sequence_decodes_the_same_floats_alone_or_in_a_batch(tmp_path):
             out.append(model.forward(Batch.build(chunks), cache))
         return out
 
-    together, alone = run([0, 1, 2]), run([1])
+    together = run([0, 1, 2])
+    assert [key[0] for key in model.graphs.graphs] == [3]        # captured, then replayed
+    alone = run([1])                                             # (a new cache: the graphs are recaptured)
+    assert [key[0] for key in model.graphs.graphs] == [1]
     assert all(torch.equal(t[1], a[0]) for t, a in zip(together, alone))
-    assert model.graphs is None or not model.graphs.graphs
+    model.set_step_graphs(False)
+    assert all(torch.equal(a, b) for a, b in zip(together, run([0, 1, 2])))
 
 
-def test_route_follows_llama_cpp_order():
+@pytest.mark.parametrize("form", ["native", "torch"])
+def test_route_follows_llama_cpp_order(form):
     """softmax then top-k (weights: the selected probabilities, renormalized or not); gpt-oss's
     softmax_weight: top-k of the raw logits, softmax over the k; renormalization's floor."""
+    mod = load_by_path(default_dir("kernels") / "moe_route.py", KERNEL_CONTRACT).module
+    if form == "native" and mod._LIB is None:
+        pytest.skip("no C compiler here (or SLOTSERVER_NATIVE=0)")
+    if form == "torch":
+        mod._LIB = None
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(5, 8, generator=gen) * 3
-    probs = logits.softmax(-1)
-    ids, w = route(logits, MoeSpec(8, 3, 16))
-    top = probs.topk(3, dim=-1)
+    eye = torch.eye(8, dtype=torch.float64)                         # router = identity: logits = h
+    top = logits.softmax(-1).topk(3, dim=-1)
+    ids, w = mod.cpu(logits, eye, 3, 0, False)
     assert torch.equal(ids, top.indices) and torch.allclose(w, top.values)
-    ids, w = route(logits, MoeSpec(8, 3, 16, norm_weights=True))
+    ids, w = mod.cpu(logits, eye, 3, 0, True)
     assert torch.allclose(w, top.values / top.values.sum(-1, keepdim=True))
-    ids, w = route(logits, MoeSpec(8, 2, 16, gating="softmax_weight"))
+    ids, w = mod.cpu(logits, eye, 2, 1, False)
     raw = logits.topk(2, dim=-1)
     assert torch.equal(ids, raw.indices) and torch.allclose(w, raw.values.softmax(-1))
-    _, w = route(torch.full((1, 4), -1e4), MoeSpec(4, 2, 16, gating="softmax_weight", norm_weights=True))
-    assert torch.isfinite(w).all()
+    ids, w = mod.cpu(logits, eye, 2, 0, False, 2.5)
+    assert torch.allclose(w, 2.5 * logits.softmax(-1).topk(2, dim=-1).values)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0, T.Q4_1])

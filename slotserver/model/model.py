@@ -73,7 +73,7 @@ class LlamaModel:
                   device: str = "cpu") -> "LlamaModel":
         """device: where the weights and rope tables live (runtime/device.py; kernels bound to match)."""
         kernels = kernels or KernelSet.load()
-        for needed in ("gelu_mul" if spec.act == "gelu" else "silu_mul", *(("moe_matmul",) if spec.moe else ())):
+        for needed in ("gelu_mul" if spec.act == "gelu" else "silu_mul", *(("moe_route", "moe_matmul") if spec.moe else ())):
             if needed not in kernels.modules:   # e.g. a lab folder copied before gelu_mul.py existed
                 raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs the kernel {needed} "
                                       f"(kernels/{needed}.py), absent from the kernels folder")
@@ -118,7 +118,7 @@ class LlamaModel:
     def _forward_cuda(self, batch: Batch, cache, logits_into: torch.Tensor | None) -> torch.Tensor:
         """A decode step replayed from a CUDA graph where one serves it (cuda_graph.py), else eager."""
         view = cache.view(0)
-        key = self.graphs.key(batch, view.paged)
+        key = None if self.spec.moe is not None else self.graphs.key(batch, view.paged)   # MoE: eager (moe.py)
         if key is None:
             return self._body(*self._inputs(batch), batch, cache, logits_into)
         owner = (self.kernels, getattr(cache, "layout", cache), self.weights, view.k.data_ptr())
@@ -134,10 +134,9 @@ class LlamaModel:
         return x, angles
 
     def _graph_key(self, batch: Batch) -> tuple | None:
-        """A decode-only batch (every row one token, logits for each) of up to max_rows rows on the CPU;
-        never for a MoE model (its routing is torch computation: moe.py)."""
+        """A decode-only batch (every row one token, logits for each) of up to max_rows rows on the CPU."""
         meta, n = batch.attn, batch.n_tokens
-        if self.graphs is None or self.spec.moe is not None or n > self.graphs.max_rows or meta.max_q != 1 or meta.split is not None \
+        if self.graphs is None or n > self.graphs.max_rows or meta.max_q != 1 or meta.split is not None \
                 or batch.logits_rows.shape[0] != n or not batch.tokens.is_cpu:
             return None
         return n, meta.stream_base is not None, torch.get_num_threads()
@@ -157,7 +156,7 @@ class LlamaModel:
             else:
                 x = self._residual_add(norm_adds, x, lw.wo(a, ops), lw.post_attn_norm)
             if lw.moe is not None:
-                x = x + self._branch_out(self._moe(lw, x), lw.post_ffn_norm)
+                x = self._moe(lw, x, plain)
                 continue
             gate_up = self._mm(fuse, lw.gate_up, x, norm=lw.ffn_norm)  # [tokens, 2 * d_ff]
             if not silu:
@@ -178,15 +177,17 @@ class LlamaModel:
             logits.div_(s.final_softcap).tanh_().mul_(s.final_softcap)
         return logits
 
-    def _moe(self, lw: LayerWeights, x: torch.Tensor) -> torch.Tensor:
-        """A MoE layer's FFN output on the residual x [tokens, d_model] (moe.py): the routed experts
-        on the normed rows, plus the shared expert's FFN where the layer has one."""
+    def _moe(self, lw: LayerWeights, x: torch.Tensor, plain: bool) -> torch.Tensor:
+        """x + a MoE layer's FFN output (moe.py): the routed experts on the normed rows, plus the
+        shared expert's FFN where the layer has one; added into x in C where the branch is plain."""
         ops = self.kernels
         h = _as(ops.rms_norm(x, lw.ffn_norm, self.spec.norm_eps), self.weights.act_dtype)   # [tokens, d_model]
         shared = None
         if lw.gate_up is not None:
             shared = lambda h: lw.down(ops.silu_mul(lw.gate_up(h, ops)), ops)    # noqa: E731
-        return moe_ffn(ops, self.spec.moe, lw.moe, h, shared).to(x.dtype)
+        if plain and x.dtype == torch.float32:
+            return moe_ffn(ops, self.spec.moe, lw.moe, h, shared, acc=x)
+        return x + self._branch_out(moe_ffn(ops, self.spec.moe, lw.moe, h, shared).to(x.dtype), lw.post_ffn_norm)
 
     def set_step_graphs(self, on: bool) -> None:
         """Replay captured decode steps (step_graph.py; the default), or run every step as usual."""
