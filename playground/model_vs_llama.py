@@ -59,10 +59,12 @@ def main() -> None:
     model, threads = str(cpu_formats.MODEL), torch.get_num_threads()
     loaded = {c: cpu_formats.setup(c) for c in args.configs}
     runs: dict[str, list[dict]] = {"llama.cpp": [], **{c: [] for c in args.configs}}
-    for _ in range(args.rounds):
+    for i in range(args.rounds):
         runs["llama.cpp"].append(llama_round(args.llama_bin, model, threads))
         for c in args.configs:
             runs[c].append(cpu_formats.measure(*loaded[c], args.steps))
+        print(f"round {i + 1} (load {os.getloadavg()[0]:.1f}): " + "; ".join(
+            f"{k} " + " ".join(f"{v[-1][col]:.1f}" for col in COLS) for k, v in runs.items()), flush=True)
     agg = statistics.median if args.stat == "median" else max
     med = {k: {col: agg(r[col] for r in v) for col in COLS} for k, v in runs.items()}
     print(f"model {Path(model).name}, {threads} threads, tokens/s, {args.stat} of {args.rounds} alternating rounds; "
