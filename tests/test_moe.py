@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from slotserver.errors import GGUFError
+from slotserver.errors import GGUFError, ModuleLoadError
 from slotserver.model.model import LlamaModel
 from slotserver.model.weights import WeightFormat
 from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.runtime.experts import Experts
-from slotserver.runtime.kernel_set import KERNEL_CONTRACT
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT, KernelSet
 from slotserver.runtime.kv_spec import KVSpec
 from slotserver.runtime.layouts import create_layout, load_layout
 from slotserver.runtime.loader import default_dir, load_by_path
@@ -148,3 +148,12 @@ def test_experts_kernel_gives_qmatmul_floats_per_expert(qtype):
 def test_int8_weights_are_refused_for_experts_in_one_line():
     with pytest.raises(GGUFError, match=r"qwen3moe.gguf: a qwen3moe mixture-of-experts model .* not --weights int8"):
         LlamaModel.load(ARCHS / "qwen3moe.gguf", torch.bfloat16, fmt=WeightFormat("int8"))
+
+
+def test_a_kernel_set_without_the_expert_kernels_is_refused_at_load():
+    """A lab folder copied before kernels/moe_route.py existed: one line at load naming it (the
+    set built without it here: a copied folder would compile every kernel again for its paths)."""
+    full = KernelSet.load()
+    partial = KernelSet({op: m for op, m in full.modules.items() if op != "moe_route"})
+    with pytest.raises(ModuleLoadError, match="olmoe.gguf: a olmoe model needs the kernel moe_route"):
+        LlamaModel.load(ARCHS / "olmoe.gguf", kernels=partial)
