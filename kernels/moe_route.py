@@ -19,6 +19,8 @@ equal (compare_outputs: an id off by one is an error of 1), the weights within f
 from __future__ import annotations
 
 import torch
+import triton as _triton
+import triton.language as tl
 
 from slotserver.runtime import native
 
@@ -64,11 +66,52 @@ def cpu(h: torch.Tensor, router: torch.Tensor, k: int, gating: int = 0, norm: bo
     return ids, w
 
 
+@_triton.jit
+def _route_kernel(h_ptr, w_ptr, ids_ptr, wt_ptr, D, E, K_USED, stride_h, GATING: tl.constexpr, BLOCK_E: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """Program t (a token row): its E logits as float64 sums rounded to float32, softmax (GATING 0),
+    then K_USED times the largest remaining value (ties: the lowest id) -> ids, its value -> weights."""
+    t = tl.program_id(0).to(tl.int64)
+    es = tl.arange(0, BLOCK_E)
+    emask = es < E
+    acc = tl.zeros([BLOCK_E], dtype=tl.float64)
+    for d0 in range(0, D, BLOCK_D):
+        ds = d0 + tl.arange(0, BLOCK_D)
+        dmask = ds < D
+        x = tl.load(h_ptr + t * stride_h + ds, mask=dmask, other=0.0).to(tl.float64)
+        w = tl.load(w_ptr + es[:, None].to(tl.int64) * D + ds[None, :], mask=emask[:, None] & dmask[None, :], other=0.0)
+        acc += tl.sum(w * x[None, :], axis=1)
+    p = acc.to(tl.float32)
+    if GATING == 0:
+        mx = tl.max(tl.where(emask, p, float("-inf")), 0)
+        p = tl.where(emask, tl.exp(p - mx), 0.0)
+        p = p / tl.sum(p, 0)
+    p = tl.where(emask, p, float("-inf"))
+    for j in range(0, K_USED):
+        best = tl.max(p, 0)
+        idx = tl.min(tl.where(p == best, es, BLOCK_E), 0)
+        tl.store(ids_ptr + t * K_USED + j, idx.to(tl.int64))
+        tl.store(wt_ptr + t * K_USED + j, best)
+        p = tl.where(es == idx, float("-inf"), p)
+
+
 def triton(h: torch.Tensor, router: torch.Tensor, k: int, gating: int = 0, norm: bool = False,
            scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """On the GPU: the same torch ops on the device (softmax and top-k over a few hundred logits per
-    token are launches, not work; torch's are already fused kernels), so no Triton kernel of its own."""
-    return reference(h, router, k, gating, norm, scale)
+    """Same contract as `cpu`: logits, softmax and selection in the kernel (one program per token);
+    the k weights' softmax (gating 1), renormalization and scale in torch on the device."""
+    t, e = h.shape[0], router.shape[0]
+    h = h.float() if h.stride(-1) == 1 else h.float().contiguous()
+    router = router.double().contiguous()
+    ids = torch.empty(t, k, dtype=torch.int64, device=h.device)
+    w = torch.empty(t, k, dtype=torch.float32, device=h.device)
+    if t:
+        _route_kernel[(t,)](h, router, ids, w, h.shape[1], e, k, h.stride(0), GATING=gating,
+                            BLOCK_E=max(16, _triton.next_power_of_2(e)), BLOCK_D=32)
+    if gating == 1:
+        w = w.softmax(-1)
+    if norm:
+        w = w / w.sum(-1, keepdim=True).clamp_min(WEIGHT_SUM_MIN)
+    return ids, (w * scale if scale != 1.0 else w)
 
 
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
@@ -83,3 +126,12 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     gating, norm = int(torch.randint(2, (), generator=gen)), bool(torch.randint(2, (), generator=gen))
     scale = 1.0 if torch.randint(2, (), generator=gen) else 2.5
     return h, router, k, gating, norm, scale
+
+
+def _aot(gating: int, block_e: int) -> tuple:
+    sig = {"h_ptr": "*fp32", "w_ptr": "*fp64", "ids_ptr": "*i64", "wt_ptr": "*fp32", "D": "i32", "E": "i32",
+           "K_USED": "i32", "stride_h": "i32", "GATING": "constexpr", "BLOCK_E": "constexpr", "BLOCK_D": "constexpr"}
+    return (_route_kernel, sig, {"GATING": gating, "BLOCK_E": block_e, "BLOCK_D": 32})
+
+
+AOT = [_aot(0, 128), _aot(1, 32)]
