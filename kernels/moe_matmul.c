@@ -1,5 +1,6 @@
-/* moe_matmul.c: the CPU kernel of kernels/moe_matmul.py, compiled after kernels/qmatmul.c (one
-   library: it calls qmatmul_r16, the repacked 16-row integer GEMM, on each expert's weights).
+/* moe_matmul.c: the CPU kernel of kernels/moe_matmul.py. It calls qmatmul_r16 (kernels/qmatmul.c,
+   the repacked 16-row integer GEMM) on each expert's weights through `r16`, a pointer into
+   qmatmul's library that the module passes (one compiled copy of qmatmul.c, not two).
 
    y[t, j, :] = x[t(, j)] . W[ids[t, j]]^T for every token t and selected slot j, where W[e] is
    expert e's rows: the concatenation of its rows in each part (gate then up, or down), each part
@@ -24,6 +25,11 @@
    slots j = 0, 1, ... (in that order, as llama.cpp adds them) of w[t, j] * its row; accum: that
    sum added into y (the residual) instead of stored.
    Returns 0, 1 (out of memory), 2 (an expert id out of range) or qmatmul_r16's code. */
+#include <string.h>
+
+typedef int (*R16Fn)(const uint8_t *U, const void *D, const void *x, void *y, const void *gw, int64_t M, int64_t N,
+                     int64_t K, int64_t sx, int64_t sy, float eps, int xb, int yb, int gwb, int glu, int accum, int form,
+                     int off, int n_threads);
 typedef struct { int64_t e, p, m; } MoeItem;
 
 static int moe_item_cmp(const void *a, const void *b) {   /* more rows first; then expert, part: a fixed order */
@@ -50,7 +56,7 @@ static int moe_group(const int64_t *ids, const float *x, int64_t R, int64_t kk, 
     return 0;
 }
 
-int moe_matmul(const uint8_t *U, const uint8_t *S, const int64_t *offs, const int64_t *part_n, const float *x,
+int moe_matmul(const void *r16, const uint8_t *U, const uint8_t *S, const int64_t *offs, const int64_t *part_n, const float *x,
                float *y, const int64_t *ids, const float *w, int64_t T, int64_t kk, int64_t P, int64_t K, int64_t sxt,
                int64_t sxj, int64_t E, int glu, int accum, int form, int off, int n_threads) {
     const int64_t R = T * kk, Kx = glu ? 2 * K : K;
@@ -70,7 +76,7 @@ int moe_matmul(const uint8_t *U, const uint8_t *S, const int64_t *offs, const in
     for (int64_t i = 0; i < n_items; i++) {
         const int64_t e = items[i].e, p = items[i].p;
         if (rc) continue;
-        rc |= qmatmul_r16(U + offs[2 * (e * P + p)], S + offs[2 * (e * P + p) + 1], xg + start[e] * Kx,
+        rc |= ((R16Fn)r16)(U + offs[2 * (e * P + p)], S + offs[2 * (e * P + p) + 1], xg + start[e] * Kx,
                           yg + start[e] * N + col[p], NULL, items[i].m, part_n[p], K, Kx, N, 0.0f, 0, 0, 0, glu, 0,
                           form, off, spread ? 1 : n_threads);
     }

@@ -10,7 +10,7 @@ its slots, added in slot order (j = 0, 1, ...) as llama.cpp adds the weighted ex
 `acc` (`[T, N]` float32, the residual) that sum is added into acc, which is returned.
 The C call is replayable in a step graph: the ids and weights reach it through tensors' contents.
 
-How `cpu` computes (kernels/moe_matmul.c, compiled with kernels/qmatmul.c in one library): the
+How `cpu` computes (kernels/moe_matmul.c, calling into kernels/qmatmul.c's library): the
 rows are grouped by expert and each expert used runs qmatmul's repacked integer GEMM
 (`qmatmul_r16`, 8-bit activations, 16 output rows per vector; its docstring) on its rows: a
 batch reads each active expert's bytes once per step, and a decode step (b=1) reads only the k
@@ -65,22 +65,36 @@ def _slots(x: torch.Tensor, k: int) -> torch.Tensor:
     return x.unsqueeze(1).expand(-1, k, -1) if x.dim() == 2 else x
 
 
-NATIVE_C = native.c_source(__file__, "qmatmul.c") + \
-    f'\n#line 1 "{native.c_path(__file__, "moe_matmul.c")}"\n' + native.c_source(__file__, "moe_matmul.c")
-_LIB = native.build("moe_matmul", NATIVE_C, origin=native.c_path(__file__, "qmatmul.c"), strict=True)
-native.signature(_LIB, "moe_matmul", 8, 7, (native.ctypes.c_int,) * 5, replay=True)
-native.signature(_LIB, "qrepack", 3, 4, (native.ctypes.c_int,) * 3)
-native.signature(_LIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,) * 2)
-native.signature(_LIB, "qform_bytes", 0, 0, (native.ctypes.c_int,) * 2)
-native.signature(_LIB, "qdequant", 2, 5, (native.ctypes.c_int,) * 3)
+# The C: kernels/moe_matmul.c (grouping, the weighted sum), which calls qmatmul_r16 through a
+# pointer into qmatmul's own library: built here from the same qmatmul.c with the same name and
+# origin as kernels/qmatmul.py builds it, so it is the same compiled library (native.build's
+# cache), not a second compile of the largest C file for every CPU variant.
+NATIVE_C = native.c_source(__file__, "moe_matmul.c")
+_LIB = native.build("moe_matmul", NATIVE_C, origin=native.c_path(__file__, "moe_matmul.c"), strict=True)
+native.signature(_LIB, "moe_matmul", 9, 7, (native.ctypes.c_int,) * 5, replay=True)
+_QLIB = native.build("qmatmul", native.c_source(__file__, "qmatmul.c"), origin=native.c_path(__file__, "qmatmul.c"),
+                     strict=True)
+native.signature(_QLIB, "qmatmul_r16", 5, 5, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 8, replay=True)
+native.signature(_QLIB, "qrepack", 3, 4, (native.ctypes.c_int,) * 3)
+native.signature(_QLIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,) * 2)
+native.signature(_QLIB, "qform_bytes", 0, 0, (native.ctypes.c_int,) * 2)
+native.signature(_QLIB, "qdequant", 2, 5, (native.ctypes.c_int,) * 3)
+_R16_FN = 0 if _QLIB is None else native.ctypes.cast(_QLIB.qmatmul_r16.fn, native.ctypes.c_void_p).value
 # the repacked form of each format, as kernels/qmatmul.py chooses it (its _FORM_PREFERENCE, R16_OFFSET)
 _FORM_PREFERENCE = {T.Q4_0: (1, 0), T.Q4_1: (1, 0), T.Q5_0: (3, 0), T.Q5_1: (3, 0), T.Q8_0: (6, 0),
                     T.Q4_K: (4, 0), T.Q5_K: (5, 0), T.Q6_K: (7, 2)}
-_R16_FORM = {} if _LIB is None else {
-    t: next(f for f in forms if _LIB.qmatmul_r16_serves(int(t), f))
-    for t, forms in _FORM_PREFERENCE.items() if any(_LIB.qmatmul_r16_serves(int(t), f) for f in forms)}
+_R16_FORM = {} if _QLIB is None else {
+    t: next(f for f in forms if _QLIB.qmatmul_r16_serves(int(t), f))
+    for t, forms in _FORM_PREFERENCE.items() if any(_QLIB.qmatmul_r16_serves(int(t), f) for f in forms)}
 R16_OFFSET = {T.Q4_0: 8, T.Q5_0: 16, T.Q8_0: 128}
 _TOKEN = object()   # this module version's repacked copies (a reloaded module builds its own)
+
+
+def cpu_path() -> str:
+    """What `cpu` computes with here (shown in /props, /lab and `slotserver top`)."""
+    if _LIB is None:
+        return "torch per expert (dequantized)"
+    return "qmatmul's repacked int8 dots per active expert, rows grouped; Q2_K/Q3_K/floats: torch per expert"
 
 
 def cpu(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
@@ -90,7 +104,7 @@ def cpu(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
     kx = 2 * w.k if glu else w.k
     assert x.shape[-1] == kx and x.shape[0] == t and (x.dim() == 2 or x.shape[1] == k), \
         f"moe_matmul: x {tuple(x.shape)} for ids {tuple(ids.shape)} and K={w.k}{' (glu)' if glu else ''}"
-    if _LIB is None or not x.is_cpu or T(w.qtype) not in _R16_FORM or w.k % 32 or t * k == 0:
+    if _LIB is None or _QLIB is None or not x.is_cpu or T(w.qtype) not in _R16_FORM or w.k % 32 or t * k == 0:
         return _combine(_grouped(x, w, ids, glu), weights, acc)
     u, s, offs, form, part_n = repacked(w)
     xf = x if x.dtype == torch.float32 and x.stride(-1) == 1 else x.float().contiguous()
@@ -101,7 +115,7 @@ def cpu(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
     fused = acc is not None and wf is not None and acc.dtype == torch.float32 and acc.is_contiguous() \
         and acc.shape == (t, w.n)
     y = acc if fused else torch.empty((t, k, w.n) if wf is None else (t, w.n), dtype=torch.float32)
-    rc = _LIB.moe_matmul(u.data_ptr(), s.data_ptr(), offs.data_ptr(), part_n.data_ptr(), xf.data_ptr(), y.data_ptr(),
+    rc = _LIB.moe_matmul(_R16_FN, u.data_ptr(), s.data_ptr(), offs.data_ptr(), part_n.data_ptr(), xf.data_ptr(), y.data_ptr(),
                          ids64.data_ptr(), 0 if wf is None else wf.data_ptr(), t, k, len(w.parts), w.k, xf.stride(0),
                          sxj, w.n_expert, glu, fused, form,
                          R16_OFFSET.get(T(w.qtype), 0), torch.get_num_threads())
@@ -138,9 +152,9 @@ def _repack_all(w: Experts, form: int) -> tuple[torch.Tensor, torch.Tensor, torc
     for e in range(w.n_expert):
         for p in w.expert_parts(e):
             ng, nb = (p.n + 15) // 16, p.k // 32
-            u = torch.empty(ng * nb * _LIB.qform_bytes(form, 0), dtype=torch.uint8)
-            s = torch.empty(ng * nb * _LIB.qform_bytes(form, 1), dtype=torch.uint8)
-            rc = _LIB.qrepack(p.raw.data_ptr(), u.data_ptr(), s.data_ptr(), p.n, p.k, p.raw.stride(0), bs, p.qtype,
+            u = torch.empty(ng * nb * _QLIB.qform_bytes(form, 0), dtype=torch.uint8)
+            s = torch.empty(ng * nb * _QLIB.qform_bytes(form, 1), dtype=torch.uint8)
+            rc = _QLIB.qrepack(p.raw.data_ptr(), u.data_ptr(), s.data_ptr(), p.n, p.k, p.raw.stride(0), bs, p.qtype,
                               form, torch.get_num_threads())
             if rc == 2:
                 return None
@@ -172,12 +186,12 @@ def _grouped(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool) -> torch
 def _expert_floats(w: Experts, e: int) -> torch.Tensor:
     """Expert e's float32 [n, k]: a view's copy for float formats, the C dequantizer where built."""
     parts = w.expert_parts(e)
-    if _LIB is None or T(w.qtype) in FLOATS:
+    if _QLIB is None or T(w.qtype) in FLOATS:
         return w.dense(e)
     out = []
     for p in parts:
         f = torch.empty(p.n, p.k, dtype=torch.float32)
-        _LIB.qdequant(p.raw.data_ptr(), f.data_ptr(), 0, p.n, p.k, p.raw.stride(0), gguf.GGML_QUANT_SIZES[T(p.qtype)][1],
+        _QLIB.qdequant(p.raw.data_ptr(), f.data_ptr(), 0, p.n, p.k, p.raw.stride(0), gguf.GGML_QUANT_SIZES[T(p.qtype)][1],
                       p.qtype, 0, torch.get_num_threads())
         out.append(f)
     return torch.cat(out)
