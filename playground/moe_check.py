@@ -30,8 +30,9 @@ from slotserver.runtime.kv_spec import KVSpec  # noqa: E402
 from slotserver.runtime.layouts import create_layout, load_layout  # noqa: E402
 
 
-def compare(model: LlamaModel, rows: list[dict]) -> tuple[float, int, int]:
-    """(largest top-8 probability difference, steps whose argmax is llama's id, steps)."""
+def compare(model: LlamaModel, rows: list[dict], gaps: list | None = None) -> tuple[float, int, int]:
+    """(largest top-8 probability difference, steps whose argmax is llama's id, steps); `gaps`
+    collects llama's top-1 to top-2 log-prob gap at each step whose argmax differs."""
     worst, same, total = 0.0, 0, 0
     for r in rows:
         seq = r["prompt_ids"] + r["generated_ids"]
@@ -45,7 +46,10 @@ def compare(model: LlamaModel, rows: list[dict]) -> tuple[float, int, int]:
             want = torch.tensor([p for _, p in step["top"]]).exp()
             worst = max(worst, float((lp[i, ids].exp() - want).abs().max()))
         lp[:, r["banned"]] = -float("inf")
-        same += sum(int(a == b) for a, b in zip(lp.argmax(-1).tolist(), r["generated_ids"]))
+        for i, (a, b) in enumerate(zip(lp.argmax(-1).tolist(), r["generated_ids"])):
+            same += int(a == b)
+            if a != b and gaps is not None:
+                gaps.append(r["steps"][i]["top"][0][1] - r["steps"][i]["top"][1][1])
         total += len(r["generated_ids"])
     return worst, same, total
 
@@ -60,12 +64,14 @@ def main() -> None:
     rows = make_arch_fixtures.run_llama(args.gguf)
     args.gguf.with_suffix(".log").unlink(missing_ok=True)
     model = LlamaModel.load(args.gguf, torch.float32, max_pos=256, fmt=WeightFormat(args.weights))
-    worst, same, total = compare(model, rows)
+    differ: list[float] = []
+    worst, same, total = compare(model, rows, differ)
     tops = sorted(math.exp(st["top"][0][1]) for r in rows for st in r["steps"])
     gaps = sorted(st["top"][0][1] - st["top"][1][1] for r in rows for st in r["steps"])
     print(f"{args.gguf.name} --weights {args.weights}: top-8 max |dp| {worst:.2e}, argmax = llama.cpp's greedy id "
           f"on {same}/{total} steps (llama's top-1 probability: median {tops[len(tops) // 2]:.2e}; log-prob gap "
-          f"top-1 to top-2: median {gaps[len(gaps) // 2]:.3f}, smallest {gaps[0]:.4f})")
+          f"top-1 to top-2: median {gaps[len(gaps) // 2]:.3f}, smallest {gaps[0]:.4f}; at the steps that differ: "
+          f"{', '.join(f'{g:.3f}' for g in sorted(differ))})")
 
 
 if __name__ == "__main__":
