@@ -56,7 +56,8 @@ static int moe_group(const int64_t *ids, const float *x, int64_t R, int64_t kk, 
     return 0;
 }
 
-int moe_matmul(const void *r16, const uint8_t *U, const uint8_t *S, const int64_t *offs, const int64_t *part_n, const float *x,
+int moe_matmul(const void *r16, const uint8_t *U, const uint8_t *S, const int64_t *offs, const int64_t *part_n,
+               const float *x,
                float *y, const int64_t *ids, const float *w, int64_t T, int64_t kk, int64_t P, int64_t K, int64_t sxt,
                int64_t sxj, int64_t E, int glu, int accum, int form, int off, int n_threads) {
     const int64_t R = T * kk, Kx = glu ? 2 * K : K;
@@ -69,7 +70,8 @@ int moe_matmul(const void *r16, const uint8_t *U, const uint8_t *S, const int64_
     if (!rc) rc = moe_group(ids, x, R, kk, Kx, sxt, sxj, E, start, pos, xg);
     int64_t n_items = 0;
     for (int64_t e = 0; e < E && !rc; e++)
-        for (int64_t p = 0; p < P && start[e + 1] > start[e]; p++) items[n_items++] = (MoeItem){e, p, start[e + 1] - start[e]};
+        for (int64_t p = 0; p < P && start[e + 1] > start[e]; p++)
+            items[n_items++] = (MoeItem){e, p, start[e + 1] - start[e]};
     if (!rc) qsort(items, n_items, sizeof(MoeItem), moe_item_cmp);
     const int spread = n_items >= 2 * n_threads;   /* items over the threads, each on one */
     #pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) reduction(|: rc) if (spread && !rc)

@@ -115,7 +115,8 @@ def cpu(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
     fused = acc is not None and wf is not None and acc.dtype == torch.float32 and acc.is_contiguous() \
         and acc.shape == (t, w.n)
     y = acc if fused else torch.empty((t, k, w.n) if wf is None else (t, w.n), dtype=torch.float32)
-    rc = _LIB.moe_matmul(_R16_FN, u.data_ptr(), s.data_ptr(), offs.data_ptr(), part_n.data_ptr(), xf.data_ptr(), y.data_ptr(),
+    rc = _LIB.moe_matmul(_R16_FN, u.data_ptr(), s.data_ptr(), offs.data_ptr(), part_n.data_ptr(), xf.data_ptr(),
+                         y.data_ptr(),
                          ids64.data_ptr(), 0 if wf is None else wf.data_ptr(), t, k, len(w.parts), w.k, xf.stride(0),
                          sxj, w.n_expert, glu, fused, form,
                          R16_OFFSET.get(T(w.qtype), 0), torch.get_num_threads())
@@ -191,7 +192,8 @@ def _expert_floats(w: Experts, e: int) -> torch.Tensor:
     out = []
     for p in parts:
         f = torch.empty(p.n, p.k, dtype=torch.float32)
-        _QLIB.qdequant(p.raw.data_ptr(), f.data_ptr(), 0, p.n, p.k, p.raw.stride(0), gguf.GGML_QUANT_SIZES[T(p.qtype)][1],
+        _QLIB.qdequant(p.raw.data_ptr(), f.data_ptr(), 0, p.n, p.k, p.raw.stride(0),
+                       gguf.GGML_QUANT_SIZES[T(p.qtype)][1],
                       p.qtype, 0, torch.get_num_threads())
         out.append(f)
     return torch.cat(out)
@@ -260,7 +262,8 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     glu = per_slot and bool(torch.randint(2, (), generator=gen))
     shape = (tokens, k, 2 * kdim if glu else kdim) if per_slot else (tokens, kdim)
     weights = torch.rand(tokens, k, generator=gen) if per_slot and bool(torch.randint(2, (), generator=gen)) else None
-    acc = torch.randn(tokens, sum(rows), generator=gen) if weights is not None and bool(torch.randint(2, (), generator=gen)) else None
+    into = weights is not None and bool(torch.randint(2, (), generator=gen))
+    acc = torch.randn(tokens, sum(rows), generator=gen) if into else None
     return torch.randn(*shape, generator=gen).to(dtype), Experts(parts, n_expert), ids, glu, weights, acc
 
 

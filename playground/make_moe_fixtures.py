@@ -49,7 +49,8 @@ CASES: dict[str, tuple[str, dict]] = {
                                              mlp_only_layers=[])),
     # softmax, top-k, not renormalized; q/k RMSNorm over the whole projection (not per head; llama.cpp
     # sizes attn_k_norm as n_embd: no GQA, as OLMoE-1B-7B)
-    "olmoe": ("OlmoeForCausalLM", dict(num_key_value_heads=4, num_experts=8, num_experts_per_tok=2, intermediate_size=32, norm_topk_prob=False,
+    "olmoe": ("OlmoeForCausalLM", dict(num_key_value_heads=4, num_experts=8, num_experts_per_tok=2, intermediate_size=32,
+                                       norm_topk_prob=False,
                                        clip_qkv=None)),
     # top-k then softmax over the selected (= softmax, top-k, renormalized); granite's multipliers
     "granitemoe": ("GraniteMoeForCausalLM", dict(num_local_experts=6, num_experts_per_tok=2, intermediate_size=32,

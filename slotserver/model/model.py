@@ -73,7 +73,8 @@ class LlamaModel:
                   device: str = "cpu") -> "LlamaModel":
         """device: where the weights and rope tables live (runtime/device.py; kernels bound to match)."""
         kernels = kernels or KernelSet.load()
-        for needed in ("gelu_mul" if spec.act == "gelu" else "silu_mul", *(("moe_route", "moe_matmul") if spec.moe else ())):
+        moe_ops = ("moe_route", "moe_matmul") if spec.moe else ()
+        for needed in ("gelu_mul" if spec.act == "gelu" else "silu_mul", *moe_ops):
             if needed not in kernels.modules:   # e.g. a lab folder copied before gelu_mul.py existed
                 raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs the kernel {needed} "
                                       f"(kernels/{needed}.py), absent from the kernels folder")
