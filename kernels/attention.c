@@ -166,12 +166,15 @@ static inline void load_kv(const void *base, int64_t off, int kt, int64_t n, flo
 }
 
 /* Query rows come in tiles: consecutive rows of one stream at consecutive positions (a prefill
-   chunk), at most RMAX / G of them; a decode row is a tile of its own. -> number of tiles; start
+   chunk), at most RMAX / G of them (AMX_R / G prompt rows), all prompt rows or none (`prompt`
+   flags, may be NULL); a decode row is a tile of its own. -> number of tiles; start
    [n + 1] gets each tile's first row. */
-static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t B, int64_t rows_max, int64_t *start) {
+static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, const uint8_t *prompt, int64_t B,
+                         int64_t rows_max, int64_t prompt_max, int64_t *start) {
     int64_t n = 0;
     for (int64_t r = 0; r < B; r++)
-        if (r == 0 || streams[r] != streams[r - 1] || kv_lens[r] != kv_lens[r - 1] + 1 || r - start[n - 1] >= rows_max)
+        if (r == 0 || streams[r] != streams[r - 1] || kv_lens[r] != kv_lens[r - 1] + 1
+            || r - start[n - 1] >= (prompt && prompt[r] ? prompt_max : rows_max) || (prompt && prompt[r] != prompt[r - 1]))
             start[n++] = r;
     start[n] = B;
     return n;
@@ -194,11 +197,51 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t
     (table ? (int64_t)table[(s) * tb_s + ((c) >> page_shift)] * (s_s) + ((c) & page_mask) * (s_c)      \
            : (s) * (s_s) + (c) * (s_c))
 
+/* Prompt rows of a tile on AMX (attention_amx.c): each query vector's cell range as the row
+   kernel takes it (its row's kv_len, and the window). -> 0, nonzero on failure. */
+static int prompt_tile(const void *q, const void *k, const void *v, void *out, const int64_t *kv_lens,
+                       const int32_t *table, int64_t r0, int64_t R, int64_t s, int64_t h, int64_t G, int64_t Hq,
+                       int64_t D, int64_t sq_b, int64_t sq_h, int64_t sk_s, int64_t sk_c, int64_t sk_h, int64_t sv_s,
+                       int64_t sv_c, int64_t sv_h, int64_t tb_s, int64_t page_shift, int64_t window, float scale,
+                       float softcap, int bf16, int kt) {
+#ifdef ATTN_AMX
+    int64_t lo[AMX_R], hi[AMX_R];
+    for (int64_t i = 0; i < R; i++) {
+        const int64_t L = kv_lens[r0 + i / G];
+        hi[i] = L; lo[i] = window > 0 && L > window ? L - window : 0;
+    }
+    const amx_args a = {R, D, G, Hq, s, h, r0, sq_b, sq_h, sk_s, sk_c, sk_h, sv_s, sv_c, sv_h, tb_s, page_shift,
+                        table, bf16, kt};
+    return amx_tile(&a, q, k, v, out, lo, hi, scale, softcap);
+#else
+    (void)q; (void)k; (void)v; (void)out; (void)kv_lens; (void)table; (void)r0; (void)R; (void)s; (void)h; (void)G;
+    (void)Hq; (void)D; (void)sq_b; (void)sq_h; (void)sk_s; (void)sk_c; (void)sk_h; (void)sv_s; (void)sv_c; (void)sv_h;
+    (void)tb_s; (void)page_shift; (void)window; (void)scale; (void)softcap; (void)bf16; (void)kt;
+    return -1;
+#endif
+}
+
+/* AMX serves prompt rows of bf16 or float16 caches with head_dim a multiple of 32, where the CPU
+   variant has it (compiled in) and the OS grants its tile data. */
+static int prompt_amx(int kt, int64_t Dim) {
+#ifdef ATTN_AMX
+    return (kt == 1 || kt == 2) && Dim % 32 == 0 && Dim <= 256 && amx_granted();
+#else
+    (void)kt; (void)Dim;
+    return 0;
+#endif
+}
+
 #define ATTN_BODY(DIM)                                                                                \
     const int64_t D = (DIM);                                                                          \
     _Pragma("omp parallel for num_threads(n_threads) schedule(static, 1)")                           \
     for (int64_t u = 0; u < n_tiles * Hkv; u++) {                                                     \
         const int64_t t = u / Hkv, h = u % Hkv, r0 = tile[t], R = (tile[t + 1] - r0) * G, s = streams[r0]; \
+        if (amx && prompt[r0]) {                       /* prompt rows: attention_amx.c */             \
+            if (prompt_tile(q, k, v, out, kv_lens, table, r0, R, s, h, G, Hq, D, sq_b, sq_h, sk_s, sk_c, sk_h, \
+                            sv_s, sv_c, sv_h, tb_s, page_shift, window, scale, softcap, bf16, kt)) failed = 1; \
+            continue;                                                                                 \
+        }                                                                                             \
         float qf[RMAX][DPAD(DIM)], acc[RMAX][DIM], kb[BLK][DPAD(DIM)], vb[BLK][DIM], m[RMAX], l[RMAX]; \
         int64_t lo[RMAX], hi[RMAX], c_lo = INT64_MAX, c_hi = 0;                                       \
         for (int64_t j = 0; j < BLK; j++) for (int64_t d = D; d < DPAD(D); d++) kb[j][d] = 0.0f;      \
@@ -272,7 +315,7 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, int64_t
    kv_lens[r] cells (causal: its position + 1); table NULL: flat K/V, else paged (CELL). -> 0, -1
    for an unsupported group or head_dim, -2 out of memory. */
 static int attention_rows(const void *q, const void *k, const void *v, void *out,
-                          const int64_t *streams, const int64_t *kv_lens, const int32_t *table,
+                          const int64_t *streams, const int64_t *kv_lens, const uint8_t *prompt, const int32_t *table,
                           const float *ks, const float *vs,
                           int64_t B, int64_t Hq, int64_t Hkv, int64_t Dim, int64_t sq_b, int64_t sq_h,
                           int64_t sk_s, int64_t sk_c, int64_t sk_h, int64_t sv_s, int64_t sv_c, int64_t sv_h,
@@ -283,13 +326,15 @@ static int attention_rows(const void *q, const void *k, const void *v, void *out
     if (G > GMAX || Dim > DMAX || G * Hkv != Hq) return -1;
     int64_t *tile = malloc((B + 1) * sizeof(int64_t));
     if (!tile) return -2;
-    const int64_t n_tiles = row_tiles(streams, kv_lens, B, RMAX / G, tile);
+    const int amx = prompt && prompt_amx(kt, Dim);
+    const int64_t n_tiles = row_tiles(streams, kv_lens, amx ? prompt : NULL, B, RMAX / G, AMX_R / G, tile);
+    int failed = 0;
     if (Dim == 64) { ATTN_BODY(64) }
     else if (Dim == 128) { ATTN_BODY(128) }
     else if (Dim == 256) { ATTN_BODY(256) }   /* gemma2/3: the generic body ran ~2 GFLOP/s there */
     else { ATTN_BODY(Dim) }
     free(tile);
-    return 0;
+    return failed ? -2 : 0;
 }
 
 /* Flat K/V [streams, cells, Hkv, D] (any strides); int8 K/V (kt 3) come with float32 scales
@@ -302,20 +347,36 @@ int decode_attention(const void *q, const void *k, const void *v, void *out,
                      int64_t sq_b, int64_t sq_h, int64_t sk_s, int64_t sk_c, int64_t sk_h,
                      int64_t sv_s, int64_t sv_c, int64_t sv_h, int64_t ss_s, int64_t ss_c, int64_t ss_h,
                      int64_t window, float scale, float softcap, int bf16, int kt, int n_threads) {
-    return attention_rows(q, k, v, out, streams, kv_lens, NULL, ks, vs, B, Hq, Hkv, Dim, sq_b, sq_h, sk_s, sk_c,
+    return attention_rows(q, k, v, out, streams, kv_lens, NULL, NULL, ks, vs, B, Hq, Hkv, Dim, sq_b, sq_h, sk_s, sk_c,
                           sk_h, sv_s, sv_c, sv_h, ss_s, ss_c, ss_h, 0, 0, window, scale, softcap, bf16, kt, n_threads);
+}
+
+/* 1 where prompt rows of an f16/bf16 cache run on AMX tiles in this build and process, else 0
+   (the kernels' cpu_path report). */
+int attention_prompt_amx(void) { return prompt_amx(2, 64); }
+
+/* decode_attention with `prompt` flags [B] (1: a row of a prompt chunk, which AMX may serve; see
+   attention_amx.c). Not replayable: step graphs replay decode steps, which have no prompt rows. */
+int prompt_attention(const void *q, const void *k, const void *v, void *out,
+                     const int64_t *streams, const int64_t *kv_lens, const uint8_t *prompt,
+                     int64_t B, int64_t Hq, int64_t Hkv, int64_t Dim,
+                     int64_t sq_b, int64_t sq_h, int64_t sk_s, int64_t sk_c, int64_t sk_h,
+                     int64_t sv_s, int64_t sv_c, int64_t sv_h,
+                     int64_t window, float scale, float softcap, int bf16, int kt, int n_threads) {
+    return attention_rows(q, k, v, out, streams, kv_lens, prompt, NULL, NULL, NULL, B, Hq, Hkv, Dim, sq_b, sq_h, sk_s,
+                          sk_c, sk_h, sv_s, sv_c, sv_h, 0, 0, 0, 0, 0, window, scale, softcap, bf16, kt, n_threads);
 }
 
 /* Paged K/V: pages [n_pages, page, Hkv, D] (page stride s*_s, row stride s*_c, any order inside),
    table [streams, tb_s] int32 page ids, page = 1 << page_shift cells. Not replayable: a paged
    pool grows and shrinks, so its pointers are not constants of the call site. */
 int paged_attention_rows(const void *q, const void *k, const void *v, void *out,
-                         const int64_t *streams, const int64_t *kv_lens, const int32_t *table,
+                         const int64_t *streams, const int64_t *kv_lens, const uint8_t *prompt, const int32_t *table,
                          int64_t B, int64_t Hq, int64_t Hkv, int64_t Dim, int64_t sq_b, int64_t sq_h,
                          int64_t sk_s, int64_t sk_c, int64_t sk_h, int64_t sv_s, int64_t sv_c, int64_t sv_h,
                          int64_t tb_s, int64_t page_shift, int64_t window, float scale, float softcap,
                          int bf16, int kt, int n_threads) {
-    return attention_rows(q, k, v, out, streams, kv_lens, table, NULL, NULL, B, Hq, Hkv, Dim, sq_b, sq_h, sk_s,
+    return attention_rows(q, k, v, out, streams, kv_lens, prompt, table, NULL, NULL, B, Hq, Hkv, Dim, sq_b, sq_h, sk_s,
                           sk_c, sk_h, sv_s, sv_c, sv_h, 0, 0, 0, tb_s, page_shift, window, scale, softcap, bf16,
                           kt, n_threads);
 }

@@ -159,12 +159,24 @@ def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, wi
 
 # The row kernel in C (kernels/attention.c, shared with paged_attention.py: compiled on first use
 # by `slotserver.runtime.native`; without a C compiler the SDPA form above serves).
-NATIVE_C = native.c_source(__file__, "attention.c")
-_LIB = native.build("attention", NATIVE_C, origin=native.c_path(__file__, "attention.c"), strict=True)
+NATIVE_C = native.joined(__file__, [("attention_amx.c", native.c_source(__file__, "attention_amx.c")),
+                                     ("attention.c", native.c_source(__file__, "attention.c"))])
+_LIB = native.build("attention", NATIVE_C, strict=True)
+native.signature(_LIB, "attention_prompt_amx", 0, 0)
 native.signature(_LIB, "decode_attention", 8, 16, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
                                                    native.ctypes.c_int, native.ctypes.c_int), replay=True)
+native.signature(_LIB, "prompt_attention", 7, 13, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
+                                                   native.ctypes.c_int, native.ctypes.c_int))
 _KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}   # int8: q8, with its scales
 _Q_TYPES = (torch.float32, torch.bfloat16)
+
+
+def cpu_path() -> str:
+    """What `cpu` computes with here (shown in /props, /lab and `slotserver top`)."""
+    if _LIB is None:
+        return "torch SDPA"
+    amx = _LIB.attention_prompt_amx() == 1
+    return "C row kernel, float32" + ("; prompt rows of f16/bf16 caches: AMX bf16 hi+lo tiles" if amx else "")
 
 
 def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> bool:
@@ -206,6 +218,15 @@ def _native_rows(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, w
     streams, kv_lens = meta.row_streams, meta.row_kv_lens
     out = torch.empty((n_seq, q_heads, dim), dtype=q.dtype)                        # [tokens, q_heads, dim]
     quant = kv.k_scale is not None                                                 # q8: int8 + scales
+    if meta.row_prompt is not None and not quant:   # prompt rows: AMX where the C has it (attention_amx.c)
+        rc = _LIB.prompt_attention(
+            q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), streams.data_ptr(), kv_lens.data_ptr(),
+            meta.row_prompt.data_ptr(), n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1),
+            *kv.k.stride()[:3], *kv.v.stride()[:3], window, scale, softcap, native.is_bf16(q),
+            _KV_TYPES[kv.k.dtype], torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError(f"prompt_attention (C) failed with {rc}")
+        return out
     rc = _LIB.decode_attention(
         q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), streams.data_ptr(), kv_lens.data_ptr(),
         kv.k_scale.data_ptr() if quant else 0, kv.v_scale.data_ptr() if quant else 0,
@@ -589,7 +610,7 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     odd head_dim and group sizes included."""
     kv_heads = int(torch.randint(1, 4, (), generator=gen))
     group = int(torch.randint(1, 4, (), generator=gen))
-    dim = int(torch.randint(2, 41, (), generator=gen))
+    dim = _example_dim(gen)
     n_streams, n_cells = 12, 40   # up to 12 sequences: both sides of EACH_CHUNK_MAX
     n_seq = int(torch.randint(1, n_streams + 1, (), generator=gen))
     streams = torch.randperm(n_streams, generator=gen)[:n_seq].tolist()
@@ -599,7 +620,8 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
         start = int(torch.randint(0, 30, (), generator=gen)) if mode <= 0.9 else 0
         prefill = mode > 0.8 or (mode >= 0.3 and torch.rand((), generator=gen) >= 0.5)
         n_new = int(torch.randint(2, 10, (), generator=gen)) if prefill else 1
-        chunks.append(SeqChunk(stream=s, start=start, tokens=[0] * n_new))
+        prompt = prefill and bool(torch.rand((), generator=gen) < 0.5)   # AMX rows, where the CPU has it
+        chunks.append(SeqChunk(stream=s, start=start, tokens=[0] * n_new, prompt=prompt))
     if torch.rand((), generator=gen) < 0.5:  # the engine's order, decodes first (AttnMeta.split)
         chunks.sort(key=lambda c: len(c.tokens) > 1)
     meta = example_layer(Batch.build(chunks).attn, gen)
@@ -608,6 +630,13 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     k = torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen)
     v = torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen)
     return q.to(dtype), _example_view(k, v, dtype, int(torch.randint(0, 4, (), generator=gen))), meta, 1 / math.sqrt(dim)
+
+
+def _example_dim(gen: torch.Generator) -> int:
+    """Odd head sizes, and often 32 or 64 (the AMX prompt path takes multiples of 32)."""
+    if torch.rand((), generator=gen) < 0.4:
+        return (32, 64)[int(torch.randint(0, 2, (), generator=gen))]
+    return int(torch.randint(2, 41, (), generator=gen))
 
 
 def example_layer(meta: AttnMeta, gen: torch.Generator) -> AttnMeta:

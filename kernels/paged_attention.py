@@ -75,11 +75,21 @@ def cpu(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Ten
 
 
 # attention.py's C (one file, one library): `paged_attention_rows` is its block-table entry
-NATIVE_C = native.c_source(__file__, "attention.c")
-_LIB = native.build("attention", NATIVE_C, origin=native.c_path(__file__, "attention.c"), strict=True)
-native.signature(_LIB, "paged_attention_rows", 7, 15, (native.ctypes.c_float, native.ctypes.c_float,
+NATIVE_C = native.joined(__file__, [("attention_amx.c", native.c_source(__file__, "attention_amx.c")),
+                                     ("attention.c", native.c_source(__file__, "attention.c"))])
+_LIB = native.build("attention", NATIVE_C, strict=True)
+native.signature(_LIB, "attention_prompt_amx", 0, 0)
+native.signature(_LIB, "paged_attention_rows", 8, 15, (native.ctypes.c_float, native.ctypes.c_float,
                                                        native.ctypes.c_int, native.ctypes.c_int, native.ctypes.c_int))
 _KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def cpu_path() -> str:
+    """What `cpu` computes with here (shown in /props, /lab and `slotserver top`)."""
+    if _LIB is None:
+        return "torch SDPA"
+    amx = _LIB.attention_prompt_amx() == 1
+    return "C row kernel, float32" + ("; prompt rows of f16/bf16 caches: AMX bf16 hi+lo tiles" if amx else "")
 
 
 def _native_ok(q: torch.Tensor, kv: PagedKV, meta: AttnMeta) -> bool:
@@ -110,13 +120,18 @@ def _native_rows(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> 
     out = torch.empty((n_rows, q_heads, dim), dtype=q.dtype)                        # [tokens, q_heads, dim]
     rc = _LIB.paged_attention_rows(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), meta.row_streams.data_ptr(),
-        meta.row_kv_lens.data_ptr(), kv.block_table.data_ptr(), n_rows, q_heads, k.shape[2], dim,
+        meta.row_kv_lens.data_ptr(), _prompt_ptr(meta), kv.block_table.data_ptr(), n_rows, q_heads, k.shape[2], dim,
         q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], kv.block_table.stride(0),
         kv.block_size.bit_length() - 1, meta.window, scale, meta.softcap, native.is_bf16(q), _KV_TYPES[k.dtype],
         torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"paged_attention_rows (C) failed with {rc}: unsupported group or head_dim")
     return out
+
+
+def _prompt_ptr(meta: AttnMeta) -> int:
+    """The rows' prompt flags for the C (0: none; see attention.py's `_native_rows`)."""
+    return 0 if meta.row_prompt is None else meta.row_prompt.data_ptr()
 
 
 def _cpu_sdpa(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
@@ -437,11 +452,18 @@ def example_layer(meta: AttnMeta, gen: torch.Generator) -> AttnMeta:
     return meta.with_layer(window, softcap)
 
 
+def _example_dim(gen: torch.Generator) -> int:
+    """Odd head sizes, and often 32 or 64 (the AMX prompt path takes multiples of 32)."""
+    if torch.rand((), generator=gen) < 0.4:
+        return (32, 64)[int(torch.randint(0, 2, (), generator=gen))]
+    return int(torch.randint(2, 41, (), generator=gen))
+
+
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     """A random ragged batch over shuffled pages (block size 4, 8 or 16; tokens- or heads-first
     storage); table entries past each sequence's length are unmapped (-1)."""
     kv_heads, group = int(torch.randint(1, 4, (), generator=gen)), int(torch.randint(1, 4, (), generator=gen))
-    dim, block_size = int(torch.randint(2, 41, (), generator=gen)), 2 ** int(torch.randint(2, 5, (), generator=gen))
+    dim, block_size = _example_dim(gen), 2 ** int(torch.randint(2, 5, (), generator=gen))
     n_streams, n_cells = 5, 40
     per_stream = -(-n_cells // block_size)
     n_blocks = n_streams * per_stream + 2
@@ -449,7 +471,9 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     chunks = []
     for s in torch.randperm(n_streams, generator=gen)[: int(torch.randint(1, n_streams + 1, (), generator=gen))].tolist():
         n_new = 1 if decode_only or torch.rand((), generator=gen) < 0.5 else int(torch.randint(1, 10, (), generator=gen))
-        chunks.append(SeqChunk(stream=s, start=int(torch.randint(0, 30, (), generator=gen)), tokens=[0] * n_new))
+        prompt = n_new > 1 and bool(torch.rand((), generator=gen) < 0.5)   # AMX rows, where the CPU has it
+        chunks.append(SeqChunk(stream=s, start=int(torch.randint(0, 30, (), generator=gen)), tokens=[0] * n_new,
+                               prompt=prompt))
     if torch.rand((), generator=gen) < 0.5:  # the engine's order, decodes first (AttnMeta.split)
         chunks.sort(key=lambda c: len(c.tokens) > 1)
     meta = example_layer(Batch.build(chunks).attn, gen)

@@ -9,14 +9,6 @@
 #include <unistd.h>
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
-typedef struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } tile_config;
-
-static int amx_state = 0;   /* 0 unknown, 1 granted, -1 refused; Linux asks each process to request it */
-static int amx_granted(void) {
-    if (amx_state == 0) amx_state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0 ? 1 : -1;
-    return amx_state == 1;
-}
-
 static inline __m512i unpack(const uint8_t *p) {           /* 16 bytes -> 32 bf16 (128 + q) */
     const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
     const __m512i lo = _mm512_and_si512(w, _mm512_set1_epi32(0x0F));

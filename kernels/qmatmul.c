@@ -6,7 +6,8 @@
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14,
+       MXFP4 = 39 };
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define QM_VNNI 1
 #endif
@@ -27,6 +28,24 @@ static inline float h2f(const uint8_t *p) {
 #endif
 }
 
+/* MXFP4 (gpt-oss's experts; ggml-common.h block_mxfp4: `u8 e, u8 qs[16]`, 17 B / 32): value =
+   kvalues_mxfp4[nibble] * 2^(e - 128), the E2M1 values doubled times half the E8M0 scale, exactly
+   ggml's GGML_E8M0_TO_FP32_HALF (e < 2 are float32 denormals; no NaN for 0xff, as ggml). Unpacked
+   as u = kvalue + 12 (0..24, unsigned like the other 32-blocks) with the offset m = -12 d, so
+   every path of the legacy formats serves it; R16_OFFSET folds the -12 into the integer sums. */
+static const uint8_t MXFP4_U[16] = { 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0 };
+static inline float e8m0_half(uint8_t e) {
+    union { uint32_t u; float f; } x;
+    x.u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    return x.f;
+}
+static inline uint8_t e8m0_of(float d) {   /* e8m0_half's inverse (d one of its values) */
+    union { float f; uint32_t u; } x = { d };
+    return x.u >= 0x00800000u ? (uint8_t)((x.u >> 23) + 1) : x.u == 0x00400000u;
+}
+/* u = kvalue + 12 -> its nibble (0 for 12: +0 and -0 are the same value), for the nibble form 8 */
+static const uint8_t MXFP4_NIB[25] = { 15, 0, 0, 0, 14, 0, 13, 0, 12, 11, 10, 9, 0, 1, 2, 3, 4, 0, 5, 0, 6, 0, 0, 0, 7 };
+
 /* One row's unpacked form: u[K] quants, and per 16 values (K-quants) sc/mn, per block d/dm.
    Legacy: value = d[b] * u + dm[b] (dm holds the offset or min); K: d[s]*sc[j]*u - dm[s]*mn[j]. */
 typedef struct { uint8_t *u; int16_t *sc, *mn; float *d, *dm; } Row;
@@ -39,6 +58,11 @@ static void unpack_legacy(int type, const uint8_t *p, int64_t nb, int64_t bs, Ro
     for (int64_t b = 0; b < nb; b++, p += bs) {
         uint8_t *o = r.u + 32 * b;
         const int hm = type == Q4_1 || type == Q5_1, hi = type == Q5_0 || type == Q5_1;
+        if (type == MXFP4) {
+            r.d[b] = e8m0_half(p[0]); r.dm[b] = -12.0f * r.d[b];
+            for (int l = 0; l < 16; l++) { o[l] = MXFP4_U[p[1 + l] & 15]; o[l + 16] = MXFP4_U[p[1 + l] >> 4]; }
+            continue;
+        }
         r.d[b] = h2f(p);
         if (type == Q8_0) { r.dm[b] = 0.0f; memcpy(o, p + 2, 32); continue; }
         r.dm[b] = hm ? h2f(p + 2) : r.d[b] * (hi ? -16.0f : -8.0f);
@@ -193,6 +217,10 @@ static inline __m256i nibbles32(const uint8_t *qs) {
     const __m128i t = _mm_loadu_si128((const __m128i *)qs);
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(15));
 }
+static inline __m256i mxfp4_u32(const uint8_t *qs) {   /* 16 bytes of nibbles -> 32 u = kvalue + 12 */
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_U));
+    return _mm256_shuffle_epi8(lut, nibbles32(qs));
+}
 static inline __m256i fifth_bits(const uint8_t *qh) {    /* bit j of qh -> 0x10 in byte j */
     uint32_t x; memcpy(&x, qh, 4);
     const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
@@ -210,10 +238,11 @@ static inline void dot_legacy_direct(int type, const uint8_t *p, int64_t nb, int
     float macc[QM_ROWS];
     for (int i = 0; i < QM_ROWS; i++) { vacc[i] = _mm256_setzero_ps(); macc[i] = 0.0f; }
     for (int64_t b = 0; b < nb; b++, p += bs) {
-        const float d = h2f(p);
+        const float d = type == MXFP4 ? e8m0_half(p[0]) : h2f(p);
         __m256i u;
         float m = 0.0f;
         if (type == Q8_0) u = _mm256_loadu_si256((const __m256i *)(p + 2));
+        else if (type == MXFP4) { u = mxfp4_u32(p + 1); m = -12.0f * d; }
         else {
             u = nibbles32(p + 2 + 2 * hm + 4 * hi);
             if (hi) u = _mm256_or_si256(u, fifth_bits(p + 2 + 2 * hm));
@@ -243,6 +272,7 @@ static inline __m512 pair_ps(float a, float b) {
 }
 static inline __m256i block_u8(int type, const uint8_t *p, float *d, float *m) {
     const int hm = type == Q4_1 || type == Q5_1, hi = type == Q5_0 || type == Q5_1;
+    if (type == MXFP4) { *d = e8m0_half(p[0]); *m = -12.0f * *d; return mxfp4_u32(p + 1); }
     *d = h2f(p);
     if (type == Q8_0) { *m = -128.0f * *d; return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), _mm256_set1_epi8((char)0x80)); }
     __m256i u = nibbles32(p + 2 + 2 * hm + 4 * hi);
@@ -322,7 +352,7 @@ static inline void dot_legacy_512(int type, const uint8_t *p, int64_t nb, int64_
                                 else dot_legacy_512(T_, p, nb, bs, a, K, dx, sx, mc, out); break;
 static void legacy_rows_512(int type, const uint8_t *p, int64_t nb, int64_t bs, const int8_t *a, int64_t K,
                             const float *dx, const float *sx, int mc, float *out) {
-    switch (type) { QM_CASE512(Q4_0) QM_CASE512(Q4_1) QM_CASE512(Q5_0) QM_CASE512(Q5_1) QM_CASE512(Q8_0) default: break; }
+    switch (type) { QM_CASE512(Q4_0) QM_CASE512(Q4_1) QM_CASE512(Q5_0) QM_CASE512(Q5_1) QM_CASE512(Q8_0) QM_CASE512(MXFP4) default: break; }
 }
 #endif
 
@@ -333,7 +363,7 @@ static void legacy_rows_512(int type, const uint8_t *p, int64_t nb, int64_t bs, 
                              else dot_legacy_direct(T_, p, nb, bs, a, K, da, as, mc, out); break;
 static void legacy_rows(int type, const uint8_t *p, int64_t nb, int64_t bs, const int8_t *a, int64_t K,
                         const float *da, const int16_t *as, int mc, float *out) {
-    switch (type) { QM_CASE(Q4_0) QM_CASE(Q4_1) QM_CASE(Q5_0) QM_CASE(Q5_1) QM_CASE(Q8_0) default: break; }
+    switch (type) { QM_CASE(Q4_0) QM_CASE(Q4_1) QM_CASE(Q5_0) QM_CASE(Q5_1) QM_CASE(Q8_0) QM_CASE(MXFP4) default: break; }
 }
 #endif
 
@@ -510,10 +540,12 @@ static inline void block_scales(int type, Row r, int64_t b, float *d, float *m) 
    float16 d (Q8_0: m = -128 d, exact, made in the kernel; 1.0625 bytes per weight, the file's); 7 Q6_K's
    6-bit values as nibbles plus two bit planes (+16, +32), scales per 16 as the super-block's
    float16 d[16] and int8 sc0[16], sc1[16] (d*sc exact in float32: the same floats as form 2's;
-   0.875 bytes per weight against 1.25). */
-#define FORM_NIB(f) ((f) == 1 || (f) == 3 || (f) == 4 || (f) == 5 || (f) == 7)
+   0.875 bytes per weight against 1.25); 8 MXFP4's file form: the nibbles (indices into
+   MXFP4_U, looked up by one vpshufb a vector) and the E8M0 byte per row (d decoded in the kernel,
+   m = -12 d): 0.53 bytes per weight, the file's, against form 5's 0.875. */
+#define FORM_NIB(f) ((f) == 1 || (f) == 3 || (f) == 4 || (f) == 5 || (f) == 7 || (f) == 8)
 #define FORM_UB(f) ((f) == 7 ? 384 : FORM_HI5(f) ? 320 : FORM_NIB(f) ? 256 : 512)   /* U bytes per (group, block) */
-#define FORM_DB(f) ((f) == 6 ? 32 : FORM_H16(f) || (f) == 7 ? 64 : 128)   /* scale bytes per (group, block) */
+#define FORM_DB(f) ((f) == 8 ? 16 : (f) == 6 ? 32 : FORM_H16(f) || (f) == 7 ? 64 : 128)   /* scale bytes per (group, block) */
 #define FORM_HI5(f) ((f) == 3 || (f) == 5)
 #define FORM_H16(f) ((f) == 1 || (f) == 3 || (f) == 6)
 /* W -> repacked `form`; rows past N are zeros. The 5-bit forms add a bit plane: after a block's
@@ -543,6 +575,11 @@ int qrepack(const void *w, uint8_t *U, void *D, int64_t N, int64_t K, int64_t sw
                     /* four values at a time as one uint32 (values 4t..4t+3 of this row) */
                     uint32_t x[8] = {0};
                     if (n < N) memcpy(x, r.u + 32 * b, 32);
+                    if (form == 8 && n < N)   /* the values' nibbles back (rows past N: nibble 0, value 0) */
+                        for (int t = 0; t < 8; t++) {
+                            uint8_t *c = (uint8_t *)&x[t];
+                            for (int j = 0; j < 4; j++) c[j] = MXFP4_NIB[c[j]];
+                        }
                     if (nib)
                         for (int t = 0; t < 4; t++) {
                             const uint32_t o = (x[t] & 0x0F0F0F0Fu) | ((x[t + 4] & 0x0F0F0F0Fu) << 4);
@@ -564,6 +601,8 @@ int qrepack(const void *w, uint8_t *U, void *D, int64_t N, int64_t K, int64_t sw
                         ((uint16_t *)e)[lane] = n < N ? f2h_exact(r.d[b / 8]) : 0;
                         e[32 + lane] = n < N ? (uint8_t)(int8_t)r.sc[2 * b] : 0;
                         e[48 + lane] = n < N ? (uint8_t)(int8_t)r.sc[2 * b + 1] : 0;
+                    } else if (form == 8) {   /* MXFP4: the E8M0 byte (rows past N: 0, their nibbles are 0) */
+                        ((uint8_t *)D)[(g * nb + b) * 16 + lane] = n < N ? e8m0_of(d) : 0;
                     } else if (form == 6) {   /* d only: the file's float16, always exact */
                         ((uint16_t *)D)[(g * nb + b) * 16 + lane] = f2h_exact(d);
                     } else if (h16) {   /* Q4_0's m = -8 d and Q5_0's -16 d can pass float16's range */
@@ -636,6 +675,10 @@ static inline void r16_unpack_512(int form, const uint8_t *u, const void *sc, __
             const __m512i sixteen = _mm512_set1_epi8(16);
             for (int t = 0; t < 8; t++) wv[t] = _mm512_mask_add_epi8(wv[t], (__mmask64)mk[t], wv[t], sixteen);
         }
+        if (form == 8) {   /* MXFP4: nibble -> kvalue + 12 */
+            const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MXFP4_U));
+            for (int t = 0; t < 8; t++) wv[t] = _mm512_shuffle_epi8(lut, wv[t]);
+        }
         if (form == 7) {   /* Q6_K's two high bits: + 16 and + 32 by their masks */
             const uint64_t *mk = (const uint64_t *)(u + 256);
             const __m512i sixteen = _mm512_set1_epi8(16), thirty2 = _mm512_set1_epi8(32);
@@ -653,6 +696,12 @@ static inline void r16_unpack_512(int form, const uint8_t *u, const void *sc, __
     } else if (form == 6) {   /* Q8_0: m = -128 d (exact in float32, form 0's m) */
         *dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
         *mv = _mm512_mul_ps(*dv, _mm512_set1_ps(-128.0f));
+    } else if (form == 8) {   /* MXFP4: e8m0_half of each row's byte, m = -12 d (both exact) */
+        const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc));
+        const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+        const __m512i denormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+        *dv = _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, denormal));
+        *mv = _mm512_mul_ps(*dv, _mm512_set1_ps(-12.0f));
     } else if (FORM_H16(form)) {
         *dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
         *mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)sc + 16)));
@@ -764,6 +813,16 @@ static inline void r16_half_avx2(int form, const uint8_t *u, const void *sc, int
         }
         if (FORM_HI5(form))   /* rows 8h..8h+7 of mask t are its 32-bit half h */
             for (int t = 0; t < 8; t++) wv[t] = _mm256_or_si256(wv[t], fifth_bits(u + 256 + 8 * t + 4 * h));
+        if (form == 8) {   /* MXFP4: nibble -> kvalue + 12; d = e8m0_half(e), m = -12 d */
+            const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_U));
+            for (int t = 0; t < 8; t++) wv[t] = _mm256_shuffle_epi8(lut, wv[t]);
+            const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)((const uint8_t *)sc + 8 * h)));
+            const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+            const __m256i denormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+            *dv = _mm256_castsi256_ps(_mm256_blendv_epi8(normal, denormal, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+            *mv = _mm256_mul_ps(*dv, _mm256_set1_ps(-12.0f));
+            return;
+        }
     } else for (int t = 0; t < 8; t++) wv[t] = _mm256_loadu_si256((const __m256i *)(u + 64 * t + 32 * h));
 #if defined(__F16C__)
     if (FORM_H16(form)) {
@@ -841,7 +900,7 @@ static inline void r16_block_avx2(int form, const uint8_t *u, const void *sc, co
 
 /* The forms whose block the tiles below serve: values below 32 as unsigned bytes, so that four
    maddubs of a half add in int16 (4 * 2 * 31 * 127 < 32767), all eight for the 4-bit ones. */
-#define TILE_FORM(f) ((f) == 0 || (f) == 1 || (f) == 3 || (f) == 4 || (f) == 5)
+#define TILE_FORM(f) ((f) == 0 || (f) == 1 || (f) == 3 || (f) == 4 || (f) == 5 || (f) == 8)
 /* R (1 or 2) activation rows against one (group, block) whose 16 weight vectors wv[half][t] were
    unpacked once for all the rows: every broadcast serves both halves, every weight vector both
    rows, and the sums stay in registers. Why: the per-row loop above keeps a half's 8 weight
@@ -952,12 +1011,15 @@ int qmatmul_r16_serves(int type, int form) {
 #endif
     if (form == 2) return type == Q6_K;
     if (form == 4) return type == Q4_K;
-    if (form == 5) return type == Q5_K;
+    if (form == 5) return type == Q5_K || type == MXFP4;   /* MXFP4's u = kvalue + 12 fits 5 bits */
+    if (form == 8) return type == MXFP4;
 #if defined(QM_VNNI512)
     if (form == 7) return type == Q6_K;
-    if (form == 0) return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == Q4_K || type == Q5_K;
+    if (form == 0) return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == Q4_K || type == Q5_K
+                           || type == MXFP4;
 #else
-    if (form == 0) return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q4_K || type == Q5_K;
+    if (form == 0) return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q4_K || type == Q5_K
+                           || type == MXFP4;
 #endif
 #endif
     (void)type; (void)form;
@@ -1183,6 +1245,9 @@ static void row_floats(int type, Row r, int64_t K, float *f) {
     } else if (type == Q8_0) {
         for (int64_t b = 0; b < K / 32; b++)
             for (int i = 0; i < 32; i++) f[32 * b + i] = r.d[b] * (float)(int8_t)r.u[32 * b + i];
+    } else if (type == MXFP4) {   /* kvalue * d, ggml's product (d*u + m would round, or inf - inf at e = 255) */
+        for (int64_t b = 0; b < K / 32; b++)
+            for (int i = 0; i < 32; i++) f[32 * b + i] = (float)((int)r.u[32 * b + i] - 12) * r.d[b];
     } else {
         for (int64_t b = 0; b < K / 32; b++)
             for (int i = 0; i < 32; i++) f[32 * b + i] = r.d[b] * (float)r.u[32 * b + i] + r.dm[b];

@@ -41,6 +41,13 @@ How `cpu` computes (what llama.cpp's CPU backend does):
   constant offset starts each block's integer sum (`R16_OFFSET`) instead of a second FMA: 2
   threads, weights from DRAM, 1.04-1.37x at 32-512 rows (Zen 5; docs/performance.md, ninth
   round); a row's floats are the same at every M.
+- MXFP4 (gpt-oss's experts, an E8M0 exponent per 32): unpacked as u = kvalue + 12 (0..24) with
+  m = -12 d, a 32-block like Q4_0 (the AVX paths look the nibbles' values up with one vpshufb);
+  repacked in its own form 8: the file's nibbles and E8M0 bytes (0.53 bytes per weight), looked
+  up (vpshufb) and decoded in the kernel into the byte values and float32 d, m = -12 d of the
+  other forms (Q5_K's 5-bit form 5 and the byte form 0 serve it too: the same floats), the offset
+  folded into the integer sums on AVX-512 VNNI (R16_OFFSET), so the product is ggml's
+  d_w * d_x * sum(kvalue * q) with a float32 d_x for ggml's float16.
 - Q2_K/Q3_K: per-row dots below
   `PREFILL_ROWS[qtype]` rows, above it tiles of W dequantized by the same unpacking into float32 /
   bf16 and multiplied by torch (`playground/qmatmul_bench.py` measures the crossover).
@@ -80,7 +87,8 @@ TOL = {torch.float32: 3e-2, torch.bfloat16: 4e-2}
 # SmolLM2 Q4_1 model at decode b=8 (2 threads, AVX-512 VNNI + BF16), 70 ms per step on the integer
 # path vs 109 ms on tiles; at b=16 the two tie (128 vs 137 ms, tiles ahead)
 PREFILL_ROWS = {int(T.Q4_0): 64, int(T.Q4_1): 64, int(T.Q5_0): 64, int(T.Q5_1): 64, int(T.Q8_0): 64,
-                int(T.Q2_K): 16, int(T.Q3_K): 16, int(T.Q4_K): 16, int(T.Q5_K): 32, int(T.Q6_K): 16}
+                int(T.Q2_K): 16, int(T.Q3_K): 16, int(T.Q4_K): 16, int(T.Q5_K): 32, int(T.Q6_K): 16,
+                int(T.MXFP4): 64}
 SMALL_Q8_0 = 1 << 20   # weights: below, Q8_0 runs repacked at one row too (see repacked_serves)
 
 
@@ -132,7 +140,7 @@ native.signature(_LIB, "qform_bytes", 0, 0, (native.ctypes.c_int,) * 2)
 # The repacked form each format runs on here (see FORM_NIB in the C): the first this CPU serves of
 # its preferred forms, the 4/5-bit ones first (fewer bytes than the byte form 0).
 _FORM_PREFERENCE = {T.Q4_0: (1, 0), T.Q4_1: (1, 0), T.Q5_0: (3, 0), T.Q5_1: (3, 0), T.Q8_0: (6, 0),
-                    T.Q4_K: (4, 0), T.Q5_K: (5, 0), T.Q6_K: (7, 2)}
+                    T.Q4_K: (4, 0), T.Q5_K: (5, 0), T.Q6_K: (7, 2), T.MXFP4: (8, 5, 0)}
 _R16_FORM = {} if _LIB is None else {
     t: next(f for f in forms if _LIB.qmatmul_r16_serves(int(t), f))
     for t, forms in _FORM_PREFERENCE.items() if any(_LIB.qmatmul_r16_serves(int(t), f) for f in forms)}
@@ -142,7 +150,7 @@ _XDTYPES = (torch.float32, torch.bfloat16)
 # AVX-512 VNNI starts each block's integer sum at -offset * (the activation block's sum) instead of
 # adding m * that sum with a second FMA: exact (one rounding fewer) and ~8% faster on 128 rows
 # (Q5_0, one thread); every row count does the same, so a row's floats still do not depend on M.
-R16_OFFSET = {T.Q4_0: 8, T.Q5_0: 16, T.Q8_0: 128}
+R16_OFFSET = {T.Q4_0: 8, T.Q5_0: 16, T.Q8_0: 128, T.MXFP4: 12}
 _BF16_GEMM = cpu_features.current().onednn_bf16 and cpu_features.current().variant != "other"
 
 
@@ -204,7 +212,8 @@ def repacked(w: QWeight) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     the 4-bit forms (1: Q4_0/Q4_1, 4: Q4_K) U is uint8 [groups, blocks, 4, 16, 4] nibbles, 0.625
     bytes per weight with the file's float16 scales [groups, blocks, 2, 16] (form 1), 0.75 with
     float32 ones (form 4); the 5-bit forms (3: Q5_0/Q5_1, 5: Q5_K) add a plane of fifth bits,
-    Q6_K's (7) two planes with float16 d and int8 scales per 16 (0.875 bytes); the byte forms (0,
+    Q6_K's (7) two planes with float16 d and int8 scales per 16 (0.875 bytes), MXFP4's (8) its
+    file's nibbles and E8M0 bytes [groups, blocks, 16] (0.53 bytes); the byte forms (0,
     2 for Q6_K, where the CPU lacks the others) U [groups, blocks, 8, 16, 4] and float32 scales,
     1.25 bytes; Q8_0's (6) the same with only its float16 d, 1.0625 like the file. Both tensors are
     uint8 [groups, blocks, bytes] (`qform_bytes`).
@@ -406,7 +415,8 @@ def triton(x: torch.Tensor, w: QWeight, norm: torch.Tensor | None = None, eps: f
     return y
 
 
-EXAMPLE_TYPES = (T.Q4_0, T.Q8_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.F16, T.BF16, T.F32)
+EXAMPLE_TYPES = (T.Q4_0, T.Q8_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4, T.F16, T.BF16,
+                 T.F32)
 
 
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:

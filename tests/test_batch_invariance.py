@@ -40,22 +40,28 @@ def served(request):
     return model, cfg.torch_dtype
 
 
-def _last_logits(model: LlamaModel, dtype, splits: list[int]) -> torch.Tensor:
-    """Logits of PROMPT's last token, the prompt fed in chunks that end at `splits`."""
+def _last_logits(model: LlamaModel, dtype, splits: list[int], prompt: bool, kv_dtype=None) -> torch.Tensor:
+    """Logits of PROMPT's last token, the prompt fed in chunks that end at `splits` (as prompt
+    rows, or as rows a decode step would compute)."""
     s = model.spec
-    cache = KVCache.create("seq_head_dim", KVSpec(s.n_layers, 2, 64, s.n_kv_heads, s.head_dim, dtype))
+    cache = KVCache.create("seq_head_dim", KVSpec(s.n_layers, 2, 64, s.n_kv_heads, s.head_dim, kv_dtype or dtype))
     start, out = 0, None
     for end in [*splits, len(PROMPT)]:
-        out = model.forward(Batch.build([SeqChunk(1, start, PROMPT[start:end])]), cache)
+        out = model.forward(Batch.build([SeqChunk(1, start, PROMPT[start:end], prompt=prompt)]), cache)
         start = end
     return out[-1]
 
 
-def test_last_prompt_token_gets_the_same_logits_however_the_prompt_was_chunked(served):
+@pytest.mark.parametrize("prompt,kv", [(False, "model"), (False, "f16"), (True, "f16")],
+                         ids=["decode-rows", "decode-rows-f16", "prompt-rows-f16"])
+def test_last_prompt_token_gets_the_same_logits_however_the_prompt_was_chunked(served, prompt, kv):
+    """Prompt rows (the AMX path on CPUs with AMX, over the f16 cache serve uses by default) and
+    decode rows (the row kernel) each agree with themselves however the prompt is chunked."""
     model, dtype = served
-    whole = _last_logits(model, dtype, [])
+    kv_dtype = torch.float16 if kv == "f16" else None
+    whole = _last_logits(model, dtype, [], prompt, kv_dtype)
     for splits in ([10], [3, 6, 10], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [5]):
-        assert torch.equal(_last_logits(model, dtype, splits), whole), splits
+        assert torch.equal(_last_logits(model, dtype, splits, prompt, kv_dtype), whole), splits
 
 
 def test_cached_prompt_gives_the_same_greedy_text_and_probabilities():

@@ -162,6 +162,7 @@ def test_each_cpu_variant_gives_the_reference_outputs(variant, reference, tmp_pa
     if native.compiler() is not None:
         assert ("AVX2 maddubs" in shown["kernels"]["qmatmul"]) == (variant == "avx2"), shown["kernels"]["qmatmul"]
         assert shown["kernels"]["q4_matmul"].startswith("AMX") == got["amx"]
+        assert ("AMX" in shown["kernels"]["attention"]) == got["amx"], shown["kernels"]["attention"]  # prompt rows
 
 
 def test_default_threads_are_the_physical_cores():

@@ -290,20 +290,25 @@ def wait_all_idle(server: Server, within: float) -> float:
     return time.time() - t0
 
 
+# The slot must be free within 3 s of the client leaving: the 500 tokens it asked for take this
+# float32 server longer than that (60-100 tokens/s on 2 cores), and 1.5 s was missed on a loaded host.
+FREED_WITHIN = 3.0
+
+
 def test_disconnect_mid_stream_frees_the_slot(server):
-    body = {"prompt": "Write a long story about a dragon.", "n_predict": 400, "ignore_eos": True, "stream": True}
+    body = {"prompt": "Write a long story about a dragon.", "n_predict": 500, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", server.url + "/completion", json=body, timeout=120) as r:
         lines = r.iter_lines()
         assert next(lines).startswith("data: ")
         assert server.busy_slots() == 1
-    wait_all_idle(server, within=1.5)
+    wait_all_idle(server, within=FREED_WITHIN)
 
 
 def test_non_streaming_client_timeout_frees_the_slot(server):
-    body = {"prompt": "Write a long story about a dragon.", "n_predict": 400, "ignore_eos": True}
+    body = {"prompt": "Write a long story about a dragon.", "n_predict": 500, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         server.post("/completion", body, timeout=1.0)
-    wait_all_idle(server, within=1.5)
+    wait_all_idle(server, within=FREED_WITHIN)
 
 
 async def _stream_tokens(client: httpx.AsyncClient, url: str, body: dict) -> list[int]:

@@ -22,6 +22,7 @@ def build_parser() -> CommandParser:
     from slotserver.cli import serve as cli_serve
     from slotserver.cli import bench as cli_bench
     from slotserver.cli import top as cli_top
+    from slotserver.cli import replica_router as cli_replica_router
 
     parser = CommandParser(prog="slotserver", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"slotserver {__version__}")
@@ -31,6 +32,7 @@ def build_parser() -> CommandParser:
     cli_top.add_parser(sub)
     cli_bench.add_parser(sub)
     cli_lab.add_parser(sub)
+    cli_replica_router.add_parser(sub)
     return parser
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from slotserver.cli.spec_args import add_spec_args
 from slotserver.cli.generate import add_model_args
 from slotserver.cli.parser import CommandParser
+from slotserver.cli.router_args import add_router_args, is_router, router_config
 
 LOG_FORMAT = "%(asctime)s %(message)s"
 SHORT_FLAG = re.compile(r"^-[A-Za-z]")   # a single-dash flag (not a negative number like -1)
@@ -35,7 +36,9 @@ class ServeArgumentParser(CommandParser):
         unknown = [a for a in args if SHORT_FLAG.match(a) and a not in self._option_string_actions]
         if unknown:
             self.error(f"unrecognized arguments: {' '.join(unknown)}")
-        return super().parse_known_args(args, namespace)
+        parsed, rest = super().parse_known_args(args, namespace)
+        parsed.serve_argv = args   # router mode passes the user's flags on to each model's server
+        return parsed, rest
 
 
 def normalize_argv(argv: list[str]) -> list[str]:
@@ -148,7 +151,8 @@ def add_parser(sub) -> None:
     a("-fa", "--flash-attn", choices=["on", "off", "auto"], default="auto",
       help="accepted for llama-server's command lines; no effect: attention has one (exact) kernel per "
            "layout here, whatever the setting")
-    p.set_defaults(run=run)
+    add_router_args(p)
+    p.set_defaults(run=run, serve_parser=p)
 
 
 def run(args) -> int:
@@ -157,6 +161,8 @@ def run(args) -> int:
     # `import torch` alone (a 0.5B Q4_K_M file healthy in ~2.0 s): paused from before the server's
     # imports until the model thread has loaded the model (LaunchPlan.gc_paused), and at the latest
     # when serving ends (a bad flag, a port in use).
+    if is_router(args):
+        return run_router(args)
     gc.disable()
     try:
         from slotserver.server.launch import serve
@@ -174,3 +180,15 @@ def run(args) -> int:
         return serve(ServerState(config), plan)
     finally:
         gc.enable()
+
+
+def run_router(args) -> int:
+    """Router mode: no model in this process (and no torch); one child server per loaded model."""
+    from slotserver.router.launch import serve_router
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=LOG_FORMAT,
+                        datefmt="%H:%M:%S", stream=sys.stderr)
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)   # a line per proxied request and health poll
+    config, flags = router_config(args, args.serve_parser)
+    return serve_router(config, flags)

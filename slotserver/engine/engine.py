@@ -251,7 +251,8 @@ class Engine:
         if not plan.chunks:
             return None
         chunks = [SeqChunk(c.stream, c.start, c.seq.tokens[c.start: c.start + c.n] + list(c.draft),
-                           all_logits=bool(c.draft), logits=c.sample) for c in plan.chunks]
+                           all_logits=bool(c.draft), logits=c.sample,
+                           prompt=not c.draft and c.start + c.n <= c.seq.prompt_end) for c in plan.chunks]
         rows = sum(c.sample + len(c.draft) for c in plan.chunks)
         if self._logits.shape[0] < rows:   # one buffer for every step's logits (see LlamaModel.forward)
             self._logits = torch.empty(rows, self._logits.shape[1], device=self.device)

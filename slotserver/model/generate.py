@@ -52,7 +52,7 @@ def generate(model: LlamaModel, requests: list[GenRequest], eog_ids: frozenset[i
     history = [list(r.prompt_ids) for r in requests]
     results = [GenResult() for _ in requests]
     sampler = Sampler(s.vocab_size)
-    chunks = [SeqChunk(i, 0, list(r.prompt_ids)) for i, r in enumerate(requests)]
+    chunks = [SeqChunk(i, 0, list(r.prompt_ids), prompt=True) for i, r in enumerate(requests)]
     active = [i for i, r in enumerate(requests) if r.n_predict > 0]
     chunks = [chunks[i] for i in active]
     while active:

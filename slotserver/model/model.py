@@ -135,9 +135,11 @@ class LlamaModel:
         return x, angles
 
     def _graph_key(self, batch: Batch) -> tuple | None:
-        """A decode-only batch (every row one token, logits for each) of up to max_rows rows on the CPU."""
+        """A decode-only batch (every row one token, logits for each, no prompt rows) of up to max_rows
+        rows on the CPU."""
         meta, n = batch.attn, batch.n_tokens
         if self.graphs is None or n > self.graphs.max_rows or meta.max_q != 1 or meta.split is not None \
+                or meta.row_prompt is not None \
                 or batch.logits_rows.shape[0] != n or not batch.tokens.is_cpu:
             return None
         return n, meta.stream_base is not None, torch.get_num_threads()

@@ -21,6 +21,10 @@ class SeqChunk:
     tokens: list[int]
     all_logits: bool = False  # logits for every token (teacher forcing) instead of only the last
     logits: bool = True       # logits of the last token (False: a prefill chunk that samples nothing)
+    # Tokens of a prompt: the attention kernel may compute their rows with its prompt formulation
+    # (AMX tiles on CPUs that have them, kernels/attention_amx.c), the same floats for a prompt row
+    # however the prompt is chunked, but not a decode row's. Decode and verify chunks leave it False.
+    prompt: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class AttnMeta:
     # a row's result then never depends on how its prompt was batched or cached.
     row_streams: torch.Tensor | None = None   # [T] int64
     row_kv_lens: torch.Tensor | None = None   # [T] int64
+    row_prompt: torch.Tensor | None = None    # [T] uint8: 1 for rows of prompt chunks; None: there are none
 
     @property
     def n_seqs(self) -> int:
@@ -90,7 +95,7 @@ class Batch:
         assert len({c.stream for c in chunks}) == len(chunks), "two chunks on one stream"
         q_lens = [len(c.tokens) for c in chunks]
         assert min(q_lens) > 0, "a chunk without tokens"
-        if max(q_lens) == 1 and all(c.logits for c in chunks):
+        if max(q_lens) == 1 and all(c.logits and not c.prompt for c in chunks):
             return _decode(chunks, device)
         logits_rows, total = [], 0
         for c, n in zip(chunks, q_lens):
@@ -157,7 +162,13 @@ def _attn_meta(chunks: list[SeqChunk], device, split: bool = False) -> AttnMeta:
         split=halves,
         row_streams=_long([c.stream for c in chunks for _ in c.tokens], device),
         row_kv_lens=_long([c.start + j + 1 for c in chunks for j in range(len(c.tokens))], device),
+        row_prompt=_flags([c.prompt for c in chunks for _ in c.tokens], device),
     )
+
+
+def _flags(values: list[bool], device) -> torch.Tensor | None:
+    """uint8 flags, or None where none is set (the kernels' fast test)."""
+    return torch.tensor(values, dtype=torch.uint8, device=device) if any(values) else None
 
 
 def _tensors(obj) -> list[torch.Tensor]:

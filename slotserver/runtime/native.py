@@ -202,6 +202,14 @@ def c_source(origin: str, name: str) -> str:
     return c_sources.read(origin, name)
 
 
+def joined(origin: str, parts: list[tuple[str, str]]) -> str:
+    """Several C files (name, text as `c_source` read it) compiled as one unit, in order, each
+    behind a `#line` naming its own file: compiler messages point at the right file and line.
+    Build the result with `origin=None`. (Each file stays named in the module as
+    `native.c_source(__file__, "x.c")`, which is how the lab knows to reload the module.)"""
+    return "".join(f'#line 1 "{c_path(origin, name)}"\n{text}\n' for name, text in parts)
+
+
 def c_path(origin: str, name: str) -> str:
     """The path of the C file `name` beside `origin`: compiler messages point at its lines."""
     return str(Path(origin).parent / name)

@@ -120,3 +120,15 @@ static inline void prefetch_row(const void *base, int64_t off, int bf16, int64_t
     const char *p = (const char *)base + off * (bf16 ? 2 : 4);
     for (int64_t i = 0; i < n * (bf16 ? 2 : 4); i += 64) __builtin_prefetch(p + i);
 }
+/* AMX (kernels/q4_matmul.c, kernels/attention_amx.c): the tile configuration's memory form, and
+   the tile data permission, which Linux grants per process on request (asked once, remembered). */
+#if defined(__AMX_TILE__)
+#include <sys/syscall.h>
+#include <unistd.h>
+typedef struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } tile_config;
+static int amx_state = 0;   /* 0 unknown, 1 granted, -1 refused */
+__attribute__((unused)) static int amx_granted(void) {
+    if (amx_state == 0) amx_state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0 ? 1 : -1;
+    return amx_state == 1;
+}
+#endif

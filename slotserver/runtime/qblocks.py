@@ -14,12 +14,16 @@ Block layouts (ggml-common.h; "h" is a little-endian float16):
   u8 scales[12], h d` (110 B); Q4_K `h d, h dmin, u8 scales[12], u8 qs[128]` (144 B);
   Q5_K `h d, h dmin, u8 scales[12], u8 qh[32], u8 qs[128]` (176 B); Q6_K `u8 ql[128],
   u8 qh[64], i8 scales[16], h d` (210 B).
+- MXFP4 `u8 e, u8 qs[16]` (17 B / 32; gpt-oss's experts): kvalues_mxfp4[nibble] * 2^(e - 128),
+  the E2M1 values doubled {0, 1, 2, 3, 4, 6, 8, 12, and negatives} times half the E8M0 scale
+  (ggml's GGML_E8M0_TO_FP32_HALF: e < 2 give float32 denormals, 0xff gives 2^127, not NaN).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import mmap
 import warnings
 from dataclasses import dataclass
@@ -32,13 +36,14 @@ T = gguf.GGMLQuantizationType
 LEGACY = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)          # blocks of 32, activations as q8_0/q8_1
 KQUANTS = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)         # super-blocks of 256, activations as q8_K
 FLOATS = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
-QUANTIZED = LEGACY + KQUANTS
+MICROSCALED = (T.MXFP4,)                                  # blocks of 32 with an E8M0 exponent, as q8_0
+QUANTIZED = LEGACY + KQUANTS + MICROSCALED
 # byte offsets of each block's float16 scale fields (what a random block must keep finite)
 F16_FIELDS = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
               T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
 # largest |quant| per format (weights ~ d * this): sizes the random scales so outputs stay O(1)
 QMAX = {T.Q4_0: 8, T.Q4_1: 16, T.Q5_0: 16, T.Q5_1: 32, T.Q8_0: 128,
-        T.Q2_K: 3 * 15, T.Q3_K: 4 * 32, T.Q4_K: 15 * 63, T.Q5_K: 31 * 63, T.Q6_K: 32 * 128}
+        T.Q2_K: 3 * 15, T.Q3_K: 4 * 32, T.Q4_K: 15 * 63, T.Q5_K: 31 * 63, T.Q6_K: 32 * 128, T.MXFP4: 12}
 TILE_BYTES = 8 << 20   # float32 bytes of dequantized weight alive at once in the tiled paths
 
 
@@ -95,6 +100,10 @@ def random_qweight(gen: torch.Generator, qtype: int, n: int, k: int) -> QWeight:
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     raw = torch.randint(0, 256, (n * k // block, size), generator=gen, dtype=torch.uint8)
     base = 2.0 / (QMAX[qtype] * k ** 0.5)
+    if qtype == T.MXFP4:   # the E8M0 exponent: 2^(e-128) within a factor 2 either side of base
+        e = 128 + round(math.log2(base)) + torch.randint(-1, 2, (raw.shape[0],), generator=gen)
+        raw[:, 0] = e.to(torch.uint8)
+        return QWeight(raw.reshape(n, rb), int(qtype), k, n)
     for i, off in enumerate(F16_FIELDS[qtype]):
         scale = base * (0.5 + torch.rand(raw.shape[0], generator=gen))
         if i == 1 and qtype in (T.Q4_1, T.Q5_1):   # a min: signed, of the size of the values
@@ -114,6 +123,16 @@ def from_mapped(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> QWeight
         warnings.simplefilter("ignore", UserWarning)   # "The given NumPy array is not writable"
         raw = torch.from_numpy(flat)
     return QWeight(raw.view(n, row_bytes(qtype, k)), int(qtype), k, n)
+
+
+def experts_from_mapped(data: np.ndarray, qtype: int, shape: tuple[int, int, int]) -> list[QWeight]:
+    """One QWeight per expert of a 3-D GGUF tensor `[n_expert, n, k]` (numpy order; ggml's
+    `ffn_*_exps` tensors, MXFP4 in gpt-oss): expert e is the zero-copy view of its `[n, k]` slice,
+    a 2-D weight like any other. Why one QWeight each: qmatmul caches its repacked form on the
+    QWeight at its first call, so only the experts a prompt routes to are ever repacked."""
+    n_expert, n, k = shape
+    flat = from_mapped(data, qtype, (n_expert * n, k))   # [n_expert * n, row_bytes]
+    return [QWeight(flat.raw[e * n:(e + 1) * n], flat.qtype, k, n) for e in range(n_expert)]
 
 
 def take_rows(w: QWeight, rows: list[int] | torch.Tensor) -> QWeight:

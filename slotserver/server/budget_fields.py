@@ -11,8 +11,9 @@ The fields, as llama-server reads them (server-schema.cpp, and server-common.cpp
   `reasoning_budget_end_tag`): the block's tags, tokenized with special tokens parsed; the first
   end tag is the one forced, any of them ends the block. Empty tags are dropped.
 
-Chat routes: a template with a reasoning block (it writes `<think>`; slotserver's split knows that
-pair only, reasoning.py) brings its own tags, `<think>` and `</think>`, over the request's, as
+Chat routes: a template with a reasoning block (it writes `<think>`, reasoning.py; or gpt-oss's
+harmony, whose analysis message is the block: `<|channel|>analysis<|message|>` ... `<|end|>`, as
+llama.cpp's GPT-OSS handler declares) brings its own tags over the request's, as
 llama-server's chat parser does; when its prompt already opened the block the budget counts from
 the first generated token. A template without one takes the request's tags, if any. With no tags
 there is nothing to count and the budget has no effect (llama-server alike).
@@ -82,15 +83,19 @@ def completion_budget(f: Fields, tokenizer: Tokenizer, defaults: GenerationDefau
     return _spec(tokenizer, budget, start, ends, message, opened=False)
 
 
-def chat_budget(f: Fields, tokenizer: Tokenizer, defaults: GenerationDefaults, thinks: bool,
-                opened: bool) -> BudgetSpec | None:
-    """The chat routes: `thinks`, the template has a `<think>` block (its tags are used);
-    `opened`, the prompt ends inside it (counting starts with the first generated token)."""
+def chat_budget(f: Fields, tokenizer: Tokenizer, defaults: GenerationDefaults,
+                template_tags: tuple[str, tuple[str, ...]] | None, opened: bool) -> BudgetSpec | None:
+    """The chat routes: `template_tags`, the (start, end tags) of the template's reasoning block
+    (`<think>`, or harmony's analysis message), used over the request's; `opened`, the prompt ends
+    inside it (counting starts with the first generated token)."""
     own = f.int(ALIAS, -1, lo=-1, hi=INT32_MAX)
     if f.has(TOKENS):
         own = f.int(TOKENS, -1, lo=-1, hi=INT32_MAX)
     budget = defaults.reasoning_budget if own == -1 else own
     start, ends = _tags(f)   # validated either way
-    if thinks:
-        start, ends = OPEN, (CLOSE,)
-    return _spec(tokenizer, budget, start, ends, _message(f, defaults), opened=thinks and opened)
+    if template_tags is not None:
+        start, ends = template_tags
+    return _spec(tokenizer, budget, start, ends, _message(f, defaults), opened=template_tags is not None and opened)
+
+
+THINK_TAGS = (OPEN, (CLOSE,))

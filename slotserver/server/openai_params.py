@@ -29,8 +29,10 @@ from slotserver.server.tools.request import ToolConfig, parse_tools
 from slotserver.server.params import CompletionJob, build_request, eog_bias, n_predict_field
 from slotserver.server.choices import expand, n_choices
 from slotserver.server.chat_options import ChatDefaults, chat_options
+from slotserver.server.harmony import BUDGET_TAGS as HARMONY_BUDGET_TAGS
+from slotserver.server.harmony import answer_prefix, in_analysis, template_is_harmony
 from slotserver.server.reasoning import THINK, ReasoningMode, answer_start, template_thinks
-from slotserver.server.budget_fields import chat_budget, completion_budget
+from slotserver.server.budget_fields import THINK_TAGS, chat_budget, completion_budget
 from slotserver.engine.reasoning_budget import BudgetSpec
 from slotserver.server.unsupported import check_chat_fields, check_completion_fields
 from slotserver.server.prompt import encode, prompt_text, tokenize_prompts
@@ -145,7 +147,8 @@ def render_chat_request(f: Fields, template: ChatTemplate, tools: ToolConfig,
     options = chat_options(f, chat)
     text = render_with_tools(template, messages, tools, add_prompt, cont, variables=options.context)
     continued = (messages[-1].get("content") or "") if cont else None
-    return text, ReasoningMode(options.reasoning_format, answer_start(text, continued))
+    harmony = answer_prefix(text) if template_is_harmony(template.source) else None
+    return text, ReasoningMode(options.reasoning_format, answer_start(text, continued), harmony)
 
 
 def _chat_logprobs(f: Fields) -> tuple[bool, int]:
@@ -155,6 +158,14 @@ def _chat_logprobs(f: Fields) -> tuple[bool, int]:
     if f.raw("top_logprobs") is not None and not want:
         raise bad_request("'top_logprobs' requires 'logprobs': true (send both, or neither)")
     return want, f.int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
+
+
+def _budget_block(template: ChatTemplate, mode: ReasoningMode) -> tuple[tuple | None, bool]:
+    """The template's reasoning block for the budget (its tags, or None) and whether the prompt
+    leaves it open."""
+    if mode.harmony is not None:
+        return HARMONY_BUDGET_TAGS, in_analysis(mode.harmony)
+    return (THINK_TAGS if template_thinks(template.source) else None), mode.start == THINK
 
 
 def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplate,
@@ -170,7 +181,7 @@ def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplat
     ids = encode(tokenizer, text, True, True)
     want, n_top = _chat_logprobs(f)
     n = n_choices(f, n_parallel, "n")
-    budget = chat_budget(f, tokenizer, defaults, template_thinks(template.source), reasoning.start == THINK)
+    budget = chat_budget(f, tokenizer, defaults, *_budget_block(template, reasoning))
     jobs = expand([_job(f, ids, tokenizer, defaults, n_top if want else 0, want, grammar, budget)], n)
     return OpenAIJob(jobs, f.str("model", default_model) or default_model, [prompt_text(tokenizer, ids)] * n,
                      tools if tools.active else None, reasoning)

@@ -163,6 +163,7 @@ class ReasoningMode:
 
     format: str = "none"
     start: str = START
+    harmony: str | None = None   # a harmony (gpt-oss) answer: the prompt text it continues (answer.py)
 
     def splitter(self, stream: bool) -> ReasoningSplitter:
         inline = stream and self.format == "deepseek-legacy"

@@ -83,13 +83,16 @@ class DraftModel:
         return [d if len(d) >= (self.n_min if r.n_min is None else r.n_min) else [] for d, r in zip(drafts, requests)]
 
     def _catch_up(self, r: DraftRequest) -> int:
-        """Compute the draft KV of r.tokens[:-1] not yet in its stream; -> the last token's position."""
+        """Compute the draft KV of r.tokens[:-1] not yet in its stream; -> the last token's position.
+        Prompt tokens as prompt rows, generated ones as decode rows compute them (pieces never
+        straddle the prompt's end): the draft's KV is then what the target's is for a same model."""
         held, target = self.held[r.slot_id], r.tokens[:-1]
         start = common_prefix(held, target)
         while start < len(target):
-            piece = target[start: start + CATCH_UP_CHUNK]
-            self.model.forward(Batch.build([SeqChunk(r.slot_id, start, piece, logits=False)], self.device), self.cache)
-            start += len(piece)
+            end = min(start + CATCH_UP_CHUNK, len(target), *([r.prompt_end] if start < r.prompt_end else []))
+            chunk = SeqChunk(r.slot_id, start, target[start:end], logits=False, prompt=end <= r.prompt_end)
+            self.model.forward(Batch.build([chunk], self.device), self.cache)
+            start = end
         self.held[r.slot_id] = list(target)
         return len(target)
 

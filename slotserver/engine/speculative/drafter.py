@@ -20,6 +20,7 @@ class DraftRequest:
     n_max: int           # at most this many draft tokens (context room, n_predict, the adaptive cap)
     n_min: int | None = None     # the request's speculative.n_min / p_min (draft-simple; None: the server's)
     p_min: float | None = None
+    prompt_end: int = 0  # tokens[:prompt_end] are the prompt (a draft model computes them as prompt rows)
 
 
 class Drafter(Protocol):

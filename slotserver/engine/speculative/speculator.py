@@ -93,7 +93,7 @@ class Speculator:
             if not asks:
                 break
             got = drafter.propose([DraftRequest(c.seq.id, c.seq.slot_id, c.seq.tokens, n, c.seq.request.spec_n_min,
-                                                c.seq.request.spec_p_min) for _, c, n in asks])
+                                                c.seq.request.spec_p_min, c.seq.prompt_end) for _, c, n in asks])
             for (i, c, n), tokens in zip(asks, got):
                 tokens = _valid(tokens[:n], self.vocab)
                 if tokens:

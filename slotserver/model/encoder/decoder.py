@@ -47,5 +47,5 @@ class DecoderEncoder:
         s, m = self.model.spec, self.model
         cells = max(map(len, seqs))
         cache = create_layout(self.layout, KVSpec(s.n_layers, len(seqs), cells, s.n_kv_heads, s.head_dim, m.dtype))
-        chunks = [SeqChunk(i, 0, list(seq), all_logits=True) for i, seq in enumerate(seqs)]
+        chunks = [SeqChunk(i, 0, list(seq), all_logits=True, prompt=True) for i, seq in enumerate(seqs)]
         return m.forward(Batch.build(chunks), cache).float()

@@ -90,9 +90,23 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     llama.cpp's Jinja runtime: gemma 2's template renders a conversation whose only (system)
     message llama-server dropped."""
 
+    intercepted_binops = frozenset({"+"})
+
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
         raise SecurityError(
             f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        """`+` of a string and null or undefined is the string, as llama.cpp's runtime's workaround
+        (common/jinja/runtime.cpp): gpt-oss's template writes `"// " + tool.description` for every
+        tool, and a tool without a description is common in OpenAI requests."""
+        if operator == "+" and (_nullish(left) and isinstance(right, str) or _nullish(right) and isinstance(left, str)):
+            return ("" if _nullish(left) else left) + ("" if _nullish(right) else right)
+        return super().call_binop(context, operator, left, right)
+
+
+def _nullish(value: Any) -> bool:
+    return value is None or isinstance(value, jinja2.Undefined)
 
 
 def _environment() -> _Sandbox:

@@ -1,7 +1,8 @@
 """Anthropic's Messages answers, whole and streamed, from what the chat machinery generated.
 
-The answer's text is split as on /v1/chat/completions: the `<think>` block first (reasoning.py),
-then tool calls out of what remains (tools/calls.py, calls_json.py). Each part becomes a content
+The answer's text is split as on /v1/chat/completions (answer.py): the `<think>` block first
+(reasoning.py), then tool calls out of what remains (tools/calls.py, calls_json.py), or gpt-oss's
+harmony messages (harmony.py). Each part becomes a content
 block, in order: `thinking` (with an empty `signature`: a local model has nothing to sign, as
 llama-server answers), `text`, then one `tool_use` per call (`toolu_` ids, `input` an object). An
 answer with no block at all gets one empty text block, so `content[0]` is always there.
@@ -25,11 +26,11 @@ import json
 import secrets
 
 from slotserver.engine.request import FinalEvent
+from slotserver.server.answer import answer_parser
 from slotserver.server.anthropic.errors import error_body
 from slotserver.server.generation import Outcome
 from slotserver.server.jsonio import dumps
 from slotserver.server.openai_params import OpenAIJob
-from slotserver.server.tools.calls_json import call_parser
 
 
 def sse(name: str, data: dict) -> bytes:
@@ -71,16 +72,14 @@ class AnthropicFormatter:
     def __init__(self, chat: OpenAIJob, omit_thinking: bool = False) -> None:
         self.chat, self.model, self.omit = chat, chat.model, omit_thinking
         self.id = "msg_" + secrets.token_hex(12)
-        self.split = chat.reasoning.splitter(stream=True)
-        self.parser = call_parser(chat.tools) if chat.tools is not None else None
+        self.answer = answer_parser(chat.reasoning, chat.tools, stream=True)
         self.index, self.open = -1, None     # the streamed block now open (its index and type)
 
     def _thinking(self, text: str) -> dict:
         return {"type": "thinking", "thinking": "" if self.omit else text, "signature": ""}
 
     def full(self, out: Outcome) -> dict:
-        reasoning, text = self.chat.reasoning.splitter(stream=False).parse(out.text)
-        content, calls = call_parser(self.chat.tools).parse(text) if self.chat.tools is not None else (text, [])
+        reasoning, content, calls = answer_parser(self.chat.reasoning, self.chat.tools, stream=False).parse(out.text)
         blocks = [self._thinking(reasoning)] if reasoning else []
         blocks += [{"type": "text", "text": content}] if content else []
         blocks += [tool_use(c) for c in calls]
@@ -113,14 +112,13 @@ class AnthropicFormatter:
 
     def stream_text(self, text: str, final: bool = False) -> list[bytes]:
         """The events for newly generated text (a held-back partial tag sends nothing yet)."""
-        reasoning, text = self.split.feed(text, final)
+        reasoning, content, calls = self.answer.feed(text, final)
         events: list[bytes] = []
         if reasoning:
             if self.open != "thinking":
                 events += self._begin(self._thinking(""))
             if not self.omit:
                 events.append(self._delta({"type": "thinking_delta", "thinking": reasoning}))
-        content, calls = self.parser.feed(text, final) if self.parser is not None else (text, [])
         if content:
             if self.open != "text":
                 events += self._begin({"type": "text", "text": ""})
@@ -137,7 +135,7 @@ class AnthropicFormatter:
         if self.index < 0:
             events += self._begin({"type": "text", "text": ""})
         events += self._close()
-        calls = self.parser is not None and bool(self.parser.calls)
+        calls = bool(self.answer.tool_calls)
         delta = {"stop_reason": stop_reason(final, calls), "stop_sequence": stop_sequence(final)}
         events.append(sse("message_delta", {"type": "message_delta", "delta": delta, "usage": usage(final)}))
         return events + [sse("message_stop", {"type": "message_stop"})]

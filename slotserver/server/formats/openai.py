@@ -8,8 +8,8 @@ final chunk with empty `choices`. Log-probabilities use the chat format for chat
 `tokens`/`token_logprobs`/`top_logprobs`/`text_offset` format for completions; as llama-server's,
 they list the end-of-generation token too (its text '': it adds none to the answer), streamed or
 not.
-Chat answers of reasoning models carry their `<think>` block as `reasoning_content` (message or
-delta, reasoning.py); tool calls are parsed from what remains.
+Chat answers of reasoning models carry their `<think>` block (or gpt-oss's analysis messages) as
+`reasoning_content` (message or delta); tool calls are parsed from what remains (answer.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from slotserver.server.formats.llama import timings
 from slotserver.server.generation import Outcome
 from slotserver.server.params import CompletionJob
 from slotserver.server.reasoning import ReasoningMode
+from slotserver.server.answer import answer_parser
 from slotserver.server.tools.calls import stream_deltas
-from slotserver.server.tools.calls_json import call_parser
 from slotserver.server.tools.request import ToolConfig
 from slotserver.model.text.tokenizer import Tokenizer
 
@@ -84,10 +84,10 @@ class OpenAIFormatter:
         self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
         self.offset = 0  # legacy logprobs: characters streamed so far
-        self.tools = call_parser(tools) if chat and tools is not None else None
+        self.tools = tools if chat else None
         self.index, self._tool_config = job.index, tools
         self.reasoning = reasoning if chat and reasoning is not None else ReasoningMode()
-        self.split = self.reasoning.splitter(stream=True)   # the streamed answer's <think> split
+        self.answer = answer_parser(self.reasoning, self.tools, stream=True)   # the streamed answer's split
 
     def sibling(self, job: CompletionJob) -> "OpenAIFormatter":
         """The formatter of another choice of the same answer (same id and created)."""
@@ -112,8 +112,7 @@ class OpenAIFormatter:
         return lp
 
     def full(self, out: Outcome) -> dict:
-        reasoning, text = self.reasoning.splitter(stream=False).parse(out.text)
-        content, calls = self.tools.parse(text) if self.tools is not None else (text, [])
+        reasoning, content, calls = answer_parser(self.reasoning, self.tools, stream=False).parse(out.text)
         choice = {"index": self.index, "logprobs": self._logprobs(out.tokens),
                   "finish_reason": finish_reason(out.final, bool(calls))}
         if self.chat:
@@ -157,12 +156,8 @@ class OpenAIFormatter:
         deltas, then with tools, content outside calls as content deltas and each completed call
         as OpenAI's tool_calls deltas; without, one content delta. Held-back text (a partial tag)
         sends nothing but the tokens' logprobs, if asked."""
-        reasoning, text = self.split.feed(text, final)
-        if self.tools is None:
-            keep = text or reasoning or (events and self.job.want_logprobs)
-            return [self.delta_chunk(text, events, reasoning)] if keep else []
-        first = len(self.tools.calls)
-        content, calls = self.tools.feed(text, final)
+        first = len(self.answer.tool_calls)
+        reasoning, content, calls = self.answer.feed(text, final)
         keep = content or reasoning or (events and self.job.want_logprobs)
         chunks = [self.delta_chunk(content, events, reasoning)] if keep else []
         for i, call in enumerate(calls):
@@ -172,7 +167,7 @@ class OpenAIFormatter:
         return chunks
 
     def last_chunk(self, final: FinalEvent) -> dict:
-        calls = self.tools is not None and bool(self.tools.calls)
+        calls = bool(self.answer.tool_calls)
         choice = {"index": self.index, "logprobs": None, "finish_reason": finish_reason(final, calls)}
         choice.update({"delta": {}} if self.chat else {"text": ""})
         body = self._envelope([choice], chunk=True)

@@ -1,7 +1,7 @@
 """Which tool-call format a chat uses, chosen from the model's chat template as llama.cpp does.
 
-Four formats, each with its grammar (grammar.py), parser (calls.py, calls_json.py)
-and, for templates that do not speak it, a fallback prompt (fallback.py):
+Five formats, each with its grammar (grammar.py), parser (calls.py, calls_json.py; harmony's in
+server/harmony.py) and, for templates that do not speak it, a fallback prompt (fallback.py):
 
 - hermes: Hermes 2/3, Qwen 2.5 and every other template that renders `tools` itself:
       <tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>     (anywhere, one or more)
@@ -9,6 +9,9 @@ and, for templates that do not speak it, a fallback prompt (fallback.py):
       {"name": "f", "parameters": {...}}     (the whole answer, optionally after <|python_tag|>)
 - mistral: Mistral Nemo (`[TOOL_CALLS]` in the template, without Mistral Small 3.2's `[ARGS]`):
       [TOOL_CALLS][{"name": "f", "arguments": {...}, "id": "a1b2c3d4e"}]     (9-character ids)
+- harmony: gpt-oss (templates that write `<|channel|>`), one call per turn, as a message to its
+  recipient:  <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}  (no fallback:
+  only gpt-oss's own template renders it)
 - generic: llama.cpp's "Generic" format, for templates without tool support: the answer is one
   JSON object, {"tool_call": {"name", "arguments"}} (or {"tool_calls": [...]} with parallel calls)
   or {"response": "text"}; every answer goes through its grammar.
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-HERMES, LLAMA3, MISTRAL, GENERIC = "hermes", "llama3", "mistral", "generic"
+HERMES, LLAMA3, MISTRAL, GENERIC, HARMONY = "hermes", "llama3", "mistral", "generic", "harmony"
 OPEN, CLOSE = "<tool_call>", "</tool_call>"   # a Hermes call's block
 CHOICES = ("auto", HERMES, GENERIC)   # the values of --tool-call-format
 MISTRAL_MARKER, PYTHON_TAG = "[TOOL_CALLS]", "<|python_tag|>"   # what opens a Mistral / Llama call
@@ -47,6 +50,9 @@ class NativeRule:
 
 # In llama.cpp's order: the first rule that matches wins.
 NATIVE_RULES = (
+    # gpt-oss (llama.cpp's specialized GPT-OSS handler, tried before its other checks): harmony
+    # messages, parsed with the answer's reasoning (server/harmony.py)
+    NativeRule(HARMONY, ("<|channel|>",)),
     # Mistral Small 3.2 / Devstral / Ministral write [TOOL_CALLS]name[ARGS]{...}: not this format.
     NativeRule(MISTRAL, (MISTRAL_MARKER,), ("[ARGS]",)),
     # Functionary v3.1 also has an ipython turn, but calls with <function=...>.

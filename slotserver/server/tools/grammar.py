@@ -17,7 +17,8 @@ import json
 from collections.abc import Callable
 
 from slotserver.engine.grammar import JSON_OPTIONS
-from slotserver.server.tools.formats import CLOSE, GENERIC, HERMES, LLAMA3, MISTRAL, MISTRAL_ID, MISTRAL_MARKER, OPEN
+from slotserver.server.tools.formats import (CLOSE, GENERIC, HARMONY, HERMES, LLAMA3, MISTRAL, MISTRAL_ID, MISTRAL_MARKER,
+                                             OPEN)
 from slotserver.server.tools.request import ToolConfig
 
 ID_SCHEMA = {"type": "string", "pattern": f"^{MISTRAL_ID}$"}   # what Nemo's template demands
@@ -84,8 +85,17 @@ def generic_grammar(tools: ToolConfig) -> str:
     return "start: json_answer\n" + _json_rule("json_answer", generic_schema(tools))
 
 
+def harmony_grammar(tools: ToolConfig) -> str:
+    """gpt-oss: one message to the function, in the channel-header form llama.cpp's grammar allows
+    (`<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS`); one call per turn."""
+    rules = [f'call{i}: "<|channel|>commentary to=functions.{t["function"]["name"]} <|constrain|>json<|message|>" '
+             f'args{i}\n' + _json_rule(f"args{i}", t["function"]["parameters"]) for i, t in enumerate(tools.allowed)]
+    return "start: " + " | ".join(f"call{i}" for i in range(len(rules))) + "\n" + "".join(rules)
+
+
 GRAMMARS: dict[str, Callable[[ToolConfig], str]] = {
-    HERMES: hermes_grammar, LLAMA3: llama3_grammar, MISTRAL: mistral_grammar, GENERIC: generic_grammar}
+    HERMES: hermes_grammar, LLAMA3: llama3_grammar, MISTRAL: mistral_grammar, GENERIC: generic_grammar,
+    HARMONY: harmony_grammar}
 
 
 def forced_call_grammar(tools: ToolConfig) -> str:

@@ -4,8 +4,10 @@ A template that renders the request's call format itself (formats.py: Llama 3.x,
 Nemo, or Hermes for Qwen 2.5 and any other template that mentions `tools`) gets the tools in its
 Jinja context and the history as llama-server hands it over (its `workaround` namespace): call
 arguments as objects (what those templates `tojson`), null content as "" next to calls, no empty
-`tool_calls`. Mistral Nemo's template refuses any call id but 9 letters or digits, so other ids
-(OpenAI's `call_...`) are mapped to such ids, the same one for a call and its result.
+`tool_calls`; gpt-oss's (harmony) gets an assistant message's `reasoning_content` as its
+`thinking`, as llama.cpp hands it over. Mistral Nemo's template refuses any call id but 9 letters
+or digits, so other ids (OpenAI's `call_...`) are mapped to such ids, the same one for a call and
+its result.
 Any other template gets the fallback prompt (fallback.py).
 """
 
@@ -18,7 +20,7 @@ from typing import Any
 from slotserver.model.text.chat_template import ChatTemplate, ChatTemplateError
 from slotserver.server.errors import bad_request
 from slotserver.server.tools.fallback import arguments, fallback_messages, text_of
-from slotserver.server.tools.formats import ID_CHARS, MISTRAL, MISTRAL_ID, choose_format, native_format
+from slotserver.server.tools.formats import HARMONY, ID_CHARS, MISTRAL, MISTRAL_ID, choose_format, native_format
 from slotserver.server.tools.request import ToolConfig
 
 NEMO_ID = re.compile(MISTRAL_ID)
@@ -45,6 +47,10 @@ def _native_message(m: Any, fmt: str) -> Any:
         m = {**m, "tool_calls": calls, "content": m.get("content") or ""}
     if fmt == MISTRAL and m.get("role") == "tool" and "tool_call_id" in m:
         m = {**m, "tool_call_id": nemo_id(m["tool_call_id"])}
+    if fmt == HARMONY and isinstance(m.get("reasoning_content"), str):   # gpt-oss's template reads `thinking`
+        m = {**m, "thinking": m["reasoning_content"]}
+        if m.get("tool_calls"):   # its template refuses content beside thinking in a call's message
+            m = {k: v for k, v in m.items() if k != "content"}
     return m
 
 

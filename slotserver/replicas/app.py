@@ -1,0 +1,85 @@
+"""The replica router's ASGI app: its own /health, /metrics and /router/replicas; the rest forwarded.
+
+`/health` answers 200 `{"status": "ok"}` while at least one replica is in rotation and 503 (as a
+loading llama-server does) while none is, so a load balancer in front of several routers treats
+the router as it would a server. `/metrics` merges the replicas' (aggregate.py) and adds the
+router's counters. `/router/replicas` shows each replica's state, load and routing counts.
+Everything else, `/v1/models` and `/props` included, is forwarded to a replica: they all serve the
+same model, so any healthy one answers for the fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.routing import Mount, Route
+
+from slotserver.replicas.affinity import AffinityTable
+from slotserver.replicas.aggregate import merge
+from slotserver.replicas.config import RouterConfig
+from slotserver.replicas.fleet import Fleet
+from slotserver.replicas.forward import Forwarder
+from slotserver.replicas.policy import Policy
+from slotserver.replicas.stats import RouterStats
+
+
+class Router:
+    """The parts, built from the config; `app` is what uvicorn serves."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self.table = AffinityTable(config.table_size)
+        self.fleet = Fleet(config, self.table)
+        self.policy = Policy(config.policy, self.table, config.balance_slack)
+        self.stats = RouterStats()
+        timeout = httpx.Timeout(connect=config.connect_timeout, read=config.read_timeout, write=config.read_timeout,
+                                pool=None)
+        self.client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None,
+                                                                             max_keepalive_connections=64))
+        routes = [Route("/health", self.health), Route("/metrics", self.metrics),
+                  Route("/router/replicas", self.replicas),
+                  Mount("", app=Forwarder(self.fleet, self.policy, self.stats, self.client))]
+        self.app = Starlette(routes=routes, lifespan=self.lifespan)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app):
+        await self.fleet.poll_once()   # know who is up before the first request
+        poller = asyncio.create_task(self.fleet.poll_forever())
+        try:
+            yield
+        finally:
+            poller.cancel()
+            await asyncio.gather(poller, return_exceptions=True)
+            await self.client.aclose()
+            await self.fleet.close()
+
+    async def health(self, request: Request):
+        n = len(self.fleet.healthy())
+        if n == 0:
+            return JSONResponse({"error": {"code": 503, "message": "no replica is healthy",
+                                           "type": "unavailable_error"}}, status_code=503)
+        return JSONResponse({"status": "ok", "replicas_healthy": n, "replicas": len(self.fleet.replicas)})
+
+    async def metrics(self, request: Request):
+        replicas = list(self.fleet.replicas.values())
+        texts = await asyncio.gather(*(self._scrape(r.url) for r in replicas if r.healthy))
+        merged = merge({r.name: t for r, t in zip([r for r in replicas if r.healthy], texts) if t is not None})
+        return PlainTextResponse(merged + self.stats.prometheus(replicas),
+                                 media_type="text/plain; version=0.0.4")
+
+    async def _scrape(self, url: str) -> str | None:
+        try:
+            resp = await self.fleet.http.get(url + "/metrics")
+        except httpx.HTTPError:
+            return None
+        return resp.text if resp.status_code == 200 else None
+
+    async def replicas(self, request: Request):
+        return JSONResponse({"policy": self.config.policy, "table_blocks": len(self.table),
+                             "routed": self.stats.by_reason(), "retries": self.stats.retries,
+                             "replicas": [r.snapshot() for r in self.fleet.replicas.values()]})

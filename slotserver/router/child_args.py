@@ -1,0 +1,36 @@
+"""A child server's command line from its catalog entry and the router's own flags.
+
+Order decides precedence (argparse: the last value of a flag wins): the preset's options (`[*]`
+then the model's section, already merged by the catalog), then the router's own command line,
+then what the router controls: the model file, the draft, loopback host, port and alias (the
+child's /v1/models id is the router's model name).
+"""
+
+from __future__ import annotations
+
+from slotserver.router.catalog import ModelEntry
+from slotserver.router.config import RouterConfig
+from slotserver.router.preset_ini import Flags
+
+
+def option_args(options: dict[str, str], flags: Flags) -> list[str]:
+    out: list[str] = []
+    for flag, value in options.items():
+        if flags.get(flag, (flag, True))[1]:
+            out += [flag, value]
+        elif value == "true":
+            out.append(flag)
+        elif flag.startswith("--") and f"--no-{flag[2:]}" in flags:
+            out.append(f"--no-{flag[2:]}")
+        elif flag.startswith("--no-") and f"--{flag[5:]}" in flags:
+            out.append(f"--{flag[5:]}")
+    return out
+
+
+def child_argv(entry: ModelEntry, config: RouterConfig, flags: Flags, port: int) -> list[str]:
+    assert entry.path is not None
+    argv = [*config.child_command, *option_args(entry.options, flags), *config.child_argv,
+            "--model", str(entry.path)]
+    if entry.draft is not None:
+        argv += ["--model-draft", str(entry.draft)]
+    return argv + ["--host", "127.0.0.1", "--port", str(port), "--alias", entry.name]

@@ -1,0 +1,106 @@
+"""The Hugging Face hub cache, read as llama.cpp reads it (common/hf-cache.cpp, download.cpp).
+
+    CACHE/models--USER--REPO/refs/main                 the snapshot's commit
+    CACHE/models--USER--REPO/snapshots/COMMIT/*.gguf   files (symlinks to blobs/, or anywhere)
+
+A model file `name-Q4_K_M.gguf` (first shard for split files) is listed as `USER/REPO:Q4_K_M`;
+mmproj and draft sidecars are not models. `USER/REPO[:TAG]` resolves to the file whose name has
+the tag; without a tag, Q4_K_M, then Q8_0, then the first model file: llama.cpp's choice. This
+server reads the cache and never downloads: models get there with `huggingface-cli download` or
+llama-server `-hf`. The cache folder is llama.cpp's: LLAMA_CACHE, HF_HUB_CACHE,
+HUGGINGFACE_HUB_CACHE, HF_HOME/hub, XDG_CACHE_HOME/huggingface/hub, ~/.cache/huggingface/hub.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from slotserver.errors import ConfigError
+
+SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
+TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
+SIDECARS = ("mmproj", "mtp-", "eagle3-", "dflash-", "dspark-")
+DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
+
+
+@dataclass(frozen=True)
+class CachedFile:
+    repo: str        # USER/REPO
+    rel: str         # path inside the snapshot
+    path: Path       # as found in the snapshot (not resolved: two ids may share one blob)
+
+    def split(self) -> tuple[str, str, int]:
+        """-> (prefix, TAG upper-cased or "", shard index), llama.cpp's get_gguf_split_info."""
+        prefix, index = self.rel[:-len(".gguf")], 1
+        if m := SPLIT.match(prefix):
+            prefix, index = m.group(1), int(m.group(2))
+        tag = m.group(1).upper() if (m := TAG.search(prefix)) else ""
+        return prefix, tag, index
+
+    @property
+    def is_model(self) -> bool:
+        prefix, _, index = self.split()
+        return index == 1 and not any(s in prefix for s in SIDECARS)
+
+
+def default_cache() -> Path | None:
+    for var, sub in (("LLAMA_CACHE", ""), ("HF_HUB_CACHE", ""), ("HUGGINGFACE_HUB_CACHE", ""),
+                     ("HF_HOME", "hub"), ("XDG_CACHE_HOME", "huggingface/hub")):
+        if os.environ.get(var):
+            return Path(os.environ[var]) / sub
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def _commit(repo_dir: Path) -> str | None:
+    refs = repo_dir / "refs"
+    found = [f for f in sorted(refs.iterdir()) if f.is_file()] if refs.is_dir() else []
+    for ref in sorted(found, key=lambda f: f.name != "main"):   # main first, then any other ref
+        commit = ref.read_text(encoding="utf-8", errors="replace").strip()
+        if commit and (repo_dir / "snapshots" / commit).is_dir():
+            return commit
+    return None
+
+
+def cached_files(cache: Path, repo: str | None = None) -> list[CachedFile]:
+    out: list[CachedFile] = []
+    if not cache.is_dir():
+        return out
+    for repo_dir in sorted(cache.glob("models--*")):
+        name = repo_dir.name[len("models--"):].replace("--", "/")
+        if (repo is not None and name != repo) or (commit := _commit(repo_dir)) is None:
+            continue
+        snapshot = repo_dir / "snapshots" / commit
+        out += [CachedFile(name, p.relative_to(snapshot).as_posix(), p) for p in sorted(snapshot.rglob("*.gguf"))]
+    return out
+
+
+def list_models(cache: Path) -> dict[str, Path]:
+    """{USER/REPO:TAG: file} for every model file in the cache."""
+    out: dict[str, Path] = {}
+    for f in cached_files(cache):
+        _, tag, _ = f.split()
+        if f.is_model and tag:
+            out.setdefault(f"{f.repo}:{tag}", f.path)
+    return out
+
+
+def resolve(cache: Path | None, ref: str, file: str | None = None) -> Path:
+    """`USER/REPO[:TAG]` (or one file of it) -> its cached path; ConfigError naming what is missing."""
+    repo, _, tag = ref.partition(":")
+    files = cached_files(cache, repo) if cache is not None else []
+    if file:
+        hit = [f for f in files if f.rel == file]
+    else:
+        models = [f for f in files if f.is_model]
+        hit = []
+        for t in ([tag] if tag else list(DEFAULT_TAGS)):
+            pattern = re.compile(re.escape(t) + r"[.-]", re.IGNORECASE)
+            hit = hit or [f for f in models if pattern.search(f.rel)]
+        hit = hit or ([] if tag else models)
+    if not hit:
+        raise ConfigError(f"'{ref}{'/' + file if file else ''}' is not in the models cache "
+                          f"({cache or 'none'}); this server does not download models")
+    return hit[0].path
