@@ -82,11 +82,11 @@ native.signature(_QLIB, "qdequant", 2, 5, (native.ctypes.c_int,) * 3)
 _R16_FN = 0 if _QLIB is None else native.ctypes.cast(_QLIB.qmatmul_r16.fn, native.ctypes.c_void_p).value
 # the repacked form of each format, as kernels/qmatmul.py chooses it (its _FORM_PREFERENCE, R16_OFFSET)
 _FORM_PREFERENCE = {T.Q4_0: (1, 0), T.Q4_1: (1, 0), T.Q5_0: (3, 0), T.Q5_1: (3, 0), T.Q8_0: (6, 0),
-                    T.Q4_K: (4, 0), T.Q5_K: (5, 0), T.Q6_K: (7, 2)}
+                    T.Q4_K: (4, 0), T.Q5_K: (5, 0), T.Q6_K: (7, 2), T.MXFP4: (8, 5, 0)}
 _R16_FORM = {} if _QLIB is None else {
     t: next(f for f in forms if _QLIB.qmatmul_r16_serves(int(t), f))
     for t, forms in _FORM_PREFERENCE.items() if any(_QLIB.qmatmul_r16_serves(int(t), f) for f in forms)}
-R16_OFFSET = {T.Q4_0: 8, T.Q5_0: 16, T.Q8_0: 128}
+R16_OFFSET = {T.Q4_0: 8, T.Q5_0: 16, T.Q8_0: 128, T.MXFP4: 12}
 _TOKEN = object()   # this module version's repacked copies (a reloaded module builds its own)
 
 
@@ -242,7 +242,7 @@ def triton(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
     return _combine(y, weights, acc)
 
 
-EXAMPLE_TYPES = (T.Q4_0, T.Q8_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q3_K, T.F32, T.F16)
+EXAMPLE_TYPES = (T.Q4_0, T.Q8_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4, T.Q3_K, T.F32, T.F16)
 
 
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:

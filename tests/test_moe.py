@@ -125,7 +125,7 @@ def test_route_follows_llama_cpp_order(form):
     assert torch.allclose(w, 2.5 * logits.softmax(-1).topk(2, dim=-1).values)
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0, T.Q4_1])
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0, T.Q4_1, T.MXFP4])
 def test_experts_kernel_gives_qmatmul_floats_per_expert(qtype):
     """moe_matmul's C (grouping, per-expert offsets, two parts ending mid-group) gives for every
     (token, slot) exactly qmatmul's row of that expert's matrix, on the same repacked dots."""
