@@ -6,6 +6,10 @@ config (cpu_formats.measure: one 128-token prefill; decode steps at batch 1 / 8 
 Medians over rounds; ratio = slotserver / llama.cpp (> 1: slotserver faster). Same threads (-t).
 
     .venv/bin/python playground/model_vs_llama.py --llama-bin DIR [--model F.gguf] [--rounds 3] [--configs auto:auto]
+        [--threads N] [--stat median|best]
+
+--stat best takes each side's best round instead of the median: on a host shared with other work
+(load average above the cores), a round that a neighbour's burst hit says little about either side.
 """
 
 from __future__ import annotations
@@ -45,18 +49,25 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=["auto:auto"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=None, help="threads for both sides (default: torch's)")
+    ap.add_argument("--stat", choices=("median", "best"), default="median")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.model:
         cpu_formats.MODEL = os.environ["SLOTSERVER_MODEL"] = args.model
     model, threads = str(cpu_formats.MODEL), torch.get_num_threads()
     loaded = {c: cpu_formats.setup(c) for c in args.configs}
     runs: dict[str, list[dict]] = {"llama.cpp": [], **{c: [] for c in args.configs}}
-    for _ in range(args.rounds):
+    for i in range(args.rounds):
         runs["llama.cpp"].append(llama_round(args.llama_bin, model, threads))
         for c in args.configs:
             runs[c].append(cpu_formats.measure(*loaded[c], args.steps))
-    med = {k: {col: statistics.median(r[col] for r in v) for col in COLS} for k, v in runs.items()}
-    print(f"model {Path(model).name}, {threads} threads, tokens/s, median of {args.rounds} alternating rounds; "
+        print(f"round {i + 1} (load {os.getloadavg()[0]:.1f}): " + "; ".join(
+            f"{k} " + " ".join(f"{v[-1][col]:.1f}" for col in COLS) for k, v in runs.items()), flush=True)
+    agg = statistics.median if args.stat == "median" else max
+    med = {k: {col: agg(r[col] for r in v) for col in COLS} for k, v in runs.items()}
+    print(f"model {Path(model).name}, {threads} threads, tokens/s, {args.stat} of {args.rounds} alternating rounds; "
           f"(x) = ratio to llama.cpp (llama-bench pp128 / tg32, llama-batched-bench at 8 and 32)")
     print(f"{'':18}" + "".join(f"{c:>18}" for c in COLS))
     for k, m in med.items():

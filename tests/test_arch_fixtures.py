@@ -1,5 +1,8 @@
 """Every supported architecture computes what llama.cpp computes, on a tiny random model of it.
 
+The mixture-of-experts cases (qwen3moe, qwen2moe, olmoe, granitemoe) are random Hugging Face
+models converted by llama.cpp's own convert_hf_to_gguf.py (playground/make_moe_fixtures.py).
+
 tests/fixtures/archs/<case>.gguf is a tiny F32 model with every switch of its architecture on
 (windows shorter than the prompts, soft-caps inside the logits' range, random norm weights, rope
 scaling that changes the angles); <case>.json is llama-server's greedy completion of three prompts
@@ -86,6 +89,7 @@ def _compare(logits: list[torch.Tensor], rows: list[dict]) -> None:
 
 def test_every_architecture_has_a_fixture():
     assert {"gemma3", "qwen3", "gemma2", "phi3", "granite", "qwen2_yarn", "llama3_freqs"} <= set(CASES)
+    assert {"qwen3moe", "qwen2moe", "olmoe", "granitemoe"} <= set(CASES)   # playground/make_moe_fixtures.py
     assert all((ARCHS / f"{c}.gguf").stat().st_size < 1 << 20 for c in CASES)
 
 

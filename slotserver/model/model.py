@@ -9,7 +9,8 @@ One flat forward, no class per architecture: the `ModelSpec` switches (see spec.
 on what an architecture adds to the llama block: the embedding scale (gemma, granite), per-head
 q/k RMSNorm (qwen3, gemma3), per-layer rope tables and windows (gemma2/3), post-attention and
 post-FFN norms (gemma2/3), a GELU instead of SiLU gate (gemma), residual and logit multipliers
-(granite) and final-logit soft-capping (gemma2).
+(granite), final-logit soft-capping (gemma2), and a mixture-of-experts FFN (qwen3moe, qwen2moe,
+olmoe, granitemoe: moe.py) with olmoe's q/k norms over the whole projection.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from slotserver.model.step_graph import GRAPH_BYTES_MIN, StepGraphs
 from slotserver.model.cuda_graph import CudaGraphs
 from slotserver.model import heap
 from slotserver.model.linear import QLinear
+from slotserver.model.moe import moe_ffn
 from slotserver.model.placement import to_device
 from slotserver.model.weights import LayerWeights, ModelWeights, Progress, WeightFormat, load_weights
 
@@ -71,10 +73,11 @@ class LlamaModel:
                   device: str = "cpu") -> "LlamaModel":
         """device: where the weights and rope tables live (runtime/device.py; kernels bound to match)."""
         kernels = kernels or KernelSet.load()
-        needed = "gelu_mul" if spec.act == "gelu" else "silu_mul"
-        if needed not in kernels.modules:   # e.g. a lab folder copied before gelu_mul.py existed
-            raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs the kernel {needed} "
-                                  f"(kernels/{needed}.py), absent from the kernels folder")
+        moe_ops = ("moe_route", "moe_matmul") if spec.moe else ()
+        for needed in ("gelu_mul" if spec.act == "gelu" else "silu_mul", *moe_ops):
+            if needed not in kernels.modules:   # e.g. a lab folder copied before gelu_mul.py existed
+                raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs the kernel {needed} "
+                                      f"(kernels/{needed}.py), absent from the kernels folder")
         weights = read_weights(f, spec, dtype, kernels, fmt, device, progress)
         max_pos = max_pos or spec.ctx_train
         # phi3 longrope: the long factors once the context passes the trained one (llama.cpp's choice)
@@ -116,7 +119,7 @@ class LlamaModel:
     def _forward_cuda(self, batch: Batch, cache, logits_into: torch.Tensor | None) -> torch.Tensor:
         """A decode step replayed from a CUDA graph where one serves it (cuda_graph.py), else eager."""
         view = cache.view(0)
-        key = self.graphs.key(batch, view.paged)
+        key = None if self.spec.moe is not None else self.graphs.key(batch, view.paged)   # MoE: eager (moe.py)
         if key is None:
             return self._body(*self._inputs(batch), batch, cache, logits_into)
         owner = (self.kernels, getattr(cache, "layout", cache), self.weights, view.k.data_ptr())
@@ -155,6 +158,9 @@ class LlamaModel:
                 x = self._mm(fuse, lw.wo, a, acc=x)                  # x += a @ wo^T
             else:
                 x = self._residual_add(norm_adds, x, lw.wo(a, ops), lw.post_attn_norm)
+            if lw.moe is not None:
+                x = self._moe(lw, x, plain)
+                continue
             gate_up = self._mm(fuse, lw.gate_up, x, norm=lw.ffn_norm)  # [tokens, 2 * d_ff]
             if not silu:
                 gate_up = ops.gelu_mul(gate_up)
@@ -173,6 +179,18 @@ class LlamaModel:
         if s.final_softcap:
             logits.div_(s.final_softcap).tanh_().mul_(s.final_softcap)
         return logits
+
+    def _moe(self, lw: LayerWeights, x: torch.Tensor, plain: bool) -> torch.Tensor:
+        """x + a MoE layer's FFN output (moe.py): the routed experts on the normed rows, plus the
+        shared expert's FFN where the layer has one; added into x in C where the branch is plain."""
+        ops = self.kernels
+        h = _as(ops.rms_norm(x, lw.ffn_norm, self.spec.norm_eps), self.weights.act_dtype)   # [tokens, d_model]
+        shared = None
+        if lw.gate_up is not None:
+            shared = lambda h: lw.down(ops.silu_mul(lw.gate_up(h, ops)), ops)    # noqa: E731
+        if plain and x.dtype == torch.float32:
+            return moe_ffn(ops, self.spec.moe, lw.moe, h, shared, acc=x)
+        return x + self._branch_out(moe_ffn(ops, self.spec.moe, lw.moe, h, shared).to(x.dtype), lw.post_ffn_norm)
 
     def set_step_graphs(self, on: bool) -> None:
         """Replay captured decode steps (step_graph.py; the default), or run every step as usual."""
@@ -195,6 +213,9 @@ class LlamaModel:
         for lin in self.weights.matmuls():
             for p in lin.parts if isinstance(lin, QLinear) else ():
                 self.kernels.qmatmul(torch.zeros(2, p.k, dtype=self.weights.act_dtype, device=p.raw.device), p)
+        one = torch.zeros(1, 1, dtype=torch.int64)
+        for e in self.weights.experts():   # moe_matmul repacks every expert on its first call
+            self.kernels.moe_matmul(torch.zeros(1, e.k, dtype=self.weights.act_dtype), e, one)
 
     def _mm(self, fuse: bool, lin, x: torch.Tensor, norm: torch.Tensor | None = None, glu: bool = False,
             acc: torch.Tensor | None = None) -> torch.Tensor:
@@ -217,7 +238,11 @@ class LlamaModel:
         s, ops, n = self.spec, self.kernels, batch.n_tokens
         q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         qkv = _as(qkv, self.dtype)                               # [tokens, q_size + 2*kv_size]
-        if lw.q_norm is None:
+        if lw.q_norm is not None and s.qk_norm_full:   # olmoe: RMSNorm over all of q, all of k
+            q = ops.rms_norm(qkv[:, :q_size], lw.q_norm, s.norm_eps).view(n, s.n_heads, s.head_dim)
+            k = ops.rms_norm(qkv[:, q_size: q_size + kv_size], lw.k_norm, s.norm_eps).view(n, s.n_kv_heads, s.head_dim)
+            q, k = ops.rope(q, cos, sin), ops.rope(k, cos, sin)
+        elif lw.q_norm is None:
             qk = ops.rope(qkv[:, : q_size + kv_size].view(n, s.n_heads + s.n_kv_heads, s.head_dim), cos, sin)
             q, k = qk[:, : s.n_heads], qk[:, s.n_heads:]        # [tokens, heads, hd], [tokens, kv_heads, hd]
         else:  # per-head RMSNorm before rope (qwen3, gemma3)

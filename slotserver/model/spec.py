@@ -2,7 +2,7 @@
 
 An architecture is one `ArchDef` row: a few switches the one forward (`model.py`) reads (q/k/v
 biases, rope mode, q/k norms, post-norms, the gated FFN's activation, sliding-window pattern,
-soft-capping, fused tensors, granite's multipliers). Everything else (GQA, head sizes, rope base
+soft-capping, fused tensors, granite's multipliers, MoE weight renormalization). Everything else (GQA, head sizes, rope base
 and scaling, window size) comes from the metadata keys llama.cpp reads (`{arch}.block_count`,
 `{arch}.attention.sliding_window`, ...), with llama.cpp's defaults (src/llama-model.cpp,
 src/models/<arch>.cpp).
@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from slotserver.model.gguf_file import GGUFError, GGUFFile
+from slotserver.model.moe_spec import MoeSpec
 from slotserver.model.rope_scaling import RopeScaling
 
 
@@ -32,6 +33,8 @@ class ArchDef:
     fused: bool = False          # phi3: attn_qkv holds q|k|v and ffn_up holds gate|up
     multipliers: bool = False    # granite: embedding, residual, attention and logit multipliers
     gemma_scale: bool = False    # 27B gemmas scale q by 1/sqrt(d_model / n_heads), not 1/sqrt(head_dim)
+    qk_norm_full: bool = False   # olmoe: q and k RMSNorm over the whole projection, not per head
+    moe_norm: bool = False       # MoE: the k selected weights renormalized to sum 1 (moe_spec.py)
 
 
 ARCHS: dict[str, ArchDef] = {
@@ -45,6 +48,11 @@ ARCHS: dict[str, ArchDef] = {
                       swa_pattern=6, gemma_scale=True),
     "phi3": ArchDef(rope_mode="neox", fused=True),
     "granite": ArchDef(embed_scale="metadata", multipliers=True),
+    # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
+    "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
+    "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),
+    "olmoe": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_full=True),
+    "granitemoe": ArchDef(embed_scale="metadata", multipliers=True, moe_norm=True),
 }
 
 
@@ -81,6 +89,8 @@ class ModelSpec:
     post_norms: bool = False
     act: str = "silu"
     fused: bool = False
+    qk_norm_full: bool = False
+    moe: MoeSpec | None = None  # a mixture-of-experts FFN in every layer (None: dense)
 
     @property
     def group(self) -> int:
@@ -132,7 +142,8 @@ class ModelSpec:
             embed_scale=_embed_scale(a, key, d_model),
             residual_scale=key.float("residual_scale", 1.0) if a.multipliers else 1.0,
             logit_scale=key.float("logit_scale") if a.multipliers else 1.0,
-            qk_norm=a.qk_norm, post_norms=a.post_norms, act=a.act, fused=a.fused,
+            qk_norm=a.qk_norm, post_norms=a.post_norms, act=a.act, fused=a.fused, qk_norm_full=a.qk_norm_full,
+            moe=MoeSpec.from_metadata(key, a.moe_norm),
         )
         spec._validate(f)
         return spec

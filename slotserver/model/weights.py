@@ -25,6 +25,9 @@ import torch
 
 from slotserver.model.gguf_file import GGUFFile, TensorInfo
 from slotserver.model.linear import Linear, QLinear
+from slotserver.model.moe import MoeWeights
+from slotserver.model.moe_weights import load_moe
+from slotserver.runtime.experts import Experts
 from slotserver.runtime.qblocks import FLOATS, QUANTIZED, QWeight, concat_rows, from_mapped, get_rows, take_rows
 from slotserver.model.spec import ModelSpec
 
@@ -83,12 +86,13 @@ class LayerWeights:
     qkv: MatMul                  # [(n_heads + 2*n_kv_heads) * head_dim, d_model] (+ bias)
     wo: MatMul                   # [d_model, n_heads * head_dim]
     ffn_norm: torch.Tensor       # [d_model]
-    gate_up: MatMul              # [2 * d_ff, d_model]
-    down: MatMul                 # [d_model, d_ff]
+    gate_up: MatMul | None       # [2 * d_ff, d_model] (a MoE layer: its shared expert's, or None)
+    down: MatMul | None          # [d_model, d_ff]
     q_norm: torch.Tensor | None = None     # [head_dim] per-head RMSNorm of q (qwen3, gemma3)
     k_norm: torch.Tensor | None = None     # [head_dim]
     post_attn_norm: torch.Tensor | None = None  # [d_model] RMSNorm of the attention output (gemma2/3)
     post_ffn_norm: torch.Tensor | None = None   # [d_model] RMSNorm of the FFN output
+    moe: MoeWeights | None = None               # router and experts (a mixture-of-experts layer)
 
 
 @dataclass
@@ -103,7 +107,11 @@ class ModelWeights:
 
     def matmuls(self) -> list[MatMul]:
         """Every layer's matmuls, then the output projection."""
-        return [m for lw in self.layers for m in (lw.qkv, lw.wo, lw.gate_up, lw.down)] + [self.output]
+        return [m for lw in self.layers for m in (lw.qkv, lw.wo, lw.gate_up, lw.down) if m is not None] + [self.output]
+
+    def experts(self) -> list[Experts]:
+        """Every MoE layer's expert weights (gate|up, then down)."""
+        return [e for lw in self.layers if lw.moe is not None for e in (*lw.moe.gate_up, lw.moe.down)]
 
     # Why float32 activations around GGUF-block matmuls whatever the dtype (then only the KV cache
     # and attention are bf16, as llama.cpp keeps f32 activations and an f16 cache): qmatmul quantizes
@@ -150,9 +158,10 @@ def _optional(f: GGUFFile, name: str, shape: tuple[int, ...]) -> torch.Tensor | 
 def _norms(f: GGUFFile, spec: ModelSpec, p: str) -> dict[str, torch.Tensor | None]:
     """The optional per-layer norms; q/k norm weights reordered like the q/k rows (neox -> pairs)."""
     d, hd = spec.d_model, spec.head_dim
-    q_norm, k_norm = (_optional(f, p + n, (hd,)) for n in ("attn_q_norm.weight", "attn_k_norm.weight"))
+    qs, ks = (spec.n_heads * hd, spec.n_kv_heads * hd) if spec.qk_norm_full else (hd, hd)   # olmoe: whole q, k
+    q_norm, k_norm = (_optional(f, p + n, (r,)) for n, r in (("attn_q_norm.weight", qs), ("attn_k_norm.weight", ks)))
     if spec.qk_norm and (q_norm is None or k_norm is None):
-        f.require(p + "attn_q_norm.weight", (hd,)), f.require(p + "attn_k_norm.weight", (hd,))
+        f.require(p + "attn_q_norm.weight", (qs,)), f.require(p + "attn_k_norm.weight", (ks,))
     if spec.rope_mode == "neox" and q_norm is not None:
         q_norm, k_norm = _neox_to_normal(q_norm, spec), _neox_to_normal(k_norm, spec)
     post = [_optional(f, p + n, (d,)) for n in ("post_attention_norm.weight", "post_ffw_norm.weight")]
@@ -178,21 +187,33 @@ def _block_layer(f: GGUFFile, spec: ModelSpec, i: int, fmt: WeightFormat) -> Lay
         qkv = _qlinear(f, [take_rows(qkv_w, _qkv_rows(spec)) if spec.rope_mode == "neox" else qkv_w], [None], False)
     else:
         qkv = _block_qkv(f, spec, p, fmt)
-    if spec.fused:   # phi3: ffn_up holds gate|up
-        gate_up = _qlinear(f, [_blocks(f, p + "ffn_up.weight", (2 * spec.d_ff, d))], [None], False)
-    else:
-        names = ("ffn_gate", "ffn_up")
-        gate_up = _qlinear(f, [_blocks(f, p + n + ".weight", (spec.d_ff, d)) for n in names],
-                           [f.tensors[p + n + ".weight"] for n in names], fmt.fuse_copy)
+    gate_up, down = _block_ffn(f, spec, p, fmt)
     return LayerWeights(
         attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32),
         qkv=qkv,
         wo=_qlinear(f, [_blocks(f, p + "attn_output.weight", (d, q_rows))], [None], False),
         ffn_norm=_load(f, p + "ffn_norm.weight", (d,), torch.float32),
         gate_up=gate_up,
-        down=_qlinear(f, [_blocks(f, p + "ffn_down.weight", (d, spec.d_ff))], [None], False),
+        down=down,
         **_norms(f, spec, p),
+        moe=load_moe(f, spec, p, "q", torch.float32) if spec.moe else None,
     )
+
+
+def _block_ffn(f: GGUFFile, spec: ModelSpec, p: str, fmt: WeightFormat) -> tuple[QLinear | None, QLinear | None]:
+    """(gate|up, down) as GGUF blocks: the dense FFN, a MoE layer's shared expert, or (None, None)."""
+    d, ff, sfx = spec.d_model, spec.d_ff, ""
+    if spec.moe:
+        if not spec.moe.d_ff_shared:
+            return None, None
+        ff, sfx = spec.moe.d_ff_shared, "_shexp"
+    if spec.fused:   # phi3: ffn_up holds gate|up
+        gate_up = _qlinear(f, [_blocks(f, p + "ffn_up.weight", (2 * ff, d))], [None], False)
+    else:
+        names = ("ffn_gate" + sfx, "ffn_up" + sfx)
+        gate_up = _qlinear(f, [_blocks(f, p + n + ".weight", (ff, d)) for n in names],
+                           [f.tensors[p + n + ".weight"] for n in names], fmt.fuse_copy)
+    return gate_up, _qlinear(f, [_blocks(f, p + "ffn_down" + sfx + ".weight", (d, ff))], [None], False)
 
 
 def _block_qkv(f: GGUFFile, spec: ModelSpec, p: str, fmt: WeightFormat) -> QLinear:
@@ -280,11 +301,12 @@ def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: W
         bias = torch.cat([bq, bk, bv])
     if spec.rope_mode == "neox":
         q, k = _neox_to_normal(q, spec), _neox_to_normal(k, spec)
+    ff, sfx = (spec.moe.d_ff_shared, "_shexp") if spec.moe else (spec.d_ff, "")
     if spec.fused:   # phi3: ffn_up holds gate|up
-        gate_up, gate_up_names = _load(f, p + "ffn_up.weight", (2 * spec.d_ff, d), dtype), ["ffn_up"]
-    else:
-        gate_up = torch.cat([_load(f, p + n + ".weight", (spec.d_ff, d), dtype) for n in ("ffn_gate", "ffn_up")])
-        gate_up_names = ["ffn_gate", "ffn_up"]
+        gate_up, gate_up_names = _load(f, p + "ffn_up.weight", (2 * ff, d), dtype), ["ffn_up"]
+    elif ff:         # a MoE layer without a shared expert has no dense FFN
+        gate_up_names = ["ffn_gate" + sfx, "ffn_up" + sfx]
+        gate_up = torch.cat([_load(f, p + n + ".weight", (ff, d), dtype) for n in gate_up_names])
 
     def lin(names: list[str], w: torch.Tensor, b: torch.Tensor | None = None) -> Linear:
         kinds = {_kind(f, p + n + ".weight", fmt) for n in names}
@@ -296,9 +318,10 @@ def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: W
         qkv=lin(qkv_names, torch.cat([q, k, v]), bias),
         wo=lin(["attn_output"], _load(f, p + "attn_output.weight", (d, spec.n_heads * hd), dtype)),
         ffn_norm=_load(f, p + "ffn_norm.weight", (d,), torch.float32),
-        gate_up=lin(gate_up_names, gate_up),
-        down=lin(["ffn_down"], _load(f, p + "ffn_down.weight", (d, spec.d_ff), dtype)),
+        gate_up=lin(gate_up_names, gate_up) if ff else None,
+        down=lin(["ffn_down" + sfx], _load(f, p + "ffn_down" + sfx + ".weight", (d, ff), dtype)) if ff else None,
         **_norms(f, spec, p),
+        moe=load_moe(f, spec, p, fmt.kind, dtype) if spec.moe else None,
     )
 
 

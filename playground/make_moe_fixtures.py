@@ -1,0 +1,158 @@
+"""Make tests/fixtures/archs/ MoE cases: tiny random Hugging Face MoE models converted by llama.cpp's
+own `convert_hf_to_gguf.py`, and llama-server's outputs on them (the format of make_arch_fixtures.py).
+
+Run once (it needs the llama.cpp peer build and its converter's dependencies, `convdeps`; the tests
+only read what it writes):
+
+    .venv/bin/python playground/make_moe_fixtures.py [NAME ...] [--size big --out DIR --no-ref]
+
+Each case (`CASES`) is a transformers config (Qwen3MoeForCausalLM, OlmoeForCausalLM,
+GraniteMoeForCausalLM, Qwen2MoeForCausalLM) with random weights (seeded; norm weights away from 1,
+so a norm read in the wrong place shows) and the tiny vocabulary of tests/tiny_gguf.py as a
+Hugging Face byte-level BPE tokenizer (same ids: 307-309 are the specials, so the arch fixture test
+reads these files like the others). The converter runs in a child Python with two patches: its
+sentencepiece attempt fails as "no tokenizer.model" (it is not installed there), and its
+pre-tokenizer check (a hash of how a *known* model's tokenizer splits a test text) is answered
+"default", which a made-up vocabulary cannot match; prompts are token ids, so nothing reads it.
+
+`--size big` makes the speed model of docs/performance.md ("Issue 38: MoE"): d_model 512, 16
+experts (4 used), 8 layers, the Qwen3 tokenizer-free vocabulary padded to 32000, written F32
+to --out (then requantized with llama-quantize), no reference run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "playground"))
+from make_arch_fixtures import OUT, run_llama  # noqa: E402
+from tiny_gguf import tiny_vocab  # noqa: E402
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+TREE = CACHE / "slotserver-peer" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"
+DEPS = CACHE / "slotserver-models" / "convdeps"
+
+TINY = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, max_position_embeddings=512,
+            vocab_size=310, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0)
+CASES: dict[str, tuple[str, dict]] = {
+    # softmax, top-k, renormalized (llama.cpp always renormalizes qwen3moe); per-head q/k norms, neox
+    "qwen3moe": ("Qwen3MoeForCausalLM", dict(head_dim=16, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+                                             intermediate_size=64, norm_topk_prob=True, decoder_sparse_step=1,
+                                             mlp_only_layers=[])),
+    # softmax, top-k, not renormalized; q/k RMSNorm over the whole projection (not per head; llama.cpp
+    # sizes attn_k_norm as n_embd: no GQA, as OLMoE-1B-7B)
+    "olmoe": ("OlmoeForCausalLM", dict(num_key_value_heads=4, num_experts=8, num_experts_per_tok=2, intermediate_size=32,
+                                       norm_topk_prob=False,
+                                       clip_qkv=None)),
+    # top-k then softmax over the selected (= softmax, top-k, renormalized); granite's multipliers
+    "granitemoe": ("GraniteMoeForCausalLM", dict(num_local_experts=6, num_experts_per_tok=2, intermediate_size=32,
+                                                 embedding_multiplier=3.0, residual_multiplier=0.5,
+                                                 attention_multiplier=0.2, logits_scaling=1.5)),
+    # softmax, top-k, not renormalized; a shared expert behind a sigmoid gate; q/k/v biases
+    "qwen2moe": ("Qwen2MoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                             shared_expert_intermediate_size=64, intermediate_size=64,
+                                             norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[])),
+}
+# a seed whose greedy ids avoid the special tokens (the test bans them, llama-server picks a CONTROL
+# token <|im_start|> as any other: the first granitemoe seed started with it)
+SEED_OFFSET = {"granitemoe": 1}
+BIG = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=8, head_dim=64, vocab_size=32000,
+           num_experts=16, num_experts_per_tok=4, moe_intermediate_size=512, intermediate_size=1024)
+
+CONVERT = """
+import sys
+sys.path.insert(0, {tree!r}); sys.path.insert(0, {tree!r} + "/gguf-py")
+from conversion import base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "default"   # a made-up vocabulary: see the docstring
+def no_spm(self):   # no tokenizer.model here: the BPE path, also without the sentencepiece package
+    raise FileNotFoundError("tokenizer.model")
+base.TextModel._create_vocab_sentencepiece = no_spm
+sys.argv = ["convert_hf_to_gguf.py", {hf!r}, "--outfile", {out!r}, "--outtype", "f32"]
+import convert_hf_to_gguf
+convert_hf_to_gguf.main()
+"""
+
+
+def write_tokenizer(folder: Path, vocab_size: int) -> None:
+    """tests/tiny_gguf.py's vocabulary as a Hugging Face byte-level BPE tokenizer (ids kept)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    tokens, merges, types = tiny_vocab()
+    normal = {t: i for i, t in enumerate(tokens) if types[i] == 1}
+    bpe = models.BPE(vocab=normal, merges=[tuple(m.split(" ")) for m in merges])
+    tok = Tokenizer(bpe)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = [t for i, t in enumerate(tokens) if types[i] != 1]
+    tok.add_special_tokens(specials)   # in order: ids 307.. as in the GGUF fixtures
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=specials[0], eos_token=specials[2],
+                                   pad_token=specials[0])
+    assert [fast.convert_tokens_to_ids(s) for s in specials] == list(range(len(normal), len(tokens)))
+    fast.save_pretrained(folder)
+
+
+def write_hf(folder: Path, cls_name: str, config: dict, seed: int) -> None:
+    """A random model of `cls_name` saved as safetensors (float32), norm weights drawn around 1."""
+    import torch
+    import transformers
+    torch.manual_seed(seed)
+    model_cls = getattr(transformers, cls_name)
+    cfg = model_cls.config_class(**config)
+    model = model_cls(cfg).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            elif p.dim() >= 2:
+                p.normal_(0, 1.0 / p.shape[-1] ** 0.5)
+            elif "bias" in name:
+                p.normal_(0, 0.3)
+    model.save_pretrained(folder, safe_serialization=True)
+
+
+def convert(hf: Path, out: Path) -> Path:
+    """llama.cpp's converter in a child Python on the peer tree (its gguf-py) and `convdeps`."""
+    code = CONVERT.format(tree=str(TREE), hf=str(hf), out=str(out))
+    env = dict(os.environ, PYTHONPATH=str(DEPS))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, stdout=subprocess.DEVNULL)
+    return out
+
+
+def make(name: str, out_dir: Path, big: bool, reference: bool) -> None:
+    cls_name, extra = CASES[name]
+    config = TINY | extra | (BIG if big else {})
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = Path(tmp) / "hf"
+        write_hf(hf, cls_name, config, seed=sum(map(ord, name)) + SEED_OFFSET.get(name, 0))
+        write_tokenizer(hf, config["vocab_size"])
+        gguf = convert(hf, out_dir / f"{name}{'-big' if big else ''}.gguf")
+    print(f"{name}: {gguf} {gguf.stat().st_size} bytes")
+    if reference:
+        rows = run_llama(gguf)
+        gguf.with_suffix(".json").write_text(json.dumps(rows, indent=None) + "\n")
+        gguf.with_suffix(".log").unlink(missing_ok=True)
+        print(f"  greedy {[r['generated_ids'][:6] for r in rows]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help=f"cases (default: all of {', '.join(CASES)})")
+    ap.add_argument("--size", choices=("tiny", "big"), default="tiny")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--no-ref", action="store_true", help="skip llama-server's reference outputs")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.names or list(CASES):
+        make(name, args.out, args.size == "big", not args.no_ref and args.size == "tiny")
+
+
+if __name__ == "__main__":
+    main()

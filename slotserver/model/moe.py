@@ -1,0 +1,72 @@
+"""The mixture-of-experts FFN: router, top-k gating, the experts' matmuls, the shared expert.
+
+What llama.cpp's `build_moe_ffn` computes for one layer on the normed rows h `[T, d_model]`:
+
+    ids, w  = moe_route(h, W_router, k, ...)         # [T, k] each  logits h @ W^T summed in float64, then
+                                                     #              moe_spec.py's gating, top-k, renormalization
+    gu      = moe_matmul(h, gate|up experts, ids)    # [T, k, 2 F]  each slot its expert's gate|up
+    out     = moe_matmul(gu, down experts, ids, glu, w)  # [T, d]   silu(gate) * up, down, sum_j w_j y_j
+    (+ shared expert FFN(h), times sigmoid(h . w_shared_gate) where the file has that gate)
+
+The routing and the experts' matmuls are kernels (kernels/moe_route.py: logits, softmax, top-k,
+weights in one C call; kernels/moe_matmul.py: rows grouped by expert, each active expert's blocks
+read once per step, the weighted sum and the residual add fused): a qwen3moe or olmoe decode step
+is C calls only and replays from a step graph like a dense model's. A shared expert (qwen2moe,
+granite MoE shared) and granite's residual multiplier add torch ops: those steps run as usual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from slotserver.model.moe_spec import MoeSpec
+from slotserver.runtime.experts import Experts
+
+GATING = {"softmax": 0, "softmax_weight": 1}   # kernels/moe_route.py's codes
+
+
+@dataclass
+class MoeWeights:
+    router: torch.Tensor                  # [E, d_model] float64 (ffn_gate_inp: see router_logits)
+    gate_up: list[Experts]                # [E, 2 F, d_model] (one Experts; two where gate and up differ in format)
+    down: Experts                         # [E, d_model, F]
+    shared_gate: torch.Tensor | None = None  # [1, d_model] float64 (qwen2moe's ffn_gate_inp_shexp)
+
+    def nbytes(self) -> int:
+        return sum(e.nbytes() for e in (*self.gate_up, self.down)) + self.router.numel() * 8
+
+
+def router_logits(h: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
+    """h [T, d] @ router^T -> [T, E] float32, the same floats for a row whatever T: summed in
+    float64 (router kept float64), rounded once. Why: torch's float32 GEMM blocks by the row
+    count (a gemv at one row), so a token's logits moved in their last bits with the batch around
+    it, enough to flip a near-tie of the top-k; float64 sums of float32 products differ far below
+    float32's rounding, so the rounded logits agree (batch invariance, as every other op keeps it).
+    kernels/moe_route.py sums the router the same way in C; this serves qwen2moe's shared gate."""
+    return (h.double() @ router.T).float()
+
+
+def route(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(expert ids [T, k] int64, weights [T, k] float32) of the normed rows h: the moe_route kernel."""
+    return ops.moe_route(h, mw.router, moe.n_used, GATING[moe.gating], moe.norm_weights, moe.weights_scale)
+
+
+def moe_ffn(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None,
+            acc: torch.Tensor | None = None) -> torch.Tensor:
+    """The routed experts' output on normed rows h [T, d_model] float32 -> [T, d_model] float32,
+    or added into `acc` (the residual, returned). shared: the shared expert's FFN as a callable
+    (h -> [T, d_model]), or None. Without a shared expert and with one format for gate and up, the
+    layer is three C calls (route, gate|up, down + sum + residual add): a step graph replays it."""
+    ids, w = route(ops, moe, mw, h)                                # [T, k], [T, k]
+    parts = [ops.moe_matmul(h, e, ids) for e in mw.gate_up]        # [T, k, 2F] (or [T, k, F] twice)
+    gu = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    if shared is None:
+        return ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w, acc=acc)   # summed in slot order
+    out = ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w)
+    s = shared(h)
+    if mw.shared_gate is not None:
+        s = s * torch.sigmoid(router_logits(h, mw.shared_gate))   # [T, 1]
+    out += s
+    return out if acc is None else acc.add_(out)

@@ -1,0 +1,54 @@
+"""`MoeSpec`: how a mixture-of-experts FFN routes, from GGUF metadata as llama.cpp reads it.
+
+llama.cpp's `build_moe_ffn` (src/llama-graph.cpp) is one function with a few switches that each
+architecture's graph (src/models/<arch>.cpp) sets; `MoeSpec` holds the same switches:
+
+- `gating`: how router logits become probabilities. "softmax" (qwen2moe, qwen3moe, olmoe,
+  granitemoe: softmax over all experts, then the top k); "softmax_weight" (gpt-oss: top k of the
+  raw logits, then softmax over the k selected). Selection is by probability (plus `selection
+  bias` where a file has one, DeepSeek-V3's `exp_probs_b`), the weights are the unbiased ones.
+- `norm_weights`: the k weights divided by their sum (clamped at 6.1e-5, float16's smallest
+  normal, as llama.cpp): qwen3moe and granitemoe always (llama.cpp does not read
+  `norm_topk_prob` for them), olmoe and qwen2moe never.
+- `d_ff`: one expert's hidden size (`expert_feed_forward_length`, else `feed_forward_length`);
+  `d_ff_shared`: a shared expert's (`expert_shared_feed_forward_length`; qwen2moe, granite MoE
+  shared), run on every token beside the routed ones; qwen2moe's is scaled by a sigmoid gate
+  (`ffn_gate_inp_shexp`), granite's is not.
+
+Kept general for gpt-oss (its SwiGLU with clamp and alpha, expert biases) to come as more switches
+on the same path: the experts' matmul (kernels/moe_matmul.py) takes any `Experts`, and the
+routing is this table, not code per architecture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GATINGS = ("softmax", "softmax_weight")
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    n_expert: int
+    n_used: int
+    d_ff: int
+    d_ff_shared: int = 0
+    norm_weights: bool = False
+    gating: str = "softmax"
+    weights_scale: float = 1.0   # the k weights times this (llama.cpp's expert_weights_scale; 1 for these archs)
+
+    def __post_init__(self) -> None:
+        assert self.gating in GATINGS, f"gating must be one of {GATINGS}, got {self.gating!r}"
+
+    @classmethod
+    def from_metadata(cls, key, norm_weights: bool, gating: str = "softmax") -> "MoeSpec | None":
+        """None where the file has no experts (`{arch}.expert_count` absent or 0). `key`: spec.py's
+        `_Keys` over the file's `{arch}.*` metadata (range-checked, one-line errors)."""
+        if not key.raw("expert_count", 0):
+            return None
+        n_expert, n_used = key.int("expert_count"), key.int("expert_used_count")
+        if n_used > n_expert:
+            raise key.error(f"expert_used_count {n_used} exceeds expert_count {n_expert}")
+        d_ff = key.int("expert_feed_forward_length", key.raw("feed_forward_length"))
+        shared = key.int("expert_shared_feed_forward_length") if key.has("expert_shared_feed_forward_length") else 0
+        return cls(n_expert, n_used, d_ff, shared, norm_weights, gating)

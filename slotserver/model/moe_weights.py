@@ -1,0 +1,52 @@
+"""Load one layer's mixture-of-experts weights (`MoeWeights`, moe.py) from a GGUF file.
+
+The 3-D expert tensors stay GGUF blocks (`Experts`, views of the file's mapping, computed on by
+kernels/moe_matmul.py) under `--weights q` (the default); under `dense` (float32's exact
+reference mode) they are dequantized into float `Experts` of the compute dtype, computed on by the
+same kernel's torch grouping. The dequantized int8/int4 formats have no expert form: a MoE file
+asked for them is refused in one line. The router (`ffn_gate_inp`, llama-quantize keeps it F32)
+and qwen2moe's shared-expert gate are small and kept dense (the router in float64: moe.py's router_logits).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slotserver.errors import GGUFError
+from slotserver.model.gguf_file import GGUFFile
+from slotserver.model.moe import MoeWeights
+from slotserver.model.spec import ModelSpec
+from slotserver.runtime.experts import Experts
+from slotserver.runtime.qblocks import QWeight, T, from_mapped
+
+EXPERT_KINDS = ("q", "dense")
+_FLOAT_TYPES = {torch.float32: T.F32, torch.bfloat16: T.BF16, torch.float16: T.F16}
+
+
+def load_moe(f: GGUFFile, spec: ModelSpec, p: str, kind: str, dtype: torch.dtype) -> MoeWeights:
+    """Layer `p` ("blk.{i}.")'s router and experts; kind: the resolved weight kind (q or dense)."""
+    if kind not in EXPERT_KINDS:
+        raise GGUFError(f.path, f"a {spec.arch} mixture-of-experts model runs its experts on the GGUF blocks or "
+                                f"dequantized (--weights auto, q or dense), not --weights {kind}")
+    moe, d = spec.moe, spec.d_model
+    e, ff = moe.n_expert, moe.d_ff
+    f.require(p + "ffn_gate_inp.weight", (e, d))
+    router = f.load_tensor(p + "ffn_gate_inp.weight", torch.float32).double()           # [E, d_model]
+    gate, up = (_expert_rows(f, p + n, (e, ff, d), kind, dtype) for n in ("ffn_gate_exps.weight", "ffn_up_exps.weight"))
+    down = _expert_rows(f, p + "ffn_down_exps.weight", (e, d, ff), kind, dtype)
+    gate_up = [Experts((gate, up), e)] if gate.qtype == up.qtype else [Experts((gate,), e), Experts((up,), e)]
+    shared_gate = None
+    if moe.d_ff_shared and p + "ffn_gate_inp_shexp.weight" in f.tensors:
+        f.require(p + "ffn_gate_inp_shexp.weight", (1, d))
+        shared_gate = f.load_tensor(p + "ffn_gate_inp_shexp.weight", torch.float32).double()   # [1, d_model]
+    return MoeWeights(router, gate_up, Experts((down,), e), shared_gate)
+
+
+def _expert_rows(f: GGUFFile, name: str, shape: tuple[int, int, int], kind: str, dtype: torch.dtype) -> QWeight:
+    """A 3-D expert tensor `[E, n, k]` as rows `[E * n, k]`: the file's blocks (q) or dequantized floats."""
+    info = f.require(name, shape)
+    e, n, k = shape
+    if kind == "q":
+        return from_mapped(f.mapped_bytes(info.offset, info.n_bytes), info.ggml_type, (e * n, k))
+    dense = f.load_tensor(name, dtype).reshape(e * n, k).contiguous()                  # [E * n, k]
+    return QWeight(dense.view(torch.uint8), int(_FLOAT_TYPES[dtype]), k, e * n)

@@ -1,0 +1,159 @@
+"""Mixture-of-experts models beyond the llama.cpp fixtures (tests/test_arch_fixtures.py checks the
+F32 ones against llama-server): quantized experts on the C path, batch invariance, the routing
+switches no fixture has, the expert kernel against qmatmul, and what a MoE file refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from slotserver.errors import GGUFError, ModuleLoadError
+from slotserver.model.model import LlamaModel
+from slotserver.model.weights import WeightFormat
+from slotserver.runtime.batch import Batch, SeqChunk
+from slotserver.runtime.experts import Experts
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT, KernelSet
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.layouts import create_layout, load_layout
+from slotserver.runtime.loader import default_dir, load_by_path
+from slotserver.runtime.qblocks import T, random_qweight
+
+ARCHS = Path(__file__).parent / "fixtures" / "archs"
+MOE = ["qwen3moe", "olmoe", "granitemoe", "qwen2moe"]
+
+
+def q8_copy(src: Path, dst: Path) -> Path:
+    """`src` with every matrix (experts included, the router not: llama-quantize keeps it F32) in Q8_0."""
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(dst, arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_array(name, field.contents())
+        else:
+            w.add_key_value(name, field.contents(), vtype)
+    for t in reader.tensors:
+        data = np.asarray(t.data).reshape([int(n) for n in reversed(t.shape.tolist())])
+        if data.ndim >= 2 and "gate_inp" not in t.name and data.shape[-1] % 32 == 0:
+            w.add_tensor(t.name, gguf.quants.quantize(data, T.Q8_0), raw_dtype=T.Q8_0)
+        else:
+            w.add_tensor(t.name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def _cache(model: LlamaModel, n: int):
+    s = model.spec
+    return create_layout(load_layout("seq_head_dim"), KVSpec(s.n_layers, n, 64, s.n_kv_heads, s.head_dim, model.dtype))
+
+
+PROMPT = [40, 41, 97, 98, 120, 7, 8, 250, 3, 14, 15, 92, 65, 35]
+
+
+@pytest.mark.parametrize("case", MOE)
+def test_q8_0_experts_on_blocks_match_their_dequantized_weights(tmp_path, case):
+    """The experts' GGUF blocks through moe_matmul's C (8-bit activations) stay close to the same
+    file dequantized to float32 (exact torch grouping): grouping, offsets and parts line up. One
+    position of the 14 may differ more: 8-bit noise can flip a near-tie of the router to another
+    expert (granitemoe's position 5 does), as between llama.cpp's own quantized and F32 runs; a
+    wrong expert offset or part would move every position."""
+    path = q8_copy(ARCHS / f"{case}.gguf", tmp_path / "q8.gguf")
+    dense, blocks = (LlamaModel.load(path, torch.float32, max_pos=64, fmt=WeightFormat(k)) for k in ("dense", "q"))
+    assert isinstance(blocks.weights.layers[0].moe.down, Experts) and blocks.weights.layers[0].moe.down.qtype == T.Q8_0
+    a, b = (m.forward(Batch.build([SeqChunk(0, 0, PROMPT, all_logits=True)]), _cache(m, 1)) for m in (dense, blocks))
+    far = ((a - b).abs().amax(-1) > 0.04 * a.abs().max()) | ((a.softmax(-1) - b.softmax(-1)).abs().amax(-1) > 0.02)
+    assert int(far.sum()) <= 1, far.tolist()
+
+
+def test_a_sequence_decodes_the_same_floats_alone_or_in_a_batch(tmp_path):
+    """Batch invariance through the experts: a sequence's logits do not depend on which other rows
+    (routed to other experts) share its step; and a qwen3moe decode step (route, experts, their sum
+    and the residual add all in C) replays from a step graph with the floats of running it as usual."""
+    model = LlamaModel.load(q8_copy(ARCHS / "qwen3moe.gguf", tmp_path / "q8.gguf"), torch.float32, max_pos=64,
+                            fmt=WeightFormat("q"))
+    prompts = [PROMPT, [5, 6, 7, 260, 261], [300, 2, 77]]
+
+    def run(indices: list[int]) -> list[torch.Tensor]:
+        cache = _cache(model, 3)
+        model.forward(Batch.build([SeqChunk(i, 0, prompts[i]) for i in indices]), cache)
+        out = []
+        for step in range(4):
+            chunks = [SeqChunk(i, len(prompts[i]) + step, [50 + step + i]) for i in indices]
+            out.append(model.forward(Batch.build(chunks), cache))
+        return out
+
+    together = run([0, 1, 2])
+    assert [key[0] for key in model.graphs.graphs] == [3]        # captured, then replayed
+    alone = run([1])                                             # (a new cache: the graphs are recaptured)
+    assert [key[0] for key in model.graphs.graphs] == [1]
+    assert all(torch.equal(t[1], a[0]) for t, a in zip(together, alone))
+    model.set_step_graphs(False)
+    assert all(torch.equal(a, b) for a, b in zip(together, run([0, 1, 2])))
+
+
+@pytest.mark.parametrize("form", ["native", "torch"])
+def test_route_follows_llama_cpp_order(form):
+    """softmax then top-k (weights: the selected probabilities, renormalized or not); gpt-oss's
+    softmax_weight: top-k of the raw logits, softmax over the k; renormalization's floor."""
+    mod = load_by_path(default_dir("kernels") / "moe_route.py", KERNEL_CONTRACT).module
+    if form == "native" and mod._LIB is None:
+        pytest.skip("no C compiler here (or SLOTSERVER_NATIVE=0)")
+    if form == "torch":
+        mod._LIB = None
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 8, generator=gen) * 3
+    eye = torch.eye(8, dtype=torch.float64)                         # router = identity: logits = h
+    top = logits.softmax(-1).topk(3, dim=-1)
+    ids, w = mod.cpu(logits, eye, 3, 0, False)
+    assert torch.equal(ids, top.indices) and torch.allclose(w, top.values)
+    ids, w = mod.cpu(logits, eye, 3, 0, True)
+    assert torch.allclose(w, top.values / top.values.sum(-1, keepdim=True))
+    ids, w = mod.cpu(logits, eye, 2, 1, False)
+    raw = logits.topk(2, dim=-1)
+    assert torch.equal(ids, raw.indices) and torch.allclose(w, raw.values.softmax(-1))
+    ids, w = mod.cpu(logits, eye, 2, 0, False, 2.5)
+    assert torch.allclose(w, 2.5 * logits.softmax(-1).topk(2, dim=-1).values)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0, T.Q4_1, T.MXFP4])
+def test_experts_kernel_gives_qmatmul_floats_per_expert(qtype):
+    """moe_matmul's C (grouping, per-expert offsets, two parts ending mid-group) gives for every
+    (token, slot) exactly qmatmul's row of that expert's matrix, on the same repacked dots."""
+    mm = load_by_path(default_dir("kernels") / "moe_matmul.py", KERNEL_CONTRACT).module
+    qm = load_by_path(default_dir("kernels") / "qmatmul.py", KERNEL_CONTRACT).module
+    if mm._LIB is None:
+        pytest.skip("no C compiler here (or SLOTSERVER_NATIVE=0)")
+    gen = torch.Generator().manual_seed(int(qtype))
+    k = 256 if qtype in (T.Q4_K, T.Q6_K) else 96
+    experts = Experts(tuple(random_qweight(gen, qtype, 6 * n, k) for n in (24, 40)), 6)
+    ids = torch.stack([torch.randperm(6, generator=gen)[:3] for _ in range(7)])      # [7, 3]
+    x = torch.randn(7, k, generator=gen)
+    y = mm.cpu(x, experts, ids)                                                       # [7, 3, 64]
+    for e in range(6):
+        want = torch.cat([qm.cpu(x, p) for p in experts.expert_parts(e)], dim=1)     # [7, 64]
+        t, j = (ids == e).nonzero(as_tuple=True)
+        assert torch.equal(y[t, j], want[t])
+
+
+def test_int8_weights_are_refused_for_experts_in_one_line():
+    with pytest.raises(GGUFError, match=r"qwen3moe.gguf: a qwen3moe mixture-of-experts model .* not --weights int8"):
+        LlamaModel.load(ARCHS / "qwen3moe.gguf", torch.bfloat16, fmt=WeightFormat("int8"))
+
+
+def test_a_kernel_set_without_the_expert_kernels_is_refused_at_load():
+    """A lab folder copied before kernels/moe_route.py existed: one line at load naming it (the
+    set built without it here: a copied folder would compile every kernel again for its paths)."""
+    full = KernelSet.load()
+    partial = KernelSet({op: m for op, m in full.modules.items() if op != "moe_route"})
+    with pytest.raises(ModuleLoadError, match="olmoe.gguf: a olmoe model needs the kernel moe_route"):
+        LlamaModel.load(ARCHS / "olmoe.gguf", kernels=partial)
