@@ -171,9 +171,20 @@ def test_the_attention_guard_keeps_mismatched_inputs_away_from_c():
 
 
 @needs_cc
+def test_a_copy_of_a_kernel_under_another_path_reuses_its_library(tmp_path, monkeypatch):
+    """The cache key is the code, not where it came from: a lab folder's copy of a kernel (another
+    `#line` origin) loads the library the original built; a changed body compiles anew."""
+    monkeypatch.setenv("SLOTSERVER_CACHE", str(tmp_path))
+    first = native.compile_library("copy", f'#line 1 "/a/x.c"\n{native.PRELUDE}{ADD}')
+    again = native.compile_library("copy", f'#line 1 "/tmp/lab/kernels/x.c"\n{native.PRELUDE}{ADD}')
+    edited = native.compile_library("copy", f'#line 1 "/a/x.c"\n{native.PRELUDE}{ADD}/* edited */ int z(void) {{ return 1; }}\n')
+    assert again == first and edited != first
+
+
 def test_old_builds_of_a_name_are_pruned(tmp_path, monkeypatch):
     monkeypatch.setenv("SLOTSERVER_CACHE", str(tmp_path))
-    paths = [native.compile_library("edit", native.PRELUDE + ADD + f"/* edit {i} */\n") for i in range(6)]
+    n = native.KEEP_PER_NAME + 2
+    paths = [native.compile_library("edit", native.PRELUDE + ADD + f"/* edit {i} */\n") for i in range(n)]
     left = sorted((tmp_path / "native").glob("edit-*.so"))
     assert len(left) == native.KEEP_PER_NAME and paths[-1] in left and paths[0] not in left
 

@@ -34,6 +34,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import platform
 import shutil
 import subprocess
@@ -108,7 +109,7 @@ def compile_library(name: str, source: str) -> Path:
             compile_library("probe", PRELUDE + PROBE)
         except (NativeError, OSError) as e:
             raise NoCompiler(f"{cc} cannot build with {' '.join(flags)}: {e}") from None
-    digest = hashlib.sha256("\0".join((source, cc, *flags, _cpu_key())).encode()).hexdigest()[:16]
+    digest = hashlib.sha256("\0".join((code_text(source), cc, *flags, _cpu_key())).encode()).hexdigest()[:16]
     target = cache_dir() / f"{name}-{digest}.so"
     if target.exists():
         return target
@@ -124,7 +125,19 @@ def compile_library(name: str, source: str) -> Path:
     return target
 
 
-KEEP_PER_NAME = 4
+KEEP_PER_NAME = 12   # three CPU variants of a kernel, and a few edits of each
+
+
+LINE_DIRECTIVE = re.compile(r'^#line [0-9]+ "[^"\n]*"$', re.MULTILINE)
+
+
+def code_text(source: str) -> str:
+    """`source` without its `#line` directives: the cache key. They only name where the text came
+    from (the compiled code is the same: no -g, no __FILE__), so a lab folder's copy of the kernels
+    (a test's tmp copy, `slotserver lab init`) finds the libraries the originals built instead of
+    compiling every kernel again (~10 s a folder); an edit changes the code and still compiles,
+    with messages pointing at its own file."""
+    return LINE_DIRECTIVE.sub("", source)
 
 
 def _prune(folder: Path, name: str) -> None:
@@ -150,7 +163,7 @@ def build(name: str, source: str, origin: str | None = None, strict: bool = Fals
     if os.environ.get("SLOTSERVER_NATIVE", "1") == "0":  # off by request: the torch formulations serve
         return None
     full = _located(PRELUDE, str(_PRELUDE_FILE)) + _located(source, origin, name)
-    key = hashlib.sha256("\0".join((full, *compile_flags())).encode()).hexdigest()  # a variant change rebuilds
+    key = hashlib.sha256("\0".join((code_text(full), *compile_flags())).encode()).hexdigest()  # a variant change rebuilds
     if key not in _loaded:
         try:
             _loaded[key] = _load(name, full)
