@@ -42,24 +42,14 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from agent_loop import tool_output  # noqa: E402  (the issue 37 benchmark's log-like text)
 from local_server import free_port, wait_healthy  # noqa: E402
 
 PY = [sys.executable, "-m", "slotserver.cli.main"]
-WORDS = ("file line error value result return config path token request build test module error "
-         "warning output status cache slot model layer kernel stream batch step index queue").split()
 SYSTEM = ("You are a software agent working in a large Python repository. You can call these tools: "
           "read_file(path), write_file(path, text), run_tests(pattern), grep(pattern, path), list_dir(path). "
           "Rules: read before you write; run the tests after every change; keep changes minimal; explain "
           "each step in one short sentence, then name the next tool call as JSON on its own line. ") * 3
-
-
-def tool_output(rng: random.Random, n_words: int) -> str:
-    lines, words = [], 0
-    while words < n_words:
-        k = rng.randint(6, 14)
-        lines.append(f"[{rng.randint(0, 9999):04d}] " + " ".join(rng.choice(WORDS) for _ in range(k)))
-        words += k + 1
-    return "\n".join(lines)
 
 
 @dataclass
