@@ -198,13 +198,14 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, const u
            : (s) * (s_s) + (c) * (s_c))
 
 /* Prompt rows of a tile on AMX (attention_amx.c): each query vector's cell range as the row
-   kernel takes it (its row's kv_len, and the window). -> 0, nonzero on failure. */
+   kernel takes it (its row's kv_len, and the window). -> 0, nonzero on failure. Without AMX in
+   the build the call is never reached (prompt_amx is 0) and stands for -1. */
+#ifdef ATTN_AMX
 static int prompt_tile(const void *q, const void *k, const void *v, void *out, const int64_t *kv_lens,
                        const int32_t *table, int64_t r0, int64_t R, int64_t s, int64_t h, int64_t G, int64_t Hq,
                        int64_t D, int64_t sq_b, int64_t sq_h, int64_t sk_s, int64_t sk_c, int64_t sk_h, int64_t sv_s,
                        int64_t sv_c, int64_t sv_h, int64_t tb_s, int64_t page_shift, int64_t window, float scale,
                        float softcap, int bf16, int kt) {
-#ifdef ATTN_AMX
     int64_t lo[AMX_R], hi[AMX_R];
     for (int64_t i = 0; i < R; i++) {
         const int64_t L = kv_lens[r0 + i / G];
@@ -213,13 +214,10 @@ static int prompt_tile(const void *q, const void *k, const void *v, void *out, c
     const amx_args a = {R, D, G, Hq, s, h, r0, sq_b, sq_h, sk_s, sk_c, sk_h, sv_s, sv_c, sv_h, tb_s, page_shift,
                         table, bf16, kt};
     return amx_tile(&a, q, k, v, out, lo, hi, scale, softcap);
-#else
-    (void)q; (void)k; (void)v; (void)out; (void)kv_lens; (void)table; (void)r0; (void)R; (void)s; (void)h; (void)G;
-    (void)Hq; (void)D; (void)sq_b; (void)sq_h; (void)sk_s; (void)sk_c; (void)sk_h; (void)sv_s; (void)sv_c; (void)sv_h;
-    (void)tb_s; (void)page_shift; (void)window; (void)scale; (void)softcap; (void)bf16; (void)kt;
-    return -1;
-#endif
 }
+#else
+#define prompt_tile(...) (-1)
+#endif
 
 /* AMX serves prompt rows of bf16 or float16 caches with head_dim a multiple of 32, where the CPU
    variant has it (compiled in) and the OS grants its tile data. */

@@ -162,13 +162,15 @@ def _attn_meta(chunks: list[SeqChunk], device, split: bool = False) -> AttnMeta:
         split=halves,
         row_streams=_long([c.stream for c in chunks for _ in c.tokens], device),
         row_kv_lens=_long([c.start + j + 1 for c in chunks for j in range(len(c.tokens))], device),
-        row_prompt=_flags([c.prompt for c in chunks for _ in c.tokens], device),
+        row_prompt=_prompt_rows(chunks, device),
     )
 
 
-def _flags(values: list[bool], device) -> torch.Tensor | None:
-    """uint8 flags, or None where none is set (the kernels' fast test)."""
-    return torch.tensor(values, dtype=torch.uint8, device=device) if any(values) else None
+def _prompt_rows(chunks: list[SeqChunk], device) -> torch.Tensor | None:
+    """[T] uint8, 1 for the rows of prompt chunks; None when there are none (the kernels' test)."""
+    if not any(c.prompt for c in chunks):
+        return None
+    return torch.tensor([c.prompt for c in chunks for _ in c.tokens], dtype=torch.uint8, device=device)
 
 
 def _tensors(obj) -> list[torch.Tensor]:
