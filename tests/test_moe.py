@@ -81,6 +81,8 @@ def test_a_sequence_decodes_the_same_floats_alone_or_in_a_batch(tmp_path):
     and the residual add all in C) replays from a step graph with the floats of running it as usual."""
     model = LlamaModel.load(q8_copy(ARCHS / "qwen3moe.gguf", tmp_path / "q8.gguf"), torch.float32, max_pos=64,
                             fmt=WeightFormat("q"))
+    if model.kernels.modules["moe_matmul"].module._LIB is None or model.graphs is None:
+        pytest.skip("no C compiler here (or SLOTSERVER_NATIVE=0): torch's forms are not batch-invariant")
     prompts = [PROMPT, [5, 6, 7, 260, 261], [300, 2, 77]]
 
     def run(indices: list[int]) -> list[torch.Tensor]:
