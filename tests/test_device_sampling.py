@@ -1,0 +1,154 @@
+"""The device sampler (model/sampling/device.py) against the host `Sampler` on the same logits and
+seeds: the same tokens, the same random draws, the same reported probabilities. It is plain torch,
+so these tests run it on CPU tensors; the last one runs StepSampling on a GPU when there is one.
+
+Logits are a permutation of evenly spaced values (no two within 1e-3 of each other), so rounding
+differences between the two implementations cannot flip a choice."""
+
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from slotserver.engine.step_sampling import StepSampling
+from slotserver.model.sampling.device import DeviceSampler
+from slotserver.model.sampling.sampler import Sampler, SamplingParams, SequenceRng
+
+
+def spaced_logits(gen: torch.Generator, rows: int, vocab: int, spread: float) -> torch.Tensor:
+    """[rows, vocab]: each row a shuffle of `vocab` values evenly spaced over `spread`."""
+    perm = torch.stack([torch.randperm(vocab, generator=gen) for _ in range(rows)]).float()
+    return perm * (spread / vocab) - spread / 2
+
+
+def random_params(r: random.Random, vocab: int) -> SamplingParams:
+    bias = tuple((r.randrange(vocab), r.choice([-math.inf, 2.0, -3.0])) for _ in range(r.choice([0, 0, 2])))
+    return SamplingParams(
+        temperature=r.choice([0.0, 0.5, 0.8, 1.3]), top_k=r.choice([0, 1, 5, 40, 5000]),
+        top_p=r.choice([1.0, 0.9, 0.5]), min_p=r.choice([0.0, 0.05, 0.2]),
+        repeat_penalty=r.choice([1.0, 1.3]), frequency_penalty=r.choice([0.0, 0.5]),
+        presence_penalty=r.choice([0.0, 0.3]), repeat_last_n=r.choice([64, -1, 0]), logit_bias=bias,
+        n_probs=r.choice([0, 3]), post_sampling_probs=r.choice([False, True]))
+
+
+def random_batch(r: random.Random, gen: torch.Generator, rows: int, vocab: int, spreads=(1.0, 8.0, 30.0)):
+    logits = spaced_logits(gen, rows, vocab, r.choice(spreads))   # 1.0: flat, top_p ends far down
+    params = [random_params(r, vocab) for _ in range(rows)]
+    history = [[r.randrange(vocab) for _ in range(r.randrange(100))] for _ in range(rows)]
+    allowed = None
+    if r.random() < 0.5:   # a grammar on some rows; the others free (all True)
+        allowed = torch.ones(rows, vocab, dtype=torch.bool)
+        for i in range(rows):
+            if r.random() < 0.5:
+                allowed[i] = torch.rand(vocab, generator=gen) < 0.3
+    return logits, params, history, allowed
+
+
+def assert_same_output(host, dev):
+    assert dev.tokens.tolist() == host.tokens.tolist()
+    assert (host.logprobs is None) == (dev.logprobs is None)
+    if host.logprobs is None:
+        return
+    assert torch.allclose(dev.logprobs, host.logprobs, atol=1e-5, rtol=0)
+    finite = host.top_logprobs.isfinite()
+    assert torch.equal(dev.top_logprobs.isfinite(), finite)       # the same number of reported tokens
+    assert torch.equal(dev.top_ids[finite], host.top_ids[finite])
+    assert torch.allclose(dev.top_logprobs[finite], host.top_logprobs[finite], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("vocab", [1000, 1024])   # 1024: the host's blocked top-k
+def test_the_device_sampler_gives_the_host_samplers_tokens_and_probabilities(vocab):
+    """Random chains (greedy and drawn; top_k/top_p/min_p; penalties over histories; logit_bias
+    with -inf; grammar masks; n_probs raw and post-sampling), each row with its own seed: the same
+    tokens and probabilities as the host, and each row's random stream advanced as far."""
+    r, gen = random.Random(vocab), torch.Generator().manual_seed(vocab)
+    for _ in range(40):
+        logits, params, history, allowed = random_batch(r, gen, 12, vocab)
+        seeds = [r.randrange(2**32) for _ in params]
+        host_rngs, dev_rngs = [SequenceRng(s) for s in seeds], [SequenceRng(s) for s in seeds]
+        host = Sampler(vocab).sample(logits, params, host_rngs, history, allowed)
+        res = DeviceSampler(vocab).sample(logits, params, dev_rngs, history, allowed)
+        assert res.bad == []
+        assert_same_output(host, res.output)
+        assert [g.next_uniform() for g in dev_rngs] == [g.next_uniform() for g in host_rngs]
+
+
+def test_an_open_row_on_a_flat_distribution_is_redone_over_the_whole_vocabulary():
+    """top_p 0.99 without top_k on a flat row: the kept set reaches far past the first pass's
+    candidates; the device redoes that row sorted in full and still draws the host's token."""
+    vocab = 3000
+    logits = spaced_logits(torch.Generator().manual_seed(3), 4, vocab, 0.5)
+    params = [SamplingParams(top_k=0, top_p=0.99, min_p=0.0, temperature=1.0, n_probs=2)] * 4
+    host = Sampler(vocab).sample(logits, params, [SequenceRng(i) for i in range(4)], [[]] * 4)
+    res = DeviceSampler(vocab).sample(logits, params, [SequenceRng(i) for i in range(4)], [[]] * 4)
+    assert_same_output(host, res.output)
+    ranks = (logits > logits.gather(1, res.output.tokens[:, None])).sum(dim=1)
+    assert int(ranks.max()) > 256   # some draw lies beyond the first pass's 256 candidates
+
+
+def seq(params: SamplingParams, seed: int, tokens=(), reasoning=None):
+    return SimpleNamespace(params=params, rng=SequenceRng(seed), tokens=list(tokens), reasoning=reasoning)
+
+
+def plan_of(seqs):
+    return SimpleNamespace(chunks=[SimpleNamespace(sample=True, seq=s, draft=()) for s in seqs])
+
+
+def mixed_step(vocab: int):
+    """Rows of every kind: plain ones (device), DRY / mirostat / typical_p / min_keep (host), a
+    grammar row, a NaN row and a row whose mask forbids every token."""
+    p = [SamplingParams(temperature=0.8, n_probs=2), SamplingParams(temperature=0.0, repeat_penalty=1.2),
+         SamplingParams(temperature=0.9, dry_multiplier=0.8), SamplingParams(temperature=0.7, mirostat=2),
+         SamplingParams(temperature=0.7, typical_p=0.8, n_probs=3), SamplingParams(temperature=1.0, min_keep=3),
+         SamplingParams(temperature=0.6, top_k=0, post_sampling_probs=True, n_probs=4),
+         SamplingParams(temperature=0.5), SamplingParams(temperature=0.5)]
+    logits = spaced_logits(torch.Generator().manual_seed(5), len(p), vocab, 12.0)
+    logits[7, 3] = float("nan")
+    allowed = torch.ones(len(p), vocab, dtype=torch.bool)
+    allowed[0, ::3] = False
+    allowed[8] = False
+    return p, logits, allowed
+
+
+def test_step_sampling_on_the_device_path_answers_as_the_host_path():
+    """The same step through StepSampling's device split (plain rows on the device sampler, the
+    others copied to the host) and through the host path: the same tokens, probabilities and
+    per-request errors (the NaN row names NaN logits; the others are untouched)."""
+    vocab = 500
+    params, logits, allowed = mixed_step(vocab)
+    runs = {}
+    for on_device in (True, False):
+        seqs = [seq(p, 100 + i, tokens=range(i, 40 + i)) for i, p in enumerate(params)]
+        runs[on_device] = [r[0] for r in StepSampling(vocab, on_device=on_device).sample(plan_of(seqs), logits, allowed)]
+    dev, host = runs[True], runs[False]
+    assert [s.token for s in dev] == [s.token for s in host]
+    assert [s.error for s in dev] == [s.error for s in host]
+    assert "NaN" in dev[7].error and dev[8].error and not any(s.error for s in dev[:7])
+    assert dev[0].token % 3 != 0                      # the grammar row kept to its mask
+    for d, h, p in zip(dev, host, params):
+        assert [t for t, _ in d.top] == [t for t, _ in h.top]
+        assert all(abs(a - b) < 1e-5 for (_, a), (_, b) in zip(d.top, h.top))
+        assert not p.n_probs or abs(d.logprob - h.logprob) < 1e-5   # the rows that asked for it
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_step_sampling_on_cuda_logits_answers_as_on_cpu_logits():
+    """On the GPU: the device sampler on CUDA logits against the host path on the same logits."""
+    vocab = 151936
+    r, gen = random.Random(9), torch.Generator().manual_seed(9)
+    for _ in range(4):
+        # peaked rows: a float32 cumsum over 152k flat tokens rounds differently on the two devices
+        logits, params, history, allowed = random_batch(r, gen, 16, vocab, spreads=(500.0, 2000.0))
+        out = {}
+        for dev in ("cpu", "cuda"):
+            seqs = [SimpleNamespace(params=p, rng=SequenceRng(i), tokens=h, reasoning=None)
+                    for i, (p, h) in enumerate(zip(params, history))]
+            out[dev] = [x[0] for x in StepSampling(vocab).sample(plan_of(seqs), logits.to(dev), allowed)]
+        assert [s.token for s in out["cuda"]] == [s.token for s in out["cpu"]]
+        for d, h in zip(out["cuda"], out["cpu"]):
+            assert [t for t, _ in d.top] == [t for t, _ in h.top]
+            assert all(abs(a - b) < 1e-4 for (_, a), (_, b) in zip(d.top, h.top))
