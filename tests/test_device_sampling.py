@@ -26,7 +26,7 @@ def spaced_logits(gen: torch.Generator, rows: int, vocab: int, spread: float) ->
 
 
 def random_params(r: random.Random, vocab: int) -> SamplingParams:
-    bias = tuple((r.randrange(vocab), r.choice([-math.inf, 2.0, -3.0])) for _ in range(r.choice([0, 0, 2])))
+    bias = tuple((r.randrange(vocab), r.choice([-math.inf, 2.5, -0.75])) for _ in range(r.choice([0, 0, 2])))
     return SamplingParams(
         temperature=r.choice([0.0, 0.5, 0.8, 1.3]), top_k=r.choice([0, 1, 5, 40, 5000]),
         top_p=r.choice([1.0, 0.9, 0.5]), min_p=r.choice([0.0, 0.05, 0.2]),

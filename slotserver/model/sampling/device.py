@@ -83,7 +83,8 @@ class DeviceSampler:
         for exact, name in ((False, "vocab_fast"), (True, "vocab_post")):
             if getattr(rows, name):
                 i = up[name]
-                t = draw_vocab(adj.index_select(0, i), up.col("temp")[i], up.col("u")[i], row_max[i], exact)
+                t = draw_vocab(_pick(adj, i, len(getattr(rows, name))), up.col("temp")[i], up.col("u")[i], row_max[i],
+                               exact)
                 token = token.index_copy(0, i, t)
         cols = [token.double(), torch.zeros_like(row_max, dtype=torch.float64), row_max.isfinite().double(),
                 done.double()]
@@ -104,7 +105,7 @@ class DeviceSampler:
             bits = unpack_bits(upload_to(torch.from_numpy(rows.bits), logits.device), self.vocab_size)  # [m, V]
             adj.index_copy_(0, i, adj.index_select(0, i).masked_fill_(~bits, float("-inf")))
         if rows.bias:
-            b = up["bias"].view(3, -1)
+            b = up.raw("bias").view(3, -1)                              # rows, token ids, biases
             adj.index_put_((b[0].long(), b[1].long()), b[2].float(), accumulate=True)
         if rows.pen_width:
             penalize_(adj, up["pen"].view(len(rows.params), -1).long(), up.col("rep").float(),
@@ -116,7 +117,7 @@ class DeviceSampler:
         descending candidates; post_sampling_probs rows among them also get their final
         distribution (as chain.py reports it)."""
         i = up["sorted"]
-        sub = adj.index_select(0, i)                                    # [s, V]
+        sub = _pick(adj, i, len(rows.sorted_rows))                      # [s, V]
         width = self.vocab_size if full else rows.width
         vals, ids = torch.topk(sub, width, dim=1)                       # [s, W] each, descending
         vals = vals.double()
@@ -162,6 +163,11 @@ class DeviceSampler:
             top_ids, top_lps = top_ids.index_copy(0, i, ids), top_lps.index_copy(0, i, lps)
             chosen = chosen.index_copy(0, i, torch.zeros_like(i, dtype=torch.float64))
         return chosen.float().double(), top_ids, top_lps.float().double()
+
+
+def _pick(t: torch.Tensor, idx: torch.Tensor, n: int) -> torch.Tensor:
+    """Rows `idx` (n of them) of t; t itself when they are all of its rows (no [B, V] copy)."""
+    return t if n == t.shape[0] else t.index_select(0, idx)
 
 
 def _pack(allowed: torch.Tensor | None) -> tuple[list[int], np.ndarray | None]:
