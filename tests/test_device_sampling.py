@@ -60,7 +60,7 @@ def assert_same_output(host, dev):
     assert torch.allclose(dev.top_logprobs[finite], host.top_logprobs[finite], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("vocab", [1000, 1024])   # 1024: the host's blocked top-k
+@pytest.mark.parametrize("vocab", [1001, 1024])   # 1001: a mask's last byte half used; 1024: the host's blocked top-k
 def test_the_device_sampler_gives_the_host_samplers_tokens_and_probabilities(vocab):
     """Random chains (greedy and drawn; top_k/top_p/min_p; penalties over histories; logit_bias
     with -inf; grammar masks; n_probs raw and post-sampling), each row with its own seed: the same
@@ -88,6 +88,19 @@ def test_an_open_row_on_a_flat_distribution_is_redone_over_the_whole_vocabulary(
     assert_same_output(host, res.output)
     ranks = (logits > logits.gather(1, res.output.tokens[:, None])).sum(dim=1)
     assert int(ranks.max()) > 256   # some draw lies beyond the first pass's 256 candidates
+
+
+def test_plain_greedy_rows_take_one_argmax_and_a_nan_row_comes_back_as_bad():
+    """A batch of plain greedy rows (the benchmark clients' case) is one argmax pass; a NaN row in
+    it is reported in `bad` (the caller fails that request) and the other rows keep their argmax."""
+    logits = spaced_logits(torch.Generator().manual_seed(4), 3, 300, 10.0)
+    params = [SamplingParams(temperature=0.0, logit_bias=((7, 50.0),)), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.0)]
+    res = DeviceSampler(300).sample(logits, params, [SequenceRng(0)] * 3, [[]] * 3)
+    assert res.bad == [] and res.output.tokens.tolist() == [7, int(logits[1].argmax()), int(logits[2].argmax())]
+    logits[1, 5] = float("nan")
+    res = DeviceSampler(300).sample(logits, params, [SequenceRng(0)] * 3, [[]] * 3)
+    assert res.bad == [1] and res.output.tokens[[0, 2]].tolist() == [7, int(logits[2].argmax())]
 
 
 def seq(params: SamplingParams, seed: int, tokens=(), reasoning=None):

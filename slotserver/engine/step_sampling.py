@@ -155,12 +155,13 @@ def _sampled(out, seqs) -> list[Sampled]:
     """Sampler output -> one `Sampled` per row (top list without the -inf padding columns)."""
     tokens = out.tokens.tolist()
     lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(seqs)
+    has_top = out.top_ids is not None and any(s.params.n_probs for s in seqs)
+    ids, top_lps = (out.top_ids.tolist(), out.top_logprobs.tolist()) if has_top else ((), ())   # one copy each
     result = []
     for i, s in enumerate(seqs):
         n = s.params.n_probs
         top = ()
-        if n and out.top_ids is not None:
-            top = tuple((t, lp) for t, lp in zip(out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist())
-                        if lp != float("-inf"))
+        if n and has_top:
+            top = tuple((t, lp) for t, lp in zip(ids[i][:n], top_lps[i][:n]) if lp != float("-inf"))
         result.append(Sampled(tokens[i], lps[i], top))
     return result

@@ -32,7 +32,8 @@ import torch
 from slotserver.model.sampling.device_chain import draw_sorted, draw_vocab, keep_lengths, penalize_, unpack_bits, \
     vocab_final
 from slotserver.model.sampling.device_rows import OPEN_WIDTH, SampleRows, Upload, upload_to
-from slotserver.model.sampling.params import SamplingParams
+from slotserver.model.sampling.greedy import greedy_tokens_device
+from slotserver.model.sampling.params import SamplingError, SamplingParams
 from slotserver.model.sampling.penalties import History, _window
 from slotserver.model.sampling.sampler import SampleOutput, SequenceRng
 
@@ -55,17 +56,26 @@ class DeviceSampler:
         """The rows this sampler answers: the plain chain, with bias and history ids in the
         vocabulary (others go to the host, which names the bad id in its error)."""
         v = self.vocab_size
-        return p.plain_chain and all(0 <= t < v for t, _ in p.logit_bias) \
-            and all(0 <= t < v for t in _window(p, history))
+        if not p.plain_chain or not all(0 <= t < v for t, _ in p.logit_bias):
+            return False
+        window = _window(p, history)
+        return not window or (min(window) >= 0 and max(window) < v)
 
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams], rngs: Sequence[SequenceRng],
                history: History, allowed: torch.Tensor | None = None) -> DeviceResult:
         """logits [B, V] (any float dtype, any device, never modified); rows that `serves`;
         allowed: bool [B, V] on the host (a grammar's mask) or None."""
+        if allowed is None:   # every row plain greedy, no penalty, no probabilities: the argmax pass alone
+            try:
+                tokens = greedy_tokens_device(logits, params)
+            except SamplingError:
+                tokens = None     # a NaN row: the chain below finds which
+            if tokens is not None:
+                return DeviceResult(SampleOutput(tokens, None, None, None), [])
         draws = [rng.next_uniform() if (not p.greedy or p.post_sampling_probs) else 0.0 for p, rng in zip(params, rngs)]
         rows = SampleRows.build(params, draws, history, self.vocab_size, _pack(allowed))
         out = self._run(logits, rows, full=False)                       # [B, 4 + 2n] on the host
-        redo = [i for i in range(len(params)) if out[i, 2] and not out[i, 3]]
+        redo = [i for i, (ok, done) in enumerate(out[:, 2:4].tolist()) if ok and not done]
         if redo:   # open rows whose end lay past the first pass's candidates: sort their whole rows
             idx = torch.tensor(redo)
             out[idx] = self._run(logits[idx.to(logits.device)], rows.subset(redo), full=True)

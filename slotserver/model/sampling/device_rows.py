@@ -38,16 +38,23 @@ class Upload:
     segments (`[name]`: index lists as int64, `raw(name)`: float64)."""
 
     def __init__(self, flat: list[float], spans: dict[str, tuple[int, int]], rows: int, device) -> None:
-        self._t = upload_to(torch.tensor(flat, dtype=torch.float64), device)   # the one copy down
+        self._flat, self._device, self._t = flat, device, None
         self._spans, self._rows, self._cache = spans, rows, {}
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """Copied on first use: a step of plain greedy rows reads none of it and copies nothing."""
+        if self._t is None:
+            self._t = upload_to(torch.tensor(self._flat, dtype=torch.float64), self._device)   # the one copy down
+        return self._t
 
     def col(self, name: str) -> torch.Tensor:
         """A per-row scalar: [B] float64."""
-        return self._t[: self._rows * len(SCALARS)].view(self._rows, len(SCALARS))[:, SCALARS.index(name)]
+        return self.tensor[: self._rows * len(SCALARS)].view(self._rows, len(SCALARS))[:, SCALARS.index(name)]
 
     def raw(self, name: str) -> torch.Tensor:
         a, b = self._spans[name]
-        return self._t[a:b]
+        return self.tensor[a:b]
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._cache:
