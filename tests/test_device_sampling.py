@@ -165,3 +165,41 @@ def test_step_sampling_on_cuda_logits_answers_as_on_cpu_logits():
         for d, h in zip(out["cuda"], out["cpu"]):
             assert [t for t, _ in d.top] == [t for t, _ in h.top]
             assert all(abs(a - b) < 1e-4 for (_, a), (_, b) in zip(d.top, h.top))
+
+
+def test_the_engine_answers_the_same_through_the_device_path(tmp_path):
+    """A whole engine on the tiny model (CPU), its StepSampling switched to the device path:
+    seeded draws, penalties, a grammar, post-sampling probabilities and a DRY row (host) give the
+    host path's tokens and probabilities, event for event."""
+    from tiny_gguf import write_tiny_gguf
+
+    from slotserver.engine.config import EngineConfig
+    from slotserver.engine.engine import Engine
+    from slotserver.engine.grammar import compile_constraint
+    from slotserver.engine.request import Request, TokenEvent
+    from slotserver.model.bundle import ModelBundle
+    from slotserver.model.config import ModelConfig
+
+    bundle = ModelBundle.load(ModelConfig(model_path=write_tiny_gguf(tmp_path / "t.gguf"), threads=1))
+    requests = [
+        Request((5, 6, 7), SamplingParams(temperature=0.9, seed=1, n_probs=3), n_predict=10, ignore_eos=True),
+        Request((8, 9), SamplingParams(temperature=0.0, repeat_penalty=1.5, n_probs=2), n_predict=10, ignore_eos=True),
+        Request((5, 9), SamplingParams(temperature=0.7, seed=2), n_predict=6,
+                grammar=compile_constraint("gbnf", 'root ::= ("a" | "b" | "c")+')),
+        Request((7, 7), SamplingParams(temperature=1.1, top_k=0, top_p=0.9, seed=3, n_probs=2, post_sampling_probs=True),
+                n_predict=10, ignore_eos=True),
+        Request((6, 5), SamplingParams(temperature=0.8, seed=4, dry_multiplier=0.8), n_predict=10, ignore_eos=True),
+    ]
+    events = {}
+    for on_device in (True, False):
+        engine = Engine(bundle, EngineConfig(n_parallel=5, ctx_size=256))
+        engine.sampling.on_device = on_device
+        handles = [engine.submit(r) for r in requests]
+        while engine.step():
+            pass
+        events[on_device] = [[e for e in h.iter_events(timeout=0) if isinstance(e, TokenEvent)] for h in handles]
+    for dev, host in zip(events[True], events[False]):
+        assert [e.token for e in dev] == [e.token for e in host] and len(host) > 2
+        for d, h in zip(dev, host):
+            assert [t for t, _ in d.top] == [t for t, _ in h.top]
+            assert all(abs(a - b) < 1e-5 for (_, a), (_, b) in zip(d.top, h.top))
