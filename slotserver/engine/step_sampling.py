@@ -26,7 +26,8 @@ class StepSampling:
                  on_device: bool | None = None) -> None:
         """synth_probs, eog: --spec-synth-*'s acceptance (speculative/verify.py `synth_run`).
         on_device: None (service) runs the device sampler on logits off the CPU and the host path
-        on CPU logits; True runs the device path on any logits (the tests run it on CPU tensors)."""
+        on CPU logits; True the device path on any logits (the tests run it on CPU tensors); False
+        the host path on any (the benchmark's baseline)."""
         self.sampler = Sampler(vocab_size)
         self.device = DeviceSampler(vocab_size)
         self.synth_probs, self.eog, self.on_device = synth_probs, eog, on_device
