@@ -96,14 +96,12 @@ class DeviceSampler:
                 t = draw_vocab(_pick(adj, i, len(getattr(rows, name))), up.col("temp")[i], up.col("u")[i], row_max[i],
                                exact)
                 token = token.index_copy(0, i, t)
-        cols = [token.double(), torch.zeros_like(row_max, dtype=torch.float64), row_max.isfinite().double(),
-                done.double()]
-        n = rows.n
-        if n:
+        chosen, tops = torch.zeros_like(row_max, dtype=torch.float64), []
+        if rows.n:
             chosen, top_ids, top_lps = self._report(logits, adj, rows, up, token, post_chosen, post_ids, post_logp)
-            cols = [cols[0], chosen, cols[2], cols[3]]
-            return torch.cat([torch.stack(cols, dim=1), top_ids.double(), top_lps], dim=1).cpu()
-        return torch.stack(cols, dim=1).cpu()
+            tops = [top_ids.double(), top_lps]                          # [B, n] each
+        head = torch.stack([token.double(), chosen, row_max.isfinite().double(), done.double()], dim=1)  # [B, 4]
+        return torch.cat([head, *tops], dim=1).cpu()                    # the one copy back
 
     def _adjusted(self, logits: torch.Tensor, rows: SampleRows, up: Upload) -> torch.Tensor:
         """float32 logits after the grammar mask, logit_bias and penalties (a copy when any edits)."""
@@ -153,26 +151,34 @@ class DeviceSampler:
         vals, top_ids = torch.topk(raw, n, dim=1)                       # [B, n]
         top_lps = (vals - lse).double()
         chosen = chosen.double()
-        if post_ids is not None:                                        # truncated post rows
-            i, m = up["post_of_sorted"], min(n, post_ids.shape[1])
-            pad_ids = torch.zeros(len(rows.sorted_post), n, dtype=torch.int64, device=adj.device)
-            pad_lps = torch.full((len(rows.sorted_post), n), float("-inf"), dtype=torch.float64, device=adj.device)
-            pad_ids[:, :m], pad_lps[:, :m] = post_ids[:, :m], post_logp[:, :m]
-            pad_ids.masked_fill_(pad_lps == float("-inf"), 0)               # as the host pads
-            top_ids, top_lps = top_ids.index_copy(0, i, pad_ids), top_lps.index_copy(0, i, pad_lps)
-            chosen = chosen.index_copy(0, i, post_chosen)
-        if rows.vocab_post:                                             # untruncated post rows
+        report = (top_ids, top_lps, chosen)
+        if post_ids is not None:                                        # truncated post rows: their candidates
+            report = _put_rows(report, up["post_of_sorted"], post_ids, post_logp, post_chosen)
+        if rows.vocab_post:                                             # untruncated post rows: the whole row
             i = up["vocab_post"]
             c, ids, lps = vocab_final(adj.index_select(0, i), up.col("temp")[i], token.index_select(0, i), n)
-            top_ids, top_lps, chosen = top_ids.index_copy(0, i, ids), top_lps.index_copy(0, i, lps), chosen.index_copy(0, i, c)
+            report = _put_rows(report, i, ids, lps, c)
         if rows.greedy_post:                                            # greedy post rows: {argmax: p = 1}
             i = up["greedy_post"]
-            ids = torch.zeros(len(rows.greedy_post), n, dtype=torch.int64, device=adj.device)
-            lps = torch.full((len(rows.greedy_post), n), float("-inf"), dtype=torch.float64, device=adj.device)
-            ids[:, 0], lps[:, 0] = token.index_select(0, i), 0.0
-            top_ids, top_lps = top_ids.index_copy(0, i, ids), top_lps.index_copy(0, i, lps)
-            chosen = chosen.index_copy(0, i, torch.zeros_like(i, dtype=torch.float64))
+            zero = torch.zeros_like(i, dtype=torch.float64)
+            report = _put_rows(report, i, token.index_select(0, i)[:, None], zero[:, None], zero)
+        top_ids, top_lps, chosen = report
         return chosen.float().double(), top_ids, top_lps.float().double()
+
+
+def _put_rows(report, idx: torch.Tensor, ids: torch.Tensor, logp: torch.Tensor, chosen: torch.Tensor):
+    """(top_ids [B, n], top_lps [B, n], chosen [B]) with rows `idx` replaced by a final
+    distribution's first columns: ids / logp [m, w], padded to n columns with (0, -inf) as the
+    host pads, and ids 0 wherever logp is -inf (tokens the distribution does not hold)."""
+    top_ids, top_lps, old_chosen = report
+    n, w = top_ids.shape[1], min(top_ids.shape[1], ids.shape[1])
+    lps = torch.full((idx.shape[0], n), float("-inf"), dtype=torch.float64, device=top_lps.device)
+    lps[:, :w] = logp[:, :w]
+    new_ids = torch.zeros((idx.shape[0], n), dtype=torch.int64, device=top_ids.device)
+    new_ids[:, :w] = ids[:, :w]
+    new_ids.masked_fill_(lps == float("-inf"), 0)
+    return (top_ids.index_copy(0, idx, new_ids), top_lps.index_copy(0, idx, lps),
+            old_chosen.index_copy(0, idx, chosen.double()))
 
 
 def _pick(t: torch.Tensor, idx: torch.Tensor, n: int) -> torch.Tensor:
