@@ -17,6 +17,7 @@ from slotserver.engine.postprocess import Sampled
 from slotserver.engine.scheduler import StepPlan
 from slotserver.engine.speculative.verify import greedy_run, sampled_run, synth_run
 from slotserver.model.sampling.device import DeviceSampler
+from slotserver.model.sampling.device_rows import upload_to
 from slotserver.model.sampling.sampler import Sampler, SamplingError
 from slotserver.model.tensor_check import logits_problem
 
@@ -129,10 +130,11 @@ class StepSampling:
 
 
 def _rows_of(t: torch.Tensor | None, rows: list[int]) -> torch.Tensor | None:
-    """Rows of a tensor in order (the tensor itself when they are all of it)."""
+    """Rows of a tensor in order (the tensor itself when they are all of it). The index goes to a
+    GPU without a sync, so the device rows' sampling queues behind the forward."""
     if t is None or len(rows) == t.shape[0]:
         return t
-    return t[torch.tensor(rows, device=t.device)]
+    return t[upload_to(torch.tensor(rows), t.device)]
 
 
 def _force(allowed: torch.Tensor | None, forced: list[int | None], vocab: int) -> torch.Tensor | None:
