@@ -10,6 +10,9 @@ Cases: greedy with a repeat penalty over a 64-token history; top_k 40 / top_p 0.
 temperature 0.8 (llama-server's defaults); the same with n_probs 5; the same with a grammar mask
 on every row (10% of the vocabulary allowed). Each time is the median of --reps calls after two
 warm-ups, the device synchronized before each call (the call itself ends with its download).
+On CUDA, "behind a forward" times the same calls queued behind a 1 ms kernel (torch.cuda._sleep),
+as a served step queues its sampling behind the forward's graph: the device path's launches then
+overlap the GPU's work, the host path waits for it; it prints the time past that 1 ms.
 
     PYTHONPATH=. python playground/gpu_sampling_bench.py --device cuda --budget-s 60 [--out DIR]
     PYTHONPATH=. python playground/gpu_sampling_bench.py --dry-run            # CPU, tiny: checks the script
@@ -64,6 +67,24 @@ def median_ms(fn, dev: str, reps: int) -> float:
     return statistics.median(times)
 
 
+def sleep_cycles(ms: float) -> int:
+    """GPU clock cycles that torch.cuda._sleep spins for about `ms` milliseconds (calibrated)."""
+    n = 10_000_000
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    torch.cuda._sleep(n)
+    torch.cuda.synchronize()
+    return int(n * ms / ((time.perf_counter() - t) * 1e3))
+
+
+def behind_forward_ms(fn, cycles: int, ms: float, reps: int) -> float:
+    """Median time of fn queued behind a ~`ms` kernel, less `ms`: what a step pays after its forward."""
+    def step():
+        torch.cuda._sleep(cycles)
+        fn()
+    return median_ms(step, "cuda", reps) - ms
+
+
 def step_inputs(batch: int, vocab: int, dev: str, params: SamplingParams, grammar: bool, seed: int):
     gen = torch.Generator().manual_seed(seed)
     logits = (3 * torch.randn(batch, vocab, generator=gen)).to(dev)          # [batch, vocab] float32
@@ -83,13 +104,22 @@ def run_case(name: str, batch: int, vocab: int, dev: str, reps: int) -> dict:
     t_dev = median_ms(lambda: device_path.sample(plan, logits, allowed), dev, reps)
     t_host = median_ms(lambda: host_path.sample(plan, logits.cpu(), allowed), dev, reps)
     t_copy = median_ms(lambda: logits.cpu(), dev, reps)
-    return dict(case=name, batch=batch, vocab=vocab, device_ms=t_dev, host_ms=t_host, copy_ms=t_copy,
-                speedup=t_host / t_dev)
+    row = dict(case=name, batch=batch, vocab=vocab, device_ms=t_dev, host_ms=t_host, copy_ms=t_copy,
+               speedup=t_host / t_dev)
+    if dev == "cuda":
+        cycles = sleep_cycles(1.0)
+        row["device_behind_ms"] = behind_forward_ms(lambda: device_path.sample(plan, logits, allowed), cycles, 1.0, reps)
+        row["host_behind_ms"] = behind_forward_ms(lambda: host_path.sample(plan, logits.cpu(), allowed), cycles, 1.0,
+                                                  reps)
+    return row
 
 
 def line(r: dict) -> str:
-    return (f"{r['case']:<17} b={r['batch']:<3} device {r['device_ms']:7.3f} ms   copy+host {r['host_ms']:7.3f} ms "
+    text = (f"{r['case']:<17} b={r['batch']:<3} device {r['device_ms']:7.3f} ms   copy+host {r['host_ms']:7.3f} ms "
             f"(copy alone {r['copy_ms']:6.3f})   x{r['speedup']:.1f}")
+    if "device_behind_ms" in r:
+        text += f"   behind a forward: device {r['device_behind_ms']:6.3f} / copy+host {r['host_behind_ms']:6.3f} ms"
+    return text
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -98,6 +128,9 @@ def summary(rows: list[dict]) -> list[str]:
         got = [r for r in rows if r["case"] == name]
         if got:
             out.append(f"  {name:<17} " + "  ".join(f"b={r['batch']}: x{r['speedup']:.1f}" for r in got))
+            if "device_behind_ms" in got[0]:
+                out.append(f"  {'  behind a forward':<17} " + "  ".join(
+                    f"b={r['batch']}: x{r['host_behind_ms'] / max(r['device_behind_ms'], 1e-3):.1f}" for r in got))
     return out
 
 
