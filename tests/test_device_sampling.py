@@ -16,7 +16,7 @@ import torch
 
 from slotserver.engine.step_sampling import StepSampling
 from slotserver.model.sampling.device import DeviceSampler
-from slotserver.model.sampling.sampler import Sampler, SamplingParams, SequenceRng
+from slotserver.model.sampling.sampler import Sampler, SamplingError, SamplingParams, SequenceRng
 
 
 def spaced_logits(gen: torch.Generator, rows: int, vocab: int, spread: float) -> torch.Tensor:
@@ -101,6 +101,8 @@ def test_plain_greedy_rows_take_one_argmax_and_a_nan_row_comes_back_as_bad():
     logits[1, 5] = float("nan")
     res = DeviceSampler(300).sample(logits, params, [SequenceRng(0)] * 3, [[]] * 3)
     assert res.bad == [1] and res.output.tokens[[0, 2]].tolist() == [7, int(logits[2].argmax())]
+    with pytest.raises(SamplingError, match=r"logits must be \[batch, 300\]"):
+        DeviceSampler(300).sample(logits[:, :200], params, [SequenceRng(0)] * 3, [[]] * 3)
 
 
 def seq(params: SamplingParams, seed: int, tokens=(), reasoning=None):

@@ -82,8 +82,11 @@ class StepSampling:
         return out
 
     def _device_rows(self, seqs, logits: torch.Tensor, allowed: torch.Tensor | None, forced) -> list[Sampled]:
-        res = self.device.sample(logits, [s.params for s in seqs], [s.rng for s in seqs], [s.tokens for s in seqs],
-                                 allowed)
+        try:
+            res = self.device.sample(logits, [s.params for s in seqs], [s.rng for s in seqs],
+                                     [s.tokens for s in seqs], allowed)
+        except SamplingError:   # raised before any draw: the host path answers (and names the problem)
+            return self._on_host(seqs, logits.cpu(), allowed, forced)
         out = _sampled(res.output, seqs)
         for i in res.bad:   # NaN, or nothing allowed: the host names the cause and fails that request alone
             out[i] = self._rows([seqs[i]], logits[i: i + 1].cpu(), None if allowed is None else allowed[i: i + 1])[0]

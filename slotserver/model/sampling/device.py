@@ -64,7 +64,11 @@ class DeviceSampler:
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams], rngs: Sequence[SequenceRng],
                history: History, allowed: torch.Tensor | None = None) -> DeviceResult:
         """logits [B, V] (any float dtype, any device, never modified); rows that `serves`;
-        allowed: bool [B, V] on the host (a grammar's mask) or None."""
+        allowed: bool [B, V] on the host (a grammar's mask) or None. Raises SamplingError, before
+        any draw, for a batch of the wrong shape (as the host's sampler does)."""
+        if logits.dim() != 2 or logits.shape[1] != self.vocab_size or not len(params) == len(rngs) == logits.shape[0]:
+            raise SamplingError(f"logits must be [batch, {self.vocab_size}] with a row per sequence, "
+                                f"got {tuple(logits.shape)} for {len(params)}")
         if allowed is None:   # every row plain greedy, no penalty, no probabilities: the argmax pass alone
             try:
                 tokens = greedy_tokens_device(logits, params)
