@@ -77,7 +77,8 @@ class SampleRows:
     n_probs: int | None = None          # the report's columns (a subset keeps its batch's)
 
     @classmethod
-    def build(cls, params, draws, history: History, vocab: int, packed) -> SampleRows:
+    def build(cls, params, draws, history: History, vocab: int,
+              packed: tuple[list[int], np.ndarray | None]) -> SampleRows:
         windows = [_window(p, h) for p, h in zip(params, history)]
         return cls(list(params), list(draws), windows, vocab, packed[0], packed[1])
 
@@ -86,8 +87,8 @@ class SampleRows:
         where = {r: j for j, r in enumerate(self.masked)}
         masked = [k for k, r in enumerate(idx) if r in where]
         bits = self.bits[[where[idx[k]] for k in masked]] if masked else None
-        return SampleRows([self.params[i] for i in idx], [self.draws[i] for i in idx], [self.windows[i] for i in idx],
-                     self.vocab, masked, bits, self.n)
+        return SampleRows([self.params[i] for i in idx], [self.draws[i] for i in idx],
+                          [self.windows[i] for i in idx], self.vocab, masked, bits, self.n)
 
     def top_k(self, p: SamplingParams) -> int:
         return p.top_k if 0 < p.top_k < self.vocab else self.vocab     # vocab: off
