@@ -108,7 +108,8 @@ def run_case(name: str, batch: int, vocab: int, dev: str, reps: int) -> dict:
                speedup=t_host / t_dev)
     if dev == "cuda":
         cycles = sleep_cycles(1.0)
-        row["device_behind_ms"] = behind_forward_ms(lambda: device_path.sample(plan, logits, allowed), cycles, 1.0, reps)
+        row["device_behind_ms"] = behind_forward_ms(lambda: device_path.sample(plan, logits, allowed), cycles, 1.0,
+                                                    reps)
         row["host_behind_ms"] = behind_forward_ms(lambda: host_path.sample(plan, logits.cpu(), allowed), cycles, 1.0,
                                                   reps)
     return row

@@ -138,7 +138,8 @@ def test_step_sampling_on_the_device_path_answers_as_the_host_path():
     runs = {}
     for on_device in (True, False):
         seqs = [seq(p, 100 + i, tokens=range(i, 40 + i)) for i, p in enumerate(params)]
-        runs[on_device] = [r[0] for r in StepSampling(vocab, on_device=on_device).sample(plan_of(seqs), logits, allowed)]
+        sampling = StepSampling(vocab, on_device=on_device)
+        runs[on_device] = [r[0] for r in sampling.sample(plan_of(seqs), logits, allowed)]
     dev, host = runs[True], runs[False]
     assert [s.token for s in dev] == [s.token for s in host]
     assert [s.error for s in dev] == [s.error for s in host]
@@ -188,8 +189,8 @@ def test_the_engine_answers_the_same_through_the_device_path(tmp_path):
         Request((8, 9), SamplingParams(temperature=0.0, repeat_penalty=1.5, n_probs=2), n_predict=10, ignore_eos=True),
         Request((5, 9), SamplingParams(temperature=0.7, seed=2), n_predict=6,
                 grammar=compile_constraint("gbnf", 'root ::= ("a" | "b" | "c")+')),
-        Request((7, 7), SamplingParams(temperature=1.1, top_k=0, top_p=0.9, seed=3, n_probs=2, post_sampling_probs=True),
-                n_predict=10, ignore_eos=True),
+        Request((7, 7), SamplingParams(temperature=1.1, top_k=0, top_p=0.9, seed=3, n_probs=2,
+                                       post_sampling_probs=True), n_predict=10, ignore_eos=True),
         Request((6, 5), SamplingParams(temperature=0.8, seed=4, dry_multiplier=0.8), n_predict=10, ignore_eos=True),
     ]
     events = {}

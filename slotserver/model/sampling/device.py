@@ -96,9 +96,8 @@ class DeviceSampler:
             token, done, post_chosen, post_ids, post_logp = self._sorted(adj, rows, up, token, done, full)
         for exact, name in ((False, "vocab_fast"), (True, "vocab_post")):
             if getattr(rows, name):
-                i = up[name]
-                t = draw_vocab(_pick(adj, i, len(getattr(rows, name))), up.col("temp")[i], up.col("u")[i], row_max[i],
-                               exact)
+                i, n = up[name], len(getattr(rows, name))
+                t = draw_vocab(_pick(adj, i, n), *up.cols(name, "temp", "u"), _pick(row_max, i, n), exact)
                 token = token.index_copy(0, i, t)
         chosen, tops = torch.zeros_like(row_max, dtype=torch.float64), []
         if rows.n:
@@ -133,10 +132,10 @@ class DeviceSampler:
         width = self.vocab_size if full else rows.width
         vals, ids = torch.topk(sub, width, dim=1)                       # [s, W] each, descending
         vals = vals.double()
-        top_k = up.col("top_k")[i].long()
+        top_k, top_p, min_p, temp, u = up.cols("sorted", "top_k", "top_p", "min_p", "temp", "u")
         lse = sub.logsumexp(dim=1) if rows.needs_lse and width < self.vocab_size else None
-        keep, ok = keep_lengths(vals, top_k, up.col("top_p")[i], up.col("min_p")[i], lse, self.vocab_size)
-        col, logp = draw_sorted(vals, keep, up.col("temp")[i], up.col("u")[i])
+        keep, ok = keep_lengths(vals, top_k.long(), top_p, min_p, lse, self.vocab_size)
+        col, logp = draw_sorted(vals, keep, temp, u)
         token = token.index_copy(0, i, ids.gather(1, col[:, None]).squeeze(1))
         done = done.index_copy(0, i, ok)
         if not rows.n or not rows.sorted_post:
@@ -160,7 +159,8 @@ class DeviceSampler:
             report = _put_rows(report, up["post_of_sorted"], post_ids, post_logp, post_chosen)
         if rows.vocab_post:                                             # untruncated post rows: the whole row
             i = up["vocab_post"]
-            c, ids, lps = vocab_final(adj.index_select(0, i), up.col("temp")[i], token.index_select(0, i), n)
+            temp, = up.cols("vocab_post", "temp")
+            c, ids, lps = vocab_final(adj.index_select(0, i), temp, token.index_select(0, i), n)
             report = _put_rows(report, i, ids, lps, c)
         if rows.greedy_post:                                            # greedy post rows: {argmax: p = 1}
             i = up["greedy_post"]

@@ -52,7 +52,18 @@ class Upload:
 
     def col(self, name: str) -> torch.Tensor:
         """A per-row scalar: [B] float64."""
-        return self.tensor[: self._rows * len(SCALARS)].view(self._rows, len(SCALARS))[:, SCALARS.index(name)]
+        return self._block()[:, SCALARS.index(name)]
+
+    def cols(self, rows: str, *names: str) -> tuple[torch.Tensor, ...]:
+        """Per-row scalars of the rows of index list `rows`: [len] float64 each, one gather for
+        all of them (none when the list is every row)."""
+        block = self._block()
+        if self._spans[rows][1] - self._spans[rows][0] != self._rows:
+            block = block.index_select(0, self[rows])                     # [len, len(SCALARS)]
+        return tuple(block[:, SCALARS.index(name)] for name in names)
+
+    def _block(self) -> torch.Tensor:
+        return self.tensor[: self._rows * len(SCALARS)].view(self._rows, len(SCALARS))   # [B, len(SCALARS)]
 
     def raw(self, name: str) -> torch.Tensor:
         a, b = self._spans[name]
