@@ -2,8 +2,9 @@
 seeds: the same tokens, the same random draws, the same reported probabilities. It is plain torch,
 so these tests run it on CPU tensors; the last one runs StepSampling on a GPU when there is one.
 
-Logits are a permutation of evenly spaced values (no two within 1e-3 of each other), so rounding
-differences between the two implementations cannot flip a choice."""
+Logits are a permutation of about evenly spaced values (neighbours at least 0.6 of a step apart, and
+no two equal after penalties and biases), so rounding differences between the two implementations
+cannot flip a choice."""
 
 from __future__ import annotations
 
@@ -20,9 +21,12 @@ from slotserver.model.sampling.sampler import Sampler, SamplingError, SamplingPa
 
 
 def spaced_logits(gen: torch.Generator, rows: int, vocab: int, spread: float) -> torch.Tensor:
-    """[rows, vocab]: each row a shuffle of `vocab` values evenly spaced over `spread`."""
+    """[rows, vocab]: each row a shuffle of `vocab` values about evenly spaced over `spread`, each
+    moved by a random fraction of a step, so no penalty or bias lands one exactly on another (equal
+    values are ordered by id on the device, in the CPU topk's own order by the host's fast path)."""
     perm = torch.stack([torch.randperm(vocab, generator=gen) for _ in range(rows)]).float()
-    return perm * (spread / vocab) - spread / 2
+    jitter = 0.4 * torch.rand(rows, vocab, generator=gen)
+    return (perm + jitter) * (spread / vocab) - spread / 2
 
 
 def random_params(r: random.Random, vocab: int) -> SamplingParams:
@@ -103,6 +107,27 @@ def test_plain_greedy_rows_take_one_argmax_and_a_nan_row_comes_back_as_bad():
     assert res.bad == [1] and res.output.tokens[[0, 2]].tolist() == [7, int(logits[2].argmax())]
     with pytest.raises(SamplingError, match=r"logits must be \[batch, 300\]"):
         DeviceSampler(300).sample(logits[:, :200], params, [SequenceRng(0)] * 3, [[]] * 3)
+
+
+def test_equal_logits_give_a_seed_the_same_token_alone_or_beside_any_row():
+    """Logits with many exact ties (as a bf16 output layer gives), cut by top_k inside a run of
+    equal values: a seed draws the same token whether its row is alone or beside rows that widen
+    the candidates (ties in id order, the cut by id), and a tied post-sampling report lists ids
+    in increasing order."""
+    vocab = 512
+    logits = (8 * torch.randn(1, vocab, generator=torch.Generator().manual_seed(6))).round() / 4   # steps of 1/4
+    p = SamplingParams(temperature=1.0, top_k=40, top_p=1.0, min_p=0.0)
+    others = [SamplingParams(temperature=1.0, top_k=300), SamplingParams(temperature=1.0, top_k=0, top_p=0.9)]
+    for seed in range(40):
+        alone = DeviceSampler(vocab).sample(logits, [p], [SequenceRng(seed)], [[]]).output.tokens[0]
+        beside = DeviceSampler(vocab).sample(logits.expand(3, -1), [*others, p], [SequenceRng(1), SequenceRng(2),
+                                             SequenceRng(seed)], [[]] * 3).output.tokens[2]
+        assert alone == beside
+    post = SamplingParams(temperature=1.0, top_k=40, top_p=1.0, min_p=0.0, post_sampling_probs=True, n_probs=40)
+    out = DeviceSampler(vocab).sample(logits, [post], [SequenceRng(0)], [[]]).output
+    ids, lps = out.top_ids[0].tolist(), out.top_logprobs[0].tolist()
+    assert any(a == b for a, b in zip(lps, lps[1:]))                    # the report holds ties
+    assert all(i < j for i, j, a, b in zip(ids, ids[1:], lps, lps[1:]) if a == b)
 
 
 def seq(params: SamplingParams, seed: int, tokens=(), reasoning=None):

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from slotserver.model.sampling.device_chain import draw_sorted, draw_vocab, keep_lengths, penalize_, unpack_bits, \
-    vocab_final
+from slotserver.model.sampling.device_chain import draw_sorted, draw_vocab, keep_lengths, penalize_, top_candidates, \
+    unpack_bits, vocab_final
 from slotserver.model.sampling.device_rows import OPEN_WIDTH, SampleRows, Upload, upload_to
 from slotserver.model.sampling.greedy import greedy_tokens_device
 from slotserver.model.sampling.params import SamplingError, SamplingParams
@@ -130,7 +130,7 @@ class DeviceSampler:
         i = up["sorted"]
         sub = _pick(adj, i, len(rows.sorted_rows))                      # [s, V]
         width = self.vocab_size if full else rows.width
-        vals, ids = torch.topk(sub, width, dim=1)                       # [s, W] each, descending
+        vals, ids = top_candidates(sub, width)                          # [s, W] each, descending
         vals = vals.double()
         top_k, top_p, min_p, temp, u = up.cols("sorted", "top_k", "top_p", "min_p", "temp", "u")
         lse = sub.logsumexp(dim=1) if rows.needs_lse and width < self.vocab_size else None

@@ -6,7 +6,7 @@ the small result tensor (slotserver/model/sampling/device.py). Every decision th
 request, not on the logits, was taken on the host before.
 
 Each function mirrors a piece of the host's fast path with the same arithmetic, so the tokens
-agree wherever the logits are not at a rounding boundary:
+agree wherever the logits are not at a rounding boundary or exactly equal (`top_candidates`):
 - `penalize_`: penalties.py `apply_penalties_` (float32, the same formula and count);
 - `keep_lengths`: row.py `keep_length` (float64; top_p over the top_k prefix, or over the whole
   vocabulary for an open row, whose normaliser is the full logsumexp);
@@ -44,6 +44,22 @@ def penalize_(adj: torch.Tensor, ids: torch.Tensor, rep: torch.Tensor, freq: tor
     rep, freq, pres = rep[:, None], freq[:, None], pres[:, None]       # [B, 1] each
     new = torch.where(old > 0, old / rep, old * rep) - (count * freq + pres)
     return adj.scatter_(1, target, torch.where(count > 0, new, old))
+
+
+def top_candidates(adj: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `width` largest logits of each row, descending, equal values in id order (lowest first,
+    as a stable sort leaves them): adj [s, V] float32 -> vals, ids [s, W].
+
+    Why not torch.topk on the values: it orders ties its own way, on CUDA possibly differently
+    with the batch's shape, and decides which tied tokens make the cut; a draw over the same values
+    in another order picks another token, and a bf16 output layer gives float32 logits with many
+    exact ties. One int64 key per logit (the float's order-preserving integer, then the reversed id)
+    is distinct in a row, so the top `width` and their order are one answer alone or in any batch."""
+    bits = adj.contiguous().view(torch.int32)                          # [s, V]
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)                           # ordered as the floats
+    rev = torch.arange(adj.shape[1] - 1, -1, -1, device=adj.device)    # [V] lower id, larger key
+    _, ids = torch.topk((key.long() << 32) | rev, width, dim=1)       # [s, W]
+    return adj.gather(1, ids), ids
 
 
 def _first(hit: torch.Tensor, default: int) -> torch.Tensor:
