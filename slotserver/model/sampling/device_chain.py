@@ -58,7 +58,7 @@ def top_candidates(adj: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.T
     bits = adj.contiguous().view(torch.int32)                          # [s, V]
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)                           # ordered as the floats
     rev = torch.arange(adj.shape[1] - 1, -1, -1, device=adj.device)    # [V] lower id, larger key
-    _, ids = torch.topk((key.long() << 32) | rev, width, dim=1)       # [s, W]
+    _, ids = torch.topk(key.long() * 2**32 + rev, width, dim=1)        # [s, W]; * not <<: no shift of negatives
     return adj.gather(1, ids), ids
 
 
