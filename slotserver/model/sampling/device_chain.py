@@ -56,7 +56,7 @@ def top_candidates(adj: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.T
     exact ties. One int64 key per logit (the float's order-preserving integer, then the reversed id)
     is distinct in a row, so the top `width` and their order are one answer alone or in any batch."""
     bits = adj.contiguous().view(torch.int32)                          # [s, V]
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)                           # ordered as the floats
+    key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)              # ordered as the floats
     rev = torch.arange(adj.shape[1] - 1, -1, -1, device=adj.device)    # [V] lower id, larger key
     _, ids = torch.topk(key.long() * 2**32 + rev, width, dim=1)        # [s, W]; * not <<: no shift of negatives
     return adj.gather(1, ids), ids
