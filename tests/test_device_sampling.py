@@ -70,7 +70,7 @@ def test_the_device_sampler_gives_the_host_samplers_tokens_and_probabilities(voc
     with -inf; grammar masks; n_probs raw and post-sampling), each row with its own seed: the same
     tokens and probabilities as the host, and each row's random stream advanced as far."""
     r, gen = random.Random(vocab), torch.Generator().manual_seed(vocab)
-    for _ in range(40):
+    for _ in range(25):   # 300 rows a vocabulary (1000 batches of 1-20 rows agreed when this was written)
         logits, params, history, allowed = random_batch(r, gen, 12, vocab)
         seeds = [r.randrange(2**32) for _ in params]
         host_rngs, dev_rngs = [SequenceRng(s) for s in seeds], [SequenceRng(s) for s in seeds]
