@@ -113,8 +113,11 @@ def main() -> None:
     batches = [int(b) for b in a.batches.split(",")]
     rows, bw = [], None
     for path in a.models:
+        t0 = time.perf_counter()
         bundle = ModelBundle.load(ModelConfig(path, dtype="auto", device=a.device, max_ctx=a.ctx + a.steps + 64))
         dev = bundle.model.device
+        print(f"loaded {path.name} ({path.stat().st_size / 1e9:.2f} GB) on {dev} in {time.perf_counter() - t0:.1f} s",
+              flush=True)
         bw = bw or copy_bandwidth(dev, 1 << 28 if dev == "cpu" else 1 << 30)
         for b in batches:
             r = decode_steps(bundle, b, a.ctx, a.steps, a.layout)
