@@ -34,6 +34,7 @@ from slotserver.engine.prompt_cache import PromptCache, RamCacheHooks
 from slotserver.engine.port import EnginePort
 from slotserver.engine.intake import new_sequence, validate
 from slotserver.engine.kv_shift import apply_shift, check_shift_support
+from slotserver.engine.overlap import InFlight, Overlap, landed_stamps
 from slotserver.engine.postprocess import postprocess, progress_event
 from slotserver.engine.request import Request, RequestError, RequestHandle
 from slotserver.engine.scheduler import Scheduler, StepPlan
@@ -90,6 +91,7 @@ class Engine:
         self.device = bundle.model.device
         self._logits = torch.empty(0, bundle.model.weights.output.out_features, device=self.device)   # grown (_forward)
         self._ids = itertools.count(1)
+        self.overlap = Overlap(config.overlaps(self.device), config.n_cells)   # --async-steps (overlap.py)
         self.loop = EngineLoop(self, self._wake)   # the thread, the watcher
         self.sleeper = Sleeper(self, config.sleep_idle_s)   # --sleep-idle-seconds
 
@@ -166,12 +168,27 @@ class Engine:
         """One step. -> False when there was nothing to do. Its events leave when it ends."""
         try:
             return self._step()
+        except BaseException:
+            self.overlap.in_flight = None   # its requests fail with this step (EngineLoop)
+            raise
+        finally:
+            self.outbox.flush()
+
+    def settle(self) -> None:
+        """Land the step in flight, if any (overlap.py): its tokens reach their requests."""
+        try:
+            if self.overlap.in_flight is not None:
+                self._land()
         finally:
             self.outbox.flush()
 
     def _step(self) -> bool:
         """schedule, apply moves, forward, sample, postprocess; `t` times each part (stats)."""
         self.sleeper.wake_if_needed()   # asleep (--sleep-idle-seconds) and asked for: weights and KV back
+        if self.overlap.in_flight is not None:   # client messages and lab swaps see no step in flight
+            if not self.inbox.pending() and not self.lab.has_pending() and self._step_ahead():
+                return True
+            self._land()
         self.inbox.drain()
         self.lab.apply_pending()
         if not self.sched.has_work():
@@ -186,7 +203,10 @@ class Engine:
         masks = self.masks.start([c.seq.grammar for c in plan.chunks if c.sample])  # filled during the forward
         logits = self._forward_or_roll_back(plan)
         t.append(time.perf_counter())
-        runs = self.sampling.sample(plan, logits, masks.result())   # per sampling chunk: its token(s)
+        allowed = masks.result()
+        if self._leave_in_flight(plan, logits, allowed, t):
+            return True
+        runs = self.sampling.sample(plan, logits, allowed)   # per sampling chunk: its token(s)
         self.spec.learn(plan, runs)
         t.append(time.perf_counter())
         done = postprocess(self.sched, plan, runs, self.eog)
@@ -195,6 +215,52 @@ class Engine:
         self.inbox.release(len(done))
         self.tracker.after_step(plan, len(done), t, runs)
         return True
+
+    # -- overlapped decode steps (--async-steps; overlap.py) ------------------------------------------
+    def _leave_in_flight(self, plan: StepPlan, logits, allowed, t: list[float]) -> bool:
+        """Sample the step where its logits are and leave it in flight, if overlap allows it."""
+        if not self.overlap.enabled or allowed is not None or self.spec.enabled or not self.overlap.can_leave(plan):
+            return False
+        ids = self.sampling.sample_ids(plan, logits)
+        if ids is None:
+            return False
+        t.append(time.perf_counter())
+        self.overlap.in_flight = InFlight(plan, ids, t)
+        return True
+
+    def _step_ahead(self) -> bool:
+        """Launch the step after the one in flight (its input tokens copied on the device from that
+        step's sampled ids), then land the one in flight while it runs. False: it cannot follow on."""
+        prev, t = self.overlap.in_flight, [time.perf_counter()]
+        plan = self.overlap.successor(self.sched, self.cache.budget())
+        if plan is None:
+            return False
+        t += [time.perf_counter()] * 3   # scheduled; no moves, no drafts
+        logits = self._forward_or_roll_back(plan, prev.ids.tokens)
+        t.append(time.perf_counter())
+        ids = self.sampling.sample_ids(plan, logits)
+        if ids is None:   # the rows and their params are the previous step's, which sampled there
+            raise RuntimeError("an overlapped step's rows could not be sampled on the device")
+        t.append(time.perf_counter())
+        self._land()
+        self.overlap.in_flight = InFlight(plan, ids, t)
+        return True
+
+    def _land(self) -> None:
+        """Wait for the step in flight's ids and postprocess them. Rows of sequences that stopped at
+        the step before are discarded (never appended nor counted; paged: their cell's block back)."""
+        fl, self.overlap.in_flight = self.overlap.in_flight, None
+        t0 = time.perf_counter()
+        sampled = fl.ids.rows()
+        t1 = time.perf_counter()
+        plan, rows = self.overlap.live(fl.plan)
+        runs = [(sampled[i],) for i in rows]
+        done = postprocess(self.sched, plan, runs, self.eog)
+        for i in sorted(set(range(len(fl.plan.chunks))) - set(rows)):
+            self.cache.trim(fl.plan.chunks[i].stream, fl.plan.chunks[i].seq.num_computed)
+        t2 = time.perf_counter()
+        self.inbox.release(len(done))
+        self.tracker.after_step(plan, len(done), landed_stamps(fl.stamps, t1 - t0, t2 - t1, t2), runs)
 
     def _schedule(self) -> StepPlan:
         plan = self.sched.schedule()
@@ -235,28 +301,36 @@ class Engine:
             if c.draft:
                 self.cache.trim(c.stream, c.seq.num_tokens)
 
-    def _forward_or_roll_back(self, plan: StepPlan) -> torch.Tensor | None:
+    def _forward_or_roll_back(self, plan: StepPlan, tokens: torch.Tensor | None = None) -> torch.Tensor | None:
         """The forward; a kernel just swapped in that fails on real shapes is rolled back and the
-        step runs again on the previous kernels (the lab's rollback)."""
+        step runs again on the previous kernels (the lab's rollback). tokens: see `_forward`."""
         try:
-            logits = self._forward(plan)
+            logits = self._forward(plan, tokens)
         except Exception as e:  # noqa: BLE001 - re-raised unless the lab had something to roll back
             if not self.lab.rollback(e):
                 raise
-            logits = self._forward(plan)
+            logits = self._forward(plan, tokens)
         self.lab.forward_ok()
         return logits
 
-    def _forward(self, plan: StepPlan) -> torch.Tensor | None:
+    def _forward(self, plan: StepPlan, tokens: torch.Tensor | None = None) -> torch.Tensor | None:
+        """tokens: an overlapped decode step's input ids `[chunks]` where the model runs (the step in
+        flight's sampled ids, not on the host yet), copied into the batch on the device."""
         if not plan.chunks:
             return None
-        chunks = [SeqChunk(c.stream, c.start, c.seq.tokens[c.start: c.start + c.n] + list(c.draft),
-                           all_logits=bool(c.draft), logits=c.sample,
-                           prompt=not c.draft and c.start + c.n <= c.seq.prompt_end) for c in plan.chunks]
+        if tokens is not None:   # one-token decode chunks (overlap.plain_decode); 0 holds each id's place
+            chunks = [SeqChunk(c.stream, c.start, [0]) for c in plan.chunks]
+        else:
+            chunks = [SeqChunk(c.stream, c.start, c.seq.tokens[c.start: c.start + c.n] + list(c.draft),
+                               all_logits=bool(c.draft), logits=c.sample,
+                               prompt=not c.draft and c.start + c.n <= c.seq.prompt_end) for c in plan.chunks]
         rows = sum(c.sample + len(c.draft) for c in plan.chunks)
         if self._logits.shape[0] < rows:   # one buffer for every step's logits (see LlamaModel.forward)
             self._logits = torch.empty(rows, self._logits.shape[1], device=self.device)
-        logits = self.bundle.model.forward(Batch.build(chunks, self.device), self.cache, self._logits)
+        batch = Batch.build(chunks, self.device)
+        if tokens is not None:
+            batch.tokens.copy_(tokens, non_blocking=True)   # queued after the sampler that made them
+        logits = self.bundle.model.forward(batch, self.cache, self._logits)
         return logits   # [n_sample, vocab], where the model ran (StepSampling copies what the host needs)
 
 
