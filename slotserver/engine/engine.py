@@ -34,7 +34,7 @@ from slotserver.engine.prompt_cache import PromptCache, RamCacheHooks
 from slotserver.engine.port import EnginePort
 from slotserver.engine.intake import new_sequence, validate
 from slotserver.engine.kv_shift import apply_shift, check_shift_support
-from slotserver.engine.overlap import InFlight, Overlap, landed_stamps
+from slotserver.engine.overlap import Overlap
 from slotserver.engine.postprocess import postprocess, progress_event
 from slotserver.engine.request import Request, RequestError, RequestHandle
 from slotserver.engine.scheduler import Scheduler, StepPlan
@@ -91,7 +91,7 @@ class Engine:
         self.device = bundle.model.device
         self._logits = torch.empty(0, bundle.model.weights.output.out_features, device=self.device)   # grown (_forward)
         self._ids = itertools.count(1)
-        self.overlap = Overlap(config.overlaps(self.device), config.n_cells)   # --async-steps (overlap.py)
+        self.overlap = Overlap(self, config.overlaps(self.device), self._forward_or_roll_back)   # --async-steps
         self.loop = EngineLoop(self, self._wake)   # the thread, the watcher
         self.sleeper = Sleeper(self, config.sleep_idle_s)   # --sleep-idle-seconds
 
@@ -178,7 +178,7 @@ class Engine:
         """Land the step in flight, if any (overlap.py): its tokens reach their requests."""
         try:
             if self.overlap.in_flight is not None:
-                self._land()
+                self.overlap.land()
         finally:
             self.outbox.flush()
 
@@ -186,9 +186,9 @@ class Engine:
         """schedule, apply moves, forward, sample, postprocess; `t` times each part (stats)."""
         self.sleeper.wake_if_needed()   # asleep (--sleep-idle-seconds) and asked for: weights and KV back
         if self.overlap.in_flight is not None:   # client messages and lab swaps see no step in flight
-            if not self.inbox.pending() and not self.lab.has_pending() and self._step_ahead():
+            if not self.inbox.pending() and not self.lab.has_pending() and self.overlap.step_ahead():
                 return True
-            self._land()
+            self.overlap.land()
         self.inbox.drain()
         self.lab.apply_pending()
         if not self.sched.has_work():
@@ -204,7 +204,7 @@ class Engine:
         logits = self._forward_or_roll_back(plan)
         t.append(time.perf_counter())
         allowed = masks.result()
-        if self._leave_in_flight(plan, logits, allowed, t):
+        if self.overlap.leave(plan, logits, allowed, t):   # --async-steps: its tokens land next step
             return True
         runs = self.sampling.sample(plan, logits, allowed)   # per sampling chunk: its token(s)
         self.spec.learn(plan, runs)
@@ -215,52 +215,6 @@ class Engine:
         self.inbox.release(len(done))
         self.tracker.after_step(plan, len(done), t, runs)
         return True
-
-    # -- overlapped decode steps (--async-steps; overlap.py) ------------------------------------------
-    def _leave_in_flight(self, plan: StepPlan, logits, allowed, t: list[float]) -> bool:
-        """Sample the step where its logits are and leave it in flight, if overlap allows it."""
-        if not self.overlap.enabled or allowed is not None or self.spec.enabled or not self.overlap.can_leave(plan):
-            return False
-        ids = self.sampling.sample_ids(plan, logits)
-        if ids is None:
-            return False
-        t.append(time.perf_counter())
-        self.overlap.in_flight = InFlight(plan, ids, t)
-        return True
-
-    def _step_ahead(self) -> bool:
-        """Launch the step after the one in flight (its input tokens copied on the device from that
-        step's sampled ids), then land the one in flight while it runs. False: it cannot follow on."""
-        prev, t = self.overlap.in_flight, [time.perf_counter()]
-        plan = self.overlap.successor(self.sched, self.cache.budget())
-        if plan is None:
-            return False
-        t += [time.perf_counter()] * 3   # scheduled; no moves, no drafts
-        logits = self._forward_or_roll_back(plan, prev.ids.tokens)
-        t.append(time.perf_counter())
-        ids = self.sampling.sample_ids(plan, logits)
-        if ids is None:   # the rows and their params are the previous step's, which sampled there
-            raise RuntimeError("an overlapped step's rows could not be sampled on the device")
-        t.append(time.perf_counter())
-        self._land()
-        self.overlap.in_flight = InFlight(plan, ids, t)
-        return True
-
-    def _land(self) -> None:
-        """Wait for the step in flight's ids and postprocess them. Rows of sequences that stopped at
-        the step before are discarded (never appended nor counted; paged: their cell's block back)."""
-        fl, self.overlap.in_flight = self.overlap.in_flight, None
-        t0 = time.perf_counter()
-        sampled = fl.ids.rows()
-        t1 = time.perf_counter()
-        plan, rows = self.overlap.live(fl.plan)
-        runs = [(sampled[i],) for i in rows]
-        done = postprocess(self.sched, plan, runs, self.eog)
-        for i in sorted(set(range(len(fl.plan.chunks))) - set(rows)):
-            self.cache.trim(fl.plan.chunks[i].stream, fl.plan.chunks[i].seq.num_computed)
-        t2 = time.perf_counter()
-        self.inbox.release(len(done))
-        self.tracker.after_step(plan, len(done), landed_stamps(fl.stamps, t1 - t0, t2 - t1, t2), runs)
 
     def _schedule(self) -> StepPlan:
         plan = self.sched.schedule()

@@ -31,11 +31,19 @@ other rows as any arrival or departure of a request does.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
+import torch
+
+from slotserver.engine.postprocess import postprocess
 from slotserver.engine.sampled_ids import SampledIds
 from slotserver.engine.scheduler import ScheduledChunk, Scheduler, StepPlan
 from slotserver.runtime.paged_contract import KVBudget
+
+if TYPE_CHECKING:
+    from slotserver.engine.engine import Engine
 
 
 @dataclass
@@ -56,11 +64,65 @@ def plain_decode(c: ScheduledChunk) -> bool:
 
 
 class Overlap:
-    def __init__(self, enabled: bool, n_cells: int) -> None:
-        self.enabled, self.n_cells = enabled, n_cells
+    """The engine's overlapped steps: which step stays in flight, the step launched after it, and
+    its landing. The engine's `_step` decides when (client messages and lab swaps land it first)."""
+
+    def __init__(self, engine: "Engine", enabled: bool,
+                 forward: Callable[[StepPlan, torch.Tensor | None], torch.Tensor | None]) -> None:
+        """forward(plan, tokens): the engine's forward (with the lab's rollback); tokens: see Engine._forward."""
+        self.engine, self.enabled, self.forward = engine, enabled, forward
+        self.n_cells = engine.config.n_cells
         self.in_flight: InFlight | None = None
         self.launched = 0    # steps launched ahead of the previous step's tokens (tests, /props)
         self.discarded = 0   # rows of sequences that had stopped one step before (see the module doc)
+
+    def leave(self, plan: StepPlan, logits: torch.Tensor | None, allowed: torch.Tensor | None,
+              t: list[float]) -> bool:
+        """Sample a scheduled step where its logits are and leave it in flight, where overlap allows
+        it (no grammar masks, no speculative decoding, plain decode chunks, a device sampler)."""
+        e = self.engine
+        if not self.enabled or allowed is not None or e.spec.enabled or not self.can_leave(plan):
+            return False
+        ids = e.sampling.sample_ids(plan, logits)
+        if ids is None:
+            return False
+        t.append(time.perf_counter())
+        self.in_flight = InFlight(plan, ids, t)
+        return True
+
+    def step_ahead(self) -> bool:
+        """Launch the step after the one in flight (its input tokens copied on the device from that
+        step's sampled ids), then land the one in flight while it runs. False: it cannot follow on."""
+        e, prev, t = self.engine, self.in_flight, [time.perf_counter()]
+        plan = self.successor(e.sched, e.cache.budget())
+        if plan is None:
+            return False
+        t += [time.perf_counter()] * 3   # scheduled; no moves, no drafts
+        logits = self.forward(plan, prev.ids.tokens)
+        t.append(time.perf_counter())
+        ids = e.sampling.sample_ids(plan, logits)
+        if ids is None:   # the rows and their params are the previous step's, which sampled there
+            raise RuntimeError("an overlapped step's rows could not be sampled on the device")
+        t.append(time.perf_counter())
+        self.land()
+        self.in_flight = InFlight(plan, ids, t)
+        return True
+
+    def land(self) -> None:
+        """Wait for the step in flight's ids and postprocess them. Rows of sequences that stopped at
+        the step before are discarded (never appended nor counted; paged: their cell's block back)."""
+        e, fl, self.in_flight = self.engine, self.in_flight, None
+        t0 = time.perf_counter()
+        sampled = fl.ids.rows()
+        t1 = time.perf_counter()
+        plan, rows = self.live(fl.plan)
+        runs = [(sampled[i],) for i in rows]
+        done = postprocess(e.sched, plan, runs, e.eog)
+        for i in sorted(set(range(len(fl.plan.chunks))) - set(rows)):
+            e.cache.trim(fl.plan.chunks[i].stream, fl.plan.chunks[i].seq.num_computed)
+        t2 = time.perf_counter()
+        e.inbox.release(len(done))
+        e.tracker.after_step(plan, len(done), landed_stamps(fl.stamps, t1 - t0, t2 - t1, t2), runs)
 
     @staticmethod
     def can_leave(plan: StepPlan) -> bool:
