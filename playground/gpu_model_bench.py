@@ -147,7 +147,8 @@ def main() -> None:
         if len(r.get("engine_ab", {})) > 1:
             base = r["engine_ab"][modes[0]]["engine_tok_s"]
             print(f"engine async-steps A/B: {r['model'][:28]} b={r['batch']}: " + ", ".join(
-                f"{m} {x['engine_tok_s']:.0f} tok/s ({x['engine_tok_s'] / base:.2f}x, {x['overlapped_steps']} overlapped)"
+                f"{m} {x['engine_tok_s']:.0f} tok/s ({x['engine_tok_s'] / base:.2f}x, "
+                f"{x['overlapped_steps']} overlapped)"
                 for m, x in r["engine_ab"].items()))
     for r in rows:   # where an engine step's time goes (forward: launches; sample: waits for the device)
         if "engine_phase_ms" in r:

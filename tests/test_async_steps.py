@@ -5,6 +5,8 @@ the host's work changes. tests/test_device.py runs the engine on CUDA with the d
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from tiny_gguf import write_tiny_gguf
@@ -88,7 +90,7 @@ def test_mixed_requests_match_overlap_off(model_path, layout):
     free = drive(make_engine(model_path, "off", layout), {0: [Request(p, GREEDY, n_predict=40) for p in prompts(7)]})
     eog = frozenset({free[0][0][9]})   # the random model's 10th token of the first prompt ends generation
     text = free[5][1]
-    word = next(text[i: i + 2] for i in range(4, len(text)) if text[i: i + 2].isascii() and text[i: i + 2].isprintable())
+    word = next(w for w in (text[i: i + 2] for i in range(4, len(text))) if w.isascii() and w.isprintable())
     ps = prompts(7)
     script = {0: [Request(ps[0], GREEDY, n_predict=30), Request(ps[1], GREEDY, n_predict=25)],
               2: [Request(ps[2], GREEDY, n_predict=12), Request(ps[3], GREEDY, n_predict=-1)],
@@ -171,3 +173,28 @@ def test_mode_is_validated_and_auto_is_cuda_only():
         EngineConfig(async_steps="yes")
     assert EngineConfig().overlaps("cuda") and not EngineConfig().overlaps("cpu")
     assert EngineConfig(async_steps="on").overlaps("cpu") and not EngineConfig(async_steps="off").overlaps("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_overlap_gives_the_tokens_of_overlap_off(model_path):
+    """On the GPU (auto: on), steps launched ahead of their input ids: the same tokens as overlap off
+    where both compute the same batches (stops known in advance; one request for the end of
+    generation, whose extra row has no neighbour), and the stopped request caches no extra token."""
+    bundle = ModelBundle.load(ModelConfig(model_path, device="cuda"))
+    ps = prompts(5)
+    script = {0: [Request(ps[0], GREEDY, n_predict=20, ignore_eos=True), Request(ps[1], GREEDY, n_predict=7)],
+              3: [Request(ps[2], GREEDY, n_predict=11)], 6: [Request(ps[3], GREEDY, n_predict=30)]}
+    script = {k: [replace(r, ignore_eos=True) for r in v] for k, v in script.items()}   # every stop a limit
+    runs, engines = [], []
+    for mode in ("off", "auto"):
+        engines.append(Engine(bundle, EngineConfig(n_parallel=4, ctx_size=256, async_steps=mode)))
+        runs.append(drive(engines[-1], script))
+    assert engines[1].overlap.enabled and engines[1].overlap.launched > 10
+    same_answers(*runs)
+    tokens = runs[0][2][0]
+    k = next(i for i in range(2, len(tokens)) if tokens[i] not in tokens[:i])   # a first occurrence
+    one = Engine(bundle, EngineConfig(n_parallel=1, ctx_size=64))
+    one.eog = frozenset({tokens[k]})
+    got, _, final, _ = drive(one, {0: [Request(ps[2], GREEDY, n_predict=20)]})[0]
+    assert final.stop_type == "eos" and got == tokens[: k + 1] and one.overlap.discarded == 1
+    assert one.sched.slots.slots[0].cached == list(ps[2]) + got[:-1]
