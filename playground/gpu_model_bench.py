@@ -5,6 +5,7 @@ the weight and KV bytes per step set at the card's measured copy bandwidth; then
     python playground/gpu_model_bench.py model.gguf [more.gguf ...] --device cuda --out DIR
     python playground/gpu_model_bench.py /tmp/tiny.gguf --device cpu --batches 1,2 --steps 3   # dry run
     python playground/gpu_model_bench.py model.gguf --device cuda --async-steps off,on   # overlap A/B
+    python playground/gpu_model_bench.py tiny.gguf --device cpu --batches 1,2 --steps 3 --async-steps off,on  # its dry run
 
 The models are usually random-weight files of real shapes (playground/shape_model.py): a decode
 step's time does not depend on the values. Each number is the median over `--steps` steps after
@@ -115,8 +116,11 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("."))
     p.add_argument("--async-steps", default="auto",
                    help="the engine run's --async-steps; a comma list (off,on) runs the engine once per mode: the A/B")
+    p.add_argument("--budget-s", type=float, default=0.0,
+                   help="stop starting new rows after this many seconds (0: no limit); the table covers what ran")
     a = p.parse_args()
-    modes = a.async_steps.split(",")
+    modes = [EngineConfig(async_steps=m).async_steps for m in a.async_steps.split(",")]   # a bad mode: one line
+    t0 = time.perf_counter()
     batches = [int(b) for b in a.batches.split(",")]
     rows, bw = [], None
     for path in a.models:
@@ -124,6 +128,9 @@ def main() -> None:
         dev = bundle.model.device
         bw = bw or copy_bandwidth(dev, 1 << 28 if dev == "cpu" else 1 << 30)
         for b in batches:
+            if a.budget_s and time.perf_counter() - t0 > a.budget_s:
+                print(f"budget of {a.budget_s:.0f} s spent: {path.name} b={b} and later rows skipped", flush=True)
+                break
             r = decode_steps(bundle, b, a.ctx, a.steps, a.layout)
             r["eager_step_ms"] = decode_steps(bundle, b, a.ctx, a.steps, a.layout, graphs=False)["step_ms"]
             r.update(model=path.name, device=dev, bound_tok_s=b * bw / (r["weight_bytes"] + r["kv_bytes"]))

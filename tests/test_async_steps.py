@@ -5,82 +5,13 @@ the host's work changes. tests/test_device.py runs the engine on CUDA with the d
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
-import torch
-from tiny_gguf import write_tiny_gguf
+from async_steps_fixtures import GREEDY, drive, make_engine, model_path, one_torch_thread, prompts, same_answers  # noqa: F401
 
 from slotserver.engine.config import EngineConfig
-from slotserver.engine.engine import Engine
-from slotserver.engine.request import FinalEvent, Request, TokenEvent
+from slotserver.engine.request import Request
 from slotserver.errors import ConfigError
-from slotserver.model.bundle import ModelBundle
-from slotserver.model.config import ModelConfig
 from slotserver.model.sampling.params import SamplingParams
-
-GREEDY = SamplingParams(temperature=0.0)
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    return write_tiny_gguf(tmp_path_factory.mktemp("async") / "tiny.gguf", n_layers=2, d_model=32, n_heads=4,
-                           n_kv_heads=2, d_ff=64, ctx_len=512, seed=3)
-
-
-def make_engine(path, mode: str, layout: str = "seq_head_dim", eog: frozenset[int] | None = None, **config) -> Engine:
-    bundle = ModelBundle.load(ModelConfig(model_path=path, layout=layout, threads=1))
-    engine = Engine(bundle, EngineConfig(async_steps=mode, **({"n_parallel": 3, "ctx_size": 3 * 64} | config)))
-    if eog is not None:   # a token the random model does generate acts as end of generation
-        engine.eog = eog
-    return engine
-
-
-def drive(engine: Engine, script: dict[int, list], max_steps: int = 400) -> list:
-    """Step the engine on this thread; script[step]: Requests to submit, or ("cancel", i) for the i-th
-    submitted. -> each request's (tokens, texts, final event), in submission order."""
-    handles, step = [], 0
-    while step < max_steps:
-        for item in script.get(step, []):
-            if isinstance(item, Request):
-                handles.append(engine.submit(item))
-            else:
-                engine.cancel(handles[item[1]].id)
-        if not engine.step() and step > max(script):
-            break
-        step += 1
-    return [_events(h) for h in handles]
-
-
-def _events(handle) -> tuple[list[int], str, FinalEvent, list]:
-    tokens, text, tops, final = [], "", [], None
-    for ev in handle.iter_events(timeout=0):
-        if isinstance(ev, TokenEvent):
-            tokens.append(ev.token)
-            tops.append(ev.top)
-            text += ev.text
-        elif isinstance(ev, FinalEvent):
-            final, text = ev, text + ev.text
-    return tokens, text, final, tops
-
-
-def prompts(n: int) -> list[tuple[int, ...]]:
-    return [tuple(3 + (7 * i + j) % 200 for j in range(4 + 3 * i)) for i in range(n)]
-
-
-def same_answers(a, b) -> None:
-    for (ta, xa, fa, pa), (tb, xb, fb, pb) in zip(a, b, strict=True):
-        assert (ta, xa, pa) == (tb, xb, pb)
-        assert (fa.stop_type, fa.stopping_word, fa.n_predicted, fa.n_prompt, fa.truncated) == \
-            (fb.stop_type, fb.stopping_word, fb.n_predicted, fb.n_prompt, fb.truncated)
 
 
 @pytest.mark.parametrize("layout", ["seq_head_dim", "paged"])
@@ -173,28 +104,3 @@ def test_mode_is_validated_and_auto_is_cuda_only():
         EngineConfig(async_steps="yes")
     assert EngineConfig().overlaps("cuda") and not EngineConfig().overlaps("cpu")
     assert EngineConfig(async_steps="on").overlaps("cpu") and not EngineConfig(async_steps="off").overlaps("cuda")
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_overlap_gives_the_tokens_of_overlap_off(model_path):
-    """On the GPU (auto: on), steps launched ahead of their input ids: the same tokens as overlap off
-    where both compute the same batches (stops known in advance; one request for the end of
-    generation, whose extra row has no neighbour), and the stopped request caches no extra token."""
-    bundle = ModelBundle.load(ModelConfig(model_path, device="cuda"))
-    ps = prompts(5)
-    script = {0: [Request(ps[0], GREEDY, n_predict=20, ignore_eos=True), Request(ps[1], GREEDY, n_predict=7)],
-              3: [Request(ps[2], GREEDY, n_predict=11)], 6: [Request(ps[3], GREEDY, n_predict=30)]}
-    script = {k: [replace(r, ignore_eos=True) for r in v] for k, v in script.items()}   # every stop a limit
-    runs, engines = [], []
-    for mode in ("off", "auto"):
-        engines.append(Engine(bundle, EngineConfig(n_parallel=4, ctx_size=256, async_steps=mode)))
-        runs.append(drive(engines[-1], script))
-    assert engines[1].overlap.enabled and engines[1].overlap.launched > 10
-    same_answers(*runs)
-    tokens = runs[0][2][0]
-    k = next(i for i in range(2, len(tokens)) if tokens[i] not in tokens[:i])   # a first occurrence
-    one = Engine(bundle, EngineConfig(n_parallel=1, ctx_size=64))
-    one.eog = frozenset({tokens[k]})
-    got, _, final, _ = drive(one, {0: [Request(ps[2], GREEDY, n_predict=20)]})[0]
-    assert final.stop_type == "eos" and got == tokens[: k + 1] and one.overlap.discarded == 1
-    assert one.sched.slots.slots[0].cached == list(ps[2]) + got[:-1]
