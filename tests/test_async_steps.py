@@ -64,6 +64,49 @@ def test_a_stopped_request_keeps_no_extra_token(model_path, stop):
     assert again.n_cached == len(p) + len(got) - 1
 
 
+@pytest.mark.parametrize("defrag", ["off", "on"])
+def test_the_pipeline_runs_on_through_finished_requests(model_path, defrag):
+    """Requests that end (on max_tokens, known ahead, or on an end of generation, seen one step late)
+    leave the overlapped steps running for the others: after the prompt's step and the first
+    decode step, every step of the longest request is launched ahead; answers as with overlap off.
+    With defrag on, the two that end sit on streams below the longest one's, which the scheduler
+    then moves down: each costs one step that lands before it is scheduled."""
+    ps = prompts(3)
+    lengths = (5, 9, 20)
+    reqs = [Request(p, GREEDY, n_predict=n) for p, n in zip(ps, lengths)]
+    off = drive(make_engine(model_path, "off"), {0: reqs})
+    mid, last = off[1][0], off[2][0]
+    k = next(i for i in range(2, len(mid)) if mid[i] not in mid[:i] + last + off[0][0])   # ends only request 1
+    runs, engines = [], []
+    for mode in ("off", "on"):
+        engines.append(make_engine(model_path, mode, eog=frozenset({mid[k]}), defrag=defrag))
+        runs.append(drive(engines[-1], {0: reqs}))
+    same_answers(*runs)
+    assert [f.stop_type for _, _, f, _ in runs[1]] == ["limit", "eos", "limit"]
+    assert engines[1].overlap.launched == lengths[-1] - 2 - 2 * (defrag == "on") and engines[1].overlap.discarded == 1
+
+
+def test_steps_compute_the_batches_of_overlap_off(model_path):
+    """Where every stop is known ahead (max_tokens, a full slot) and one request is cancelled, the
+    overlapped engine runs the very batches of overlap off, step for step (the same sequences,
+    positions and admissions: the same floats on any device), only launched earlier."""
+    ps = prompts(7)
+    script = {0: [Request(p, GREEDY, n_predict=n, ignore_eos=True) for p, n in zip(ps[:4], (6, 14, 3, -1))],
+              4: [Request(ps[4], GREEDY, n_predict=8, ignore_eos=True), ("cancel", 1)],
+              7: [Request(p, GREEDY, n_predict=n, ignore_eos=True) for p, n in zip(ps[5:], (5, 11))]}
+    batches, engines = [], []
+    for mode in ("off", "on"):
+        engine, seen = make_engine(model_path, mode), []
+        forward = engine._forward
+        engine._forward = lambda plan, tokens=None, f=forward, seen=seen: (
+            seen.append([(c.seq.id, c.start, c.n, c.stream) for c in plan.chunks]), f(plan, tokens))[1]
+        drive(engine, script)
+        batches.append(seen)
+        engines.append(engine)
+    assert batches[0] == batches[1]
+    assert engines[1].overlap.launched > len(batches[0]) // 2 and engines[1].overlap.discarded == 0
+
+
 def test_context_shift_matches_overlap_off(model_path):
     """A slot that fills up shifts its context at the next scheduled step: the overlapped step before
     it never writes past the slot, and the answer is overlap off's."""

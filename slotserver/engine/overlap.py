@@ -94,11 +94,12 @@ class Overlap:
         """Launch the step after the one in flight (its input tokens copied on the device from that
         step's sampled ids), then land the one in flight while it runs. False: it cannot follow on."""
         e, prev, t = self.engine, self.in_flight, [time.perf_counter()]
-        plan = self.successor(e.sched, e.cache.budget())
-        if plan is None:
+        planned = self.successor(e.sched, e.cache.budget())
+        if planned is None:
             return False
+        plan, rows = planned
         t += [time.perf_counter()] * 3   # scheduled; no moves, no drafts
-        logits = self.forward(plan, prev.ids.tokens)
+        logits = self.forward(plan, prev.ids.gather(rows))
         t.append(time.perf_counter())
         ids = e.sampling.sample_ids(plan, logits)
         if ids is None:   # the rows and their params are the previous step's, which sampled there
@@ -129,27 +130,45 @@ class Overlap:
         """Whether a scheduled step may stay in flight after its sampler is launched."""
         return bool(plan.chunks) and all(plain_decode(c) for c in plan.chunks)
 
-    def successor(self, sched: Scheduler, budget: KVBudget | None) -> StepPlan | None:
+    def successor(self, sched: Scheduler, budget: KVBudget | None) -> tuple[StepPlan, list[int]] | None:
         """The step after the one in flight, as the scheduler would plan it once that step's tokens
-        are in: every chunk one position further, same streams. None where the scheduler has
-        something else to do or a sequence may stop on a known limit: no request waits for a free slot, the
-        running sequences are exactly the step's, none reaches max_tokens or a full slot with the
-        token in flight, and (paged) one more cell each still fits the pool."""
-        plan = self.in_flight.plan
-        running = sched.running()
-        if (sched.waiting and sched.slots.idle()) or len(running) != len(plan.chunks):   # no slot: none admitted
+        are in, and the rows of the step in flight whose ids are its input: the same sequences one
+        position further, less those that stopped at the step before and those whose token in flight
+        is their last (max_tokens, a full slot). None where the scheduler has something to do: a
+        request could take a free slot (or one about to be freed), defrag would move a stream, a
+        running sequence is not in the step, a full slot shifts its context (--context-shift), (paged)
+        the cells do not fit."""
+        chunks = self.in_flight.plan.chunks
+        if sched.waiting and sched.slots.idle():
             return None
-        for c in plan.chunks:
+        if {s.id for s in sched.running()} - {c.seq.id for c in chunks}:
+            return None
+        rows = []
+        for i, c in enumerate(chunks):
             s = c.seq
-            if s.finished or s.slot_id < 0 or sched.streams.stream_of[s.slot_id] != c.stream \
-                    or s.num_tokens + 1 >= self.n_cells or 0 <= s.request.n_predict <= s.num_generated + 1:
+            if s.finished:
+                continue   # stopped at the step before: this row is discarded when it lands
+            if s.slot_id < 0 or sched.streams.stream_of[s.slot_id] != c.stream:
                 return None
+            full = s.num_tokens + 1 >= self.n_cells   # with the token in flight appended
+            if full and sched.shift is not None:
+                return None
+            if not (full or 0 <= s.request.n_predict <= s.num_generated + 1):
+                rows.append(i)
+        if not rows or (len(rows) < len(chunks) and (sched.waiting or not self._packed([chunks[i] for i in rows]))):
+            return None
         if budget is not None:
             held = [min(sl.seq.num_tokens + 1, self.n_cells) if sl.seq else len(sl.cached) for sl in sched.slots.slots]
             if not budget.fits(held):
                 return None
         self.launched += 1
-        return StepPlan(chunks=[ScheduledChunk(c.seq, c.stream, c.start + 1, 1, True) for c in plan.chunks])
+        return StepPlan(chunks=[ScheduledChunk(chunks[i].seq, chunks[i].stream, chunks[i].start + 1, 1, True)
+                                for i in rows]), rows
+
+    def _packed(self, kept: list[ScheduledChunk]) -> bool:
+        """With defrag on, the streams of the sequences that go on are 0..k-1: the scheduler would
+        move none once the others' slots are free (else it must: a step that lands first)."""
+        return self.engine.config.defrag == "off" or sorted(c.stream for c in kept) == list(range(len(kept)))
 
     def live(self, plan: StepPlan) -> tuple[StepPlan, list[int]]:
         """The chunks of a landing step whose sequences still run, and their rows in its sampled ids;

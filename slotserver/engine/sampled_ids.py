@@ -31,6 +31,15 @@ class SampledIds:
         self._event = torch.cuda.Event()
         self._event.record()
 
+    def gather(self, rows: list[int]) -> torch.Tensor:
+        """The device tokens of `rows` (all of them: no copy), for a next step without some sequences."""
+        if len(rows) == self.tokens.shape[0]:
+            return self.tokens
+        idx = torch.tensor(rows, dtype=torch.int64)
+        if not self.tokens.is_cpu:   # from pinned memory, without waiting for the step in flight
+            idx = idx.pin_memory().to(self.tokens.device, non_blocking=True)
+        return self.tokens.index_select(0, idx)
+
     def ready(self) -> bool:
         """Whether the host copy has landed (never blocks)."""
         return self._event is None or self._event.query()
