@@ -9,8 +9,9 @@ alone did 676-738).
 How (the engine's `_step`, engine.py): a step whose every chunk is a plain decode chunk (below)
 and whose rows the device samples (`StepSampling.sample_ids`) is left *in flight*: its sampled ids
 stay a device tensor, copied to pinned host memory behind an event (sampled_ids.py). The next step,
-when nothing asks for the scheduler (`successor`), is the same sequences one position further; its
-input tokens are copied on the device from the ids in flight, its forward and sampler are launched,
+when nothing asks for the scheduler (`successor`), is the same sequences one position further (less
+those that ended); its input tokens are copied (gathered) on the device from the ids in flight, its
+forward and sampler are launched,
 and only then does the host wait for the earlier ids and postprocess them (stops, events, stats)
 while the device computes. Any other step first *lands* the step in flight (waits, postprocesses)
 and runs as without overlap; so do client messages (submit, cancel, call) and lab swaps, which are
@@ -23,8 +24,8 @@ difference in the batches: a sequence that stops at step N on a token the host h
 discarded: its token is never appended, emitted or counted, and the sequence's `num_computed`
 (what the slot and the prompt caches record) stops before it; the K/V cell it wrote lies past the
 slot's cached tokens, so the next user of the slot writes over it (paged layouts: its block is
-trimmed when the step lands). Stops known before the launch (max_tokens, a full slot, so a context
-shift) are not overlapped. With batch-invariant kernels (the CPU's) the extra row changes no other
+trimmed when the step lands). Stops known before the launch (max_tokens, a full slot) are not
+launched past, and a full slot that shifts its context (--context-shift) lands first. With batch-invariant kernels (the CPU's) the extra row changes no other
 row; where a matmul's algorithm follows the row count (cuBLAS), it may change the last bits of the
 other rows as any arrival or departure of a request does.
 """
