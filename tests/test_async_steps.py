@@ -5,6 +5,8 @@ the host's work changes. tests/test_device.py runs the engine on CUDA with the d
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from async_steps_fixtures import GREEDY, drive, make_engine, model_path, one_torch_thread, prompts, same_answers  # noqa: F401
 
@@ -115,6 +117,29 @@ def test_context_shift_matches_overlap_off(model_path):
                for m in ("off", "on"))
     same_answers(off, on)
     assert all(len(t) == 90 and f.truncated for t, _, f, _ in on)
+
+
+def test_a_layout_swap_lands_the_step_in_flight_first(model_path):
+    """A lab layout swap queued mid-generation migrates the KV with no step in flight: the tokens
+    are those of an unswapped run with overlap off."""
+    req = Request(prompts(1)[0], GREEDY, n_predict=40, ignore_eos=True)
+    want = drive(make_engine(model_path, "off"), {0: [req]})[0][0]
+    engine = make_engine(model_path, "on")
+    handle = engine.submit(req)
+    for _ in range(6):
+        engine.step()
+    assert engine.overlap.in_flight is not None
+    swap = engine.lab.switch_layout("head_seq_dim")
+    deadline = time.monotonic() + 60
+    while not engine.lab.has_pending() and not swap.done() and time.monotonic() < deadline:
+        time.sleep(0.005)   # validated on the lab's thread, then queued for a step boundary
+    while not swap.done():
+        engine.step()
+    assert engine.sched.running(), "the swap waited for the end of the generation"
+    while engine.step():
+        pass
+    assert swap.result()["result"] == "swapped" and engine.cache.name == "head_seq_dim"
+    assert handle.result(timeout=0).tokens == want and engine.overlap.launched > 20
 
 
 def test_probabilities_and_samplers_run_without_overlap(model_path):
