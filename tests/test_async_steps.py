@@ -168,6 +168,14 @@ def test_engine_thread_settles_and_stats_count_each_token(model_path):
 
 
 def test_mode_is_validated_and_auto_is_cuda_only():
+    from slotserver.cli import main as cli
+    from slotserver.server.config_from_args import plan_from_args
+
+    parse = cli.build_parser().parse_args
+    assert plan_from_args(parse(["serve", "--async-steps", "on"])).engine.async_steps == "on"
+    assert plan_from_args(parse(["serve"])).engine.async_steps == "auto"
+    with pytest.raises(SystemExit):
+        parse(["serve", "--async-steps", "sometimes"])
     with pytest.raises(ConfigError, match="--async-steps"):
         EngineConfig(async_steps="yes")
     assert EngineConfig().overlaps("cuda") and not EngineConfig().overlaps("cpu")
