@@ -74,7 +74,7 @@ class Overlap:
         self.engine, self.enabled, self.forward = engine, enabled, forward
         self.n_cells = engine.config.n_cells
         self.in_flight: InFlight | None = None
-        self.launched = 0    # steps launched ahead of the previous step's tokens (tests, /props)
+        self.launched = 0    # steps launched ahead of the previous step's tokens (tests, gpu_model_bench)
         self.discarded = 0   # rows of sequences that had stopped one step before (see the module doc)
 
     def leave(self, plan: StepPlan, logits: torch.Tensor | None, allowed: torch.Tensor | None,
