@@ -8,10 +8,12 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 from async_steps_fixtures import GREEDY, drive, make_engine, model_path, one_torch_thread, prompts, same_answers  # noqa: F401
 
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.request import Request
+from slotserver.engine.sampled_ids import SampledIds
 from slotserver.errors import ConfigError
 from slotserver.model.sampling.params import SamplingParams
 
@@ -140,6 +142,33 @@ def test_a_layout_swap_lands_the_step_in_flight_first(model_path):
         pass
     assert swap.result()["result"] == "swapped" and engine.cache.name == "head_seq_dim"
     assert handle.result(timeout=0).tokens == want and engine.overlap.launched > 20
+
+
+def test_a_row_without_usable_logits_fails_only_its_request(model_path):
+    """The device sampler flags a row whose logits are unusable (NaN/inf): that request gets an error
+    when its step lands, its extra row is discarded, the others go on as with overlap off, and the
+    engine serves the next request."""
+    reqs = [Request(p, GREEDY, n_predict=12, ignore_eos=True) for p in prompts(3)]
+    want = drive(make_engine(model_path, "off"), {0: reqs})
+    engine = make_engine(model_path, "on")
+    sample_ids, calls = engine.sampling.sample_ids, []
+
+    def flag_row_zero(plan, logits):   # the 5th overlapped sampling: row 0's maximum "not finite"
+        ids = sample_ids(plan, logits)
+        calls.append(1)
+        if len(calls) == 5:
+            ids = SampledIds(torch.stack([ids.tokens, torch.tensor([0] + [1] * (len(plan.chunks) - 1))]))
+        return ids
+
+    engine.sampling.sample_ids = flag_row_zero
+    handles = [engine.submit(r) for r in reqs]
+    while engine.step():
+        pass
+    with pytest.raises(RuntimeError, match="NaN/inf"):
+        handles[0].result(timeout=0)
+    assert [h.result(timeout=0).tokens for h in handles[1:]] == [w[0] for w in want[1:]]
+    assert engine.overlap.discarded == 1 and not engine.sched.has_work()
+    assert drive(engine, {0: [reqs[0]]})[0][0] == want[0][0]
 
 
 def test_probabilities_and_samplers_run_without_overlap(model_path):
