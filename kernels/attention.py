@@ -661,6 +661,27 @@ def _example_view(k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, kind: in
     return StridedKV(k8, v8, *scales)
 
 
+
+def bench_inputs(device: str, small: bool = False) -> list[tuple[str, tuple]]:
+    """`lab check --time`: decode steps (one query row per sequence) over a float16 cache of
+    Llama-8B's geometry (8 KV heads, 32 q heads, head_dim 128), in both strided orders."""
+    sizes = [(2, 40, 2, 4, 16)] if small else [(1, 4096, 8, 32, 128), (32, 2048, 8, 32, 128), (64, 4096, 8, 32, 128)]
+    out = []
+    for b, ctx, kvh, qh, d in sizes:
+        k, v = (torch.randn(b, kvh, ctx, d, device=device, dtype=torch.float16) for _ in range(2))   # [B, H, L, D]
+        q = torch.randn(b, qh, d, device=device, dtype=torch.bfloat16)
+        meta = Batch.build([SeqChunk(stream=i, start=ctx - 1, tokens=[0]) for i in range(b)], device=device).attn
+        out.append((f"decode {b} x {ctx}, head_seq_dim", (q, StridedKV(k.transpose(1, 2), v.transpose(1, 2)), meta, d ** -0.5)))
+        k2, v2 = (t.transpose(1, 2).contiguous() for t in (k, v))                                      # [B, L, H, D]
+        out.append((f"decode {b} x {ctx}, seq_head_dim", (q, StridedKV(k2, v2), meta, d ** -0.5)))
+    return out
+
+
+def bench_flops(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> int:
+    """QK and PV: 4 flops per (query head, visible cell, dim)."""
+    return 4 * q.shape[1] * q.shape[2] * int(meta.kv_lens.sum())
+
+
 def _aot(dtype: str, quant: bool, decode: bool, group: int = 3, dim: int = 64, cache: str | None = None,
          split: bool = True) -> tuple:
     cache = "i8" if quant else (cache or dtype)

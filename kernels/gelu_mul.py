@@ -83,6 +83,13 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     return (3 * torch.randn(tokens, 2 * d_ff, generator=gen)).to(dtype),
 
 
+
+def bench_inputs(device: str, small: bool = False) -> list[tuple[str, tuple]]:
+    """`lab check --time`: bf16 gate|up rows of Qwen2.5-0.5B's and Llama-8B's d_ff, 8192 and 64 tokens."""
+    sizes = [(7, 80)] if small else [(8192, 4864), (8192, 14336), (64, 14336)]
+    return [(f"{t} x 2*{f}", (torch.randn(t, 2 * f, device=device, dtype=torch.bfloat16),)) for t, f in sizes]
+
+
 def _aot(dtype: str) -> tuple:
     sig = {"gu_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "stride_gu": "i32", "stride_out": "i32",
            "d_ff": "i32", "BLOCK": "constexpr"}

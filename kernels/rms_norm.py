@@ -112,6 +112,15 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     return x, (1 + 0.1 * torch.randn(dim, generator=gen)).to(dtype), 1e-5
 
 
+
+def bench_inputs(device: str, small: bool = False) -> list[tuple[str, tuple]]:
+    """`lab check --time`: bf16 rows of Qwen2.5-0.5B's and Llama-8B's widths, a float32 weight (as
+    the model keeps norms), 8192 tokens (a prefill chunk) and 64 (a decode batch)."""
+    sizes = [(7, 96)] if small else [(8192, 896), (8192, 4096), (64, 4096)]
+    return [(f"{t} x {d}", (torch.randn(t, d, device=device, dtype=torch.bfloat16),
+                            torch.ones(d, device=device), 1e-6)) for t, d in sizes]
+
+
 def _aot(x: str, w: str, block: int) -> tuple:
     sig = {"x_ptr": f"*{x}", "w_ptr": f"*{w}", "out_ptr": f"*{x}", "stride_x": "i32",
            "stride_out": "i32", "n_cols": "i32", "eps": "fp32", "BLOCK": "constexpr"}

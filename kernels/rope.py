@@ -109,6 +109,19 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     return x, theta.cos().to(dtype), theta.sin().to(dtype)
 
 
+
+def bench_inputs(device: str, small: bool = False) -> list[tuple[str, tuple]]:
+    """`lab check --time`: the q|k heads of bf16 qkv rows (a strided view, as the model passes them),
+    float32 cos/sin [tokens, head_dim / 2]: Qwen2.5-0.5B (14 + 2 heads x 64), Llama-8B (32 + 8 x 128)."""
+    sizes = [(7, 3, 1, 16)] if small else [(8192, 14, 2, 64), (8192, 32, 8, 128), (64, 32, 8, 128)]
+    out = []
+    for t, h, kv, d in sizes:
+        qkv = torch.randn(t, h + 2 * kv, d, device=device, dtype=torch.bfloat16)
+        theta = torch.rand(t, d // 2, device=device) * 100
+        out.append((f"{t} x ({h}+{kv}) x {d}", (qkv[:, : h + kv], theta.cos(), theta.sin())))
+    return out
+
+
 def _aot(x: str, blocks: tuple[int, int]) -> tuple:
     sig = {"x_ptr": f"*{x}", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": f"*{x}",
            **{name: "i32" for name in ("stride_xt", "stride_xh", "stride_ct", "stride_st",

@@ -10,16 +10,22 @@
 #   kernels   playground/gpu_kernel_bench.py: rms_norm/rope/silu/gelu vs copy bandwidth, prefill vs SDPA;
 #   sweep     playground/layout_sweep.py --device cuda: every layout, serving kernels, CUDA-graph times;
 #   lab       `slotserver lab check` on cuda (every kernel: Triton numerics vs reference, AOT);
-#   attention playground/gpu_attention_bench.py: decode attention vs SDPA and the copy bandwidth.
-# A part starts only with at least 20 s left; logs go to OUT_DIR/<part>.log, a short table last.
+#   attention playground/gpu_attention_bench.py: decode attention vs SDPA and the copy bandwidth;
+#   big       Llama-3.1-8B's shape in Q4_K (random weights): load time, decode ms/step vs the bytes bound;
+#   launches  playground/decode_launches.py: the CUDA kernels of one replayed decode step, per layer;
+#   qmatmul   playground/gpu_qmatmul_bench.py: GGUF-block Triton matmuls vs cuBLAS on dense bf16;
+#   sampling  playground/gpu_sampling_bench.py: the sampler chain on the device vs a copy to the host.
+# The default parts are this round's (third: 2026-11-27); the first two rounds' hf, kernels, sweep
+# and attention run when named in GPU_CHECK_PARTS. A part starts only with at least 20 s left;
+# a part whose script is absent is skipped; logs go to OUT_DIR/<part>.log, a short table last.
 #
 #   cd <repo root> && PYTHONPATH=. bash playground/gpu_check.sh [OUT_DIR]
 #   GPU_CHECK_PARTS=tests,model GPU_CHECK_TOTAL_S=200 ...   (a subset, a shorter budget)
 #   GPU_CHECK_DRY=1 ...   (the same parts on a CPU: tiny shapes, --device cpu, TRITON_INTERPRET)
 set -u
 T0=$(date +%s)
-TOTAL_S=${GPU_CHECK_TOTAL_S:-480}
-PARTS=${GPU_CHECK_PARTS:-versions,wheels,tests,model,hf,kernels,sweep,lab,attention}
+TOTAL_S=${GPU_CHECK_TOTAL_S:-500}
+PARTS=${GPU_CHECK_PARTS:-versions,wheels,tests,model,lab,qmatmul,big,launches,sampling}
 OUT_DIR="${1:-${OUT:-./gpu_out}}"
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
 cd "$(dirname "$0")/.." || exit 1        # the repo root
@@ -38,7 +44,7 @@ part() {
     if (( t < 20 )); then echo "== $name: skipped ($(left) s left)"; RC[$name]=skipped; return 0; fi
     echo "== $name (up to $t s, at $(elapsed) s)"
     if declare -F "$1" >/dev/null; then   # a function of this script: timeout runs programs only
-        PART_S=$t timeout "$t" bash -c "$(declare -f "$1"); $*" > "$OUT_DIR/$name.log" 2>&1
+        PART_S=$t timeout "$t" bash -c "$(declare -f); $*" > "$OUT_DIR/$name.log" 2>&1
     else
         PART_S=$t timeout "$t" "$@" > "$OUT_DIR/$name.log" 2>&1
     fi
@@ -72,7 +78,7 @@ wheels() {   # --no-deps: never replace the image's torch, triton or numpy
 }
 part versions 30 versions
 part wheels 60 wheels
-TAIL=60 part tests 100 $PY -m pytest -q -rf --tb=short -p no:cacheprovider tests/test_device.py
+TAIL=60 part tests 100 $PY -m pytest -q -rf --tb=short -p no:cacheprovider tests/test_device.py $(ls tests/test_torch_dequant.py tests/test_device_*.py tests/test_gpu_*.py 2>/dev/null)
 TAIL=30 part model 200 bash playground/gpu_model_check.sh "$OUT_DIR"
 if [[ "$DRY" == 1 ]]; then
     part hf 60 $PY playground/hf_bench.py --device cpu --tiny --batches 1,2 --steps 4 --out "$OUT_DIR"
@@ -86,10 +92,33 @@ else
     part sweep 50 $PY playground/layout_sweep.py --device cuda --dtype bfloat16 --batches 1 8 32 64 \
         --contexts 1024 2048 4096 8192 --rounds 2 --reps 20 --out "$OUT_DIR/layout_sweep.png"
 fi
-part lab 90 $PY -m slotserver.cli.main lab check --cases 2
+TAIL=40 part lab 90 $PY -m slotserver.cli.main lab check --cases 2 --no-aot --time
 ATT_DRY=(); [[ "$DRY" == 1 ]] && ATT_DRY=(--dry-run)
 [[ "$DRY" == 1 ]] && export TRITON_INTERPRET=1
 part attention 60 $PY playground/gpu_attention_bench.py "${ATT_DRY[@]}" --out "$OUT_DIR" --budget-s 30
+
+big() {   # Llama-3.1-8B's shape, Q4_K, dequantized on the card at load (runtime/torch_dequant.py)
+    local md; md=$(mktemp -d); local shape=llama-3.1-8b bs=1,8,32 steps=10
+    [[ "$DRY" == 1 ]] && { shape=tiny; bs=1,2; steps=3; }
+    local t0; t0=$(date +%s)
+    $PY playground/shape_model.py $shape Q4_K "$md/big.gguf" || return 3
+    echo "shape model written in $(( $(date +%s) - t0 )) s"
+    ls -la "$md"
+    $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches $bs --steps $steps --ctx 1024 \
+        --engine-tokens 0 --out "$OUT_DIR/big"
+    local rc=$?; rm -rf "$md"; return $rc
+}
+export DEV=cuda DRYARG="" OUT_DIR DRY; [[ "$DRY" == 1 ]] && { DEV=cpu; DRYARG=--dry-run; }
+missing() { [[ -f "$1" ]] && return 1; echo "$1 is absent: nothing to run"; }
+qmatmul() { missing playground/gpu_qmatmul_bench.py && return 0
+    $PY playground/gpu_qmatmul_bench.py $DRYARG --budget-s 60 --out "$OUT_DIR"; }
+launches() { missing playground/decode_launches.py && return 0; $PY playground/decode_launches.py --device "$DEV"; }
+sampling() { missing playground/gpu_sampling_bench.py && return 0
+    $PY playground/gpu_sampling_bench.py --device "$DEV" $DRYARG --budget-s 30; }
+TAIL=40 part qmatmul 75 qmatmul
+TAIL=20 part big 100 big
+TAIL=40 part launches 40 launches
+TAIL=30 part sampling 40 sampling
 
 echo
 echo "== short table ($(elapsed) s in all; logs in $OUT_DIR)"
@@ -102,4 +131,6 @@ grep -h "^engine phases" "$OUT_DIR/model_bench.log" 2>/dev/null
 grep -h "^tiles" "$OUT_DIR/kernels.log" 2>/dev/null
 sed -n '/^summary/,$p' "$OUT_DIR/kernels.log" 2>/dev/null | head -30
 grep -h -E "checks passed|^FAIL" "$OUT_DIR/lab.log" 2>/dev/null | head -6
+sed -n '/^timings of/,$p' "$OUT_DIR/lab.log" 2>/dev/null | head -30
+[[ -f "$OUT_DIR/big.log" ]] && grep -h -E "written in|^loaded|^copy bandwidth|^big.gguf" "$OUT_DIR/big.log" | tail -8
 sed -n '/^summary/,$p' "$OUT_DIR/attention.log" 2>/dev/null | head -20

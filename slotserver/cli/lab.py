@@ -24,6 +24,9 @@ def add_parser(sub) -> None:
     p.add_argument("--layouts-dir", type=Path, default=None, help="layout modules (default: the repo's layouts/)")
     p.add_argument("--cases", type=int, default=None, help="random inputs per kernel and dtype (default 6)")
     p.add_argument("--no-aot", action="store_true", help="skip the ahead-of-time GPU compiles")
+    p.add_argument("--time", action="store_true",
+                   help="also time each kernel on serving sizes (Triton on a GPU, else the cpu implementations) "
+                        "against the copy bandwidth and matmul rate measured here")
     p.set_defaults(run=run)
     p = lab_sub.add_parser("init", help="copy the bundled kernels and layouts into DIR for editing")
     p.add_argument("dir", type=Path)
@@ -74,4 +77,23 @@ def run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"no such folder: {folder}")
     results = run_lab_check(args.kernels_dir, args.layouts_dir, n_cases=args.cases or N_CASES, aot=not args.no_aot)
     print(format_report(results))
+    if args.time:
+        print()
+        print(time_kernels(args.kernels_dir))
     return 0 if all(r.ok for r in results) else 1
+
+
+def time_kernels(kernels_dir: Path | None, small: bool = False) -> str:
+    """`--time`: every kernel's serving implementation on this machine (slotserver/lab/timing.py)."""
+    import torch
+
+    from slotserver.lab.check import kernel_files
+    from slotserver.lab.timing import default_timer, format_timings, measure_limits, time_kernel
+    from slotserver.runtime.loader import default_dir
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    impl = "triton" if device == "cuda" else "cpu"
+    timer = default_timer(device)
+    rows = [t for p in kernel_files(Path(kernels_dir or default_dir("kernels")))
+            for t in time_kernel(p, impl, device, timer, small)]
+    return f"timings of the {impl} implementations on {device}:\n" + format_timings(rows, measure_limits(device, timer, small))

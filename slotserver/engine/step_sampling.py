@@ -16,8 +16,10 @@ import torch
 from slotserver.engine.postprocess import Sampled
 from slotserver.engine.scheduler import StepPlan
 from slotserver.engine.speculative.verify import greedy_run, sampled_run, synth_run
+from slotserver.engine.sampled_ids import SampledIds
 from slotserver.model.sampling.device import DeviceSampler
 from slotserver.model.sampling.device_rows import upload_to
+from slotserver.model.sampling.greedy import greedy_ids_device
 from slotserver.model.sampling.sampler import Sampler, SamplingError
 from slotserver.model.tensor_check import logits_problem
 
@@ -56,6 +58,17 @@ class StepSampling:
             if c.draft:
                 out[i] = self._verify(c, logits[starts[i]: starts[i] + 1 + len(c.draft)])
         return out
+
+    def sample_ids(self, plan: StepPlan, logits: torch.Tensor) -> SampledIds | None:
+        """The overlapped step's hook (engine/overlap.py): one token per chunk, sampled where the
+        logits are without waiting for them, or None where these rows need the host (another
+        sampler, probabilities, penalties). The caller has checked: no drafts, grammars or forced
+        tokens. A device sampler beyond greedy plugs in here (it returns `[2, rows]` as greedy does)."""
+        try:
+            ids = greedy_ids_device(logits, [c.seq.params for c in plan.chunks if c.sample])
+        except SamplingError:
+            return None   # a bad logit_bias id: the host path names it and fails only its request
+        return None if ids is None else SampledIds(ids)
 
     def _sample_rows(self, seqs, logits: torch.Tensor | None, allowed: torch.Tensor | None) -> list[Sampled]:
         """One token per row (the step's sampling without drafts)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import torch
 
 from slotserver.errors import GGUFError  # noqa: F401  re-export: defined without torch in slotserver.errors
 from slotserver.model.tensor_check import count_nonfinite, describe
+from slotserver.runtime import torch_dequant
 
 HEADER = struct.Struct("<4sIQQ")  # magic, version, tensor count, metadata (kv) count
 SUPPORTED_VERSIONS = (2, 3)  # what GGUFReader reads (v1 used 32-bit counts)
@@ -275,6 +277,10 @@ class GGUFFile:
         self.metadata = metadata
         self.tensors = tensors
         self._bytes = data   # the whole file, read-only, over the mapping
+        # Where load_tensor dequantizes: None, gguf-py's numpy; or a device ("cuda"), where the raw
+        # blocks go first and torch dequantizes them (runtime/torch_dequant.py: the same floats,
+        # without a minute of one-threaded numpy for an 8B file); the result then lives there.
+        self.dequant_device: str | None = None
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> GGUFFile:
@@ -306,6 +312,11 @@ class GGUFFile:
             raise GGUFError(self.path, f"missing tensor {name}")
         block, type_size = gguf.GGML_QUANT_SIZES[info.ggml_type]
         rows = self.mapped_bytes(info.offset, info.n_bytes).reshape(-1, info.shape[-1] // block * type_size)
+        if self.dequant_device is not None and torch_dequant.ported(info.ggml_type):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)   # the mapping is read-only; nothing writes it
+                raw = torch.from_numpy(rows).to(self.dequant_device)   # [rows, row_bytes] uint8, a copy
+            return torch_dequant.dequantize(raw, info.ggml_type, info.shape[-1]).reshape(info.shape).to(dtype)
         try:
             values = gguf.quants.dequantize(rows, info.ggml_type)
         except NotImplementedError:

@@ -278,6 +278,7 @@ def read_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, kernels: Kern
                  device: str = "cpu", progress: Progress | None = None) -> ModelWeights:
     """The matmul weights of `f` in `fmt`, on `device` (a load, and a wake from sleep)."""
     q4 = kernels.modules["q4_matmul"].module if "q4_matmul" in kernels.modules else None
+    f.dequant_device = None if device == "cpu" else device   # dense weights for a GPU: dequantized there
     weights = load_weights(f, spec, dtype, progress, fmt, q4)
     return weights if device == "cpu" else to_device(weights, device)
 

@@ -110,6 +110,7 @@ async def props(request: Request) -> Response:
         "dtype": str(bundle.model.dtype).removeprefix("torch."),   # ours: what the model computes in
         "weights": bundle.config.weight_format.kind,              # ours: the matmul weights' format
         "device": describe(bundle.model.device),                  # ours: cpu, or cuda:N (card name)
+        "async_steps": {"mode": engine.config.async_steps, "on": engine.overlap.enabled},   # ours: overlapped decode
         "modalities": {"vision": False, "audio": False},
         "endpoint_slots": state.config.slots_endpoint,
         "endpoint_metrics": state.config.metrics,
