@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from slotserver.engine.request import Request
 from slotserver.engine.step_sampling import StepSampling
 from slotserver.model.sampling.device import DeviceSampler
 from slotserver.model.sampling.sampler import Sampler, SamplingError, SamplingParams, SequenceRng
@@ -231,3 +232,29 @@ def test_the_engine_answers_the_same_through_the_device_path(tmp_path):
         for d, h in zip(dev, host):
             assert [t for t, _ in d.top] == [t for t, _ in h.top]
             assert all(abs(a - b) < 1e-5 for (_, a), (_, b) in zip(d.top, h.top))
+
+
+def test_overlapped_steps_sample_seeded_rows_on_the_device_as_the_host_does(tmp_path):
+    """--async-steps on with the device sampler (run on CPU tensors): seeded rows with llama-server's
+    default chain (top_k 40) are sampled without waiting, so their steps overlap, and every client
+    sees what the host path without overlap gives; a row the device cannot sample ahead (penalties)
+    keeps its steps landed."""
+    from async_steps_fixtures import drive, make_engine, prompts, same_answers
+    from tiny_gguf import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "t.gguf", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64,
+                           ctx_len=512, seed=3)
+    seeded = [SamplingParams(temperature=0.8, seed=s) for s in (1, 2, 3)]
+    reqs = [Request(p, s, n_predict=12, ignore_eos=True) for p, s in zip(prompts(3), seeded)]
+    host = drive(make_engine(path, "off"), {0: reqs})
+    overlapped = make_engine(path, "on")
+    overlapped.sampling.on_device = True
+    same_answers(host, drive(overlapped, {0: reqs}))
+    cpu_path = make_engine(path, "on")                  # the host sampler: these steps land, none overlaps
+    same_answers(host, drive(cpu_path, {0: reqs}))
+    assert overlapped.overlap.launched >= 8 and cpu_path.overlap.launched == 0
+    penalized = Request(prompts(1)[0], SamplingParams(temperature=0.8, seed=4, repeat_penalty=1.3), n_predict=6)
+    landed = make_engine(path, "on")
+    landed.sampling.on_device = True
+    same_answers(drive(make_engine(path, "off"), {0: [penalized]}), drive(landed, {0: [penalized]}))
+    assert landed.overlap.launched == 0

@@ -63,11 +63,15 @@ class StepSampling:
         """The overlapped step's hook (engine/overlap.py): one token per chunk, sampled where the
         logits are without waiting for them, or None where these rows need the host (another
         sampler, probabilities, penalties). The caller has checked: no drafts, grammars or forced
-        tokens. A device sampler beyond greedy plugs in here (it returns `[2, rows]` as greedy does)."""
+        tokens. Greedy rows take the argmax pass; others, off the CPU (or with on_device), the
+        device sampler where it needs no host view (no probabilities or penalties: `DeviceSampler.ids`)."""
+        seqs = [c.seq for c in plan.chunks if c.sample]
         try:
-            ids = greedy_ids_device(logits, [c.seq.params for c in plan.chunks if c.sample])
+            ids = greedy_ids_device(logits, [s.params for s in seqs])
         except SamplingError:
             return None   # a bad logit_bias id: the host path names it and fails only its request
+        if ids is None and (self.on_device or (self.on_device is None and not logits.is_cpu)):
+            ids = self.device.ids(logits, [s.params for s in seqs], [s.rng for s in seqs])
         return None if ids is None else SampledIds(ids)
 
     def _sample_rows(self, seqs, logits: torch.Tensor | None, allowed: torch.Tensor | None) -> list[Sampled]:

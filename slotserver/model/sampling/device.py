@@ -85,9 +85,39 @@ class DeviceSampler:
             out[idx] = self._run(logits[idx.to(logits.device)], rows.subset(redo), full=True)
         return _result(out, rows.n)
 
+    def ids(self, logits: torch.Tensor, params: Sequence[SamplingParams],
+            rngs: Sequence[SequenceRng]) -> torch.Tensor | None:
+        """The tokens without waiting for them (an overlapped step's sampler, engine/overlap.py):
+        int64 [2, B] where the logits are (the tokens; 1 where the row's maximum is finite, else 0),
+        or None, before any draw, where a row needs the host: probabilities, penalties (its history
+        lacks the token still in flight), candidates that may need a second pass (top_p or min_p
+        without top_k), or a row `serves` refuses."""
+        if logits.shape[1] != self.vocab_size or not all(self._ids_only(p) for p in params):
+            return None
+        draws = [rng.next_uniform() if not p.greedy else 0.0 for p, rng in zip(params, rngs)]
+        rows = SampleRows.build(params, draws, [()] * len(params), self.vocab_size, ([], None))
+        _, row_max, token, _, _ = self._chain(logits, rows, rows.upload(logits.device), full=False)
+        return torch.stack([token, row_max.isfinite().long()])         # [2, B], left on the device
+
+    def _ids_only(self, p: SamplingParams) -> bool:
+        k_off = not 0 < p.top_k < self.vocab_size
+        second_pass = not p.greedy and k_off and (p.top_p < 1 or p.min_p > 0)
+        return self.serves(p, ()) and not (p.n_probs or p.post_sampling_probs or p.penalties_active or second_pass)
+
     def _run(self, logits: torch.Tensor, rows: SampleRows, full: bool) -> torch.Tensor:
         """The chain on the device for every row, -> [B, 4 + 2n] float64 on the host (one copy)."""
         up = rows.upload(logits.device)
+        adj, row_max, token, done, post = self._chain(logits, rows, up, full)
+        chosen, tops = torch.zeros_like(row_max, dtype=torch.float64), []
+        if rows.n:
+            chosen, top_ids, top_lps = self._report(logits, adj, rows, up, token, *post)
+            tops = [top_ids.double(), top_lps]                          # [B, n] each
+        head = torch.stack([token.double(), chosen, row_max.isfinite().double(), done.double()], dim=1)  # [B, 4]
+        return torch.cat([head, *tops], dim=1).cpu()                    # the one copy back
+
+    def _chain(self, logits: torch.Tensor, rows: SampleRows, up: Upload, full: bool):
+        """-> adj [B, V], row_max [B], token [B], done [B], and the truncated post_sampling_probs
+        rows' (chosen, ids, logp) or Nones: every sampled token, still on the device."""
         adj = self._adjusted(logits, rows, up)                          # [B, V] float32
         row_max, token = adj.max(dim=1)                                 # [B] each; first index on ties
         done = torch.ones_like(row_max, dtype=torch.bool)
@@ -99,12 +129,7 @@ class DeviceSampler:
                 i, n = up[name], len(getattr(rows, name))
                 t = draw_vocab(_pick(adj, i, n), *up.cols(name, "temp", "u"), _pick(row_max, i, n), exact)
                 token = token.index_copy(0, i, t)
-        chosen, tops = torch.zeros_like(row_max, dtype=torch.float64), []
-        if rows.n:
-            chosen, top_ids, top_lps = self._report(logits, adj, rows, up, token, post_chosen, post_ids, post_logp)
-            tops = [top_ids.double(), top_lps]                          # [B, n] each
-        head = torch.stack([token.double(), chosen, row_max.isfinite().double(), done.double()], dim=1)  # [B, 4]
-        return torch.cat([head, *tops], dim=1).cpu()                    # the one copy back
+        return adj, row_max, token, done, (post_chosen, post_ids, post_logp)
 
     def _adjusted(self, logits: torch.Tensor, rows: SampleRows, up: Upload) -> torch.Tensor:
         """float32 logits after the grammar mask, logit_bias and penalties (a copy when any edits)."""
