@@ -28,7 +28,7 @@ from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
 from slotserver.model.step_graph import GRAPH_BYTES_MIN, StepGraphs
 from slotserver.model.cuda_graph import CudaGraphs
-from slotserver.model import heap
+from slotserver.model import heap, lean_step
 from slotserver.model.linear import QLinear
 from slotserver.model.moe import moe_ffn
 from slotserver.model.placement import to_device
@@ -150,6 +150,8 @@ class LlamaModel:
         s, w, ops = self.spec, self.weights, self.kernels
         act, plain, silu = w.act_dtype, self._plain, s.act != "gelu"
         fuse = ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}   # per step: a reload may swap it
+        if lean_step.applies(self, ops):   # the Triton kernels: fewer launches (lean_step.py)
+            return self._logits(fuse, lean_step.lean_body(self, x, angles, batch, cache), logits_into)
         norm_adds = "acc" in ops.fuses.get("rms_norm", ()) and s.residual_scale == 1.0   # x += post_norm(y) in C
         for i, lw in enumerate(w.layers):
             qkv = self._mm(fuse, lw.qkv, x, norm=lw.attn_norm)       # [tokens, q_size + 2*kv_size]
@@ -169,9 +171,13 @@ class LlamaModel:
             else:
                 x = self._residual_add(norm_adds, x, self._mm(fuse, lw.down, gate_up, glu=silu), lw.post_ffn_norm)
         rows = x if batch.logits_rows.shape[0] == batch.n_tokens else x[batch.logits_rows]  # all rows, in order
-        x = _as(ops.rms_norm(rows, w.out_norm, s.norm_eps), act)
+        return self._logits(fuse, _as(ops.rms_norm(rows, w.out_norm, s.norm_eps), act), logits_into)
+
+    def _logits(self, fuse: bool, x: torch.Tensor, logits_into: torch.Tensor | None) -> torch.Tensor:
+        """The output matmul on the output-normed rows x ([rows, d_model]), scaled and soft-capped."""
+        s, w = self.spec, self.weights
         if logits_into is None:
-            logits = w.output(x, ops).float()                    # [rows, vocab], a new tensor
+            logits = w.output(x, self.kernels).float()                    # [rows, vocab], a new tensor
         else:                                                    # added into zeros: the same floats
             logits = self._mm(fuse, w.output, x, acc=logits_into[: x.shape[0]].zero_())
         if s.logit_scale != 1.0:
