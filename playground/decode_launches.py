@@ -111,9 +111,10 @@ def _hook_triton(counter: LaunchCounter):
     return lambda: [setattr(cls, "run", orig) for cls, orig in saved.items()]
 
 
-def load(path: Path, device: str, unfused: bool):
+def load(path: Path, device: str, unfused: bool, dtype: torch.dtype = torch.bfloat16):
     """The model as the CUDA path serves it (bf16, dense weights, Triton kernels), on `device`;
-    `unfused`: rms_norm's add/out_dtype fusions hidden from the model (the unfused body)."""
+    `unfused`: rms_norm's add/out_dtype fusions hidden from the model (the unfused body).
+    dtype: the CPU's compute dtype (tests/test_lean_step.py compares float32 floats)."""
     from slotserver.model.config import ModelConfig
     from slotserver.model.model import LlamaModel
     from slotserver.model.weights import WeightFormat
@@ -124,7 +125,7 @@ def load(path: Path, device: str, unfused: bool):
 
         model = ModelBundle.load(ModelConfig(path, device="cuda", dtype="auto", max_ctx=4096)).model
     else:
-        model = LlamaModel.load(path, torch.bfloat16, kernels=KernelSet.load(impl="triton"), fmt=WeightFormat("dense"))
+        model = LlamaModel.load(path, dtype, kernels=KernelSet.load(impl="triton"), fmt=WeightFormat("dense"))
         for lin in model.weights.matmuls():   # oneDNN's blocked copy is CPU-only: the plain matrix, as on CUDA
             if getattr(lin, "packed", None) is not None:
                 lin.dense, lin.packed = lin.packed.to_dense(), None
@@ -142,8 +143,7 @@ def decode_batch(model, batch: int, ctx: int):
     from slotserver.runtime.kv_spec import KVSpec
 
     s, dev = model.spec, model.device
-    kv_dtype = torch.bfloat16
-    cache = KVCache.create("head_seq_dim", KVSpec(s.n_layers, batch, ctx + 8, s.n_kv_heads, s.head_dim, kv_dtype,
+    cache = KVCache.create("head_seq_dim", KVSpec(s.n_layers, batch, ctx + 8, s.n_kv_heads, s.head_dim, model.dtype,
                                                   device=dev))
     vocab = s.vocab_size
     toks = [(100 + 7 * i) % vocab for i in range(ctx)]
