@@ -15,6 +15,7 @@ olmoe, granitemoe: moe.py) with olmoe's q/k norms over the whole projection.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,13 +118,18 @@ class LlamaModel:
                                None if logits_into is None else logits_into[: batch.n_tokens])
 
     def _forward_cuda(self, batch: Batch, cache, logits_into: torch.Tensor | None) -> torch.Tensor:
-        """A decode step replayed from a CUDA graph where one serves it (cuda_graph.py), else eager."""
-        view = cache.view(0)
-        key = None if self.spec.moe is not None else self.graphs.key(batch, view.paged)   # MoE: eager (moe.py)
+        """A decode step replayed from a CUDA graph where one serves it (cuda_graph.py), else eager.
+        A paged layout serves when it offers `graph_step` (runtime/paged_blocks.py): the step's
+        cells are placed on the host first, into buffers the graph reads."""
+        layout = getattr(cache, "layout", cache)
+        paged = cache.view(0).paged
+        step = getattr(layout, "graph_step", None) if paged else None
+        key = None if self.spec.moe is not None else self.graphs.key(batch, paged and step is None)  # MoE: eager
         if key is None:
             return self._body(*self._inputs(batch), batch, cache, logits_into)
-        owner = (self.kernels, getattr(cache, "layout", cache), self.weights, view.k.data_ptr())
-        return self.graphs.run(owner, key, batch, lambda b: self._body(*self._inputs(b), b, cache))
+        with step(batch.token_streams, batch.positions) if step else contextlib.nullcontext():
+            owner = (self.kernels, layout, self.weights, cache.view(0).k.data_ptr())   # after a pool's growth
+            return self.graphs.run(owner, key, batch, lambda b: self._body(*self._inputs(b), b, cache))
 
     def _inputs(self, batch: Batch) -> tuple[torch.Tensor, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
         """The embedded tokens (the residual, f32) and each distinct rope table's cos, sin of the positions."""
