@@ -136,14 +136,14 @@ def load(path: Path, device: str, unfused: bool, dtype: torch.dtype = torch.bflo
     return model
 
 
-def decode_batch(model, batch: int, ctx: int):
+def decode_batch(model, batch: int, ctx: int, layout: str = "head_seq_dim"):
     """A cache with `batch` streams prefilled to `ctx` tokens, and the next decode step's batch."""
     from slotserver.engine.kv_cache import KVCache
     from slotserver.runtime.batch import Batch, SeqChunk
     from slotserver.runtime.kv_spec import KVSpec
 
     s, dev = model.spec, model.device
-    cache = KVCache.create("head_seq_dim", KVSpec(s.n_layers, batch, ctx + 8, s.n_kv_heads, s.head_dim, model.dtype,
+    cache = KVCache.create(layout, KVSpec(s.n_layers, batch, ctx + 8, s.n_kv_heads, s.head_dim, model.dtype,
                                                   device=dev))
     vocab = s.vocab_size
     toks = [(100 + 7 * i) % vocab for i in range(ctx)]
@@ -152,9 +152,9 @@ def decode_batch(model, batch: int, ctx: int):
     return cache, Batch.build([SeqChunk(b, ctx, [(ctx + b) % vocab]) for b in range(batch)], dev)
 
 
-def count_step(model, batch: int, ctx: int) -> dict:
+def count_step(model, batch: int, ctx: int, layout: str = "head_seq_dim") -> dict:
     """The launches of one eager decode step: per name, per step and per layer, in first-seen order."""
-    cache, step = decode_batch(model, batch, ctx)
+    cache, step = decode_batch(model, batch, ctx, layout)
     model.set_step_graphs(False)                   # eager: every launch goes through Python
     model.forward(step, cache)                     # warm: Triton compiles outside the count
     with LaunchCounter() as counter:
@@ -166,11 +166,11 @@ def count_step(model, batch: int, ctx: int) -> dict:
             "n_layers": layers, "ops": {k: n[k] for k in dict.fromkeys(counter.names)}}
 
 
-def profile_replay(model, batch: int, ctx: int) -> dict:
+def profile_replay(model, batch: int, ctx: int, layout: str = "head_seq_dim") -> dict:
     """CUDA kernels of one decode step replayed from its CUDA graph (torch.profiler), with device time."""
     from torch.profiler import ProfilerActivity, profile
 
-    cache, step = decode_batch(model, batch, ctx)
+    cache, step = decode_batch(model, batch, ctx, layout)
     for _ in range(3):                             # eager + capture, then a replay
         model.forward(step, cache)
     torch.cuda.synchronize()
@@ -217,6 +217,7 @@ def main() -> None:
     p.add_argument("--shape", default="qwen2.5-0.5b")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--layout", default="head_seq_dim", help="the KV layout (paged ones replay too)")
     p.add_argument("--compare", action="store_true", help="also the unfused body")
     p.add_argument("--budget-s", type=float, default=300.0)
     p.add_argument("--json", action="store_true", help="print the result as one JSON line last")
@@ -234,9 +235,9 @@ def main() -> None:
                 print(f"{variant}: skipped, past --budget-s")
                 break
             model = load(path, a.device, variant == "unfused")
-            out[variant] = count_step(model, a.batch, a.ctx)
+            out[variant] = count_step(model, a.batch, a.ctx, a.layout)
             if a.device == "cuda" and time.monotonic() - t0 < a.budget_s - 20:
-                out[variant]["replay"] = profile_replay(model, a.batch, a.ctx)
+                out[variant]["replay"] = profile_replay(model, a.batch, a.ctx, a.layout)
             show(variant, out[variant])
             del model
     if a.out:
