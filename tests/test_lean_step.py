@@ -34,10 +34,10 @@ def _interpreted(gguf: Path) -> dict:
 
     out: dict = {"counts": {}, "tokens": {}, "logits": {}, "applies": {}}
     for variant in ("lean", "unfused"):
-        out["counts"][variant] = dl.count_step(dl.load(gguf, "cpu", variant == "unfused"), 1, 6)
+        out["counts"][variant] = dl.count_step(dl.load(gguf, "cpu", variant == "unfused"), 1, 3)
         model = dl.load(gguf, "cpu", variant == "unfused", torch.float32)
         out["applies"][variant] = lean_step.applies(model, model.kernels)
-        reqs = [GenRequest(list(p), 5, ignore_eos=True) for p in PROMPTS]
+        reqs = [GenRequest(list(p), 3, ignore_eos=True) for p in PROMPTS]
         out["tokens"][variant] = [r.tokens for r in generate(model, reqs, frozenset())]
         cache, step = dl.decode_batch(model, 2, 7)
         out["logits"][variant] = model.forward(step, cache).tolist()
