@@ -13,8 +13,9 @@ each), so the number of launches is the number to bring down. This lists them:
 `--compare` runs it twice: the Triton body as served (model/lean_step.py) and the unfused body
 (rms_norm's `add`/`out_dtype` fusions hidden), so the saving shows per layer.
 
-    python playground/decode_launches.py --device cuda --compare --out DIR   # Qwen2.5-0.5B shape, BF16
+    python playground/decode_launches.py --device cuda --compare --out DIR   # Qwen2.5-0.5B shape, 4 layers
     python playground/decode_launches.py --dry-run --compare --json          # CPU, tiny, interpreted
+    (--device cpu is a dry run: the CPU serves another body, this emulates the CUDA one)
 
 A dry run (`--dry-run`, the CPU) runs the same code on CPU tensors with the Triton kernels under
 TRITON_INTERPRET=1 (re-executing itself with it set) on a tiny qwen2 model: the launch list is the
@@ -193,9 +194,13 @@ def model_path(a: argparse.Namespace, tmp: Path) -> Path:
         from tiny_gguf import write_tiny_gguf
 
         return write_tiny_gguf(tmp / "tiny-qwen2.gguf", arch="qwen2", qkv_bias=True, n_layers=2, d_model=64)
+    import dataclasses
+
     import shape_model
 
-    return shape_model.write(a.shape, "BF16", tmp / f"{a.shape}-BF16.gguf")
+    name = f"{a.shape}-{a.layers}l"   # per-layer launches and times do not depend on the depth
+    shape_model.SHAPES[name] = dataclasses.replace(shape_model.SHAPES[a.shape], n_layers=a.layers)
+    return shape_model.write(name, "BF16", tmp / f"{name}-BF16.gguf")
 
 
 def show(name: str, r: dict) -> None:
@@ -219,12 +224,14 @@ def main() -> None:
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--layout", default="head_seq_dim", help="the KV layout (paged ones replay too)")
     p.add_argument("--compare", action="store_true", help="also the unfused body")
-    p.add_argument("--budget-s", type=float, default=300.0)
+    p.add_argument("--layers", type=int, default=4, help="layers of the --shape model (a smaller file to write)")
+    p.add_argument("--budget-s", type=float, default=float(os.environ.get("PART_S", 305)) - 5,
+                   help="seconds for the whole run (default: gpu_check's PART_S less 5, else 300)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line last")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
-    if a.dry_run:
-        a.device, a.ctx = "cpu", min(a.ctx, 8)
+    if a.dry_run or a.device == "cpu":   # the CPU only emulates the CUDA path: tiny and interpreted
+        a.dry_run, a.device, a.ctx = True, "cpu", min(a.ctx, 8)
         if os.environ.get("TRITON_INTERPRET") != "1":   # triton fixes interpret-or-compile at import
             os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "TRITON_INTERPRET": "1"})
     t0, out = time.monotonic(), {}
