@@ -32,7 +32,7 @@ def _interpreted(gguf: Path) -> dict:
     from slotserver.model.generate import GenRequest, generate
     from slotserver.model import lean_step
 
-    out: dict = {"counts": {}, "tokens": {}, "logits": {}, "applies": {}}
+    out: dict = {"counts": {}, "tokens": {}, "logits": {}, "applies": {}, "kernel": _fused_triton_errors()}
     for variant in ("lean", "unfused"):
         out["counts"][variant] = dl.count_step(dl.load(gguf, "cpu", variant == "unfused"), 1, 3)
         model = dl.load(gguf, "cpu", variant == "unfused", torch.float32)
@@ -42,6 +42,30 @@ def _interpreted(gguf: Path) -> dict:
         cache, step = dl.decode_batch(model, 2, 7)
         out["logits"][variant] = model.forward(step, cache).tolist()
     return out
+
+
+def _fused_triton_errors() -> dict:
+    """rms_norm's Triton `add` + `out_dtype` against the reference, per output dtype: the residual's
+    largest difference after the add, and the normed rows' relative one, |d| / (1 + |ref|) (ragged
+    widths, a 1000-column row)."""
+    from slotserver.runtime.kernel_set import KERNEL_CONTRACT
+    from slotserver.runtime.loader import default_dir, load_by_path
+
+    mod = load_by_path(default_dir("kernels") / "rms_norm.py", KERNEL_CONTRACT).module
+    gen, errors = torch.Generator().manual_seed(11), {}
+    for out_dtype in (torch.float32, torch.bfloat16):
+        worst = [0.0, 0.0]
+        for rows, dim in ((1, 64), (3, 37), (2, 1000)):
+            x, y = torch.randn(rows, dim, generator=gen), torch.randn(rows, dim, generator=gen).bfloat16()
+            w = 1 + 0.1 * torch.randn(dim, generator=gen)
+            xa, xb = x.clone(), x.clone()
+            got = mod.triton(xa, w, 1e-6, add=y, out_dtype=out_dtype)
+            want = mod.reference(xb, w, 1e-6, add=y, out_dtype=out_dtype)
+            assert got.dtype == want.dtype == out_dtype
+            worst[0] = max(worst[0], float((xa - xb).abs().max()))
+            worst[1] = max(worst[1], float(((got.float() - want.float()).abs() / (1 + want.float().abs())).max()))
+        errors[str(out_dtype)] = worst
+    return errors
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +87,14 @@ def test_the_lean_body_gives_the_unfused_logits_and_tokens(interpreted):
     assert interpreted["tokens"]["lean"] == interpreted["tokens"]["unfused"]
     lean, unfused = torch.tensor(interpreted["logits"]["lean"]), torch.tensor(interpreted["logits"]["unfused"])
     assert lean.shape == (2, unfused.shape[1]) and torch.equal(lean, unfused)
+
+
+def test_the_fused_triton_norm_adds_in_place_and_stores_the_asked_dtype(interpreted):
+    """The residual after the kernel is torch's float32 add exactly; the normed rows are the
+    reference's within a rounding (bf16: the interpreter truncates where a GPU rounds)."""
+    errors = interpreted["kernel"]
+    assert errors["torch.float32"][0] == errors["torch.bfloat16"][0] == 0.0
+    assert errors["torch.float32"][1] < 1e-6 and errors["torch.bfloat16"][1] <= 2 ** -7   # one bf16 ulp
 
 
 def test_the_lean_body_makes_four_fewer_launches_a_layer(interpreted):
