@@ -183,7 +183,7 @@ class LlamaModel:
         """The output matmul on the output-normed rows x ([rows, d_model]), scaled and soft-capped."""
         s, w = self.spec, self.weights
         if logits_into is None:
-            logits = w.output(x, self.kernels).float()                    # [rows, vocab], a new tensor
+            logits = w.output(x, self.kernels).float()           # [rows, vocab], a new tensor
         else:                                                    # added into zeros: the same floats
             logits = self._mm(fuse, w.output, x, acc=logits_into[: x.shape[0]].zero_())
         if s.logit_scale != 1.0:
