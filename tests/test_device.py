@@ -135,6 +135,23 @@ def test_cuda_graph_replays_give_the_eager_tokens(tmp_path):
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("layout", ["paged", "paged_hnd"])
+def test_cuda_graph_replays_of_paged_layouts_give_the_eager_tokens(tmp_path, layout):
+    """Paged layouts replay too (runtime/paged_blocks.py graph_step): decode steps crossing block
+    boundaries and a context bucket, the pool growing on the way, give the eager steps' tokens."""
+    from slotserver.model.bundle import ModelBundle
+
+    path = write_tiny_gguf(tmp_path / "m.gguf", ctx_len=1024)
+    model = ModelBundle.load(ModelConfig(path, device="cuda", dtype="float32")).model
+    reqs = [GenRequest(list(range(5, 250)), 30, ignore_eos=True), GenRequest([7, 8, 9], 30, ignore_eos=True)]
+    model.set_step_graphs(False)
+    eager = [r.tokens for r in generate(model, reqs, frozenset(), layout=layout)]
+    model.set_step_graphs(True)
+    assert [r.tokens for r in generate(model, reqs, frozenset(), layout=layout)] == eager
+    assert model.graphs.captures >= 2 and model.graphs.replays > 20
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_the_engine_on_cuda_serves_like_the_cpu(tmp_path):
     """The engine on the GPU (graphs, greedy on the device, host samplers on copied rows): greedy
     requests give the CPU engine's tokens; seeded sampling and n_probs answer on both."""
