@@ -1,0 +1,246 @@
+"""qmatmul_gpu: `y[M, N] = x[M, K] @ W^T` with W GGUF blocks kept in their raw bytes on the GPU
+(`--device cuda --gpu-weights blocks`), the blocks dequantized inside the Triton kernel.
+
+Why a module of its own and not kernels/qmatmul.py's `triton()`: qmatmul.py is the CPU product (C
+integer dots, repacked forms, ~450 lines); its `triton()` dequantizes K-quants on the host per
+call, which no GPU step can afford. This module reads every format it serves from the device's
+copy of the file's blocks, one 32-value slice at a time (`_dequant32`: a legacy 32-block, or one
+sub-block of a K super-block), so the weight bytes a step reads are the file's (Q4_K: 0.56 bytes
+per weight against bf16's 2; a 0.5B Q4_K_M 330 MB instead of 988, a Llama-3.1-8B 4.9 GB instead
+of 16, a 70B Q4_K that fits an 80 GB card at all).
+
+Formats (`FORMATS`; ggml-common.h's layouts, see runtime/qblocks.py): Q4_0, Q4_1, Q5_0, Q5_1,
+Q8_0, Q4_K, Q5_K, Q6_K, MXFP4: what Q4_K_M / Q5_K_M / Q6_K / Q8_0 files and gpt-oss use (Q4_K_M
+mixes Q4_K and Q6_K, with Q5_0 / Q8_0 fallbacks for rows not a multiple of 256). Q2_K / Q3_K and
+the IQ formats have no kernel here: on CUDA they are dequantized to bf16 at load (weights.py).
+
+Two regimes, one kernel (`_qmm_kernel`, the tile sizes are its constexprs):
+- decode (M <= SMALL_M): BLOCK_M = 16 (tl.dot's smallest; rows past M are masked), narrow
+  BLOCK_N, and K split over a third grid axis (`SPLIT_K` programs per column block, each a
+  contiguous range of blocks) so that a [1, 896] x [896, 4864] call still spreads over every SM;
+  every weight byte is read once per call. Split partials go to a float32 [SPLIT_K, M, N] buffer
+  summed by torch (deterministic, unlike atomics: a row's floats never depend on the launch order).
+- larger M: BLOCK_M x BLOCK_N tiles (64 x 64), K inside, each program dequantizing a [BLOCK_N, 32]
+  weight slice into registers per step for one tl.dot; the slice is re-read by every M tile (from
+  L2: the weight of a Llama-8B layer matmul is 10-60 MB, so large M is compute-, not byte-bound).
+Where cuBLAS on a dense bf16 copy beats this is measured by playground/gpu_qmatmul_bench.py and
+decided by `--gpu-weights` (model/config.py; docs/architecture.md "Weights on the GPU").
+
+Fusions: `acc` (the residual add) is fused into the store where K is not split; the model's
+norm / SiLU-gate prologue runs as the rms_norm / silu_mul kernels before (QLinear.fused).
+
+TOL: the weight is dequantized exactly in float32 and rounded to x's dtype for tl.dot (bf16: 2^-9
+relative, as a dense bf16 copy is), the sums are float32; on a GPU, float32 x goes through tf32.
+"""
+
+from __future__ import annotations
+
+import gguf
+import torch
+import triton as _triton
+import triton.language as tl
+
+from slotserver.runtime.qblocks import FLOATS, T, QWeight, dequantize, random_qweight
+
+OP = "qmatmul_gpu"
+TOL = {torch.float32: 3e-2, torch.bfloat16: 4e-2}
+FORMATS = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4)
+SMALL_M = 16                       # rows up to which the decode regime serves
+DECODE_BLOCK_N, GEMM_BLOCK_M, GEMM_BLOCK_N = 32, 64, 64
+# GEMM warps: with 4, ptxas (sm_90) gives the 64 x 64 tile 227-255 registers a thread (one block per
+# SM); with 8, 122-164, no spills either way (`slotserver lab check` prints them)
+GEMM_WARPS, DECODE_WARPS = 8, 4
+MIN_SPLIT_BLOCKS = 8               # 32-value slices a decode program reads at least (256 values)
+
+
+def reference(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torch.Tensor:
+    """gguf's dequantizer, then a float32 matmul: x [M, K] -> [M, N] in x's dtype (added into acc
+    and acc returned when given)."""
+    wf = dequantize(w) if w.qtype not in FLOATS else w.float_view().cpu().float()
+    y = (x.cpu().float() @ wf.T).to(x.dtype).to(x.device)
+    return y if acc is None else acc.add_(y.to(acc.dtype))
+
+
+def cpu(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torch.Tensor:
+    """On the CPU the blocks are served by kernels/qmatmul.py; this is the same product by gguf's
+    dequantizer and torch (what qmatmul does without a compiler), so the contract holds."""
+    return reference(x, w, acc)
+
+
+@_triton.jit
+def _f16(ptr, mask):
+    """A little-endian float16 at byte pointers `ptr` -> float32 (blocks are not 2-byte aligned)."""
+    lo = tl.load(ptr, mask=mask, other=0).to(tl.uint16)
+    hi = tl.load(ptr + 1, mask=mask, other=0).to(tl.uint16)
+    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@_triton.jit
+def _u8(ptr, mask):
+    return tl.load(ptr, mask=mask, other=0).to(tl.int32)
+
+
+@_triton.jit
+def _scale_min_k4(sp, s, mask):
+    """ggml's get_scale_min_k4: sub-block s's 6-bit scale and min from a Q4_K/Q5_K scales[12]."""
+    a = _u8(sp + s, mask)
+    b = _u8(sp + s + 4, mask)
+    c = _u8(sp + (s + 4) % 8, mask)          # scales[s - 4] where s >= 4 (unused below)
+    low = s < 4
+    sc = tl.where(low, a & 63, (b & 15) | ((c >> 6) << 4))
+    mn = tl.where(low, b & 63, (b >> 4) | ((a >> 6) << 4))
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@_triton.jit
+def _dequant32(rows, kb, j, nmask, FMT: tl.constexpr):
+    """Values kb*32 + j (j = arange(32) as [1, 32]) of the weight rows starting at byte pointers
+    `rows` [BN, 1] -> float32 [BN, 32]. FMT: the GGMLQuantizationType value."""
+    if FMT == 8:      # Q8_0: h d, i8 qs[32]
+        blk = rows + kb * 34
+        w = tl.load(blk + 2 + j, mask=nmask, other=0).to(tl.int8, bitcast=True).to(tl.float32) * _f16(blk, nmask)
+    elif FMT == 2:    # Q4_0: h d, qs[16] (low nibbles values 0..15, high 16..31), minus 8
+        blk = rows + kb * 18
+        q = (_u8(blk + 2 + j % 16, nmask) >> (4 * (j // 16))) & 15
+        w = (q - 8).to(tl.float32) * _f16(blk, nmask)
+    elif FMT == 3:    # Q4_1: h d, h m, qs[16]
+        blk = rows + kb * 20
+        q = (_u8(blk + 4 + j % 16, nmask) >> (4 * (j // 16))) & 15
+        w = q.to(tl.float32) * _f16(blk, nmask) + _f16(blk + 2, nmask)
+    elif FMT == 6:    # Q5_0: h d, u32 qh (bit j: value j's fifth bit), qs[16], minus 16
+        blk = rows + kb * 22
+        h = (_u8(blk + 2 + j // 8, nmask) >> (j % 8)) & 1
+        q = ((_u8(blk + 6 + j % 16, nmask) >> (4 * (j // 16))) & 15) | (h << 4)
+        w = (q - 16).to(tl.float32) * _f16(blk, nmask)
+    elif FMT == 7:    # Q5_1: h d, h m, u32 qh, qs[16]
+        blk = rows + kb * 24
+        h = (_u8(blk + 4 + j // 8, nmask) >> (j % 8)) & 1
+        q = ((_u8(blk + 8 + j % 16, nmask) >> (4 * (j // 16))) & 15) | (h << 4)
+        w = q.to(tl.float32) * _f16(blk, nmask) + _f16(blk + 2, nmask)
+    elif FMT == 39:   # MXFP4: u8 e, qs[16]: kvalues {0,1,2,3,4,6,8,12, negatives} * 2^(e-128)
+        blk = rows + kb * 17
+        nib = (_u8(blk + 1 + j % 16, nmask) >> (4 * (j // 16))) & 15
+        mag = nib & 7
+        v = tl.where(mag < 5, mag, tl.where(mag == 5, 6, tl.where(mag == 6, 8, 12)))
+        v = tl.where(nib >= 8, -v, v)
+        e = _u8(blk, nmask)
+        bits = tl.where(e < 2, 0x200000 << e, (e - 1) << 23)   # ggml's GGML_E8M0_TO_FP32_HALF
+        w = v.to(tl.float32) * bits.to(tl.float32, bitcast=True)
+    elif FMT == 12:   # Q4_K: h d, h dmin, scales[12], qs[128]; sub-block s: nibbles of qs[32 (s//2) ..]
+        s = kb % 8
+        blk = rows + (kb // 8) * 144
+        sc, mn = _scale_min_k4(blk + 4, s, nmask)
+        q = (_u8(blk + 16 + 32 * (s // 2) + j, nmask) >> (4 * (s % 2))) & 15
+        w = _f16(blk, nmask) * sc * q.to(tl.float32) - _f16(blk + 2, nmask) * mn
+    elif FMT == 13:   # Q5_K: h d, h dmin, scales[12], qh[32] (bit s), qs[128]
+        s = kb % 8
+        blk = rows + (kb // 8) * 176
+        sc, mn = _scale_min_k4(blk + 4, s, nmask)
+        h = (_u8(blk + 16 + j, nmask) >> s) & 1
+        q = ((_u8(blk + 48 + 32 * (s // 2) + j, nmask) >> (4 * (s % 2))) & 15) | (h << 4)
+        w = _f16(blk, nmask) * sc * q.to(tl.float32) - _f16(blk + 2, nmask) * mn
+    else:             # Q6_K (14): ql[128], qh[64], i8 scales[16], h d; slice s: half s//4, quarter s%4
+        s = kb % 8
+        half, t = s // 4, s % 4
+        blk = rows + (kb // 8) * 210
+        lo = (_u8(blk + 64 * half + 32 * (t % 2) + j, nmask) >> (4 * (t // 2))) & 15
+        hi = (_u8(blk + 128 + 32 * half + j, nmask) >> (2 * t)) & 3
+        sc = tl.load(blk + 192 + 8 * half + 2 * t + j // 16, mask=nmask, other=0).to(tl.int8, bitcast=True)
+        w = _f16(blk + 208, nmask) * sc.to(tl.float32) * ((lo | (hi << 4)) - 32).to(tl.float32)
+    return w
+
+
+@_triton.jit
+def _qmm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y, stride_split,
+                FMT: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                SPLIT_K: tl.constexpr):
+    """Program (m tile, n tile, k split): y[m, n] (+= where ACC) over its split's 32-value slices;
+    y is the split's [M, N] plane (stride_split apart) when SPLIT_K > 1."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    j = tl.arange(0, 32)[None, :]
+    rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w                                    # [BN, 1]
+    nmask = offs_n[:, None] < N
+    mmask = offs_m[:, None] < M
+    xrows = x_ptr + offs_m[:, None].to(tl.int64) * stride_x                                   # [BM, 1]
+    nkb = K // 32
+    per = tl.cdiv(nkb, SPLIT_K)
+    kb0 = tl.program_id(2) * per
+    kb1 = tl.minimum(nkb, kb0 + per)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kb in range(kb0, kb1):
+        xt = tl.load(xrows + kb * 32 + j, mask=mmask, other=0.0)                             # [BM, 32]
+        wt = _dequant32(rows, kb, j, nmask, FMT)                                             # [BN, 32]
+        acc += tl.dot(xt, tl.trans(wt.to(xt.dtype)))
+    out = y_ptr + tl.program_id(2).to(tl.int64) * stride_split + offs_m[:, None].to(tl.int64) * stride_y \
+        + offs_n[None, :]
+    omask = mmask & (offs_n[None, :] < N)
+    if ACC:
+        acc += tl.load(out, mask=omask, other=0.0).to(tl.float32)
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=omask)
+
+
+def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, SPLIT_K, num_warps) for an [m, k] x [k, n] product on a card of `sms` SMs: the
+    decode regime splits K until ~4 programs per SM (each reading >= MIN_SPLIT_BLOCKS slices)."""
+    if m > SMALL_M:
+        return GEMM_BLOCK_M, GEMM_BLOCK_N, 1, GEMM_WARPS
+    tiles = _triton.cdiv(n, DECODE_BLOCK_N)
+    split = max(1, min(_triton.cdiv(4 * sms, tiles), (k // 32) // MIN_SPLIT_BLOCKS))
+    return 16, DECODE_BLOCK_N, split, DECODE_WARPS
+
+
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def triton(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as `reference` (x and w.raw on the CUDA device, or CPU under TRITON_INTERPRET=1)."""
+    assert w.qtype in FORMATS, f"qmatmul_gpu: no kernel for {w.name} (dequantized at load instead)"
+    assert x.dim() == 2 and x.shape[1] == w.k and w.raw.stride(1) == 1
+    x = x if x.stride(1) == 1 else x.contiguous()
+    m, n = x.shape[0], w.n
+    bm, bn, split, warps = plan(m, n, w.k, _sms(x.device))
+    fused = acc is not None and split == 1 and acc.shape == (m, n) and acc.stride(1) == 1
+    if split > 1:
+        y = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    else:
+        y = acc if fused else torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m and n:
+        grid = (_triton.cdiv(m, bm), _triton.cdiv(n, bn), split)
+        _qmm_kernel[grid](x, w.raw, y, m, n, w.k, x.stride(0), w.raw.stride(0), y.stride(-2),
+                          y.stride(0) if split > 1 else 0, FMT=int(w.qtype), ACC=fused,
+                          BLOCK_M=bm, BLOCK_N=bn, SPLIT_K=split, num_warps=warps)
+    if fused:
+        return acc
+    if split > 1:
+        y = y.sum(0)                                              # [M, N] float32
+    return y.to(x.dtype) if acc is None else acc.add_(y.to(acc.dtype))
+
+
+def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
+    """x [M, K] unit-variance with M on both sides of SMALL_M (both regimes); W random valid blocks
+    of one of FORMATS; a third of the draws add into a float32 residual `acc`."""
+    qtype = FORMATS[int(torch.randint(len(FORMATS), (), generator=gen))]
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    k = block * int(torch.randint(1, 3 if block == 256 else 12, (), generator=gen))
+    m = int(torch.randint(1, 9, (), generator=gen)) + (SMALL_M if torch.rand((), generator=gen) < 0.4 else 0)
+    n = int(torch.randint(1, 80, (), generator=gen))
+    w = random_qweight(gen, qtype, n, k)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    return (x, w) if torch.rand((), generator=gen) < 0.67 else (x, w, torch.randn(m, n, generator=gen))
+
+
+def _aot(fmt: int, x: str, decode: bool, acc: bool = False) -> tuple:
+    sig = {"x_ptr": f"*{x}", "w_ptr": "*u8", "y_ptr": "*fp32" if acc or decode else f"*{x}", "M": "i32", "N": "i32",
+           "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "stride_split": "i32",
+           "FMT": "constexpr", "ACC": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+           "SPLIT_K": "constexpr"}
+    tiles = dict(BLOCK_M=16, BLOCK_N=DECODE_BLOCK_N, SPLIT_K=4) if decode else \
+        dict(BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, SPLIT_K=1)
+    return (_qmm_kernel, sig, {"FMT": fmt, "ACC": acc, **tiles}, {"num_warps": DECODE_WARPS if decode else GEMM_WARPS})
+
+
+# every format in the decode regime (what serves at b=1), the GEMM regime for the Q4_K_M pair and Q8_0
+AOT = [_aot(int(t), "bf16", True) for t in FORMATS] + \
+      [_aot(int(t), "bf16", False, acc=t == T.Q4_K) for t in (T.Q4_K, T.Q6_K, T.Q8_0)]
