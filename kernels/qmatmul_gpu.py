@@ -30,10 +30,12 @@ Fusions: `acc` (the residual add) is fused into the store where K is not split; 
 norm / SiLU-gate prologue runs as the rms_norm / silu_mul kernels before (QLinear.fused).
 
 TOL: the weight is dequantized exactly in float32 and rounded to x's dtype for tl.dot (bf16: 2^-9
-relative, as a dense bf16 copy is), the sums are float32; on a GPU, float32 x goes through tf32.
+relative, as a dense bf16 copy is), the sums are float32; float32 x multiplies in IEEE float32.
 """
 
 from __future__ import annotations
+
+import os
 
 import gguf
 import torch
@@ -153,7 +155,7 @@ def _dequant32(rows, kb, j, nmask, FMT: tl.constexpr):
 @_triton.jit
 def _qmm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y, stride_split,
                 FMT: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                SPLIT_K: tl.constexpr):
+                SPLIT_K: tl.constexpr, IEEE_DOT: tl.constexpr):
     """Program (m tile, n tile, k split): y[m, n] (+= where ACC) over its split's 32-value slices;
     y is the split's [M, N] plane (stride_split apart) when SPLIT_K > 1."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -171,7 +173,10 @@ def _qmm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y, stri
     for kb in range(kb0, kb1):
         xt = tl.load(xrows + kb * 32 + j, mask=mmask, other=0.0)                             # [BM, 32]
         wt = _dequant32(rows, kb, j, nmask, FMT)                                             # [BN, 32]
-        acc += tl.dot(xt, tl.trans(wt.to(xt.dtype)))
+        if IEEE_DOT:   # float32 x (exact, no tf32), and the interpreter (its bf16 dot multiplies bit patterns)
+            acc += tl.dot(xt.to(tl.float32), tl.trans(wt), input_precision="ieee")
+        else:          # bf16 x: the weight rounded to bf16 as a dense copy is, tensor-core MMA
+            acc += tl.dot(xt, tl.trans(wt.to(xt.dtype)))
     out = y_ptr + tl.program_id(2).to(tl.int64) * stride_split + offs_m[:, None].to(tl.int64) * stride_y \
         + offs_n[None, :]
     omask = mmask & (offs_n[None, :] < N)
@@ -188,6 +193,10 @@ def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int]:
     tiles = _triton.cdiv(n, DECODE_BLOCK_N)
     split = max(1, min(_triton.cdiv(4 * sms, tiles), (k // 32) // MIN_SPLIT_BLOCKS))
     return 16, DECODE_BLOCK_N, split, DECODE_WARPS
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _sms(device: torch.device) -> int:
@@ -210,7 +219,8 @@ def triton(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torc
         grid = (_triton.cdiv(m, bm), _triton.cdiv(n, bn), split)
         _qmm_kernel[grid](x, w.raw, y, m, n, w.k, x.stride(0), w.raw.stride(0), y.stride(-2),
                           y.stride(0) if split > 1 else 0, FMT=int(w.qtype), ACC=fused,
-                          BLOCK_M=bm, BLOCK_N=bn, SPLIT_K=split, num_warps=warps)
+                          BLOCK_M=bm, BLOCK_N=bn, SPLIT_K=split,
+                          IEEE_DOT=x.dtype == torch.float32 or _interpreted(), num_warps=warps)
     if fused:
         return acc
     if split > 1:
@@ -235,10 +245,10 @@ def _aot(fmt: int, x: str, decode: bool, acc: bool = False) -> tuple:
     sig = {"x_ptr": f"*{x}", "w_ptr": "*u8", "y_ptr": "*fp32" if acc or decode else f"*{x}", "M": "i32", "N": "i32",
            "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "stride_split": "i32",
            "FMT": "constexpr", "ACC": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
-           "SPLIT_K": "constexpr"}
+           "SPLIT_K": "constexpr", "IEEE_DOT": "constexpr"}
     tiles = dict(BLOCK_M=16, BLOCK_N=DECODE_BLOCK_N, SPLIT_K=4) if decode else \
         dict(BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, SPLIT_K=1)
-    return (_qmm_kernel, sig, {"FMT": fmt, "ACC": acc, **tiles}, {"num_warps": DECODE_WARPS if decode else GEMM_WARPS})
+    return (_qmm_kernel, sig, {"FMT": fmt, "ACC": acc, "IEEE_DOT": False, **tiles}, {"num_warps": DECODE_WARPS if decode else GEMM_WARPS})
 
 
 # every format in the decode regime (what serves at b=1), the GEMM regime for the Q4_K_M pair and Q8_0
