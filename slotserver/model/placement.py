@@ -3,8 +3,7 @@
 Weights load on the CPU (dequantized to the compute dtype there, one tensor at a time: see
 weights.py), then each layer moves as it is: a walk over the weight dataclasses that moves every
 tensor field, so a field added to `Linear` or `LayerWeights` moves without a change here. GGUF
-blocks (`QWeight`) move their raw bytes; on CUDA the loader gives dense weights, so only a
-`--weights q` experiment brings blocks here.
+blocks (`QWeight`) move their raw bytes (`--gpu-weights blocks`: model/gpu_weights.py).
 """
 
 from __future__ import annotations
