@@ -35,6 +35,7 @@ relative, as a dense bf16 copy is), the sums are float32; float32 x multiplies i
 
 from __future__ import annotations
 
+import functools
 import os
 
 import gguf
@@ -199,8 +200,15 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@functools.cache
+def _sms_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    """SMs of x's card (cached: a decode step makes ~100 calls); 1 off a GPU (the interpreter)."""
+    return _sms_of(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else 1
 
 
 def triton(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torch.Tensor:

@@ -9,7 +9,7 @@ do_bench_cudagraph (launch overhead removed; L2 warm, so weights under the 50 MB
 do_bench (eager, L2 flushed). GB/s: the format's weight bytes over the graph time, beside the
 device-to-device copy's read + write rate measured in the same run. "win": blocks or cublas.
 
-    PYTHONPATH=. python playground/gpu_qmatmul_bench.py [--out DIR] [--budget-s 60] [--rep-ms 20]
+    PYTHONPATH=. python playground/gpu_qmatmul_bench.py [--out DIR] [--budget-s 60] [--rep-ms 10]
     TRITON_INTERPRET=1 PYTHONPATH=. python playground/gpu_qmatmul_bench.py --dry-run --out /tmp/qb   # CPU
 
 --dry-run: tiny shapes in the interpreter, one perf_counter call per timing: checks the script only.
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (run under TRITON_INTERPRET=1)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--budget-s", type=float, default=60.0, help="stop starting new shapes after this many seconds")
-    ap.add_argument("--rep-ms", type=int, default=20)
+    ap.add_argument("--rep-ms", type=int, default=10)
     args = ap.parse_args(argv)
     device = "cpu" if args.dry_run else "cuda"
     mod = load_by_path(default_dir("kernels") / "qmatmul_gpu.py", KERNEL_CONTRACT).module
@@ -104,24 +104,26 @@ def main(argv: list[str] | None = None) -> int:
                             "blk_GB/s", "%copy", "win"], WIDTHS)]
     print("\n".join(lines), flush=True)
     rows, t0, results = DRY_ROWS if args.dry_run else ROWS, time.perf_counter(), []
-    for model, shapes in (DRY_SHAPES if args.dry_run else SHAPES).items():
-        for qtype in FORMATS:   # Q4_K first: what a Q4_K_M file mostly is
-            for name, (n, k) in shapes.items():
-                if time.perf_counter() - t0 > args.budget_s:
-                    break
-                try:
-                    for r in bench_shape(mod, timer, qtype, n, k, rows, device, gen):
-                        r.update(model=model, matmul=name)
-                        results.append(r)
-                        line = fmt_row([model, name, r["qtype"], r["m"], f"{r['blocks_graph_us']:.1f}",
-                                        f"{r['blocks_eager_us']:.1f}", f"{r['cublas_graph_us']:.1f}",
-                                        f"{r['cublas_eager_us']:.1f}", f"{r['blocks_gbs']:.0f}",
-                                        f"{100 * r['blocks_gbs'] / copy:.0f}%", r["win"]], WIDTHS)
-                        lines.append(line)
-                        print(line, flush=True)
-                except Exception as e:  # noqa: BLE001 - one failing case costs a line, not the run
-                    lines.append(f"{model} {name} {qtype.name}: FAILED {type(e).__name__}: {str(e)[:200]}")
-                    print(lines[-1], flush=True)
+    cases = [(qtype, model, name, nk) for qtype in FORMATS   # Q4_K first: what a Q4_K_M file mostly is
+             for model, shapes in (DRY_SHAPES if args.dry_run else SHAPES).items() for name, nk in shapes.items()]
+    for qtype, model, name, (n, k) in cases:
+        if time.perf_counter() - t0 > args.budget_s:
+            lines.append(f"budget of {args.budget_s:.0f} s spent: {len(cases) - cases.index((qtype, model, name, (n, k)))} "
+                         "shapes not timed")
+            print(lines[-1], flush=True)
+            break
+        try:
+            for r in bench_shape(mod, timer, qtype, n, k, rows, device, gen):
+                r.update(model=model, matmul=name)
+                results.append(r)
+                lines.append(fmt_row([model, name, r["qtype"], r["m"], f"{r['blocks_graph_us']:.1f}",
+                                      f"{r['blocks_eager_us']:.1f}", f"{r['cublas_graph_us']:.1f}",
+                                      f"{r['cublas_eager_us']:.1f}", f"{r['blocks_gbs']:.0f}",
+                                      f"{100 * r['blocks_gbs'] / copy:.0f}%", r["win"]], WIDTHS))
+                print(lines[-1], flush=True)
+        except Exception as e:  # noqa: BLE001 - one failing case costs a line, not the run
+            lines.append(f"{model} {name} {qtype.name}: FAILED {type(e).__name__}: {str(e)[:200]}")
+            print(lines[-1], flush=True)
     bad = [r for r in results if r["rel_err"] > 2e-2]
     lines.append(f"{len(results)} rows; numerics vs gguf: {'all within 2e-2' if not bad else f'{len(bad)} FAILED'}")
     print(lines[-1])

@@ -49,6 +49,28 @@ def _format_errors() -> dict[str, float]:
     return out
 
 
+def _fused_errors() -> dict[str, float]:
+    """QLinear(op="qmatmul_gpu").fused as the model calls it (the interpreted kernel set): a Q4_K_M
+    style q|k|v (Q4_K and Q6_K parts, a bias) after the pre-norm, and a down projection after the
+    SiLU gate added into the residual; relative max error against torch in float64."""
+    from slotserver.model.linear import QLinear
+    from slotserver.runtime.kernel_set import KernelSet
+
+    ops, gen = KernelSet.load(impl="triton"), torch.Generator().manual_seed(2)
+    parts = [random_qweight(gen, T.Q4_K, 40, 256), random_qweight(gen, T.Q6_K, 24, 256)]
+    exact = torch.cat([dequantize(p) for p in parts]).double()
+    bias, norm, x = torch.randn(64, generator=gen), 1 + 0.1 * torch.randn(256, generator=gen), torch.randn(3, 256, generator=gen)
+    normed = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * norm.double()
+    qkv = QLinear(parts, bias, op="qmatmul_gpu").fused(x, ops, norm, 1e-5, False, None)
+    ref = normed @ exact.T + bias.double()
+    gate_up, acc = torch.randn(3, 512, generator=gen), torch.randn(3, 40, generator=gen)
+    g, u = gate_up.double().chunk(2, dim=-1)
+    down = QLinear(parts[:1], op="qmatmul_gpu").fused(gate_up, ops, None, 0.0, True, acc.clone())
+    ref_down = acc.double() + (g * torch.sigmoid(g) * u) @ exact[:40].T
+    return {"qkv": float((qkv.double() - ref).abs().max()) / (1 + float(ref.abs().max())),
+            "down": float((down.double() - ref_down).abs().max()) / (1 + float(ref_down.abs().max()))}
+
+
 def _blocks_tokens(path: Path) -> list[list[int]]:
     """Greedy tokens of PROMPTS with the weights as `--gpu-weights blocks` loads them (on CPU tensors)."""
     from slotserver.model.generate import GenRequest, generate
@@ -86,6 +108,10 @@ def test_every_format_in_both_regimes_matches_the_exact_product(interpreted):
     assert not bad, bad
 
 
+def test_the_models_fused_calls_match_torch_with_mixed_formats_bias_norm_gate_and_residual(interpreted):
+    assert interpreted["fused"]["qkv"] < 1e-4 and interpreted["fused"]["down"] < 1e-4, interpreted["fused"]
+
+
 def test_a_tiny_model_on_blocks_generates_the_dense_references_tokens(interpreted, tiny_q8):
     from slotserver.model.generate import GenRequest, generate
     from slotserver.model.model import LlamaModel
@@ -112,4 +138,4 @@ def test_a_format_without_a_kernel_is_refused_by_name():
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
-    print(MARK + json.dumps({"errors": _format_errors(), "tokens": _blocks_tokens(Path(sys.argv[1]))}))
+    print(MARK + json.dumps({"errors": _format_errors(), "fused": _fused_errors(), "tokens": _blocks_tokens(Path(sys.argv[1]))}))
