@@ -15,12 +15,14 @@ mixes Q4_K and Q6_K, with Q5_0 / Q8_0 fallbacks for rows not a multiple of 256).
 the IQ formats have no kernel here: on CUDA they are dequantized to bf16 at load (weights.py).
 
 Two regimes, one kernel (`_qmm_kernel`, the tile sizes are its constexprs):
-- decode (M <= SMALL_M): BLOCK_M = 16 (tl.dot's smallest; rows past M are masked), narrow
-  BLOCK_N, and K split over a third grid axis (`SPLIT_K` programs per column block, each a
+- decode (M <= SMALL_M): one row (b=1) as a GEMV (BLOCK_M = 1: the dequantized [64, 32] slice
+  times x summed in registers; a tl.dot would first shuffle the slice through shared memory into
+  the MMA operand layout, for 1 useful row in 16); 2-16 rows with BLOCK_M = 16 (tl.dot's smallest;
+  rows past M are masked) and 32-column blocks; both with K split over a third grid axis (`SPLIT_K` programs per column block, each a
   contiguous range of blocks) so that a [1, 896] x [896, 4864] call still spreads over every SM;
   every weight byte is read once per call. Split partials go to a float32 [SPLIT_K, M, N] buffer
   summed by torch (deterministic, unlike atomics: a row's floats never depend on the launch order).
-- larger M: BLOCK_M x BLOCK_N tiles (64 x 64), K inside, each program dequantizing a [BLOCK_N, 32]
+- larger M (the GEMM): BLOCK_M x BLOCK_N tiles (64 x 64), K inside, each program dequantizing a [BLOCK_N, 32]
   weight slice into registers per step for one tl.dot; the slice is re-read by every M tile (from
   L2: the weight of a Llama-8B layer matmul is 10-60 MB, so large M is compute-, not byte-bound).
 Where cuBLAS on a dense bf16 copy beats this is measured by playground/gpu_qmatmul_bench.py and
@@ -50,9 +52,12 @@ TOL = {torch.float32: 3e-2, torch.bfloat16: 4e-2}
 FORMATS = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4)
 SMALL_M = 16                       # rows up to which the decode regime serves
 DECODE_BLOCK_N, GEMM_BLOCK_M, GEMM_BLOCK_N = 32, 64, 64
+GEMV_BLOCK_N = 64                  # one row (decode b=1): no tl.dot, wider column blocks
+PROGRAMS_PER_SM = 4                # the decode regime splits K until about this many programs per SM
 # GEMM warps: with 4, ptxas (sm_90) gives the 64 x 64 tile 227-255 registers a thread (one block per
 # SM); with 8, 122-164, no spills either way (`slotserver lab check` prints them)
 GEMM_WARPS, DECODE_WARPS = 8, 4
+GEMV_WARPS = 8   # the [64, 32] GEMV tile: 64-124 registers, no spills (4 warps: up to 217)
 MIN_SPLIT_BLOCKS = 8               # 32-value slices a decode program reads at least (256 values)
 
 
@@ -174,7 +179,9 @@ def _qmm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y, stri
     for kb in range(kb0, kb1):
         xt = tl.load(xrows + kb * 32 + j, mask=mmask, other=0.0)                             # [BM, 32]
         wt = _dequant32(rows, kb, j, nmask, FMT)                                             # [BN, 32]
-        if IEEE_DOT:   # float32 x (exact, no tf32), and the interpreter (its bf16 dot multiplies bit patterns)
+        if BLOCK_M == 1:   # GEMV: products and row sums in registers, no MMA operand shuffle
+            acc += tl.sum(wt * xt.to(tl.float32), axis=1)[None, :]
+        elif IEEE_DOT:   # float32 x (exact, no tf32), and the interpreter (its bf16 dot multiplies bit patterns)
             acc += tl.dot(xt.to(tl.float32), tl.trans(wt), input_precision="ieee")
         else:          # bf16 x: the weight rounded to bf16 as a dense copy is, tensor-core MMA
             acc += tl.dot(xt, tl.trans(wt.to(xt.dtype)))
@@ -191,9 +198,10 @@ def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int]:
     decode regime splits K until ~4 programs per SM (each reading >= MIN_SPLIT_BLOCKS slices)."""
     if m > SMALL_M:
         return GEMM_BLOCK_M, GEMM_BLOCK_N, 1, GEMM_WARPS
-    tiles = _triton.cdiv(n, DECODE_BLOCK_N)
-    split = max(1, min(_triton.cdiv(4 * sms, tiles), (k // 32) // MIN_SPLIT_BLOCKS))
-    return 16, DECODE_BLOCK_N, split, DECODE_WARPS
+    bm, bn, warps = (1, GEMV_BLOCK_N, GEMV_WARPS) if m == 1 else (16, DECODE_BLOCK_N, DECODE_WARPS)
+    tiles = _triton.cdiv(n, bn)
+    split = max(1, min(_triton.cdiv(PROGRAMS_PER_SM * sms, tiles), (k // 32) // MIN_SPLIT_BLOCKS))
+    return bm, bn, split, warps
 
 
 def _interpreted() -> bool:
@@ -249,18 +257,21 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     return (x, w) if torch.rand((), generator=gen) < 0.67 else (x, w, torch.randn(m, n, generator=gen))
 
 
-def _aot(fmt: int, x: str, decode: bool, acc: bool = False) -> tuple:
+def _aot(fmt: int, x: str, decode: bool, acc: bool = False, gemv: bool = False) -> tuple:
     sig = {"x_ptr": f"*{x}", "w_ptr": "*u8", "y_ptr": "*fp32" if acc or decode else f"*{x}", "M": "i32", "N": "i32",
            "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "stride_split": "i32",
            "FMT": "constexpr", "ACC": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
            "SPLIT_K": "constexpr", "IEEE_DOT": "constexpr"}
-    tiles = dict(BLOCK_M=16, BLOCK_N=DECODE_BLOCK_N, SPLIT_K=4) if decode else \
+    tiles = dict(BLOCK_M=1, BLOCK_N=GEMV_BLOCK_N, SPLIT_K=4) if gemv else \
+        dict(BLOCK_M=16, BLOCK_N=DECODE_BLOCK_N, SPLIT_K=4) if decode else \
         dict(BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, SPLIT_K=1)
-    return (_qmm_kernel, sig, {"FMT": fmt, "ACC": acc, "IEEE_DOT": False, **tiles}, {"num_warps": DECODE_WARPS if decode else GEMM_WARPS})
+    return (_qmm_kernel, sig, {"FMT": fmt, "ACC": acc, "IEEE_DOT": False, **tiles}, {"num_warps": GEMV_WARPS if gemv else DECODE_WARPS if decode else GEMM_WARPS})
 
 
-# Every format in the decode regime (what serves at b=1), the GEMM regime for the Q4_K_M pair (the
-# same _dequant32 code; each spec costs the suite ~1 s a GPU architecture). ptxas, sm_90, triton 3.9:
-# decode 96-141 registers, 2-3 KB shared; GEMM (8 warps) Q4_K 164, Q6_K 128, Q8_0 122; no spills.
-AOT = [_aot(int(t), "bf16", True) for t in FORMATS] + \
+# Every format as the one-row GEMV (what serves at b=1), the Q4_K_M pair also in the 2-16 row dot
+# regime and the GEMM (the same _dequant32 code; each spec costs the suite ~1 s a GPU architecture).
+# ptxas, sm_90, triton 3.9: GEMV (8 warps) 64-124 registers; 2-16 rows (4 warps) 96-141, 2-3 KB shared;
+# GEMM (8 warps) Q4_K 164, Q6_K 128, Q8_0 122 (4 warps: 227-255); no spills.
+AOT = [_aot(int(t), "bf16", True, gemv=True) for t in FORMATS] + \
+      [_aot(int(t), "bf16", True) for t in (T.Q4_K, T.Q6_K)] + \
       [_aot(int(t), "bf16", False, acc=t == T.Q4_K) for t in (T.Q4_K, T.Q6_K)]
