@@ -9,9 +9,12 @@ do_bench_cudagraph (launch overhead removed; L2 warm, so weights under the 50 MB
 do_bench (eager, L2 flushed). GB/s: the format's weight bytes over the graph time, beside the
 device-to-device copy's read + write rate measured in the same run. "win": blocks or cublas.
 
-    PYTHONPATH=. python playground/gpu_qmatmul_bench.py [--out DIR] [--budget-s 60] [--rep-ms 10]
+    PYTHONPATH=. python playground/gpu_qmatmul_bench.py [--out DIR] [--budget-s 60] [--rep-ms 10] [--tune S]
     TRITON_INTERPRET=1 PYTHONPATH=. python playground/gpu_qmatmul_bench.py --dry-run --out /tmp/qb   # CPU
 
+--tune S: first up to S seconds on the decode settings `plan` reads (GEMV column block and warps,
+programs per SM; the 2-16 row column block), Q4_K at 1 and 8 rows on four shapes: the best per
+shape is printed, to be written into kernels/qmatmul_gpu.py.
 --dry-run: tiny shapes in the interpreter, one perf_counter call per timing: checks the script only.
 With --out: DIR/gpu_qmatmul_bench.{txt,json}. A failing case prints one line and the run goes on.
 """
@@ -87,12 +90,42 @@ def bench_shape(mod, timer: Timer, qtype: T, n: int, k: int, rows: tuple[int, ..
     return out
 
 
+TUNE_SHAPES = {"Qwen0.5B down": (896, 4864), "Qwen0.5B gate_up": (9728, 896), "Llama8B gate_up": (28672, 4096),
+               "Llama8B down": (4096, 14336)}
+TUNE = {1: [dict(GEMV_BLOCK_N=bn, GEMV_WARPS=w, PROGRAMS_PER_SM=p) for bn in (32, 64, 128) for w in (4, 8) for p in (2, 4, 8)],
+        8: [dict(DECODE_BLOCK_N=bn, PROGRAMS_PER_SM=p) for bn in (32, 64) for p in (2, 4, 8)]}
+
+
+def tune(mod, timer: Timer, device: str, gen, budget_s: float, dry: bool) -> list[dict]:
+    """Q4_K at 1 and 8 rows under each decode setting (module constants `plan` reads): graph us."""
+    t0, rows, saved = time.perf_counter(), [], {k: getattr(mod, k) for s in TUNE.values() for k in s[0]}
+    shapes = {"tiny": (40, 512)} if dry else TUNE_SHAPES
+    for name, (n, k) in shapes.items():
+        w = random_blocks(T.Q4_K, n, k, device, gen)
+        for m, settings in TUNE.items():
+            x = torch.randn(m, k, generator=gen, device=device).to(torch.bfloat16)
+            for setting in settings[:2] if dry else settings:
+                if time.perf_counter() - t0 > budget_s:
+                    return rows
+                for key, value in setting.items():
+                    setattr(mod, key, value)
+                us = timer.graph(lambda: mod.triton(x, w))
+                us = us if us == us else timer.eager(lambda: mod.triton(x, w))
+                rows.append(dict(shape=name, m=m, us=us, gbs=w.raw.numel() / us / 1e3, **setting))
+                print(f"tune {name} M={m} {setting}: {us:.1f} us, {rows[-1]['gbs']:.0f} GB/s", flush=True)
+                for key, value in saved.items():
+                    setattr(mod, key, value)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (run under TRITON_INTERPRET=1)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--budget-s", type=float, default=60.0, help="stop starting new shapes after this many seconds")
     ap.add_argument("--rep-ms", type=int, default=10)
+    ap.add_argument("--tune", type=float, default=0.0, metavar="S",
+                    help="first spend up to S seconds timing decode settings (Q4_K, 1 and 8 rows)")
     args = ap.parse_args(argv)
     device = "cpu" if args.dry_run else "cuda"
     mod = load_by_path(default_dir("kernels") / "qmatmul_gpu.py", KERNEL_CONTRACT).module
@@ -103,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     lines = [head, fmt_row(["model", "matmul", "fmt", "M", "blocks_gr", "blocks_eag", "cublas_gr", "cublas_eag",
                             "blk_GB/s", "%copy", "win"], WIDTHS)]
     print("\n".join(lines), flush=True)
+    tuned = tune(mod, timer, device, gen, args.tune, args.dry_run) if args.tune else []
+    for m in sorted({r["m"] for r in tuned}):
+        for shape in dict.fromkeys(r["shape"] for r in tuned):
+            best = min((r for r in tuned if r["m"] == m and r["shape"] == shape), key=lambda r: r["us"])
+            lines.append(f"tune best {shape} M={m}: {best}")
+            print(lines[-1], flush=True)
     rows, t0, results = DRY_ROWS if args.dry_run else ROWS, time.perf_counter(), []
     cases = [(qtype, model, name, nk) for qtype in FORMATS   # Q4_K first: what a Q4_K_M file mostly is
              for model, shapes in (DRY_SHAPES if args.dry_run else SHAPES).items() for name, nk in shapes.items()]
@@ -130,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gpu_qmatmul_bench.txt").write_text("\n".join(lines) + "\n")
-        (args.out / "gpu_qmatmul_bench.json").write_text(json.dumps({"copy_gbs": copy, "rows": results}, indent=1))
+        (args.out / "gpu_qmatmul_bench.json").write_text(json.dumps({"copy_gbs": copy, "rows": results, "tune": tuned}, indent=1))
     return 1 if bad else 0
 
 
