@@ -30,7 +30,8 @@ from slotserver.model.linear import Linear, QLinear
 from slotserver.model.moe import MoeWeights
 from slotserver.model.weights import Embedding, LayerWeights, ModelWeights
 from slotserver.runtime.experts import Experts
-from slotserver.runtime.qblocks import FLOATS, QWeight, dequantize, get_rows
+from slotserver.runtime import torch_dequant
+from slotserver.runtime.qblocks import FLOATS, QWeight, dequantize
 
 DENSE_SHARE = 0.5   # of the card's free memory the dense copy may take (the rest: KV cache, graphs, activations)
 GPU_OP = "qmatmul_gpu"   # the kernel module that multiplies blocks on the card
@@ -66,19 +67,20 @@ def resolve(config: ModelConfig, f: GGUFFile) -> ModelConfig:
     return replace(config, gpu_weights=choose("auto", dense_bytes(f), free))
 
 
-def for_blocks(w: ModelWeights, dtype: torch.dtype, formats: frozenset[int]) -> ModelWeights:
+def for_blocks(w: ModelWeights, dtype: torch.dtype, formats: frozenset[int], device: str = "cpu") -> ModelWeights:
     """Weights loaded as GGUF blocks (`--weights q`'s load, still on the CPU) made ready for the card
     under `blocks`: block matmuls of a served format call `GPU_OP`; everything else dense in `dtype`
-    (see the module docstring). Activations in `dtype` (the Triton kernel takes bf16 x)."""
-    embed = w.embed if w.embed.blocks is None else \
-        Embedding(dense=get_rows(w.embed.blocks, torch.arange(w.embed.blocks.n)).to(dtype))
-    layers = [replace(lw, **{name: matmul(getattr(lw, name), dtype, formats) for name in ("qkv", "wo", "gate_up", "down")},
-                      moe=None if lw.moe is None else _dense_moe(lw.moe, dtype))
+    (see the module docstring), dequantized on `device` where runtime/torch_dequant.py has the
+    format (gguf's numpy on the CPU otherwise). Activations in `dtype` (the kernel takes bf16 x)."""
+    embed = w.embed if w.embed.blocks is None else Embedding(dense=_dense(w.embed.blocks, device).to(dtype))
+    layers = [replace(lw, **{name: matmul(getattr(lw, name), dtype, formats, device)
+                             for name in ("qkv", "wo", "gate_up", "down")},
+                      moe=None if lw.moe is None else _dense_moe(lw.moe, dtype, device))
               for lw in w.layers]
-    return replace(w, embed=embed, layers=layers, output=matmul(w.output, dtype, formats), act_dtype=dtype)
+    return replace(w, embed=embed, layers=layers, output=matmul(w.output, dtype, formats, device), act_dtype=dtype)
 
 
-def matmul(lin, dtype: torch.dtype, formats: frozenset[int]):
+def matmul(lin, dtype: torch.dtype, formats: frozenset[int], device: str = "cpu"):
     """A QLinear whose parts all have a kernel -> the same parts on GPU_OP; otherwise (or a Linear,
     or None) the dense `Linear` in `dtype` (the parts dequantized by gguf, concatenated)."""
     if isinstance(lin, Linear) and lin.q8 is None and lin.q4 is None:   # a format qmatmul lacks: dense at load
@@ -88,18 +90,24 @@ def matmul(lin, dtype: torch.dtype, formats: frozenset[int]):
         return lin
     if all(int(p.qtype) in formats for p in lin.parts):
         return QLinear(lin.parts, lin.bias, op=GPU_OP)
-    return Linear.build(torch.cat([_dense(p) for p in lin.parts]).to(dtype), lin.bias, "dense", 0)
+    return Linear.build(torch.cat([_dense(p, device) for p in lin.parts]).to(dtype), lin.bias, "dense", 0)
 
 
-def _dense(w: QWeight) -> torch.Tensor:
-    """W as float32 [n, k] (gguf's dequantizer; float formats viewed)."""
-    return w.float_view().float() if w.qtype in FLOATS else dequantize(w)
+def _dense(w: QWeight, device: str = "cpu") -> torch.Tensor:
+    """W as float32 [n, k]: float formats viewed; torch_dequant on `device` where it has the format
+    (bit-exact with gguf, and fast on a GPU); else gguf's numpy dequantizer (on the CPU)."""
+    if w.qtype in FLOATS:
+        return w.float_view().to(device).float()
+    if device != "cpu" and torch_dequant.ported(w.qtype):
+        return torch_dequant.dequantize(w.raw.to(device), w.qtype, w.k)
+    return dequantize(w)
 
 
-def _dense_moe(moe: MoeWeights, dtype: torch.dtype) -> MoeWeights:
+def _dense_moe(moe: MoeWeights, dtype: torch.dtype, device: str = "cpu") -> MoeWeights:
     """Experts dequantized to `dtype` (a float QWeight view, what `--weights dense` loads)."""
     def dense(e: Experts) -> Experts:
-        parts = tuple(QWeight(_dense(p).to(dtype).contiguous().view(torch.uint8), int(_FLOAT_TYPES[dtype]), p.k, p.n)
+        parts = tuple(QWeight(_dense(p, device).to(dtype).contiguous().view(torch.uint8), int(_FLOAT_TYPES[dtype]),
+                              p.k, p.n)
                       for p in e.parts)
         return Experts(parts, e.n_expert)
     return replace(moe, gate_up=[dense(e) for e in moe.gate_up], down=dense(moe.down))

@@ -282,7 +282,7 @@ def read_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, kernels: Kern
     f.dequant_device = None if device == "cpu" else device   # dense weights for a GPU: dequantized there
     if fmt.kind == "blocks":   # GGUF blocks on the card (gpu_weights.py): loaded as `q`, then made ready
         weights = for_blocks(load_weights(f, spec, dtype, progress, replace(fmt, kind="q"), q4), dtype,
-                             gpu_formats(kernels))
+                             gpu_formats(kernels), device)
     else:
         weights = load_weights(f, spec, dtype, progress, fmt, q4)
     return weights if device == "cpu" else to_device(weights, device)
