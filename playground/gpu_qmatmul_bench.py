@@ -71,12 +71,16 @@ def check(mod, w: QWeight, device: str) -> float:
     return float((y - ref).abs().max()) / (1 + float(ref.abs().max()))
 
 
-def bench_shape(mod, timer: Timer, qtype: T, n: int, k: int, rows: tuple[int, ...], device: str, gen) -> list[dict]:
+def bench_shape(mod, timer: Timer, qtype: T, n: int, k: int, rows: tuple[int, ...], device: str, gen,
+                deadline: float = float("inf")) -> list[dict]:
+    """Each row count of `rows` until `deadline` (perf_counter): both times of both paths."""
     w = random_blocks(qtype, n, k, device, gen)
     err = check(mod, w, device)
     dense = torch.randn(n, k, generator=gen, device=device).to(torch.bfloat16)   # timing only
     out = []
     for m in rows:
+        if time.perf_counter() > deadline:
+            break
         x = torch.randn(m, k, generator=gen, device=device).to(torch.bfloat16)
         ours = [timer.graph(lambda: mod.triton(x, w)), timer.eager(lambda: mod.triton(x, w))]
         cublas = [timer.graph(lambda: F.linear(x, dense)), timer.eager(lambda: F.linear(x, dense))]
@@ -127,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tune", type=float, default=0.0, metavar="S",
                     help="first spend up to S seconds timing decode settings (Q4_K, 1 and 8 rows)")
     args = ap.parse_args(argv)
+    start = time.perf_counter()   # --budget-s counts from here (the tuning has its own)
     device = "cpu" if args.dry_run else "cuda"
     mod = load_by_path(default_dir("kernels") / "qmatmul_gpu.py", KERNEL_CONTRACT).module
     timer, gen = Timer(args.dry_run, args.rep_ms), torch.Generator(device=device).manual_seed(0)
@@ -142,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             best = min((r for r in tuned if r["m"] == m and r["shape"] == shape), key=lambda r: r["us"])
             lines.append(f"tune best {shape} M={m}: {best}")
             print(lines[-1], flush=True)
-    rows, t0, results = DRY_ROWS if args.dry_run else ROWS, time.perf_counter(), []
+    t0 = time.perf_counter() if args.tune else start   # the budget: from the start, or after the tuning
+    rows, results = DRY_ROWS if args.dry_run else ROWS, []
     cases = [(qtype, model, name, nk) for qtype in FORMATS   # Q4_K first: what a Q4_K_M file mostly is
              for model, shapes in (DRY_SHAPES if args.dry_run else SHAPES).items() for name, nk in shapes.items()]
     for qtype, model, name, (n, k) in cases:
@@ -152,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             print(lines[-1], flush=True)
             break
         try:
-            for r in bench_shape(mod, timer, qtype, n, k, rows, device, gen):
+            for r in bench_shape(mod, timer, qtype, n, k, rows, device, gen, t0 + args.budget_s):
                 r.update(model=model, matmul=name)
                 results.append(r)
                 lines.append(fmt_row([model, name, r["qtype"], r["m"], f"{r['blocks_graph_us']:.1f}",
