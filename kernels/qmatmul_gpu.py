@@ -18,13 +18,19 @@ Two regimes, one kernel (`_qmm_kernel`, the tile sizes are its constexprs):
 - decode (M <= SMALL_M): one row (b=1) as a GEMV (BLOCK_M = 1: the dequantized [64, 32] slice
   times x summed in registers; a tl.dot would first shuffle the slice through shared memory into
   the MMA operand layout, for 1 useful row in 16); 2-16 rows with BLOCK_M = 16 (tl.dot's smallest;
-  rows past M are masked) and 32-column blocks; both with K split over a third grid axis (`SPLIT_K` programs per column block, each a
-  contiguous range of blocks) so that a [1, 896] x [896, 4864] call still spreads over every SM;
-  every weight byte is read once per call. Split partials go to a float32 [SPLIT_K, M, N] buffer
-  summed by torch (deterministic, unlike atomics: a row's floats never depend on the launch order).
-- larger M (the GEMM): BLOCK_M x BLOCK_N tiles (64 x 64), K inside, each program dequantizing a [BLOCK_N, 32]
-  weight slice into registers per step for one tl.dot; the slice is re-read by every M tile (from
-  L2: the weight of a Llama-8B layer matmul is 10-60 MB, so large M is compute-, not byte-bound).
+  rows past M are masked) and 32-column blocks; both with K split over a third grid axis
+  (`SPLIT_K` programs per column block, each a contiguous range of blocks, until about
+  PROGRAMS_PER_SM programs per SM) so that a [1, 4864] x [4864, 896] call still spreads over every
+  SM; every weight byte is read once per call. Split partials go to a float32 [SPLIT_K, M, N]
+  buffer summed by torch (deterministic, unlike atomics: a row's floats never depend on the
+  launch order). A row's floats are the same at every M within one regime (the split depends on
+  N and K only), not across regimes (the GEMV sums in another order): batch-invariant as far as
+  cuBLAS on a dense copy is, which picks its kernel by M too.
+- larger M (the GEMM): 64 x 64 tiles, K inside, each program dequantizing a [64, 32] weight slice
+  into registers per step for one tl.dot; the slice is re-read by every M tile (from L2: a
+  Llama-8B layer matmul is 10-60 MB of blocks, and at large M the product is compute-bound).
+The tile constants were chosen by ptxas's register counts (below), not yet by a GPU's clock:
+`playground/gpu_qmatmul_bench.py --tune S` sweeps the decode ones on a card.
 Where cuBLAS on a dense bf16 copy beats this is measured by playground/gpu_qmatmul_bench.py and
 decided by `--gpu-weights` (model/config.py; docs/architecture.md "Weights on the GPU").
 
@@ -265,7 +271,8 @@ def _aot(fmt: int, x: str, decode: bool, acc: bool = False, gemv: bool = False) 
     tiles = dict(BLOCK_M=1, BLOCK_N=GEMV_BLOCK_N, SPLIT_K=4) if gemv else \
         dict(BLOCK_M=16, BLOCK_N=DECODE_BLOCK_N, SPLIT_K=4) if decode else \
         dict(BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, SPLIT_K=1)
-    return (_qmm_kernel, sig, {"FMT": fmt, "ACC": acc, "IEEE_DOT": False, **tiles}, {"num_warps": GEMV_WARPS if gemv else DECODE_WARPS if decode else GEMM_WARPS})
+    warps = GEMV_WARPS if gemv else DECODE_WARPS if decode else GEMM_WARPS
+    return (_qmm_kernel, sig, {"FMT": fmt, "ACC": acc, "IEEE_DOT": False, **tiles}, {"num_warps": warps})
 
 
 # Every format as the one-row GEMV (what serves at b=1), the Q4_K_M pair also in the 2-16 row dot

@@ -59,7 +59,8 @@ def test_every_type_the_cpu_loads_has_a_cuda_answer(qtype):
     else:                       # dequantized at load to the compute dtype, for cuBLAS (the CPU may block it for oneDNN)
         assert isinstance(out, Linear)
         dense = out.dense if out.dense is not None else out.packed.to_dense()
-        assert dense.dtype == torch.bfloat16 and dense.shape == (32, 256) and torch.allclose(dense.float(), values.to(torch.bfloat16).float(), equal_nan=True)
+        assert dense.dtype == torch.bfloat16 and dense.shape == (32, 256)
+        assert torch.allclose(dense.float(), values.to(torch.bfloat16).float(), equal_nan=True)
 
 
 def test_the_formats_real_files_use_all_have_kernels():
