@@ -101,3 +101,14 @@ def test_gpu_weights_is_validated_and_off_cuda_changes_nothing():
         ModelConfig(model_path=default_model_path(), gpu_weights="q4")
     cfg = ModelConfig(model_path=default_model_path(), device="cpu", gpu_weights="blocks", dtype="auto")
     assert cfg.weight_format.kind == "q"   # the CPU serves its own blocks
+
+
+def test_a_tied_embedding_moves_once():
+    """to_device gives the embedding and the output projection that share blocks one copy."""
+    from slotserver.model.placement import to_device
+    from slotserver.model.weights import Embedding
+
+    w = random_qweight(torch.Generator().manual_seed(4), T.Q8_0, 8, 64)
+    embed, out = to_device([Embedding(blocks=w), QLinear([w], op=gpu_weights.GPU_OP)], "cpu")
+    assert embed.blocks is out.parts[0] and out.op == gpu_weights.GPU_OP
+    assert torch.equal(embed.blocks.raw, w.raw)

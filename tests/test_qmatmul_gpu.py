@@ -85,6 +85,7 @@ def _blocks_tokens(path: Path) -> list[list[int]]:
     model.set_step_graphs(False)   # the CPU's C step graphs record C kernels, not interpreted Triton
     kinds = {type(m).__name__ + ":" + getattr(m, "op", "") for m in model.weights.matmuls()}
     assert kinds == {"QLinear:qmatmul_gpu"}, kinds
+    assert model.weights.embed.blocks is model.weights.output.parts[0]   # tied: one copy of the bytes, looked up
     return [r.tokens for r in generate(model, [GenRequest(list(p), N_PREDICT, ignore_eos=True) for p in PROMPTS], frozenset())]
 
 

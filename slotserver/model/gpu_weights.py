@@ -6,9 +6,11 @@
 - `blocks`: the file's GGUF blocks copied to the card as they are and multiplied by
   kernels/qmatmul_gpu.py (dequantized in registers): the bytes a decode step reads are the file's.
   Formats without a kernel there (Q2_K, Q3_K, the IQ types) are dequantized at load for cuBLAS;
-  floats (F32/F16/BF16 files) too, being dense already. The token embedding is a dense table (a
-  lookup reads a few rows; no device row-dequantizer yet) and MoE experts are dense (the Triton
-  moe_matmul reads dense experts), both as `dense` does: every format that loads on the CPU loads.
+  floats (F32/F16/BF16 files) too, being dense already. The token embedding stays blocks, its
+  looked-up rows dequantized on the card by runtime/torch_dequant.py (qblocks.get_rows; a tied
+  output projection multiplies the same bytes), except in a format torch_dequant lacks (then a
+  dense table); MoE experts are dense (the Triton moe_matmul reads dense experts), as `dense` loads
+  them: every format that loads on the CPU loads.
 - `auto`: `dense` where its copy fits in DENSE_SHARE of the card's free memory, else `blocks`.
   Why only one form, never both: keeping the dense copy beside the blocks costs 1.3-1.6x the dense
   bytes, the memory the KV cache needs; and why dense while it fits: until a GPU run measures
@@ -72,7 +74,9 @@ def for_blocks(w: ModelWeights, dtype: torch.dtype, formats: frozenset[int], dev
     under `blocks`: block matmuls of a served format call `GPU_OP`; everything else dense in `dtype`
     (see the module docstring), dequantized on `device` where runtime/torch_dequant.py has the
     format (gguf's numpy on the CPU otherwise). Activations in `dtype` (the kernel takes bf16 x)."""
-    embed = w.embed if w.embed.blocks is None else Embedding(dense=_dense(w.embed.blocks, device).to(dtype))
+    eb = w.embed.blocks
+    keep = eb is None or eb.qtype in FLOATS or torch_dequant.ported(eb.qtype)   # looked up on the card (get_rows)
+    embed = w.embed if keep else Embedding(dense=_dense(eb, device).to(dtype))
     layers = [replace(lw, **{name: matmul(getattr(lw, name), dtype, formats, device)
                              for name in ("qkv", "wo", "gate_up", "down")},
                       moe=None if lw.moe is None else _dense_moe(lw.moe, dtype, device))
