@@ -14,7 +14,7 @@ Q8_0, Q4_K, Q5_K, Q6_K, MXFP4: what Q4_K_M / Q5_K_M / Q6_K / Q8_0 files and gpt-
 mixes Q4_K and Q6_K, with Q5_0 / Q8_0 fallbacks for rows not a multiple of 256). Q2_K / Q3_K and
 the IQ formats have no kernel here: on CUDA they are dequantized to bf16 at load (weights.py).
 
-Two regimes, one kernel (`_qmm_kernel`, the tile sizes are its constexprs):
+Regimes (`_qmm_kernel`'s tile sizes are its constexprs):
 - decode (M <= SMALL_M): one row (b=1) as a GEMV (BLOCK_M = 1: the dequantized [64, 32] slice
   times x summed in registers; a tl.dot would first shuffle the slice through shared memory into
   the MMA operand layout, for 1 useful row in 16); 2-16 rows with BLOCK_M = 16 (tl.dot's smallest;
@@ -26,9 +26,11 @@ Two regimes, one kernel (`_qmm_kernel`, the tile sizes are its constexprs):
   launch order). A row's floats are the same at every M within one regime (the split depends on
   N and K only), not across regimes (the GEMV sums in another order): batch-invariant as far as
   cuBLAS on a dense copy is, which picks its kernel by M too.
-- larger M (the GEMM): 64 x 64 tiles, K inside, each program dequantizing a [64, 32] weight slice
+- 17 to DEQUANT_GEMM_ROWS - 1 rows (the GEMM): 64 x 64 tiles, K inside, each program dequantizing a [64, 32] weight slice
   into registers per step for one tl.dot; the slice is re-read by every M tile (from L2: a
   Llama-8B layer matmul is 10-60 MB of blocks, and at large M the product is compute-bound).
+- from DEQUANT_GEMM_ROWS rows (prefill): W dequantized to x's dtype a tile at a time by
+  `_dequant_kernel` (the same `_dequant32`), multiplied by cuBLAS (`_dequant_gemm`).
 The tile constants were chosen by ptxas's register counts (below), not yet by a GPU's clock:
 `playground/gpu_qmatmul_bench.py --tune S` sweeps the decode ones on a card.
 Where cuBLAS on a dense bf16 copy beats this is measured by playground/gpu_qmatmul_bench.py and
@@ -60,6 +62,8 @@ SMALL_M = 16                       # rows up to which the decode regime serves
 DECODE_BLOCK_N, GEMM_BLOCK_M, GEMM_BLOCK_N = 32, 64, 64
 GEMV_BLOCK_N = 64                  # one row (decode b=1): no tl.dot, wider column blocks
 PROGRAMS_PER_SM = 4                # the decode regime splits K until about this many programs per SM
+DEQUANT_GEMM_ROWS = 128            # rows from which W is dequantized tile by tile for cuBLAS (_dequant_gemm)
+DEQUANT_TILE_VALUES = 1 << 24      # weight values dequantized at once there (32 MB in bf16)
 # GEMM warps: with 4, ptxas (sm_90) gives the 64 x 64 tile 227-255 registers a thread (one block per
 # SM); with 8, 122-164, no spills either way (`slotserver lab check` prints them)
 GEMM_WARPS, DECODE_WARPS = 8, 4
@@ -199,6 +203,39 @@ def _qmm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y, stri
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=omask)
 
 
+@_triton.jit
+def _dequant_kernel(w_ptr, out_ptr, N, stride_w, stride_o, FMT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Program (row block, 32-value slice kb): W[rows, kb*32 + 0..31] dequantized into out."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    kb = tl.program_id(1)
+    j = tl.arange(0, 32)[None, :]
+    nmask = offs_n[:, None] < N
+    wt = _dequant32(w_ptr + offs_n[:, None].to(tl.int64) * stride_w, kb, j, nmask, FMT)           # [BN, 32]
+    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * stride_o + kb * 32 + j, wt.to(out_ptr.dtype.element_ty),
+             mask=nmask)
+
+
+def _dequant_gemm(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None) -> torch.Tensor:
+    """Many rows (prefill): W dequantized to x's dtype DEQUANT_TILE_VALUES at a time, each tile
+    multiplied by cuBLAS. Why: from ~a hundred rows the product is compute-bound and cuBLAS's GEMM
+    beats a tile loop that dequantizes in its inner step (re-done for every row tile); writing
+    and re-reading one bf16 tile costs ~2 bytes a weight once per call (llama.cpp's CUDA backend
+    does the same for large batches). The numerics are the dense path's: bf16 weights, cuBLAS."""
+    rows = max(16, DEQUANT_TILE_VALUES // w.k)
+    tile = torch.empty(min(rows, w.n), w.k, dtype=x.dtype, device=x.device)                   # [rows, K]
+    y = torch.empty(x.shape[0], w.n, dtype=x.dtype, device=x.device) if acc is None else acc
+    for n0 in range(0, w.n, rows):
+        n1 = min(w.n, n0 + rows)
+        _dequant_kernel[(_triton.cdiv(n1 - n0, 64), w.k // 32)](w.raw[n0:n1], tile, n1 - n0, w.raw.stride(0),
+                                                                tile.stride(0), FMT=int(w.qtype), BLOCK_N=64)
+        part = x @ tile[: n1 - n0].T                                                          # [M, rows]
+        if acc is None:
+            y[:, n0:n1] = part
+        else:
+            y[:, n0:n1] += part
+    return y
+
+
 def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, SPLIT_K, num_warps) for an [m, k] x [k, n] product on a card of `sms` SMs: the
     decode regime splits K until ~4 programs per SM (each reading >= MIN_SPLIT_BLOCKS slices)."""
@@ -231,6 +268,8 @@ def triton(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torc
     assert x.dim() == 2 and x.shape[1] == w.k and w.raw.stride(1) == 1
     x = x if x.stride(1) == 1 else x.contiguous()
     m, n = x.shape[0], w.n
+    if m >= DEQUANT_GEMM_ROWS and n:
+        return _dequant_gemm(x, w, acc)
     bm, bn, split, warps = plan(m, n, w.k, _sms(x.device))
     fused = acc is not None and split == 1 and acc.shape == (m, n) and acc.stride(1) == 1
     if split > 1:
@@ -251,12 +290,13 @@ def triton(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torc
 
 
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
-    """x [M, K] unit-variance with M on both sides of SMALL_M (both regimes); W random valid blocks
+    """x [M, K] unit-variance with M on both sides of SMALL_M and some past DEQUANT_GEMM_ROWS (every
+    regime); W random valid blocks
     of one of FORMATS; a third of the draws add into a float32 residual `acc`."""
     qtype = FORMATS[int(torch.randint(len(FORMATS), (), generator=gen))]
     block = gguf.GGML_QUANT_SIZES[qtype][0]
     k = block * int(torch.randint(1, 3 if block == 256 else 12, (), generator=gen))
-    m = int(torch.randint(1, 9, (), generator=gen)) + (SMALL_M if torch.rand((), generator=gen) < 0.4 else 0)
+    m = int(torch.randint(1, 9, (), generator=gen)) + [0, SMALL_M, DEQUANT_GEMM_ROWS][int(torch.randint(3, (), generator=gen))]
     n = int(torch.randint(1, 80, (), generator=gen))
     w = random_qweight(gen, qtype, n, k)
     x = torch.randn(m, k, generator=gen).to(dtype)
@@ -281,4 +321,7 @@ def _aot(fmt: int, x: str, decode: bool, acc: bool = False, gemv: bool = False) 
 # GEMM (8 warps) Q4_K 164, Q6_K 128, Q8_0 122 (4 warps: 227-255); no spills.
 AOT = [_aot(int(t), "bf16", True, gemv=True) for t in FORMATS] + \
       [_aot(int(t), "bf16", True) for t in (T.Q4_K, T.Q6_K)] + \
-      [_aot(int(t), "bf16", False, acc=t == T.Q4_K) for t in (T.Q4_K, T.Q6_K)]
+      [_aot(int(t), "bf16", False, acc=t == T.Q4_K) for t in (T.Q4_K, T.Q6_K)] + \
+      [(_dequant_kernel, {"w_ptr": "*u8", "out_ptr": "*bf16", "N": "i32", "stride_w": "i32", "stride_o": "i32",
+                          "FMT": "constexpr", "BLOCK_N": "constexpr"}, {"FMT": int(t), "BLOCK_N": 64})
+       for t in (T.Q4_K, T.Q6_K)]

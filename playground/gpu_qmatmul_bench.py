@@ -8,6 +8,8 @@ values); the first rows of each are checked against gguf's dequantizer. Times: t
 do_bench_cudagraph (launch overhead removed; L2 warm, so weights under the 50 MB L2 read fast) and
 do_bench (eager, L2 flushed). GB/s: the format's weight bytes over the graph time, beside the
 device-to-device copy's read + write rate measured in the same run. "win": blocks or cublas.
+"other_gemm" (past 16 rows): the GEMM path qmatmul_gpu did not pick (tiled tl.dot below
+DEQUANT_GEMM_ROWS, dequantized tiles + cuBLAS from it), to place that threshold.
 
     PYTHONPATH=. python playground/gpu_qmatmul_bench.py [--out DIR] [--budget-s 60] [--rep-ms 10] [--tune S]
     TRITON_INTERPRET=1 PYTHONPATH=. python playground/gpu_qmatmul_bench.py --dry-run --out /tmp/qb   # CPU
@@ -49,7 +51,7 @@ SHAPES = {"Qwen0.5B": {"qkv": (1152, 896), "wo": (896, 896), "gate_up": (9728, 8
 DRY_SHAPES = {"tiny": {"qkv": (48, 256), "down": (40, 512)}}
 ROWS, DRY_ROWS = (1, 8, 32, 64, 512), (1, 20)
 FORMATS = (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0)
-WIDTHS = [9, 8, 6, 5, 11, 11, 11, 11, 9, 7, 7]
+WIDTHS = [9, 8, 6, 5, 11, 11, 11, 11, 11, 9, 7, 7]
 
 
 def random_blocks(qtype: T, n: int, k: int, device: str, gen: torch.Generator) -> QWeight:
@@ -71,6 +73,20 @@ def check(mod, w: QWeight, device: str) -> float:
     return float((y - ref).abs().max()) / (1 + float(ref.abs().max()))
 
 
+def other_gemm(mod, timer: Timer, m: int, fn) -> float:
+    """Past SMALL_M rows: the time of the GEMM path `plan` did not pick (the tiled tl.dot below
+    DEQUANT_GEMM_ROWS, dequantized tiles + cuBLAS from it), to place that threshold; else nan."""
+    if m <= mod.SMALL_M:
+        return float("nan")
+    saved = mod.DEQUANT_GEMM_ROWS
+    mod.DEQUANT_GEMM_ROWS = (1 << 30) if m >= saved else mod.SMALL_M + 1
+    try:
+        us = timer.graph(fn)
+        return us if us == us else timer.eager(fn)
+    finally:
+        mod.DEQUANT_GEMM_ROWS = saved
+
+
 def bench_shape(mod, timer: Timer, qtype: T, n: int, k: int, rows: tuple[int, ...], device: str, gen,
                 deadline: float = float("inf")) -> list[dict]:
     """Each row count of `rows` until `deadline` (perf_counter): both times of both paths."""
@@ -84,11 +100,12 @@ def bench_shape(mod, timer: Timer, qtype: T, n: int, k: int, rows: tuple[int, ..
         x = torch.randn(m, k, generator=gen, device=device).to(torch.bfloat16)
         ours = [timer.graph(lambda: mod.triton(x, w)), timer.eager(lambda: mod.triton(x, w))]
         cublas = [timer.graph(lambda: F.linear(x, dense)), timer.eager(lambda: F.linear(x, dense))]
+        other = other_gemm(mod, timer, m, lambda: mod.triton(x, w))
         wbytes = w.raw.numel()
         key = 0 if ours[0] == ours[0] else 1   # graph time where it exists (nan on the dry run)
         out.append(dict(qtype=qtype.name, n=n, k=k, m=m, blocks_graph_us=ours[0], blocks_eager_us=ours[1],
                         cublas_graph_us=cublas[0], cublas_eager_us=cublas[1], weight_bytes=wbytes,
-                        blocks_gbs=wbytes / ours[key] / 1e3, cublas_gbs=2 * n * k / cublas[key] / 1e3,
+                        other_gemm_us=other, blocks_gbs=wbytes / ours[key] / 1e3, cublas_gbs=2 * n * k / cublas[key] / 1e3,
                         win="blocks" if ours[key] < cublas[key] else "cublas", rel_err=err))
     del w, dense
     return out
@@ -138,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     copy = copy_bandwidth(timer, device)
     head = f"qmatmul_gpu vs cuBLAS bf16 on {torch.cuda.get_device_name() if device == 'cuda' else 'cpu (dry run)'}; " \
            f"copy {copy:.0f} GB/s (read + write)"
-    lines = [head, fmt_row(["model", "matmul", "fmt", "M", "blocks_gr", "blocks_eag", "cublas_gr", "cublas_eag",
+    lines = [head, fmt_row(["model", "matmul", "fmt", "M", "blocks_gr", "blocks_eag", "cublas_gr", "cublas_eag", "other_gemm",
                             "blk_GB/s", "%copy", "win"], WIDTHS)]
     print("\n".join(lines), flush=True)
     tuned = tune(mod, timer, device, gen, args.tune, args.dry_run) if args.tune else []
@@ -163,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(r)
                 lines.append(fmt_row([model, name, r["qtype"], r["m"], f"{r['blocks_graph_us']:.1f}",
                                       f"{r['blocks_eager_us']:.1f}", f"{r['cublas_graph_us']:.1f}",
-                                      f"{r['cublas_eager_us']:.1f}", f"{r['blocks_gbs']:.0f}",
+                                      f"{r['cublas_eager_us']:.1f}", f"{r['other_gemm_us']:.1f}", f"{r['blocks_gbs']:.0f}",
                                       f"{100 * r['blocks_gbs'] / copy:.0f}%", r["win"]], WIDTHS))
                 print(lines[-1], flush=True)
         except Exception as e:  # noqa: BLE001 - one failing case costs a line, not the run

@@ -35,17 +35,18 @@ def _format_errors() -> dict[str, float]:
     """Per format and case: max |triton - exact| / (1 + max |exact|), in float32."""
     mod, out = _module(), {}
     mod.MIN_SPLIT_BLOCKS = 2   # split K at these small sizes too (the interpreter is slow; the plan is what serves)
+    mod.DEQUANT_TILE_VALUES = 16 * 256   # several dequantized tiles per weight (16 rows at K=256, 25 at 160)
     gen = torch.Generator().manual_seed(0)
     for qtype in mod.FORMATS:
         k = 256 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 160   # decode: K split 4 ways / 2 ways (3 + 2 blocks)
         w = random_qweight(gen, qtype, 45, k)
         exact = dequantize(w).double()
-        for m in (1, 5, 24):   # the GEMV, the 2-16 row dot, the GEMM (> SMALL_M)
+        for m in (1, 5, 24, 130):   # the GEMV, the 2-16 row dot, the tiled GEMM, dequantized tiles + torch.mm
             x = torch.randn(m, k, generator=gen)
             ref = x.double() @ exact.T
             scale = 1 + float(ref.abs().max())
             out[f"{qtype.name}/{m}"] = float((mod.triton(x, w).double() - ref).abs().max()) / scale
-            if m != 5:   # the residual add after the split partials (1 row), fused into the store (24)
+            if m != 5:   # the residual add after the split partials (1), fused into the store (24), after mm (130)
                 acc = torch.randn(m, w.n, generator=gen)
                 y_acc = mod.triton(x, w, acc.clone())
                 out[f"{qtype.name}/{m}/acc"] = float((y_acc.double() - ref - acc.double()).abs().max()) / scale
@@ -107,7 +108,7 @@ def interpreted(tiny_q8) -> dict:
 
 def test_every_format_in_both_regimes_matches_the_exact_product(interpreted):
     errors = interpreted["errors"]
-    assert len(errors) == len(_module().FORMATS) * 5
+    assert len(errors) == len(_module().FORMATS) * 7
     bad = {case: e for case, e in errors.items() if e > 1e-4}   # float32 sums of exact weights
     assert not bad, bad
 
@@ -132,7 +133,8 @@ def test_plan_splits_k_at_decode_and_tiles_large_batches():
     assert (bm, bn) == (1, mod.GEMV_BLOCK_N) and split * 14 >= 4 * 132 // 2 and 4864 // 32 // split >= mod.MIN_SPLIT_BLOCKS
     assert mod.plan(8, 896, 4864, 132)[:2] == (16, mod.DECODE_BLOCK_N)
     assert mod.plan(1, 151936, 896, 132)[2] == 1              # the output matmul fills the card unsplit
-    assert mod.plan(512, 4096, 4096, 132)[:3] == (mod.GEMM_BLOCK_M, mod.GEMM_BLOCK_N, 1)
+    assert mod.plan(64, 4096, 4096, 132)[:3] == (mod.GEMM_BLOCK_M, mod.GEMM_BLOCK_N, 1)
+    assert mod.SMALL_M < 64 < mod.DEQUANT_GEMM_ROWS <= 512   # prefill: dequantized tiles + cuBLAS
 
 
 def test_a_format_without_a_kernel_is_refused_by_name():
