@@ -303,6 +303,23 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     return (x, w) if torch.rand((), generator=gen) < 0.67 else (x, w, torch.randn(m, n, generator=gen))
 
 
+def bench_inputs(device: str, small: bool = False) -> list[tuple[str, tuple]]:
+    """`lab check --time`: Llama-8B's wo (4096 x 4096) and gate_up (28672 x 4096) in Q4_K, bf16 x
+    at decode sizes and a prefill chunk (the bytes counted are the blocks': what a call must read)."""
+    gen = torch.Generator().manual_seed(0)
+    sizes = [(1, 40, 256)] if small else [(1, 4096, 4096), (8, 4096, 4096), (1, 28672, 4096), (512, 4096, 4096)]
+    out = []
+    for m, n, k in sizes:
+        w = random_qweight(gen, T.Q4_K, n, k)
+        out.append((f"Q4_K {m} x {n} x {k}", (torch.randn(m, k, generator=gen).to(device, torch.bfloat16),
+                                               QWeight(w.raw.to(device), w.qtype, k, n))))
+    return out
+
+
+def bench_flops(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> int:
+    return 2 * x.shape[0] * w.n * w.k
+
+
 def _aot(fmt: int, x: str, decode: bool, acc: bool = False, gemv: bool = False) -> tuple:
     sig = {"x_ptr": f"*{x}", "w_ptr": "*u8", "y_ptr": "*fp32" if acc or decode else f"*{x}", "M": "i32", "N": "i32",
            "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "stride_split": "i32",
