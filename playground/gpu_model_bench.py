@@ -6,6 +6,9 @@ the weight and KV bytes per step set at the card's measured copy bandwidth; then
     python playground/gpu_model_bench.py /tmp/tiny.gguf --device cpu --batches 1,2 --steps 3   # dry run
     python playground/gpu_model_bench.py model.gguf --device cuda --async-steps off,on   # overlap A/B
     python playground/gpu_model_bench.py tiny.gguf --device cpu --batches 1,2 --steps 3 --async-steps off,on  # its dry run
+    python playground/gpu_model_bench.py q4km.gguf --device cuda --gpu-weights dense,blocks --out DIR
+
+--gpu-weights: each model loads once per form listed (model/gpu_weights.py); rows name the form.
 
 The models are usually random-weight files of real shapes (playground/shape_model.py): a decode
 step's time does not depend on the values. Each number is the median over `--steps` steps after
@@ -113,6 +116,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--engine-tokens", type=int, default=64, help="tokens per request in the engine run (0: skip)")
     p.add_argument("--layout", default="head_seq_dim")
+    p.add_argument("--gpu-weights", default="auto",
+                   help="comma-separated --gpu-weights forms to time each model in, e.g. dense,blocks (default auto)")
     p.add_argument("--out", type=Path, default=Path("."))
     p.add_argument("--async-steps", default="auto",
                    help="the engine run's --async-steps; a comma list (off,on) runs the engine once per mode: the A/B")
@@ -120,29 +125,35 @@ def main() -> None:
                    help="stop starting new rows after this many seconds (0: no limit); the table covers what ran")
     a = p.parse_args()
     modes = [EngineConfig(async_steps=m).async_steps for m in a.async_steps.split(",")]   # a bad mode: one line
-    t0 = time.perf_counter()
+    t_start = time.perf_counter()
     batches = [int(b) for b in a.batches.split(",")]
     rows, bw = [], None
-    for path in a.models:
+    for path, gw in ((path, gw) for path in a.models for gw in a.gpu_weights.split(",")):
         t0 = time.perf_counter()
-        bundle = ModelBundle.load(ModelConfig(path, dtype="auto", device=a.device, max_ctx=a.ctx + a.steps + 64))
+        bundle = ModelBundle.load(ModelConfig(path, dtype="auto", device=a.device, max_ctx=a.ctx + a.steps + 64,
+                                              gpu_weights=gw))
         dev = bundle.model.device
-        print(f"loaded {path.name} ({path.stat().st_size / 1e9:.2f} GB) on {dev} in {time.perf_counter() - t0:.1f} s",
+        print(f"loaded {path.name} ({path.stat().st_size / 1e9:.2f} GB) on {dev} [{bundle.config.gpu_weights}] "
+              f"in {time.perf_counter() - t0:.1f} s",
               flush=True)
         bw = bw or copy_bandwidth(dev, 1 << 28 if dev == "cpu" else 1 << 30)
+        name = path.name if dev == "cpu" else f"{path.name} [{bundle.config.gpu_weights}]"
         for b in batches:
-            if a.budget_s and time.perf_counter() - t0 > a.budget_s:
+            if a.budget_s and time.perf_counter() - t_start > a.budget_s:
                 print(f"budget of {a.budget_s:.0f} s spent: {path.name} b={b} and later rows skipped", flush=True)
                 break
             r = decode_steps(bundle, b, a.ctx, a.steps, a.layout)
             r["eager_step_ms"] = decode_steps(bundle, b, a.ctx, a.steps, a.layout, graphs=False)["step_ms"]
-            r.update(model=path.name, device=dev, bound_tok_s=b * bw / (r["weight_bytes"] + r["kv_bytes"]))
+            r.update(model=name, device=dev, bound_tok_s=b * bw / (r["weight_bytes"] + r["kv_bytes"]))
             if a.engine_tokens:   # the first mode's run fills the table; each mode's is under "engine_ab"
                 runs = {m: engine_run(bundle, b, a.engine_tokens, 16, m) for m in modes}
                 r.update(runs[modes[0]])
                 r["engine_ab"] = runs
             rows.append(r)
             print(json.dumps(r), flush=True)
+        del bundle   # the next form's weights need the memory
+        if dev == "cuda":
+            torch.cuda.empty_cache()
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "model_bench.json").write_text(json.dumps({"copy_bytes_s": bw, "rows": rows}, indent=1))
     # the copy's bytes moved per second (read + write) is what the memory delivers; a decode step

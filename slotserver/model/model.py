@@ -16,7 +16,7 @@ olmoe, granitemoe: moe.py) with olmoe's q/k norms over the whole projection.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -32,6 +32,7 @@ from slotserver.model.cuda_graph import CudaGraphs
 from slotserver.model import heap, lean_step
 from slotserver.model.linear import QLinear
 from slotserver.model.moe import moe_ffn
+from slotserver.model.gpu_weights import GPU_OP, for_blocks
 from slotserver.model.placement import to_device
 from slotserver.model.weights import LayerWeights, ModelWeights, Progress, WeightFormat, load_weights
 
@@ -224,7 +225,7 @@ class LlamaModel:
         Q4_K_M 0.30 s)."""
         for lin in self.weights.matmuls():
             for p in lin.parts if isinstance(lin, QLinear) else ():
-                self.kernels.qmatmul(torch.zeros(2, p.k, dtype=self.weights.act_dtype, device=p.raw.device), p)
+                getattr(self.kernels, lin.op)(torch.zeros(2, p.k, dtype=self.weights.act_dtype, device=p.raw.device), p)
         one = torch.zeros(1, 1, dtype=torch.int64)
         for e in self.weights.experts():   # moe_matmul repacks every expert on its first call
             self.kernels.moe_matmul(torch.zeros(1, e.k, dtype=self.weights.act_dtype), e, one)
@@ -291,8 +292,18 @@ def read_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, kernels: Kern
     """The matmul weights of `f` in `fmt`, on `device` (a load, and a wake from sleep)."""
     q4 = kernels.modules["q4_matmul"].module if "q4_matmul" in kernels.modules else None
     f.dequant_device = None if device == "cpu" else device   # dense weights for a GPU: dequantized there
-    weights = load_weights(f, spec, dtype, progress, fmt, q4)
+    if fmt.kind == "blocks":   # GGUF blocks on the card (gpu_weights.py): loaded as `q`, then made ready
+        weights = for_blocks(load_weights(f, spec, dtype, progress, replace(fmt, kind="q"), q4), dtype,
+                             gpu_formats(kernels), device)
+    else:
+        weights = load_weights(f, spec, dtype, progress, fmt, q4)
     return weights if device == "cpu" else to_device(weights, device)
+
+
+def gpu_formats(kernels: KernelSet) -> frozenset[int]:
+    """The GGUF formats the kernel set's qmatmul_gpu multiplies (its FORMATS); none without it."""
+    mod = kernels.modules.get(GPU_OP)
+    return frozenset(int(t) for t in getattr(mod.module, "FORMATS", ())) if mod is not None else frozenset()
 
 
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
