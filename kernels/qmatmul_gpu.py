@@ -26,7 +26,7 @@ Regimes (`_qmm_kernel`'s tile sizes are its constexprs):
   launch order). A row's floats are the same at every M within one regime (the split depends on
   N and K only), not across regimes (the GEMV sums in another order): batch-invariant as far as
   cuBLAS on a dense copy is, which picks its kernel by M too.
-- 17 to DEQUANT_GEMM_ROWS - 1 rows (the GEMM): 64 x 64 tiles, K inside, each program dequantizing a [64, 32] weight slice
+- 17 to DEQUANT_GEMM_ROWS - 1 rows (the GEMM; none while DEQUANT_GEMM_ROWS is 17): 64 x 64 tiles, K inside, each program dequantizing a [64, 32] weight slice
   into registers per step for one tl.dot; the slice is re-read by every M tile (from L2: a
   Llama-8B layer matmul is 10-60 MB of blocks, and at large M the product is compute-bound).
 - from DEQUANT_GEMM_ROWS rows (prefill): W dequantized to x's dtype a tile at a time by
@@ -62,7 +62,11 @@ SMALL_M = 16                       # rows up to which the decode regime serves
 DECODE_BLOCK_N, GEMM_BLOCK_M, GEMM_BLOCK_N = 32, 64, 64
 GEMV_BLOCK_N = 64                  # one row (decode b=1): no tl.dot, wider column blocks
 PROGRAMS_PER_SM = 4                # the decode regime splits K until about this many programs per SM
-DEQUANT_GEMM_ROWS = 128            # rows from which W is dequantized tile by tile for cuBLAS (_dequant_gemm)
+# rows from which W is dequantized tile by tile for cuBLAS (_dequant_gemm). Was 128; on an H100
+# (2026-11-27, docs/gpu.md) dequantize + cuBLAS beat the 64x64 tiled GEMM at 32 and 64 rows on 7 of 10
+# Qwen2.5-0.5B / Llama-8B shapes (Qwen down 15 vs 73 us, Llama wo 38 vs 81 us): the GEMM tiling is
+# kept in `plan` for lab edits that raise this, but serves no row count now.
+DEQUANT_GEMM_ROWS = 17
 DEQUANT_TILE_VALUES = 1 << 24      # weight values dequantized at once there (32 MB in bf16)
 # GEMM warps: with 4, ptxas (sm_90) gives the 64 x 64 tile 227-255 registers a thread (one block per
 # SM); with 8, 122-164, no spills either way (`slotserver lab check` prints them)

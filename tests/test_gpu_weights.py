@@ -12,7 +12,6 @@ import torch
 from slotserver.errors import ConfigError
 from slotserver.model import gpu_weights
 from slotserver.model.config import ModelConfig
-from slotserver.model.default_model import default_model_path
 from slotserver.model.linear import Linear, QLinear
 from slotserver.model.moe import MoeWeights
 from slotserver.model.weights import _SERVED
@@ -20,6 +19,7 @@ from slotserver.runtime.experts import Experts
 from slotserver.runtime.kernel_set import KERNEL_CONTRACT
 from slotserver.runtime.loader import default_dir, load_by_path
 from slotserver.runtime.qblocks import FLOATS, QUANTIZED, T, QWeight, dequantize, random_qweight
+from tiny_gguf import write_tiny_gguf
 
 FORMATS = frozenset(int(t) for t in load_by_path(default_dir("kernels") / "qmatmul_gpu.py", KERNEL_CONTRACT).module.FORMATS)
 
@@ -88,18 +88,19 @@ def test_auto_takes_dense_while_it_fits_and_blocks_beyond():
     assert gpu_weights.choose("dense", 140 * gb, 79 * gb) == "dense"
 
 
-def test_dense_bytes_counts_every_matrix_at_two_bytes():
+def test_dense_bytes_counts_every_matrix_at_two_bytes(tmp_path):
     from slotserver.model.gguf_file import GGUFFile
 
-    f = GGUFFile.open(default_model_path())
+    f = GGUFFile.open(write_tiny_gguf(tmp_path / "m.gguf", tensor_type=T.Q4_K, d_model=256, d_ff=512))
     mats = [i for i in f.tensors.values() if len(i.shape) == 2]
-    assert gpu_weights.dense_bytes(f) == sum(2 * i.shape[0] * i.shape[1] for i in mats) > 200e6   # 135M params
+    assert gpu_weights.dense_bytes(f) == sum(2 * i.shape[0] * i.shape[1] for i in mats) > 1e6
 
 
-def test_gpu_weights_is_validated_and_off_cuda_changes_nothing():
+def test_gpu_weights_is_validated_and_off_cuda_changes_nothing(tmp_path):
+    path = write_tiny_gguf(tmp_path / "m.gguf", tensor_type=T.Q8_0)   # no default model on a GPU machine
     with pytest.raises(ConfigError, match="--gpu-weights must be one of auto, dense, blocks, got 'q4'"):
-        ModelConfig(model_path=default_model_path(), gpu_weights="q4")
-    cfg = ModelConfig(model_path=default_model_path(), device="cpu", gpu_weights="blocks", dtype="auto")
+        ModelConfig(model_path=path, gpu_weights="q4")
+    cfg = ModelConfig(model_path=path, device="cpu", gpu_weights="blocks", dtype="auto")
     assert cfg.weight_format.kind == "q"   # the CPU serves its own blocks
 
 

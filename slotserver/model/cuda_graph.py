@@ -129,6 +129,10 @@ class CudaGraphs:
         """Drop every graph (the owner changed: a reload, a swap, a wake, or set_step_graphs)."""
         self.graphs.clear()
         self.refused.clear()
+        # and their memory pool: once its last graph is gone, PyTorch frees the private pool, and a
+        # capture into the stale handle fails an allocator assert (`use_count > 0`), seen on an H100
+        # after the engine's KV moved: every step of that batch size then ran eagerly (15x slower)
+        self.pool = None
 
 
 def _copy_inputs(dst: Batch, src: Batch) -> None:

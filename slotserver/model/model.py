@@ -129,7 +129,9 @@ class LlamaModel:
         if key is None:
             return self._body(*self._inputs(batch), batch, cache, logits_into)
         with step(batch.token_streams, batch.positions) if step else contextlib.nullcontext():
-            owner = (self.kernels, layout, self.weights, cache.view(0).k.data_ptr())   # after a pool's growth
+            view = cache.view(0)
+            storage = view.k_pages if view.paged else view.k
+            owner = (self.kernels, layout, self.weights, storage.data_ptr())   # a paged pool's growth moves it
             return self.graphs.run(owner, key, batch, lambda b: self._body(*self._inputs(b), b, cache))
 
     def _inputs(self, batch: Batch) -> tuple[torch.Tensor, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
