@@ -76,30 +76,6 @@ wheels() {   # --no-deps: never replace the image's torch, triton or numpy
         $(ls .gpu_wheels | grep -v -e '^numpy' -e '^torch' -e '^triton' | sed 's|^|.gpu_wheels/|') 2>&1 | tail -3
     $PY -c "import gguf, starlette, uvicorn, pytest; print('wheels ok')"
 }
-part versions 30 versions
-part wheels 60 wheels
-TAIL=60 part tests 80 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device.py \
-    $(ls tests/test_torch_dequant.py tests/test_device_*.py tests/test_gpu_*.py 2>/dev/null | grep -v test_device_archs)
-TAIL=40 part archs 70 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device_archs.py
-TAIL=30 part model 180 bash playground/gpu_model_check.sh "$OUT_DIR"
-if [[ "$DRY" == 1 ]]; then
-    part hf 60 $PY playground/hf_bench.py --device cpu --tiny --batches 1,2 --steps 4 --out "$OUT_DIR"
-    part kernels 60 env TRITON_INTERPRET=1 $PY playground/gpu_kernel_bench.py --dry-run --out "$OUT_DIR"
-    part sweep 60 $PY playground/layout_sweep.py --device cpu --batches 1 2 --contexts 64 --rounds 1 --reps 1 \
-        --out "$OUT_DIR/layout_sweep.png"
-else
-    part hf 60 $PY playground/hf_bench.py --device cuda --batches 1,8,32,64 --steps 32 --budget-s 45 --no-compile --out "$OUT_DIR"
-    part kernels 75 $PY playground/gpu_kernel_bench.py --budget-s 60 --out "$OUT_DIR" \
-        --prefill-tiles "${PREFILL_TILES:-128,64,8,3;64,64,4,3;128,32,8,3;64,32,4,3;128,128,8,3}"
-    part sweep 50 $PY playground/layout_sweep.py --device cuda --dtype bfloat16 --batches 1 8 32 64 \
-        --contexts 1024 2048 4096 8192 --rounds 2 --reps 20 --out "$OUT_DIR/layout_sweep.png"
-fi
-TAIL=40 part lab 60 $PY -m slotserver.cli.main lab check --cases 2 --no-aot
-TAIL=40 part labtime 40 $PY -c "from slotserver.cli.lab import time_kernels; print(time_kernels(None, small=$DRY == 1))"
-ATT_DRY=(); [[ "$DRY" == 1 ]] && ATT_DRY=(--dry-run)
-[[ "$DRY" == 1 ]] && export TRITON_INTERPRET=1
-part attention 60 $PY playground/gpu_attention_bench.py "${ATT_DRY[@]}" --out "$OUT_DIR" --budget-s 30
-
 big() {   # Llama-3.1-8B's shape, Q4_K, dequantized on the card at load (runtime/torch_dequant.py)
     local md; md=$(mktemp -d); local shape=llama-3.1-8b bs=1,8,32 steps=10
     [[ "$DRY" == 1 ]] && { shape=tiny; bs=1,2; steps=3; }
@@ -119,9 +95,33 @@ launches() { missing playground/decode_launches.py && return 0
     $PY playground/decode_launches.py --device "$DEV" --compare --out "$OUT_DIR"; }
 sampling() { missing playground/gpu_sampling_bench.py && return 0
     $PY playground/gpu_sampling_bench.py --device "$DEV" $DRYARG --budget-s 30; }
+part versions 30 versions
+part wheels 60 wheels
+TAIL=60 part tests 80 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device.py \
+    $(ls tests/test_torch_dequant.py tests/test_device_*.py tests/test_gpu_*.py 2>/dev/null | grep -v test_device_archs)
+TAIL=40 part archs 70 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device_archs.py
+TAIL=60 part launches 50 launches
+TAIL=30 part model ${MODEL_PART_S:-180} bash playground/gpu_model_check.sh "$OUT_DIR"
+if [[ "$DRY" == 1 ]]; then
+    part hf 60 $PY playground/hf_bench.py --device cpu --tiny --batches 1,2 --steps 4 --out "$OUT_DIR"
+    part kernels 60 env TRITON_INTERPRET=1 $PY playground/gpu_kernel_bench.py --dry-run --out "$OUT_DIR"
+    part sweep 60 $PY playground/layout_sweep.py --device cpu --batches 1 2 --contexts 64 --rounds 1 --reps 1 \
+        --out "$OUT_DIR/layout_sweep.png"
+else
+    part hf 60 $PY playground/hf_bench.py --device cuda --batches 1,8,32,64 --steps 32 --budget-s 45 --no-compile --out "$OUT_DIR"
+    part kernels 75 $PY playground/gpu_kernel_bench.py --budget-s 60 --out "$OUT_DIR" \
+        --prefill-tiles "${PREFILL_TILES:-128,64,8,3;64,64,4,3;128,32,8,3;64,32,4,3;128,128,8,3}"
+    part sweep 50 $PY playground/layout_sweep.py --device cuda --dtype bfloat16 --batches 1 8 32 64 \
+        --contexts 1024 2048 4096 8192 --rounds 2 --reps 20 --out "$OUT_DIR/layout_sweep.png"
+fi
+TAIL=40 part lab 60 $PY -m slotserver.cli.main lab check --cases 2 --no-aot
+TAIL=40 part labtime 40 $PY -c "from slotserver.cli.lab import time_kernels; print(time_kernels(None, small=$DRY == 1))"
+ATT_DRY=(); [[ "$DRY" == 1 ]] && ATT_DRY=(--dry-run)
+[[ "$DRY" == 1 ]] && export TRITON_INTERPRET=1
+part attention 60 $PY playground/gpu_attention_bench.py "${ATT_DRY[@]}" --out "$OUT_DIR" --budget-s 30
+
 TAIL=40 part qmatmul 60 qmatmul
 TAIL=20 part big 120 big
-TAIL=60 part launches 50 launches
 TAIL=30 part sampling 40 sampling
 
 echo

@@ -54,7 +54,7 @@ timeout 90 $SS generate -m "$MD/$SHAPE-Q4_K.gguf" --device "$DEV" -n 16 --temp 0
 echo "generate: exit $?"; tail -5 "$OUT_DIR/generate.log"
 
 echo "== model bench"
-BS=$(( $(left) - 75 )); (( BS < 30 )) && BS=30
+BS=$(( $(left) - 75 )); [[ "${MODEL_HTTP:-1}" == 1 ]] || BS=$(( $(left) - 5 )); (( BS < 30 )) && BS=30
 timeout "$BS" $PY playground/gpu_model_bench.py $(ls "$MD"/*.gguf) --device "$DEV" --gpu-weights dense,blocks \
     --async-steps off,on --batches "$BATCHES" --steps "$STEPS" --budget-s $(( BS - 15 )) --out "$OUT_DIR" \
     > "$OUT_DIR/model_bench.log" 2>&1
@@ -68,7 +68,7 @@ warm_up() {   # a short discarded run at two concurrencies
 }
 echo "== HTTP bench"
 HS=$(( $(left) - 5 ))
-if (( HS > 20 )); then
+if (( HS > 20 )) && [[ "${MODEL_HTTP:-1}" == 1 ]]; then
     $SS serve -m "$MD/$SHAPE-Q4_K.gguf" --device "$DEV" --port 8099 -np 64 -c 65536 --no-watch \
         > "$OUT_DIR/serve.log" 2>&1 &
     SRV=$!
@@ -83,7 +83,7 @@ if (( HS > 20 )); then
     done
     kill "$SRV" 2>/dev/null; wait "$SRV" 2>/dev/null
 fi
-if (( $(left) > 30 )); then   # the baseline of overlapped steps, over HTTP: concurrency 1, --async-steps off
+if (( $(left) > 30 )) && [[ "${MODEL_HTTP:-1}" == 1 ]]; then   # the baseline of overlapped steps, over HTTP: concurrency 1, --async-steps off
     $SS serve -m "$MD/$SHAPE-Q4_K.gguf" --device "$DEV" --port 8099 -np 64 -c 65536 --no-watch --async-steps off \
         > "$OUT_DIR/serve_sync.log" 2>&1 &
     SRV=$!
