@@ -21,10 +21,15 @@ sliced, not gathered.
 Decode is flash-decoding (issue 34): each sequence's cells are split into chunks over a third grid
 axis so that even batch 1 fills the GPU (`decode_splits`), and a small kernel merges the chunks.
 
-Two per-layer options every implementation reads from `AttnMeta`: `window` (sliding-window
-attention, gemma2/3: the query at position p sees keys p-window+1 .. p; 0 is full causal attention)
-and `softcap` (gemma2: scores -> softcap * tanh(scores / softcap); 0 is off). The reference masks plainly; the
-CPU and Triton paths never touch the cells before a window: their KV ranges start at its first cell.
+Three per-layer options every implementation reads from `AttnMeta`: `window` (sliding-window
+attention, gemma2/3: the query at position p sees keys p-window+1 .. p; 0 is full causal attention),
+`softcap` (gemma2: scores -> softcap * tanh(scores / softcap); 0 is off) and `sinks` (gpt-oss: one
+learned logit per query head joining every softmax denominator with no value, ggml_soft_max_ext's
+sinks; None is off). The reference masks plainly; the CPU and Triton paths never touch the cells
+before a window: their KV ranges start at its first cell. A sink changes only the normalisation, so
+the kernels apply it where they divide by the softmax sum, once per query: with the row's running
+max m and sum l, M = max(m, sink) and out = acc e^(m-M) / (l e^(m-M) + e^(sink-M)) (ggml takes the
+max with the sink too). Without sinks the code path and its floats are unchanged.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import triton as _triton
 import triton.language as tl
 
 from slotserver.runtime import native
-from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk
+from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk, softmax_sinks
 from slotserver.runtime.kv_spec import StridedKV
 
 OP = "attention"
@@ -51,7 +56,7 @@ def reference(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> t
     Plain per-sequence, per-query loops in float32: obviously correct, slow. The query at position
     `pos` sees keys `lo .. pos`, lo = pos - window + 1 with a window (else 0).
     """
-    window, softcap = meta.window, meta.softcap
+    window, softcap, sinks = meta.window, meta.softcap, meta.sinks
     k, v = _dequant(kv.k, kv.k_scale), _dequant(kv.v, kv.v_scale)
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     group = q.shape[1] // k.shape[2]
@@ -65,23 +70,23 @@ def reference(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> t
             scores = torch.einsum("hd,khd->hk", q[row].float(), keys[lo: pos + 1]) * scale
             if softcap:
                 scores = softcap * torch.tanh(scores / softcap)
-            out[row] = torch.einsum("hk,khd->hd", scores.softmax(dim=-1), vals[lo: pos + 1])
+            out[row] = torch.einsum("hk,khd->hd", softmax_sinks(scores, sinks), vals[lo: pos + 1])
     return out.to(q.dtype)
 
 
 def cpu(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
     """Same contract as `reference`; the formulation per step is described in the module docstring."""
-    window, softcap = meta.window, meta.softcap
+    window, softcap, sinks = meta.window, meta.softcap, meta.sinks
     if _native_ok(q, kv, meta):   # every row as a decode row: batch-invariant (module docstring)
         return _native_rows(q, kv, meta, scale, window, softcap)
     if meta.max_q == 1:
-        return _cpu_decode(q, kv, meta, scale, window, softcap)
+        return _cpu_decode(q, kv, meta, scale, window, softcap, sinks)
     if meta.split is not None:  # decodes first, then prefill chunks: never pad a decode row
         dec, pre = meta.split
-        return torch.cat([_cpu_decode(q[: dec.n_seqs], kv, dec, scale, window, softcap),
+        return torch.cat([_cpu_decode(q[: dec.n_seqs], kv, dec, scale, window, softcap, sinks),
                           cpu(q[dec.n_seqs:], kv, pre, scale)])
     if meta.n_seqs <= EACH_CHUNK_MAX:
-        return _cpu_each_chunk(q, kv, meta, scale, window, softcap)
+        return _cpu_each_chunk(q, kv, meta, scale, window, softcap, sinks)
     n_seq, max_q, max_kv = meta.n_seqs, meta.max_q, meta.max_kv
     q_heads, dim = q.shape[1], q.shape[2]
     lo = max(0, int((meta.kv_lens - meta.q_lens).min()) - window + 1) if window else 0  # no query sees below
@@ -90,7 +95,7 @@ def cpu(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.T
     qp = q[meta.pad_index].transpose(1, 2)                              # [B, q_heads, max_q, dim]
     key_pos = torch.arange(lo, max_kv, device=q.device).view(1, 1, 1, max_kv - lo)
     mask = _band(key_pos, meta.pad_positions.view(n_seq, 1, max_q, 1), window)  # [B, 1, max_q, L]
-    out = _sdpa(qp, keys, vals, mask, scale, softcap)
+    out = _sdpa(qp, keys, vals, mask, scale, softcap, sinks=sinks)
     return out.transpose(1, 2).reshape(n_seq * max_q, q_heads, dim)[meta.valid_rows]  # [tokens, q_heads, dim]
 
 
@@ -101,25 +106,26 @@ def _band(key_pos: torch.Tensor, q_pos: torch.Tensor, window: int) -> torch.Tens
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-          softcap: float, causal: bool = False) -> torch.Tensor:
+          softcap: float, causal: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, q_heads, M, dim], k/v [B, kv_heads, L, dim]: torch's SDPA (native GQA); with a softcap
-    (which SDPA cannot apply) the same maths written out in float32."""
+    or sinks (which SDPA cannot apply) the same maths written out in float32."""
     gqa = q.shape[1] != k.shape[1]
-    if not softcap:
+    if not softcap and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
     group = q.shape[1] // k.shape[1]
     kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
     scores = torch.matmul(q.float(), kf.transpose(-1, -2)) * scale     # [B, q_heads, M, L]
-    scores = softcap * torch.tanh(scores / softcap)
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
     if causal:
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril(scores.shape[-1] - scores.shape[-2])
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(scores.softmax(dim=-1), vf).to(q.dtype)
+    return torch.matmul(softmax_sinks(scores, sinks), vf).to(q.dtype)
 
 
 def _cpu_each_chunk(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, window: int = 0,
-                    softcap: float = 0.0) -> torch.Tensor:
+                    softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """A few prefill chunks, one SDPA each: no padding to the longest chunk, and a fresh prompt (no
     cached prefix) is plain causal. Whole prefill steps in the model: 4 x 128 tokens tie with one
     padded call (176 vs 180 ms); 180 + 3 x 40 tokens: 125 vs 139 ms. One chunk: 2.4x faster
@@ -133,13 +139,13 @@ def _cpu_each_chunk(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float
         mask = None if causal else _band(torch.arange(lo, n_kv, device=q.device),
                                          torch.arange(n_kv - n_q, n_kv, device=q.device).unsqueeze(1), window)
         out = _sdpa(q[off: off + n_q].transpose(0, 1).unsqueeze(0), keys.transpose(0, 1).unsqueeze(0),
-                    vals.transpose(0, 1).unsqueeze(0), mask, scale, softcap, causal)
+                    vals.transpose(0, 1).unsqueeze(0), mask, scale, softcap, causal, sinks)
         outs.append(out[0].transpose(0, 1))                               # [n_q, q_heads, dim]
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, window: int = 0,
-                softcap: float = 0.0) -> torch.Tensor:
+                softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One query per sequence without the C kernel: torch's SDPA with native GQA (K/V never
     repeated) and the key mask `[B, 1, 1, L]` broadcast (no padding), ~1.5x faster than the padded
     path (docs/performance.md)."""
@@ -153,7 +159,7 @@ def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, wi
     if n_seq > 1:
         key_pos = torch.arange(lo, max_kv, device=q.device)
         mask = ((key_pos < meta.kv_lens.unsqueeze(1)) & (key_pos >= first.unsqueeze(1))).view(n_seq, 1, 1, max_kv - lo)
-    out = _sdpa(q.view(n_seq, q_heads, 1, dim), keys, vals, mask, scale, softcap)
+    out = _sdpa(q.view(n_seq, q_heads, 1, dim), keys, vals, mask, scale, softcap, sinks=sinks)
     return out.view(n_seq, q_heads, dim)                                          # [tokens, q_heads, dim]
 
 
@@ -163,9 +169,9 @@ NATIVE_C = native.joined(__file__, [("attention_amx.c", native.c_source(__file__
                                      ("attention.c", native.c_source(__file__, "attention.c"))])
 _LIB = native.build("attention", NATIVE_C, strict=True)
 native.signature(_LIB, "attention_prompt_amx", 0, 0)
-native.signature(_LIB, "decode_attention", 8, 16, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
+native.signature(_LIB, "decode_attention", 9, 16, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
                                                    native.ctypes.c_int, native.ctypes.c_int), replay=True)
-native.signature(_LIB, "prompt_attention", 7, 13, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
+native.signature(_LIB, "prompt_attention", 8, 13, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
                                                    native.ctypes.c_int, native.ctypes.c_int))
 _KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}   # int8: q8, with its scales
 _Q_TYPES = (torch.float32, torch.bfloat16)
@@ -200,8 +206,15 @@ def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> bool:
             or not kv_lens.is_contiguous() or not (q.is_cpu and k.is_cpu and v.is_cpu and seq_streams.is_cpu
                                                    and kv_lens.is_cpu):
         return False
+    if meta.sinks is not None and not _sinks_ok(meta.sinks, qs[1]):
+        return False
     top = meta.stream_base + meta.n_seqs if meta.stream_base is not None else int(meta.seq_streams.max()) + 1
     return top <= ks[0]
+
+
+def _sinks_ok(sinks: torch.Tensor, q_heads: int) -> bool:
+    """Sinks the C reads: float32 [q_heads], contiguous, on the CPU."""
+    return sinks.dtype == torch.float32 and sinks.shape == (q_heads,) and sinks.is_contiguous() and sinks.is_cpu
 
 
 def _scales_ok(kv: StridedKV) -> bool:
@@ -218,10 +231,11 @@ def _native_rows(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, w
     streams, kv_lens = meta.row_streams, meta.row_kv_lens
     out = torch.empty((n_seq, q_heads, dim), dtype=q.dtype)                        # [tokens, q_heads, dim]
     quant = kv.k_scale is not None                                                 # q8: int8 + scales
+    sinks = 0 if meta.sinks is None else meta.sinks.data_ptr()                     # NULL: no sinks
     if meta.row_prompt is not None and not quant:   # prompt rows: AMX where the C has it (attention_amx.c)
         rc = _LIB.prompt_attention(
             q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), streams.data_ptr(), kv_lens.data_ptr(),
-            meta.row_prompt.data_ptr(), n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1),
+            meta.row_prompt.data_ptr(), sinks, n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1),
             *kv.k.stride()[:3], *kv.v.stride()[:3], window, scale, softcap, native.is_bf16(q),
             _KV_TYPES[kv.k.dtype], torch.get_num_threads())
         if rc != 0:
@@ -229,7 +243,7 @@ def _native_rows(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, w
         return out
     rc = _LIB.decode_attention(
         q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), streams.data_ptr(), kv_lens.data_ptr(),
-        kv.k_scale.data_ptr() if quant else 0, kv.v_scale.data_ptr() if quant else 0,
+        kv.k_scale.data_ptr() if quant else 0, kv.v_scale.data_ptr() if quant else 0, sinks,
         n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1), *kv.k.stride()[:3], *kv.v.stride()[:3],
         *(kv.k_scale.stride() if quant else (0, 0, 0)), window, scale, softcap, native.is_bf16(q),
         _KV_TYPES[kv.k.dtype], torch.get_num_threads())

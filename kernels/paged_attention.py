@@ -25,7 +25,7 @@ import triton as _triton
 import triton.language as tl
 
 from slotserver.runtime import native
-from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk
+from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk, softmax_sinks
 from slotserver.runtime.kv_spec import PagedKV
 
 
@@ -63,7 +63,7 @@ def reference(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> tor
             scores = torch.einsum("hd,khd->hk", q[row].float(), keys[lo: pos + 1]) * scale
             if softcap:
                 scores = softcap * torch.tanh(scores / softcap)
-            out[row] = torch.einsum("hk,khd->hd", scores.softmax(dim=-1), vals[lo: pos + 1])
+            out[row] = torch.einsum("hk,khd->hd", softmax_sinks(scores, meta.sinks), vals[lo: pos + 1])
     return out.to(q.dtype)
 
 
@@ -79,7 +79,7 @@ NATIVE_C = native.joined(__file__, [("attention_amx.c", native.c_source(__file__
                                      ("attention.c", native.c_source(__file__, "attention.c"))])
 _LIB = native.build("attention", NATIVE_C, strict=True)
 native.signature(_LIB, "attention_prompt_amx", 0, 0)
-native.signature(_LIB, "paged_attention_rows", 8, 15, (native.ctypes.c_float, native.ctypes.c_float,
+native.signature(_LIB, "paged_attention_rows", 9, 15, (native.ctypes.c_float, native.ctypes.c_float,
                                                        native.ctypes.c_int, native.ctypes.c_int, native.ctypes.c_int))
 _KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -109,6 +109,10 @@ def _native_ok(q: torch.Tensor, kv: PagedKV, meta: AttnMeta) -> bool:
             or not (streams.is_contiguous() and lens.is_contiguous()):
         return False
     # the streams' range as attention.py finds it: no tensor read when the batch's streams are contiguous
+    sinks = meta.sinks
+    if sinks is not None and not (sinks.dtype == torch.float32 and sinks.shape == (qs[1],) and sinks.is_contiguous()
+                                  and sinks.is_cpu):
+        return False
     top = meta.stream_base + meta.n_seqs if meta.stream_base is not None else int(meta.seq_streams.max()) + 1
     return meta.max_kv <= table.shape[1] * bs and top <= table.shape[0]
 
@@ -120,7 +124,8 @@ def _native_rows(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> 
     out = torch.empty((n_rows, q_heads, dim), dtype=q.dtype)                        # [tokens, q_heads, dim]
     rc = _LIB.paged_attention_rows(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), meta.row_streams.data_ptr(),
-        meta.row_kv_lens.data_ptr(), _prompt_ptr(meta), kv.block_table.data_ptr(), n_rows, q_heads, k.shape[2], dim,
+        meta.row_kv_lens.data_ptr(), _prompt_ptr(meta), kv.block_table.data_ptr(),
+        0 if meta.sinks is None else meta.sinks.data_ptr(), n_rows, q_heads, k.shape[2], dim,
         q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], kv.block_table.stride(0),
         kv.block_size.bit_length() - 1, meta.window, scale, meta.softcap, native.is_bf16(q), _KV_TYPES[k.dtype],
         torch.get_num_threads())
@@ -150,11 +155,11 @@ def _cpu_sdpa(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> tor
     key_pos = torch.arange(b0 * bs, max_kv, device=q.device)           # [L]
     if max_q == 1:                                                      # decode: q [B, q_heads, 1, dim]
         mask = _band(key_pos, meta.kv_lens.view(n_seq, 1) - 1, window).view(n_seq, 1, 1, -1)
-        out = _sdpa(q.reshape(n_seq, q_heads, 1, dim), keys, vals, mask, scale, meta.softcap)
+        out = _sdpa(q.reshape(n_seq, q_heads, 1, dim), keys, vals, mask, scale, meta.softcap, meta.sinks)
         return out.view(n_seq, q_heads, dim)
     qp = q[meta.pad_index].transpose(1, 2)                              # [B, q_heads, max_q, dim]
     mask = _band(key_pos.view(1, 1, 1, -1), meta.pad_positions.view(n_seq, 1, max_q, 1), window)  # [B, 1, max_q, L]
-    out = _sdpa(qp, keys, vals, mask, scale, meta.softcap)
+    out = _sdpa(qp, keys, vals, mask, scale, meta.softcap, meta.sinks)
     return out.transpose(1, 2).reshape(n_seq * max_q, q_heads, dim)[meta.valid_rows]  # [tokens, q_heads, dim]
 
 
@@ -165,14 +170,16 @@ def _band(key_pos: torch.Tensor, q_pos: torch.Tensor, window: int) -> torch.Tens
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-          softcap: float) -> torch.Tensor:
-    """torch's SDPA (native GQA); with a softcap, which SDPA cannot apply, the maths written out."""
-    if not softcap:
+          softcap: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """torch's SDPA (native GQA); with a softcap or sinks, which SDPA cannot apply, the maths written out."""
+    if not softcap and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     group = q.shape[1] // k.shape[1]
     kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
-    scores = softcap * torch.tanh(torch.matmul(q.float(), kf.transpose(-1, -2)) * scale / softcap)
-    return torch.matmul(scores.masked_fill(~mask, float("-inf")).softmax(dim=-1), vf).to(q.dtype)
+    scores = torch.matmul(q.float(), kf.transpose(-1, -2)) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    return torch.matmul(softmax_sinks(scores.masked_fill(~mask, float("-inf")), sinks), vf).to(q.dtype)
 
 
 def _gather(pages: torch.Tensor, table: torch.Tensor, max_kv: int, dtype: torch.dtype) -> torch.Tensor:

@@ -13,6 +13,13 @@ weights in one C call; kernels/moe_matmul.py: rows grouped by expert, each activ
 read once per step, the weighted sum and the residual add fused): a qwen3moe or olmoe decode step
 is C calls only and replays from a step graph like a dense model's. A shared expert (qwen2moe,
 granite MoE shared) and granite's residual multiplier add torch ops: those steps run as usual.
+
+gpt-oss (`MoeSpec.act` "swiglu_oai", biases in `MoeWeights`) follows llama.cpp's order exactly:
+the router bias joins the logits (in moe_route), each slot's gate|up gets its expert's bias, the
+clamped SwiGLU (`swiglu_oai`) feeds the down matmul, each slot's output gets its expert's down bias
+and only then its routing weight, and the k weighted outputs are summed in slot order. The biases
+and the activation are torch ops here (indexing `bias[ids]`), so its steps run as usual (no step
+graph); fusing them into moe_matmul's C is what remains for its speed.
 """
 
 from __future__ import annotations
@@ -33,9 +40,13 @@ class MoeWeights:
     gate_up: list[Experts]                # [E, 2 F, d_model] (one Experts; two where gate and up differ in format)
     down: Experts                         # [E, d_model, F]
     shared_gate: torch.Tensor | None = None  # [1, d_model] float64 (qwen2moe's ffn_gate_inp_shexp)
+    router_bias: torch.Tensor | None = None  # [E] float32 (gpt-oss's ffn_gate_inp.bias)
+    gate_up_bias: torch.Tensor | None = None  # [E, 2 F] float32: gate then up, as an expert's rows
+    down_bias: torch.Tensor | None = None    # [E, d_model] float32
 
     def nbytes(self) -> int:
-        return sum(e.nbytes() for e in (*self.gate_up, self.down)) + self.router.numel() * 8
+        biases = sum(b.numel() * 4 for b in (self.router_bias, self.gate_up_bias, self.down_bias) if b is not None)
+        return sum(e.nbytes() for e in (*self.gate_up, self.down)) + self.router.numel() * 8 + biases
 
 
 def router_logits(h: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
@@ -50,7 +61,43 @@ def router_logits(h: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
 
 def route(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(expert ids [T, k] int64, weights [T, k] float32) of the normed rows h: the moe_route kernel."""
-    return ops.moe_route(h, mw.router, moe.n_used, GATING[moe.gating], moe.norm_weights, moe.weights_scale)
+    if mw.router_bias is None:   # the call as a lab kernel copied before the bias argument takes it
+        return ops.moe_route(h, mw.router, moe.n_used, GATING[moe.gating], moe.norm_weights, moe.weights_scale)
+    return ops.moe_route(h, mw.router, moe.n_used, GATING[moe.gating], moe.norm_weights, moe.weights_scale,
+                         mw.router_bias)
+
+
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0   # llama.cpp's constants (build_moe_ffn, LLM_FFN_SWIGLU_OAI_MOE)
+
+
+def swiglu_oai(gate_up: torch.Tensor, alpha: float = SWIGLU_OAI_ALPHA, limit: float = SWIGLU_OAI_LIMIT) -> torch.Tensor:
+    """gate|up [..., 2F] -> [..., F]: ggml's `swiglu_oai` (ggml-cpu ops.cpp), in its order:
+    x = min(gate, limit), y = clamp(up, -limit, limit), x / (1 + exp(alpha * -x)) * (y + 1)."""
+    g, u = gate_up.float().chunk(2, dim=-1)
+    x, y = g.clamp(max=limit), u.clamp(-limit, limit)
+    return (x / (1.0 + torch.exp(alpha * -x)) * (y + 1.0)).to(gate_up.dtype)
+
+
+def _biased_experts(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, ids: torch.Tensor,
+                    w: torch.Tensor) -> torch.Tensor:
+    """The experts with gpt-oss's biases and/or activation, in llama.cpp's order -> [T, d_model]."""
+    parts = [ops.moe_matmul(h, e, ids) for e in mw.gate_up]        # [T, k, 2F] (or [T, k, F] twice)
+    gu = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    if mw.gate_up_bias is not None:
+        gu = gu + mw.gate_up_bias[ids].to(gu.dtype)                # each slot its expert's bias
+    if moe.act == "swiglu_oai":
+        x = swiglu_oai(gu)
+    else:
+        g, u = gu.float().chunk(2, dim=-1)
+        x = (torch.nn.functional.silu(g) * u).to(gu.dtype)
+    y = ops.moe_matmul(x, mw.down, ids)                            # [T, k, d_model]
+    if mw.down_bias is not None:
+        y = y + mw.down_bias[ids].to(y.dtype)
+    y = y * w.unsqueeze(-1).to(y.dtype)                            # ggml_mul(experts, weights)
+    out = y[:, 0].clone()
+    for j in range(1, y.shape[1]):                                 # added in slot order, as llama.cpp
+        out += y[:, j]
+    return out
 
 
 def moe_ffn(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None,
@@ -60,11 +107,16 @@ def moe_ffn(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None,
     (h -> [T, d_model]), or None. Without a shared expert and with one format for gate and up, the
     layer is three C calls (route, gate|up, down + sum + residual add): a step graph replays it."""
     ids, w = route(ops, moe, mw, h)                                # [T, k], [T, k]
-    parts = [ops.moe_matmul(h, e, ids) for e in mw.gate_up]        # [T, k, 2F] (or [T, k, F] twice)
-    gu = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    if moe.act != "silu" or mw.gate_up_bias is not None or mw.down_bias is not None:
+        out = _biased_experts(ops, moe, mw, h, ids, w)             # gpt-oss
+    else:
+        parts = [ops.moe_matmul(h, e, ids) for e in mw.gate_up]    # [T, k, 2F] (or [T, k, F] twice)
+        gu = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        if shared is None:
+            return ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w, acc=acc)   # summed in slot order
+        out = ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w)
     if shared is None:
-        return ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w, acc=acc)   # summed in slot order
-    out = ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w)
+        return out if acc is None else acc.add_(out.to(acc.dtype))
     s = shared(h)
     if mw.shared_gate is not None:
         s = s * torch.sigmoid(router_logits(h, mw.shared_gate))   # [T, 1]
