@@ -318,13 +318,24 @@ def _softcap(s, softcap):
 
 
 @_triton.jit
+def _sink_norm(m, l, sk):
+    """1 / the softmax denominator with a sink (all in log2 units): running max m, sum l (relative
+    to m), sink logit sk; M = max(m, sk): e^(m-M) / (l e^(m-M) + e^(sk-M)). A padded row (m = -inf,
+    l = 0) gives 0, not NaN."""
+    mx = tl.maximum(m, sk)
+    e = tl.exp2(m - mx)
+    return e / (l * e + tl.exp2(sk - mx))
+
+
+@_triton.jit
 def _attn_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, streams_ptr,
-                        kv_lens_ptr, q_offsets_ptr, stride_qt, stride_qh, stride_ks, stride_kc, stride_kh,
+                        kv_lens_ptr, q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_ks, stride_kc, stride_kh,
                         stride_vs, stride_vc, stride_vh, stride_ss, stride_sc, stride_sh, stride_ot, stride_oh,
                         qk_scale, window, softcap,
                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
-                        SOFTCAP: tl.constexpr, DOT: tl.constexpr, IEEE_DOT: tl.constexpr, SPLIT: tl.constexpr):
+                        SOFTCAP: tl.constexpr, DOT: tl.constexpr, IEEE_DOT: tl.constexpr, SPLIT: tl.constexpr,
+                        SINKS: tl.constexpr):
     """Program (sequence b, KV head h, split i): the GROUP query heads of h for b's single new token
     over the i-th of `tl.num_programs(2)` chunks of b's visible cells (flash-decoding).
 
@@ -336,7 +347,8 @@ def _attn_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, m_ptr, l_p
     loaded along the contiguous head_dim through the view's strides (any strided layout); q8 rows
     are scaled per cell. DOT: scores and P@V as tl.dot with the group padded to BLOCK_G >= 16 rows
     (int8 rows converted exactly to q's dtype, their scales applied to the scores and to P); else
-    a float32 broadcast-multiply-reduce.
+    a float32 broadcast-multiply-reduce. SINKS: each query head's sink logit (sinks_ptr, natural
+    units) joins the denominator where the output is normalised (here, or in the combine kernel).
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -408,16 +420,22 @@ def _attn_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, m_ptr, l_p
         tl.store(m_ptr + part, m_i, mask=g_mask)
         tl.store(l_ptr + part, l_i, mask=g_mask)
         tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
+    elif SINKS:
+        sk = tl.load(sinks_ptr + h * GROUP + g, mask=g_mask, other=0.0) * 1.4426950408889634
+        tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
+                 (acc * _sink_norm(m_i, l_i, sk)[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
     else:
         tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
                  (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
 
 
 @_triton.jit
-def _attn_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, n_splits, stride_ot, stride_oh,
-                                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _attn_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, sinks_ptr, n_splits, stride_ot,
+                                stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                                SINKS: tl.constexpr):
     """Program (sequence b, query head): the n_splits partials of `_attn_decode_kernel` merged,
-    each rescaled to the largest running max (empty chunks weigh 0)."""
+    each rescaled to the largest running max (empty chunks weigh 0); SINKS: the head's sink logit
+    joins the merged denominator (the max taken with it too)."""
     b = tl.program_id(0)
     head = tl.program_id(1)
     base = (b * tl.num_programs(1) + head).to(tl.int64) * n_splits
@@ -429,8 +447,14 @@ def _attn_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, n
     l = tl.load(l_ptr + base + i, mask=i_mask, other=0.0)                       # noqa: E741
     acc = tl.load(acc_ptr + (base + i)[:, None] * HEAD_DIM + d[None, :], mask=i_mask[:, None] & d_mask[None, :],
                   other=0.0)                                                     # [BLOCK_S, BLOCK_D]
-    w = tl.exp2(m - tl.max(m, axis=0))                                           # -inf (empty) -> 0
-    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
+    if SINKS:
+        sk = tl.load(sinks_ptr + head) * 1.4426950408889634
+        mx = tl.maximum(tl.max(m, axis=0), sk)
+        w = tl.exp2(m - mx)
+        out = tl.sum(w[:, None] * acc, axis=0) / (tl.sum(w * l, axis=0) + tl.exp2(sk - mx))
+    else:
+        w = tl.exp2(m - tl.max(m, axis=0))                                       # -inf (empty) -> 0
+        out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
     row = tl.load(q_offsets_ptr + b).to(tl.int64)
     tl.store(out_ptr + row * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
@@ -468,11 +492,11 @@ def _prefill_tile(q, acc, m_i, l_i, k_base, v_base, ks_ptr, vs_ptr, s_base, stri
 
 @_triton.jit
 def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_ptr, q_lens_ptr, kv_lens_ptr,
-                         q_offsets_ptr, stride_qt, stride_qh, stride_ks, stride_kc, stride_kh, stride_vs,
+                         q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_ks, stride_kc, stride_kh, stride_vs,
                          stride_vc, stride_vh, stride_ss, stride_sc, stride_sh, stride_ot, stride_oh, qk_scale,
                          window, softcap, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
-                         IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr):
+                         IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr):
     """Program (sequence b, KV head h, row tile): a causal chunk of b's new queries against its cache.
 
     Rows fold the GQA group into the query axis: row r is query j = r // GROUP, head h*GROUP + r % GROUP,
@@ -515,7 +539,11 @@ def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_p
         acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, k_base, v_base, ks_ptr, vs_ptr, s_base, stride_kc,
                                       stride_vc, stride_sc, start, hi, pos, window, qk_scale, softcap, n, d,
                                       d_mask, QUANT, IEEE_DOT, SOFTCAP, True)
-    out = acc / l_i[:, None]
+    if SINKS:   # each row's head's sink logit joins its denominator
+        sk = tl.load(sinks_ptr + h * GROUP + r % GROUP, mask=r_mask, other=0.0) * 1.4426950408889634
+        out = acc * _sink_norm(m_i, l_i, sk)[:, None]
+    else:
+        out = acc / l_i[:, None]
     o_rows = (q_off + j)[:, None] * stride_ot + (h * GROUP + r % GROUP)[:, None] * stride_oh + d[None, :]
     tl.store(out_ptr + o_rows, out.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask)
 
@@ -528,7 +556,8 @@ def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torc
     quant = kv.k_scale is not None
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     ks, vs = (kv.k_scale, kv.v_scale) if quant else (kv.k, kv.v)  # unused pointers without q8
-    args = (q.stride(0), q.stride(1), *kv.k.stride()[:3], *kv.v.stride()[:3],
+    sinks = _sinks_arg(meta, q)
+    args = (sinks, q.stride(0), q.stride(1), *kv.k.stride()[:3], *kv.v.stride()[:3],
             *(kv.k_scale.stride() if quant else (0, 0, 0)), out.stride(0), out.stride(1), scale * LOG2E,
             meta.window, float(meta.softcap or 1.0))
     if meta.max_q == 1:
@@ -540,8 +569,16 @@ def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torc
         _attn_prefill_kernel[grid](
             q, kv.k, kv.v, ks, vs, out, meta.seq_streams, meta.q_lens, meta.kv_lens, meta.q_offsets, *args,
             GROUP=group, HEAD_DIM=dim, BLOCK_D=max(16, _triton.next_power_of_2(dim)), QUANT=quant,
-            IEEE_DOT=ieee, SOFTCAP=bool(meta.softcap), **tiles)
+            IEEE_DOT=ieee, SOFTCAP=bool(meta.softcap), SINKS=meta.sinks is not None, **tiles)
     return out
+
+
+def _sinks_arg(meta: AttnMeta, q: torch.Tensor) -> torch.Tensor:
+    """The layer's sinks as the kernels read them (float32 [q_heads] on q's device); without
+    sinks any float32 tensor (never read: SINKS is off)."""
+    if meta.sinks is None:
+        return meta.kv_lens   # a pointer the kernel never dereferences
+    return meta.sinks.to(device=q.device, dtype=torch.float32).contiguous()
 
 
 def decode_splits(n_seqs: int, kv_heads: int, span: int, device: torch.device) -> int:
@@ -590,11 +627,11 @@ def _decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, out: torch.Tensor, k
         GROUP=group, HEAD_DIM=dim, BLOCK_G=max(16 if dot else 1, _triton.next_power_of_2(group)),
         BLOCK_D=max(16, _triton.next_power_of_2(dim)), BLOCK_N=DECODE_BLOCK_N, QUANT=quant,
         SOFTCAP=bool(meta.softcap), DOT=dot, IEEE_DOT=q.dtype == torch.float32 or _interpreted(),
-        SPLIT=n_splits > 1, num_warps=DECODE_WARPS, num_stages=DECODE_STAGES)
+        SPLIT=n_splits > 1, SINKS=meta.sinks is not None, num_warps=DECODE_WARPS, num_stages=DECODE_STAGES)
     if n_splits > 1:
         _attn_decode_combine_kernel[(n_seqs, q_heads)](
-            m, l_sum, acc, out, meta.q_offsets, n_splits, out.stride(0), out.stride(1), HEAD_DIM=dim,
-            BLOCK_S=_triton.next_power_of_2(n_splits), BLOCK_D=_triton.next_power_of_2(dim))
+            m, l_sum, acc, out, meta.q_offsets, args[0], n_splits, out.stride(0), out.stride(1), HEAD_DIM=dim,
+            BLOCK_S=_triton.next_power_of_2(n_splits), BLOCK_D=_triton.next_power_of_2(dim), SINKS=meta.sinks is not None)
 
 
 def _interpreted() -> bool:
@@ -638,7 +675,7 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
         chunks.append(SeqChunk(stream=s, start=start, tokens=[0] * n_new, prompt=prompt))
     if torch.rand((), generator=gen) < 0.5:  # the engine's order, decodes first (AttnMeta.split)
         chunks.sort(key=lambda c: len(c.tokens) > 1)
-    meta = example_layer(Batch.build(chunks).attn, gen)
+    meta = example_layer(Batch.build(chunks).attn, gen, kv_heads * group)
     # q as the model passes it: the query heads of the roped q|k rows (a strided view)
     q = torch.randn(sum(len(c.tokens) for c in chunks), kv_heads * (group + 1), dim, generator=gen)[:, : kv_heads * group]
     k = torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen)
@@ -653,12 +690,16 @@ def _example_dim(gen: torch.Generator) -> int:
     return int(torch.randint(2, 41, (), generator=gen))
 
 
-def example_layer(meta: AttnMeta, gen: torch.Generator) -> AttnMeta:
+def example_layer(meta: AttnMeta, gen: torch.Generator, q_heads: int = 0) -> AttnMeta:
     """Half the cases under a sliding window (1 to 24 cells: shorter and longer than the
-    sequences), a third soft-capped (a cap of 0.5 to 3: well inside the scores' range)."""
+    sequences), a third soft-capped (a cap of 0.5 to 3: well inside the scores' range), and with
+    q_heads, a third with sinks (logits of scale 2: from negligible to most of the mass)."""
     window = int(torch.randint(1, 25, (), generator=gen)) if torch.rand((), generator=gen) < 0.5 else 0
     softcap = 0.5 + 2.5 * float(torch.rand((), generator=gen)) if torch.rand((), generator=gen) < 0.33 else 0.0
-    return meta.with_layer(window, softcap)
+    sinks = None
+    if q_heads and torch.rand((), generator=gen) < 0.33:
+        sinks = 2 * torch.randn(q_heads, generator=gen)
+    return meta.with_layer(window, softcap, sinks)
 
 
 def _example_view(k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, kind: int) -> StridedKV:
@@ -697,20 +738,21 @@ def bench_flops(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) ->
 
 
 def _aot(dtype: str, quant: bool, decode: bool, group: int = 3, dim: int = 64, cache: str | None = None,
-         split: bool = True) -> tuple:
+         split: bool = True, sinks: bool = False) -> tuple:
     cache = "i8" if quant else (cache or dtype)
     sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{cache}", "v_ptr": f"*{cache}", "ks_ptr": "*fp32",
            "vs_ptr": "*fp32", "out_ptr": f"*{dtype}"}
     sig |= {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"} if decode else {}
     sig |= {"streams_ptr": "*i64"}
     sig |= {"kv_lens_ptr": "*i64"} if decode else {"q_lens_ptr": "*i64", "kv_lens_ptr": "*i64"}
-    sig |= {"q_offsets_ptr": "*i64"}
+    sig |= {"q_offsets_ptr": "*i64", "sinks_ptr": "*fp32" if sinks else "*i64"}   # no sinks: kv_lens, unread
     sig |= {n: "i32" for n in ("stride_qt", "stride_qh", "stride_ks", "stride_kc", "stride_kh", "stride_vs",
                                "stride_vc", "stride_vh", "stride_ss", "stride_sc", "stride_sh",
                                "stride_ot", "stride_oh")}
     sig |= {"qk_scale": "fp32", "window": "i32", "softcap": "fp32"}
     pow2 = lambda n: 1 << (n - 1).bit_length()   # noqa: E731 - triton.next_power_of_2, without importing triton here
-    const = {"GROUP": group, "HEAD_DIM": dim, "BLOCK_D": max(16, pow2(dim)), "QUANT": quant, "SOFTCAP": False}
+    const = {"GROUP": group, "HEAD_DIM": dim, "BLOCK_D": max(16, pow2(dim)), "QUANT": quant, "SOFTCAP": False,
+             "SINKS": sinks}
     if decode:
         dot = group >= DECODE_DOT_MIN_GROUP
         const |= {"BLOCK_G": max(16 if dot else 1, pow2(group)), "BLOCK_N": DECODE_BLOCK_N, "DOT": dot,
@@ -726,16 +768,19 @@ def _aot(dtype: str, quant: bool, decode: bool, group: int = 3, dim: int = 64, c
     return (_attn_decode_kernel if decode else _attn_prefill_kernel, sig, const)
 
 
-def _aot_combine(dtype: str, dim: int = 64, splits: int = 16) -> tuple:
+def _aot_combine(dtype: str, dim: int = 64, splits: int = 16, sinks: bool = False) -> tuple:
     sig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "out_ptr": f"*{dtype}", "q_offsets_ptr": "*i64",
-           "n_splits": "i32", "stride_ot": "i32", "stride_oh": "i32"}
-    const = {"HEAD_DIM": dim, "BLOCK_S": splits, "BLOCK_D": dim}
+           "sinks_ptr": "*fp32" if sinks else "*i64", "n_splits": "i32", "stride_ot": "i32", "stride_oh": "i32"}
+    const = {"HEAD_DIM": dim, "BLOCK_S": splits, "BLOCK_D": dim, "SINKS": sinks}
     return (_attn_decode_combine_kernel, sig | {name: "constexpr" for name in const}, const)
 
 
 # SmolLM2-135M geometry (group 3, head_dim 64): bf16, f16 and q8 caches, decode (split and not) and
-# prefill; Llama-3-8B's decode (group 4, head_dim 128); the decode combine for both head sizes.
+# prefill; Llama-3-8B's decode (group 4, head_dim 128); the decode combine for both head sizes;
+# gpt-oss-20b's (group 8, head_dim 64, sinks) decode, combine and prefill.
 AOT = [_aot("bf16", False, True), _aot("bf16", True, True), _aot("bf16", False, True, cache="fp16"),
        _aot("bf16", False, True, split=False), _aot("bf16", False, True, group=4, dim=128),
        _aot("bf16", False, False), _aot("bf16", True, False), _aot("fp32", False, True),
-       _aot_combine("bf16"), _aot_combine("bf16", 128)]
+       _aot_combine("bf16"), _aot_combine("bf16", 128),
+       _aot("bf16", False, True, group=8, cache="fp16", sinks=True), _aot_combine("bf16", sinks=True),
+       _aot("bf16", False, False, group=8, cache="fp16", sinks=True)]

@@ -216,12 +216,21 @@ def _page_rows(table_ptr, table_row, cells, c_mask, PAGE: tl.constexpr):
 
 
 @_triton.jit
+def _sink_norm(m, l, sk):
+    """1 / the softmax denominator with a sink, in log2 units (see attention.py's `_sink_norm`)."""
+    mx = tl.maximum(m, sk)
+    e = tl.exp2(m - mx)
+    return e / (l * e + tl.exp2(sk - mx))
+
+
+@_triton.jit
 def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, table_ptr, streams_ptr, kv_lens_ptr,
-                         q_offsets_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb, stride_vr,
+                         q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb, stride_vr,
                          stride_vh, stride_bt, stride_ot, stride_oh, qk_scale, window, softcap,
                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                         SOFTCAP: tl.constexpr, DOT: tl.constexpr, IEEE_DOT: tl.constexpr, SPLIT: tl.constexpr):
+                         SOFTCAP: tl.constexpr, DOT: tl.constexpr, IEEE_DOT: tl.constexpr, SPLIT: tl.constexpr,
+                         SINKS: tl.constexpr):
     """Program (sequence b, KV head h, split i): b's one new token, its GROUP query heads, over the
     i-th of `tl.num_programs(2)` equal chunks (whole BLOCK_N tiles) of b's cells from its window's
     first (0 without one) to kv_len, looked up through the block table (flash-decoding; see
@@ -280,14 +289,19 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ta
         tl.store(m_ptr + part, m_i, mask=g_mask)
         tl.store(l_ptr + part, l_i, mask=g_mask)
         tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
+    elif SINKS:
+        sk = tl.load(sinks_ptr + h * GROUP + g, mask=g_mask, other=0.0) * 1.4426950408889634
+        tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
+                 (acc * _sink_norm(m_i, l_i, sk)[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
     else:
         tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
                  (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
 
 
 @_triton.jit
-def _paged_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, n_splits, stride_ot, stride_oh,
-                                 HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _paged_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, sinks_ptr, n_splits, stride_ot,
+                                 stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                                 SINKS: tl.constexpr):
     """Program (sequence b, query head): the n_splits partials of `_paged_decode_kernel` merged,
     each rescaled to the largest running max (empty chunks weigh 0)."""
     b = tl.program_id(0)
@@ -301,19 +315,25 @@ def _paged_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, 
     l = tl.load(l_ptr + base + i, mask=i_mask, other=0.0)                       # noqa: E741
     acc = tl.load(acc_ptr + (base + i)[:, None] * HEAD_DIM + d[None, :], mask=i_mask[:, None] & d_mask[None, :],
                   other=0.0)                                                     # [BLOCK_S, BLOCK_D]
-    w = tl.exp2(m - tl.max(m, axis=0))                                           # -inf (empty) -> 0
-    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
+    if SINKS:   # the head's sink logit joins the merged denominator (and its max)
+        sk = tl.load(sinks_ptr + head) * 1.4426950408889634
+        mx = tl.maximum(tl.max(m, axis=0), sk)
+        w = tl.exp2(m - mx)
+        out = tl.sum(w[:, None] * acc, axis=0) / (tl.sum(w * l, axis=0) + tl.exp2(sk - mx))
+    else:
+        w = tl.exp2(m - tl.max(m, axis=0))                                       # -inf (empty) -> 0
+        out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
     row = tl.load(q_offsets_ptr + b).to(tl.int64)
     tl.store(out_ptr + row * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 @_triton.jit
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, q_lens_ptr, kv_lens_ptr,
-                          q_offsets_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb,
+                          q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb,
                           stride_vr, stride_vh, stride_bt, stride_ot, stride_oh, qk_scale, window, softcap,
                           GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                          IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr):
+                          IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr):
     """Program (sequence b, KV head h, row tile): a causal chunk against the paged cache; rows fold
     the GQA group (row r: query r // GROUP, head h*GROUP + r % GROUP), as in attention.py."""
     b = tl.program_id(0)
@@ -358,7 +378,12 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, 
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE_DOT)
         m_i = m_new
     o_rows = (q_off + r // GROUP)[:, None] * stride_ot + (h * GROUP + r % GROUP)[:, None] * stride_oh + d[None, :]
-    tl.store(out_ptr + o_rows, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask)
+    if SINKS:
+        sk = tl.load(sinks_ptr + h * GROUP + r % GROUP, mask=r_mask, other=0.0) * 1.4426950408889634
+        out = acc * _sink_norm(m_i, l_i, sk)[:, None]
+    else:
+        out = acc / l_i[:, None]
+    tl.store(out_ptr + o_rows, out.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask)
 
 
 def triton(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
@@ -367,10 +392,11 @@ def triton(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.
     kv_heads, dim = kv.k_pages.shape[2], q.shape[2]
     group = q.shape[1] // kv_heads
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    args = (q.stride(0), q.stride(1), *kv.k_pages.stride()[:3], *kv.v_pages.stride()[:3],
+    sinks = meta.kv_lens if meta.sinks is None else meta.sinks.to(device=q.device, dtype=torch.float32).contiguous()
+    args = (sinks, q.stride(0), q.stride(1), *kv.k_pages.stride()[:3], *kv.v_pages.stride()[:3],
             kv.block_table.stride(0), out.stride(0), out.stride(1), scale * LOG2E, meta.window,
             float(meta.softcap or 1.0))
-    common = dict(GROUP=group, HEAD_DIM=dim, PAGE=kv.block_size, SOFTCAP=bool(meta.softcap))
+    common = dict(GROUP=group, HEAD_DIM=dim, PAGE=kv.block_size, SOFTCAP=bool(meta.softcap), SINKS=meta.sinks is not None)
     if meta.max_q == 1:
         _decode(q, kv, meta, out, args, group)
     else:
@@ -424,12 +450,12 @@ def _decode(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, out: torch.Tensor, arg
         meta.q_offsets, *args, GROUP=group, HEAD_DIM=dim, PAGE=kv.block_size,
         BLOCK_G=max(16 if dot else 1, _triton.next_power_of_2(group)), BLOCK_D=max(16, _triton.next_power_of_2(dim)),
         BLOCK_N=DECODE_BLOCK_N, SOFTCAP=bool(meta.softcap), DOT=dot,
-        IEEE_DOT=q.dtype == torch.float32 or _interpreted(), SPLIT=n_splits > 1, num_warps=DECODE_WARPS,
-        num_stages=DECODE_STAGES)
+        IEEE_DOT=q.dtype == torch.float32 or _interpreted(), SPLIT=n_splits > 1, SINKS=meta.sinks is not None,
+        num_warps=DECODE_WARPS, num_stages=DECODE_STAGES)
     if n_splits > 1:
         _paged_decode_combine_kernel[(n_seqs, q_heads)](
-            m, l_sum, acc, out, meta.q_offsets, n_splits, out.stride(0), out.stride(1), HEAD_DIM=dim,
-            BLOCK_S=_triton.next_power_of_2(n_splits), BLOCK_D=_triton.next_power_of_2(dim))
+            m, l_sum, acc, out, meta.q_offsets, args[0], n_splits, out.stride(0), out.stride(1), HEAD_DIM=dim,
+            BLOCK_S=_triton.next_power_of_2(n_splits), BLOCK_D=_triton.next_power_of_2(dim), SINKS=meta.sinks is not None)
 
 
 def _interpreted() -> bool:
@@ -452,11 +478,15 @@ def _check(q: torch.Tensor, kv: PagedKV, meta: AttnMeta) -> None:
         assert t.dtype == torch.int64 and t.is_contiguous() and t.device == q.device
 
 
-def example_layer(meta: AttnMeta, gen: torch.Generator) -> AttnMeta:
-    """Half the cases under a sliding window (1 to 24 cells), a third soft-capped (0.5 to 3)."""
+def example_layer(meta: AttnMeta, gen: torch.Generator, q_heads: int = 0) -> AttnMeta:
+    """Half the cases under a sliding window (1 to 24 cells), a third soft-capped (0.5 to 3), and
+    with q_heads a third with sinks (logits of scale 2)."""
     window = int(torch.randint(1, 25, (), generator=gen)) if torch.rand((), generator=gen) < 0.5 else 0
     softcap = 0.5 + 2.5 * float(torch.rand((), generator=gen)) if torch.rand((), generator=gen) < 0.33 else 0.0
-    return meta.with_layer(window, softcap)
+    sinks = None
+    if q_heads and torch.rand((), generator=gen) < 0.33:
+        sinks = 2 * torch.randn(q_heads, generator=gen)
+    return meta.with_layer(window, softcap, sinks)
 
 
 def _example_dim(gen: torch.Generator) -> int:
@@ -483,7 +513,7 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
                                prompt=prompt))
     if torch.rand((), generator=gen) < 0.5:  # the engine's order, decodes first (AttnMeta.split)
         chunks.sort(key=lambda c: len(c.tokens) > 1)
-    meta = example_layer(Batch.build(chunks).attn, gen)
+    meta = example_layer(Batch.build(chunks).attn, gen, kv_heads * group)
     owned = torch.randperm(n_blocks, generator=gen)[: n_streams * per_stream].view(n_streams, per_stream)
     table = torch.full((n_streams, per_stream), -1, dtype=torch.int32)
     for s, n_kv in zip(meta.seq_streams.tolist(), meta.kv_lens.tolist()):
@@ -500,18 +530,19 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
 
 
 def _aot(dtype: str, decode: bool, group: int = 3, dim: int = 64, page: int = 16, cache: str | None = None,
-         split: bool = True) -> tuple:
+         split: bool = True, sinks: bool = False) -> tuple:
     cache = cache or dtype
     sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{cache}", "v_ptr": f"*{cache}", "out_ptr": f"*{dtype}"}
     sig |= {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"} if decode else {}
-    sig |= {"table_ptr": "*i32", "streams_ptr": "*i64", "kv_lens_ptr": "*i64", "q_offsets_ptr": "*i64"}
-    if not decode:
-        sig["q_lens_ptr"] = "*i64"
+    sig |= {"table_ptr": "*i32", "streams_ptr": "*i64"}
+    sig |= {"kv_lens_ptr": "*i64"} if decode else {"q_lens_ptr": "*i64", "kv_lens_ptr": "*i64"}
+    sig |= {"q_offsets_ptr": "*i64", "sinks_ptr": "*fp32" if sinks else "*i64"}   # no sinks: kv_lens, unread
     sig |= {n: "i32" for n in ("stride_qt", "stride_qh", "stride_kb", "stride_kr", "stride_kh", "stride_vb",
                                "stride_vr", "stride_vh", "stride_bt", "stride_ot", "stride_oh")}
     sig |= {"qk_scale": "fp32", "window": "i32", "softcap": "fp32"}
     pow2 = lambda n: 1 << (n - 1).bit_length()   # noqa: E731 - triton.next_power_of_2, without importing triton here
-    const = {"GROUP": group, "HEAD_DIM": dim, "PAGE": page, "BLOCK_D": max(16, pow2(dim)), "SOFTCAP": False}
+    const = {"GROUP": group, "HEAD_DIM": dim, "PAGE": page, "BLOCK_D": max(16, pow2(dim)), "SOFTCAP": False,
+             "SINKS": sinks}
     if decode:
         dot = group >= DECODE_DOT_MIN_GROUP
         const |= {"BLOCK_G": max(16 if dot else 1, pow2(group)), "BLOCK_N": DECODE_BLOCK_N, "DOT": dot,
@@ -522,14 +553,15 @@ def _aot(dtype: str, decode: bool, group: int = 3, dim: int = 64, page: int = 16
     return (_paged_decode_kernel if decode else _paged_prefill_kernel, sig, const)
 
 
-def _aot_combine(dtype: str, dim: int = 64, splits: int = 16) -> tuple:
+def _aot_combine(dtype: str, dim: int = 64, splits: int = 16, sinks: bool = False) -> tuple:
     sig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "out_ptr": f"*{dtype}", "q_offsets_ptr": "*i64",
-           "n_splits": "i32", "stride_ot": "i32", "stride_oh": "i32"}
-    const = {"HEAD_DIM": dim, "BLOCK_S": splits, "BLOCK_D": dim}
+           "sinks_ptr": "*fp32" if sinks else "*i64", "n_splits": "i32", "stride_ot": "i32", "stride_oh": "i32"}
+    const = {"HEAD_DIM": dim, "BLOCK_S": splits, "BLOCK_D": dim, "SINKS": sinks}
     return (_paged_decode_combine_kernel, sig | {name: "constexpr" for name in const}, const)
 
 
 # SmolLM2-135M geometry (group 3, head_dim 64, 16-cell pages): bf16 and f16 pages, decode (split
 # and not) and prefill; Llama-3-8B's decode (group 4, head_dim 128); the decode combine.
 AOT = [_aot("bf16", True), _aot("bf16", True, cache="fp16"), _aot("bf16", True, split=False),
-       _aot("bf16", True, group=4, dim=128), _aot("bf16", False), _aot("fp32", True), _aot_combine("bf16")]
+       _aot("bf16", True, group=4, dim=128), _aot("bf16", False), _aot("fp32", True), _aot_combine("bf16"),
+       _aot("bf16", True, group=8, cache="fp16", sinks=True)]   # gpt-oss-20b's decode (group 8, sinks)
