@@ -15,7 +15,6 @@ import torch
 
 from slotserver.errors import GGUFError
 from slotserver.model.model import LlamaModel
-from slotserver.model.moe import swiglu_oai
 from slotserver.model.weights import WeightFormat
 from slotserver.runtime.batch import Batch, SeqChunk, softmax_sinks
 from slotserver.runtime.kernel_set import KERNEL_CONTRACT
@@ -110,6 +109,7 @@ def test_swiglu_oai_is_ggmls():
     """ggml-cpu's swiglu_oai (alpha 1.702, limit 7): gate clamped above, up both ways, in its order."""
     gate = torch.linspace(-12, 12, 97)
     up = torch.linspace(9, -9, 97)
+    swiglu_oai = load_by_path(default_dir("kernels") / "moe_matmul.py", KERNEL_CONTRACT).module.swiglu_oai
     got = swiglu_oai(torch.cat([gate, up]).view(1, 194))[0]
     g, u = gate.numpy(), up.numpy()
     x, y = np.minimum(g, np.float32(7)), np.clip(u, np.float32(-7), np.float32(7))
@@ -153,12 +153,13 @@ def test_the_exact_dequantized_experts_stay_close_to_the_blocks():
 
 
 def test_a_sequence_gives_the_same_floats_alone_or_in_a_batch(tmp_path):
-    """Batch invariance with sinks, windows and the biased experts (torch's element-wise ops act per
-    row): a sequence's decode logits do not depend on the rows beside it. The fixture's F32 matrices
-    in Q8_0 (qmatmul's repacked dots are invariant; an F32 matrix goes through torch's GEMM)."""
+    """Batch invariance with sinks, windows and the biased experts: a sequence's decode logits do not
+    depend on the rows beside it; and a decode step (sinks, biases, swiglu_oai all in C calls)
+    replays from a step graph with the floats of running it as usual. The fixture's F32 matrices in
+    Q8_0 (qmatmul's repacked dots are invariant; an F32 matrix goes through torch's GEMM)."""
     model = LlamaModel.load(_rewrite(FIXTURE, tmp_path / "q8.gguf", q8=True), torch.float32, max_pos=64,
                             fmt=WeightFormat("q"))
-    if model.kernels.modules["attention"].module._LIB is None:
+    if model.kernels.modules["attention"].module._LIB is None or model.graphs is None:
         pytest.skip("no C compiler here (or SLOTSERVER_NATIVE=0): torch's forms are not batch-invariant")
     prompts = [PROMPT, [5, 6, 7, 260, 261], [300, 2, 77]]
 
@@ -171,8 +172,12 @@ def test_a_sequence_gives_the_same_floats_alone_or_in_a_batch(tmp_path):
                                                   for i in indices]), cache))
         return out
 
-    together, alone = run([0, 1, 2]), run([1])
+    together = run([0, 1, 2])
+    assert [key[0] for key in model.graphs.graphs] == [3]        # captured, then replayed: C calls only
+    alone = run([1])
     assert all(torch.equal(t[1], a[0]) for t, a in zip(together, alone))
+    model.set_step_graphs(False)
+    assert all(torch.equal(a, b) for a, b in zip(together, run([0, 1, 2])))
 
 
 def _rewrite(src: Path, dst: Path, skip: str = "", q8: bool = False) -> Path:
@@ -208,3 +213,25 @@ def test_a_file_missing_a_gpt_oss_tensor_is_refused_in_one_line(tmp_path, missin
     with pytest.raises(GGUFError, match=missing.replace(".", r"\.")) as e:
         LlamaModel.load(path, torch.float32, max_pos=64, fmt=WeightFormat("q"))
     assert "\n" not in str(e.value)
+
+
+def test_the_experts_kernel_clamps_and_biases_in_c():
+    """moe_matmul's C with act "oai" and expert biases on MXFP4 experts, gates and ups well past the
+    clamps (|x| up to ~15): the reference's floats within the 8-bit activations' noise (2% of each
+    row's largest output), where plain SwiGLU or dropping the bias would be far off."""
+    mod = _kernel("moe_matmul", "native")
+    from slotserver.runtime.experts import Experts
+    from slotserver.runtime.qblocks import T, random_qweight
+    gen = torch.Generator().manual_seed(4)
+    e, n, k, t, used = 4, 48, 64, 5, 2
+    w = Experts((random_qweight(gen, T.MXFP4, e * n, k),), e)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:used] for _ in range(t)])
+    x, bias = torch.randn(t, used, 2 * k, generator=gen) * 5, torch.randn(e, n, generator=gen)
+    weights = torch.rand(t, used, generator=gen)
+    got = mod.cpu(x, w, ids, True, weights, None, bias, "oai")
+    want = mod.reference(x, w, ids, True, weights, None, bias, "oai")
+    row = want.abs().amax(-1, keepdim=True)
+    assert bool(((got - want).abs() <= 0.02 * row).all())
+    for other in (mod.reference(x, w, ids, True, weights, None, bias, "silu"),
+                  mod.reference(x, w, ids, True, weights, None, None, "oai")):
+        assert float(((other - want).abs() / row).max()) > 0.1

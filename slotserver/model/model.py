@@ -29,6 +29,7 @@ from slotserver.model.rope_table import RopeTable
 from slotserver.model.step_graph import GRAPH_BYTES_MIN, StepGraphs
 from slotserver.model.cuda_graph import CudaGraphs
 from slotserver.model import heap
+from slotserver.model.bias_add import add_bias
 from slotserver.model.linear import QLinear
 from slotserver.model.moe import moe_ffn
 from slotserver.model.placement import to_device
@@ -223,6 +224,11 @@ class LlamaModel:
         residual add (into `acc`, returned) fused into qmatmul where it fuses (GGUF blocks and a
         qmatmul with FUSES), else as the separate kernels: the same floats either way."""
         if fuse and isinstance(lin, QLinear):
+            if acc is not None and lin.bias is not None and len(lin.parts) == 1 and norm is None and not glu:
+                # gpt-oss's attn_output: x += a @ W^T in qmatmul, then += bias in C (add_bias), where
+                # llama.cpp adds (a @ W^T + bias) + x: last-bit apart, but two C calls a step graph
+                # replays (QLinear.fused would end in torch's add_)
+                return add_bias(self.kernels.qmatmul(x.contiguous(), lin.parts[0], None, 0.0, False, acc), lin.bias)
             return lin.fused(x, self.kernels, norm, self.spec.norm_eps, glu, acc)
         ops = self.kernels
         if glu:

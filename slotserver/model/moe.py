@@ -14,12 +14,12 @@ read once per step, the weighted sum and the residual add fused): a qwen3moe or 
 is C calls only and replays from a step graph like a dense model's. A shared expert (qwen2moe,
 granite MoE shared) and granite's residual multiplier add torch ops: those steps run as usual.
 
-gpt-oss (`MoeSpec.act` "swiglu_oai", biases in `MoeWeights`) follows llama.cpp's order exactly:
-the router bias joins the logits (in moe_route), each slot's gate|up gets its expert's bias, the
-clamped SwiGLU (`swiglu_oai`) feeds the down matmul, each slot's output gets its expert's down bias
-and only then its routing weight, and the k weighted outputs are summed in slot order. The biases
-and the activation are torch ops here (indexing `bias[ids]`), so its steps run as usual (no step
-graph); fusing them into moe_matmul's C is what remains for its speed.
+gpt-oss (`MoeSpec.act` "swiglu_oai", biases in `MoeWeights`) follows llama.cpp's order: the
+router bias joins the logits (in moe_route), each slot's gate|up gets its expert's bias, the
+clamped SwiGLU feeds the down matmul, each slot's output gets its expert's down bias and only then
+its routing weight, and the k weighted outputs are summed in slot order: all inside the two
+moe_matmul calls (`bias`, `act="oai"`), so a gpt-oss decode step is C calls only too and replays
+from a step graph.
 """
 
 from __future__ import annotations
@@ -67,37 +67,23 @@ def route(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor) -> tuple[torch.Ten
                          mw.router_bias)
 
 
-SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0   # llama.cpp's constants (build_moe_ffn, LLM_FFN_SWIGLU_OAI_MOE)
+ACTS = {"silu": "silu", "swiglu_oai": "oai"}   # MoeSpec.act -> kernels/moe_matmul.py's act
 
 
-def swiglu_oai(gate_up: torch.Tensor, alpha: float = SWIGLU_OAI_ALPHA, limit: float = SWIGLU_OAI_LIMIT) -> torch.Tensor:
-    """gate|up [..., 2F] -> [..., F]: ggml's `swiglu_oai` (ggml-cpu ops.cpp), in its order:
-    x = min(gate, limit), y = clamp(up, -limit, limit), x / (1 + exp(alpha * -x)) * (y + 1)."""
-    g, u = gate_up.float().chunk(2, dim=-1)
-    x, y = g.clamp(max=limit), u.clamp(-limit, limit)
-    return (x / (1.0 + torch.exp(alpha * -x)) * (y + 1.0)).to(gate_up.dtype)
+def _part_options(mw: MoeWeights) -> list[dict]:
+    """moe_matmul's keyword options for each gate|up call: the expert biases of its columns
+    (gpt-oss; none: no options, so a lab copy of moe_matmul from before them still serves)."""
+    if mw.gate_up_bias is None:
+        return [{} for _ in mw.gate_up]
+    if len(mw.gate_up) == 1:
+        return [{"bias": mw.gate_up_bias}]
+    cols = [e.n for e in mw.gate_up]                               # gate and up in two formats
+    return [{"bias": b.contiguous()} for b in mw.gate_up_bias.split(cols, dim=1)]
 
 
-def _biased_experts(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, ids: torch.Tensor,
-                    w: torch.Tensor) -> torch.Tensor:
-    """The experts with gpt-oss's biases and/or activation, in llama.cpp's order -> [T, d_model]."""
-    parts = [ops.moe_matmul(h, e, ids) for e in mw.gate_up]        # [T, k, 2F] (or [T, k, F] twice)
-    gu = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-    if mw.gate_up_bias is not None:
-        gu = gu + mw.gate_up_bias[ids].to(gu.dtype)                # each slot its expert's bias
-    if moe.act == "swiglu_oai":
-        x = swiglu_oai(gu)
-    else:
-        g, u = gu.float().chunk(2, dim=-1)
-        x = (torch.nn.functional.silu(g) * u).to(gu.dtype)
-    y = ops.moe_matmul(x, mw.down, ids)                            # [T, k, d_model]
-    if mw.down_bias is not None:
-        y = y + mw.down_bias[ids].to(y.dtype)
-    y = y * w.unsqueeze(-1).to(y.dtype)                            # ggml_mul(experts, weights)
-    out = y[:, 0].clone()
-    for j in range(1, y.shape[1]):                                 # added in slot order, as llama.cpp
-        out += y[:, j]
-    return out
+def _down_options(moe: MoeSpec, mw: MoeWeights) -> dict:
+    opts = {} if mw.down_bias is None else {"bias": mw.down_bias}
+    return opts if moe.act == "silu" else opts | {"act": ACTS[moe.act]}
 
 
 def moe_ffn(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None,
@@ -107,16 +93,12 @@ def moe_ffn(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None,
     (h -> [T, d_model]), or None. Without a shared expert and with one format for gate and up, the
     layer is three C calls (route, gate|up, down + sum + residual add): a step graph replays it."""
     ids, w = route(ops, moe, mw, h)                                # [T, k], [T, k]
-    if moe.act != "silu" or mw.gate_up_bias is not None or mw.down_bias is not None:
-        out = _biased_experts(ops, moe, mw, h, ids, w)             # gpt-oss
-    else:
-        parts = [ops.moe_matmul(h, e, ids) for e in mw.gate_up]    # [T, k, 2F] (or [T, k, F] twice)
-        gu = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-        if shared is None:
-            return ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w, acc=acc)   # summed in slot order
-        out = ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w)
+    parts = [ops.moe_matmul(h, e, ids, **o) for e, o in zip(mw.gate_up, _part_options(mw))]   # [T, k, 2F] (+ biases)
+    gu = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    down = _down_options(moe, mw)                                  # gpt-oss: swiglu_oai, down biases
     if shared is None:
-        return out if acc is None else acc.add_(out.to(acc.dtype))
+        return ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w, acc=acc, **down)   # summed in slot order
+    out = ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w, **down)
     s = shared(h)
     if mw.shared_gate is not None:
         s = s * torch.sigmoid(router_logits(h, mw.shared_gate))   # [T, 1]
