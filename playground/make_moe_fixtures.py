@@ -74,6 +74,9 @@ CASES: dict[str, tuple[str, dict]] = {
 SEED_OFFSET = {"granitemoe": 1}
 BIG = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=8, head_dim=64, vocab_size=32000,
            num_experts=16, num_experts_per_tok=4, moe_intermediate_size=512, intermediate_size=1024)
+# per case where its config names these differently (gpt-oss: experts of width intermediate_size, the
+# real model's 128-cell window and a larger GQA group)
+BIG_CASE = {"gpt-oss": dict(num_local_experts=16, intermediate_size=512, sliding_window=128, num_key_value_heads=2)}
 
 CONVERT = """
 import sys
@@ -169,7 +172,7 @@ def convert(hf: Path, out: Path) -> Path:
 
 def make(name: str, out_dir: Path, big: bool, reference: bool) -> None:
     cls_name, extra = CASES[name]
-    config = TINY | extra | (BIG if big else {})
+    config = TINY | extra | (BIG | BIG_CASE.get(name, {}) if big else {})
     with tempfile.TemporaryDirectory() as tmp:
         hf = Path(tmp) / "hf"
         write_hf(hf, cls_name, config, seed=sum(map(ord, name)) + SEED_OFFSET.get(name, 0))
