@@ -46,6 +46,10 @@ from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk, softmax_sinks
 from slotserver.runtime.kv_spec import StridedKV
 
 OP = "attention"
+# AttnMeta's per-layer options beyond window and softcap that every implementation honours (FUSES, as
+# kernels/qmatmul.py's): a model with sinks (gpt-oss) refuses at load a lab copy from before them,
+# which would ignore them silently.
+FUSES = ("sinks",)
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 EACH_CHUNK_MAX = 8   # cpu: up to this many prefill chunks run one SDPA each; more share a padded one
 

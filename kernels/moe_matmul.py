@@ -37,6 +37,7 @@ from slotserver.runtime.experts import Experts
 from slotserver.runtime.qblocks import FLOATS, T, random_qweight, release_file_pages
 
 OP = "moe_matmul"
+FUSES = ("bias", "act")   # optional arguments every implementation takes (gpt-oss's model asks for them)
 TOL = {torch.float32: 3e-2, torch.bfloat16: 4e-2}
 ACTS = ("silu", "oai")
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0   # llama.cpp's constants for gpt-oss (build_moe_ffn, LLM_FFN_SWIGLU_OAI_MOE)

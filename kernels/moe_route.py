@@ -26,6 +26,7 @@ import triton.language as tl
 from slotserver.runtime import native
 
 OP = "moe_route"
+FUSES = ("bias",)   # the optional router bias every implementation takes (a gpt-oss model asks for it)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-5}
 WEIGHT_SUM_MIN = 6.103515625e-5
 

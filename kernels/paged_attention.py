@@ -30,6 +30,10 @@ from slotserver.runtime.kv_spec import PagedKV
 
 
 OP = "paged_attention"
+# AttnMeta's per-layer options beyond window and softcap that every implementation honours (FUSES, as
+# kernels/qmatmul.py's): a model with sinks (gpt-oss) refuses at load a lab copy from before them,
+# which would ignore them silently.
+FUSES = ("sinks",)
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 LOG2E = 1.4426950408889634
 # Decode (flash-decoding), as in attention.py: grid (sequences, KV heads, splits), one chunk of a

@@ -235,3 +235,19 @@ def test_the_experts_kernel_clamps_and_biases_in_c():
     for other in (mod.reference(x, w, ids, True, weights, None, bias, "silu"),
                   mod.reference(x, w, ids, True, weights, None, None, "oai")):
         assert float(((other - want).abs() / row).max()) > 0.1
+
+
+@pytest.mark.parametrize("op", ["attention", "moe_matmul"])
+def test_a_kernels_folder_from_before_sinks_is_refused_at_load(tmp_path, op):
+    """A lab copy of attention.py from before sinks would ignore them silently (moe_matmul's would
+    fail mid-step): refused at load in one line naming the file; the other architectures still load."""
+    import shutil
+    from slotserver.errors import ModuleLoadError
+    from slotserver.runtime.kernel_set import KernelSet
+    folder = tmp_path / "kernels"
+    shutil.copytree(default_dir("kernels"), folder)
+    src = (folder / f"{op}.py").read_text()
+    (folder / f"{op}.py").write_text(src.replace("\nFUSES = (", "\n_FUSES = (", 1))
+    with pytest.raises(ModuleLoadError, match=f"gpt-oss.gguf: a gpt-oss model needs kernels/{op}.py with"):
+        LlamaModel.load(FIXTURE, kernels=KernelSet.load(folder))
+    assert LlamaModel.load(FIXTURE.with_name("qwen3moe.gguf"), kernels=KernelSet.load(folder)).spec.arch == "qwen3moe"

@@ -74,11 +74,7 @@ class LlamaModel:
                   device: str = "cpu") -> "LlamaModel":
         """device: where the weights and rope tables live (runtime/device.py; kernels bound to match)."""
         kernels = kernels or KernelSet.load()
-        moe_ops = ("moe_route", "moe_matmul") if spec.moe else ()
-        for needed in ("gelu_mul" if spec.act == "gelu" else "silu_mul", *moe_ops):
-            if needed not in kernels.modules:   # e.g. a lab folder copied before gelu_mul.py existed
-                raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs the kernel {needed} "
-                                      f"(kernels/{needed}.py), absent from the kernels folder")
+        _check_kernels(f, spec, kernels)
         weights = read_weights(f, spec, dtype, kernels, fmt, device, progress)
         max_pos = max_pos or spec.ctx_train
         # phi3 longrope: the long factors once the context passes the trained one (llama.cpp's choice)
@@ -278,6 +274,25 @@ class LlamaModel:
         if self.spec.residual_scale != 1.0:
             y = y * self.spec.residual_scale
         return y
+
+
+def _check_kernels(f: GGUFFile, spec: ModelSpec, kernels: KernelSet) -> None:
+    """The kernels this architecture calls, with the options it asks of them (their FUSES), or one
+    line naming what is missing: e.g. a lab folder copied before gelu_mul.py existed, or before the
+    attention kernels took gpt-oss's sinks (they would ignore them silently)."""
+    moe_ops = ("moe_route", "moe_matmul") if spec.moe else ()
+    for needed in ("gelu_mul" if spec.act == "gelu" else "silu_mul", *moe_ops):
+        if needed not in kernels.modules:
+            raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs the kernel {needed} "
+                                  f"(kernels/{needed}.py), absent from the kernels folder")
+    asks = {"attention": {"sinks"} if spec.sinks else set(), "paged_attention": {"sinks"} if spec.sinks else set()}
+    if spec.moe is not None and spec.moe.act != "silu":   # gpt-oss: router and expert biases, swiglu_oai
+        asks |= {"moe_route": {"bias"}, "moe_matmul": {"bias", "act"}}
+    for op, options in asks.items():
+        lacking = options - kernels.fuses.get(op, frozenset())
+        if op in kernels.modules and lacking:
+            raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs kernels/{op}.py with {', '.join(sorted(lacking))} "
+                                  f"(its FUSES); this one predates them (`slotserver lab init --force` makes a new copy)")
 
 
 def read_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, kernels: KernelSet, fmt: WeightFormat,
