@@ -18,7 +18,8 @@ pre-tokenizer check (a hash of how a *known* model's tokenizer splits a test tex
 
 `--size big` makes the speed model of docs/performance.md ("Issue 38: MoE"): d_model 512, 16
 experts (4 used), 8 layers, the Qwen3 tokenizer-free vocabulary padded to 32000, written F32
-to --out (then requantized with llama-quantize), no reference run.
+to --out (then requantized with llama-quantize: Q4_K_M, or MXFP4_MOE for gpt-oss, whose experts
+are MXFP4 already), no reference run.
 """
 
 from __future__ import annotations
