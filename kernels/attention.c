@@ -10,7 +10,9 @@
    The row kernel: one work unit per (tile of query rows, kv head): the tile's query group against
    each K/V row read once, online softmax over aligned blocks of cells, float32 math, bf16 or
    float32 in and out. What it saves over SDPA is per-call setup: one call per layer, no mask, no
-   gather, no transposes. */
+   gather, no transposes. With `sinks` (gpt-oss: [Hq] logits, NULL for every other model) each
+   query vector's final normalisation takes its head's sink into the denominator (sink_inv, in
+   attention_amx.c); without, the code path and floats are the ones before sinks existed. */
 #include <stdlib.h>
 #if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>

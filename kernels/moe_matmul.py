@@ -19,7 +19,10 @@ batch reads each active expert's bytes once per step, and a decode step (b=1) re
 active experts'. The repacked copy is built per expert and part on the first call (the server's
 warmup), cached on the `Experts` object, and the file's pages of it let go, as qmatmul does. The
 formats without a repacked form here (Q2_K, Q3_K, floats) run the same grouping in torch on each
-used expert's dequantized rows (`_grouped`).
+used expert's dequantized rows (`_grouped`). gpt-oss's options stay in the C call: `act="oai"` activates each gathered
+gate|up row with ggml's swiglu_oai before it is quantized (where "silu" is qmatmul_r16's fused
+prologue), and `bias` is added to each (expert, part)'s output rows right after its product, so the
+weighted sum sees (y + bias) * weight as llama.cpp computes it.
 
 TOL: qmatmul's (the only approximation is the 8-bit activation; see kernels/qmatmul.py).
 """
