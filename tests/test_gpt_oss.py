@@ -5,7 +5,11 @@ batch invariance, and a file missing a gpt-oss tensor."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import gguf
@@ -23,6 +27,7 @@ from slotserver.runtime.layouts import create_layout, load_layout
 from slotserver.runtime.loader import default_dir, load_by_path
 
 FIXTURE = Path(__file__).parent / "fixtures" / "archs" / "gpt-oss.gguf"
+MARK = "GPT-OSS-TRITON "
 PROMPT = [40, 41, 97, 98, 120, 7, 8, 250, 3, 14, 15, 92, 65, 35]
 
 
@@ -251,3 +256,37 @@ def test_a_kernels_folder_from_before_sinks_is_refused_at_load(tmp_path, op):
     with pytest.raises(ModuleLoadError, match=f"gpt-oss.gguf: a gpt-oss model needs kernels/{op}.py with"):
         LlamaModel.load(FIXTURE, kernels=KernelSet.load(folder))
     assert LlamaModel.load(FIXTURE.with_name("qwen3moe.gguf"), kernels=KernelSet.load(folder)).spec.arch == "qwen3moe"
+
+
+def _triton_vs_cpu() -> dict:
+    """Runs under TRITON_INTERPRET=1: the fixture's three prompts prefilled and decoded 3 steps on a
+    paged layout with the Triton kernels (sinks in the paged prefill and decode kernels; router
+    bias, expert biases and swiglu_oai around the Triton expert matmul) and with the CPU kernels."""
+    from slotserver.runtime.kernel_set import KernelSet
+    sys.path.insert(0, str(Path(__file__).parent))
+    import test_arch_fixtures as arch
+    rows = json.loads(FIXTURE.with_suffix(".json").read_text())
+    for r in rows:
+        r["generated_ids"] = r["generated_ids"][:4]
+    out = {}
+    for impl in ("triton", "cpu"):
+        model = LlamaModel.load(FIXTURE, torch.float32, max_pos=64, kernels=KernelSet.load(impl=impl))
+        out[impl] = [lg.softmax(-1).tolist() for lg in arch._decoded(model, rows, "paged")]
+    return out
+
+
+def test_the_triton_kernels_give_the_cpu_kernels_probabilities():
+    """The whole model on the Triton kernels (triton's interpreter, in a subprocess: see
+    test_triton_kernels.py) against the CPU kernels, both on the dequantized float32 weights."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    got = json.loads(lines[-1][len(MARK):])
+    tri, cpu = (torch.tensor(got[k]) for k in ("triton", "cpu"))
+    assert tri.shape == cpu.shape == (3, 4, 310)
+    assert float((tri - cpu).abs().max()) < 1e-5
+
+
+if __name__ == "__main__":   # the interpreted half, run by the test above
+    print(MARK + json.dumps(_triton_vs_cpu()))
