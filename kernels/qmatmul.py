@@ -398,7 +398,9 @@ TRITON_BLOCK_M, TRITON_BLOCK_N = 16, 32
 def triton(x: torch.Tensor, w: QWeight, norm: torch.Tensor | None = None, eps: float = 0.0, glu: bool = False,
            acc: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as `cpu` (x and w.raw on the CUDA device, or CPU under TRITON_INTERPRET=1);
-    the fusions in torch around the kernel (on a GPU the launches, not the Python, are the cost)."""
+    the fusions in torch around the kernel (on a GPU the launches, not the Python, are the cost).
+    Not what serves blocks on a GPU (it dequantizes K-quants on the host per call): that is
+    kernels/qmatmul_gpu.py (`--gpu-weights blocks`), every format dequantized in the kernel."""
     if norm is not None or glu or acc is not None:
         return _epilogue(triton(_prologue_ref(x, norm, eps, glu).contiguous(), w), acc)
     assert x.dim() == 2 and x.stride(1) == 1 and x.shape[1] == w.k

@@ -19,20 +19,30 @@ OP = "rms_norm"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
-# Fusions (FUSES, optional arguments of every implementation; see kernels/qmatmul.py): `acc`, the
-# residual add after a post-norm (gemma2/3's branch outputs: x = x + rms_norm(y)). Why: a torch
-# add between two C calls is a computation a decode step graph cannot replay
-# (slotserver/model/step_graph.py), so gemma3's every step ran its ~230 calls through Python (~5
-# ms of a ~33 ms b=1 step on a 2-core AVX2 host). A module without FUSES is called unfused.
-FUSES = ("acc",)
+# Fusions (FUSES, optional arguments of every implementation; see kernels/qmatmul.py):
+# - `acc`, the residual add after a post-norm (gemma2/3's branch outputs: x = x + rms_norm(y)).
+#   Why: a torch add between two C calls is a computation a decode step graph cannot replay
+#   (slotserver/model/step_graph.py), so gemma3's every step ran its ~230 calls through Python (~5
+#   ms of a ~33 ms b=1 step on a 2-core AVX2 host).
+# - `add`, the residual add before the next pre-norm (x += y; then x is normed), and `out_dtype`,
+#   the normed rows stored in the matmul's dtype (float32 residual -> bf16 activations) instead of
+#   a cast after. Why: on CUDA a decode step is launch-bound (docs/gpu.md, second round: ~16
+#   launches a layer at 2-5 us each, 1.35 ms against 0.34 ms of bytes); add + norm + cast were
+#   three launches, twice a layer, and are one (model/lean_step.py). The same floats as unfused.
+# A module without FUSES (or without one of them) is called unfused.
+FUSES = ("acc", "add", "out_dtype")
 
 
-def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | None = None) -> torch.Tensor:
+def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | None = None,
+              add: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x: [tokens, dim] or [tokens, heads, dim] (normed over the last dim), weight: [dim] -> x's
-    shape, computed in float32, rounded to x's dtype. acc (x's shape): that result is added into
-    it, and acc is returned."""
+    shape, computed in float32, rounded to `out_dtype` (default x's dtype). acc (x's shape): that
+    result is added into it, and acc is returned. add ([tokens, dim], any float dtype): first
+    added into x in place (x += add, rounded to x's dtype: the residual stream), then x is normed."""
+    if add is not None:
+        x.add_(add.to(x.dtype))
     xf = x.float()
-    y = (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+    y = (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()).to(out_dtype or x.dtype)
     return y if acc is None else acc.add_(y.to(acc.dtype))
 
 
@@ -43,11 +53,16 @@ native.signature(_LIB, "rms_norm", 3, 6, (native.ctypes.c_float,) + (native.ctyp
 _FLOATS = (torch.float32, torch.bfloat16)
 
 
-def cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | None = None) -> torch.Tensor:
-    """The C kernel where it applies (one call instead of ~7 small torch ops), else torch."""
-    if _native_fits(x, weight, acc):
+def cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | None = None,
+        add: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The C kernel where it applies (one call instead of ~7 small torch ops), else torch.
+    `add` is torch's add_ before the norm (the CPU model does not ask for it: model/lean_step.py)."""
+    if add is not None:
+        x.add_(add.to(x.dtype))
+    out_dtype = out_dtype or x.dtype
+    if _native_fits(x, weight, acc) and out_dtype in _FLOATS and (out_dtype == x.dtype or x.dtype == torch.float32):
         rows, heads = (x.shape[0], 1) if x.dim() == 2 else x.shape[:2]
-        out = torch.empty(x.shape, dtype=x.dtype) if acc is None else acc       # x's shape
+        out = torch.empty(x.shape, dtype=out_dtype) if acc is None else acc    # x's shape
         sh = x.stride(1) if x.dim() == 3 else 0
         rc = _LIB.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, heads, x.shape[-1], x.stride(0), sh,
                            out.stride(-2),
@@ -57,9 +72,9 @@ def cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | N
         return out
     if x.dtype == torch.float32:  # 4 cheap ops: F.rms_norm's CPU path measured 1.2-1.4x slower in the model
         r = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
-        y = torch.mul(x, weight).mul_(r)
+        y = torch.mul(x, weight).mul_(r).to(out_dtype)
     else:
-        y = F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
+        y = F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(out_dtype)
     return y if acc is None else acc.add_(y.to(acc.dtype))
 
 
@@ -73,44 +88,59 @@ def _native_fits(x: torch.Tensor, weight: torch.Tensor, acc: torch.Tensor | None
 
 
 @_triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_out, n_cols, eps,
-                     BLOCK: tl.constexpr):
-    """One program per row: the whole row is loaded once, reduced in float32, scaled, stored."""
+def _rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, stride_x, stride_y, stride_out, n_cols, eps,
+                     BLOCK: tl.constexpr, ADD: tl.constexpr):
+    """One program per row: the whole row is loaded once, reduced in float32, scaled, stored in
+    out's dtype. ADD: y's row is first added into x's (rounded to x's dtype and stored back, as
+    torch's `x += y`), and the sum is what is normed."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)   # [BLOCK]
+    if ADD:
+        y = tl.load(y_ptr + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+        x = (x + y).to(x_ptr.dtype.element_ty)
+        tl.store(x_ptr + row * stride_x + cols, x, mask=mask)
+        x = x.to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     inv = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     tl.store(out_ptr + row * stride_out + cols, (x * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def triton(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | None = None) -> torch.Tensor:
-    """Same contract as `cpu`. Rows may be strided; the last dim must be contiguous."""
+def triton(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | None = None,
+           add: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Same contract as `cpu`. Rows may be strided; the last dim must be contiguous. `add` and
+    `out_dtype` cost nothing extra: one launch for add + norm + cast (FUSES)."""
     if x.dim() == 3:   # [tokens, heads, dim]: the heads' rows as rows (a copy where they are strided)
-        y = triton(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
+        assert add is None, "add: [tokens, dim] rows only"
+        y = triton(x.reshape(-1, x.shape[-1]), weight, eps, out_dtype=out_dtype).view(x.shape)
         return y if acc is None else acc.add_(y.to(acc.dtype))
     assert x.dim() == 2 and x.stride(1) == 1, f"x must be [tokens, dim] with unit last stride, got {x.stride()}"
     assert weight.shape == (x.shape[1],) and weight.stride(0) == 1, "weight must be a contiguous [dim]"
     assert x.dtype in (torch.float32, torch.bfloat16, torch.float16) and x.device == weight.device
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if add is not None:
+        assert add.shape == x.shape and add.stride(1) == 1 and add.device == x.device, \
+            f"add must be x's shape {tuple(x.shape)} with unit last stride, got {tuple(add.shape)} {add.stride()}"
+    out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     if x.shape[0]:
         block = _triton.next_power_of_2(x.shape[1])
-        _rms_norm_kernel[(x.shape[0],)](x, weight, out, x.stride(0), out.stride(0), x.shape[1], eps,
-                                        BLOCK=block, num_warps=4 if block <= 2048 else 8)
+        y = x if add is None else add
+        _rms_norm_kernel[(x.shape[0],)](x, y, weight, out, x.stride(0), y.stride(0), out.stride(0), x.shape[1], eps,
+                                        BLOCK=block, ADD=add is not None, num_warps=4 if block <= 2048 else 8)
     return out if acc is None else acc.add_(out.to(acc.dtype))
 
 
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     """[tokens, dim] rows, or one case in three [tokens, heads, dim] (a model's per-head q/k norm).
-    No `acc`: the fusion is an optional argument (an edit without FUSES is called unfused), checked
-    against the unfused floats in tests/test_kernels.py."""
+    No fusion arguments (`acc`, `add`, `out_dtype`): the lab validates an edit on the serving
+    module's inputs, and an edit without FUSES is called unfused, so it must pass without them.
+    The fusions are checked against the unfused floats in tests/test_kernels.py (acc) and
+    tests/test_lean_step.py (add, out_dtype: the CPU forms, and the Triton one interpreted)."""
     tokens = int(torch.randint(1, 40, (), generator=gen))
     dim = int(torch.randint(1, 300, (), generator=gen))
     heads = int(torch.randint(1, 5, (), generator=gen)) if int(torch.randint(0, 3, (), generator=gen)) == 0 else 0
     x = torch.randn(tokens, *((heads,) if heads else ()), dim, generator=gen).to(dtype)
     return x, (1 + 0.1 * torch.randn(dim, generator=gen)).to(dtype), 1e-5
-
 
 
 def bench_inputs(device: str, small: bool = False) -> list[tuple[str, tuple]]:
@@ -121,10 +151,14 @@ def bench_inputs(device: str, small: bool = False) -> list[tuple[str, tuple]]:
                             torch.ones(d, device=device), 1e-6)) for t, d in sizes]
 
 
-def _aot(x: str, w: str, block: int) -> tuple:
-    sig = {"x_ptr": f"*{x}", "w_ptr": f"*{w}", "out_ptr": f"*{x}", "stride_x": "i32",
-           "stride_out": "i32", "n_cols": "i32", "eps": "fp32", "BLOCK": "constexpr"}
-    return (_rms_norm_kernel, sig, {"BLOCK": block})
+def _aot(x: str, w: str, block: int, out: str | None = None, add: bool = False) -> tuple:
+    sig = {"x_ptr": f"*{x}", "y_ptr": "*bf16" if add else f"*{x}", "w_ptr": f"*{w}", "out_ptr": f"*{out or x}",
+           "stride_x": "i32", "stride_y": "i32", "stride_out": "i32", "n_cols": "i32", "eps": "fp32",
+           "BLOCK": "constexpr", "ADD": "constexpr"}
+    return (_rms_norm_kernel, sig, {"BLOCK": block, "ADD": add})
 
 
-AOT = [_aot("fp32", "fp32", 1024), _aot("bf16", "fp32", 4096)]
+# float32 and bf16 rows; the CUDA step's fused forms: a float32 residual, a bf16 branch added, bf16
+# out (Qwen2.5-0.5B's 896 columns, 8B-class 4096), and the first layer's norm + cast alone
+AOT = [_aot("fp32", "fp32", 1024), _aot("bf16", "fp32", 4096), _aot("fp32", "fp32", 1024, "bf16", add=True),
+       _aot("fp32", "fp32", 4096, "bf16", add=True), _aot("fp32", "fp32", 1024, "bf16")]

@@ -25,7 +25,7 @@
 set -u
 T0=$(date +%s)
 TOTAL_S=${GPU_CHECK_TOTAL_S:-500}
-PARTS=${GPU_CHECK_PARTS:-versions,wheels,tests,model,lab,qmatmul,big,launches,sampling}
+PARTS=${GPU_CHECK_PARTS:-versions,wheels,tests,archs,model,lab,labtime,qmatmul,big,launches,sampling}
 OUT_DIR="${1:-${OUT:-./gpu_out}}"
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
 cd "$(dirname "$0")/.." || exit 1        # the repo root
@@ -78,8 +78,10 @@ wheels() {   # --no-deps: never replace the image's torch, triton or numpy
 }
 part versions 30 versions
 part wheels 60 wheels
-TAIL=60 part tests 100 $PY -m pytest -q -rf --tb=short -p no:cacheprovider tests/test_device.py $(ls tests/test_torch_dequant.py tests/test_device_*.py tests/test_gpu_*.py 2>/dev/null)
-TAIL=30 part model 200 bash playground/gpu_model_check.sh "$OUT_DIR"
+TAIL=60 part tests 80 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device.py \
+    $(ls tests/test_torch_dequant.py tests/test_device_*.py tests/test_gpu_*.py 2>/dev/null | grep -v test_device_archs)
+TAIL=40 part archs 70 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device_archs.py
+TAIL=30 part model 180 bash playground/gpu_model_check.sh "$OUT_DIR"
 if [[ "$DRY" == 1 ]]; then
     part hf 60 $PY playground/hf_bench.py --device cpu --tiny --batches 1,2 --steps 4 --out "$OUT_DIR"
     part kernels 60 env TRITON_INTERPRET=1 $PY playground/gpu_kernel_bench.py --dry-run --out "$OUT_DIR"
@@ -92,7 +94,8 @@ else
     part sweep 50 $PY playground/layout_sweep.py --device cuda --dtype bfloat16 --batches 1 8 32 64 \
         --contexts 1024 2048 4096 8192 --rounds 2 --reps 20 --out "$OUT_DIR/layout_sweep.png"
 fi
-TAIL=40 part lab 90 $PY -m slotserver.cli.main lab check --cases 2 --no-aot --time
+TAIL=40 part lab 60 $PY -m slotserver.cli.main lab check --cases 2 --no-aot
+TAIL=40 part labtime 40 $PY -c "from slotserver.cli.lab import time_kernels; print(time_kernels(None, small=$DRY == 1))"
 ATT_DRY=(); [[ "$DRY" == 1 ]] && ATT_DRY=(--dry-run)
 [[ "$DRY" == 1 ]] && export TRITON_INTERPRET=1
 part attention 60 $PY playground/gpu_attention_bench.py "${ATT_DRY[@]}" --out "$OUT_DIR" --budget-s 30
@@ -105,32 +108,36 @@ big() {   # Llama-3.1-8B's shape, Q4_K, dequantized on the card at load (runtime
     echo "shape model written in $(( $(date +%s) - t0 )) s"
     ls -la "$md"
     $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches $bs --steps $steps --ctx 1024 \
-        --engine-tokens 0 --out "$OUT_DIR/big"
+        --engine-tokens 0 --gpu-weights dense,blocks --budget-s $(( PART_S - 40 )) --out "$OUT_DIR/big"
     local rc=$?; rm -rf "$md"; return $rc
 }
 export DEV=cuda DRYARG="" OUT_DIR DRY; [[ "$DRY" == 1 ]] && { DEV=cpu; DRYARG=--dry-run; }
 missing() { [[ -f "$1" ]] && return 1; echo "$1 is absent: nothing to run"; }
 qmatmul() { missing playground/gpu_qmatmul_bench.py && return 0
-    $PY playground/gpu_qmatmul_bench.py $DRYARG --budget-s 60 --out "$OUT_DIR"; }
-launches() { missing playground/decode_launches.py && return 0; $PY playground/decode_launches.py --device "$DEV"; }
+    $PY playground/gpu_qmatmul_bench.py $DRYARG --budget-s 55 --out "$OUT_DIR"; }
+launches() { missing playground/decode_launches.py && return 0
+    $PY playground/decode_launches.py --device "$DEV" --compare --out "$OUT_DIR"; }
 sampling() { missing playground/gpu_sampling_bench.py && return 0
     $PY playground/gpu_sampling_bench.py --device "$DEV" $DRYARG --budget-s 30; }
-TAIL=40 part qmatmul 75 qmatmul
-TAIL=20 part big 100 big
-TAIL=40 part launches 40 launches
+TAIL=40 part qmatmul 60 qmatmul
+TAIL=20 part big 120 big
+TAIL=60 part launches 50 launches
 TAIL=30 part sampling 40 sampling
 
 echo
 echo "== short table ($(elapsed) s in all; logs in $OUT_DIR)"
 for p in "${!RC[@]}"; do echo "part $p: exit ${RC[$p]}"; done | sort
-grep -h -E "passed|failed" "$OUT_DIR/tests.log" 2>/dev/null | tail -1
+grep -h -E "passed|failed" "$OUT_DIR/tests.log" "$OUT_DIR/archs.log" 2>/dev/null | grep -E "^=|^[0-9]" | tail -2
+grep -h -E "FAILED|ERROR" "$OUT_DIR/tests.log" "$OUT_DIR/archs.log" 2>/dev/null | head -20
 [[ -f "$OUT_DIR/model_bench.log" ]] && sed -n '/^copy bandwidth/,$p' "$OUT_DIR/model_bench.log"
 grep -h "^concurrency" "$OUT_DIR/model.log" 2>/dev/null
+grep -h "^engine async-steps" "$OUT_DIR/model_bench.log" 2>/dev/null
 grep -h "^hf b=" "$OUT_DIR/hf.log" 2>/dev/null
 grep -h "^engine phases" "$OUT_DIR/model_bench.log" 2>/dev/null
 grep -h "^tiles" "$OUT_DIR/kernels.log" 2>/dev/null
 sed -n '/^summary/,$p' "$OUT_DIR/kernels.log" 2>/dev/null | head -30
 grep -h -E "checks passed|^FAIL" "$OUT_DIR/lab.log" 2>/dev/null | head -6
-sed -n '/^timings of/,$p' "$OUT_DIR/lab.log" 2>/dev/null | head -30
+sed -n '/^timings of/,$p' "$OUT_DIR/labtime.log" 2>/dev/null | head -30
+sed -n '/^summary (copy+host/,$p' "$OUT_DIR/sampling.log" 2>/dev/null | head -20
 [[ -f "$OUT_DIR/big.log" ]] && grep -h -E "written in|^loaded|^copy bandwidth|^big.gguf" "$OUT_DIR/big.log" | tail -8
 sed -n '/^summary/,$p' "$OUT_DIR/attention.log" 2>/dev/null | head -20

@@ -4,6 +4,11 @@ the weight and KV bytes per step set at the card's measured copy bandwidth; then
 
     python playground/gpu_model_bench.py model.gguf [more.gguf ...] --device cuda --out DIR
     python playground/gpu_model_bench.py /tmp/tiny.gguf --device cpu --batches 1,2 --steps 3   # dry run
+    python playground/gpu_model_bench.py model.gguf --device cuda --async-steps off,on   # overlap A/B
+    python playground/gpu_model_bench.py tiny.gguf --device cpu --batches 1,2 --steps 3 --async-steps off,on  # its dry run
+    python playground/gpu_model_bench.py q4km.gguf --device cuda --gpu-weights dense,blocks --out DIR
+
+--gpu-weights: each model loads once per form listed (model/gpu_weights.py); rows name the form.
 
 The models are usually random-weight files of real shapes (playground/shape_model.py): a decode
 step's time does not depend on the values. Each number is the median over `--steps` steps after
@@ -79,10 +84,12 @@ def decode_steps(bundle: ModelBundle, batch: int, ctx: int, steps: int, layout: 
             "weight_bytes": weights, "kv_bytes": kv}
 
 
-def engine_run(bundle: ModelBundle, batch: int, n_predict: int, prompt_len: int) -> dict:
+def engine_run(bundle: ModelBundle, batch: int, n_predict: int, prompt_len: int, async_steps: str = "auto") -> dict:
     """The engine generating `batch` requests of `n_predict` tokens (greedy, ignore_eos): tok/s, after
-    one warm-up round (Triton compiles, CUDA-graph captures), and the mean ms of each step phase."""
-    eng = Engine(bundle, EngineConfig(n_parallel=batch, ctx_size=batch * (prompt_len + n_predict + 16))).start()
+    one warm-up round (Triton compiles, CUDA-graph captures), and the mean ms of each step phase.
+    async_steps: EngineConfig's --async-steps (overlapped decode steps, engine/overlap.py)."""
+    config = EngineConfig(n_parallel=batch, ctx_size=batch * (prompt_len + n_predict + 16), async_steps=async_steps)
+    eng = Engine(bundle, config).start()
     try:
         def round_(first: int) -> tuple[int, float]:
             vocab = bundle.model.spec.vocab_size - 8   # no shared prefix between the rows
@@ -96,7 +103,8 @@ def engine_run(bundle: ModelBundle, batch: int, n_predict: int, prompt_len: int)
         phases = dataclasses.asdict(eng.tracker.snapshot.timings)
     finally:
         eng.stop()
-    return {"n_predict": n_predict, "engine_tok_s": n / wall, "engine_phase_ms": phases}
+    return {"n_predict": n_predict, "engine_tok_s": n / wall, "engine_phase_ms": phases,
+            "async_steps": async_steps, "overlapped_steps": eng.overlap.launched}
 
 
 def main() -> None:
@@ -108,25 +116,44 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--engine-tokens", type=int, default=64, help="tokens per request in the engine run (0: skip)")
     p.add_argument("--layout", default="head_seq_dim")
+    p.add_argument("--gpu-weights", default="auto",
+                   help="comma-separated --gpu-weights forms to time each model in, e.g. dense,blocks (default auto)")
     p.add_argument("--out", type=Path, default=Path("."))
+    p.add_argument("--async-steps", default="auto",
+                   help="the engine run's --async-steps; a comma list (off,on) runs the engine once per mode: the A/B")
+    p.add_argument("--budget-s", type=float, default=0.0,
+                   help="stop starting new rows after this many seconds (0: no limit); the table covers what ran")
     a = p.parse_args()
+    modes = [EngineConfig(async_steps=m).async_steps for m in a.async_steps.split(",")]   # a bad mode: one line
+    t_start = time.perf_counter()
     batches = [int(b) for b in a.batches.split(",")]
     rows, bw = [], None
-    for path in a.models:
+    for path, gw in ((path, gw) for path in a.models for gw in a.gpu_weights.split(",")):
         t0 = time.perf_counter()
-        bundle = ModelBundle.load(ModelConfig(path, dtype="auto", device=a.device, max_ctx=a.ctx + a.steps + 64))
+        bundle = ModelBundle.load(ModelConfig(path, dtype="auto", device=a.device, max_ctx=a.ctx + a.steps + 64,
+                                              gpu_weights=gw))
         dev = bundle.model.device
-        print(f"loaded {path.name} ({path.stat().st_size / 1e9:.2f} GB) on {dev} in {time.perf_counter() - t0:.1f} s",
+        print(f"loaded {path.name} ({path.stat().st_size / 1e9:.2f} GB) on {dev} [{bundle.config.gpu_weights}] "
+              f"in {time.perf_counter() - t0:.1f} s",
               flush=True)
         bw = bw or copy_bandwidth(dev, 1 << 28 if dev == "cpu" else 1 << 30)
+        name = path.name if dev == "cpu" else f"{path.name} [{bundle.config.gpu_weights}]"
         for b in batches:
+            if a.budget_s and time.perf_counter() - t_start > a.budget_s:
+                print(f"budget of {a.budget_s:.0f} s spent: {path.name} b={b} and later rows skipped", flush=True)
+                break
             r = decode_steps(bundle, b, a.ctx, a.steps, a.layout)
             r["eager_step_ms"] = decode_steps(bundle, b, a.ctx, a.steps, a.layout, graphs=False)["step_ms"]
-            r.update(model=path.name, device=dev, bound_tok_s=b * bw / (r["weight_bytes"] + r["kv_bytes"]))
-            if a.engine_tokens:
-                r.update(engine_run(bundle, b, a.engine_tokens, 16))
+            r.update(model=name, device=dev, bound_tok_s=b * bw / (r["weight_bytes"] + r["kv_bytes"]))
+            if a.engine_tokens:   # the first mode's run fills the table; each mode's is under "engine_ab"
+                runs = {m: engine_run(bundle, b, a.engine_tokens, 16, m) for m in modes}
+                r.update(runs[modes[0]])
+                r["engine_ab"] = runs
             rows.append(r)
             print(json.dumps(r), flush=True)
+        del bundle   # the next form's weights need the memory
+        if dev == "cuda":
+            torch.cuda.empty_cache()
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "model_bench.json").write_text(json.dumps({"copy_bytes_s": bw, "rows": rows}, indent=1))
     # the copy's bytes moved per second (read + write) is what the memory delivers; a decode step
@@ -137,6 +164,13 @@ def main() -> None:
     for r in rows:
         print(f"{r['model'][:28]:28} {r['batch']:>3} {r['step_ms']:8.2f} {r['eager_step_ms']:8.2f} {r['tok_s']:9.0f} "
               f"{r['bound_tok_s']:9.0f} {r['tok_s'] / r['bound_tok_s']:8.0%} {r.get('engine_tok_s', 0):12.0f}")
+    for r in rows:   # --async-steps off,on: the engine's tok/s per mode (and the steps launched ahead)
+        if len(r.get("engine_ab", {})) > 1:
+            base = r["engine_ab"][modes[0]]["engine_tok_s"]
+            print(f"engine async-steps A/B: {r['model'][:28]} b={r['batch']}: " + ", ".join(
+                f"{m} {x['engine_tok_s']:.0f} tok/s ({x['engine_tok_s'] / base:.2f}x, "
+                f"{x['overlapped_steps']} overlapped)"
+                for m, x in r["engine_ab"].items()))
     for r in rows:   # where an engine step's time goes (forward: launches; sample: waits for the device)
         if "engine_phase_ms" in r:
             print(f"engine phases, ms a step: {r['model'][:28]} b={r['batch']}: "

@@ -77,6 +77,31 @@ def test_cuda_greedy_tokens_match_the_cpu(tmp_path):
     assert out["cuda"] == out["cpu"]
 
 
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("tensor_type", ["Q8_0", "Q4_K", "Q4_0"])
+def test_cuda_blocks_weights_give_the_dense_weights_tokens(tmp_path, tensor_type):
+    """`--gpu-weights blocks` (kernels/qmatmul_gpu.py on the file's blocks) against `dense`
+    (cuBLAS on the dequantized weights), float32: the same greedy tokens; in bf16 the blocks' CUDA
+    graph replays give their eager steps' tokens."""
+    import gguf
+    from slotserver.model.bundle import ModelBundle
+
+    path = write_tiny_gguf(tmp_path / "m.gguf", tensor_type=gguf.GGMLQuantizationType[tensor_type],
+                           d_model=256, d_ff=512, n_heads=4, n_kv_heads=2)
+    reqs = [GenRequest([5, 17, 200, 33, 1, 90], 8, ignore_eos=True), GenRequest([7, 8, 9], 8, ignore_eos=True)]
+    out = {}
+    for form, dtype in (("dense", "float32"), ("blocks", "float32"), ("blocks", "auto")):
+        bundle = ModelBundle.load(ModelConfig(path, device="cuda", dtype=dtype, gpu_weights=form))
+        assert bundle.config.weight_format.kind == form
+        assert {getattr(m, "op", "dense") for m in bundle.model.weights.matmuls()} == \
+            ({"qmatmul_gpu"} if form == "blocks" else {"dense"})
+        out[form, dtype] = [r.tokens for r in generate(bundle.model, reqs, frozenset())]
+        if dtype == "auto":
+            bundle.model.set_step_graphs(False)
+            assert [r.tokens for r in generate(bundle.model, reqs, frozenset())] == out[form, dtype]
+    assert out["blocks", "float32"] == out["dense", "float32"]
+
+
 def test_greedy_on_the_device_picks_the_hosts_tokens():
     """The device greedy path (argmax where the logits are, only ids back) gives the host sampler's
     tokens, biases and ties included, refuses rows it does not serve, and names a NaN row.
@@ -132,6 +157,23 @@ def test_cuda_graph_replays_give_the_eager_tokens(tmp_path):
     assert model.graphs.captures >= 2 and model.graphs.replays > 20
     model.kernels = model.kernels.with_module("rms_norm", model.kernels.modules["rms_norm"])
     assert [r.tokens for r in generate(model, reqs[1:], frozenset())] == eager[1:]
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("layout", ["paged", "paged_hnd"])
+def test_cuda_graph_replays_of_paged_layouts_give_the_eager_tokens(tmp_path, layout):
+    """Paged layouts replay too (runtime/paged_blocks.py graph_step): decode steps crossing block
+    boundaries and a context bucket, the pool growing on the way, give the eager steps' tokens."""
+    from slotserver.model.bundle import ModelBundle
+
+    path = write_tiny_gguf(tmp_path / "m.gguf", ctx_len=1024)
+    model = ModelBundle.load(ModelConfig(path, device="cuda", dtype="float32")).model
+    reqs = [GenRequest(list(range(5, 250)), 30, ignore_eos=True), GenRequest([7, 8, 9], 30, ignore_eos=True)]
+    model.set_step_graphs(False)
+    eager = [r.tokens for r in generate(model, reqs, frozenset(), layout=layout)]
+    model.set_step_graphs(True)
+    assert [r.tokens for r in generate(model, reqs, frozenset(), layout=layout)] == eager
+    assert model.graphs.captures >= 2 and model.graphs.replays > 20
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

@@ -162,15 +162,16 @@ def test_a_forced_row_beside_a_free_one(engine):
     assert forced.tokens[:2] == sampled                 # same seed: the free steps draw as without a budget
 
 
-def test_the_device_greedy_path_takes_the_forced_token_after_its_argmax(monkeypatch):
-    """The GPU path (no GPU needed: its argmax is stubbed, the logits live on the meta device): a
-    forcing row gets its forced token, the others keep the device's argmax."""
-    monkeypatch.setattr(step_sampling, "greedy_tokens_device", lambda logits, params: torch.tensor([11, 12]))
+def test_on_the_device_path_a_forcing_row_goes_to_the_host_and_gets_its_token():
+    """The GPU's split (run on CPU tensors): the forcing row is copied to the host sampler and gets
+    its forced token; its neighbour is sampled by the device sampler (its argmax)."""
     forcing = budget(0, opened=True)
-    seqs = [SimpleNamespace(reasoning=None, params=SamplingParams(temperature=0)),
-            SimpleNamespace(reasoning=forcing, params=SamplingParams(temperature=0))]
+    seqs = [SimpleNamespace(reasoning=None, params=SamplingParams(temperature=0), rng=None, tokens=[]),
+            SimpleNamespace(reasoning=forcing, params=SamplingParams(temperature=0), rng=None, tokens=[])]
     plan = SimpleNamespace(chunks=[SimpleNamespace(sample=True, seq=s, draft=()) for s in seqs])
-    out = step_sampling.StepSampling(16).sample(plan, torch.empty(2, 16, device="meta"), None)
+    logits = torch.zeros(2, 16)
+    logits[0, 11] = logits[1, 12] = 5.0
+    out = step_sampling.StepSampling(16, on_device=True).sample(plan, logits, None)
     assert [run[0].token for run in out] == [11, FORCED[0]]
 
 

@@ -118,7 +118,9 @@ def test_props_and_models_describe_the_server(client, tiny_engine):
     from slotserver.top.parse import parse_header
     assert parse_header({}, {}, props, []).dtype == props["dtype"] != "?"
     assert props["device"] == tiny_engine[0].model.device == "cpu"   # ModelConfig's library default
+    assert props["gpu_weights"] == "auto"   # --gpu-weights: resolved at load on CUDA only
     assert parse_header({}, {}, props, []).device == "cpu"
+    assert props["async_steps"] == {"mode": "auto", "on": False}   # overlapped decode: auto is on only on CUDA
     assert client.get("/lab").json()["device"] == "cpu"
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["object"] == "model"

@@ -44,6 +44,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="where to compute. auto (default): the GPU when torch sees one (as llama.cpp offloads by "
                         "default), else the CPU. cuda: the Triton kernels, weights dequantized to --dtype (bfloat16 "
                         "with auto) for cuBLAS; an error without a GPU")
+    p.add_argument("--gpu-weights", choices=["auto", "dense", "blocks"], default="auto",
+                   help="matmul weights on --device cuda (with --weights auto). dense: dequantized to bf16 at load, "
+                        "cuBLAS. blocks: the GGUF blocks as in the file, Triton dequantize-matmul (a third of the "
+                        "memory for Q4_K). auto (default): dense where it fits in half the card's free memory, "
+                        "else blocks")
     p.add_argument("-t", "--threads", type=int, default=0,
                    help="compute threads (default 0: the physical cores this process may use, as llama.cpp)")
     p.add_argument("--check-tensors", action="store_true",
@@ -64,6 +69,7 @@ def load_bundle(args):
 
     config = ModelConfig(model_path=args.model or default_model_path(), dtype=args.dtype,
                          threads=args.threads, layout=args.layout, kernels_dir=args.kernels_dir, weights=args.weights,
+                         gpu_weights=args.gpu_weights,
                          layouts_dir=args.layouts_dir, device=args.device)
     with load_progress(f"loading {config.model_path.name}") as tick:
         return ModelBundle.load(config, tick, check_tensors=args.check_tensors)

@@ -116,6 +116,9 @@ def add_parser(sub) -> None:
     a("-sps", "--slot-prompt-similarity", type=float, default=0.1)
     a("--timeout", type=float, default=600.0, help="read/write timeout in seconds")
     a("--defrag", choices=["on", "off"], default="on")
+    a("--async-steps", choices=["auto", "on", "off"], default="auto",
+      help="overlapped decode steps: the next decode step is launched before this one's tokens reach the "
+           "host, hiding the host's work under the GPU's (auto, the default: on where the model runs on CUDA)")
     a("--no-watch", action="store_true", help="do not watch kernels/ and layouts/ for changes")
     a("--no-warmup", action="store_true",
       help="skip the warmup run (each weight's repacked form is then built by the first request)")

@@ -9,6 +9,7 @@ from slotserver.engine.speculative.config import SpecConfig
 from slotserver.errors import ConfigError
 
 DEFRAG_MODES = ("on", "off")
+ASYNC_STEPS_MODES = ("auto", "on", "off")   # --async-steps: auto = on where the model runs on CUDA
 CACHE_TYPES = ("auto", "f32", "f16", "bf16")   # llama-server's -ctk/-ctv names that a float cache can hold
 MIN_SHIFT_CELLS = 4   # a context shift keeps at most n_cells - 4 tokens (llama-server's rule)
 
@@ -47,6 +48,10 @@ class EngineConfig:
     spec: SpecConfig = field(default_factory=SpecConfig)   # --spec-*: speculative decoding (off by default)
     context_shift: bool = False      # --context-shift: a full slot drops tokens and goes on (engine/context_shift.py)
     cache_reuse: int = 0             # --cache-reuse N: reuse cached chunks of >= N tokens by KV shifting (0: off)
+    # --async-steps: overlapped decode steps (engine/overlap.py): the next decode step is launched
+    # before this one's tokens reach the host. auto: on where the model runs on CUDA (on the CPU the
+    # forward blocks, so there is nothing to overlap); on/off force it (on: also on the CPU, for tests)
+    async_steps: str = "auto"
 
     def __post_init__(self) -> None:
         _positive("--parallel", self.n_parallel)
@@ -83,8 +88,14 @@ class EngineConfig:
             raise ConfigError(f"--cache-reuse must be an integer >= 0, got {self.cache_reuse!r}")
         if self.context_shift and self.n_cells <= MIN_SHIFT_CELLS:
             raise ConfigError(f"--context-shift needs slots of more than {MIN_SHIFT_CELLS} cells, got {self.n_cells}")
+        if self.async_steps not in ASYNC_STEPS_MODES:
+            raise ConfigError(f"--async-steps must be one of {', '.join(ASYNC_STEPS_MODES)}, got {self.async_steps!r}")
         if self.slot_save_path is not None and not Path(self.slot_save_path).is_dir():
             raise ConfigError(f"--slot-save-path {self.slot_save_path} is not a folder")
+
+    def overlaps(self, device: str) -> bool:
+        """Whether decode steps overlap on `device` ("cpu" or "cuda"): --async-steps resolved."""
+        return self.async_steps == "on" or (self.async_steps == "auto" and device == "cuda")
 
     @property
     def n_cells(self) -> int:

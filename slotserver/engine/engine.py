@@ -34,6 +34,7 @@ from slotserver.engine.prompt_cache import PromptCache, RamCacheHooks
 from slotserver.engine.port import EnginePort
 from slotserver.engine.intake import new_sequence, validate
 from slotserver.engine.kv_shift import apply_shift, check_shift_support
+from slotserver.engine.overlap import Overlap
 from slotserver.engine.postprocess import postprocess, progress_event
 from slotserver.engine.request import Request, RequestError, RequestHandle
 from slotserver.engine.scheduler import Scheduler, StepPlan
@@ -90,6 +91,7 @@ class Engine:
         self.device = bundle.model.device
         self._logits = torch.empty(0, bundle.model.weights.output.out_features, device=self.device)   # grown (_forward)
         self._ids = itertools.count(1)
+        self.overlap = Overlap(self, config.overlaps(self.device), self._forward_or_roll_back)   # --async-steps
         self.loop = EngineLoop(self, self._wake)   # the thread, the watcher
         self.sleeper = Sleeper(self, config.sleep_idle_s)   # --sleep-idle-seconds
 
@@ -166,12 +168,27 @@ class Engine:
         """One step. -> False when there was nothing to do. Its events leave when it ends."""
         try:
             return self._step()
+        except BaseException:
+            self.overlap.in_flight = None   # its requests fail with this step (EngineLoop)
+            raise
+        finally:
+            self.outbox.flush()
+
+    def settle(self) -> None:
+        """Land the step in flight, if any (overlap.py): its tokens reach their requests."""
+        try:
+            if self.overlap.in_flight is not None:
+                self.overlap.land()
         finally:
             self.outbox.flush()
 
     def _step(self) -> bool:
         """schedule, apply moves, forward, sample, postprocess; `t` times each part (stats)."""
         self.sleeper.wake_if_needed()   # asleep (--sleep-idle-seconds) and asked for: weights and KV back
+        if self.overlap.in_flight is not None:   # client messages and lab swaps see no step in flight
+            if not self.inbox.pending() and not self.lab.has_pending() and self.overlap.step_ahead():
+                return True
+            self.overlap.land()
         self.inbox.drain()
         self.lab.apply_pending()
         if not self.sched.has_work():
@@ -186,7 +203,10 @@ class Engine:
         masks = self.masks.start([c.seq.grammar for c in plan.chunks if c.sample])  # filled during the forward
         logits = self._forward_or_roll_back(plan)
         t.append(time.perf_counter())
-        runs = self.sampling.sample(plan, logits, masks.result())   # per sampling chunk: its token(s)
+        allowed = masks.result()
+        if self.overlap.leave(plan, logits, allowed, t):   # --async-steps: its tokens land next step
+            return True
+        runs = self.sampling.sample(plan, logits, allowed)   # per sampling chunk: its token(s)
         self.spec.learn(plan, runs)
         t.append(time.perf_counter())
         done = postprocess(self.sched, plan, runs, self.eog)
@@ -235,28 +255,36 @@ class Engine:
             if c.draft:
                 self.cache.trim(c.stream, c.seq.num_tokens)
 
-    def _forward_or_roll_back(self, plan: StepPlan) -> torch.Tensor | None:
+    def _forward_or_roll_back(self, plan: StepPlan, tokens: torch.Tensor | None = None) -> torch.Tensor | None:
         """The forward; a kernel just swapped in that fails on real shapes is rolled back and the
-        step runs again on the previous kernels (the lab's rollback)."""
+        step runs again on the previous kernels (the lab's rollback). tokens: see `_forward`."""
         try:
-            logits = self._forward(plan)
+            logits = self._forward(plan, tokens)
         except Exception as e:  # noqa: BLE001 - re-raised unless the lab had something to roll back
             if not self.lab.rollback(e):
                 raise
-            logits = self._forward(plan)
+            logits = self._forward(plan, tokens)
         self.lab.forward_ok()
         return logits
 
-    def _forward(self, plan: StepPlan) -> torch.Tensor | None:
+    def _forward(self, plan: StepPlan, tokens: torch.Tensor | None = None) -> torch.Tensor | None:
+        """tokens: an overlapped decode step's input ids `[chunks]` where the model runs (the step in
+        flight's sampled ids, not on the host yet), copied into the batch on the device."""
         if not plan.chunks:
             return None
-        chunks = [SeqChunk(c.stream, c.start, c.seq.tokens[c.start: c.start + c.n] + list(c.draft),
-                           all_logits=bool(c.draft), logits=c.sample,
-                           prompt=not c.draft and c.start + c.n <= c.seq.prompt_end) for c in plan.chunks]
+        if tokens is not None:   # one-token decode chunks (overlap.plain_decode); 0 holds each id's place
+            chunks = [SeqChunk(c.stream, c.start, [0]) for c in plan.chunks]
+        else:
+            chunks = [SeqChunk(c.stream, c.start, c.seq.tokens[c.start: c.start + c.n] + list(c.draft),
+                               all_logits=bool(c.draft), logits=c.sample,
+                               prompt=not c.draft and c.start + c.n <= c.seq.prompt_end) for c in plan.chunks]
         rows = sum(c.sample + len(c.draft) for c in plan.chunks)
         if self._logits.shape[0] < rows:   # one buffer for every step's logits (see LlamaModel.forward)
             self._logits = torch.empty(rows, self._logits.shape[1], device=self.device)
-        logits = self.bundle.model.forward(Batch.build(chunks, self.device), self.cache, self._logits)
+        batch = Batch.build(chunks, self.device)
+        if tokens is not None:
+            batch.tokens.copy_(tokens, non_blocking=True)   # queued after the sampler that made them
+        logits = self.bundle.model.forward(batch, self.cache, self._logits)
         return logits   # [n_sample, vocab], where the model ran (StepSampling copies what the host needs)
 
 

@@ -53,6 +53,12 @@ class EngineLoop:
                 e.sleeper.maybe_sleep()
                 self.wake.wait(IDLE_WAIT_S)
                 self.wake.clear()
+        try:
+            e.settle()   # --async-steps: the step in flight's tokens still reach their requests
+        except Exception:  # noqa: BLE001 - stopping: its requests fail as a failed step's would
+            log.exception("engine step failed")
+            e.inbox.fail_running("engine stopped")
+            e.outbox.flush()
 
     def start_watcher(self) -> None:
         if self.watcher is not None or self.stopping:

@@ -16,16 +16,24 @@ import torch
 from slotserver.engine.postprocess import Sampled
 from slotserver.engine.scheduler import StepPlan
 from slotserver.engine.speculative.verify import greedy_run, sampled_run, synth_run
-from slotserver.model.sampling.greedy import greedy_tokens_device
+from slotserver.engine.sampled_ids import SampledIds
+from slotserver.model.sampling.device import DeviceSampler
+from slotserver.model.sampling.device_rows import upload_to
+from slotserver.model.sampling.greedy import greedy_ids_device
 from slotserver.model.sampling.sampler import Sampler, SamplingError
 from slotserver.model.tensor_check import logits_problem
 
 
 class StepSampling:
-    def __init__(self, vocab_size: int, synth_probs: tuple[float, ...] = (), eog: frozenset[int] = frozenset()) -> None:
-        """synth_probs, eog: --spec-synth-*'s acceptance (speculative/verify.py `synth_run`)."""
+    def __init__(self, vocab_size: int, synth_probs: tuple[float, ...] = (), eog: frozenset[int] = frozenset(),
+                 on_device: bool | None = None) -> None:
+        """synth_probs, eog: --spec-synth-*'s acceptance (speculative/verify.py `synth_run`).
+        on_device: None (service) runs the device sampler on logits off the CPU and the host path
+        on CPU logits; True the device path on any logits (the tests run it on CPU tensors); False
+        the host path on any (the benchmark's baseline)."""
         self.sampler = Sampler(vocab_size)
-        self.synth_probs, self.eog = synth_probs, eog
+        self.device = DeviceSampler(vocab_size)
+        self.synth_probs, self.eog, self.on_device = synth_probs, eog, on_device
 
     def sample(self, plan: StepPlan, logits: torch.Tensor | None,
                allowed: torch.Tensor | None) -> list[tuple[Sampled, ...]]:
@@ -51,16 +59,61 @@ class StepSampling:
                 out[i] = self._verify(c, logits[starts[i]: starts[i] + 1 + len(c.draft)])
         return out
 
+    def sample_ids(self, plan: StepPlan, logits: torch.Tensor) -> SampledIds | None:
+        """The overlapped step's hook (engine/overlap.py): one token per chunk, sampled where the
+        logits are without waiting for them, or None where these rows need the host (another
+        sampler, probabilities, penalties). The caller has checked: no drafts, grammars or forced
+        tokens. Greedy rows take the argmax pass; others, off the CPU (or with on_device), the
+        device sampler where it needs no host view (no probabilities or penalties: `DeviceSampler.ids`)."""
+        seqs = [c.seq for c in plan.chunks if c.sample]
+        try:
+            ids = greedy_ids_device(logits, [s.params for s in seqs])
+        except SamplingError:
+            return None   # a bad logit_bias id: the host path names it and fails only its request
+        if ids is None and (self.on_device or (self.on_device is None and not logits.is_cpu)):
+            ids = self.device.ids(logits, [s.params for s in seqs], [s.rng for s in seqs])
+        return None if ids is None else SampledIds(ids)
+
     def _sample_rows(self, seqs, logits: torch.Tensor | None, allowed: torch.Tensor | None) -> list[Sampled]:
         """One token per row (the step's sampling without drafts)."""
         if not seqs:
             return []
         forced = [s.reasoning.forced_token if s.reasoning is not None else None for s in seqs]
-        if logits is not None and not logits.is_cpu:   # the GPU's logits: greedy there, else one copy
-            tokens = self._on_device(logits, seqs, allowed)
-            if tokens is not None:   # a forced token replaces the row's argmax (it is what the mask leaves)
-                return [Sampled(t if f is None else f) for t, f in zip(tokens.tolist(), forced)]
-            logits = logits.cpu()
+        if logits is not None and (self.on_device or (self.on_device is None and not logits.is_cpu)):
+            return self._split(seqs, logits, allowed, forced)
+        return self._on_host(seqs, logits, allowed, forced)
+
+    def _split(self, seqs, logits: torch.Tensor, allowed: torch.Tensor | None, forced) -> list[Sampled]:
+        """Logits on the device: the rows the device sampler serves are sampled there (ids and
+        probabilities come back); only the others' rows (forcing a reasoning budget, or off the
+        plain chain: DRY, XTC, mirostat...) are copied to the host sampler. docs/architecture.md
+        ("Sampling on the device")."""
+        dev = [i for i, (s, f) in enumerate(zip(seqs, forced)) if f is None and self.device.serves(s.params, s.tokens)]
+        host = sorted(set(range(len(seqs))) - set(dev))
+        out: list[Sampled | None] = [None] * len(seqs)
+        for part, run in ((dev, self._device_rows), (host, self._host_rows)):
+            if part:
+                for i, s in zip(part, run([seqs[i] for i in part], _rows_of(logits, part), _rows_of(allowed, part),
+                                         [forced[i] for i in part])):
+                    out[i] = s
+        return out
+
+    def _device_rows(self, seqs, logits: torch.Tensor, allowed: torch.Tensor | None, forced) -> list[Sampled]:
+        try:
+            res = self.device.sample(logits, [s.params for s in seqs], [s.rng for s in seqs],
+                                     [s.tokens for s in seqs], allowed)
+        except SamplingError:   # raised before any draw: the host path answers (and names the problem)
+            return self._on_host(seqs, logits.cpu(), allowed, forced)
+        out = _sampled(res.output, seqs)
+        for i in res.bad:   # NaN, or nothing allowed: the host names the cause and fails that request alone
+            out[i] = self._rows([seqs[i]], logits[i: i + 1].cpu(), None if allowed is None else allowed[i: i + 1])[0]
+        return out
+
+    def _host_rows(self, seqs, logits: torch.Tensor, allowed: torch.Tensor | None, forced) -> list[Sampled]:
+        return self._on_host(seqs, logits.cpu(), allowed, forced)
+
+    def _on_host(self, seqs, logits: torch.Tensor | None, allowed: torch.Tensor | None, forced) -> list[Sampled]:
+        """The host sampler on CPU logits (every row of a CPU step)."""
         allowed = _force(allowed, forced, self.sampler.vocab_size)
         try:
             out = self.sampler.sample(logits, [s.params for s in seqs], [s.rng for s in seqs],
@@ -84,17 +137,6 @@ class StepSampling:
         except SamplingError:
             return tuple(self._rows([seq], rows[:1].cpu(), None))   # row 0 names the problem
 
-    def _on_device(self, logits: torch.Tensor, seqs, allowed: torch.Tensor | None) -> torch.Tensor | None:
-        """Every row greedy without grammar, penalties or probabilities: its tokens, argmax on the
-        device (only the ids come back); else None, and the host samplers run on a copy. Why not
-        every sampler there yet: docs/gpu.md ("Sampling")."""
-        if allowed is not None:
-            return None
-        try:
-            return greedy_tokens_device(logits, [s.params for s in seqs])
-        except SamplingError:
-            return None   # the host path names the failing row and fails only its request
-
     def _rows(self, seqs, logits: torch.Tensor, allowed: torch.Tensor | None) -> list[Sampled]:
         out = []
         for i, s in enumerate(seqs):
@@ -105,6 +147,14 @@ class StepSampling:
             except SamplingError as e:   # NaN logits are the model's fault: say so, not "sampling failed"
                 out.append(Sampled(-1, error=logits_problem(logits[i]) or f"sampling failed: {e}"))
         return out
+
+
+def _rows_of(t: torch.Tensor | None, rows: list[int]) -> torch.Tensor | None:
+    """Rows of a tensor in order (the tensor itself when they are all of it). The index goes to a
+    GPU without a sync, so the device rows' sampling queues behind the forward."""
+    if t is None or len(rows) == t.shape[0]:
+        return t
+    return t[upload_to(torch.tensor(rows), t.device)]
 
 
 def _force(allowed: torch.Tensor | None, forced: list[int | None], vocab: int) -> torch.Tensor | None:
@@ -128,12 +178,13 @@ def _sampled(out, seqs) -> list[Sampled]:
     """Sampler output -> one `Sampled` per row (top list without the -inf padding columns)."""
     tokens = out.tokens.tolist()
     lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(seqs)
+    has_top = out.top_ids is not None and any(s.params.n_probs for s in seqs)
+    ids, top_lps = (out.top_ids.tolist(), out.top_logprobs.tolist()) if has_top else ((), ())   # one copy each
     result = []
     for i, s in enumerate(seqs):
         n = s.params.n_probs
         top = ()
-        if n and out.top_ids is not None:
-            top = tuple((t, lp) for t, lp in zip(out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist())
-                        if lp != float("-inf"))
+        if n and has_top:
+            top = tuple((t, lp) for t, lp in zip(ids[i][:n], top_lps[i][:n]) if lp != float("-inf"))
         result.append(Sampled(tokens[i], lps[i], top))
     return result

@@ -78,6 +78,10 @@ class Lab:
         }
 
     # -- the engine thread ----------------------------------------------------------------------
+    def has_pending(self) -> bool:
+        """Whether a swap waits for the next step boundary (an overlapped engine lands its step first)."""
+        return not self._pending.empty()
+
     def apply_pending(self) -> None:
         while True:
             try:

@@ -11,6 +11,7 @@ import torch
 from slotserver.model.text.chat_template import ChatTemplate
 from slotserver.model.config import ModelConfig
 from slotserver.model.gguf_file import GGUFFile
+from slotserver.model import gpu_weights
 from slotserver.runtime import cpu_features
 from slotserver.runtime.device import kernel_impl
 from slotserver.runtime.kernel_set import KernelSet
@@ -46,6 +47,7 @@ class ModelBundle:
         tokenizer = Tokenizer.from_metadata(f.metadata)
         template = ChatTemplate.from_metadata(f.metadata, tokenizer)
         device = config.resolved_device
+        config = gpu_weights.resolve(config, f)   # --gpu-weights auto: dense or blocks, by the card's free memory
         kernels = KernelSet.load(config.kernels_dir, impl=kernel_impl(device))
         with stage(f"reading weights ({config.weight_format.kind}, {str(config.torch_dtype).removeprefix('torch.')}, {device})",
                    "weights read"):

@@ -14,6 +14,7 @@ from slotserver.runtime.device import resolve_device
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DTYPE_CHOICES = ("auto", *DTYPES)
 WEIGHTS = ("auto", "q", "dense", "int8", "int4", "auto8", "auto4")   # slotserver.model.weights.WEIGHT_KINDS
+GPU_WEIGHTS = ("auto", "dense", "blocks")   # --gpu-weights: see model/gpu_weights.py
 
 
 # A kv head's cells contiguous: the C attention kernel's work unit is one (stream, kv head); decode
@@ -35,6 +36,7 @@ class ModelConfig:
     weights: str = "auto"            # auto: GGUF blocks + qmatmul (float32: exact dequantized); see WeightFormat
     step_graphs: bool = True         # replay captured decode steps (slotserver/model/step_graph.py)
     device: str = "cpu"              # auto | cpu | cuda (runtime/device.py); the CLI's default is auto
+    gpu_weights: str = "auto"        # on CUDA: dense (bf16 + cuBLAS) | blocks (GGUF blocks + qmatmul_gpu) | auto
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
@@ -47,6 +49,8 @@ class ModelConfig:
             raise ConfigError(f"step_graphs must be a bool, got {self.step_graphs!r}")
         if self.weights not in WEIGHTS:
             raise ConfigError(f"--weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
+        if self.gpu_weights not in GPU_WEIGHTS:
+            raise ConfigError(f"--gpu-weights must be one of {', '.join(GPU_WEIGHTS)}, got {self.gpu_weights!r}")
         if resolve_device(self.device) == "cuda" and self.weights not in ("auto", "dense"):
             raise ConfigError(f"--weights {self.weights} is CPU-only; on --device cuda the weights are "
                               "dequantized at load (auto or dense)")
@@ -76,8 +80,8 @@ class ModelConfig:
         from slotserver.model.weights import WeightFormat
 
         if self.weights == "auto":
-            if self.resolved_device == "cuda":
-                return WeightFormat("dense")   # cuBLAS on dequantized weights (runtime/device.py says why)
+            if self.resolved_device == "cuda":   # auto unresolved (before ModelBundle.load) reads as dense
+                return WeightFormat("blocks" if self.gpu_weights == "blocks" else "dense")   # gpu_weights.py
             return WeightFormat("dense" if self.dtype == "float32" else "q")   # dense: the exact reference mode
         return WeightFormat(self.weights)  # row thresholds: measured defaults, see WeightFormat
 

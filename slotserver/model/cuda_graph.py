@@ -21,9 +21,13 @@ What a graph needs, and how this meets it:
 - a body that cannot be captured (a lab layout that reads a value into Python, say) is remembered
   per owner and key and runs eagerly, with the reason logged once.
 
-Only strided KV layouts: a paged layout's block table is re-uploaded to a new tensor when it
-changes, which a graph would not see. The graphs share one memory pool (replays never overlap);
-a replay's logits are valid until the next forward, the contract `LlamaModel.forward` has.
+Paged layouts: the block table's device copy is one persistent tensor refreshed in place, and a
+step's cells are placed on the host before the replay (blocks allocated, copied on write, the pool
+grown) into a persistent buffer the captured write reads (`graph_step`, runtime/paged_blocks.py).
+A pool that grows moves its storage, which changes the owner: the graphs are recaptured (the pool
+doubles, so that happens a few times at most). A lab paged layout without `graph_step` runs
+eagerly. The graphs share one memory pool (replays never overlap); a replay's logits are valid
+until the next forward, the contract `LlamaModel.forward` has.
 """
 
 from __future__ import annotations
@@ -68,10 +72,11 @@ class CudaGraphs:
         self.lock = threading.Lock()
         self.captures = self.replays = 0
 
-    def key(self, batch: Batch, paged: bool) -> tuple | None:
-        """(rows, KV bucket) of a decode-only batch this can serve, else None."""
+    def key(self, batch: Batch, refuse: bool = False) -> tuple | None:
+        """(rows, KV bucket) of a decode-only batch this can serve, else None (and None when the
+        caller `refuse`s: a layout whose writes a replay would not see)."""
         meta, n = batch.attn, batch.n_tokens
-        if paged or n > self.max_rows or meta.max_q != 1 or meta.split is not None \
+        if refuse or n > self.max_rows or meta.max_q != 1 or meta.split is not None \
                 or batch.logits_rows.shape[0] != n or batch.tokens.is_cpu:
             return None
         return n, kv_bucket(meta.max_kv)

@@ -114,13 +114,15 @@ class Linear:
 @dataclass
 class QLinear:
     """`y = x @ W^T (+ bias)` with W the row-concatenation of `parts`, each GGUF blocks (`QWeight`),
-    computed by the KernelSet's `qmatmul` (timed, validated, hot-reloadable like every kernel).
+    computed by the KernelSet's `op`: `qmatmul` on the CPU, `qmatmul_gpu` for blocks on a CUDA
+    card (model/gpu_weights.py; timed, validated, hot-reloadable like every kernel).
 
     Several parts only where formats differ (e.g. a Q4_K_M file's Q6_K attn_v beside Q4_K q/k):
-    one qmatmul per part, outputs concatenated."""
+    one call per part, outputs concatenated."""
 
     parts: list[QWeight]
     bias: torch.Tensor | None = None    # [out] float32
+    op: str = "qmatmul"                 # the kernel op that multiplies the blocks
 
     @property
     def out_features(self) -> int:
@@ -129,15 +131,19 @@ class QLinear:
     def __call__(self, x: torch.Tensor, ops) -> torch.Tensor:
         """x: [rows, in] float32 or bf16 -> [rows, out] in x's dtype."""
         x = x.contiguous()
-        parts = self.parts
-        y = ops.qmatmul(x, parts[0]) if len(parts) == 1 else torch.cat([ops.qmatmul(x, p) for p in parts], dim=1)
+        mm, parts = getattr(ops, self.op), self.parts
+        y = mm(x, parts[0]) if len(parts) == 1 else torch.cat([mm(x, p) for p in parts], dim=1)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def fused(self, x: torch.Tensor, ops, norm: torch.Tensor | None, eps: float, glu: bool,
               acc: torch.Tensor | None) -> torch.Tensor:
         """The same product with qmatmul's fusions (kernels/qmatmul.py: x RMS-normed by `norm`, or
         x = gate|up through silu * up; the output added into `acc`); only for a qmatmul with FUSES.
-        Several parts: each fuses the prologue (a row's norm costs ~0.1 us), the add comes after."""
+        Several parts: each fuses the prologue (a row's norm costs ~0.1 us), the add comes after.
+        qmatmul_gpu fuses only the add: the prologue runs as the silu_mul / rms_norm kernels (one
+        launch each on a GPU, where launches, not Python round trips, are the cost)."""
+        if self.op != "qmatmul":
+            return self._gpu_fused(x, ops, norm, eps, glu, acc)
         x = x.contiguous()
         parts = self.parts
         if len(parts) == 1 and self.bias is None:
@@ -145,11 +151,25 @@ class QLinear:
         if len(parts) == 1:
             y = ops.qmatmul(x, parts[0], norm, eps, glu)
         else:   # each part adds into its columns of zeros: no per-part tensors, no concatenation
-            y, n0 = torch.zeros(x.shape[0], self.out_features, dtype=x.dtype), 0
+            y, n0 = torch.zeros(x.shape[0], self.out_features, dtype=x.dtype, device=x.device), 0
             for p in parts:
                 ops.qmatmul(x, p, norm, eps, glu, y[:, n0: n0 + p.n])
                 n0 += p.n
         y = y if self.bias is None else add_bias(y, self.bias)   # in C: a step graph records it
+        return y if acc is None else acc.add_(y)
+
+    def _gpu_fused(self, x: torch.Tensor, ops, norm: torch.Tensor | None, eps: float, glu: bool,
+                   acc: torch.Tensor | None) -> torch.Tensor:
+        """`fused` for an op that fuses only `acc` (qmatmul_gpu): prologue kernels, then the product."""
+        dtype = x.dtype
+        if glu:
+            x = ops.silu_mul(x)
+        if norm is not None:
+            x = ops.rms_norm(x, norm, eps)
+        x = x.to(dtype).contiguous()
+        if len(self.parts) == 1 and self.bias is None and acc is not None:
+            return getattr(ops, self.op)(x, self.parts[0], acc)
+        y = self(x, ops)
         return y if acc is None else acc.add_(y)
 
     def nbytes(self) -> int:

@@ -15,7 +15,8 @@ olmoe, granitemoe: moe.py) with olmoe's q/k norms over the whole projection.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -28,10 +29,11 @@ from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
 from slotserver.model.step_graph import GRAPH_BYTES_MIN, StepGraphs
 from slotserver.model.cuda_graph import CudaGraphs
-from slotserver.model import heap
+from slotserver.model import heap, lean_step
 from slotserver.model.bias_add import add_bias
 from slotserver.model.linear import QLinear
 from slotserver.model.moe import moe_ffn
+from slotserver.model.gpu_weights import GPU_OP, for_blocks
 from slotserver.model.placement import to_device
 from slotserver.model.weights import LayerWeights, ModelWeights, Progress, WeightFormat, load_weights
 
@@ -114,13 +116,18 @@ class LlamaModel:
                                None if logits_into is None else logits_into[: batch.n_tokens])
 
     def _forward_cuda(self, batch: Batch, cache, logits_into: torch.Tensor | None) -> torch.Tensor:
-        """A decode step replayed from a CUDA graph where one serves it (cuda_graph.py), else eager."""
-        view = cache.view(0)
-        key = None if self.spec.moe is not None else self.graphs.key(batch, view.paged)   # MoE: eager (moe.py)
+        """A decode step replayed from a CUDA graph where one serves it (cuda_graph.py), else eager.
+        A paged layout serves when it offers `graph_step` (runtime/paged_blocks.py): the step's
+        cells are placed on the host first, into buffers the graph reads."""
+        layout = getattr(cache, "layout", cache)
+        paged = cache.view(0).paged
+        step = getattr(layout, "graph_step", None) if paged else None
+        key = None if self.spec.moe is not None else self.graphs.key(batch, paged and step is None)  # MoE: eager
         if key is None:
             return self._body(*self._inputs(batch), batch, cache, logits_into)
-        owner = (self.kernels, getattr(cache, "layout", cache), self.weights, view.k.data_ptr())
-        return self.graphs.run(owner, key, batch, lambda b: self._body(*self._inputs(b), b, cache))
+        with step(batch.token_streams, batch.positions) if step else contextlib.nullcontext():
+            owner = (self.kernels, layout, self.weights, cache.view(0).k.data_ptr())   # after a pool's growth
+            return self.graphs.run(owner, key, batch, lambda b: self._body(*self._inputs(b), b, cache))
 
     def _inputs(self, batch: Batch) -> tuple[torch.Tensor, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
         """The embedded tokens (the residual, f32) and each distinct rope table's cos, sin of the positions."""
@@ -147,6 +154,8 @@ class LlamaModel:
         s, w, ops = self.spec, self.weights, self.kernels
         act, plain, silu = w.act_dtype, self._plain, s.act != "gelu"
         fuse = ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}   # per step: a reload may swap it
+        if lean_step.applies(self, ops):   # the Triton kernels: fewer launches (lean_step.py)
+            return self._logits(fuse, lean_step.lean_body(self, x, angles, batch, cache), logits_into)
         norm_adds = "acc" in ops.fuses.get("rms_norm", ()) and s.residual_scale == 1.0   # x += post_norm(y) in C
         for i, lw in enumerate(w.layers):
             qkv = self._mm(fuse, lw.qkv, x, norm=lw.attn_norm)       # [tokens, q_size + 2*kv_size]
@@ -166,9 +175,13 @@ class LlamaModel:
             else:
                 x = self._residual_add(norm_adds, x, self._mm(fuse, lw.down, gate_up, glu=silu), lw.post_ffn_norm)
         rows = x if batch.logits_rows.shape[0] == batch.n_tokens else x[batch.logits_rows]  # all rows, in order
-        x = _as(ops.rms_norm(rows, w.out_norm, s.norm_eps), act)
+        return self._logits(fuse, _as(ops.rms_norm(rows, w.out_norm, s.norm_eps), act), logits_into)
+
+    def _logits(self, fuse: bool, x: torch.Tensor, logits_into: torch.Tensor | None) -> torch.Tensor:
+        """The output matmul on the output-normed rows x ([rows, d_model]), scaled and soft-capped."""
+        s, w = self.spec, self.weights
         if logits_into is None:
-            logits = w.output(x, ops).float()                    # [rows, vocab], a new tensor
+            logits = w.output(x, self.kernels).float()           # [rows, vocab], a new tensor
         else:                                                    # added into zeros: the same floats
             logits = self._mm(fuse, w.output, x, acc=logits_into[: x.shape[0]].zero_())
         if s.logit_scale != 1.0:
@@ -209,7 +222,7 @@ class LlamaModel:
         Q4_K_M 0.30 s)."""
         for lin in self.weights.matmuls():
             for p in lin.parts if isinstance(lin, QLinear) else ():
-                self.kernels.qmatmul(torch.zeros(2, p.k, dtype=self.weights.act_dtype, device=p.raw.device), p)
+                getattr(self.kernels, lin.op)(torch.zeros(2, p.k, dtype=self.weights.act_dtype, device=p.raw.device), p)
         one = torch.zeros(1, 1, dtype=torch.int64)
         for e in self.weights.experts():   # moe_matmul repacks every expert on its first call
             self.kernels.moe_matmul(torch.zeros(1, e.k, dtype=self.weights.act_dtype), e, one)
@@ -300,8 +313,18 @@ def read_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, kernels: Kern
     """The matmul weights of `f` in `fmt`, on `device` (a load, and a wake from sleep)."""
     q4 = kernels.modules["q4_matmul"].module if "q4_matmul" in kernels.modules else None
     f.dequant_device = None if device == "cpu" else device   # dense weights for a GPU: dequantized there
-    weights = load_weights(f, spec, dtype, progress, fmt, q4)
+    if fmt.kind == "blocks":   # GGUF blocks on the card (gpu_weights.py): loaded as `q`, then made ready
+        weights = for_blocks(load_weights(f, spec, dtype, progress, replace(fmt, kind="q"), q4), dtype,
+                             gpu_formats(kernels), device)
+    else:
+        weights = load_weights(f, spec, dtype, progress, fmt, q4)
     return weights if device == "cpu" else to_device(weights, device)
+
+
+def gpu_formats(kernels: KernelSet) -> frozenset[int]:
+    """The GGUF formats the kernel set's qmatmul_gpu multiplies (its FORMATS); none without it."""
+    mod = kernels.modules.get(GPU_OP)
+    return frozenset(int(t) for t in getattr(mod.module, "FORMATS", ())) if mod is not None else frozenset()
 
 
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

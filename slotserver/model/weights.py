@@ -34,13 +34,14 @@ from slotserver.model.spec import ModelSpec
 Progress = Callable[[int, int], None]
 
 
-WEIGHT_KINDS = ("auto", "q", "dense", "int8", "int4", "auto8", "auto4")
+WEIGHT_KINDS = ("auto", "q", "dense", "int8", "int4", "auto8", "auto4", "blocks")   # blocks: CUDA's (gpu_weights.py)
 
 
 @dataclass(frozen=True)
 class WeightFormat:
     """How matmul weights are kept. auto: GGUF blocks + qmatmul, except under float32 (the exact
-    dequantized reference); q: GGUF blocks whatever the dtype; the rest: `Linear`'s formats."""
+    dequantized reference); q: GGUF blocks whatever the dtype; blocks: GGUF blocks on a CUDA card
+    (model/gpu_weights.py, read by model.read_weights); the rest: `Linear`'s formats."""
 
     kind: str = "auto"
     fuse_copy: bool = True    # q|k|v not adjacent in the file: copy them into one block tensor

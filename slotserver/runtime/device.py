@@ -4,9 +4,9 @@
 an error at startup, never a silent fall back to the CPU. What a device implies is decided here
 and nowhere else:
 - the kernels' implementation the KernelSet binds: `cpu` (C / torch) on the CPU, `triton` on CUDA;
-- the matmul weights: the GGUF blocks (qmatmul) on the CPU; on CUDA they are dequantized at load
-  to the compute dtype and multiplied by cuBLAS (`F.linear`): the Triton qmatmul still dequantizes
-  K-quants on the host per call, which no GPU step can afford (docs/gpu.md);
+- the matmul weights: the GGUF blocks (qmatmul) on the CPU; on CUDA `--gpu-weights`
+  (model/gpu_weights.py): dequantized at load to the compute dtype for cuBLAS (`dense`), or the
+  blocks kept on the card for kernels/qmatmul_gpu.py (`blocks`), `auto` by the card's free memory;
 - the step graphs: the CPU replays its own C step graphs (model/step_graph.py), CUDA a captured
   CUDA graph per decode batch size and context bucket (model/cuda_graph.py);
 - the lab's validation sandbox: a fork on the CPU; on CUDA a thread, since CUDA cannot be used in a

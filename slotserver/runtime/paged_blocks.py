@@ -27,6 +27,8 @@ allocator fails loudly ("KV block pool exhausted") instead of overwriting anothe
 
 from __future__ import annotations
 
+import contextlib
+
 import heapq
 
 import torch
@@ -120,6 +122,7 @@ class BlockTable:
         self.alloc = BlockAllocator(max_blocks)
         self.table = torch.full((n_streams, self.blocks_per_stream), -1, dtype=torch.int32)
         self.device = device
+        self._on_cpu = torch.device(device).type == "cpu"
         self.version = 0
         self._device_table: tuple[int, torch.Tensor] | None = None
 
@@ -195,9 +198,18 @@ class BlockTable:
         return moves
 
     def device_table(self) -> torch.Tensor:
-        """`[n_streams, blocks_per_stream]` int32 on the layout's device (cached between edits)."""
-        if self._device_table is None or self._device_table[0] != self.version:
+        """`[n_streams, blocks_per_stream]` int32 on the layout's device, refreshed after an edit.
+
+        One persistent tensor, refreshed in place: a CUDA graph captured with it reads the table of
+        the step it replays (a new tensor per edit would leave the graph reading a stale one). On
+        the CPU it is the table itself."""
+        if self._on_cpu:
+            return self.table
+        if self._device_table is None:
             self._device_table = (self.version, self.table.to(self.device))
+        elif self._device_table[0] != self.version:
+            self._device_table[1].copy_(self.table)
+            self._device_table = (self.version, self._device_table[1])
         return self._device_table[1]
 
     def check(self) -> None:
@@ -239,6 +251,30 @@ class PagedKVCache:
         self.k_store = self.v_store = self.k = self.v = None
         self._resize(min(MIN_BLOCKS, max_blocks))  # block 0 always exists: kernels clamp -1 to it
         self._memo: tuple | None = None  # (streams, positions, table version, blocks, rows)
+        self._pinned: tuple | None = None  # graph_step's (streams, positions, blocks, rows)
+        self._step_cells: torch.Tensor | None = None   # [2, n_streams] int64: a graph step's blocks, rows
+
+    @contextlib.contextmanager
+    def graph_step(self, streams: torch.Tensor, positions: torch.Tensor):
+        """Inside: a decode step captured or replayed as a CUDA graph (model/cuda_graph.py) writes
+        these cells. Placed here first, on the host (blocks allocated, copied on write, the pool
+        grown: what a replay cannot run), and their (block, row) put into one persistent device
+        buffer, as the block table's device copy is: a captured write reads them from there.
+        `write` given these very tensors uses that buffer; a decode step has at most one row a
+        stream, so the buffer is sized once for n_streams rows."""
+        blocks, rows = self._place(streams, positions)
+        n = blocks.shape[0]
+        if self._step_cells is None:
+            self._step_cells = torch.zeros((2, self.spec.n_streams), dtype=torch.int64, device=self.spec.device)
+        assert n <= self._step_cells.shape[1], f"a graph step of {n} rows, more than {self._step_cells.shape[1]} streams"
+        self._step_cells[0, :n].copy_(blocks)
+        self._step_cells[1, :n].copy_(rows)
+        self.blocks.device_table()                                # refreshed in place before a replay reads it
+        self._pinned = (streams, positions, self._step_cells[0, :n], self._step_cells[1, :n])
+        try:
+            yield
+        finally:
+            self._pinned = None
 
     def make_pages(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
@@ -321,6 +357,9 @@ class PagedKVCache:
         """(block, row) of each written cell, growing the pool and allocating / copying-on-write
         first. Memoised on the index values and the table version, so the other layers of a forward
         skip the bookkeeping (compared by value: a caller may refill the same index tensors)."""
+        pinned = self._pinned
+        if pinned is not None and streams is pinned[0] and positions is pinned[1]:
+            return pinned[2], pinned[3]           # graph_step placed them (no host work: capturable)
         memo = self._memo
         if (memo and memo[2] == self.blocks.version and memo[0].shape == streams.shape
                 and torch.equal(memo[0], streams) and torch.equal(memo[1], positions)):

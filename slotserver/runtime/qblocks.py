@@ -32,6 +32,8 @@ import gguf
 import numpy as np
 import torch
 
+from slotserver.runtime import torch_dequant
+
 T = gguf.GGMLQuantizationType
 LEGACY = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)          # blocks of 32, activations as q8_0/q8_1
 KQUANTS = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)         # super-blocks of 256, activations as q8_K
@@ -161,6 +163,8 @@ def get_rows(w: QWeight, idx: torch.Tensor) -> torch.Tensor:
     raw = w.raw.index_select(0, idx.to(torch.long).flatten())
     if T(w.qtype) in FLOATS:
         return raw.view(FLOATS[T(w.qtype)]).float()
+    if not raw.is_cpu and torch_dequant.ported(w.qtype):   # on the GPU (--gpu-weights blocks): torch ops there
+        return torch_dequant.dequantize(raw, w.qtype, w.k)
     if w.qtype == T.Q8_0:   # d * q in float32, as gguf's dequantizer: ~20 us a decode step against its ~300
         blocks = raw.view(raw.shape[0], w.k // 32, 34)                               # [rows, blocks, 2 + 32]
         d = blocks[:, :, :2].contiguous().view(torch.float16).float()              # [rows, blocks, 1]

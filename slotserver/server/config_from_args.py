@@ -115,10 +115,12 @@ def plan_from_args(args) -> LaunchPlan:
         cache_disk=args.cache_disk, cache_disk_mib=args.cache_disk_mib,
         kv_unified=bool(getattr(args, "kv_unified", False)), spec=spec_config_from_args(args),
         context_shift=args.context_shift, cache_reuse=getattr(args, "cache_reuse", 0),
+        async_steps=getattr(args, "async_steps", "auto"),
     )
     model = ModelConfig(model_path=_model_path(args), dtype=args.dtype, weights=args.weights, threads=args.threads,
                         layout=layout, kernels_dir=args.kernels_dir, layouts_dir=args.layouts_dir,
-                        max_ctx=engine.n_cells, step_graphs=not args.no_step_graphs, device=args.device)
+                        max_ctx=engine.n_cells, step_graphs=not args.no_step_graphs, device=args.device,
+                        gpu_weights=getattr(args, "gpu_weights", "auto"))
     template = chat_template_source(args.chat_template, args.chat_template_file)
     return LaunchPlan(model=model, engine=engine, host=args.host, port=args.port, chat_template=template,
                       watch=not args.no_watch, warmup=not args.no_warmup, check_tensors=getattr(args, "check_tensors", False))

@@ -31,6 +31,9 @@ _LIB = native.build("sample_greedy", NATIVE_C, origin=str(_C_FILE))
 native.signature(_LIB, "greedy_rows", 6, 3)
 
 
+NOT_FINITE = "logits are NaN/inf, or logit_bias or a grammar forbids every token"   # a row's error
+
+
 def _plain_greedy(p: SamplingParams) -> bool:
     """A row both greedy paths serve: greedy on the plain chain, no probabilities, no penalty."""
     return p.greedy and p.plain_chain and not p.post_sampling_probs and not p.n_probs and not p.penalties_active
@@ -66,6 +69,21 @@ def greedy_tokens_device(logits: torch.Tensor, params: Sequence[SamplingParams])
     and only the ids (and a finiteness flag per row) come back, not `[batch, vocab]` floats (39 MB
     at batch 64 of a 151k vocabulary). None where this path does not apply (as `greedy_tokens`).
     torch's argmax returns the first index of the maximum, as the C does."""
+    ids = greedy_ids_device(logits, params)
+    if ids is None:
+        return None
+    out = ids.cpu()                                                # one copy back: ids and flags
+    bad = (out[1] == 0).nonzero()
+    if bad.numel():
+        raise SamplingError(f"row {int(bad[0])}: {NOT_FINITE}")
+    return out[0]
+
+
+def greedy_ids_device(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor | None:
+    """`greedy_tokens_device` without waiting: int64 `[2, batch]` where the logits are (row 0 the
+    tokens, row 1 1 where the row's maximum is finite, else 0), or None (not this path). Nothing here
+    waits for the device (the bias goes up from pinned memory without a sync), so an overlapped
+    engine step (engine/overlap.py) can launch the next forward before these ids reach the host."""
     rows, cols, vals = [], [], []
     for b, p in enumerate(params):
         if not _plain_greedy(p):
@@ -78,11 +96,16 @@ def greedy_tokens_device(logits: torch.Tensor, params: Sequence[SamplingParams])
     adj = logits
     if cols:   # biases added in turn into a copy, as the C adds them into its scratch row
         adj = logits.float().clone()
-        idx = torch.tensor([rows, cols], dtype=torch.int64).to(logits.device, non_blocking=True)
-        adj.index_put_((idx[0], idx[1]), torch.tensor(vals, dtype=torch.float32).to(logits.device), accumulate=True)
+        idx = _upload(torch.tensor([rows, cols], dtype=torch.int64), logits.device)
+        adj.index_put_((idx[0], idx[1]), _upload(torch.tensor(vals, dtype=torch.float32), logits.device),
+                       accumulate=True)
     best, token = adj.max(dim=1)                                   # [batch] each
-    out = torch.stack([token, best.isfinite().long()]).cpu()       # one copy back: ids and flags
-    bad = (out[1] == 0).nonzero()
-    if bad.numel():
-        raise SamplingError(f"row {int(bad[0])}: logits are NaN/inf, or logit_bias or a grammar forbids every token")
-    return out[0]
+    return torch.stack([token, best.isfinite().long()])            # [2, batch]
+
+
+def _upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor onto `device` without a stream sync (a blocking copy from pageable
+    memory waits for every queued kernel: the step in flight)."""
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)

@@ -109,7 +109,9 @@ async def props(request: Request) -> Response:
         "model_path": state.config.model_path,
         "dtype": str(bundle.model.dtype).removeprefix("torch."),   # ours: what the model computes in
         "weights": bundle.config.weight_format.kind,              # ours: the matmul weights' format
+        "gpu_weights": bundle.config.gpu_weights,                 # ours: --gpu-weights, auto resolved at load
         "device": describe(bundle.model.device),                  # ours: cpu, or cuda:N (card name)
+        "async_steps": {"mode": engine.config.async_steps, "on": engine.overlap.enabled},   # ours: overlapped decode
         "modalities": {"vision": False, "audio": False},
         "endpoint_slots": state.config.slots_endpoint,
         "endpoint_metrics": state.config.metrics,

@@ -1,0 +1,200 @@
+"""GGUF blocks on the GPU (kernels/qmatmul_gpu.py) against cuBLAS on the dense bf16 weight: which wins
+per matmul shape, format and batch size? The table `--gpu-weights auto` is to follow (docs/gpu.md).
+
+Shapes: Qwen2.5-0.5B's and Llama-3.1-8B's matmuls (qkv, wo, gate_up, down, output) at M = 1, 8,
+32, 64, 512 activation rows, bf16 x; formats Q4_K, Q6_K, Q8_0, Q5_0 (what Q4_K_M / Q8_0 files
+hold). Weights are random valid blocks made on the card (a kernel's time does not depend on the
+values); the first rows of each are checked against gguf's dequantizer. Times: triton's
+do_bench_cudagraph (launch overhead removed; L2 warm, so weights under the 50 MB L2 read fast) and
+do_bench (eager, L2 flushed). GB/s: the format's weight bytes over the graph time, beside the
+device-to-device copy's read + write rate measured in the same run. "win": blocks or cublas.
+"other_gemm" (past 16 rows): the GEMM path qmatmul_gpu did not pick (tiled tl.dot below
+DEQUANT_GEMM_ROWS, dequantized tiles + cuBLAS from it), to place that threshold.
+
+    PYTHONPATH=. python playground/gpu_qmatmul_bench.py [--out DIR] [--budget-s 60] [--rep-ms 10] [--tune S]
+    TRITON_INTERPRET=1 PYTHONPATH=. python playground/gpu_qmatmul_bench.py --dry-run --out /tmp/qb   # CPU
+
+--tune S: first up to S seconds on the decode settings `plan` reads (GEMV column block and warps,
+programs per SM; the 2-16 row column block), Q4_K at 1 and 8 rows on four shapes: the best per
+shape is printed, to be written into kernels/qmatmul_gpu.py.
+--dry-run: tiny shapes in the interpreter, one perf_counter call per timing: checks the script only.
+With --out: DIR/gpu_qmatmul_bench.{txt,json}. A failing case prints one line and the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import gguf
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (ROOT, ROOT / "playground"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from gpu_attention_bench import Timer, copy_bandwidth, fmt_row  # noqa: E402
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT  # noqa: E402
+from slotserver.runtime.loader import default_dir, load_by_path  # noqa: E402
+from slotserver.runtime.qblocks import F16_FIELDS, T, QWeight, dequantize  # noqa: E402
+
+# (n, k) per matmul: qkv = q + 2 kv heads, gate_up = 2 d_ff
+SHAPES = {"Qwen0.5B": {"qkv": (1152, 896), "wo": (896, 896), "gate_up": (9728, 896), "down": (896, 4864),
+                       "output": (151936, 896)},
+          "Llama8B": {"qkv": (6144, 4096), "wo": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+                      "output": (128256, 4096)}}
+DRY_SHAPES = {"tiny": {"qkv": (48, 256), "down": (40, 512)}}
+ROWS, DRY_ROWS = (1, 8, 32, 64, 512), (1, 20)
+FORMATS = (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0)
+WIDTHS = [9, 8, 6, 5, 11, 11, 11, 11, 11, 9, 7, 7]
+
+
+def random_blocks(qtype: T, n: int, k: int, device: str, gen: torch.Generator) -> QWeight:
+    """Random quant bytes with finite float16 scales (0.002 +- 50%), made on `device`."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = torch.randint(0, 256, (n * k // block, size), generator=gen, dtype=torch.uint8, device=device)
+    scale = (0.002 * (0.5 + torch.rand(raw.shape[0], generator=gen, device=device))).to(torch.float16)
+    for off in F16_FIELDS[qtype]:
+        raw[:, off:off + 2] = scale.view(torch.uint8).view(-1, 2)
+    return QWeight(raw.view(n, k // block * size), int(qtype), k, n)
+
+
+def check(mod, w: QWeight, device: str) -> float:
+    """Max |kernel - exact| / (1 + max |exact|) on the first 64 rows (gguf's dequantizer)."""
+    part = QWeight(w.raw[:64].contiguous(), w.qtype, w.k, min(64, w.n))
+    x = torch.randn(3, w.k, device=device).to(torch.bfloat16)
+    ref = x.float().cpu().double() @ dequantize(part).double().T
+    y = mod.triton(x, part).float().cpu().double()
+    return float((y - ref).abs().max()) / (1 + float(ref.abs().max()))
+
+
+def other_gemm(mod, timer: Timer, m: int, fn) -> float:
+    """Past SMALL_M rows: the time of the GEMM path `plan` did not pick (the tiled tl.dot below
+    DEQUANT_GEMM_ROWS, dequantized tiles + cuBLAS from it), to place that threshold; else nan."""
+    if m <= mod.SMALL_M:
+        return float("nan")
+    saved = mod.DEQUANT_GEMM_ROWS
+    mod.DEQUANT_GEMM_ROWS = (1 << 30) if m >= saved else mod.SMALL_M + 1
+    try:
+        us = timer.graph(fn)
+        return us if us == us else timer.eager(fn)
+    finally:
+        mod.DEQUANT_GEMM_ROWS = saved
+
+
+def bench_shape(mod, timer: Timer, qtype: T, n: int, k: int, rows: tuple[int, ...], device: str, gen,
+                deadline: float = float("inf")) -> list[dict]:
+    """Each row count of `rows` until `deadline` (perf_counter): both times of both paths."""
+    w = random_blocks(qtype, n, k, device, gen)
+    err = check(mod, w, device)
+    dense = torch.randn(n, k, generator=gen, device=device).to(torch.bfloat16)   # timing only
+    out = []
+    for m in rows:
+        if time.perf_counter() > deadline:
+            break
+        x = torch.randn(m, k, generator=gen, device=device).to(torch.bfloat16)
+        ours = [timer.graph(lambda: mod.triton(x, w)), timer.eager(lambda: mod.triton(x, w))]
+        cublas = [timer.graph(lambda: F.linear(x, dense)), timer.eager(lambda: F.linear(x, dense))]
+        other = other_gemm(mod, timer, m, lambda: mod.triton(x, w))
+        wbytes = w.raw.numel()
+        key = 0 if ours[0] == ours[0] else 1   # graph time where it exists (nan on the dry run)
+        out.append(dict(qtype=qtype.name, n=n, k=k, m=m, blocks_graph_us=ours[0], blocks_eager_us=ours[1],
+                        cublas_graph_us=cublas[0], cublas_eager_us=cublas[1], weight_bytes=wbytes,
+                        other_gemm_us=other, blocks_gbs=wbytes / ours[key] / 1e3, cublas_gbs=2 * n * k / cublas[key] / 1e3,
+                        win="blocks" if ours[key] < cublas[key] else "cublas", rel_err=err))
+    del w, dense
+    return out
+
+
+TUNE_SHAPES = {"Qwen0.5B down": (896, 4864), "Qwen0.5B gate_up": (9728, 896), "Llama8B gate_up": (28672, 4096),
+               "Llama8B down": (4096, 14336)}
+TUNE = {1: [dict(GEMV_BLOCK_N=bn, GEMV_WARPS=w, PROGRAMS_PER_SM=p) for bn in (32, 64, 128) for w in (4, 8) for p in (2, 4, 8)],
+        8: [dict(DECODE_BLOCK_N=bn, PROGRAMS_PER_SM=p) for bn in (32, 64) for p in (2, 4, 8)]}
+
+
+def tune(mod, timer: Timer, device: str, gen, budget_s: float, dry: bool) -> list[dict]:
+    """Q4_K at 1 and 8 rows under each decode setting (module constants `plan` reads): graph us."""
+    t0, rows, saved = time.perf_counter(), [], {k: getattr(mod, k) for s in TUNE.values() for k in s[0]}
+    shapes = {"tiny": (40, 512)} if dry else TUNE_SHAPES
+    for name, (n, k) in shapes.items():
+        w = random_blocks(T.Q4_K, n, k, device, gen)
+        for m, settings in TUNE.items():
+            x = torch.randn(m, k, generator=gen, device=device).to(torch.bfloat16)
+            for setting in settings[:2] if dry else settings:
+                if time.perf_counter() - t0 > budget_s:
+                    return rows
+                for key, value in setting.items():
+                    setattr(mod, key, value)
+                us = timer.graph(lambda: mod.triton(x, w))
+                us = us if us == us else timer.eager(lambda: mod.triton(x, w))
+                rows.append(dict(shape=name, m=m, us=us, gbs=w.raw.numel() / us / 1e3, **setting))
+                print(f"tune {name} M={m} {setting}: {us:.1f} us, {rows[-1]['gbs']:.0f} GB/s", flush=True)
+                for key, value in saved.items():
+                    setattr(mod, key, value)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (run under TRITON_INTERPRET=1)")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--budget-s", type=float, default=60.0, help="stop starting new shapes after this many seconds")
+    ap.add_argument("--rep-ms", type=int, default=10)
+    ap.add_argument("--tune", type=float, default=0.0, metavar="S",
+                    help="first spend up to S seconds timing decode settings (Q4_K, 1 and 8 rows)")
+    args = ap.parse_args(argv)
+    start = time.perf_counter()   # --budget-s counts from here (the tuning has its own)
+    device = "cpu" if args.dry_run else "cuda"
+    mod = load_by_path(default_dir("kernels") / "qmatmul_gpu.py", KERNEL_CONTRACT).module
+    timer, gen = Timer(args.dry_run, args.rep_ms), torch.Generator(device=device).manual_seed(0)
+    copy = copy_bandwidth(timer, device)
+    head = f"qmatmul_gpu vs cuBLAS bf16 on {torch.cuda.get_device_name() if device == 'cuda' else 'cpu (dry run)'}; " \
+           f"copy {copy:.0f} GB/s (read + write)"
+    lines = [head, fmt_row(["model", "matmul", "fmt", "M", "blocks_gr", "blocks_eag", "cublas_gr", "cublas_eag", "other_gemm",
+                            "blk_GB/s", "%copy", "win"], WIDTHS)]
+    print("\n".join(lines), flush=True)
+    tuned = tune(mod, timer, device, gen, args.tune, args.dry_run) if args.tune else []
+    for m in sorted({r["m"] for r in tuned}):
+        for shape in dict.fromkeys(r["shape"] for r in tuned):
+            best = min((r for r in tuned if r["m"] == m and r["shape"] == shape), key=lambda r: r["us"])
+            lines.append(f"tune best {shape} M={m}: {best}")
+            print(lines[-1], flush=True)
+    t0 = time.perf_counter() if args.tune else start   # the budget: from the start, or after the tuning
+    rows, results = DRY_ROWS if args.dry_run else ROWS, []
+    cases = [(qtype, model, name, nk) for qtype in FORMATS   # Q4_K first: what a Q4_K_M file mostly is
+             for model, shapes in (DRY_SHAPES if args.dry_run else SHAPES).items() for name, nk in shapes.items()]
+    for qtype, model, name, (n, k) in cases:
+        if time.perf_counter() - t0 > args.budget_s:
+            lines.append(f"budget of {args.budget_s:.0f} s spent: {len(cases) - cases.index((qtype, model, name, (n, k)))} "
+                         "shapes not timed")
+            print(lines[-1], flush=True)
+            break
+        try:
+            for r in bench_shape(mod, timer, qtype, n, k, rows, device, gen, t0 + args.budget_s):
+                r.update(model=model, matmul=name)
+                results.append(r)
+                lines.append(fmt_row([model, name, r["qtype"], r["m"], f"{r['blocks_graph_us']:.1f}",
+                                      f"{r['blocks_eager_us']:.1f}", f"{r['cublas_graph_us']:.1f}",
+                                      f"{r['cublas_eager_us']:.1f}", f"{r['other_gemm_us']:.1f}", f"{r['blocks_gbs']:.0f}",
+                                      f"{100 * r['blocks_gbs'] / copy:.0f}%", r["win"]], WIDTHS))
+                print(lines[-1], flush=True)
+        except Exception as e:  # noqa: BLE001 - one failing case costs a line, not the run
+            lines.append(f"{model} {name} {qtype.name}: FAILED {type(e).__name__}: {str(e)[:200]}")
+            print(lines[-1], flush=True)
+    bad = [r for r in results if r["rel_err"] > 2e-2]
+    lines.append(f"{len(results)} rows; numerics vs gguf: {'all within 2e-2' if not bad else f'{len(bad)} FAILED'}")
+    print(lines[-1])
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_qmatmul_bench.txt").write_text("\n".join(lines) + "\n")
+        (args.out / "gpu_qmatmul_bench.json").write_text(json.dumps({"copy_gbs": copy, "rows": results, "tune": tuned}, indent=1))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""kernels/qmatmul_gpu.py (GGUF blocks multiplied on the GPU) on CPU tensors: every format in both
+regimes (decode with K split, the tiled GEMM; with and without the fused residual add) equal to
+gguf's dequantizer + a float64 matmul, run by triton's interpreter; the tiling plan; and a tiny
+model loaded as `--gpu-weights blocks` giving the dense reference's greedy tokens.
+
+The interpreted half runs in a subprocess (this file as a script with TRITON_INTERPRET=1): triton
+fixes interpret-or-compile at its first import (see test_triton_kernels.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT
+from slotserver.runtime.loader import default_dir, load_by_path
+from slotserver.runtime.qblocks import T, dequantize, random_qweight
+
+MARK = "QMATMUL-GPU "
+PROMPTS = [[5, 17, 200, 33, 1, 90, 41], [7, 8, 9]]
+N_PREDICT = 4
+
+
+def _module():
+    return load_by_path(default_dir("kernels") / "qmatmul_gpu.py", KERNEL_CONTRACT).module
+
+
+def _format_errors() -> dict[str, float]:
+    """Per format and case: max |triton - exact| / (1 + max |exact|), in float32."""
+    mod, out = _module(), {}
+    mod.MIN_SPLIT_BLOCKS = 2   # split K at these small sizes too (the interpreter is slow; the plan is what serves)
+    mod.DEQUANT_TILE_VALUES = 16 * 256   # several dequantized tiles per weight (16 rows at K=256, 25 at 160)
+    gen = torch.Generator().manual_seed(0)
+    for qtype in mod.FORMATS:
+        k = 256 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 160   # decode: K split 4 ways / 2 ways (3 + 2 blocks)
+        w = random_qweight(gen, qtype, 45, k)
+        exact = dequantize(w).double()
+        for m in (1, 5, 24, 130):   # the GEMV, the 2-16 row dot, the tiled GEMM, dequantized tiles + torch.mm
+            x = torch.randn(m, k, generator=gen)
+            ref = x.double() @ exact.T
+            scale = 1 + float(ref.abs().max())
+            out[f"{qtype.name}/{m}"] = float((mod.triton(x, w).double() - ref).abs().max()) / scale
+            if m != 5:   # the residual add after the split partials (1), fused into the store (24), after mm (130)
+                acc = torch.randn(m, w.n, generator=gen)
+                y_acc = mod.triton(x, w, acc.clone())
+                out[f"{qtype.name}/{m}/acc"] = float((y_acc.double() - ref - acc.double()).abs().max()) / scale
+    return out
+
+
+def _fused_errors() -> dict[str, float]:
+    """QLinear(op="qmatmul_gpu").fused as the model calls it (the interpreted kernel set): a Q4_K_M
+    style q|k|v (Q4_K and Q6_K parts, a bias) after the pre-norm, and a down projection after the
+    SiLU gate added into the residual; relative max error against torch in float64."""
+    from slotserver.model.linear import QLinear
+    from slotserver.runtime.kernel_set import KernelSet
+
+    ops, gen = KernelSet.load(impl="triton"), torch.Generator().manual_seed(2)
+    parts = [random_qweight(gen, T.Q4_K, 40, 256), random_qweight(gen, T.Q6_K, 24, 256)]
+    exact = torch.cat([dequantize(p) for p in parts]).double()
+    bias, norm, x = torch.randn(64, generator=gen), 1 + 0.1 * torch.randn(256, generator=gen), torch.randn(3, 256, generator=gen)
+    normed = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * norm.double()
+    qkv = QLinear(parts, bias, op="qmatmul_gpu").fused(x, ops, norm, 1e-5, False, None)
+    ref = normed @ exact.T + bias.double()
+    gate_up, acc = torch.randn(3, 512, generator=gen), torch.randn(3, 40, generator=gen)
+    g, u = gate_up.double().chunk(2, dim=-1)
+    down = QLinear(parts[:1], op="qmatmul_gpu").fused(gate_up, ops, None, 0.0, True, acc.clone())
+    ref_down = acc.double() + (g * torch.sigmoid(g) * u) @ exact[:40].T
+    return {"qkv": float((qkv.double() - ref).abs().max()) / (1 + float(ref.abs().max())),
+            "down": float((down.double() - ref_down).abs().max()) / (1 + float(ref_down.abs().max()))}
+
+
+def _blocks_tokens(path: Path) -> list[list[int]]:
+    """Greedy tokens of PROMPTS with the weights as `--gpu-weights blocks` loads them (on CPU tensors)."""
+    from slotserver.model.generate import GenRequest, generate
+    from slotserver.model.model import LlamaModel
+    from slotserver.model.weights import WeightFormat
+    from slotserver.runtime.kernel_set import KernelSet
+
+    model = LlamaModel.load(path, kernels=KernelSet.load(impl="triton"), fmt=WeightFormat("blocks"))
+    model.set_step_graphs(False)   # the CPU's C step graphs record C kernels, not interpreted Triton
+    kinds = {type(m).__name__ + ":" + getattr(m, "op", "") for m in model.weights.matmuls()}
+    assert kinds == {"QLinear:qmatmul_gpu"}, kinds
+    assert model.weights.embed.blocks is model.weights.output.parts[0]   # tied: one copy of the bytes, looked up
+    return [r.tokens for r in generate(model, [GenRequest(list(p), N_PREDICT, ignore_eos=True) for p in PROMPTS], frozenset())]
+
+
+@pytest.fixture(scope="module")
+def tiny_q8(tmp_path_factory) -> Path:
+    from tiny_gguf import write_tiny_gguf
+
+    return write_tiny_gguf(tmp_path_factory.mktemp("tinyq8") / "tiny.gguf", tensor_type=T.Q8_0)
+
+
+@pytest.fixture(scope="module")
+def interpreted(tiny_q8) -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, __file__, str(tiny_q8)], capture_output=True, text=True, env=env, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1][len(MARK):])
+
+
+def test_every_format_in_both_regimes_matches_the_exact_product(interpreted):
+    errors = interpreted["errors"]
+    assert len(errors) == len(_module().FORMATS) * 7
+    bad = {case: e for case, e in errors.items() if e > 1e-4}   # float32 sums of exact weights
+    assert not bad, bad
+
+
+def test_the_models_fused_calls_match_torch_with_mixed_formats_bias_norm_gate_and_residual(interpreted):
+    assert interpreted["fused"]["qkv"] < 1e-4 and interpreted["fused"]["down"] < 1e-4, interpreted["fused"]
+
+
+def test_a_tiny_model_on_blocks_generates_the_dense_references_tokens(interpreted, tiny_q8):
+    from slotserver.model.generate import GenRequest, generate
+    from slotserver.model.model import LlamaModel
+    from slotserver.model.weights import WeightFormat
+
+    dense = LlamaModel.load(tiny_q8, fmt=WeightFormat("dense"))   # float32, exact dequantized weights
+    ref = [r.tokens for r in generate(dense, [GenRequest(list(p), N_PREDICT, ignore_eos=True) for p in PROMPTS], frozenset())]
+    assert interpreted["tokens"] == ref and all(len(t) == N_PREDICT for t in ref)
+
+
+def test_plan_splits_k_at_decode_and_tiles_large_batches():
+    mod = _module()
+    bm, bn, split, _ = mod.plan(1, 896, 4864, 132)          # Qwen2.5-0.5B down at b=1: 14 column blocks
+    assert (bm, bn) == (1, mod.GEMV_BLOCK_N) and split * 14 >= 4 * 132 // 2 and 4864 // 32 // split >= mod.MIN_SPLIT_BLOCKS
+    assert mod.plan(8, 896, 4864, 132)[:2] == (16, mod.DECODE_BLOCK_N)
+    assert mod.plan(1, 151936, 896, 132)[2] == 1              # the output matmul fills the card unsplit
+    assert mod.plan(64, 4096, 4096, 132)[:3] == (mod.GEMM_BLOCK_M, mod.GEMM_BLOCK_N, 1)
+    assert mod.SMALL_M < 64 < mod.DEQUANT_GEMM_ROWS <= 512   # prefill: dequantized tiles + cuBLAS
+
+
+def test_a_format_without_a_kernel_is_refused_by_name():
+    w = random_qweight(torch.Generator().manual_seed(1), T.Q3_K, 4, 256)
+    with pytest.raises(AssertionError, match="Q3_K"):
+        _module().triton(torch.zeros(1, 256), w)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    print(MARK + json.dumps({"errors": _format_errors(), "fused": _fused_errors(), "tokens": _blocks_tokens(Path(sys.argv[1]))}))
