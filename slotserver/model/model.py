@@ -233,7 +233,8 @@ class LlamaModel:
         residual add (into `acc`, returned) fused into qmatmul where it fuses (GGUF blocks and a
         qmatmul with FUSES), else as the separate kernels: the same floats either way."""
         if fuse and isinstance(lin, QLinear):
-            if acc is not None and lin.bias is not None and len(lin.parts) == 1 and norm is None and not glu:
+            if acc is not None and lin.bias is not None and len(lin.parts) == 1 and norm is None and not glu \
+                    and lin.op == "qmatmul":
                 # gpt-oss's attn_output: x += a @ W^T in qmatmul, then += bias in C (add_bias), where
                 # llama.cpp adds (a @ W^T + bias) + x: last-bit apart, but two C calls a step graph
                 # replays (QLinear.fused would end in torch's add_)
