@@ -635,7 +635,8 @@ def _decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, out: torch.Tensor, k
     if n_splits > 1:
         _attn_decode_combine_kernel[(n_seqs, q_heads)](
             m, l_sum, acc, out, meta.q_offsets, args[0], n_splits, out.stride(0), out.stride(1), HEAD_DIM=dim,
-            BLOCK_S=_triton.next_power_of_2(n_splits), BLOCK_D=_triton.next_power_of_2(dim), SINKS=meta.sinks is not None)
+            BLOCK_S=_triton.next_power_of_2(n_splits), BLOCK_D=_triton.next_power_of_2(dim),
+            SINKS=meta.sinks is not None)
 
 
 def _interpreted() -> bool:

@@ -148,7 +148,8 @@ def cpu(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
     y = acc if fused else torch.empty((t, k, w.n) if wf is None else (t, w.n), dtype=torch.float32)
     rc = _LIB.moe_matmul(_R16_FN, u.data_ptr(), s.data_ptr(), offs.data_ptr(), part_n.data_ptr(), xf.data_ptr(),
                          y.data_ptr(),
-                         ids64.data_ptr(), 0 if wf is None else wf.data_ptr(), 0 if bias is None else bias.data_ptr(), t,
+                         ids64.data_ptr(), 0 if wf is None else wf.data_ptr(),
+                         0 if bias is None else bias.data_ptr(), t,
                          k, len(w.parts), w.k, xf.stride(0), sxj, w.n_expert, (2 if act == "oai" else 1) if glu else 0,
                          fused, form,
                          R16_OFFSET.get(T(w.qtype), 0), torch.get_num_threads())

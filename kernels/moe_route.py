@@ -68,7 +68,8 @@ def cpu(h: torch.Tensor, router: torch.Tensor, k: int, gating: int = 0, norm: bo
     t = h.shape[0]
     ids = torch.empty(t, k, dtype=torch.int64)
     w = torch.empty(t, k, dtype=torch.float32)
-    rc = _LIB.moe_route(h.data_ptr(), router.data_ptr(), 0 if bias is None else bias.data_ptr(), ids.data_ptr(), w.data_ptr(), t, h.shape[1], router.shape[0],
+    rc = _LIB.moe_route(h.data_ptr(), router.data_ptr(), 0 if bias is None else bias.data_ptr(), ids.data_ptr(),
+                        w.data_ptr(), t, h.shape[1], router.shape[0],
                         k, h.stride(0), gating, norm, scale, torch.get_num_threads())
     assert rc == 0, f"moe_route: failed ({rc})"
     return ids, w

@@ -229,8 +229,8 @@ def _sink_norm(m, l, sk):
 
 @_triton.jit
 def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, table_ptr, streams_ptr, kv_lens_ptr,
-                         q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb, stride_vr,
-                         stride_vh, stride_bt, stride_ot, stride_oh, qk_scale, window, softcap,
+                         q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb,
+                         stride_vr, stride_vh, stride_bt, stride_ot, stride_oh, qk_scale, window, softcap,
                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                          SOFTCAP: tl.constexpr, DOT: tl.constexpr, IEEE_DOT: tl.constexpr, SPLIT: tl.constexpr,
@@ -400,7 +400,8 @@ def triton(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.
     args = (sinks, q.stride(0), q.stride(1), *kv.k_pages.stride()[:3], *kv.v_pages.stride()[:3],
             kv.block_table.stride(0), out.stride(0), out.stride(1), scale * LOG2E, meta.window,
             float(meta.softcap or 1.0))
-    common = dict(GROUP=group, HEAD_DIM=dim, PAGE=kv.block_size, SOFTCAP=bool(meta.softcap), SINKS=meta.sinks is not None)
+    common = dict(GROUP=group, HEAD_DIM=dim, PAGE=kv.block_size, SOFTCAP=bool(meta.softcap),
+                  SINKS=meta.sinks is not None)
     if meta.max_q == 1:
         _decode(q, kv, meta, out, args, group)
     else:
