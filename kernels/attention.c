@@ -10,7 +10,9 @@
    The row kernel: one work unit per (tile of query rows, kv head): the tile's query group against
    each K/V row read once, online softmax over aligned blocks of cells, float32 math, bf16 or
    float32 in and out. What it saves over SDPA is per-call setup: one call per layer, no mask, no
-   gather, no transposes. */
+   gather, no transposes. With `sinks` (gpt-oss: [Hq] logits, NULL for every other model) each
+   query vector's final normalisation takes its head's sink into the denominator (sink_inv, in
+   attention_amx.c); without, the code path and floats are the ones before sinks existed. */
 #include <stdlib.h>
 #if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
@@ -205,14 +207,14 @@ static int prompt_tile(const void *q, const void *k, const void *v, void *out, c
                        const int32_t *table, int64_t r0, int64_t R, int64_t s, int64_t h, int64_t G, int64_t Hq,
                        int64_t D, int64_t sq_b, int64_t sq_h, int64_t sk_s, int64_t sk_c, int64_t sk_h, int64_t sv_s,
                        int64_t sv_c, int64_t sv_h, int64_t tb_s, int64_t page_shift, int64_t window, float scale,
-                       float softcap, int bf16, int kt) {
+                       float softcap, int bf16, int kt, const float *sinks) {
     int64_t lo[AMX_R], hi[AMX_R];
     for (int64_t i = 0; i < R; i++) {
         const int64_t L = kv_lens[r0 + i / G];
         hi[i] = L; lo[i] = window > 0 && L > window ? L - window : 0;
     }
     const amx_args a = {R, D, G, Hq, s, h, r0, sq_b, sq_h, sk_s, sk_c, sk_h, sv_s, sv_c, sv_h, tb_s, page_shift,
-                        table, bf16, kt};
+                        table, bf16, kt, sinks};
     return amx_tile(&a, q, k, v, out, lo, hi, scale, softcap);
 }
 #else
@@ -237,7 +239,7 @@ static int prompt_amx(int kt, int64_t Dim) {
         const int64_t t = u / Hkv, h = u % Hkv, r0 = tile[t], R = (tile[t + 1] - r0) * G, s = streams[r0]; \
         if (amx && prompt[r0]) {                       /* prompt rows: attention_amx.c */             \
             if (prompt_tile(q, k, v, out, kv_lens, table, r0, R, s, h, G, Hq, D, sq_b, sq_h, sk_s, sk_c, sk_h, \
-                            sv_s, sv_c, sv_h, tb_s, page_shift, window, scale, softcap, bf16, kt)) failed = 1; \
+                            sv_s, sv_c, sv_h, tb_s, page_shift, window, scale, softcap, bf16, kt, sinks)) failed = 1; \
             continue;                                                                                 \
         }                                                                                             \
         float qf[RMAX][DPAD(DIM)], acc[RMAX][DIM], kb[BLK][DPAD(DIM)], vb[BLK][DIM], m[RMAX], l[RMAX]; \
@@ -302,7 +304,7 @@ static int prompt_amx(int kt, int64_t Dim) {
             }                                                                                         \
         }                                                                                             \
         for (int64_t i = 0; i < R; i++) {                                                             \
-            const float inv = 1.0f / l[i];                                                            \
+            const float inv = sinks ? sink_inv(m[i], l[i], sinks[h * G + i % G]) : 1.0f / l[i];        \
             const int64_t off = ((r0 + i / G) * Hq + h * G + i % G) * D;                              \
             if (bf16) { uint16_t *o = (uint16_t *)out + off; for (int64_t d = 0; d < D; d++) o[d] = f2bf(acc[i][d] * inv); } \
             else { float *o = (float *)out + off; for (int64_t d = 0; d < D; d++) o[d] = acc[i][d] * inv; } \
@@ -314,7 +316,7 @@ static int prompt_amx(int kt, int64_t Dim) {
    for an unsupported group or head_dim, -2 out of memory. */
 static int attention_rows(const void *q, const void *k, const void *v, void *out,
                           const int64_t *streams, const int64_t *kv_lens, const uint8_t *prompt, const int32_t *table,
-                          const float *ks, const float *vs,
+                          const float *ks, const float *vs, const float *sinks,
                           int64_t B, int64_t Hq, int64_t Hkv, int64_t Dim, int64_t sq_b, int64_t sq_h,
                           int64_t sk_s, int64_t sk_c, int64_t sk_h, int64_t sv_s, int64_t sv_c, int64_t sv_h,
                           int64_t ss_s, int64_t ss_c, int64_t ss_h,
@@ -336,16 +338,17 @@ static int attention_rows(const void *q, const void *k, const void *v, void *out
 }
 
 /* Flat K/V [streams, cells, Hkv, D] (any strides); int8 K/V (kt 3) come with float32 scales
-   ks, vs [streams, cells, Hkv] of one stride set (ss_*). Every argument a pointer, shape, stride or
-   constant, so a step graph may replay it (native.signature(replay=True); 27 integer-class
-   arguments, step_graph replays up to 28). */
+   ks, vs [streams, cells, Hkv] of one stride set (ss_*); sinks: [Hq] float32 logits or NULL (see
+   sink_inv). Every argument a pointer, shape, stride or constant, so a step graph may replay it
+   (native.signature(replay=True); 28 integer-class arguments, step_graph replays up to 28). */
 int decode_attention(const void *q, const void *k, const void *v, void *out,
                      const int64_t *streams, const int64_t *kv_lens, const float *ks, const float *vs,
+                     const float *sinks,
                      int64_t B, int64_t Hq, int64_t Hkv, int64_t Dim,
                      int64_t sq_b, int64_t sq_h, int64_t sk_s, int64_t sk_c, int64_t sk_h,
                      int64_t sv_s, int64_t sv_c, int64_t sv_h, int64_t ss_s, int64_t ss_c, int64_t ss_h,
                      int64_t window, float scale, float softcap, int bf16, int kt, int n_threads) {
-    return attention_rows(q, k, v, out, streams, kv_lens, NULL, NULL, ks, vs, B, Hq, Hkv, Dim, sq_b, sq_h, sk_s, sk_c,
+    return attention_rows(q, k, v, out, streams, kv_lens, NULL, NULL, ks, vs, sinks, B, Hq, Hkv, Dim, sq_b, sq_h, sk_s, sk_c,
                           sk_h, sv_s, sv_c, sv_h, ss_s, ss_c, ss_h, 0, 0, window, scale, softcap, bf16, kt, n_threads);
 }
 
@@ -356,12 +359,12 @@ int attention_prompt_amx(void) { return prompt_amx(2, 64); }
 /* decode_attention with `prompt` flags [B] (1: a row of a prompt chunk, which AMX may serve; see
    attention_amx.c). Not replayable: step graphs replay decode steps, which have no prompt rows. */
 int prompt_attention(const void *q, const void *k, const void *v, void *out,
-                     const int64_t *streams, const int64_t *kv_lens, const uint8_t *prompt,
+                     const int64_t *streams, const int64_t *kv_lens, const uint8_t *prompt, const float *sinks,
                      int64_t B, int64_t Hq, int64_t Hkv, int64_t Dim,
                      int64_t sq_b, int64_t sq_h, int64_t sk_s, int64_t sk_c, int64_t sk_h,
                      int64_t sv_s, int64_t sv_c, int64_t sv_h,
                      int64_t window, float scale, float softcap, int bf16, int kt, int n_threads) {
-    return attention_rows(q, k, v, out, streams, kv_lens, prompt, NULL, NULL, NULL, B, Hq, Hkv, Dim, sq_b, sq_h, sk_s,
+    return attention_rows(q, k, v, out, streams, kv_lens, prompt, NULL, NULL, NULL, sinks, B, Hq, Hkv, Dim, sq_b, sq_h, sk_s,
                           sk_c, sk_h, sv_s, sv_c, sv_h, 0, 0, 0, 0, 0, window, scale, softcap, bf16, kt, n_threads);
 }
 
@@ -370,11 +373,12 @@ int prompt_attention(const void *q, const void *k, const void *v, void *out,
    pool grows and shrinks, so its pointers are not constants of the call site. */
 int paged_attention_rows(const void *q, const void *k, const void *v, void *out,
                          const int64_t *streams, const int64_t *kv_lens, const uint8_t *prompt, const int32_t *table,
+                         const float *sinks,
                          int64_t B, int64_t Hq, int64_t Hkv, int64_t Dim, int64_t sq_b, int64_t sq_h,
                          int64_t sk_s, int64_t sk_c, int64_t sk_h, int64_t sv_s, int64_t sv_c, int64_t sv_h,
                          int64_t tb_s, int64_t page_shift, int64_t window, float scale, float softcap,
                          int bf16, int kt, int n_threads) {
-    return attention_rows(q, k, v, out, streams, kv_lens, prompt, table, NULL, NULL, B, Hq, Hkv, Dim, sq_b, sq_h, sk_s,
+    return attention_rows(q, k, v, out, streams, kv_lens, prompt, table, NULL, NULL, sinks, B, Hq, Hkv, Dim, sq_b, sq_h, sk_s,
                           sk_c, sk_h, sv_s, sv_c, sv_h, 0, 0, 0, tb_s, page_shift, window, scale, softcap, bf16,
                           kt, n_threads);
 }

@@ -21,10 +21,15 @@ sliced, not gathered.
 Decode is flash-decoding (issue 34): each sequence's cells are split into chunks over a third grid
 axis so that even batch 1 fills the GPU (`decode_splits`), and a small kernel merges the chunks.
 
-Two per-layer options every implementation reads from `AttnMeta`: `window` (sliding-window
-attention, gemma2/3: the query at position p sees keys p-window+1 .. p; 0 is full causal attention)
-and `softcap` (gemma2: scores -> softcap * tanh(scores / softcap); 0 is off). The reference masks plainly; the
-CPU and Triton paths never touch the cells before a window: their KV ranges start at its first cell.
+Three per-layer options every implementation reads from `AttnMeta`: `window` (sliding-window
+attention, gemma2/3: the query at position p sees keys p-window+1 .. p; 0 is full causal attention),
+`softcap` (gemma2: scores -> softcap * tanh(scores / softcap); 0 is off) and `sinks` (gpt-oss: one
+learned logit per query head joining every softmax denominator with no value, ggml_soft_max_ext's
+sinks; None is off). The reference masks plainly; the CPU and Triton paths never touch the cells
+before a window: their KV ranges start at its first cell. A sink changes only the normalisation, so
+the kernels apply it where they divide by the softmax sum, once per query: with the row's running
+max m and sum l, M = max(m, sink) and out = acc e^(m-M) / (l e^(m-M) + e^(sink-M)) (ggml takes the
+max with the sink too). Without sinks the code path and its floats are unchanged.
 """
 
 from __future__ import annotations
@@ -37,10 +42,14 @@ import triton as _triton
 import triton.language as tl
 
 from slotserver.runtime import native
-from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk
+from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk, softmax_sinks
 from slotserver.runtime.kv_spec import StridedKV
 
 OP = "attention"
+# AttnMeta's per-layer options beyond window and softcap that every implementation honours (FUSES, as
+# kernels/qmatmul.py's): a model with sinks (gpt-oss) refuses at load a lab copy from before them,
+# which would ignore them silently.
+FUSES = ("sinks",)
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 EACH_CHUNK_MAX = 8   # cpu: up to this many prefill chunks run one SDPA each; more share a padded one
 
@@ -51,7 +60,7 @@ def reference(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> t
     Plain per-sequence, per-query loops in float32: obviously correct, slow. The query at position
     `pos` sees keys `lo .. pos`, lo = pos - window + 1 with a window (else 0).
     """
-    window, softcap = meta.window, meta.softcap
+    window, softcap, sinks = meta.window, meta.softcap, meta.sinks
     k, v = _dequant(kv.k, kv.k_scale), _dequant(kv.v, kv.v_scale)
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     group = q.shape[1] // k.shape[2]
@@ -65,23 +74,23 @@ def reference(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> t
             scores = torch.einsum("hd,khd->hk", q[row].float(), keys[lo: pos + 1]) * scale
             if softcap:
                 scores = softcap * torch.tanh(scores / softcap)
-            out[row] = torch.einsum("hk,khd->hd", scores.softmax(dim=-1), vals[lo: pos + 1])
+            out[row] = torch.einsum("hk,khd->hd", softmax_sinks(scores, sinks), vals[lo: pos + 1])
     return out.to(q.dtype)
 
 
 def cpu(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
     """Same contract as `reference`; the formulation per step is described in the module docstring."""
-    window, softcap = meta.window, meta.softcap
+    window, softcap, sinks = meta.window, meta.softcap, meta.sinks
     if _native_ok(q, kv, meta):   # every row as a decode row: batch-invariant (module docstring)
         return _native_rows(q, kv, meta, scale, window, softcap)
     if meta.max_q == 1:
-        return _cpu_decode(q, kv, meta, scale, window, softcap)
+        return _cpu_decode(q, kv, meta, scale, window, softcap, sinks)
     if meta.split is not None:  # decodes first, then prefill chunks: never pad a decode row
         dec, pre = meta.split
-        return torch.cat([_cpu_decode(q[: dec.n_seqs], kv, dec, scale, window, softcap),
+        return torch.cat([_cpu_decode(q[: dec.n_seqs], kv, dec, scale, window, softcap, sinks),
                           cpu(q[dec.n_seqs:], kv, pre, scale)])
     if meta.n_seqs <= EACH_CHUNK_MAX:
-        return _cpu_each_chunk(q, kv, meta, scale, window, softcap)
+        return _cpu_each_chunk(q, kv, meta, scale, window, softcap, sinks)
     n_seq, max_q, max_kv = meta.n_seqs, meta.max_q, meta.max_kv
     q_heads, dim = q.shape[1], q.shape[2]
     lo = max(0, int((meta.kv_lens - meta.q_lens).min()) - window + 1) if window else 0  # no query sees below
@@ -90,7 +99,7 @@ def cpu(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.T
     qp = q[meta.pad_index].transpose(1, 2)                              # [B, q_heads, max_q, dim]
     key_pos = torch.arange(lo, max_kv, device=q.device).view(1, 1, 1, max_kv - lo)
     mask = _band(key_pos, meta.pad_positions.view(n_seq, 1, max_q, 1), window)  # [B, 1, max_q, L]
-    out = _sdpa(qp, keys, vals, mask, scale, softcap)
+    out = _sdpa(qp, keys, vals, mask, scale, softcap, sinks=sinks)
     return out.transpose(1, 2).reshape(n_seq * max_q, q_heads, dim)[meta.valid_rows]  # [tokens, q_heads, dim]
 
 
@@ -101,25 +110,26 @@ def _band(key_pos: torch.Tensor, q_pos: torch.Tensor, window: int) -> torch.Tens
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-          softcap: float, causal: bool = False) -> torch.Tensor:
+          softcap: float, causal: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, q_heads, M, dim], k/v [B, kv_heads, L, dim]: torch's SDPA (native GQA); with a softcap
-    (which SDPA cannot apply) the same maths written out in float32."""
+    or sinks (which SDPA cannot apply) the same maths written out in float32."""
     gqa = q.shape[1] != k.shape[1]
-    if not softcap:
+    if not softcap and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
     group = q.shape[1] // k.shape[1]
     kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
     scores = torch.matmul(q.float(), kf.transpose(-1, -2)) * scale     # [B, q_heads, M, L]
-    scores = softcap * torch.tanh(scores / softcap)
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
     if causal:
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril(scores.shape[-1] - scores.shape[-2])
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(scores.softmax(dim=-1), vf).to(q.dtype)
+    return torch.matmul(softmax_sinks(scores, sinks), vf).to(q.dtype)
 
 
 def _cpu_each_chunk(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, window: int = 0,
-                    softcap: float = 0.0) -> torch.Tensor:
+                    softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """A few prefill chunks, one SDPA each: no padding to the longest chunk, and a fresh prompt (no
     cached prefix) is plain causal. Whole prefill steps in the model: 4 x 128 tokens tie with one
     padded call (176 vs 180 ms); 180 + 3 x 40 tokens: 125 vs 139 ms. One chunk: 2.4x faster
@@ -133,13 +143,13 @@ def _cpu_each_chunk(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float
         mask = None if causal else _band(torch.arange(lo, n_kv, device=q.device),
                                          torch.arange(n_kv - n_q, n_kv, device=q.device).unsqueeze(1), window)
         out = _sdpa(q[off: off + n_q].transpose(0, 1).unsqueeze(0), keys.transpose(0, 1).unsqueeze(0),
-                    vals.transpose(0, 1).unsqueeze(0), mask, scale, softcap, causal)
+                    vals.transpose(0, 1).unsqueeze(0), mask, scale, softcap, causal, sinks)
         outs.append(out[0].transpose(0, 1))                               # [n_q, q_heads, dim]
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, window: int = 0,
-                softcap: float = 0.0) -> torch.Tensor:
+                softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One query per sequence without the C kernel: torch's SDPA with native GQA (K/V never
     repeated) and the key mask `[B, 1, 1, L]` broadcast (no padding), ~1.5x faster than the padded
     path (docs/performance.md)."""
@@ -153,7 +163,7 @@ def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, wi
     if n_seq > 1:
         key_pos = torch.arange(lo, max_kv, device=q.device)
         mask = ((key_pos < meta.kv_lens.unsqueeze(1)) & (key_pos >= first.unsqueeze(1))).view(n_seq, 1, 1, max_kv - lo)
-    out = _sdpa(q.view(n_seq, q_heads, 1, dim), keys, vals, mask, scale, softcap)
+    out = _sdpa(q.view(n_seq, q_heads, 1, dim), keys, vals, mask, scale, softcap, sinks=sinks)
     return out.view(n_seq, q_heads, dim)                                          # [tokens, q_heads, dim]
 
 
@@ -163,9 +173,9 @@ NATIVE_C = native.joined(__file__, [("attention_amx.c", native.c_source(__file__
                                      ("attention.c", native.c_source(__file__, "attention.c"))])
 _LIB = native.build("attention", NATIVE_C, strict=True)
 native.signature(_LIB, "attention_prompt_amx", 0, 0)
-native.signature(_LIB, "decode_attention", 8, 16, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
+native.signature(_LIB, "decode_attention", 9, 16, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
                                                    native.ctypes.c_int, native.ctypes.c_int), replay=True)
-native.signature(_LIB, "prompt_attention", 7, 13, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
+native.signature(_LIB, "prompt_attention", 8, 13, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
                                                    native.ctypes.c_int, native.ctypes.c_int))
 _KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}   # int8: q8, with its scales
 _Q_TYPES = (torch.float32, torch.bfloat16)
@@ -200,8 +210,15 @@ def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> bool:
             or not kv_lens.is_contiguous() or not (q.is_cpu and k.is_cpu and v.is_cpu and seq_streams.is_cpu
                                                    and kv_lens.is_cpu):
         return False
+    if meta.sinks is not None and not _sinks_ok(meta.sinks, qs[1]):
+        return False
     top = meta.stream_base + meta.n_seqs if meta.stream_base is not None else int(meta.seq_streams.max()) + 1
     return top <= ks[0]
+
+
+def _sinks_ok(sinks: torch.Tensor, q_heads: int) -> bool:
+    """Sinks the C reads: float32 [q_heads], contiguous, on the CPU."""
+    return sinks.dtype == torch.float32 and sinks.shape == (q_heads,) and sinks.is_contiguous() and sinks.is_cpu
 
 
 def _scales_ok(kv: StridedKV) -> bool:
@@ -218,10 +235,11 @@ def _native_rows(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, w
     streams, kv_lens = meta.row_streams, meta.row_kv_lens
     out = torch.empty((n_seq, q_heads, dim), dtype=q.dtype)                        # [tokens, q_heads, dim]
     quant = kv.k_scale is not None                                                 # q8: int8 + scales
+    sinks = 0 if meta.sinks is None else meta.sinks.data_ptr()                     # NULL: no sinks
     if meta.row_prompt is not None and not quant:   # prompt rows: AMX where the C has it (attention_amx.c)
         rc = _LIB.prompt_attention(
             q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), streams.data_ptr(), kv_lens.data_ptr(),
-            meta.row_prompt.data_ptr(), n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1),
+            meta.row_prompt.data_ptr(), sinks, n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1),
             *kv.k.stride()[:3], *kv.v.stride()[:3], window, scale, softcap, native.is_bf16(q),
             _KV_TYPES[kv.k.dtype], torch.get_num_threads())
         if rc != 0:
@@ -229,7 +247,7 @@ def _native_rows(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, w
         return out
     rc = _LIB.decode_attention(
         q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), streams.data_ptr(), kv_lens.data_ptr(),
-        kv.k_scale.data_ptr() if quant else 0, kv.v_scale.data_ptr() if quant else 0,
+        kv.k_scale.data_ptr() if quant else 0, kv.v_scale.data_ptr() if quant else 0, sinks,
         n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1), *kv.k.stride()[:3], *kv.v.stride()[:3],
         *(kv.k_scale.stride() if quant else (0, 0, 0)), window, scale, softcap, native.is_bf16(q),
         _KV_TYPES[kv.k.dtype], torch.get_num_threads())
@@ -304,13 +322,24 @@ def _softcap(s, softcap):
 
 
 @_triton.jit
+def _sink_norm(m, l, sk):
+    """1 / the softmax denominator with a sink (all in log2 units): running max m, sum l (relative
+    to m), sink logit sk; M = max(m, sk): e^(m-M) / (l e^(m-M) + e^(sk-M)). A padded row (m = -inf,
+    l = 0) gives 0, not NaN."""
+    mx = tl.maximum(m, sk)
+    e = tl.exp2(m - mx)
+    return e / (l * e + tl.exp2(sk - mx))
+
+
+@_triton.jit
 def _attn_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, streams_ptr,
-                        kv_lens_ptr, q_offsets_ptr, stride_qt, stride_qh, stride_ks, stride_kc, stride_kh,
+                        kv_lens_ptr, q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_ks, stride_kc, stride_kh,
                         stride_vs, stride_vc, stride_vh, stride_ss, stride_sc, stride_sh, stride_ot, stride_oh,
                         qk_scale, window, softcap,
                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
-                        SOFTCAP: tl.constexpr, DOT: tl.constexpr, IEEE_DOT: tl.constexpr, SPLIT: tl.constexpr):
+                        SOFTCAP: tl.constexpr, DOT: tl.constexpr, IEEE_DOT: tl.constexpr, SPLIT: tl.constexpr,
+                        SINKS: tl.constexpr):
     """Program (sequence b, KV head h, split i): the GROUP query heads of h for b's single new token
     over the i-th of `tl.num_programs(2)` chunks of b's visible cells (flash-decoding).
 
@@ -322,7 +351,8 @@ def _attn_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, m_ptr, l_p
     loaded along the contiguous head_dim through the view's strides (any strided layout); q8 rows
     are scaled per cell. DOT: scores and P@V as tl.dot with the group padded to BLOCK_G >= 16 rows
     (int8 rows converted exactly to q's dtype, their scales applied to the scores and to P); else
-    a float32 broadcast-multiply-reduce.
+    a float32 broadcast-multiply-reduce. SINKS: each query head's sink logit (sinks_ptr, natural
+    units) joins the denominator where the output is normalised (here, or in the combine kernel).
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -394,16 +424,22 @@ def _attn_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, m_ptr, l_p
         tl.store(m_ptr + part, m_i, mask=g_mask)
         tl.store(l_ptr + part, l_i, mask=g_mask)
         tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
+    elif SINKS:
+        sk = tl.load(sinks_ptr + h * GROUP + g, mask=g_mask, other=0.0) * 1.4426950408889634
+        tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
+                 (acc * _sink_norm(m_i, l_i, sk)[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
     else:
         tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
                  (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
 
 
 @_triton.jit
-def _attn_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, n_splits, stride_ot, stride_oh,
-                                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _attn_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, sinks_ptr, n_splits, stride_ot,
+                                stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                                SINKS: tl.constexpr):
     """Program (sequence b, query head): the n_splits partials of `_attn_decode_kernel` merged,
-    each rescaled to the largest running max (empty chunks weigh 0)."""
+    each rescaled to the largest running max (empty chunks weigh 0); SINKS: the head's sink logit
+    joins the merged denominator (the max taken with it too)."""
     b = tl.program_id(0)
     head = tl.program_id(1)
     base = (b * tl.num_programs(1) + head).to(tl.int64) * n_splits
@@ -415,8 +451,14 @@ def _attn_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, n
     l = tl.load(l_ptr + base + i, mask=i_mask, other=0.0)                       # noqa: E741
     acc = tl.load(acc_ptr + (base + i)[:, None] * HEAD_DIM + d[None, :], mask=i_mask[:, None] & d_mask[None, :],
                   other=0.0)                                                     # [BLOCK_S, BLOCK_D]
-    w = tl.exp2(m - tl.max(m, axis=0))                                           # -inf (empty) -> 0
-    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
+    if SINKS:
+        sk = tl.load(sinks_ptr + head) * 1.4426950408889634
+        mx = tl.maximum(tl.max(m, axis=0), sk)
+        w = tl.exp2(m - mx)
+        out = tl.sum(w[:, None] * acc, axis=0) / (tl.sum(w * l, axis=0) + tl.exp2(sk - mx))
+    else:
+        w = tl.exp2(m - tl.max(m, axis=0))                                       # -inf (empty) -> 0
+        out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
     row = tl.load(q_offsets_ptr + b).to(tl.int64)
     tl.store(out_ptr + row * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
@@ -454,11 +496,11 @@ def _prefill_tile(q, acc, m_i, l_i, k_base, v_base, ks_ptr, vs_ptr, s_base, stri
 
 @_triton.jit
 def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_ptr, q_lens_ptr, kv_lens_ptr,
-                         q_offsets_ptr, stride_qt, stride_qh, stride_ks, stride_kc, stride_kh, stride_vs,
+                         q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_ks, stride_kc, stride_kh, stride_vs,
                          stride_vc, stride_vh, stride_ss, stride_sc, stride_sh, stride_ot, stride_oh, qk_scale,
                          window, softcap, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
-                         IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr):
+                         IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr):
     """Program (sequence b, KV head h, row tile): a causal chunk of b's new queries against its cache.
 
     Rows fold the GQA group into the query axis: row r is query j = r // GROUP, head h*GROUP + r % GROUP,
@@ -501,7 +543,11 @@ def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_p
         acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, k_base, v_base, ks_ptr, vs_ptr, s_base, stride_kc,
                                       stride_vc, stride_sc, start, hi, pos, window, qk_scale, softcap, n, d,
                                       d_mask, QUANT, IEEE_DOT, SOFTCAP, True)
-    out = acc / l_i[:, None]
+    if SINKS:   # each row's head's sink logit joins its denominator
+        sk = tl.load(sinks_ptr + h * GROUP + r % GROUP, mask=r_mask, other=0.0) * 1.4426950408889634
+        out = acc * _sink_norm(m_i, l_i, sk)[:, None]
+    else:
+        out = acc / l_i[:, None]
     o_rows = (q_off + j)[:, None] * stride_ot + (h * GROUP + r % GROUP)[:, None] * stride_oh + d[None, :]
     tl.store(out_ptr + o_rows, out.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask)
 
@@ -514,7 +560,8 @@ def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torc
     quant = kv.k_scale is not None
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     ks, vs = (kv.k_scale, kv.v_scale) if quant else (kv.k, kv.v)  # unused pointers without q8
-    args = (q.stride(0), q.stride(1), *kv.k.stride()[:3], *kv.v.stride()[:3],
+    sinks = _sinks_arg(meta, q)
+    args = (sinks, q.stride(0), q.stride(1), *kv.k.stride()[:3], *kv.v.stride()[:3],
             *(kv.k_scale.stride() if quant else (0, 0, 0)), out.stride(0), out.stride(1), scale * LOG2E,
             meta.window, float(meta.softcap or 1.0))
     if meta.max_q == 1:
@@ -526,8 +573,16 @@ def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torc
         _attn_prefill_kernel[grid](
             q, kv.k, kv.v, ks, vs, out, meta.seq_streams, meta.q_lens, meta.kv_lens, meta.q_offsets, *args,
             GROUP=group, HEAD_DIM=dim, BLOCK_D=max(16, _triton.next_power_of_2(dim)), QUANT=quant,
-            IEEE_DOT=ieee, SOFTCAP=bool(meta.softcap), **tiles)
+            IEEE_DOT=ieee, SOFTCAP=bool(meta.softcap), SINKS=meta.sinks is not None, **tiles)
     return out
+
+
+def _sinks_arg(meta: AttnMeta, q: torch.Tensor) -> torch.Tensor:
+    """The layer's sinks as the kernels read them (float32 [q_heads] on q's device); without
+    sinks any float32 tensor (never read: SINKS is off)."""
+    if meta.sinks is None:
+        return meta.kv_lens   # a pointer the kernel never dereferences
+    return meta.sinks.to(device=q.device, dtype=torch.float32).contiguous()
 
 
 def decode_splits(n_seqs: int, kv_heads: int, span: int, device: torch.device) -> int:
@@ -576,11 +631,12 @@ def _decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, out: torch.Tensor, k
         GROUP=group, HEAD_DIM=dim, BLOCK_G=max(16 if dot else 1, _triton.next_power_of_2(group)),
         BLOCK_D=max(16, _triton.next_power_of_2(dim)), BLOCK_N=DECODE_BLOCK_N, QUANT=quant,
         SOFTCAP=bool(meta.softcap), DOT=dot, IEEE_DOT=q.dtype == torch.float32 or _interpreted(),
-        SPLIT=n_splits > 1, num_warps=DECODE_WARPS, num_stages=DECODE_STAGES)
+        SPLIT=n_splits > 1, SINKS=meta.sinks is not None, num_warps=DECODE_WARPS, num_stages=DECODE_STAGES)
     if n_splits > 1:
         _attn_decode_combine_kernel[(n_seqs, q_heads)](
-            m, l_sum, acc, out, meta.q_offsets, n_splits, out.stride(0), out.stride(1), HEAD_DIM=dim,
-            BLOCK_S=_triton.next_power_of_2(n_splits), BLOCK_D=_triton.next_power_of_2(dim))
+            m, l_sum, acc, out, meta.q_offsets, args[0], n_splits, out.stride(0), out.stride(1), HEAD_DIM=dim,
+            BLOCK_S=_triton.next_power_of_2(n_splits), BLOCK_D=_triton.next_power_of_2(dim),
+            SINKS=meta.sinks is not None)
 
 
 def _interpreted() -> bool:
@@ -624,7 +680,7 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
         chunks.append(SeqChunk(stream=s, start=start, tokens=[0] * n_new, prompt=prompt))
     if torch.rand((), generator=gen) < 0.5:  # the engine's order, decodes first (AttnMeta.split)
         chunks.sort(key=lambda c: len(c.tokens) > 1)
-    meta = example_layer(Batch.build(chunks).attn, gen)
+    meta = example_layer(Batch.build(chunks).attn, gen, kv_heads * group)
     # q as the model passes it: the query heads of the roped q|k rows (a strided view)
     q = torch.randn(sum(len(c.tokens) for c in chunks), kv_heads * (group + 1), dim, generator=gen)[:, : kv_heads * group]
     k = torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen)
@@ -639,12 +695,16 @@ def _example_dim(gen: torch.Generator) -> int:
     return int(torch.randint(2, 41, (), generator=gen))
 
 
-def example_layer(meta: AttnMeta, gen: torch.Generator) -> AttnMeta:
+def example_layer(meta: AttnMeta, gen: torch.Generator, q_heads: int = 0) -> AttnMeta:
     """Half the cases under a sliding window (1 to 24 cells: shorter and longer than the
-    sequences), a third soft-capped (a cap of 0.5 to 3: well inside the scores' range)."""
+    sequences), a third soft-capped (a cap of 0.5 to 3: well inside the scores' range), and with
+    q_heads, a third with sinks (logits of scale 2: from negligible to most of the mass)."""
     window = int(torch.randint(1, 25, (), generator=gen)) if torch.rand((), generator=gen) < 0.5 else 0
     softcap = 0.5 + 2.5 * float(torch.rand((), generator=gen)) if torch.rand((), generator=gen) < 0.33 else 0.0
-    return meta.with_layer(window, softcap)
+    sinks = None
+    if q_heads and torch.rand((), generator=gen) < 0.33:
+        sinks = 2 * torch.randn(q_heads, generator=gen)
+    return meta.with_layer(window, softcap, sinks)
 
 
 def _example_view(k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, kind: int) -> StridedKV:
@@ -683,20 +743,21 @@ def bench_flops(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) ->
 
 
 def _aot(dtype: str, quant: bool, decode: bool, group: int = 3, dim: int = 64, cache: str | None = None,
-         split: bool = True) -> tuple:
+         split: bool = True, sinks: bool = False) -> tuple:
     cache = "i8" if quant else (cache or dtype)
     sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{cache}", "v_ptr": f"*{cache}", "ks_ptr": "*fp32",
            "vs_ptr": "*fp32", "out_ptr": f"*{dtype}"}
     sig |= {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"} if decode else {}
     sig |= {"streams_ptr": "*i64"}
     sig |= {"kv_lens_ptr": "*i64"} if decode else {"q_lens_ptr": "*i64", "kv_lens_ptr": "*i64"}
-    sig |= {"q_offsets_ptr": "*i64"}
+    sig |= {"q_offsets_ptr": "*i64", "sinks_ptr": "*fp32" if sinks else "*i64"}   # no sinks: kv_lens, unread
     sig |= {n: "i32" for n in ("stride_qt", "stride_qh", "stride_ks", "stride_kc", "stride_kh", "stride_vs",
                                "stride_vc", "stride_vh", "stride_ss", "stride_sc", "stride_sh",
                                "stride_ot", "stride_oh")}
     sig |= {"qk_scale": "fp32", "window": "i32", "softcap": "fp32"}
     pow2 = lambda n: 1 << (n - 1).bit_length()   # noqa: E731 - triton.next_power_of_2, without importing triton here
-    const = {"GROUP": group, "HEAD_DIM": dim, "BLOCK_D": max(16, pow2(dim)), "QUANT": quant, "SOFTCAP": False}
+    const = {"GROUP": group, "HEAD_DIM": dim, "BLOCK_D": max(16, pow2(dim)), "QUANT": quant, "SOFTCAP": False,
+             "SINKS": sinks}
     if decode:
         dot = group >= DECODE_DOT_MIN_GROUP
         const |= {"BLOCK_G": max(16 if dot else 1, pow2(group)), "BLOCK_N": DECODE_BLOCK_N, "DOT": dot,
@@ -712,16 +773,19 @@ def _aot(dtype: str, quant: bool, decode: bool, group: int = 3, dim: int = 64, c
     return (_attn_decode_kernel if decode else _attn_prefill_kernel, sig, const)
 
 
-def _aot_combine(dtype: str, dim: int = 64, splits: int = 16) -> tuple:
+def _aot_combine(dtype: str, dim: int = 64, splits: int = 16, sinks: bool = False) -> tuple:
     sig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "out_ptr": f"*{dtype}", "q_offsets_ptr": "*i64",
-           "n_splits": "i32", "stride_ot": "i32", "stride_oh": "i32"}
-    const = {"HEAD_DIM": dim, "BLOCK_S": splits, "BLOCK_D": dim}
+           "sinks_ptr": "*fp32" if sinks else "*i64", "n_splits": "i32", "stride_ot": "i32", "stride_oh": "i32"}
+    const = {"HEAD_DIM": dim, "BLOCK_S": splits, "BLOCK_D": dim, "SINKS": sinks}
     return (_attn_decode_combine_kernel, sig | {name: "constexpr" for name in const}, const)
 
 
 # SmolLM2-135M geometry (group 3, head_dim 64): bf16, f16 and q8 caches, decode (split and not) and
-# prefill; Llama-3-8B's decode (group 4, head_dim 128); the decode combine for both head sizes.
+# prefill; Llama-3-8B's decode (group 4, head_dim 128); the decode combine for both head sizes;
+# gpt-oss-20b's (group 8, head_dim 64, sinks) decode, combine and prefill.
 AOT = [_aot("bf16", False, True), _aot("bf16", True, True), _aot("bf16", False, True, cache="fp16"),
        _aot("bf16", False, True, split=False), _aot("bf16", False, True, group=4, dim=128),
        _aot("bf16", False, False), _aot("bf16", True, False), _aot("fp32", False, True),
-       _aot_combine("bf16"), _aot_combine("bf16", 128)]
+       _aot_combine("bf16"), _aot_combine("bf16", 128),
+       _aot("bf16", False, True, group=8, cache="fp16", sinks=True), _aot_combine("bf16", sinks=True),
+       _aot("bf16", False, False, group=8, cache="fp16", sinks=True)]

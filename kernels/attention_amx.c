@@ -23,6 +23,17 @@
      softmax per vector on S, P = exp(S - max) split hi/lo (zero outside the vector's cells);
      O += P V: A = P [16 vectors x 32 cells], B = V in pairs of cells [16 cell pairs x 16 dims]. */
 #define AMX_R 256      /* most query vectors (rows x G) per prompt tile: K/V are prepared once per tile */
+#include <math.h>
+
+/* 1 / the softmax denominator of a query vector whose scores have running max m and sum l (its
+   accumulator relative to m), with a sink: a learned logit joining the denominator with no value
+   (gpt-oss; ggml_soft_max_ext's sinks, whose max includes the sink). M = max(m, sink):
+   out = acc e^(m-M) / (l e^(m-M) + e^(sink-M)). Used by attention.c's row kernel and amx_tile,
+   only where a layer has sinks (its callers keep 1 / l otherwise: the same floats as before). */
+static inline float sink_inv(float m, float l, float sink) {
+    const float mx = m > sink ? m : sink, e = expf(m - mx);
+    return e / (l * e + expf(sink - mx));
+}
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define ATTN_AMX 1
 #define AB 64          /* cells per block, aligned to multiples of AB (as attention.c's BLK) */
@@ -32,6 +43,7 @@ typedef struct {
     int64_t R, D, G, Hq, s, h, r0, sq_b, sq_h, sk_s, sk_c, sk_h, sv_s, sv_c, sv_h, tb_s, page_shift;
     const int32_t *table;
     int bf16, kt;       /* q/out bf16; K/V type: 1 bf16, 2 float16 (lo parts only for float16) */
+    const float *sinks; /* [Hq] sink logits, or NULL (sink_inv) */
 } amx_args;
 
 /* One tile's scratch; K^T, V and P twice, for the pipeline in amx_tile. */
@@ -320,7 +332,7 @@ static int amx_tile(const amx_args *a, const void *q, const void *k, const void 
     amx_pv(a, RP, prev, w.ph[x], w.pl[x], w.vvh[x], w.vvl[x], &w);
     _tile_release();
     for (int64_t i = 0; i < R; i++) {
-        const float inv = 1.0f / l[i];
+        const float inv = a->sinks ? sink_inv(m[i], l[i], a->sinks[a->h * G + i % G]) : 1.0f / l[i];
         const int64_t off = ((a->r0 + i / G) * a->Hq + a->h * G + i % G) * D;
         for (int64_t d = 0; d < D; d++) st(out, off + d, a->bf16, w.acc[i * D + d] * inv);
     }

@@ -4,7 +4,9 @@
 (`x [T, K]`, one input for all of a token's experts: gate|up), or `x[t, j] @ ...` with
 `x [T, k, K]` (each slot its own input: down); W the layer's `Experts` (slotserver/runtime/
 experts.py: the 3-D GGUF tensors' blocks, expert e's rows the concatenation of its parts' rows).
-glu: x is gate|up (last dim 2K) and the input is silu(gate) * up. -> `[T, k, N]` in x's dtype;
+glu: x is gate|up (last dim 2K) and the input is silu(gate) * up, or with `act` "oai" gpt-oss's
+clamped SwiGLU (`swiglu_oai`, ggml's). bias: `[E, N]` float32, each slot's row plus its expert's
+bias (gpt-oss's expert biases), before any weighting. -> `[T, k, N]` in x's dtype;
 with `weights` (the routing weights `[T, k]` float32) -> `[T, N]`: each token's weighted sum over
 its slots, added in slot order (j = 0, 1, ...) as llama.cpp adds the weighted experts; and with
 `acc` (`[T, N]` float32, the residual) that sum is added into acc, which is returned.
@@ -17,7 +19,10 @@ batch reads each active expert's bytes once per step, and a decode step (b=1) re
 active experts'. The repacked copy is built per expert and part on the first call (the server's
 warmup), cached on the `Experts` object, and the file's pages of it let go, as qmatmul does. The
 formats without a repacked form here (Q2_K, Q3_K, floats) run the same grouping in torch on each
-used expert's dequantized rows (`_grouped`).
+used expert's dequantized rows (`_grouped`). gpt-oss's options stay in the C call: `act="oai"` activates each gathered
+gate|up row with ggml's swiglu_oai before it is quantized (where "silu" is qmatmul_r16's fused
+prologue), and `bias` is added to each (expert, part)'s output rows right after its product, so the
+weighted sum sees (y + bias) * weight as llama.cpp computes it.
 
 TOL: qmatmul's (the only approximation is the 8-bit activation; see kernels/qmatmul.py).
 """
@@ -35,18 +40,39 @@ from slotserver.runtime.experts import Experts
 from slotserver.runtime.qblocks import FLOATS, T, random_qweight, release_file_pages
 
 OP = "moe_matmul"
+FUSES = ("bias", "act")   # optional arguments every implementation takes (gpt-oss's model asks for them)
 TOL = {torch.float32: 3e-2, torch.bfloat16: 4e-2}
+ACTS = ("silu", "oai")
+OAI_ALPHA, OAI_LIMIT = 1.702, 7.0   # llama.cpp's constants for gpt-oss (build_moe_ffn, LLM_FFN_SWIGLU_OAI_MOE)
+
+
+def swiglu_oai(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate|up [..., 2K] -> [..., K] float32: ggml-cpu's swiglu_oai in its order, x = min(gate, 7),
+    y = clamp(up, -7, 7), x / (1 + exp(1.702 * -x)) * (y + 1)."""
+    g, u = gate_up.float().chunk(2, dim=-1)
+    x, y = g.clamp(max=OAI_LIMIT), u.clamp(-OAI_LIMIT, OAI_LIMIT)
+    return x / (1.0 + torch.exp(OAI_ALPHA * -x)) * (y + 1.0)
+
+
+def _glu(xs: torch.Tensor, act: str) -> torch.Tensor:
+    """gate|up rows -> the expert's input, float32: silu(gate) * up, or swiglu_oai."""
+    if act == "oai":
+        return swiglu_oai(xs)
+    g, u = xs.float().chunk(2, dim=-1)
+    return g / (1 + torch.exp(-g)) * u
 
 
 def reference(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
-              weights: torch.Tensor | None = None, acc: torch.Tensor | None = None) -> torch.Tensor:
-    """Every (token, slot) against its expert's dequantized matrix, in float32."""
+              weights: torch.Tensor | None = None, acc: torch.Tensor | None = None,
+              bias: torch.Tensor | None = None, act: str = "silu") -> torch.Tensor:
+    """Every (token, slot) against its expert's dequantized matrix, in float32 (+ its bias)."""
     xs = _slots(x, ids.shape[1]).float()                                 # [T, k, K or 2K]
     if glu:
-        g, u = xs.chunk(2, dim=-1)
-        xs = g / (1 + torch.exp(-g)) * u
+        xs = _glu(xs, act)
     mats = torch.stack([w.dense(e) for e in range(w.n_expert)])         # [E, N, K]
     y = torch.einsum("tjk,tjnk->tjn", xs, mats[ids.long()])
+    if bias is not None:
+        y = y + bias.float()[ids.long()]
     return _combine(y.to(x.dtype), weights, acc)
 
 
@@ -71,7 +97,7 @@ def _slots(x: torch.Tensor, k: int) -> torch.Tensor:
 # cache), not a second compile of the largest C file for every CPU variant.
 NATIVE_C = native.c_source(__file__, "moe_matmul.c")
 _LIB = native.build("moe_matmul", NATIVE_C, origin=native.c_path(__file__, "moe_matmul.c"), strict=True)
-native.signature(_LIB, "moe_matmul", 9, 7, (native.ctypes.c_int,) * 5, replay=True)
+native.signature(_LIB, "moe_matmul", 10, 7, (native.ctypes.c_int,) * 5, replay=True)
 _QLIB = native.build("qmatmul", native.c_source(__file__, "qmatmul.c"), origin=native.c_path(__file__, "qmatmul.c"),
                      strict=True)
 native.signature(_QLIB, "qmatmul_r16", 5, 5, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 8, replay=True)
@@ -98,14 +124,19 @@ def cpu_path() -> str:
 
 
 def cpu(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
-        weights: torch.Tensor | None = None, acc: torch.Tensor | None = None) -> torch.Tensor:
+        weights: torch.Tensor | None = None, acc: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None, act: str = "silu") -> torch.Tensor:
     """x [T, K'] or [T, k, K'] (float32 or bf16), ids [T, k] -> [T, k, N] (with weights: [T, N]) in x's dtype."""
     t, k = ids.shape
     kx = 2 * w.k if glu else w.k
     assert x.shape[-1] == kx and x.shape[0] == t and (x.dim() == 2 or x.shape[1] == k), \
         f"moe_matmul: x {tuple(x.shape)} for ids {tuple(ids.shape)} and K={w.k}{' (glu)' if glu else ''}"
-    if _LIB is None or _QLIB is None or not x.is_cpu or T(w.qtype) not in _R16_FORM or w.k % 32 or t * k == 0:
-        return _combine(_grouped(x, w, ids, glu), weights, acc)
+    assert act in ACTS and (bias is None or tuple(bias.shape) == (w.n_expert, w.n)), \
+        f"moe_matmul: act {act!r} of {ACTS}, bias [E, N] = {(w.n_expert, w.n)}"
+    bias_ok = bias is None or bias.dtype == torch.float32 and bias.is_contiguous() and bias.is_cpu
+    if _LIB is None or _QLIB is None or not x.is_cpu or T(w.qtype) not in _R16_FORM or w.k % 32 or t * k == 0 \
+            or not bias_ok:
+        return _combine(_biased(_grouped(x, w, ids, glu, act), ids, bias), weights, acc)
     u, s, offs, form, part_n = repacked(w)
     xf = x if x.dtype == torch.float32 and x.stride(-1) == 1 else x.float().contiguous()
     sxj = 0 if xf.dim() == 2 else xf.stride(1)
@@ -117,8 +148,10 @@ def cpu(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
     y = acc if fused else torch.empty((t, k, w.n) if wf is None else (t, w.n), dtype=torch.float32)
     rc = _LIB.moe_matmul(_R16_FN, u.data_ptr(), s.data_ptr(), offs.data_ptr(), part_n.data_ptr(), xf.data_ptr(),
                          y.data_ptr(),
-                         ids64.data_ptr(), 0 if wf is None else wf.data_ptr(), t, k, len(w.parts), w.k, xf.stride(0),
-                         sxj, w.n_expert, glu, fused, form,
+                         ids64.data_ptr(), 0 if wf is None else wf.data_ptr(),
+                         0 if bias is None else bias.data_ptr(), t,
+                         k, len(w.parts), w.k, xf.stride(0), sxj, w.n_expert, (2 if act == "oai" else 1) if glu else 0,
+                         fused, form,
                          R16_OFFSET.get(T(w.qtype), 0), torch.get_num_threads())
     assert rc != 2, f"moe_matmul: an expert id outside 0..{w.n_expert - 1}"
     assert rc == 0, f"moe_matmul: failed ({rc})"
@@ -168,14 +201,26 @@ def _repack_all(w: Experts, form: int) -> tuple[torch.Tensor, torch.Tensor, torc
     return torch.cat(us), torch.cat(ss), offsets
 
 
-def _grouped(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool) -> torch.Tensor:
+def _biased(y: torch.Tensor, ids: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """y [T, k, N] plus each slot's expert's bias row (none: y)."""
+    return y if bias is None else y + bias.to(device=y.device, dtype=y.dtype)[ids.long()]
+
+
+def _torch_glu(x: torch.Tensor, act: str) -> torch.Tensor:
+    """gate|up -> the experts' input in torch, in x's dtype: silu(gate) * up (F.silu), or swiglu_oai."""
+    if act == "oai":
+        return swiglu_oai(x).to(x.dtype)
+    g, u = x.float().chunk(2, dim=-1)
+    return (F.silu(g) * u).to(x.dtype)
+
+
+def _grouped(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool, act: str = "silu") -> torch.Tensor:
     """The same grouping in torch: each used expert's rows dequantized (floats viewed) and multiplied
     once for all the (token, slot) rows routed to it."""
     t, k = ids.shape
     xs = _slots(x, k).reshape(t * k, -1).float()
     if glu:
-        g, u = xs.chunk(2, dim=-1)
-        xs = F.silu(g) * u
+        xs = _torch_glu(xs, act)
     flat = ids.reshape(-1).long()
     y = torch.empty(t * k, w.n, dtype=torch.float32, device=x.device)
     for e in flat.unique().tolist():
@@ -219,14 +264,14 @@ def _moe_kernel(x_ptr, w_ptr, ids_ptr, y_ptr, N, K, k_used, stride_xt, stride_xj
 
 
 def triton(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
-           weights: torch.Tensor | None = None, acc: torch.Tensor | None = None) -> torch.Tensor:
+           weights: torch.Tensor | None = None, acc: torch.Tensor | None = None,
+           bias: torch.Tensor | None = None, act: str = "silu") -> torch.Tensor:
     """Same contract as `cpu`: the experts dequantized once on the host (kept on `w`), one program
-    per (token, slot) row and column block reading its expert's rows; the glu gate and the
-    weighted sum in torch."""
+    per (token, slot) row and column block reading its expert's rows; the glu gate, the experts'
+    biases and the weighted sum in torch."""
     t, k = ids.shape
     if glu:
-        g, u = x.float().chunk(2, dim=-1)
-        x = (F.silu(g) * u).to(x.dtype)
+        x = _torch_glu(x, act)
     x = x if x.stride(-1) == 1 else x.contiguous()
     dense = w.__dict__.get("_moe_dense")
     if dense is None or dense.device != x.device:
@@ -239,7 +284,7 @@ def triton(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
         grid = (t * k, _triton.cdiv(w.n, block_n))
         _moe_kernel[grid](x, dense, ids64, y, w.n, w.k, k, x.stride(0), 0 if x.dim() == 2 else x.stride(1),
                           dense.stride(0), BLOCK_N=block_n, BLOCK_K=32)
-    return _combine(y, weights, acc)
+    return _combine(_biased(y, ids64, bias), weights, acc)
 
 
 EXAMPLE_TYPES = (T.Q4_0, T.Q8_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4, T.Q3_K, T.F32, T.F16)
@@ -248,7 +293,8 @@ EXAMPLE_TYPES = (T.Q4_0, T.Q8_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     """Random experts (one of the formats above; 1-2 parts of 1-40 rows each, so that parts end
     mid-group), T tokens choosing k of E experts each (distinct, as top-k), x shared by a token's
-    slots or per slot (then half of the draws glu)."""
+    slots or per slot (then half of the draws glu, a third of those gpt-oss's clamped one), and a
+    third with expert biases (gpt-oss)."""
     qtype = EXAMPLE_TYPES[int(torch.randint(len(EXAMPLE_TYPES), (), generator=gen))]
     kdim = 256 * int(torch.randint(1, 3, (), generator=gen)) if qtype in (T.Q4_K, T.Q5_K, T.Q6_K, T.Q3_K) \
         else 32 * int(torch.randint(1, 5, (), generator=gen))
@@ -264,7 +310,10 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     weights = torch.rand(tokens, k, generator=gen) if per_slot and bool(torch.randint(2, (), generator=gen)) else None
     into = weights is not None and bool(torch.randint(2, (), generator=gen))
     acc = torch.randn(tokens, sum(rows), generator=gen) if into else None
-    return torch.randn(*shape, generator=gen).to(dtype), Experts(parts, n_expert), ids, glu, weights, acc
+    act = "oai" if glu and torch.rand((), generator=gen) < 0.33 else "silu"
+    bias = torch.randn(n_expert, sum(rows), generator=gen) if torch.rand((), generator=gen) < 0.33 else None
+    x = torch.randn(*shape, generator=gen) * (2 if act == "oai" else 1)   # oai: some gates past its clamp
+    return x.to(dtype), Experts(parts, n_expert), ids, glu, weights, acc, bias, act
 
 
 def _aot(dtype: str) -> tuple:

@@ -2,7 +2,8 @@
 
    Per token row t of h [T, d] (float32, row stride sh): the router logits against W [E, d]
    (float64), each a float64 sum of float32 * float64 products in index order, rounded to float32
-   once (the same floats whatever the batch); then as llama.cpp's build_moe_ffn:
+   once (the same floats whatever the batch), plus bias[e] where there is a bias (gpt-oss's
+   ffn_gate_inp.bias, a float32 add as ggml's); then as llama.cpp's build_moe_ffn:
      gating 0 (softmax): p = softmax(logits) in float32 (max subtracted, expf, one division each);
      gating 1 (softmax_weight): p = logits;
    the k largest p (ties: the lower expert id first), in descending order -> ids[t, :];
@@ -11,7 +12,7 @@
    Rows split over the threads from 64 rows (prefill); a decode step's few rows stay on one. */
 #include <math.h>
 
-int moe_route(const float *h, const double *W, int64_t *ids, float *w, int64_t T, int64_t d, int64_t E, int64_t k,
+int moe_route(const float *h, const double *W, const float *bias, int64_t *ids, float *w, int64_t T, int64_t d, int64_t E, int64_t k,
               int64_t sh, int gating, int norm, float scale, int n_threads) {
     if (k < 1 || k > E || E > 4096) return 2;
     #pragma omp parallel for num_threads(n_threads) if (T >= 64) schedule(static)
@@ -23,6 +24,7 @@ int moe_route(const float *h, const double *W, int64_t *ids, float *w, int64_t T
             double s = 0.0;
             for (int64_t i = 0; i < d; i++) s += (double)x[i] * we[i];
             p[e] = (float)s;
+            if (bias) p[e] += bias[e];
         }
         if (gating == 0) {
             float mx = p[0], sum = 0.0f;

@@ -2,7 +2,8 @@
 
 `(ids [T, k] int64, weights [T, k] float32) = route(h [T, d], W [E, d] float64)`:
 logits = h @ W^T (summed in float64, rounded to float32 once: a token's logits are the same floats
-whatever its batch, see slotserver/model/moe.py); gating 0 = softmax over the E logits, 1 =
+whatever its batch, see slotserver/model/moe.py), plus `bias` [E] float32 where given (gpt-oss's
+router bias, added to the rounded logits as ggml adds it); gating 0 = softmax over the E logits, 1 =
 softmax_weight (gpt-oss: the raw logits, softmax over the k selected); the k largest (descending;
 ties to the lower id); their values as weights; `norm`: divided by their sum (clamped at 6.1e-5, as
 llama.cpp); times `scale` where it is not 1.
@@ -25,14 +26,18 @@ import triton.language as tl
 from slotserver.runtime import native
 
 OP = "moe_route"
+FUSES = ("bias",)   # the optional router bias every implementation takes (a gpt-oss model asks for it)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-5}
 WEIGHT_SUM_MIN = 6.103515625e-5
 
 
 def reference(h: torch.Tensor, router: torch.Tensor, k: int, gating: int = 0, norm: bool = False,
-              scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """llama.cpp's order: probabilities, top k of them, their values, softmax (gating 1), renormalize, scale."""
+              scale: float = 1.0, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's order: logits (+ bias), probabilities, top k of them, their values, softmax
+    (gating 1), renormalize, scale."""
     logits = (h.double() @ router.double().T).float()                  # [T, E]
+    if bias is not None:
+        logits = logits + bias.float()
     probs = logits.softmax(-1) if gating == 0 else logits
     ids = probs.topk(k, dim=-1).indices                                # [T, k], largest first
     w = probs.gather(1, ids)
@@ -47,29 +52,33 @@ def reference(h: torch.Tensor, router: torch.Tensor, k: int, gating: int = 0, no
 
 NATIVE_C = native.c_source(__file__, "moe_route.c")
 _LIB = native.build("moe_route", NATIVE_C, origin=native.c_path(__file__, "moe_route.c"), strict=True)
-native.signature(_LIB, "moe_route", 4, 5, (native.ctypes.c_int, native.ctypes.c_int, native.ctypes.c_float,
+native.signature(_LIB, "moe_route", 5, 5, (native.ctypes.c_int, native.ctypes.c_int, native.ctypes.c_float,
                                            native.ctypes.c_int), replay=True)
 
 
 def cpu(h: torch.Tensor, router: torch.Tensor, k: int, gating: int = 0, norm: bool = False,
-        scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The C kernel for float32 rows (unit stride) and a contiguous float64 router; else `reference`."""
+        scale: float = 1.0, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The C kernel for float32 rows (unit stride), a contiguous float64 router and a contiguous
+    float32 bias (or none); else `reference`."""
     if (_LIB is None or h.dtype != torch.float32 or h.dim() != 2 or h.stride(1) != 1 or router.dtype != torch.float64
-            or not router.is_contiguous() or not h.is_cpu or router.shape[0] > 4096 or not 0 < k <= router.shape[0]):
-        return reference(h, router, k, gating, norm, scale)
+            or not router.is_contiguous() or not h.is_cpu or router.shape[0] > 4096 or not 0 < k <= router.shape[0]
+            or bias is not None and not (bias.dtype == torch.float32 and bias.is_contiguous() and bias.is_cpu
+                                         and bias.shape == router.shape[:1])):
+        return reference(h, router, k, gating, norm, scale, bias)
     t = h.shape[0]
     ids = torch.empty(t, k, dtype=torch.int64)
     w = torch.empty(t, k, dtype=torch.float32)
-    rc = _LIB.moe_route(h.data_ptr(), router.data_ptr(), ids.data_ptr(), w.data_ptr(), t, h.shape[1], router.shape[0],
+    rc = _LIB.moe_route(h.data_ptr(), router.data_ptr(), 0 if bias is None else bias.data_ptr(), ids.data_ptr(),
+                        w.data_ptr(), t, h.shape[1], router.shape[0],
                         k, h.stride(0), gating, norm, scale, torch.get_num_threads())
     assert rc == 0, f"moe_route: failed ({rc})"
     return ids, w
 
 
 @_triton.jit
-def _route_kernel(h_ptr, w_ptr, ids_ptr, wt_ptr, D, E, K_USED, stride_h, GATING: tl.constexpr, BLOCK_E: tl.constexpr,
-                  BLOCK_D: tl.constexpr):
-    """Program t (a token row): its E logits as float64 sums rounded to float32, softmax (GATING 0),
+def _route_kernel(h_ptr, w_ptr, b_ptr, ids_ptr, wt_ptr, D, E, K_USED, stride_h, GATING: tl.constexpr,
+                  BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BIAS: tl.constexpr):
+    """Program t (a token row): its E logits as float64 sums rounded to float32 (+ the bias: BIAS), softmax (GATING 0),
     then K_USED times the largest remaining value (ties: the lowest id) -> ids, its value -> weights."""
     t = tl.program_id(0).to(tl.int64)
     es = tl.arange(0, BLOCK_E)
@@ -82,6 +91,8 @@ def _route_kernel(h_ptr, w_ptr, ids_ptr, wt_ptr, D, E, K_USED, stride_h, GATING:
         w = tl.load(w_ptr + es[:, None].to(tl.int64) * D + ds[None, :], mask=emask[:, None] & dmask[None, :], other=0.0)
         acc += tl.sum(w * x[None, :], axis=1)
     p = acc.to(tl.float32)
+    if BIAS:
+        p = p + tl.load(b_ptr + es, mask=emask, other=0.0)
     if GATING == 0:
         mx = tl.max(tl.where(emask, p, float("-inf")), 0)
         p = tl.where(emask, tl.exp(p - mx), 0.0)
@@ -96,7 +107,7 @@ def _route_kernel(h_ptr, w_ptr, ids_ptr, wt_ptr, D, E, K_USED, stride_h, GATING:
 
 
 def triton(h: torch.Tensor, router: torch.Tensor, k: int, gating: int = 0, norm: bool = False,
-           scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+           scale: float = 1.0, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as `cpu`: logits, softmax and selection in the kernel (one program per token);
     the k weights' softmax (gating 1), renormalization and scale in torch on the device."""
     t, e = h.shape[0], router.shape[0]
@@ -105,8 +116,9 @@ def triton(h: torch.Tensor, router: torch.Tensor, k: int, gating: int = 0, norm:
     ids = torch.empty(t, k, dtype=torch.int64, device=h.device)
     w = torch.empty(t, k, dtype=torch.float32, device=h.device)
     if t:
-        _route_kernel[(t,)](h, router, ids, w, h.shape[1], e, k, h.stride(0), GATING=gating,
-                            BLOCK_E=max(16, _triton.next_power_of_2(e)), BLOCK_D=32)
+        b = router if bias is None else bias.float().contiguous()   # unused without a bias
+        _route_kernel[(t,)](h, router, b, ids, w, h.shape[1], e, k, h.stride(0), GATING=gating,
+                            BLOCK_E=max(16, _triton.next_power_of_2(e)), BLOCK_D=32, BIAS=bias is not None)
     if gating == 1:
         w = w.softmax(-1)
     if norm:
@@ -116,7 +128,8 @@ def triton(h: torch.Tensor, router: torch.Tensor, k: int, gating: int = 0, norm:
 
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     """Router logits of every size llama.cpp's MoE archs use (4-160 experts, 1-8 used), both gatings,
-    with and without renormalization and scale. Always float32 rows: the model's MoE activations are."""
+    with and without renormalization and scale, a third with a router bias (gpt-oss). Always float32
+    rows: the model's MoE activations are."""
     e = int(torch.randint(4, 161, (), generator=gen))
     k = int(torch.randint(1, min(e, 8) + 1, (), generator=gen))
     d = int(torch.randint(8, 200, (), generator=gen))
@@ -125,13 +138,15 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     router = (torch.randn(e, d, generator=gen) / d ** 0.5).double()
     gating, norm = int(torch.randint(2, (), generator=gen)), bool(torch.randint(2, (), generator=gen))
     scale = 1.0 if torch.randint(2, (), generator=gen) else 2.5
-    return h, router, k, gating, norm, scale
+    bias = torch.randn(e, generator=gen) if torch.rand((), generator=gen) < 0.33 else None
+    return h, router, k, gating, norm, scale, bias
 
 
-def _aot(gating: int, block_e: int) -> tuple:
-    sig = {"h_ptr": "*fp32", "w_ptr": "*fp64", "ids_ptr": "*i64", "wt_ptr": "*fp32", "D": "i32", "E": "i32",
-           "K_USED": "i32", "stride_h": "i32", "GATING": "constexpr", "BLOCK_E": "constexpr", "BLOCK_D": "constexpr"}
-    return (_route_kernel, sig, {"GATING": gating, "BLOCK_E": block_e, "BLOCK_D": 32})
+def _aot(gating: int, block_e: int, bias: bool = False) -> tuple:
+    sig = {"h_ptr": "*fp32", "w_ptr": "*fp64", "b_ptr": "*fp32" if bias else "*fp64", "ids_ptr": "*i64",
+           "wt_ptr": "*fp32", "D": "i32", "E": "i32", "K_USED": "i32", "stride_h": "i32", "GATING": "constexpr",
+           "BLOCK_E": "constexpr", "BLOCK_D": "constexpr", "BIAS": "constexpr"}
+    return (_route_kernel, sig, {"GATING": gating, "BLOCK_E": block_e, "BLOCK_D": 32, "BIAS": bias})
 
 
-AOT = [_aot(0, 128), _aot(1, 32)]
+AOT = [_aot(0, 128), _aot(1, 32), _aot(1, 32, bias=True)]   # the last: gpt-oss-20b (32 experts, biased)

@@ -25,11 +25,15 @@ import triton as _triton
 import triton.language as tl
 
 from slotserver.runtime import native
-from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk
+from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk, softmax_sinks
 from slotserver.runtime.kv_spec import PagedKV
 
 
 OP = "paged_attention"
+# AttnMeta's per-layer options beyond window and softcap that every implementation honours (FUSES, as
+# kernels/qmatmul.py's): a model with sinks (gpt-oss) refuses at load a lab copy from before them,
+# which would ignore them silently.
+FUSES = ("sinks",)
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 LOG2E = 1.4426950408889634
 # Decode (flash-decoding), as in attention.py: grid (sequences, KV heads, splits), one chunk of a
@@ -63,7 +67,7 @@ def reference(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> tor
             scores = torch.einsum("hd,khd->hk", q[row].float(), keys[lo: pos + 1]) * scale
             if softcap:
                 scores = softcap * torch.tanh(scores / softcap)
-            out[row] = torch.einsum("hk,khd->hd", scores.softmax(dim=-1), vals[lo: pos + 1])
+            out[row] = torch.einsum("hk,khd->hd", softmax_sinks(scores, meta.sinks), vals[lo: pos + 1])
     return out.to(q.dtype)
 
 
@@ -79,7 +83,7 @@ NATIVE_C = native.joined(__file__, [("attention_amx.c", native.c_source(__file__
                                      ("attention.c", native.c_source(__file__, "attention.c"))])
 _LIB = native.build("attention", NATIVE_C, strict=True)
 native.signature(_LIB, "attention_prompt_amx", 0, 0)
-native.signature(_LIB, "paged_attention_rows", 8, 15, (native.ctypes.c_float, native.ctypes.c_float,
+native.signature(_LIB, "paged_attention_rows", 9, 15, (native.ctypes.c_float, native.ctypes.c_float,
                                                        native.ctypes.c_int, native.ctypes.c_int, native.ctypes.c_int))
 _KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -109,6 +113,10 @@ def _native_ok(q: torch.Tensor, kv: PagedKV, meta: AttnMeta) -> bool:
             or not (streams.is_contiguous() and lens.is_contiguous()):
         return False
     # the streams' range as attention.py finds it: no tensor read when the batch's streams are contiguous
+    sinks = meta.sinks
+    if sinks is not None and not (sinks.dtype == torch.float32 and sinks.shape == (qs[1],) and sinks.is_contiguous()
+                                  and sinks.is_cpu):
+        return False
     top = meta.stream_base + meta.n_seqs if meta.stream_base is not None else int(meta.seq_streams.max()) + 1
     return meta.max_kv <= table.shape[1] * bs and top <= table.shape[0]
 
@@ -120,7 +128,8 @@ def _native_rows(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> 
     out = torch.empty((n_rows, q_heads, dim), dtype=q.dtype)                        # [tokens, q_heads, dim]
     rc = _LIB.paged_attention_rows(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), meta.row_streams.data_ptr(),
-        meta.row_kv_lens.data_ptr(), _prompt_ptr(meta), kv.block_table.data_ptr(), n_rows, q_heads, k.shape[2], dim,
+        meta.row_kv_lens.data_ptr(), _prompt_ptr(meta), kv.block_table.data_ptr(),
+        0 if meta.sinks is None else meta.sinks.data_ptr(), n_rows, q_heads, k.shape[2], dim,
         q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], kv.block_table.stride(0),
         kv.block_size.bit_length() - 1, meta.window, scale, meta.softcap, native.is_bf16(q), _KV_TYPES[k.dtype],
         torch.get_num_threads())
@@ -150,11 +159,11 @@ def _cpu_sdpa(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> tor
     key_pos = torch.arange(b0 * bs, max_kv, device=q.device)           # [L]
     if max_q == 1:                                                      # decode: q [B, q_heads, 1, dim]
         mask = _band(key_pos, meta.kv_lens.view(n_seq, 1) - 1, window).view(n_seq, 1, 1, -1)
-        out = _sdpa(q.reshape(n_seq, q_heads, 1, dim), keys, vals, mask, scale, meta.softcap)
+        out = _sdpa(q.reshape(n_seq, q_heads, 1, dim), keys, vals, mask, scale, meta.softcap, meta.sinks)
         return out.view(n_seq, q_heads, dim)
     qp = q[meta.pad_index].transpose(1, 2)                              # [B, q_heads, max_q, dim]
     mask = _band(key_pos.view(1, 1, 1, -1), meta.pad_positions.view(n_seq, 1, max_q, 1), window)  # [B, 1, max_q, L]
-    out = _sdpa(qp, keys, vals, mask, scale, meta.softcap)
+    out = _sdpa(qp, keys, vals, mask, scale, meta.softcap, meta.sinks)
     return out.transpose(1, 2).reshape(n_seq * max_q, q_heads, dim)[meta.valid_rows]  # [tokens, q_heads, dim]
 
 
@@ -165,14 +174,16 @@ def _band(key_pos: torch.Tensor, q_pos: torch.Tensor, window: int) -> torch.Tens
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-          softcap: float) -> torch.Tensor:
-    """torch's SDPA (native GQA); with a softcap, which SDPA cannot apply, the maths written out."""
-    if not softcap:
+          softcap: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """torch's SDPA (native GQA); with a softcap or sinks, which SDPA cannot apply, the maths written out."""
+    if not softcap and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     group = q.shape[1] // k.shape[1]
     kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
-    scores = softcap * torch.tanh(torch.matmul(q.float(), kf.transpose(-1, -2)) * scale / softcap)
-    return torch.matmul(scores.masked_fill(~mask, float("-inf")).softmax(dim=-1), vf).to(q.dtype)
+    scores = torch.matmul(q.float(), kf.transpose(-1, -2)) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    return torch.matmul(softmax_sinks(scores.masked_fill(~mask, float("-inf")), sinks), vf).to(q.dtype)
 
 
 def _gather(pages: torch.Tensor, table: torch.Tensor, max_kv: int, dtype: torch.dtype) -> torch.Tensor:
@@ -209,12 +220,21 @@ def _page_rows(table_ptr, table_row, cells, c_mask, PAGE: tl.constexpr):
 
 
 @_triton.jit
+def _sink_norm(m, l, sk):
+    """1 / the softmax denominator with a sink, in log2 units (see attention.py's `_sink_norm`)."""
+    mx = tl.maximum(m, sk)
+    e = tl.exp2(m - mx)
+    return e / (l * e + tl.exp2(sk - mx))
+
+
+@_triton.jit
 def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, table_ptr, streams_ptr, kv_lens_ptr,
-                         q_offsets_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb, stride_vr,
-                         stride_vh, stride_bt, stride_ot, stride_oh, qk_scale, window, softcap,
+                         q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb,
+                         stride_vr, stride_vh, stride_bt, stride_ot, stride_oh, qk_scale, window, softcap,
                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                         SOFTCAP: tl.constexpr, DOT: tl.constexpr, IEEE_DOT: tl.constexpr, SPLIT: tl.constexpr):
+                         SOFTCAP: tl.constexpr, DOT: tl.constexpr, IEEE_DOT: tl.constexpr, SPLIT: tl.constexpr,
+                         SINKS: tl.constexpr):
     """Program (sequence b, KV head h, split i): b's one new token, its GROUP query heads, over the
     i-th of `tl.num_programs(2)` equal chunks (whole BLOCK_N tiles) of b's cells from its window's
     first (0 without one) to kv_len, looked up through the block table (flash-decoding; see
@@ -273,14 +293,19 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ta
         tl.store(m_ptr + part, m_i, mask=g_mask)
         tl.store(l_ptr + part, l_i, mask=g_mask)
         tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
+    elif SINKS:
+        sk = tl.load(sinks_ptr + h * GROUP + g, mask=g_mask, other=0.0) * 1.4426950408889634
+        tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
+                 (acc * _sink_norm(m_i, l_i, sk)[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
     else:
         tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
                  (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
 
 
 @_triton.jit
-def _paged_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, n_splits, stride_ot, stride_oh,
-                                 HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _paged_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, sinks_ptr, n_splits, stride_ot,
+                                 stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                                 SINKS: tl.constexpr):
     """Program (sequence b, query head): the n_splits partials of `_paged_decode_kernel` merged,
     each rescaled to the largest running max (empty chunks weigh 0)."""
     b = tl.program_id(0)
@@ -294,19 +319,25 @@ def _paged_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, 
     l = tl.load(l_ptr + base + i, mask=i_mask, other=0.0)                       # noqa: E741
     acc = tl.load(acc_ptr + (base + i)[:, None] * HEAD_DIM + d[None, :], mask=i_mask[:, None] & d_mask[None, :],
                   other=0.0)                                                     # [BLOCK_S, BLOCK_D]
-    w = tl.exp2(m - tl.max(m, axis=0))                                           # -inf (empty) -> 0
-    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
+    if SINKS:   # the head's sink logit joins the merged denominator (and its max)
+        sk = tl.load(sinks_ptr + head) * 1.4426950408889634
+        mx = tl.maximum(tl.max(m, axis=0), sk)
+        w = tl.exp2(m - mx)
+        out = tl.sum(w[:, None] * acc, axis=0) / (tl.sum(w * l, axis=0) + tl.exp2(sk - mx))
+    else:
+        w = tl.exp2(m - tl.max(m, axis=0))                                       # -inf (empty) -> 0
+        out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
     row = tl.load(q_offsets_ptr + b).to(tl.int64)
     tl.store(out_ptr + row * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 @_triton.jit
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, q_lens_ptr, kv_lens_ptr,
-                          q_offsets_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb,
+                          q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb,
                           stride_vr, stride_vh, stride_bt, stride_ot, stride_oh, qk_scale, window, softcap,
                           GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                          IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr):
+                          IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr):
     """Program (sequence b, KV head h, row tile): a causal chunk against the paged cache; rows fold
     the GQA group (row r: query r // GROUP, head h*GROUP + r % GROUP), as in attention.py."""
     b = tl.program_id(0)
@@ -351,7 +382,12 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, 
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE_DOT)
         m_i = m_new
     o_rows = (q_off + r // GROUP)[:, None] * stride_ot + (h * GROUP + r % GROUP)[:, None] * stride_oh + d[None, :]
-    tl.store(out_ptr + o_rows, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask)
+    if SINKS:
+        sk = tl.load(sinks_ptr + h * GROUP + r % GROUP, mask=r_mask, other=0.0) * 1.4426950408889634
+        out = acc * _sink_norm(m_i, l_i, sk)[:, None]
+    else:
+        out = acc / l_i[:, None]
+    tl.store(out_ptr + o_rows, out.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask)
 
 
 def triton(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
@@ -360,10 +396,12 @@ def triton(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.
     kv_heads, dim = kv.k_pages.shape[2], q.shape[2]
     group = q.shape[1] // kv_heads
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    args = (q.stride(0), q.stride(1), *kv.k_pages.stride()[:3], *kv.v_pages.stride()[:3],
+    sinks = meta.kv_lens if meta.sinks is None else meta.sinks.to(device=q.device, dtype=torch.float32).contiguous()
+    args = (sinks, q.stride(0), q.stride(1), *kv.k_pages.stride()[:3], *kv.v_pages.stride()[:3],
             kv.block_table.stride(0), out.stride(0), out.stride(1), scale * LOG2E, meta.window,
             float(meta.softcap or 1.0))
-    common = dict(GROUP=group, HEAD_DIM=dim, PAGE=kv.block_size, SOFTCAP=bool(meta.softcap))
+    common = dict(GROUP=group, HEAD_DIM=dim, PAGE=kv.block_size, SOFTCAP=bool(meta.softcap),
+                  SINKS=meta.sinks is not None)
     if meta.max_q == 1:
         _decode(q, kv, meta, out, args, group)
     else:
@@ -417,12 +455,12 @@ def _decode(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, out: torch.Tensor, arg
         meta.q_offsets, *args, GROUP=group, HEAD_DIM=dim, PAGE=kv.block_size,
         BLOCK_G=max(16 if dot else 1, _triton.next_power_of_2(group)), BLOCK_D=max(16, _triton.next_power_of_2(dim)),
         BLOCK_N=DECODE_BLOCK_N, SOFTCAP=bool(meta.softcap), DOT=dot,
-        IEEE_DOT=q.dtype == torch.float32 or _interpreted(), SPLIT=n_splits > 1, num_warps=DECODE_WARPS,
-        num_stages=DECODE_STAGES)
+        IEEE_DOT=q.dtype == torch.float32 or _interpreted(), SPLIT=n_splits > 1, SINKS=meta.sinks is not None,
+        num_warps=DECODE_WARPS, num_stages=DECODE_STAGES)
     if n_splits > 1:
         _paged_decode_combine_kernel[(n_seqs, q_heads)](
-            m, l_sum, acc, out, meta.q_offsets, n_splits, out.stride(0), out.stride(1), HEAD_DIM=dim,
-            BLOCK_S=_triton.next_power_of_2(n_splits), BLOCK_D=_triton.next_power_of_2(dim))
+            m, l_sum, acc, out, meta.q_offsets, args[0], n_splits, out.stride(0), out.stride(1), HEAD_DIM=dim,
+            BLOCK_S=_triton.next_power_of_2(n_splits), BLOCK_D=_triton.next_power_of_2(dim), SINKS=meta.sinks is not None)
 
 
 def _interpreted() -> bool:
@@ -445,11 +483,15 @@ def _check(q: torch.Tensor, kv: PagedKV, meta: AttnMeta) -> None:
         assert t.dtype == torch.int64 and t.is_contiguous() and t.device == q.device
 
 
-def example_layer(meta: AttnMeta, gen: torch.Generator) -> AttnMeta:
-    """Half the cases under a sliding window (1 to 24 cells), a third soft-capped (0.5 to 3)."""
+def example_layer(meta: AttnMeta, gen: torch.Generator, q_heads: int = 0) -> AttnMeta:
+    """Half the cases under a sliding window (1 to 24 cells), a third soft-capped (0.5 to 3), and
+    with q_heads a third with sinks (logits of scale 2)."""
     window = int(torch.randint(1, 25, (), generator=gen)) if torch.rand((), generator=gen) < 0.5 else 0
     softcap = 0.5 + 2.5 * float(torch.rand((), generator=gen)) if torch.rand((), generator=gen) < 0.33 else 0.0
-    return meta.with_layer(window, softcap)
+    sinks = None
+    if q_heads and torch.rand((), generator=gen) < 0.33:
+        sinks = 2 * torch.randn(q_heads, generator=gen)
+    return meta.with_layer(window, softcap, sinks)
 
 
 def _example_dim(gen: torch.Generator) -> int:
@@ -476,7 +518,7 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
                                prompt=prompt))
     if torch.rand((), generator=gen) < 0.5:  # the engine's order, decodes first (AttnMeta.split)
         chunks.sort(key=lambda c: len(c.tokens) > 1)
-    meta = example_layer(Batch.build(chunks).attn, gen)
+    meta = example_layer(Batch.build(chunks).attn, gen, kv_heads * group)
     owned = torch.randperm(n_blocks, generator=gen)[: n_streams * per_stream].view(n_streams, per_stream)
     table = torch.full((n_streams, per_stream), -1, dtype=torch.int32)
     for s, n_kv in zip(meta.seq_streams.tolist(), meta.kv_lens.tolist()):
@@ -493,18 +535,19 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
 
 
 def _aot(dtype: str, decode: bool, group: int = 3, dim: int = 64, page: int = 16, cache: str | None = None,
-         split: bool = True) -> tuple:
+         split: bool = True, sinks: bool = False) -> tuple:
     cache = cache or dtype
     sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{cache}", "v_ptr": f"*{cache}", "out_ptr": f"*{dtype}"}
     sig |= {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"} if decode else {}
-    sig |= {"table_ptr": "*i32", "streams_ptr": "*i64", "kv_lens_ptr": "*i64", "q_offsets_ptr": "*i64"}
-    if not decode:
-        sig["q_lens_ptr"] = "*i64"
+    sig |= {"table_ptr": "*i32", "streams_ptr": "*i64"}
+    sig |= {"kv_lens_ptr": "*i64"} if decode else {"q_lens_ptr": "*i64", "kv_lens_ptr": "*i64"}
+    sig |= {"q_offsets_ptr": "*i64", "sinks_ptr": "*fp32" if sinks else "*i64"}   # no sinks: kv_lens, unread
     sig |= {n: "i32" for n in ("stride_qt", "stride_qh", "stride_kb", "stride_kr", "stride_kh", "stride_vb",
                                "stride_vr", "stride_vh", "stride_bt", "stride_ot", "stride_oh")}
     sig |= {"qk_scale": "fp32", "window": "i32", "softcap": "fp32"}
     pow2 = lambda n: 1 << (n - 1).bit_length()   # noqa: E731 - triton.next_power_of_2, without importing triton here
-    const = {"GROUP": group, "HEAD_DIM": dim, "PAGE": page, "BLOCK_D": max(16, pow2(dim)), "SOFTCAP": False}
+    const = {"GROUP": group, "HEAD_DIM": dim, "PAGE": page, "BLOCK_D": max(16, pow2(dim)), "SOFTCAP": False,
+             "SINKS": sinks}
     if decode:
         dot = group >= DECODE_DOT_MIN_GROUP
         const |= {"BLOCK_G": max(16 if dot else 1, pow2(group)), "BLOCK_N": DECODE_BLOCK_N, "DOT": dot,
@@ -515,14 +558,15 @@ def _aot(dtype: str, decode: bool, group: int = 3, dim: int = 64, page: int = 16
     return (_paged_decode_kernel if decode else _paged_prefill_kernel, sig, const)
 
 
-def _aot_combine(dtype: str, dim: int = 64, splits: int = 16) -> tuple:
+def _aot_combine(dtype: str, dim: int = 64, splits: int = 16, sinks: bool = False) -> tuple:
     sig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "out_ptr": f"*{dtype}", "q_offsets_ptr": "*i64",
-           "n_splits": "i32", "stride_ot": "i32", "stride_oh": "i32"}
-    const = {"HEAD_DIM": dim, "BLOCK_S": splits, "BLOCK_D": dim}
+           "sinks_ptr": "*fp32" if sinks else "*i64", "n_splits": "i32", "stride_ot": "i32", "stride_oh": "i32"}
+    const = {"HEAD_DIM": dim, "BLOCK_S": splits, "BLOCK_D": dim, "SINKS": sinks}
     return (_paged_decode_combine_kernel, sig | {name: "constexpr" for name in const}, const)
 
 
 # SmolLM2-135M geometry (group 3, head_dim 64, 16-cell pages): bf16 and f16 pages, decode (split
 # and not) and prefill; Llama-3-8B's decode (group 4, head_dim 128); the decode combine.
 AOT = [_aot("bf16", True), _aot("bf16", True, cache="fp16"), _aot("bf16", True, split=False),
-       _aot("bf16", True, group=4, dim=128), _aot("bf16", False), _aot("fp32", True), _aot_combine("bf16")]
+       _aot("bf16", True, group=4, dim=128), _aot("bf16", False), _aot("fp32", True), _aot_combine("bf16"),
+       _aot("bf16", True, group=8, cache="fp16", sinks=True)]   # gpt-oss-20b's decode (group 8, sinks)

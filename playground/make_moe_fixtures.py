@@ -7,7 +7,8 @@ only read what it writes):
     .venv/bin/python playground/make_moe_fixtures.py [NAME ...] [--size big --out DIR --no-ref]
 
 Each case (`CASES`) is a transformers config (Qwen3MoeForCausalLM, OlmoeForCausalLM,
-GraniteMoeForCausalLM, Qwen2MoeForCausalLM) with random weights (seeded; norm weights away from 1,
+GraniteMoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM: its experts written as MXFP4 blocks,
+as gpt-oss ships them, so the fixture's experts are GGUF MXFP4) with random weights (seeded; norm weights away from 1,
 so a norm read in the wrong place shows) and the tiny vocabulary of tests/tiny_gguf.py as a
 Hugging Face byte-level BPE tokenizer (same ids: 307-309 are the specials, so the arch fixture test
 reads these files like the others). The converter runs in a child Python with two patches: its
@@ -17,7 +18,8 @@ pre-tokenizer check (a hash of how a *known* model's tokenizer splits a test tex
 
 `--size big` makes the speed model of docs/performance.md ("Issue 38: MoE"): d_model 512, 16
 experts (4 used), 8 layers, the Qwen3 tokenizer-free vocabulary padded to 32000, written F32
-to --out (then requantized with llama-quantize), no reference run.
+to --out (then requantized with llama-quantize: Q4_K_M, or MXFP4_MOE for gpt-oss, whose experts
+are MXFP4 already), no reference run.
 """
 
 from __future__ import annotations
@@ -60,12 +62,22 @@ CASES: dict[str, tuple[str, dict]] = {
     "qwen2moe": ("Qwen2MoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                                              shared_expert_intermediate_size=64, intermediate_size=64,
                                              norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[])),
+    # top-k of the biased router logits, softmax over the k; experts in MXFP4 (the HF checkpoint's own
+    # blocks, mxfp4_experts) with gate/up/down biases and the clamped SwiGLU; attention sinks, q/k/v/o
+    # biases, every other layer windowed (6 cells: shorter than the prompts), gpt-oss's yarn rope
+    "gpt-oss": ("GptOssForCausalLM", dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
+                                          num_hidden_layers=4, sliding_window=6, rope_parameters=dict(
+                                              rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
+                                              beta_slow=1.0, truncate=False, original_max_position_embeddings=4096))),
 }
 # a seed whose greedy ids avoid the special tokens (the test bans them, llama-server picks a CONTROL
 # token <|im_start|> as any other: the first granitemoe seed started with it)
 SEED_OFFSET = {"granitemoe": 1}
 BIG = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=8, head_dim=64, vocab_size=32000,
            num_experts=16, num_experts_per_tok=4, moe_intermediate_size=512, intermediate_size=1024)
+# per case where its config names these differently (gpt-oss: experts of width intermediate_size, the
+# real model's 128-cell window and a larger GQA group)
+BIG_CASE = {"gpt-oss": dict(num_local_experts=16, intermediate_size=512, sliding_window=128, num_key_value_heads=2)}
 
 CONVERT = """
 import sys
@@ -115,7 +127,40 @@ def write_hf(folder: Path, cls_name: str, config: dict, seed: int) -> None:
                 p.normal_(0, 1.0 / p.shape[-1] ** 0.5)
             elif "bias" in name:
                 p.normal_(0, 0.3)
+        for name, p in model.named_parameters():
+            if name.endswith("sinks"):   # learned per-head logits: in the scores' range, so they matter
+                p.normal_(0, 1.0)
     model.save_pretrained(folder, safe_serialization=True)
+    if cls_name == "GptOssForCausalLM":
+        mxfp4_experts(folder)
+
+
+FP4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)   # E2M1 magnitudes of nibbles 0-7 (8-15: negated)
+
+
+def mxfp4_experts(folder: Path) -> None:
+    """Rewrite a saved GptOss checkpoint's float experts as the MXFP4 blocks gpt-oss ships
+    (`*_blocks` [E, out, in/32, 16] two nibbles a byte, low first; `*_scales` [E, out, in/32] E8M0
+    biased by 127; quantization_config mxfp4), which llama.cpp's converter repacks into GGUF MXFP4."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        w = tensors.pop(name).transpose(-1, -2).contiguous()                    # [E, out, in]
+        blocks = w.reshape(*w.shape[:2], -1, 32)
+        amax = blocks.abs().amax(-1, keepdim=True).clamp_min(1e-30)
+        e = torch.ceil(torch.log2(amax / 6.0))                                  # |x| / 2^e <= 6
+        mags = torch.tensor(FP4)
+        x = blocks / torch.exp2(e)
+        code = (x.abs().unsqueeze(-1) - mags).abs().argmin(-1) + 8 * (x < 0)   # nearest E2M1, sign bit 8
+        code = code.to(torch.uint8)
+        tensors[name + "_blocks"] = (code[..., 0::2] | (code[..., 1::2] << 4)).contiguous()
+        tensors[name + "_scales"] = (e.squeeze(-1) + 127).to(torch.uint8).contiguous()
+    save_file(tensors, path, metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": []}
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def convert(hf: Path, out: Path) -> Path:
@@ -128,7 +173,7 @@ def convert(hf: Path, out: Path) -> Path:
 
 def make(name: str, out_dir: Path, big: bool, reference: bool) -> None:
     cls_name, extra = CASES[name]
-    config = TINY | extra | (BIG if big else {})
+    config = TINY | extra | (BIG | BIG_CASE.get(name, {}) if big else {})
     with tempfile.TemporaryDirectory() as tmp:
         hf = Path(tmp) / "hf"
         write_hf(hf, cls_name, config, seed=sum(map(ord, name)) + SEED_OFFSET.get(name, 0))

@@ -1,7 +1,10 @@
 """Every supported architecture computes what llama.cpp computes, on a tiny random model of it.
 
-The mixture-of-experts cases (qwen3moe, qwen2moe, olmoe, granitemoe) are random Hugging Face
-models converted by llama.cpp's own convert_hf_to_gguf.py (playground/make_moe_fixtures.py).
+The mixture-of-experts cases (qwen3moe, qwen2moe, olmoe, granitemoe, gpt-oss) are random Hugging
+Face models converted by llama.cpp's own convert_hf_to_gguf.py (playground/make_moe_fixtures.py).
+gpt-oss's experts are MXFP4 blocks (as gpt-oss ships them), which llama.cpp multiplies with 8-bit
+(Q8_0) activations: that case is compared through the file's blocks (`BLOCKS`, qmatmul's 8-bit
+activations, as llama.cpp), and its exact dequantized path against the blocks (below).
 
 tests/fixtures/archs/<case>.gguf is a tiny F32 model with every switch of its architecture on
 (windows shorter than the prompts, soft-caps inside the logits' range, random norm weights, rope
@@ -39,8 +42,15 @@ N_CTX = 256           # llama-server's -c: phi3's longrope picks its long factor
 SPECIAL = [307, 308, 309]  # tiny_gguf's <|endoftext|>, <|im_start|>, <|im_end|>: never a greedy pick (ignore_eos)
 
 
+# Fixtures with quantized tensors, compared as llama.cpp computes them: on the blocks, activations
+# quantized to 8 bits. Dequantized to float32 (the exact reference mode) gpt-oss's MXFP4 experts moved
+# top-8 probabilities by up to 7e-3 and flipped a greedy pick at a 0.009 near-tie; on the blocks 7e-4.
+BLOCKS = {"gpt-oss"}
+
+
 def _load(case: str) -> tuple[LlamaModel, list[dict]]:
-    model = LlamaModel.load(ARCHS / f"{case}.gguf", torch.float32, max_pos=N_CTX)
+    fmt = WeightFormat("q" if case in BLOCKS else "auto")
+    model = LlamaModel.load(ARCHS / f"{case}.gguf", torch.float32, max_pos=N_CTX, fmt=fmt)
     return model, json.loads((ARCHS / f"{case}.json").read_text())
 
 
@@ -89,7 +99,7 @@ def _compare(logits: list[torch.Tensor], rows: list[dict]) -> None:
 
 def test_every_architecture_has_a_fixture():
     assert {"gemma3", "qwen3", "gemma2", "phi3", "granite", "qwen2_yarn", "llama3_freqs"} <= set(CASES)
-    assert {"qwen3moe", "qwen2moe", "olmoe", "granitemoe"} <= set(CASES)   # playground/make_moe_fixtures.py
+    assert {"qwen3moe", "qwen2moe", "olmoe", "granitemoe", "gpt-oss"} <= set(CASES)   # playground/make_moe_fixtures.py
     assert all((ARCHS / f"{c}.gguf").stat().st_size < 1 << 20 for c in CASES)
 
 

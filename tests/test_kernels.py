@@ -148,7 +148,7 @@ def test_windowed_attention_skips_the_cells_before_the_window(op):
     gen = torch.Generator().manual_seed(21)
     for _ in range(20):
         q, kv, meta, scale = mod.example_inputs(gen, torch.float32)
-        meta = meta.with_layer(int(torch.randint(1, 12, (), generator=gen)), meta.softcap)
+        meta = meta.with_layer(int(torch.randint(1, 12, (), generator=gen)), meta.softcap, meta.sinks)
         want = mod.reference(q, kv, meta, scale)
         if kv.paged:
             k, v, bs = kv.k_pages.clone(), kv.v_pages.clone(), kv.block_size
@@ -172,7 +172,7 @@ def test_windowed_decode_in_c_reads_only_each_sequences_window():
         q, kv, meta, scale = mod.example_inputs(gen, torch.float32)
         if meta.max_q != 1 or kv.k_scale is not None:
             continue
-        meta = meta.with_layer(int(torch.randint(1, 12, (), generator=gen)), meta.softcap)
+        meta = meta.with_layer(int(torch.randint(1, 12, (), generator=gen)), meta.softcap, meta.sinks)
         want = mod.reference(q, kv, meta, scale)
         k, v = kv.k.clone(), kv.v.clone()
         for s, first in zip(meta.seq_streams.tolist(), _first_seen(meta)):

@@ -37,7 +37,8 @@ def _interpreted_checks() -> dict:
     numerics = [r for p in TRITON_FILES for r in check_numerics(p, "triton", N_CASES)]
     return {"numerics": {f"{r.kernel}/{r.dtype}": [r.ok, r.max_err, r.tol, r.detail] for r in numerics},
             "masking": {op: _masking_error(op) for op in ("attention", "paged_attention")},
-            "splits": {op: _split_decode_checks(op) for op in ("attention", "paged_attention")}}
+            "splits": {op: _split_decode_checks(op) for op in ("attention", "paged_attention")},
+            "sinks": {op: _sinks_checks(op) for op in ("attention", "paged_attention")}}
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +95,36 @@ def test_triton_decode_splits_the_context(interpreted, op):
     assert len(cases) >= 8 and sum(c["splits"] > 1 for c in cases) >= 6, cases
     bad = [c for c in cases if not c["ok"]]
     assert not bad, bad
+
+
+@pytest.mark.parametrize("op", ["attention", "paged_attention"])
+def test_triton_attention_sinks_match_the_reference(interpreted, op):
+    """gpt-oss's attention sinks (AttnMeta.sinks) in the decode and prefill kernels: random batches
+    of every cache form forced to carry sinks, against the reference's softmax with the sink column
+    (the split decode with its combine: test_triton_decode_splits_the_context's sink cases)."""
+    cases = interpreted["sinks"][op]
+    assert any(c["decode"] for c in cases) and any(not c["decode"] for c in cases), cases
+    assert all(c["moved"] > 1e-3 for c in cases), cases   # the sinks change every case's output
+    bad = [c for c in cases if not c["ok"]]
+    assert not bad, bad
+
+
+def _sinks_checks(op: str) -> list[dict]:
+    """mod.example_inputs batches with sinks of scale 2 put on: triton vs the reference, and how
+    far the sinks move the output (they must matter for the check to mean anything)."""
+    mod = load_by_path(KERNELS / f"{op}.py", KERNEL_CONTRACT).module
+    gen, out = torch.Generator().manual_seed(9), []
+    for i in range(6):
+        dtype = (torch.float32, torch.bfloat16)[i % 2]
+        q, kv, meta, scale = mod.example_inputs(gen, dtype)
+        plain = meta.with_layer(meta.window, meta.softcap)
+        meta = meta.with_layer(meta.window, meta.softcap, 2 * torch.randn(q.shape[1], generator=gen))
+        want, got = mod.reference(q, kv, meta, scale).float(), mod.triton(q, kv, meta, scale).float()
+        tol = mod.TOL[dtype]
+        moved = float((want - mod.reference(q, kv, plain, scale).float()).abs().max())
+        out.append({"decode": meta.max_q == 1, "ok": bool(torch.all((got - want).abs() <= tol + tol * want.abs())),
+                    "err": float((got - want).abs().max()), "moved": moved})
+    return out
 
 
 @pytest.mark.parametrize("op", ["attention", "paged_attention"])
@@ -191,6 +222,8 @@ SPLIT_CASES = [
     ("bfloat16", 1, 1, 32, 0, 1.0, None),
     ("float32", 3, 4, 40, 0, 0.0, 5),
     ("bfloat16", 0, 2, 16, 45, 0.0, 3),
+    ("float32", 0, 3, 32, 0, 0.0, None, "sinks"),     # gpt-oss: sinks in the combine (and a window below)
+    ("bfloat16", 3, 2, 32, 20, 0.0, None, "sinks"),
 ]
 
 
@@ -201,14 +234,14 @@ def _split_decode_checks(op: str) -> list[dict]:
     mod = load_by_path(KERNELS / f"{op}.py", KERNEL_CONTRACT).module
     mod.DECODE_BLOCK_N, mod.DECODE_MIN_CHUNK = 16, 16
     gen, out = torch.Generator().manual_seed(5), []
-    for dtype_name, kind, group, dim, window, softcap, forced in SPLIT_CASES:
+    for dtype_name, kind, group, dim, window, softcap, forced, *sinks in SPLIT_CASES:
         mod.DECODE_FORCE_SPLITS = forced
         dtype = getattr(torch, dtype_name)
         kv_heads, n_streams, n_cells = 2, 6, 112
         starts = [111, 0, 70, 16, 47]          # kv_len 112 (7 chunks), 1, 71, 17, 48
         streams = torch.randperm(n_streams, generator=gen)[: len(starts)].tolist()
         meta = Batch.build([SeqChunk(stream=s, start=st, tokens=[0]) for s, st in zip(streams, starts)]).attn
-        meta = meta.with_layer(window, softcap)
+        meta = meta.with_layer(window, softcap, 2 * torch.randn(kv_heads * group, generator=gen) if sinks else None)
         q = torch.randn(len(starts), kv_heads * (group + 1), dim, generator=gen).to(dtype)[:, : kv_heads * group]
         k, v = (torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen) for _ in range(2))
         visible = torch.zeros(n_streams, n_cells, dtype=torch.bool)
@@ -226,7 +259,7 @@ def _split_decode_checks(op: str) -> list[dict]:
         ok = bool(torch.all((got.float() - want.float()).abs() <= tol + tol * want.float().abs()))
         splits = mod.decode_splits(meta.n_seqs, kv_heads, min(meta.max_kv, window) if window else meta.max_kv,
                                    q.device)
-        out.append({"case": [dtype_name, kind, group, dim, window, softcap, forced], "splits": splits,
+        out.append({"case": [dtype_name, kind, group, dim, window, softcap, forced, *sinks], "splits": splits,
                     "ok": ok and not math.isnan(err), "err": err})
     return out
 

@@ -30,6 +30,7 @@ from slotserver.model.rope_table import RopeTable
 from slotserver.model.step_graph import GRAPH_BYTES_MIN, StepGraphs
 from slotserver.model.cuda_graph import CudaGraphs
 from slotserver.model import heap, lean_step
+from slotserver.model.bias_add import add_bias
 from slotserver.model.linear import QLinear
 from slotserver.model.moe import moe_ffn
 from slotserver.model.gpu_weights import GPU_OP, for_blocks
@@ -75,11 +76,7 @@ class LlamaModel:
                   device: str = "cpu") -> "LlamaModel":
         """device: where the weights and rope tables live (runtime/device.py; kernels bound to match)."""
         kernels = kernels or KernelSet.load()
-        moe_ops = ("moe_route", "moe_matmul") if spec.moe else ()
-        for needed in ("gelu_mul" if spec.act == "gelu" else "silu_mul", *moe_ops):
-            if needed not in kernels.modules:   # e.g. a lab folder copied before gelu_mul.py existed
-                raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs the kernel {needed} "
-                                      f"(kernels/{needed}.py), absent from the kernels folder")
+        _check_kernels(f, spec, kernels)
         weights = read_weights(f, spec, dtype, kernels, fmt, device, progress)
         max_pos = max_pos or spec.ctx_train
         # phi3 longrope: the long factors once the context passes the trained one (llama.cpp's choice)
@@ -238,6 +235,12 @@ class LlamaModel:
         residual add (into `acc`, returned) fused into qmatmul where it fuses (GGUF blocks and a
         qmatmul with FUSES), else as the separate kernels: the same floats either way."""
         if fuse and isinstance(lin, QLinear):
+            if acc is not None and lin.bias is not None and len(lin.parts) == 1 and norm is None and not glu \
+                    and lin.op == "qmatmul":
+                # gpt-oss's attn_output: x += a @ W^T in qmatmul, then += bias in C (add_bias), where
+                # llama.cpp adds (a @ W^T + bias) + x: last-bit apart, but two C calls a step graph
+                # replays (QLinear.fused would end in torch's add_)
+                return add_bias(self.kernels.qmatmul(x.contiguous(), lin.parts[0], None, 0.0, False, acc), lin.bias)
             return lin.fused(x, self.kernels, norm, self.spec.norm_eps, glu, acc)
         ops = self.kernels
         if glu:
@@ -269,7 +272,7 @@ class LlamaModel:
         cache.write(i, batch.token_streams, batch.positions, k, v)
         kv = cache.view(i)                                       # StridedKV or PagedKV
         attend = ops.paged_attention if kv.paged else ops.attention
-        a = attend(q, kv, batch.attn.with_layer(s.window(i), s.attn_softcap), s.q_scale)  # [tokens, heads, hd]
+        a = attend(q, kv, batch.attn.with_layer(s.window(i), s.attn_softcap, lw.sinks), s.q_scale)  # [tokens, heads, hd]
         return _as(a.reshape(n, q_size), self.weights.act_dtype)
 
     def _residual_add(self, norm_adds: bool, x: torch.Tensor, y: torch.Tensor,
@@ -287,6 +290,25 @@ class LlamaModel:
         if self.spec.residual_scale != 1.0:
             y = y * self.spec.residual_scale
         return y
+
+
+def _check_kernels(f: GGUFFile, spec: ModelSpec, kernels: KernelSet) -> None:
+    """The kernels this architecture calls, with the options it asks of them (their FUSES), or one
+    line naming what is missing: e.g. a lab folder copied before gelu_mul.py existed, or before the
+    attention kernels took gpt-oss's sinks (they would ignore them silently)."""
+    moe_ops = ("moe_route", "moe_matmul") if spec.moe else ()
+    for needed in ("gelu_mul" if spec.act == "gelu" else "silu_mul", *moe_ops):
+        if needed not in kernels.modules:
+            raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs the kernel {needed} "
+                                  f"(kernels/{needed}.py), absent from the kernels folder")
+    asks = {"attention": {"sinks"} if spec.sinks else set(), "paged_attention": {"sinks"} if spec.sinks else set()}
+    if spec.moe is not None and spec.moe.act != "silu":   # gpt-oss: router and expert biases, swiglu_oai
+        asks |= {"moe_route": {"bias"}, "moe_matmul": {"bias", "act"}}
+    for op, options in asks.items():
+        lacking = options - kernels.fuses.get(op, frozenset())
+        if op in kernels.modules and lacking:
+            raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs kernels/{op}.py with {', '.join(sorted(lacking))} "
+                                  f"(its FUSES); this one predates them (`slotserver lab init --force` makes a new copy)")
 
 
 def read_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, kernels: KernelSet, fmt: WeightFormat,

@@ -13,6 +13,13 @@ weights in one C call; kernels/moe_matmul.py: rows grouped by expert, each activ
 read once per step, the weighted sum and the residual add fused): a qwen3moe or olmoe decode step
 is C calls only and replays from a step graph like a dense model's. A shared expert (qwen2moe,
 granite MoE shared) and granite's residual multiplier add torch ops: those steps run as usual.
+
+gpt-oss (`MoeSpec.act` "swiglu_oai", biases in `MoeWeights`) follows llama.cpp's order: the
+router bias joins the logits (in moe_route), each slot's gate|up gets its expert's bias, the
+clamped SwiGLU feeds the down matmul, each slot's output gets its expert's down bias and only then
+its routing weight, and the k weighted outputs are summed in slot order: all inside the two
+moe_matmul calls (`bias`, `act="oai"`), so a gpt-oss decode step is C calls only too and replays
+from a step graph.
 """
 
 from __future__ import annotations
@@ -33,9 +40,13 @@ class MoeWeights:
     gate_up: list[Experts]                # [E, 2 F, d_model] (one Experts; two where gate and up differ in format)
     down: Experts                         # [E, d_model, F]
     shared_gate: torch.Tensor | None = None  # [1, d_model] float64 (qwen2moe's ffn_gate_inp_shexp)
+    router_bias: torch.Tensor | None = None  # [E] float32 (gpt-oss's ffn_gate_inp.bias)
+    gate_up_bias: torch.Tensor | None = None  # [E, 2 F] float32: gate then up, as an expert's rows
+    down_bias: torch.Tensor | None = None    # [E, d_model] float32
 
     def nbytes(self) -> int:
-        return sum(e.nbytes() for e in (*self.gate_up, self.down)) + self.router.numel() * 8
+        biases = sum(b.numel() * 4 for b in (self.router_bias, self.gate_up_bias, self.down_bias) if b is not None)
+        return sum(e.nbytes() for e in (*self.gate_up, self.down)) + self.router.numel() * 8 + biases
 
 
 def router_logits(h: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
@@ -50,7 +61,29 @@ def router_logits(h: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
 
 def route(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(expert ids [T, k] int64, weights [T, k] float32) of the normed rows h: the moe_route kernel."""
-    return ops.moe_route(h, mw.router, moe.n_used, GATING[moe.gating], moe.norm_weights, moe.weights_scale)
+    if mw.router_bias is None:   # the call as a lab kernel copied before the bias argument takes it
+        return ops.moe_route(h, mw.router, moe.n_used, GATING[moe.gating], moe.norm_weights, moe.weights_scale)
+    return ops.moe_route(h, mw.router, moe.n_used, GATING[moe.gating], moe.norm_weights, moe.weights_scale,
+                         mw.router_bias)
+
+
+ACTS = {"silu": "silu", "swiglu_oai": "oai"}   # MoeSpec.act -> kernels/moe_matmul.py's act
+
+
+def _part_options(mw: MoeWeights) -> list[dict]:
+    """moe_matmul's keyword options for each gate|up call: the expert biases of its columns
+    (gpt-oss; none: no options, so a lab copy of moe_matmul from before them still serves)."""
+    if mw.gate_up_bias is None:
+        return [{} for _ in mw.gate_up]
+    if len(mw.gate_up) == 1:
+        return [{"bias": mw.gate_up_bias}]
+    cols = [e.n for e in mw.gate_up]                               # gate and up in two formats
+    return [{"bias": b.contiguous()} for b in mw.gate_up_bias.split(cols, dim=1)]
+
+
+def _down_options(moe: MoeSpec, mw: MoeWeights) -> dict:
+    opts = {} if mw.down_bias is None else {"bias": mw.down_bias}
+    return opts if moe.act == "silu" else opts | {"act": ACTS[moe.act]}
 
 
 def moe_ffn(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None,
@@ -60,11 +93,12 @@ def moe_ffn(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None,
     (h -> [T, d_model]), or None. Without a shared expert and with one format for gate and up, the
     layer is three C calls (route, gate|up, down + sum + residual add): a step graph replays it."""
     ids, w = route(ops, moe, mw, h)                                # [T, k], [T, k]
-    parts = [ops.moe_matmul(h, e, ids) for e in mw.gate_up]        # [T, k, 2F] (or [T, k, F] twice)
+    parts = [ops.moe_matmul(h, e, ids, **o) for e, o in zip(mw.gate_up, _part_options(mw))]   # [T, k, 2F] (+ biases)
     gu = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    down = _down_options(moe, mw)                                  # gpt-oss: swiglu_oai, down biases
     if shared is None:
-        return ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w, acc=acc)   # summed in slot order
-    out = ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w)
+        return ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w, acc=acc, **down)   # summed in slot order
+    out = ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w, **down)
     s = shared(h)
     if mw.shared_gate is not None:
         s = s * torch.sigmoid(router_logits(h, mw.shared_gate))   # [T, 1]

@@ -15,9 +15,13 @@ architecture's graph (src/models/<arch>.cpp) sets; `MoeSpec` holds the same swit
   shared), run on every token beside the routed ones; qwen2moe's is scaled by a sigmoid gate
   (`ffn_gate_inp_shexp`), granite's is not.
 
-Kept general for gpt-oss (its SwiGLU with clamp and alpha, expert biases) to come as more switches
-on the same path: the experts' matmul (kernels/moe_matmul.py) takes any `Experts`, and the
-routing is this table, not code per architecture.
+- `act`: the experts' gated activation. "silu" (SwiGLU, silu(gate) * up); "swiglu_oai" (gpt-oss,
+  ggml's `swiglu_oai`: gate clamped to at most 7, up to [-7, 7], gate * sigmoid(1.702 gate) * (up
+  + 1); alpha and limit are constants in llama.cpp too). gpt-oss's router and expert biases are
+  data (`MoeWeights`), not switches: a layer has them where the file does.
+
+The routing is this table, not code per architecture; the experts' matmul
+(kernels/moe_matmul.py) takes any `Experts`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GATINGS = ("softmax", "softmax_weight")
+ACTS = ("silu", "swiglu_oai")
 
 
 @dataclass(frozen=True)
@@ -36,12 +41,14 @@ class MoeSpec:
     norm_weights: bool = False
     gating: str = "softmax"
     weights_scale: float = 1.0   # the k weights times this (llama.cpp's expert_weights_scale; 1 for these archs)
+    act: str = "silu"
 
     def __post_init__(self) -> None:
         assert self.gating in GATINGS, f"gating must be one of {GATINGS}, got {self.gating!r}"
+        assert self.act in ACTS, f"act must be one of {ACTS}, got {self.act!r}"
 
     @classmethod
-    def from_metadata(cls, key, norm_weights: bool, gating: str = "softmax") -> "MoeSpec | None":
+    def from_metadata(cls, key, norm_weights: bool, gating: str = "softmax", act: str = "silu") -> "MoeSpec | None":
         """None where the file has no experts (`{arch}.expert_count` absent or 0). `key`: spec.py's
         `_Keys` over the file's `{arch}.*` metadata (range-checked, one-line errors)."""
         if not key.raw("expert_count", 0):
@@ -51,4 +58,4 @@ class MoeSpec:
             raise key.error(f"expert_used_count {n_used} exceeds expert_count {n_expert}")
         d_ff = key.int("expert_feed_forward_length", key.raw("feed_forward_length"))
         shared = key.int("expert_shared_feed_forward_length") if key.has("expert_shared_feed_forward_length") else 0
-        return cls(n_expert, n_used, d_ff, shared, norm_weights, gating)
+        return cls(n_expert, n_used, d_ff, shared, norm_weights, gating, act=act)

@@ -39,7 +39,23 @@ def load_moe(f: GGUFFile, spec: ModelSpec, p: str, kind: str, dtype: torch.dtype
     if moe.d_ff_shared and p + "ffn_gate_inp_shexp.weight" in f.tensors:
         f.require(p + "ffn_gate_inp_shexp.weight", (1, d))
         shared_gate = f.load_tensor(p + "ffn_gate_inp_shexp.weight", torch.float32).double()   # [1, d_model]
-    return MoeWeights(router, gate_up, Experts((down,), e), shared_gate)
+    return MoeWeights(router, gate_up, Experts((down,), e), shared_gate, *_biases(f, p, e, ff, d))
+
+
+def _biases(f: GGUFFile, p: str, e: int, ff: int, d: int) -> tuple[torch.Tensor | None, ...]:
+    """gpt-oss's router and expert biases, float32, where the file has them: (router [E],
+    gate|up [E, 2F] in the experts' row order, down [E, d_model]). The gate and up biases come
+    together or not at all (a half-biased pair is no model llama.cpp loads)."""
+    def opt(name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
+        if p + name not in f.tensors:
+            return None
+        f.require(p + name, shape)
+        return f.load_tensor(p + name, torch.float32).reshape(shape).contiguous()
+    gate, up = opt("ffn_gate_exps.bias", (e, ff)), opt("ffn_up_exps.bias", (e, ff))
+    if (gate is None) != (up is None):
+        raise GGUFError(f.path, f"{p}ffn_gate_exps.bias and {p}ffn_up_exps.bias come in a pair")
+    gate_up = None if gate is None else torch.cat([gate, up], dim=1)
+    return opt("ffn_gate_inp.bias", (e,)), gate_up, opt("ffn_down_exps.bias", (e, d))
 
 
 def _expert_rows(f: GGUFFile, name: str, shape: tuple[int, int, int], kind: str, dtype: torch.dtype) -> QWeight:

@@ -2,7 +2,8 @@
 
 An architecture is one `ArchDef` row: a few switches the one forward (`model.py`) reads (q/k/v
 biases, rope mode, q/k norms, post-norms, the gated FFN's activation, sliding-window pattern,
-soft-capping, fused tensors, granite's multipliers, MoE weight renormalization). Everything else (GQA, head sizes, rope base
+soft-capping, fused tensors, granite's multipliers, MoE weight renormalization, gating and
+activation, gpt-oss's output bias and attention sinks). Everything else (GQA, head sizes, rope base
 and scaling, window size) comes from the metadata keys llama.cpp reads (`{arch}.block_count`,
 `{arch}.attention.sliding_window`, ...), with llama.cpp's defaults (src/llama-model.cpp,
 src/models/<arch>.cpp).
@@ -35,6 +36,11 @@ class ArchDef:
     gemma_scale: bool = False    # 27B gemmas scale q by 1/sqrt(d_model / n_heads), not 1/sqrt(head_dim)
     qk_norm_full: bool = False   # olmoe: q and k RMSNorm over the whole projection, not per head
     moe_norm: bool = False       # MoE: the k selected weights renormalized to sum 1 (moe_spec.py)
+    moe_gating: str = "softmax"  # MoE: "softmax" then top-k, or "softmax_weight": top-k then softmax (gpt-oss)
+    moe_act: str = "silu"        # MoE experts' gate: "silu" (SwiGLU) or "swiglu_oai" (gpt-oss's clamped form)
+    out_bias: bool = False       # attn_output.bias (gpt-oss)
+    sinks: bool = False          # attn_sinks.weight: a learned logit per query head in each softmax (gpt-oss)
+    ffn_norm: str = "ffn_norm"   # the FFN's pre-norm tensor (gpt-oss names it post_attention_norm)
 
 
 ARCHS: dict[str, ArchDef] = {
@@ -53,6 +59,10 @@ ARCHS: dict[str, ArchDef] = {
     "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),
     "olmoe": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_full=True),
     "granitemoe": ArchDef(embed_scale="metadata", multipliers=True, moe_norm=True),
+    # llama.cpp's LLM_ARCH_OPENAI_MOE (src/models/openai-moe.cpp): every other layer windowed (pattern 2,
+    # the global rope base), q/k/v/o biases, sinks, biased router, top-k then softmax, clamped SwiGLU
+    "gpt-oss": ArchDef(qkv_bias=True, rope_mode="neox", swa_pattern=2, swa_rope_global=True, moe_gating="softmax_weight",
+                       moe_act="swiglu_oai", out_bias=True, sinks=True, ffn_norm="post_attention_norm"),
 }
 
 
@@ -91,6 +101,9 @@ class ModelSpec:
     fused: bool = False
     qk_norm_full: bool = False
     moe: MoeSpec | None = None  # a mixture-of-experts FFN in every layer (None: dense)
+    out_bias: bool = False      # the attention output projection has a bias
+    sinks: bool = False         # every layer has attention sinks (attn_sinks.weight, one per query head)
+    ffn_norm: str = "ffn_norm"  # name of each layer's FFN pre-norm tensor (blk.N.<name>.weight)
 
     @property
     def group(self) -> int:
@@ -143,7 +156,8 @@ class ModelSpec:
             residual_scale=key.float("residual_scale", 1.0) if a.multipliers else 1.0,
             logit_scale=key.float("logit_scale") if a.multipliers else 1.0,
             qk_norm=a.qk_norm, post_norms=a.post_norms, act=a.act, fused=a.fused, qk_norm_full=a.qk_norm_full,
-            moe=MoeSpec.from_metadata(key, a.moe_norm),
+            moe=MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act),
+            out_bias=a.out_bias, sinks=a.sinks, ffn_norm=a.ffn_norm,
         )
         spec._validate(f)
         return spec

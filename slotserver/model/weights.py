@@ -94,6 +94,7 @@ class LayerWeights:
     post_attn_norm: torch.Tensor | None = None  # [d_model] RMSNorm of the attention output (gemma2/3)
     post_ffn_norm: torch.Tensor | None = None   # [d_model] RMSNorm of the FFN output
     moe: MoeWeights | None = None               # router and experts (a mixture-of-experts layer)
+    sinks: torch.Tensor | None = None           # [n_heads] float32 attention sink logits (gpt-oss)
 
 
 @dataclass
@@ -192,13 +193,25 @@ def _block_layer(f: GGUFFile, spec: ModelSpec, i: int, fmt: WeightFormat) -> Lay
     return LayerWeights(
         attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32),
         qkv=qkv,
-        wo=_qlinear(f, [_blocks(f, p + "attn_output.weight", (d, q_rows))], [None], False),
-        ffn_norm=_load(f, p + "ffn_norm.weight", (d,), torch.float32),
+        wo=_qlinear(f, [_blocks(f, p + "attn_output.weight", (d, q_rows))], [None], False, _out_bias(f, spec, p)),
+        ffn_norm=_load(f, p + spec.ffn_norm + ".weight", (d,), torch.float32),
         gate_up=gate_up,
         down=down,
         **_norms(f, spec, p),
         moe=load_moe(f, spec, p, "q", torch.float32) if spec.moe else None,
+        sinks=_sinks(f, spec, p),
     )
+
+
+def _out_bias(f: GGUFFile, spec: ModelSpec, p: str) -> torch.Tensor | None:
+    """attn_output.bias [d_model] float32 where the architecture has one (gpt-oss)."""
+    return _load(f, p + "attn_output.bias", (spec.d_model,), torch.float32) if spec.out_bias else None
+
+
+def _sinks(f: GGUFFile, spec: ModelSpec, p: str) -> torch.Tensor | None:
+    """attn_sinks.weight [n_heads] float32 (gpt-oss): one logit per query head, joining the softmax
+    denominator of every query (kernels/attention.py). Per head, so neox's row order leaves it be."""
+    return _load(f, p + "attn_sinks.weight", (spec.n_heads,), torch.float32).contiguous() if spec.sinks else None
 
 
 def _block_ffn(f: GGUFFile, spec: ModelSpec, p: str, fmt: WeightFormat) -> tuple[QLinear | None, QLinear | None]:
@@ -317,12 +330,14 @@ def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: W
     return LayerWeights(
         attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32),
         qkv=lin(qkv_names, torch.cat([q, k, v]), bias),
-        wo=lin(["attn_output"], _load(f, p + "attn_output.weight", (d, spec.n_heads * hd), dtype)),
-        ffn_norm=_load(f, p + "ffn_norm.weight", (d,), torch.float32),
+        wo=lin(["attn_output"], _load(f, p + "attn_output.weight", (d, spec.n_heads * hd), dtype),
+               None if not spec.out_bias else _out_bias(f, spec, p).to(dtype)),
+        ffn_norm=_load(f, p + spec.ffn_norm + ".weight", (d,), torch.float32),
         gate_up=lin(gate_up_names, gate_up) if ff else None,
         down=lin(["ffn_down" + sfx], _load(f, p + "ffn_down" + sfx + ".weight", (d, ff), dtype)) if ff else None,
         **_norms(f, spec, p),
         moe=load_moe(f, spec, p, fmt.kind, dtype) if spec.moe else None,
+        sinks=_sinks(f, spec, p),
     )
 
 

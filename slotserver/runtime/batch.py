@@ -50,7 +50,11 @@ class AttnMeta:
     # halves apart instead of padding every decode row to the longest prefill chunk.
     split: tuple["AttnMeta", "AttnMeta"] | None = None
     # Per-layer options (`with_layer`): a sliding window (the query at position p sees keys
-    # p-window+1 .. p; 0: full causal attention) and gemma2's score soft-capping (0: off).
+    # p-window+1 .. p; 0: full causal attention), gemma2's score soft-capping (0: off) and
+    # gpt-oss's attention sinks: [q_heads] float32 logits, one per query head, each joining the
+    # softmax denominator of every query of its head with no value (ggml_soft_max_ext's sinks:
+    # p_j = exp(s_j) / (sum_i exp(s_i) + exp(sink)); None: off). A weight of the layer, not of the
+    # step: `Batch.tensors` leaves it out, a step graph keeps its pointer.
     window: int = 0
     softcap: float = 0.0
     # Per flat row: its stream and how many keys it sees (its position + 1). A kernel may run every
@@ -59,17 +63,30 @@ class AttnMeta:
     row_streams: torch.Tensor | None = None   # [T] int64
     row_kv_lens: torch.Tensor | None = None   # [T] int64
     row_prompt: torch.Tensor | None = None    # [T] uint8: 1 for rows of prompt chunks; None: there are none
+    sinks: torch.Tensor | None = None         # [q_heads] float32 (see window, softcap above)
 
     @property
     def n_seqs(self) -> int:
         return int(self.seq_streams.shape[0])
 
-    def with_layer(self, window: int, softcap: float) -> "AttnMeta":
-        """The same batch under a layer's window and softcap (its split halves too)."""
-        if window == self.window and softcap == self.softcap:
+    def with_layer(self, window: int, softcap: float, sinks: torch.Tensor | None = None) -> "AttnMeta":
+        """The same batch under a layer's window, softcap and sinks (its split halves too)."""
+        if window == self.window and softcap == self.softcap and sinks is self.sinks:
             return self
-        split = None if self.split is None else tuple(m.with_layer(window, softcap) for m in self.split)
-        return replace(self, window=window, softcap=softcap, split=split)
+        split = None if self.split is None else tuple(m.with_layer(window, softcap, sinks) for m in self.split)
+        return replace(self, window=window, softcap=softcap, split=split, sinks=sinks)
+
+
+def softmax_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """scores [q_heads, L] or [B, q_heads, M, L] -> the softmax over L, each head's sink logit
+    (`AttnMeta.sinks`) joining the denominator as one more column, dropped after: ggml_soft_max_ext
+    with sinks. The attention kernels' torch formulations (references, SDPA fallbacks) share it."""
+    if sinks is None:
+        return scores.softmax(dim=-1)
+    shape = [1] * scores.dim()
+    shape[-2 if scores.dim() == 2 else -3] = -1
+    col = sinks.float().view(shape).expand(*scores.shape[:-1], 1)
+    return torch.cat([scores.float(), col], dim=-1).softmax(dim=-1)[..., :-1]
 
 
 @dataclass(frozen=True)
@@ -179,6 +196,8 @@ def _tensors(obj) -> list[torch.Tensor]:
     out = []
     for f in fields(obj):
         v = getattr(obj, f.name)
+        if f.name == "sinks":   # a layer's weight (with_layer), never a step's input
+            continue
         if isinstance(v, torch.Tensor):
             out.append(v)
         elif isinstance(v, AttnMeta):
