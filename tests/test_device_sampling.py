@@ -177,6 +177,24 @@ def test_step_sampling_on_the_device_path_answers_as_the_host_path():
         assert not p.n_probs or abs(d.logprob - h.logprob) < 1e-5   # the rows that asked for it
 
 
+def test_a_small_step_samples_only_its_greedy_rows_on_the_device(monkeypatch):
+    """Below device_min_rows (DEVICE_MIN_ROWS in service: measured on an H100) top-k/probability
+    rows go to the host sampler and greedy rows stay on the device; the answers are the host's."""
+    vocab = 500
+    params = [SamplingParams(temperature=0.8, top_k=20, seed=1), SamplingParams(temperature=0.0, repeat_penalty=1.2)]
+    logits = spaced_logits(torch.Generator().manual_seed(9), len(params), vocab, 12.0)
+    served = []
+    runs = {}
+    for name, kw in (("small", dict(on_device=True, device_min_rows=8)), ("host", dict(on_device=False))):
+        sampling = StepSampling(vocab, **kw)
+        real = sampling.device.sample
+        monkeypatch.setattr(sampling.device, "sample", lambda lg, ps, *a, **k: served.append(len(ps)) or real(lg, ps, *a, **k))
+        seqs = [seq(p, 100 + i, tokens=range(i, 40 + i)) for i, p in enumerate(params)]
+        runs[name] = [r[0].token for r in sampling.sample(plan_of(seqs), logits, None)]
+    assert served == [1]                         # the greedy row alone went to the device sampler
+    assert runs["small"] == runs["host"]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_step_sampling_on_cuda_logits_answers_as_on_cpu_logits():
     """On the GPU: the device sampler on CUDA logits against the host path on the same logits."""

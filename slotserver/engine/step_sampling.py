@@ -24,16 +24,28 @@ from slotserver.model.sampling.sampler import Sampler, SamplingError
 from slotserver.model.tensor_check import logits_problem
 
 
+# Below this many rows a step's non-greedy rows (top-k/p, probabilities, grammars) go to the host
+# sampler on a copy of their logits: on an H100 (docs/gpu.md, 2026-11-27) the device sampler's ~30-110
+# small launches cost more than copying one 152k-vocab row (queued behind a forward, batch 1: top-k
+# 0.72 vs 0.52 ms, n_probs 1.30 vs 0.79, grammar 1.52 vs 0.66), and from 8 rows less (1.6-2.7x
+# faster at 8, 15-36x at 64). Greedy rows stay on the device at any size (4.3x faster at 1 row);
+# overlapped steps (`sample_ids`) sample on the device whatever their size: their launches hide
+# under the next forward.
+DEVICE_MIN_ROWS = 8
+
+
 class StepSampling:
     def __init__(self, vocab_size: int, synth_probs: tuple[float, ...] = (), eog: frozenset[int] = frozenset(),
-                 on_device: bool | None = None) -> None:
+                 on_device: bool | None = None, device_min_rows: int | None = None) -> None:
         """synth_probs, eog: --spec-synth-*'s acceptance (speculative/verify.py `synth_run`).
         on_device: None (service) runs the device sampler on logits off the CPU and the host path
         on CPU logits; True the device path on any logits (the tests run it on CPU tensors); False
-        the host path on any (the benchmark's baseline)."""
+        the host path on any (the benchmark's baseline). device_min_rows: below it non-greedy rows
+        take the host path (default DEVICE_MIN_ROWS in service, 0 when on_device is forced)."""
         self.sampler = Sampler(vocab_size)
         self.device = DeviceSampler(vocab_size)
         self.synth_probs, self.eog, self.on_device = synth_probs, eog, on_device
+        self.min_rows = device_min_rows if device_min_rows is not None else (DEVICE_MIN_ROWS if on_device is None else 0)
 
     def sample(self, plan: StepPlan, logits: torch.Tensor | None,
                allowed: torch.Tensor | None) -> list[tuple[Sampled, ...]]:
@@ -88,7 +100,9 @@ class StepSampling:
         probabilities come back); only the others' rows (forcing a reasoning budget, or off the
         plain chain: DRY, XTC, mirostat...) are copied to the host sampler. docs/architecture.md
         ("Sampling on the device")."""
-        dev = [i for i, (s, f) in enumerate(zip(seqs, forced)) if f is None and self.device.serves(s.params, s.tokens)]
+        few = len(seqs) < self.min_rows
+        dev = [i for i, (s, f) in enumerate(zip(seqs, forced)) if f is None and self.device.serves(s.params, s.tokens)
+               and not (few and not (s.params.greedy and not s.params.n_probs))]
         host = sorted(set(range(len(seqs))) - set(dev))
         out: list[Sampled | None] = [None] * len(seqs)
         for part, run in ((dev, self._device_rows), (host, self._host_rows)):
