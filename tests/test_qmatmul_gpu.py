@@ -1,5 +1,5 @@
 """kernels/qmatmul_gpu.py (GGUF blocks multiplied on the GPU) on CPU tensors: every format in both
-regimes (decode with K split, the tiled GEMM; with and without the fused residual add) equal to
+regimes (decode with K split, dequantized tiles + mm; with and without the residual add) equal to
 gguf's dequantizer + a float64 matmul, run by triton's interpreter; the tiling plan; and a tiny
 model loaded as `--gpu-weights blocks` giving the dense reference's greedy tokens.
 
@@ -41,12 +41,12 @@ def _format_errors() -> dict[str, float]:
         k = 256 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 160   # decode: K split 4 ways / 2 ways (3 + 2 blocks)
         w = random_qweight(gen, qtype, 45, k)
         exact = dequantize(w).double()
-        for m in (1, 5, 24, 130):   # the GEMV, the 2-16 row dot, the tiled GEMM, dequantized tiles + torch.mm
+        for m in (1, 5, 24):   # the GEMV, the 2-16 row dot, dequantized tiles + torch.mm (from 17 rows)
             x = torch.randn(m, k, generator=gen)
             ref = x.double() @ exact.T
             scale = 1 + float(ref.abs().max())
             out[f"{qtype.name}/{m}"] = float((mod.triton(x, w).double() - ref).abs().max()) / scale
-            if m != 5:   # the residual add after the split partials (1), fused into the store (24), after mm (130)
+            if m != 5:   # the residual add after the split partials (1), after the mm (24)
                 acc = torch.randn(m, w.n, generator=gen)
                 y_acc = mod.triton(x, w, acc.clone())
                 out[f"{qtype.name}/{m}/acc"] = float((y_acc.double() - ref - acc.double()).abs().max()) / scale
@@ -108,7 +108,7 @@ def interpreted(tiny_q8) -> dict:
 
 def test_every_format_in_both_regimes_matches_the_exact_product(interpreted):
     errors = interpreted["errors"]
-    assert len(errors) == len(_module().FORMATS) * 7
+    assert len(errors) == len(_module().FORMATS) * 5   # rows 1, 5, 24 and the residual adds at 1 and 24
     bad = {case: e for case, e in errors.items() if e > 1e-4}   # float32 sums of exact weights
     assert not bad, bad
 
