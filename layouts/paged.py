@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from slotserver.runtime.kv_spec import KVSpec
-from slotserver.runtime.paged_blocks import PagedKVCache
+from slotserver.runtime.paged_cache import PagedKVCache
 
 NAME = "paged"
 BLOCK_SIZE = 16
