@@ -23,7 +23,7 @@ What a graph needs, and how this meets it:
 
 Paged layouts: the block table's device copy is one persistent tensor refreshed in place, and a
 step's cells are placed on the host before the replay (blocks allocated, copied on write, the pool
-grown) into a persistent buffer the captured write reads (`graph_step`, runtime/paged_blocks.py).
+grown) into a persistent buffer the captured write reads (`graph_step`, runtime/paged_cache.py).
 A pool that grows moves its storage, which changes the owner: the graphs are recaptured (the pool
 doubles, so that happens a few times at most). A lab paged layout without `graph_step` runs
 eagerly. The graphs share one memory pool (replays never overlap); a replay's logits are valid
