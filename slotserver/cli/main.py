@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     # nothing here uses numpy's BLAS. Set before any sub-command imports numpy; a user's value wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)   # --tp: the command line its other ranks run
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
