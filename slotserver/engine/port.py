@@ -92,7 +92,9 @@ class EnginePort:
     # -- one idle slot's KV (engine thread) ------------------------------------------------------
     def geometry(self) -> KVGeometry:
         s, e = self._e.bundle.model.spec, self._e
-        return KVGeometry(s.n_layers, s.n_kv_heads, s.head_dim, e.cache.spec.dtype, e.config.n_cells, s.vocab_size)
+        # the cache's heads: under --tp, every rank's (slotserver/parallel/leader.py), as slot files hold
+        return KVGeometry(s.n_layers, e.cache.spec.n_kv_heads, s.head_dim, e.cache.spec.dtype, e.config.n_cells,
+                          s.vocab_size)
 
     def export_slot(self, slot_id: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """(cached tokens, K, V) of an idle slot, K/V canonical `[n_layers, n, kv_heads, head_dim]`."""

@@ -58,8 +58,14 @@ class LeaderCache:
         self.inner, self._leader = inner, leader
         leader.use(inner)
 
-    def __getattr__(self, name: str):   # local reads: write, view, budget, spec, name, kv_type, ...
+    def __getattr__(self, name: str):   # local reads: write, view, budget, name, kv_type, bytes_used, ...
         return getattr(self.inner, name)
+
+    @property
+    def spec(self):
+        """The whole model's KV geometry (every rank's heads): what export_stream gives and
+        import_stream takes, and what slot files and the prompt cache hold."""
+        return replace(self.inner.spec, n_kv_heads=sum(self._leader.plan.kv_counts()))
 
     def _send(self, method: str, *args) -> None:
         self._leader.use(self.inner)

@@ -1,0 +1,158 @@
+"""`--tp 2` over gloo on this machine gives what one process gives (issue 39, part 2).
+
+Two ranks (tests/tp_ranks.py, started with torchrun's environment) run `generate` on the default
+model and on the tiny fixture of every dense architecture, then serve the default model through
+HTTP; this process computes the same without TP and compares what a user sees: greedy tokens,
+top-8 log-probabilities (float32, within 1e-4), n > 1 choices, grammar-constrained text, slot files
+(one saved here restored there, one saved there restored here), and /props' per-rank memory.
+The `slotserver generate --tp 2` command line (its own spawned rank) is checked on one fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from starlette.testclient import TestClient
+
+from slotserver.engine.config import EngineConfig
+from slotserver.engine.engine import Engine
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.model.default_model import default_model_path
+from slotserver.model.generate import GenRequest, generate
+from slotserver.model.model import LlamaModel
+from slotserver.model.sampling.params import SamplingParams
+from slotserver.server import ServerConfig, ServerState, create_app
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tp_ranks import N_PREDICT, PROMPT, SERVE_CASES, SLOT_PROMPT  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHS = ROOT / "tests" / "fixtures" / "archs"
+DENSE = ["gemma2", "gemma3", "granite", "llama3_freqs", "llama_linear", "phi3", "qwen2_yarn", "qwen3"]
+TOL = 1e-4
+
+
+def _models() -> list[str]:
+    return [str(default_model_path())] + [str(ARCHS / f"{a}.gguf") for a in DENSE]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(what the two ranks saw, this process's server and its answers), the ranks run once."""
+    slots = tmp_path_factory.mktemp("slots")
+    threads = torch.get_num_threads()
+    bundle = ModelBundle.load(ModelConfig(default_model_path(), dtype="float32", threads=min(threads, 2)))
+    engine = Engine(bundle, EngineConfig(n_parallel=3, ctx_size=3 * 256, slot_save_path=slots)).start()
+    state = ServerState(ServerConfig(model_path=str(bundle.config.model_path), slot_save_path=slots))
+    state.set_loaded(bundle, engine)
+    try:
+        with TestClient(create_app(state)) as client:
+            base = _baseline(client)
+            tp = _run_ranks(slots)
+            base["tp_file"] = _restore(client, "tp.bin")
+            yield tp, base
+    finally:
+        engine.stop()
+        torch.set_num_threads(threads)
+
+
+def _baseline(client) -> dict:
+    body = {"prompt": SLOT_PROMPT, "n_predict": 6, "temperature": 0, "id_slot": 0, "cache_prompt": True}
+    client.post("/completion", json=body)
+    assert client.post("/slots/0?action=save", json={"filename": "base.bin"}).status_code == 200
+    return {"cases": [client.post(path, json=b).json() for path, b in SERVE_CASES],
+            "restored": _restore(client, "base.bin")}
+
+
+def _restore(client, name: str) -> dict:
+    assert client.post("/slots/1?action=restore", json={"filename": name}).status_code == 200
+    body = {"prompt": SLOT_PROMPT, "n_predict": 6, "temperature": 0, "id_slot": 1, "cache_prompt": True}
+    return client.post("/completion", json=body).json()
+
+
+def _run_ranks(slots: Path) -> dict:
+    out = slots / "tp.json"
+    env = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(_free_port()), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, str(ROOT / "tests" / "tp_ranks.py"), str(out), str(slots), *_models()]
+    procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stderr=subprocess.PIPE,
+                              text=True) for r in range(2)]
+    errors = [p.communicate(timeout=240)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    return json.loads(out.read_text())
+
+
+def _close(tp_top: list, base_top: list) -> None:
+    """Top-8 (id, logprob) lists: every id clear of the 8th by TOL is in both, within TOL."""
+    got = dict((int(i), lp) for i, lp in tp_top)
+    cut = base_top[-1][1] + TOL
+    for i, lp in base_top:
+        if lp > cut:
+            assert int(i) in got and abs(got[int(i)] - lp) < TOL, (i, lp, got)
+
+
+@pytest.mark.parametrize("name", ["default"] + DENSE)
+def test_generate_tp2_equals_tp1(runs, name):
+    tp, _ = runs
+    path = _models()[0 if name == "default" else DENSE.index(name) + 1]
+    model = LlamaModel.load(path, torch.float32)
+    req = GenRequest(PROMPT, N_PREDICT, SamplingParams(temperature=0.0, n_probs=8), ignore_eos=True)
+    base = generate(model, [req], frozenset())[0]
+    got = tp["generate"][path]
+    assert [t for t, _ in got] == base.tokens
+    for (_, top), base_top in zip(got, base.top):
+        _close(top, base_top)
+
+
+def test_served_answers_under_tp_equal_one_process(runs):
+    """Greedy text with top-8 probabilities, n = 2 choices, a GBNF grammar: the same answers."""
+    tp, base = runs
+    (comp, chat, gram), (b_comp, b_chat, b_gram) = tp["serve"]["cases"], base["cases"]
+    assert comp["content"] == b_comp["content"]
+    for p, q in zip(comp["completion_probabilities"], b_comp["completion_probabilities"]):
+        assert p["id"] == q["id"]
+        _close([(t["id"], t["logprob"]) for t in p["top_logprobs"]], [(t["id"], t["logprob"]) for t in q["top_logprobs"]])
+    texts = [c["message"]["content"] for c in chat["choices"]]
+    assert len(texts) == 2 and texts == [c["message"]["content"] for c in b_chat["choices"]]
+    assert gram["content"] == b_gram["content"] and gram["content"] in (" yes.", " no.")
+
+
+def test_slot_files_cross_between_tp_and_one_process(runs):
+    """A slot saved without TP restores under TP and the other way round: the same cached cells
+    serve the prompt (cache_n) and the same text follows."""
+    tp, base = runs
+    for got in (tp["serve"]["restored"], base["tp_file"]):
+        assert got["content"] == base["restored"]["content"]
+        assert got["timings"]["cache_n"] == base["restored"]["timings"]["cache_n"] > 0
+    assert tp["serve"]["saved"]["n_saved"] > 0
+
+
+def test_props_reports_each_ranks_heads_and_memory(runs):
+    tp, _ = runs
+    ranks = tp["serve"]["props"]["ranks"]
+    assert tp["serve"]["props"]["world"] == 2 and [r["kv_heads"] for r in ranks] == [2, 1]   # 3 KV heads
+    assert ranks[0]["kv_bytes"] == 2 * ranks[1]["kv_bytes"] > 0
+
+
+def test_generate_command_line_tp2_prints_the_tp1_text():
+    cmd = [sys.executable, "-m", "slotserver.cli.main", "generate", "-m", str(ARCHS / "qwen3.gguf"),
+           "--dtype", "float32", "--temp", "0", "-n", "8", "hello world"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    one, two = (subprocess.run(cmd + extra, env=env, capture_output=True, text=True, timeout=120)
+                for extra in ([], ["--tp", "2"]))
+    assert one.returncode == two.returncode == 0, two.stderr
+    assert two.stdout == one.stdout and one.stdout.strip()

@@ -1,0 +1,97 @@
+"""One rank of the tensor-parallel tests (tests/test_tensor_parallel.py runs two, with torchrun's
+environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+
+`python tests/tp_ranks.py OUT.json SLOTS_DIR MODEL...`: for each model, `generate` greedy with
+top-8 log-probabilities through --tp 2's session; then the default model served in float32
+(n_parallel 3) through HTTP: SERVE_CASES, a slot restored from SLOTS_DIR/base.bin (saved by the
+test's server without --tp) and one saved to SLOTS_DIR/tp.bin. Rank 0 writes what a user saw.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from slotserver.engine.config import EngineConfig
+from slotserver.engine.engine import Engine
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import DEFAULT_LAYOUT, ModelConfig
+from slotserver.model.default_model import default_model_path
+from slotserver.model.generate import GenRequest, generate
+from slotserver.model.model import LlamaModel
+from slotserver.model.sampling.params import SamplingParams
+from slotserver.parallel.session import TPSession
+
+PROMPT = [1, 17, 42, 99, 7, 23, 5]
+N_PREDICT = 6
+SLOT_PROMPT = "The capital of France is"
+SERVE_CASES = [   # (path, body): what both servers answer
+    ("/completion", {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "n_probs": 8}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Name a color."}], "n": 2,
+                              "temperature": 0, "max_tokens": 8}),
+    ("/completion", {"prompt": "Is the sky blue? Answer:", "grammar": 'root ::= " " ("yes" | "no") "."',
+                     "temperature": 0, "n_predict": 8}),
+]
+
+
+def gen_case(model: LlamaModel, tp: TPSession) -> list:
+    """[(token, [(id, logprob) x 8]) per step] of a greedy run, through every rank."""
+    tp.prepare(model)
+    if not tp.leads:
+        tp.serve(model)
+        return []
+    req = GenRequest(PROMPT, N_PREDICT, SamplingParams(temperature=0.0, n_probs=8), ignore_eos=True)
+    out = generate(model, [req], frozenset(), make_cache=lambda spec: tp.cache(spec, DEFAULT_LAYOUT))[0]
+    tp.stop()
+    return [[t, top] for t, top in zip(out.tokens, out.top)]
+
+
+def serve_cases(tp: TPSession, slots: Path) -> dict:
+    """The default model in float32 behind the HTTP app, its engine's steps and KV edits on every rank."""
+    bundle = ModelBundle.load(ModelConfig(default_model_path(), dtype="float32", threads=1))
+    tp.prepare(bundle.model)
+    if not tp.leads:
+        tp.serve(bundle.model)
+        return {}
+    from starlette.testclient import TestClient
+    from slotserver.server import ServerConfig, ServerState, create_app
+
+    engine = Engine(bundle, EngineConfig(n_parallel=3, ctx_size=3 * 256, slot_save_path=slots))
+    tp.attach(engine)
+    engine.start()
+    state = ServerState(ServerConfig(model_path=str(bundle.config.model_path), slot_save_path=slots))
+    state.set_loaded(bundle, engine)
+    try:
+        with TestClient(create_app(state)) as client:
+            return run_http(client)
+    finally:
+        engine.stop()
+        tp.stop()
+
+
+def run_http(client) -> dict:
+    seen = {"cases": [client.post(path, json=body).json() for path, body in SERVE_CASES]}
+    body = {"prompt": SLOT_PROMPT, "n_predict": 6, "temperature": 0, "id_slot": 1, "cache_prompt": True}
+    r = client.post("/slots/1?action=restore", json={"filename": "base.bin"})
+    assert r.status_code == 200, r.text
+    seen["restored"] = client.post("/completion", json=body).json()
+    seen["props"] = client.get("/props").json()["tensor_parallel"]
+    client.post("/completion", json=dict(body, id_slot=2))
+    seen["saved"] = client.post("/slots/2?action=save", json={"filename": "tp.bin"}).json()
+    return seen
+
+
+def main(out: str, slots: str, *models: str) -> None:
+    tp = TPSession.start(2, [])
+    torch.set_num_threads(1)
+    seen = {"generate": {m: gen_case(LlamaModel.load(m, torch.float32), tp) for m in models}}
+    seen["serve"] = serve_cases(tp, Path(slots))
+    if tp.leads:
+        Path(out).write_text(json.dumps(seen))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
