@@ -36,12 +36,12 @@ from tp_ranks import N_PREDICT, PROMPT, SERVE_CASES, SLOT_PROMPT  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHS = ROOT / "tests" / "fixtures" / "archs"
-DENSE = ["gemma2", "gemma3", "granite", "llama3_freqs", "llama_linear", "phi3", "qwen2_yarn", "qwen3"]
+DENSE = ["qwen3", "gemma2", "gemma3", "granite", "llama3_freqs", "llama_linear", "phi3", "qwen2_yarn"]   # qwen3: served too
 TOL = 1e-4
 
 
-def _models() -> list[str]:
-    return [str(default_model_path())] + [str(ARCHS / f"{a}.gguf") for a in DENSE]
+def _fixtures() -> list[str]:
+    return [str(ARCHS / f"{a}.gguf") for a in DENSE]
 
 
 def _free_port() -> int:
@@ -54,20 +54,30 @@ def _free_port() -> int:
 def runs(tmp_path_factory):
     """(what the two ranks saw, this process's server and its answers), the ranks run once."""
     slots = tmp_path_factory.mktemp("slots")
+    procs = _start_ranks(slots)   # they run while this process computes its side
     threads = torch.get_num_threads()
-    bundle = ModelBundle.load(ModelConfig(default_model_path(), dtype="float32", threads=min(threads, 2)))
+    bundle = ModelBundle.load(ModelConfig(ARCHS / f"{DENSE[0]}.gguf", dtype="float32", threads=min(threads, 2)))
     engine = Engine(bundle, EngineConfig(n_parallel=3, ctx_size=3 * 256, slot_save_path=slots)).start()
     state = ServerState(ServerConfig(model_path=str(bundle.config.model_path), slot_save_path=slots))
     state.set_loaded(bundle, engine)
     try:
         with TestClient(create_app(state)) as client:
             base = _baseline(client)
-            tp = _run_ranks(slots)
+            refs = _references(bundle.model.kernels)
+            tp = _finish_ranks(procs, slots)
             base["tp_file"] = _restore(client, "tp.bin")
-            yield tp, base
+            yield tp, base, refs
     finally:
         engine.stop()
         torch.set_num_threads(threads)
+
+
+def _references(kernels) -> dict:
+    """name -> GenResult of the greedy run without TP."""
+    req = GenRequest(PROMPT, N_PREDICT, SamplingParams(temperature=0.0, n_probs=8), ignore_eos=True)
+    paths = {"default": default_model_path()} | {p: p for p in _fixtures()}
+    models = {name: LlamaModel.load(p, torch.float32, kernels=kernels) for name, p in paths.items()}
+    return {name: generate(m, [req], frozenset())[0] for name, m in models.items()}
 
 
 def _baseline(client) -> dict:
@@ -84,16 +94,18 @@ def _restore(client, name: str) -> dict:
     return client.post("/completion", json=body).json()
 
 
-def _run_ranks(slots: Path) -> dict:
-    out = slots / "tp.json"
+def _start_ranks(slots: Path) -> list[subprocess.Popen]:
     env = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(_free_port()), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, str(ROOT / "tests" / "tp_ranks.py"), str(out), str(slots), *_models()]
-    procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stderr=subprocess.PIPE,
-                              text=True) for r in range(2)]
+    cmd = [sys.executable, str(ROOT / "tests" / "tp_ranks.py"), str(slots / "tp.json"), str(slots), *_fixtures()]
+    return [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stderr=subprocess.PIPE, text=True)
+            for r in range(2)]
+
+
+def _finish_ranks(procs: list[subprocess.Popen], slots: Path) -> dict:
     errors = [p.communicate(timeout=240)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errors
-    return json.loads(out.read_text())
+    return json.loads((slots / "tp.json").read_text())
 
 
 def _close(tp_top: list, base_top: list) -> None:
@@ -107,12 +119,9 @@ def _close(tp_top: list, base_top: list) -> None:
 
 @pytest.mark.parametrize("name", ["default"] + DENSE)
 def test_generate_tp2_equals_tp1(runs, name):
-    tp, _ = runs
-    path = _models()[0 if name == "default" else DENSE.index(name) + 1]
-    model = LlamaModel.load(path, torch.float32)
-    req = GenRequest(PROMPT, N_PREDICT, SamplingParams(temperature=0.0, n_probs=8), ignore_eos=True)
-    base = generate(model, [req], frozenset())[0]
-    got = tp["generate"][path]
+    tp, _, refs = runs
+    key = "default" if name == "default" else str(ARCHS / f"{name}.gguf")
+    base, got = refs[key], tp["generate"][key]
     assert [t for t, _ in got] == base.tokens
     for (_, top), base_top in zip(got, base.top):
         _close(top, base_top)
@@ -120,7 +129,7 @@ def test_generate_tp2_equals_tp1(runs, name):
 
 def test_served_answers_under_tp_equal_one_process(runs):
     """Greedy text with top-8 probabilities, n = 2 choices, a GBNF grammar: the same answers."""
-    tp, base = runs
+    tp, base, _ = runs
     (comp, chat, gram), (b_comp, b_chat, b_gram) = tp["serve"]["cases"], base["cases"]
     assert comp["content"] == b_comp["content"]
     for p, q in zip(comp["completion_probabilities"], b_comp["completion_probabilities"]):
@@ -134,7 +143,7 @@ def test_served_answers_under_tp_equal_one_process(runs):
 def test_slot_files_cross_between_tp_and_one_process(runs):
     """A slot saved without TP restores under TP and the other way round: the same cached cells
     serve the prompt (cache_n) and the same text follows."""
-    tp, base = runs
+    tp, base, _ = runs
     for got in (tp["serve"]["restored"], base["tp_file"]):
         assert got["content"] == base["restored"]["content"]
         assert got["timings"]["cache_n"] == base["restored"]["timings"]["cache_n"] > 0
@@ -142,17 +151,22 @@ def test_slot_files_cross_between_tp_and_one_process(runs):
 
 
 def test_props_reports_each_ranks_heads_and_memory(runs):
-    tp, _ = runs
-    ranks = tp["serve"]["props"]["ranks"]
-    assert tp["serve"]["props"]["world"] == 2 and [r["kv_heads"] for r in ranks] == [2, 1]   # 3 KV heads
-    assert ranks[0]["kv_bytes"] == 2 * ranks[1]["kv_bytes"] > 0
+    tp, _, _ = runs
+    props = tp["serve"]["props"]
+    ranks = props["ranks"]
+    assert props["world"] == 2 and [r["kv_heads"] for r in ranks] == [1, 1]   # the fixture's 2 KV heads
+    assert ranks[0]["kv_bytes"] == ranks[1]["kv_bytes"] > 0 and all(r["weights_bytes"] > 0 for r in ranks)
 
 
 def test_generate_command_line_tp2_prints_the_tp1_text():
-    cmd = [sys.executable, "-m", "slotserver.cli.main", "generate", "-m", str(ARCHS / "qwen3.gguf"),
-           "--dtype", "float32", "--temp", "0", "-n", "8", "hello world"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    one, two = (subprocess.run(cmd + extra, env=env, capture_output=True, text=True, timeout=120)
-                for extra in ([], ["--tp", "2"]))
-    assert one.returncode == two.returncode == 0, two.stderr
-    assert two.stdout == one.stdout and one.stdout.strip()
+    """`slotserver generate --tp 2` (rank 1 spawned by the command itself) prints what one process does."""
+    path = ARCHS / "qwen3.gguf"
+    cmd = [sys.executable, "-m", "slotserver.cli.main", "generate", "-m", str(path), "--dtype", "float32",
+           "--temp", "0", "-n", "8", "--tp", "2", "hello world"]
+    two = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+    assert two.returncode == 0, two.stderr
+    bundle = ModelBundle.load(ModelConfig(path, dtype="float32", threads=1))
+    ids = bundle.tokenizer.encode("hello world", add_special=True, parse_special=True)
+    tokens = generate(bundle.model, [GenRequest(ids, 8)], bundle.tokenizer.eog_ids)[0].tokens
+    text = bundle.tokenizer.decode([t for t in tokens if t not in bundle.tokenizer.eog_ids])
+    assert text.strip() and two.stdout == text + "\n"

@@ -1,8 +1,8 @@
 """One rank of the tensor-parallel tests (tests/test_tensor_parallel.py runs two, with torchrun's
 environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
-`python tests/tp_ranks.py OUT.json SLOTS_DIR MODEL...`: for each model, `generate` greedy with
-top-8 log-probabilities through --tp 2's session; then the default model served in float32
+`python tests/tp_ranks.py OUT.json SLOTS_DIR FIXTURE...`: for the default model and each fixture, `generate` greedy with
+top-8 log-probabilities through --tp 2's session; then the first fixture served in float32
 (n_parallel 3) through HTTP: SERVE_CASES, a slot restored from SLOTS_DIR/base.bin (saved by the
 test's server without --tp) and one saved to SLOTS_DIR/tp.bin. Rank 0 writes what a user saw.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -29,7 +30,8 @@ PROMPT = [1, 17, 42, 99, 7, 23, 5]
 N_PREDICT = 6
 SLOT_PROMPT = "The capital of France is"
 SERVE_CASES = [   # (path, body): what both servers answer
-    ("/completion", {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "n_probs": 8}),
+    ("/completion", {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "n_probs": 8,
+                     "ignore_eos": True}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Name a color."}], "n": 2,
                               "temperature": 0, "max_tokens": 8}),
     ("/completion", {"prompt": "Is the sky blue? Answer:", "grammar": 'root ::= " " ("yes" | "no") "."',
@@ -38,8 +40,7 @@ SERVE_CASES = [   # (path, body): what both servers answer
 
 
 def gen_case(model: LlamaModel, tp: TPSession) -> list:
-    """[(token, [(id, logprob) x 8]) per step] of a greedy run, through every rank."""
-    tp.prepare(model)
+    """[(token, [(id, logprob) x 8]) per step] of a greedy run, through every rank (model: prepared)."""
     if not tp.leads:
         tp.serve(model)
         return []
@@ -49,10 +50,8 @@ def gen_case(model: LlamaModel, tp: TPSession) -> list:
     return [[t, top] for t, top in zip(out.tokens, out.top)]
 
 
-def serve_cases(tp: TPSession, slots: Path) -> dict:
-    """The default model in float32 behind the HTTP app, its engine's steps and KV edits on every rank."""
-    bundle = ModelBundle.load(ModelConfig(default_model_path(), dtype="float32", threads=1))
-    tp.prepare(bundle.model)
+def serve_cases(tp: TPSession, bundle, slots: Path) -> dict:
+    """The model (prepared) behind the HTTP app, its engine's steps and KV edits on every rank."""
     if not tp.leads:
         tp.serve(bundle.model)
         return {}
@@ -75,6 +74,7 @@ def serve_cases(tp: TPSession, slots: Path) -> dict:
 def run_http(client) -> dict:
     seen = {"cases": [client.post(path, json=body).json() for path, body in SERVE_CASES]}
     body = {"prompt": SLOT_PROMPT, "n_predict": 6, "temperature": 0, "id_slot": 1, "cache_prompt": True}
+    wait_for(client.app.state.server.config.slot_save_path / "base.bin")
     r = client.post("/slots/1?action=restore", json={"filename": "base.bin"})
     assert r.status_code == 200, r.text
     seen["restored"] = client.post("/completion", json=body).json()
@@ -84,11 +84,31 @@ def run_http(client) -> dict:
     return seen
 
 
-def main(out: str, slots: str, *models: str) -> None:
+def wait_for(path: Path, timeout: float = 120.0) -> None:
+    """The test's own server saves base.bin while these ranks run (they start together)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def main(out: str, slots: str, *fixtures: str) -> None:
+    """Every fixture, then the default model (float32: 4 s to load), through `generate`; then the
+    first fixture served (prepared last: the session's plan is the last prepared model's)."""
     tp = TPSession.start(2, [])
-    torch.set_num_threads(1)
-    seen = {"generate": {m: gen_case(LlamaModel.load(m, torch.float32), tp) for m in models}}
-    seen["serve"] = serve_cases(tp, Path(slots))
+    t0 = time.perf_counter()
+    served = ModelBundle.load(ModelConfig(Path(fixtures[0]), dtype="float32", threads=1))
+    seen = {"generate": {}}
+    for path in fixtures:
+        model = LlamaModel.load(path, torch.float32, kernels=served.model.kernels)
+        tp.prepare(model)
+        seen["generate"][path] = gen_case(model, tp)
+    default = LlamaModel.load(default_model_path(), torch.float32, kernels=served.model.kernels)
+    tp.prepare(default)
+    seen["generate"]["default"] = gen_case(default, tp)
+    seen["times"] = [time.perf_counter() - t0]
+    tp.prepare(served.model)
+    seen["serve"] = serve_cases(tp, served, Path(slots))
+    seen["times"].append(time.perf_counter() - t0)
     if tp.leads:
         Path(out).write_text(json.dumps(seen))
 
