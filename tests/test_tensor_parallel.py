@@ -170,3 +170,24 @@ def test_generate_command_line_tp2_prints_the_tp1_text():
     tokens = generate(bundle.model, [GenRequest(ids, 8)], bundle.tokenizer.eog_ids)[0].tokens
     text = bundle.tokenizer.decode([t for t in tokens if t not in bundle.tokenizer.eog_ids])
     assert text.strip() and two.stdout == text + "\n"
+
+
+def test_uneven_splits_cover_every_item_once():
+    from slotserver.parallel.shard import split
+
+    assert split(3, 2) == [(0, 2), (2, 3)]                      # SmolLM2's 3 KV heads over 2 ranks
+    assert split(1536, 2, 32) == [(0, 768), (768, 1536)]
+    assert split(160, 3, 32) == [(0, 64), (64, 128), (128, 160)]
+
+
+@pytest.mark.parametrize("name, world, says", [
+    ("qwen3moe", 2, "mixture-of-experts model and its experts are not sharded"),
+    ("qwen3", 3, "the model has 2 KV heads, fewer than the ranks"),
+])
+def test_what_does_not_split_is_refused_in_one_line(name, world, says):
+    from slotserver.parallel.shard import ShardError, ShardPlan
+
+    model = LlamaModel.load(ARCHS / f"{name}.gguf", torch.float32)
+    with pytest.raises(ShardError, match=says) as e:
+        ShardPlan.make(model, world)
+    assert f"--tp {world}" in str(e.value) and "\n" not in str(e.value)

@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         print("", file=sys.stderr)
         return 130
     except USER_ERRORS as e:   # slotserver.errors imports no torch: light commands stay light
-        print(f"slotserver: error: {e}", file=sys.stderr)
+        if "SLOTSERVER_TP_PARENT" not in os.environ:   # a rank --tp spawned: rank 0 says the same line
+            print(f"slotserver: error: {e}", file=sys.stderr)
         return 2
 
 
