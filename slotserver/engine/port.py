@@ -39,6 +39,7 @@ class KVGeometry:
 class EnginePort:
     def __init__(self, engine) -> None:
         self._e = engine
+        self.fixed_layout: str | None = None   # why layout swaps are refused (--tp: slotserver/parallel)
 
     # -- what serves ---------------------------------------------------------------------------
     @property

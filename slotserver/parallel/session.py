@@ -58,6 +58,7 @@ class TPSession:
     def attach(self, engine) -> None:
         """The engine's KV cache edits go to every rank (leader.py); then the per-rank memory."""
         engine.cache = LeaderCache(engine.cache, self.leader)
+        engine.port.fixed_layout = f"--tp {self.comm.world}: the KV layout cannot be swapped (each rank holds its heads)"
         engine.tp_memory = {"world": self.comm.world, "ranks": self.report(engine.bundle.model, engine.cache.inner)}
 
     def cache(self, spec, layout: str, layouts_dir=None) -> KVCache:
