@@ -3,7 +3,8 @@
     python playground/tp_speed.py [-m MODEL] [--dtype auto|float32] [-n 64]            # one process
     torchrun --nproc-per-node 2 playground/tp_speed.py --tp 2 [...]                    # two ranks
 
-Rank 0 prints: prompt time, decode tokens/s (greedy, ignore EOS, after one warm-up run), and each
+Rank 0 prints: prompt time, the median and best decode step (greedy, ignore EOS, after a warm-up
+run; the median of the steps, as a loaded shared host makes some steps 10x slower), and each
 rank's weights and KV bytes. The ranks split the host's cores (-t 0 under --tp).
 """
 
@@ -30,9 +31,10 @@ def main() -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--tp", type=int, default=0)
     p.add_argument("-n", type=int, default=64)
+    p.add_argument("-t", "--threads", type=int, default=0, help="per rank (0: the cores shared by the ranks)")
     a = p.parse_args()
     tp = TPSession.start(a.tp, [])
-    threads = tp.threads(physical_cores()) if tp else physical_cores()
+    threads = a.threads or (tp.threads(physical_cores()) if tp else physical_cores())
     bundle = ModelBundle.load(ModelConfig(a.model or default_model_path(), dtype=a.dtype, threads=threads))
     if tp is not None:
         tp.prepare(bundle.model)
@@ -41,17 +43,15 @@ def main() -> None:
             return
     ids = bundle.tokenizer.encode("Once upon a time, in a small village by the sea,", add_special=True)
     make = (lambda spec: tp.cache(spec, DEFAULT_LAYOUT)) if tp else None
-    run = lambda n: generate(bundle.model, [GenRequest(ids, n, SamplingParams(temperature=0.0), True)],  # noqa: E731
-                             frozenset(), make_cache=make)
-    run(4)
-    t0 = time.perf_counter()
-    run(1)
-    t1 = time.perf_counter()
-    out = run(a.n)[0]
-    t2 = time.perf_counter()
-    decode = (t2 - t1 - (t1 - t0)) / (len(out.tokens) - 1)
-    print(f"tp {tp.comm.world if tp else 1}, {threads} threads/rank, {bundle.model.device}: prompt {len(ids)} tok "
-          f"{(t1 - t0) * 1e3:.1f} ms, decode {1 / decode:.1f} tok/s ({decode * 1e3:.2f} ms/token)")
+    req = GenRequest(ids, a.n, SamplingParams(temperature=0.0), True)
+    generate(bundle.model, [GenRequest(ids, 4, SamplingParams(temperature=0.0), True)], frozenset(), make_cache=make)
+    stamps = [time.perf_counter()]
+    generate(bundle.model, [req], frozenset(), lambda i, t: stamps.append(time.perf_counter()), make_cache=make)
+    steps = sorted(b - a for a, b in zip(stamps[1:], stamps[2:]))   # decode steps (the first: the prompt)
+    med = steps[len(steps) // 2]
+    print(f"tp {tp.comm.world if tp else 1}, {threads} threads/rank: prompt {len(ids)} tok "
+          f"{(stamps[1] - stamps[0]) * 1e3:.1f} ms, decode median {med * 1e3:.2f} ms/token ({1 / med:.1f} tok/s), "
+          f"best {steps[0] * 1e3:.2f} ms")
     if tp is not None:
         for m in tp.report(bundle.model, tp.leader.current):
             print(f"  rank {m['rank']}: weights {m['weights_bytes'] / 2**20:.1f} MiB, KV {m['kv_bytes'] / 2**20:.2f} MiB "

@@ -1,7 +1,7 @@
 """The collectives of a tensor-parallel step, over one torch.distributed process group.
 
 A forward makes two all-reduces a layer (after the attention output and the down projection, the
-row-parallel matmuls) and one all-gather of the vocabulary-parallel logits. Rank 0 also sends
+row-parallel matmuls) and one gather of the vocabulary-parallel logits to rank 0. Rank 0 also sends
 each step's plan (`send`: a pickled message, torch.distributed's object broadcast) and gathers
 what the other ranks export (`gather`: slot files, the prompt cache).
 
@@ -44,14 +44,18 @@ class Comm:
         return s.to(y.dtype)
 
     def gather_columns(self, y: torch.Tensor, widths: list[int]) -> torch.Tensor:
-        """[rows, widths[rank]] on each rank -> [rows, sum(widths)] on every rank, in rank order.
-        Uneven widths travel padded to the widest (gloo's all_gather wants equal shapes)."""
+        """[rows, widths[rank]] on each rank -> [rows, sum(widths)] on rank 0, in rank order (the
+        sampler's logits; the other ranks get their own columns back, which nothing reads). Uneven
+        widths travel padded to the widest (gloo's gather wants equal shapes)."""
         wide = max(widths)
         y = y.float()
         if y.shape[1] < wide:
             y = torch.nn.functional.pad(y, (0, wide - y.shape[1]))
-        parts = [torch.empty_like(y) for _ in range(self.world)]
-        dist.all_gather(parts, y.contiguous(), group=self.group)
+        y = y.contiguous()
+        parts = [torch.empty_like(y) for _ in range(self.world)] if self.leads else None
+        dist.gather(y, parts, dst=0, group=self.group)
+        if not self.leads:
+            return y[:, : widths[self.rank]]
         return torch.cat([p[:, :w] for p, w in zip(parts, widths)], dim=1)
 
     def send(self, message: object = None) -> object:

@@ -5,7 +5,7 @@ and its outputs are its own heads or FFN columns. A row-parallel one (the attent
 down projection) holds a slice of the input columns, so each rank's product is a partial sum:
 `RowParallel` all-reduces it before anything reads it (the bias, where there is one, added once,
 after the sum). The output head holds a slice of the vocabulary: `VocabParallel` gathers the
-logits, so the sampler on rank 0 sees the whole row.
+logits on rank 0, so its sampler sees the whole row.
 
 Both take `(x, ops)` like `Linear` and `QLinear`, so `LlamaModel` calls them through its unfused
 path (they are neither): the residual add then happens after the sum, on every rank alike.
@@ -50,7 +50,7 @@ class VocabParallel:
         return sum(self.widths)
 
     def __call__(self, x: torch.Tensor, ops) -> torch.Tensor:
-        """x [rows, d_model] -> float32 logits [rows, vocab] on every rank."""
+        """x [rows, d_model] -> float32 logits [rows, vocab] on rank 0 (the others: their slice)."""
         return self.comm.gather_columns(self.lin(x, ops), self.widths)
 
     def nbytes(self) -> int:
