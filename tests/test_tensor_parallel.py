@@ -150,6 +150,13 @@ def test_slot_files_cross_between_tp_and_one_process(runs):
     assert tp["serve"]["saved"]["n_saved"] > 0
 
 
+def test_a_lab_kernel_swap_reaches_every_rank(runs):
+    """The lab's swap on rank 0 (between two steps) serves the new kernel on both ranks."""
+    tp, _, _ = runs
+    *ranks, new = tp["serve"]["kernels"]
+    assert ranks == [new, new]
+
+
 def test_props_reports_each_ranks_heads_and_memory(runs):
     tp, _, _ = runs
     props = tp["serve"]["props"]

@@ -60,6 +60,7 @@ def serve_cases(tp: TPSession, bundle, slots: Path) -> dict:
 
     engine = Engine(bundle, EngineConfig(n_parallel=3, ctx_size=3 * 256, slot_save_path=slots))
     tp.attach(engine)
+    engine.tp_session = tp
     engine.start()
     state = ServerState(ServerConfig(model_path=str(bundle.config.model_path), slot_save_path=slots))
     state.set_loaded(bundle, engine)
@@ -79,9 +80,37 @@ def run_http(client) -> dict:
     assert r.status_code == 200, r.text
     seen["restored"] = client.post("/completion", json=body).json()
     seen["props"] = client.get("/props").json()["tensor_parallel"]
+    seen["kernels"] = swap_kernel(client.app.state.server.engine, Path(slots_of(client)) / "kernels")
     client.post("/completion", json=dict(body, id_slot=2))
     seen["saved"] = client.post("/slots/2?action=save", json={"filename": "tp.bin"}).json()
     return seen
+
+
+def slots_of(client) -> Path:
+    return client.app.state.server.config.slot_save_path
+
+
+def swap_kernel(engine, folder: Path) -> list[str]:
+    """A lab kernel swap on rank 0's engine thread (rms_norm, a copy with one more comment line):
+    -> every rank's rms_norm version afterwards, and the new one's."""
+    import shutil
+    from slotserver.runtime.kernel_set import load_kernel
+    from slotserver.runtime.loader import read_source
+
+    port = engine.port
+    old = Path(port.kernels.modules["rms_norm"].path)
+    folder.mkdir(exist_ok=True)
+    for f in old.parent.glob("rms_norm*"):
+        shutil.copy(f, folder / f.name)
+    for f in old.parent.glob("*.h"):
+        shutil.copy(f, folder / f.name)
+    new = folder / old.name
+    new.write_text(new.read_text() + "\n# a new version, the same kernel\n")
+    loaded = load_kernel(read_source(new))
+    engine.call(lambda: port.swap_kernels(port.kernels.with_module("rms_norm", loaded))).result()
+    tp = engine.tp_session
+    ranks = engine.call(lambda: tp.report(engine.bundle.model, None)).result()
+    return [r["kernels"]["rms_norm"] for r in ranks] + [loaded.version]
 
 
 def wait_for(path: Path, timeout: float = 120.0) -> None:

@@ -40,6 +40,7 @@ class EnginePort:
     def __init__(self, engine) -> None:
         self._e = engine
         self.fixed_layout: str | None = None   # why layout swaps are refused (--tp: slotserver/parallel)
+        self.kernel_hook = None   # (old, new) KernelSet before a swap (--tp: sent to every rank)
 
     # -- what serves ---------------------------------------------------------------------------
     @property
@@ -72,6 +73,8 @@ class EnginePort:
     def swap_kernels(self, new: KernelSet) -> KernelSet:
         """Serve `new` from the next forward on; -> the set it replaces (for a rollback)."""
         model = self._e.bundle.model
+        if self.kernel_hook is not None:
+            self.kernel_hook(model.kernels, new)
         old, model.kernels = model.kernels, new
         return old
 

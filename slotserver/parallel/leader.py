@@ -11,7 +11,7 @@ same bytes as without TP. `import_stream` sends the whole K/V and each rank keep
 
 The messages (worker.py applies them): ("cache", layout path, KVSpec) makes the cache the next
 ones act on; ("forward", Batch); ("op", method, args); ("export", stream, n); ("import", stream,
-k, v); ("stop",).
+k, v); ("kernel", op, version, Source or None): a lab kernel swap; ("report",); ("stop",).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import replace
 import torch
 
 from slotserver.engine.kv_cache import KVCache
+from slotserver.runtime.loader import read_source
 from slotserver.parallel.comm import Comm
 from slotserver.parallel.shard import ShardPlan
 
@@ -45,6 +46,16 @@ class Leader:
 
     def stop(self) -> None:
         self.comm.send(("stop",))
+
+    def swap_kernels(self, old, new) -> None:
+        """A lab kernel swap (EnginePort.kernel_hook), made on every rank between the same two steps:
+        each changed op's (version, file bytes). A version a rank has served before (a rollback to
+        it) is taken from its own record; the bytes are read again from the module's file and must
+        have that version (the lab validated those bytes: a file saved again since is refused)."""
+        changed = {op: m for op, m in new.modules.items() if old.modules.get(op) is not m}
+        for op, loaded in changed.items():
+            src = read_source(loaded.path)
+            self.comm.send(("kernel", op, loaded.version, src if src.version == loaded.version else None))
 
     def heads(self, rank: int) -> slice:
         h0, h1 = self.plan.kv_heads[rank]

@@ -59,7 +59,9 @@ class TPSession:
         """The engine's KV cache edits go to every rank (leader.py); then the per-rank memory."""
         engine.cache = LeaderCache(engine.cache, self.leader)
         engine.port.fixed_layout = f"--tp {self.comm.world}: the KV layout cannot be swapped (each rank holds its heads)"
-        engine.tp_memory = {"world": self.comm.world, "ranks": self.report(engine.bundle.model, engine.cache.inner)}
+        engine.port.kernel_hook = self.leader.swap_kernels
+        ranks = [{k: v for k, v in r.items() if k != "kernels"} for r in self.report(engine.bundle.model, engine.cache.inner)]
+        engine.tp_memory = {"world": self.comm.world, "ranks": ranks}   # /props (at start)
 
     def cache(self, spec, layout: str, layouts_dir=None) -> KVCache:
         """`generate`'s KV cache (make_cache), mirrored on every rank."""
@@ -106,4 +108,5 @@ def _memory(rank: int, model, cache: KVCache | None) -> dict:
     embed = w.embed.dense if w.embed.dense is not None else w.embed.blocks.raw   # replicated
     weights = sum(m.nbytes() for m in w.matmuls()) + embed.numel() * embed.element_size()
     return {"rank": rank, "weights_bytes": weights, "kv_bytes": cache.bytes_used() if cache is not None else 0,
-            "kv_heads": model.spec.n_kv_heads}
+            "kv_heads": model.spec.n_kv_heads,
+            "kernels": {op: m.version for op, m in sorted(model.kernels.modules.items())}}

@@ -16,6 +16,8 @@ from slotserver.engine.kv_cache import KVCache
 from slotserver.parallel.comm import Comm
 from slotserver.parallel.leader import worker_spec
 from slotserver.parallel.shard import ShardPlan
+from slotserver.errors import ModuleLoadError
+from slotserver.runtime.kernel_set import load_kernel
 from slotserver.runtime.layouts import load_layout
 
 log = logging.getLogger("slotserver.parallel")
@@ -24,6 +26,7 @@ log = logging.getLogger("slotserver.parallel")
 def run_worker(model, comm: Comm, plan: ShardPlan, memory) -> None:
     """The loop, until rank 0 says stop. memory(cache): this rank's report (session.py)."""
     cache: KVCache | None = None
+    served = {(op, m.version): m for op, m in model.kernels.modules.items()}   # every kernel this rank ran
     while True:
         msg = comm.send()
         kind = msg[0]
@@ -35,7 +38,12 @@ def run_worker(model, comm: Comm, plan: ShardPlan, memory) -> None:
             log.info("rank %d: KV cache %s, %.1f MiB (%d KV heads)", comm.rank, cache.name,
                      cache.bytes_used() / 2**20, model.spec.n_kv_heads)
         elif kind == "forward":
-            model.forward(msg[1], cache)
+            try:
+                model.forward(msg[1], cache)
+            except Exception:  # noqa: BLE001 - rank 0 fails the same step (same kernels, same shapes) and goes on
+                log.exception("rank %d: forward failed", comm.rank)
+        elif kind == "kernel":
+            _swap_kernel(model, served, *msg[1:])
         elif kind == "report":
             comm.gather(memory(cache))
         else:
@@ -63,6 +71,12 @@ def _edit(cache: KVCache, model, comm: Comm, plan: ShardPlan, msg: tuple) -> Non
         raise ValueError(f"rank {comm.rank}: unknown message {kind!r} from rank 0")
 
 
-def threads_per_rank(local_world: int) -> int:
-    """This machine's threads split between its ranks (at least one each)."""
-    return max(1, torch.get_num_threads() // local_world)
+def _swap_kernel(model, served: dict, op: str, version: str, src) -> None:
+    """Rank 0's lab swapped `op` to `version`: serve it from the next forward on."""
+    loaded = served.get((op, version))
+    if loaded is None:
+        if src is None:
+            raise ModuleLoadError(f"rank {torch.distributed.get_rank()}: kernel {op} {version} is not here "
+                                  "and its file changed since it was validated")
+        loaded = served[(op, version)] = load_kernel(src)
+    model.kernels = model.kernels.with_module(op, loaded)
