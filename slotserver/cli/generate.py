@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def start_tp(args):
     """--tp N: this process's TPSession (None without); -t 0 becomes this rank's share of the cores."""
-    if not args.tp or args.tp == 1 and "WORLD_SIZE" not in __import__("os").environ:
+    if not args.tp or args.tp == 1 and "WORLD_SIZE" not in os.environ:   # --tp 1: the plain path, unchanged
         return None
     from slotserver.parallel.session import TPSession
     from slotserver.runtime.cpu_features import physical_cores
