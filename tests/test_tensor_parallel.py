@@ -198,3 +198,36 @@ def test_what_does_not_split_is_refused_in_one_line(name, world, says):
     with pytest.raises(ShardError, match=says) as e:
         ShardPlan.make(model, world)
     assert f"--tp {world}" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_serve_command_line_tp2_answers_and_both_ranks_exit():
+    """`slotserver serve --tp 2` spawns its rank 1, serves what one process computes, reports two
+    ranks in /props, and leaves no rank behind on SIGINT."""
+    import re
+    import signal
+    import time
+
+    import httpx
+
+    path = ARCHS / "qwen3.gguf"
+    cmd = [sys.executable, "-m", "slotserver.cli.main", "serve", "-m", str(path), "--dtype", "float32", "--tp", "2",
+           "--port", str(_free_port()), "-np", "2", "-c", "256", "--no-warmup"]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        deadline = time.monotonic() + 120
+        while url is None and time.monotonic() < deadline:
+            m = re.search(r"listening on (http://\S+)", proc.stderr.readline())
+            url = m and m.group(1)
+        body = {"prompt": [1, 17, 42, 99], "n_predict": 6, "temperature": 0, "ignore_eos": True, "return_tokens": True}
+        got = httpx.post(url + "/completion", json=body, timeout=60).json()
+        props = httpx.get(url + "/props", timeout=10).json()["tensor_parallel"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    req = GenRequest([1, 17, 42, 99], 6, ignore_eos=True)
+    model = LlamaModel.load(path, torch.float32)
+    assert got["tokens"] == generate(model, [req], frozenset())[0].tokens
+    assert props["world"] == 2 and len(props["ranks"]) == 2
+    rank1 = subprocess.run(["pgrep", "-f", "--", " ".join(cmd[1:])], capture_output=True, text=True).stdout.split()
+    assert rank1 == []
