@@ -231,3 +231,24 @@ def test_serve_command_line_tp2_answers_and_both_ranks_exit():
     assert props["world"] == 2 and len(props["ranks"]) == 2
     rank1 = subprocess.run(["pgrep", "-f", "--", " ".join(cmd[1:])], capture_output=True, text=True).stdout.split()
     assert rank1 == []
+
+
+@pytest.mark.parametrize("c0, c1", [(0, 256), (256, 512), (192, 512)])   # the last cuts a 256-wide block
+def test_a_column_slice_of_gguf_blocks_multiplies_like_those_columns(c0, c1):
+    """Whole blocks stay blocks; a cut through a block dequantizes that slice. Either way the slice
+    times its columns of x is the dequantized weight's product on them."""
+    import gguf
+
+    from slotserver.model.linear import Linear, QLinear
+    from slotserver.parallel.shard import _cols
+    from slotserver.runtime.kernel_set import KernelSet
+    from slotserver.runtime.qblocks import dequantize, random_qweight
+
+    gen = torch.Generator().manual_seed(3)
+    w = random_qweight(gen, int(gguf.GGMLQuantizationType.Q4_K), 16, 512)
+    x = torch.randn(3, 512, generator=gen)
+    part = _cols(QLinear([w]), c0, c1)
+    assert isinstance(part, QLinear if c0 % 256 == 0 else Linear)
+    want = x[:, c0:c1] @ dequantize(w)[:, c0:c1].T
+    got = part(x[:, c0:c1].contiguous(), KernelSet.load())
+    assert torch.allclose(got, want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
