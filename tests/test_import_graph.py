@@ -38,9 +38,9 @@ FORBIDDEN_FOR_PLUGINS = ("slotserver.server", "slotserver.engine", "slotserver.l
 # message names the line to move). runtime: the contracts kernels, layouts, model and engine build on
 # (KV spec, layout and kernel contracts, loader, native builds, CPU features, Batch); model: GGUF,
 # weights, forward, sampling; lab: the live lab (watch, validate, swap, check); engine: slots,
-# scheduler, the step; server, router (many models, one child server each), cli: the edges. (top/ and bench/ speak HTTP: SELF_CONTAINED.)
+# scheduler, the step; parallel: --tp's ranks around the model and engine; server, router (many models, one child server each), cli: the edges. (top/ and bench/ speak HTTP: SELF_CONTAINED.)
 LAYERS = ("slotserver.errors", "slotserver.runtime", "slotserver.model", "slotserver.lab", "slotserver.engine",
-          "slotserver.server", "slotserver.router", "slotserver.cli")
+          "slotserver.parallel", "slotserver.server", "slotserver.router", "slotserver.cli")
 ABOVE = {layer: LAYERS[i + 1:] for i, layer in enumerate(LAYERS[:-1])}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 from pathlib import Path
 
@@ -51,6 +52,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "else blocks")
     p.add_argument("-t", "--threads", type=int, default=0,
                    help="compute threads (default 0: the physical cores this process may use, as llama.cpp)")
+    p.add_argument("--tp", type=int, default=0,
+                   help="tensor parallelism over N ranks (torch.distributed, gloo on the CPU): spawns ranks "
+                        "1..N-1 on this machine, or takes them from torchrun's environment (docs/scaling.md)")
     p.add_argument("--check-tensors", action="store_true",
                    help="check every tensor's data for NaN/inf at load, as llama.cpp's flag (refuses a broken file)")
     p.add_argument("--layout", default="head_seq_dim",   # ModelConfig's DEFAULT_LAYOUT (that module imports torch)
@@ -58,6 +62,19 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernels-dir", type=Path, default=None)
     p.add_argument("--layouts-dir", type=Path, default=None)
     add_lab_arg(p)
+
+
+def start_tp(args):
+    """--tp N: this process's TPSession (None without); -t 0 becomes this rank's share of the cores."""
+    if not args.tp or args.tp == 1 and "WORLD_SIZE" not in os.environ:   # --tp 1: the plain path, unchanged
+        return None
+    from slotserver.parallel.session import TPSession
+    from slotserver.runtime.cpu_features import physical_cores
+
+    tp = TPSession.start(args.tp, args.argv)
+    if tp is not None and args.threads == 0:
+        args.threads = tp.threads(physical_cores())
+    return tp
 
 
 def load_bundle(args):
@@ -85,17 +102,27 @@ def run(args) -> int:
 
         params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                                 min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
+        args.tp_session = tp = start_tp(args)
         bundle = load_bundle(args)
+        if tp is not None:
+            tp.prepare(bundle.model)
         gc.freeze()
     finally:
         gc.enable()
-    if args.chat:
-        return chat_loop(bundle, args, params)
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    ids = bundle.tokenizer.encode(prompt, add_special=True, parse_special=True)
-    stream(bundle, args, ids, params)
-    sys.stdout.write("\n")
-    return 0
+    if tp is not None and not tp.leads:
+        tp.serve(bundle.model)   # ranks 1..N-1: the forward only, until rank 0 is done
+        return 0
+    try:
+        if args.chat:
+            return chat_loop(bundle, args, params)
+        prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+        ids = bundle.tokenizer.encode(prompt, add_special=True, parse_special=True)
+        stream(bundle, args, ids, params)
+        sys.stdout.write("\n")
+        return 0
+    finally:
+        if tp is not None:
+            tp.stop()
 
 
 def stream(bundle, args, ids: list[int], params) -> str:
@@ -112,8 +139,10 @@ def stream(bundle, args, ids: list[int], params) -> str:
             sys.stdout.flush()
 
     n_predict = max(0, min(args.n_predict, bundle.model.rope.max_pos - len(ids)))
+    tp = getattr(args, "tp_session", None)
+    make_cache = (lambda spec: tp.cache(spec, args.layout, args.layouts_dir)) if tp is not None else None
     generate(bundle.model, [GenRequest(ids, n_predict, params)], eog, on_token,
-             layout=args.layout, layouts_dir=args.layouts_dir)
+             layout=args.layout, layouts_dir=args.layouts_dir, make_cache=make_cache)
     tail = detok.flush()
     sys.stdout.write(tail)
     return detok.text

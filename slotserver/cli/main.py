@@ -42,13 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     # nothing here uses numpy's BLAS. Set before any sub-command imports numpy; a user's value wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)   # --tp: the command line its other ranks run
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
         print("", file=sys.stderr)
         return 130
     except USER_ERRORS as e:   # slotserver.errors imports no torch: light commands stay light
-        print(f"slotserver: error: {e}", file=sys.stderr)
+        if "SLOTSERVER_TP_PARENT" not in os.environ:   # a rank --tp spawned: rank 0 says the same line
+            print(f"slotserver: error: {e}", file=sys.stderr)
         return 2
 
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from slotserver.cli.spec_args import add_spec_args
-from slotserver.cli.generate import add_model_args
+from slotserver.cli.generate import add_model_args, start_tp
 from slotserver.cli.parser import CommandParser
 from slotserver.cli.router_args import add_router_args, is_router, router_config
 
@@ -180,6 +180,13 @@ def run(args) -> int:
         apply_lab_dir(args)
         config = server_config_from_args(args)
         plan = replace(plan_from_args(args), gc_paused=True)
+        tp = start_tp(args)   # --tp N: ranks 1..N-1 run the forward only, no HTTP
+        if tp is not None:
+            # the lab's watcher off: a kernel saved would swap on rank 0 only (docs/scaling.md)
+            plan = replace(plan, tp=tp, watch=False, model=replace(plan.model, threads=args.threads))
+            tp.check(plan, config.embedding is not None)
+            if not tp.leads:
+                return tp.serve_worker(plan)
         return serve(ServerState(config), plan)
     finally:
         gc.enable()

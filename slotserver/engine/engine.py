@@ -33,7 +33,7 @@ from slotserver.engine.disk_cache import DiskCache, model_key
 from slotserver.engine.prompt_cache import PromptCache, RamCacheHooks
 from slotserver.engine.port import EnginePort
 from slotserver.engine.intake import new_sequence, validate
-from slotserver.engine.kv_shift import apply_shift, check_shift_support
+from slotserver.engine.kv_shift import check_shift_support
 from slotserver.engine.overlap import Overlap
 from slotserver.engine.postprocess import postprocess, progress_event
 from slotserver.engine.request import Request, RequestError, RequestHandle
@@ -232,7 +232,7 @@ class Engine:
         (paged: shared blocks). Shifts come first: their streams are the plan's before defrag, and an
         admission's trim keeps what a cache-reuse shift put in place."""
         for shift in plan.shifts:
-            apply_shift(self.cache, self.bundle.model, shift)
+            self.cache.shift(self.bundle.model, shift)
         self.cache.apply(plan.moves, plan.trims)
         for f in plan.forks:
             self.cache.layout.copy_stream(f.src, f.dst, f.n_cells)

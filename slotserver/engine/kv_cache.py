@@ -65,6 +65,12 @@ class KVCache:
             self.n_moves += 1
             self.bytes_moved += m.n_cells * self.spec.bytes_per_cell
 
+    def shift(self, model, shift) -> None:
+        """A context shift or cache-reuse move (engine/kv_shift.py): cells moved down, K re-rotated.
+        A method so that --tp's rank 0 (slotserver/parallel/leader.py) can send it to every rank."""
+        from slotserver.engine.kv_shift import apply_shift
+        apply_shift(self, model, shift)
+
     # the model talks to the layout through these two
     def write(self, layer, streams, positions, k, v) -> None:
         self.layout.write(layer, streams, positions, k, v)

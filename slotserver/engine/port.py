@@ -39,6 +39,8 @@ class KVGeometry:
 class EnginePort:
     def __init__(self, engine) -> None:
         self._e = engine
+        self.fixed_layout: str | None = None   # why layout swaps are refused (--tp: slotserver/parallel)
+        self.kernel_hook = None   # (old, new) KernelSet before a swap (--tp: sent to every rank)
 
     # -- what serves ---------------------------------------------------------------------------
     @property
@@ -71,6 +73,8 @@ class EnginePort:
     def swap_kernels(self, new: KernelSet) -> KernelSet:
         """Serve `new` from the next forward on; -> the set it replaces (for a rollback)."""
         model = self._e.bundle.model
+        if self.kernel_hook is not None:
+            self.kernel_hook(model.kernels, new)
         old, model.kernels = model.kernels, new
         return old
 
@@ -92,7 +96,9 @@ class EnginePort:
     # -- one idle slot's KV (engine thread) ------------------------------------------------------
     def geometry(self) -> KVGeometry:
         s, e = self._e.bundle.model.spec, self._e
-        return KVGeometry(s.n_layers, s.n_kv_heads, s.head_dim, e.cache.spec.dtype, e.config.n_cells, s.vocab_size)
+        # the cache's heads: under --tp, every rank's (slotserver/parallel/leader.py), as slot files hold
+        return KVGeometry(s.n_layers, e.cache.spec.n_kv_heads, s.head_dim, e.cache.spec.dtype, e.config.n_cells,
+                          s.vocab_size)
 
     def export_slot(self, slot_id: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """(cached tokens, K, V) of an idle slot, K/V canonical `[n_layers, n, kv_heads, head_dim]`."""

@@ -206,6 +206,9 @@ class Lab:
 
     def _swap_layout(self, src: Source, observed: float) -> dict:
         """The validated bytes become a module here; the engine thread migrates every slot's KV."""
+        fixed = getattr(self.port, "fixed_layout", None)   # --tp: each rank's cache holds its own heads
+        if fixed:
+            return self._event("refused", "layout", src.path.stem, str(src.path), reason=fixed)
         try:
             loaded = load_source(src, LAYOUT_CONTRACT)
         except ModuleLoadError as e:

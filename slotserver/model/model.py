@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -47,6 +48,9 @@ class LlamaModel:
     dtype: torch.dtype
     path: Path | None = None
     layer_ropes: list[RopeTable] = field(default_factory=list)  # per layer (windowed layers: their own)
+    # --tp's rank 0 (slotserver/parallel/leader.py): called with (batch, cache) before each forward,
+    # to send the step to the other ranks, which run the same forward on their shards
+    step_hook: Callable[[Batch, object], None] | None = None
 
     def __post_init__(self) -> None:
         if not self.layer_ropes:
@@ -104,6 +108,8 @@ class LlamaModel:
         by the kernel: 8 of gemma3-270m's 48 ms at batch 32 (AVX-512 Zen 5 host)."""
         if batch.attn.max_kv > self.rope.max_pos:   # on the host: a device index past the table would abort
             raise ValueError(f"position {batch.attn.max_kv - 1} beyond the rope table ({self.rope.max_pos})")
+        if self.step_hook is not None:
+            self.step_hook(batch, cache)
         if isinstance(self.graphs, CudaGraphs):
             return self._forward_cuda(batch, cache, logits_into)
         x, angles = self._inputs(batch)
@@ -223,6 +229,7 @@ class LlamaModel:
         lands in the first request's time to first token (measured: SmolLM2 Q4_1 0.11 s, gemma3-270m
         Q4_K_M 0.30 s)."""
         for lin in self.weights.matmuls():
+            lin = getattr(lin, "lin", lin)   # --tp's row- and vocabulary-parallel wrappers (slotserver/parallel)
             for p in lin.parts if isinstance(lin, QLinear) else ():
                 getattr(self.kernels, lin.op)(torch.zeros(2, p.k, dtype=self.weights.act_dtype, device=p.raw.device), p)
         one = torch.zeros(1, 1, dtype=torch.int64)

@@ -39,6 +39,7 @@ class LaunchPlan:
     warmup: bool = True                # prepare every weight before healthy (--no-warmup: off, as llama-server)
     check_tensors: bool = False        # --check-tensors: refuse a file whose tensor data holds NaN/inf (as llama.cpp)
     gc_paused: bool = False            # start-up ran with the cyclic GC paused (cli/serve.py): resume it once loaded
+    tp: object = None                  # --tp N's rank 0 (slotserver/parallel/session.py TPSession), else None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -74,6 +75,8 @@ def load(state: ServerState, plan: LaunchPlan, address: str) -> Engine:
     name = plan.model.model_path.name
     with stage(f"loading {name}", f"loaded {name}"), load_progress(f"loading {name}") as tick:
         bundle = ModelBundle.load(plan.model, tick, check_tensors=plan.check_tensors)
+    if plan.tp is not None:   # --tp: this rank's slice of the weights; forwards go to every rank
+        plan.tp.prepare(bundle.model)
     if plan.warmup:
         with stage("warming up: each weight's repacked form (--no-warmup skips it)", "warmed up"):
             bundle.model.warm_up()
@@ -88,6 +91,8 @@ def load(state: ServerState, plan: LaunchPlan, address: str) -> Engine:
     with stage(f"allocating the KV cache ({plan.engine.n_parallel} slots x {plan.engine.n_cells} cells)",
                "KV cache allocated"):
         engine = Engine(bundle, plan.engine, draft)
+    if plan.tp is not None:   # KV edits go to every rank; each rank's memory logged and in /props
+        plan.tp.attach(engine)
     remove_stale_temporaries(plan.engine.slot_save_path)   # before any save can run: none is live
     state.set_loaded(bundle, engine, template)
     e, layout = plan.engine, engine.stats().layout or plan.model.layout
@@ -153,8 +158,12 @@ class ModelThread:
             if self.plan.gc_paused:   # what start-up made lives as long as the server: frozen, later
                 gc.freeze()           # collections skip it (they traversed it all on every full pass)
                 gc.enable()
-        if not self.stop_event.is_set():
-            engine.run(watch=self.plan.watch)
+        try:
+            if not self.stop_event.is_set():
+                engine.run(watch=self.plan.watch)
+        finally:
+            if self.plan.tp is not None:   # --tp: the other ranks leave their loop
+                self.plan.tp.stop()
 
 
 def _exit_on_sigterm(signum, frame) -> None:

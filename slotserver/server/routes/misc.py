@@ -121,6 +121,7 @@ async def props(request: Request) -> Response:
         "eos_token": piece(tok.eos_id),
         "build_info": BUILD_INFO,
         "cpu": cpu_report({op: m.module for op, m in bundle.model.kernels.modules.items()}, bundle.model.kernels.impl),
+        "tensor_parallel": getattr(engine, "tp_memory", None),   # ours: --tp's ranks and their memory, else null
     })
 
 

@@ -1,0 +1,160 @@
+"""Each rank's slice of a loaded model (Megatron's split, as vLLM does it).
+
+Attention is split by KV-head groups: a rank keeps its KV heads, the q heads that read them, their
+q|k|v rows and the matching columns of the output projection. The FFN is split by d_ff: gate and up
+rows (column-parallel), down columns (row-parallel). The output head keeps a slice of the
+vocabulary. Norms, the embedding and the rope tables are replicated.
+
+Splits may be uneven. Why: the default model (SmolLM2-135M) has 3 KV heads, and `--tp 2` must run
+it: rank 0 keeps 2 KV heads (6 q heads), rank 1 one (3 q heads); the all-reduce does not care how
+many heads each partial sum came from. Refused in one line: fewer KV heads than ranks, fewer
+d_ff units than ranks, mixture-of-experts models (experts are not sharded), `--weights` formats
+kept only in a re-encoded form (int8/int4 copies, oneDNN's packed bf16).
+
+GGUF blocks span columns, never rows: any row split keeps whole blocks, and a column split does
+where it falls on a block boundary. d_ff is cut in units of the down projection's block, so its
+column split always does; the attention output's split falls at KV-group boundaries, and where one
+is not a block boundary (e.g. 192 columns a group with 256-wide K-quant blocks) that one weight
+is dequantized to float32 on the rank (logged): right, slower.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+import gguf
+import torch
+
+from slotserver.errors import ModuleLoadError
+from slotserver.model.linear import Linear, QLinear
+from slotserver.model.model import LlamaModel
+from slotserver.model.spec import ModelSpec
+from slotserver.parallel.comm import Comm
+from slotserver.parallel.linears import RowParallel, VocabParallel
+from slotserver.runtime.qblocks import QWeight, dequantize
+
+log = logging.getLogger("slotserver.parallel")
+
+Range = tuple[int, int]
+
+
+class ShardError(ModuleLoadError):
+    """What `--tp N` cannot split: one line, naming the flag or the model's number that blocks it."""
+
+
+def split(n: int, world: int, unit: int = 1) -> list[Range]:
+    """[start, end) of each rank over n items cut in units of `unit`, the first ranks one unit more."""
+    units, extra = divmod(n // unit, world)
+    out, start = [], 0
+    for r in range(world):
+        size = (units + (r < extra)) * unit
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Which heads, FFN columns and vocabulary rows each rank keeps."""
+
+    world: int
+    kv_heads: list[Range]    # per rank, [h0, h1) of the KV heads
+    ff: list[Range]          # per rank, [f0, f1) of d_ff
+    vocab: list[Range]       # per rank, rows of the output head
+
+    @classmethod
+    def make(cls, model: LlamaModel, world: int) -> "ShardPlan":
+        s = model.spec
+        if s.moe is not None:
+            raise ShardError(f"--tp {world}: {s.arch} is a mixture-of-experts model and its experts are not "
+                             "sharded; run it without --tp")
+        if s.n_kv_heads < world:
+            raise ShardError(f"--tp {world}: the model has {s.n_kv_heads} KV heads, fewer than the ranks")
+        unit = max(_block(lw.down) for lw in model.weights.layers)
+        if s.d_ff % unit or s.d_ff // unit < world:
+            raise ShardError(f"--tp {world}: d_ff {s.d_ff} does not split in {world} parts of whole "
+                             f"{unit}-column blocks; use --weights dense")
+        return cls(world, split(s.n_kv_heads, world), split(s.d_ff, world, unit), split(s.vocab_size, world))
+
+    def kv_counts(self) -> list[int]:
+        return [h1 - h0 for h0, h1 in self.kv_heads]
+
+
+def shard_model(model: LlamaModel, comm: Comm, plan: ShardPlan) -> None:
+    """Replace the model's weights and spec by this rank's slice (in place); step graphs off (a
+    replayed step would skip the collectives, which are Python calls)."""
+    s, w, r = model.spec, model.weights, comm.rank
+    (h0, h1), (f0, f1), (v0, v1) = plan.kv_heads[r], plan.ff[r], plan.vocab[r]
+    g = s.n_heads // s.n_kv_heads
+    rows = _qkv_rows(s, h0, h1)
+    q_cols = (h0 * g * s.head_dim, h1 * g * s.head_dim)
+    layers = []
+    for lw in w.layers:
+        layers.append(replace(
+            lw, qkv=_rows(lw.qkv, rows), wo=RowParallel(_cols(lw.wo, *q_cols), comm, lw.wo.bias),
+            gate_up=_rows(lw.gate_up, list(range(f0, f1)) + list(range(s.d_ff + f0, s.d_ff + f1))),
+            down=RowParallel(_cols(lw.down, f0, f1), comm, lw.down.bias),
+            sinks=None if lw.sinks is None else lw.sinks[h0 * g: h1 * g].contiguous()))
+    widths = [b - a for a, b in plan.vocab]
+    output = VocabParallel(_rows(w.output, list(range(v0, v1))), comm, widths)
+    model.weights = replace(w, layers=layers, output=output)
+    model.spec = replace(s, n_heads=(h1 - h0) * g, n_kv_heads=h1 - h0, d_ff=f1 - f0)
+    model.graphs = None
+
+
+def _qkv_rows(s: ModelSpec, h0: int, h1: int) -> list[int]:
+    """Rows of the fused q|k|v of KV heads [h0, h1) and their q heads (the load's row order)."""
+    hd, g = s.head_dim, s.n_heads // s.n_kv_heads
+    q_size, kv_size = s.n_heads * hd, s.n_kv_heads * hd
+    q = range(h0 * g * hd, h1 * g * hd)
+    k = range(q_size + h0 * hd, q_size + h1 * hd)
+    v = range(q_size + kv_size + h0 * hd, q_size + kv_size + h1 * hd)
+    return [*q, *k, *v]
+
+
+def _block(lin) -> int:
+    """The column granularity of a matmul's weights: its GGUF block (1 for dense)."""
+    if isinstance(lin, QLinear):
+        return max(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(p.qtype)][0] for p in lin.parts)
+    return 1
+
+
+def _dense(lin: Linear) -> torch.Tensor:
+    if lin.dense is None:
+        raise ShardError("--tp shards GGUF blocks (--weights q, the default) and dense float weights; "
+                         "this --weights / --dtype keeps re-encoded copies (int8, int4, packed bf16): "
+                         "use --weights q or --dtype float32")
+    return lin.dense
+
+
+def _rows(lin, rows: list[int]):
+    """The rows `rows` (ascending) of a matmul, as the same kind of matmul."""
+    idx = torch.tensor(rows, dtype=torch.long)
+    bias = None if lin.bias is None else lin.bias[idx].contiguous()
+    if isinstance(lin, Linear):
+        return Linear.build(_dense(lin)[idx].contiguous(), bias, "dense", 0)
+    parts, offset = [], 0
+    for p in lin.parts:   # each part's share of the rows, in order (parts are stacked along out)
+        mine = idx[(idx >= offset) & (idx < offset + p.n)] - offset
+        if len(mine):
+            parts.append(QWeight(p.raw.index_select(0, mine), p.qtype, p.k, len(mine)))
+        offset += p.n
+    return QLinear(parts, bias, lin.op)
+
+
+def _cols(lin, c0: int, c1: int):
+    """Input columns [c0, c1) of a matmul (its bias stays with the caller: added after the sum)."""
+    if isinstance(lin, Linear):
+        return Linear.build(_dense(lin)[:, c0:c1].contiguous(), None, "dense", 0)
+    block = _block(lin)
+    if c0 % block or c1 % block:   # not on a block boundary: this weight's slice dequantized
+        log.info("--tp: columns %d:%d cut %d-wide blocks; that slice is dequantized to float32", c0, c1, block)
+        dense = torch.cat([dequantize(p)[:, c0:c1] for p in lin.parts])
+        return Linear.build(dense.contiguous(), None, "dense", 0)
+    parts = []
+    for p in lin.parts:
+        size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(p.qtype)]
+        b0, b1 = c0 // size[0] * size[1], c1 // size[0] * size[1]
+        parts.append(QWeight(p.raw[:, b0:b1].contiguous(), p.qtype, c1 - c0, p.n))
+    return QLinear(parts, None, lin.op)

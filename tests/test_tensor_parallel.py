@@ -1,0 +1,254 @@
+"""`--tp 2` over gloo on this machine gives what one process gives (issue 39, part 2).
+
+Two ranks (tests/tp_ranks.py, started with torchrun's environment) run `generate` on the default
+model and on the tiny fixture of every dense architecture, then serve the default model through
+HTTP; this process computes the same without TP and compares what a user sees: greedy tokens,
+top-8 log-probabilities (float32, within 1e-4), n > 1 choices, grammar-constrained text, slot files
+(one saved here restored there, one saved there restored here), and /props' per-rank memory.
+The `slotserver generate --tp 2` command line (its own spawned rank) is checked on one fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from starlette.testclient import TestClient
+
+from slotserver.engine.config import EngineConfig
+from slotserver.engine.engine import Engine
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.model.default_model import default_model_path
+from slotserver.model.generate import GenRequest, generate
+from slotserver.model.model import LlamaModel
+from slotserver.model.sampling.params import SamplingParams
+from slotserver.server import ServerConfig, ServerState, create_app
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tp_ranks import N_PREDICT, PROMPT, SERVE_CASES, SLOT_PROMPT  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHS = ROOT / "tests" / "fixtures" / "archs"
+DENSE = ["qwen3", "gemma2", "gemma3", "granite", "llama3_freqs", "llama_linear", "phi3", "qwen2_yarn"]   # qwen3: served too
+TOL = 1e-4
+
+
+def _fixtures() -> list[str]:
+    return [str(ARCHS / f"{a}.gguf") for a in DENSE]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(what the two ranks saw, this process's server and its answers), the ranks run once."""
+    slots = tmp_path_factory.mktemp("slots")
+    procs = _start_ranks(slots)   # they run while this process computes its side
+    threads = torch.get_num_threads()
+    bundle = ModelBundle.load(ModelConfig(ARCHS / f"{DENSE[0]}.gguf", dtype="float32", threads=min(threads, 2)))
+    engine = Engine(bundle, EngineConfig(n_parallel=3, ctx_size=3 * 256, slot_save_path=slots)).start()
+    state = ServerState(ServerConfig(model_path=str(bundle.config.model_path), slot_save_path=slots))
+    state.set_loaded(bundle, engine)
+    try:
+        with TestClient(create_app(state)) as client:
+            base = _baseline(client)
+            refs = _references(bundle.model.kernels)
+            tp = _finish_ranks(procs, slots)
+            base["tp_file"] = _restore(client, "tp.bin")
+            yield tp, base, refs
+    finally:
+        engine.stop()
+        torch.set_num_threads(threads)
+
+
+def _references(kernels) -> dict:
+    """name -> GenResult of the greedy run without TP."""
+    req = GenRequest(PROMPT, N_PREDICT, SamplingParams(temperature=0.0, n_probs=8), ignore_eos=True)
+    paths = {"default": default_model_path()} | {p: p for p in _fixtures()}
+    models = {name: LlamaModel.load(p, torch.float32, kernels=kernels) for name, p in paths.items()}
+    return {name: generate(m, [req], frozenset())[0] for name, m in models.items()}
+
+
+def _baseline(client) -> dict:
+    body = {"prompt": SLOT_PROMPT, "n_predict": 6, "temperature": 0, "id_slot": 0, "cache_prompt": True}
+    client.post("/completion", json=body)
+    assert client.post("/slots/0?action=save", json={"filename": "base.bin"}).status_code == 200
+    return {"cases": [client.post(path, json=b).json() for path, b in SERVE_CASES],
+            "restored": _restore(client, "base.bin")}
+
+
+def _restore(client, name: str) -> dict:
+    assert client.post("/slots/1?action=restore", json={"filename": name}).status_code == 200
+    body = {"prompt": SLOT_PROMPT, "n_predict": 6, "temperature": 0, "id_slot": 1, "cache_prompt": True}
+    return client.post("/completion", json=body).json()
+
+
+def _start_ranks(slots: Path) -> list[subprocess.Popen]:
+    env = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(_free_port()), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, str(ROOT / "tests" / "tp_ranks.py"), str(slots / "tp.json"), str(slots), *_fixtures()]
+    return [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stderr=subprocess.PIPE, text=True)
+            for r in range(2)]
+
+
+def _finish_ranks(procs: list[subprocess.Popen], slots: Path) -> dict:
+    errors = [p.communicate(timeout=240)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    return json.loads((slots / "tp.json").read_text())
+
+
+def _close(tp_top: list, base_top: list) -> None:
+    """Top-8 (id, logprob) lists: every id clear of the 8th by TOL is in both, within TOL."""
+    got = dict((int(i), lp) for i, lp in tp_top)
+    cut = base_top[-1][1] + TOL
+    for i, lp in base_top:
+        if lp > cut:
+            assert int(i) in got and abs(got[int(i)] - lp) < TOL, (i, lp, got)
+
+
+@pytest.mark.parametrize("name", ["default"] + DENSE)
+def test_generate_tp2_equals_tp1(runs, name):
+    tp, _, refs = runs
+    key = "default" if name == "default" else str(ARCHS / f"{name}.gguf")
+    base, got = refs[key], tp["generate"][key]
+    assert [t for t, _ in got] == base.tokens
+    for (_, top), base_top in zip(got, base.top):
+        _close(top, base_top)
+
+
+def test_served_answers_under_tp_equal_one_process(runs):
+    """Greedy text with top-8 probabilities, n = 2 choices, a GBNF grammar: the same answers."""
+    tp, base, _ = runs
+    (comp, chat, gram), (b_comp, b_chat, b_gram) = tp["serve"]["cases"], base["cases"]
+    assert comp["content"] == b_comp["content"]
+    for p, q in zip(comp["completion_probabilities"], b_comp["completion_probabilities"]):
+        assert p["id"] == q["id"]
+        _close([(t["id"], t["logprob"]) for t in p["top_logprobs"]], [(t["id"], t["logprob"]) for t in q["top_logprobs"]])
+    texts = [c["message"]["content"] for c in chat["choices"]]
+    assert len(texts) == 2 and texts == [c["message"]["content"] for c in b_chat["choices"]]
+    assert gram["content"] == b_gram["content"] and gram["content"] in (" yes.", " no.")
+
+
+def test_slot_files_cross_between_tp_and_one_process(runs):
+    """A slot saved without TP restores under TP and the other way round: the same cached cells
+    serve the prompt (cache_n) and the same text follows."""
+    tp, base, _ = runs
+    for got in (tp["serve"]["restored"], base["tp_file"]):
+        assert got["content"] == base["restored"]["content"]
+        assert got["timings"]["cache_n"] == base["restored"]["timings"]["cache_n"] > 0
+    assert tp["serve"]["saved"]["n_saved"] > 0
+
+
+def test_a_lab_kernel_swap_reaches_every_rank(runs):
+    """The lab's swap on rank 0 (between two steps) serves the new kernel on both ranks."""
+    tp, _, _ = runs
+    *ranks, new = tp["serve"]["kernels"]
+    assert ranks == [new, new]
+
+
+def test_props_reports_each_ranks_heads_and_memory(runs):
+    tp, _, _ = runs
+    props = tp["serve"]["props"]
+    ranks = props["ranks"]
+    assert props["world"] == 2 and [r["kv_heads"] for r in ranks] == [1, 1]   # the fixture's 2 KV heads
+    assert ranks[0]["kv_bytes"] == ranks[1]["kv_bytes"] > 0 and all(r["weights_bytes"] > 0 for r in ranks)
+
+
+def test_generate_command_line_tp2_prints_the_tp1_text():
+    """`slotserver generate --tp 2` (rank 1 spawned by the command itself) prints what one process does."""
+    path = ARCHS / "qwen3.gguf"
+    cmd = [sys.executable, "-m", "slotserver.cli.main", "generate", "-m", str(path), "--dtype", "float32",
+           "--temp", "0", "-n", "8", "--tp", "2", "hello world"]
+    two = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+    assert two.returncode == 0, two.stderr
+    bundle = ModelBundle.load(ModelConfig(path, dtype="float32", threads=1))
+    ids = bundle.tokenizer.encode("hello world", add_special=True, parse_special=True)
+    tokens = generate(bundle.model, [GenRequest(ids, 8)], bundle.tokenizer.eog_ids)[0].tokens
+    text = bundle.tokenizer.decode([t for t in tokens if t not in bundle.tokenizer.eog_ids])
+    assert text.strip() and two.stdout == text + "\n"
+
+
+def test_uneven_splits_cover_every_item_once():
+    from slotserver.parallel.shard import split
+
+    assert split(3, 2) == [(0, 2), (2, 3)]                      # SmolLM2's 3 KV heads over 2 ranks
+    assert split(1536, 2, 32) == [(0, 768), (768, 1536)]
+    assert split(160, 3, 32) == [(0, 64), (64, 128), (128, 160)]
+
+
+@pytest.mark.parametrize("name, world, says", [
+    ("qwen3moe", 2, "mixture-of-experts model and its experts are not sharded"),
+    ("qwen3", 3, "the model has 2 KV heads, fewer than the ranks"),
+])
+def test_what_does_not_split_is_refused_in_one_line(name, world, says):
+    from slotserver.parallel.shard import ShardError, ShardPlan
+
+    model = LlamaModel.load(ARCHS / f"{name}.gguf", torch.float32)
+    with pytest.raises(ShardError, match=says) as e:
+        ShardPlan.make(model, world)
+    assert f"--tp {world}" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_serve_command_line_tp2_answers_and_both_ranks_exit():
+    """`slotserver serve --tp 2` spawns its rank 1, serves what one process computes, reports two
+    ranks in /props, and leaves no rank behind on SIGINT."""
+    import re
+    import signal
+    import time
+
+    import httpx
+
+    path = ARCHS / "qwen3.gguf"
+    cmd = [sys.executable, "-m", "slotserver.cli.main", "serve", "-m", str(path), "--dtype", "float32", "--tp", "2",
+           "--port", str(_free_port()), "-np", "2", "-c", "256", "--no-warmup"]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        deadline = time.monotonic() + 120
+        while url is None and time.monotonic() < deadline:
+            m = re.search(r"listening on (http://\S+)", proc.stderr.readline())
+            url = m and m.group(1)
+        body = {"prompt": [1, 17, 42, 99], "n_predict": 6, "temperature": 0, "ignore_eos": True, "return_tokens": True}
+        got = httpx.post(url + "/completion", json=body, timeout=60).json()
+        props = httpx.get(url + "/props", timeout=10).json()["tensor_parallel"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    req = GenRequest([1, 17, 42, 99], 6, ignore_eos=True)
+    model = LlamaModel.load(path, torch.float32)
+    assert got["tokens"] == generate(model, [req], frozenset())[0].tokens
+    assert props["world"] == 2 and len(props["ranks"]) == 2
+    rank1 = subprocess.run(["pgrep", "-f", "--", " ".join(cmd[1:])], capture_output=True, text=True).stdout.split()
+    assert rank1 == []
+
+
+@pytest.mark.parametrize("c0, c1", [(0, 256), (256, 512), (192, 512)])   # the last cuts a 256-wide block
+def test_a_column_slice_of_gguf_blocks_multiplies_like_those_columns(c0, c1):
+    """Whole blocks stay blocks; a cut through a block dequantizes that slice. Either way the slice
+    times its columns of x is the dequantized weight's product on them."""
+    import gguf
+
+    from slotserver.model.linear import Linear, QLinear
+    from slotserver.parallel.shard import _cols
+    from slotserver.runtime.kernel_set import KernelSet
+    from slotserver.runtime.qblocks import dequantize, random_qweight
+
+    gen = torch.Generator().manual_seed(3)
+    w = random_qweight(gen, int(gguf.GGMLQuantizationType.Q4_K), 16, 512)
+    x = torch.randn(3, 512, generator=gen)
+    part = _cols(QLinear([w]), c0, c1)
+    assert isinstance(part, QLinear if c0 % 256 == 0 else Linear)
+    want = x[:, c0:c1] @ dequantize(w)[:, c0:c1].T
+    got = part(x[:, c0:c1].contiguous(), KernelSet.load())
+    assert torch.allclose(got, want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
