@@ -123,7 +123,7 @@ class LlamaModel:
 
     def _forward_cuda(self, batch: Batch, cache, logits_into: torch.Tensor | None) -> torch.Tensor:
         """A decode step replayed from a CUDA graph where one serves it (cuda_graph.py), else eager.
-        A paged layout serves when it offers `graph_step` (runtime/paged_blocks.py): the step's
+        A paged layout serves when it offers `graph_step` (runtime/paged_cache.py): the step's
         cells are placed on the host first, into buffers the graph reads."""
         layout = getattr(cache, "layout", cache)
         paged = cache.view(0).paged
