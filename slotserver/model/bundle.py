@@ -15,7 +15,8 @@ from slotserver.model import gpu_weights
 from slotserver.runtime import cpu_features
 from slotserver.runtime.device import kernel_impl
 from slotserver.runtime.kernel_set import KernelSet
-from slotserver.model.model import LlamaModel, read_weights
+from slotserver.model.model import LlamaModel
+from slotserver.model.read_weights import read_weights
 from slotserver.model.spec import ModelSpec
 from slotserver.model.text.tokenizer import Tokenizer
 from slotserver.model.progress import stage

@@ -16,7 +16,7 @@ olmoe, granitemoe: moe.py) with olmoe's q/k norms over the whole projection.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -24,7 +24,6 @@ import torch
 
 from slotserver.runtime.batch import Batch
 from slotserver.model.gguf_file import GGUFFile
-from slotserver.errors import ModuleLoadError
 from slotserver.runtime.kernel_set import KernelSet
 from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
@@ -34,9 +33,8 @@ from slotserver.model import heap, lean_step
 from slotserver.model.bias_add import add_bias
 from slotserver.model.linear import QLinear
 from slotserver.model.moe import moe_ffn
-from slotserver.model.gpu_weights import GPU_OP, for_blocks
-from slotserver.model.placement import to_device
-from slotserver.model.weights import LayerWeights, ModelWeights, Progress, WeightFormat, load_weights
+from slotserver.model.read_weights import check_kernels, read_weights
+from slotserver.model.weights import LayerWeights, ModelWeights, Progress, WeightFormat
 
 
 @dataclass
@@ -80,7 +78,7 @@ class LlamaModel:
                   device: str = "cpu") -> "LlamaModel":
         """device: where the weights and rope tables live (runtime/device.py; kernels bound to match)."""
         kernels = kernels or KernelSet.load()
-        _check_kernels(f, spec, kernels)
+        check_kernels(f, spec, kernels)
         weights = read_weights(f, spec, dtype, kernels, fmt, device, progress)
         max_pos = max_pos or spec.ctx_train
         # phi3 longrope: the long factors once the context passes the trained one (llama.cpp's choice)
@@ -297,44 +295,6 @@ class LlamaModel:
         if self.spec.residual_scale != 1.0:
             y = y * self.spec.residual_scale
         return y
-
-
-def _check_kernels(f: GGUFFile, spec: ModelSpec, kernels: KernelSet) -> None:
-    """The kernels this architecture calls, with the options it asks of them (their FUSES), or one
-    line naming what is missing: e.g. a lab folder copied before gelu_mul.py existed, or before the
-    attention kernels took gpt-oss's sinks (they would ignore them silently)."""
-    moe_ops = ("moe_route", "moe_matmul") if spec.moe else ()
-    for needed in ("gelu_mul" if spec.act == "gelu" else "silu_mul", *moe_ops):
-        if needed not in kernels.modules:
-            raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs the kernel {needed} "
-                                  f"(kernels/{needed}.py), absent from the kernels folder")
-    asks = {"attention": {"sinks"} if spec.sinks else set(), "paged_attention": {"sinks"} if spec.sinks else set()}
-    if spec.moe is not None and spec.moe.act != "silu":   # gpt-oss: router and expert biases, swiglu_oai
-        asks |= {"moe_route": {"bias"}, "moe_matmul": {"bias", "act"}}
-    for op, options in asks.items():
-        lacking = options - kernels.fuses.get(op, frozenset())
-        if op in kernels.modules and lacking:
-            raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs kernels/{op}.py with {', '.join(sorted(lacking))} "
-                                  f"(its FUSES); this one predates them (`slotserver lab init --force` makes a new copy)")
-
-
-def read_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, kernels: KernelSet, fmt: WeightFormat,
-                 device: str = "cpu", progress: Progress | None = None) -> ModelWeights:
-    """The matmul weights of `f` in `fmt`, on `device` (a load, and a wake from sleep)."""
-    q4 = kernels.modules["q4_matmul"].module if "q4_matmul" in kernels.modules else None
-    f.dequant_device = None if device == "cpu" else device   # dense weights for a GPU: dequantized there
-    if fmt.kind == "blocks":   # GGUF blocks on the card (gpu_weights.py): loaded as `q`, then made ready
-        weights = for_blocks(load_weights(f, spec, dtype, progress, replace(fmt, kind="q"), q4), dtype,
-                             gpu_formats(kernels), device)
-    else:
-        weights = load_weights(f, spec, dtype, progress, fmt, q4)
-    return weights if device == "cpu" else to_device(weights, device)
-
-
-def gpu_formats(kernels: KernelSet) -> frozenset[int]:
-    """The GGUF formats the kernel set's qmatmul_gpu multiplies (its FORMATS); none without it."""
-    mod = kernels.modules.get(GPU_OP)
-    return frozenset(int(t) for t in getattr(mod.module, "FORMATS", ())) if mod is not None else frozenset()
 
 
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

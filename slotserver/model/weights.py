@@ -41,7 +41,7 @@ WEIGHT_KINDS = ("auto", "q", "dense", "int8", "int4", "auto8", "auto4", "blocks"
 class WeightFormat:
     """How matmul weights are kept. auto: GGUF blocks + qmatmul, except under float32 (the exact
     dequantized reference); q: GGUF blocks whatever the dtype; blocks: GGUF blocks on a CUDA card
-    (model/gpu_weights.py, read by model.read_weights); the rest: `Linear`'s formats."""
+    (model/gpu_weights.py, read by model/read_weights.py); the rest: `Linear`'s formats."""
 
     kind: str = "auto"
     fuse_copy: bool = True    # q|k|v not adjacent in the file: copy them into one block tensor

@@ -1,0 +1,59 @@
+"""The matmul weights of a GGUF file in a weight format, on a device: what `LlamaModel.from_file`
+and a wake from sleep (bundle.py) read; and the check that the kernel set has what the file's
+architecture calls.
+
+Why apart from model.py: the forward does not care where its weights came from; the choices made
+here are the load's (GGUF blocks as in the file, dequantized for cuBLAS on the card, or blocks for
+the card's Triton kernels: model/gpu_weights.py; dequantized where the tensors go: gguf_file.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from slotserver.errors import ModuleLoadError
+from slotserver.model.gguf_file import GGUFFile
+from slotserver.model.gpu_weights import GPU_OP, for_blocks
+from slotserver.model.placement import to_device
+from slotserver.model.spec import ModelSpec
+from slotserver.model.weights import ModelWeights, Progress, WeightFormat, load_weights
+from slotserver.runtime.kernel_set import KernelSet
+
+def read_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, kernels: KernelSet, fmt: WeightFormat,
+                 device: str = "cpu", progress: Progress | None = None) -> ModelWeights:
+    """The matmul weights of `f` in `fmt`, on `device` (a load, and a wake from sleep)."""
+    q4 = kernels.modules["q4_matmul"].module if "q4_matmul" in kernels.modules else None
+    f.dequant_device = None if device == "cpu" else device   # dense weights for a GPU: dequantized there
+    if fmt.kind == "blocks":   # GGUF blocks on the card (gpu_weights.py): loaded as `q`, then made ready
+        weights = for_blocks(load_weights(f, spec, dtype, progress, replace(fmt, kind="q"), q4), dtype,
+                             gpu_formats(kernels), device)
+    else:
+        weights = load_weights(f, spec, dtype, progress, fmt, q4)
+    return weights if device == "cpu" else to_device(weights, device)
+
+
+def gpu_formats(kernels: KernelSet) -> frozenset[int]:
+    """The GGUF formats the kernel set's qmatmul_gpu multiplies (its FORMATS); none without it."""
+    mod = kernels.modules.get(GPU_OP)
+    return frozenset(int(t) for t in getattr(mod.module, "FORMATS", ())) if mod is not None else frozenset()
+
+
+def check_kernels(f: GGUFFile, spec: ModelSpec, kernels: KernelSet) -> None:
+    """The kernels this architecture calls, with the options it asks of them (their FUSES), or one
+    line naming what is missing: e.g. a lab folder copied before gelu_mul.py existed, or before the
+    attention kernels took gpt-oss's sinks (they would ignore them silently)."""
+    moe_ops = ("moe_route", "moe_matmul") if spec.moe else ()
+    for needed in ("gelu_mul" if spec.act == "gelu" else "silu_mul", *moe_ops):
+        if needed not in kernels.modules:
+            raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs the kernel {needed} "
+                                  f"(kernels/{needed}.py), absent from the kernels folder")
+    asks = {"attention": {"sinks"} if spec.sinks else set(), "paged_attention": {"sinks"} if spec.sinks else set()}
+    if spec.moe is not None and spec.moe.act != "silu":   # gpt-oss: router and expert biases, swiglu_oai
+        asks |= {"moe_route": {"bias"}, "moe_matmul": {"bias", "act"}}
+    for op, options in asks.items():
+        lacking = options - kernels.fuses.get(op, frozenset())
+        if op in kernels.modules and lacking:
+            raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs kernels/{op}.py with {', '.join(sorted(lacking))} "
+                                  f"(its FUSES); this one predates them (`slotserver lab init --force` makes a new copy)")
