@@ -30,7 +30,7 @@ from slotserver.model.config import ModelConfig
 from slotserver.model.gguf_file import GGUFFile
 from slotserver.model.linear import Linear, QLinear
 from slotserver.model.moe import MoeWeights
-from slotserver.model.weights import Embedding, LayerWeights, ModelWeights
+from slotserver.model.weights import Embedding, ModelWeights
 from slotserver.runtime.experts import Experts
 from slotserver.runtime import torch_dequant
 from slotserver.runtime.qblocks import FLOATS, QWeight, dequantize
