@@ -197,7 +197,7 @@ static void *amx_alloc(amx_scratch *w, int64_t RP, int64_t D) {
                       (void **)&w->pl[1], (void **)&w->sc, (void **)&w->acc, (void **)&w->lv};
     int64_t total = 0;
     for (int i = 0; i < 9; i++) total += (sizes[i] + 63) / 64 * 64;
-    char *base = aligned_alloc(64, total), *at = base;
+    char *base = amx_get(0, total), *at = base;
     if (!base) return NULL;
     memset(base, 0, total);
     for (int i = 0; i < 9; i++) { *slots[i] = at; at += (sizes[i] + 63) / 64 * 64; }
@@ -237,7 +237,7 @@ static int amx_tile(const amx_args *a, const void *q, const void *k, const void 
     const int64_t first = c_lo / AB * AB;
     if (!prep) {
         const int64_t nblk = (c_hi - first + AB - 1) / AB;
-        if (!(own = aligned_alloc(64, nblk * bw * 4))) { free(mem); return -2; }
+        if (!(own = aligned_alloc(64, nblk * bw * 4))) { amx_put(0); return -2; }
         amx_prepare(a, k, v, c_lo, c_hi, 0, nblk, own);
         prep = own; prep_c0 = first;
     }
@@ -266,7 +266,7 @@ static int amx_tile(const amx_args *a, const void *q, const void *k, const void 
         for (int64_t d = 0; d < D; d++) st(out, off + d, a->bf16, w.acc[i * D + d] * inv);
     }
     free(own);
-    free(mem);
+    amx_put(0);
     return 0;
 }
 #endif
