@@ -200,14 +200,15 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, const u
            : (s) * (s_s) + (c) * (s_c))
 
 /* Prompt rows of a tile on AMX (attention_amx.c): each query vector's cell range as the row
-   kernel takes it (its row's kv_len, and the window). -> 0, nonzero on failure. Without AMX in
-   the build the call is never reached (prompt_amx is 0) and stands for -1. */
+   kernel takes it (its row's kv_len, and the window); K/V prepared for the tile's chunk (prep, its
+   blocks from cell prep_c0) or NULL. -> 0, nonzero on failure. Without AMX in the build the call
+   is never reached (prompt_amx is 0) and stands for -1. */
 #ifdef ATTN_AMX
 static int prompt_tile(const void *q, const void *k, const void *v, void *out, const int64_t *kv_lens,
                        const int32_t *table, int64_t r0, int64_t R, int64_t s, int64_t h, int64_t G, int64_t Hq,
                        int64_t D, int64_t sq_b, int64_t sq_h, int64_t sk_s, int64_t sk_c, int64_t sk_h, int64_t sv_s,
                        int64_t sv_c, int64_t sv_h, int64_t tb_s, int64_t page_shift, int64_t window, float scale,
-                       float softcap, int bf16, int kt, const float *sinks) {
+                       float softcap, int bf16, int kt, const float *sinks, const uint32_t *prep, int64_t prep_c0) {
     int64_t lo[AMX_R], hi[AMX_R];
     for (int64_t i = 0; i < R; i++) {
         const int64_t L = kv_lens[r0 + i / G];
@@ -215,10 +216,20 @@ static int prompt_tile(const void *q, const void *k, const void *v, void *out, c
     }
     const amx_args a = {R, D, G, Hq, s, h, r0, sq_b, sq_h, sk_s, sk_c, sk_h, sv_s, sv_c, sv_h, tb_s, page_shift,
                         table, bf16, kt, sinks};
-    return amx_tile(&a, q, k, v, out, lo, hi, scale, softcap);
+    return amx_tile(&a, q, k, v, prep, prep_c0, out, lo, hi, scale, softcap);
+}
+
+/* Where tile t's K/V for KV head h were prepared (NULL: nowhere, the tile prepares its own). */
+static const uint32_t *prep_at(const amx_prep *p, int64_t t, int64_t h, int64_t D, int64_t *c0) {
+    if (!p->mem || p->seg_of[t] < 0) return NULL;
+    const amx_seg *g = &p->segs[p->seg_of[t]];
+    *c0 = g->c_lo / AB * AB;
+    return g->mem + h * g->nblk * amx_block_words(D);
 }
 #else
 #define prompt_tile(...) (-1)
+typedef struct { uint32_t *mem; } amx_prep;
+#define prep_at(...) NULL
 #endif
 
 /* AMX serves prompt rows of bf16 or float16 caches with head_dim a multiple of 32, where the CPU
@@ -238,8 +249,11 @@ static int prompt_amx(int kt, int64_t Dim) {
     for (int64_t u = 0; u < n_tiles * Hkv; u++) {                                                     \
         const int64_t t = u / Hkv, h = u % Hkv, r0 = tile[t], R = (tile[t + 1] - r0) * G, s = streams[r0]; \
         if (amx && prompt[r0]) {                       /* prompt rows: attention_amx.c */             \
+            int64_t pc0 = 0;                                                                          \
+            const uint32_t *pp = prep_at(&prep, t, h, D, &pc0);                                       \
             if (prompt_tile(q, k, v, out, kv_lens, table, r0, R, s, h, G, Hq, D, sq_b, sq_h, sk_s, sk_c, sk_h, \
-                            sv_s, sv_c, sv_h, tb_s, page_shift, window, scale, softcap, bf16, kt, sinks)) failed = 1; \
+                            sv_s, sv_c, sv_h, tb_s, page_shift, window, scale, softcap, bf16, kt, sinks, pp, pc0)) \
+                failed = 1;                                                                           \
             continue;                                                                                 \
         }                                                                                             \
         float qf[RMAX][DPAD(DIM)], acc[RMAX][DIM], kb[BLK][DPAD(DIM)], vb[BLK][DIM], m[RMAX], l[RMAX]; \
@@ -329,10 +343,21 @@ static int attention_rows(const void *q, const void *k, const void *v, void *out
     const int amx = prompt && prompt_amx(kt, Dim);
     const int64_t n_tiles = row_tiles(streams, kv_lens, amx ? prompt : NULL, B, RMAX / G, AMX_R / G, tile);
     int failed = 0;
+    amx_prep prep = {0};
+#ifdef ATTN_AMX
+    if (amx) {   /* each prompt chunk's K/V converted for the tiles once (attention_amx_kv.c) */
+        const amx_args base = {0, Dim, G, Hq, 0, 0, 0, sq_b, sq_h, sk_s, sk_c, sk_h, sv_s, sv_c, sv_h, tb_s, page_shift,
+                               table, bf16, kt, sinks};
+        (void)amx_prep_build(&prep, base, k, v, tile, n_tiles, streams, kv_lens, prompt, window, Hkv, n_threads);   /* else none: each tile its own */
+    }
+#endif
     if (Dim == 64) { ATTN_BODY(64) }
     else if (Dim == 128) { ATTN_BODY(128) }
     else if (Dim == 256) { ATTN_BODY(256) }   /* gemma2/3: the generic body ran ~2 GFLOP/s there */
     else { ATTN_BODY(Dim) }
+#ifdef ATTN_AMX
+    if (amx) amx_prep_free(&prep);
+#endif
     free(tile);
     return failed ? -2 : 0;
 }

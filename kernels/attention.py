@@ -169,7 +169,8 @@ def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, wi
 
 # The row kernel in C (kernels/attention.c, shared with paged_attention.py: compiled on first use
 # by `slotserver.runtime.native`; without a C compiler the SDPA form above serves).
-NATIVE_C = native.joined(__file__, [("attention_amx.c", native.c_source(__file__, "attention_amx.c")),
+NATIVE_C = native.joined(__file__, [("attention_amx_kv.c", native.c_source(__file__, "attention_amx_kv.c")),
+                                     ("attention_amx.c", native.c_source(__file__, "attention_amx.c")),
                                      ("attention.c", native.c_source(__file__, "attention.c"))])
 _LIB = native.build("attention", NATIVE_C, strict=True)
 native.signature(_LIB, "attention_prompt_amx", 0, 0)

@@ -18,11 +18,12 @@
    row kernel, where they agree with each other bit for bit.
 
    Tiles (palette 1, each 16 rows x 64 bytes): 0 the accumulator C, 1-4 A, 5-6 B (amx_load_a).
-   Per BLK-cell block of the stream:
+   K/V come converted to bf16 hi/lo in the tiles' layouts, once per prompt chunk and call
+   (attention_amx_kv.c). Per BLK-cell block of the stream:
      S = Q K^T: A = q rows [16 vectors x 32 dims], B = K^T in pairs (VNNI) [16 dim pairs x 16 cells];
      softmax per vector on S, P = exp(S - max) split hi/lo (zero outside the vector's cells);
      O += P V: A = P [16 vectors x 32 cells], B = V in pairs of cells [16 cell pairs x 16 dims]. */
-#define AMX_R 256      /* most query vectors (rows x G) per prompt tile: K/V are prepared once per tile */
+#define AMX_R 256      /* most query vectors (rows x G) per prompt tile (K/V: attention_amx_kv.c) */
 #include <math.h>
 
 /* 1 / the softmax denominator of a query vector whose scores have running max m and sum l (its
@@ -34,120 +35,21 @@ static inline float sink_inv(float m, float l, float sink) {
     const float mx = m > sink ? m : sink, e = expf(m - mx);
     return e / (l * e + expf(sink - mx));
 }
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
-#define ATTN_AMX 1
-#define AB 64          /* cells per block, aligned to multiples of AB (as attention.c's BLK) */
+#ifdef ATTN_AMX
 #define TAU 8.0f       /* a row's reference max moves only when a block's max passes it by this much */
 
-typedef struct {
-    int64_t R, D, G, Hq, s, h, r0, sq_b, sq_h, sk_s, sk_c, sk_h, sv_s, sv_c, sv_h, tb_s, page_shift;
-    const int32_t *table;
-    int bf16, kt;       /* q/out bf16; K/V type: 1 bf16, 2 float16 (lo parts only for float16) */
-    const float *sinks; /* [Hq] sink logits, or NULL (sink_inv) */
-} amx_args;
-
-/* One tile's scratch; K^T, V and P twice, for the pipeline in amx_tile. */
+/* One tile's scratch; P twice, for the pipeline in amx_tile. */
 typedef struct {
     uint16_t *qh, *ql;              /* [RP][D] q * scale, hi and lo */
-    uint32_t *kth[2], *ktl[2];      /* [D/2][AB] K^T: row p holds dims 2p, 2p+1 of each cell */
-    uint32_t *vvh[2], *vvl[2];      /* [AB/2][D] V: row p holds cells 2p, 2p+1 of each dim */
     uint16_t *ph[2], *pl[2];        /* [RP][AB] P, zero outside each vector's cells */
-    float *sc, *acc;                /* [RP][AB] scores, [RP][D] unnormalised output */
+    float *sc, *acc, *lv;           /* [RP][AB] scores, [RP][D] unnormalised output, [RP][16] sums */
 } amx_scratch;
-
-typedef struct { int64_t c0, n, js; } amx_block;   /* cells c0 + [js, n) of the tile's range */
-
-static inline int64_t amx_cell(const amx_args *a, int64_t c, int64_t s_s, int64_t s_c) {
-    if (!a->table) return a->s * s_s + c * s_c;
-    return (int64_t)a->table[a->s * a->tb_s + (c >> a->page_shift)] * s_s + (c & (((int64_t)1 << a->page_shift) - 1)) * s_c;
-}
-
-/* 16 K/V elements as float32: kt 1 bf16, 2 float16. */
-static inline __m512 kv16(const void *base, int64_t off, int kt) {
-    const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off));
-    if (kt == 2) return _mm512_cvtph_ps(raw);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-static inline __m512 bf16_lo(__m512i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16)); }
-static inline __m512 bf16_hi(__m512i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16)); }
-
-/* x0, x1 (32 floats) -> 32 bf16 hi (round to nearest even), and lo = bf16(x - hi) into *lo. */
-static inline __m512i split32(__m512 x0, __m512 x1, __m512i *lo) {
-    const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
-    *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, bf16_hi(h)), _mm512_sub_ps(x0, bf16_lo(h)));
-    return h;
-}
 
 /* 16 floats -> bf16 hi and lo, stored. */
 static inline void split16(__m512 x, uint16_t *hi, uint16_t *lo) {
     const __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
     _mm256_storeu_si256((__m256i *)hi, h);
     _mm256_storeu_si256((__m256i *)lo, (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(x, bf16_lo(_mm512_castsi256_si512(h)))));
-}
-
-/* r (16 rows of 16 32-bit words) transposed, row i stored at dst + i * ds (words). */
-static inline void transpose16(__m512i r[16], uint32_t *dst, int64_t ds) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    for (int i = 0; i < 4; i++) {   /* rows i, i+4, i+8, i+12 hold the 128-bit quarters of 4 output rows */
-        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
-        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
-    }
-    for (int i = 0; i < 4; i++) {
-        _mm512_store_si512(dst + (i + 0) * ds, _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88));
-        _mm512_store_si512(dst + (i + 8) * ds, _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD));
-        _mm512_store_si512(dst + (i + 4) * ds, _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88));
-        _mm512_store_si512(dst + (i + 12) * ds, _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD));
-    }
-}
-
-/* K^T of the block's 16-cell groups that amx_scores reads, cells outside [js, n) zero. */
-static void amx_load_k(const amx_args *a, const void *k, amx_block b, uint32_t *kth, uint32_t *ktl) {
-    const int64_t D = a->D;
-    for (int64_t g = b.js / 16 * 16; g < b.n; g += 16)
-        for (int64_t d = 0; d < D; d += 32) {       /* 16 cells x 32 dims -> 16 dim pairs x 16 cells */
-            __m512i rh[16], rl[16];
-            for (int64_t r = 0; r < 16; r++) {
-                const int64_t j = g + r;
-                if (j < b.js || j >= b.n) { rh[r] = rl[r] = _mm512_setzero_si512(); continue; }
-                const int64_t off = amx_cell(a, b.c0 + j, a->sk_s, a->sk_c) + a->h * a->sk_h + d;
-                rh[r] = split32(kv16(k, off, a->kt), kv16(k, off + 16, a->kt), &rl[r]);
-            }
-            transpose16(rh, kth + d / 2 * AB + g, AB);
-            if (a->kt == 2) transpose16(rl, ktl + d / 2 * AB + g, AB);
-        }
-}
-
-/* V of the block's 32-cell halves that amx_pv reads, in cell pairs; cells outside [js, n) zero. */
-static void amx_load_v(const amx_args *a, const void *v, amx_block b, uint32_t *vvh, uint32_t *vvl) {
-    const int64_t D = a->D, end = (b.n + 31) / 32 * 32;
-    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                           23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    for (int64_t j = b.js / 32 * 32; j < end; j += 2) {
-        const int in0 = j >= b.js && j < b.n, in1 = j + 1 >= b.js && j + 1 < b.n;
-        const int64_t o0 = in0 ? amx_cell(a, b.c0 + j, a->sv_s, a->sv_c) + a->h * a->sv_h : 0;
-        const int64_t o1 = in1 ? amx_cell(a, b.c0 + j + 1, a->sv_s, a->sv_c) + a->h * a->sv_h : 0;
-        for (int64_t d = 0; d < D; d += 16) {       /* [cell j, 16 dims | cell j+1] -> 16 (j, j+1) pairs */
-            __m512i lo;
-            const __m512 x0 = in0 ? kv16(v, o0 + d, a->kt) : _mm512_setzero_ps();
-            const __m512 x1 = in1 ? kv16(v, o1 + d, a->kt) : _mm512_setzero_ps();
-            const __m512i hi = split32(x0, x1, &lo);
-            _mm512_store_si512(vvh + j / 2 * D + d, _mm512_permutexvar_epi16(pairs, hi));
-            if (a->kt == 2) _mm512_store_si512(vvl + j / 2 * D + d, _mm512_permutexvar_epi16(pairs, lo));
-        }
-    }
 }
 
 /* Tiles: 0 the accumulator C; 1-4 the A operands kept across the inner loop (hi, lo for two
@@ -212,13 +114,21 @@ static void amx_pv(const amx_args *a, int64_t RP, amx_block b, const uint16_t *p
    float32 and has 16 significant bits at most, rounded to bf16's 8 on conversion). */
 #define HI_MASK _mm512_castsi512_ps(_mm512_set1_epi32((int)0xFFFF0000u))
 
-/* e^x for x <= TAU (x - the row's reference max): fast_exp16's polynomial without its clamp. Lanes
-   below float32's range (e^-87) give 0 or a denormal through scalef, never a wrong value; masked
-   lanes may hold anything, their results are discarded. */
-static inline __m512 exp16(__m512 x) {
-    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950409f));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, n);
-    return _mm512_scalef_ps(EXP2_POLY(_mm512_fmadd_ps, _mm512_set1_ps, f), n);
+/* e^(s - m) for 16 scores s, given ml = m log2(e): 2^t with t = s log2(e) - ml (one FMA; ml's own
+   rounding is a factor common to all the vector's cells, which its normalisation cancels), as
+   p(f) 2^floor(t), f = t - floor(t) in [0, 1) (vreduceps) and p a degree-5 fit of 2^f (relative
+   error 1.7e-7 in float32; scalef applies the power of two). For t <= TAU log2(e); lanes below
+   float32's range give 0 or a denormal, masked lanes may hold anything (their results are
+   discarded). 8 vector operations, against 11 for fast_exp16's form. */
+static inline __m512 exp16(__m512 s, __m512 ml) {
+    const __m512 t = _mm512_fmsub_ps(s, _mm512_set1_ps(1.4426950409f), ml);
+    const __m512 f = _mm512_reduce_ps(t, 0x09);   /* round down, no precision exception: t - floor(t) */
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.8775767e-3f), f, _mm512_set1_ps(8.9893406e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5826318e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4015361e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9315308e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.9999994e-1f));
+    return _mm512_scalef_ps(p, t);
 }
 
 /* Lanes [j0, j1) of the 16 cells from j. */
@@ -227,14 +137,32 @@ static inline __mmask16 lanes(int64_t j, int64_t j0, int64_t j1) {
     const uint32_t below0 = j0 - j >= 16 ? 0xFFFFu : j0 > j ? (1u << (j0 - j)) - 1 : 0u;
     return (__mmask16)(below1 & ~below0);
 }
+
+/* Query vector i's max against its reference m (the block's scores sv in lanes `in`): m moves
+   (rescaling acc_i and the sums lv_i) only when the block's max passes it by TAU, so acc, which
+   the tiles read and write, is rarely touched by vector code (each such touch stalls the next
+   tile load). The test is one compare of the lanes' max vector; the reduction runs only then. */
+static inline void amx_max(const __m512 *sv, const __mmask16 *in, int64_t D, float *m, float *acc, float *lv) {
+    __m512 mxv = _mm512_set1_ps(-INFINITY);
+    for (int64_t c = 0; c < AB / 16; c++) mxv = _mm512_mask_max_ps(mxv, in[c], mxv, sv[c]);
+    if (!_mm512_cmp_ps_mask(mxv, _mm512_set1_ps(*m + TAU), _CMP_GT_OQ)) return;
+    const float mx = _mm512_reduce_max_ps(mxv);
+    if (*m != -INFINITY) {                         /* else acc and the sums are still zero */
+        const __m512 corr = _mm512_set1_ps(fast_exp(*m - mx));
+        for (int64_t d = 0; d < D; d += 16) _mm512_store_ps(acc + d, _mm512_mul_ps(_mm512_load_ps(acc + d), corr));
+        _mm512_store_ps(lv, _mm512_mul_ps(_mm512_load_ps(lv), corr));
+    }
+    *m = mx;
+}
+
 /* The softmax of the block per query vector i < R over its own cells [lo_i, hi_i): P = e^(s - m_i)
-   with a reference max m_i that moves (rescaling acc_i and l_i) only when the block's max passes
-   it by TAU, so acc, which the tiles read and write, is rarely touched by vector code (each such
-   touch stalls the next tile load). P (hi/lo) is written for all AB cells, zero outside. */
+   (amx_max), written hi/lo for all AB cells, zero outside; the sums stay 16 lanes wide per vector
+   (lv, reduced once at the end). A block wholly inside the vector's range skips the lane masks. */
 static void amx_softmax(const amx_args *a, int64_t R, amx_block b, const int64_t *lo, const int64_t *hi,
-                        float softcap, float *m, float *l, uint16_t *ph, uint16_t *pl, amx_scratch *w) {
-    const int64_t D = a->D;
+                        float softcap, float *m, uint16_t *ph, uint16_t *pl, amx_scratch *w, const char *next) {
+    const int64_t D = a->D, lines = amx_block_words(D) / 16;
     for (int64_t i = 0; i < R; i++) {
+        if (next) for (int64_t x = i * lines / R; x < (i + 1) * lines / R; x++) _mm_prefetch(next + 64 * x, _MM_HINT_T0);
         float *s = w->sc + i * AB;
         uint16_t *h = ph + i * AB, *o = pl + i * AB;
         const int64_t j0 = lo[i] > b.c0 ? lo[i] - b.c0 : 0, j1 = hi[i] - b.c0 < b.n ? hi[i] - b.c0 : b.n;
@@ -243,100 +171,102 @@ static void amx_softmax(const amx_args *a, int64_t R, amx_block b, const int64_t
             continue;
         }
         if (softcap > 0.0f) for (int64_t j = j0; j < j1; j++) s[j] = softcap * tanhf(s[j] / softcap);
-        __m512 sv[AB / 16], mxv = _mm512_set1_ps(-INFINITY);
+        const int full = j0 == 0 && j1 == AB;
+        __m512 sv[AB / 16];
         __mmask16 in[AB / 16];
-        for (int64_t c = 0; c < AB / 16; c++) {
-            in[c] = lanes(16 * c, j0, j1);
-            sv[c] = _mm512_load_ps(s + 16 * c);
-            mxv = _mm512_mask_max_ps(mxv, in[c], mxv, sv[c]);
-        }
-        const float mx = _mm512_reduce_max_ps(mxv);
-        if (m[i] == -INFINITY) m[i] = mx;          /* acc and l are still zero */
-        else if (mx > m[i] + TAU) {
-            const float corr = fast_exp(m[i] - mx);
-            float *acc = w->acc + i * D;
-            for (int64_t d = 0; d < D; d += 16) _mm512_store_ps(acc + d, _mm512_mul_ps(_mm512_load_ps(acc + d), _mm512_set1_ps(corr)));
-            l[i] *= corr; m[i] = mx;
-        }
-        __m512 sum = _mm512_setzero_ps();
+        for (int64_t c = 0; c < AB / 16; c++) { in[c] = full ? 0xFFFF : lanes(16 * c, j0, j1); sv[c] = _mm512_load_ps(s + 16 * c); }
+        amx_max(sv, in, D, &m[i], w->acc + i * D, w->lv + i * 16);
+        const __m512 ml = _mm512_set1_ps(m[i] * 1.4426950409f);
+        __m512 sum = _mm512_load_ps(w->lv + i * 16);
         for (int64_t c = 0; c < AB / 16; c += 2) {   /* lanes outside [j0, j1) are exact zeros */
-            const __m512 e0 = _mm512_maskz_mov_ps(in[c], exp16(_mm512_sub_ps(sv[c], _mm512_set1_ps(m[i]))));
-            const __m512 e1 = _mm512_maskz_mov_ps(in[c + 1], exp16(_mm512_sub_ps(sv[c + 1], _mm512_set1_ps(m[i]))));
+            __m512 e0 = exp16(sv[c], ml), e1 = exp16(sv[c + 1], ml);
+            if (!full) { e0 = _mm512_maskz_mov_ps(in[c], e0); e1 = _mm512_maskz_mov_ps(in[c + 1], e1); }
             sum = _mm512_add_ps(_mm512_add_ps(sum, e0), e1);
             const __m512 h0 = _mm512_and_ps(e0, HI_MASK), h1 = _mm512_and_ps(e1, HI_MASK);   /* exact bf16 */
             _mm512_store_si512(h + 16 * c, (__m512i)_mm512_cvtne2ps_pbh(h1, h0));
             _mm512_store_si512(o + 16 * c, (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(e1, h1), _mm512_sub_ps(e0, h0)));
         }
-        l[i] += _mm512_reduce_add_ps(sum);
+        _mm512_store_ps(w->lv + i * 16, sum);
     }
 }
 
 static void *amx_alloc(amx_scratch *w, int64_t RP, int64_t D) {
-    const int64_t q = RP * D * 2, kt = D / 2 * AB * 4, vv = AB / 2 * D * 4, p = RP * AB * 2;
-    const int64_t sizes[] = {q, q, kt, kt, kt, kt, vv, vv, vv, vv, p, p, p, p, RP * AB * 4, RP * D * 4};
-    void **slots[] = {(void **)&w->qh, (void **)&w->ql, (void **)&w->kth[0], (void **)&w->kth[1], (void **)&w->ktl[0],
-                      (void **)&w->ktl[1], (void **)&w->vvh[0], (void **)&w->vvh[1], (void **)&w->vvl[0],
-                      (void **)&w->vvl[1], (void **)&w->ph[0], (void **)&w->ph[1], (void **)&w->pl[0],
-                      (void **)&w->pl[1], (void **)&w->sc, (void **)&w->acc};
+    const int64_t q = RP * D * 2, p = RP * AB * 2;
+    const int64_t sizes[] = {q, q, p, p, p, p, RP * AB * 4, RP * D * 4, RP * 16 * 4};
+    void **slots[] = {(void **)&w->qh, (void **)&w->ql, (void **)&w->ph[0], (void **)&w->ph[1], (void **)&w->pl[0],
+                      (void **)&w->pl[1], (void **)&w->sc, (void **)&w->acc, (void **)&w->lv};
     int64_t total = 0;
-    for (int i = 0; i < 16; i++) total += (sizes[i] + 63) / 64 * 64;
-    char *base = aligned_alloc(64, total), *at = base;
+    for (int i = 0; i < 9; i++) total += (sizes[i] + 63) / 64 * 64;
+    char *base = amx_get(0, total), *at = base;
     if (!base) return NULL;
     memset(base, 0, total);
-    for (int i = 0; i < 16; i++) { *slots[i] = at; at += (sizes[i] + 63) / 64 * 64; }
+    for (int i = 0; i < 9; i++) { *slots[i] = at; at += (sizes[i] + 63) / 64 * 64; }
     return base;
 }
 
-static amx_block amx_block_at(int64_t c0, int64_t c_lo, int64_t c_hi) {
-    const amx_block b = {c0, c_hi - c0 < AB ? c_hi - c0 : AB, c0 < c_lo ? c_lo - c0 : 0};
-    return b;
+/* The tile's q rows, pre-scaled and split, into w; the union of their ranges -> *c_lo, *c_hi. */
+static void amx_load_q(const amx_args *a, const void *q, const int64_t *lo, const int64_t *hi, float scale,
+                       amx_scratch *w, float *m, int64_t *c_lo, int64_t *c_hi) {
+    const int64_t D = a->D, G = a->G;
+    float qf[256];
+    *c_lo = INT64_MAX; *c_hi = 0;
+    for (int64_t i = 0; i < a->R; i++) {
+        load_row(q, (a->r0 + i / G) * a->sq_b + (a->h * G + i % G) * a->sq_h, a->bf16, D, qf);
+        for (int64_t d = 0; d < D; d += 16)
+            split16(_mm512_mul_ps(_mm512_loadu_ps(qf + d), _mm512_set1_ps(scale)), w->qh + i * D + d, w->ql + i * D + d);
+        m[i] = -INFINITY;
+        *c_lo = lo[i] < *c_lo ? lo[i] : *c_lo; *c_hi = hi[i] > *c_hi ? hi[i] : *c_hi;
+    }
 }
 
 /* One tile: query vectors i < R <= AMX_R (row r0 + i / G, head h G + i % G) of stream s against
-   KV head h; vector i sees cells [lo[i], hi[i]). q, k, v, out as in attention.c. -> 0, -2 out
-   of memory. Pipelined so that no tile load reads bytes that vector stores wrote just before
-   (it would wait for them: ~3x the tile products' time): K^T is prepared a block ahead, and
-   block b's P V runs after block b+1's scores and V. */
-static int amx_tile(const amx_args *a, const void *q, const void *k, const void *v, void *out, const int64_t *lo,
-                    const int64_t *hi, float scale, float softcap) {
-    const int64_t R = a->R, D = a->D, G = a->G, RP = (R + 15) / 16 * 16;
+   KV head h; vector i sees cells [lo[i], hi[i]). K/V come prepared (attention_amx_kv.c: prep holds
+   the blocks from cell prep_c0 on), or prep is NULL and the tile prepares its own range. q, out as
+   in attention.c. -> 0, -2 out of memory. Block b's P V runs after block b+1's scores, so that no
+   tile load reads bytes that vector stores wrote just before (it would wait for them: ~3x the
+   tile products' time). */
+static int amx_tile(const amx_args *a, const void *q, const void *k, const void *v, const uint32_t *prep,
+                    int64_t prep_c0, void *out, const int64_t *lo, const int64_t *hi, float scale, float softcap) {
+    const int64_t R = a->R, D = a->D, G = a->G, RP = (R + 15) / 16 * 16, bw = amx_block_words(D), hw = D * AB / 2;
     amx_scratch w;
-    void *mem = amx_alloc(&w, RP, D);
+    void *mem = amx_alloc(&w, RP, D), *own = NULL;
     if (!mem) return -2;
-    float m[AMX_R], l[AMX_R], qf[256];
-    int64_t c_lo = INT64_MAX, c_hi = 0;
-    for (int64_t i = 0; i < R; i++) {
-        load_row(q, (a->r0 + i / G) * a->sq_b + (a->h * G + i % G) * a->sq_h, a->bf16, D, qf);
-        for (int64_t d = 0; d < D; d += 16)
-            split16(_mm512_mul_ps(_mm512_loadu_ps(qf + d), _mm512_set1_ps(scale)), w.qh + i * D + d, w.ql + i * D + d);
-        m[i] = -INFINITY; l[i] = 0.0f;
-        c_lo = lo[i] < c_lo ? lo[i] : c_lo; c_hi = hi[i] > c_hi ? hi[i] : c_hi;
+    float m[AMX_R];
+    int64_t c_lo, c_hi;
+    amx_load_q(a, q, lo, hi, scale, &w, m, &c_lo, &c_hi);
+    const int64_t first = c_lo / AB * AB;
+    if (!prep) {
+        const int64_t nblk = (c_hi - first + AB - 1) / AB;
+        if (!(own = aligned_alloc(64, nblk * bw * 4))) { amx_put(0); return -2; }
+        amx_prepare(a, k, v, c_lo, c_hi, 0, nblk, own);
+        prep = own; prep_c0 = first;
     }
     tile_config cfg = {0};
     cfg.palette = 1;
     for (int t = 0; t < 7; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
     _tile_loadconfig(&cfg);
-    const int64_t first = c_lo / AB * AB;
     amx_block prev = {0, 0, 0};
-    amx_load_k(a, k, amx_block_at(first, c_lo, c_hi), w.kth[0], w.ktl[0]);
+    const uint32_t *pb = NULL;
     for (int64_t c0 = first, x = 0; c0 < c_hi; c0 += AB, x ^= 1) {
         const amx_block b = amx_block_at(c0, c_lo, c_hi);
-        if (c0 + AB < c_hi) amx_load_k(a, k, amx_block_at(c0 + AB, c_lo, c_hi), w.kth[x ^ 1], w.ktl[x ^ 1]);
-        amx_scores(a, RP, b, w.kth[x], w.ktl[x], &w);
-        amx_load_v(a, v, b, w.vvh[x], w.vvl[x]);
-        if (c0 > first) amx_pv(a, RP, prev, w.ph[x ^ 1], w.pl[x ^ 1], w.vvh[x ^ 1], w.vvl[x ^ 1], &w);
-        amx_softmax(a, R, b, lo, hi, softcap, m, l, w.ph[x], w.pl[x], &w);
-        prev = b;
+        const uint32_t *kb = prep + (c0 - prep_c0) / AB * bw;
+        amx_scores(a, RP, b, kb, kb + hw, &w);
+        if (pb) amx_pv(a, RP, prev, w.ph[x ^ 1], w.pl[x ^ 1], pb + 2 * hw, pb + 3 * hw, &w);
+        amx_softmax(a, R, b, lo, hi, softcap, m, w.ph[x], w.pl[x], &w,
+                    c0 + AB < c_hi ? (const char *)(kb + bw) : NULL);   /* the next block's K/V: from L2/L3 */
+        prev = b; pb = kb;
     }
     const int64_t x = ((c_hi - 1) / AB - first / AB) & 1;   /* the last block's buffers */
-    amx_pv(a, RP, prev, w.ph[x], w.pl[x], w.vvh[x], w.vvl[x], &w);
+    amx_pv(a, RP, prev, w.ph[x], w.pl[x], pb + 2 * hw, pb + 3 * hw, &w);
     _tile_release();
     for (int64_t i = 0; i < R; i++) {
-        const float inv = a->sinks ? sink_inv(m[i], l[i], a->sinks[a->h * G + i % G]) : 1.0f / l[i];
+        const float l = _mm512_reduce_add_ps(_mm512_load_ps(w.lv + i * 16));
+        const float inv = a->sinks ? sink_inv(m[i], l, a->sinks[a->h * G + i % G]) : 1.0f / l;
         const int64_t off = ((a->r0 + i / G) * a->Hq + a->h * G + i % G) * D;
         for (int64_t d = 0; d < D; d++) st(out, off + d, a->bf16, w.acc[i * D + d] * inv);
     }
-    free(mem);
+    free(own);
+    amx_put(0);
     return 0;
 }
 #endif

@@ -79,7 +79,8 @@ def cpu(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Ten
 
 
 # attention.py's C (one file, one library): `paged_attention_rows` is its block-table entry
-NATIVE_C = native.joined(__file__, [("attention_amx.c", native.c_source(__file__, "attention_amx.c")),
+NATIVE_C = native.joined(__file__, [("attention_amx_kv.c", native.c_source(__file__, "attention_amx_kv.c")),
+                                     ("attention_amx.c", native.c_source(__file__, "attention_amx.c")),
                                      ("attention.c", native.c_source(__file__, "attention.c"))])
 _LIB = native.build("attention", NATIVE_C, strict=True)
 native.signature(_LIB, "attention_prompt_amx", 0, 0)

@@ -97,6 +97,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--restart-after", type=int, default=0, help="restart slotserver after this turn (0: never)")
     ap.add_argument("--out", type=Path, default=Path("playground/out/agent_loop"))
+    ap.add_argument("--no-peer", action="store_true",
+                    help="slotserver(s) only, without llama-server (its turns take minutes on a busy host)")
     a = ap.parse_args()
     if a.model is None:
         from slotserver.model.default_model import default_model_path
@@ -109,15 +111,16 @@ def main() -> None:
                 *shlex.split(a.slot_flags)]
     ours, peer = free_port(), free_port()
     names = {ours: "slotserver", peer: "llama-server"}
-    procs = {ours: start(ours_cmd(ours), ours, "slotserver", a.out / "slotserver.log"),
-             peer: start([str(PEER / "llama-server"), *common, "--port", str(peer)], peer, "llama-server",
-                         a.out / "llama-server.log")}
+    procs = {ours: start(ours_cmd(ours), ours, "slotserver", a.out / "slotserver.log")}
+    if not a.no_peer:
+        procs[peer] = start([str(PEER / "llama-server"), *common, "--port", str(peer)], peer, "llama-server",
+                            a.out / "llama-server.log")
     if a.before_env:
         before = free_port()
         env = dict(kv.split("=", 1) for kv in shlex.split(a.before_env))
         names[before] = "slotserver " + a.before_env
         procs[before] = start(ours_cmd(before), before, names[before], a.out / "slotserver-before.log", env)
-    ports = [ours, *[p for p in procs if p not in (ours, peer)], peer]
+    ports = [ours, *[p for p in procs if p not in (ours, peer)], *([] if a.no_peer else [peer])]
     system = {"role": "system", "content": "You are a coding agent. Read each tool output and say what to do next."}
     hist = {p: [[dict(system)] for _ in range(a.agents)] for p in ports}
     rows = []   # per turn: {port: (per-agent ms, wall s, computed, cached)}
@@ -138,6 +141,12 @@ def main() -> None:
             proc.terminate()
             proc.wait()
     print(f"\n{a.agents} agents on -np {a.slots}, {a.turns} turns, slotserver flags: {a.slot_flags or '(defaults)'}")
+    if a.no_peer:
+        for p in ports:
+            total, p50 = sum(r[p][1] for r in rows), statistics.median(m for r in rows for m in r[p][0])
+            first, last = statistics.median(rows[0][p][0]), statistics.median(rows[-1][p][0])
+            print(f"{names[p]}: total {total:.1f} s; TTFT p50 {p50:.0f} ms; last turn / first turn TTFT {last / first:.2f}")
+        return
     peer_total = sum(r[peer][1] for r in rows)
     peer_p50 = statistics.median(m for r in rows for m in r[peer][0])
     for p in ports[:-1]:
