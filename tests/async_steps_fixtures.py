@@ -5,7 +5,7 @@ arrivals and cancels, and the comparison of what two runs' clients saw."""
 from __future__ import annotations
 
 import pytest
-import torch
+from shift_fixtures import one_torch_thread  # noqa: F401  (autouse where imported)
 from tiny_gguf import write_tiny_gguf
 
 from slotserver.engine.config import EngineConfig
@@ -16,14 +16,6 @@ from slotserver.model.config import ModelConfig
 from slotserver.model.sampling.params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

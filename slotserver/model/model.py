@@ -130,7 +130,7 @@ class LlamaModel:
         if key is None:
             return self._body(*self._inputs(batch), batch, cache, logits_into)
         with step(batch.token_streams, batch.positions) if step else contextlib.nullcontext():
-            view = cache.view(0)
+            view = cache.view(0)   # again: graph_step may have grown (moved) a paged pool
             storage = view.k_pages if view.paged else view.k
             owner = (self.kernels, layout, self.weights, storage.data_ptr())   # a paged pool's growth moves it
             return self.graphs.run(owner, key, batch, lambda b: self._body(*self._inputs(b), b, cache))
