@@ -17,6 +17,7 @@ import torch
 
 from slotserver.engine.postprocess import Sampled
 from slotserver.model.sampling.greedy import NOT_FINITE
+from slotserver.runtime.device import upload
 
 
 class SampledIds:
@@ -35,9 +36,7 @@ class SampledIds:
         """The device tokens of `rows` (all of them: no copy), for a next step without some sequences."""
         if len(rows) == self.tokens.shape[0]:
             return self.tokens
-        idx = torch.tensor(rows, dtype=torch.int64)
-        if not self.tokens.is_cpu:   # from pinned memory, without waiting for the step in flight
-            idx = idx.pin_memory().to(self.tokens.device, non_blocking=True)
+        idx = upload(torch.tensor(rows, dtype=torch.int64), self.tokens.device)   # no wait for the step in flight
         return self.tokens.index_select(0, idx)
 
     def ready(self) -> bool:

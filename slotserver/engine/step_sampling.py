@@ -18,10 +18,10 @@ from slotserver.engine.scheduler import StepPlan
 from slotserver.engine.speculative.verify import greedy_run, sampled_run, synth_run
 from slotserver.engine.sampled_ids import SampledIds
 from slotserver.model.sampling.device import DeviceSampler
-from slotserver.model.sampling.device_rows import upload_to
 from slotserver.model.sampling.greedy import greedy_ids_device
 from slotserver.model.sampling.sampler import Sampler, SamplingError
 from slotserver.model.tensor_check import logits_problem
+from slotserver.runtime.device import upload
 
 
 # Below this many rows a step's non-greedy rows (top-k/p, probabilities, grammars) go to the host
@@ -168,7 +168,7 @@ def _rows_of(t: torch.Tensor | None, rows: list[int]) -> torch.Tensor | None:
     GPU without a sync, so the device rows' sampling queues behind the forward."""
     if t is None or len(rows) == t.shape[0]:
         return t
-    return t[upload_to(torch.tensor(rows), t.device)]
+    return t[upload(torch.tensor(rows), t.device)]
 
 
 def _force(allowed: torch.Tensor | None, forced: list[int | None], vocab: int) -> torch.Tensor | None:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from slotserver.runtime.device import upload
+
 
 @dataclass(frozen=True)
 class SeqChunk:
@@ -138,8 +140,7 @@ def _decode(chunks: list[SeqChunk], device) -> Batch:
     rows = range(n)
     t = torch.tensor([[c.tokens[0] for c in chunks], [c.start for c in chunks], streams,
                       [c.start + 1 for c in chunks], list(rows), [1] * n], dtype=torch.int64)
-    if torch.device(device).type != "cpu":   # from pinned memory without a sync: a blocking copy would
-        t = t.pin_memory().to(device, non_blocking=True)   # wait for the step in flight (--async-steps)
+    t = upload(t, device)   # no wait for an overlapped step in flight (--async-steps)
     tokens, positions, streams_t, kv_lens, index, ones = t                     # each [n]
     base = streams[0] if streams == list(range(streams[0], streams[0] + n)) else None
     meta = AttnMeta(seq_streams=streams_t, q_lens=ones, kv_lens=kv_lens, q_offsets=index,

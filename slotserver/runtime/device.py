@@ -44,3 +44,13 @@ def describe(device: str) -> str:
     if device != "cuda":
         return device
     return f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
+
+
+def upload(host: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """A small host tensor's copy on `device`, queued behind the kernels already launched rather
+    than waiting for them: on CUDA from pinned memory (torch's caching host allocator: no
+    cudaHostAlloc per step) without a sync, since a blocking copy from pageable memory waits for
+    every queued kernel (an overlapped engine's step in flight); elsewhere `.to(device)`."""
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

@@ -31,11 +31,12 @@ import torch
 
 from slotserver.model.sampling.device_chain import draw_sorted, draw_vocab, keep_lengths, penalize_, top_candidates, \
     unpack_bits, vocab_final
-from slotserver.model.sampling.device_rows import OPEN_WIDTH, SampleRows, Upload, upload_to
+from slotserver.model.sampling.device_rows import OPEN_WIDTH, SampleRows, Upload
 from slotserver.model.sampling.greedy import greedy_tokens_device
 from slotserver.model.sampling.params import SamplingError, SamplingParams
 from slotserver.model.sampling.penalties import History, _window
 from slotserver.model.sampling.sampler import SampleOutput, SequenceRng
+from slotserver.runtime.device import upload
 
 __all__ = ["DeviceResult", "DeviceSampler", "OPEN_WIDTH"]
 
@@ -138,7 +139,7 @@ class DeviceSampler:
         adj = logits.float().clone()
         if rows.masked:
             i = up["masked"]
-            bits = unpack_bits(upload_to(torch.from_numpy(rows.bits), logits.device), self.vocab_size)  # [m, V]
+            bits = unpack_bits(upload(torch.from_numpy(rows.bits), logits.device), self.vocab_size)  # [m, V]
             adj.index_copy_(0, i, adj.index_select(0, i).masked_fill_(~bits, float("-inf")))
         if rows.bias:
             b = up.raw("bias").view(3, -1)                              # rows, token ids, biases

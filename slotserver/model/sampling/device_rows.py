@@ -21,17 +21,10 @@ import torch
 
 from slotserver.model.sampling.params import SamplingParams
 from slotserver.model.sampling.penalties import History, _window
+from slotserver.runtime.device import upload
 
 OPEN_WIDTH = 256   # candidates a row without top_k gets in the first pass (its end is usually within)
 SCALARS = ("temp", "top_k", "top_p", "min_p", "u", "rep", "freq", "pres")
-
-
-def upload_to(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor's copy on `device`, queued behind the forward rather than waiting for it: from
-    pinned memory (torch's caching host allocator: no cudaHostAlloc per step) without a sync."""
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 class Upload:
@@ -47,7 +40,7 @@ class Upload:
         """Copied on first use: a step of plain greedy rows reads none of it and copies nothing."""
         if self._t is None:
             flat = torch.frombuffer(array.array("d", self._flat), dtype=torch.float64)   # [n] (faster than from a list)
-            self._t = upload_to(flat, self._device)   # the one copy down
+            self._t = upload(flat, self._device)   # the one copy down
         return self._t
 
     def col(self, name: str) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch
 from slotserver.runtime import native
 from slotserver.model.sampling.penalties import check_bias_tokens
 from slotserver.model.sampling.params import SamplingError, SamplingParams
+from slotserver.runtime.device import upload
 
 # The C (greedy.c beside this file; not hot-reloaded: read once at import).
 _C_FILE = Path(__file__).with_name("greedy.c")
@@ -96,16 +97,9 @@ def greedy_ids_device(logits: torch.Tensor, params: Sequence[SamplingParams]) ->
     adj = logits
     if cols:   # biases added in turn into a copy, as the C adds them into its scratch row
         adj = logits.float().clone()
-        idx = _upload(torch.tensor([rows, cols], dtype=torch.int64), logits.device)
-        adj.index_put_((idx[0], idx[1]), _upload(torch.tensor(vals, dtype=torch.float32), logits.device),
+        idx = upload(torch.tensor([rows, cols], dtype=torch.int64), logits.device)
+        adj.index_put_((idx[0], idx[1]), upload(torch.tensor(vals, dtype=torch.float32), logits.device),
                        accumulate=True)
     best, token = adj.max(dim=1)                                   # [batch] each
     return torch.stack([token, best.isfinite().long()])            # [2, batch]
 
-
-def _upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A small host tensor onto `device` without a stream sync (a blocking copy from pageable
-    memory waits for every queued kernel: the step in flight)."""
-    if device.type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
