@@ -14,6 +14,9 @@ and answer) that was taken from a cache: 100% is a perfect router. Each policy g
 started replicas (empty caches); the same conversations, tool outputs and greedy answers are sent
 under both.
 
+"Affinity" is the router's hit rate as issue 39 counts it: the share of turns 2..n served by the
+replica that served the conversation's previous turn (~1/3 for round-robin over 3 replicas).
+
 Kill phase: the prefix policy again, on fresh replicas, and replica 0 is SIGKILLed once a third of
 the requests are done. A request that fails is classified by what its client had received: nothing
 (lost before streaming: the router must have retried it, so this must stay 0) or part of an
@@ -60,6 +63,8 @@ class Run:
     history: int = 0           # tokens of each turn's re-sent history: the previous turn's prompt + answer
     history_reused: int = 0    # of those, taken from a cache (min(cache_n, history) per turn)
     requests: int = 0
+    later_turns: int = 0       # requests of turns 2..n
+    same_replica: int = 0      # of those, served by the replica that served the conversation's previous turn
     lost_before_stream: int = 0
     cut_mid_stream: int = 0
     by_replica: dict = field(default_factory=dict)
@@ -73,6 +78,11 @@ class Run:
 
     def history_rate(self) -> float:
         return self.history_reused / max(1, self.history)
+
+    def affinity_rate(self) -> float:
+        """The router's hit rate as the issue counts it: the share of later turns that reached the
+        replica holding the conversation's history (1 / replicas for a router that ignores prefixes)."""
+        return self.same_replica / max(1, self.later_turns)
 
 
 def stream_turn(client: httpx.Client, url: str, history: list[dict], n_predict: int) -> tuple[str, dict, str, bool]:
@@ -108,6 +118,7 @@ def conversation(i: int, args, url: str, run: Run, done: list[int]) -> None:
                {"role": "user", "content": f"Task {i}: the test test_{rng.randint(0, 99999)} fails with "
                                            f"{tool_output(rng, 20)}. Find and fix the cause."}]
     previous = 0   # the previous turn's prompt + answer tokens: what this turn re-sends
+    last_replica = None
     for t in range(args.turns):
         while True:
             try:
@@ -127,8 +138,12 @@ def conversation(i: int, args, url: str, run: Run, done: list[int]) -> None:
             run.history, run.history_reused = run.history + previous, run.history_reused + min(cached, previous)
             run.requests += 1
             run.by_replica[replica] = run.by_replica.get(replica, 0) + 1
+            if last_replica is not None:
+                run.later_turns += 1
+                run.same_replica += replica == last_replica
             done[0] += 1
         previous = cached + computed + int(tm.get("predicted_n", 0))
+        last_replica = replica
         history += [{"role": "assistant", "content": answer},
                     {"role": "user", "content": f"Tool output {t}:\n{tool_output(rng, args.words)}\nWhat next?"}]
     client.close()
@@ -224,17 +239,18 @@ def main() -> None:
         runs.append(one_run(args, "prefix", args.logs, kill_at=1 / 3))
     print(f"\n{args.replicas} replicas x -np {args.np} -t {args.threads}, {args.conversations} conversations x "
           f"{args.turns} turns, n_predict {args.n_predict}, replica flags: {args.replica_flags or '(defaults)'}")
-    print(f"{'run':<20} {'requests':>8} {'hit rate':>9} {'history':>8} {'cached':>8} {'computed':>9} {'wall s':>8} "
+    print(f"{'run':<20} {'requests':>8} {'affinity':>8} {'hit rate':>9} {'history':>8} {'cached':>8} {'computed':>9} {'wall s':>8} "
           f"{'cpu s':>7} {'lost':>5} {'cut':>4}  routed / per replica")
     for r in runs:
-        print(f"{r.policy:<20} {r.requests:>8} {r.hit_rate():>9.1%} {r.history_rate():>8.1%} {r.cached:>8} "
+        print(f"{r.policy:<20} {r.requests:>8} {r.affinity_rate():>8.1%} {r.hit_rate():>9.1%} {r.history_rate():>8.1%} {r.cached:>8} "
               f"{r.computed:>9} {r.wall_s:>8.1f} {r.cpu_s:>7.1f} {r.lost_before_stream:>5} {r.cut_mid_stream:>4}  "
               f"{r.routed} {sorted(r.by_replica.values())}")
     by_name = {r.policy: r for r in runs}
     if "prefix" not in by_name or "round-robin" not in by_name:
         return
     base, ours = by_name["round-robin"], by_name["prefix"]
-    print(f"prefix vs round-robin: hit rate {ours.hit_rate():.1%} vs {base.hit_rate():.1%} (re-sent history "
+    print(f"prefix vs round-robin: later turns on the replica holding their history {ours.affinity_rate():.1%} "
+          f"vs {base.affinity_rate():.1%}; hit rate {ours.hit_rate():.1%} vs {base.hit_rate():.1%} (re-sent history "
           f"reused {ours.history_rate():.1%} vs {base.history_rate():.1%}), prompt tokens computed "
           f"{base.computed / max(1, ours.computed):.2f}x fewer, total time {base.wall_s / ours.wall_s:.2f}x faster, "
           f"replica CPU time {base.cpu_s / max(ours.cpu_s, 1e-9):.2f}x less")
