@@ -14,10 +14,11 @@ d_ff units than ranks (the dense FFN's, the experts', a shared expert's), `--wei
 kept only in a re-encoded form (int8/int4 copies, oneDNN's packed bf16).
 
 GGUF blocks span columns, never rows: any row split keeps whole blocks, and a column split does
-where it falls on a block boundary. d_ff (and each expert's) is cut in units of the down projection's block, so
-its column split always does; the attention output's split falls at KV-group boundaries, and where one
-is not a block boundary (e.g. 192 columns a group with 256-wide K-quant blocks) that one weight
-is dequantized to float32 on the rank (logged): right, slower.
+where it falls on a block boundary. d_ff (and each expert's) is cut in units of the down
+projection's block, so its column split always does; the attention output's split falls at
+KV-group boundaries, and where one is not a block boundary (e.g. 192 columns a group with
+256-wide K-quant blocks) that one weight is dequantized to float32 on the rank (logged): right,
+slower.
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def shard_model(model: LlamaModel, comm: Comm, plan: ShardPlan) -> None:
     for lw in w.layers:
         layers.append(replace(
             lw, qkv=_rows(lw.qkv, rows), wo=RowParallel(_cols(lw.wo, *q_cols), comm, lw.wo.bias),
-            **_ffn(lw, comm, plan, s.d_ff if s.moe is None else s.moe.d_ff_shared), **_full_norms(lw, s, comm, h0, h1),
+            **_ffn(lw, comm, plan, s.d_ff if s.moe is None else s.moe.d_ff_shared),
+            **_full_norms(lw, s, comm, h0, h1),
             sinks=None if lw.sinks is None else lw.sinks[h0 * g: h1 * g].contiguous()))
     widths = [b - a for a, b in plan.vocab]
     output = VocabParallel(_rows(w.output, list(range(v0, v1))), comm, widths)
