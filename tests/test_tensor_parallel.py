@@ -1,7 +1,7 @@
 """`--tp 2` over gloo on this machine gives what one process gives (issue 39, part 2).
 
 Two ranks (tests/tp_ranks.py, started with torchrun's environment) run `generate` on the default
-model and on the tiny fixture of every dense architecture, then serve the default model through
+model and on the tiny fixture of every dense and mixture-of-experts architecture, then serve the default model through
 HTTP; this process computes the same without TP and compares what a user sees: greedy tokens,
 top-8 log-probabilities (float32, within 1e-4), n > 1 choices, grammar-constrained text, slot files
 (one saved here restored there, one saved there restored here), and /props' per-rank memory.
@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,11 +38,12 @@ from tp_ranks import N_PREDICT, PROMPT, SERVE_CASES, SLOT_PROMPT  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 ARCHS = ROOT / "tests" / "fixtures" / "archs"
 DENSE = ["qwen3", "gemma2", "gemma3", "granite", "llama3_freqs", "llama_linear", "phi3", "qwen2_yarn"]   # qwen3: served too
+MOE = ["qwen3moe", "qwen2moe", "olmoe", "granitemoe", "gpt-oss"]   # qwen2moe: a shared expert; gpt-oss: biases
 TOL = 1e-4
 
 
 def _fixtures() -> list[str]:
-    return [str(ARCHS / f"{a}.gguf") for a in DENSE]
+    return [str(ARCHS / f"{a}.gguf") for a in DENSE + MOE]
 
 
 def _free_port() -> int:
@@ -117,7 +119,7 @@ def _close(tp_top: list, base_top: list) -> None:
             assert int(i) in got and abs(got[int(i)] - lp) < TOL, (i, lp, got)
 
 
-@pytest.mark.parametrize("name", ["default"] + DENSE)
+@pytest.mark.parametrize("name", ["default"] + DENSE + MOE)
 def test_generate_tp2_equals_tp1(runs, name):
     tp, _, refs = runs
     key = "default" if name == "default" else str(ARCHS / f"{name}.gguf")
@@ -187,14 +189,17 @@ def test_uneven_splits_cover_every_item_once():
     assert split(160, 3, 32) == [(0, 64), (64, 128), (128, 160)]
 
 
-@pytest.mark.parametrize("name, world, says", [
-    ("qwen3moe", 2, "mixture-of-experts model and its experts are not sharded"),
-    ("qwen3", 3, "the model has 2 KV heads, fewer than the ranks"),
+@pytest.mark.parametrize("name, world, weights, says", [
+    # gpt-oss's experts in their MXFP4 blocks: d_ff 32 is one 32-wide block
+    ("gpt-oss", 2, "q", "the experts' d_ff 32 does not split in 2 parts of whole 32-column blocks; "
+                        "use --weights dense"),
+    ("qwen3", 3, "auto", "the model has 2 KV heads, fewer than the ranks"),
 ])
-def test_what_does_not_split_is_refused_in_one_line(name, world, says):
+def test_what_does_not_split_is_refused_in_one_line(name, world, weights, says):
+    from slotserver.model.weights import WeightFormat
     from slotserver.parallel.shard import ShardError, ShardPlan
 
-    model = LlamaModel.load(ARCHS / f"{name}.gguf", torch.float32)
+    model = LlamaModel.load(ARCHS / f"{name}.gguf", torch.float32, fmt=WeightFormat(weights))
     with pytest.raises(ShardError, match=says) as e:
         ShardPlan.make(model, world)
     assert f"--tp {world}" in str(e.value) and "\n" not in str(e.value)
@@ -252,3 +257,67 @@ def test_a_column_slice_of_gguf_blocks_multiplies_like_those_columns(c0, c1):
     want = x[:, c0:c1] @ dequantize(w)[:, c0:c1].T
     got = part(x[:, c0:c1].contiguous(), KernelSet.load())
     assert torch.allclose(got, want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("qtype, act", [("Q8_0", "silu"), ("MXFP4", "swiglu_oai"), ("F32", "silu")])
+def test_an_expert_slice_multiplies_like_those_rows_and_columns(qtype, act):
+    """One rank's slice of every expert (shard_experts.py) is those gate|up rows and down columns
+    of the full experts, and the two ranks' partial MoE outputs (rank 0 with gpt-oss's down bias,
+    the router replicated) sum to what the whole layer computes."""
+    from slotserver.model.moe import MoeWeights, moe_ffn
+    from slotserver.model.moe_spec import MoeSpec
+    from slotserver.parallel.shard import split
+    from slotserver.parallel.shard_experts import slice_experts
+    from slotserver.runtime.experts import Experts
+    from slotserver.runtime.kernel_set import KernelSet
+    from slotserver.runtime.qblocks import T, random_qweight
+
+    gen = torch.Generator().manual_seed(5)
+    n_exp, ff, d, q = 4, 64, 64, int(T[qtype])
+    oai = act == "swiglu_oai"
+    biases = [torch.randn(*shape, generator=gen) * 0.1 for shape in ((n_exp,), (n_exp, 2 * ff), (n_exp, d))]
+    full = MoeWeights(torch.randn(n_exp, d, generator=gen).double(),
+                      [Experts((random_qweight(gen, q, n_exp * ff, d), random_qweight(gen, q, n_exp * ff, d)), n_exp)],
+                      Experts((random_qweight(gen, q, n_exp * d, ff),), n_exp), None, *(biases if oai else (None,) * 3))
+    spec = MoeSpec(n_exp, 2, ff, gating="softmax_weight" if oai else "softmax", act=act)
+    ranges = split(ff, 2, 32)                                                      # [(0, 32), (32, 64)]
+    shards = [slice_experts(full, f0, f1, keeps_down_bias=r == 0) for r, (f0, f1) in enumerate(ranges)]
+    for (f0, f1), mine in zip(ranges, shards):
+        for e in range(n_exp):
+            gate_up = full.gate_up[0].dense(e)                                     # [2F, d]: gate, then up
+            assert torch.equal(mine.gate_up[0].dense(e), torch.cat([gate_up[f0:f1], gate_up[ff + f0: ff + f1]]))
+            assert torch.equal(mine.down.dense(e), full.down.dense(e)[:, f0:f1])
+    ops = KernelSet.load()
+    h = torch.randn(5, d, generator=gen)
+    want = moe_ffn(ops, spec, full, h)
+    got = sum(moe_ffn(ops, replace(spec, d_ff=f1 - f0), mine, h) for (f0, f1), mine in zip(ranges, shards))
+    tol = 1e-5 if qtype == "F32" else 3e-2   # blocks: kernels/moe_matmul.py's TOL (8-bit activations)
+    assert torch.allclose(got, want, rtol=tol, atol=tol * float(want.abs().max()))
+
+
+def test_each_ranks_weights_count_its_slice_of_the_experts():
+    """/props' and the start log's per-rank weights (session.py) under --tp 2 on qwen2moe: each rank
+    holds half of every expert and of the shared expert, and counts that half; over the two ranks
+    only the embedding and the routers are counted twice (replicated)."""
+    from slotserver.parallel.comm import Comm
+    from slotserver.parallel.session import _memory
+    from slotserver.parallel.shard import ShardPlan, shard_model
+
+    path = ARCHS / "qwen2moe.gguf"
+    whole = LlamaModel.load(path, torch.float32)
+    plan = ShardPlan.make(whole, 2)
+    ranks = [LlamaModel.load(path, torch.float32) for _ in range(2)]
+    for r, m in enumerate(ranks):
+        shard_model(m, Comm(r, 2), plan)   # no collective runs while sharding
+
+    def experts(m):
+        return sum(e.nbytes() for e in m.weights.experts())
+
+    def held(m):   # the matmuls, this rank's experts, the embedding
+        return sum(x.nbytes() for x in m.weights.matmuls()) + experts(m) + m.weights.embed.dense.numel() * 4
+
+    assert [experts(m) for m in ranks] == [experts(whole) // 2] * 2 and experts(whole) > 0
+    got = [_memory(r, m, None)["weights_bytes"] for r, m in enumerate(ranks)]
+    assert all(g >= held(m) for g, m in zip(got, ranks))
+    routers = sum(lw.moe.router.numel() * 8 for lw in whole.weights.layers)
+    assert sum(got) == _memory(0, whole, None)["weights_bytes"] + whole.weights.embed.dense.numel() * 4 + routers

@@ -262,8 +262,9 @@ class LlamaModel:
         q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         qkv = _as(qkv, self.dtype)                               # [tokens, q_size + 2*kv_size]
         if lw.q_norm is not None and s.qk_norm_full:   # olmoe: RMSNorm over all of q, all of k
-            q = ops.rms_norm(qkv[:, :q_size], lw.q_norm, s.norm_eps).view(n, s.n_heads, s.head_dim)
-            k = ops.rms_norm(qkv[:, q_size: q_size + kv_size], lw.k_norm, s.norm_eps).view(n, s.n_kv_heads, s.head_dim)
+            q = _full_norm(ops, qkv[:, :q_size], lw.q_norm, s.norm_eps).view(n, s.n_heads, s.head_dim)
+            k = _full_norm(ops, qkv[:, q_size: q_size + kv_size], lw.k_norm, s.norm_eps)
+            k = k.view(n, s.n_kv_heads, s.head_dim)
             q, k = ops.rope(q, cos, sin), ops.rope(k, cos, sin)
         elif lw.q_norm is None:
             qk = ops.rope(qkv[:, : q_size + kv_size].view(n, s.n_heads + s.n_kv_heads, s.head_dim), cos, sin)
@@ -295,6 +296,12 @@ class LlamaModel:
         if self.spec.residual_scale != 1.0:
             y = y * self.spec.residual_scale
         return y
+
+
+def _full_norm(ops, x: torch.Tensor, norm, eps: float) -> torch.Tensor:
+    """olmoe's RMSNorm of all of q (or k): `norm` its weight, or under --tp a callable holding this
+    rank's slice (parallel/split_norm.py: the sum of squares over every rank's heads)."""
+    return ops.rms_norm(x, norm, eps) if isinstance(norm, torch.Tensor) else norm(x, ops, eps)
 
 
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

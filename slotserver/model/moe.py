@@ -25,6 +25,7 @@ from a step graph.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -43,6 +44,10 @@ class MoeWeights:
     router_bias: torch.Tensor | None = None  # [E] float32 (gpt-oss's ffn_gate_inp.bias)
     gate_up_bias: torch.Tensor | None = None  # [E, 2 F] float32: gate then up, as an expert's rows
     down_bias: torch.Tensor | None = None    # [E, d_model] float32
+    # --tp (slotserver/parallel/shard_experts.py): this rank holds a slice of every expert's d_ff
+    # (and of the shared expert's), so its output is a partial sum; this sums it over the ranks
+    # (one all-reduce a layer), before the residual add. None: one process, the fused add in C.
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def nbytes(self) -> int:
         biases = sum(b.numel() * 4 for b in (self.router_bias, self.gate_up_bias, self.down_bias) if b is not None)
@@ -91,7 +96,17 @@ def moe_ffn(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None,
     """The routed experts' output on normed rows h [T, d_model] float32 -> [T, d_model] float32,
     or added into `acc` (the residual, returned). shared: the shared expert's FFN as a callable
     (h -> [T, d_model]), or None. Without a shared expert and with one format for gate and up, the
-    layer is three C calls (route, gate|up, down + sum + residual add): a step graph replays it."""
+    layer is three C calls (route, gate|up, down + sum + residual add): a step graph replays it.
+    Under --tp (`mw.all_reduce`) the ranks' partial outputs are summed first, then added into acc."""
+    if mw.all_reduce is not None:
+        out = mw.all_reduce(_routed(ops, moe, mw, h, shared))   # [T, d_model], the same on every rank
+        return out if acc is None else acc.add_(out)
+    return _routed(ops, moe, mw, h, shared, acc)
+
+
+def _routed(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None,
+            acc: torch.Tensor | None = None) -> torch.Tensor:
+    """moe_ffn's computation on this process's weights (under --tp: its partial sum)."""
     ids, w = route(ops, moe, mw, h)                                # [T, k], [T, k]
     parts = [ops.moe_matmul(h, e, ids, **o) for e, o in zip(mw.gate_up, _part_options(mw))]   # [T, k, 2F] (+ biases)
     gu = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)

@@ -106,7 +106,8 @@ class TPSession:
 def _memory(rank: int, model, cache: KVCache | None) -> dict:
     w = model.weights
     embed = w.embed.dense if w.embed.dense is not None else w.embed.blocks.raw   # replicated
-    weights = sum(m.nbytes() for m in w.matmuls()) + embed.numel() * embed.element_size()
+    experts = sum(lw.moe.nbytes() for lw in w.layers if lw.moe is not None)   # this rank's slice, the router
+    weights = sum(m.nbytes() for m in w.matmuls()) + experts + embed.numel() * embed.element_size()
     return {"rank": rank, "weights_bytes": weights, "kv_bytes": cache.bytes_used() if cache is not None else 0,
             "kv_heads": model.spec.n_kv_heads,
             "kernels": {op: m.version for op, m in sorted(model.kernels.modules.items())}}

@@ -3,19 +3,22 @@
 Attention is split by KV-head groups: a rank keeps its KV heads, the q heads that read them, their
 q|k|v rows and the matching columns of the output projection. The FFN is split by d_ff: gate and up
 rows (column-parallel), down columns (row-parallel). The output head keeps a slice of the
-vocabulary. Norms, the embedding and the rope tables are replicated.
+vocabulary. Norms, the embedding and the rope tables are replicated. A mixture-of-experts layer
+keeps every expert and the router, and splits each expert's d_ff the same way (shard_experts.py);
+its shared expert, a dense FFN, is split by its d_ff and summed in the experts' one all-reduce.
 
 Splits may be uneven. Why: the default model (SmolLM2-135M) has 3 KV heads, and `--tp 2` must run
 it: rank 0 keeps 2 KV heads (6 q heads), rank 1 one (3 q heads); the all-reduce does not care how
 many heads each partial sum came from. Refused in one line: fewer KV heads than ranks, fewer
-d_ff units than ranks, mixture-of-experts models (experts are not sharded), `--weights` formats
+d_ff units than ranks (the dense FFN's, the experts', a shared expert's), `--weights` formats
 kept only in a re-encoded form (int8/int4 copies, oneDNN's packed bf16).
 
 GGUF blocks span columns, never rows: any row split keeps whole blocks, and a column split does
-where it falls on a block boundary. d_ff is cut in units of the down projection's block, so its
-column split always does; the attention output's split falls at KV-group boundaries, and where one
-is not a block boundary (e.g. 192 columns a group with 256-wide K-quant blocks) that one weight
-is dequantized to float32 on the rank (logged): right, slower.
+where it falls on a block boundary. d_ff (and each expert's) is cut in units of the down
+projection's block, so its column split always does; the attention output's split falls at
+KV-group boundaries, and where one is not a block boundary (e.g. 192 columns a group with
+256-wide K-quant blocks) that one weight is dequantized to float32 on the rank (logged): right,
+slower.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from slotserver.model.model import LlamaModel
 from slotserver.model.spec import ModelSpec
 from slotserver.parallel.comm import Comm
 from slotserver.parallel.linears import RowParallel, VocabParallel
+from slotserver.parallel.shard_experts import expert_block, shard_experts
+from slotserver.parallel.split_norm import SplitNorm
 from slotserver.runtime.qblocks import QWeight, dequantize
 
 log = logging.getLogger("slotserver.parallel")
@@ -60,25 +65,33 @@ class ShardPlan:
 
     world: int
     kv_heads: list[Range]    # per rank, [h0, h1) of the KV heads
-    ff: list[Range]          # per rank, [f0, f1) of d_ff
+    ff: list[Range]          # per rank, [f0, f1) of d_ff (MoE: of the shared expert's; (0, 0) without one)
     vocab: list[Range]       # per rank, rows of the output head
+    experts_ff: list[Range] | None = None   # per rank, [f0, f1) of every expert's d_ff (MoE models)
 
     @classmethod
     def make(cls, model: LlamaModel, world: int) -> "ShardPlan":
-        s = model.spec
-        if s.moe is not None:
-            raise ShardError(f"--tp {world}: {s.arch} is a mixture-of-experts model and its experts are not "
-                             "sharded; run it without --tp")
+        s, layers = model.spec, model.weights.layers
         if s.n_kv_heads < world:
             raise ShardError(f"--tp {world}: the model has {s.n_kv_heads} KV heads, fewer than the ranks")
-        unit = max(_block(lw.down) for lw in model.weights.layers)
-        if s.d_ff % unit or s.d_ff // unit < world:
-            raise ShardError(f"--tp {world}: d_ff {s.d_ff} does not split in {world} parts of whole "
-                             f"{unit}-column blocks; use --weights dense")
-        return cls(world, split(s.n_kv_heads, world), split(s.d_ff, world, unit), split(s.vocab_size, world))
+        ff, what = (s.d_ff, "d_ff") if s.moe is None else (s.moe.d_ff_shared, "the shared expert's d_ff")
+        ffs = _ff_split(world, what, ff, max(_block(lw.down) for lw in layers)) if ff else [(0, 0)] * world
+        experts = None
+        if s.moe is not None:
+            unit = max(expert_block(lw.moe.down) for lw in layers)
+            experts = _ff_split(world, "the experts' d_ff", s.moe.d_ff, unit)
+        return cls(world, split(s.n_kv_heads, world), ffs, split(s.vocab_size, world), experts)
 
     def kv_counts(self) -> list[int]:
         return [h1 - h0 for h0, h1 in self.kv_heads]
+
+
+def _ff_split(world: int, what: str, ff: int, unit: int) -> list[Range]:
+    """A d_ff cut in whole `unit`-column blocks of its down projection, at least one a rank."""
+    if ff % unit or ff // unit < world:
+        raise ShardError(f"--tp {world}: {what} {ff} does not split in {world} parts of whole "
+                         f"{unit}-column blocks; use --weights dense")
+    return split(ff, world, unit)
 
 
 def shard_model(model: LlamaModel, comm: Comm, plan: ShardPlan) -> None:
@@ -93,14 +106,41 @@ def shard_model(model: LlamaModel, comm: Comm, plan: ShardPlan) -> None:
     for lw in w.layers:
         layers.append(replace(
             lw, qkv=_rows(lw.qkv, rows), wo=RowParallel(_cols(lw.wo, *q_cols), comm, lw.wo.bias),
-            gate_up=_rows(lw.gate_up, list(range(f0, f1)) + list(range(s.d_ff + f0, s.d_ff + f1))),
-            down=RowParallel(_cols(lw.down, f0, f1), comm, lw.down.bias),
+            **_ffn(lw, comm, plan, s.d_ff if s.moe is None else s.moe.d_ff_shared),
+            **_full_norms(lw, s, comm, h0, h1),
             sinks=None if lw.sinks is None else lw.sinks[h0 * g: h1 * g].contiguous()))
     widths = [b - a for a, b in plan.vocab]
     output = VocabParallel(_rows(w.output, list(range(v0, v1))), comm, widths)
     model.weights = replace(w, layers=layers, output=output)
-    model.spec = replace(s, n_heads=(h1 - h0) * g, n_kv_heads=h1 - h0, d_ff=f1 - f0)
+    model.spec = replace(s, n_heads=(h1 - h0) * g, n_kv_heads=h1 - h0)
+    if s.moe is None:
+        model.spec = replace(model.spec, d_ff=f1 - f0)
+    else:
+        e0, e1 = plan.experts_ff[r]
+        model.spec = replace(model.spec, moe=replace(s.moe, d_ff=e1 - e0, d_ff_shared=f1 - f0))
     model.graphs = None
+
+
+def _full_norms(lw, s: ModelSpec, comm: Comm, h0: int, h1: int) -> dict:
+    """olmoe's q and k norms over the whole projections: this rank's columns (split_norm.py)."""
+    if lw.q_norm is None or not s.qk_norm_full:
+        return {}
+    hd, g = s.head_dim, s.n_heads // s.n_kv_heads
+    q = SplitNorm(lw.q_norm[h0 * g * hd: h1 * g * hd].contiguous(), comm, s.n_heads * hd)
+    return {"q_norm": q, "k_norm": SplitNorm(lw.k_norm[h0 * hd: h1 * hd].contiguous(), comm, s.n_kv_heads * hd)}
+
+
+def _ffn(lw, comm: Comm, plan: ShardPlan, ff: int) -> dict:
+    """A layer's FFN fields for this rank: the dense FFN's gate|up rows and down columns (its
+    all-reduce in RowParallel), or a MoE layer's experts and shared expert, whose partial outputs
+    the layer's one all-reduce sums (MoeWeights.all_reduce; a shared expert's down has no bias:
+    weights.py loads none)."""
+    f0, f1 = plan.ff[comm.rank]
+    gate_up = None if lw.gate_up is None else _rows(lw.gate_up, [*range(f0, f1), *range(ff + f0, ff + f1)])
+    if lw.moe is None:
+        return {"gate_up": gate_up, "down": RowParallel(_cols(lw.down, f0, f1), comm, lw.down.bias)}
+    return {"gate_up": gate_up, "down": None if lw.down is None else _cols(lw.down, f0, f1),
+            "moe": shard_experts(lw.moe, comm, *plan.experts_ff[comm.rank])}
 
 
 def _qkv_rows(s: ModelSpec, h0: int, h1: int) -> list[int]:
