@@ -159,6 +159,52 @@ def test_a_lab_kernel_swap_reaches_every_rank(runs):
     assert ranks == [new, new]
 
 
+def test_a_lab_layout_swap_reaches_every_rank_and_keeps_the_conversation(runs):
+    """/lab/layout under --tp: every rank serves the new layout (and, after a save seen by the
+    watcher, its new version; after the swap back, the old one), and a slot's history migrated on
+    each rank continues with the text and top-8 log-probabilities it had before any swap."""
+    tp, _, _ = runs
+    got = tp["serve"]["layouts"]
+    start, paged, saved, back = got["start"], got["paged"], got["saved"], got["back"]
+    assert start[0]["name"] == "head_seq_dim" and start == [start[0]] * 2
+    assert paged["result"] == "swapped" and paged["migrated_cells"] > 0
+    assert got["paged_ranks"] == [{"name": "paged", "version": paged["version"]}] * 2
+    assert saved["result"] == "swapped" and saved["version"] != paged["version"]
+    assert got["saved_ranks"] == [{"name": "paged", "version": saved["version"]}] * 2
+    assert back["result"] == "swapped" and got["back_ranks"] == start
+    before = got["before"]
+    assert before["timings"]["cache_n"] > 0 and before["content"]
+    for answer in (got["after"], got["again"]):
+        assert answer["content"] == before["content"] and answer["timings"]["cache_n"] >= before["timings"]["cache_n"]
+        for p, q in zip(answer["completion_probabilities"], before["completion_probabilities"]):
+            assert p["id"] == q["id"]
+            _close([(t["id"], t["logprob"]) for t in p["top_logprobs"]], [(t["id"], t["logprob"]) for t in q["top_logprobs"]])
+
+
+def test_a_refused_layout_leaves_every_rank_on_the_old_one(runs):
+    """A layout failing validation is a 400 naming what failed; one that rank 1 cannot make is refused
+    on every rank, naming rank 1's reason; one saved again after its validation is refused before
+    any rank sees it. Both ranks keep the layout they had (the other test's last answer ran on it)."""
+    tp, _, _ = runs
+    got = tp["serve"]["layouts"]
+    serving, refused = got["back_ranks"], got["refused"]
+    (status, body), (status1, body1) = refused["invalid"], refused["rank1_fails"]
+    assert status == 400 and "layout 'broken' refused: wrong numerics" in body["error"]["message"]
+    says = "layout 'rank0_only' refused: rank 1: MemoryError('not on this rank')"
+    assert status1 == 400 and says in body1["error"]["message"]
+    assert refused["changed"].startswith("ModuleLoadError") and "saved again since version" in refused["changed"]
+    assert refused["invalid_ranks"] == refused["rank1_fails_ranks"] == refused["changed_ranks"] == serving
+
+
+def test_a_kernel_one_rank_cannot_load_is_refused_on_every_rank(runs):
+    """A kernel swap is all or nothing too: rank 1 failing to import it leaves both ranks (rank 0
+    included) on the kernel they served, and says why."""
+    tp, _, _ = runs
+    got = tp["serve"]["layouts"]["refused"]["kernel"]
+    assert got["error"].startswith("ModuleLoadError: rank 1:") and "not on this rank" in got["error"]
+    assert got["after"] == got["before"] == [got["before"][0]] * 2
+
+
 def test_props_reports_each_ranks_heads_and_memory(runs):
     tp, _, _ = runs
     props = tp["serve"]["props"]

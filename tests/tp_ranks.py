@@ -4,7 +4,8 @@ environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 `python tests/tp_ranks.py OUT.json SLOTS_DIR FIXTURE...`: for the default model and each fixture, `generate` greedy with
 top-8 log-probabilities through --tp 2's session; then the first fixture served in float32
 (n_parallel 3) through HTTP: SERVE_CASES, a slot restored from SLOTS_DIR/base.bin (saved by the
-test's server without --tp) and one saved to SLOTS_DIR/tp.bin. Rank 0 writes what a user saw.
+test's server without --tp) and one saved to SLOTS_DIR/tp.bin, a kernel swap, then layout swaps
+(`swap_layouts`). Rank 0 writes what a user saw.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def run_http(client) -> dict:
     seen["kernels"] = swap_kernel(client.app.state.server.engine, Path(slots_of(client)) / "kernels")
     client.post("/completion", json=dict(body, id_slot=2))
     seen["saved"] = client.post("/slots/2?action=save", json={"filename": "tp.bin"}).json()
+    seen["layouts"] = swap_layouts(client, Path(slots_of(client)) / "layouts")
     return seen
 
 
@@ -111,6 +113,109 @@ def swap_kernel(engine, folder: Path) -> list[str]:
     tp = engine.tp_session
     ranks = engine.call(lambda: tp.report(engine.bundle.model, None)).result()
     return [r["kernels"]["rms_norm"] for r in ranks] + [loaded.version]
+
+
+def swap_layouts(client, folder: Path) -> dict:
+    """Lab layout swaps on both ranks while slots hold a conversation (its history in slots 0 and 2),
+    the lab serving a copy of layouts/ in `folder`, its watcher on: the continuation before any
+    swap (slot 0); /lab/layout to paged, the continuation from slot 2's migrated cells; a save of
+    paged.py (the watcher); the swap back; swaps refused (`refusals`); the continuation again.
+    -> what each answered, each rank's layout after each."""
+    import shutil
+
+    engine, tp = client.app.state.server.engine, client.app.state.server.engine.tp_session
+    lab = engine.lab
+    folder.mkdir(exist_ok=True)
+    for f in lab.layouts_dir.glob("*.py"):
+        shutil.copy(f, folder / f.name)
+    lab.layouts_dir = folder   # as --layouts-dir would; the serving layout stays the bundled file
+    engine.loop.start_watcher()
+
+    def ranks() -> list:
+        return [r["layout"] for r in engine.call(lambda: tp.report(engine.bundle.model, engine.cache.inner)).result()]
+
+    turn = {"prompt": SLOT_PROMPT, "n_predict": 6, "temperature": 0, "cache_prompt": True}
+    history = client.post("/completion", json=dict(turn, id_slot=0)).json()["content"]   # slot 2's, too
+    cont = dict(turn, prompt=SLOT_PROMPT + history, n_probs=8)
+    seen = {"start": ranks(), "before": client.post("/completion", json=dict(cont, id_slot=0)).json()}
+    seen["paged"] = client.post("/lab/layout", json={"layout": "paged"}).json()
+    seen["paged_ranks"] = ranks()
+    seen["after"] = client.post("/completion", json=dict(cont, id_slot=2)).json()
+    seen["saved"] = save_and_wait(lab, folder / "paged.py")
+    seen["saved_ranks"] = ranks()
+    engine.loop.watcher.stop()
+    engine.loop.watcher = None   # the refusals below write files it would validate
+    seen["back"] = client.post("/lab/layout", json={"layout": seen["start"][0]["name"]}).json()
+    seen["back_ranks"] = ranks()
+    seen["refused"] = refusals(client, engine, folder, ranks)
+    seen["again"] = client.post("/completion", json=dict(cont, id_slot=2)).json()
+    return seen
+
+
+def save_and_wait(lab, path: Path, timeout: float = 60.0) -> dict:
+    """An edit saved to the serving layout's file: -> the lab's event for it (the watcher's swap)."""
+    seq = max([e["seq"] for e in lab.events_since(0)], default=0)
+    path.write_text(path.read_text() + "\n# saved again: the same layout\n")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = [e for e in lab.events_since(seq) if e["file"] == str(path) and e["result"] != "accepted"]
+        if done:
+            return done[0]
+        time.sleep(0.05)
+    return {}
+
+
+def refusals(client, engine, folder: Path, ranks) -> dict:
+    """A layout whose copy_stream forgets V (/lab/layout: the validator refuses it), one that
+    validates (on rank 0) but cannot be made on rank 1 (refused on every rank), and one whose file
+    is saved again between validation and the swap (the port's swap: rank 0 refuses it before
+    sending anything). -> the answers and each rank's layout after each."""
+    from slotserver.runtime.layouts import LAYOUT_CONTRACT
+    from slotserver.runtime.loader import load_source, read_source
+
+    text = (folder / "head_seq_dim.py").read_text().replace('NAME = "head_seq_dim"', 'NAME = "broken"')
+    (folder / "broken.py").write_text(text.replace("self.v_store[:, dst, :, :n] = self.v_store[:, src, :, :n]", "pass"))
+    r = client.post("/lab/layout", json={"layout": "broken"})
+    seen = {"invalid": [r.status_code, r.json()], "invalid_ranks": ranks()}
+    make = "def create(spec: KVSpec) -> HeadSeqDim:\n"
+    fails = "    if torch.distributed.get_rank() != 0:\n        raise MemoryError('not on this rank')\n"
+    (folder / "rank0_only.py").write_text(text.replace(make, make + fails).replace('"broken"', '"rank0_only"'))
+    r = client.post("/lab/layout", json={"layout": "rank0_only"})
+    seen |= {"rank1_fails": [r.status_code, r.json()], "rank1_fails_ranks": ranks()}
+    edited = folder / "paged_hnd.py"
+    edited.write_text(edited.read_text() + "\n# validated\n")
+    loaded = load_source(read_source(edited), LAYOUT_CONTRACT)
+    edited.write_text(edited.read_text() + "# saved again before the swap\n")
+    try:
+        engine.call(lambda: engine.port.swap_layout(loaded)).result()
+        seen["changed"] = "swapped"
+    except Exception as e:  # noqa: BLE001 - what the test checks
+        seen["changed"] = f"{type(e).__name__}: {e}"
+    seen["changed_ranks"] = ranks()
+    seen["kernel"] = refuse_kernel(engine, folder.parent / "kernels")
+    return seen
+
+
+def refuse_kernel(engine, folder: Path) -> dict:
+    """A kernel swap that rank 1 cannot load (its import fails there): -> the error, every rank's
+    rms_norm version before and after."""
+    from slotserver.runtime.kernel_set import load_kernel
+    from slotserver.runtime.loader import read_source
+
+    port, tp = engine.port, engine.tp_session
+    versions = lambda: [r["kernels"]["rms_norm"] for r in tp.report(engine.bundle.model, None)]  # noqa: E731
+    seen = {"before": engine.call(versions).result()}
+    path = folder / "rms_norm.py"
+    path.write_text(path.read_text() + "\nif __import__('torch').distributed.get_rank() != 0:\n"
+                                       "    raise ImportError('not on this rank')\n")
+    loaded = load_kernel(read_source(path))
+    try:
+        engine.call(lambda: port.swap_kernels(port.kernels.with_module("rms_norm", loaded))).result()
+        seen["error"] = "swapped"
+    except Exception as e:  # noqa: BLE001 - what the test checks
+        seen["error"] = f"{type(e).__name__}: {e}"
+    seen["after"] = engine.call(versions).result()
+    return seen
 
 
 def wait_for(path: Path, timeout: float = 120.0) -> None:
@@ -144,3 +249,4 @@ def main(out: str, slots: str, *fixtures: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+

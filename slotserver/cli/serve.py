@@ -182,8 +182,8 @@ def run(args) -> int:
         plan = replace(plan_from_args(args), gc_paused=True)
         tp = start_tp(args)   # --tp N: ranks 1..N-1 run the forward only, no HTTP
         if tp is not None:
-            # the lab's watcher off: a kernel saved would swap on rank 0 only (docs/scaling.md)
-            plan = replace(plan, tp=tp, watch=False, model=replace(plan.model, threads=args.threads))
+            # the watcher (rank 0's lab only) stays as asked: its swaps reach every rank (docs/scaling.md)
+            plan = replace(plan, tp=tp, model=replace(plan.model, threads=args.threads))
             tp.check(plan, config.embedding is not None)
             if not tp.leads:
                 return tp.serve_worker(plan)

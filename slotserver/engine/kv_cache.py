@@ -91,6 +91,16 @@ class KVCache:
         if self.paged:
             self.layout.trim_stream(stream, n)
 
+    def migrated(self, loaded: LoadedModule, streams: list[tuple[int, int]]) -> "KVCache":
+        """A new cache of `loaded`'s layout and this spec, holding each (stream, n)'s first n cells
+        (canonical export/import: any layout to any other), and this one's move counts. A lab
+        layout swap (engine/port.py); under --tp every rank makes it on its own heads."""
+        new = KVCache(loaded, self.spec)
+        new.n_moves, new.bytes_moved = self.n_moves, self.bytes_moved
+        for stream, n in streams:
+            new.import_stream(stream, *self.export_stream(stream, n))
+        return new
+
     def bytes_used(self) -> int:
         return self.layout.bytes_used() if self.layout is not None else 0
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from slotserver.engine.kv_cache import KVCache
 from slotserver.errors import RequestError
 from slotserver.runtime.device import describe
 from slotserver.runtime.kernel_set import KernelSet
@@ -39,8 +38,8 @@ class KVGeometry:
 class EnginePort:
     def __init__(self, engine) -> None:
         self._e = engine
-        self.fixed_layout: str | None = None   # why layout swaps are refused (--tp: slotserver/parallel)
         self.kernel_hook = None   # (old, new) KernelSet before a swap (--tp: sent to every rank)
+        self.layout_hook = None   # (cache, loaded, streams) -> the new cache (--tp: made on every rank)
 
     # -- what serves ---------------------------------------------------------------------------
     @property
@@ -79,19 +78,16 @@ class EnginePort:
         return old
 
     def swap_layout(self, loaded: LoadedModule) -> int:
-        """A new layout object; every slot's valid KV moved over canonically. -> cells migrated."""
-        e, old = self._e, self._e.cache
-        new = KVCache(loaded, old.spec)
-        new.n_moves, new.bytes_moved = old.n_moves, old.bytes_moved
-        moved = 0
-        for slot in e.sched.slots.slots:
-            n = slot.n_valid
-            if n:
-                stream = e.sched.streams.stream_of[slot.id]
-                new.import_stream(stream, *old.export_stream(stream, n))
-                moved += n
-        e.cache = new
-        return moved
+        """A new layout object; every slot's valid KV moved over canonically. -> cells migrated.
+        With `layout_hook` (--tp, slotserver/parallel/leader.py) the hook makes the new cache, on
+        every rank; a hook that raises leaves the old cache serving (the lab reports the refusal)."""
+        e = self._e
+        streams = [(e.sched.streams.stream_of[s.id], s.n_valid) for s in e.sched.slots.slots if s.n_valid]
+        if self.layout_hook is not None:
+            e.cache = self.layout_hook(e.cache, loaded, streams)
+        else:
+            e.cache = e.cache.migrated(loaded, streams)
+        return sum(n for _, n in streams)
 
     # -- one idle slot's KV (engine thread) ------------------------------------------------------
     def geometry(self) -> KVGeometry:

@@ -170,7 +170,10 @@ class Lab:
             return self._event("refused", "kernel", op, str(p), reason=str(e))
 
         def swap() -> dict:
-            self._previous_kernels = self.port.swap_kernels(self.port.kernels.with_module(op, loaded))
+            try:
+                self._previous_kernels = self.port.swap_kernels(self.port.kernels.with_module(op, loaded))
+            except ModuleLoadError as e:   # --tp: a rank could not load it; every rank keeps the old one
+                return self._event("refused", "kernel", op, str(p), reason=str(e))
             return self._event("swapped", "kernel", op, str(p), version=loaded.version,
                                max_err=check.get("max_err"), latency_ms=1000 * (time.perf_counter() - observed))
 
@@ -206,16 +209,16 @@ class Lab:
 
     def _swap_layout(self, src: Source, observed: float) -> dict:
         """The validated bytes become a module here; the engine thread migrates every slot's KV."""
-        fixed = getattr(self.port, "fixed_layout", None)   # --tp: each rank's cache holds its own heads
-        if fixed:
-            return self._event("refused", "layout", src.path.stem, str(src.path), reason=fixed)
         try:
             loaded = load_source(src, LAYOUT_CONTRACT)
         except ModuleLoadError as e:
             return self._event("refused", "layout", src.path.stem, str(src.path), reason=str(e))
 
         def migrate() -> dict:
-            moved = self.port.swap_layout(loaded)
+            try:
+                moved = self.port.swap_layout(loaded)
+            except ModuleLoadError as e:   # --tp: a rank could not make it; every rank keeps the old one
+                return self._event("refused", "layout", loaded.module.NAME, str(loaded.path), reason=str(e))
             return self._event("swapped", "layout", loaded.module.NAME, str(loaded.path), version=loaded.version,
                                migrated_cells=moved, latency_ms=1000 * (time.perf_counter() - observed))
 

@@ -5,6 +5,11 @@ row-parallel matmuls) and one gather of the vocabulary-parallel logits to rank 0
 each step's plan (`send`: a pickled message, torch.distributed's object broadcast) and gathers
 what the other ranks export (`gather`: slot files, the prompt cache).
 
+A lab swap is all or nothing (`all_or_none`): every rank prepares it (loads the kernel or layout
+from the bytes rank 0 sent, builds and fills its new cache), rank 0 gathers who failed and sends the
+verdict, and only then does any rank serve it. A rank that cannot (a module that fails to import on
+that node, no memory for the new cache) leaves every rank on what served before.
+
 Why sums in float32: gloo reduces bf16 where it can, but the residual the sum lands in is float32,
 and a bf16 sum of N partial outputs would round N times.
 """
@@ -12,9 +17,14 @@ and a bf16 sum of N partial outputs would round N times.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from slotserver.errors import ModuleLoadError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -69,3 +79,17 @@ class Comm:
         out = [None] * self.world if self.leads else None
         dist.gather_object(obj, out, dst=0, group=self.group)
         return out
+
+    def all_or_none(self, prepare: Callable[[], T]) -> T:
+        """Every rank runs `prepare()` (after the message that asks for it); -> its result once every
+        rank's succeeded. Else ModuleLoadError on every rank, naming each failed rank's reason in
+        one line, and no rank uses what it prepared."""
+        try:
+            got, error = prepare(), None
+        except Exception as e:  # noqa: BLE001 - reported to rank 0, which refuses the swap everywhere
+            got, error = None, f"rank {self.rank}: {e if isinstance(e, ModuleLoadError) else repr(e)}"
+        errors = self.gather(error)
+        verdict = self.send([e.replace("\n", " ") for e in errors if e] if self.leads else None)
+        if verdict:
+            raise ModuleLoadError("; ".join(verdict))
+        return got

@@ -9,9 +9,17 @@ on rank 0's own heads. Reads stay local (`view`, `budget`, `bytes_used`), except
 which gathers every rank's heads: a slot file or a prompt-cache entry holds the whole K/V, the
 same bytes as without TP. `import_stream` sends the whole K/V and each rank keeps its heads.
 
-The messages (worker.py applies them): ("cache", layout path, KVSpec) makes the cache the next
-ones act on; ("forward", Batch); ("op", method, args); ("export", stream, n); ("import", stream,
-k, v); ("kernel", op, version, Source or None): a lab kernel swap; ("report",); ("stop",).
+The messages (worker.py applies them): ("cache", layout version, Source or None, KVSpec) makes
+the cache the next ones act on; ("forward", Batch); ("op", method, args); ("export", stream, n);
+("import", stream, k, v); ("kernels", [(op, version, Source or None)]): a lab kernel swap;
+("layout", version, Source or None, [(stream, n)]): a lab layout swap; ("report",); ("stop",).
+Both swaps are then agreed on (`Comm.all_or_none`: a gather of each rank's failure, rank 0's
+verdict), so every rank serves the new modules from the same step on, or none does.
+
+Why layouts travel as bytes, never as a path: what a rank serves must be what rank 0's lab
+validated, and the file may have been saved again since (or, under torchrun, not be the same file
+on another node). Rank 0 records which layout versions the other ranks hold (each keeps every one
+it was sent), so a rollback to one sends its version only.
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ from dataclasses import replace
 import torch
 
 from slotserver.engine.kv_cache import KVCache
-from slotserver.runtime.loader import read_source
+from slotserver.errors import ModuleLoadError
+from slotserver.runtime.loader import LoadedModule, Source, read_source
 from slotserver.parallel.comm import Comm
 from slotserver.parallel.shard import ShardPlan
 
@@ -30,6 +39,7 @@ class Leader:
     def __init__(self, comm: Comm, plan: ShardPlan) -> None:
         self.comm, self.plan = comm, plan
         self.current: KVCache | None = None   # the cache the other ranks mirror
+        self.layouts: set[str] = set()        # layout versions every other rank holds
 
     def attach(self, model) -> None:
         model.step_hook = self.step
@@ -41,21 +51,55 @@ class Leader:
     def use(self, cache: KVCache) -> None:
         """Make `cache` the one the other ranks mirror (each builds its own, of its own heads)."""
         if cache is not self.current:
-            self.comm.send(("cache", str(cache.loaded.path), cache.spec))
+            loaded = cache.loaded
+            self.comm.send(("cache", loaded.version, self._layout_bytes(loaded), cache.spec))
+            self.layouts.add(loaded.version)
             self.current = cache
 
     def stop(self) -> None:
         self.comm.send(("stop",))
 
     def swap_kernels(self, old, new) -> None:
-        """A lab kernel swap (EnginePort.kernel_hook), made on every rank between the same two steps:
-        each changed op's (version, file bytes). A version a rank has served before (a rollback to
-        it) is taken from its own record; the bytes are read again from the module's file and must
-        have that version (the lab validated those bytes: a file saved again since is refused)."""
-        changed = {op: m for op, m in new.modules.items() if old.modules.get(op) is not m}
-        for op, loaded in changed.items():
-            src = read_source(loaded.path)
-            self.comm.send(("kernel", op, loaded.version, src if src.version == loaded.version else None))
+        """A lab kernel swap (EnginePort.kernel_hook), made on every rank between the same two steps,
+        or on none (ModuleLoadError: rank 0 keeps `old` too): each changed op's (version, file bytes).
+        A version a rank has served before (a rollback to it) is taken from its own record; the
+        bytes are read again from the module's file and sent only if they still have that version
+        (the lab validated those bytes: a file saved again since is refused by a rank lacking it)."""
+        changed = [(op, m) for op, m in new.modules.items() if old.modules.get(op) is not m]
+        items = []
+        for op, loaded in changed:
+            try:
+                src = read_source(loaded.path)
+            except ModuleLoadError:
+                src = None
+            items.append((op, loaded.version, src if src is not None and src.version == loaded.version else None))
+        self.comm.send(("kernels", items))
+        self.comm.all_or_none(lambda: None)
+
+    def swap_layout(self, cache: "LeaderCache", loaded: LoadedModule, streams: list[tuple[int, int]]) -> "LeaderCache":
+        """A lab layout swap (EnginePort.layout_hook): every rank builds a cache of `loaded`'s layout
+        for its own heads and moves each (stream, n)'s first n cells into it (no K/V crosses
+        ranks); -> rank 0's new cache, which the other ranks mirror. On every rank or on none:
+        ModuleLoadError leaves each rank serving `cache`."""
+        inner = cache.inner
+        self.use(inner)
+        src = self._layout_bytes(loaded)   # raises before anything is sent: the file changed
+        self.comm.send(("layout", loaded.version, src, streams))
+        new = self.comm.all_or_none(lambda: inner.migrated(loaded, streams))
+        self.layouts.add(loaded.version)
+        self.current = new
+        return LeaderCache(new, self)
+
+    def _layout_bytes(self, loaded: LoadedModule) -> Source | None:
+        """None for a version the other ranks hold; else the file's bytes, which must still have
+        the version rank 0 loaded (ModuleLoadError otherwise: what was validated is gone)."""
+        if loaded.version in self.layouts:
+            return None
+        src = read_source(loaded.path)
+        if src.version != loaded.version:
+            raise ModuleLoadError(f"{loaded.path}: saved again since version {loaded.version} was validated "
+                                  f"(now {src.version}); under --tp its bytes go to every rank: swap again")
+        return src
 
     def heads(self, rank: int) -> slice:
         h0, h1 = self.plan.kv_heads[rank]

@@ -58,9 +58,10 @@ class TPSession:
     def attach(self, engine) -> None:
         """The engine's KV cache edits go to every rank (leader.py); then the per-rank memory."""
         engine.cache = LeaderCache(engine.cache, self.leader)
-        engine.port.fixed_layout = f"--tp {self.comm.world}: the KV layout cannot be swapped (each rank holds its heads)"
         engine.port.kernel_hook = self.leader.swap_kernels
-        ranks = [{k: v for k, v in r.items() if k != "kernels"} for r in self.report(engine.bundle.model, engine.cache.inner)]
+        engine.port.layout_hook = self.leader.swap_layout   # lab swaps: on every rank (leader.py)
+        ranks = [{k: v for k, v in r.items() if k not in ("kernels", "layout")}
+                 for r in self.report(engine.bundle.model, engine.cache.inner)]
         engine.tp_memory = {"world": self.comm.world, "ranks": ranks}   # /props (at start)
 
     def cache(self, spec, layout: str, layouts_dir=None) -> KVCache:
@@ -70,7 +71,8 @@ class TPSession:
         return cache
 
     def report(self, model, cache: KVCache | None) -> list[dict]:
-        """Every rank's weights and KV bytes (rank 0), logged, kept for /props."""
+        """Every rank's weights, KV bytes, kernel versions and layout (on rank 0; None elsewhere):
+        the memory logged and kept for /props, the modules to check that a lab swap reached every rank."""
         self.comm.send(("report",))
         self.memory = self.comm.gather(_memory(0, model, cache))
         for m in self.memory:
@@ -110,4 +112,5 @@ def _memory(rank: int, model, cache: KVCache | None) -> dict:
     weights = sum(m.nbytes() for m in w.matmuls()) + experts + embed.numel() * embed.element_size()
     return {"rank": rank, "weights_bytes": weights, "kv_bytes": cache.bytes_used() if cache is not None else 0,
             "kv_heads": model.spec.n_kv_heads,
-            "kernels": {op: m.version for op, m in sorted(model.kernels.modules.items())}}
+            "kernels": {op: m.version for op, m in sorted(model.kernels.modules.items())},
+            "layout": None if cache is None else {"name": cache.name, "version": cache.loaded.version}}
