@@ -46,11 +46,25 @@ class Slot:
 
 
 def common_prefix(a: list[int] | tuple[int, ...], b: list[int] | tuple[int, ...]) -> int:
+    """Length of the longest common prefix, found by comparing slices (C loops) and halving the
+    span that differs, not by a Python loop per token: admission runs it over every slot and every
+    RAM-cache entry (hundreds, thousands of a small model's), which took 19% of the engine thread
+    at 64 streams of 128-token answers (py-spy)."""
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if n == 0 or a[0] != b[0]:
+        return 0
+    if type(a) is not type(b):   # a list never equals a tuple
+        a, b = tuple(a[:n]), tuple(b[:n])
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 1, n   # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class SlotTable:
