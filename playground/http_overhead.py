@@ -27,6 +27,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,8 +89,14 @@ def start_server(cfg: Config, tree: str) -> Server:
            "-np", str(max(cfg.concurrency)), "-c", str(n_ctx), "-t", str(cfg.threads), "--no-watch",
            *cfg.serve_args]
     env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
-    proc = subprocess.Popen(cmd, env=env, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    wait_healthy(port, f"slotserver from {tree}", proc)
+    # its log goes to a file: a pipe nobody reads fills up (an access line per request) and then
+    # blocks the server's event loop in the middle of a run
+    log = tempfile.NamedTemporaryFile("wb", prefix="http_overhead_", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, env=env, cwd=tree, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(port, f"slotserver from {tree} (log: {log.name})", proc)
+    finally:
+        log.close()
     return Server(tree, port, proc)
 
 
