@@ -16,7 +16,7 @@ def naive(a, b) -> int:
     return i
 
 
-tokens = st.lists(st.integers(0, 3), max_size=70)
+tokens = st.lists(st.integers(0, 3), max_size=90)
 
 
 @settings(max_examples=400, deadline=None)
