@@ -13,8 +13,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 # middlewares (AccessLog) for a stream's body messages (sse.py), which each of those wrappers
 # would only pass on: AccessLog's and CatchAll's StatusRecorders, CORS, starlette's
 # exception-handling senders look at `http.response.start` alone. Five awaited calls per streamed
-# chunk fewer (~10% of the event loop's time per token at 64 streams, py-spy). The response's start
-# still goes through them all. A middleware that rewrites bodies (compression) would have to sit
+# chunk fewer: 2.3 -> 1.0 us a chunk through the middlewares (in-process, uvicorn's send faked),
+# of the event loop's ~40 us a token at 64 streams. The response's start still goes through them. A middleware that rewrites bodies (compression) would have to sit
 # outside AccessLog, or streams would bypass it.
 BODY_SEND = "slotserver.body_send"
 
