@@ -181,10 +181,8 @@ class OpenAIFormatter:
         """delta_chunk's chunk, as SSE bytes from the template where it has no variable part but text."""
         if reasoning or self.job.want_logprobs or (events and events[-1].timings is not None):
             return self.delta_chunk(text, events, reasoning)
-        if self._delta_template is False:
-            choice = {"index": self.index, "logprobs": None, "finish_reason": None}
-            choice.update({"delta": {"content": hole(0)}} if self.chat else {"text": hole(0)})
-            self._delta_template = SSETemplate.make(self._envelope([choice], chunk=True), 1)
+        if self._delta_template is False:   # delta_chunk's own chunk for a plain text, the text a hole
+            self._delta_template = SSETemplate.make(self.delta_chunk(hole(0), []), 1)
         if self._delta_template is None:
             return self.delta_chunk(text, events, reasoning)
         return self._delta_template.fill(json_str(text))
