@@ -45,12 +45,36 @@ class Slot:
         self.cached, self.seq, self.last_used = self.seq.computed_tokens, None, next(_clock)
 
 
+SHORT_PREFIX = 64   # common_prefix: below this many tokens, a plain loop
+
+
 def common_prefix(a: list[int] | tuple[int, ...], b: list[int] | tuple[int, ...]) -> int:
+    """Length of the longest common prefix. From SHORT_PREFIX tokens on, by comparing slices (C
+    loops) and halving the span that differs rather than a Python loop per token: admission runs
+    this over every slot and every RAM-cache entry (hundreds, thousands of a small model's: 19% of
+    the engine thread at 64 streams with 640 entries, py-spy), and prompts that share a long system
+    prompt pay per shared token. Per entry sharing 300 / 3000 tokens: 5.2 / 37 us against 9.9 / 97
+    us; below ~64 tokens the plain loop is as quick (30 shared: 1.2 us either way)."""
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if n < SHORT_PREFIX:
+        i = 0
+        while i < n and a[i] == b[i]:
+            i += 1
+        return i
+    if a[0] != b[0]:
+        return 0
+    if type(a) is not type(b):   # a list never equals a tuple
+        a, b = tuple(a[:n]), tuple(b[:n])
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 1, n   # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class SlotTable:

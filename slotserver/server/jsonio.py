@@ -24,12 +24,17 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+# One encoder for every call: `json.dumps` with any non-default option builds a new JSONEncoder
+# per call (~0.5 us of a streamed chunk's ~6 us). `encode` keeps no state between calls.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def dumps(obj: Any) -> bytes:
     """Compact UTF-8 JSON; non-finite floats become null."""
     try:
-        text = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(obj)
     except ValueError:  # a non-finite float somewhere: rare, so only then walk the object
-        text = json.dumps(_finite(obj), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(_finite(obj))
     return text.encode("utf-8", "replace")  # a lone surrogate (JSON "\\ud800") becomes "?"
 
 

@@ -71,13 +71,18 @@ class SequenceRng:
     def __init__(self, seed: int = -1) -> None:
         seed = _int("seed", seed, lo=-1)
         self.seed = secrets.randbits(32) if seed == -1 else seed  # reported back to the client
-        self._rng = random.Random()
-        self._rng.setstate(_mt19937_state(self.seed))
+        # made at the first draw: building the 624-word state is ~0.15 ms of Python, paid on the
+        # event loop (Engine.submit) by every request, and a greedy one never draws
+        self._rng: random.Random | None = None
         self.state = SamplerState()
 
     def next_uniform(self) -> float:
         """A float in [0, 1): libstdc++'s generate_canonical<double, 53> over std::mt19937."""
-        low, high = self._rng.getrandbits(32), self._rng.getrandbits(32)
+        rng = self._rng
+        if rng is None:
+            rng = self._rng = random.Random()
+            rng.setstate(_mt19937_state(self.seed))
+        low, high = rng.getrandbits(32), rng.getrandbits(32)
         u = (low + (high << 32)) / 18446744073709551616.0
         return u if u < 1.0 else math.nextafter(1.0, 0.0)
 

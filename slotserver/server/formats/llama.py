@@ -17,6 +17,8 @@ import math
 from slotserver.engine.request import FinalEvent, ProgressEvent, TokenEvent
 from slotserver.server.generation import Outcome
 from slotserver.server.params import CompletionJob
+from slotserver.server.sse import event as sse_event
+from slotserver.server.sse_template import SSETemplate, hole, json_ints, json_str
 from slotserver.model.text.tokenizer import Tokenizer
 
 
@@ -129,6 +131,24 @@ def stream_chunk(job: CompletionJob, text: str, events: list[TokenEvent], tokeni
     if events and events[-1].timings is not None:
         chunk["timings"] = timings(events[-1].timings)
     return chunk
+
+
+class StreamEvents:
+    """One job's `stream_chunk`s as SSE events, the same bytes; a chunk without probabilities or
+    timings (nearly every one) is filled into a template (sse_template.py)."""
+
+    def __init__(self, job: CompletionJob, tokenizer: Tokenizer) -> None:
+        self.job, self.tokenizer = job, tokenizer
+        self._template = None
+        if job.n_probs <= 0:   # holes: content, tokens, tokens_predicted (stream_chunk's own keys and order)
+            chunk = stream_chunk(job, hole(0), [], tokenizer, 0)
+            chunk.update(tokens=hole(1), tokens_predicted=hole(2))
+            self._template = SSETemplate.make(chunk, 3)
+
+    def event(self, text: str, events: list[TokenEvent], n_predicted: int) -> bytes:
+        if self._template is None or (events and events[-1].timings is not None):
+            return sse_event(stream_chunk(self.job, text, events, self.tokenizer, n_predicted))
+        return self._template.fill(json_str(text), json_ints([e.token for e in events]), str(n_predicted).encode())
 
 
 def progress_chunk(job: CompletionJob, ev: ProgressEvent) -> dict:

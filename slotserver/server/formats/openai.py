@@ -21,6 +21,8 @@ from slotserver import __version__
 from slotserver.engine.request import FinalEvent, ProgressEvent, TokenEvent
 from slotserver.server.formats.llama import timings
 from slotserver.server.generation import Outcome
+from slotserver.server.sse import event as sse_event
+from slotserver.server.sse_template import SSETemplate, hole, json_str
 from slotserver.server.params import CompletionJob
 from slotserver.server.reasoning import ReasoningMode
 from slotserver.server.answer import answer_parser
@@ -88,6 +90,7 @@ class OpenAIFormatter:
         self.index, self._tool_config = job.index, tools
         self.reasoning = reasoning if chat and reasoning is not None else ReasoningMode()
         self.answer = answer_parser(self.reasoning, self.tools, stream=True)   # the streamed answer's split
+        self._delta_template: SSETemplate | None | bool = False   # made at the first plain delta
 
     def sibling(self, job: CompletionJob) -> "OpenAIFormatter":
         """The formatter of another choice of the same answer (same id and created)."""
@@ -156,15 +159,33 @@ class OpenAIFormatter:
         deltas, then with tools, content outside calls as content deltas and each completed call
         as OpenAI's tool_calls deltas; without, one content delta. Held-back text (a partial tag)
         sends nothing but the tokens' logprobs, if asked."""
+        return self._pieces(text, events, final, self.delta_chunk)
+
+    def stream_events(self, text: str, events: list[TokenEvent], final: bool = False) -> list[bytes]:
+        """`stream_pieces` as SSE events, the same bytes; a plain content delta (no reasoning,
+        logprobs or timings: nearly every chunk) is filled into a template (sse_template.py)."""
+        return [c if isinstance(c, bytes) else sse_event(c) for c in self._pieces(text, events, final, self._delta_event)]
+
+    def _pieces(self, text: str, events: list[TokenEvent], final: bool, delta) -> list:
         first = len(self.answer.tool_calls)
         reasoning, content, calls = self.answer.feed(text, final)
         keep = content or reasoning or (events and self.job.want_logprobs)
-        chunks = [self.delta_chunk(content, events, reasoning)] if keep else []
+        chunks = [delta(content, events, reasoning)] if keep else []
         for i, call in enumerate(calls):
-            for delta in stream_deltas(first + i, call):
-                choice = {"index": self.index, "logprobs": None, "finish_reason": None, "delta": {"tool_calls": [delta]}}
+            for d in stream_deltas(first + i, call):
+                choice = {"index": self.index, "logprobs": None, "finish_reason": None, "delta": {"tool_calls": [d]}}
                 chunks.append(self._envelope([choice], chunk=True))
         return chunks
+
+    def _delta_event(self, text: str, events: list[TokenEvent], reasoning: str = "") -> dict | bytes:
+        """delta_chunk's chunk, as SSE bytes from the template where it has no variable part but text."""
+        if reasoning or self.job.want_logprobs or (events and events[-1].timings is not None):
+            return self.delta_chunk(text, events, reasoning)
+        if self._delta_template is False:   # delta_chunk's own chunk for a plain text, the text a hole
+            self._delta_template = SSETemplate.make(self.delta_chunk(hole(0), []), 1)
+        if self._delta_template is None:
+            return self.delta_chunk(text, events, reasoning)
+        return self._delta_template.fill(json_str(text))
 
     def last_chunk(self, final: FinalEvent) -> dict:
         calls = bool(self.answer.tool_calls)

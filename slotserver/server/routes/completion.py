@@ -87,19 +87,20 @@ async def llama_stream(runs: list[Run], jobs: list[CompletionJob], tokenizer: To
     """
     pending: list[list[TokenEvent]] = [[] for _ in runs]
     counts = [0] * len(runs)
+    streams = [llama.StreamEvents(job, tokenizer) for job in jobs]
     async for i, ev in merged(runs):
         job = jobs[i]
         if isinstance(ev, TokenEvent):
             counts[i] += 1
             pending[i].append(ev)
             if ev.text or job.n_probs > 0:
-                yield sse.event(llama.stream_chunk(job, ev.text, pending[i], tokenizer, counts[i]))
+                yield streams[i].event(ev.text, pending[i], counts[i])
                 pending[i] = []
         elif isinstance(ev, ProgressEvent):
             yield sse.event(llama.progress_chunk(job, ev))
         elif isinstance(ev, FinalEvent):
             if pending[i] or ev.text:
-                yield sse.event(llama.stream_chunk(job, ev.text, pending[i], tokenizer, counts[i]))
+                yield streams[i].event(ev.text, pending[i], counts[i])
             yield sse.event(llama.final_chunk(job, ev, model, prompts[i]))
         else:
             yield sse.event(ApiError(500, ev.message, "server_error").body())

@@ -89,14 +89,14 @@ async def openai_stream(runs: list[Run], fmts: list[OpenAIFormatter]) -> AsyncIt
         if isinstance(ev, TokenEvent):
             pending[i].append(ev)
             if ev.text:
-                for chunk in fmt.stream_pieces(ev.text, pending[i]):
-                    yield sse.event(chunk)
+                for chunk in fmt.stream_events(ev.text, pending[i]):
+                    yield chunk
                 pending[i] = []
         elif isinstance(ev, ProgressEvent):
             yield sse.event(fmt.progress_chunk(ev))
         elif isinstance(ev, FinalEvent):
-            for chunk in fmt.stream_pieces(ev.text, pending[i], final=True):
-                yield sse.event(chunk)
+            for chunk in fmt.stream_events(ev.text, pending[i], final=True):
+                yield chunk
             yield sse.event(fmt.last_chunk(ev))
             if fmt.job.parent < 0:
                 finals.append(dataclasses.replace(ev))
