@@ -32,13 +32,44 @@ N_CASES = 6
 MARK = "TRITON-INTERPRETED "
 
 
-def _interpreted_checks() -> dict:
-    """Runs inside a TRITON_INTERPRET=1 process: numerics of every module + the masking checks."""
-    numerics = [r for p in TRITON_FILES for r in check_numerics(p, "triton", N_CASES)]
-    return {"numerics": {f"{r.kernel}/{r.dtype}": [r.ok, r.max_err, r.tol, r.detail] for r in numerics},
-            "masking": {op: _masking_error(op) for op in ("attention", "paged_attention")},
-            "splits": {op: _split_decode_checks(op) for op in ("attention", "paged_attention")},
-            "sinks": {op: _sinks_checks(op) for op in ("attention", "paged_attention")}}
+# Seconds each interpreted job took on the 2-core host (2026-11-27); unlisted jobs ~0.5. Only used
+# to balance the jobs over the two interpreter processes.
+COST = {"splits/attention": 9.1, "numerics/moe_route": 6.4, "splits/paged_attention": 5.8,
+        "numerics/attention": 2.8, "numerics/moe_matmul": 2.1, "numerics/paged_attention": 1.5,
+        "masking/attention": 1.4, "sinks/attention": 1.0}
+PARTS = 2   # interpreter processes: the interpreter is one Python thread, and the suite waits for it
+
+
+def _jobs() -> list[tuple[str, str]]:
+    """Every interpreted check as (kind, name): each module's numerics, and the attention checks."""
+    ops = ("attention", "paged_attention")
+    return [("numerics", p.stem) for p in TRITON_FILES] + [(k, op) for k in ("masking", "splits", "sinks") for op in ops]
+
+
+def _part(jobs: list[tuple[str, str]], part: int, parts: int) -> list[tuple[str, str]]:
+    """This process's share: the costliest first, each to the lightest part so far."""
+    loads, mine = [0.0] * parts, []
+    for job in sorted(jobs, key=lambda j: -COST.get("/".join(j), 0.5)):
+        i = loads.index(min(loads))
+        loads[i] += COST.get("/".join(job), 0.5)
+        if i == part:
+            mine.append(job)
+    return mine
+
+
+def _interpreted_checks(part: int = 0, parts: int = 1) -> dict:
+    """Runs inside a TRITON_INTERPRET=1 process: its share of the numerics of every module and of
+    the masking, split-decode and sink checks."""
+    out: dict = {"numerics": {}, "masking": {}, "splits": {}, "sinks": {}}
+    checks = {"masking": _masking_error, "splits": _split_decode_checks, "sinks": _sinks_checks}
+    for kind, name in _part(_jobs(), part, parts):
+        if kind == "numerics":
+            path = next(p for p in TRITON_FILES if p.stem == name)
+            for r in check_numerics(path, "triton", N_CASES):
+                out["numerics"][f"{r.kernel}/{r.dtype}"] = [r.ok, r.max_err, r.tol, r.detail]
+        else:
+            out[kind][name] = checks[kind](name)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +77,16 @@ def interpreted() -> dict:
     if triton_mode() == "interpret":
         return _interpreted_checks()
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1][len(MARK):])
+    procs = [subprocess.Popen([sys.executable, __file__, str(i), str(PARTS)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for i in range(PARTS)]
+    merged: dict = {}
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=600)
+        lines = [ln for ln in stdout.splitlines() if ln.startswith(MARK)]
+        assert proc.returncode == 0 and lines, stderr[-3000:]
+        for kind, results in json.loads(lines[-1][len(MARK):]).items():
+            merged.setdefault(kind, {}).update(results)
+    return merged
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -305,4 +342,4 @@ def _paged_case(k, v, dtype, kind, visible, streams, meta, gen) -> tuple[PagedKV
 
 if __name__ == "__main__":  # the interpreted half, run by the `interpreted` fixture
     assert triton_mode() == "interpret", "run with TRITON_INTERPRET=1"
-    print(MARK + json.dumps(_interpreted_checks()))
+    print(MARK + json.dumps(_interpreted_checks(int(sys.argv[1]), int(sys.argv[2]))))
