@@ -73,6 +73,7 @@ def test_wrong_truncated_or_corrupt_entries_are_skipped_never_loaded(tmp_path):
     paths[(7, 8, 9)].write_bytes(bytes(body))                               # a flipped byte: the CRC says so
     assert store.load((4, 5, 6)) is None and store.load((7, 8, 9)) is None
     assert set(store.index) == {(1, 2, 3)} and not paths[(4, 5, 6)].exists()
+    assert store.best((4, 5, 6)) is None and store.best((1, 2)) == ((1, 2, 3), 2)   # dropped: never offered
     (store.folder / f".tmp-x-1{SUFFIX}").write_bytes(b"half a write")      # a killed write's temporary
     assert set(_store(tmp_path).index) == {(1, 2, 3)}
     assert _store(tmp_path, key="other").index == {}                       # another model's folder
@@ -90,6 +91,8 @@ def test_the_folder_keeps_to_its_cap_least_recently_used_first(tmp_path):
     store.save((9, 1, 2, 3), *_entry(4, 9))
     store.flush()
     assert set(store.index) == {(0, 1, 2, 3), (2, 1, 2, 3), (9, 1, 2, 3)}
+    assert store.best((1, 1, 2, 3)) is None and store.best((2, 1, 2, 9)) == ((2, 1, 2, 3), 3)   # evicted: never offered
+    assert _store(tmp_path, limit=3 * one).best((9, 1, 7)) == ((9, 1, 2, 3), 2)     # a restart indexes the files
 
 
 def test_the_key_follows_the_model_file_and_the_kv_type(tmp_path):

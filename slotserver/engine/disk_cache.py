@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
+from slotserver.engine.prefix_index import PrefixIndex
 from slotserver.engine.slot_files import atomic_write, remove_stale_temporaries
-from slotserver.engine.slots import common_prefix
 
 log = logging.getLogger("slotserver.engine.disk_cache")
 
@@ -53,17 +53,22 @@ def model_key(model_path: Path, kv_dtype: torch.dtype, geometry: tuple[int, int,
 
 
 class DiskCache:
-    """Token prefix -> a file; entries indexed at start from their headers, loaded on demand."""
+    """Token prefix -> a file; entries indexed at start from their headers, loaded on demand.
+
+    `index` (tokens -> file) and `prefixes` (its prefix_index, for `best`) change together under
+    `_lock`: the writer thread adds and evicts while the engine thread looks up and drops."""
 
     def __init__(self, folder: Path, limit_bytes: int, key: str, dtype: torch.dtype) -> None:
         self.folder, self.limit, self.key, self.dtype = Path(folder) / key, limit_bytes, key, dtype
         self.folder.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(self.folder)
         self.index: dict[tuple[int, ...], Path] = {}
+        self.prefixes = PrefixIndex()
+        self._lock = threading.Lock()
         for path in sorted(self.folder.glob("*" + SUFFIX), key=lambda p: p.stat().st_mtime):
             header = self._header(path)
             if header is not None:
-                self.index[tuple(header["tokens"])] = path
+                self._put(tuple(header["tokens"]), path)
         self.hits = self.writes = 0
         self._queue: queue.Queue = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="disk-cache-writer", daemon=True)
@@ -76,13 +81,10 @@ class DiskCache:
             self._queue.put((tokens, k, v))
 
     def best(self, prompt: tuple[int, ...]) -> tuple[tuple[int, ...], int] | None:
-        """The indexed entry sharing the longest prefix with `prompt`, and that length."""
-        best, n_best = None, 0
-        for tokens in list(self.index):
-            n = common_prefix(tokens, prompt)
-            if n > n_best:
-                best, n_best = tokens, n
-        return None if best is None else (best, n_best)
+        """The indexed entry sharing the longest prefix with `prompt`, and that length (ties: the first
+        indexed; loads do not reorder), or None. Not a scan of every entry: see prefix_index."""
+        with self._lock:
+            return self.prefixes.best(prompt)
 
     def load(self, tokens: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The entry's K, V; None (logged, file deleted) if it does not check out."""
@@ -141,7 +143,7 @@ class DiskCache:
                   "dtype": str(k.dtype).removeprefix("torch."), "crc32": zlib.crc32(payload)}
         path = self.folder / (hashlib.sha256(repr(tokens).encode()).hexdigest()[:32] + SUFFIX)
         atomic_write(path, lambda f: f.write(json.dumps(header).encode() + b"\n" + payload))
-        self.index[tokens] = path
+        self._put(tokens, path)
         self.writes += 1
         self._evict()
 
@@ -154,12 +156,24 @@ class DiskCache:
             total -= old.stat().st_size
             old.unlink(missing_ok=True)
             if old in by_path:
-                self.index.pop(by_path[old], None)
+                self._pop(by_path[old])
 
     def _drop(self, tokens: tuple[int, ...]) -> None:
-        path = self.index.pop(tokens, None)
+        path = self._pop(tokens)
         if path is not None:
             path.unlink(missing_ok=True)
+
+    def _put(self, tokens: tuple[int, ...], path: Path) -> None:
+        """Index an entry; one already in keeps its place (as a dict key does): `best`'s tie-break."""
+        with self._lock:
+            self.index[tokens] = path
+            if tokens not in self.prefixes:
+                self.prefixes.add(tokens)
+
+    def _pop(self, tokens: tuple[int, ...]) -> Path | None:
+        with self._lock:
+            self.prefixes.remove(tokens)
+            return self.index.pop(tokens, None)
 
     def _write_loop(self) -> None:
         while True:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from slotserver.engine.cache_reuse import min_chunk
+from slotserver.engine.prefix_index import PrefixIndex
 from slotserver.engine.slots import Slot, common_prefix
 
 if TYPE_CHECKING:
@@ -54,11 +55,14 @@ class Entry:
 
 
 class PromptCache:
-    """Token prefix -> host K/V, LRU by bytes (`limit` < 0: no limit)."""
+    """Token prefix -> host K/V, LRU by bytes (`limit` < 0: no limit). `index` (prefix_index) finds
+    the longest shared prefix without comparing every entry; it follows every change to `entries`
+    (save, eviction, the LRU order), so change entries only through these methods."""
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit = limit_bytes
         self.entries: OrderedDict[tuple[int, ...], Entry] = OrderedDict()
+        self.index = PrefixIndex()
         self.bytes = 0
         self.hits = 0
 
@@ -72,25 +76,28 @@ class PromptCache:
             return False
         if tokens in self.entries:
             self.entries.move_to_end(tokens)
+            self.index.touch(tokens)
             return True
         self.entries[tokens] = Entry(k.cpu(), v.cpu(), nbytes)
+        self.index.add(tokens)
         self.bytes += nbytes
         while 0 <= self.limit < self.bytes:
-            _, old = self.entries.popitem(last=False)
+            old_tokens, old = self.entries.popitem(last=False)
+            self.index.remove(old_tokens)
             self.bytes -= old.nbytes
         return True
 
     def best(self, prompt: tuple[int, ...]) -> tuple[tuple[int, ...], Entry, int] | None:
-        """The entry sharing the longest prefix with `prompt` (and that length), or None."""
-        best, n_best = None, 0
-        for tokens in self.entries:
-            n = common_prefix(tokens, prompt)
-            if n > n_best:
-                best, n_best = tokens, n
-        if best is None:
+        """The entry sharing the longest prefix with `prompt` (and that length; ties: the least
+        recently used), or None when none shares a token; the entry becomes the most recently used.
+        O(len(prompt) / BLOCK + the entries sharing the prompt's deepest full block), not O(entries)."""
+        found = self.index.best(prompt)
+        if found is None:
             return None
-        self.entries.move_to_end(best)
-        return best, self.entries[best], n_best
+        tokens, n = found
+        self.entries.move_to_end(tokens)
+        self.index.touch(tokens)
+        return tokens, self.entries[tokens], n
 
 
 class RamCacheHooks:
