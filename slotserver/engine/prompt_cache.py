@@ -198,10 +198,11 @@ class RamCacheHooks:
         """The other slot whose valid KV shares the longest prefix with `prompt`, and that length:
         an idle slot's cache, a busy one's computed tokens (its stream holds exactly those)."""
         best, n_best = None, 0
+        as_list = list(prompt)   # slots hold lists: common_prefix then compares slices as they are
         for other in self.e.sched.slots.slots:
             if other is slot:
                 continue
-            n = common_prefix(other.valid_tokens(), prompt)
+            n = common_prefix(other.valid_tokens(), as_list)
             if n > n_best:
                 best, n_best = other, n
         return best, n_best
