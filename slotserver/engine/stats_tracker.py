@@ -105,7 +105,7 @@ class StatsTracker:
         tps, now = 0.0, time.perf_counter()
         if seq is not None and seq.t_prompt_done and seq.num_generated > 1:
             tps = (seq.num_generated - 1) / max(now - seq.t_prompt_done, 1e-6)
-        return SlotStats.built(
+        return SlotStats(
             id=slot.id, stream=e.sched.streams.stream_of[slot.id],
             state="idle" if seq is None else "processing", id_task=-1 if seq is None else seq.id,
             n_ctx=e.config.n_cells, cells_used=slot.n_valid,

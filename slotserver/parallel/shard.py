@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-import gguf
 import torch
 
 from slotserver.errors import ModuleLoadError
@@ -37,7 +36,7 @@ from slotserver.parallel.comm import Comm
 from slotserver.parallel.linears import RowParallel, VocabParallel
 from slotserver.parallel.shard_experts import expert_block, shard_experts
 from slotserver.parallel.split_norm import SplitNorm
-from slotserver.runtime.qblocks import QWeight, dequantize
+from slotserver.runtime.qblocks import QWeight, block_size, dequantize, take_cols
 
 log = logging.getLogger("slotserver.parallel")
 
@@ -155,9 +154,7 @@ def _qkv_rows(s: ModelSpec, h0: int, h1: int) -> list[int]:
 
 def _block(lin) -> int:
     """The column granularity of a matmul's weights: its GGUF block (1 for dense)."""
-    if isinstance(lin, QLinear):
-        return max(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(p.qtype)][0] for p in lin.parts)
-    return 1
+    return max(block_size(p.qtype) for p in lin.parts) if isinstance(lin, QLinear) else 1
 
 
 def _dense(lin: Linear) -> torch.Tensor:
@@ -192,9 +189,4 @@ def _cols(lin, c0: int, c1: int):
         log.info("--tp: columns %d:%d cut %d-wide blocks; that slice is dequantized to float32", c0, c1, block)
         dense = torch.cat([dequantize(p)[:, c0:c1] for p in lin.parts])
         return Linear.build(dense.contiguous(), None, "dense", 0)
-    parts = []
-    for p in lin.parts:
-        size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(p.qtype)]
-        b0, b1 = c0 // size[0] * size[1], c1 // size[0] * size[1]
-        parts.append(QWeight(p.raw[:, b0:b1].contiguous(), p.qtype, c1 - c0, p.n))
-    return QLinear(parts, None, lin.op)
+    return QLinear([take_cols(p, c0, c1) for p in lin.parts], None, lin.op)

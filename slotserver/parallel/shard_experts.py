@@ -22,18 +22,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import gguf
 import torch
 
 from slotserver.model.moe import MoeWeights
 from slotserver.parallel.comm import Comm
 from slotserver.runtime.experts import Experts
-from slotserver.runtime.qblocks import QWeight
+from slotserver.runtime.qblocks import QWeight, block_size, take_cols
 
 
 def expert_block(e: Experts) -> int:
     """The column granularity of an expert tensor: its GGUF block (1 for float experts)."""
-    return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(e.qtype)][0]
+    return block_size(e.qtype)
 
 
 def shard_experts(mw: MoeWeights, comm: Comm, f0: int, f1: int) -> MoeWeights:
@@ -64,10 +63,4 @@ def expert_rows(e: Experts, f0: int, f1: int) -> Experts:
 def expert_cols(e: Experts, c0: int, c1: int) -> Experts:
     """Input columns [c0, c1) of every expert (down: [E * d_model, F] -> [E * d_model, c1 - c0]);
     c0 and c1 on the parts' block boundaries (ShardPlan cuts d_ff in whole blocks)."""
-    parts = []
-    for p in e.parts:
-        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(p.qtype)]
-        assert c0 % block == 0 and c1 % block == 0, f"columns {c0}:{c1} cut {block}-wide blocks"
-        b0, b1 = c0 // block * size, c1 // block * size
-        parts.append(QWeight(p.raw[:, b0:b1].contiguous(), p.qtype, c1 - c0, p.n))
-    return Experts(tuple(parts), e.n_expert)
+    return Experts(tuple(take_cols(p, c0, c1) for p in e.parts), e.n_expert)

@@ -137,6 +137,18 @@ def experts_from_mapped(data: np.ndarray, qtype: int, shape: tuple[int, int, int
     return [QWeight(flat.raw[e * n:(e + 1) * n], flat.qtype, k, n) for e in range(n_expert)]
 
 
+def block_size(qtype: int) -> int:
+    """Columns one block of `qtype` spans (1 for the float formats)."""
+    return gguf.GGML_QUANT_SIZES[T(qtype)][0]
+
+
+def take_cols(w: QWeight, c0: int, c1: int) -> QWeight:
+    """Input columns [c0, c1) of W (a copy), both on W's block boundaries (--tp's row-parallel slices)."""
+    block, size = gguf.GGML_QUANT_SIZES[T(w.qtype)]
+    assert c0 % block == 0 and c1 % block == 0, f"columns {c0}:{c1} cut {block}-wide blocks"
+    return QWeight(w.raw[:, c0 // block * size: c1 // block * size].contiguous(), w.qtype, c1 - c0, w.n)
+
+
 def take_rows(w: QWeight, rows: list[int] | torch.Tensor) -> QWeight:
     """Rows of W in the given order (a copy of just those rows' bytes: blocks never span rows).
     The copy replaces W (a load-time permutation): W's file pages are released."""

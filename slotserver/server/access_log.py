@@ -12,7 +12,7 @@ import time
 
 from starlette.types import Receive, Scope, Send
 
-from slotserver.server.asgi_http import BODY_SEND, HttpMiddleware, StatusRecorder
+from slotserver.server.asgi_http import HttpMiddleware, StatusRecorder
 
 log = logging.getLogger("slotserver.http")
 
@@ -22,7 +22,6 @@ class AccessLog(HttpMiddleware):
         t0 = time.perf_counter()
         recorder = StatusRecorder(send)
         info = scope.setdefault("state", {})
-        scope[BODY_SEND] = send   # streams' body messages skip the wrappers below (asgi_http.py)
         try:
             await self.app(scope, receive, recorder)
         finally:

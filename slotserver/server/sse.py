@@ -25,7 +25,6 @@ from typing import Any, AsyncIterator, Callable
 import anyio
 from starlette.types import Receive, Scope, Send
 
-from slotserver.server.asgi_http import body_send
 from slotserver.server.jsonio import dumps
 
 log = logging.getLogger("slotserver.http")
@@ -72,7 +71,7 @@ class EventStreamResponse:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch, receive, tg.cancel_scope)
                 tg.start_soon(self._write_deadline, tg.cancel_scope)
-                await self._produce(body_send(scope, send))   # the start went through every middleware
+                await self._produce(send)
                 tg.cancel_scope.cancel()
         finally:
             self.on_close()
