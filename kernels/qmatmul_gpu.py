@@ -26,6 +26,16 @@ Regimes (`_qmm_kernel`'s tile sizes are its constexprs):
   launch order). A row's floats are the same at every M within one regime (the split depends on
   N and K only), not across regimes (the GEMV sums in another order): batch-invariant as far as
   cuBLAS on a dense copy is, which picks its kernel by M too.
+- 1 to WIDE_MAX_M (8) rows of Q4_K, Q6_K, Q8_0, Q5_0 with QGEMV = "wide" (env SLOTSERVER_QGEMV=wide;
+  default "slices": the kernel above serves until a GPU run shows the wide one faster): llama.cpp's
+  CUDA `mmvq` in Triton (`_wide_kernel`). x is quantized once per call to q8_1 (`_q8_1_kernel`: int8
+  per 32 values, float d and d * sum), each program reads R whole weight rows as int32 words (Q4_K:
+  the 128-byte qs arrays with 16-byte loads; the 2-byte aligned Q6_K / Q8_0 / Q5_0 blocks with a
+  funnel shift of two words), unpacks nibbles with integer masks in registers and multiplies 4
+  weights by 4 activations per PTX dp4a, summed in int32 and scaled once per 32 (16 for Q6_K); the
+  whole of K in one program (no split partials), the residual add in its store. Its floats differ
+  from the slices' by the 8-bit activation (as kernels/qmatmul.py on the CPU), within TOL; a row's
+  floats do not depend on M within 1..8 (wide_plan ignores M; tests/test_gpu_qgemv.py on a card).
 - 17 to DEQUANT_GEMM_ROWS - 1 rows (the GEMM; none while DEQUANT_GEMM_ROWS is 17): 64 x 64 tiles, K inside, each program dequantizing a [64, 32] weight slice
   into registers per step for one tl.dot; the slice is re-read by every M tile (from L2: a
   Llama-8B layer matmul is 10-60 MB of blocks, and at large M the product is compute-bound).
@@ -240,6 +250,284 @@ def _dequant_gemm(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None) -> torc
     return y
 
 
+# ---- the wide GEMV (QGEMV = "wide"): llama.cpp's mmvq in Triton, for 1..WIDE_MAX_M rows ----------------
+# Why the q8_1 route and not float math after unpacking (docs/gpu.md, "Prepared on CPU, 2026-11-27"):
+# a GEMV at the H100's ~3 TB/s must retire ~20 Q4_K weights per clock per SM. Unpacked to floats, a
+# weight costs ~2 integer ops (shift, mask; 64/clk/SM) plus a conversion and one FMA per row: ~21
+# weights/clk at M=1 and ~10 at M=8, compute-bound below the bandwidth. With x quantized to int8 per
+# 32 (q8_1, once per call), 4 weights cost ~1.5 integer ops plus one dp4a per row (64/clk/SM): ~27
+# weights/clk even at M=8, which is why llama.cpp's CUDA backend serves 1..8 rows with mmvq.
+WIDE_FORMATS = (T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0)
+WIDE_MAX_M = 8
+WIDE_WORDS = 1024      # weight words (int32) a program loads per K step: 8 a thread at 4 warps (wide_plan)
+WIDE_WARPS = 4
+WIDE_PROGRAMS_PER_SM = 2   # rows per program (2..16) are halved until about this many programs per SM
+QUANT_BLOCKS = 32      # 32-value blocks of x a quantizing program handles
+
+
+def _qgemv_mode() -> str:
+    """SLOTSERVER_QGEMV: `slices` (the per-32-value kernel above, the default until a GPU run shows the
+    wide one faster) or `wide`; read once at load, so a bench flips the module constant `QGEMV`."""
+    mode = os.environ.get("SLOTSERVER_QGEMV", "slices")
+    if mode not in ("slices", "wide"):
+        raise ValueError(f"SLOTSERVER_QGEMV={mode!r}: expected 'slices' or 'wide'")
+    return mode
+
+
+QGEMV = _qgemv_mode()
+
+
+@_triton.jit
+def _q8_1_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_x, QB: tl.constexpr):
+    """Program (row m, QB blocks of 32): d = max|x| / 127, q = x / d rounded to nearest even (int8),
+    s = d * sum(q) (the dequantized block's sum, for Q4_K's mins)."""
+    m = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1) * QB + tl.arange(0, QB)
+    off = b[:, None] * 32 + tl.arange(0, 32)[None, :]                                        # [QB, 32]
+    bmask = b < K // 32
+    x = tl.load(x_ptr + m * stride_x + off, mask=bmask[:, None], other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    inv = tl.where(amax > 0, 127.0 / tl.where(amax > 0, amax, 1.0), 0.0)
+    r = x * inv[:, None] + 12582912.0    # + 1.5 * 2^23: the float add rounds to an integer, ties to even
+    q = r.to(tl.int32, bitcast=True) - 0x4B400000
+    d = amax / 127.0
+    tl.store(q_ptr + m * K + off, q.to(tl.int8), mask=bmask[:, None])
+    tl.store(d_ptr + m * (K // 32) + b, d, mask=bmask)
+    tl.store(s_ptr + m * (K // 32) + b, d * tl.sum(q, axis=1).to(tl.float32), mask=bmask)
+
+
+@_triton.jit
+def _dp4a(a, b, ASM: tl.constexpr):
+    """Sum of the products of the 4 signed bytes of a and b (int32, broadcast): PTX dp4a on the card,
+    shifts under the interpreter (which runs no inline PTX)."""
+    a, b = tl.broadcast(a, b)
+    if ASM:
+        out = tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros_like(a)],
+                                        dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        out = ((a << 24) >> 24) * ((b << 24) >> 24) + ((a << 16) >> 24) * ((b << 16) >> 24) \
+            + ((a << 8) >> 24) * ((b << 8) >> 24) + (a >> 24) * (b >> 24)
+    return out
+
+
+@_triton.jit
+def _word(wrow, byte, mask):
+    """The int32 at an even byte offset of rows `wrow` (int32 pointers): one load where the offset is
+    4-aligned, two (the second from L1) and a funnel shift where it is not (Q6_K, Q8_0, Q5_0 blocks
+    are 2-byte aligned). The second word never passes the row's end (`_wide_ok`: rows of 4k bytes)."""
+    w0 = byte // 4
+    odd = (byte % 4) != 0
+    lo = tl.load(wrow + w0, mask=mask, other=0)
+    hi = tl.load(wrow + w0 + 1, mask=mask & odd, other=0)
+    return tl.where(odd, ((lo >> 16) & 0xFFFF) | (hi << 16), lo)
+
+
+@_triton.jit
+def _f16w(v):
+    """The float16 in the low 16 bits of int32 v -> float32."""
+    return (v & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@_triton.jit
+def _half(wrow, byte, mask):
+    """The float16 at an even byte offset of rows `wrow` -> float32."""
+    return _f16w(tl.load(wrow + byte // 4, mask=mask, other=0) >> (8 * (byte % 4)))
+
+
+@_triton.jit
+def _spread(v):
+    """Bits 0..3 of v to bit 4 of bytes 0..3 (Q5_0's fifth bits beside their nibbles)."""
+    return ((v << 4) & 0x10) | ((v << 11) & 0x1000) | ((v << 18) & 0x100000) | ((v << 25) & 0x10000000)
+
+
+@_triton.jit
+def _signed(v, BIAS: tl.constexpr):
+    """Every byte of v (each < 128) minus BIAS, as signed bytes, with no borrow between bytes."""
+    return ((v | -0x7F7F7F80) - BIAS * 0x01010101) ^ -0x7F7F7F80   # -0x7F7F7F80: 0x80808080, bit 7 of each byte
+
+
+@_triton.jit
+def _k4_scale(s0, s1, s2, s):
+    """ggml's get_scale_min_k4 on the scales words s0|s1|s2 ([.., 1]) for sub-blocks s -> float (sc, m)."""
+    sh = 8 * (s % 4)
+    a, b, c = (s0 >> sh) & 255, (s1 >> sh) & 255, (s2 >> sh) & 255
+    sc = tl.where(s < 4, a & 63, (c & 15) | ((a >> 6) << 4))
+    mn = tl.where(s < 4, b & 63, (c >> 4) | ((b >> 6) << 4))
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@_triton.jit
+def _per_row(xoff, roff):
+    """x's row offsets [BM] as [BM, R, 1, 1, 1]: x loaded once per weight row too (same addresses: L1),
+    so that its load gets the weight load's layout (warps across the R rows, x rows in registers) and
+    the products need no layout conversion through shared memory (ptxas: none left in the loop)."""
+    return xoff[:, None, None, None, None] + 0 * roff[None, :, None, None, None]
+
+
+@_triton.jit
+def _q4k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st, nsb, SB: tl.constexpr,
+              ASM: tl.constexpr):
+    """Q4_K super-blocks st*SB.. (144 bytes: d, dmin, scales[12], qs[128]) of R rows against BM rows of
+    q8_1 x -> float [BM, R]. qs word (c, i) holds sub-block 2c's values 4i..4i+3 in its low nibbles,
+    2c+1's in its high ones: one 16-byte-aligned [R, SB, 4, 8] load of whole 128-byte qs arrays."""
+    sb, c, i = st * SB + tl.arange(0, SB), tl.arange(0, 4), tl.arange(0, 8)
+    sb5, c5, i5 = sb[None, None, :, None, None], c[None, None, None, :, None], i[None, None, None, None, :]
+    wmask = rmask[None, :, None, None, None] & (sb5 < nsb)
+    qs = tl.load(w_ptr + roff[None, :, None, None, None] + sb5 * 36 + 4 + c5 * 8 + i5, mask=wmask, other=0)
+    xw = xq_ptr + _per_row(xoff, roff) + sb5 * 64 + c5 * 16 + i5                            # [BM, R, SB, 4, 8]
+    xmask = mmask[:, None, None, None, None] & (sb5 < nsb)
+    lo = tl.sum(_dp4a(qs & 0x0F0F0F0F, tl.load(xw, mask=xmask, other=0), ASM), axis=4)    # [BM, R, SB, 4]
+    hi = tl.sum(_dp4a((qs >> 4) & 0x0F0F0F0F, tl.load(xw + 8, mask=xmask, other=0), ASM), axis=4)
+    sb4, c4 = sb[None, None, :, None], c[None, None, None, :]
+    w4, m4 = w_ptr + roff[None, :, None, None] + sb4 * 36, rmask[None, :, None, None] & (sb4 < nsb)
+    hdr = tl.load(w4, mask=m4, other=0)                                                      # [1, R, SB, 1]
+    s0, s1, s2 = tl.load(w4 + 1, mask=m4, other=0), tl.load(w4 + 2, mask=m4, other=0), tl.load(w4 + 3, mask=m4, other=0)
+    sc_lo, mn_lo = _k4_scale(s0, s1, s2, 2 * c4)
+    sc_hi, mn_hi = _k4_scale(s0, s1, s2, 2 * c4 + 1)
+    xs4, xm4 = soff[:, None, None, None] + sb4 * 8 + 2 * c4, mmask[:, None, None, None] & (sb4 < nsb)
+    xd_lo, xd_hi = tl.load(xd_ptr + xs4, mask=xm4, other=0.0), tl.load(xd_ptr + xs4 + 1, mask=xm4, other=0.0)
+    xs_lo, xs_hi = tl.load(xs_ptr + xs4, mask=xm4, other=0.0), tl.load(xs_ptr + xs4 + 1, mask=xm4, other=0.0)
+    part = _f16w(hdr) * (sc_lo * xd_lo * lo.to(tl.float32) + sc_hi * xd_hi * hi.to(tl.float32)) \
+        - _f16w(hdr >> 16) * (mn_lo * xs_lo + mn_hi * xs_hi)                                  # [BM, R, SB, 4]
+    return tl.sum(tl.sum(part, axis=3), axis=2)
+
+
+@_triton.jit
+def _q6k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nsb, SB: tl.constexpr, ASM: tl.constexpr):
+    """Q6_K super-blocks st*SB.. (210 bytes: ql[128], qh[64], i8 scales[16], d) -> float [BM, R].
+    Sub-block s (32 values, half s//4, quarter t = s%4), word i: ql nibbles (t//2) of bytes 64 half +
+    32 (t%2) + 4i.., qh bits 2t..2t+1 of bytes 128 + 32 half + 4i.., scale 2s + i//4."""
+    sb, s, i = st * SB + tl.arange(0, SB), tl.arange(0, 8), tl.arange(0, 8)
+    sb5, s5, i5 = sb[None, None, :, None, None], s[None, None, None, :, None], i[None, None, None, None, :]
+    wrow, wmask = w_ptr + roff[None, :, None, None, None], rmask[None, :, None, None, None] & (sb5 < nsb)
+    base, half, t = sb5 * 210, s5 // 4, s5 % 4
+    ql = _word(wrow, base + 64 * half + 32 * (t % 2) + 4 * i5, wmask)                          # [1, R, SB, 8, 8]
+    qh = _word(wrow, base + 128 + 32 * half + 4 * i5, wmask)
+    q = _signed(((ql >> (4 * (t // 2))) & 0x0F0F0F0F) | (((qh >> (2 * t)) & 0x03030303) << 4), 32)
+    scw = _word(wrow, base + 192 + 4 * (s5 // 2), wmask)                                         # [1, R, SB, 8, 1]
+    sc = (scw << (24 - 8 * (2 * (s5 % 2) + i5 // 4))) >> 24                                     # [1, R, SB, 8, 8]
+    xw = tl.load(xq_ptr + _per_row(xoff, roff) + sb5 * 64 + s5 * 8 + i5,
+                 mask=mmask[:, None, None, None, None] & (sb5 < nsb), other=0)                   # [BM, R, SB, 8, 8]
+    isum = tl.sum(_dp4a(q, xw, ASM) * sc, axis=4)                                               # [BM, R, SB, 8]
+    sb4, s4 = sb[None, None, :, None], s[None, None, None, :]
+    d = _half(w_ptr + roff[None, :, None, None], sb4 * 210 + 208, rmask[None, :, None, None] & (sb4 < nsb))
+    xd = tl.load(xd_ptr + soff[:, None, None, None] + sb4 * 8 + s4, mask=mmask[:, None, None, None] & (sb4 < nsb),
+                 other=0.0)
+    return tl.sum(tl.sum(d * xd * isum.to(tl.float32), axis=3), axis=2)
+
+
+@_triton.jit
+def _q32_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nb, NB: tl.constexpr, FMT: tl.constexpr,
+              ASM: tl.constexpr):
+    """Q8_0 (34 bytes: d, i8 qs[32]) or Q5_0 (22 bytes: d, u32 qh, qs[16]) blocks st*NB.. -> float [BM, R]."""
+    b = st * NB + tl.arange(0, NB)
+    b4 = b[None, None, :, None]
+    wrow, wmask = w_ptr + roff[None, :, None, None], rmask[None, :, None, None] & (b4 < nb)
+    xrow = xq_ptr + xoff[:, None, None, None] + 0 * roff[None, :, None, None] + b4 * 8     # [BM, R, NB, 1]: see _per_row
+    xmask = mmask[:, None, None, None] & (b4 < nb)
+    if FMT == 8:
+        i4 = tl.arange(0, 8)[None, None, None, :]
+        qs = _word(wrow, b4 * 34 + 2 + 4 * i4, wmask)                                             # [1, R, NB, 8]
+        isum = tl.sum(_dp4a(qs, tl.load(xrow + i4, mask=xmask, other=0), ASM), axis=3)            # [BM, R, NB]
+        size = 34
+    else:   # Q5_0: qs word u: values 4u.. (low nibbles) and 16 + 4u.. (high), fifth bits from qh
+        u4 = tl.arange(0, 4)[None, None, None, :]
+        qs = _word(wrow, b4 * 22 + 6 + 4 * u4, wmask)                                             # [1, R, NB, 4]
+        qh = _word(wrow, b4 * 22 + 2, wmask)                                                      # [1, R, NB, 1]
+        lo = _signed((qs & 0x0F0F0F0F) | _spread(qh >> (4 * u4)), 16)
+        hi = _signed(((qs >> 4) & 0x0F0F0F0F) | _spread(qh >> (4 * u4 + 16)), 16)
+        isum = tl.sum(_dp4a(lo, tl.load(xrow + u4, mask=xmask, other=0), ASM)
+                      + _dp4a(hi, tl.load(xrow + 4 + u4, mask=xmask, other=0), ASM), axis=3)
+        size = 22
+    b3 = b[None, None, :]
+    d = _half(w_ptr + roff[None, :, None], b3 * size, rmask[None, :, None] & (b3 < nb))           # [1, R, NB]
+    xd = tl.load(xd_ptr + soff[:, None, None] + b3, mask=mmask[:, None, None] & (b3 < nb), other=0.0)
+    return tl.sum(d * xd * isum.to(tl.float32), axis=2)
+
+
+@_triton.jit
+def _wide_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, y_ptr, M, N, K, stride_w, stride_y, FMT: tl.constexpr,
+                 ACC: tl.constexpr, BLOCK_M: tl.constexpr, R: tl.constexpr, STEP: tl.constexpr, WU: tl.constexpr,
+                 ASM: tl.constexpr):
+    """Program: R weight rows (int32 words, stride_w * WU apart: Q4_K's rows are whole 144-byte super-
+    blocks, so WU = 4 and its qs arrays are 16-byte aligned: 128-bit loads) against the BLOCK_M (>= M) rows of q8_1 x
+    (xq int32 words [M, K/4], xd and xs float [M, K/32]), the whole of K in one program (no split
+    partials), STEP format blocks a step; y[m, rows] stored (+= where ACC)."""
+    rows = tl.program_id(0) * R + tl.arange(0, R)
+    rmask = rows < N
+    roff = rows.to(tl.int64) * stride_w * WU      # WU: the compiler knows rows start 4 * WU bytes aligned
+    ms = tl.arange(0, BLOCK_M)
+    mmask = ms < M
+    xoff, soff = ms.to(tl.int64) * (K // 32) * 8, ms.to(tl.int64) * (K // 32)   # x rows: 32-byte aligned
+    nblk = K // 256 if FMT == 12 or FMT == 14 else K // 32
+    acc = tl.zeros([BLOCK_M, R], dtype=tl.float32)
+    for st in range(0, tl.cdiv(nblk, STEP)):
+        if FMT == 12:
+            acc += _q4k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st, nblk, STEP, ASM)
+        elif FMT == 14:
+            acc += _q6k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nblk, STEP, ASM)
+        else:
+            acc += _q32_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nblk, STEP, FMT, ASM)
+    out = y_ptr + ms[:, None].to(tl.int64) * stride_y + rows[None, :]
+    omask = mmask[:, None] & rmask[None, :]
+    if ACC:
+        acc += tl.load(out, mask=omask, other=0.0).to(tl.float32)
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=omask)
+
+
+def q8_1(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] (K a multiple of 32) -> (int8 q [M, K], float d [M, K/32], float s [M, K/32]), one launch."""
+    m, k = x.shape
+    q = torch.empty(m, k, dtype=torch.int8, device=x.device)
+    d, s = (torch.empty(m, k // 32, dtype=torch.float32, device=x.device) for _ in range(2))
+    if m and k:
+        _q8_1_kernel[(m, _triton.cdiv(k // 32, QUANT_BLOCKS))](x, q, d, s, k, x.stride(0), QB=QUANT_BLOCKS)
+    return q, d, s
+
+
+def wide_plan(n: int, k: int, qtype: int, sms: int) -> tuple[int, int]:
+    """(R rows a program, STEP format blocks a K step): R halved from 16 (to 2) until about
+    WIDE_PROGRAMS_PER_SM programs per SM; STEP so that a step loads ~WIDE_WORDS weight words, at most
+    the row's blocks rounded up to a power of two. Neither depends on M: a step's partial sums are
+    added to the accumulator one step at a time, so a STEP that changed with M would change a row's
+    float sums with its batch (the interpreted test caught it). The cost: each row of x adds its
+    words and products to a thread's registers (ptxas, sm_90, 1024 words: one row 40-63 registers,
+    8 rows 120-240, no spills). Why not fewer words: a GEMV's whole matrix is a few DRAM latencies of
+    bytes (Llama-8B's wo, 9.4 MB: ~4), so each thread must keep 16-byte loads in flight (Triton
+    does not pipeline this loop); `gpu_qmatmul_bench.py --tune` sweeps WIDE_WORDS on a card."""
+    r = 16   # plain integer math: the module's AOT list calls this at load, before any triton import
+    while r > 2 and -(-n // r) < WIDE_PROGRAMS_PER_SM * sms:
+        r //= 2
+    words, values = {T.Q4_K: (32, 256), T.Q6_K: (64, 256), T.Q8_0: (8, 32), T.Q5_0: (4, 32)}[T(qtype)]
+    step = max(1, WIDE_WORDS // (r * words))
+    return r, min(step, 1 << (max(1, k // values) - 1).bit_length())
+
+
+def _wide_ok(x: torch.Tensor, w: QWeight) -> bool:
+    """The wide GEMV serves: switched on, its formats, 1..WIDE_MAX_M rows, rows of whole 4-byte words
+    on a 16-byte aligned base (always so for Q4_K / Q6_K of even super-blocks, Q8_0 / Q5_0 of an
+    even number of blocks: K = 4096, 14336, 896 ...)."""
+    block, size = gguf.GGML_QUANT_SIZES[w.qtype] if w.qtype in WIDE_FORMATS else (1, 1)
+    return QGEMV == "wide" and w.qtype in WIDE_FORMATS and 1 <= x.shape[0] <= WIDE_MAX_M and w.n > 0 \
+        and (w.k // block * size) % 4 == 0 and w.raw.stride(0) % (16 if w.qtype == T.Q4_K else 4) == 0 \
+        and w.raw.data_ptr() % 16 == 0
+
+
+def _wide(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None) -> torch.Tensor:
+    """x quantized to q8_1 (one launch), then the wide GEMV (one launch); acc added in its store."""
+    m, n = x.shape[0], w.n
+    xq, xd, xs = q8_1(x)
+    r, step = wide_plan(n, w.k, w.qtype, _sms(x.device))
+    fused = acc is not None and acc.shape == (m, n) and acc.stride(1) == 1
+    y = acc if fused else torch.empty(m, n, dtype=x.dtype, device=x.device)
+    words = w.raw.view(torch.int32)                                                            # [N, row_bytes / 4]
+    wu = 4 if w.qtype == T.Q4_K else 1
+    _wide_kernel[(_triton.cdiv(n, r),)](xq.view(torch.int32), xd, xs, words, y, m, n, w.k, words.stride(0) // wu,
+                                       y.stride(0), FMT=int(w.qtype), ACC=fused, BLOCK_M=_triton.next_power_of_2(m),
+                                       R=r, STEP=step, WU=wu, ASM=not _interpreted(), num_warps=WIDE_WARPS)
+    return y if fused or acc is None else acc.add_(y.to(acc.dtype))
+
+
 def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, SPLIT_K, num_warps) for an [m, k] x [k, n] product on a card of `sms` SMs: the
     decode regime splits K until ~4 programs per SM (each reading >= MIN_SPLIT_BLOCKS slices)."""
@@ -272,6 +560,8 @@ def triton(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torc
     assert x.dim() == 2 and x.shape[1] == w.k and w.raw.stride(1) == 1
     x = x if x.stride(1) == 1 else x.contiguous()
     m, n = x.shape[0], w.n
+    if _wide_ok(x, w):
+        return _wide(x, w, acc)
     if m >= DEQUANT_GEMM_ROWS and n:
         return _dequant_gemm(x, w, acc)
     bm, bn, split, warps = plan(m, n, w.k, _sms(x.device))
@@ -346,3 +636,22 @@ AOT = [_aot(int(t), "bf16", True, gemv=True) for t in FORMATS] + \
       [(_dequant_kernel, {"w_ptr": "*u8", "out_ptr": "*bf16", "N": "i32", "stride_w": "i32", "stride_o": "i32",
                           "FMT": "constexpr", "BLOCK_N": "constexpr"}, {"FMT": int(t), "BLOCK_N": 64})
        for t in (T.Q4_K, T.Q6_K)]
+
+
+def _wide_aot(qtype: T, m: int) -> tuple:
+    """The wide GEMV as `_wide` launches it for Llama-8B's wo (4096 x 4096) on an H100, m rows of bf16
+    x; pointers 16-byte aligned as the JIT sees torch's tensors (so the AOT shows the served loads)."""
+    sig = {"xq_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*fp32", "w_ptr": "*i32", "y_ptr": "*bf16", "M": "i32",
+           "N": "i32", "K": "i32", "stride_w": "i32", "stride_y": "i32", "FMT": "constexpr", "ACC": "constexpr",
+           "BLOCK_M": "constexpr", "R": "constexpr", "STEP": "constexpr", "WU": "constexpr", "ASM": "constexpr"}
+    r, step = wide_plan(4096, 4096, qtype, 132)
+    return (_wide_kernel, sig, dict(FMT=int(qtype), ACC=False, BLOCK_M=m, R=r, STEP=step, WU=4 if qtype == T.Q4_K else 1,
+                                    ASM=True), {"num_warps": WIDE_WARPS, "aligned": ("xq_ptr", "xd_ptr", "xs_ptr", "w_ptr", "y_ptr")})
+
+
+# The wide GEMV: every format at one row (8 rows compile ~2 s each, too long for the suite: docs/gpu.md
+# "Prepared on CPU, 2026-11-27" lists them), and the x quantizer. ptxas, sm_90, triton 3.9, R = 8: Q4_K
+# 56 registers, Q6_K 63, Q5_0 40, Q8_0 56, no spills; q8_1 38.
+AOT += [_wide_aot(t, 1) for t in WIDE_FORMATS] + \
+    [(_q8_1_kernel, {"x_ptr": "*bf16", "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32", "K": "i32", "stride_x": "i32",
+                     "QB": "constexpr"}, {"QB": QUANT_BLOCKS}, {"aligned": ("x_ptr", "q_ptr", "d_ptr", "s_ptr")})]

@@ -9,14 +9,18 @@ do_bench_cudagraph (launch overhead removed; L2 warm, so weights under the 50 MB
 do_bench (eager, L2 flushed). GB/s: the format's weight bytes over the graph time, beside the
 device-to-device copy's read + write rate measured in the same run. "win": blocks or cublas.
 "other_gemm" (past 16 rows): the GEMM path qmatmul_gpu did not pick (tiled tl.dot below
-DEQUANT_GEMM_ROWS, dequantized tiles + cuBLAS from it), to place that threshold.
+DEQUANT_GEMM_ROWS, dequantized tiles + cuBLAS from it), to place that threshold. "wide" (1..8 rows,
+Q4_K / Q6_K / Q8_0 / Q5_0): the same call with the module's QGEMV = "wide" (SLOTSERVER_QGEMV=wide: x
+quantized to q8_1, 16-byte weight loads, dp4a; its own launch for x included), beside the serving
+"slices" kernel: GB/s and % of the copy rate for both, "win" among the three.
 
     PYTHONPATH=. python playground/gpu_qmatmul_bench.py [--out DIR] [--budget-s 60] [--rep-ms 10] [--tune S]
     TRITON_INTERPRET=1 PYTHONPATH=. python playground/gpu_qmatmul_bench.py --dry-run --out /tmp/qb   # CPU
 
 --tune S: first up to S seconds on the decode settings `plan` reads (GEMV column block and warps,
-programs per SM; the 2-16 row column block), Q4_K at 1 and 8 rows on four shapes: the best per
-shape is printed, to be written into kernels/qmatmul_gpu.py.
+programs per SM; the 2-16 row column block) and the wide GEMV's (`wide_plan`: weight words a step,
+programs per SM, warps), Q4_K at 1 and 8 rows on four shapes: the best per shape is printed, to be
+written into kernels/qmatmul_gpu.py.
 --dry-run: tiny shapes in the interpreter, one perf_counter call per timing: checks the script only.
 With --out: DIR/gpu_qmatmul_bench.{txt,json}. A failing case prints one line and the run goes on.
 """
@@ -51,7 +55,7 @@ SHAPES = {"Qwen0.5B": {"qkv": (1152, 896), "wo": (896, 896), "gate_up": (9728, 8
 DRY_SHAPES = {"tiny": {"qkv": (48, 256), "down": (40, 512)}}
 ROWS, DRY_ROWS = (1, 8, 32, 64, 512), (1, 20)
 FORMATS = (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0)
-WIDTHS = [9, 8, 6, 5, 11, 11, 11, 11, 11, 9, 7, 7]
+WIDTHS = [9, 8, 6, 5, 10, 10, 10, 10, 10, 10, 10, 9, 9, 6, 7, 7]
 
 
 def random_blocks(qtype: T, n: int, k: int, device: str, gen: torch.Generator) -> QWeight:
@@ -65,12 +69,26 @@ def random_blocks(qtype: T, n: int, k: int, device: str, gen: torch.Generator) -
 
 
 def check(mod, w: QWeight, device: str) -> float:
-    """Max |kernel - exact| / (1 + max |exact|) on the first 64 rows (gguf's dequantizer)."""
+    """Max |kernel - exact| / (1 + max |exact|) on the first 64 rows (gguf's dequantizer), 3 rows of x."""
     part = QWeight(w.raw[:64].contiguous(), w.qtype, w.k, min(64, w.n))
     x = torch.randn(3, w.k, device=device).to(torch.bfloat16)
     ref = x.float().cpu().double() @ dequantize(part).double().T
     y = mod.triton(x, part).float().cpu().double()
     return float((y - ref).abs().max()) / (1 + float(ref.abs().max()))
+
+
+def with_qgemv(mod, mode: str, fn):
+    """fn() with the module's QGEMV switch set to `mode` (restored after)."""
+    saved, mod.QGEMV = mod.QGEMV, mode
+    try:
+        return fn()
+    finally:
+        mod.QGEMV = saved
+
+
+def wide_serves(mod, x: torch.Tensor, w: QWeight) -> bool:
+    """Whether QGEMV = "wide" serves this call (else its column is nan, not the slices timed twice)."""
+    return with_qgemv(mod, "wide", lambda: mod._wide_ok(x, w))
 
 
 def other_gemm(mod, timer: Timer, m: int, fn) -> float:
@@ -89,50 +107,61 @@ def other_gemm(mod, timer: Timer, m: int, fn) -> float:
 
 def bench_shape(mod, timer: Timer, qtype: T, n: int, k: int, rows: tuple[int, ...], device: str, gen,
                 deadline: float = float("inf")) -> list[dict]:
-    """Each row count of `rows` until `deadline` (perf_counter): both times of both paths."""
+    """Each row count of `rows` until `deadline` (perf_counter): both times of each path."""
     w = random_blocks(qtype, n, k, device, gen)
-    err = check(mod, w, device)
+    err = with_qgemv(mod, "slices", lambda: check(mod, w, device))
+    probe = torch.zeros(3, k, device=device, dtype=torch.bfloat16)
+    wide_err = with_qgemv(mod, "wide", lambda: check(mod, w, device)) if wide_serves(mod, probe, w) else float("nan")
     dense = torch.randn(n, k, generator=gen, device=device).to(torch.bfloat16)   # timing only
-    out = []
+    out, nan = [], float("nan")
     for m in rows:
         if time.perf_counter() > deadline:
             break
         x = torch.randn(m, k, generator=gen, device=device).to(torch.bfloat16)
-        ours = [timer.graph(lambda: mod.triton(x, w)), timer.eager(lambda: mod.triton(x, w))]
+        ours = with_qgemv(mod, "slices", lambda: [timer.graph(lambda: mod.triton(x, w)), timer.eager(lambda: mod.triton(x, w))])
+        wide = with_qgemv(mod, "wide", lambda: [timer.graph(lambda: mod.triton(x, w)), timer.eager(lambda: mod.triton(x, w))]) \
+            if wide_serves(mod, x, w) else [nan, nan]
         cublas = [timer.graph(lambda: F.linear(x, dense)), timer.eager(lambda: F.linear(x, dense))]
         other = other_gemm(mod, timer, m, lambda: mod.triton(x, w))
         wbytes = w.raw.numel()
         key = 0 if ours[0] == ours[0] else 1   # graph time where it exists (nan on the dry run)
+        times = {"slices": ours[key], "wide": wide[key], "cublas": cublas[key]}
         out.append(dict(qtype=qtype.name, n=n, k=k, m=m, blocks_graph_us=ours[0], blocks_eager_us=ours[1],
-                        cublas_graph_us=cublas[0], cublas_eager_us=cublas[1], weight_bytes=wbytes,
-                        other_gemm_us=other, blocks_gbs=wbytes / ours[key] / 1e3, cublas_gbs=2 * n * k / cublas[key] / 1e3,
-                        win="blocks" if ours[key] < cublas[key] else "cublas", rel_err=err))
+                        wide_graph_us=wide[0], wide_eager_us=wide[1], cublas_graph_us=cublas[0], cublas_eager_us=cublas[1],
+                        weight_bytes=wbytes, other_gemm_us=other, blocks_gbs=wbytes / ours[key] / 1e3,
+                        wide_gbs=wbytes / wide[key] / 1e3, cublas_gbs=2 * n * k / cublas[key] / 1e3,
+                        win=min((t, name) for name, t in times.items() if t == t)[1], rel_err=err, wide_rel_err=wide_err))
     del w, dense
     return out
 
 
 TUNE_SHAPES = {"Qwen0.5B down": (896, 4864), "Qwen0.5B gate_up": (9728, 896), "Llama8B gate_up": (28672, 4096),
                "Llama8B down": (4096, 14336)}
-TUNE = {1: [dict(GEMV_BLOCK_N=bn, GEMV_WARPS=w, PROGRAMS_PER_SM=p) for bn in (32, 64, 128) for w in (4, 8) for p in (2, 4, 8)],
-        8: [dict(DECODE_BLOCK_N=bn, PROGRAMS_PER_SM=p) for bn in (32, 64) for p in (2, 4, 8)]}
+WIDE_TUNE = [dict(QGEMV="wide", WIDE_WORDS=words, WIDE_PROGRAMS_PER_SM=p, WIDE_WARPS=warps)
+             for words in (512, 1024, 2048) for p in (1, 2, 4, 8) for warps in (4, 8)]
+# the wide kernel's settings first (what a GPU run must place), then the serving slices kernel's
+TUNE = {1: WIDE_TUNE + [dict(GEMV_BLOCK_N=bn, GEMV_WARPS=w, PROGRAMS_PER_SM=p) for bn in (32, 64, 128) for w in (4, 8)
+                           for p in (2, 4, 8)],
+        8: WIDE_TUNE + [dict(DECODE_BLOCK_N=bn, PROGRAMS_PER_SM=p) for bn in (32, 64) for p in (2, 4, 8)]}
 
 
 def tune(mod, timer: Timer, device: str, gen, budget_s: float, dry: bool) -> list[dict]:
     """Q4_K at 1 and 8 rows under each decode setting (module constants `plan` reads): graph us."""
-    t0, rows, saved = time.perf_counter(), [], {k: getattr(mod, k) for s in TUNE.values() for k in s[0]}
+    t0, rows = time.perf_counter(), []
+    saved = {k: getattr(mod, k) for settings in TUNE.values() for s in settings for k in s}
     shapes = {"tiny": (40, 512)} if dry else TUNE_SHAPES
     for name, (n, k) in shapes.items():
         w = random_blocks(T.Q4_K, n, k, device, gen)
         for m, settings in TUNE.items():
             x = torch.randn(m, k, generator=gen, device=device).to(torch.bfloat16)
-            for setting in settings[:2] if dry else settings:
+            for setting in settings[:1] + settings[-1:] if dry else settings:
                 if time.perf_counter() - t0 > budget_s:
                     return rows
                 for key, value in setting.items():
                     setattr(mod, key, value)
                 us = timer.graph(lambda: mod.triton(x, w))
                 us = us if us == us else timer.eager(lambda: mod.triton(x, w))
-                rows.append(dict(shape=name, m=m, us=us, gbs=w.raw.numel() / us / 1e3, **setting))
+                rows.append(dict(shape=name, m=m, us=us, gbs=w.raw.numel() / us / 1e3, **{"QGEMV": "slices", **setting}))
                 print(f"tune {name} M={m} {setting}: {us:.1f} us, {rows[-1]['gbs']:.0f} GB/s", flush=True)
                 for key, value in saved.items():
                     setattr(mod, key, value)
@@ -155,14 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     copy = copy_bandwidth(timer, device)
     head = f"qmatmul_gpu vs cuBLAS bf16 on {torch.cuda.get_device_name() if device == 'cuda' else 'cpu (dry run)'}; " \
            f"copy {copy:.0f} GB/s (read + write)"
-    lines = [head, fmt_row(["model", "matmul", "fmt", "M", "blocks_gr", "blocks_eag", "cublas_gr", "cublas_eag", "other_gemm",
-                            "blk_GB/s", "%copy", "win"], WIDTHS)]
+    lines = [head, fmt_row(["model", "matmul", "fmt", "M", "slices_gr", "wide_gr", "cublas_gr", "slices_eag", "wide_eag",
+                            "cublas_eag", "other_gemm", "slc_GB/s", "wide_GB/s", "%copy", "%copy_w", "win"], WIDTHS)]
     print("\n".join(lines), flush=True)
     tuned = tune(mod, timer, device, gen, args.tune, args.dry_run) if args.tune else []
     for m in sorted({r["m"] for r in tuned}):
-        for shape in dict.fromkeys(r["shape"] for r in tuned):
-            best = min((r for r in tuned if r["m"] == m and r["shape"] == shape), key=lambda r: r["us"])
-            lines.append(f"tune best {shape} M={m}: {best}")
+        for shape, mode in dict.fromkeys((r["shape"], r["QGEMV"]) for r in tuned):   # the best of each kernel
+            best = min((r for r in tuned if r["m"] == m and r["shape"] == shape and r["QGEMV"] == mode), key=lambda r: r["us"])
+            lines.append(f"tune best {shape} M={m} {mode}: {best}")
             print(lines[-1], flush=True)
     t0 = time.perf_counter() if args.tune else start   # the budget: from the start, or after the tuning
     rows, results = DRY_ROWS if args.dry_run else ROWS, []
@@ -178,16 +207,18 @@ def main(argv: list[str] | None = None) -> int:
             for r in bench_shape(mod, timer, qtype, n, k, rows, device, gen, t0 + args.budget_s):
                 r.update(model=model, matmul=name)
                 results.append(r)
-                lines.append(fmt_row([model, name, r["qtype"], r["m"], f"{r['blocks_graph_us']:.1f}",
-                                      f"{r['blocks_eager_us']:.1f}", f"{r['cublas_graph_us']:.1f}",
+                lines.append(fmt_row([model, name, r["qtype"], r["m"], f"{r['blocks_graph_us']:.1f}", f"{r['wide_graph_us']:.1f}",
+                                      f"{r['cublas_graph_us']:.1f}", f"{r['blocks_eager_us']:.1f}", f"{r['wide_eager_us']:.1f}",
                                       f"{r['cublas_eager_us']:.1f}", f"{r['other_gemm_us']:.1f}", f"{r['blocks_gbs']:.0f}",
-                                      f"{100 * r['blocks_gbs'] / copy:.0f}%", r["win"]], WIDTHS))
+                                      f"{r['wide_gbs']:.0f}", f"{100 * r['blocks_gbs'] / copy:.0f}%",
+                                      f"{100 * r['wide_gbs'] / copy:.0f}%", r["win"]], WIDTHS))
                 print(lines[-1], flush=True)
         except Exception as e:  # noqa: BLE001 - one failing case costs a line, not the run
             lines.append(f"{model} {name} {qtype.name}: FAILED {type(e).__name__}: {str(e)[:200]}")
             print(lines[-1], flush=True)
-    bad = [r for r in results if r["rel_err"] > 2e-2]
-    lines.append(f"{len(results)} rows; numerics vs gguf: {'all within 2e-2' if not bad else f'{len(bad)} FAILED'}")
+    bad = [r for r in results if r["rel_err"] > 2e-2 or r["wide_rel_err"] > 2e-2]   # nan (no wide kernel) passes
+    lines.append(f"{len(results)} rows; numerics vs gguf (slices and wide): "
+                 f"{'all within 2e-2' if not bad else f'{len(bad)} FAILED'}")
     print(lines[-1])
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,9 @@
 """kernels/qmatmul_gpu.py (GGUF blocks multiplied on the GPU) on CPU tensors: every format in both
 regimes (decode with K split, dequantized tiles + mm; with and without the residual add) equal to
 gguf's dequantizer + a float64 matmul, run by triton's interpreter; the tiling plan; and a tiny
-model loaded as `--gpu-weights blocks` giving the dense reference's greedy tokens.
+model loaded as `--gpu-weights blocks` giving the dense reference's greedy tokens. The wide GEMV
+(QGEMV = "wide": q8_1 activations, dp4a) against a torch q8_1 quantizer and the exact product, on
+the interpreter here (tests/test_gpu_qgemv.py: compiled on a card, batch invariance included).
 
 The interpreted half runs in a subprocess (this file as a script with TRITON_INTERPRET=1): triton
 fixes interpret-or-compile at its first import (see test_triton_kernels.py).
@@ -50,6 +52,49 @@ def _format_errors() -> dict[str, float]:
                 acc = torch.randn(m, w.n, generator=gen)
                 y_acc = mod.triton(x, w, acc.clone())
                 out[f"{qtype.name}/{m}/acc"] = float((y_acc.double() - ref - acc.double()).abs().max()) / scale
+    return out
+
+
+def q8_1_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q [M, K/32, 32] integers as float, d [M, K/32, 1]): d = max|x| / 127 per 32,
+    q = x * (127 / max|x|) rounded half to even, in float32 (what the wide GEMV's x side must be)."""
+    xb = x.float().reshape(x.shape[0], -1, 32)
+    amax = xb.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / torch.where(amax > 0, amax, 1.0), 0.0)
+    return torch.round(xb * inv), amax / 127.0
+
+
+WIDE_CASES = {T.Q4_K: (256, 768), T.Q6_K: (512, 1536), T.Q8_0: (64, 448), T.Q5_0: (64, 448)}   # K: 1 and several blocks a step
+
+
+def wide_errors(device: str = "cpu", x_dtype: torch.dtype = torch.float32) -> dict[str, dict]:
+    """Per format and K: is it served wide, its q8_1 against the torch quantizer (largest integer
+    difference), the product against its quantized x times the exact weights and against the exact
+    product (relative), rows 0..2 of 8 bit-equal alone / in 3 / in 8 (batch invariance), the residual add."""
+    mod, out = _module(), {}
+    mod.QGEMV = "wide"
+    gen = torch.Generator().manual_seed(3)
+    for qtype, ks in WIDE_CASES.items():
+        for k in ks:
+            w = random_qweight(gen, qtype, 13, k)   # odd N: the last program's rows are masked
+            exact = dequantize(w).double()
+            w = type(w)(w.raw.to(device), w.qtype, w.k, w.n)
+            x = torch.randn(8, k, generator=gen).to(x_dtype)
+            q, d = q8_1_reference(x)
+            kq, kd, _ = mod.q8_1(x.to(device))
+            kq, kd = kq.cpu().float().reshape(q.shape), kd.cpu()
+            ref = (kq * kd[..., None]).reshape(8, k).double() @ exact.T   # the kernel's own x side (checked below)
+            scale = 1 + float(ref.abs().max())
+            ys = {m: mod.triton(x[:m].to(device), w).cpu() for m in (1, 3, 8)}
+            acc = torch.randn(2, w.n, generator=gen)
+            y_acc = mod.triton(x[:2].to(device), w, acc.to(device).clone()).cpu()
+            out[f"{qtype.name}/{k}"] = dict(
+                served=mod._wide_ok(x[:1].to(device), w),
+                q8=int((kq - q).abs().max()), d=float((kd - d[..., 0]).abs().max()),
+                err=float((ys[8].double() - ref).abs().max()) / scale,
+                exact_err=float((ys[8].double() - x.double() @ exact.T).abs().max()) / scale,
+                invariant=bool(torch.equal(ys[1], ys[8][:1]) and torch.equal(ys[3], ys[8][:3])),
+                acc_err=float((y_acc.double() - ref[:2] - acc.double()).abs().max()) / scale)
     return out
 
 
@@ -127,6 +172,34 @@ def test_a_tiny_model_on_blocks_generates_the_dense_references_tokens(interprete
     assert interpreted["tokens"] == ref and all(len(t) == N_PREDICT for t in ref)
 
 
+def test_the_wide_gemv_computes_the_q8_1_product_for_every_format_it_serves(interpreted):
+    """Every case served wide; x quantized exactly as the torch q8_1 quantizer does; the product equal to
+    that quantized x times the exact weights up to float32 sums; within the module's TOL of the exact
+    product (the 8-bit activation is the approximation, as on the CPU); rows independent of M."""
+    cases = interpreted["wide"]
+    assert set(cases) == {f"{t.name}/{k}" for t, ks in WIDE_CASES.items() for k in ks}
+    for name, c in cases.items():
+        assert c["served"] and c["q8"] == 0 and c["d"] < 1e-6, (name, c)
+        assert c["err"] < 1e-5 and c["acc_err"] < 1e-5, (name, c)
+        assert 1e-4 < c["exact_err"] < _module().TOL[torch.float32] / 2, (name, c)   # > 0: really the q8_1 route
+        assert c["invariant"], (name, c)
+
+
+def test_the_wide_gemv_is_off_by_default_and_refuses_what_it_cannot_read(monkeypatch):
+    mod, gen = _module(), torch.Generator().manual_seed(4)
+    assert mod.QGEMV == "slices"
+    x = torch.zeros(1, 256)
+    assert not mod._wide_ok(x, random_qweight(gen, T.Q4_K, 4, 256))    # switched off
+    mod.QGEMV = "wide"
+    assert mod._wide_ok(x, random_qweight(gen, T.Q4_K, 4, 256))
+    assert not mod._wide_ok(x, random_qweight(gen, T.Q6_K, 4, 256))   # 210-byte rows: not whole words
+    assert not mod._wide_ok(x, random_qweight(gen, T.Q4_0, 4, 256))   # no wide kernel: the slices serve it
+    assert not mod._wide_ok(torch.zeros(9, 256), random_qweight(gen, T.Q4_K, 4, 256))   # past WIDE_MAX_M rows
+    monkeypatch.setenv("SLOTSERVER_QGEMV", "fast")
+    with pytest.raises(ValueError, match="SLOTSERVER_QGEMV='fast'"):
+        mod._qgemv_mode()
+
+
 def test_plan_splits_k_at_decode_and_tiles_large_batches():
     mod = _module()
     bm, bn, split, _ = mod.plan(1, 896, 4864, 132)          # Qwen2.5-0.5B down at b=1: 14 column blocks
@@ -145,4 +218,5 @@ def test_a_format_without_a_kernel_is_refused_by_name():
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
-    print(MARK + json.dumps({"errors": _format_errors(), "fused": _fused_errors(), "tokens": _blocks_tokens(Path(sys.argv[1]))}))
+    print(MARK + json.dumps({"errors": _format_errors(), "fused": _fused_errors(), "wide": wide_errors(),
+                             "tokens": _blocks_tokens(Path(sys.argv[1]))}))
