@@ -368,7 +368,7 @@ def _per_row(xoff, roff):
 def _q4k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st, nsb, SB: tl.constexpr,
               ASM: tl.constexpr):
     """Q4_K super-blocks st*SB.. (144 bytes: d, dmin, scales[12], qs[128]) of R rows against BM rows of
-    q8_1 x -> float [BM, R]. qs word (c, i) holds sub-block 2c's values 4i..4i+3 in its low nibbles,
+    q8_1 x -> float [BM, R, SB, 4]. qs word (c, i) holds sub-block 2c's values 4i..4i+3 in its low nibbles,
     2c+1's in its high ones: one 16-byte-aligned [R, SB, 4, 8] load of whole 128-byte qs arrays."""
     sb, c, i = st * SB + tl.arange(0, SB), tl.arange(0, 4), tl.arange(0, 8)
     sb5, c5, i5 = sb[None, None, :, None, None], c[None, None, None, :, None], i[None, None, None, None, :]
@@ -387,14 +387,13 @@ def _q4k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st,
     xs4, xm4 = soff[:, None, None, None] + sb4 * 8 + 2 * c4, mmask[:, None, None, None] & (sb4 < nsb)
     xd_lo, xd_hi = tl.load(xd_ptr + xs4, mask=xm4, other=0.0), tl.load(xd_ptr + xs4 + 1, mask=xm4, other=0.0)
     xs_lo, xs_hi = tl.load(xs_ptr + xs4, mask=xm4, other=0.0), tl.load(xs_ptr + xs4 + 1, mask=xm4, other=0.0)
-    part = _f16w(hdr) * (sc_lo * xd_lo * lo.to(tl.float32) + sc_hi * xd_hi * hi.to(tl.float32)) \
+    return _f16w(hdr) * (sc_lo * xd_lo * lo.to(tl.float32) + sc_hi * xd_hi * hi.to(tl.float32)) \
         - _f16w(hdr >> 16) * (mn_lo * xs_lo + mn_hi * xs_hi)                                  # [BM, R, SB, 4]
-    return tl.sum(tl.sum(part, axis=3), axis=2)
 
 
 @_triton.jit
 def _q6k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nsb, SB: tl.constexpr, ASM: tl.constexpr):
-    """Q6_K super-blocks st*SB.. (210 bytes: ql[128], qh[64], i8 scales[16], d) -> float [BM, R].
+    """Q6_K super-blocks st*SB.. (210 bytes: ql[128], qh[64], i8 scales[16], d) -> float [BM, R, SB, 8].
     Sub-block s (32 values, half s//4, quarter t = s%4), word i: ql nibbles (t//2) of bytes 64 half +
     32 (t%2) + 4i.., qh bits 2t..2t+1 of bytes 128 + 32 half + 4i.., scale 2s + i//4."""
     sb, s, i = st * SB + tl.arange(0, SB), tl.arange(0, 8), tl.arange(0, 8)
@@ -413,13 +412,13 @@ def _q6k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nsb, SB
     d = _half(w_ptr + roff[None, :, None, None], sb4 * 210 + 208, rmask[None, :, None, None] & (sb4 < nsb))
     xd = tl.load(xd_ptr + soff[:, None, None, None] + sb4 * 8 + s4, mask=mmask[:, None, None, None] & (sb4 < nsb),
                  other=0.0)
-    return tl.sum(tl.sum(d * xd * isum.to(tl.float32), axis=3), axis=2)
+    return d * xd * isum.to(tl.float32)                                                         # [BM, R, SB, 8]
 
 
 @_triton.jit
 def _q32_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nb, NB: tl.constexpr, FMT: tl.constexpr,
               ASM: tl.constexpr):
-    """Q8_0 (34 bytes: d, i8 qs[32]) or Q5_0 (22 bytes: d, u32 qh, qs[16]) blocks st*NB.. -> float [BM, R]."""
+    """Q8_0 (34 bytes: d, i8 qs[32]) or Q5_0 (22 bytes: d, u32 qh, qs[16]) blocks st*NB.. -> float [BM, R, NB]."""
     b = st * NB + tl.arange(0, NB)
     b4 = b[None, None, :, None]
     wrow, wmask = w_ptr + roff[None, :, None, None], rmask[None, :, None, None] & (b4 < nb)
@@ -442,7 +441,7 @@ def _q32_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nb, NB:
     b3 = b[None, None, :]
     d = _half(w_ptr + roff[None, :, None], b3 * size, rmask[None, :, None] & (b3 < nb))           # [1, R, NB]
     xd = tl.load(xd_ptr + soff[:, None, None] + b3, mask=mmask[:, None, None] & (b3 < nb), other=0.0)
-    return tl.sum(d * xd * isum.to(tl.float32), axis=2)
+    return d * xd * isum.to(tl.float32)                                                         # [BM, R, NB]
 
 
 @_triton.jit
@@ -460,14 +459,23 @@ def _wide_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, y_ptr, M, N, K, stride_w, stride
     mmask = ms < M
     xoff, soff = ms.to(tl.int64) * (K // 32) * 8, ms.to(tl.int64) * (K // 32)   # x rows: 32-byte aligned
     nblk = K // 256 if FMT == 12 or FMT == 14 else K // 32
-    acc = tl.zeros([BLOCK_M, R], dtype=tl.float32)
-    for st in range(0, tl.cdiv(nblk, STEP)):
-        if FMT == 12:
-            acc += _q4k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st, nblk, STEP, ASM)
-        elif FMT == 14:
-            acc += _q6k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nblk, STEP, ASM)
-        else:
-            acc += _q32_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nblk, STEP, FMT, ASM)
+    # the steps' partials are summed unreduced (elementwise, in step order) and reduced once at the end:
+    # no cross-lane shuffles in the loop, and a row's float order is the same at every M
+    if FMT == 12:
+        part4 = tl.zeros([BLOCK_M, R, STEP, 4], dtype=tl.float32)
+        for st in range(0, tl.cdiv(nblk, STEP)):
+            part4 += _q4k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st, nblk, STEP, ASM)
+        acc = tl.sum(tl.sum(part4, axis=3), axis=2)
+    elif FMT == 14:
+        part8 = tl.zeros([BLOCK_M, R, STEP, 8], dtype=tl.float32)
+        for st in range(0, tl.cdiv(nblk, STEP)):
+            part8 += _q6k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nblk, STEP, ASM)
+        acc = tl.sum(tl.sum(part8, axis=3), axis=2)
+    else:
+        part = tl.zeros([BLOCK_M, R, STEP], dtype=tl.float32)
+        for st in range(0, tl.cdiv(nblk, STEP)):
+            part += _q32_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nblk, STEP, FMT, ASM)
+        acc = tl.sum(part, axis=2)                                                              # [BM, R]
     out = y_ptr + ms[:, None].to(tl.int64) * stride_y + rows[None, :]
     omask = mmask[:, None] & rmask[None, :]
     if ACC:
