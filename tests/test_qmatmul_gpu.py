@@ -120,19 +120,26 @@ def _fused_errors() -> dict[str, float]:
             "down": float((down.double() - ref_down).abs().max()) / (1 + float(ref_down.abs().max()))}
 
 
-def _blocks_tokens(path: Path) -> list[list[int]]:
-    """Greedy tokens of PROMPTS with the weights as `--gpu-weights blocks` loads them (on CPU tensors)."""
+def _blocks_tokens(path: Path, qgemv: str = "slices") -> list[list[int]]:
+    """Greedy tokens of PROMPTS with the weights as `--gpu-weights blocks` loads them (on CPU tensors),
+    qmatmul_gpu's QGEMV switch set to `qgemv`."""
     from slotserver.model.generate import GenRequest, generate
     from slotserver.model.model import LlamaModel
     from slotserver.model.weights import WeightFormat
     from slotserver.runtime.kernel_set import KernelSet
 
-    model = LlamaModel.load(path, kernels=KernelSet.load(impl="triton"), fmt=WeightFormat("blocks"))
+    kernels, served = KernelSet.load(impl="triton"), []
+    mod = kernels.modules["qmatmul_gpu"].module
+    mod.QGEMV, wide = qgemv, mod._wide
+    mod._wide = lambda *args: served.append(args[0].shape[0]) or wide(*args)   # triton() looks it up per call
+    model = LlamaModel.load(path, kernels=kernels, fmt=WeightFormat("blocks"))
     model.set_step_graphs(False)   # the CPU's C step graphs record C kernels, not interpreted Triton
     kinds = {type(m).__name__ + ":" + getattr(m, "op", "") for m in model.weights.matmuls()}
     assert kinds == {"QLinear:qmatmul_gpu"}, kinds
     assert model.weights.embed.blocks is model.weights.output.parts[0]   # tied: one copy of the bytes, looked up
-    return [r.tokens for r in generate(model, [GenRequest(list(p), N_PREDICT, ignore_eos=True) for p in PROMPTS], frozenset())]
+    tokens = [r.tokens for r in generate(model, [GenRequest(list(p), N_PREDICT, ignore_eos=True) for p in PROMPTS], frozenset())]
+    assert bool(served) == (qgemv == "wide") and set(served) <= {1, 2}, served   # decode steps only
+    return tokens
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +207,18 @@ def test_the_wide_gemv_is_off_by_default_and_refuses_what_it_cannot_read(monkeyp
         mod._qgemv_mode()
 
 
+def test_a_tiny_model_on_blocks_with_the_wide_gemv_generates_the_dense_references_tokens(interpreted, tiny_q8):
+    """Decode steps (2 rows) through the wide GEMV, prefill through the slices: the 8-bit activation
+    moves no greedy token of this model (the CPU's block product, 8-bit too, flips prompt 0's near-tie)."""
+    from slotserver.model.generate import GenRequest, generate
+    from slotserver.model.model import LlamaModel
+    from slotserver.model.weights import WeightFormat
+
+    dense = LlamaModel.load(tiny_q8, fmt=WeightFormat("dense"))
+    ref = [r.tokens for r in generate(dense, [GenRequest(list(p), N_PREDICT, ignore_eos=True) for p in PROMPTS], frozenset())]
+    assert interpreted["tokens_wide"] == ref and all(len(t) == N_PREDICT for t in ref)
+
+
 def test_plan_splits_k_at_decode_and_tiles_large_batches():
     mod = _module()
     bm, bn, split, _ = mod.plan(1, 896, 4864, 132)          # Qwen2.5-0.5B down at b=1: 14 column blocks
@@ -219,4 +238,4 @@ def test_a_format_without_a_kernel_is_refused_by_name():
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
     print(MARK + json.dumps({"errors": _format_errors(), "fused": _fused_errors(), "wide": wide_errors(),
-                             "tokens": _blocks_tokens(Path(sys.argv[1]))}))
+                             "tokens": _blocks_tokens(Path(sys.argv[1])), "tokens_wide": _blocks_tokens(Path(sys.argv[1]), "wide")}))
