@@ -26,12 +26,13 @@ Regimes (`_qmm_kernel`'s tile sizes are its constexprs):
   launch order). A row's floats are the same at every M within one regime (the split depends on
   N and K only), not across regimes (the GEMV sums in another order): batch-invariant as far as
   cuBLAS on a dense copy is, which picks its kernel by M too.
-- 1 to WIDE_MAX_M (8) rows of Q4_K, Q6_K, Q8_0, Q5_0 with QGEMV = "wide" (env SLOTSERVER_QGEMV=wide;
+- 1 to WIDE_MAX_M (8) rows of WIDE_FORMATS (all of FORMATS but MXFP4, whose 17-byte blocks are
+  not word-aligned) with QGEMV = "wide" (env SLOTSERVER_QGEMV=wide;
   default "slices": the kernel above serves until a GPU run shows the wide one faster): llama.cpp's
   CUDA `mmvq` in Triton (`_wide_kernel`). x is quantized once per call to q8_1 (`_q8_1_kernel`: int8
-  per 32 values, float d and d * sum), each program reads R whole weight rows as int32 words (Q4_K:
-  the 128-byte qs arrays with 16-byte loads; the 2-byte aligned Q6_K / Q8_0 / Q5_0 blocks with a
-  funnel shift of two words), unpacks nibbles with integer masks in registers and multiplies 4
+  per 32 values, float d and d * sum), each program reads R whole weight rows as int32 words (Q4_K,
+  Q5_K: the 128-byte qs arrays with 16-byte loads; the 2-byte aligned Q6_K / Q8_0 / Q5_0 / Q4_0
+  blocks with a funnel shift of two words), unpacks nibbles with integer masks in registers and multiplies 4
   weights by 4 activations per PTX dp4a, summed in int32 and scaled once per 32 (16 for Q6_K); the
   whole of K in one program (no split partials), the residual add in its store. Its floats differ
   from the slices' by the 8-bit activation (as kernels/qmatmul.py on the CPU), within TOL; a row's
@@ -257,7 +258,7 @@ def _dequant_gemm(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None) -> torc
 # weights/clk at M=1 and ~10 at M=8, compute-bound below the bandwidth. With x quantized to int8 per
 # 32 (q8_1, once per call), 4 weights cost ~1.5 integer ops plus one dp4a per row (64/clk/SM): ~27
 # weights/clk even at M=8, which is why llama.cpp's CUDA backend serves 1..8 rows with mmvq.
-WIDE_FORMATS = (T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0)
+WIDE_FORMATS = (T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_1, T.Q5_K)   # not MXFP4: 17-byte blocks
 WIDE_MAX_M = 8
 WIDE_WORDS = 1024      # weight words (int32) a program loads per K step: 8 a thread at 4 warps (wide_plan)
 WIDE_WARPS = 4
@@ -365,21 +366,31 @@ def _per_row(xoff, roff):
 
 
 @_triton.jit
-def _q4k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st, nsb, SB: tl.constexpr,
-              ASM: tl.constexpr):
-    """Q4_K super-blocks st*SB.. (144 bytes: d, dmin, scales[12], qs[128]) of R rows against BM rows of
-    q8_1 x -> float [BM, R, SB, 4]. qs word (c, i) holds sub-block 2c's values 4i..4i+3 in its low nibbles,
-    2c+1's in its high ones: one 16-byte-aligned [R, SB, 4, 8] load of whole 128-byte qs arrays."""
+def _q45k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st, nsb, SB: tl.constexpr,
+               FMT: tl.constexpr, ASM: tl.constexpr):
+    """Q4_K (144 bytes: d, dmin, scales[12], qs[128]) or Q5_K (176: the same with qh[32] before qs)
+    super-blocks st*SB.. of R rows against BM rows of q8_1 x -> float [BM, R, SB, 4]. qs word (c, i)
+    holds sub-block 2c's values 4i..4i+3 in its low nibbles, 2c+1's in its high ones (Q5_K: their
+    fifth bits are bits 2c, 2c+1 of qh word i's bytes): 16-byte-aligned [R, SB, 4, 8] loads of whole
+    128-byte qs arrays."""
+    WORDS: tl.constexpr = 36 if FMT == 12 else 44   # a super-block's int32 words
+    QS: tl.constexpr = 4 if FMT == 12 else 12       # its qs array's first word
     sb, c, i = st * SB + tl.arange(0, SB), tl.arange(0, 4), tl.arange(0, 8)
     sb5, c5, i5 = sb[None, None, :, None, None], c[None, None, None, :, None], i[None, None, None, None, :]
     wmask = rmask[None, :, None, None, None] & (sb5 < nsb)
-    qs = tl.load(w_ptr + roff[None, :, None, None, None] + sb5 * 36 + 4 + c5 * 8 + i5, mask=wmask, other=0)
+    wrow = w_ptr + roff[None, :, None, None, None] + sb5 * WORDS
+    qs = tl.load(wrow + QS + c5 * 8 + i5, mask=wmask, other=0)                                # [1, R, SB, 4, 8]
+    q_lo, q_hi = qs & 0x0F0F0F0F, (qs >> 4) & 0x0F0F0F0F
+    if FMT == 13:
+        qh = tl.load(wrow + 4 + i5 + 0 * c5, mask=wmask, other=0)   # [1, R, SB, 4, 8]: qs's layout, no conversion
+        q_lo |= ((qh >> (2 * c5)) & 0x01010101) << 4
+        q_hi |= ((qh >> (2 * c5 + 1)) & 0x01010101) << 4
     xw = xq_ptr + _per_row(xoff, roff) + sb5 * 64 + c5 * 16 + i5                            # [BM, R, SB, 4, 8]
     xmask = mmask[:, None, None, None, None] & (sb5 < nsb)
-    lo = tl.sum(_dp4a(qs & 0x0F0F0F0F, tl.load(xw, mask=xmask, other=0), ASM), axis=4)    # [BM, R, SB, 4]
-    hi = tl.sum(_dp4a((qs >> 4) & 0x0F0F0F0F, tl.load(xw + 8, mask=xmask, other=0), ASM), axis=4)
+    lo = tl.sum(_dp4a(q_lo, tl.load(xw, mask=xmask, other=0), ASM), axis=4)                 # [BM, R, SB, 4]
+    hi = tl.sum(_dp4a(q_hi, tl.load(xw + 8, mask=xmask, other=0), ASM), axis=4)
     sb4, c4 = sb[None, None, :, None], c[None, None, None, :]
-    w4, m4 = w_ptr + roff[None, :, None, None] + sb4 * 36, rmask[None, :, None, None] & (sb4 < nsb)
+    w4, m4 = w_ptr + roff[None, :, None, None] + sb4 * WORDS, rmask[None, :, None, None] & (sb4 < nsb)
     hdr = tl.load(w4, mask=m4, other=0)                                                      # [1, R, SB, 1]
     s0, s1, s2 = tl.load(w4 + 1, mask=m4, other=0), tl.load(w4 + 2, mask=m4, other=0), tl.load(w4 + 3, mask=m4, other=0)
     sc_lo, mn_lo = _k4_scale(s0, s1, s2, 2 * c4)
@@ -403,8 +414,8 @@ def _q6k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nsb, SB
     ql = _word(wrow, base + 64 * half + 32 * (t % 2) + 4 * i5, wmask)                          # [1, R, SB, 8, 8]
     qh = _word(wrow, base + 128 + 32 * half + 4 * i5, wmask)
     q = _signed(((ql >> (4 * (t // 2))) & 0x0F0F0F0F) | (((qh >> (2 * t)) & 0x03030303) << 4), 32)
-    scw = _word(wrow, base + 192 + 4 * (s5 // 2), wmask)                                         # [1, R, SB, 8, 1]
-    sc = (scw << (24 - 8 * (2 * (s5 % 2) + i5 // 4))) >> 24                                     # [1, R, SB, 8, 8]
+    scw = _word(wrow, base + 192 + 4 * (s5 // 2) + 0 * i5, wmask)   # [1, R, SB, 8, 8]: ql's layout, no conversion
+    sc = (scw << (24 - 8 * (2 * (s5 % 2) + i5 // 4))) >> 24                                     # int8 scale
     xw = tl.load(xq_ptr + _per_row(xoff, roff) + sb5 * 64 + s5 * 8 + i5,
                  mask=mmask[:, None, None, None, None] & (sb5 < nsb), other=0)                   # [BM, R, SB, 8, 8]
     isum = tl.sum(_dp4a(q, xw, ASM) * sc, axis=4)                                               # [BM, R, SB, 8]
@@ -416,9 +427,13 @@ def _q6k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nsb, SB
 
 
 @_triton.jit
-def _q32_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nb, NB: tl.constexpr, FMT: tl.constexpr,
-              ASM: tl.constexpr):
-    """Q8_0 (34 bytes: d, i8 qs[32]) or Q5_0 (22 bytes: d, u32 qh, qs[16]) blocks st*NB.. -> float [BM, R, NB]."""
+def _q32_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st, nb, NB: tl.constexpr,
+              FMT: tl.constexpr, ASM: tl.constexpr):
+    """Blocks of 32, st*NB.. -> float [BM, R, NB]: Q8_0 (34 bytes: d, i8 qs[32]), and the nibble forms
+    Q4_0 (18: d, qs[16], minus 8), Q4_1 (20: d, m, qs[16]), Q5_0 (22: d, u32 qh, qs[16], minus 16),
+    Q5_1 (24: d, m, qh, qs[16]); nibble word u: values 4u.. (low) and 16 + 4u.. (high)."""
+    SIZE: tl.constexpr = 34 if FMT == 8 else 18 if FMT == 2 else 20 if FMT == 3 else 22 if FMT == 6 else 24
+    QS: tl.constexpr = 2 if FMT == 8 or FMT == 2 else 4 if FMT == 3 else 6 if FMT == 6 else 8
     b = st * NB + tl.arange(0, NB)
     b4 = b[None, None, :, None]
     wrow, wmask = w_ptr + roff[None, :, None, None], rmask[None, :, None, None] & (b4 < nb)
@@ -426,22 +441,27 @@ def _q32_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nb, NB:
     xmask = mmask[:, None, None, None] & (b4 < nb)
     if FMT == 8:
         i4 = tl.arange(0, 8)[None, None, None, :]
-        qs = _word(wrow, b4 * 34 + 2 + 4 * i4, wmask)                                             # [1, R, NB, 8]
+        qs = _word(wrow, b4 * SIZE + QS + 4 * i4, wmask)                                         # [1, R, NB, 8]
         isum = tl.sum(_dp4a(qs, tl.load(xrow + i4, mask=xmask, other=0), ASM), axis=3)            # [BM, R, NB]
-        size = 34
-    else:   # Q5_0: qs word u: values 4u.. (low nibbles) and 16 + 4u.. (high), fifth bits from qh
+    else:
         u4 = tl.arange(0, 4)[None, None, None, :]
-        qs = _word(wrow, b4 * 22 + 6 + 4 * u4, wmask)                                             # [1, R, NB, 4]
-        qh = _word(wrow, b4 * 22 + 2, wmask)                                                      # [1, R, NB, 1]
-        lo = _signed((qs & 0x0F0F0F0F) | _spread(qh >> (4 * u4)), 16)
-        hi = _signed(((qs >> 4) & 0x0F0F0F0F) | _spread(qh >> (4 * u4 + 16)), 16)
+        qs = _word(wrow, b4 * SIZE + QS + 4 * u4, wmask)                                         # [1, R, NB, 4]
+        lo, hi = qs & 0x0F0F0F0F, (qs >> 4) & 0x0F0F0F0F
+        if FMT == 6 or FMT == 7:   # fifth bits: qh bit j is value j's
+            qh = _word(wrow, b4 * SIZE + QS - 4, wmask)                                          # [1, R, NB, 1]
+            lo, hi = lo | _spread(qh >> (4 * u4)), hi | _spread(qh >> (4 * u4 + 16))
+        if FMT == 2 or FMT == 6:   # symmetric forms: minus 8 / 16 as signed bytes
+            lo, hi = _signed(lo, 8 if FMT == 2 else 16), _signed(hi, 8 if FMT == 2 else 16)
         isum = tl.sum(_dp4a(lo, tl.load(xrow + u4, mask=xmask, other=0), ASM)
                       + _dp4a(hi, tl.load(xrow + 4 + u4, mask=xmask, other=0), ASM), axis=3)
-        size = 22
-    b3 = b[None, None, :]
-    d = _half(w_ptr + roff[None, :, None], b3 * size, rmask[None, :, None] & (b3 < nb))           # [1, R, NB]
-    xd = tl.load(xd_ptr + soff[:, None, None] + b3, mask=mmask[:, None, None] & (b3 < nb), other=0.0)
-    return d * xd * isum.to(tl.float32)                                                         # [BM, R, NB]
+    b3, m3 = b[None, None, :], rmask[None, :, None] & (b[None, None, :] < nb)
+    xm3 = mmask[:, None, None] & (b3 < nb)
+    part = _half(w_ptr + roff[None, :, None], b3 * SIZE, m3) \
+        * tl.load(xd_ptr + soff[:, None, None] + b3, mask=xm3, other=0.0) * isum.to(tl.float32)  # [BM, R, NB]
+    if FMT == 3 or FMT == 7:       # + m * sum(x) of the block
+        part += _half(w_ptr + roff[None, :, None], b3 * SIZE + 2, m3) \
+            * tl.load(xs_ptr + soff[:, None, None] + b3, mask=xm3, other=0.0)
+    return part
 
 
 @_triton.jit
@@ -458,13 +478,13 @@ def _wide_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, y_ptr, M, N, K, stride_w, stride
     ms = tl.arange(0, BLOCK_M)
     mmask = ms < M
     xoff, soff = ms.to(tl.int64) * (K // 32) * 8, ms.to(tl.int64) * (K // 32)   # x rows: 32-byte aligned
-    nblk = K // 256 if FMT == 12 or FMT == 14 else K // 32
+    nblk = K // 256 if FMT == 12 or FMT == 13 or FMT == 14 else K // 32
     # the steps' partials are summed unreduced (elementwise, in step order) and reduced once at the end:
     # no cross-lane shuffles in the loop, and a row's float order is the same at every M
-    if FMT == 12:
+    if FMT == 12 or FMT == 13:
         part4 = tl.zeros([BLOCK_M, R, STEP, 4], dtype=tl.float32)
         for st in range(0, tl.cdiv(nblk, STEP)):
-            part4 += _q4k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st, nblk, STEP, ASM)
+            part4 += _q45k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st, nblk, STEP, FMT, ASM)
         acc = tl.sum(tl.sum(part4, axis=3), axis=2)
     elif FMT == 14:
         part8 = tl.zeros([BLOCK_M, R, STEP, 8], dtype=tl.float32)
@@ -474,7 +494,7 @@ def _wide_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, y_ptr, M, N, K, stride_w, stride
     else:
         part = tl.zeros([BLOCK_M, R, STEP], dtype=tl.float32)
         for st in range(0, tl.cdiv(nblk, STEP)):
-            part += _q32_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nblk, STEP, FMT, ASM)
+            part += _q32_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st, nblk, STEP, FMT, ASM)
         acc = tl.sum(part, axis=2)                                                              # [BM, R]
     out = y_ptr + ms[:, None].to(tl.int64) * stride_y + rows[None, :]
     omask = mmask[:, None] & rmask[None, :]
@@ -506,7 +526,7 @@ def wide_plan(n: int, k: int, qtype: int, sms: int) -> tuple[int, int]:
     r = 16   # plain integer math: the module's AOT list calls this at load, before any triton import
     while r > 2 and -(-n // r) < WIDE_PROGRAMS_PER_SM * sms:
         r //= 2
-    words, values = {T.Q4_K: (32, 256), T.Q6_K: (64, 256), T.Q8_0: (8, 32), T.Q5_0: (4, 32)}[T(qtype)]
+    words, values = {T.Q4_K: (32, 256), T.Q5_K: (32, 256), T.Q6_K: (64, 256), T.Q8_0: (8, 32)}.get(T(qtype), (4, 32))
     step = max(1, WIDE_WORDS // (r * words))
     return r, min(step, 1 << (max(1, k // values) - 1).bit_length())
 
@@ -517,7 +537,7 @@ def _wide_ok(x: torch.Tensor, w: QWeight) -> bool:
     even number of blocks: K = 4096, 14336, 896 ...)."""
     block, size = gguf.GGML_QUANT_SIZES[w.qtype] if w.qtype in WIDE_FORMATS else (1, 1)
     return QGEMV == "wide" and w.qtype in WIDE_FORMATS and 1 <= x.shape[0] <= WIDE_MAX_M and w.n > 0 \
-        and (w.k // block * size) % 4 == 0 and w.raw.stride(0) % (16 if w.qtype == T.Q4_K else 4) == 0 \
+        and (w.k // block * size) % 4 == 0 and w.raw.stride(0) % (16 if w.qtype in (T.Q4_K, T.Q5_K) else 4) == 0 \
         and w.raw.data_ptr() % 16 == 0
 
 
@@ -529,7 +549,7 @@ def _wide(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None) -> torch.Tensor
     fused = acc is not None and acc.shape == (m, n) and acc.stride(1) == 1
     y = acc if fused else torch.empty(m, n, dtype=x.dtype, device=x.device)
     words = w.raw.view(torch.int32)                                                            # [N, row_bytes / 4]
-    wu = 4 if w.qtype == T.Q4_K else 1
+    wu = 4 if w.qtype in (T.Q4_K, T.Q5_K) else 1
     _wide_kernel[(_triton.cdiv(n, r),)](xq.view(torch.int32), xd, xs, words, y, m, n, w.k, words.stride(0) // wu,
                                        y.stride(0), FMT=int(w.qtype), ACC=fused, BLOCK_M=_triton.next_power_of_2(m),
                                        R=r, STEP=step, WU=wu, ASM=not _interpreted(), num_warps=WIDE_WARPS)
@@ -653,13 +673,13 @@ def _wide_aot(qtype: T, m: int) -> tuple:
            "N": "i32", "K": "i32", "stride_w": "i32", "stride_y": "i32", "FMT": "constexpr", "ACC": "constexpr",
            "BLOCK_M": "constexpr", "R": "constexpr", "STEP": "constexpr", "WU": "constexpr", "ASM": "constexpr"}
     r, step = wide_plan(4096, 4096, qtype, 132)
-    return (_wide_kernel, sig, dict(FMT=int(qtype), ACC=False, BLOCK_M=m, R=r, STEP=step, WU=4 if qtype == T.Q4_K else 1,
+    return (_wide_kernel, sig, dict(FMT=int(qtype), ACC=False, BLOCK_M=m, R=r, STEP=step, WU=4 if qtype in (T.Q4_K, T.Q5_K) else 1,
                                     ASM=True), {"num_warps": WIDE_WARPS, "aligned": ("xq_ptr", "xd_ptr", "xs_ptr", "w_ptr", "y_ptr")})
 
 
 # The wide GEMV: every format at one row (8 rows compile ~2 s each, too long for the suite: docs/gpu.md
 # "Prepared on CPU, 2026-11-27" lists them), and the x quantizer. ptxas, sm_90, triton 3.9, R = 8: Q4_K
-# 56 registers, Q6_K 63, Q5_0 40, Q8_0 56, no spills; q8_1 38.
+# 52 registers, Q5_K 56, Q6_K 48, Q8_0 56, Q5_0 48, Q4_0 48, Q4_1 40, Q5_1 40, no spills; q8_1 38.
 AOT += [_wide_aot(t, 1) for t in WIDE_FORMATS] + \
     [(_q8_1_kernel, {"x_ptr": "*bf16", "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32", "K": "i32", "stride_x": "i32",
                      "QB": "constexpr"}, {"QB": QUANT_BLOCKS}, {"aligned": ("x_ptr", "q_ptr", "d_ptr", "s_ptr")})]

@@ -64,7 +64,9 @@ def q8_1_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(xb * inv), amax / 127.0
 
 
-WIDE_CASES = {T.Q4_K: (256, 768), T.Q6_K: (512, 1536), T.Q8_0: (64, 448), T.Q5_0: (64, 448)}   # K: 1 and several blocks a step
+# K: one block and several a step (masked tails); every format the wide GEMV serves
+WIDE_CASES = {T.Q4_K: (256, 768), T.Q5_K: (256, 768), T.Q6_K: (512, 1536), T.Q8_0: (64, 448), T.Q5_0: (64, 448),
+              T.Q4_0: (64, 448), T.Q4_1: (64, 448), T.Q5_1: (64, 448)}
 
 
 def wide_errors(device: str = "cpu", x_dtype: torch.dtype = torch.float32) -> dict[str, dict]:
@@ -200,7 +202,8 @@ def test_the_wide_gemv_is_off_by_default_and_refuses_what_it_cannot_read(monkeyp
     mod.QGEMV = "wide"
     assert mod._wide_ok(x, random_qweight(gen, T.Q4_K, 4, 256))
     assert not mod._wide_ok(x, random_qweight(gen, T.Q6_K, 4, 256))   # 210-byte rows: not whole words
-    assert not mod._wide_ok(x, random_qweight(gen, T.Q4_0, 4, 256))   # no wide kernel: the slices serve it
+    assert not mod._wide_ok(x, random_qweight(gen, T.MXFP4, 4, 256))  # no wide kernel (17-byte blocks): the slices
+    assert set(WIDE_CASES) == set(mod.WIDE_FORMATS)
     assert not mod._wide_ok(torch.zeros(9, 256), random_qweight(gen, T.Q4_K, 4, 256))   # past WIDE_MAX_M rows
     monkeypatch.setenv("SLOTSERVER_QGEMV", "fast")
     with pytest.raises(ValueError, match="SLOTSERVER_QGEMV='fast'"):
