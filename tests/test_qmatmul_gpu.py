@@ -232,6 +232,17 @@ def test_plan_splits_k_at_decode_and_tiles_large_batches():
     assert mod.DEQUANT_GEMM_ROWS == mod.SMALL_M + 1   # past decode: dequantized tiles + cuBLAS (H100-measured)
 
 
+def test_the_wide_plan_keeps_every_sm_busy_and_a_step_within_its_words():
+    mod = _module()
+    for qtype, words, values in ((T.Q4_K, 32, 256), (T.Q6_K, 64, 256), (T.Q8_0, 8, 32), (T.Q5_0, 4, 32)):
+        for n, k in ((6144, 4096), (4096, 14336), (896, 4864 if values == 32 else 4864 // 256 * 256), (151936, 4096)):
+            r, step = mod.wide_plan(n, k, qtype, 132)
+            assert 2 <= r <= 16 and step >= 1 and r * step * words <= max(mod.WIDE_WORDS, r * words), (qtype, n, k, r, step)
+            assert -(-n // r) >= mod.WIDE_PROGRAMS_PER_SM * 132 or r == 2, (qtype, n, r)   # rows halved until the SMs fill
+            assert step <= 1 << (k // values - 1).bit_length(), (qtype, k, step)            # no step past the row
+    assert mod.wide_plan(4096, 4096, T.Q4_K, 132) == (8, 4)   # Llama-8B wo: 512 programs, 1024 words a step
+
+
 def test_a_format_without_a_kernel_is_refused_by_name():
     w = random_qweight(torch.Generator().manual_seed(1), T.Q3_K, 4, 256)
     with pytest.raises(AssertionError, match="Q3_K"):
