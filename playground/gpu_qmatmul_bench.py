@@ -137,12 +137,13 @@ def bench_shape(mod, timer: Timer, qtype: T, n: int, k: int, rows: tuple[int, ..
 
 TUNE_SHAPES = {"Qwen0.5B down": (896, 4864), "Qwen0.5B gate_up": (9728, 896), "Llama8B gate_up": (28672, 4096),
                "Llama8B down": (4096, 14336)}
-WIDE_TUNE = [dict(QGEMV="wide", WIDE_WORDS=words, WIDE_PROGRAMS_PER_SM=p, WIDE_WARPS=warps)
-             for words in (512, 1024, 2048) for p in (1, 2, 4, 8) for warps in (4, 8)]
+WIDE_TUNE = {1: [dict(QGEMV="wide", WIDE_WORDS=words, WIDE_PROGRAMS_PER_SM=p, WIDE_WARPS=warps)   # ~1 s a compile
+                 for words in (1024, 2048) for p in (1, 2, 4) for warps in (4, 8)],
+             8: [dict(QGEMV="wide", WIDE_WORDS=words, WIDE_PROGRAMS_PER_SM=p) for words in (512, 1024) for p in (2, 4)]}
 # the wide kernel's settings first (what a GPU run must place), then the serving slices kernel's
-TUNE = {1: WIDE_TUNE + [dict(GEMV_BLOCK_N=bn, GEMV_WARPS=w, PROGRAMS_PER_SM=p) for bn in (32, 64, 128) for w in (4, 8)
+TUNE = {1: WIDE_TUNE[1] + [dict(GEMV_BLOCK_N=bn, GEMV_WARPS=w, PROGRAMS_PER_SM=p) for bn in (32, 64, 128) for w in (4, 8)
                            for p in (2, 4, 8)],
-        8: WIDE_TUNE + [dict(DECODE_BLOCK_N=bn, PROGRAMS_PER_SM=p) for bn in (32, 64) for p in (2, 4, 8)]}
+        8: WIDE_TUNE[8] + [dict(DECODE_BLOCK_N=bn, PROGRAMS_PER_SM=p) for bn in (32, 64) for p in (2, 4, 8)]}
 
 
 def tune(mod, timer: Timer, device: str, gen, budget_s: float, dry: bool) -> list[dict]:
