@@ -361,7 +361,8 @@ def _k4_scale(s0, s1, s2, s):
 def _per_row(xoff, roff):
     """x's row offsets [BM] as [BM, R, 1, 1, 1]: x loaded once per weight row too (same addresses: L1),
     so that its load gets the weight load's layout (warps across the R rows, x rows in registers) and
-    the products need no layout conversion through shared memory (ptxas: none left in the loop)."""
+    the products need no layout conversion through shared memory (none left in the loop at one row
+    but Q8_0's small one; at 8 rows the partials still convert: docs/gpu.md)."""
     return xoff[:, None, None, None, None] + 0 * roff[None, :, None, None, None]
 
 
@@ -468,10 +469,10 @@ def _q32_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st,
 def _wide_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, y_ptr, M, N, K, stride_w, stride_y, FMT: tl.constexpr,
                  ACC: tl.constexpr, BLOCK_M: tl.constexpr, R: tl.constexpr, STEP: tl.constexpr, WU: tl.constexpr,
                  ASM: tl.constexpr):
-    """Program: R weight rows (int32 words, stride_w * WU apart: Q4_K's rows are whole 144-byte super-
-    blocks, so WU = 4 and its qs arrays are 16-byte aligned: 128-bit loads) against the BLOCK_M (>= M) rows of q8_1 x
-    (xq int32 words [M, K/4], xd and xs float [M, K/32]), the whole of K in one program (no split
-    partials), STEP format blocks a step; y[m, rows] stored (+= where ACC)."""
+    """Program: R weight rows (int32 words, stride_w * WU apart: Q4_K / Q5_K rows are whole 144 / 176-
+    byte super-blocks, so WU = 4 and their qs arrays are 16-byte aligned: 128-bit loads) against the
+    BLOCK_M (>= M) rows of q8_1 x (xq int32 words [M, K/4], xd and xs float [M, K/32]), the whole of
+    K in one program (no split partials), STEP format blocks a step; y[m, rows] stored (+= if ACC)."""
     rows = tl.program_id(0) * R + tl.arange(0, R)
     rmask = rows < N
     roff = rows.to(tl.int64) * stride_w * WU      # WU: the compiler knows rows start 4 * WU bytes aligned
@@ -519,8 +520,8 @@ def wide_plan(n: int, k: int, qtype: int, sms: int) -> tuple[int, int]:
     the row's blocks rounded up to a power of two. Neither depends on M: a step's partial sums are
     added to the accumulator one step at a time, so a STEP that changed with M would change a row's
     float sums with its batch (the interpreted test caught it). The cost: each row of x adds its
-    words and products to a thread's registers (ptxas, sm_90, 1024 words: one row 40-63 registers,
-    8 rows 120-240, no spills). Why not fewer words: a GEMV's whole matrix is a few DRAM latencies of
+    words and products to a thread's registers (ptxas, sm_90, 1024 words: one row 40-56 registers,
+    8 rows 122-240, no spills). Why not fewer words: a GEMV's whole matrix is a few DRAM latencies of
     bytes (Llama-8B's wo, 9.4 MB: ~4), so each thread must keep 16-byte loads in flight (Triton
     does not pipeline this loop); `gpu_qmatmul_bench.py --tune` sweeps WIDE_WORDS on a card."""
     r = 16   # plain integer math: the module's AOT list calls this at load, before any triton import
@@ -533,8 +534,8 @@ def wide_plan(n: int, k: int, qtype: int, sms: int) -> tuple[int, int]:
 
 def _wide_ok(x: torch.Tensor, w: QWeight) -> bool:
     """The wide GEMV serves: switched on, its formats, 1..WIDE_MAX_M rows, rows of whole 4-byte words
-    on a 16-byte aligned base (always so for Q4_K / Q6_K of even super-blocks, Q8_0 / Q5_0 of an
-    even number of blocks: K = 4096, 14336, 896 ...)."""
+    on a 16-byte aligned base (Q4_K, Q5_K, Q4_1, Q5_1 always; Q6_K, Q8_0, Q5_0, Q4_0 with an even
+    number of blocks a row: K = 4096, 14336, 896 ...)."""
     block, size = gguf.GGML_QUANT_SIZES[w.qtype] if w.qtype in WIDE_FORMATS else (1, 1)
     return QGEMV == "wide" and w.qtype in WIDE_FORMATS and 1 <= x.shape[0] <= WIDE_MAX_M and w.n > 0 \
         and (w.k // block * size) % 4 == 0 and w.raw.stride(0) % (16 if w.qtype in (T.Q4_K, T.Q5_K) else 4) == 0 \
