@@ -374,8 +374,8 @@ def _q45k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st
     holds sub-block 2c's values 4i..4i+3 in its low nibbles, 2c+1's in its high ones (Q5_K: their
     fifth bits are bits 2c, 2c+1 of qh word i's bytes): 16-byte-aligned [R, SB, 4, 8] loads of whole
     128-byte qs arrays."""
-    WORDS: tl.constexpr = 36 if FMT == 12 else 44   # a super-block's int32 words
-    QS: tl.constexpr = 4 if FMT == 12 else 12       # its qs array's first word
+    WORDS = 36 if FMT == 12 else 44   # a super-block's int32 words
+    QS = 4 if FMT == 12 else 12       # its qs array's first word
     sb, c, i = st * SB + tl.arange(0, SB), tl.arange(0, 4), tl.arange(0, 8)
     sb5, c5, i5 = sb[None, None, :, None, None], c[None, None, None, :, None], i[None, None, None, None, :]
     wmask = rmask[None, :, None, None, None] & (sb5 < nsb)
@@ -433,8 +433,8 @@ def _q32_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st,
     """Blocks of 32, st*NB.. -> float [BM, R, NB]: Q8_0 (34 bytes: d, i8 qs[32]), and the nibble forms
     Q4_0 (18: d, qs[16], minus 8), Q4_1 (20: d, m, qs[16]), Q5_0 (22: d, u32 qh, qs[16], minus 16),
     Q5_1 (24: d, m, qh, qs[16]); nibble word u: values 4u.. (low) and 16 + 4u.. (high)."""
-    SIZE: tl.constexpr = 34 if FMT == 8 else 18 if FMT == 2 else 20 if FMT == 3 else 22 if FMT == 6 else 24
-    QS: tl.constexpr = 2 if FMT == 8 or FMT == 2 else 4 if FMT == 3 else 6 if FMT == 6 else 8
+    SIZE = 34 if FMT == 8 else 18 if FMT == 2 else 20 if FMT == 3 else 22 if FMT == 6 else 24
+    QS = 2 if FMT == 8 or FMT == 2 else 4 if FMT == 3 else 6 if FMT == 6 else 8
     b = st * NB + tl.arange(0, NB)
     b4 = b[None, None, :, None]
     wrow, wmask = w_ptr + roff[None, :, None, None], rmask[None, :, None, None] & (b4 < nb)
