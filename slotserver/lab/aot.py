@@ -31,7 +31,11 @@ class Resources:
 def compile_for(fn, signature: dict, constexprs: dict, arch: int, options: dict | None = None) -> Resources:
     """`triton.compile` for `cuda:arch` (no GPU needed), then `ptxas -v` on its PTX for the
     registers and spills (`CompiledKernel.n_regs`/`n_spills` only exist after loading on a GPU).
-    options: the launch's num_warps / num_stages (a spec's optional 4th element), as it serves."""
+    options: the launch's num_warps / num_stages (a spec's optional 4th element), as it serves, and
+    optionally `aligned`: the argument names the JIT sees as multiples of 16 where it serves
+    (pointers from torch's allocator; strides and sizes of the served shapes). The JIT specializes
+    those (`tt.divisibility`), which is what lets a masked row load become a 16-byte vector load;
+    without it the compile is the worst case (e.g. 2-byte loads of a bf16 weight row)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
@@ -40,7 +44,9 @@ def compile_for(fn, signature: dict, constexprs: dict, arch: int, options: dict 
 
     assert set(signature) == set(fn.arg_names), f"AOT signature keys must be {fn.arg_names}"
     ordered = {name: signature[name] for name in fn.arg_names}  # the kernel's parameter order
-    compiled = triton.compile(triton.compiler.ASTSource(fn, ordered, constexprs),
+    options = dict(options or {})
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in options.pop("aligned", ())}
+    compiled = triton.compile(triton.compiler.ASTSource(fn, ordered, constexprs, attrs),
                               target=GPUTarget("cuda", arch, 32), options=options or None)
     ptx, cubin = compiled.asm.get("ptx", ""), compiled.asm.get("cubin", b"")
     assert ".entry" in ptx and len(cubin) > 0, "no PTX entry point or an empty cubin"
