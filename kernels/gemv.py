@@ -52,7 +52,9 @@ FUSES = ("norm", "bias", "glu", "rope", "acc")
 SMALL_M = 16                # rows this kernel serves (a decode step's); more: cuBLAS
 BROADCAST_MAX_M = 4         # up to these rows the broadcast product; above, tl.dot on 16 rows
 PROGRAMS_PER_SM = 2         # BLOCK_N shrinks until about this many programs per SM
-TILE_VALUES = 8192          # BLOCK_M * BLOCK_N * BLOCK_K of the broadcast product (64 floats a thread)
+TILE_VALUES = 8192          # BLOCK_M * BLOCK_N * BLOCK_K of the broadcast product: 16 KB of bf16 weights a step
+MAX_BLOCK_K = 2048          # the broadcast product's K step (4096 at 2 columns: ptxas spills 8 bytes)
+FMA_WARPS = 8               # its warps: 32 float32 accumulators a thread (4 warps: 64, and spills at BLOCK_K 4096)
 GLU_CODES = {"": 0, "silu": 1, "gelu": 2}
 
 
@@ -87,8 +89,8 @@ def plan(m: int, n: int, k: int, sms: int, glu: bool = False) -> GemvPlan:
     block_m = _triton.next_power_of_2(m)
     block_n = min(16, max(2, block_n))
     values = TILE_VALUES // (2 if glu else 1)
-    block_k = min(_triton.next_power_of_2(k), max(64, values // (block_m * block_n)))
-    return GemvPlan(block_m, block_n, block_k, False)
+    block_k = min(_triton.next_power_of_2(k), MAX_BLOCK_K, max(64, values // (block_m * block_n)))
+    return GemvPlan(block_m, block_n, block_k, False, FMA_WARPS)
 
 
 def reference(x, w, bias=None, glu="", norm=None, eps=1e-6, acc=None, cos=None, sin=None, head_dim=0, rope_cols=0):
@@ -134,26 +136,84 @@ def cpu(x, w, bias=None, glu="", norm=None, eps=1e-6, acc=None, cos=None, sin=No
 
 @_triton.jit
 def _inv_rms(x_ptr, stride_x, rows, mmask, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_M] 1 / sqrt(mean(x^2) + eps) of the rows (the norm prologue's first pass over x)."""
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    """[BLOCK_M] 1 / sqrt(mean(x^2) + eps) of the rows (the norm prologue's first pass over x), the
+    squares summed per lane and reduced once after the loop (no shuffles or barriers a step)."""
+    ss = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         xv = tl.load(x_ptr + rows[:, None] * stride_x + kk[None, :], mask=mmask[:, None] & (kk < K)[None, :],
                      other=0.0).to(tl.float32)                                  # [BLOCK_M, BLOCK_K]
-        ss += tl.sum(xv * xv, axis=1)
-    return tl.rsqrt(ss / K + eps)
+        ss += xv * xv
+    return tl.rsqrt(tl.sum(ss, axis=1) / K + eps)
 
 
 @_triton.jit
-def _product(h, wt, DOT: tl.constexpr, IEEE: tl.constexpr):
-    """h [BLOCK_M, BLOCK_K] @ wt[BLOCK_N, BLOCK_K]^T -> [BLOCK_M, BLOCK_N] float32. IEEE: the dot in
-    float32 without tf32 rounding (float32 weights, and the interpreter, whose tl.dot multiplies bf16
-    bit patterns as integers: kernels/attention.py)."""
-    if DOT and IEEE:
-        return tl.dot(h.to(tl.float32), tl.trans(wt.to(tl.float32)), input_precision="ieee")
-    if DOT:
-        return tl.dot(h, tl.trans(wt))
-    return tl.sum(h.to(tl.float32)[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2)
+def _x_tile(x_ptr, nw_ptr, stride_x, rows, mmask, inv, kk, kmask, wdt: tl.constexpr, NORM: tl.constexpr):
+    """x's [BLOCK_M, BLOCK_K] tile as W's dtype: with NORM, rms_norm's float32 row times its weight,
+    rounded to W's dtype as rms_norm's `out_dtype` stores it."""
+    h = tl.load(x_ptr + rows[:, None] * stride_x + kk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+    if NORM:
+        nw = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+        h = h.to(tl.float32) * inv[:, None] * nw[None, :]
+    return h.to(wdt)
+
+
+@_triton.jit
+def _dot_loop(x_ptr, w_rows, u_rows, nw_ptr, stride_x, rows, mmask, nmask, inv, K,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+              NORM: tl.constexpr, GLU: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] float32 sums of x @ W^T (and of the up rows with GLU), a tl.dot a K step.
+    IEEE: the dot in float32 without tf32 rounding (float32 weights, and the interpreter, whose
+    tl.dot multiplies bf16 bit patterns as integers: kernels/attention.py)."""
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        kmask = kk < K
+        h = _x_tile(x_ptr, nw_ptr, stride_x, rows, mmask, inv, kk, kmask, w_rows.dtype.element_ty, NORM)
+        wmask = nmask[:, None] & kmask[None, :]
+        wt = tl.load(w_rows + kk[None, :], mask=wmask, other=0.0)                  # [BLOCK_N, BLOCK_K]
+        if IEEE:
+            acc_g += tl.dot(h.to(tl.float32), tl.trans(wt.to(tl.float32)), input_precision="ieee")
+        else:
+            acc_g += tl.dot(h, tl.trans(wt))
+        if GLU != 0:
+            ut = tl.load(u_rows + kk[None, :], mask=wmask, other=0.0)
+            if IEEE:
+                acc_u += tl.dot(h.to(tl.float32), tl.trans(ut.to(tl.float32)), input_precision="ieee")
+            else:
+                acc_u += tl.dot(h, tl.trans(ut))
+    return acc_g, acc_u
+
+
+@_triton.jit
+def _fma_loop(x_ptr, w_rows, u_rows, nw_ptr, stride_x, rows, mmask, nmask, inv, K,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
+              GLU: tl.constexpr):
+    """The same sums as `_dot_loop` by broadcast multiply-adds into [BLOCK_M, BLOCK_N, BLOCK_K] float32
+    registers, reduced over K once after the loop (a reduction each step costs shuffles and barriers).
+    x is loaded at the product's full shape (each thread its own copy of the K values it multiplies,
+    from L1): a [BLOCK_M, BLOCK_K] tile would be re-laid through shared memory every step."""
+    zero_n = tl.zeros([1, BLOCK_N, 1], dtype=tl.int32)
+    r3 = rows[:, None, None] + zero_n                                              # [BLOCK_M, BLOCK_N, 1]
+    m3 = mmask[:, None, None] & (zero_n == 0)
+    n3 = nmask[None, :, None]
+    inv3 = inv[:, None, None]
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)[None, None, :]                             # [1, 1, BLOCK_K]
+        kmask = kk < K
+        h = tl.load(x_ptr + r3 * stride_x + kk, mask=m3 & kmask, other=0.0)        # [BLOCK_M, BLOCK_N, BLOCK_K]
+        if NORM:
+            nw = tl.load(nw_ptr + kk + r3 * 0, mask=m3 & kmask, other=0.0).to(tl.float32)
+            h = h.to(tl.float32) * inv3 * nw
+        h = h.to(w_rows.dtype.element_ty).to(tl.float32)
+        wmask = n3 & kmask
+        acc_g += h * tl.load(w_rows[None, :, :] + kk, mask=wmask, other=0.0).to(tl.float32)
+        if GLU != 0:
+            acc_u += h * tl.load(u_rows[None, :, :] + kk, mask=wmask, other=0.0).to(tl.float32)
+    return tl.sum(acc_g, axis=2), tl.sum(acc_u, axis=2)
 
 
 @_triton.jit
@@ -182,26 +242,18 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, acc_ptr, cos_ptr, sin_ptr, y_ptr,
     rows = tl.arange(0, BLOCK_M)                                               # [BLOCK_M]
     cols = n0 + tl.arange(0, BLOCK_N)                                          # [BLOCK_N]
     mmask, nmask = rows < M, cols < N
-    wdt = w_ptr.dtype.element_ty
+    wdt: tl.constexpr = w_ptr.dtype.element_ty
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_w                     # [BLOCK_N, 1]
     u_rows = w_rows + N * stride_w                                             # GLU: the up rows
     inv = tl.zeros([BLOCK_M], dtype=tl.float32)
     if NORM:
         inv = _inv_rms(x_ptr, stride_x, rows, mmask, K, eps, BLOCK_M, BLOCK_K)
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)                                        # [BLOCK_K]
-        kmask = kk < K
-        h = tl.load(x_ptr + rows[:, None] * stride_x + kk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
-        if NORM:   # rms_norm's float32 row times its weight, rounded to W's dtype as out_dtype stores it
-            nw = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
-            h = h.to(tl.float32) * inv[:, None] * nw[None, :]
-        h = h.to(wdt)                                                          # [BLOCK_M, BLOCK_K]
-        wmask = nmask[:, None] & kmask[None, :]
-        acc_g += _product(h, tl.load(w_rows + kk[None, :], mask=wmask, other=0.0), DOT, IEEE)
-        if GLU != 0:
-            acc_u += _product(h, tl.load(u_rows + kk[None, :], mask=wmask, other=0.0), DOT, IEEE)
+    if DOT:
+        acc_g, acc_u = _dot_loop(x_ptr, w_rows, u_rows, nw_ptr, stride_x, rows, mmask, nmask, inv, K,
+                                 BLOCK_M, BLOCK_N, BLOCK_K, IEEE, NORM, GLU)
+    else:
+        acc_g, acc_u = _fma_loop(x_ptr, w_rows, u_rows, nw_ptr, stride_x, rows, mmask, nmask, inv, K,
+                                 BLOCK_M, BLOCK_N, BLOCK_K, NORM, GLU)
     y = acc_g
     if BIAS:
         y += tl.load(b_ptr + cols, mask=nmask, other=0.0).to(tl.float32)[None, :]
