@@ -29,10 +29,13 @@ are what `playground/gpu_gemv_bench.py --tune` sweeps): each program owns BLOCK_
 (BLOCK_N whole weight rows, or BLOCK_N gate and BLOCK_N up rows) and every row of x, and walks K in
 BLOCK_K steps, the weight tile [BLOCK_N, BLOCK_K] loaded along its contiguous K (16-byte vector
 loads); no split-K partials, so a row's floats never depend on the launch order. Up to
-BROADCAST_MAX_M rows the product is a broadcast multiply and sum in float32 registers (a tl.dot
-would pad the rows to 16 and shuffle the tile into the MMA layout); above, a tl.dot on 16 rows.
-BLOCK_N shrinks until about PROGRAMS_PER_SM programs a card's SM: Qwen2.5-0.5B's down (N 896,
-K 4864) gets 2-column programs (448 of them) where 64-column ones would fill 14 of 132 SMs.
+BROADCAST_MAX_M rows the product is broadcast multiply-adds into [M, N, K] float32 lanes, summed
+over K once after the loop (a tl.dot would pad the rows to 16 and shuffle the tile into the MMA
+layout; a sum every step cost sm_90 14-24 barriers a step); above, a tl.dot on 16 rows, its weight
+tiles streamed through shared memory by cp.async (num_stages). BLOCK_N shrinks until about
+PROGRAMS_PER_SM programs an SM: Qwen2.5-0.5B's down (N 896, K 4864) gets 2-column programs (448)
+where 64-column ones would fill 14 of 132 SMs; Llama-8B's down (K 14336) 8-column ones (512, each
+reading 229 KB in 1024-wide steps), so one program a row block still fills the card without split-K.
 """
 
 from __future__ import annotations

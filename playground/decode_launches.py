@@ -128,8 +128,7 @@ def load(path: Path, device: str, unfused: bool, dtype: torch.dtype = torch.bflo
     if device == "cuda":
         from slotserver.model.bundle import ModelBundle
 
-        model = ModelBundle.load(ModelConfig(path, device="cuda", dtype="auto", max_ctx=4096, gpu_weights="dense",
-                                             fused_gemv=gemv)).model
+        model = ModelBundle.load(ModelConfig(path, device="cuda", dtype="auto", max_ctx=4096, fused_gemv=gemv)).model
     else:
         model = LlamaModel.load(path, dtype, kernels=KernelSet.load(impl="triton"), fmt=WeightFormat("dense"))
         for lin in model.weights.matmuls():   # oneDNN's blocked copy is CPU-only: the plain matrix, as on CUDA

@@ -99,6 +99,20 @@ def test_the_residual_add_updates_acc_in_place(interpreted):
     assert interpreted["acc_in_place"]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", CASES)
+def test_each_fusion_gives_the_unfused_ops_floats_on_the_card(case):
+    """Compiled for the card: float32 as interpreted; bf16 within two ulps of the chained roundings
+    (the card rounds to nearest, as torch does; the sums' order still differs)."""
+    mod, gen = _kernel("gemv"), torch.Generator().manual_seed(6)
+    for dtype, bound in ((torch.float32, 1e-5), (torch.bfloat16, 2 ** -6)):
+        for m in ROWS:
+            args, want = _unfused(case, m, dtype, gen)
+            got = mod.triton(*(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)).cpu()
+            err = float(((got.float() - want.float()).abs() / (1 + want.float().abs())).max())
+            assert got.dtype == want.dtype and err <= bound, (case, dtype, m, err)
+
+
 def test_the_tiling_fills_the_card_and_respects_tl_dot():
     """One row: the broadcast product, BLOCK_N shrunk until about 2 programs an SM (Qwen2.5-0.5B's
     down, N 896: 2-column programs, 448 of them); more than 4 rows: tl.dot tiles of 16 at least."""

@@ -112,5 +112,31 @@ def test_the_gemv_body_serves_only_small_steps_with_the_switch_on(interpreted):
     assert interpreted["applies_off"] is False
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_the_card_the_gemv_body_gives_the_lean_tokens_and_replays_as_eager(tmp_path):
+    """float32: fused_gemv on and off give the same greedy tokens; bf16 with it on: CUDA-graph
+    replays give the eager steps' tokens (across a context bucket, two batch sizes)."""
+    from tiny_gguf import write_tiny_gguf
+
+    from slotserver.model.bundle import ModelBundle
+    from slotserver.model.config import ModelConfig
+    from slotserver.model.generate import GenRequest, generate
+
+    path = write_tiny_gguf(tmp_path / "q.gguf", arch="qwen2", qkv_bias=True, ctx_len=1024)
+    reqs = [GenRequest(list(range(5, 250)), 30, ignore_eos=True), GenRequest([7, 8, 9], 30, ignore_eos=True)]
+    tokens = {}
+    for on in (False, True):
+        model = ModelBundle.load(ModelConfig(path, device="cuda", dtype="float32", gpu_weights="dense",
+                                             fused_gemv=on)).model
+        tokens[on] = [r.tokens for r in generate(model, reqs, frozenset())]
+    assert tokens[True] == tokens[False]
+    model = ModelBundle.load(ModelConfig(path, device="cuda", dtype="auto", gpu_weights="dense", fused_gemv=True)).model
+    model.set_step_graphs(False)
+    eager = [r.tokens for r in generate(model, reqs, frozenset())]
+    model.set_step_graphs(True)
+    assert [r.tokens for r in generate(model, reqs, frozenset())] == eager
+    assert model.graphs.replays > 20
+
+
 if __name__ == "__main__":
     print(MARK + json.dumps(_interpreted(Path(sys.argv[1]), Path(sys.argv[2]))))
