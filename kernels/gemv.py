@@ -89,11 +89,17 @@ def plan(m: int, n: int, k: int, sms: int, glu: bool = False) -> GemvPlan:
     block_n = 1 << max(0, (n // target).bit_length() - 1)        # the power of two <= n / target
     if m > BROADCAST_MAX_M:
         return GemvPlan(16, min(64, max(16, block_n)), 64 if glu else 128, True)
-    block_m = _triton.next_power_of_2(m)
+    block_m = _pow2_at_least(m)
     block_n = min(16, max(2, block_n))
     values = TILE_VALUES // (2 if glu else 1)
-    block_k = min(_triton.next_power_of_2(k), MAX_BLOCK_K, max(64, values // (block_m * block_n)))
+    block_k = min(_pow2_at_least(k), MAX_BLOCK_K, max(64, values // (block_m * block_n)))
     return GemvPlan(block_m, block_n, block_k, False, FMA_WARPS)
+
+
+def _pow2_at_least(v: int) -> int:
+    """triton.next_power_of_2 without importing triton (the module's AOT list is built at load, and
+    serving on CPU must not import it: runtime/lazy_triton.py)."""
+    return 1 << max(0, v - 1).bit_length()
 
 
 def reference(x, w, bias=None, glu="", norm=None, eps=1e-6, acc=None, cos=None, sin=None, head_dim=0, rope_cols=0):
