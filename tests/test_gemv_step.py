@@ -112,6 +112,26 @@ def test_the_gemv_body_serves_only_small_steps_with_the_switch_on(interpreted):
     assert interpreted["applies_off"] is False
 
 
+def test_the_switch_is_off_by_default_and_reaches_the_model_from_the_flag(tmp_path):
+    """`--fused-gemv on` -> ModelConfig.fused_gemv -> the loaded model's `fused_gemv`; off unless asked;
+    a non-bool refused. (On the CPU the model keeps its own body whatever the switch says.)"""
+    from tiny_gguf import write_tiny_gguf
+
+    from slotserver.cli import main as cli
+    from slotserver.errors import ConfigError
+    from slotserver.model.bundle import ModelBundle
+    from slotserver.model.config import ModelConfig
+    from slotserver.server.config_from_args import plan_from_args
+
+    path = write_tiny_gguf(tmp_path / "m.gguf")
+    parse = lambda *a: plan_from_args(cli.build_parser().parse_args(["serve", "-m", str(path), *a])).model  # noqa: E731
+    assert parse().fused_gemv is False and parse("--fused-gemv", "on").fused_gemv is True
+    assert ModelBundle.load(parse("--fused-gemv", "on")).model.fused_gemv is True
+    assert ModelBundle.load(ModelConfig(path)).model.fused_gemv is False
+    with pytest.raises(ConfigError, match="fused_gemv must be a bool"):
+        ModelConfig(path, fused_gemv="on")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_the_card_the_gemv_body_gives_the_lean_tokens_and_replays_as_eager(tmp_path):
     """float32: fused_gemv on and off give the same greedy tokens; bf16 with it on: CUDA-graph
