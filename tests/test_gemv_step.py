@@ -36,7 +36,7 @@ def _run(gguf: Path, logits: bool) -> dict:
     out: dict = {"tokens": {}, "logits": {}, "ops": {}}
     for variant in ("lean", "gemv"):
         model = dl.load(gguf, "cpu", False, torch.float32, gemv=variant == "gemv")
-        reqs = [GenRequest(list(p), 3, ignore_eos=True) for p in PROMPTS]
+        reqs = [GenRequest(list(p), 2, ignore_eos=True) for p in PROMPTS]
         out["tokens"][variant] = [r.tokens for r in generate(model, reqs, frozenset())]
         if logits:
             cache, step = dl.decode_batch(model, 2, 7)   # its prefill: 7 rows, no logits rows
