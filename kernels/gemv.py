@@ -157,14 +157,14 @@ def _inv_rms(x_ptr, stride_x, rows, mmask, K, eps, BLOCK_M: tl.constexpr, BLOCK_
 
 
 @_triton.jit
-def _x_tile(x_ptr, nw_ptr, stride_x, rows, mmask, inv, kk, kmask, wdt: tl.constexpr, NORM: tl.constexpr):
+def _x_tile(x_ptr, nw_ptr, w_rows, stride_x, rows, mmask, inv, kk, kmask, NORM: tl.constexpr):
     """x's [BLOCK_M, BLOCK_K] tile as W's dtype: with NORM, rms_norm's float32 row times its weight,
     rounded to W's dtype as rms_norm's `out_dtype` stores it."""
     h = tl.load(x_ptr + rows[:, None] * stride_x + kk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
     if NORM:
         nw = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
         h = h.to(tl.float32) * inv[:, None] * nw[None, :]
-    return h.to(wdt)
+    return h.to(w_rows.dtype.element_ty)
 
 
 @_triton.jit
@@ -179,7 +179,7 @@ def _dot_loop(x_ptr, w_rows, u_rows, nw_ptr, stride_x, rows, mmask, nmask, inv, 
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         kmask = kk < K
-        h = _x_tile(x_ptr, nw_ptr, stride_x, rows, mmask, inv, kk, kmask, w_rows.dtype.element_ty, NORM)
+        h = _x_tile(x_ptr, nw_ptr, w_rows, stride_x, rows, mmask, inv, kk, kmask, NORM)
         wmask = nmask[:, None] & kmask[None, :]
         wt = tl.load(w_rows + kk[None, :], mask=wmask, other=0.0)                  # [BLOCK_N, BLOCK_K]
         if IEEE:
@@ -251,7 +251,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, acc_ptr, cos_ptr, sin_ptr, y_ptr,
     rows = tl.arange(0, BLOCK_M)                                               # [BLOCK_M]
     cols = n0 + tl.arange(0, BLOCK_N)                                          # [BLOCK_N]
     mmask, nmask = rows < M, cols < N
-    wdt: tl.constexpr = w_ptr.dtype.element_ty
+    wdt = w_ptr.dtype.element_ty
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_w                     # [BLOCK_N, 1]
     u_rows = w_rows + N * stride_w                                             # GLU: the up rows
     inv = tl.zeros([BLOCK_M], dtype=tl.float32)
