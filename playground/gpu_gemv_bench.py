@@ -126,7 +126,7 @@ def bench_case(k: dict, timer: Timer, name: str, m: int, dev: str, gen, copy_gbs
                      "err": check(k, L, group)})
     total = {key: sum(r[key] for r in rows) for key in ("fused_us", "unfused_us")}
     rows.append({"shape": name, "m": m, "group": "layer", **total, "speedup": total["unfused_us"] / total["fused_us"],
-                 "fused_gbs": L["bytes"] // len(L["sets"]) / total["fused_us"] / 1e3, "copy_gbs": copy_gbs,
+                 "fused_gbs": L["bytes"] / total["fused_us"] / 1e3, "copy_gbs": copy_gbs,
                  "err": max(r["err"] for r in rows)})
     return rows
 
