@@ -359,6 +359,24 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     return x, w, bias, "", None, 1e-6, acc
 
 
+def bench_inputs(device: str, small: bool = False) -> list[tuple[str, tuple]]:
+    """`lab check --time` (eager, L2 flushed): the b=1 gate|up (norm + silu) and down (x += y) of
+    Qwen2.5-0.5B and Llama-8B, and Llama's gate|up at 8 rows (tl.dot); bf16 weights."""
+    sizes = [(1, 24, 40), (1, 40, 24)] if small else [(1, 4864, 896), (1, 896, 4864), (1, 14336, 4096), (1, 4096, 14336),
+                                         (8, 14336, 4096)]
+    out = []
+    for i, (m, n, k) in enumerate(sizes):
+        x = torch.randn(m, k, device=device)
+        if i % 2 == 0:   # gate|up: the float32 residual normed in the prologue, silu(g) * u stored
+            w = torch.randn(2 * n, k, device=device, dtype=torch.bfloat16) * 0.02
+            out.append((f"{m} x {k} -> 2*{n} norm+silu", (x, w, None, "silu", torch.ones(k, device=device), 1e-6)))
+        else:            # down: bf16 rows, added into the float32 residual
+            w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
+            out.append((f"{m} x {k} -> {n} x+=y", (x.bfloat16(), w, None, "", None, 1e-6,
+                                                   torch.zeros(m, n, device=device))))
+    return out
+
+
 # what the JIT sees as multiples of 16 at every served shape (torch's pointers; Qwen2.5 / Llama widths)
 ALIGNED = ("x_ptr", "w_ptr", "b_ptr", "nw_ptr", "acc_ptr", "cos_ptr", "sin_ptr", "y_ptr", "N", "K", "stride_x",
            "stride_w", "stride_acc", "stride_cs", "stride_y", "head_dim", "rope_cols", "n_rot_pairs")
