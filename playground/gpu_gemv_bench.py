@@ -132,13 +132,15 @@ def bench_case(k: dict, timer: Timer, name: str, m: int, dev: str, gen, copy_gbs
 
 
 def candidates(k: dict, m: int) -> list:
-    """GemvPlans to sweep at m rows: the broadcast product up to BROADCAST_MAX_M rows, tl.dot above."""
-    P = k["gemv"].GemvPlan
-    if m > k["gemv"].BROADCAST_MAX_M:
-        return [P(16, bn, bk, True, 4, st) for bn, bk, st in itertools.product((16, 32, 64), (64, 128, 256), (2, 3, 4))]
-    bm = 1 << (m - 1).bit_length()
-    return [P(bm, bn, bk, False, wp) for bn, bk, wp in itertools.product((2, 4, 8, 16, 32), (256, 512, 1024, 2048, 4096),
-                                                                         (4, 8)) if bm * bn * bk <= 32768]
+    """GemvPlans to sweep at m rows: the broadcast product (every m: at 5-16 rows it may still beat a
+    tl.dot whose 16-column tiles leave Qwen's 896-wide wo / down 56 programs), and tl.dot above
+    BROADCAST_MAX_M rows."""
+    P, bm = k["gemv"].GemvPlan, 1 << (m - 1).bit_length()
+    fma = [P(bm, bn, bk, False, wp) for bn, bk, wp in itertools.product((2, 4, 8, 16, 32), (256, 512, 1024, 2048),
+                                                                        (4, 8)) if bm * bn * bk <= 16384]
+    if m <= k["gemv"].BROADCAST_MAX_M:
+        return fma
+    return [P(16, bn, bk, True, 4, st) for bn, bk, st in itertools.product((16, 32, 64), (64, 128, 256), (2, 3, 4))] + fma
 
 
 def tune(k: dict, timer: Timer, dev: str, gen, budget_s: float) -> list[dict]:
