@@ -11,10 +11,13 @@ each), so the number of launches is the number to bring down. This lists them:
   included, e.g. whether a bias rides in its epilogue or costs a launch of its own).
 
 `--compare` runs it twice: the Triton body as served (model/lean_step.py) and the unfused body
-(rms_norm's `add`/`out_dtype` fusions hidden), so the saving shows per layer.
+(rms_norm's `add`/`out_dtype` fusions hidden), so the saving shows per layer. `--gemv` adds the
+fused-GEMV body (model/gemv_step.py, ModelConfig.fused_gemv: norm, bias, rope, gate and residual
+add inside kernels/gemv.py's matmuls) as a third variant, "gemv".
 
     python playground/decode_launches.py --device cuda --compare --out DIR   # Qwen2.5-0.5B shape, 4 layers
     python playground/decode_launches.py --dry-run --compare --json          # CPU, tiny, interpreted
+    python playground/decode_launches.py --device cuda --compare --gemv --out DIR   # + the fused-GEMV body
     (--device cpu is a dry run: the CPU serves another body, this emulates the CUDA one)
 
 A dry run (`--dry-run`, the CPU) runs the same code on CPU tensors with the Triton kernels under
@@ -112,10 +115,11 @@ def _hook_triton(counter: LaunchCounter):
     return lambda: [setattr(cls, "run", orig) for cls, orig in saved.items()]
 
 
-def load(path: Path, device: str, unfused: bool, dtype: torch.dtype = torch.bfloat16):
+def load(path: Path, device: str, unfused: bool, dtype: torch.dtype = torch.bfloat16, gemv: bool = False):
     """The model as the CUDA path serves it (bf16, dense weights, Triton kernels), on `device`;
     `unfused`: rms_norm's add/out_dtype fusions hidden from the model (the unfused body).
-    dtype: the CPU's compute dtype (tests/test_lean_step.py compares float32 floats)."""
+    dtype: the CPU's compute dtype (tests/test_lean_step.py compares float32 floats).
+    gemv: decode steps on the fused GEMV body (model/gemv_step.py; ModelConfig.fused_gemv)."""
     from slotserver.model.config import ModelConfig
     from slotserver.model.model import LlamaModel
     from slotserver.model.weights import WeightFormat
@@ -124,13 +128,14 @@ def load(path: Path, device: str, unfused: bool, dtype: torch.dtype = torch.bflo
     if device == "cuda":
         from slotserver.model.bundle import ModelBundle
 
-        model = ModelBundle.load(ModelConfig(path, device="cuda", dtype="auto", max_ctx=4096)).model
+        model = ModelBundle.load(ModelConfig(path, device="cuda", dtype="auto", max_ctx=4096, fused_gemv=gemv)).model
     else:
         model = LlamaModel.load(path, dtype, kernels=KernelSet.load(impl="triton"), fmt=WeightFormat("dense"))
         for lin in model.weights.matmuls():   # oneDNN's blocked copy is CPU-only: the plain matrix, as on CUDA
             if getattr(lin, "packed", None) is not None:
                 lin.dense, lin.packed = lin.packed.to_dense(), None
         model.set_step_graphs(False)
+        model.fused_gemv = gemv
     if unfused:
         ks = model.kernels
         ks.fuses = {**ks.fuses, "rms_norm": ks.fuses["rms_norm"] - {"add", "out_dtype"}}
@@ -224,6 +229,7 @@ def main() -> None:
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--layout", default="head_seq_dim", help="the KV layout (paged ones replay too)")
     p.add_argument("--compare", action="store_true", help="also the unfused body")
+    p.add_argument("--gemv", action="store_true", help="also the fused-GEMV body (model/gemv_step.py)")
     p.add_argument("--layers", type=int, default=4, help="layers of the --shape model (a smaller file to write)")
     p.add_argument("--budget-s", type=float, default=float(os.environ.get("PART_S", 305)) - 5,
                    help="seconds for the whole run (default: gpu_check's PART_S less 5, else 300)")
@@ -237,11 +243,11 @@ def main() -> None:
     t0, out = time.monotonic(), {}
     with tempfile.TemporaryDirectory() as tmp:
         path = model_path(a, Path(tmp))
-        for variant in ("lean", "unfused") if a.compare else ("lean",):
+        for variant in ("lean",) + (("unfused",) if a.compare else ()) + (("gemv",) if a.gemv else ()):
             if time.monotonic() - t0 > a.budget_s:
                 print(f"{variant}: skipped, past --budget-s")
                 break
-            model = load(path, a.device, variant == "unfused")
+            model = load(path, a.device, variant == "unfused", gemv=variant == "gemv")
             out[variant] = count_step(model, a.batch, a.ctx, a.layout)
             if a.device == "cuda" and time.monotonic() - t0 < a.budget_s - 20:
                 out[variant]["replay"] = profile_replay(model, a.batch, a.ctx, a.layout)

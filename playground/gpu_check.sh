@@ -14,7 +14,8 @@
 #   big       Llama-3.1-8B's shape in Q4_K (random weights): load time, decode ms/step vs the bytes bound;
 #   launches  playground/decode_launches.py: the CUDA kernels of one replayed decode step, per layer;
 #   qmatmul   playground/gpu_qmatmul_bench.py: GGUF-block Triton matmuls vs cuBLAS on dense bf16;
-#   sampling  playground/gpu_sampling_bench.py: the sampler chain on the device vs a copy to the host.
+#   sampling  playground/gpu_sampling_bench.py: the sampler chain on the device vs a copy to the host;
+#   http      playground/http_overhead.py: the server's CPU per streamed token, h11 + asyncio vs httptools + uvloop.
 # The default parts are this round's (third: 2026-11-27); the first two rounds' hf, kernels, sweep
 # and attention run when named in GPU_CHECK_PARTS. A part starts only with at least 20 s left;
 # a part whose script is absent is skipped; logs go to OUT_DIR/<part>.log, a short table last.
@@ -93,6 +94,16 @@ qmatmul() { missing playground/gpu_qmatmul_bench.py && return 0
     $PY playground/gpu_qmatmul_bench.py $DRYARG --budget-s 55 --out "$OUT_DIR"; }
 launches() { missing playground/decode_launches.py && return 0
     $PY playground/decode_launches.py --device "$DEV" --compare --out "$OUT_DIR"; }
+http() {   # the server's host work per streamed token: h11 + asyncio against httptools + uvloop (and
+    # the streams' catch-up coalescing both have), Qwen2.5-0.5B's shape in Q4_K, streamed chat
+    local md; md=$(mktemp -d); local shape=qwen2.5-0.5b conc=1,8,64 tokens=64 rounds=2
+    [[ "$DRY" == 1 ]] && { shape=tiny; conc=1,4; tokens=8; rounds=1; }
+    $PY playground/shape_model.py $shape Q4_K "$md/q.gguf" || return 3
+    $PY playground/http_overhead.py -m "$md/q.gguf" --serve-args "--device $DEV" -t 4 --endpoints chat \
+        --concurrency $conc --tokens $tokens --rounds $rounds --tree .:SLOTSERVER_HTTP=h11 --tree . \
+        --json "$OUT_DIR/http_overhead.json"
+    local rc=$?; rm -rf "$md"; return $rc
+}
 sampling() { missing playground/gpu_sampling_bench.py && return 0
     $PY playground/gpu_sampling_bench.py --device "$DEV" $DRYARG --budget-s 30; }
 part versions 30 versions
@@ -123,6 +134,7 @@ part attention 60 $PY playground/gpu_attention_bench.py "${ATT_DRY[@]}" --out "$
 TAIL=40 part qmatmul 60 qmatmul
 TAIL=20 part big 120 big
 TAIL=30 part sampling 40 sampling
+TAIL=12 part http 100 http
 
 echo
 echo "== short table ($(elapsed) s in all; logs in $OUT_DIR)"
@@ -141,3 +153,4 @@ sed -n '/^timings of/,$p' "$OUT_DIR/labtime.log" 2>/dev/null | head -30
 sed -n '/^summary (copy+host/,$p' "$OUT_DIR/sampling.log" 2>/dev/null | head -20
 [[ -f "$OUT_DIR/big.log" ]] && grep -h -E "written in|^loaded|^copy bandwidth|^big.gguf" "$OUT_DIR/big.log" | tail -8
 sed -n '/^summary/,$p' "$OUT_DIR/attention.log" 2>/dev/null | head -20
+sed -n '/^summary/,$p' "$OUT_DIR/http.log" 2>/dev/null | head -10

@@ -9,6 +9,11 @@ the weight and KV bytes per step set at the card's measured copy bandwidth; then
     python playground/gpu_model_bench.py q4km.gguf --device cuda --gpu-weights dense,blocks --out DIR
 
 --gpu-weights: each model loads once per form listed (model/gpu_weights.py); rows name the form.
+--fused-gemv off,on: the same for ModelConfig.fused_gemv (decode steps of <= 16 rows on kernels/gemv.py's
+fused GEMVs, model/gemv_step.py, against the lean body's cuBLAS matmuls); rows marked "+gemv".
+
+    python playground/gpu_model_bench.py qwen-bf16.gguf --device cuda --gpu-weights dense --fused-gemv off,on \
+        --batches 1,8,16 --engine-tokens 0 --budget-s 120 --out DIR        # the fused-GEMV A/B
 
 The models are usually random-weight files of real shapes (playground/shape_model.py): a decode
 step's time does not depend on the values. Each number is the median over `--steps` steps after
@@ -70,7 +75,7 @@ def decode_steps(bundle: ModelBundle, batch: int, ctx: int, steps: int, layout: 
         model.forward(Batch.build([SeqChunk(b, 0, toks, logits=False)], dev), cache)
     times = []
     for i in range(steps + 2):
-        bt = Batch.build([SeqChunk(b, ctx + i, [500]) for b in range(batch)], dev)
+        bt = Batch.build([SeqChunk(b, ctx + i, [min(500, s.vocab_size - 1)]) for b in range(batch)], dev)
         sync(dev)
         t = time.perf_counter()
         model.forward(bt, cache)
@@ -118,6 +123,8 @@ def main() -> None:
     p.add_argument("--layout", default="head_seq_dim")
     p.add_argument("--gpu-weights", default="auto",
                    help="comma-separated --gpu-weights forms to time each model in, e.g. dense,blocks (default auto)")
+    p.add_argument("--fused-gemv", default="off",
+                   help="comma-separated off/on: load each model once per setting (ModelConfig.fused_gemv), the A/B")
     p.add_argument("--out", type=Path, default=Path("."))
     p.add_argument("--async-steps", default="auto",
                    help="the engine run's --async-steps; a comma list (off,on) runs the engine once per mode: the A/B")
@@ -128,16 +135,17 @@ def main() -> None:
     t_start = time.perf_counter()
     batches = [int(b) for b in a.batches.split(",")]
     rows, bw = [], None
-    for path, gw in ((path, gw) for path in a.models for gw in a.gpu_weights.split(",")):
+    gemv_modes = [{"off": False, "on": True}[m] for m in a.fused_gemv.split(",")]   # a bad one: KeyError
+    for path, gw, fg in ((path, gw, fg) for path in a.models for gw in a.gpu_weights.split(",") for fg in gemv_modes):
         t0 = time.perf_counter()
         bundle = ModelBundle.load(ModelConfig(path, dtype="auto", device=a.device, max_ctx=a.ctx + a.steps + 64,
-                                              gpu_weights=gw))
+                                              gpu_weights=gw, fused_gemv=fg))
         dev = bundle.model.device
         print(f"loaded {path.name} ({path.stat().st_size / 1e9:.2f} GB) on {dev} [{bundle.config.gpu_weights}] "
               f"in {time.perf_counter() - t0:.1f} s",
               flush=True)
         bw = bw or copy_bandwidth(dev, 1 << 28 if dev == "cpu" else 1 << 30)
-        name = path.name if dev == "cpu" else f"{path.name} [{bundle.config.gpu_weights}]"
+        name = (path.name if dev == "cpu" else f"{path.name} [{bundle.config.gpu_weights}]") + (" +gemv" if fg else "")
         for b in batches:
             if a.budget_s and time.perf_counter() - t_start > a.budget_s:
                 print(f"budget of {a.budget_s:.0f} s spent: {path.name} b={b} and later rows skipped", flush=True)

@@ -14,6 +14,8 @@ inter-token gap is the server's own.
 
 Each `--tree` is a source tree whose `slotserver` the server runs (PYTHONPATH); with several, the
 measurements alternate between them, one (endpoint, concurrency) cell at a time, `--rounds` times.
+A tree may carry environment settings for its server: `--tree .:SLOTSERVER_HTTP=h11 --tree .`
+compares the h11 + asyncio stack with the default httptools + uvloop on one tree.
 The client is a bare asyncio HTTP/1.1 reader (no httpx, no JSON per event) so that it takes as
 little of the shared cores as it can; its own CPU is printed too.
 """
@@ -82,13 +84,20 @@ class Server:
         return out
 
 
-def start_server(cfg: Config, tree: str) -> Server:
+def tree_env(spec: str) -> tuple[str, dict[str, str]]:
+    """`PATH[:NAME=VALUE[,NAME=VALUE...]]` -> (PATH, its server's extra environment)."""
+    path, _, env = spec.partition(":") if "=" in spec else (spec, "", "")
+    return path, dict(kv.split("=", 1) for kv in env.split(",") if kv)
+
+
+def start_server(cfg: Config, spec: str) -> Server:
+    tree, extra = tree_env(spec)
     port = free_port()
     n_ctx = max(cfg.concurrency) * max(256, cfg.tokens + 64)
     cmd = [sys.executable, "-m", "slotserver.cli.main", "serve", "-m", cfg.model, "--port", str(port),
            "-np", str(max(cfg.concurrency)), "-c", str(n_ctx), "-t", str(cfg.threads), "--no-watch",
            *cfg.serve_args]
-    env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
+    env = {**os.environ, **extra, "PYTHONPATH": str(Path(tree).resolve())}
     # its log goes to a file: a pipe nobody reads fills up (an access line per request) and then
     # blocks the server's event loop in the middle of a run
     log = tempfile.NamedTemporaryFile("wb", prefix="http_overhead_", suffix=".log", delete=False)
@@ -97,7 +106,7 @@ def start_server(cfg: Config, tree: str) -> Server:
         wait_healthy(port, f"slotserver from {tree} (log: {log.name})", proc)
     finally:
         log.close()
-    return Server(tree, port, proc)
+    return Server(spec, port, proc)
 
 
 def body(cfg: Config, endpoint: str, i: int) -> dict:

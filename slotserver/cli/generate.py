@@ -50,6 +50,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "cuBLAS. blocks: the GGUF blocks as in the file, Triton dequantize-matmul (a third of the "
                         "memory for Q4_K). auto (default): dense where it fits in half the card's free memory, "
                         "else blocks")
+    p.add_argument("--fused-gemv", choices=["on", "off"], default="off",
+                   help="on --device cuda with dense weights: decode steps of up to 16 rows on fused GEMV kernels "
+                        "(norm, bias, rope, gate and residual add inside the matmuls: kernels/gemv.py) instead of "
+                        "cuBLAS and separate kernels; off (default) until a GPU run shows it faster (docs/gpu.md)")
     p.add_argument("-t", "--threads", type=int, default=0,
                    help="compute threads (default 0: the physical cores this process may use, as llama.cpp)")
     p.add_argument("--tp", type=int, default=0,
@@ -86,7 +90,7 @@ def load_bundle(args):
 
     config = ModelConfig(model_path=args.model or default_model_path(), dtype=args.dtype,
                          threads=args.threads, layout=args.layout, kernels_dir=args.kernels_dir, weights=args.weights,
-                         gpu_weights=args.gpu_weights,
+                         gpu_weights=args.gpu_weights, fused_gemv=args.fused_gemv == "on",
                          layouts_dir=args.layouts_dir, device=args.device)
     with load_progress(f"loading {config.model_path.name}") as tick:
         return ModelBundle.load(config, tick, check_tensors=args.check_tensors)

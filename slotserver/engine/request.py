@@ -1,8 +1,8 @@
 """What a client submits to the engine and what it gets back: a request, its events, its handle.
 
 The engine thread emits events into the handle; an asyncio consumer receives them through the
-engine's `Outbox` (one `loop.call_soon_threadsafe` per step, never touching engine state), a plain
-thread through a queue.
+engine's `Outbox` (at most one `loop.call_soon_threadsafe` per step, never touching engine state),
+a plain thread through a queue.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import queue
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Iterator, Union
+from typing import AsyncIterator, Awaitable, Callable, Iterator, Union
 
 from slotserver.engine.outbox import Outbox
 from slotserver.errors import EngineBusy, RequestError  # noqa: F401  re-export: defined without torch in slotserver.errors
@@ -107,6 +107,9 @@ class RequestHandle:
         self.seq = None   # the engine's Sequence (set by Engine.submit; read on the engine thread only)
         self._sync: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._async: asyncio.Queue[Event] | None = asyncio.Queue() if loop is not None else None
+        # awaited by `events()` just before it waits for the engine (nothing queued): a streamed
+        # response sends what it has gathered from the events already there (server/sse.py)
+        self.before_wait: Callable[[], Awaitable[None]] | None = None
 
     def emit(self, event: Event) -> None:
         """Called on the engine thread. An asyncio consumer gets it when the engine flushes its outbox
@@ -121,8 +124,11 @@ class RequestHandle:
 
     async def events(self) -> AsyncIterator[Event]:
         assert self._async is not None, "submit(..., loop=...) to consume events asynchronously"
+        events = self._async
         while True:
-            event = await self._async.get()
+            if self.before_wait is not None and events.empty():
+                await self.before_wait()
+            event = await events.get()
             yield event
             if isinstance(event, END_EVENTS):
                 return

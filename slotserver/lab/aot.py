@@ -32,7 +32,10 @@ def compile_for(fn, signature: dict, constexprs: dict, arch: int, options: dict 
     """`triton.compile` for `cuda:arch` (no GPU needed), then `ptxas -v` on its PTX for the
     registers and spills (`CompiledKernel.n_regs`/`n_spills` only exist after loading on a GPU).
     options: the launch's num_warps / num_stages (a spec's optional 4th element), as it serves, and
-    `aligned` (argument names) for the divisibility the JIT would see."""
+    optionally `aligned`: the argument names the JIT sees as multiples of 16 where it serves
+    (pointers from torch's allocator; strides and sizes of the served shapes). The JIT specializes
+    those (`tt.divisibility`), which is what lets a masked row load become a 16-byte vector load;
+    without it the compile is the worst case (e.g. 2-byte loads of a bf16 weight row)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
@@ -42,9 +45,7 @@ def compile_for(fn, signature: dict, constexprs: dict, arch: int, options: dict 
     assert set(signature) == set(fn.arg_names), f"AOT signature keys must be {fn.arg_names}"
     ordered = {name: signature[name] for name in fn.arg_names}  # the kernel's parameter order
     options = dict(options or {})
-    # "aligned": arguments compiled as multiples of 16 (bytes for pointers), as the JIT specializes a
-    # launch's 16-byte aligned tensors: without it no load of the AOT compile is vectorized
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in options.pop("aligned", ())}
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in options.pop("aligned", ())}
     compiled = triton.compile(triton.compiler.ASTSource(fn, ordered, constexprs, attrs),
                               target=GPUTarget("cuda", arch, 32), options=options or None)
     ptx, cubin = compiled.asm.get("ptx", ""), compiled.asm.get("cubin", b"")

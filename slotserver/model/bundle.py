@@ -54,6 +54,7 @@ class ModelBundle:
                    "weights read"):
             model = LlamaModel.from_file(f, spec, config.torch_dtype, kernels, config.max_ctx or None, progress,
                                          config.weight_format, device)
+        model.fused_gemv = config.fused_gemv   # model/gemv_step.py: CUDA decode steps on fused GEMVs
         model.set_step_graphs(config.replays_step_graphs)
         return cls(config, model, tokenizer, template, _without_vocabulary(f.metadata))
 

@@ -37,6 +37,9 @@ class ModelConfig:
     step_graphs: bool = True         # replay captured decode steps (slotserver/model/step_graph.py)
     device: str = "cpu"              # auto | cpu | cuda (runtime/device.py); the CLI's default is auto
     gpu_weights: str = "auto"        # on CUDA: dense (bf16 + cuBLAS) | blocks (GGUF blocks + qmatmul_gpu) | auto
+    # on CUDA, dense weights: decode steps of <= 16 rows on kernels/gemv.py's fused GEMVs instead of
+    # cuBLAS + separate norm/rope/gate kernels (model/gemv_step.py); off until a GPU run shows it faster
+    fused_gemv: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
@@ -47,6 +50,8 @@ class ModelConfig:
             raise ConfigError(f"context size must be >= 0, got {self.max_ctx!r}")
         if not isinstance(self.step_graphs, bool):
             raise ConfigError(f"step_graphs must be a bool, got {self.step_graphs!r}")
+        if not isinstance(self.fused_gemv, bool):
+            raise ConfigError(f"fused_gemv must be a bool, got {self.fused_gemv!r}")
         if self.weights not in WEIGHTS:
             raise ConfigError(f"--weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
         if self.gpu_weights not in GPU_WEIGHTS:

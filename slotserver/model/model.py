@@ -29,7 +29,7 @@ from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
 from slotserver.model.step_graph import GRAPH_BYTES_MIN, StepGraphs
 from slotserver.model.cuda_graph import CudaGraphs
-from slotserver.model import heap, lean_step
+from slotserver.model import gemv_step, heap, lean_step
 from slotserver.model.bias_add import add_bias
 from slotserver.model.linear import QLinear
 from slotserver.model.moe import moe_ffn
@@ -49,6 +49,10 @@ class LlamaModel:
     # --tp's rank 0 (slotserver/parallel/leader.py): called with (batch, cache) before each forward,
     # to send the step to the other ranks, which run the same forward on their shards
     step_hook: Callable[[Batch, object], None] | None = None
+    # decode steps of few rows on the fused GEMV kernels (gemv_step.py; ModelConfig.fused_gemv): off
+    # until a GPU run shows it faster than the lean body's cuBLAS matmuls. Set at load: a change after
+    # CUDA graphs were captured needs set_step_graphs(True) to recapture them
+    fused_gemv: bool = False
 
     def __post_init__(self) -> None:
         if not self.layer_ropes:
@@ -160,8 +164,9 @@ class LlamaModel:
         s, w, ops = self.spec, self.weights, self.kernels
         act, plain, silu = w.act_dtype, self._plain, s.act != "gelu"
         fuse = ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}   # per step: a reload may swap it
-        if lean_step.applies(self, ops):   # the Triton kernels: fewer launches (lean_step.py)
-            return self._logits(fuse, lean_step.lean_body(self, x, angles, batch, cache), logits_into)
+        if lean_step.applies(self, ops):   # the Triton kernels: fewer launches (lean_step.py, gemv_step.py)
+            body = gemv_step.gemv_body if gemv_step.applies(self, ops, batch) else lean_step.lean_body
+            return self._logits(fuse, body(self, x, angles, batch, cache), logits_into)
         norm_adds = "acc" in ops.fuses.get("rms_norm", ()) and s.residual_scale == 1.0   # x += post_norm(y) in C
         for i, lw in enumerate(w.layers):
             qkv = self._mm(fuse, lw.qkv, x, norm=lw.attn_norm)       # [tokens, q_size + 2*kv_size]

@@ -25,7 +25,7 @@ from slotserver.engine.request import Event
 from slotserver.server.fields import Fields
 from slotserver.server.generation import ClientGone, Outcome, Run, _gather, submit
 from slotserver.server.job import CompletionJob
-from slotserver.server.sse import wait_for_disconnect
+from slotserver.server.sse import EventStreamResponse, wait_for_disconnect
 from slotserver.server.state import ServerState
 
 SEED_MOD = 2**32
@@ -112,6 +112,13 @@ async def merged(runs: list[Run]) -> AsyncIterator[tuple[int, Event]]:
     finally:
         for t in tasks:
             t.cancel()
+
+
+def streamed(chunks: AsyncIterator[bytes], runs: list[Run], write_timeout: float) -> EventStreamResponse:
+    """The SSE answer of `runs`; closing it cancels them. One run's backlog of events goes out in
+    one write (sse.py, "Coalescing"); n > 1 merges several runs' events and sends each chunk."""
+    response = EventStreamResponse(chunks, on_close=lambda: close_all(runs), write_timeout=write_timeout)
+    return response.gather_from(runs[0].handle) if len(runs) == 1 else response
 
 
 def close_all(runs: list[Run]) -> None:

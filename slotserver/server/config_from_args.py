@@ -120,7 +120,8 @@ def plan_from_args(args) -> LaunchPlan:
     model = ModelConfig(model_path=_model_path(args), dtype=args.dtype, weights=args.weights, threads=args.threads,
                         layout=layout, kernels_dir=args.kernels_dir, layouts_dir=args.layouts_dir,
                         max_ctx=engine.n_cells, step_graphs=not args.no_step_graphs, device=args.device,
-                        gpu_weights=getattr(args, "gpu_weights", "auto"))
+                        gpu_weights=getattr(args, "gpu_weights", "auto"),
+                        fused_gemv=getattr(args, "fused_gemv", "off") == "on")
     template = chat_template_source(args.chat_template, args.chat_template_file)
     return LaunchPlan(model=model, engine=engine, host=args.host, port=args.port, chat_template=template,
                       watch=not args.no_watch, warmup=not args.no_warmup, check_tensors=getattr(args, "check_tensors", False))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import signal
 import socket
 import sys
@@ -173,6 +174,16 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(0)
 
 
+def http_stack() -> dict[str, str]:
+    """uvicorn's HTTP protocol and event loop. By default ("auto") uvicorn takes httptools and uvloop,
+    which are dependencies; `SLOTSERVER_HTTP=h11` keeps the pure-Python h11 + asyncio pair, for an
+    A/B of the per-token host work (playground/http_overhead.py) or a client that trips on httptools."""
+    choice = os.environ.get("SLOTSERVER_HTTP", "auto")
+    if choice not in ("auto", "h11"):
+        raise SystemExit(f"SLOTSERVER_HTTP={choice!r}: expected auto or h11")
+    return {} if choice == "auto" else {"http": "h11", "loop": "asyncio"}
+
+
 def serve(state: ServerState, plan: LaunchPlan) -> int:
     """Run until interrupted; -> exit status (2 if the model failed to load)."""
     import uvicorn
@@ -181,7 +192,7 @@ def serve(state: ServerState, plan: LaunchPlan) -> int:
     host = f"[{plan.host}]" if ":" in plan.host else plan.host
     address = f"http://{host}:{sock.getsockname()[1]}"
     config = uvicorn.Config(create_app(state), log_config=None, access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, **http_stack())
     server = uvicorn.Server(config)
     failed: list[str] = []
 

@@ -14,6 +14,15 @@ The write timeout is a third task that sleeps until the current send's deadline,
 chunk: `anyio.fail_after` around each send made and cancelled a cancel scope and a loop timer per
 streamed token (with choices.merged's direct path for one run, the event loop's Python calls per
 token at 32 streams fell from ~300 to ~180, docs/performance.md).
+
+Coalescing (`gather_from`): a response fed by one engine request gathers the chunks of the events
+already queued and sends them as one body message when the request's handle is about to wait for
+the engine (`RequestHandle.before_wait`). A client that keeps up sees nothing different, one send
+per token, since each step's event finds an empty queue behind it; an event loop that has fallen
+behind the engine (engine/outbox.py hands it several steps' events at once) sends a stream's
+backlog in one write instead of one per token, so the per-send work (the middlewares' send
+wrappers, HTTP framing, the socket syscall) shrinks exactly when it is the bottleneck. No chunk
+waits for a later event: the flush runs before any wait.
 """
 
 from __future__ import annotations
@@ -64,6 +73,29 @@ class EventStreamResponse:
         self.extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
         self.client_gone = False
         self._send_started: float | None = None   # time.monotonic() when the pending send began
+        self._send: Send | None = None
+        self._gathered: list[bytes] | None = None  # coalescing: chunks not sent yet (gather_from)
+
+    def gather_from(self, handle) -> "EventStreamResponse":
+        """Coalesce the chunks of `handle`'s queued events (see the module docstring). `handle` must
+        be the only source of events behind `chunks` (one engine request: not n > 1's merge)."""
+        self._gathered = []
+        handle.before_wait = self.flush
+        return self
+
+    async def flush(self) -> None:
+        """Send the gathered chunks as one body message (nothing if none)."""
+        gathered, send = self._gathered, self._send
+        if not gathered or send is None:
+            return
+        body = gathered[0] if len(gathered) == 1 else b"".join(gathered)
+        gathered.clear()
+        await self._send_body(send, body)
+
+    async def _send_body(self, send: Send, body: bytes) -> None:
+        self._send_started = time.monotonic()
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        self._send_started = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -98,11 +130,14 @@ class EventStreamResponse:
             await anyio.sleep(max(self.write_timeout - (now - started if started is not None else 0.0), 0.01))
 
     async def _produce(self, send: Send) -> None:
+        self._send = send
         try:
             async for chunk in self.chunks:
-                self._send_started = time.monotonic()
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                self._send_started = None
+                if self._gathered is not None:
+                    self._gathered.append(chunk)
+                else:
+                    await self._send_body(send, chunk)
+            await self.flush()
             self._send_started = time.monotonic()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError as e:  # the client is gone

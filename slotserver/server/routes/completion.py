@@ -19,7 +19,7 @@ from slotserver.server import sse
 from slotserver.server.body import read_json
 from slotserver.server.errors import ApiError
 from slotserver.server.formats import llama
-from slotserver.server.choices import close_all, collect_all, merged, submit_all
+from slotserver.server.choices import close_all, collect_all, merged, streamed, submit_all
 from slotserver.server.generation import ClientGone, Outcome, Run
 from slotserver.server.jsonio import JSONResp
 from slotserver.server.params import CompletionJob, parse_completion
@@ -69,7 +69,7 @@ async def run_llama_jobs(request: Request, state: ServerState, jobs: list[Comple
     runs = submit_all(state, jobs, log_state(request), prompts)
     if jobs[0].stream:
         chunks = llama_stream(runs, jobs, tokenizer, cfg.model_name, prompts)
-        return sse.EventStreamResponse(chunks, on_close=lambda: close_all(runs), write_timeout=cfg.timeout)
+        return streamed(chunks, runs, cfg.timeout)
 
     def render(outs: list[Outcome]) -> Response:
         bodies = [llama.final_response(j, o, tokenizer, cfg.model_name, p) for j, o, p in zip(jobs, outs, prompts)]

@@ -18,11 +18,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from slotserver.engine.request import ErrorEvent, FinalEvent, TokenEvent
-from slotserver.server import sse
 from slotserver.server.anthropic.errors import error_response
 from slotserver.server.anthropic.params import MessagesJob, count_tokens, parse_messages_request
 from slotserver.server.body import read_json
-from slotserver.server.choices import close_all, submit_all
+from slotserver.server.choices import submit_all, streamed
 from slotserver.server.errors import ApiError
 from slotserver.server.formats.anthropic import AnthropicFormatter, error_event
 from slotserver.server.generation import Run
@@ -59,8 +58,7 @@ async def messages(request: Request) -> Response:
     fmt = AnthropicFormatter(job.chat, job.omit_thinking)
     runs = submit_all(state, job.chat.jobs, log_state(request), job.chat.prompts)
     if job.chat.job.stream:
-        return sse.EventStreamResponse(anthropic_stream(runs[0], fmt), on_close=lambda: close_all(runs),
-                                       write_timeout=cfg.timeout)
+        return streamed(anthropic_stream(runs[0], fmt), runs, cfg.timeout)
     return await respond(runs, request, lambda outs: JSONResp(fmt.full(outs[0])))
 
 

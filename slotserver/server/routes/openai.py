@@ -19,7 +19,7 @@ from slotserver.server import sse
 from slotserver.server.body import read_json
 from slotserver.server.errors import ApiError
 from slotserver.server.formats.openai import OpenAIFormatter
-from slotserver.server.choices import close_all, submit_all
+from slotserver.server.choices import submit_all, streamed
 from slotserver.server.choices import merged
 from slotserver.server.generation import Run
 from slotserver.server.jsonio import JSONResp
@@ -57,8 +57,7 @@ async def _serve(request: Request, chat: bool) -> Response:
     fmts = [first] + [first.sibling(j) for j in oa.jobs[1:]]
     runs = submit_all(state, oa.jobs, log_state(request), oa.prompts)
     if oa.job.stream:
-        return sse.EventStreamResponse(openai_stream(runs, fmts), on_close=lambda: close_all(runs),
-                                       write_timeout=cfg.timeout)
+        return streamed(openai_stream(runs, fmts), runs, cfg.timeout)
     return await respond(runs, request, lambda outs: JSONResp(
         merge_choices([f.full(o) for f, o in zip(fmts, outs)], oa.jobs)))
 

@@ -18,9 +18,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from slotserver.engine.request import FinalEvent, ProgressEvent, TokenEvent
-from slotserver.server import sse
 from slotserver.server.body import read_json
-from slotserver.server.choices import close_all, merged, submit_all
+from slotserver.server.choices import merged, streamed, submit_all
 from slotserver.server.errors import ApiError
 from slotserver.server.formats.openai import OpenAIFormatter
 from slotserver.server.formats.responses import ResponsesFormatter
@@ -54,7 +53,7 @@ async def create_response(request: Request) -> Response:
     runs = submit_all(state, oa.jobs, log_state(request), oa.prompts)
     if oa.job.stream:
         events = response_events(runs[0], ResponseStream(fmt, req.obfuscate))
-        return sse.EventStreamResponse(events, on_close=lambda: close_all(runs), write_timeout=cfg.timeout)
+        return streamed(events, runs, cfg.timeout)
     return await respond(runs, request, lambda outs: JSONResp(fmt.full(outs[0])))
 
 
