@@ -100,26 +100,38 @@ def wide_errors(device: str = "cpu", x_dtype: torch.dtype = torch.float32) -> di
     return out
 
 
-def _fused_errors() -> dict[str, float]:
+def _fused_errors(qgemv: str = "slices") -> dict[str, float]:
     """QLinear(op="qmatmul_gpu").fused as the model calls it (the interpreted kernel set): a Q4_K_M
     style q|k|v (Q4_K and Q6_K parts, a bias) after the pre-norm, and a down projection after the
-    SiLU gate added into the residual; relative max error against torch in float64."""
+    SiLU gate added into the residual; relative max error against torch in float64. With qgemv
+    "wide" the Q4_K part (and down) take the wide GEMV, the 210-byte Q6_K rows the slices: the
+    reference quantizes the Q4_K part's x as q8_1 (q8_1_reference)."""
     from slotserver.model.linear import QLinear
     from slotserver.runtime.kernel_set import KernelSet
 
     ops, gen = KernelSet.load(impl="triton"), torch.Generator().manual_seed(2)
+    ops.modules["qmatmul_gpu"].module.QGEMV = qgemv
+    wide = (lambda v: _q8_1_dequant(v)) if qgemv == "wide" else (lambda v: v)   # noqa: E731
     parts = [random_qweight(gen, T.Q4_K, 40, 256), random_qweight(gen, T.Q6_K, 24, 256)]
-    exact = torch.cat([dequantize(p) for p in parts]).double()
+    exact = [dequantize(p).double() for p in parts]
     bias, norm, x = torch.randn(64, generator=gen), 1 + 0.1 * torch.randn(256, generator=gen), torch.randn(3, 256, generator=gen)
     normed = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * norm.double()
     qkv = QLinear(parts, bias, op="qmatmul_gpu").fused(x, ops, norm, 1e-5, False, None)
-    ref = normed @ exact.T + bias.double()
+    ref = torch.cat([wide(normed) @ exact[0].T, normed @ exact[1].T], dim=1) + bias.double()
     gate_up, acc = torch.randn(3, 512, generator=gen), torch.randn(3, 40, generator=gen)
     g, u = gate_up.double().chunk(2, dim=-1)
     down = QLinear(parts[:1], op="qmatmul_gpu").fused(gate_up, ops, None, 0.0, True, acc.clone())
-    ref_down = acc.double() + (g * torch.sigmoid(g) * u) @ exact[:40].T
+    ref_down = acc.double() + wide(g * torch.sigmoid(g) * u) @ exact[0].T
+    exact_qkv = torch.cat([normed @ e.T for e in exact], dim=1) + bias.double()   # no q8_1: tells the paths apart
     return {"qkv": float((qkv.double() - ref).abs().max()) / (1 + float(ref.abs().max())),
-            "down": float((down.double() - ref_down).abs().max()) / (1 + float(ref_down.abs().max()))}
+            "down": float((down.double() - ref_down).abs().max()) / (1 + float(ref_down.abs().max())),
+            "qkv_vs_exact": float((qkv.double() - exact_qkv).abs().max()) / (1 + float(exact_qkv.abs().max()))}
+
+
+def _q8_1_dequant(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] as the wide GEMV sees it: q8_1_reference's integers times their scales, float64."""
+    q, d = q8_1_reference(x.float())
+    return (q * d).reshape(x.shape).double()
 
 
 def _blocks_tokens(path: Path, qgemv: str = "slices") -> list[list[int]]:
@@ -169,6 +181,15 @@ def test_every_format_in_both_regimes_matches_the_exact_product(interpreted):
 
 def test_the_models_fused_calls_match_torch_with_mixed_formats_bias_norm_gate_and_residual(interpreted):
     assert interpreted["fused"]["qkv"] < 1e-4 and interpreted["fused"]["down"] < 1e-4, interpreted["fused"]
+
+
+def test_the_models_fused_calls_through_the_wide_gemv_match_the_q8_1_product(interpreted):
+    """x is the norm kernel's float32 output (and the SiLU gate's), quantized to q8_1 by the wide path
+    for the Q4_K part only: the float64 reference quantizing the same part gives the same product;
+    against the unquantized product the 8-bit activation shows."""
+    fused = interpreted["fused_wide"]
+    assert fused["qkv"] < 1e-5 and fused["down"] < 1e-5, fused
+    assert fused["qkv_vs_exact"] > 1e-4 and interpreted["fused"]["qkv_vs_exact"] < 1e-5, (fused, interpreted["fused"])
 
 
 def test_a_tiny_model_on_blocks_generates_the_dense_references_tokens(interpreted, tiny_q8):
@@ -251,5 +272,6 @@ def test_a_format_without_a_kernel_is_refused_by_name():
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
-    print(MARK + json.dumps({"errors": _format_errors(), "fused": _fused_errors(), "wide": wide_errors(),
+    print(MARK + json.dumps({"errors": _format_errors(), "fused": _fused_errors(), "fused_wide": _fused_errors("wide"),
+                             "wide": wide_errors(),
                              "tokens": _blocks_tokens(Path(sys.argv[1])), "tokens_wide": _blocks_tokens(Path(sys.argv[1]), "wide")}))
