@@ -16,8 +16,12 @@
 #   qmatmul   playground/gpu_qmatmul_bench.py: GGUF-block Triton matmuls vs cuBLAS on dense bf16;
 #   sampling  playground/gpu_sampling_bench.py: the sampler chain on the device vs a copy to the host;
 #   http      playground/http_overhead.py: the server's CPU per streamed token, h11 + asyncio vs httptools + uvloop.
-# The default parts are this round's (third: 2026-11-27); the first two rounds' hf, kernels, sweep
-# and attention run when named in GPU_CHECK_PARTS. A part starts only with at least 20 s left;
+#   gemvab    the fused-GEMV decode body (--fused-gemv) against the lean body, Qwen2.5-0.5B BF16;
+#   qgemvab   Llama-8B's shape on GGUF blocks: SLOTSERVER_QGEMV=slices against wide;
+#   gemv      playground/gpu_gemv_bench.py: each fused GEMV against what the lean body launches.
+# The default parts are the fourth round's (prepared on CPU 2026-11-27), in order of what matters,
+# then reruns of earlier rounds' hf, sweep, launches and labtime; archs, lab, kernels, attention, big
+# and sampling run when named in GPU_CHECK_PARTS. A part starts only with at least 20 s left;
 # a part whose script is absent is skipped; logs go to OUT_DIR/<part>.log, a short table last.
 #
 #   cd <repo root> && PYTHONPATH=. bash playground/gpu_check.sh [OUT_DIR]
@@ -26,7 +30,7 @@
 set -u
 T0=$(date +%s)
 TOTAL_S=${GPU_CHECK_TOTAL_S:-500}
-PARTS=${GPU_CHECK_PARTS:-versions,wheels,tests,archs,model,lab,labtime,qmatmul,big,launches,sampling}
+PARTS=${GPU_CHECK_PARTS:-versions,wheels,tests,gemvab,qmatmul,http,qgemvab,model,hf,sweep,gemv,launches,labtime}
 OUT_DIR="${1:-${OUT:-./gpu_out}}"
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
 cd "$(dirname "$0")/.." || exit 1        # the repo root
@@ -91,9 +95,29 @@ big() {   # Llama-3.1-8B's shape, Q4_K, dequantized on the card at load (runtime
 export DEV=cuda DRYARG="" OUT_DIR DRY; [[ "$DRY" == 1 ]] && { DEV=cpu; DRYARG=--dry-run; }
 missing() { [[ -f "$1" ]] && return 1; echo "$1 is absent: nothing to run"; }
 qmatmul() { missing playground/gpu_qmatmul_bench.py && return 0
-    $PY playground/gpu_qmatmul_bench.py $DRYARG --budget-s 55 --out "$OUT_DIR"; }
+    $PY playground/gpu_qmatmul_bench.py $DRYARG --tune 40 --budget-s 55 --out "$OUT_DIR"; }
 launches() { missing playground/decode_launches.py && return 0
-    $PY playground/decode_launches.py --device "$DEV" --compare --out "$OUT_DIR"; }
+    $PY playground/decode_launches.py --device "$DEV" --compare --gemv --out "$OUT_DIR"; }
+gemv() { missing playground/gpu_gemv_bench.py && return 0
+    $PY playground/gpu_gemv_bench.py $DRYARG --budget-s $(( PART_S - 15 )) --out "$OUT_DIR"; }
+gemvab() {   # the fused-GEMV body A/B (--fused-gemv off,on), Qwen2.5-0.5B's shape in BF16 (dense weights)
+    local md; md=$(mktemp -d); local shape=qwen2.5-0.5b bs=1,8,16 steps=20
+    [[ "$DRY" == 1 ]] && { shape=tiny; bs=1,2; steps=3; }
+    $PY playground/shape_model.py $shape BF16 "$md/q.gguf" || return 3
+    $PY playground/gpu_model_bench.py "$md/q.gguf" --device "$DEV" --batches $bs --steps $steps \
+        --engine-tokens 0 --gpu-weights dense --fused-gemv off,on --budget-s $(( PART_S - 30 )) \
+        --out "$OUT_DIR/gemvab"
+    local rc=$?; rm -rf "$md"; return $rc; }
+qgemvab() {   # Llama-8B's shape on GGUF blocks: the slices GEMV against the wide one (SLOTSERVER_QGEMV)
+    local md; md=$(mktemp -d); local shape=llama-3.1-8b bs=1,8 steps=10 q rc=0
+    [[ "$DRY" == 1 ]] && { shape=tiny; bs=1,2; steps=3; }
+    $PY playground/shape_model.py $shape Q4_K "$md/big.gguf" || return 3
+    for q in slices wide; do
+        SLOTSERVER_QGEMV=$q $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches $bs \
+            --steps $steps --ctx 1024 --engine-tokens 0 --gpu-weights blocks --budget-s 40 \
+            --out "$OUT_DIR/qgemv_$q" || rc=$?
+    done
+    rm -rf "$md"; return $rc; }
 http() {   # the server's host work per streamed token: h11 + asyncio against httptools + uvloop (and
     # the streams' catch-up coalescing both have), Qwen2.5-0.5B's shape in Q4_K, streamed chat
     local md; md=$(mktemp -d); local shape=qwen2.5-0.5b conc=1,8,64 tokens=64 rounds=2
@@ -109,10 +133,13 @@ sampling() { missing playground/gpu_sampling_bench.py && return 0
 part versions 30 versions
 part wheels 60 wheels
 TAIL=60 part tests 80 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device.py \
-    $(ls tests/test_torch_dequant.py tests/test_device_*.py tests/test_gpu_*.py 2>/dev/null | grep -v test_device_archs)
-TAIL=40 part archs 70 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device_archs.py
-TAIL=60 part launches 50 launches
-TAIL=30 part model ${MODEL_PART_S:-180} bash playground/gpu_model_check.sh "$OUT_DIR"
+    $(ls tests/test_torch_dequant.py tests/test_device_*.py tests/test_gpu_*.py tests/test_gemv*.py 2>/dev/null | grep -v test_device_archs)
+# the fourth round's A/Bs first (prepared on CPU 2026-11-27: docs/gpu.md), then the earlier rounds' reruns
+TAIL=20 part gemvab 90 gemvab
+TAIL=40 part qmatmul 110 qmatmul
+TAIL=12 part http 100 http
+TAIL=20 part qgemvab 120 qgemvab
+TAIL=30 part model ${MODEL_PART_S:-120} bash playground/gpu_model_check.sh "$OUT_DIR"
 if [[ "$DRY" == 1 ]]; then
     part hf 60 $PY playground/hf_bench.py --device cpu --tiny --batches 1,2 --steps 4 --out "$OUT_DIR"
     part kernels 60 env TRITON_INTERPRET=1 $PY playground/gpu_kernel_bench.py --dry-run --out "$OUT_DIR"
@@ -125,16 +152,17 @@ else
     part sweep 50 $PY playground/layout_sweep.py --device cuda --dtype bfloat16 --batches 1 8 32 64 \
         --contexts 1024 2048 4096 8192 --rounds 2 --reps 20 --out "$OUT_DIR/layout_sweep.png"
 fi
-TAIL=40 part lab 60 $PY -m slotserver.cli.main lab check --cases 2 --no-aot
+TAIL=30 part gemv 60 gemv
+TAIL=60 part launches 50 launches
 TAIL=40 part labtime 40 $PY -c "from slotserver.cli.lab import time_kernels; print(time_kernels(None, small=$DRY == 1))"
+# earlier rounds' parts, run when named in GPU_CHECK_PARTS
+TAIL=40 part archs 70 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device_archs.py
+TAIL=40 part lab 60 $PY -m slotserver.cli.main lab check --cases 2 --no-aot
 ATT_DRY=(); [[ "$DRY" == 1 ]] && ATT_DRY=(--dry-run)
 [[ "$DRY" == 1 ]] && export TRITON_INTERPRET=1
 part attention 60 $PY playground/gpu_attention_bench.py "${ATT_DRY[@]}" --out "$OUT_DIR" --budget-s 30
-
-TAIL=40 part qmatmul 60 qmatmul
 TAIL=20 part big 120 big
 TAIL=30 part sampling 40 sampling
-TAIL=12 part http 100 http
 
 echo
 echo "== short table ($(elapsed) s in all; logs in $OUT_DIR)"
