@@ -95,6 +95,7 @@ big() {   # Llama-3.1-8B's shape, Q4_K, dequantized on the card at load (runtime
 export DEV=cuda DRYARG="" OUT_DIR DRY; [[ "$DRY" == 1 ]] && { DEV=cpu; DRYARG=--dry-run; }
 missing() { [[ -f "$1" ]] && return 1; echo "$1 is absent: nothing to run"; }
 qmatmul() { missing playground/gpu_qmatmul_bench.py && return 0
+    [[ "$DRY" == 1 ]] && export TRITON_INTERPRET=1
     $PY playground/gpu_qmatmul_bench.py $DRYARG --tune 40 --budget-s 55 --out "$OUT_DIR"; }
 launches() { missing playground/decode_launches.py && return 0
     $PY playground/decode_launches.py --device "$DEV" --compare --gemv --out "$OUT_DIR"; }
@@ -182,3 +183,6 @@ sed -n '/^summary (copy+host/,$p' "$OUT_DIR/sampling.log" 2>/dev/null | head -20
 [[ -f "$OUT_DIR/big.log" ]] && grep -h -E "written in|^loaded|^copy bandwidth|^big.gguf" "$OUT_DIR/big.log" | tail -8
 sed -n '/^summary/,$p' "$OUT_DIR/attention.log" 2>/dev/null | head -20
 sed -n '/^summary/,$p' "$OUT_DIR/http.log" 2>/dev/null | head -10
+grep -h -A 10 "^copy bandwidth" "$OUT_DIR/gemvab.log" "$OUT_DIR/qgemvab.log" 2>/dev/null
+grep -h " layer " "$OUT_DIR/gemv.log" 2>/dev/null | head -12
+grep -h -E "^ +[a-z0-9.-]+ +[a-z_]+ +(Q|MX)[0-9A-Z_]+ +[0-9]+ " "$OUT_DIR/qmatmul.log" 2>/dev/null | head -40
