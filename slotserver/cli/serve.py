@@ -119,6 +119,10 @@ def add_parser(sub) -> None:
     a("--async-steps", choices=["auto", "on", "off"], default="auto",
       help="overlapped decode steps: the next decode step is launched before this one's tokens reach the "
            "host, hiding the host's work under the GPU's (auto, the default: on where the model runs on CUDA)")
+    a("--adaptive-threads", choices=["auto", "off"], default="auto",
+      help="on the CPU: run each forward with -t threads or one, whichever measured faster lately (a few "
+           "probe steps a minute; cores shared with other busy work make -t threads wait for each other, "
+           "10x slower at worst). auto (default): on where the model runs on the CPU with -t > 1; off: keep -t")
     a("--no-watch", action="store_true", help="do not watch kernels/ and layouts/ for changes")
     a("--no-warmup", action="store_true",
       help="skip the warmup run (each weight's repacked form is then built by the first request)")

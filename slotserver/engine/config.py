@@ -10,6 +10,7 @@ from slotserver.errors import ConfigError
 
 DEFRAG_MODES = ("on", "off")
 ASYNC_STEPS_MODES = ("auto", "on", "off")   # --async-steps: auto = on where the model runs on CUDA
+ADAPTIVE_THREADS_MODES = ("auto", "off")    # --adaptive-threads: auto = on where the model runs on the CPU with -t > 1
 CACHE_TYPES = ("auto", "f32", "f16", "bf16")   # llama-server's -ctk/-ctv names that a float cache can hold
 MIN_SHIFT_CELLS = 4   # a context shift keeps at most n_cells - 4 tokens (llama-server's rule)
 
@@ -52,6 +53,9 @@ class EngineConfig:
     # before this one's tokens reach the host. auto: on where the model runs on CUDA (on the CPU the
     # forward blocks, so there is nothing to overlap); on/off force it (on: also on the CPU, for tests)
     async_steps: str = "auto"
+    # --adaptive-threads: on the CPU, each forward runs with -t threads or one, whichever the engine
+    # measured faster lately (engine/thread_tuner.py: cores shared with other busy work); off keeps -t
+    adaptive_threads: str = "auto"
 
     def __post_init__(self) -> None:
         _positive("--parallel", self.n_parallel)
@@ -90,6 +94,9 @@ class EngineConfig:
             raise ConfigError(f"--context-shift needs slots of more than {MIN_SHIFT_CELLS} cells, got {self.n_cells}")
         if self.async_steps not in ASYNC_STEPS_MODES:
             raise ConfigError(f"--async-steps must be one of {', '.join(ASYNC_STEPS_MODES)}, got {self.async_steps!r}")
+        if self.adaptive_threads not in ADAPTIVE_THREADS_MODES:
+            raise ConfigError(f"--adaptive-threads must be one of {', '.join(ADAPTIVE_THREADS_MODES)}, "
+                              f"got {self.adaptive_threads!r}")
         if self.slot_save_path is not None and not Path(self.slot_save_path).is_dir():
             raise ConfigError(f"--slot-save-path {self.slot_save_path} is not a folder")
 

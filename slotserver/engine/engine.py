@@ -29,6 +29,7 @@ from slotserver.engine.loop import EngineLoop
 from slotserver.engine.sleep import Sleeper
 from slotserver.engine.masks import MaskFiller
 from slotserver.engine.outbox import Outbox
+from slotserver.engine.thread_tuner import ThreadTuner
 from slotserver.engine.disk_cache import DiskCache, model_key
 from slotserver.engine.prompt_cache import PromptCache, RamCacheHooks
 from slotserver.engine.port import EnginePort
@@ -84,6 +85,7 @@ class Engine:
         self.masks = MaskFiller(self.grammars)
         self.port = EnginePort(self)    # the verbs the lab and the slot files use
         self.lab = Lab(self.port, bundle.config.kernels_dir, bundle.config.layouts_dir)
+        self.threads = ThreadTuner(_tuned_threads(config, bundle), torch.set_num_threads, torch.get_num_threads)   # --adaptive-threads
         self.tracker = StatsTracker(self)
         self._wake = threading.Event()
         self.inbox = Inbox(self.sched, self.grammars, config.n_parallel + config.queue_limit, self._wake)
@@ -158,6 +160,7 @@ class Engine:
         self.sched.hooks.on_stop()   # --cache-disk: what the slots hold goes to disk (the thread is stopped)
         self.lab.close()   # a swap still waiting for a step is refused, not waited for
         self.masks.close()
+        self.threads.restore()
 
     # -- the engine thread -----------------------------------------------------------------------
     def release_buffers(self) -> None:
@@ -284,8 +287,19 @@ class Engine:
         batch = Batch.build(chunks, self.device)
         if tokens is not None:
             batch.tokens.copy_(tokens, non_blocking=True)   # queued after the sampler that made them
+        n_threads, t0 = self.threads.choose(batch.n_tokens), time.perf_counter()
         logits = self.bundle.model.forward(batch, self.cache, self._logits)
+        self.threads.record(batch.n_tokens, n_threads, time.perf_counter() - t0)
         return logits   # [n_sample, vocab], where the model ran (StepSampling copies what the host needs)
+
+
+def _tuned_threads(config: EngineConfig, bundle: ModelBundle) -> int:
+    """The thread count the tuner may lower to one (engine/thread_tuner.py); 1 turns it off: a GPU,
+    `-t 1`, `--adaptive-threads off`, and `--tp` (rank 0's forward waits for the other ranks, whose
+    counts it does not set: fewer threads there would only unbalance the ranks)."""
+    if config.adaptive_threads == "off" or bundle.model.device != "cpu" or bundle.model.step_hook is not None:
+        return 1
+    return torch.get_num_threads()
 
 
 def _speculator(config: EngineConfig, bundle: ModelBundle, draft: ModelBundle | None) -> Speculator:

@@ -65,6 +65,8 @@ class EngineStats:
     timings: StepTimings = field(default_factory=StepTimings)
     tokens_per_second: float = 0.0  # generated tokens per second over the last few seconds
     uptime_s: float = 0.0
+    threads: int = 0                # the last CPU forward's thread count (engine/thread_tuner.py; 0: not tuned)
+    thread_switches: int = 0        # times the tuner changed it
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -92,6 +92,7 @@ class StatsTracker:
             tokens_per_second=self._rate(), uptime_s=time.perf_counter() - self.t0,
             prompt_tokens_cached=sum(self.cached.values()), **self._ram_cache(),
             spec_draft_tokens=self.spec[0], spec_accepted_tokens=self.spec[1], spec_drafts=self.spec[2],
+            threads=e.threads.last if e.threads.enabled else 0, thread_switches=e.threads.switches,
         )
 
     def _ram_cache(self) -> dict:

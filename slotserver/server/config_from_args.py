@@ -116,6 +116,7 @@ def plan_from_args(args) -> LaunchPlan:
         kv_unified=bool(getattr(args, "kv_unified", False)), spec=spec_config_from_args(args),
         context_shift=args.context_shift, cache_reuse=getattr(args, "cache_reuse", 0),
         async_steps=getattr(args, "async_steps", "auto"),
+        adaptive_threads=getattr(args, "adaptive_threads", "auto"),
     )
     model = ModelConfig(model_path=_model_path(args), dtype=args.dtype, weights=args.weights, threads=args.threads,
                         layout=layout, kernels_dir=args.kernels_dir, layouts_dir=args.layouts_dir,
