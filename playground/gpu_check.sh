@@ -15,7 +15,7 @@
 #   launches  playground/decode_launches.py: the CUDA kernels of one replayed decode step, per layer;
 #   qmatmul   playground/gpu_qmatmul_bench.py: GGUF-block Triton matmuls vs cuBLAS on dense bf16;
 #   sampling  playground/gpu_sampling_bench.py: the sampler chain on the device vs a copy to the host;
-#   http      playground/http_overhead.py: the server's CPU per streamed token, h11 + asyncio vs httptools + uvloop.
+#   http      playground/http_overhead.py: the server's CPU per streamed token, asyncio vs uvloop.
 #   gemvab    the fused-GEMV decode body (--fused-gemv) against the lean body, Qwen2.5-0.5B BF16;
 #   qgemvab   Llama-8B's shape on GGUF blocks: SLOTSERVER_QGEMV=slices against wide;
 #   gemv      playground/gpu_gemv_bench.py: each fused GEMV against what the lean body launches.
@@ -119,13 +119,13 @@ qgemvab() {   # Llama-8B's shape on GGUF blocks: the slices GEMV against the wid
             --out "$OUT_DIR/qgemv_$q" || rc=$?
     done
     rm -rf "$md"; return $rc; }
-http() {   # the server's host work per streamed token: h11 + asyncio against httptools + uvloop (and
+http() {   # the server's host work per streamed token: asyncio against uvloop (and
     # the streams' catch-up coalescing both have), Qwen2.5-0.5B's shape in Q4_K, streamed chat
     local md; md=$(mktemp -d); local shape=qwen2.5-0.5b conc=1,8,64 tokens=64 rounds=2
     [[ "$DRY" == 1 ]] && { shape=tiny; conc=1,4; tokens=8; rounds=1; }
     $PY playground/shape_model.py $shape Q4_K "$md/q.gguf" || return 3
     $PY playground/http_overhead.py -m "$md/q.gguf" --serve-args "--device $DEV" -t 4 --endpoints chat \
-        --concurrency $conc --tokens $tokens --rounds $rounds --tree .:SLOTSERVER_HTTP=h11 --tree . \
+        --concurrency $conc --tokens $tokens --rounds $rounds --tree .:SLOTSERVER_LOOP=asyncio --tree . \
         --json "$OUT_DIR/http_overhead.json"
     local rc=$?; rm -rf "$md"; return $rc
 }

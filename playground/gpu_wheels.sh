@@ -9,5 +9,5 @@ cd "$(dirname "$0")/.."
 rm -rf .gpu_wheels && mkdir -p .gpu_wheels
 python3 -m pip download -q -d .gpu_wheels --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64 \
-    gguf starlette uvicorn httptools uvloop watchdog "llguidance>=1.9" prometheus_client pytest
+    gguf starlette uvicorn uvloop watchdog "llguidance>=1.9" prometheus_client pytest
 ls .gpu_wheels && du -sh .gpu_wheels

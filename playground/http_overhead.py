@@ -14,8 +14,8 @@ inter-token gap is the server's own.
 
 Each `--tree` is a source tree whose `slotserver` the server runs (PYTHONPATH); with several, the
 measurements alternate between them, one (endpoint, concurrency) cell at a time, `--rounds` times.
-A tree may carry environment settings for its server: `--tree .:SLOTSERVER_HTTP=h11 --tree .`
-compares the h11 + asyncio stack with the default httptools + uvloop on one tree.
+A tree may carry environment settings for its server: `--tree .:SLOTSERVER_LOOP=asyncio --tree .`
+compares asyncio's event loop with the default uvloop on one tree.
 The client is a bare asyncio HTTP/1.1 reader (no httpx, no JSON per event) so that it takes as
 little of the shared cores as it can; its own CPU is printed too.
 """

@@ -175,13 +175,15 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 
 def http_stack() -> dict[str, str]:
-    """uvicorn's HTTP protocol and event loop. By default ("auto") uvicorn takes httptools and uvloop,
-    which are dependencies; `SLOTSERVER_HTTP=h11` keeps the pure-Python h11 + asyncio pair, for an
-    A/B of the per-token host work (playground/http_overhead.py) or a client that trips on httptools."""
-    choice = os.environ.get("SLOTSERVER_HTTP", "auto")
-    if choice not in ("auto", "h11"):
-        raise SystemExit(f"SLOTSERVER_HTTP={choice!r}: expected auto or h11")
-    return {} if choice == "auto" else {"http": "h11", "loop": "asyncio"}
+    """uvicorn's HTTP protocol and event loop: h11, and uvloop (a dependency) where it is installed.
+    Not httptools: its protocol lowercases every response header name, and llama-server's clients
+    read `Process-Start-Time-Unix` (GET /metrics) from a plain dict with its capitals (llama.cpp's
+    own server tests do); h11 writes names as given. `SLOTSERVER_LOOP=asyncio` keeps the standard
+    loop, for an A/B of the per-token host work (playground/http_overhead.py)."""
+    loop = os.environ.get("SLOTSERVER_LOOP", "auto")
+    if loop not in ("auto", "asyncio"):
+        raise SystemExit(f"SLOTSERVER_LOOP={loop!r}: expected auto or asyncio")
+    return {"http": "h11", "loop": loop}
 
 
 def serve(state: ServerState, plan: LaunchPlan) -> int:
