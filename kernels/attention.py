@@ -42,6 +42,7 @@ import triton as _triton
 import triton.language as tl
 
 from slotserver.runtime import native
+from slotserver.runtime.gpu_info import sm_count
 from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk, softmax_sinks
 from slotserver.runtime.kv_spec import StridedKV
 
@@ -595,21 +596,9 @@ def decode_splits(n_seqs: int, kv_heads: int, span: int, device: torch.device) -
     that bucket (slotserver/model/cuda_graph.py) replays."""
     if DECODE_FORCE_SPLITS:
         return max(1, int(DECODE_FORCE_SPLITS))
-    want = -(-DECODE_WAVES * _sm_count(device) // max(1, n_seqs * kv_heads))
+    want = -(-DECODE_WAVES * sm_count(device, DEFAULT_SMS) // max(1, n_seqs * kv_heads))
     span = 1 << max(0, span - 1).bit_length()
     return max(1, min(want, -(-span // DECODE_MIN_CHUNK), DECODE_MAX_SPLITS))
-
-
-_SMS: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return DEFAULT_SMS
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SMS:
-        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SMS[index]
 
 
 def _decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, out: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor,

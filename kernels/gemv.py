@@ -40,14 +40,14 @@ reading 229 KB in 1024-wide steps), so one program a row block still fills the c
 
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 import triton as _triton
 import triton.language as tl
+
+from slotserver.runtime.gpu_info import interpreted, sm_count
 
 OP = "gemv"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
@@ -281,22 +281,6 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, acc_ptr, cos_ptr, sin_ptr, y_ptr,
         tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=omask)
 
 
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-@functools.cache
-def _sms_of(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _sms(device: torch.device) -> int:
-    """SMs of the card (cached: a decode step makes ~100 calls); 1 off a GPU (the interpreter)."""
-    if device.type != "cuda":
-        return 1
-    return _sms_of(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def triton(x, w, bias=None, glu="", norm=None, eps=1e-6, acc=None, cos=None, sin=None, head_dim=0, rope_cols=0,
            tiling: GemvPlan | None = None):
     """Same contract as `cpu`, for x of at most SMALL_M rows (the model sends more to cuBLAS).
@@ -307,7 +291,7 @@ def triton(x, w, bias=None, glu="", norm=None, eps=1e-6, acc=None, cos=None, sin
     out = acc if acc is not None else torch.empty((m, n), dtype=w.dtype, device=w.device)
     if m == 0 or n == 0:
         return out
-    p = tiling or plan(m, n, k, _sms(w.device), bool(glu))
+    p = tiling or plan(m, n, k, sm_count(w.device), bool(glu))
     dummy = w
     cs = cos if cos is not None else dummy
     _gemv_kernel[(_triton.cdiv(n, p.block_n),)](
@@ -316,7 +300,7 @@ def triton(x, w, bias=None, glu="", norm=None, eps=1e-6, acc=None, cos=None, sin
         cs.stride(0) if cos is not None else 0, out.stride(0), eps, max(head_dim, 1), rope_cols,
         cos.shape[1] if cos is not None else 0,
         BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_K=p.block_k, DOT=p.dot,
-        IEEE=w.dtype == torch.float32 or _interpreted(), NORM=norm is not None,
+        IEEE=w.dtype == torch.float32 or interpreted(), NORM=norm is not None,
         BIAS=bias is not None, GLU=GLU_CODES[glu], ROPE=cos is not None, ACC=acc is not None,
         num_warps=p.num_warps, num_stages=p.num_stages)
     return out

@@ -56,7 +56,6 @@ relative, as a dense bf16 copy is), the sums are float32; float32 x multiplies i
 
 from __future__ import annotations
 
-import functools
 import os
 
 import gguf
@@ -64,6 +63,7 @@ import torch
 import triton as _triton
 import triton.language as tl
 
+from slotserver.runtime.gpu_info import interpreted, sm_count
 from slotserver.runtime.qblocks import FLOATS, T, QWeight, dequantize, random_qweight
 
 OP = "qmatmul_gpu"
@@ -546,14 +546,14 @@ def _wide(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None) -> torch.Tensor
     """x quantized to q8_1 (one launch), then the wide GEMV (one launch); acc added in its store."""
     m, n = x.shape[0], w.n
     xq, xd, xs = q8_1(x)
-    r, step = wide_plan(n, w.k, w.qtype, _sms(x.device))
+    r, step = wide_plan(n, w.k, w.qtype, sm_count(x.device))
     fused = acc is not None and acc.shape == (m, n) and acc.stride(1) == 1
     y = acc if fused else torch.empty(m, n, dtype=x.dtype, device=x.device)
     words = w.raw.view(torch.int32)                                                            # [N, row_bytes / 4]
     wu = 4 if w.qtype in (T.Q4_K, T.Q5_K) else 1
     _wide_kernel[(_triton.cdiv(n, r),)](xq.view(torch.int32), xd, xs, words, y, m, n, w.k, words.stride(0) // wu,
                                        y.stride(0), FMT=int(w.qtype), ACC=fused, BLOCK_M=_triton.next_power_of_2(m),
-                                       R=r, STEP=step, WU=wu, ASM=not _interpreted(), num_warps=WIDE_WARPS)
+                                       R=r, STEP=step, WU=wu, ASM=not interpreted(), num_warps=WIDE_WARPS)
     return y if fused or acc is None else acc.add_(y.to(acc.dtype))
 
 
@@ -568,21 +568,6 @@ def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int]:
     return bm, bn, split, warps
 
 
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-@functools.cache
-def _sms_of(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _sms(device: torch.device) -> int:
-    """SMs of x's card (cached: a decode step makes ~100 calls); 1 off a GPU (the interpreter)."""
-    return _sms_of(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else 1
-
-
 def triton(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as `reference` (x and w.raw on the CUDA device, or CPU under TRITON_INTERPRET=1)."""
     assert w.qtype in FORMATS, f"qmatmul_gpu: no kernel for {w.name} (dequantized at load instead)"
@@ -593,7 +578,7 @@ def triton(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torc
         return _wide(x, w, acc)
     if m >= DEQUANT_GEMM_ROWS and n:
         return _dequant_gemm(x, w, acc)
-    bm, bn, split, warps = plan(m, n, w.k, _sms(x.device))
+    bm, bn, split, warps = plan(m, n, w.k, sm_count(x.device))
     fused = acc is not None and split == 1 and acc.shape == (m, n) and acc.stride(1) == 1
     if split > 1:
         y = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
@@ -604,7 +589,7 @@ def triton(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torc
         _qmm_kernel[grid](x, w.raw, y, m, n, w.k, x.stride(0), w.raw.stride(0), y.stride(-2),
                           y.stride(0) if split > 1 else 0, FMT=int(w.qtype), ACC=fused,
                           BLOCK_M=bm, BLOCK_N=bn, SPLIT_K=split,
-                          IEEE_DOT=x.dtype == torch.float32 or _interpreted(), num_warps=warps)
+                          IEEE_DOT=x.dtype == torch.float32 or interpreted(), num_warps=warps)
     if fused:
         return acc
     if split > 1:
