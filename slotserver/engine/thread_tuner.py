@@ -3,9 +3,9 @@
 Why: torch's OpenMP (libgomp) runs each parallel op as a team whose threads meet at a barrier,
 a few hundred times a decode step. On cores shared with other busy processes (a laptop compiling,
 a VM's neighbours, two servers on one host), a team member that has lost its core holds every
-barrier until the scheduler gives it one back: on this project's 2-core host, with one other
-session's tests running, the default model's decode step took 107-362 ms with 2 threads against
-13 ms with one (docs/performance.md, "Shared cores"). Nothing in the process can see that coming;
+barrier until the scheduler gives it one back: on this project's 2-core host, with another
+process's interpreted Triton tests running, the default model's decode step took 107-362 ms with
+2 threads against 13 ms with one (docs/performance.md, "Shared cores"). Nothing in the process can see that coming;
 a step's time shows it at once. So the engine times its forwards and now and then runs a couple
 of steps with the other count (a "probe"); if they were faster by a margin, that count serves. A
 probe that loses waits twice as long before the next one (up to MAX_PERIOD_S), so a quiet host
