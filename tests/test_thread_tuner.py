@@ -78,7 +78,7 @@ def test_decode_steps_and_prompt_chunks_choose_their_counts_separately():
     assert prompt == [2] and tuner.switches == 1
 
 
-def test_one_thread_and_the_gpu_are_not_tuned():
+def test_one_thread_is_not_tuned_and_an_unknown_mode_is_refused():
     host = Host({1: 0.01, 2: 0.5})
     tuner = ThreadTuner(1, host.set, lambda: host.threads, clock=lambda: host.now)
     assert not tuner.enabled and tuner.choose(8) == 1 and host.sets == []

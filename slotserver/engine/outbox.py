@@ -33,7 +33,7 @@ class Mailbox:
     def __init__(self) -> None:
         self.items: list[tuple[asyncio.Queue, object]] = []
         self.lock = threading.Lock()
-        self.wakeups = 0   # callbacks scheduled (tests, stats: fewer than flushes when coalesced)
+        self.wakeups = 0   # callbacks scheduled (tests: fewer than flushes when coalesced)
 
     def post(self, loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, object]]) -> None:
         """Engine thread: add a step's events; wake the loop unless a wake-up is already pending."""
