@@ -15,6 +15,7 @@ from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ModelConfig
 from slotserver.model.generate import GenRequest, generate
 from slotserver.model.sampling.params import SamplingParams
+from slotserver.runtime import native
 
 
 class Host:
@@ -86,8 +87,9 @@ def test_one_thread_is_not_tuned_and_an_unknown_mode_is_refused():
         EngineConfig(adaptive_threads="on")
 
 
+@pytest.mark.skipif(not native.enabled(), reason="the C kernels do not serve here (the tuner is off too)")
 def test_one_or_two_threads_give_the_same_tokens_and_log_probs_bit_for_bit(smollm_path):
-    """Why switching between two steps is allowed: the kernels split by rows and heads, never a sum."""
+    """Why switching between two steps is allowed: the C kernels split by rows and heads, never a sum."""
     threads = torch.get_num_threads()
     try:
         for weights, dtype in (("auto", "auto"), ("dense", "float32")):
@@ -103,11 +105,14 @@ def test_one_or_two_threads_give_the_same_tokens_and_log_probs_bit_for_bit(smoll
         torch.set_num_threads(threads)
 
 
-def test_the_engine_reports_its_thread_count_and_off_keeps_it(smollm_path):
+def test_the_engine_reports_its_thread_count_and_off_keeps_it(smollm_path, monkeypatch):
     threads = torch.get_num_threads()
     try:
         bundle = ModelBundle.load(ModelConfig(smollm_path, threads=2))
-        assert Engine(bundle, EngineConfig(n_parallel=1, ctx_size=256)).stats().threads == 2
+        tuned = Engine(bundle, EngineConfig(n_parallel=1, ctx_size=256)).stats().threads
+        assert tuned == (2 if native.enabled() else 0)
         assert Engine(bundle, EngineConfig(n_parallel=1, ctx_size=256, adaptive_threads="off")).stats().threads == 0
+        monkeypatch.setenv("SLOTSERVER_NATIVE", "0")   # the torch formulations: their floats follow -t
+        assert Engine(bundle, EngineConfig(n_parallel=1, ctx_size=256)).stats().threads == 0
     finally:
         torch.set_num_threads(threads)

@@ -81,6 +81,11 @@ def compiler() -> str | None:
     return shutil.which(cc)
 
 
+def enabled() -> bool:
+    """Whether the C kernels serve here: a compiler, and not `SLOTSERVER_NATIVE=0`."""
+    return os.environ.get("SLOTSERVER_NATIVE", "1") != "0" and compiler() is not None
+
+
 def compile_flags() -> tuple[str, ...]:
     """FLAGS and the target flags of this process's CPU variant (SLOTSERVER_CPU, see cpu_features)."""
     return (*FLAGS, *cpu_features.current().march_flags())
