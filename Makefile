@@ -5,6 +5,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8080
 ARGS   ?=
+# pytest-xdist workers for `make test`: whole files go to each (--dist loadfile), so a file's module
+# fixtures (a served model, an interpreted-Triton subprocess) start once; 2 fits CI's 2 cores
+WORKERS ?= 2
 
 .PHONY: setup serve test lint clean
 
@@ -22,7 +25,7 @@ serve: setup
 	$(VENV)/bin/slotserver serve --port $(PORT) $(ARGS)
 
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

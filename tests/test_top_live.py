@@ -39,6 +39,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def whole_machine() -> None:
+    """A child's preexec: every CPU the suite started with, not the pytest-xdist worker's share
+    (tests/conftest.py pins each worker). Pinned to one core beside a server decoding at full speed,
+    the monitor (rich renders a frame in tens of ms of Python) drew too few frames to catch a 0.4 s
+    request in about 1 run of 6; a user's monitor has the machine."""
+    cpus = os.environ.get("SLOTSERVER_TEST_CPUS")
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+
+
+def _controlling_tty() -> None:
+    whole_machine()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
 class Terminal:
     """A child process on a pseudo-terminal of a given size; everything it writes is kept."""
 
@@ -51,7 +66,7 @@ class Terminal:
         # own session with this pty as its controlling terminal, so ^C written here is a SIGINT
         self.proc = subprocess.Popen(argv, stdin=self.slave, stdout=self.slave, stderr=self.slave, cwd=ROOT,
                                      env=env, start_new_session=True,
-                                     preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+                                     preexec_fn=_controlling_tty)
         self.raw = bytearray()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -105,7 +120,7 @@ def server(tmp_path):
     port, log = free_port(), open(tmp_path / "server.log", "wb")
     argv = [sys.executable, "-m", "slotserver.cli.main", "serve", "-m", str(model), "--port", str(port),
             "-np", "2", "-c", "512", "--no-watch", "--api-key", KEY]
-    proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=ROOT)
+    proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=ROOT, preexec_fn=whole_machine)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
@@ -128,14 +143,19 @@ class Load:
     """Long requests, one after another, on a thread until stopped (keeps one slot processing)."""
 
     def __init__(self, url: str) -> None:
-        self.url, self.stop = url, threading.Event()
+        self.url, self.stop, self.failures = url, threading.Event(), []
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         body = {"prompt": "Hello world", "n_predict": 240, "ignore_eos": True, "temperature": 0}
         with httpx.Client(timeout=60, headers=AUTH) as c:
             while not self.stop.is_set():
-                assert c.post(self.url + "/completion", json=body).status_code == 200
+                try:
+                    r = c.post(self.url + "/completion", json=body)
+                    if r.status_code != 200:
+                        self.failures.append(f"{r.status_code} {r.text[:300]}")
+                except httpx.HTTPError as e:   # kept, so a failed load is named, not a bare timeout
+                    self.failures.append(repr(e))
 
     def __enter__(self) -> "Load":
         self.thread.start()
@@ -144,6 +164,7 @@ class Load:
     def __exit__(self, *exc) -> None:
         self.stop.set()
         self.thread.join(60)
+        assert not self.failures, f"the load's requests failed: {self.failures[:3]}"
 
 
 def header_layout(name: str) -> str:
