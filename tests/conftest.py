@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,13 @@ def _pin_xdist_worker() -> None:
 
 
 _pin_xdist_worker()
+
+# A suite started from a background job (`make test &` in a script) inherits SIGINT ignored, and
+# so would every server and CLI it starts (an ignored signal stays ignored across exec, and Python
+# then installs no KeyboardInterrupt handler): the Ctrl-C tests would see nothing happen. A
+# handler, unlike SIG_IGN, is reset to the default in a child at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import torch  # noqa: E402  (after the pinning, see there)
 from hypothesis import settings  # noqa: E402
