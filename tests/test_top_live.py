@@ -140,11 +140,12 @@ def server(tmp_path):
 
 
 class Load:
-    """Long requests, one after another, on a thread until stopped (keeps one slot processing)."""
+    """Long requests, one after another on each of two threads, until stopped: both slots keep
+    processing, so even a monitor that draws a frame only now and then (a busy core) catches one."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, clients: int = 2) -> None:
         self.url, self.stop, self.failures = url, threading.Event(), []
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
 
     def _run(self) -> None:
         body = {"prompt": "Hello world", "n_predict": 240, "ignore_eos": True, "temperature": 0}
@@ -158,12 +159,14 @@ class Load:
                     self.failures.append(repr(e))
 
     def __enter__(self) -> "Load":
-        self.thread.start()
+        for t in self.threads:
+            t.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
-        self.thread.join(60)
+        for t in self.threads:
+            t.join(60)
         assert not self.failures, f"the load's requests failed: {self.failures[:3]}"
 
 
