@@ -41,9 +41,12 @@ def free_port() -> int:
 
 def whole_machine() -> None:
     """A child's preexec: every CPU the suite started with, not the pytest-xdist worker's share
-    (tests/conftest.py pins each worker). Pinned to one core beside a server decoding at full speed,
-    the monitor (rich renders a frame in tens of ms of Python) drew too few frames to catch a 0.4 s
-    request in about 1 run of 6; a user's monitor has the machine."""
+    (tests/conftest.py pins each worker). Why: the monitor runs in a session of its own (its pty),
+    so the kernel schedules it as its own autogroup; pinned to the one core where the server decodes
+    at full speed, this VM's kernel left it runnable but unscheduled for seconds at a time (its
+    schedstat run time unchanged over 2 s, in 11 of 16 scripted runs; 0 of 28 with the monitor in
+    the server's session), and no frame caught a request. (A user's monitor in another terminal beside a busy server on a
+    one-core machine may see the same: that is the kernel's fairness between sessions.)"""
     cpus = os.environ.get("SLOTSERVER_TEST_CPUS")
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
