@@ -21,7 +21,7 @@ def _pin_xdist_worker() -> None:
     ask for 2 threads (-t 2, --tp 2) still get them, time-sliced on the share. It runs before torch
     is imported: OpenMP reads the usable CPUs once, when it loads, and only throttles its spinning
     when it knows it has more threads than CPUs (test_thread_tuner's 1-vs-2-thread test took 28 s
-    pinned after the import, 3.7 s pinned before)."""
+    in a suite run pinned after the import; pinned before it, alone under taskset, 3.7 s)."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if not worker or count < 2 or not hasattr(os, "sched_setaffinity"):
         return

@@ -19,7 +19,9 @@ import torch
 from slotserver.runtime import cpu_features
 
 from slotserver.runtime import native
-from slotserver.runtime.loader import default_dir
+from slotserver.lab.check import kernel_files
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT
+from slotserver.runtime.loader import default_dir, load_by_path
 
 needs_cc = pytest.mark.skipif(native.compiler() is None, reason="no C compiler on this machine")
 ADD = "int add(int64_t a, int64_t b) { return (int)(a + b); }\n"
@@ -114,14 +116,8 @@ def test_kernels_build_their_c_here_and_leave_subnormals_alone():
     """With a compiler, every kernel with C source uses it (so test_kernels checks the C, not only
     the fallback); and no library switched the process to flush-to-zero (`-ffast-math` would)."""
     mods = []
-    for path in sorted(default_dir("kernels").glob("*.py")):
-        spec = importlib.util.spec_from_file_location(f"_native_check_{path.stem}", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod   # as runtime/loader.py: dataclasses look their module up by name
-        try:
-            spec.loader.exec_module(mod)
-        finally:
-            sys.modules.pop(spec.name, None)
+    for path in kernel_files(default_dir("kernels")):
+        mod = load_by_path(path, KERNEL_CONTRACT).module   # as the lab loads them
         if getattr(mod, "NATIVE_C", None) is not None:
             mods.append(mod)
             assert mod._LIB is not None, path.stem

@@ -165,8 +165,9 @@ def tiny_q8(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def interpreted(tiny_q8) -> dict:
-    """Every interpreted check, in two processes at once: the interpreter is one core's work, and the
-    suite's other core is idle meanwhile."""
+    """Every interpreted check, in two processes at once: the interpreter is one core's work. That
+    pays in a one-process run (pytest tests/test_qmatmul_gpu.py: 21 -> 12 s); under `make test` the
+    two share their pinned worker's core (tests/conftest.py) while the other worker uses the other."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     procs = [subprocess.Popen([sys.executable, __file__, str(tiny_q8), half], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for half in ("a", "b")]

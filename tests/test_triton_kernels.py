@@ -37,7 +37,7 @@ MARK = "TRITON-INTERPRETED "
 COST = {"splits/attention": 9.1, "numerics/moe_route": 6.4, "splits/paged_attention": 5.8,
         "numerics/attention": 2.8, "numerics/moe_matmul": 2.1, "numerics/paged_attention": 1.5,
         "masking/attention": 1.4, "sinks/attention": 1.0}
-PARTS = 2   # interpreter processes: the interpreter is one Python thread, and the suite waits for it
+PARTS = 2   # interpreter processes (a thread each): 2 cores alone, 1 pinned core under make test
 
 
 def _jobs() -> list[tuple[str, str]]:

@@ -81,9 +81,14 @@ def compiler() -> str | None:
     return shutil.which(cc)
 
 
+def off_by_request() -> bool:
+    """`SLOTSERVER_NATIVE=0`: the torch formulations serve (A/B measurements, or to rule C out)."""
+    return os.environ.get("SLOTSERVER_NATIVE", "1") == "0"
+
+
 def enabled() -> bool:
     """Whether the C kernels serve here: a compiler, and not `SLOTSERVER_NATIVE=0`."""
-    return os.environ.get("SLOTSERVER_NATIVE", "1") != "0" and compiler() is not None
+    return not off_by_request() and compiler() is not None
 
 
 def compile_flags() -> tuple[str, ...]:
@@ -165,7 +170,7 @@ def build(name: str, source: str, origin: str | None = None, strict: bool = Fals
     (`signature`) reaches no other caller, so a lab edit being loaded never changes the functions
     of the version still serving, even where both hold the same C.
     """
-    if os.environ.get("SLOTSERVER_NATIVE", "1") == "0":  # off by request: the torch formulations serve
+    if off_by_request():
         return None
     full = _located(PRELUDE, str(_PRELUDE_FILE)) + _located(source, origin, name)
     key = hashlib.sha256("\0".join((code_text(full), *compile_flags())).encode()).hexdigest()  # a variant change rebuilds
