@@ -27,8 +27,8 @@ Regimes (`_qmm_kernel`'s tile sizes are its constexprs):
   N and K only), not across regimes (the GEMV sums in another order): batch-invariant as far as
   cuBLAS on a dense copy is, which picks its kernel by M too.
 - 1 to WIDE_MAX_M (8) rows of WIDE_FORMATS (all of FORMATS but MXFP4, whose 17-byte blocks are
-  not word-aligned) with QGEMV = "wide" (env SLOTSERVER_QGEMV=wide;
-  default "slices": the kernel above serves until a GPU run shows the wide one faster): llama.cpp's
+  not word-aligned) with QGEMV = "wide" (the default; env SLOTSERVER_QGEMV=slices for the kernel
+  above, which served until an H200 run showed this one 2.8-4x faster a model step): llama.cpp's
   CUDA `mmvq` in Triton (`_wide_kernel`). x is quantized once per call to q8_1 (`_q8_1_kernel`: int8
   per 32 values, float d and d * sum), each program reads R whole weight rows as int32 words (Q4_K,
   Q5_K: the 128-byte qs arrays with 16-byte loads; the 2-byte aligned Q6_K / Q8_0 / Q5_0 / Q4_0
@@ -36,14 +36,17 @@ Regimes (`_qmm_kernel`'s tile sizes are its constexprs):
   weights by 4 activations per PTX dp4a, summed in int32 and scaled once per 32 (16 for Q6_K); the
   whole of K in one program (no split partials), the residual add in its store. Its floats differ
   from the slices' by the 8-bit activation (as kernels/qmatmul.py on the CPU), within TOL; a row's
-  floats do not depend on M within 1..8 (wide_plan ignores M; tests/test_gpu_qgemv.py on a card).
+  floats do not depend on M within 1..8 (wide_plan's STEP ignores M and the partials are summed in
+  a fixed tree, `_tree_sum`; tests/test_gpu_qgemv.py on a card). On an H200, Q4_K at one row beats
+  cuBLAS on the dense bf16 copy on every Llama-8B matmul (docs/gpu.md); at 8 rows it does not (the
+  int math of 8 rows per weight word: 198 registers a thread).
 - 17 to DEQUANT_GEMM_ROWS - 1 rows (the GEMM; none while DEQUANT_GEMM_ROWS is 17): 64 x 64 tiles, K inside, each program dequantizing a [64, 32] weight slice
   into registers per step for one tl.dot; the slice is re-read by every M tile (from L2: a
   Llama-8B layer matmul is 10-60 MB of blocks, and at large M the product is compute-bound).
 - from DEQUANT_GEMM_ROWS rows (prefill): W dequantized to x's dtype a tile at a time by
   `_dequant_kernel` (the same `_dequant32`), multiplied by cuBLAS (`_dequant_gemm`).
-The tile constants were chosen by ptxas's register counts (below), not yet by a GPU's clock:
-`playground/gpu_qmatmul_bench.py --tune S` sweeps the decode ones on a card.
+The slices kernel's tile constants were chosen by ptxas's register counts (below); the wide GEMV's
+(WIDE_*) by an H200's clock (`playground/gpu_qmatmul_bench.py --tune S` sweeps both on a card).
 Where cuBLAS on a dense bf16 copy beats this is measured by playground/gpu_qmatmul_bench.py and
 decided by `--gpu-weights` (model/config.py; docs/architecture.md "Weights on the GPU").
 
@@ -260,16 +263,25 @@ def _dequant_gemm(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None) -> torc
 # weights/clk even at M=8, which is why llama.cpp's CUDA backend serves 1..8 rows with mmvq.
 WIDE_FORMATS = (T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_1, T.Q5_K)   # not MXFP4: 17-byte blocks
 WIDE_MAX_M = 8
-WIDE_WORDS = 1024      # weight words (int32) a program loads per K step: 8 a thread at 4 warps (wide_plan)
-WIDE_WARPS = 4
-WIDE_PROGRAMS_PER_SM = 2   # rows per program (2..16) are halved until about this many programs per SM
+# Tuned on an H200 (2026-11-27, gpu_qmatmul_bench.py --tune, Llama-8B's gate|up and down in Q4_K, graph
+# time): at one row 2048 words a step was 1.4-1.5x faster than 1024 (gate|up 34.4 against 48.5 us, down
+# 14.4 against 22.0), 4 warps beat 8, 4 programs an SM tied or beat 1 and 2. 2048 words at 8 rows and
+# 4 warps spill (ptxas, sm_90: Q4_K 304 bytes, Q5_0 436); at 8 warps each thread holds what it held at
+# 1024 words and 4 warps (Q4_K 198 registers, no spills), hence more warps from 2 rows. STEP follows
+# WIDE_WORDS only, never M (wide_plan); warps and R change the layout, not a row's float order (_tree_sum).
+WIDE_WORDS = 2048      # weight words (int32) a program loads per K step: 16 a thread at 4 warps (wide_plan)
+WIDE_WARPS = 4         # one row
+WIDE_ROWS_WARPS = 8    # 2..WIDE_MAX_M rows
+WIDE_PROGRAMS_PER_SM = 4   # rows per program (2..16) are halved until about this many programs per SM
 QUANT_BLOCKS = 32      # 32-value blocks of x a quantizing program handles
 
 
 def _qgemv_mode() -> str:
-    """SLOTSERVER_QGEMV: `slices` (the per-32-value kernel above, the default until a GPU run shows the
-    wide one faster) or `wide`; read once at load, so a bench flips the module constant `QGEMV`."""
-    mode = os.environ.get("SLOTSERVER_QGEMV", "slices")
+    """SLOTSERVER_QGEMV: `wide` (the default since an H200 run, docs/gpu.md 2026-11-27: Llama-8B's
+    shape in Q4_K at b=1 4.1 ms a step against the slices' 11.4, at b=8 17.2 against 68.6) or `slices`
+    (the per-32-value kernel above, kept for formats and rows the wide one cannot read and as the A/B);
+    read once at load, so a bench flips the module constant `QGEMV`."""
+    mode = os.environ.get("SLOTSERVER_QGEMV", "wide")
     if mode not in ("slices", "wide"):
         raise ValueError(f"SLOTSERVER_QGEMV={mode!r}: expected 'slices' or 'wide'")
     return mode
@@ -466,6 +478,21 @@ def _q32_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st,
 
 
 @_triton.jit
+def _tree_sum(v):
+    """v [BM, R, N] (N a power of two) summed over its last axis as a fixed pairwise tree: element
+    2i + 1 added to 2i, then again on the halves. Why not tl.sum: its order follows the layout
+    Triton picks for the whole [BM, R, N] tensor (which part of N a thread holds, which lanes
+    shuffle), and that layout changes with BM, so on an H200 a float32 row's sums differed between
+    M = 1 and M = 8 (tests/test_gpu_qgemv.py). Elementwise adds of logically indexed halves do not."""
+    for _ in tl.static_range(12):   # N <= 4096: a step's blocks x 8 at most (wide_plan, WIDE_WORDS <= 4096)
+        if v.shape[2] > 1:
+            a, b = tl.split(tl.reshape(v, [v.shape[0], v.shape[1], v.shape[2] // 2, 2]))
+            v = a + b
+    tl.static_assert(v.shape[2] == 1)
+    return tl.reshape(v, [v.shape[0], v.shape[1]])
+
+
+@_triton.jit
 def _wide_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, y_ptr, M, N, K, stride_w, stride_y, FMT: tl.constexpr,
                  ACC: tl.constexpr, BLOCK_M: tl.constexpr, R: tl.constexpr, STEP: tl.constexpr, WU: tl.constexpr,
                  ASM: tl.constexpr):
@@ -480,23 +507,24 @@ def _wide_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, y_ptr, M, N, K, stride_w, stride
     mmask = ms < M
     xoff, soff = ms.to(tl.int64) * (K // 32) * 8, ms.to(tl.int64) * (K // 32)   # x rows: 32-byte aligned
     nblk = K // 256 if FMT == 12 or FMT == 13 or FMT == 14 else K // 32
-    # the steps' partials are summed unreduced (elementwise, in step order) and reduced once at the end:
-    # no cross-lane shuffles in the loop, and a row's float order is the same at every M
+    # the steps' partials are summed unreduced (elementwise, in step order) and reduced once at the end
+    # in a fixed pairwise order (_tree_sum): no cross-lane shuffles in the loop, and a row's float
+    # order is the same at every M
     if FMT == 12 or FMT == 13:
         part4 = tl.zeros([BLOCK_M, R, STEP, 4], dtype=tl.float32)
         for st in range(0, tl.cdiv(nblk, STEP)):
             part4 += _q45k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st, nblk, STEP, FMT, ASM)
-        acc = tl.sum(tl.sum(part4, axis=3), axis=2)
+        acc = _tree_sum(tl.reshape(part4, [BLOCK_M, R, STEP * 4]))
     elif FMT == 14:
         part8 = tl.zeros([BLOCK_M, R, STEP, 8], dtype=tl.float32)
         for st in range(0, tl.cdiv(nblk, STEP)):
             part8 += _q6k_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xoff, soff, mmask, st, nblk, STEP, ASM)
-        acc = tl.sum(tl.sum(part8, axis=3), axis=2)
+        acc = _tree_sum(tl.reshape(part8, [BLOCK_M, R, STEP * 8]))
     else:
         part = tl.zeros([BLOCK_M, R, STEP], dtype=tl.float32)
         for st in range(0, tl.cdiv(nblk, STEP)):
             part += _q32_step(w_ptr, roff, rmask, xq_ptr, xd_ptr, xs_ptr, xoff, soff, mmask, st, nblk, STEP, FMT, ASM)
-        acc = tl.sum(part, axis=2)                                                              # [BM, R]
+        acc = _tree_sum(part)                                                                   # [BM, R]
     out = y_ptr + ms[:, None].to(tl.int64) * stride_y + rows[None, :]
     omask = mmask[:, None] & rmask[None, :]
     if ACC:
@@ -553,7 +581,8 @@ def _wide(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None) -> torch.Tensor
     wu = 4 if w.qtype in (T.Q4_K, T.Q5_K) else 1
     _wide_kernel[(_triton.cdiv(n, r),)](xq.view(torch.int32), xd, xs, words, y, m, n, w.k, words.stride(0) // wu,
                                        y.stride(0), FMT=int(w.qtype), ACC=fused, BLOCK_M=_triton.next_power_of_2(m),
-                                       R=r, STEP=step, WU=wu, ASM=not interpreted(), num_warps=WIDE_WARPS)
+                                       R=r, STEP=step, WU=wu, ASM=not interpreted(),
+                                       num_warps=WIDE_WARPS if m == 1 else WIDE_ROWS_WARPS)
     return y if fused or acc is None else acc.add_(y.to(acc.dtype))
 
 
@@ -660,12 +689,13 @@ def _wide_aot(qtype: T, m: int) -> tuple:
            "BLOCK_M": "constexpr", "R": "constexpr", "STEP": "constexpr", "WU": "constexpr", "ASM": "constexpr"}
     r, step = wide_plan(4096, 4096, qtype, 132)
     return (_wide_kernel, sig, dict(FMT=int(qtype), ACC=False, BLOCK_M=m, R=r, STEP=step, WU=4 if qtype in (T.Q4_K, T.Q5_K) else 1,
-                                    ASM=True), {"num_warps": WIDE_WARPS, "aligned": ("xq_ptr", "xd_ptr", "xs_ptr", "w_ptr", "y_ptr")})
+                                    ASM=True), {"num_warps": WIDE_WARPS if m == 1 else WIDE_ROWS_WARPS, "aligned": ("xq_ptr", "xd_ptr", "xs_ptr", "w_ptr", "y_ptr")})
 
 
 # The wide GEMV: every format at one row (8 rows compile ~2 s each, too long for the suite: docs/gpu.md
-# "Prepared on CPU, 2026-11-27" lists them), and the x quantizer. ptxas, sm_90, triton 3.9, R = 8: Q4_K
-# 52 registers, Q5_K 56, Q6_K 48, Q8_0 56, Q5_0 48, Q4_0 48, Q4_1 40, Q5_1 40, no spills; q8_1 38.
+# "Prepared on CPU, 2026-11-27" lists them), and the x quantizer. ptxas, sm_90, triton 3.9, R = 4, 2048
+# words: Q4_K 80 registers, Q5_K 96, Q6_K 80, Q8_0 70, Q5_0 80, Q4_0 76, Q4_1 89, Q5_1 96, no spills; at
+# 8 rows and 8 warps 124-249, no spills; q8_1 38.
 AOT += [_wide_aot(t, 1) for t in WIDE_FORMATS] + \
     [(_q8_1_kernel, {"x_ptr": "*bf16", "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32", "K": "i32", "stride_x": "i32",
                      "QB": "constexpr"}, {"QB": QUANT_BLOCKS}, {"aligned": ("x_ptr", "q_ptr", "d_ptr", "s_ptr")})]

@@ -17,20 +17,25 @@
 #   sampling  playground/gpu_sampling_bench.py: the sampler chain on the device vs a copy to the host;
 #   http      playground/http_overhead.py: the server's CPU per streamed token, asyncio vs uvloop.
 #   gemvab    the fused-GEMV decode body (--fused-gemv) against the lean body, Qwen2.5-0.5B BF16;
-#   qgemvab   Llama-8B's shape on GGUF blocks: SLOTSERVER_QGEMV=slices against wide;
+#   qgemvab   Llama-8B's shape: dense bf16 and GGUF blocks with the wide GEMV (the default), and
+#             blocks with SLOTSERVER_QGEMV=slices;
 #   gemv      playground/gpu_gemv_bench.py: each fused GEMV against what the lean body launches.
-# The default parts are the fourth round's (prepared on CPU 2026-11-27), in order of what matters,
-# then reruns of earlier rounds' hf, sweep, launches and labtime; archs, lab, kernels, attention, big
-# and sampling run when named in GPU_CHECK_PARTS. A part starts only with at least 20 s left;
-# a part whose script is absent is skipped; logs go to OUT_DIR/<part>.log, a short table last.
+# The default parts: the tests, the GGUF-block decode (the wide GEMV's H200-tuned settings, fifth
+# round), the model and HTTP reruns, then launches, labtime, kernels and gemv; archs, lab, attention,
+# big, gemvab, hf, sweep and sampling run when named in GPU_CHECK_PARTS. A part starts only with at
+# least 20 s left; a part whose script is absent is skipped; logs go to OUT_DIR/<part>.log, a short
+# table last. GPU_CHECK_TAR=FILE also packs OUT_DIR into FILE after every part: the device tool
+# brings back a handful of files per call (the fourth round lost 11 of 19 logs), one archive always
+# comes back, and a run stopped by its timeout keeps what its finished parts wrote.
 #
 #   cd <repo root> && PYTHONPATH=. bash playground/gpu_check.sh [OUT_DIR]
 #   GPU_CHECK_PARTS=tests,model GPU_CHECK_TOTAL_S=200 ...   (a subset, a shorter budget)
 #   GPU_CHECK_DRY=1 ...   (the same parts on a CPU: tiny shapes, --device cpu, TRITON_INTERPRET)
+#   on a lent GPU: GPU_CHECK_TAR=$OUT/gpu_check.tgz PYTHONPATH=. bash playground/gpu_check.sh /tmp/gpu_check
 set -u
 T0=$(date +%s)
 TOTAL_S=${GPU_CHECK_TOTAL_S:-500}
-PARTS=${GPU_CHECK_PARTS:-versions,wheels,tests,gemvab,qmatmul,http,qgemvab,model,hf,sweep,gemv,launches,labtime}
+PARTS=${GPU_CHECK_PARTS:-versions,wheels,tests,qgemvab,qmatmul,model,http,kernels,gemv,launches,labtime}
 OUT_DIR="${1:-${OUT:-./gpu_out}}"
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
 cd "$(dirname "$0")/.." || exit 1        # the repo root
@@ -56,6 +61,7 @@ part() {
     RC[$name]=$?
     grep -v -e "UserWarning" -e "warn_once" -e "warnings.warn" "$OUT_DIR/$name.log" | tail -${TAIL:-25}
     (( RC[$name] == 124 )) && echo "$name: stopped by its $t s timeout"
+    [[ -n "${GPU_CHECK_TAR:-}" ]] && tar czf "$GPU_CHECK_TAR" -C "$OUT_DIR" .
     echo "$name: exit ${RC[$name]} after $(elapsed) s"
 }
 
@@ -96,7 +102,8 @@ export DEV=cuda DRYARG="" OUT_DIR DRY; [[ "$DRY" == 1 ]] && { DEV=cpu; DRYARG=--
 missing() { [[ -f "$1" ]] && return 1; echo "$1 is absent: nothing to run"; }
 qmatmul() { missing playground/gpu_qmatmul_bench.py && return 0
     [[ "$DRY" == 1 ]] && export TRITON_INTERPRET=1
-    $PY playground/gpu_qmatmul_bench.py $DRYARG --tune 40 --budget-s 55 --out "$OUT_DIR"; }
+    $PY playground/gpu_qmatmul_bench.py $DRYARG --tune 40 --tune-wide-only --tune-shapes "Llama8B gate_up,Llama8B down" \
+        --budget-s 55 --out "$OUT_DIR"; }
 launches() { missing playground/decode_launches.py && return 0
     $PY playground/decode_launches.py --device "$DEV" --compare --gemv --out "$OUT_DIR"; }
 gemv() { missing playground/gpu_gemv_bench.py && return 0
@@ -109,15 +116,16 @@ gemvab() {   # the fused-GEMV body A/B (--fused-gemv off,on), Qwen2.5-0.5B's sha
         --engine-tokens 0 --gpu-weights dense --fused-gemv off,on --budget-s $(( PART_S - 30 )) \
         --out "$OUT_DIR/gemvab"
     local rc=$?; rm -rf "$md"; return $rc; }
-qgemvab() {   # Llama-8B's shape on GGUF blocks: the slices GEMV against the wide one (SLOTSERVER_QGEMV)
-    local md; md=$(mktemp -d); local shape=llama-3.1-8b bs=1,8 steps=10 q rc=0
+qgemvab() {   # Llama-8B's shape in Q4_K: dense bf16, GGUF blocks with the wide GEMV (the default since
+    # the H200 round), GGUF blocks with the slices GEMV (SLOTSERVER_QGEMV=slices)
+    local md; md=$(mktemp -d); local shape=llama-3.1-8b bs=1,8 steps=10 rc=0
     [[ "$DRY" == 1 ]] && { shape=tiny; bs=1,2; steps=3; }
     $PY playground/shape_model.py $shape Q4_K "$md/big.gguf" || return 3
-    for q in slices wide; do
-        SLOTSERVER_QGEMV=$q $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches $bs \
-            --steps $steps --ctx 1024 --engine-tokens 0 --gpu-weights blocks --budget-s 40 \
-            --out "$OUT_DIR/qgemv_$q" || rc=$?
-    done
+    $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches $bs --steps $steps --ctx 1024 \
+        --engine-tokens 0 --gpu-weights dense,blocks --budget-s 50 --out "$OUT_DIR/qgemv_wide" || rc=$?
+    SLOTSERVER_QGEMV=slices $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches $bs \
+        --steps $steps --ctx 1024 --engine-tokens 0 --gpu-weights blocks --budget-s 30 \
+        --out "$OUT_DIR/qgemv_slices" || rc=$?
     rm -rf "$md"; return $rc; }
 http() {   # the server's host work per streamed token: asyncio against uvloop (and
     # the streams' catch-up coalescing both have), Qwen2.5-0.5B's shape in Q4_K, streamed chat
@@ -133,14 +141,13 @@ sampling() { missing playground/gpu_sampling_bench.py && return 0
     $PY playground/gpu_sampling_bench.py --device "$DEV" $DRYARG --budget-s 30; }
 part versions 30 versions
 part wheels 60 wheels
-TAIL=60 part tests 80 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device.py \
+TAIL=60 part tests 150 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device.py \
     $(ls tests/test_torch_dequant.py tests/test_device_*.py tests/test_gpu_*.py tests/test_gemv*.py 2>/dev/null | grep -v test_device_archs)
-# the fourth round's A/Bs first (prepared on CPU 2026-11-27: docs/gpu.md), then the earlier rounds' reruns
-TAIL=20 part gemvab 90 gemvab
+# the GGUF-block decode first (the wide GEMV, tuned on an H200 2026-11-27: docs/gpu.md), then reruns
+TAIL=20 part qgemvab 150 qgemvab
 TAIL=40 part qmatmul 110 qmatmul
-TAIL=12 part http 100 http
-TAIL=20 part qgemvab 120 qgemvab
 TAIL=30 part model ${MODEL_PART_S:-120} bash playground/gpu_model_check.sh "$OUT_DIR"
+TAIL=12 part http 100 http
 if [[ "$DRY" == 1 ]]; then
     part hf 60 $PY playground/hf_bench.py --device cpu --tiny --batches 1,2 --steps 4 --out "$OUT_DIR"
     part kernels 60 env TRITON_INTERPRET=1 $PY playground/gpu_kernel_bench.py --dry-run --out "$OUT_DIR"
@@ -156,6 +163,7 @@ fi
 TAIL=30 part gemv 60 gemv
 TAIL=60 part launches 50 launches
 TAIL=40 part labtime 40 $PY -c "from slotserver.cli.lab import time_kernels; print(time_kernels(None, small=$DRY == 1))"
+TAIL=20 part gemvab 90 gemvab
 # earlier rounds' parts, run when named in GPU_CHECK_PARTS
 TAIL=40 part archs 70 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device_archs.py
 TAIL=40 part lab 60 $PY -m slotserver.cli.main lab check --cases 2 --no-aot

@@ -139,21 +139,25 @@ TUNE_SHAPES = {"Qwen0.5B down": (896, 4864), "Qwen0.5B gate_up": (9728, 896), "L
                "Llama8B down": (4096, 14336)}
 WIDE_TUNE = {1: [dict(QGEMV="wide", WIDE_WORDS=words, WIDE_PROGRAMS_PER_SM=p, WIDE_WARPS=warps)   # ~1 s a compile
                  for words in (1024, 2048) for p in (1, 2, 4) for warps in (4, 8)],
-             8: [dict(QGEMV="wide", WIDE_WORDS=words, WIDE_PROGRAMS_PER_SM=p) for words in (512, 1024) for p in (2, 4)]}
+             8: [dict(QGEMV="wide", WIDE_WORDS=words, WIDE_PROGRAMS_PER_SM=p, WIDE_ROWS_WARPS=warps)   # 2048 at 4 warps spills
+                 for words in (1024, 2048) for p in (2, 4) for warps in (4, 8) if words * 4 // warps <= 1024]}
 # the wide kernel's settings first (what a GPU run must place), then the serving slices kernel's
 TUNE = {1: WIDE_TUNE[1] + [dict(GEMV_BLOCK_N=bn, GEMV_WARPS=w, PROGRAMS_PER_SM=p) for bn in (32, 64, 128) for w in (4, 8)
                            for p in (2, 4, 8)],
         8: WIDE_TUNE[8] + [dict(DECODE_BLOCK_N=bn, PROGRAMS_PER_SM=p) for bn in (32, 64) for p in (2, 4, 8)]}
 
 
-def tune(mod, timer: Timer, device: str, gen, budget_s: float, dry: bool) -> list[dict]:
-    """Q4_K at 1 and 8 rows under each decode setting (module constants `plan` reads): graph us."""
+def tune(mod, timer: Timer, device: str, gen, budget_s: float, dry: bool, shapes: str = "", wide_only: bool = False
+         ) -> list[dict]:
+    """Q4_K (Q5_0 at K = 896) at 1 and 8 rows under each decode setting (module constants `plan` reads): graph us."""
     t0, rows = time.perf_counter(), []
     saved = {k: getattr(mod, k) for settings in TUNE.values() for s in settings for k in s}
-    shapes = {"tiny": (40, 512)} if dry else TUNE_SHAPES
-    for name, (n, k) in shapes.items():
-        w = random_blocks(T.Q4_K, n, k, device, gen)
-        for m, settings in TUNE.items():
+    names = [n.strip() for n in shapes.split(",") if n.strip()] or list(TUNE_SHAPES)
+    shapes = {"tiny": (40, 512)} if dry else {n: TUNE_SHAPES[n] for n in names}
+    table = {m: [s for s in settings if not wide_only or s.get("QGEMV") == "wide"] for m, settings in TUNE.items()}
+    for name, (n, k) in shapes.items():   # Q4_K where K is whole super-blocks, else Q5_0 (a Q4_K_M file's fallback)
+        w = random_blocks(T.Q4_K if k % 256 == 0 else T.Q5_0, n, k, device, gen)
+        for m, settings in table.items():
             x = torch.randn(m, k, generator=gen, device=device).to(torch.bfloat16)
             for setting in settings[:1] + settings[-1:] if dry else settings:
                 if time.perf_counter() - t0 > budget_s:
@@ -177,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rep-ms", type=int, default=10)
     ap.add_argument("--tune", type=float, default=0.0, metavar="S",
                     help="first spend up to S seconds timing decode settings (Q4_K, 1 and 8 rows)")
+    ap.add_argument("--tune-shapes", default="", help=f"comma-separated, of: {', '.join(TUNE_SHAPES)} (default all)")
+    ap.add_argument("--tune-wide-only", action="store_true", help="tune only the wide GEMV's settings")
     args = ap.parse_args(argv)
     start = time.perf_counter()   # --budget-s counts from here (the tuning has its own)
     device = "cpu" if args.dry_run else "cuda"
@@ -188,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [head, fmt_row(["model", "matmul", "fmt", "M", "slices_gr", "wide_gr", "cublas_gr", "slices_eag", "wide_eag",
                             "cublas_eag", "other_gemm", "slc_GB/s", "wide_GB/s", "%copy", "%copy_w", "win"], WIDTHS)]
     print("\n".join(lines), flush=True)
-    tuned = tune(mod, timer, device, gen, args.tune, args.dry_run) if args.tune else []
+    tuned = tune(mod, timer, device, gen, args.tune, args.dry_run, args.tune_shapes, args.tune_wide_only) if args.tune else []
     for m in sorted({r["m"] for r in tuned}):
         for shape, mode in dict.fromkeys((r["shape"], r["QGEMV"]) for r in tuned):   # the best of each kernel
             best = min((r for r in tuned if r["m"] == m and r["shape"] == shape and r["QGEMV"] == mode), key=lambda r: r["us"])
@@ -197,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter() if args.tune else start   # the budget: from the start, or after the tuning
     rows, results = DRY_ROWS if args.dry_run else ROWS, []
     cases = [(qtype, model, name, nk) for qtype in FORMATS   # Q4_K first: what a Q4_K_M file mostly is
-             for model, shapes in (DRY_SHAPES if args.dry_run else SHAPES).items() for name, nk in shapes.items()]
+             for model, shapes in (DRY_SHAPES if args.dry_run else SHAPES).items() for name, nk in shapes.items()
+             if nk[1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0]   # Q4_K / Q6_K need K in whole 256-blocks (Qwen's 896: not)
     for qtype, model, name, (n, k) in cases:
         if time.perf_counter() - t0 > args.budget_s:
             lines.append(f"budget of {args.budget_s:.0f} s spent: {len(cases) - cases.index((qtype, model, name, (n, k)))} "

@@ -77,7 +77,7 @@ def _interpreted() -> dict:
 
 
 @pytest.fixture(scope="module")
-def interpreted() -> dict:
+def interpreted(triton_interpreter) -> dict:
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=300)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]

@@ -66,7 +66,7 @@ def _interpreted(qwen2: Path, qwen3: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def interpreted(tmp_path_factory) -> dict:
+def interpreted(triton_interpreter, tmp_path_factory) -> dict:
     from tiny_gguf import write_tiny_gguf
 
     folder = tmp_path_factory.mktemp("gemv")

@@ -53,7 +53,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fused-gemv", choices=["on", "off"], default="off",
                    help="on --device cuda with dense weights: decode steps of up to 16 rows on fused GEMV kernels "
                         "(norm, bias, rope, gate and residual add inside the matmuls: kernels/gemv.py) instead of "
-                        "cuBLAS and separate kernels; off (default) until a GPU run shows it faster (docs/gpu.md)")
+                        "cuBLAS and separate kernels; off (default): faster only at one row of a small model (docs/gpu.md)")
     p.add_argument("-t", "--threads", type=int, default=0,
                    help="compute threads (default 0: the physical cores this process may use, as llama.cpp)")
     p.add_argument("--tp", type=int, default=0,

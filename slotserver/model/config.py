@@ -38,7 +38,8 @@ class ModelConfig:
     device: str = "cpu"              # auto | cpu | cuda (runtime/device.py); the CLI's default is auto
     gpu_weights: str = "auto"        # on CUDA: dense (bf16 + cuBLAS) | blocks (GGUF blocks + qmatmul_gpu) | auto
     # on CUDA, dense weights: decode steps of <= 16 rows on kernels/gemv.py's fused GEMVs instead of
-    # cuBLAS + separate norm/rope/gate kernels (model/gemv_step.py); off until a GPU run shows it faster
+    # cuBLAS + separate norm/rope/gate kernels (model/gemv_step.py); off: an H200 measured it faster
+    # only at one row of a 0.5B model (1.10x), slower at 8-16 rows and at 8B widths (docs/gpu.md)
     fused_gemv: bool = False
 
     def __post_init__(self) -> None:

@@ -19,7 +19,7 @@ the residual add into the wo / down store (x += y rounded to the activation dtyp
 Every fusion gives the unfused floats up to the dot's summation order (kernels/gemv.py's TOL).
 
 Which steps: `applies` says. Only where the switch is on (`ModelConfig.fused_gemv`, the model's
-`fused_gemv`: off by default until a GPU run shows it faster; playground/gpu_model_bench.py
+`fused_gemv`: off by default, as an H200 measured it (docs/gpu.md, fourth round); playground/gpu_model_bench.py
 --fused-gemv off,on is the A/B), on the lean body's models (lean_step.applies: Triton kernels, plain
 dense, no MoE), with dense `Linear` weights (`--gpu-weights dense`: GGUF blocks keep qmatmul_gpu),
 a loaded `gemv` kernel that fuses what this body asks, and at most its SMALL_M rows: prefill

@@ -13,10 +13,10 @@
   them: every format that loads on the CPU loads.
 - `auto`: `dense` where its copy fits in DENSE_SHARE of the card's free memory, else `blocks`.
   Why only one form, never both: keeping the dense copy beside the blocks costs 1.3-1.6x the dense
-  bytes, the memory the KV cache needs; and why dense while it fits: until a GPU run measures
-  qmatmul_gpu against cuBLAS per shape and batch (playground/gpu_qmatmul_bench.py, docs/gpu.md),
-  cuBLAS on bf16 is the measured serving path (0.5B Q4_K_M decode b=1 at 738 tok/s). The table
-  from that run decides whether auto prefers blocks below some batch size.
+  bytes, the memory the KV cache needs; and why dense while it fits: on an H200 (docs/gpu.md,
+  fourth round) an 8B Q4_K decode step on its blocks (the wide dp4a GEMV) took 4.17 ms at one row
+  against 4.63 dense, but 17.2 against 5.1 at 8 rows: a server batches, so dense wins where it
+  fits; `--gpu-weights blocks` is the one-stream choice.
 """
 
 from __future__ import annotations

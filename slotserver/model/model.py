@@ -49,8 +49,8 @@ class LlamaModel:
     # --tp's rank 0 (slotserver/parallel/leader.py): called with (batch, cache) before each forward,
     # to send the step to the other ranks, which run the same forward on their shards
     step_hook: Callable[[Batch, object], None] | None = None
-    # decode steps of few rows on the fused GEMV kernels (gemv_step.py; ModelConfig.fused_gemv): off
-    # until a GPU run shows it faster than the lean body's cuBLAS matmuls. Set at load: a change after
+    # decode steps of few rows on the fused GEMV kernels (gemv_step.py; ModelConfig.fused_gemv): off,
+    # as an H200 measured it slower than cuBLAS but at one row of a 0.5B model. Set at load: a change after
     # CUDA graphs were captured needs set_step_graphs(True) to recapture them
     fused_gemv: bool = False
 
