@@ -40,6 +40,11 @@ Regimes (`_qmm_kernel`'s tile sizes are its constexprs):
   a fixed tree, `_tree_sum`; tests/test_gpu_qgemv.py on a card). On an H200, Q4_K at one row beats
   cuBLAS on the dense bf16 copy on every Llama-8B matmul (docs/gpu.md); at 8 rows it does not (the
   int math of 8 rows per weight word: 198 registers a thread).
+- 2 to SMALL_M rows of Q4_K with QMMA = "int8" (env SLOTSERVER_QMMA=int8; off until a card shows it
+  faster than the wide GEMV): x's q8_1 rows padded to 16 times each 32-value sub-block's unpacked
+  nibbles in one int8 tl.dot (mma m16n8k32 on sm_80+), the float scales applied per sub-block after
+  it; K split over programs (float32 partials summed by torch) until ~MMA_PROGRAMS_PER_SM programs
+  an SM; `_mma_q4k_kernel`. Its floats are the wide GEMV's product in another summation order.
 - 17 to DEQUANT_GEMM_ROWS - 1 rows (the GEMM; none while DEQUANT_GEMM_ROWS is 17): 64 x 64 tiles, K inside, each program dequantizing a [64, 32] weight slice
   into registers per step for one tl.dot; the slice is re-read by every M tile (from L2: a
   Llama-8B layer matmul is 10-60 MB of blocks, and at large M the product is compute-bound).
@@ -586,6 +591,111 @@ def _wide(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None) -> torch.Tensor
     return y if fused or acc is None else acc.add_(y.to(acc.dtype))
 
 
+# ---- int8 tensor cores (QMMA = "int8"): 2..SMALL_M rows of Q4_K -----------------------------------
+# The wide GEMV multiplies each weight word once per row of x with dp4a: at 8 rows ~14 instructions a
+# weight, 4-7x slower than cuBLAS on a dense copy (H200, docs/gpu.md). Here x's q8_1 rows (the wide
+# GEMV's x, padded to 16) meet each 32-value sub-block's unpacked nibbles in one int8 tl.dot
+# ([16, 32] x [32, BLOCK_N] -> int32: mma m16n8k32), so a weight costs its unpack (a mask or a shift a
+# byte) whatever the rows, and the float scales (d * sc, dmin * m, x's d and d * sum) are applied per
+# sub-block and column after the dot. Off by default (env SLOTSERVER_QMMA=int8) until a card shows it
+# faster than the wide GEMV at 2..8 rows; Q4_K only (what a Q4_K_M file mostly is).
+MMA_BLOCK_N = 64           # weight rows (output columns) a program (ptxas, sm_90: 142 registers, no spills)
+MMA_WARPS = 4
+MMA_PROGRAMS_PER_SM = 2    # K is split (float32 partials summed by torch) until about this many programs an SM
+
+
+def _qmma_mode() -> str:
+    """SLOTSERVER_QMMA: `off` (default) or `int8`; read once at load (a bench flips the constant QMMA)."""
+    mode = os.environ.get("SLOTSERVER_QMMA", "off")
+    if mode not in ("off", "int8"):
+        raise ValueError(f"SLOTSERVER_QMMA={mode!r}: expected 'off' or 'int8'")
+    return mode
+
+
+QMMA = _qmma_mode()
+
+
+@_triton.jit
+def _mma_q4k_kernel(xq_ptr, xd_ptr, xs_ptr, wb_ptr, ww_ptr, y_ptr, M, N, K, stride_w, stride_y, stride_s, sb_split,
+                    ACC: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+    """Program (column block, K split): 16 rows of q8_1 x (int8 [M, K], rows past M read as 0) times
+    BLOCK_N Q4_K rows (bytes wb_ptr and int32 words ww_ptr of the same storage; stride_w in 16-byte
+    units: 144-byte super-blocks keep each qs chunk 16-byte aligned), super-blocks [ps * sb_split,
+    (ps + 1) * sb_split). Chunk c of a super-block: 32 bytes, sub-block 2c in the low nibbles and
+    2c + 1 in the high. y [M, N] (+= if ACC), or float32 partials y[ps] where SPLIT."""
+    pn, ps = tl.program_id(0), tl.program_id(1)
+    rows = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    rbyte = rows.to(tl.int64) * stride_w * 16                                        # [BN] row starts
+    ms = tl.arange(0, 16)
+    mmask = ms < M
+    j = tl.arange(0, 32)
+    acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    for sb in range(ps * sb_split, tl.minimum((ps + 1) * sb_split, K // 256)):
+        w4 = ww_ptr + (rbyte + sb * 144) // 4                                        # [BN] int32 pointers
+        hdr = tl.load(w4, mask=rmask, other=0)
+        s0 = tl.load(w4 + 1, mask=rmask, other=0)
+        s1 = tl.load(w4 + 2, mask=rmask, other=0)
+        s2 = tl.load(w4 + 3, mask=rmask, other=0)
+        d, dmin = _f16w(hdr), _f16w(hdr >> 16)
+        for c in tl.static_range(4):
+            qs = tl.load(wb_ptr + rbyte[None, :] + sb * 144 + 16 + c * 32 + j[:, None], mask=rmask[None, :], other=0)  # [32, BN]
+            xrow = xq_ptr + ms[:, None] * K + sb * 256 + c * 64 + j[None, :]                                          # [16, 32]
+            lo = tl.dot(tl.load(xrow, mask=mmask[:, None], other=0), (qs & 15).to(tl.int8), out_dtype=tl.int32)
+            hi = tl.dot(tl.load(xrow + 32, mask=mmask[:, None], other=0), (qs >> 4).to(tl.int8), out_dtype=tl.int32)
+            sc_lo, mn_lo = _k4_scale(s0, s1, s2, 2 * c)
+            sc_hi, mn_hi = _k4_scale(s0, s1, s2, 2 * c + 1)
+            xb = ms * (K // 32) + sb * 8 + 2 * c                                    # [16] x's block of sub-block 2c
+            xd_lo, xd_hi = tl.load(xd_ptr + xb, mask=mmask, other=0.0), tl.load(xd_ptr + xb + 1, mask=mmask, other=0.0)
+            xs_lo, xs_hi = tl.load(xs_ptr + xb, mask=mmask, other=0.0), tl.load(xs_ptr + xb + 1, mask=mmask, other=0.0)
+            acc += xd_lo[:, None] * (d * sc_lo)[None, :] * lo.to(tl.float32) \
+                + xd_hi[:, None] * (d * sc_hi)[None, :] * hi.to(tl.float32) \
+                - xs_lo[:, None] * (dmin * mn_lo)[None, :] - xs_hi[:, None] * (dmin * mn_hi)[None, :]
+    omask = mmask[:, None] & rmask[None, :]
+    if SPLIT:
+        tl.store(y_ptr + ps * stride_s + ms[:, None] * stride_y + rows[None, :], acc, mask=omask)
+    else:
+        out = y_ptr + ms[:, None] * stride_y + rows[None, :]
+        if ACC:
+            acc += tl.load(out, mask=omask, other=0.0).to(tl.float32)
+        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=omask)
+
+
+def mma_plan(n: int, k: int, sms: int) -> tuple[int, int]:
+    """(column blocks, super-blocks a K split): K split until about MMA_PROGRAMS_PER_SM programs an SM,
+    each split at least 2 super-blocks. Neither depends on M, so a row's float sums do not either
+    (within 2..SMALL_M rows: x is always 16 rows, the dot's shape fixed)."""
+    tiles, nsb = -(-n // MMA_BLOCK_N), k // 256
+    want = -(-(MMA_PROGRAMS_PER_SM * sms) // tiles)          # splits that would fill the card
+    return tiles, max(1, min(nsb, max(2, nsb // want)))
+
+
+def _mma_ok(x: torch.Tensor, w: QWeight) -> bool:
+    """The int8 tensor-core product serves: switched on, Q4_K, 2..SMALL_M rows, 16-byte aligned rows."""
+    return QMMA == "int8" and w.qtype == T.Q4_K and 2 <= x.shape[0] <= SMALL_M and w.n > 0 \
+        and w.raw.stride(0) % 16 == 0 and w.raw.data_ptr() % 16 == 0
+
+
+def _mma(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None) -> torch.Tensor:
+    """x quantized to q8_1 (one launch), the int8 dots (one launch), split partials summed by torch."""
+    m, n = x.shape[0], w.n
+    xq, xd, xs = q8_1(x)
+    tiles, sb_split = mma_plan(n, w.k, sm_count(x.device))
+    split = -(-(w.k // 256) // sb_split)
+    fused = split == 1 and acc is not None and acc.shape == (m, n) and acc.stride(1) == 1
+    if split > 1:
+        y = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    else:
+        y = acc if fused else torch.empty(m, n, dtype=x.dtype, device=x.device)
+    _mma_q4k_kernel[(tiles, split)](xq, xd, xs, w.raw, w.raw.view(torch.int32), y, m, n, w.k, w.raw.stride(0) // 16,
+                                    y.stride(-2), y.stride(0) if split > 1 else 0, sb_split, ACC=fused,
+                                    BLOCK_N=MMA_BLOCK_N, SPLIT=split > 1, num_warps=MMA_WARPS)
+    if fused:
+        return acc
+    y = y.sum(0) if split > 1 else y                                                   # [M, N]
+    return y.to(x.dtype) if acc is None else acc.add_(y.to(acc.dtype))
+
+
 def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, SPLIT_K, num_warps) for an [m, k] x [k, n] product on a card of `sms` SMs: the
     decode regime splits K until ~4 programs per SM (each reading >= MIN_SPLIT_BLOCKS slices)."""
@@ -603,6 +713,8 @@ def triton(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torc
     assert x.dim() == 2 and x.shape[1] == w.k and w.raw.stride(1) == 1
     x = x if x.stride(1) == 1 else x.contiguous()
     m, n = x.shape[0], w.n
+    if _mma_ok(x, w):
+        return _mma(x, w, acc)
     if _wide_ok(x, w):
         return _wide(x, w, acc)
     if m >= DEQUANT_GEMM_ROWS and n:
@@ -692,10 +804,20 @@ def _wide_aot(qtype: T, m: int) -> tuple:
                                     ASM=True), {"num_warps": WIDE_WARPS if m == 1 else WIDE_ROWS_WARPS, "aligned": ("xq_ptr", "xd_ptr", "xs_ptr", "w_ptr", "y_ptr")})
 
 
+def _mma_aot(m_rows: int = 8) -> tuple:
+    """The int8 tensor-core product as `_mma` launches it for Llama-8B's wo (4096 x 4096, split K) on an
+    H100; pointers 16-byte aligned as the JIT sees torch's tensors."""
+    sig = {"xq_ptr": "*i8", "xd_ptr": "*fp32", "xs_ptr": "*fp32", "wb_ptr": "*u8", "ww_ptr": "*i32", "y_ptr": "*fp32",
+           "M": "i32", "N": "i32", "K": "i32", "stride_w": "i32", "stride_y": "i32", "stride_s": "i32", "sb_split": "i32",
+           "ACC": "constexpr", "BLOCK_N": "constexpr", "SPLIT": "constexpr"}
+    return (_mma_q4k_kernel, sig, dict(ACC=False, BLOCK_N=MMA_BLOCK_N, SPLIT=True),
+            {"num_warps": MMA_WARPS, "aligned": ("xq_ptr", "xd_ptr", "xs_ptr", "wb_ptr", "ww_ptr", "y_ptr", "K")})
+
+
 # The wide GEMV: every format at one row (8 rows compile ~2 s each, too long for the suite: docs/gpu.md
 # "Prepared on CPU, 2026-11-27" lists them), and the x quantizer. ptxas, sm_90, triton 3.9, R = 4, 2048
 # words: Q4_K 80 registers, Q5_K 96, Q6_K 80, Q8_0 70, Q5_0 80, Q4_0 76, Q4_1 89, Q5_1 96, no spills; at
 # 8 rows and 8 warps 124-249, no spills; q8_1 38.
-AOT += [_wide_aot(t, 1) for t in WIDE_FORMATS] + \
+AOT += [_wide_aot(t, 1) for t in WIDE_FORMATS] + [_mma_aot()] + \
     [(_q8_1_kernel, {"x_ptr": "*bf16", "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32", "K": "i32", "stride_x": "i32",
                      "QB": "constexpr"}, {"QB": QUANT_BLOCKS}, {"aligned": ("x_ptr", "q_ptr", "d_ptr", "s_ptr")})]

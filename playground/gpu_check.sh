@@ -17,8 +17,8 @@
 #   sampling  playground/gpu_sampling_bench.py: the sampler chain on the device vs a copy to the host;
 #   http      playground/http_overhead.py: the server's CPU per streamed token, asyncio vs uvloop.
 #   gemvab    the fused-GEMV decode body (--fused-gemv) against the lean body, Qwen2.5-0.5B BF16;
-#   qgemvab   Llama-8B's shape: dense bf16 and GGUF blocks with the wide GEMV (the default), and
-#             blocks with SLOTSERVER_QGEMV=slices;
+#   qgemvab   Llama-8B's shape: dense bf16 and GGUF blocks with the wide GEMV (the default), blocks
+#             with SLOTSERVER_QMMA=int8 (8 rows) and with SLOTSERVER_QGEMV=slices;
 #   gemv      playground/gpu_gemv_bench.py: each fused GEMV against what the lean body launches.
 # The default parts: the tests, the GGUF-block decode (the wide GEMV's H200-tuned settings, fifth
 # round), the model and HTTP reruns, then launches, labtime, kernels and gemv; archs, lab, attention,
@@ -117,12 +117,16 @@ gemvab() {   # the fused-GEMV body A/B (--fused-gemv off,on), Qwen2.5-0.5B's sha
         --out "$OUT_DIR/gemvab"
     local rc=$?; rm -rf "$md"; return $rc; }
 qgemvab() {   # Llama-8B's shape in Q4_K: dense bf16, GGUF blocks with the wide GEMV (the default since
-    # the H200 round), GGUF blocks with the slices GEMV (SLOTSERVER_QGEMV=slices)
+    # the H200 round), blocks with the int8 tensor-core product at 8 rows (SLOTSERVER_QMMA=int8, off by
+    # default), blocks with the slices GEMV (SLOTSERVER_QGEMV=slices)
     local md; md=$(mktemp -d); local shape=llama-3.1-8b bs=1,8 steps=10 rc=0
     [[ "$DRY" == 1 ]] && { shape=tiny; bs=1,2; steps=3; }
     $PY playground/shape_model.py $shape Q4_K "$md/big.gguf" || return 3
     $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches $bs --steps $steps --ctx 1024 \
         --engine-tokens 0 --gpu-weights dense,blocks --budget-s 50 --out "$OUT_DIR/qgemv_wide" || rc=$?
+    SLOTSERVER_QMMA=int8 $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches ${bs#1,} \
+        --steps $steps --ctx 1024 --engine-tokens 0 --gpu-weights blocks --budget-s 30 \
+        --out "$OUT_DIR/qgemv_mma" || rc=$?
     SLOTSERVER_QGEMV=slices $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches $bs \
         --steps $steps --ctx 1024 --engine-tokens 0 --gpu-weights blocks --budget-s 30 \
         --out "$OUT_DIR/qgemv_slices" || rc=$?

@@ -10,9 +10,10 @@ do_bench (eager, L2 flushed). GB/s: the format's weight bytes over the graph tim
 device-to-device copy's read + write rate measured in the same run. "win": blocks or cublas.
 "other_gemm" (past 16 rows): the GEMM path qmatmul_gpu did not pick (tiled tl.dot below
 DEQUANT_GEMM_ROWS, dequantized tiles + cuBLAS from it), to place that threshold. "wide" (1..8 rows,
-Q4_K / Q6_K / Q8_0 / Q5_0): the same call with the module's QGEMV = "wide" (SLOTSERVER_QGEMV=wide: x
-quantized to q8_1, 16-byte weight loads, dp4a; its own launch for x included), beside the serving
-"slices" kernel: GB/s and % of the copy rate for both, "win" among the three.
+Q4_K / Q6_K / Q8_0 / Q5_0): the same call with the module's QGEMV = "wide" (the default: x quantized
+to q8_1, 16-byte weight loads, dp4a; its own launch for x included), beside the "slices" kernel;
+"mma" (2..16 rows of Q4_K): QMMA = "int8" (x's q8_1 rows times the unpacked nibbles on int8 tensor
+cores); GB/s and % of the copy rate for each, "win" among the four.
 
     PYTHONPATH=. python playground/gpu_qmatmul_bench.py [--out DIR] [--budget-s 60] [--rep-ms 10] [--tune S]
     TRITON_INTERPRET=1 PYTHONPATH=. python playground/gpu_qmatmul_bench.py --dry-run --out /tmp/qb   # CPU
@@ -53,9 +54,9 @@ SHAPES = {"Qwen0.5B": {"qkv": (1152, 896), "wo": (896, 896), "gate_up": (9728, 8
           "Llama8B": {"qkv": (6144, 4096), "wo": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
                       "output": (128256, 4096)}}
 DRY_SHAPES = {"tiny": {"qkv": (48, 256), "down": (40, 512)}}
-ROWS, DRY_ROWS = (1, 8, 32, 64, 512), (1, 20)
+ROWS, DRY_ROWS = (1, 8, 32, 64, 512), (1, 8, 20)
 FORMATS = (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0)
-WIDTHS = [9, 8, 6, 5, 10, 10, 10, 10, 10, 10, 10, 9, 9, 6, 7, 7]
+WIDTHS = [9, 8, 6, 5, 10, 10, 10, 10, 10, 10, 10, 10, 9, 9, 6, 7, 7, 7]
 
 
 def random_blocks(qtype: T, n: int, k: int, device: str, gen: torch.Generator) -> QWeight:
@@ -86,6 +87,19 @@ def with_qgemv(mod, mode: str, fn):
         mod.QGEMV = saved
 
 
+def with_qmma(mod, fn):
+    """fn() with the module's int8 tensor-core product switched on (QMMA = "int8"; restored after)."""
+    saved, mod.QMMA = mod.QMMA, "int8"
+    try:
+        return fn()
+    finally:
+        mod.QMMA = saved
+
+
+def mma_serves(mod, x: torch.Tensor, w: QWeight) -> bool:
+    return with_qmma(mod, lambda: mod._mma_ok(x, w))
+
+
 def wide_serves(mod, x: torch.Tensor, w: QWeight) -> bool:
     """Whether QGEMV = "wide" serves this call (else its column is nan, not the slices timed twice)."""
     return with_qgemv(mod, "wide", lambda: mod._wide_ok(x, w))
@@ -112,6 +126,7 @@ def bench_shape(mod, timer: Timer, qtype: T, n: int, k: int, rows: tuple[int, ..
     err = with_qgemv(mod, "slices", lambda: check(mod, w, device))
     probe = torch.zeros(3, k, device=device, dtype=torch.bfloat16)
     wide_err = with_qgemv(mod, "wide", lambda: check(mod, w, device)) if wide_serves(mod, probe, w) else float("nan")
+    mma_err = with_qmma(mod, lambda: check(mod, w, device)) if mma_serves(mod, probe, w) else float("nan")
     dense = torch.randn(n, k, generator=gen, device=device).to(torch.bfloat16)   # timing only
     out, nan = [], float("nan")
     for m in rows:
@@ -121,16 +136,19 @@ def bench_shape(mod, timer: Timer, qtype: T, n: int, k: int, rows: tuple[int, ..
         ours = with_qgemv(mod, "slices", lambda: [timer.graph(lambda: mod.triton(x, w)), timer.eager(lambda: mod.triton(x, w))])
         wide = with_qgemv(mod, "wide", lambda: [timer.graph(lambda: mod.triton(x, w)), timer.eager(lambda: mod.triton(x, w))]) \
             if wide_serves(mod, x, w) else [nan, nan]
+        mma = with_qmma(mod, lambda: [timer.graph(lambda: mod.triton(x, w)), timer.eager(lambda: mod.triton(x, w))]) \
+            if mma_serves(mod, x, w) else [nan, nan]
         cublas = [timer.graph(lambda: F.linear(x, dense)), timer.eager(lambda: F.linear(x, dense))]
         other = other_gemm(mod, timer, m, lambda: mod.triton(x, w))
         wbytes = w.raw.numel()
         key = 0 if ours[0] == ours[0] else 1   # graph time where it exists (nan on the dry run)
-        times = {"slices": ours[key], "wide": wide[key], "cublas": cublas[key]}
+        times = {"slices": ours[key], "wide": wide[key], "mma": mma[key], "cublas": cublas[key]}
         out.append(dict(qtype=qtype.name, n=n, k=k, m=m, blocks_graph_us=ours[0], blocks_eager_us=ours[1],
-                        wide_graph_us=wide[0], wide_eager_us=wide[1], cublas_graph_us=cublas[0], cublas_eager_us=cublas[1],
+                        wide_graph_us=wide[0], wide_eager_us=wide[1], mma_graph_us=mma[0], mma_eager_us=mma[1],
+                        mma_gbs=wbytes / mma[key] / 1e3, cublas_graph_us=cublas[0], cublas_eager_us=cublas[1],
                         weight_bytes=wbytes, other_gemm_us=other, blocks_gbs=wbytes / ours[key] / 1e3,
                         wide_gbs=wbytes / wide[key] / 1e3, cublas_gbs=2 * n * k / cublas[key] / 1e3,
-                        win=min((t, name) for name, t in times.items() if t == t)[1], rel_err=err, wide_rel_err=wide_err))
+                        win=min((t, name) for name, t in times.items() if t == t)[1], rel_err=err, wide_rel_err=wide_err, mma_rel_err=mma_err))
     del w, dense
     return out
 
@@ -141,10 +159,13 @@ WIDE_TUNE = {1: [dict(QGEMV="wide", WIDE_WORDS=words, WIDE_PROGRAMS_PER_SM=p, WI
                  for words in (1024, 2048) for p in (1, 2, 4) for warps in (4, 8)],
              8: [dict(QGEMV="wide", WIDE_WORDS=words, WIDE_PROGRAMS_PER_SM=p, WIDE_ROWS_WARPS=warps)   # 2048 at 4 warps spills
                  for words in (1024, 2048) for p in (2, 4) for warps in (4, 8) if words * 4 // warps <= 1024]}
-# the wide kernel's settings first (what a GPU run must place), then the serving slices kernel's
-TUNE = {1: WIDE_TUNE[1] + [dict(GEMV_BLOCK_N=bn, GEMV_WARPS=w, PROGRAMS_PER_SM=p) for bn in (32, 64, 128) for w in (4, 8)
-                           for p in (2, 4, 8)],
-        8: WIDE_TUNE[8] + [dict(DECODE_BLOCK_N=bn, PROGRAMS_PER_SM=p) for bn in (32, 64) for p in (2, 4, 8)]}
+# the int8 tensor-core product's (QMMA; not yet on a card) at 2..16 rows
+MMA_TUNE = [dict(QMMA="int8", MMA_BLOCK_N=bn, MMA_PROGRAMS_PER_SM=p, MMA_WARPS=w)
+            for bn, p, w in [(bn, p, 4) for bn in (32, 64, 128) for p in (1, 2, 4)] + [(64, 2, 8), (128, 2, 8)]]
+# 8 rows first (the int8 product, then the wide kernel), then one row; each the serving slices kernel's last
+TUNE = {8: MMA_TUNE + WIDE_TUNE[8] + [dict(DECODE_BLOCK_N=bn, PROGRAMS_PER_SM=p) for bn in (32, 64) for p in (2, 4, 8)],
+        1: WIDE_TUNE[1] + [dict(GEMV_BLOCK_N=bn, GEMV_WARPS=w, PROGRAMS_PER_SM=p) for bn in (32, 64, 128) for w in (4, 8)
+                           for p in (2, 4, 8)]}
 
 
 def tune(mod, timer: Timer, device: str, gen, budget_s: float, dry: bool, shapes: str = "", wide_only: bool = False
@@ -154,7 +175,8 @@ def tune(mod, timer: Timer, device: str, gen, budget_s: float, dry: bool, shapes
     saved = {k: getattr(mod, k) for settings in TUNE.values() for s in settings for k in s}
     names = [n.strip() for n in shapes.split(",") if n.strip()] or list(TUNE_SHAPES)
     shapes = {"tiny": (40, 512)} if dry else {n: TUNE_SHAPES[n] for n in names}
-    table = {m: [s for s in settings if not wide_only or s.get("QGEMV") == "wide"] for m, settings in TUNE.items()}
+    table = {m: [s for s in settings if not wide_only or s.get("QGEMV") == "wide" or s.get("QMMA")]
+             for m, settings in TUNE.items()}
     for name, (n, k) in shapes.items():   # Q4_K where K is whole super-blocks, else Q5_0 (a Q4_K_M file's fallback)
         w = random_blocks(T.Q4_K if k % 256 == 0 else T.Q5_0, n, k, device, gen)
         for m, settings in table.items():
@@ -166,7 +188,8 @@ def tune(mod, timer: Timer, device: str, gen, budget_s: float, dry: bool, shapes
                     setattr(mod, key, value)
                 us = timer.graph(lambda: mod.triton(x, w))
                 us = us if us == us else timer.eager(lambda: mod.triton(x, w))
-                rows.append(dict(shape=name, m=m, us=us, gbs=w.raw.numel() / us / 1e3, **{"QGEMV": "slices", **setting}))
+                mode = "mma" if setting.get("QMMA") else setting.get("QGEMV", "slices")
+                rows.append(dict(shape=name, m=m, us=us, gbs=w.raw.numel() / us / 1e3, **{**setting, "QGEMV": mode}))
                 print(f"tune {name} M={m} {setting}: {us:.1f} us, {rows[-1]['gbs']:.0f} GB/s", flush=True)
                 for key, value in saved.items():
                     setattr(mod, key, value)
@@ -182,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tune", type=float, default=0.0, metavar="S",
                     help="first spend up to S seconds timing decode settings (Q4_K, 1 and 8 rows)")
     ap.add_argument("--tune-shapes", default="", help=f"comma-separated, of: {', '.join(TUNE_SHAPES)} (default all)")
-    ap.add_argument("--tune-wide-only", action="store_true", help="tune only the wide GEMV's settings")
+    ap.add_argument("--tune-wide-only", action="store_true",
+                    help="tune only the wide GEMV's and the int8 tensor-core product's settings")
     args = ap.parse_args(argv)
     start = time.perf_counter()   # --budget-s counts from here (the tuning has its own)
     device = "cpu" if args.dry_run else "cuda"
@@ -191,15 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     copy = copy_bandwidth(timer, device)
     head = f"qmatmul_gpu vs cuBLAS bf16 on {torch.cuda.get_device_name() if device == 'cuda' else 'cpu (dry run)'}; " \
            f"copy {copy:.0f} GB/s (read + write)"
-    lines = [head, fmt_row(["model", "matmul", "fmt", "M", "slices_gr", "wide_gr", "cublas_gr", "slices_eag", "wide_eag",
-                            "cublas_eag", "other_gemm", "slc_GB/s", "wide_GB/s", "%copy", "%copy_w", "win"], WIDTHS)]
+    lines = [head, fmt_row(["model", "matmul", "fmt", "M", "slices_gr", "wide_gr", "mma_gr", "cublas_gr", "slices_eag",
+                            "wide_eag", "cublas_eag", "other_gemm", "slc_GB/s", "wide_GB/s", "%copy", "%copy_w",
+                            "%copy_m", "win"], WIDTHS)]
     print("\n".join(lines), flush=True)
     tuned = tune(mod, timer, device, gen, args.tune, args.dry_run, args.tune_shapes, args.tune_wide_only) if args.tune else []
-    for m in sorted({r["m"] for r in tuned}):
-        for shape, mode in dict.fromkeys((r["shape"], r["QGEMV"]) for r in tuned):   # the best of each kernel
-            best = min((r for r in tuned if r["m"] == m and r["shape"] == shape and r["QGEMV"] == mode), key=lambda r: r["us"])
-            lines.append(f"tune best {shape} M={m} {mode}: {best}")
-            print(lines[-1], flush=True)
+    for m, shape, mode in dict.fromkeys((r["m"], r["shape"], r["QGEMV"]) for r in tuned):   # the best of each kernel
+        best = min((r for r in tuned if r["m"] == m and r["shape"] == shape and r["QGEMV"] == mode), key=lambda r: r["us"])
+        lines.append(f"tune best {shape} M={m} {mode}: {best}")
+        print(lines[-1], flush=True)
     t0 = time.perf_counter() if args.tune else start   # the budget: from the start, or after the tuning
     rows, results = DRY_ROWS if args.dry_run else ROWS, []
     cases = [(qtype, model, name, nk) for qtype in FORMATS   # Q4_K first: what a Q4_K_M file mostly is
@@ -216,16 +240,17 @@ def main(argv: list[str] | None = None) -> int:
                 r.update(model=model, matmul=name)
                 results.append(r)
                 lines.append(fmt_row([model, name, r["qtype"], r["m"], f"{r['blocks_graph_us']:.1f}", f"{r['wide_graph_us']:.1f}",
-                                      f"{r['cublas_graph_us']:.1f}", f"{r['blocks_eager_us']:.1f}", f"{r['wide_eager_us']:.1f}",
+                                      f"{r['mma_graph_us']:.1f}", f"{r['cublas_graph_us']:.1f}", f"{r['blocks_eager_us']:.1f}",
+                                      f"{r['wide_eager_us']:.1f}",
                                       f"{r['cublas_eager_us']:.1f}", f"{r['other_gemm_us']:.1f}", f"{r['blocks_gbs']:.0f}",
                                       f"{r['wide_gbs']:.0f}", f"{100 * r['blocks_gbs'] / copy:.0f}%",
-                                      f"{100 * r['wide_gbs'] / copy:.0f}%", r["win"]], WIDTHS))
+                                      f"{100 * r['wide_gbs'] / copy:.0f}%", f"{100 * r['mma_gbs'] / copy:.0f}%", r["win"]], WIDTHS))
                 print(lines[-1], flush=True)
         except Exception as e:  # noqa: BLE001 - one failing case costs a line, not the run
             lines.append(f"{model} {name} {qtype.name}: FAILED {type(e).__name__}: {str(e)[:200]}")
             print(lines[-1], flush=True)
-    bad = [r for r in results if r["rel_err"] > 2e-2 or r["wide_rel_err"] > 2e-2]   # nan (no wide kernel) passes
-    lines.append(f"{len(results)} rows; numerics vs gguf (slices and wide): "
+    bad = [r for r in results if max(r["rel_err"], r["wide_rel_err"], r["mma_rel_err"]) > 2e-2]   # nan (no kernel) passes
+    lines.append(f"{len(results)} rows; numerics vs gguf (slices, wide, mma): "
                  f"{'all within 2e-2' if not bad else f'{len(bad)} FAILED'}")
     print(lines[-1])
     if args.out:

@@ -1,0 +1,140 @@
+"""kernels/qmatmul_gpu.py's int8 tensor-core product (QMMA = "int8", off by default): 2..16 rows of
+Q4_K as x's q8_1 rows times each sub-block's unpacked nibbles in one int8 tl.dot, scaled after it.
+
+Against the float64 product of the same q8_1 x and gguf-py's dequantized weights, with odd N (the
+last column block masked), K split over programs (float32 partials) and unsplit (the residual add
+in the store), and batch invariance within the regime: rows bit-equal at M = 2, 5 and 16. The
+interpreter runs it in a subprocess (this file as a script with TRITON_INTERPRET=1; it runs the
+tl.dot in int32 like the card); the sm_90 compile is checked for IMMA and no spills; a CUDA card runs
+the same cases compiled (`playground/gpu_check.sh`'s tests part).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from slotserver.runtime.kernel_set import KERNEL_CONTRACT
+from slotserver.runtime.loader import default_dir, load_by_path
+from slotserver.runtime.qblocks import T, dequantize, random_qweight
+
+MARK = "MMA_RESULTS "
+ROWS = (2, 5, 16)
+
+
+def _module():
+    return load_by_path(default_dir("kernels") / "qmatmul_gpu.py", KERNEL_CONTRACT).module
+
+
+def _q8_1(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernel's q8_1 sees it (round half to even of x * 127 / max|x| per 32), float64."""
+    xb = x.double().reshape(x.shape[0], -1, 32)
+    amax = xb.abs().amax(-1, keepdim=True)
+    return (torch.round(xb * torch.where(amax > 0, 127.0 / amax, 0.0)) * amax / 127.0).reshape(x.shape)
+
+
+def mma_errors(device: str = "cpu", x_dtype: torch.dtype = torch.float32) -> dict[str, dict]:
+    """Per K: the split, the relative error against the q8_1 product, invariance, the residual add's error."""
+    mod, out = _module(), {}
+    mod.QMMA = "int8"
+    gen = torch.Generator().manual_seed(5)
+    for k in (256, 1024):   # one super-block (unsplit, add fused), four (split in two on 132 SMs)
+        w = random_qweight(gen, T.Q4_K, 37, k)
+        exact = dequantize(w).double()
+        w = type(w)(w.raw.to(device), w.qtype, w.k, w.n)
+        x = torch.randn(16, k, generator=gen).to(x_dtype)
+        ref = _q8_1(x.float()) @ exact.T
+        scale = 1 + float(ref.abs().max())
+        ys = {m: mod.triton(x[:m].to(device), w).cpu() for m in ROWS}
+        acc = torch.randn(3, w.n, generator=gen)
+        y_acc = mod.triton(x[:3].to(device), w, acc.to(device).clone()).cpu()
+        out[str(k)] = dict(served=mod._mma_ok(x[:2], w), split=-(-(k // 256) // mod.mma_plan(w.n, k, 132)[1]),
+                           err=float((ys[16].double() - ref).abs().max()) / scale,
+                           invariant=all(torch.equal(ys[m], ys[16][:m]) for m in ROWS),
+                           acc_err=float((y_acc.double() - ref[:3] - acc.double()).abs().max()) / scale)
+    return out
+
+
+@pytest.fixture(scope="module")
+def interpreted(triton_interpreter) -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=300)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1][len(MARK):])
+
+
+def test_the_int8_product_matches_the_q8_1_product_split_or_not_and_is_batch_invariant(interpreted):
+    assert [interpreted[k]["split"] for k in ("256", "1024")] == [1, 2]
+    for k, c in interpreted.items():
+        assert c["served"] and c["invariant"], (k, c)
+        assert c["err"] < 1e-5 and c["acc_err"] < 1e-5, (k, c)   # float32 scaling of exact int32 dots
+
+
+def test_the_int8_product_is_off_by_default_and_serves_only_q4_k_at_2_to_16_rows(monkeypatch):
+    mod, gen = _module(), torch.Generator().manual_seed(6)
+    assert mod.QMMA == "off"
+    w = random_qweight(gen, T.Q4_K, 4, 256)
+    assert not mod._mma_ok(torch.zeros(2, 256), w)
+    mod.QMMA = "int8"
+    assert mod._mma_ok(torch.zeros(2, 256), w) and mod._mma_ok(torch.zeros(16, 256), w)
+    assert not mod._mma_ok(torch.zeros(1, 256), w) and not mod._mma_ok(torch.zeros(17, 256), w)
+    assert not mod._mma_ok(torch.zeros(2, 256), random_qweight(gen, T.Q6_K, 4, 256))
+    monkeypatch.setenv("SLOTSERVER_QMMA", "fp8")
+    with pytest.raises(ValueError, match="SLOTSERVER_QMMA='fp8'"):
+        mod._qmma_mode()
+
+
+def test_the_plan_fills_the_card_and_keeps_two_super_blocks_a_split():
+    mod = _module()
+    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (896, 4864 // 256 * 256)):
+        tiles, sb_split = mod.mma_plan(n, k, 132)
+        split = -(-(k // 256) // sb_split)
+        assert sb_split >= 2 or k // 256 < 2, (n, k, sb_split)
+        assert tiles * split >= mod.MMA_PROGRAMS_PER_SM * 132 // 2 or sb_split == 2, (n, k, tiles, split)
+
+
+def test_the_sm90_compile_runs_int8_tensor_core_mma_without_spills():
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+
+    from slotserver.lab.aot import compile_for
+    from slotserver.runtime import lazy_triton
+
+    nvbin = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not nvbin.exists():
+        pytest.skip("triton ships no cuobjdump here")
+    fn, sig, consts, opts = _module()._mma_aot()
+    fn = lazy_triton.resolve(fn)
+    res = compile_for(fn, sig, consts, 90, opts)
+    assert res.spill_stores == res.spill_loads == 0, res
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in opts["aligned"]}
+    compiled = triton.compile(triton.compiler.ASTSource(fn, {a: sig[a] for a in fn.arg_names}, consts, attrs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": opts["num_warps"]})
+    cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"qmma-{os.getpid()}.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    sass = subprocess.run([str(nvbin), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    cubin.unlink()
+    assert len(re.findall(r"\bIMMA\.16832\.S8\.S8", sass)) >= 8, "no int8 mma in the sm_90 SASS"
+    assert "HMMA" not in sass and "FFMA" in sass   # no float dot: the scales are applied after it
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_on_the_card_the_int8_product_matches_and_is_batch_invariant(x_dtype):
+    for k, c in mma_errors("cuda", x_dtype).items():
+        assert c["served"] and c["invariant"], (k, c)
+        tol = 1e-5 if x_dtype == torch.float32 else 1e-2   # bf16: the output's rounding and x's own
+        assert c["err"] < tol and c["acc_err"] < tol, (k, c)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    print(MARK + json.dumps(mma_errors()))
