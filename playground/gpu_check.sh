@@ -18,7 +18,8 @@
 #   http      playground/http_overhead.py: the server's CPU per streamed token, asyncio vs uvloop.
 #   gemvab    the fused-GEMV decode body (--fused-gemv) against the lean body, Qwen2.5-0.5B BF16;
 #   qgemvab   Llama-8B's shape: dense bf16 and GGUF blocks with the wide GEMV (the default), blocks
-#             with SLOTSERVER_QMMA=int8 (8 rows) and with SLOTSERVER_QGEMV=slices;
+#             with SLOTSERVER_QMMA=int8 (8 rows) and with SLOTSERVER_QGEMV=slices; then the Q4_K_M
+#             mix (Q6_K output, attn_v, ffn_down in half the layers) dense and on blocks;
 #   gemv      playground/gpu_gemv_bench.py: each fused GEMV against what the lean body launches.
 # The default parts: the tests, the GGUF-block decode (the wide GEMV's H200-tuned settings, fifth
 # round), the model and HTTP reruns, then launches, labtime, kernels and gemv; archs, lab, attention,
@@ -130,6 +131,10 @@ qgemvab() {   # Llama-8B's shape in Q4_K: dense bf16, GGUF blocks with the wide 
     SLOTSERVER_QGEMV=slices $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches $bs \
         --steps $steps --ctx 1024 --engine-tokens 0 --gpu-weights blocks --budget-s 30 \
         --out "$OUT_DIR/qgemv_slices" || rc=$?
+    rm -f "$md/big.gguf"   # the mix users download: Q6_K output, attn_v and ffn_down in half the layers
+    $PY playground/shape_model.py $shape Q4_K_M "$md/q4km.gguf" || return 3
+    $PY playground/gpu_model_bench.py "$md/q4km.gguf" --device "$DEV" --batches $bs --steps $steps --ctx 1024 \
+        --engine-tokens 0 --gpu-weights dense,blocks --budget-s 50 --out "$OUT_DIR/qgemv_q4km" || rc=$?
     rm -rf "$md"; return $rc; }
 http() {   # the server's host work per streamed token: asyncio against uvloop (and
     # the streams' catch-up coalescing both have), Qwen2.5-0.5B's shape in Q4_K, streamed chat
@@ -148,7 +153,7 @@ part wheels 60 wheels
 TAIL=60 part tests 150 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device.py \
     $(ls tests/test_torch_dequant.py tests/test_device_*.py tests/test_gpu_*.py tests/test_gemv*.py 2>/dev/null | grep -v test_device_archs)
 # the GGUF-block decode first (the wide GEMV, tuned on an H200 2026-11-27: docs/gpu.md), then reruns
-TAIL=20 part qgemvab 150 qgemvab
+TAIL=30 part qgemvab 200 qgemvab
 TAIL=40 part qmatmul 110 qmatmul
 TAIL=30 part model ${MODEL_PART_S:-120} bash playground/gpu_model_check.sh "$OUT_DIR"
 TAIL=12 part http 100 http

@@ -7,7 +7,14 @@ can appear). The vocabulary is the tiny byte-level BPE of tests/tiny_gguf.py pad
 tokens up to the real size, so the output matmul and the sampler see the real vocabulary width.
 
     python playground/shape_model.py qwen2.5-0.5b Q4_K out.gguf    # shapes: SHAPES below
+    python playground/shape_model.py llama-3.1-8b Q4_K_M out.gguf  # llama-quantize's Q4_K_M mix
     python playground/shape_model.py tiny BF16 out.gguf             # seconds, for CPU dry runs
+
+A single type (Q4_K, Q8_0, BF16...) stores every matmul in it (K-quant rows that are not whole
+super-blocks take llama.cpp's fallback). `Q4_K_M` is the mix users download, as llama.cpp's
+llama-quant.cpp makes it: Q4_K, but Q6_K for the output matmul (the token embedding where it is
+tied) and for attn_v and ffn_down in the layers `use_more_bits` picks (the first and last eighth,
+and every third between), with the same fallbacks (Qwen2.5-0.5B's 896-wide rows: Q5_0 and Q8_0).
 
 Needs numpy and gguf-py (a GPU image may lack gguf: carry its wheel, see gpu_check.sh).
 """
@@ -79,30 +86,47 @@ def random_tensor(rng: np.random.Generator, n_out: int, n_in: int, qtype: QT) ->
     return raw.reshape(n_out, -1)
 
 
-def tensors(s: Shape, qtype: QT, seed: int = 0):
-    """(name, array, raw_dtype or None) in llama.cpp's order."""
+def use_more_bits(i_layer: int, n_layers: int) -> bool:
+    """llama-quant.cpp's rule for the layers whose attn_v / ffn_down a *_M mix stores with more bits."""
+    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
+
+
+def mix_type(mix: str, name: str, s: Shape) -> QT:
+    """The type `mix` (a GGML type's name, or Q4_K_M) gives tensor `name` before the fallbacks."""
+    if mix != "Q4_K_M":
+        return QT[mix]
+    if name == "output.weight" or (name == "token_embd.weight" and s.tied):
+        return QT.Q6_K
+    layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+    if name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(layer, s.n_layers):
+        return QT.Q6_K
+    return QT.Q4_K
+
+
+def tensors(s: Shape, mix: str, seed: int = 0):
+    """(name, array, raw_dtype or None) in llama.cpp's order; `mix`: a GGML type's name or Q4_K_M."""
     rng = np.random.default_rng(seed)
     hd = s.d_model // s.n_heads
-    def mat(n_out: int, n_in: int):
-        t = stored_type(qtype, n_in)
-        return random_tensor(rng, n_out, n_in, t), t
+    def mat(name: str, n_out: int, n_in: int):
+        t = stored_type(mix_type(mix, name, s), n_in)
+        return name, random_tensor(rng, n_out, n_in, t), t
 
-    yield "token_embd.weight", *mat(s.vocab, s.d_model)
+    yield mat("token_embd.weight", s.vocab, s.d_model)
     for i in range(s.n_layers):
         b = f"blk.{i}."
         yield b + "attn_norm.weight", np.ones(s.d_model, np.float32), None
         for name, n_out in (("attn_q", s.n_heads * hd), ("attn_k", s.n_kv_heads * hd), ("attn_v", s.n_kv_heads * hd)):
-            yield b + name + ".weight", *mat(n_out, s.d_model)
+            yield mat(b + name + ".weight", n_out, s.d_model)
             if s.qkv_bias:
                 yield b + name + ".bias", (0.02 * rng.standard_normal(n_out)).astype(np.float32), None
-        yield b + "attn_output.weight", *mat(s.d_model, s.n_heads * hd)
+        yield mat(b + "attn_output.weight", s.d_model, s.n_heads * hd)
         yield b + "ffn_norm.weight", np.ones(s.d_model, np.float32), None
-        yield b + "ffn_gate.weight", *mat(s.d_ff, s.d_model)
-        yield b + "ffn_up.weight", *mat(s.d_ff, s.d_model)
-        yield b + "ffn_down.weight", *mat(s.d_model, s.d_ff)
+        yield mat(b + "ffn_gate.weight", s.d_ff, s.d_model)
+        yield mat(b + "ffn_up.weight", s.d_ff, s.d_model)
+        yield mat(b + "ffn_down.weight", s.d_model, s.d_ff)
     yield "output_norm.weight", np.ones(s.d_model, np.float32), None
     if not s.tied:
-        yield "output.weight", *mat(s.vocab, s.d_model)
+        yield mat("output.weight", s.vocab, s.d_model)
 
 
 def metadata(s: Shape) -> dict:
@@ -132,13 +156,14 @@ def metadata(s: Shape) -> dict:
 
 
 def write(shape: str, qtype_name: str, path: Path, seed: int = 0) -> Path:
-    s, qtype = SHAPES[shape], QT[qtype_name]
+    s = SHAPES[shape]
+    mix_type(qtype_name, "blk.0.attn_q.weight", s)   # an unknown name fails here, before the file
     w = gguf.GGUFWriter(path, s.arch)
     w.kv_data[0].clear()
     w.add_key_value("general.architecture", s.arch, VT.STRING)
     for key, (value, vtype) in metadata(s).items():
         w.add_key_value(key, value, vtype)
-    for name, arr, raw in tensors(s, qtype, seed):
+    for name, arr, raw in tensors(s, qtype_name, seed):
         if raw is None or raw == QT.F32:
             w.add_tensor(name, arr)
         else:
@@ -153,7 +178,7 @@ def write(shape: str, qtype_name: str, path: Path, seed: int = 0) -> Path:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("shape", choices=sorted(SHAPES))
-    p.add_argument("qtype", help="Q4_K, Q8_0, BF16, F16, Q4_0, Q6_K, ...")
+    p.add_argument("qtype", help="Q4_K, Q8_0, BF16, F16, Q4_0, Q6_K, ... or the Q4_K_M mix")
     p.add_argument("out", type=Path)
     a = p.parse_args()
     print(write(a.shape, a.qtype, a.out))
