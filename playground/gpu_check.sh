@@ -150,8 +150,10 @@ sampling() { missing playground/gpu_sampling_bench.py && return 0
     $PY playground/gpu_sampling_bench.py --device "$DEV" $DRYARG --budget-s 30; }
 part versions 30 versions
 part wheels 60 wheels
-TAIL=60 part tests 150 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device.py \
-    $(ls tests/test_torch_dequant.py tests/test_device_*.py tests/test_gpu_*.py tests/test_gemv*.py 2>/dev/null | grep -v test_device_archs)
+# the newest kernels' card tests first (a part cut by its timeout loses its last files)
+TAIL=60 part tests 150 $PY -m pytest -v -rf --tb=short -p no:cacheprovider \
+    $(ls tests/test_gpu_*.py tests/test_qmma.py tests/test_gemv*.py 2>/dev/null) tests/test_device.py \
+    $(ls tests/test_torch_dequant.py tests/test_device_*.py 2>/dev/null | grep -v test_device_archs)
 # the GGUF-block decode first (the wide GEMV, tuned on an H200 2026-11-27: docs/gpu.md), then reruns
 TAIL=30 part qgemvab 200 qgemvab
 TAIL=40 part qmatmul 110 qmatmul
