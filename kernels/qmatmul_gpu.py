@@ -286,9 +286,14 @@ def _qgemv_mode() -> str:
     shape in Q4_K at b=1 4.1 ms a step against the slices' 11.4, at b=8 17.2 against 68.6) or `slices`
     (the per-32-value kernel above, kept for formats and rows the wide one cannot read and as the A/B);
     read once at load, so a bench flips the module constant `QGEMV`."""
-    mode = os.environ.get("SLOTSERVER_QGEMV", "wide")
-    if mode not in ("slices", "wide"):
-        raise ValueError(f"SLOTSERVER_QGEMV={mode!r}: expected 'slices' or 'wide'")
+    return _env_switch("SLOTSERVER_QGEMV", "wide", ("slices", "wide"))
+
+
+def _env_switch(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """Environment variable `name` (default `default`), refused by name unless one of `choices`."""
+    mode = os.environ.get(name, default)
+    if mode not in choices:
+        raise ValueError(f"{name}={mode!r}: expected {' or '.join(map(repr, choices))}")
     return mode
 
 
@@ -606,10 +611,7 @@ MMA_PROGRAMS_PER_SM = 2    # K is split (float32 partials summed by torch) until
 
 def _qmma_mode() -> str:
     """SLOTSERVER_QMMA: `off` (default) or `int8`; read once at load (a bench flips the constant QMMA)."""
-    mode = os.environ.get("SLOTSERVER_QMMA", "off")
-    if mode not in ("off", "int8"):
-        raise ValueError(f"SLOTSERVER_QMMA={mode!r}: expected 'off' or 'int8'")
-    return mode
+    return _env_switch("SLOTSERVER_QMMA", "off", ("off", "int8"))
 
 
 QMMA = _qmma_mode()

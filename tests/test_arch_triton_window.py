@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,6 +17,7 @@ from slotserver.lab.check import triton_mode
 from slotserver.runtime.kernel_set import KERNEL_CONTRACT
 from slotserver.runtime.kv_spec import PagedKV, StridedKV
 from slotserver.runtime.loader import default_dir, load_by_path
+from triton_script import run_interpreted
 
 MARK = "TRITON-WINDOW "
 
@@ -58,11 +56,7 @@ def _checks() -> dict:
 def interpreted() -> dict:
     if triton_mode() == "interpret":
         return _checks()
-    proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, TRITON_INTERPRET="1"))
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1][len(MARK):])
+    return run_interpreted(__file__, MARK, timeout=600)
 
 
 @pytest.mark.parametrize("softcap", [False, True], ids=["window", "window+softcap"])

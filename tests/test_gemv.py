@@ -15,7 +15,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 
 from slotserver.runtime.kernel_set import KERNEL_CONTRACT
 from slotserver.runtime.loader import default_dir, load_by_path
+from triton_script import run_interpreted
 
 MARK = "GEMV "
 ROWS = (1, 3, 8, 16)
@@ -78,11 +78,7 @@ def _interpreted() -> dict:
 
 @pytest.fixture(scope="module")
 def interpreted(triton_interpreter) -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=300)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1][len(MARK):])
+    return run_interpreted(__file__, MARK)
 
 
 @pytest.mark.parametrize("case", CASES)

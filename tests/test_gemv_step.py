@@ -12,8 +12,6 @@ and a partial rotary (8 of 16 dims: rope's pass-through pairs), and qwen3's per-
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -22,6 +20,7 @@ import pytest
 import torch
 
 from slotserver.runtime import native
+from triton_script import run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "GEMV-STEP "
@@ -73,12 +72,7 @@ def interpreted(triton_interpreter, tmp_path_factory) -> dict:
     qwen2 = write_tiny_gguf(folder / "qwen2.gguf", arch="qwen2", qkv_bias=True, head_dim=16, n_layers=1,
                             **{"qwen2.rope.dimension_count": 8})
     qwen3 = write_tiny_gguf(folder / "qwen3.gguf", arch="qwen3", features=("qk_norm",), n_layers=1)
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, __file__, str(qwen2), str(qwen3)], capture_output=True, text=True,
-                          env=env, timeout=300)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1][len(MARK):])
+    return run_interpreted(__file__, MARK, qwen2, qwen3)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])

@@ -12,13 +12,12 @@ and torch's cast differ by an ulp, which a GPU does not show.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from triton_script import run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "LEAN-STEP "
@@ -73,11 +72,7 @@ def interpreted(tmp_path_factory) -> dict:
     from tiny_gguf import write_tiny_gguf
 
     gguf = write_tiny_gguf(tmp_path_factory.mktemp("lean") / "q.gguf", arch="qwen2", qkv_bias=True, d_model=64)
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, __file__, str(gguf)], capture_output=True, text=True, env=env, timeout=300)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1][len(MARK):])
+    return run_interpreted(__file__, MARK, gguf)
 
 
 def test_the_lean_body_gives_the_unfused_logits_and_tokens(interpreted):

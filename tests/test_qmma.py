@@ -24,6 +24,7 @@ import torch
 from slotserver.runtime.kernel_set import KERNEL_CONTRACT
 from slotserver.runtime.loader import default_dir, load_by_path
 from slotserver.runtime.qblocks import T, dequantize, random_qweight
+from triton_script import run_interpreted
 
 MARK = "MMA_RESULTS "
 ROWS = (2, 5, 16)
@@ -64,11 +65,7 @@ def mma_errors(device: str = "cpu", x_dtype: torch.dtype = torch.float32) -> dic
 
 @pytest.fixture(scope="module")
 def interpreted(triton_interpreter) -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=300)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1][len(MARK):])
+    return run_interpreted(__file__, MARK)
 
 
 def test_the_int8_product_matches_the_q8_1_product_split_or_not_and_is_batch_invariant(interpreted):
