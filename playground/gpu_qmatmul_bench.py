@@ -160,7 +160,7 @@ WIDE_TUNE = {1: [dict(QGEMV="wide", WIDE_WORDS=words, WIDE_PROGRAMS_PER_SM=p, WI
              8: [dict(QGEMV="wide", WIDE_WORDS=words, WIDE_PROGRAMS_PER_SM=p, WIDE_ROWS_WARPS=warps)   # 2048 at 4 warps spills
                  for words in (1024, 2048) for p in (2, 4) for warps in (4, 8) if words * 4 // warps <= 1024]}
 # the int8 tensor-core product's (QMMA; not yet on a card) at 2..16 rows
-MMA_TUNE = [dict(QMMA="int8", MMA_BLOCK_N=bn, MMA_PROGRAMS_PER_SM=p, MMA_WARPS=w)
+MMA_TUNE = [dict(QMMA="int8", MMA_BLOCK_N={T.Q4_K: bn, T.Q6_K: 32}, MMA_PROGRAMS_PER_SM=p, MMA_WARPS=w)   # Q4_K tuned
             for bn, p, w in [(bn, p, 4) for bn in (32, 64, 128) for p in (1, 2, 4)] + [(64, 2, 8), (128, 2, 8)]]
 # 8 rows first (the int8 product, then the wide kernel), then one row; each the serving slices kernel's last
 TUNE = {8: MMA_TUNE + WIDE_TUNE[8] + [dict(DECODE_BLOCK_N=bn, PROGRAMS_PER_SM=p) for bn in (32, 64) for p in (2, 4, 8)],

@@ -1,5 +1,5 @@
 """kernels/qmatmul_gpu.py's int8 tensor-core product (QMMA = "int8", off by default): 2..16 rows of
-Q4_K as x's q8_1 rows times each sub-block's unpacked nibbles in one int8 tl.dot, scaled after it.
+Q4_K and Q6_K as x's q8_1 rows times each sub-block's unpacked values in int8 tl.dots, scaled after.
 
 Against the float64 product of the same q8_1 x and gguf-py's dequantized weights, with odd N (the
 last column block masked), K split over programs (float32 partials) and unsplit (the residual add
@@ -46,8 +46,8 @@ def mma_errors(device: str = "cpu", x_dtype: torch.dtype = torch.float32) -> dic
     mod, out = _module(), {}
     mod.QMMA = "int8"
     gen = torch.Generator().manual_seed(5)
-    for k in (256, 1024):   # one super-block (unsplit, add fused), four (split in two on 132 SMs)
-        w = random_qweight(gen, T.Q4_K, 37, k)
+    for qtype, k in ((qt, k) for qt in (T.Q4_K, T.Q6_K) for k in (256, 1024)):   # 1 super-block: unsplit, 4: split in two
+        w = random_qweight(gen, qtype, 37, k)
         exact = dequantize(w).double()
         w = type(w)(w.raw.to(device), w.qtype, w.k, w.n)
         x = torch.randn(16, k, generator=gen).to(x_dtype)
@@ -56,10 +56,11 @@ def mma_errors(device: str = "cpu", x_dtype: torch.dtype = torch.float32) -> dic
         ys = {m: mod.triton(x[:m].to(device), w).cpu() for m in ROWS}
         acc = torch.randn(3, w.n, generator=gen)
         y_acc = mod.triton(x[:3].to(device), w, acc.to(device).clone()).cpu()
-        out[str(k)] = dict(served=mod._mma_ok(x[:2], w), split=-(-(k // 256) // mod.mma_plan(w.n, k, 132)[1]),
-                           err=float((ys[16].double() - ref).abs().max()) / scale,
-                           invariant=all(torch.equal(ys[m], ys[16][:m]) for m in ROWS),
-                           acc_err=float((y_acc.double() - ref[:3] - acc.double()).abs().max()) / scale)
+        sb_split = mod.mma_plan(w.n, k, 132, mod.MMA_BLOCK_N[qtype])[1]
+        out[f"{qtype.name}/{k}"] = dict(served=mod._mma_ok(x[:2], w), split=-(-(k // 256) // sb_split),
+                                        err=float((ys[16].double() - ref).abs().max()) / scale,
+                                        invariant=all(torch.equal(ys[m], ys[16][:m]) for m in ROWS),
+                                        acc_err=float((y_acc.double() - ref[:3] - acc.double()).abs().max()) / scale)
     return out
 
 
@@ -69,13 +70,13 @@ def interpreted(triton_interpreter) -> dict:
 
 
 def test_the_int8_product_matches_the_q8_1_product_split_or_not_and_is_batch_invariant(interpreted):
-    assert [interpreted[k]["split"] for k in ("256", "1024")] == [1, 2]
+    assert [interpreted[c]["split"] for c in ("Q4_K/256", "Q4_K/1024", "Q6_K/256", "Q6_K/1024")] == [1, 2, 1, 2]
     for k, c in interpreted.items():
         assert c["served"] and c["invariant"], (k, c)
         assert c["err"] < 1e-5 and c["acc_err"] < 1e-5, (k, c)   # float32 scaling of exact int32 dots
 
 
-def test_the_int8_product_is_off_by_default_and_serves_only_q4_k_at_2_to_16_rows(monkeypatch):
+def test_the_int8_product_is_off_by_default_and_serves_q4_k_and_q6_k_at_2_to_16_rows(monkeypatch):
     mod, gen = _module(), torch.Generator().manual_seed(6)
     assert mod.QMMA == "off"
     w = random_qweight(gen, T.Q4_K, 4, 256)
@@ -83,7 +84,8 @@ def test_the_int8_product_is_off_by_default_and_serves_only_q4_k_at_2_to_16_rows
     mod.QMMA = "int8"
     assert mod._mma_ok(torch.zeros(2, 256), w) and mod._mma_ok(torch.zeros(16, 256), w)
     assert not mod._mma_ok(torch.zeros(1, 256), w) and not mod._mma_ok(torch.zeros(17, 256), w)
-    assert not mod._mma_ok(torch.zeros(2, 256), random_qweight(gen, T.Q6_K, 4, 256))
+    assert mod._mma_ok(torch.zeros(2, 256), random_qweight(gen, T.Q6_K, 4, 256))    # 210-byte blocks: byte loads
+    assert not mod._mma_ok(torch.zeros(2, 256), random_qweight(gen, T.Q8_0, 4, 256))
     monkeypatch.setenv("SLOTSERVER_QMMA", "fp8")
     with pytest.raises(ValueError, match="SLOTSERVER_QMMA='fp8'"):
         mod._qmma_mode()
@@ -91,14 +93,16 @@ def test_the_int8_product_is_off_by_default_and_serves_only_q4_k_at_2_to_16_rows
 
 def test_the_plan_fills_the_card_and_keeps_two_super_blocks_a_split():
     mod = _module()
-    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (896, 4864 // 256 * 256)):
-        tiles, sb_split = mod.mma_plan(n, k, 132)
+    for n, k, bn in ((n, k, bn) for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (896, 4864))
+                     for bn in set(mod.MMA_BLOCK_N.values())):
+        tiles, sb_split = mod.mma_plan(n, k, 132, bn)
         split = -(-(k // 256) // sb_split)
         assert sb_split >= 2 or k // 256 < 2, (n, k, sb_split)
         assert tiles * split >= mod.MMA_PROGRAMS_PER_SM * 132 // 2 or sb_split == 2, (n, k, tiles, split)
 
 
-def test_the_sm90_compile_runs_int8_tensor_core_mma_without_spills():
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=["Q4_K", "Q6_K"])
+def test_the_sm90_compile_runs_int8_tensor_core_mma_without_spills(qtype):
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
 
@@ -108,7 +112,7 @@ def test_the_sm90_compile_runs_int8_tensor_core_mma_without_spills():
     nvbin = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not nvbin.exists():
         pytest.skip("triton ships no cuobjdump here")
-    fn, sig, consts, opts = _module()._mma_aot()
+    fn, sig, consts, opts = _module()._mma_aot(qtype)
     fn = lazy_triton.resolve(fn)
     res = compile_for(fn, sig, consts, 90, opts)
     assert res.spill_stores == res.spill_loads == 0, res
@@ -119,8 +123,8 @@ def test_the_sm90_compile_runs_int8_tensor_core_mma_without_spills():
     cubin.write_bytes(compiled.asm["cubin"])
     sass = subprocess.run([str(nvbin), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     cubin.unlink()
-    assert len(re.findall(r"\bIMMA\.16832\.S8\.S8", sass)) >= 8, "no int8 mma in the sm_90 SASS"
-    assert "HMMA" not in sass and "FFMA" in sass   # no float dot: the scales are applied after it
+    assert len(re.findall(r"\bIMMA\.16832\.S8\.S8", sass)) >= 2, "no int8 mma in the sm_90 SASS"
+    assert "HMMA" not in sass   # no float dot: the scales are applied after the integer one
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
