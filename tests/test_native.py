@@ -101,6 +101,27 @@ def test_c_lives_in_c_files_not_in_python_strings():
     assert not found, f"move this C into a .c file beside its module (native.c_source / c_path): {found}"
 
 
+@pytest.fixture(autouse=True)
+def own_unavailable(monkeypatch):
+    """Each test's failed builds stay its own: native.unavailable() turns the engine's tuner off."""
+    monkeypatch.setattr(native, "_unavailable", set())
+
+
+def test_a_library_that_cannot_be_built_here_is_named_unavailable(tmp_path, monkeypatch):
+    """A machine's fault (here: the compiler's binary failing with OSError) leaves the torch form
+    serving, and unavailable() says which library, so the thread tuner stays off (engine.py)."""
+    monkeypatch.setenv("SLOTSERVER_CACHE", str(tmp_path))
+    monkeypatch.delenv("SLOTSERVER_NATIVE", raising=False)
+    assert native.unavailable() == []
+
+    def broken(name, full):
+        raise OSError("compiler crashed")
+
+    monkeypatch.setattr(native, "_load", broken)
+    assert native.build("add_broken", ADD + "/* broken */\n", strict=True) is None
+    assert native.unavailable() == ["add_broken"]
+
+
 def test_no_compiler_or_switched_off_means_torch_serves(monkeypatch):
     monkeypatch.setenv("SLOTSERVER_NATIVE", "0")
     assert native.build("add", ADD, strict=True) is None

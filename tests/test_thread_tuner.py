@@ -112,6 +112,9 @@ def test_the_engine_reports_its_thread_count_and_off_keeps_it(smollm_path, monke
         tuned = Engine(bundle, EngineConfig(n_parallel=1, ctx_size=256)).stats().threads
         assert tuned == (2 if native.enabled() else 0)
         assert Engine(bundle, EngineConfig(n_parallel=1, ctx_size=256, adaptive_threads="off")).stats().threads == 0
+        monkeypatch.setattr(native, "_unavailable", {"rope"})   # one library failed to build: its torch form serves
+        assert Engine(bundle, EngineConfig(n_parallel=1, ctx_size=256)).stats().threads == 0
+        monkeypatch.setattr(native, "_unavailable", set())
         monkeypatch.setenv("SLOTSERVER_NATIVE", "0")   # the torch formulations: their floats follow -t
         assert Engine(bundle, EngineConfig(n_parallel=1, ctx_size=256)).stats().threads == 0
     finally:

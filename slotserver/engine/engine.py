@@ -298,10 +298,11 @@ def _tuned_threads(config: EngineConfig, bundle: ModelBundle) -> int:
     """The thread count the tuner may lower to one (engine/thread_tuner.py); 1 turns it off: a GPU,
     `-t 1`, `--adaptive-threads off`, and `--tp` (rank 0's forward waits for the other ranks, whose
     counts it does not set: fewer threads there would only unbalance the ranks), and without the C
-    kernels (no compiler, SLOTSERVER_NATIVE=0): the torch formulations' floats follow the thread count
-    (GGUF blocks at -t 1 and 2 differ), and a switch must change no answer."""
+    kernels (no compiler, SLOTSERVER_NATIVE=0, or one that failed to build here: native.unavailable()):
+    the torch formulations' floats follow the thread count (GGUF blocks at -t 1 and 2 differ), and a
+    switch must change no answer."""
     if config.adaptive_threads == "off" or bundle.model.device != "cpu" or bundle.model.step_hook is not None \
-            or not native.enabled():
+            or not native.enabled() or native.unavailable():
         return 1
     return torch.get_num_threads()
 

@@ -56,6 +56,7 @@ log = logging.getLogger("slotserver.runtime.native")
 FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math",
          "-freciprocal-math", "-fopenmp", "-fPIC", "-shared")
 _loaded: dict[str, ctypes.CDLL | None] = {}
+_unavailable: set[str] = set()   # libraries that could not be built in this process (unavailable())
 
 # Prepended to every source (prelude.h beside this file, read at import): bf16 <-> float32, a
 # vectorizable exp, row loads and prefetches, the AVX-512 forms of loads, stores and exp.
@@ -89,6 +90,14 @@ def off_by_request() -> bool:
 def enabled() -> bool:
     """Whether the C kernels serve here: a compiler, and not `SLOTSERVER_NATIVE=0`."""
     return not off_by_request() and compiler() is not None
+
+
+def unavailable() -> list[str]:
+    """Names of the libraries that could not be built in this process, whose torch formulations serve
+    instead (a machine's fault: an unwritable cache folder, a broken compiler; `build` logged each).
+    Why callers ask: `enabled()` says only that C *can* serve; the engine's thread tuner may switch
+    thread counts only where every op it runs is C, whose floats do not follow the thread count."""
+    return sorted(_unavailable)
 
 
 def compile_flags() -> tuple[str, ...]:
@@ -182,9 +191,11 @@ def build(name: str, source: str, origin: str | None = None, strict: bool = Fals
                 raise  # the source's own error: a kernel edit must be refused, not replaced
             log.warning("native kernel %s unavailable, using its torch formulation: %s", name, e)
             _loaded[key] = None
+            _unavailable.add(name)
         except OSError as e:  # the machine's fault (cache folder, compiler binary), never the source's
             log.warning("native kernel %s unavailable, using its torch formulation: %s", name, e)
             _loaded[key] = None
+            _unavailable.add(name)
     lib = _loaded[key]
     return None if lib is None else Library(lib._name, handle=lib._handle)   # the caller's own (Library)
 
