@@ -570,6 +570,11 @@ def wide_plan(n: int, k: int, qtype: int, sms: int) -> tuple[int, int]:
     return r, min(step, 1 << (max(1, k // values) - 1).bit_length())
 
 
+def _wide_warps(m: int) -> int:
+    """Warps of a wide GEMV launch of m rows (see WIDE_ROWS_WARPS: 2048 words at 4 warps spill from 2 rows)."""
+    return WIDE_WARPS if m == 1 else WIDE_ROWS_WARPS
+
+
 def _wide_ok(x: torch.Tensor, w: QWeight) -> bool:
     """The wide GEMV serves: switched on, its formats, 1..WIDE_MAX_M rows, rows of whole 4-byte words
     on a 16-byte aligned base (Q4_K, Q5_K, Q4_1, Q5_1 always; Q6_K, Q8_0, Q5_0, Q4_0 with an even
@@ -585,27 +590,26 @@ def _wide(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None) -> torch.Tensor
     m, n = x.shape[0], w.n
     xq, xd, xs = q8_1(x)
     r, step = wide_plan(n, w.k, w.qtype, sm_count(x.device))
-    fused = acc is not None and acc.shape == (m, n) and acc.stride(1) == 1
-    y = acc if fused else torch.empty(m, n, dtype=x.dtype, device=x.device)
+    y, fused = _output(x, n, 1, acc)
     words = w.raw.view(torch.int32)                                                            # [N, row_bytes / 4]
     wu = 4 if w.qtype in (T.Q4_K, T.Q5_K) else 1
     _wide_kernel[(_triton.cdiv(n, r),)](xq.view(torch.int32), xd, xs, words, y, m, n, w.k, words.stride(0) // wu,
                                        y.stride(0), FMT=int(w.qtype), ACC=fused, BLOCK_M=_triton.next_power_of_2(m),
-                                       R=r, STEP=step, WU=wu, ASM=not interpreted(),
-                                       num_warps=WIDE_WARPS if m == 1 else WIDE_ROWS_WARPS)
-    return y if fused or acc is None else acc.add_(y.to(acc.dtype))
+                                       R=r, STEP=step, WU=wu, ASM=not interpreted(), num_warps=_wide_warps(m))
+    return _finish(y, x, 1, fused, acc)
 
 
 # ---- int8 tensor cores (QMMA = "int8"): 2..SMALL_M rows of Q4_K, Q6_K ------------------------------
 # The wide GEMV multiplies each weight word once per row of x with dp4a: at 8 rows ~14 instructions a
-# weight, 4-7x slower than cuBLAS on a dense copy (H200, docs/gpu.md). Here x's q8_1 rows (the wide
-# GEMV's x, padded to 16) meet each 32-value sub-block's unpacked nibbles in one int8 tl.dot
-# ([16, 32] x [32, BLOCK_N] -> int32: mma m16n8k32), so a weight costs its unpack (a mask or a shift a
-# byte) whatever the rows, and the float scales (d * sc, dmin * m, x's d and d * sum) are applied per
-# sub-block and column after the dot. Off by default (env SLOTSERVER_QMMA=int8) until a card shows it
+# weight, 3.3-5.2x slower than cuBLAS on a dense copy (H200, docs/gpu.md). Here x's q8_1 rows (the
+# wide GEMV's x, padded to 16) meet each 32-value sub-block's unpacked values in int8 tl.dots
+# ([16, 32] x [32, BLOCK_N] -> int32: mma m16n8k32), so a weight's unpack (a mask or a shift a byte)
+# is paid once for all rows, and the float scales (d * sc, dmin * m, x's d and d * sum) are applied
+# per sub-block and column after the dot. Off by default (env SLOTSERVER_QMMA=int8) until a card shows it
 # faster than the wide GEMV at 2..8 rows; Q4_K and Q6_K (a Q4_K_M file's two formats).
 # weight rows (output columns) a program; ptxas, sm_90, 4 warps: Q4_K at 64 142 registers, Q6_K at 32
 # 141 (at 64 its byte loads from 2-byte aligned blocks took 255), no spills
+MMA_FORMATS = (T.Q4_K, T.Q6_K)   # what a Q4_K_M file holds (but its fallbacks for rows not of 256)
 MMA_BLOCK_N = {T.Q4_K: 64, T.Q6_K: 32}
 MMA_WARPS = 4
 MMA_PROGRAMS_PER_SM = 2    # K is split (float32 partials summed by torch) until about this many programs an SM
@@ -700,16 +704,15 @@ def _mma_kernel(xq_ptr, xd_ptr, xs_ptr, wb_ptr, ww_ptr, y_ptr, M, N, K, stride_w
         tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=omask)
 
 
-def mma_plan(n: int, k: int, sms: int, block_n: int) -> tuple[int, int]:
-    """(column blocks, super-blocks a K split): K split until about MMA_PROGRAMS_PER_SM programs an SM,
-    each split at least 2 super-blocks. Neither depends on M, so a row's float sums do not either
+def mma_plan(n: int, k: int, sms: int, block_n: int) -> tuple[int, int, int]:
+    """(column blocks, super-blocks a K split, splits): K split until about MMA_PROGRAMS_PER_SM programs
+    an SM, each split at least 2 super-blocks. None depends on M, so a row's float sums do not either
     (within 2..SMALL_M rows: x is always 16 rows, the dot's shape fixed)."""
     tiles, nsb = -(-n // block_n), k // 256
     want = -(-(MMA_PROGRAMS_PER_SM * sms) // tiles)          # splits that would fill the card
-    return tiles, max(1, min(nsb, max(2, nsb // want)))
+    sb_split = max(1, min(nsb, max(2, nsb // want)))
+    return tiles, sb_split, -(-nsb // sb_split)
 
-
-MMA_FORMATS = (T.Q4_K, T.Q6_K)   # what a Q4_K_M file holds (but its fallbacks for rows not of 256)
 
 
 def _mma_ok(x: torch.Tensor, w: QWeight) -> bool:
@@ -722,23 +725,15 @@ def _mma(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None) -> torch.Tensor:
     """x quantized to q8_1 (one launch), the int8 dots (one launch), split partials summed by torch."""
     m, n = x.shape[0], w.n
     xq, xd, xs = q8_1(x)
-    tiles, sb_split = mma_plan(n, w.k, sm_count(x.device), MMA_BLOCK_N[w.qtype])
-    split = -(-(w.k // 256) // sb_split)
-    fused = split == 1 and acc is not None and acc.shape == (m, n) and acc.stride(1) == 1
-    if split > 1:
-        y = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    else:
-        y = acc if fused else torch.empty(m, n, dtype=x.dtype, device=x.device)
+    tiles, sb_split, split = mma_plan(n, w.k, sm_count(x.device), MMA_BLOCK_N[w.qtype])
+    y, fused = _output(x, n, split, acc)
     q4k = w.qtype == T.Q4_K
     wu = 16 if q4k else 1
     _mma_kernel[(tiles, split)](xq, xd, xs, w.raw, w.raw.view(torch.int32) if q4k else w.raw, y, m, n, w.k,
                                 w.raw.stride(0) // wu, y.stride(-2), y.stride(0) if split > 1 else 0, sb_split,
                                 FMT=int(w.qtype), WU=wu, ACC=fused, BLOCK_N=MMA_BLOCK_N[w.qtype], SPLIT=split > 1,
                                 num_warps=MMA_WARPS)
-    if fused:
-        return acc
-    y = y.sum(0) if split > 1 else y                                                   # [M, N]
-    return y.to(x.dtype) if acc is None else acc.add_(y.to(acc.dtype))
+    return _finish(y, x, split, fused, acc)
 
 
 def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int]:
@@ -765,21 +760,32 @@ def triton(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torc
     if m >= DEQUANT_GEMM_ROWS and n:
         return _dequant_gemm(x, w, acc)
     bm, bn, split, warps = plan(m, n, w.k, sm_count(x.device))
-    fused = acc is not None and split == 1 and acc.shape == (m, n) and acc.stride(1) == 1
-    if split > 1:
-        y = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    else:
-        y = acc if fused else torch.empty(m, n, dtype=x.dtype, device=x.device)
+    y, fused = _output(x, n, split, acc)
     if m and n:
         grid = (_triton.cdiv(m, bm), _triton.cdiv(n, bn), split)
         _qmm_kernel[grid](x, w.raw, y, m, n, w.k, x.stride(0), w.raw.stride(0), y.stride(-2),
                           y.stride(0) if split > 1 else 0, FMT=int(w.qtype), ACC=fused,
                           BLOCK_M=bm, BLOCK_N=bn, SPLIT_K=split,
                           IEEE_DOT=x.dtype == torch.float32 or interpreted(), num_warps=warps)
+    return _finish(y, x, split, fused, acc)
+
+
+def _output(x: torch.Tensor, n: int, split: int, acc: torch.Tensor | None) -> tuple[torch.Tensor, bool]:
+    """Where a K-split product writes: float32 partials [split, M, N] (summed by torch: deterministic,
+    unlike atomics), else acc itself when the residual add can be fused into the store (`fused`),
+    else a new [M, N] in x's dtype."""
+    m = x.shape[0]
+    fused = acc is not None and split == 1 and acc.shape == (m, n) and acc.stride(1) == 1
+    if split > 1:
+        return torch.empty(split, m, n, dtype=torch.float32, device=x.device), False
+    return (acc if fused else torch.empty(m, n, dtype=x.dtype, device=x.device)), fused
+
+
+def _finish(y: torch.Tensor, x: torch.Tensor, split: int, fused: bool, acc: torch.Tensor | None) -> torch.Tensor:
+    """`_output`'s buffer as the call's result: the partials summed, in x's dtype or added into acc."""
     if fused:
         return acc
-    if split > 1:
-        y = y.sum(0)                                              # [M, N] float32
+    y = y.sum(0) if split > 1 else y                                                   # [M, N]
     return y.to(x.dtype) if acc is None else acc.add_(y.to(acc.dtype))
 
 
@@ -846,7 +852,7 @@ def _wide_aot(qtype: T, m: int) -> tuple:
            "BLOCK_M": "constexpr", "R": "constexpr", "STEP": "constexpr", "WU": "constexpr", "ASM": "constexpr"}
     r, step = wide_plan(4096, 4096, qtype, 132)
     return (_wide_kernel, sig, dict(FMT=int(qtype), ACC=False, BLOCK_M=m, R=r, STEP=step, WU=4 if qtype in (T.Q4_K, T.Q5_K) else 1,
-                                    ASM=True), {"num_warps": WIDE_WARPS if m == 1 else WIDE_ROWS_WARPS, "aligned": ("xq_ptr", "xd_ptr", "xs_ptr", "w_ptr", "y_ptr")})
+                                    ASM=True), {"num_warps": _wide_warps(m), "aligned": ("xq_ptr", "xd_ptr", "xs_ptr", "w_ptr", "y_ptr")})
 
 
 def _mma_aot(qtype: T) -> tuple:

@@ -12,8 +12,8 @@ device-to-device copy's read + write rate measured in the same run. "win": block
 DEQUANT_GEMM_ROWS, dequantized tiles + cuBLAS from it), to place that threshold. "wide" (1..8 rows,
 Q4_K / Q6_K / Q8_0 / Q5_0): the same call with the module's QGEMV = "wide" (the default: x quantized
 to q8_1, 16-byte weight loads, dp4a; its own launch for x included), beside the "slices" kernel;
-"mma" (2..16 rows of Q4_K): QMMA = "int8" (x's q8_1 rows times the unpacked nibbles on int8 tensor
-cores); GB/s and % of the copy rate for each, "win" among the four.
+"mma" (2..16 rows of Q4_K and Q6_K): QMMA = "int8" (x's q8_1 rows times the unpacked values on int8
+tensor cores); GB/s and % of the copy rate for each, "win" among the four.
 
     PYTHONPATH=. python playground/gpu_qmatmul_bench.py [--out DIR] [--budget-s 60] [--rep-ms 10] [--tune S]
     TRITON_INTERPRET=1 PYTHONPATH=. python playground/gpu_qmatmul_bench.py --dry-run --out /tmp/qb   # CPU
@@ -78,22 +78,23 @@ def check(mod, w: QWeight, device: str) -> float:
     return float((y - ref).abs().max()) / (1 + float(ref.abs().max()))
 
 
-def with_qgemv(mod, mode: str, fn):
-    """fn() with the module's QGEMV switch set to `mode` (restored after)."""
-    saved, mod.QGEMV = mod.QGEMV, mode
+def with_switch(mod, name: str, mode: str, fn):
+    """fn() with the module's switch `name` (QGEMV, QMMA) set to `mode` (restored after)."""
+    saved = getattr(mod, name)
+    setattr(mod, name, mode)
     try:
         return fn()
     finally:
-        mod.QGEMV = saved
+        setattr(mod, name, saved)
+
+
+def with_qgemv(mod, mode: str, fn):
+    return with_switch(mod, "QGEMV", mode, fn)
 
 
 def with_qmma(mod, fn):
-    """fn() with the module's int8 tensor-core product switched on (QMMA = "int8"; restored after)."""
-    saved, mod.QMMA = mod.QMMA, "int8"
-    try:
-        return fn()
-    finally:
-        mod.QMMA = saved
+    """fn() with the int8 tensor-core product switched on (QMMA = "int8")."""
+    return with_switch(mod, "QMMA", "int8", fn)
 
 
 def mma_serves(mod, x: torch.Tensor, w: QWeight) -> bool:

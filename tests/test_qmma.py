@@ -21,28 +21,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from slotserver.runtime.kernel_set import KERNEL_CONTRACT
-from slotserver.runtime.loader import default_dir, load_by_path
 from slotserver.runtime.qblocks import T, dequantize, random_qweight
+from test_qmatmul_gpu import _module, _q8_1_dequant
 from triton_script import run_interpreted
 
 MARK = "MMA_RESULTS "
 ROWS = (2, 5, 16)
 
 
-def _module():
-    return load_by_path(default_dir("kernels") / "qmatmul_gpu.py", KERNEL_CONTRACT).module
-
-
-def _q8_1(x: torch.Tensor) -> torch.Tensor:
-    """x as the kernel's q8_1 sees it (round half to even of x * 127 / max|x| per 32), float64."""
-    xb = x.double().reshape(x.shape[0], -1, 32)
-    amax = xb.abs().amax(-1, keepdim=True)
-    return (torch.round(xb * torch.where(amax > 0, 127.0 / amax, 0.0)) * amax / 127.0).reshape(x.shape)
-
-
 def mma_errors(device: str = "cpu", x_dtype: torch.dtype = torch.float32) -> dict[str, dict]:
-    """Per K: the split, the relative error against the q8_1 product, invariance, the residual add's error."""
+    """Per format and K: the split, the relative error against the q8_1 product, invariance, the residual
+    add's error."""
     mod, out = _module(), {}
     mod.QMMA = "int8"
     gen = torch.Generator().manual_seed(5)
@@ -52,13 +41,13 @@ def mma_errors(device: str = "cpu", x_dtype: torch.dtype = torch.float32) -> dic
         exact = dequantize(w).double()
         w = type(w)(w.raw.to(device), w.qtype, w.k, w.n)
         x = torch.randn(16, k, generator=gen).to(x_dtype)
-        ref = _q8_1(x.float()) @ exact.T
+        ref = _q8_1_dequant(x) @ exact.T
         scale = 1 + float(ref.abs().max())
         ys = {m: mod.triton(x[:m].to(device), w).cpu() for m in ROWS}
         acc = torch.randn(3, w.n, generator=gen)
         y_acc = mod.triton(x[:3].to(device), w, acc.to(device).clone()).cpu()
-        sb_split = mod.mma_plan(w.n, k, 132, mod.MMA_BLOCK_N[qtype])[1]
-        out[f"{qtype.name}/{k}"] = dict(served=mod._mma_ok(x[:2], w), split=-(-(k // 256) // sb_split),
+        split = mod.mma_plan(w.n, k, 132, mod.MMA_BLOCK_N[qtype])[2]
+        out[f"{qtype.name}/{k}"] = dict(served=mod._mma_ok(x[:2], w), split=split,
                                         err=float((ys[16].double() - ref).abs().max()) / scale,
                                         invariant=all(torch.equal(ys[m], ys[16][:m]) for m in ROWS),
                                         acc_err=float((y_acc.double() - ref[:3] - acc.double()).abs().max()) / scale)
@@ -96,8 +85,8 @@ def test_the_plan_fills_the_card_and_keeps_two_super_blocks_a_split():
     mod = _module()
     for n, k, bn in ((n, k, bn) for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (896, 4864))
                      for bn in set(mod.MMA_BLOCK_N.values())):
-        tiles, sb_split = mod.mma_plan(n, k, 132, bn)
-        split = -(-(k // 256) // sb_split)
+        tiles, sb_split, split = mod.mma_plan(n, k, 132, bn)
+        assert (split - 1) * sb_split < k // 256 <= split * sb_split, (n, k, sb_split, split)   # every block once
         assert sb_split >= 2 or k // 256 < 2, (n, k, sb_split)
         assert tiles * split >= mod.MMA_PROGRAMS_PER_SM * 132 // 2 or sb_split == 2, (n, k, tiles, split)
 
