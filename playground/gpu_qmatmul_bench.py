@@ -109,15 +109,16 @@ def wide_serves(mod, x: torch.Tensor, w: QWeight) -> bool:
 def other_gemm(mod, timer: Timer, m: int, fn) -> float:
     """Past SMALL_M rows: the time of the GEMM path `plan` did not pick (the tiled tl.dot below
     DEQUANT_GEMM_ROWS, dequantized tiles + cuBLAS from it), to place that threshold; else nan."""
-    if m <= mod.SMALL_M:
+    slices = mod.slices
+    if m <= slices.SMALL_M:
         return float("nan")
-    saved = mod.DEQUANT_GEMM_ROWS
-    mod.DEQUANT_GEMM_ROWS = (1 << 30) if m >= saved else mod.SMALL_M + 1
+    saved = slices.DEQUANT_GEMM_ROWS
+    slices.DEQUANT_GEMM_ROWS = (1 << 30) if m >= saved else slices.SMALL_M + 1
     try:
         us = timer.graph(fn)
         return us if us == us else timer.eager(fn)
     finally:
-        mod.DEQUANT_GEMM_ROWS = saved
+        slices.DEQUANT_GEMM_ROWS = saved
 
 
 def bench_shape(mod, timer: Timer, qtype: T, n: int, k: int, rows: tuple[int, ...], device: str, gen,
@@ -169,11 +170,17 @@ TUNE = {8: MMA_TUNE + WIDE_TUNE[8] + [dict(DECODE_BLOCK_N=bn, PROGRAMS_PER_SM=p)
                            for p in (2, 4, 8)]}
 
 
+def owner(mod, name: str):
+    """The module that holds tuning constant `name`: qmatmul_gpu itself (its switches) or the part
+    whose product reads it (kernels/_qmatmul_gpu_{slices,wide,mma}.py)."""
+    return next(m for m in (mod, mod.slices, mod.wide, mod.mma) if hasattr(m, name))
+
+
 def tune(mod, timer: Timer, device: str, gen, budget_s: float, dry: bool, shapes: str = "", wide_only: bool = False
          ) -> list[dict]:
     """Q4_K (Q5_0 at K = 896) at 1 and 8 rows under each decode setting (module constants `plan` reads): graph us."""
     t0, rows = time.perf_counter(), []
-    saved = {k: getattr(mod, k) for settings in TUNE.values() for s in settings for k in s}
+    saved = {k: getattr(owner(mod, k), k) for settings in TUNE.values() for s in settings for k in s}
     names = [n.strip() for n in shapes.split(",") if n.strip()] or list(TUNE_SHAPES)
     shapes = {"tiny": (40, 512)} if dry else {n: TUNE_SHAPES[n] for n in names}
     table = {m: [s for s in settings if not wide_only or s.get("QGEMV") == "wide" or s.get("QMMA")]
@@ -186,14 +193,14 @@ def tune(mod, timer: Timer, device: str, gen, budget_s: float, dry: bool, shapes
                 if time.perf_counter() - t0 > budget_s:
                     return rows
                 for key, value in setting.items():
-                    setattr(mod, key, value)
+                    setattr(owner(mod, key), key, value)
                 us = timer.graph(lambda: mod.triton(x, w))
                 us = us if us == us else timer.eager(lambda: mod.triton(x, w))
                 mode = "mma" if setting.get("QMMA") else setting.get("QGEMV", "slices")
                 rows.append(dict(shape=name, m=m, us=us, gbs=w.raw.numel() / us / 1e3, **{**setting, "QGEMV": mode}))
                 print(f"tune {name} M={m} {setting}: {us:.1f} us, {rows[-1]['gbs']:.0f} GB/s", flush=True)
                 for key, value in saved.items():
-                    setattr(mod, key, value)
+                    setattr(owner(mod, key), key, value)
     return rows
 
 

@@ -56,6 +56,17 @@ class ModuleLoadError(Exception):
     """A kernel or layout file that cannot be used; the message names the file and the reason."""
 
 
+def line_of(exc: BaseException, path: object) -> int | str:
+    """The line of file `path` where `exc` was raised (its innermost frame there), or '?': how a
+    ModuleLoadError names the line of a kernel or layout file (or a kernel's part) that failed."""
+    tb, line = exc.__traceback__, "?"
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(str(path)):
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
 # What the command line reports as "slotserver: error: <message>" (exit 2) instead of a traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (GGUFError, ConfigError, ModuleLoadError, TokenizerError,
                                                 ChatTemplateError, FileNotFoundError)

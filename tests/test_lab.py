@@ -288,6 +288,36 @@ def test_a_saved_c_file_reloads_every_kernel_that_compiles_it(tiny):
         tiny.model.kernels = serving
 
 
+def test_a_saved_part_reloads_its_kernel_and_a_broken_one_is_refused_at_its_line(tiny):
+    """kernels/_qmatmul_gpu_wide.py is a part of qmatmul_gpu (runtime/kernel_parts.py): a save
+    (through the watcher, though its name starts with `_`) re-validates and swaps qmatmul_gpu; a
+    syntax error in it is refused at the part's own line while the old version keeps serving."""
+    part = tiny.config.kernels_dir / "_qmatmul_gpu_wide.py"
+    original = part.read_text()
+    serving = tiny.model.kernels
+    before = serving.modules["qmatmul_gpu"].version
+    engine = Engine(tiny, EngineConfig(n_parallel=2, ctx_size=2048))
+    engine.start(watch=True)
+    try:
+        h = engine.submit(Request(tuple(range(10, 40)), GREEDY, n_predict=400, ignore_eos=True))
+        part.write_text(original + "\n# an edit\n")
+        event = _wait_event(engine.lab, 0, timeout=60)
+        assert (event["result"], event["name"]) == ("swapped", "qmatmul_gpu"), event
+        now = tiny.model.kernels.modules["qmatmul_gpu"]
+        assert now.version != before and "_qmatmul_gpu_wide.py" in now.parts
+        line = original.count("\n") + 1
+        part.write_text(original + "def (:\n")
+        refused = engine.lab.reload(str(part)).result(timeout=120)["reloaded"]
+        assert [(e["result"], e["name"]) for e in refused] == [("refused", "qmatmul_gpu")], refused
+        assert f"_qmatmul_gpu_wide.py:{line}: syntax error" in refused[0]["reason"], refused
+        assert tiny.model.kernels.modules["qmatmul_gpu"].version == now.version
+        assert len(h.result(timeout=120).tokens) == 400
+    finally:
+        engine.stop()
+        part.write_text(original)
+        tiny.model.kernels = serving
+
+
 def test_a_swap_queued_as_the_engine_stops_is_refused_not_waited_for(tiny):
     """A save the watcher saw as the engine stopped must not keep the lab's worker (and the
     interpreter's exit, which joins it) waiting for a step that never comes."""

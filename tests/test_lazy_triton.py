@@ -27,6 +27,16 @@ SCRIPT = textwrap.dedent("""
     from slotserver.runtime.lazy_triton import resolve
     qm = ks.modules["qmatmul"].module
     assert type(resolve(qm.AOT[0][0])).__name__ == "InterpretedFunction"   # recorded before the import: made real
+    # a kernel's parts (runtime/kernel_parts.py) ran under its stand-ins: its first use makes their
+    # kernels and the helpers they call across parts real too (qmatmul_gpu: the wide GEMV, q8_1, blocks)
+    from slotserver.runtime.qblocks import T, random_qweight
+    qg = ks.modules["qmatmul_gpu"].module
+    w8, x8 = random_qweight(torch.Generator().manual_seed(0), T.Q8_0, 8, 64), torch.randn(2, 64)
+    want = qg.reference(x8, w8)
+    assert float((qg.triton(x8, w8) - want).abs().max()) < 3e-2 * (1 + float(want.abs().max()))
+    wide = qg.wide
+    assert all(type(f).__name__ == "InterpretedFunction" for f in
+               (wide._wide_kernel, wide._word, wide._blocks._word, wide._q8_1._q8_1_kernel, qg.slices._dequant32))
     print("ok")
 """)
 

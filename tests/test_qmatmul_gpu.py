@@ -38,8 +38,8 @@ def _format_errors() -> dict[str, float]:
     regimes (the wide GEMV, the default at 1..8 rows, has wide_errors: its x is 8-bit)."""
     mod, out = _module(), {}
     mod.QGEMV = "slices"
-    mod.MIN_SPLIT_BLOCKS = 2   # split K at these small sizes too (the interpreter is slow; the plan is what serves)
-    mod.DEQUANT_TILE_VALUES = 16 * 256   # several dequantized tiles per weight (16 rows at K=256, 25 at 160)
+    mod.slices.MIN_SPLIT_BLOCKS = 2   # split K at these small sizes too (the interpreter is slow; the plan is what serves)
+    mod.slices.DEQUANT_TILE_VALUES = 16 * 256   # several dequantized tiles per weight (16 rows at K=256, 25 at 160)
     gen = torch.Generator().manual_seed(0)
     for qtype in mod.FORMATS:
         k = 256 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 160   # decode: K split 4 ways / 2 ways (3 + 2 blocks)
@@ -85,7 +85,7 @@ def wide_errors(device: str = "cpu", x_dtype: torch.dtype = torch.float32) -> di
             w = type(w)(w.raw.to(device), w.qtype, w.k, w.n)
             x = torch.randn(8, k, generator=gen).to(x_dtype)
             q, d = q8_1_reference(x)
-            kq, kd, _ = mod.q8_1(x.to(device))
+            kq, kd, _ = mod.wide._q8_1.q8_1(x.to(device))
             kq, kd = kq.cpu().float().reshape(q.shape), kd.cpu()
             ref = (kq * kd[..., None]).reshape(8, k).double() @ exact.T   # the kernel's own x side (checked below)
             scale = 1 + float(ref.abs().max())
@@ -146,8 +146,8 @@ def _blocks_tokens(path: Path, qgemv: str = "slices") -> list[list[int]]:
 
     kernels, served = KernelSet.load(impl="triton"), []
     mod = kernels.modules["qmatmul_gpu"].module
-    mod.QGEMV, wide = qgemv, mod._wide
-    mod._wide = lambda *args: served.append(args[0].shape[0]) or wide(*args)   # triton() looks it up per call
+    mod.QGEMV, wide = qgemv, mod.wide.launch
+    mod.wide.launch = lambda *args: served.append(args[0].shape[0]) or wide(*args)   # triton() looks it up per call
     model = LlamaModel.load(path, kernels=kernels, fmt=WeightFormat("blocks"))
     model.set_step_graphs(False)   # the CPU's C step graphs record C kernels, not interpreted Triton
     kinds = {type(m).__name__ + ":" + getattr(m, "op", "") for m in model.weights.matmuls()}
@@ -235,7 +235,7 @@ def test_the_wide_gemv_serves_by_default_and_refuses_what_it_cannot_read(monkeyp
     assert mod._wide_ok(x, random_qweight(gen, T.Q4_K, 4, 256))
     assert not mod._wide_ok(x, random_qweight(gen, T.Q6_K, 4, 256))   # 210-byte rows: not whole words
     assert not mod._wide_ok(x, random_qweight(gen, T.MXFP4, 4, 256))  # no wide kernel (17-byte blocks): the slices
-    assert set(WIDE_CASES) == set(mod.WIDE_FORMATS)
+    assert set(WIDE_CASES) == set(mod.wide.WIDE_FORMATS)
     assert not mod._wide_ok(torch.zeros(9, 256), random_qweight(gen, T.Q4_K, 4, 256))   # past WIDE_MAX_M rows
     monkeypatch.setenv("SLOTSERVER_QGEMV", "fast")
     with pytest.raises(ValueError, match="SLOTSERVER_QGEMV='fast'"):
@@ -256,23 +256,23 @@ def test_a_tiny_model_on_blocks_with_the_wide_gemv_generates_the_dense_reference
 
 def test_plan_splits_k_at_decode_and_tiles_large_batches():
     mod = _module()
-    bm, bn, split, _ = mod.plan(1, 896, 4864, 132)          # Qwen2.5-0.5B down at b=1: 14 column blocks
-    assert (bm, bn) == (1, mod.GEMV_BLOCK_N) and split * 14 >= 4 * 132 // 2 and 4864 // 32 // split >= mod.MIN_SPLIT_BLOCKS
-    assert mod.plan(8, 896, 4864, 132)[:2] == (16, mod.DECODE_BLOCK_N)
-    assert mod.plan(1, 151936, 896, 132)[2] == 1              # the output matmul fills the card unsplit
-    assert mod.plan(64, 4096, 4096, 132)[:3] == (mod.GEMM_BLOCK_M, mod.GEMM_BLOCK_N, 1)
-    assert mod.DEQUANT_GEMM_ROWS == mod.SMALL_M + 1   # past decode: dequantized tiles + cuBLAS (H100-measured)
+    bm, bn, split, _ = mod.slices.plan(1, 896, 4864, 132)          # Qwen2.5-0.5B down at b=1: 14 column blocks
+    assert (bm, bn) == (1, mod.slices.GEMV_BLOCK_N) and split * 14 >= 4 * 132 // 2 and 4864 // 32 // split >= mod.slices.MIN_SPLIT_BLOCKS
+    assert mod.slices.plan(8, 896, 4864, 132)[:2] == (16, mod.slices.DECODE_BLOCK_N)
+    assert mod.slices.plan(1, 151936, 896, 132)[2] == 1              # the output matmul fills the card unsplit
+    assert mod.slices.plan(64, 4096, 4096, 132)[:3] == (mod.slices.GEMM_BLOCK_M, mod.slices.GEMM_BLOCK_N, 1)
+    assert mod.slices.DEQUANT_GEMM_ROWS == mod.slices.SMALL_M + 1   # past decode: dequantized tiles + cuBLAS (H100-measured)
 
 
 def test_the_wide_plan_keeps_every_sm_busy_and_a_step_within_its_words():
     mod = _module()
     for qtype, words, values in ((T.Q4_K, 32, 256), (T.Q6_K, 64, 256), (T.Q8_0, 8, 32), (T.Q5_0, 4, 32)):
         for n, k in ((6144, 4096), (4096, 14336), (896, 4864 if values == 32 else 4864 // 256 * 256), (151936, 4096)):
-            r, step = mod.wide_plan(n, k, qtype, 132)
-            assert 2 <= r <= 16 and step >= 1 and r * step * words <= max(mod.WIDE_WORDS, r * words), (qtype, n, k, r, step)
-            assert -(-n // r) >= mod.WIDE_PROGRAMS_PER_SM * 132 or r == 2, (qtype, n, r)   # rows halved until the SMs fill
+            r, step = mod.wide.wide_plan(n, k, qtype, 132)
+            assert 2 <= r <= 16 and step >= 1 and r * step * words <= max(mod.wide.WIDE_WORDS, r * words), (qtype, n, k, r, step)
+            assert -(-n // r) >= mod.wide.WIDE_PROGRAMS_PER_SM * 132 or r == 2, (qtype, n, r)   # rows halved until the SMs fill
             assert step <= 1 << (k // values - 1).bit_length(), (qtype, k, step)            # no step past the row
-    assert mod.wide_plan(4096, 4096, T.Q4_K, 132) == (4, 16)   # Llama-8B wo: 1024 programs, 2048 words a step
+    assert mod.wide.wide_plan(4096, 4096, T.Q4_K, 132) == (4, 16)   # Llama-8B wo: 1024 programs, 2048 words a step
 
 
 def test_a_format_without_a_kernel_is_refused_by_name():

@@ -46,7 +46,7 @@ def mma_errors(device: str = "cpu", x_dtype: torch.dtype = torch.float32) -> dic
         ys = {m: mod.triton(x[:m].to(device), w).cpu() for m in ROWS}
         acc = torch.randn(3, w.n, generator=gen)
         y_acc = mod.triton(x[:3].to(device), w, acc.to(device).clone()).cpu()
-        split = mod.mma_plan(w.n, k, 132, mod.MMA_BLOCK_N[qtype])[2]
+        split = mod.mma.mma_plan(w.n, k, 132, mod.mma.MMA_BLOCK_N[qtype])[2]
         out[f"{qtype.name}/{k}"] = dict(served=mod._mma_ok(x[:2], w), split=split,
                                         err=float((ys[16].double() - ref).abs().max()) / scale,
                                         invariant=all(torch.equal(ys[m], ys[16][:m]) for m in ROWS),
@@ -84,11 +84,11 @@ def test_the_int8_product_is_off_by_default_and_serves_q4_k_and_q6_k_at_2_to_16_
 def test_the_plan_fills_the_card_and_keeps_two_super_blocks_a_split():
     mod = _module()
     for n, k, bn in ((n, k, bn) for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (896, 4864))
-                     for bn in set(mod.MMA_BLOCK_N.values())):
-        tiles, sb_split, split = mod.mma_plan(n, k, 132, bn)
+                     for bn in set(mod.mma.MMA_BLOCK_N.values())):
+        tiles, sb_split, split = mod.mma.mma_plan(n, k, 132, bn)
         assert (split - 1) * sb_split < k // 256 <= split * sb_split, (n, k, sb_split, split)   # every block once
         assert sb_split >= 2 or k // 256 < 2, (n, k, sb_split)
-        assert tiles * split >= mod.MMA_PROGRAMS_PER_SM * 132 // 2 or sb_split == 2, (n, k, tiles, split)
+        assert tiles * split >= mod.mma.MMA_PROGRAMS_PER_SM * 132 // 2 or sb_split == 2, (n, k, tiles, split)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=["Q4_K", "Q6_K"])
@@ -102,7 +102,7 @@ def test_the_sm90_compile_runs_int8_tensor_core_mma_without_spills(qtype):
     nvbin = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not nvbin.exists():
         pytest.skip("triton ships no cuobjdump here")
-    fn, sig, consts, opts = _module()._mma_aot(qtype)
+    fn, sig, consts, opts = _module().mma._mma_aot(qtype)
     fn = lazy_triton.resolve(fn)
     res = compile_for(fn, sig, consts, 90, opts)
     assert res.spill_stores == res.spill_loads == 0, res

@@ -63,7 +63,10 @@ def compile_for(fn, signature: dict, constexprs: dict, arch: int, options: dict 
 
 
 def compile_error(exc: BaseException, fn, path: Path) -> str:
-    """`file:line: reason` for a triton CompilationError (its `node` counts lines from the `def`)."""
+    """`file:line: reason` for a triton CompilationError (its `node` counts lines from the `def`); the
+    file is the kernel's own (a part's, runtime/kernel_parts.py) where it is not `path`."""
+    code = getattr(getattr(lazy_triton.resolve(fn), "fn", None), "__code__", None)
+    path = Path(code.co_filename) if code is not None else path
     node, cause = getattr(exc, "node", None), exc
     while cause is not None and not getattr(cause, "error_message", None):
         cause = cause.__cause__

@@ -22,8 +22,9 @@ from pathlib import Path
 from slotserver.runtime.kernel_paths import cpu_report, kernel_path
 from slotserver.runtime.kernel_set import load_kernel
 from slotserver.runtime.layouts import LAYOUT_CONTRACT, available_layouts
-from slotserver.runtime.loader import (ModuleLoadError, Source, c_files_naming, default_dir, file_version, load_source,
-                                   locate, module_names, read_source, resolve_in_folder)
+from slotserver.runtime.loader import (ModuleLoadError, Source, default_dir, file_version, load_source,
+                                   locate, module_names, read_source, resolve_in_folder,
+                                   users_of)
 from slotserver.lab.sandbox import run_isolated
 from slotserver.lab.validate import validate_kernel, validate_layout
 
@@ -111,8 +112,8 @@ class Lab:
         if path is None:
             results = [self._reload(str(p), observed) for p in self._changed_files()]
             return {"reloaded": results}
-        users = self._c_file_users(path)
-        if users is not None:   # a kernel's C file: every serving kernel that compiles it
+        users = self._part_users(path)
+        if users is not None:   # a kernel's C file or part: every serving kernel that uses it
             return {"reloaded": [self._reload_kernel(self.kernels_dir / f"{n}.py", observed) for n in users]}
         where = locate(path, {"kernel": self.kernels_dir, "layout": self.layouts_dir})
         if where is None:  # never imported, not even by the validator
@@ -124,17 +125,18 @@ class Lab:
             return self._reload_kernel(self.kernels_dir / f"{name}.py", observed)
         return self._reload_layout(self.layouts_dir / f"{name}.py", observed)
 
-    def _c_file_users(self, path: str) -> list[str] | None:
-        """For a `.c` file in the kernels folder: the serving kernels whose source names it (they
-        compile it: a save re-validates each); None for any other path."""
+    def _part_users(self, path: str) -> list[str] | None:
+        """For a `.c` file or a part (`_<name>.py`) in the kernels folder: the serving kernels whose
+        source names it (they compile or load it: a save re-validates each); None for any other path."""
         try:
             p = Path(path)
-            if p.suffix != ".c" or p.parent.resolve() != self.kernels_dir.resolve():
+            if not (p.suffix == ".c" or (p.suffix == ".py" and p.name.startswith("_"))) \
+                    or p.parent.resolve() != self.kernels_dir.resolve():
                 return None
         except (OSError, ValueError, RuntimeError):
             return None
         serving = self.port.kernels.modules
-        return [n for n in c_files_naming(self.kernels_dir, p.name) if n in serving]
+        return [n for n in users_of(self.kernels_dir, p.name) if n in serving]
 
     def _changed_files(self) -> list[Path]:
         layout = self.port.layout

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -58,7 +59,7 @@ def kernel_numerics(fn, trusted, dtype: torch.dtype, gen: torch.Generator, n_cas
         try:
             got = fn(*move_inputs(inputs, device))
         except Exception as e:  # noqa: BLE001 - the edit's failure, reported with its line
-            return Numerics(res.max_err, res.tol, False, f"exception when called: {type(e).__name__}: {e}",
+            return Numerics(res.max_err, res.tol, False, f"exception when called: {type(e).__name__}: {e}{in_part(e, path)}",
                             line_of(e, path) if path else "?")
         if isinstance(want, torch.Tensor) and (not isinstance(got, torch.Tensor) or got.shape != want.shape
                                                or got.dtype != want.dtype):
@@ -70,6 +71,20 @@ def kernel_numerics(fn, trusted, dtype: torch.dtype, gen: torch.Generator, n_cas
             res.ok, res.reason = False, f"wrong numerics: max error {err:.3g} > tolerance {res.tol:.3g} against the reference"
             return res
     return res
+
+
+def in_part(exc: BaseException, path) -> str:
+    """' (at _part.py:LINE)' where `exc` was raised last in one of the kernel's parts (the files
+    beside `path` that start with `_`: runtime/kernel_parts.py), else ''."""
+    if not path:
+        return ""
+    folder, tb, at = Path(path).resolve().parent, exc.__traceback__, ""
+    while tb is not None:
+        f = Path(tb.tb_frame.f_code.co_filename)
+        if f.name.startswith("_") and f.suffix == ".py" and f.resolve().parent == folder:
+            at = f" (at {f.name}:{tb.tb_lineno})"
+        tb = tb.tb_next
+    return at
 
 
 def validate_kernel(src: Source, trusted, impl: str = "cpu", device: str = "cpu") -> dict:

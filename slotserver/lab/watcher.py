@@ -26,7 +26,8 @@ class _Handler(FileSystemEventHandler):
         if isinstance(path, bytes):
             path = path.decode()
         p = Path(path)
-        if p.suffix in (".py", ".c") and not p.name.startswith((".", "_")):   # .c: a kernel's C file
+        # .c: a kernel's C file; _<name>.py: a kernel's part (not __init__.py or a dot file)
+        if p.suffix in (".py", ".c") and not p.name.startswith((".", "__")):
             self.watcher.touched(p)
 
 

@@ -9,7 +9,9 @@ Triton (launching a kernel, any other `triton.*` or `tl.*` attribute, the AOT co
 `resolve`) imports the real triton and puts the real objects into that module's globals: the
 `triton` / `tl` names and every recorded kernel become what an eager import would have made, so
 Triton's compiler and interpreter (TRITON_INTERPRET=1) see plain modules and JIT functions.
-Nothing else sees the stand-ins: they leave `sys.modules` as soon as the file has run.
+Nothing else sees the stand-ins: they leave `sys.modules` as soon as the file has run. A kernel's
+parts (runtime/kernel_parts.py) run while their module runs: they share its stand-ins and its
+recorded kernels, and its first use of Triton makes theirs real too (`_Owner.namespaces`).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class _Owner:
     """One kernel module's stand-ins and recorded kernels."""
 
     def __init__(self, namespace: dict) -> None:
-        self.namespace = namespace
+        self.namespaces = [namespace]   # the module's globals, then its parts'
         self.triton = _StandIn("triton", self)
         self.language = _StandIn("triton.language", self)
         self.triton.language = self.language   # `import triton.language as tl` binds this attribute
@@ -99,16 +101,24 @@ class _Owner:
             language = importlib.import_module("triton.language")
             kernels = {id(lazy): lazy.made_by(triton) for lazy in self.pending}
             real = {id(self.triton): triton, id(self.language): language, **kernels}
-            for key, value in list(self.namespace.items()):
-                if id(value) in real:
-                    self.namespace[key] = real[id(value)]
+            for namespace in self.namespaces:
+                for key, value in list(namespace.items()):
+                    if id(value) in real:
+                        namespace[key] = real[id(value)]
             self.kernels = kernels
             return kernels
 
 
 @contextlib.contextmanager
 def stand_ins(namespace: dict) -> Iterator[None]:
-    """While a kernel file runs in `namespace`: stand-ins for triton where it is not imported yet."""
+    """While a kernel file runs in `namespace`: stand-ins for triton where it is not imported yet
+    (a part run inside its module's file joins the module's)."""
+    current = sys.modules.get("triton")
+    if isinstance(current, _StandIn):
+        with _lock:
+            current._owner.namespaces.append(namespace)
+        yield
+        return
     if "triton" in sys.modules:
         yield
         return

@@ -8,7 +8,10 @@ A kernel's C may sit in a `.c` file beside it, named in the module as
 `native.c_source(__file__, "name.c")` (one file may serve several modules: attention.c is both
 attention's and paged_attention's). Such a file is part of the module's `Source`: read with the
 `.py`, in the version, and what the module compiles during `load_source` is those bytes (not the
-file again), so what was validated is what is swapped in, as for the `.py` itself.
+file again), so what was validated is what is swapped in, as for the `.py` itself. A kernel's
+Triton code may likewise sit in parts, `_<name>.py` files beside it that it loads with
+`kernel_parts.load(__file__, "_name.py")` (runtime/kernel_parts.py): read with it, in its version,
+executed from those bytes; a part may name further parts and `.c` files.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from slotserver.runtime import c_sources, lazy_triton
-from slotserver.errors import ModuleLoadError  # noqa: F401  re-export: defined without torch in slotserver.errors
+from slotserver.runtime import c_sources, kernel_parts, lazy_triton
+from slotserver.errors import ModuleLoadError, line_of  # noqa: F401  re-export: defined without torch in slotserver.errors
 
 _counter = itertools.count()
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -35,8 +38,9 @@ C_REF = re.compile(r"""native\.c_source\(\s*__file__\s*,\s*["']([A-Za-z][A-Za-z0
 class LoadedModule:
     path: Path
     module: ModuleType
-    version: str  # first 12 hex digits of the sha256 of the file (and of the C files it names)
+    version: str  # first 12 hex digits of the sha256 of the file (and of the C files and parts it names)
     c_files: tuple[str, ...] = ()   # the `.c` files beside it that it compiles
+    parts: tuple[str, ...] = ()     # the `_<name>.py` parts beside it that it loads
 
 
 def file_version(path: Path) -> str:
@@ -98,20 +102,38 @@ class Source:
     """The bytes of a kernel or layout file, read once: what is validated is what is swapped in."""
     path: Path
     data: bytes
-    version: str  # first 12 hex digits of the sha256 of `data` and of `c_files`
+    version: str  # first 12 hex digits of the sha256 of `data`, `c_files` and `parts`
     c_files: dict[str, bytes] = field(default_factory=dict)   # name -> bytes of each `.c` it names
+    parts: dict[str, bytes] = field(default_factory=dict)     # name -> bytes of each part it loads
+
+    def files(self) -> list[str]:
+        """The names of every file beside the module that is part of it."""
+        return sorted(self.c_files) + sorted(self.parts)
 
 
 def read_source(path: Path) -> Source:
-    """The file's bytes and those of every `.c` file it names (`C_REF`), from its own folder."""
+    """The file's bytes and those of every part (`kernel_parts.PART_REF`) and `.c` file (`C_REF`) it
+    names, or its parts name, from its own folder."""
     path = Path(path)
     data = _read(path, path)
-    names = sorted(set(C_REF.findall(data.decode("utf-8", errors="replace"))))
+    parts: dict[str, bytes] = {}
+    todo = _refs(kernel_parts.PART_REF, data)
+    while todo:
+        name = todo.pop()
+        if name not in parts:
+            parts[name] = _read(path.parent / name, path)
+            todo += _refs(kernel_parts.PART_REF, parts[name])
+    names = sorted({n for text in (data, *parts.values()) for n in _refs(C_REF, text)})
     c_files = {n: _read(path.parent / n, path) for n in names}
     digest = hashlib.sha256(data)
-    for name, c in c_files.items():
-        digest.update(b"\0" + name.encode() + b"\0" + c)
-    return Source(path, data, digest.hexdigest()[:12], c_files)
+    for kind, files in ((b"c", c_files), (b"part", parts)):
+        for name, blob in sorted(files.items()):
+            digest.update(b"\0" + kind + b"\0" + name.encode() + b"\0" + blob)
+    return Source(path, data, digest.hexdigest()[:12], c_files, dict(sorted(parts.items())))
+
+
+def _refs(pattern: re.Pattern, data: bytes) -> list[str]:
+    return pattern.findall(data.decode("utf-8", errors="replace"))
 
 
 def _read(path: Path, module: Path) -> bytes:
@@ -124,26 +146,25 @@ def _read(path: Path, module: Path) -> bytes:
         raise ModuleLoadError(f"{module}: cannot read {path.name} ({e.strerror})") from None
 
 
-def c_files_naming(folder: Path, c_name: str) -> list[str]:
-    """The modules `module_names(folder)` lists whose source names `c_name` (a saved `.c` reloads them)."""
+def users_of(folder: Path, file_name: str) -> list[str]:
+    """The modules `module_names(folder)` lists whose source names `file_name` (a `.c` file or a
+    part, directly or through a part): a saved one reloads them."""
     out = []
     for name in module_names(folder):
         try:
-            text = (Path(folder) / f"{name}.py").read_text(errors="replace")
-        except OSError:
+            if file_name in read_source(Path(folder) / f"{name}.py").files():
+                out.append(name)
+        except ModuleLoadError:
             continue
-        if c_name in C_REF.findall(text):
-            out.append(name)
     return out
 
 
 def lab_files(folder: Path) -> list[Path]:
-    """Every file of a lab folder: the modules it lists and the `.c` files they name."""
+    """Every file of a lab folder: the modules it lists and the `.c` files and parts they name."""
     out: list[Path] = []
     for name in module_names(folder):
         py = Path(folder) / f"{name}.py"
-        out.append(py)
-        out += [py.parent / c for c in sorted(set(C_REF.findall(py.read_text(errors="replace"))))]
+        out += [py] + [py.parent / f for f in read_source(py).files()]
     return sorted(set(out))
 
 
@@ -162,10 +183,13 @@ def load_source(src: Source, required: tuple[str, ...]) -> LoadedModule:
     try:
         code = compile(src.data, str(path), "exec", dont_inherit=True)
         sys.modules[name] = module  # dataclasses and triton look modules up by name
-        with lazy_triton.stand_ins(module.__dict__), c_sources.given(path.parent, src.c_files):
+        with lazy_triton.stand_ins(module.__dict__), c_sources.given(path.parent, src.c_files), \
+                kernel_parts.given(path.parent, src.parts):
             exec(code, module.__dict__)  # noqa: S102 - a listed kernel/layout file: the lab's purpose
     except SyntaxError as e:
         raise ModuleLoadError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+    except ModuleLoadError:   # a part's: it names the part's file and line
+        raise
     except Exception as e:  # noqa: BLE001 - any import-time failure is reported, not raised
         raise ModuleLoadError(f"{path}:{line_of(e, path)}: import failed: {type(e).__name__}: {e}") from None
     finally:
@@ -173,19 +197,10 @@ def load_source(src: Source, required: tuple[str, ...]) -> LoadedModule:
     missing = [r for r in required if not hasattr(module, r)]
     if missing:
         raise ModuleLoadError(f"{path}: missing contract name(s): {', '.join(missing)}")
-    return LoadedModule(path, module, src.version, tuple(src.c_files))
+    return LoadedModule(path, module, src.version, tuple(src.c_files), tuple(src.parts))
 
 
 def load_by_path(path: Path, required: tuple[str, ...]) -> LoadedModule:
     """Read `path` once and execute it as a new module (`load_source`)."""
     return load_source(read_source(path), required)
 
-
-def line_of(exc: BaseException, path: Path) -> int | str:
-    """The line in `path` where `exc` was raised (innermost frame in that file), or '?'."""
-    tb, line = exc.__traceback__, "?"
-    while tb is not None:
-        if Path(tb.tb_frame.f_code.co_filename) == path:
-            line = tb.tb_lineno
-        tb = tb.tb_next
-    return line
