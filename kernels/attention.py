@@ -19,7 +19,9 @@ sliced, not gathered.
 (`meta.max_q == 1`) and a causal prefill-chunk kernel otherwise; both take the view's strides
 (plain, heads-first and q8 views alike) and bound their KV loop by each sequence's own length.
 Decode is flash-decoding (issue 34): each sequence's cells are split into chunks over a third grid
-axis so that even batch 1 fills the GPU (`decode_splits`), and a small kernel merges the chunks.
+axis so that even batch 1 fills the GPU (`decode_splits`), and a small kernel merges the chunks. The Triton
+kernels' code lives in this module's parts (runtime/kernel_parts.py): _attention_kernels.py, and
+_attention_tl.py (the helpers and the merge, shared with paged_attention); the launches are here.
 
 Three per-layer options every implementation reads from `AttnMeta`: `window` (sliding-window
 attention, gemma2/3: the query at position p sees keys p-window+1 .. p; 0 is full causal attention),
@@ -39,12 +41,15 @@ import math
 import torch
 import torch.nn.functional as F
 import triton as _triton
-import triton.language as tl
 
-from slotserver.runtime import native
+from slotserver.runtime import kernel_parts, native
 from slotserver.runtime.gpu_info import sm_count
 from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk, softmax_sinks
 from slotserver.runtime.kv_spec import StridedKV
+
+_kernels = kernel_parts.load(__file__, "_attention_kernels.py")   # the Triton kernels (jit code); launched below
+_tl = kernel_parts.load(__file__, "_attention_tl.py")    # the decode merge, shared with paged_attention
+_attn_decode_kernel, _attn_prefill_kernel = _kernels._attn_decode_kernel, _kernels._attn_prefill_kernel
 
 OP = "attention"
 # AttnMeta's per-layer options beyond window and softcap that every implementation honours (FUSES, as
@@ -305,255 +310,6 @@ PREFILL_BLOCK_N = 32
 PREFILL16 = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 
 
-@_triton.jit
-def _dot(a, b, IEEE_DOT: tl.constexpr):
-    """`a @ b` accumulated in float32. IEEE_DOT multiplies in exact float32: for float32 caches
-    (no tf32 rounding) and under the interpreter, whose tl.dot multiplies bf16 bit patterns as
-    integers. Inputs are already rounded to their dtype, so the result matches a bf16 MMA."""
-    if IEEE_DOT:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b)
-
-
-@_triton.jit
-def _softcap(s, softcap):
-    """Scores in log2 units (`q.k * scale * log2 e`) soft-capped in natural units: c * tanh(x / c),
-    tanh(y) = 1 - 2 / (e^{2y} + 1) (saturates cleanly at +-1 where e^{2y} overflows or vanishes)."""
-    y = s / (1.4426950408889634 * softcap)
-    return (softcap * 1.4426950408889634) * (1.0 - 2.0 / (tl.exp(2.0 * y) + 1.0))
-
-
-@_triton.jit
-def _sink_norm(m, l, sk):
-    """1 / the softmax denominator with a sink (all in log2 units): running max m, sum l (relative
-    to m), sink logit sk; M = max(m, sk): e^(m-M) / (l e^(m-M) + e^(sk-M)). A padded row (m = -inf,
-    l = 0) gives 0, not NaN."""
-    mx = tl.maximum(m, sk)
-    e = tl.exp2(m - mx)
-    return e / (l * e + tl.exp2(sk - mx))
-
-
-@_triton.jit
-def _attn_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, streams_ptr,
-                        kv_lens_ptr, q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_ks, stride_kc, stride_kh,
-                        stride_vs, stride_vc, stride_vh, stride_ss, stride_sc, stride_sh, stride_ot, stride_oh,
-                        qk_scale, window, softcap,
-                        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
-                        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
-                        SOFTCAP: tl.constexpr, DOT: tl.constexpr, IEEE_DOT: tl.constexpr, SPLIT: tl.constexpr,
-                        SINKS: tl.constexpr):
-    """Program (sequence b, KV head h, split i): the GROUP query heads of h for b's single new token
-    over the i-th of `tl.num_programs(2)` chunks of b's visible cells (flash-decoding).
-
-    b's cells run from its window's first (0 without one) to kv_len; they are cut into equal chunks
-    (rounded up to BLOCK_N cells), so the masked cells on either side are never read and a chunk
-    past kv_len reads nothing. SPLIT: the chunk's unnormalised partial (running max m, sum l and
-    accumulator, log2 units) goes to m/l/acc_ptr at [b, q_head, i] for `_attn_decode_combine_kernel`;
-    without (one chunk) the output is written directly. K/V tiles are [BLOCK_N cells, head_dim]
-    loaded along the contiguous head_dim through the view's strides (any strided layout); q8 rows
-    are scaled per cell. DOT: scores and P@V as tl.dot with the group padded to BLOCK_G >= 16 rows
-    (int8 rows converted exactly to q's dtype, their scales applied to the scores and to P); else
-    a float32 broadcast-multiply-reduce. SINKS: each query head's sink logit (sinks_ptr, natural
-    units) joins the denominator where the output is normalised (here, or in the combine kernel).
-    """
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    split = tl.program_id(2)
-    n_splits = tl.num_programs(2)
-    stream = tl.load(streams_ptr + b).to(tl.int64)
-    kv_len = tl.load(kv_lens_ptr + b)
-    row = tl.load(q_offsets_ptr + b).to(tl.int64)
-    lo = tl.where(window > 0, tl.maximum(kv_len - window, 0), 0)
-    chunk = tl.cdiv(tl.cdiv(kv_len - lo, n_splits), BLOCK_N) * BLOCK_N
-    start = lo + split * chunk
-    end = tl.minimum(start + chunk, kv_len)
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
-    n = tl.arange(0, BLOCK_N)
-    g_mask = g < GROUP
-    d_mask = d < HEAD_DIM
-    gd_mask = g_mask[:, None] & d_mask[None, :]
-    q = tl.load(q_ptr + row * stride_qt + (h * GROUP + g)[:, None] * stride_qh + d[None, :],
-                mask=gd_mask, other=0.0)                                           # [BLOCK_G, BLOCK_D]
-    qf = q.to(tl.float32) * qk_scale
-    k_base = k_ptr + stream * stride_ks + h * stride_kh
-    v_base = v_ptr + stream * stride_vs + h * stride_vh
-    s_base = stream * stride_ss + h * stride_sh
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for first in range(start, end, BLOCK_N):
-        cells = first + n
-        c_mask = cells < end
-        nd_mask = c_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_base + cells[:, None] * stride_kc + d[None, :], mask=nd_mask, other=0.0)
-        v = tl.load(v_base + cells[:, None] * stride_vc + d[None, :], mask=nd_mask, other=0.0)
-        if QUANT:
-            k_sc = tl.load(ks_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)
-            v_sc = tl.load(vs_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)
-        if DOT:
-            if QUANT:   # int8 -> float32 -> q's dtype: exact (|x| <= 127); the scales apply to s and p
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-            s = _dot(q, tl.trans(k.to(q.dtype)), IEEE_DOT) * qk_scale            # [BLOCK_G, BLOCK_N]
-            if QUANT:
-                s = s * k_sc[None, :]
-        else:
-            kf = k.to(tl.float32)
-            if QUANT:
-                kf = kf * k_sc[:, None]
-            s = tl.sum(qf[:, None, :] * kf[None, :, :], axis=2)                   # [BLOCK_G, BLOCK_N]
-        if SOFTCAP:
-            s = _softcap(s, softcap)
-        s = tl.where(c_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if DOT:
-            if QUANT:
-                p = p * v_sc[None, :]
-            pv = _dot(p.to(q.dtype), v.to(q.dtype), IEEE_DOT)
-        else:
-            vf = v.to(tl.float32)
-            if QUANT:
-                vf = vf * v_sc[:, None]
-            pv = tl.sum(p[:, :, None] * vf[None, :, :], axis=1)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-    if SPLIT:   # partial [b, q_head, split]: an empty chunk leaves m = -inf, l = 0, acc = 0
-        part = (b * tl.num_programs(1) * GROUP + h * GROUP + g).to(tl.int64) * n_splits + split
-        tl.store(m_ptr + part, m_i, mask=g_mask)
-        tl.store(l_ptr + part, l_i, mask=g_mask)
-        tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
-    elif SINKS:
-        sk = tl.load(sinks_ptr + h * GROUP + g, mask=g_mask, other=0.0) * 1.4426950408889634
-        tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
-                 (acc * _sink_norm(m_i, l_i, sk)[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
-    else:
-        tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
-                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
-
-
-@_triton.jit
-def _attn_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, sinks_ptr, n_splits, stride_ot,
-                                stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                                SINKS: tl.constexpr):
-    """Program (sequence b, query head): the n_splits partials of `_attn_decode_kernel` merged,
-    each rescaled to the largest running max (empty chunks weigh 0); SINKS: the head's sink logit
-    joins the merged denominator (the max taken with it too)."""
-    b = tl.program_id(0)
-    head = tl.program_id(1)
-    base = (b * tl.num_programs(1) + head).to(tl.int64) * n_splits
-    i = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, BLOCK_D)
-    i_mask = i < n_splits
-    d_mask = d < HEAD_DIM
-    m = tl.load(m_ptr + base + i, mask=i_mask, other=float("-inf"))
-    l = tl.load(l_ptr + base + i, mask=i_mask, other=0.0)                       # noqa: E741
-    acc = tl.load(acc_ptr + (base + i)[:, None] * HEAD_DIM + d[None, :], mask=i_mask[:, None] & d_mask[None, :],
-                  other=0.0)                                                     # [BLOCK_S, BLOCK_D]
-    if SINKS:
-        sk = tl.load(sinks_ptr + head) * 1.4426950408889634
-        mx = tl.maximum(tl.max(m, axis=0), sk)
-        w = tl.exp2(m - mx)
-        out = tl.sum(w[:, None] * acc, axis=0) / (tl.sum(w * l, axis=0) + tl.exp2(sk - mx))
-    else:
-        w = tl.exp2(m - tl.max(m, axis=0))                                       # -inf (empty) -> 0
-        out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
-    row = tl.load(q_offsets_ptr + b).to(tl.int64)
-    tl.store(out_ptr + row * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
-
-
-@_triton.jit
-def _prefill_tile(q, acc, m_i, l_i, k_base, v_base, ks_ptr, vs_ptr, s_base, stride_kc, stride_vc, stride_sc,
-                  start, hi, pos, window, qk_scale, softcap, n, d, d_mask, QUANT: tl.constexpr,
-                  IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, MASK: tl.constexpr):
-    """One [BLOCK_N, head_dim] K/V tile folded into the running (acc, max, sum). MASK: the tile
-    crosses a row's causal or window bound (else every cell is seen by every row: no masking)."""
-    cells = start + n
-    c_mask = cells < hi
-    nd_mask = c_mask[:, None] & d_mask
-    k = tl.load(k_base + cells[:, None] * stride_kc + d[None, :], mask=nd_mask, other=0.0)
-    v = tl.load(v_base + cells[:, None] * stride_vc + d[None, :], mask=nd_mask, other=0.0)
-    if QUANT:
-        k = (k.to(tl.float32) * tl.load(ks_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
-        v = (v.to(tl.float32) * tl.load(vs_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
-    k, v = k.to(q.dtype), v.to(q.dtype)            # q8 (scaled above) or an f16 cache under f32/bf16 q
-    s = _dot(q, tl.trans(k), IEEE_DOT) * qk_scale    # [BLOCK_M, BLOCK_N]
-    if SOFTCAP:
-        s = _softcap(s, softcap)
-    if MASK:
-        seen = (cells[None, :] <= pos[:, None]) & c_mask[None, :]
-        seen = seen & ((cells[None, :] > pos[:, None] - window) | (window == 0))
-        s = tl.where(seen, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with nothing seen yet: no NaN
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(s - m_use[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE_DOT)
-    return acc, m_new, l_i
-
-
-@_triton.jit
-def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_ptr, q_lens_ptr, kv_lens_ptr,
-                         q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_ks, stride_kc, stride_kh, stride_vs,
-                         stride_vc, stride_vh, stride_ss, stride_sc, stride_sh, stride_ot, stride_oh, qk_scale,
-                         window, softcap, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
-                         IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr):
-    """Program (sequence b, KV head h, row tile): a causal chunk of b's new queries against its cache.
-
-    Rows fold the GQA group into the query axis: row r is query j = r // GROUP, head h*GROUP + r % GROUP,
-    at position kv_len - q_len + j. The KV loop stops at the tile's last position (causal bound)
-    and, with a window, starts at the first cell the tile's first query sees. Without a window, the
-    tiles below the tile's first position are seen by every row and skip the masks (`MASK=False`).
-    """
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    q_len = tl.load(q_lens_ptr + b)
-    if tl.program_id(2) * BLOCK_M >= q_len * GROUP:
-        return
-    stream = tl.load(streams_ptr + b).to(tl.int64)
-    kv_len = tl.load(kv_lens_ptr + b)
-    q_off = tl.load(q_offsets_ptr + b).to(tl.int64)
-    r = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-    j = r // GROUP
-    r_mask = r < q_len * GROUP
-    pos = kv_len - q_len + j                                                     # [BLOCK_M]
-    d = tl.arange(0, BLOCK_D)
-    n = tl.arange(0, BLOCK_N)
-    d_mask = d[None, :] < HEAD_DIM
-    q_rows = (q_off + j)[:, None] * stride_qt + (h * GROUP + r % GROUP)[:, None] * stride_qh + d[None, :]
-    q = tl.load(q_ptr + q_rows, mask=r_mask[:, None] & d_mask, other=0.0)       # [BLOCK_M, BLOCK_D]
-    k_base = k_ptr + stream * stride_ks + h * stride_kh
-    v_base = v_ptr + stream * stride_vs + h * stride_vh
-    s_base = stream * stride_ss + h * stride_sh
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    hi = tl.minimum(kv_len, tl.max(tl.where(r_mask, pos, 0), axis=0) + 1)
-    first = tl.min(tl.where(r_mask, pos, kv_len), axis=0)                        # the tile's first position
-    lo = tl.where(window > 0, tl.maximum(first - window + 1, 0), 0)
-    mid = tl.where(window > 0, lo, tl.minimum(first + 1, hi) // BLOCK_N * BLOCK_N)  # [lo, mid): seen by all
-    for start in range(lo, mid, BLOCK_N):
-        acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, k_base, v_base, ks_ptr, vs_ptr, s_base, stride_kc,
-                                      stride_vc, stride_sc, start, hi, pos, window, qk_scale, softcap, n, d,
-                                      d_mask, QUANT, IEEE_DOT, SOFTCAP, False)
-    for start in range(mid, hi, BLOCK_N):
-        acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, k_base, v_base, ks_ptr, vs_ptr, s_base, stride_kc,
-                                      stride_vc, stride_sc, start, hi, pos, window, qk_scale, softcap, n, d,
-                                      d_mask, QUANT, IEEE_DOT, SOFTCAP, True)
-    if SINKS:   # each row's head's sink logit joins its denominator
-        sk = tl.load(sinks_ptr + h * GROUP + r % GROUP, mask=r_mask, other=0.0) * 1.4426950408889634
-        out = acc * _sink_norm(m_i, l_i, sk)[:, None]
-    else:
-        out = acc / l_i[:, None]
-    o_rows = (q_off + j)[:, None] * stride_ot + (h * GROUP + r % GROUP)[:, None] * stride_oh + d[None, :]
-    tl.store(out_ptr + o_rows, out.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask)
-
-
 def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
     """Same contract as `cpu`: q [tokens, q_heads, head_dim], kv logical [streams, cells, kv_heads, head_dim]."""
     _check(q, kv, meta)
@@ -604,7 +360,7 @@ def decode_splits(n_seqs: int, kv_heads: int, span: int, device: torch.device) -
 def _decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, out: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor,
             args: tuple, group: int, quant: bool) -> None:
     """One query per sequence: `_attn_decode_kernel` over (sequences, KV heads, splits), then with
-    several splits `_attn_decode_combine_kernel` over (sequences, query heads)."""
+    several splits `_tl.combine` over (sequences, query heads)."""
     n_seqs, q_heads, dim = meta.n_seqs, q.shape[1], q.shape[2]
     kv_heads = q_heads // group
     span = min(meta.max_kv, meta.window) if meta.window else meta.max_kv
@@ -623,10 +379,7 @@ def _decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, out: torch.Tensor, k
         SOFTCAP=bool(meta.softcap), DOT=dot, IEEE_DOT=q.dtype == torch.float32 or _interpreted(),
         SPLIT=n_splits > 1, SINKS=meta.sinks is not None, num_warps=DECODE_WARPS, num_stages=DECODE_STAGES)
     if n_splits > 1:
-        _attn_decode_combine_kernel[(n_seqs, q_heads)](
-            m, l_sum, acc, out, meta.q_offsets, args[0], n_splits, out.stride(0), out.stride(1), HEAD_DIM=dim,
-            BLOCK_S=_triton.next_power_of_2(n_splits), BLOCK_D=_triton.next_power_of_2(dim),
-            SINKS=meta.sinks is not None)
+        _tl.combine(m, l_sum, acc, out, meta.q_offsets, args[0], meta.sinks is not None)
 
 
 def _interpreted() -> bool:
@@ -763,19 +516,12 @@ def _aot(dtype: str, quant: bool, decode: bool, group: int = 3, dim: int = 64, c
     return (_attn_decode_kernel if decode else _attn_prefill_kernel, sig, const)
 
 
-def _aot_combine(dtype: str, dim: int = 64, splits: int = 16, sinks: bool = False) -> tuple:
-    sig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "out_ptr": f"*{dtype}", "q_offsets_ptr": "*i64",
-           "sinks_ptr": "*fp32" if sinks else "*i64", "n_splits": "i32", "stride_ot": "i32", "stride_oh": "i32"}
-    const = {"HEAD_DIM": dim, "BLOCK_S": splits, "BLOCK_D": dim, "SINKS": sinks}
-    return (_attn_decode_combine_kernel, sig | {name: "constexpr" for name in const}, const)
-
-
 # SmolLM2-135M geometry (group 3, head_dim 64): bf16, f16 and q8 caches, decode (split and not) and
 # prefill; Llama-3-8B's decode (group 4, head_dim 128); the decode combine for both head sizes;
 # gpt-oss-20b's (group 8, head_dim 64, sinks) decode, combine and prefill.
 AOT = [_aot("bf16", False, True), _aot("bf16", True, True), _aot("bf16", False, True, cache="fp16"),
        _aot("bf16", False, True, split=False), _aot("bf16", False, True, group=4, dim=128),
        _aot("bf16", False, False), _aot("bf16", True, False), _aot("fp32", False, True),
-       _aot_combine("bf16"), _aot_combine("bf16", 128),
-       _aot("bf16", False, True, group=8, cache="fp16", sinks=True), _aot_combine("bf16", sinks=True),
+       _tl.aot_combine("bf16"), _tl.aot_combine("bf16", 128),
+       _aot("bf16", False, True, group=8, cache="fp16", sinks=True), _tl.aot_combine("bf16", sinks=True),
        _aot("bf16", False, False, group=8, cache="fp16", sinks=True)]

@@ -13,6 +13,8 @@ from the same file) reading the cells through the block table: a paged layout an
 holding the same element type give the same floats, so a live layout swap changes no answer
 (issue 32: through SDPA on bf16 the paged layouts had moved the default model's log-probabilities
 by 0.1-0.2). Where the C kernel does not apply (no compiler) the gather + SDPA form serves.
+The Triton kernels' code lives in parts (runtime/kernel_parts.py): _paged_attention_kernels.py
+and _attention_tl.py (the helpers and the decode merge, shared with attention); the launches are here.
 """
 
 from __future__ import annotations
@@ -22,12 +24,15 @@ import math
 import torch
 import torch.nn.functional as F
 import triton as _triton
-import triton.language as tl
 
 from slotserver.runtime.gpu_info import sm_count
-from slotserver.runtime import native
+from slotserver.runtime import kernel_parts, native
 from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk, softmax_sinks
 from slotserver.runtime.kv_spec import PagedKV
+
+_kernels = kernel_parts.load(__file__, "_paged_attention_kernels.py")   # the Triton kernels (jit code); launched below
+_tl = kernel_parts.load(__file__, "_attention_tl.py")    # the decode merge, shared with attention
+_paged_decode_kernel, _paged_prefill_kernel = _kernels._paged_decode_kernel, _kernels._paged_prefill_kernel
 
 
 OP = "paged_attention"
@@ -197,201 +202,6 @@ def _gather(pages: torch.Tensor, table: torch.Tensor, max_kv: int, dtype: torch.
     return x.transpose(1, 2).to(dtype)
 
 
-@_triton.jit
-def _dot(a, b, IEEE_DOT: tl.constexpr):
-    """`a @ b` in float32; IEEE_DOT: exact float32 products (float32 pages, and the interpreter,
-    whose tl.dot multiplies bf16 bit patterns as integers)."""
-    if IEEE_DOT:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b)
-
-
-@_triton.jit
-def _softcap(s, softcap):
-    """Scores in log2 units soft-capped in natural units: c * tanh(x / c) (see attention.py)."""
-    y = s / (1.4426950408889634 * softcap)
-    return (softcap * 1.4426950408889634) * (1.0 - 2.0 / (tl.exp(2.0 * y) + 1.0))
-
-
-@_triton.jit
-def _page_rows(table_ptr, table_row, cells, c_mask, PAGE: tl.constexpr):
-    """(page, row in page) of each logical cell of the stream whose table row starts at
-    `table_row`; page 0 for masked cells (never loaded through)."""
-    page = tl.load(table_ptr + table_row + cells // PAGE, mask=c_mask, other=0).to(tl.int64)
-    return page, cells % PAGE
-
-
-@_triton.jit
-def _sink_norm(m, l, sk):
-    """1 / the softmax denominator with a sink, in log2 units (see attention.py's `_sink_norm`)."""
-    mx = tl.maximum(m, sk)
-    e = tl.exp2(m - mx)
-    return e / (l * e + tl.exp2(sk - mx))
-
-
-@_triton.jit
-def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, table_ptr, streams_ptr, kv_lens_ptr,
-                         q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb,
-                         stride_vr, stride_vh, stride_bt, stride_ot, stride_oh, qk_scale, window, softcap,
-                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-                         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                         SOFTCAP: tl.constexpr, DOT: tl.constexpr, IEEE_DOT: tl.constexpr, SPLIT: tl.constexpr,
-                         SINKS: tl.constexpr):
-    """Program (sequence b, KV head h, split i): b's one new token, its GROUP query heads, over the
-    i-th of `tl.num_programs(2)` equal chunks (whole BLOCK_N tiles) of b's cells from its window's
-    first (0 without one) to kv_len, looked up through the block table (flash-decoding; see
-    attention.py's `_attn_decode_kernel`: SPLIT writes the chunk's partial m/l/acc at [b, q_head, i]
-    for `_paged_decode_combine_kernel`, DOT runs scores and P@V as tl.dot over >= 16 padded rows)."""
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    split = tl.program_id(2)
-    n_splits = tl.num_programs(2)
-    stream = tl.load(streams_ptr + b).to(tl.int64) * stride_bt
-    kv_len = tl.load(kv_lens_ptr + b)
-    row = tl.load(q_offsets_ptr + b).to(tl.int64)
-    lo = tl.where(window > 0, tl.maximum(kv_len - window, 0), 0)
-    chunk = tl.cdiv(tl.cdiv(kv_len - lo, n_splits), BLOCK_N) * BLOCK_N
-    start = lo + split * chunk
-    end = tl.minimum(start + chunk, kv_len)
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
-    g_mask = g < GROUP
-    d_mask = d < HEAD_DIM
-    gd_mask = g_mask[:, None] & d_mask[None, :]
-    q = tl.load(q_ptr + row * stride_qt + (h * GROUP + g)[:, None] * stride_qh + d[None, :],
-                mask=gd_mask, other=0.0)                                           # [BLOCK_G, BLOCK_D]
-    qf = q.to(tl.float32) * qk_scale
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for first in range(start, end, BLOCK_N):
-        cells = first + tl.arange(0, BLOCK_N)
-        c_mask = cells < end
-        page, r = _page_rows(table_ptr, stream, cells, c_mask, PAGE)
-        nd_mask = c_mask[:, None] & d_mask[None, :]
-        k_off = (page * stride_kb + r * stride_kr)[:, None] + h * stride_kh + d[None, :]
-        v_off = (page * stride_vb + r * stride_vr)[:, None] + h * stride_vh + d[None, :]
-        k = tl.load(k_ptr + k_off, mask=nd_mask, other=0.0)                          # [BLOCK_N, BLOCK_D]
-        v = tl.load(v_ptr + v_off, mask=nd_mask, other=0.0)
-        if DOT:
-            s = _dot(q, tl.trans(k.to(q.dtype)), IEEE_DOT) * qk_scale                 # [BLOCK_G, BLOCK_N]
-        else:
-            s = tl.sum(qf[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
-        if SOFTCAP:
-            s = _softcap(s, softcap)
-        s = tl.where(c_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if DOT:
-            pv = _dot(p.to(q.dtype), v.to(q.dtype), IEEE_DOT)
-        else:
-            pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-    if SPLIT:   # partial [b, q_head, split]: an empty chunk leaves m = -inf, l = 0, acc = 0
-        part = (b * tl.num_programs(1) * GROUP + h * GROUP + g).to(tl.int64) * n_splits + split
-        tl.store(m_ptr + part, m_i, mask=g_mask)
-        tl.store(l_ptr + part, l_i, mask=g_mask)
-        tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
-    elif SINKS:
-        sk = tl.load(sinks_ptr + h * GROUP + g, mask=g_mask, other=0.0) * 1.4426950408889634
-        tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
-                 (acc * _sink_norm(m_i, l_i, sk)[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
-    else:
-        tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
-                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
-
-
-@_triton.jit
-def _paged_decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, sinks_ptr, n_splits, stride_ot,
-                                 stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                                 SINKS: tl.constexpr):
-    """Program (sequence b, query head): the n_splits partials of `_paged_decode_kernel` merged,
-    each rescaled to the largest running max (empty chunks weigh 0)."""
-    b = tl.program_id(0)
-    head = tl.program_id(1)
-    base = (b * tl.num_programs(1) + head).to(tl.int64) * n_splits
-    i = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, BLOCK_D)
-    i_mask = i < n_splits
-    d_mask = d < HEAD_DIM
-    m = tl.load(m_ptr + base + i, mask=i_mask, other=float("-inf"))
-    l = tl.load(l_ptr + base + i, mask=i_mask, other=0.0)                       # noqa: E741
-    acc = tl.load(acc_ptr + (base + i)[:, None] * HEAD_DIM + d[None, :], mask=i_mask[:, None] & d_mask[None, :],
-                  other=0.0)                                                     # [BLOCK_S, BLOCK_D]
-    if SINKS:   # the head's sink logit joins the merged denominator (and its max)
-        sk = tl.load(sinks_ptr + head) * 1.4426950408889634
-        mx = tl.maximum(tl.max(m, axis=0), sk)
-        w = tl.exp2(m - mx)
-        out = tl.sum(w[:, None] * acc, axis=0) / (tl.sum(w * l, axis=0) + tl.exp2(sk - mx))
-    else:
-        w = tl.exp2(m - tl.max(m, axis=0))                                       # -inf (empty) -> 0
-        out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
-    row = tl.load(q_offsets_ptr + b).to(tl.int64)
-    tl.store(out_ptr + row * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
-
-
-@_triton.jit
-def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, q_lens_ptr, kv_lens_ptr,
-                          q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb,
-                          stride_vr, stride_vh, stride_bt, stride_ot, stride_oh, qk_scale, window, softcap,
-                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                          IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr):
-    """Program (sequence b, KV head h, row tile): a causal chunk against the paged cache; rows fold
-    the GQA group (row r: query r // GROUP, head h*GROUP + r % GROUP), as in attention.py."""
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    q_len = tl.load(q_lens_ptr + b)
-    if tl.program_id(2) * BLOCK_M >= q_len * GROUP:
-        return
-    stream = tl.load(streams_ptr + b).to(tl.int64) * stride_bt
-    kv_len = tl.load(kv_lens_ptr + b)
-    q_off = tl.load(q_offsets_ptr + b).to(tl.int64)
-    r = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-    r_mask = r < q_len * GROUP
-    pos = kv_len - q_len + r // GROUP                                           # [BLOCK_M]
-    d = tl.arange(0, BLOCK_D)
-    d_mask = d[None, :] < HEAD_DIM
-    rows = (q_off + r // GROUP)[:, None] * stride_qt + (h * GROUP + r % GROUP)[:, None] * stride_qh + d[None, :]
-    q = tl.load(q_ptr + rows, mask=r_mask[:, None] & d_mask, other=0.0)          # [BLOCK_M, BLOCK_D]
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    hi = tl.minimum(kv_len, tl.max(tl.where(r_mask, pos, 0), axis=0) + 1)
-    lo = tl.where(window > 0, tl.maximum(tl.min(tl.where(r_mask, pos, kv_len), axis=0) - window + 1, 0), 0)
-    for start in range(lo, hi, BLOCK_N):
-        cells = start + tl.arange(0, BLOCK_N)
-        c_mask = cells < hi
-        page, pr = _page_rows(table_ptr, stream, cells, c_mask, PAGE)
-        nd_mask = c_mask[:, None] & d_mask
-        k = tl.load(k_ptr + (page * stride_kb + pr * stride_kr)[:, None] + h * stride_kh + d[None, :],
-                    mask=nd_mask, other=0.0).to(q.dtype)                       # an f16 cache under f32/bf16 q
-        v = tl.load(v_ptr + (page * stride_vb + pr * stride_vr)[:, None] + h * stride_vh + d[None, :],
-                    mask=nd_mask, other=0.0).to(q.dtype)
-        s = _dot(q, tl.trans(k), IEEE_DOT) * qk_scale                           # [BLOCK_M, BLOCK_N]
-        if SOFTCAP:
-            s = _softcap(s, softcap)
-        seen = (cells[None, :] <= pos[:, None]) & c_mask[None, :]
-        seen = seen & ((cells[None, :] > pos[:, None] - window) | (window == 0))
-        s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE_DOT)
-        m_i = m_new
-    o_rows = (q_off + r // GROUP)[:, None] * stride_ot + (h * GROUP + r % GROUP)[:, None] * stride_oh + d[None, :]
-    if SINKS:
-        sk = tl.load(sinks_ptr + h * GROUP + r % GROUP, mask=r_mask, other=0.0) * 1.4426950408889634
-        out = acc * _sink_norm(m_i, l_i, sk)[:, None]
-    else:
-        out = acc / l_i[:, None]
-    tl.store(out_ptr + o_rows, out.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask)
-
-
 def triton(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
     """Same contract as `cpu`; decode kernel when `meta.max_q == 1`, causal prefill kernel otherwise."""
     _check(q, kv, meta)
@@ -428,7 +238,7 @@ def decode_splits(n_seqs: int, kv_heads: int, span: int, device: torch.device) -
 
 def _decode(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, out: torch.Tensor, args: tuple, group: int) -> None:
     """One query per sequence: `_paged_decode_kernel` over (sequences, KV heads, splits), then with
-    several splits `_paged_decode_combine_kernel` over (sequences, query heads)."""
+    several splits `_tl.combine` over (sequences, query heads)."""
     n_seqs, q_heads, dim = meta.n_seqs, q.shape[1], q.shape[2]
     kv_heads = q_heads // group
     span = min(meta.max_kv, meta.window) if meta.window else meta.max_kv
@@ -448,9 +258,7 @@ def _decode(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, out: torch.Tensor, arg
         IEEE_DOT=q.dtype == torch.float32 or _interpreted(), SPLIT=n_splits > 1, SINKS=meta.sinks is not None,
         num_warps=DECODE_WARPS, num_stages=DECODE_STAGES)
     if n_splits > 1:
-        _paged_decode_combine_kernel[(n_seqs, q_heads)](
-            m, l_sum, acc, out, meta.q_offsets, args[0], n_splits, out.stride(0), out.stride(1), HEAD_DIM=dim,
-            BLOCK_S=_triton.next_power_of_2(n_splits), BLOCK_D=_triton.next_power_of_2(dim), SINKS=meta.sinks is not None)
+        _tl.combine(m, l_sum, acc, out, meta.q_offsets, args[0], meta.sinks is not None)
 
 
 def _interpreted() -> bool:
@@ -548,15 +356,8 @@ def _aot(dtype: str, decode: bool, group: int = 3, dim: int = 64, page: int = 16
     return (_paged_decode_kernel if decode else _paged_prefill_kernel, sig, const)
 
 
-def _aot_combine(dtype: str, dim: int = 64, splits: int = 16, sinks: bool = False) -> tuple:
-    sig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "out_ptr": f"*{dtype}", "q_offsets_ptr": "*i64",
-           "sinks_ptr": "*fp32" if sinks else "*i64", "n_splits": "i32", "stride_ot": "i32", "stride_oh": "i32"}
-    const = {"HEAD_DIM": dim, "BLOCK_S": splits, "BLOCK_D": dim, "SINKS": sinks}
-    return (_paged_decode_combine_kernel, sig | {name: "constexpr" for name in const}, const)
-
-
 # SmolLM2-135M geometry (group 3, head_dim 64, 16-cell pages): bf16 and f16 pages, decode (split
 # and not) and prefill; Llama-3-8B's decode (group 4, head_dim 128); the decode combine.
 AOT = [_aot("bf16", True), _aot("bf16", True, cache="fp16"), _aot("bf16", True, split=False),
-       _aot("bf16", True, group=4, dim=128), _aot("bf16", False), _aot("fp32", True), _aot_combine("bf16"),
+       _aot("bf16", True, group=4, dim=128), _aot("bf16", False), _aot("fp32", True), _tl.aot_combine("bf16"),
        _aot("bf16", True, group=8, cache="fp16", sinks=True)]   # gpt-oss-20b's decode (group 8, sinks)

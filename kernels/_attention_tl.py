@@ -1,0 +1,89 @@
+"""Flash-attention pieces that kernels/attention.py and kernels/paged_attention.py share: the Triton
+helpers both ops' kernels call (`_dot`, `_softcap`, `_sink_norm`) and the flash-decoding merge of a
+split decode's partials (`_decode_combine_kernel`, launched by `combine`). One file, not two copies:
+the two ops differ in how they find a cell (strides or a page table), not in the softmax.
+A part of each of the two modules (runtime/kernel_parts.py): each loads its own copy, validated,
+versioned and reloaded with it, so an edit here re-validates and swaps both.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton as _triton
+import triton.language as tl
+
+
+@_triton.jit
+def _dot(a, b, IEEE_DOT: tl.constexpr):
+    """`a @ b` accumulated in float32. IEEE_DOT multiplies in exact float32: for float32 caches
+    (no tf32 rounding) and under the interpreter, whose tl.dot multiplies bf16 bit patterns as
+    integers. Inputs are already rounded to their dtype, so the result matches a bf16 MMA."""
+    if IEEE_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@_triton.jit
+def _softcap(s, softcap):
+    """Scores in log2 units (`q.k * scale * log2 e`) soft-capped in natural units: c * tanh(x / c),
+    tanh(y) = 1 - 2 / (e^{2y} + 1) (saturates cleanly at +-1 where e^{2y} overflows or vanishes)."""
+    y = s / (1.4426950408889634 * softcap)
+    return (softcap * 1.4426950408889634) * (1.0 - 2.0 / (tl.exp(2.0 * y) + 1.0))
+
+
+@_triton.jit
+def _sink_norm(m, l, sk):
+    """1 / the softmax denominator with a sink (all in log2 units): running max m, sum l (relative
+    to m), sink logit sk; M = max(m, sk): e^(m-M) / (l e^(m-M) + e^(sk-M)). A padded row (m = -inf,
+    l = 0) gives 0, not NaN."""
+    mx = tl.maximum(m, sk)
+    e = tl.exp2(m - mx)
+    return e / (l * e + tl.exp2(sk - mx))
+
+
+@_triton.jit
+def _decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, sinks_ptr, n_splits, stride_ot,
+                           stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                                SINKS: tl.constexpr):
+    """Program (sequence b, query head): the n_splits partials of a decode kernel
+    (attention's or paged_attention's) merged,
+    each rescaled to the largest running max (empty chunks weigh 0); SINKS: the head's sink logit
+    joins the merged denominator (the max taken with it too)."""
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    base = (b * tl.num_programs(1) + head).to(tl.int64) * n_splits
+    i = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    i_mask = i < n_splits
+    d_mask = d < HEAD_DIM
+    m = tl.load(m_ptr + base + i, mask=i_mask, other=float("-inf"))
+    l = tl.load(l_ptr + base + i, mask=i_mask, other=0.0)                       # noqa: E741
+    acc = tl.load(acc_ptr + (base + i)[:, None] * HEAD_DIM + d[None, :], mask=i_mask[:, None] & d_mask[None, :],
+                  other=0.0)                                                     # [BLOCK_S, BLOCK_D]
+    if SINKS:
+        sk = tl.load(sinks_ptr + head) * 1.4426950408889634
+        mx = tl.maximum(tl.max(m, axis=0), sk)
+        w = tl.exp2(m - mx)
+        out = tl.sum(w[:, None] * acc, axis=0) / (tl.sum(w * l, axis=0) + tl.exp2(sk - mx))
+    else:
+        w = tl.exp2(m - tl.max(m, axis=0))                                       # -inf (empty) -> 0
+        out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
+    row = tl.load(q_offsets_ptr + b).to(tl.int64)
+    tl.store(out_ptr + row * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+def combine(m: torch.Tensor, l_sum: torch.Tensor, acc: torch.Tensor, out: torch.Tensor, q_offsets: torch.Tensor,
+            sinks: torch.Tensor, sinks_on: bool) -> None:
+    """`_decode_combine_kernel` over (sequences, query heads): the partials m, l_sum [B, q_heads, splits]
+    and acc [B, q_heads, splits, dim] (float32) merged into out's rows at q_offsets."""
+    n_seqs, q_heads, n_splits, dim = acc.shape
+    _decode_combine_kernel[(n_seqs, q_heads)](
+        m, l_sum, acc, out, q_offsets, sinks, n_splits, out.stride(0), out.stride(1), HEAD_DIM=dim,
+        BLOCK_S=_triton.next_power_of_2(n_splits), BLOCK_D=_triton.next_power_of_2(dim), SINKS=sinks_on)
+
+
+def aot_combine(dtype: str, dim: int = 64, splits: int = 16, sinks: bool = False) -> tuple:
+    sig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "out_ptr": f"*{dtype}", "q_offsets_ptr": "*i64",
+           "sinks_ptr": "*fp32" if sinks else "*i64", "n_splits": "i32", "stride_ot": "i32", "stride_oh": "i32"}
+    const = {"HEAD_DIM": dim, "BLOCK_S": splits, "BLOCK_D": dim, "SINKS": sinks}
+    return (_decode_combine_kernel, sig | {name: "constexpr" for name in const}, const)

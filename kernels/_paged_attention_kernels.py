@@ -1,0 +1,158 @@
+"""kernels/paged_attention.py's Triton kernels over a paged KV cache (a block table of pages):
+flash-decoding (`_paged_decode_kernel`, merged by _attention_tl.py's `_decode_combine_kernel`)
+and the causal prefill-chunk kernel (`_paged_prefill_kernel`); `_page_rows` finds a cell's page.
+paged_attention.py launches them and holds the tile constants; the contract and the CPU forms are there too.
+A part of paged_attention.py (runtime/kernel_parts.py).
+"""
+
+from __future__ import annotations
+
+import triton as _triton
+import triton.language as tl
+
+from slotserver.runtime import kernel_parts
+
+_tl = kernel_parts.load(__file__, "_attention_tl.py")
+_dot, _softcap, _sink_norm = _tl._dot, _tl._softcap, _tl._sink_norm
+
+
+@_triton.jit
+def _page_rows(table_ptr, table_row, cells, c_mask, PAGE: tl.constexpr):
+    """(page, row in page) of each logical cell of the stream whose table row starts at
+    `table_row`; page 0 for masked cells (never loaded through)."""
+    page = tl.load(table_ptr + table_row + cells // PAGE, mask=c_mask, other=0).to(tl.int64)
+    return page, cells % PAGE
+
+
+@_triton.jit
+def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, table_ptr, streams_ptr, kv_lens_ptr,
+                         q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb,
+                         stride_vr, stride_vh, stride_bt, stride_ot, stride_oh, qk_scale, window, softcap,
+                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                         SOFTCAP: tl.constexpr, DOT: tl.constexpr, IEEE_DOT: tl.constexpr, SPLIT: tl.constexpr,
+                         SINKS: tl.constexpr):
+    """Program (sequence b, KV head h, split i): b's one new token, its GROUP query heads, over the
+    i-th of `tl.num_programs(2)` equal chunks (whole BLOCK_N tiles) of b's cells from its window's
+    first (0 without one) to kv_len, looked up through the block table (flash-decoding; see
+    attention.py's `_attn_decode_kernel`: SPLIT writes the chunk's partial m/l/acc at [b, q_head, i]
+    for `_decode_combine_kernel`, DOT runs scores and P@V as tl.dot over >= 16 padded rows)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    split = tl.program_id(2)
+    n_splits = tl.num_programs(2)
+    stream = tl.load(streams_ptr + b).to(tl.int64) * stride_bt
+    kv_len = tl.load(kv_lens_ptr + b)
+    row = tl.load(q_offsets_ptr + b).to(tl.int64)
+    lo = tl.where(window > 0, tl.maximum(kv_len - window, 0), 0)
+    chunk = tl.cdiv(tl.cdiv(kv_len - lo, n_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
+    end = tl.minimum(start + chunk, kv_len)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    g_mask = g < GROUP
+    d_mask = d < HEAD_DIM
+    gd_mask = g_mask[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + row * stride_qt + (h * GROUP + g)[:, None] * stride_qh + d[None, :],
+                mask=gd_mask, other=0.0)                                           # [BLOCK_G, BLOCK_D]
+    qf = q.to(tl.float32) * qk_scale
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for first in range(start, end, BLOCK_N):
+        cells = first + tl.arange(0, BLOCK_N)
+        c_mask = cells < end
+        page, r = _page_rows(table_ptr, stream, cells, c_mask, PAGE)
+        nd_mask = c_mask[:, None] & d_mask[None, :]
+        k_off = (page * stride_kb + r * stride_kr)[:, None] + h * stride_kh + d[None, :]
+        v_off = (page * stride_vb + r * stride_vr)[:, None] + h * stride_vh + d[None, :]
+        k = tl.load(k_ptr + k_off, mask=nd_mask, other=0.0)                          # [BLOCK_N, BLOCK_D]
+        v = tl.load(v_ptr + v_off, mask=nd_mask, other=0.0)
+        if DOT:
+            s = _dot(q, tl.trans(k.to(q.dtype)), IEEE_DOT) * qk_scale                 # [BLOCK_G, BLOCK_N]
+        else:
+            s = tl.sum(qf[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+        if SOFTCAP:
+            s = _softcap(s, softcap)
+        s = tl.where(c_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if DOT:
+            pv = _dot(p.to(q.dtype), v.to(q.dtype), IEEE_DOT)
+        else:
+            pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    if SPLIT:   # partial [b, q_head, split]: an empty chunk leaves m = -inf, l = 0, acc = 0
+        part = (b * tl.num_programs(1) * GROUP + h * GROUP + g).to(tl.int64) * n_splits + split
+        tl.store(m_ptr + part, m_i, mask=g_mask)
+        tl.store(l_ptr + part, l_i, mask=g_mask)
+        tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
+    elif SINKS:
+        sk = tl.load(sinks_ptr + h * GROUP + g, mask=g_mask, other=0.0) * 1.4426950408889634
+        tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
+                 (acc * _sink_norm(m_i, l_i, sk)[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
+    else:
+        tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
+                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
+
+
+@_triton.jit
+def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, q_lens_ptr, kv_lens_ptr,
+                          q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb,
+                          stride_vr, stride_vh, stride_bt, stride_ot, stride_oh, qk_scale, window, softcap,
+                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                          IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr):
+    """Program (sequence b, KV head h, row tile): a causal chunk against the paged cache; rows fold
+    the GQA group (row r: query r // GROUP, head h*GROUP + r % GROUP), as in attention.py."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    q_len = tl.load(q_lens_ptr + b)
+    if tl.program_id(2) * BLOCK_M >= q_len * GROUP:
+        return
+    stream = tl.load(streams_ptr + b).to(tl.int64) * stride_bt
+    kv_len = tl.load(kv_lens_ptr + b)
+    q_off = tl.load(q_offsets_ptr + b).to(tl.int64)
+    r = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    r_mask = r < q_len * GROUP
+    pos = kv_len - q_len + r // GROUP                                           # [BLOCK_M]
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d[None, :] < HEAD_DIM
+    rows = (q_off + r // GROUP)[:, None] * stride_qt + (h * GROUP + r % GROUP)[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptr + rows, mask=r_mask[:, None] & d_mask, other=0.0)          # [BLOCK_M, BLOCK_D]
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    hi = tl.minimum(kv_len, tl.max(tl.where(r_mask, pos, 0), axis=0) + 1)
+    lo = tl.where(window > 0, tl.maximum(tl.min(tl.where(r_mask, pos, kv_len), axis=0) - window + 1, 0), 0)
+    for start in range(lo, hi, BLOCK_N):
+        cells = start + tl.arange(0, BLOCK_N)
+        c_mask = cells < hi
+        page, pr = _page_rows(table_ptr, stream, cells, c_mask, PAGE)
+        nd_mask = c_mask[:, None] & d_mask
+        k = tl.load(k_ptr + (page * stride_kb + pr * stride_kr)[:, None] + h * stride_kh + d[None, :],
+                    mask=nd_mask, other=0.0).to(q.dtype)                       # an f16 cache under f32/bf16 q
+        v = tl.load(v_ptr + (page * stride_vb + pr * stride_vr)[:, None] + h * stride_vh + d[None, :],
+                    mask=nd_mask, other=0.0).to(q.dtype)
+        s = _dot(q, tl.trans(k), IEEE_DOT) * qk_scale                           # [BLOCK_M, BLOCK_N]
+        if SOFTCAP:
+            s = _softcap(s, softcap)
+        seen = (cells[None, :] <= pos[:, None]) & c_mask[None, :]
+        seen = seen & ((cells[None, :] > pos[:, None] - window) | (window == 0))
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE_DOT)
+        m_i = m_new
+    o_rows = (q_off + r // GROUP)[:, None] * stride_ot + (h * GROUP + r % GROUP)[:, None] * stride_oh + d[None, :]
+    if SINKS:
+        sk = tl.load(sinks_ptr + h * GROUP + r % GROUP, mask=r_mask, other=0.0) * 1.4426950408889634
+        out = acc * _sink_norm(m_i, l_i, sk)[:, None]
+    else:
+        out = acc / l_i[:, None]
+    tl.store(out_ptr + o_rows, out.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask)
