@@ -2,18 +2,14 @@
 
 Covers decode (one query per sequence) and (chunked) prefill (many). The KV comes as logical
 `[stream, cell, kv_head, head_dim]` views (any strides, see `StridedKV`); GQA never repeats K/V.
-`cpu(...)` runs every query row, prefill rows included, through the C decode kernel below where it
-applies (plain float caches): row r of a sequence is the one-query computation over its keys
-0..pos, so its result does not depend on how the prompt was split into chunks, cached or batched
-with others (llama.cpp's CPU attention has the same property, and its server tests rely on it:
-greedy output with and without a cached prompt must agree). The C reads float32, bf16 and
+`cpu(...)` runs every query row, prefill rows included, through the C row kernel (its part
+_attention_native.py) where it applies: row r of a sequence is the one-query computation over its
+keys 0..pos, so its result does not depend on how the prompt was split into chunks, cached or
+batched with others (llama.cpp's CPU attention has the same property, and its server tests rely
+on it: greedy output with and without a cached prompt must agree). The C reads float32, bf16 and
 float16 caches, and q8's int8 ones with their scales (value = q * scale, as the reference
-dequantizes). Without a compiler it picks the cheapest torch SDPA formulation per step (docs/performance.md): all-decode
-steps unpadded with a broadcast key mask; a mixed step split into its decode rows and its prefill
-chunks (`AttnMeta.split`); up to EACH_CHUNK_MAX prefill chunks one call each (no padding, plain
-causal for a fresh prompt); more chunks one padded, masked call. Each sequence only reads `max_kv`
-cells of its stream; when the batch's streams are contiguous (sequence defragmentation), K/V are
-sliced, not gathered.
+dequantizes). Without a compiler the cheapest torch SDPA formulation of each step serves (its part
+_attention_sdpa.py, docs/performance.md).
 
 `triton(...)` (the CUDA path) launches a decode kernel when every sequence has one new token
 (`meta.max_q == 1`) and a causal prefill-chunk kernel otherwise; both take the view's strides
@@ -39,16 +35,18 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 import triton as _triton
 
-from slotserver.runtime import kernel_parts, native
+from slotserver.runtime import kernel_parts
 from slotserver.runtime.gpu_info import sm_count
 from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk, softmax_sinks
 from slotserver.runtime.kv_spec import StridedKV
 
 _kernels = kernel_parts.load(__file__, "_attention_kernels.py")   # the Triton kernels (jit code); launched below
 _tl = kernel_parts.load(__file__, "_attention_tl.py")    # the decode merge, shared with paged_attention
+_sdpa = kernel_parts.load(__file__, "_attention_sdpa.py")   # the torch forms (no C), shared with paged_attention
+_native = kernel_parts.load(__file__, "_attention_native.py")   # the C row kernel
+NATIVE_C, _LIB = _native.NATIVE_C, _native._LIB   # the native contract's names (tests set _LIB = None)
 _attn_decode_kernel, _attn_prefill_kernel = _kernels._attn_decode_kernel, _kernels._attn_prefill_kernel
 
 OP = "attention"
@@ -57,7 +55,6 @@ OP = "attention"
 # which would ignore them silently.
 FUSES = ("sinks",)
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
-EACH_CHUNK_MAX = 8   # cpu: up to this many prefill chunks run one SDPA each; more share a padded one
 
 
 def reference(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
@@ -67,7 +64,7 @@ def reference(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> t
     `pos` sees keys `lo .. pos`, lo = pos - window + 1 with a window (else 0).
     """
     window, softcap, sinks = meta.window, meta.softcap, meta.sinks
-    k, v = _dequant(kv.k, kv.k_scale), _dequant(kv.v, kv.v_scale)
+    k, v = _sdpa.dequant(kv.k, kv.k_scale), _sdpa.dequant(kv.v, kv.v_scale)
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     group = q.shape[1] // k.shape[2]
     for b in range(meta.n_seqs):
@@ -85,204 +82,21 @@ def reference(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> t
 
 
 def cpu(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
-    """Same contract as `reference`; the formulation per step is described in the module docstring."""
-    window, softcap, sinks = meta.window, meta.softcap, meta.sinks
-    if _native_ok(q, kv, meta):   # every row as a decode row: batch-invariant (module docstring)
-        return _native_rows(q, kv, meta, scale, window, softcap)
-    if meta.max_q == 1:
-        return _cpu_decode(q, kv, meta, scale, window, softcap, sinks)
-    if meta.split is not None:  # decodes first, then prefill chunks: never pad a decode row
-        dec, pre = meta.split
-        return torch.cat([_cpu_decode(q[: dec.n_seqs], kv, dec, scale, window, softcap, sinks),
-                          cpu(q[dec.n_seqs:], kv, pre, scale)])
-    if meta.n_seqs <= EACH_CHUNK_MAX:
-        return _cpu_each_chunk(q, kv, meta, scale, window, softcap, sinks)
-    n_seq, max_q, max_kv = meta.n_seqs, meta.max_q, meta.max_kv
-    q_heads, dim = q.shape[1], q.shape[2]
-    lo = max(0, int((meta.kv_lens - meta.q_lens).min()) - window + 1) if window else 0  # no query sees below
-    keys = _dequant(_select(kv.k, meta, lo), _select_scale(kv.k_scale, meta, lo), q.dtype)  # [B, kv_heads, L, dim]
-    vals = _dequant(_select(kv.v, meta, lo), _select_scale(kv.v_scale, meta, lo), q.dtype)
-    qp = q[meta.pad_index].transpose(1, 2)                              # [B, q_heads, max_q, dim]
-    key_pos = torch.arange(lo, max_kv, device=q.device).view(1, 1, 1, max_kv - lo)
-    mask = _band(key_pos, meta.pad_positions.view(n_seq, 1, max_q, 1), window)  # [B, 1, max_q, L]
-    out = _sdpa(qp, keys, vals, mask, scale, softcap, sinks=sinks)
-    return out.transpose(1, 2).reshape(n_seq * max_q, q_heads, dim)[meta.valid_rows]  # [tokens, q_heads, dim]
+    """Same contract as `reference`: every row through the C row kernel where it applies
+    (batch-invariant: module docstring), else the cheapest torch SDPA form (_attention_sdpa.py)."""
+    if _native_ok(q, kv, meta):
+        return _native.rows(_LIB, q, kv, meta, scale, meta.window, meta.softcap)
+    return _sdpa.step(q, kv, meta, scale)
 
 
-def _band(key_pos: torch.Tensor, q_pos: torch.Tensor, window: int) -> torch.Tensor:
-    """Which keys a query sees: causal, and within `window` positions when there is one."""
-    seen = key_pos <= q_pos
-    return seen & (key_pos > q_pos - window) if window else seen
-
-
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-          softcap: float, causal: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """q [B, q_heads, M, dim], k/v [B, kv_heads, L, dim]: torch's SDPA (native GQA); with a softcap
-    or sinks (which SDPA cannot apply) the same maths written out in float32."""
-    gqa = q.shape[1] != k.shape[1]
-    if not softcap and sinks is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
-    group = q.shape[1] // k.shape[1]
-    kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
-    scores = torch.matmul(q.float(), kf.transpose(-1, -2)) * scale     # [B, q_heads, M, L]
-    if softcap:
-        scores = softcap * torch.tanh(scores / softcap)
-    if causal:
-        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril(scores.shape[-1] - scores.shape[-2])
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(softmax_sinks(scores, sinks), vf).to(q.dtype)
-
-
-def _cpu_each_chunk(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, window: int = 0,
-                    softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """A few prefill chunks, one SDPA each: no padding to the longest chunk, and a fresh prompt (no
-    cached prefix) is plain causal. Whole prefill steps in the model: 4 x 128 tokens tie with one
-    padded call (176 vs 180 ms); 180 + 3 x 40 tokens: 125 vs 139 ms. One chunk: 2.4x faster
-    attention than the padded path. With a window, each chunk reads from its first query's window."""
-    outs = []
-    for stream, off, n_q, n_kv in zip(*(t.tolist() for t in (meta.seq_streams, meta.q_offsets, meta.q_lens, meta.kv_lens))):
-        lo = max(0, n_kv - n_q - window + 1) if window else 0
-        keys = _dequant(kv.k[stream, lo:n_kv], None if kv.k_scale is None else kv.k_scale[stream, lo:n_kv], q.dtype)
-        vals = _dequant(kv.v[stream, lo:n_kv], None if kv.v_scale is None else kv.v_scale[stream, lo:n_kv], q.dtype)
-        causal = n_kv == n_q and not window                               # else: queries sit at the end
-        mask = None if causal else _band(torch.arange(lo, n_kv, device=q.device),
-                                         torch.arange(n_kv - n_q, n_kv, device=q.device).unsqueeze(1), window)
-        out = _sdpa(q[off: off + n_q].transpose(0, 1).unsqueeze(0), keys.transpose(0, 1).unsqueeze(0),
-                    vals.transpose(0, 1).unsqueeze(0), mask, scale, softcap, causal, sinks)
-        outs.append(out[0].transpose(0, 1))                               # [n_q, q_heads, dim]
-    return outs[0] if len(outs) == 1 else torch.cat(outs)
-
-
-def _cpu_decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, window: int = 0,
-                softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """One query per sequence without the C kernel: torch's SDPA with native GQA (K/V never
-    repeated) and the key mask `[B, 1, 1, L]` broadcast (no padding), ~1.5x faster than the padded
-    path (docs/performance.md)."""
-    n_seq, q_heads, dim = q.shape
-    max_kv = meta.max_kv
-    first = (meta.kv_lens - window).clamp(min=0) if window else torch.zeros_like(meta.kv_lens)  # [B]
-    lo = int(first.min())
-    keys = _dequant(_select(kv.k, meta, lo), _select_scale(kv.k_scale, meta, lo), q.dtype)  # [B, kv_heads, L, dim]
-    vals = _dequant(_select(kv.v, meta, lo), _select_scale(kv.v_scale, meta, lo), q.dtype)
-    mask = None  # one sequence sees all its cells from lo: no mask (the SDPA kernel is faster without)
-    if n_seq > 1:
-        key_pos = torch.arange(lo, max_kv, device=q.device)
-        mask = ((key_pos < meta.kv_lens.unsqueeze(1)) & (key_pos >= first.unsqueeze(1))).view(n_seq, 1, 1, max_kv - lo)
-    out = _sdpa(q.view(n_seq, q_heads, 1, dim), keys, vals, mask, scale, softcap, sinks=sinks)
-    return out.view(n_seq, q_heads, dim)                                          # [tokens, q_heads, dim]
-
-
-# The row kernel in C (kernels/attention.c, shared with paged_attention.py: compiled on first use
-# by `slotserver.runtime.native`; without a C compiler the SDPA form above serves).
-NATIVE_C = native.joined(__file__, [("attention_amx_kv.c", native.c_source(__file__, "attention_amx_kv.c")),
-                                     ("attention_amx.c", native.c_source(__file__, "attention_amx.c")),
-                                     ("attention.c", native.c_source(__file__, "attention.c"))])
-_LIB = native.build("attention", NATIVE_C, strict=True)
-native.signature(_LIB, "attention_prompt_amx", 0, 0)
-native.signature(_LIB, "decode_attention", 9, 16, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
-                                                   native.ctypes.c_int, native.ctypes.c_int), replay=True)
-native.signature(_LIB, "prompt_attention", 8, 13, (native.ctypes.c_float, native.ctypes.c_float, native.ctypes.c_int,
-                                                   native.ctypes.c_int, native.ctypes.c_int))
-_KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}   # int8: q8, with its scales
-_Q_TYPES = (torch.float32, torch.bfloat16)
+def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> bool:
+    """The C row kernel serves: built here (`_LIB`) and able to read these inputs (`_native.fits`)."""
+    return _LIB is not None and _native.fits(q, kv, meta)
 
 
 def cpu_path() -> str:
     """What `cpu` computes with here (shown in /props, /lab and `slotserver top`)."""
-    if _LIB is None:
-        return "torch SDPA"
-    amx = _LIB.attention_prompt_amx() == 1
-    return "C row kernel, float32" + ("; prompt rows of f16/bf16 caches: AMX bf16 hi+lo tiles" if amx else "")
-
-
-def _native_ok(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> bool:
-    """The C kernel reads raw memory: float CPU caches, or int8 ones with float32 scales of one
-    stride set (q8), of q's head size, unit head_dim strides, int64 per-row metadata
-    (`meta.row_streams`, `meta.row_kv_lens`) of q's rows, and streams that exist. (Ordered and
-    written for a decode step's ~30 calls.)"""
-    seq_streams, kv_lens, k, v = meta.row_streams, meta.row_kv_lens, kv.k, kv.v
-    if _LIB is None or seq_streams is None or kv_lens is None or (kv.k_scale is None) != (k.dtype != torch.int8):
-        return False
-    if kv.k_scale is not None and not _scales_ok(kv):
-        return False
-    qs, ks = q.shape, k.shape
-    if len(qs) != 3 or len(ks) != 4 or v.shape != ks or ks[3] != qs[2] or qs[0] != seq_streams.shape[0] \
-            or qs[2] > 256 or qs[1] % ks[2] or qs[1] // ks[2] > 16 or meta.max_kv > ks[1]:
-        return False
-    if q.dtype not in _Q_TYPES or k.dtype != v.dtype or k.dtype not in _KV_TYPES \
-            or seq_streams.dtype != torch.int64 or kv_lens.dtype != torch.int64:
-        return False
-    if q.stride(2) != 1 or k.stride(3) != 1 or v.stride(3) != 1 or not seq_streams.is_contiguous() \
-            or not kv_lens.is_contiguous() or not (q.is_cpu and k.is_cpu and v.is_cpu and seq_streams.is_cpu
-                                                   and kv_lens.is_cpu):
-        return False
-    if meta.sinks is not None and not _sinks_ok(meta.sinks, qs[1]):
-        return False
-    top = meta.stream_base + meta.n_seqs if meta.stream_base is not None else int(meta.seq_streams.max()) + 1
-    return top <= ks[0]
-
-
-def _sinks_ok(sinks: torch.Tensor, q_heads: int) -> bool:
-    """Sinks the C reads: float32 [q_heads], contiguous, on the CPU."""
-    return sinks.dtype == torch.float32 and sinks.shape == (q_heads,) and sinks.is_contiguous() and sinks.is_cpu
-
-
-def _scales_ok(kv: StridedKV) -> bool:
-    """q8's scales: float32 [streams, cells, kv_heads] on the CPU, K's and V's with one stride set."""
-    ks, vs = kv.k_scale, kv.v_scale
-    return (vs is not None and ks.dtype == vs.dtype == torch.float32 and ks.shape == vs.shape == kv.k.shape[:3]
-            and ks.stride() == vs.stride() and ks.is_cpu and vs.is_cpu)
-
-
-def _native_rows(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float, window: int = 0,
-                 softcap: float = 0.0) -> torch.Tensor:
-    """Every flat row of q as one decode query over its stream's first row_kv_lens cells."""
-    n_seq, q_heads, dim = q.shape
-    streams, kv_lens = meta.row_streams, meta.row_kv_lens
-    out = torch.empty((n_seq, q_heads, dim), dtype=q.dtype)                        # [tokens, q_heads, dim]
-    quant = kv.k_scale is not None                                                 # q8: int8 + scales
-    sinks = 0 if meta.sinks is None else meta.sinks.data_ptr()                     # NULL: no sinks
-    if meta.row_prompt is not None and not quant:   # prompt rows: AMX where the C has it (attention_amx.c)
-        rc = _LIB.prompt_attention(
-            q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), streams.data_ptr(), kv_lens.data_ptr(),
-            meta.row_prompt.data_ptr(), sinks, n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1),
-            *kv.k.stride()[:3], *kv.v.stride()[:3], window, scale, softcap, native.is_bf16(q),
-            _KV_TYPES[kv.k.dtype], torch.get_num_threads())
-        if rc != 0:
-            raise RuntimeError(f"prompt_attention (C) failed with {rc}")
-        return out
-    rc = _LIB.decode_attention(
-        q.data_ptr(), kv.k.data_ptr(), kv.v.data_ptr(), out.data_ptr(), streams.data_ptr(), kv_lens.data_ptr(),
-        kv.k_scale.data_ptr() if quant else 0, kv.v_scale.data_ptr() if quant else 0, sinks,
-        n_seq, q_heads, kv.k.shape[2], dim, q.stride(0), q.stride(1), *kv.k.stride()[:3], *kv.v.stride()[:3],
-        *(kv.k_scale.stride() if quant else (0, 0, 0)), window, scale, softcap, native.is_bf16(q),
-        _KV_TYPES[kv.k.dtype], torch.get_num_threads())
-    if rc != 0:
-        raise RuntimeError(f"decode_attention (C) failed with {rc}: unsupported group or head_dim")
-    return out
-
-
-def _select(cache: torch.Tensor, meta: AttnMeta, lo: int = 0) -> torch.Tensor:
-    """The batch's streams, cells `lo .. max_kv-1`, as `[B, kv_heads, max_kv - lo, dim]`."""
-    if meta.stream_base is not None:
-        part = cache[meta.stream_base: meta.stream_base + meta.n_seqs, lo: meta.max_kv]
-    else:
-        part = cache[:, lo: meta.max_kv].index_select(0, meta.seq_streams)
-    return part.transpose(1, 2)
-
-
-def _select_scale(scale: torch.Tensor | None, meta: AttnMeta, lo: int = 0) -> torch.Tensor | None:
-    """Scales `[streams, cells, kv_heads]` of the batch -> `[B, kv_heads, max_kv - lo, 1]`."""
-    return None if scale is None else _select(scale.unsqueeze(-1), meta, lo)
-
-
-def _dequant(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    if scale is None:
-        return x if x.dtype == dtype else x.to(dtype)
-    if scale.dim() == x.dim() - 1:
-        scale = scale.unsqueeze(-1)
-    return (x.float() * scale.float()).to(dtype)
+    return _native.cpu_path(_LIB)
 
 
 LOG2E = 1.4426950408889634
@@ -410,7 +224,7 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     kv_heads = int(torch.randint(1, 4, (), generator=gen))
     group = int(torch.randint(1, 4, (), generator=gen))
     dim = _example_dim(gen)
-    n_streams, n_cells = 12, 40   # up to 12 sequences: both sides of EACH_CHUNK_MAX
+    n_streams, n_cells = 12, 40   # up to 12 sequences: both sides of _sdpa.EACH_CHUNK_MAX
     n_seq = int(torch.randint(1, n_streams + 1, (), generator=gen))
     streams = torch.randperm(n_streams, generator=gen)[:n_seq].tolist()
     mode = float(torch.rand((), generator=gen))  # < 0.3: all decode; > 0.8: all prefill (start 0 or not)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 import triton as _triton
 
 from slotserver.runtime.gpu_info import sm_count
@@ -32,6 +31,7 @@ from slotserver.runtime.kv_spec import PagedKV
 
 _kernels = kernel_parts.load(__file__, "_paged_attention_kernels.py")   # the Triton kernels (jit code); launched below
 _tl = kernel_parts.load(__file__, "_attention_tl.py")    # the decode merge, shared with attention
+_sdpa = kernel_parts.load(__file__, "_attention_sdpa.py")   # attention's torch SDPA helpers (band, sdpa)
 _paged_decode_kernel, _paged_prefill_kernel = _kernels._paged_decode_kernel, _kernels._paged_prefill_kernel
 
 
@@ -165,32 +165,13 @@ def _cpu_sdpa(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> tor
     keys, vals = (_gather(pages, table, max_kv - b0 * bs, q.dtype) for pages in (kv.k_pages, kv.v_pages))
     key_pos = torch.arange(b0 * bs, max_kv, device=q.device)           # [L]
     if max_q == 1:                                                      # decode: q [B, q_heads, 1, dim]
-        mask = _band(key_pos, meta.kv_lens.view(n_seq, 1) - 1, window).view(n_seq, 1, 1, -1)
-        out = _sdpa(q.reshape(n_seq, q_heads, 1, dim), keys, vals, mask, scale, meta.softcap, meta.sinks)
+        mask = _sdpa.band(key_pos, meta.kv_lens.view(n_seq, 1) - 1, window).view(n_seq, 1, 1, -1)
+        out = _sdpa.sdpa(q.reshape(n_seq, q_heads, 1, dim), keys, vals, mask, scale, meta.softcap, sinks=meta.sinks)
         return out.view(n_seq, q_heads, dim)
     qp = q[meta.pad_index].transpose(1, 2)                              # [B, q_heads, max_q, dim]
-    mask = _band(key_pos.view(1, 1, 1, -1), meta.pad_positions.view(n_seq, 1, max_q, 1), window)  # [B, 1, max_q, L]
-    out = _sdpa(qp, keys, vals, mask, scale, meta.softcap, meta.sinks)
+    mask = _sdpa.band(key_pos.view(1, 1, 1, -1), meta.pad_positions.view(n_seq, 1, max_q, 1), window)  # [B, 1, max_q, L]
+    out = _sdpa.sdpa(qp, keys, vals, mask, scale, meta.softcap, sinks=meta.sinks)
     return out.transpose(1, 2).reshape(n_seq * max_q, q_heads, dim)[meta.valid_rows]  # [tokens, q_heads, dim]
-
-
-def _band(key_pos: torch.Tensor, q_pos: torch.Tensor, window: int) -> torch.Tensor:
-    """Which keys a query sees: causal, and within `window` positions when there is one."""
-    seen = key_pos <= q_pos
-    return seen & (key_pos > q_pos - window) if window else seen
-
-
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-          softcap: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """torch's SDPA (native GQA); with a softcap or sinks, which SDPA cannot apply, the maths written out."""
-    if not softcap and sinks is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-    group = q.shape[1] // k.shape[1]
-    kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
-    scores = torch.matmul(q.float(), kf.transpose(-1, -2)) * scale
-    if softcap:
-        scores = softcap * torch.tanh(scores / softcap)
-    return torch.matmul(softmax_sinks(scores.masked_fill(~mask, float("-inf")), sinks), vf).to(q.dtype)
 
 
 def _gather(pages: torch.Tensor, table: torch.Tensor, max_kv: int, dtype: torch.dtype) -> torch.Tensor:
