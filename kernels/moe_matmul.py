@@ -35,7 +35,7 @@ import torch.nn.functional as F
 import triton as _triton
 import triton.language as tl
 
-from slotserver.runtime import native
+from slotserver.runtime import kernel_parts, native
 from slotserver.runtime.experts import Experts
 from slotserver.runtime.qblocks import FLOATS, T, random_qweight, release_file_pages
 
@@ -98,21 +98,8 @@ def _slots(x: torch.Tensor, k: int) -> torch.Tensor:
 NATIVE_C = native.c_source(__file__, "moe_matmul.c")
 _LIB = native.build("moe_matmul", NATIVE_C, origin=native.c_path(__file__, "moe_matmul.c"), strict=True)
 native.signature(_LIB, "moe_matmul", 10, 7, (native.ctypes.c_int,) * 5, replay=True)
-_QLIB = native.build("qmatmul", native.c_source(__file__, "qmatmul.c"), origin=native.c_path(__file__, "qmatmul.c"),
-                     strict=True)
-native.signature(_QLIB, "qmatmul_r16", 5, 5, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 8, replay=True)
-native.signature(_QLIB, "qrepack", 3, 4, (native.ctypes.c_int,) * 3)
-native.signature(_QLIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,) * 2)
-native.signature(_QLIB, "qform_bytes", 0, 0, (native.ctypes.c_int,) * 2)
-native.signature(_QLIB, "qdequant", 2, 5, (native.ctypes.c_int,) * 3)
-_R16_FN = 0 if _QLIB is None else native.ctypes.cast(_QLIB.qmatmul_r16.fn, native.ctypes.c_void_p).value
-# the repacked form of each format, as kernels/qmatmul.py chooses it (its _FORM_PREFERENCE, R16_OFFSET)
-_FORM_PREFERENCE = {T.Q4_0: (1, 0), T.Q4_1: (1, 0), T.Q5_0: (3, 0), T.Q5_1: (3, 0), T.Q8_0: (6, 0),
-                    T.Q4_K: (4, 0), T.Q5_K: (5, 0), T.Q6_K: (7, 2), T.MXFP4: (8, 5, 0)}
-_R16_FORM = {} if _QLIB is None else {
-    t: next(f for f in forms if _QLIB.qmatmul_r16_serves(int(t), f))
-    for t, forms in _FORM_PREFERENCE.items() if any(_QLIB.qmatmul_r16_serves(int(t), f) for f in forms)}
-R16_OFFSET = {T.Q4_0: 8, T.Q5_0: 16, T.Q8_0: 128, T.MXFP4: 12}
+_qn = kernel_parts.load(__file__, "_qmatmul_native.py")   # qmatmul.c's library and forms, as qmatmul.py's
+_QLIB, _R16_FN, _R16_FORM, R16_OFFSET = _qn.LIB, _qn.R16_FN, _qn.R16_FORM, _qn.R16_OFFSET
 _TOKEN = object()   # this module version's repacked copies (a reloaded module builds its own)
 
 

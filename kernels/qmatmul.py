@@ -70,13 +70,20 @@ from collections.abc import Callable
 import gguf
 import torch
 import torch.nn.functional as F
-import triton as _triton
-import triton.language as tl
 
-from slotserver.runtime import cpu_features
+from slotserver.runtime import cpu_features, kernel_parts, native
+from slotserver.runtime.qblocks import FLOATS, T, QWeight, dequantize, random_qweight, tile_rows
 
-from slotserver.runtime import native
-from slotserver.runtime.qblocks import FLOATS, T, QWeight, dequantize, random_qweight, release_file_pages, tile_rows
+_qn = kernel_parts.load(__file__, "_qmatmul_native.py")   # qmatmul.c's library and forms (shared with moe_matmul)
+_tri = kernel_parts.load(__file__, "_qmatmul_triton.py")   # the Triton product
+_rp = kernel_parts.load(__file__, "_qmatmul_repack.py")    # the repacked weights
+NATIVE_C, _LIB = _qn.NATIVE_C, _qn.LIB   # the native contract's names (tests set _LIB = None)
+_R16_FORM, R16_OFFSET, _TOKEN = _qn.R16_FORM, _qn.R16_OFFSET, _rp.TOKEN
+repacked, repacked_serves = _rp.repacked, _rp.repacked_serves
+_R16 = frozenset(_R16_FORM)
+_XDTYPES = (torch.float32, torch.bfloat16)
+_BF16_GEMM = cpu_features.current().onednn_bf16 and cpu_features.current().variant != "other"
+
 
 OP = "qmatmul"
 TOL = {torch.float32: 3e-2, torch.bfloat16: 4e-2}
@@ -89,7 +96,6 @@ TOL = {torch.float32: 3e-2, torch.bfloat16: 4e-2}
 PREFILL_ROWS = {int(T.Q4_0): 64, int(T.Q4_1): 64, int(T.Q5_0): 64, int(T.Q5_1): 64, int(T.Q8_0): 64,
                 int(T.Q2_K): 16, int(T.Q3_K): 16, int(T.Q4_K): 16, int(T.Q5_K): 32, int(T.Q6_K): 16,
                 int(T.MXFP4): 64}
-SMALL_Q8_0 = 1 << 20   # weights: below, Q8_0 runs repacked at one row too (see repacked_serves)
 
 
 # Fusions (FUSES, optional arguments of every implementation): the model asks for them where a
@@ -125,33 +131,6 @@ def _epilogue(y: torch.Tensor, acc: torch.Tensor | None) -> torch.Tensor:
     if acc is None:
         return y
     return acc.add_(y if y.dtype == acc.dtype else y.to(acc.dtype))
-
-
-# The C (kernels/qmatmul.c): the integer dots, the repacked forms, the dequantizer and the prologue.
-NATIVE_C = native.c_source(__file__, "qmatmul.c")
-_LIB = native.build("qmatmul", NATIVE_C, origin=native.c_path(__file__, "qmatmul.c"), strict=True)
-native.signature(_LIB, "qmatmul", 3, 7, (native.ctypes.c_int,) * 5, replay=True)
-native.signature(_LIB, "qdequant", 2, 5, (native.ctypes.c_int,) * 3)
-native.signature(_LIB, "qrepack", 3, 4, (native.ctypes.c_int,) * 3)
-native.signature(_LIB, "qmatmul_r16", 5, 5, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 8, replay=True)
-native.signature(_LIB, "qprologue", 3, 3, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 4, replay=True)
-native.signature(_LIB, "qmatmul_r16_serves", 0, 0, (native.ctypes.c_int,) * 2)
-native.signature(_LIB, "qform_bytes", 0, 0, (native.ctypes.c_int,) * 2)
-# The repacked form each format runs on here (see FORM_NIB in the C): the first this CPU serves of
-# its preferred forms, the 4/5-bit ones first (fewer bytes than the byte form 0).
-_FORM_PREFERENCE = {T.Q4_0: (1, 0), T.Q4_1: (1, 0), T.Q5_0: (3, 0), T.Q5_1: (3, 0), T.Q8_0: (6, 0),
-                    T.Q4_K: (4, 0), T.Q5_K: (5, 0), T.Q6_K: (7, 2), T.MXFP4: (8, 5, 0)}
-_R16_FORM = {} if _LIB is None else {
-    t: next(f for f in forms if _LIB.qmatmul_r16_serves(int(t), f))
-    for t, forms in _FORM_PREFERENCE.items() if any(_LIB.qmatmul_r16_serves(int(t), f) for f in forms)}
-_R16 = frozenset(_R16_FORM)
-_XDTYPES = (torch.float32, torch.bfloat16)
-# Formats whose repacked value is d * (u - offset) (u unsigned, m = -offset * d): qmatmul_r16 on
-# AVX-512 VNNI starts each block's integer sum at -offset * (the activation block's sum) instead of
-# adding m * that sum with a second FMA: exact (one rounding fewer) and ~8% faster on 128 rows
-# (Q5_0, one thread); every row count does the same, so a row's floats still do not depend on M.
-R16_OFFSET = {T.Q4_0: 8, T.Q5_0: 16, T.Q8_0: 128, T.MXFP4: 12}
-_BF16_GEMM = cpu_features.current().onednn_bf16 and cpu_features.current().variant != "other"
 
 
 def cpu_path() -> str:
@@ -199,73 +178,6 @@ def _route(x: torch.Tensor, w: QWeight) -> Callable[[torch.Tensor, QWeight], tor
         return _int_dots
     prefill = PREFILL_ROWS[w.qtype] * (1 if _BF16_GEMM else 2)   # float32 tiles: about half the GEMM speed
     return _dequant_tiles if x.shape[0] >= prefill else _int_dots
-
-
-# Repacked 32-block weights for 2+ rows (see qmatmul_r16 in the C): built on a weight's first
-# batched call and kept on that QWeight (so they live and die with the model that owns it), tagged
-# with this module version's token: a reloaded qmatmul builds its own.
-_TOKEN = object()
-
-
-def repacked(w: QWeight) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """(U, scales, form, min_rows) of a 32-block weight, see qmatmul_r16 in the C (FORM_NIB): in
-    the 4-bit forms (1: Q4_0/Q4_1, 4: Q4_K) U is uint8 [groups, blocks, 4, 16, 4] nibbles, 0.625
-    bytes per weight with the file's float16 scales [groups, blocks, 2, 16] (form 1), 0.75 with
-    float32 ones (form 4); the 5-bit forms (3: Q5_0/Q5_1, 5: Q5_K) add a plane of fifth bits,
-    Q6_K's (7) two planes with float16 d and int8 scales per 16 (0.875 bytes), MXFP4's (8) its
-    file's nibbles and E8M0 bytes [groups, blocks, 16] (0.53 bytes); the byte forms (0,
-    2 for Q6_K, where the CPU lacks the others) U [groups, blocks, 8, 16, 4] and float32 scales,
-    1.25 bytes; Q8_0's (6) the same with only its float16 d, 1.0625 like the file. Both tensors are
-    uint8 [groups, blocks, bytes] (`qform_bytes`).
-    min_rows: the fewest rows it serves (`repacked_serves`)."""
-    cached = w.__dict__.get("_qmatmul_r16")
-    if cached is not None and cached[0] is _TOKEN:
-        return cached[1:]
-    form = _R16_FORM[T(w.qtype)]
-    u, sc, rc = _repack(w, form)
-    if rc == 2:   # a min beyond float16 (Q4_0's -8 d, Q5_0's -16 d past 65504): the float32 form
-        form = 0
-        u, sc, rc = _repack(w, form)
-    assert rc == 0, "qrepack failed"
-    entry = (u, sc, form, 1 if _serves_one_row(w, form) else 2)
-    object.__setattr__(w, "_qmatmul_r16", (_TOKEN, *entry))   # a cache on a frozen dataclass
-    if entry[3] == 1:   # every row count now reads the repacked copy: let the file's pages go
-        release_file_pages(w.raw)
-    return entry
-
-
-def _repack(w: QWeight, form: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(U, scales, qrepack's return code) of `w` in `form`, built now (no cache); both raw bytes
-    whose layout the C defines (FORM_NIB)."""
-    ng, nb = (w.n + 15) // 16, w.k // 32
-    u = torch.empty(ng, nb, _LIB.qform_bytes(form, 0), dtype=torch.uint8)
-    sc = torch.empty(ng, nb, _LIB.qform_bytes(form, 1), dtype=torch.uint8)
-    rc = _LIB.qrepack(w.raw.data_ptr(), u.data_ptr(), sc.data_ptr(), w.n, w.k, w.raw.stride(0),
-                      gguf.GGML_QUANT_SIZES[T(w.qtype)][1], w.qtype, form, torch.get_num_threads())
-    return u, sc, rc
-
-
-def repacked_serves(w: QWeight, rows: int) -> bool:
-    """Whether `rows` activation rows run on the repacked form (their activations then quantized
-    per 32 whatever the format): from 2 rows every format in _R16; one row where the form is
-    compact (`_serves_one_row`)."""
-    form = _R16_FORM.get(T(w.qtype))
-    cached = w.__dict__.get("_qmatmul_r16")
-    if cached is not None and cached[0] is _TOKEN:
-        form = cached[3]
-    return form is not None and (rows >= 2 or _serves_one_row(w, form))
-
-
-def _serves_one_row(w: QWeight, form: int) -> bool:
-    """One decode row is bound by the bytes read: every form but Q8_0's float32 byte form (1.25
-    bytes per weight against the file's 1.06, dotted per row straight from the file) serves it. The
-    per-row unpacking of the 5-bit and K formats costs more than the extra bytes of the byte forms
-    (SmolLM2 Q4_K_M, mostly Q5_0: b=1 73 -> 83 tok/s). Q8_0 with its float16 d (form 6, 1.0625
-    bytes): SmolLM2's 49152 x 576 output matmul at one row, caches flushed, 1.03 ms (median of 40)
-    against 1.60 per row from the file (and 1.14 in form 0). A small Q8_0 weight (a Q4_K_M file's
-    attn_v part, 192 x 576) runs repacked in any form: there the bytes do not matter, and the
-    repacked form fuses (one call instead of a prologue, the per-row dots and an add)."""
-    return form != 0 or w.qtype != T.Q8_0 or w.n * w.k <= SMALL_Q8_0
 
 
 def _int_dots(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torch.Tensor:
@@ -358,43 +270,6 @@ def _float_rows(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     return y.to(x.dtype)
 
 
-# Triton: Q8_0 and Q4_0 dequantized in-kernel (QTYPE), any other format dequantized on the host and
-# multiplied by the same kernel in float mode (QTYPE 0: w is a float [N, K] tensor).
-@_triton.jit
-def _qmatmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y,
-                    QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program per [BLOCK_M, BLOCK_N] output tile; K in steps of 32 (one quant block)."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    j = tl.arange(0, 32)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, 32)):
-        k = kb * 32 + j
-        xt = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_x + k[None, :],
-                     mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0).to(tl.float32)   # [BM, 32]
-        rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w
-        nmask = offs_n[:, None] < N
-        if QTYPE == 0:
-            wt = tl.load(rows + k[None, :], mask=nmask & (k[None, :] < K), other=0.0).to(tl.float32)
-        else:
-            blk = rows + kb * (34 if QTYPE == 8 else 18)                                          # [BN, 1]
-            lo = tl.load(blk, mask=nmask, other=0).to(tl.uint16)
-            hi = tl.load(blk + 1, mask=nmask, other=0).to(tl.uint16)
-            d = (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)                       # [BN, 1]
-            if QTYPE == 8:
-                q = tl.load(blk + 2 + j[None, :], mask=nmask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
-            else:
-                b = tl.load(blk + 2 + (j[None, :] % 16), mask=nmask, other=0).to(tl.int32)
-                q = ((b >> (4 * (j[None, :] // 16))) & 15).to(tl.float32) - 8.0
-            wt = q * d                                                                           # [BN, 32]
-        acc += tl.dot(xt, tl.trans(wt))
-    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
-TRITON_BLOCK_M, TRITON_BLOCK_N = 16, 32
-
-
 def triton(x: torch.Tensor, w: QWeight, norm: torch.Tensor | None = None, eps: float = 0.0, glu: bool = False,
            acc: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as `cpu` (x and w.raw on the CUDA device, or CPU under TRITON_INTERPRET=1);
@@ -403,18 +278,7 @@ def triton(x: torch.Tensor, w: QWeight, norm: torch.Tensor | None = None, eps: f
     kernels/qmatmul_gpu.py (`--gpu-weights blocks`), every format dequantized in the kernel."""
     if norm is not None or glu or acc is not None:
         return _epilogue(triton(_prologue_ref(x, norm, eps, glu).contiguous(), w), acc)
-    assert x.dim() == 2 and x.stride(1) == 1 and x.shape[1] == w.k
-    y = torch.empty(x.shape[0], w.n, dtype=x.dtype, device=x.device)
-    if w.qtype in (T.Q8_0, T.Q4_0):
-        wt, qtype = w.raw, int(w.qtype)
-    else:   # host dequantization (gguf's), then the kernel's float mode
-        wt = (w.float_view() if w.qtype in FLOATS else dequantize(w)).to(x.device).contiguous()
-        qtype = 0
-    if x.shape[0] and w.n:
-        grid = (_triton.cdiv(x.shape[0], TRITON_BLOCK_M), _triton.cdiv(w.n, TRITON_BLOCK_N))
-        _qmatmul_kernel[grid](x, wt, y, x.shape[0], w.n, w.k, x.stride(0), wt.stride(0), y.stride(0),
-                              QTYPE=qtype, BLOCK_M=TRITON_BLOCK_M, BLOCK_N=TRITON_BLOCK_N)
-    return y
+    return _tri.launch(x, w)
 
 
 EXAMPLE_TYPES = (T.Q4_0, T.Q8_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4, T.F16, T.BF16,
@@ -437,11 +301,4 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     return (x, w) if fuse < 3 else (x, w, norm, 1e-5, glu, acc)
 
 
-def _aot(qtype: int, x: str, w: str) -> tuple:
-    sig = {"x_ptr": f"*{x}", "w_ptr": f"*{w}", "y_ptr": f"*{x}", "M": "i32", "N": "i32", "K": "i32",
-           "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "QTYPE": "constexpr",
-           "BLOCK_M": "constexpr", "BLOCK_N": "constexpr"}
-    return (_qmatmul_kernel, sig, {"QTYPE": qtype, "BLOCK_M": TRITON_BLOCK_M, "BLOCK_N": TRITON_BLOCK_N})
-
-
-AOT = [_aot(8, "bf16", "u8"), _aot(2, "bf16", "u8"), _aot(2, "fp32", "u8"), _aot(0, "fp32", "fp32")]
+AOT = _tri.AOT

@@ -130,7 +130,7 @@ def test_products_equal_the_int8_model(mod, m):
     products = {"per-row": _per_row_dots(mod, x, w), "served": mod.cpu(x, w)}
     for form in (8, 5, 0):
         if mod._LIB.qmatmul_r16_serves(int(MX), form):
-            u, sc, rc = mod._repack(w, form)
+            u, sc, rc = mod._rp._repack(w, form)
             assert rc == 0
             products[f"form {form}"] = mod._r16(x, w, u, sc, form=form)
     for name, got in products.items():
@@ -150,7 +150,7 @@ def test_repacked_forms_keep_every_exponent(mod):
         pytest.skip("one repacked form (or none) on this CPU variant")
     outs = []
     for form in forms:
-        u, sc, rc = mod._repack(w, form)
+        u, sc, rc = mod._rp._repack(w, form)
         assert rc == 0
         outs.append(mod._r16(x, w, u, sc, form=form))
     assert all(torch.equal(outs[0], o) for o in outs[1:])

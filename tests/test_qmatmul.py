@@ -114,7 +114,7 @@ def test_compact_repacked_forms_give_the_byte_forms_floats(mod, qtype, m):
     if form in (None, 0, 2) or not mod._LIB.qmatmul_r16_serves(int(qtype), byte_form):
         pytest.skip(f"{T(qtype).name}: no compact repacked form next to a byte form on this CPU variant")
     x, w = _case(qtype, m, k=768 if qtype in KQUANTS else 544, seed=2)
-    compact, byte = mod._repack(w, form), mod._repack(w, byte_form)
+    compact, byte = mod._rp._repack(w, form), mod._rp._repack(w, byte_form)
     assert compact[2] == 0 and byte[2] == 0
     nbytes = [u.numel() + sc.numel() * sc.element_size() for u, sc, _ in (compact, byte)]
     assert nbytes[0] < nbytes[1]   # the point of the compact form: fewer bytes read a step
