@@ -90,3 +90,13 @@ def test_a_name_that_is_no_part_name_is_refused(tmp_path):
                                    "p = kernel_parts.load(__file__, '../x.py')\nOP = 'k'\n")
     with pytest.raises(ModuleLoadError, match="not a part name"):
         load_source(read_source(tmp_path / "k.py"), ("OP",))
+
+
+def test_a_part_named_other_than_by_a_literal_is_refused_not_read_unvalidated(tmp_path):
+    """Only the literal form is read with the module (and validated): a computed name would run
+    whatever the file holds at load time, so the loader refuses it."""
+    folder = _folder(tmp_path)
+    (folder / "k.py").write_text("from slotserver.runtime import kernel_parts\n"
+                                 "p = kernel_parts.load(__file__, '_com' + 'mon.py')\nOP = 'k'\n")
+    with pytest.raises(ModuleLoadError, match="not read with it"):
+        load_source(read_source(folder / "k.py"), ("OP",))

@@ -305,6 +305,8 @@ def test_a_saved_part_reloads_its_kernel_and_a_broken_one_is_refused_at_its_line
         assert (event["result"], event["name"]) == ("swapped", "qmatmul_gpu"), event
         now = tiny.model.kernels.modules["qmatmul_gpu"]
         assert now.version != before and "_qmatmul_gpu_wide.py" in now.parts
+        shown = next(k for k in engine.lab.snapshot()["kernels"] if k["op"] == "qmatmul_gpu")   # what /lab shows
+        assert shown["version"] == now.version and "_qmatmul_gpu_wide.py" in shown["parts"]
         line = original.count("\n") + 1
         part.write_text(original + "def (:\n")
         refused = engine.lab.reload(str(part)).result(timeout=120)["reloaded"]

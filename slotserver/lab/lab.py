@@ -68,6 +68,7 @@ class Lab:
             "layout": self.port.layout_info(),
             "layouts": available_layouts(self.layouts_dir),
             "kernels": [{"op": op, "impl": ks.impl, "version": m.version, "file": str(m.path),
+                         "parts": [*m.c_files, *m.parts],   # the files beside it that are part of it
                          "path": kernel_path(m.module, ks.impl),
                          "mean_ms": mean.get(op, 0.0), "calls": int(ks.timings.get(op, [0])[0])}
                         for op, m in sorted(ks.modules.items())],

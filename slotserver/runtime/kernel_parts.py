@@ -68,8 +68,11 @@ def load(origin: str, name: str) -> ModuleType:
     token = _LOAD.set(state := _Load(None)) if state is None else None
     try:
         if path not in state.loaded:
-            text = state.texts.get(path) if state.texts is not None else None
-            state.loaded[path] = _execute(Path(origin).parent / name, text if text is not None else _read(path, origin))
+            if state.texts is not None and path not in state.texts:   # not read with the module: never run unread bytes
+                raise ModuleLoadError(f"{origin}: loads part {name}, which was not read with it: name a part as "
+                                      f"`kernel_parts.load(__file__, \"{name}\")`, a literal, so that it is validated too")
+            text = state.texts[path] if state.texts is not None else _read(path, origin)
+            state.loaded[path] = _execute(Path(origin).parent / name, text)
         return state.loaded[path]
     finally:
         if token is not None:
