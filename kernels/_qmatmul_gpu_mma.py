@@ -2,7 +2,7 @@
 
 The wide GEMV (_qmatmul_gpu_wide.py) multiplies each weight word once per row of x with dp4a: at 8
 rows ~14 instructions a weight, 3.3-5.2x slower than cuBLAS on a dense copy (H200, docs/gpu.md).
-Here x's q8_1 rows (_qmatmul_gpu_q8_1.py, padded to 16) meet each 32-value sub-block's unpacked
+Here x's q8_1 rows (_q8_1.py, padded to 16) meet each 32-value sub-block's unpacked
 values in int8 tl.dots ([16, 32] x [32, BLOCK_N] -> int32: mma m16n8k32 on sm_80+), so a weight's
 unpack (a mask or a shift a byte) is paid once for all rows, and the float scales (d * sc, dmin * m,
 x's d and d * sum) are applied per sub-block and column after the dot. K is split over programs
@@ -21,7 +21,7 @@ import triton.language as tl
 from slotserver.runtime import kernel_parts
 from slotserver.runtime.qblocks import T, QWeight
 
-_q8_1 = kernel_parts.load(__file__, "_qmatmul_gpu_q8_1.py")
+_q8_1 = kernel_parts.load(__file__, "_q8_1.py")
 _blocks = kernel_parts.load(__file__, "_qmatmul_gpu_blocks.py")
 _f16, _f16w, _k4_scale = _blocks._f16, _blocks._f16w, _blocks._k4_scale
 
@@ -137,11 +137,11 @@ def splits(m: int, n: int, k: int, qtype: int, sms: int) -> int:
     return mma_plan(n, k, sms, MMA_BLOCK_N[qtype])[2]
 
 
-def launch(x: torch.Tensor, w: QWeight, y: torch.Tensor, fused: bool, sms: int) -> None:
+def launch(x: torch.Tensor, w: QWeight, y: torch.Tensor, fused: bool, sms: int, x_q8: tuple | None = None) -> None:
     """x quantized to q8_1 (one launch), the int8 dots into y (one launch; + y where `fused`, or
     float32 partials [split, M, N])."""
     m, n = x.shape[0], w.n
-    xq, xd, xs = _q8_1.q8_1(x)
+    xq, xd, xs = _q8_1.q8_1(x) if x_q8 is None else x_q8   # x_q8: the caller's (qmatmul_gpu FUSES)
     tiles, sb_split, split = mma_plan(n, w.k, sms, MMA_BLOCK_N[w.qtype])
     q4k = w.qtype == T.Q4_K
     wu = 16 if q4k else 1

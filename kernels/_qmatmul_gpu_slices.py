@@ -140,8 +140,9 @@ def splits(m: int, n: int, k: int, qtype: int, sms: int) -> int:
     return plan(m, n, k, sms)[2]
 
 
-def launch(x: torch.Tensor, w: QWeight, y: torch.Tensor, fused: bool, sms: int) -> None:
-    """`_qmm_kernel` into y: x's product (+ y where `fused`), or float32 K-split partials [split, M, N]."""
+def launch(x: torch.Tensor, w: QWeight, y: torch.Tensor, fused: bool, sms: int, x_q8: tuple | None = None) -> None:
+    """`_qmm_kernel` into y: x's product (+ y where `fused`), or float32 K-split partials [split, M, N]
+    (x_q8 unread: this product multiplies x itself)."""
     m, n = x.shape[0], w.n
     bm, bn, split, warps = plan(m, n, w.k, sms)
     grid = (_triton.cdiv(m, bm), _triton.cdiv(n, bn), split)

@@ -1,7 +1,7 @@
 """qmatmul_gpu's wide GEMV: llama.cpp's CUDA `mmvq` in Triton, for 1 to WIDE_MAX_M (8) rows of
 WIDE_FORMATS (all of qmatmul_gpu's formats but MXFP4, whose 17-byte blocks are not word-aligned).
 
-x is quantized once per call to q8_1 (_qmatmul_gpu_q8_1.py), each program reads R whole weight rows
+x is quantized once per call to q8_1 (_q8_1.py), each program reads R whole weight rows
 as int32 words (Q4_K, Q5_K: the 128-byte qs arrays with 16-byte loads; the 2-byte aligned Q6_K /
 Q8_0 / Q5_0 / Q4_0 blocks with a funnel shift of two words), unpacks nibbles with integer masks in
 registers and multiplies 4 weights by 4 activations per PTX dp4a, summed in int32 and scaled once
@@ -33,7 +33,7 @@ from slotserver.runtime import kernel_parts
 from slotserver.runtime.gpu_info import interpreted
 from slotserver.runtime.qblocks import T, QWeight
 
-_q8_1 = kernel_parts.load(__file__, "_qmatmul_gpu_q8_1.py")
+_q8_1 = kernel_parts.load(__file__, "_q8_1.py")
 _blocks = kernel_parts.load(__file__, "_qmatmul_gpu_blocks.py")
 _word, _f16w, _half, _spread, _signed, _k4_scale = \
     _blocks._word, _blocks._f16w, _blocks._half, _blocks._spread, _blocks._signed, _blocks._k4_scale
@@ -267,10 +267,10 @@ def splits(m: int, n: int, k: int, qtype: int, sms: int) -> int:
     return 1
 
 
-def launch(x: torch.Tensor, w: QWeight, y: torch.Tensor, fused: bool, sms: int) -> None:
+def launch(x: torch.Tensor, w: QWeight, y: torch.Tensor, fused: bool, sms: int, x_q8: tuple | None = None) -> None:
     """x quantized to q8_1 (one launch), then the wide GEMV into y (one launch; + y where `fused`)."""
     m, n = x.shape[0], w.n
-    xq, xd, xs = _q8_1.q8_1(x)
+    xq, xd, xs = _q8_1.q8_1(x) if x_q8 is None else x_q8   # x_q8: the caller's (qmatmul_gpu FUSES)
     r, step = wide_plan(n, w.k, w.qtype, sms)
     words = w.raw.view(torch.int32)                                                            # [N, row_bytes / 4]
     wu = 4 if w.qtype in (T.Q4_K, T.Q5_K) else 1

@@ -22,7 +22,7 @@ reloaded with it); `triton()` picks one per call by format and row count:
   H200 2.8-4x faster a Llama-8B model step than the slices);
 - `_qmatmul_gpu_slices.py`: everything else; 32 values dequantized to float32 at a time up to 16
   rows, W dequantized tile by tile for cuBLAS from DEQUANT_GEMM_ROWS rows (prefill).
-They share the GGUF block readers (`_qmatmul_gpu_blocks.py`) and x's q8_1 (`_qmatmul_gpu_q8_1.py`).
+They share the GGUF block readers (`_qmatmul_gpu_blocks.py`) and x's q8_1 (`_q8_1.py`).
 A row's floats do not depend on M within one product (each plans by N and K only), not across
 products: batch-invariant as far as cuBLAS on a dense copy is, which picks its kernel by M too.
 Where cuBLAS on a dense bf16 copy beats these is measured by playground/gpu_qmatmul_bench.py
@@ -54,6 +54,10 @@ mma = kernel_parts.load(__file__, "_qmatmul_gpu_mma.py")
 
 OP = "qmatmul_gpu"
 TOL = {torch.float32: 3e-2, torch.bfloat16: 4e-2}
+# `x_q8` (optional, every implementation takes it): x's q8_1 where the caller has it already
+# (kernels/rms_norm.py's `q8_1` fusion, with the same `_quantize32`): the wide and int8 products read
+# it instead of quantizing x in a launch of their own; the others, and the references, multiply x.
+FUSES = ("x_q8",)
 FORMATS = slices.FORMATS
 
 
@@ -86,7 +90,7 @@ def _qmma_mode() -> str:
 QMMA = _qmma_mode()
 
 
-def reference(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torch.Tensor:
+def reference(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None, x_q8: tuple | None = None) -> torch.Tensor:
     """gguf's dequantizer, then a float32 matmul: x [M, K] -> [M, N] in x's dtype (added into acc
     and acc returned when given)."""
     wf = dequantize(w) if w.qtype not in FLOATS else w.float_view().cpu().float()
@@ -94,7 +98,7 @@ def reference(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> t
     return y if acc is None else acc.add_(y.to(acc.dtype))
 
 
-def cpu(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torch.Tensor:
+def cpu(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None, x_q8: tuple | None = None) -> torch.Tensor:
     """On the CPU the blocks are served by kernels/qmatmul.py; this is the same product by gguf's
     dequantizer and torch (what qmatmul does without a compiler), so the contract holds."""
     return reference(x, w, acc)
@@ -111,12 +115,15 @@ def _mma_ok(x: torch.Tensor, w: QWeight) -> bool:
     return QMMA == "int8" and mma.reads(x, w)
 
 
-def triton(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torch.Tensor:
-    """Same contract as `reference` (x and w.raw on the CUDA device, or CPU under TRITON_INTERPRET=1)."""
+def triton(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None, x_q8: tuple | None = None) -> torch.Tensor:
+    """Same contract as `reference` (x and w.raw on the CUDA device, or CPU under TRITON_INTERPRET=1);
+    x_q8: x's q8_1 (FUSES), read by the products that quantize x."""
     assert w.qtype in FORMATS, f"qmatmul_gpu: no kernel for {w.name} (dequantized at load instead)"
     assert x.dim() == 2 and x.shape[1] == w.k and w.raw.stride(1) == 1
     x = x if x.stride(1) == 1 else x.contiguous()
     m, n = x.shape[0], w.n
+    if x_q8 is not None:
+        wide._q8_1.check(x_q8, m, w.k, x.device)
     part = mma if _mma_ok(x, w) else wide if _wide_ok(x, w) else None
     if part is None and m >= slices.DEQUANT_GEMM_ROWS and n:
         return slices.dequant_gemm(x, w, acc)
@@ -125,7 +132,7 @@ def triton(x: torch.Tensor, w: QWeight, acc: torch.Tensor | None = None) -> torc
     split = part.splits(m, n, w.k, w.qtype, sms)
     y, fused = _output(x, n, split, acc)
     if m and n:
-        part.launch(x, w, y, fused, sms)
+        part.launch(x, w, y, fused, sms, x_q8)
     return _finish(y, x, split, fused, acc)
 
 

@@ -13,7 +13,10 @@ import torch.nn.functional as F
 import triton as _triton
 import triton.language as tl
 
-from slotserver.runtime import native
+from slotserver.runtime import kernel_parts, native
+
+_q8 = kernel_parts.load(__file__, "_q8_1.py")   # q8_1: the quantizer the integer matmuls read (qmatmul_gpu)
+_quantize32 = _q8._quantize32
 
 OP = "rms_norm"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -29,20 +32,29 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 #   a cast after. Why: on CUDA a decode step is launch-bound (docs/gpu.md, second round: ~16
 #   launches a layer at 2-5 us each, 1.35 ms against 0.34 ms of bytes); add + norm + cast were
 #   three launches, twice a layer, and are one (model/lean_step.py). The same floats as unfused.
+# - `q8_1`, buffers (int8 q [tokens, dim], float32 d and s [tokens, dim / 32]: `_q8_1.buffers`)
+#   filled with the q8_1 of the normed rows as stored (dim a multiple of 32). Why: qmatmul_gpu's wide
+#   and int8 products quantize x in a launch of their own before each matmul (qkv, gate_up: twice a
+#   layer); given these (its `x_q8`) they read them instead: the same values (one `_quantize32`),
+#   one launch fewer per matmul input (model/lean_step.py).
 # A module without FUSES (or without one of them) is called unfused.
-FUSES = ("acc", "add", "out_dtype")
+FUSES = ("acc", "add", "out_dtype", "q8_1")
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | None = None,
-              add: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+              add: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+              q8_1: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
     """x: [tokens, dim] or [tokens, heads, dim] (normed over the last dim), weight: [dim] -> x's
     shape, computed in float32, rounded to `out_dtype` (default x's dtype). acc (x's shape): that
     result is added into it, and acc is returned. add ([tokens, dim], any float dtype): first
-    added into x in place (x += add, rounded to x's dtype: the residual stream), then x is normed."""
+    added into x in place (x += add, rounded to x's dtype: the residual stream), then x is normed.
+    q8_1: the result's q8_1 written into these buffers (FUSES above; `_q8_1.torch_q8_1`)."""
     if add is not None:
         x.add_(add.to(x.dtype))
     xf = x.float()
     y = (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()).to(out_dtype or x.dtype)
+    if q8_1 is not None:
+        _q8.torch_q8_1(y, q8_1)
     return y if acc is None else acc.add_(y.to(acc.dtype))
 
 
@@ -54,9 +66,15 @@ _FLOATS = (torch.float32, torch.bfloat16)
 
 
 def cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | None = None,
-        add: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        add: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+        q8_1: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
     """The C kernel where it applies (one call instead of ~7 small torch ops), else torch.
-    `add` is torch's add_ before the norm (the CPU model does not ask for it: model/lean_step.py)."""
+    `add` is torch's add_ before the norm and `q8_1` torch's quantization after it (the CPU model
+    asks for neither: model/lean_step.py)."""
+    if q8_1 is not None:
+        y = cpu(x, weight, eps, add=add, out_dtype=out_dtype)
+        _q8.torch_q8_1(y, q8_1)
+        return y if acc is None else acc.add_(y.to(acc.dtype))
     if add is not None:
         x.add_(add.to(x.dtype))
     out_dtype = out_dtype or x.dtype
@@ -88,11 +106,12 @@ def _native_fits(x: torch.Tensor, weight: torch.Tensor, acc: torch.Tensor | None
 
 
 @_triton.jit
-def _rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, stride_x, stride_y, stride_out, n_cols, eps,
-                     BLOCK: tl.constexpr, ADD: tl.constexpr):
+def _rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, q_ptr, d_ptr, s_ptr, stride_x, stride_y, stride_out, n_cols,
+                     eps, BLOCK: tl.constexpr, ADD: tl.constexpr, Q8: tl.constexpr):
     """One program per row: the whole row is loaded once, reduced in float32, scaled, stored in
     out's dtype. ADD: y's row is first added into x's (rounded to x's dtype and stored back, as
-    torch's `x += y`), and the sum is what is normed."""
+    torch's `x += y`), and the sum is what is normed. Q8: the stored row's q8_1 (n_cols a multiple
+    of 32) goes to q/d/s_ptr, rows n_cols and n_cols / 32 apart."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -104,15 +123,24 @@ def _rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, stride_x, stride_y, stride_ou
         x = x.to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     inv = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    tl.store(out_ptr + row * stride_out + cols, (x * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
+    out = (x * inv * w).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_out + cols, out, mask=mask)
+    if Q8:   # masked columns are 0: no block's max sees them
+        q, d, s = _quantize32(tl.reshape(out.to(tl.float32), [BLOCK // 32, 32]))
+        b = tl.arange(0, BLOCK // 32)
+        bmask = b < n_cols // 32
+        tl.store(q_ptr + row * n_cols + tl.reshape(cols, [BLOCK // 32, 32]), q.to(tl.int8), mask=bmask[:, None])
+        tl.store(d_ptr + row * (n_cols // 32) + b, d, mask=bmask)
+        tl.store(s_ptr + row * (n_cols // 32) + b, s, mask=bmask)
 
 
 def triton(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | None = None,
-           add: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Same contract as `cpu`. Rows may be strided; the last dim must be contiguous. `add` and
-    `out_dtype` cost nothing extra: one launch for add + norm + cast (FUSES)."""
+           add: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+           q8_1: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+    """Same contract as `cpu`. Rows may be strided; the last dim must be contiguous. `add`,
+    `out_dtype` and `q8_1` cost no launch: one for add + norm + cast (+ quantize) (FUSES)."""
     if x.dim() == 3:   # [tokens, heads, dim]: the heads' rows as rows (a copy where they are strided)
-        assert add is None, "add: [tokens, dim] rows only"
+        assert add is None and q8_1 is None, "add, q8_1: [tokens, dim] rows only"
         y = triton(x.reshape(-1, x.shape[-1]), weight, eps, out_dtype=out_dtype).view(x.shape)
         return y if acc is None else acc.add_(y.to(acc.dtype))
     assert x.dim() == 2 and x.stride(1) == 1, f"x must be [tokens, dim] with unit last stride, got {x.stride()}"
@@ -121,21 +149,26 @@ def triton(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor 
     if add is not None:
         assert add.shape == x.shape and add.stride(1) == 1 and add.device == x.device, \
             f"add must be x's shape {tuple(x.shape)} with unit last stride, got {tuple(add.shape)} {add.stride()}"
+    if q8_1 is not None:
+        _q8.check(q8_1, *x.shape, x.device)
     out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     if x.shape[0]:
         block = _triton.next_power_of_2(x.shape[1])
         y = x if add is None else add
-        _rms_norm_kernel[(x.shape[0],)](x, y, weight, out, x.stride(0), y.stride(0), out.stride(0), x.shape[1], eps,
-                                        BLOCK=block, ADD=add is not None, num_warps=4 if block <= 2048 else 8)
+        q, d, s = q8_1 if q8_1 is not None else (out, out, out)   # unread pointers without Q8
+        _rms_norm_kernel[(x.shape[0],)](x, y, weight, out, q, d, s, x.stride(0), y.stride(0), out.stride(0), x.shape[1],
+                                        eps, BLOCK=block, ADD=add is not None, Q8=q8_1 is not None,
+                                        num_warps=4 if block <= 2048 else 8)
     return out if acc is None else acc.add_(out.to(acc.dtype))
 
 
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     """[tokens, dim] rows, or one case in three [tokens, heads, dim] (a model's per-head q/k norm).
-    No fusion arguments (`acc`, `add`, `out_dtype`): the lab validates an edit on the serving
+    No fusion arguments (`acc`, `add`, `out_dtype`, `q8_1`): the lab validates an edit on the serving
     module's inputs, and an edit without FUSES is called unfused, so it must pass without them.
-    The fusions are checked against the unfused floats in tests/test_kernels.py (acc) and
-    tests/test_lean_step.py (add, out_dtype: the CPU forms, and the Triton one interpreted)."""
+    The fusions are checked against the unfused floats in tests/test_kernels.py (acc),
+    tests/test_lean_step.py (add, out_dtype: the CPU forms, and the Triton one interpreted) and
+    tests/test_qmatmul_gpu.py (q8_1: qmatmul_gpu's own quantizer's values)."""
     tokens = int(torch.randint(1, 40, (), generator=gen))
     dim = int(torch.randint(1, 300, (), generator=gen))
     heads = int(torch.randint(1, 5, (), generator=gen)) if int(torch.randint(0, 3, (), generator=gen)) == 0 else 0
@@ -151,14 +184,16 @@ def bench_inputs(device: str, small: bool = False) -> list[tuple[str, tuple]]:
                             torch.ones(d, device=device), 1e-6)) for t, d in sizes]
 
 
-def _aot(x: str, w: str, block: int, out: str | None = None, add: bool = False) -> tuple:
+def _aot(x: str, w: str, block: int, out: str | None = None, add: bool = False, q8: bool = False) -> tuple:
     sig = {"x_ptr": f"*{x}", "y_ptr": "*bf16" if add else f"*{x}", "w_ptr": f"*{w}", "out_ptr": f"*{out or x}",
-           "stride_x": "i32", "stride_y": "i32", "stride_out": "i32", "n_cols": "i32", "eps": "fp32",
-           "BLOCK": "constexpr", "ADD": "constexpr"}
-    return (_rms_norm_kernel, sig, {"BLOCK": block, "ADD": add})
+           "q_ptr": "*i8" if q8 else f"*{out or x}", "d_ptr": "*fp32" if q8 else f"*{out or x}",
+           "s_ptr": "*fp32" if q8 else f"*{out or x}", "stride_x": "i32", "stride_y": "i32", "stride_out": "i32",
+           "n_cols": "i32", "eps": "fp32", "BLOCK": "constexpr", "ADD": "constexpr", "Q8": "constexpr"}
+    return (_rms_norm_kernel, sig, {"BLOCK": block, "ADD": add, "Q8": q8})
 
 
 # float32 and bf16 rows; the CUDA step's fused forms: a float32 residual, a bf16 branch added, bf16
 # out (Qwen2.5-0.5B's 896 columns, 8B-class 4096), and the first layer's norm + cast alone
 AOT = [_aot("fp32", "fp32", 1024), _aot("bf16", "fp32", 4096), _aot("fp32", "fp32", 1024, "bf16", add=True),
-       _aot("fp32", "fp32", 4096, "bf16", add=True), _aot("fp32", "fp32", 1024, "bf16")]
+       _aot("fp32", "fp32", 4096, "bf16", add=True), _aot("fp32", "fp32", 1024, "bf16"),
+       _aot("fp32", "fp32", 1024, "bf16", add=True, q8=True), _aot("fp32", "fp32", 4096, "bf16", add=True, q8=True)]

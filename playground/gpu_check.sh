@@ -18,6 +18,7 @@
 #   http      playground/http_overhead.py: the server's CPU per streamed token, asyncio vs uvloop.
 #   gemvab    the fused-GEMV decode body (--fused-gemv) against the lean body, Qwen2.5-0.5B BF16;
 #   qgemvab   Llama-8B's shape: dense bf16 and GGUF blocks with the wide GEMV (the default), blocks
+#             on the lean body without the norms' q8_1 and on the old body (--body noq8,old), blocks
 #             with SLOTSERVER_QMMA=int8 (8 rows) and with SLOTSERVER_QGEMV=slices; then the Q4_K_M
 #             mix (Q6_K output, attn_v, ffn_down in half the layers) dense and on blocks;
 #   gemv      playground/gpu_gemv_bench.py: each fused GEMV against what the lean body launches.
@@ -125,6 +126,8 @@ qgemvab() {   # Llama-8B's shape in Q4_K: dense bf16, GGUF blocks with the wide 
     $PY playground/shape_model.py $shape Q4_K "$md/big.gguf" || return 3
     $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches $bs --steps $steps --ctx 1024 \
         --engine-tokens 0 --gpu-weights dense,blocks --budget-s 50 --out "$OUT_DIR/qgemv_wide" || rc=$?
+    $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches $bs --steps $steps --ctx 1024 \
+        --engine-tokens 0 --gpu-weights blocks --body noq8,old --budget-s 40 --out "$OUT_DIR/qgemv_body" || rc=$?
     SLOTSERVER_QMMA=int8 $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches ${bs#1,} \
         --steps $steps --ctx 1024 --engine-tokens 0 --gpu-weights blocks --budget-s 30 \
         --out "$OUT_DIR/qgemv_mma" || rc=$?

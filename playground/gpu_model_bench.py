@@ -9,6 +9,10 @@ the weight and KV bytes per step set at the card's measured copy bandwidth; then
     python playground/gpu_model_bench.py q4km.gguf --device cuda --gpu-weights dense,blocks --out DIR
 
 --gpu-weights: each model loads once per form listed (model/gpu_weights.py); rows name the form.
+--body lean,noq8,old: the same for the layer body on GGUF blocks (model/lean_step.py), patched in this
+process: `lean` serves (the lean body, the norms' q8_1 handed to the matmuls), `noq8` the lean body
+without that, `old` the body blocks ran before 2026-11-27 (model.py `_body`: lean_step.applies
+asked the CPU's qmatmul); rows marked "body=...".
 --fused-gemv off,on: the same for ModelConfig.fused_gemv (decode steps of <= 16 rows on kernels/gemv.py's
 fused GEMVs, model/gemv_step.py, against the lean body's cuBLAS matmuls); rows marked "+gemv".
 
@@ -112,6 +116,23 @@ def engine_run(bundle: ModelBundle, batch: int, n_predict: int, prompt_len: int,
             "async_steps": async_steps, "overlapped_steps": eng.overlap.launched}
 
 
+BODIES = ("lean", "noq8", "old")
+_LEAN = {}
+
+
+def body(mode: str) -> None:
+    """model/lean_step.py as `--body mode` wants it, in this process (module docstring)."""
+    from slotserver.model import lean_step
+    from slotserver.model.linear import QLinear
+
+    _LEAN.setdefault("applies", lean_step.applies)
+    _LEAN.setdefault("rows", lean_step.Q8_MAX_ROWS)
+    lean_step.Q8_MAX_ROWS = _LEAN["rows"] if mode == "lean" else 0
+    served = _LEAN["applies"]
+    lean_step.applies = served if mode != "old" else lambda model, ops: served(model, ops) and not (
+        isinstance(model.weights.layers[0].qkv, QLinear) and ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"})
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("models", nargs="+", type=Path)
@@ -125,6 +146,8 @@ def main() -> None:
                    help="comma-separated --gpu-weights forms to time each model in, e.g. dense,blocks (default auto)")
     p.add_argument("--fused-gemv", default="off",
                    help="comma-separated off/on: load each model once per setting (ModelConfig.fused_gemv), the A/B")
+    p.add_argument("--body", default="lean",
+                   help="comma-separated lean/noq8/old: load each model once per layer body (the A/B on blocks)")
     p.add_argument("--out", type=Path, default=Path("."))
     p.add_argument("--async-steps", default="auto",
                    help="the engine run's --async-steps; a comma list (off,on) runs the engine once per mode: the A/B")
@@ -136,7 +159,11 @@ def main() -> None:
     batches = [int(b) for b in a.batches.split(",")]
     rows, bw = [], None
     gemv_modes = [{"off": False, "on": True}[m] for m in a.fused_gemv.split(",")]   # a bad one: KeyError
-    for path, gw, fg in ((path, gw, fg) for path in a.models for gw in a.gpu_weights.split(",") for fg in gemv_modes):
+    bodies = a.body.split(",")
+    assert set(bodies) <= set(BODIES), f"--body takes {', '.join(BODIES)}"
+    for path, gw, fg, bm in ((path, gw, fg, bm) for path in a.models for gw in a.gpu_weights.split(",")
+                             for fg in gemv_modes for bm in bodies):
+        body(bm)
         t0 = time.perf_counter()
         bundle = ModelBundle.load(ModelConfig(path, dtype="auto", device=a.device, max_ctx=a.ctx + a.steps + 64,
                                               gpu_weights=gw, fused_gemv=fg))
@@ -145,7 +172,8 @@ def main() -> None:
               f"in {time.perf_counter() - t0:.1f} s",
               flush=True)
         bw = bw or copy_bandwidth(dev, 1 << 28 if dev == "cpu" else 1 << 30)
-        name = (path.name if dev == "cpu" else f"{path.name} [{bundle.config.gpu_weights}]") + (" +gemv" if fg else "")
+        name = (path.name if dev == "cpu" else f"{path.name} [{bundle.config.gpu_weights}]") + (" +gemv" if fg else "") \
+            + (f" body={bm}" if bm != "lean" else "")
         for b in batches:
             if a.budget_s and time.perf_counter() - t_start > a.budget_s:
                 print(f"budget of {a.budget_s:.0f} s spent: {path.name} b={b} and later rows skipped", flush=True)

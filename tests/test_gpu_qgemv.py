@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_qmatmul_gpu import wide_errors
+from test_qmatmul_gpu import _norm_q8, wide_errors
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (dp4a compiled for it)")
 
@@ -24,3 +24,10 @@ def test_the_wide_gemv_on_the_card_matches_the_q8_1_product_and_is_batch_invaria
         # float32 out: the sums' rounding; bf16 out: the output's (2^-9) and the bf16 x's own quantization
         tol = 1e-4 if x_dtype == torch.float32 else 1e-2
         assert c["err"] < tol and c["acc_err"] < tol and c["exact_err"] < 3e-2, (name, c)
+
+
+def test_the_norms_q8_1_on_the_card_is_the_quantizers():
+    """rms_norm's compiled `q8_1` fusion: the rows as without it, the q8_1 bit-equal to qmatmul_gpu's
+    own quantizer on them (one `_quantize32`, the same contraction), torch's within a rounding step."""
+    c = _norm_q8("cuda")
+    assert c["same_rows"] and c["same_q8"] and c["torch_q"] <= 1 and c["torch_d"] < 1e-6, c

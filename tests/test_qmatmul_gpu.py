@@ -24,6 +24,8 @@ from slotserver.runtime.kernel_set import KERNEL_CONTRACT
 from slotserver.runtime.loader import default_dir, load_by_path
 from slotserver.runtime.qblocks import T, dequantize, random_qweight
 
+ROOT = Path(__file__).resolve().parents[1]
+
 MARK = "QMATMUL-GPU "
 PROMPTS = [[5, 17, 200, 33, 1, 90, 41], [7, 8, 9]]
 N_PREDICT = 4
@@ -128,6 +130,71 @@ def _fused_errors(qgemv: str = "slices") -> dict[str, float]:
     return {"qkv": float((qkv.double() - ref).abs().max()) / (1 + float(ref.abs().max())),
             "down": float((down.double() - ref_down).abs().max()) / (1 + float(ref_down.abs().max())),
             "qkv_vs_exact": float((qkv.double() - exact_qkv).abs().max()) / (1 + float(exact_qkv.abs().max()))}
+
+
+def _norm_q8(device: str = "cpu") -> dict:
+    """rms_norm's `q8_1` fusion (interpreted): the normed rows unchanged by it, its q8_1 bit-equal to
+    quantizing those rows with qmatmul_gpu's own kernel, and within one step of q of the torch form
+    the references use (per output dtype; with and without the residual add)."""
+    norm = load_by_path(default_dir("kernels") / "rms_norm.py", KERNEL_CONTRACT).module
+    q8 = _module().wide._q8_1
+    gen, out = torch.Generator().manual_seed(5), {"same_rows": True, "same_q8": True, "torch_q": 0, "torch_d": 0.0,
+                                              "ref_is_its_rows_q8": True}
+    for out_dtype in (torch.float32, torch.bfloat16):
+        for rows, dim, add in ((1, 64, False), (3, 96, True), (2, 1024, True)):
+            x, y = torch.randn(rows, dim, generator=gen).to(device), torch.randn(rows, dim, generator=gen).to(device)
+            w = (1 + 0.1 * torch.randn(dim, generator=gen)).to(device)
+            bufs, torch_bufs, ref_bufs, cpu_bufs = (q8.buffers(rows, dim, device) for _ in range(4))
+            xa, xb, xr, xc = x.clone(), x.clone(), x.clone(), x.clone()
+            got = norm.triton(xa, w, 1e-5, add=y if add else None, out_dtype=out_dtype, q8_1=bufs)
+            plain = norm.triton(xb, w, 1e-5, add=y if add else None, out_dtype=out_dtype)
+            ref = norm.reference(xr, w, 1e-5, add=y if add else None, out_dtype=out_dtype, q8_1=ref_bufs)
+            q8.torch_q8_1(got, torch_bufs)
+            if device == "cpu":
+                yc = norm.cpu(xc, w, 1e-5, add=y if add else None, out_dtype=out_dtype, q8_1=cpu_bufs)
+                out["ref_is_its_rows_q8"] &= all(torch.equal(a, b) for a, b in zip(cpu_bufs, _torch_q8(q8, yc)))
+            out["same_rows"] &= bool(torch.equal(got, plain) and torch.equal(xa, xb))
+            out["same_q8"] &= all(torch.equal(a, b) for a, b in zip(bufs, q8.q8_1(got)))
+            out["torch_q"] = max(out["torch_q"], int((bufs[0].int() - torch_bufs[0].int()).abs().max()))
+            out["torch_d"] = max(out["torch_d"], float(((bufs[1] - torch_bufs[1]).abs() / (1e-30 + torch_bufs[1])).max()))
+            out["ref_is_its_rows_q8"] &= all(torch.equal(a, b) for a, b in zip(ref_bufs, _torch_q8(q8, ref)))
+    return out
+
+
+def _torch_q8(q8, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    bufs = q8.buffers(*rows.shape, rows.device)
+    q8.torch_q8_1(rows, bufs)
+    return bufs
+
+
+def _q8_fusion(path: Path) -> dict:
+    """One decode step of the tiny model on blocks (wide GEMV) with the norms' q8_1 handed to the
+    matmuls (model/lean_step.py) and without (Q8_MAX_ROWS 0): its logits, and how many times
+    qmatmul_gpu quantized an x itself."""
+    sys.path.insert(0, str(ROOT / "playground"))
+    import decode_launches as dl
+    from slotserver.model import lean_step
+    from slotserver.model.model import LlamaModel
+    from slotserver.model.weights import WeightFormat
+    from slotserver.runtime.kernel_set import KernelSet
+
+    kernels = KernelSet.load(impl="triton")
+    q8 = kernels.modules["qmatmul_gpu"].module.wide._q8_1
+    own, quantized = q8.q8_1, []
+    q8.q8_1 = lambda x: quantized.append(x.shape[0]) or own(x)   # the wide launch looks it up per call
+    model = LlamaModel.load(path, kernels=kernels, fmt=WeightFormat("blocks"))
+    model.set_step_graphs(False)
+    out, fused_rows, applies = {"layers": model.spec.n_layers}, lean_step.Q8_MAX_ROWS, lean_step.applies
+    for name, rows in (("fused", fused_rows), ("unfused", 0), ("body", 0)):
+        lean_step.Q8_MAX_ROWS = rows
+        if name == "body":   # the layers as the CPU runs them (model.py `_body`): the lean body's floats
+            lean_step.applies = lambda *args: False
+        cache, step = dl.decode_batch(model, 2, 7)
+        quantized[:] = []
+        out[name] = {"logits": model.forward(step, cache).tolist(), "quantized": len(quantized),
+                     "applies": lean_step.applies(model, model.kernels)}
+    lean_step.Q8_MAX_ROWS, lean_step.applies = fused_rows, applies
+    return out
 
 
 def _q8_1_dequant(x: torch.Tensor) -> torch.Tensor:
@@ -275,6 +342,25 @@ def test_the_wide_plan_keeps_every_sm_busy_and_a_step_within_its_words():
     assert mod.wide.wide_plan(4096, 4096, T.Q4_K, 132) == (4, 16)   # Llama-8B wo: 1024 programs, 2048 words a step
 
 
+def test_the_norms_q8_1_is_what_the_matmul_would_quantize(interpreted):
+    """rms_norm's `q8_1` fusion writes, beside the unchanged rows, exactly the q8_1 qmatmul_gpu's own
+    quantizer makes of them (one `_quantize32`); the torch form the references use agrees to a
+    rounding step of q (a GPU's fused multiply-add may round a tie the other way)."""
+    c = interpreted["norm_q8"]
+    assert c["same_rows"] and c["same_q8"] and c["torch_q"] <= 1 and c["torch_d"] < 1e-6, c
+    assert c["ref_is_its_rows_q8"], c
+
+
+def test_on_blocks_the_norms_hand_their_q8_1_to_the_matmuls_with_the_same_logits(interpreted):
+    """A decode step on GGUF blocks with the fusion: the logits bit-equal to the step without it, and
+    x quantized by qmatmul_gpu itself only for wo, down and the output (2 a layer fewer: qkv and
+    gate|up read the norm's q8_1); and the lean body's logits are those of the CPU's layer body."""
+    c = interpreted["q8_fusion"]
+    fused, unfused, body = c["fused"], c["unfused"], c["body"]
+    assert fused["applies"] and fused["logits"] == unfused["logits"] == body["logits"], c
+    assert unfused["quantized"] == 4 * c["layers"] + 1 and fused["quantized"] == 2 * c["layers"] + 1, c
+
+
 def test_a_format_without_a_kernel_is_refused_by_name():
     w = random_qweight(torch.Generator().manual_seed(1), T.Q3_K, 4, 256)
     with pytest.raises(AssertionError, match="Q3_K"):
@@ -288,4 +374,5 @@ if __name__ == "__main__":
         print(MARK + json.dumps({"wide": wide_errors(), "fused": _fused_errors(), "tokens": _blocks_tokens(model)}))
     else:
         print(MARK + json.dumps({"errors": _format_errors(), "fused_wide": _fused_errors("wide"),
-                                 "tokens_wide": _blocks_tokens(model, "wide")}))
+                                 "tokens_wide": _blocks_tokens(model, "wide"), "norm_q8": _norm_q8(),
+                                 "q8_fusion": _q8_fusion(model)}))

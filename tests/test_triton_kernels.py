@@ -209,6 +209,7 @@ def test_lab_check_points_at_the_broken_line(tmp_path):
     broken.write_text(src.replace(good, good.replace("+ eps)", "+ eps) + tl.zeros([3], tl.float32)"))
                       .replace(cpu_return, "y = x"))
     (tmp_path / "rms_norm.c").write_text(c_src.replace(c_scale, c_scale.replace("rms_inv", "2.0f * rms_inv")))
+    (tmp_path / "_q8_1.py").write_text((KERNELS / "_q8_1.py").read_text())   # its part, as it is
     results = check_aot(broken, (90,)) + check_numerics(broken, "cpu", n_cases=2)
     assert not any(r.ok for r in results if r.impl == "aot" or r.dtype == "float32")
     assert f"rms_norm.py:{line}: CompilationError: Shape element 0 must be a power of 2" in results[0].detail

@@ -21,6 +21,10 @@ add + norm + cast, three launches twice a layer, become one each: 4 fewer launch
 (playground/decode_launches.py counts them). The floats are those of the unfused kernels: the add
 is the same float32 add, the norm the same float32 row, the cast the same one rounding.
 
+On GGUF blocks (qmatmul_gpu) at decode sizes the two norms also write their rows' q8_1 (rms_norm's
+FUSES `q8_1`), which the qkv and gate|up products read (qmatmul_gpu's `x_q8`) instead of quantizing
+h in a launch of their own: 2 more launches fewer a layer, the same values (`_quantize32`).
+
 Which steps: `applies` says; the CPU keeps `_body` (its own fusions run inside qmatmul's C, and its
 floats are pinned by tests), and so do architectures whose branches are not added as they are
 (post-norms, residual scales: gemma2/3, granite) and MoE models. A lab reload of rms_norm without
@@ -41,18 +45,21 @@ if TYPE_CHECKING:
     from slotserver.model.model import LlamaModel
 
 NEEDS = frozenset({"add", "out_dtype"})   # rms_norm's FUSES this body calls
+Q8_MAX_ROWS = 16   # steps of up to these rows hand the norms' q8_1 to the matmuls (what the wide / int8 products serve)
 
 
 def applies(model: "LlamaModel", ops: KernelSet) -> bool:
     """Whether this step runs the lean body: Triton kernels, a plain dense model (branches added as
-    they are, no MoE), an rms_norm that fuses the add and the cast, and no fusing qmatmul on GGUF
-    blocks (which folds norm, gate and add into its own launches)."""
+    they are, no MoE), an rms_norm that fuses the add and the cast, and GGUF blocks (if any) on an
+    op that does not fold norm, gate and add into its own launches (qmatmul_gpu does not; the CPU's
+    qmatmul does). The blocks' own op is what counts: until 2026-11-27 this asked the CPU's qmatmul
+    whatever the op, so `--gpu-weights blocks` never ran this body (docs/gpu.md)."""
     if ops.impl != "triton" or not model._plain or model.spec.moe is not None:
         return False
     if not NEEDS <= ops.fuses.get("rms_norm", frozenset()):
         return False
-    qmatmul_fuses = ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}
-    return not (qmatmul_fuses and isinstance(model.weights.layers[0].qkv, QLinear))
+    lin = model.weights.layers[0].qkv
+    return not (isinstance(lin, QLinear) and ops.fuses.get(lin.op, frozenset()) >= {"norm", "glu", "acc"})
 
 
 def lean_body(model: "LlamaModel", x: torch.Tensor, angles: dict, batch: Batch, cache) -> torch.Tensor:
@@ -62,17 +69,39 @@ def lean_body(model: "LlamaModel", x: torch.Tensor, angles: dict, batch: Batch, 
     act, eps, layers = w.act_dtype, s.norm_eps, w.layers
     all_rows = batch.logits_rows.shape[0] == batch.n_tokens
     gate = ops.silu_mul if s.act != "gelu" else ops.gelu_mul
-    h = ops.rms_norm(x, layers[0].attn_norm, eps, out_dtype=act)               # [tokens, d_model] act
+    q8 = _q8_rows(model, ops, x)                                                # h's q8_1, or None
+    with_q8 = {} if q8 is None else {"q8_1": q8}
+    h = ops.rms_norm(x, layers[0].attn_norm, eps, out_dtype=act, **with_q8)    # [tokens, d_model] act
     for i, lw in enumerate(layers):
-        qkv = lw.qkv(h, ops)                                                    # [tokens, q + 2 kv]
+        qkv = _mm(lw.qkv, h, ops, q8)                                           # [tokens, q + 2 kv]
         a = model._attention(i, lw, qkv, batch, cache, *angles[id(model.layer_ropes[i])])
-        h = ops.rms_norm(x, lw.ffn_norm, eps, add=lw.wo(a, ops), out_dtype=act)   # x += a wo^T; norm
-        down = lw.down(gate(lw.gate_up(h, ops)), ops)                          # [tokens, d_model] act
-        nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else (w.out_norm if all_rows else None)
+        h = ops.rms_norm(x, lw.ffn_norm, eps, add=lw.wo(a, ops), out_dtype=act, **with_q8)   # x += a wo^T; norm
+        down = lw.down(gate(_mm(lw.gate_up, h, ops, q8)), ops)                 # [tokens, d_model] act
+        last = i + 1 == len(layers)
+        nxt = layers[i + 1].attn_norm if not last else (w.out_norm if all_rows else None)
         if nxt is None:   # a prompt chunk: only some rows are normed for logits, after the add
             x.add_(down)
         else:
-            h = ops.rms_norm(x, nxt, eps, add=down, out_dtype=act)
+            h = ops.rms_norm(x, nxt, eps, add=down, out_dtype=act, **({} if last else with_q8))
     if all_rows:
         return h
     return ops.rms_norm(x[batch.logits_rows], w.out_norm, eps, out_dtype=act)
+
+
+def _q8_rows(model: "LlamaModel", ops: KernelSet, x: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+    """Buffers for the q8_1 of a step's normed rows where it is fused (module docstring): GGUF blocks
+    on an op that reads `x_q8`, an rms_norm that writes `q8_1`, at most Q8_MAX_ROWS rows, a width of
+    whole 32-blocks. Reused by every norm of the step: each product reads them before the next norm."""
+    lin, (tokens, d) = model.weights.layers[0].qkv, x.shape
+    if not (isinstance(lin, QLinear) and tokens <= Q8_MAX_ROWS and d % 32 == 0
+            and "q8_1" in ops.fuses.get("rms_norm", ()) and "x_q8" in ops.fuses.get(lin.op, ())):
+        return None
+    return (torch.empty(tokens, d, dtype=torch.int8, device=x.device),             # q8_1 as kernels/_q8_1.py
+            *(torch.empty(tokens, d // 32, dtype=torch.float32, device=x.device) for _ in range(2)))
+
+
+def _mm(lin, h: torch.Tensor, ops: KernelSet, q8: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
+    """lin(h), handing it h's q8_1 where it reads it (a QLinear on an op that takes `x_q8`)."""
+    if q8 is not None and isinstance(lin, QLinear) and "x_q8" in ops.fuses.get(lin.op, ()):
+        return lin(h, ops, x_q8=q8)
+    return lin(h, ops)

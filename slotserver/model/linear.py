@@ -21,6 +21,8 @@ d and m.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -128,10 +130,13 @@ class QLinear:
     def out_features(self) -> int:
         return sum(p.n for p in self.parts)
 
-    def __call__(self, x: torch.Tensor, ops) -> torch.Tensor:
-        """x: [rows, in] float32 or bf16 -> [rows, out] in x's dtype."""
+    def __call__(self, x: torch.Tensor, ops, x_q8: tuple | None = None) -> torch.Tensor:
+        """x: [rows, in] float32 or bf16 -> [rows, out] in x's dtype. x_q8: x's q8_1, for an op that
+        reads it (qmatmul_gpu's FUSES; model/lean_step.py): every part's product then reads it."""
         x = x.contiguous()
         mm, parts = getattr(ops, self.op), self.parts
+        if x_q8 is not None:
+            mm = functools.partial(mm, x_q8=x_q8)
         y = mm(x, parts[0]) if len(parts) == 1 else torch.cat([mm(x, p) for p in parts], dim=1)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
