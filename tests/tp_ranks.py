@@ -102,8 +102,8 @@ def swap_kernel(engine, folder: Path) -> list[str]:
     port = engine.port
     old = Path(port.kernels.modules["rms_norm"].path)
     folder.mkdir(exist_ok=True)
-    for f in old.parent.glob("rms_norm*"):
-        shutil.copy(f, folder / f.name)
+    for name in (old.name, *read_source(old).files()):   # the module, its .c files and its parts
+        shutil.copy(old.parent / name, folder / name)
     for f in old.parent.glob("*.h"):
         shutil.copy(f, folder / f.name)
     new = folder / old.name
