@@ -4,9 +4,10 @@ q8_1 is llama.cpp's activation format for its CUDA mmvq / mmq: per 32 values of 
 round(x / d) with d = max|x| / 127, and the floats d and d * sum(q) (what the mins of Q4_K, Q5_K,
 Q4_1 and Q5_1 multiply). Quantizing x costs one launch per matmul and ~1.1 bytes a value; it is what
 lets a weight meet 4 activations in one dp4a (or 32 in one int8 mma) instead of 4 float FMAs.
-A part of kernels/qmatmul_gpu.py and of kernels/rms_norm.py (runtime/kernel_parts.py): rms_norm's
-`q8_1` fusion writes the q8_1 of the rows it norms with the same `_quantize32`, so a matmul given
-them (qmatmul_gpu's `x_q8`) reads the very values it would have quantized itself, one launch fewer.
+A part of kernels/qmatmul_gpu.py, rms_norm.py and silu_mul.py (runtime/kernel_parts.py): the `q8_1`
+fusion of rms_norm and silu_mul writes the q8_1 of the rows they store with the same `_quantize32`,
+so a matmul given them (qmatmul_gpu's `x_q8`) reads the very values it would have quantized itself,
+one launch fewer.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ def test_the_wide_gemv_on_the_card_matches_the_q8_1_product_and_is_batch_invaria
 
 
 def test_the_norms_q8_1_on_the_card_is_the_quantizers():
-    """rms_norm's compiled `q8_1` fusion: the rows as without it, the q8_1 bit-equal to qmatmul_gpu's
+    """rms_norm's and silu_mul's compiled `q8_1` fusion: the rows as without it, the q8_1 bit-equal to qmatmul_gpu's
     own quantizer on them (one `_quantize32`, the same contraction), torch's within a rounding step."""
     c = _norm_q8("cuda")
     assert c["same_rows"] and c["same_q8"] and c["torch_q"] <= 1 and c["torch_d"] < 1e-6, c
+    assert c["gate_same_rows"] and c["gate_same_q8"], c

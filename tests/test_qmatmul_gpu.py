@@ -158,6 +158,15 @@ def _norm_q8(device: str = "cpu") -> dict:
             out["torch_q"] = max(out["torch_q"], int((bufs[0].int() - torch_bufs[0].int()).abs().max()))
             out["torch_d"] = max(out["torch_d"], float(((bufs[1] - torch_bufs[1]).abs() / (1e-30 + torch_bufs[1])).max()))
             out["ref_is_its_rows_q8"] &= all(torch.equal(a, b) for a, b in zip(ref_bufs, _torch_q8(q8, ref)))
+    gate = load_by_path(default_dir("kernels") / "silu_mul.py", KERNEL_CONTRACT).module
+    for dtype, (rows, d_ff) in ((torch.float32, (3, 96)), (torch.bfloat16, (2, 1184)), (torch.float32, (1, 2080))):
+        gu = (3 * torch.randn(rows, 2 * d_ff, generator=gen)).to(device, dtype)   # 1184, 2080: a partial last block
+        bufs, ref_bufs = q8.buffers(rows, d_ff, device), q8.buffers(rows, d_ff, device)
+        got = gate.triton(gu, q8_1=bufs)
+        ref = gate.reference(gu, q8_1=ref_bufs)
+        out["gate_same_rows"] = out.get("gate_same_rows", True) and bool(torch.equal(got, gate.triton(gu)))
+        out["gate_same_q8"] = out.get("gate_same_q8", True) and all(torch.equal(a, b) for a, b in zip(bufs, q8.q8_1(got)))
+        out["ref_is_its_rows_q8"] &= all(torch.equal(a, b) for a, b in zip(ref_bufs, _torch_q8(q8, ref)))
     return out
 
 
@@ -342,23 +351,23 @@ def test_the_wide_plan_keeps_every_sm_busy_and_a_step_within_its_words():
     assert mod.wide.wide_plan(4096, 4096, T.Q4_K, 132) == (4, 16)   # Llama-8B wo: 1024 programs, 2048 words a step
 
 
-def test_the_norms_q8_1_is_what_the_matmul_would_quantize(interpreted):
-    """rms_norm's `q8_1` fusion writes, beside the unchanged rows, exactly the q8_1 qmatmul_gpu's own
+def test_the_norms_and_gates_q8_1_is_what_the_matmul_would_quantize(interpreted):
+    """rms_norm's and silu_mul's `q8_1` fusion writes, beside the unchanged rows, exactly the q8_1 qmatmul_gpu's own
     quantizer makes of them (one `_quantize32`); the torch form the references use agrees to a
     rounding step of q (a GPU's fused multiply-add may round a tie the other way)."""
     c = interpreted["norm_q8"]
     assert c["same_rows"] and c["same_q8"] and c["torch_q"] <= 1 and c["torch_d"] < 1e-6, c
-    assert c["ref_is_its_rows_q8"], c
+    assert c["gate_same_rows"] and c["gate_same_q8"] and c["ref_is_its_rows_q8"], c
 
 
 def test_on_blocks_the_norms_hand_their_q8_1_to_the_matmuls_with_the_same_logits(interpreted):
     """A decode step on GGUF blocks with the fusion: the logits bit-equal to the step without it, and
-    x quantized by qmatmul_gpu itself only for wo, down and the output (2 a layer fewer: qkv and
-    gate|up read the norm's q8_1); and the lean body's logits are those of the CPU's layer body."""
+    x quantized by qmatmul_gpu itself only for wo and the output (3 a layer fewer: qkv and gate|up
+    read the norms' q8_1, down the gate's); and the lean body's logits are those of the CPU's body."""
     c = interpreted["q8_fusion"]
     fused, unfused, body = c["fused"], c["unfused"], c["body"]
     assert fused["applies"] and fused["logits"] == unfused["logits"] == body["logits"], c
-    assert unfused["quantized"] == 4 * c["layers"] + 1 and fused["quantized"] == 2 * c["layers"] + 1, c
+    assert unfused["quantized"] == 4 * c["layers"] + 1 and fused["quantized"] == c["layers"] + 1, c
 
 
 def test_a_format_without_a_kernel_is_refused_by_name():

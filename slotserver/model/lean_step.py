@@ -21,9 +21,10 @@ add + norm + cast, three launches twice a layer, become one each: 4 fewer launch
 (playground/decode_launches.py counts them). The floats are those of the unfused kernels: the add
 is the same float32 add, the norm the same float32 row, the cast the same one rounding.
 
-On GGUF blocks (qmatmul_gpu) at decode sizes the two norms also write their rows' q8_1 (rms_norm's
-FUSES `q8_1`), which the qkv and gate|up products read (qmatmul_gpu's `x_q8`) instead of quantizing
-h in a launch of their own: 2 more launches fewer a layer, the same values (`_quantize32`).
+On GGUF blocks (qmatmul_gpu) at decode sizes the two norms and the SiLU gate also write their rows'
+q8_1 (rms_norm's and silu_mul's FUSES `q8_1`), which the qkv, gate|up and down products read
+(qmatmul_gpu's `x_q8`) instead of quantizing their x in a launch of their own: 3 more launches
+fewer a layer, the same values (`_quantize32`).
 
 Which steps: `applies` says; the CPU keeps `_body` (its own fusions run inside qmatmul's C, and its
 floats are pinned by tests), and so do architectures whose branches are not added as they are
@@ -69,14 +70,15 @@ def lean_body(model: "LlamaModel", x: torch.Tensor, angles: dict, batch: Batch, 
     act, eps, layers = w.act_dtype, s.norm_eps, w.layers
     all_rows = batch.logits_rows.shape[0] == batch.n_tokens
     gate = ops.silu_mul if s.act != "gelu" else ops.gelu_mul
-    q8 = _q8_rows(model, ops, x)                                                # h's q8_1, or None
-    with_q8 = {} if q8 is None else {"q8_1": q8}
+    q8, gq8 = _q8_rows(model, ops, x)                           # the norms' and the gate's q8_1, or None
+    with_q8, gate_q8 = ({} if b is None else {"q8_1": b} for b in (q8, gq8))
     h = ops.rms_norm(x, layers[0].attn_norm, eps, out_dtype=act, **with_q8)    # [tokens, d_model] act
     for i, lw in enumerate(layers):
         qkv = _mm(lw.qkv, h, ops, q8)                                           # [tokens, q + 2 kv]
         a = model._attention(i, lw, qkv, batch, cache, *angles[id(model.layer_ropes[i])])
         h = ops.rms_norm(x, lw.ffn_norm, eps, add=lw.wo(a, ops), out_dtype=act, **with_q8)   # x += a wo^T; norm
-        down = lw.down(gate(_mm(lw.gate_up, h, ops, q8)), ops)                 # [tokens, d_model] act
+        g = gate(_mm(lw.gate_up, h, ops, q8), **gate_q8)                       # [tokens, d_ff] act
+        down = _mm(lw.down, g, ops, gq8)                                        # [tokens, d_model] act
         last = i + 1 == len(layers)
         nxt = layers[i + 1].attn_norm if not last else (w.out_norm if all_rows else None)
         if nxt is None:   # a prompt chunk: only some rows are normed for logits, after the add
@@ -88,16 +90,25 @@ def lean_body(model: "LlamaModel", x: torch.Tensor, angles: dict, batch: Batch, 
     return ops.rms_norm(x[batch.logits_rows], w.out_norm, eps, out_dtype=act)
 
 
-def _q8_rows(model: "LlamaModel", ops: KernelSet, x: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
-    """Buffers for the q8_1 of a step's normed rows where it is fused (module docstring): GGUF blocks
-    on an op that reads `x_q8`, an rms_norm that writes `q8_1`, at most Q8_MAX_ROWS rows, a width of
-    whole 32-blocks. Reused by every norm of the step: each product reads them before the next norm."""
-    lin, (tokens, d) = model.weights.layers[0].qkv, x.shape
-    if not (isinstance(lin, QLinear) and tokens <= Q8_MAX_ROWS and d % 32 == 0
-            and "q8_1" in ops.fuses.get("rms_norm", ()) and "x_q8" in ops.fuses.get(lin.op, ())):
-        return None
-    return (torch.empty(tokens, d, dtype=torch.int8, device=x.device),             # q8_1 as kernels/_q8_1.py
-            *(torch.empty(tokens, d // 32, dtype=torch.float32, device=x.device) for _ in range(2)))
+def _q8_rows(model: "LlamaModel", ops: KernelSet, x: torch.Tensor) -> tuple[tuple | None, tuple | None]:
+    """Buffers for the q8_1 of a step's normed rows and of its gated rows where each is fused (module
+    docstring): GGUF blocks on an op that reads `x_q8`, at most Q8_MAX_ROWS rows, widths of whole
+    32-blocks, an rms_norm / silu_mul that writes `q8_1`. Reused by every layer of the step: each
+    product reads them before the next norm or gate writes them again."""
+    l0, (tokens, d) = model.weights.layers[0], x.shape
+    if not (isinstance(l0.qkv, QLinear) and isinstance(l0.down, QLinear) and tokens <= Q8_MAX_ROWS
+            and "x_q8" in ops.fuses.get(l0.qkv.op, ())):
+        return None, None
+    d_ff = l0.down.parts[0].k
+    norm = d % 32 == 0 and "q8_1" in ops.fuses.get("rms_norm", ())
+    gate = d_ff % 32 == 0 and model.spec.act != "gelu" and "q8_1" in ops.fuses.get("silu_mul", ())
+    return (_q8_buffers(tokens, d, x.device) if norm else None), (_q8_buffers(tokens, d_ff, x.device) if gate else None)
+
+
+def _q8_buffers(rows: int, width: int, device) -> tuple[torch.Tensor, ...]:
+    """Empty q8_1 of rows x width values, as kernels/_q8_1.py lays it out (the FUSES' contract)."""
+    return (torch.empty(rows, width, dtype=torch.int8, device=device),
+            *(torch.empty(rows, width // 32, dtype=torch.float32, device=device) for _ in range(2)))
 
 
 def _mm(lin, h: torch.Tensor, ops: KernelSet, q8: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
