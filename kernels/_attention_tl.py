@@ -1,5 +1,5 @@
 """Flash-attention pieces that kernels/attention.py and kernels/paged_attention.py share: the Triton
-helpers both ops' kernels call (`_dot`, `_softcap`, `_sink_norm`) and the flash-decoding merge of a
+helpers both ops' kernels call (`_dot`, `_softcap`, `_sink_norm`, `_decode_result`) and the flash-decoding merge of a
 split decode's partials (`_decode_combine_kernel`, launched by `combine`). One file, not two copies:
 the two ops differ in how they find a cell (strides or a page table), not in the softmax.
 A part of each of the two modules (runtime/kernel_parts.py): each loads its own copy, validated,
@@ -39,6 +39,27 @@ def _sink_norm(m, l, sk):
     mx = tl.maximum(m, sk)
     e = tl.exp2(m - mx)
     return e / (l * e + tl.exp2(sk - mx))
+
+
+@_triton.jit
+def _decode_result(acc, m_i, l_i, row, g, d, g_mask, gd_mask, m_ptr, l_ptr, acc_ptr, out_ptr, sinks_ptr, stride_ot,
+                   stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, SINKS: tl.constexpr):
+    """The end of a decode program (sequence b, KV head h, split: its grid axes), both ops': SPLIT: its
+    chunk's unnormalised partial (running max m_i, sum l_i, acc; log2 units) for `_decode_combine_kernel`;
+    else the output rows of h's GROUP query heads (g), normalised here (SINKS: with each head's sink)."""
+    b, h, split, n_splits = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(2)
+    if SPLIT:   # partial [b, q_head, split]: an empty chunk leaves m = -inf, l = 0, acc = 0
+        part = (b * tl.num_programs(1) * GROUP + h * GROUP + g).to(tl.int64) * n_splits + split
+        tl.store(m_ptr + part, m_i, mask=g_mask)
+        tl.store(l_ptr + part, l_i, mask=g_mask)
+        tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
+    elif SINKS:
+        sk = tl.load(sinks_ptr + h * GROUP + g, mask=g_mask, other=0.0) * 1.4426950408889634
+        tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
+                 (acc * _sink_norm(m_i, l_i, sk)[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
+    else:
+        tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
+                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
 
 
 @_triton.jit

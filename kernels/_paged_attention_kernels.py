@@ -13,7 +13,7 @@ import triton.language as tl
 from slotserver.runtime import kernel_parts
 
 _tl = kernel_parts.load(__file__, "_attention_tl.py")
-_dot, _softcap, _sink_norm = _tl._dot, _tl._softcap, _tl._sink_norm
+_dot, _softcap, _sink_norm, _decode_result = _tl._dot, _tl._softcap, _tl._sink_norm, _tl._decode_result
 
 
 @_triton.jit
@@ -85,18 +85,8 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ta
             pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
-    if SPLIT:   # partial [b, q_head, split]: an empty chunk leaves m = -inf, l = 0, acc = 0
-        part = (b * tl.num_programs(1) * GROUP + h * GROUP + g).to(tl.int64) * n_splits + split
-        tl.store(m_ptr + part, m_i, mask=g_mask)
-        tl.store(l_ptr + part, l_i, mask=g_mask)
-        tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
-    elif SINKS:
-        sk = tl.load(sinks_ptr + h * GROUP + g, mask=g_mask, other=0.0) * 1.4426950408889634
-        tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
-                 (acc * _sink_norm(m_i, l_i, sk)[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
-    else:
-        tl.store(out_ptr + row * stride_ot + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
-                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
+    _decode_result(acc, m_i, l_i, row, g, d, g_mask, gd_mask, m_ptr, l_ptr, acc_ptr, out_ptr, sinks_ptr,
+                   stride_ot, stride_oh, GROUP, HEAD_DIM, SPLIT, SINKS)
 
 
 @_triton.jit
