@@ -37,7 +37,7 @@ import math
 import torch
 import triton as _triton
 
-from slotserver.runtime import kernel_parts
+from slotserver.runtime import kernel_parts, lazy_triton
 from slotserver.runtime.gpu_info import sm_count
 from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk, softmax_sinks
 from slotserver.runtime.kv_spec import StridedKV
@@ -197,8 +197,10 @@ def _decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, out: torch.Tensor, k
 
 
 def _interpreted() -> bool:
-    """True when triton was imported with TRITON_INTERPRET=1 (kernels run on CPU tensors)."""
-    return type(_attn_prefill_kernel).__name__ == "InterpretedFunction"
+    """True when triton was imported with TRITON_INTERPRET=1 (kernels run on CPU tensors). `resolve`:
+    before this module's first launch its kernels are lazy_triton's stand-ins, whose type says
+    nothing (that first launch then took the bf16 dot the interpreter multiplies as bit patterns)."""
+    return type(lazy_triton.resolve(_attn_prefill_kernel)).__name__ == "InterpretedFunction"
 
 
 def _check(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> None:
