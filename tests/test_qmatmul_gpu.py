@@ -203,6 +203,13 @@ def _q8_fusion(path: Path) -> dict:
         out[name] = {"logits": model.forward(step, cache).tolist(), "quantized": len(quantized),
                      "applies": lean_step.applies(model, model.kernels)}
     lean_step.Q8_MAX_ROWS, lean_step.applies = fused_rows, applies
+    bf16 = LlamaModel.load(path, torch.bfloat16, kernels=kernels, fmt=WeightFormat("blocks"))   # what a card serves
+    bf16.set_step_graphs(False)
+    for name, rows in (("bf16_fused", fused_rows), ("bf16_unfused", 0)):
+        lean_step.Q8_MAX_ROWS = rows
+        cache, step = dl.decode_batch(bf16, 2, 7)
+        out[name] = bf16.forward(step, cache).float().tolist()
+    lean_step.Q8_MAX_ROWS = fused_rows
     return out
 
 
@@ -367,6 +374,7 @@ def test_on_blocks_the_norms_hand_their_q8_1_to_the_matmuls_with_the_same_logits
     c = interpreted["q8_fusion"]
     fused, unfused, body = c["fused"], c["unfused"], c["body"]
     assert fused["applies"] and fused["logits"] == unfused["logits"] == body["logits"], c
+    assert c["bf16_fused"] == c["bf16_unfused"], c   # bf16: the fused q8_1 is still the values quantized apart
     assert unfused["quantized"] == 4 * c["layers"] + 1 and fused["quantized"] == c["layers"] + 1, c
 
 
