@@ -217,6 +217,21 @@ def test_lab_check_points_at_the_broken_line(tmp_path):
     assert "FAIL rms_norm [cpu float32]: wrong numerics: max error" in report and "checks passed" in report
 
 
+def test_lab_check_points_at_the_broken_line_of_a_part(tmp_path):
+    """A compile error in a kernel's part (runtime/kernel_parts.py) is reported at the part's own
+    file and line, not the module's: silu_mul with its q8_1 quantizer (_q8_1.py) broken."""
+    if triton_mode() != "compile":
+        pytest.skip("triton was imported interpreted here")
+    part = (KERNELS / "_q8_1.py").read_text()
+    good = "    amax = tl.max(tl.abs(x), axis=1)\n"
+    line = part[: part.index(good)].count("\n") + 1
+    for name in ("silu_mul.py", "silu_mul.c"):
+        (tmp_path / name).write_text((KERNELS / name).read_text())
+    (tmp_path / "_q8_1.py").write_text(part.replace(good, good.replace("axis=1)", "axis=1) + tl.zeros([3], tl.float32)")))
+    broken = [r for r in check_aot(tmp_path / "silu_mul.py", (90,)) if not r.ok]
+    assert broken and all(f"_q8_1.py:{line}: CompilationError" in r.detail for r in broken), broken
+
+
 def _masking_error(op: str) -> float:
     """Max |triton(poisoned cache) - reference(clean cache)| over a few random batches."""
     mod = load_by_path(KERNELS / f"{op}.py", KERNEL_CONTRACT).module

@@ -63,18 +63,41 @@ def compile_for(fn, signature: dict, constexprs: dict, arch: int, options: dict 
 
 
 def compile_error(exc: BaseException, fn, path: Path) -> str:
-    """`file:line: reason` for a triton CompilationError (its `node` counts lines from the `def`); the
-    file is the kernel's own (a part's, runtime/kernel_parts.py) where it is not `path`."""
-    code = getattr(getattr(lazy_triton.resolve(fn), "fn", None), "__code__", None)
-    path = Path(code.co_filename) if code is not None else path
-    node, cause = getattr(exc, "node", None), exc
+    """`file:line: reason` for a triton CompilationError (its `node` counts lines from the `def`), at
+    the innermost JIT function that failed: a helper the kernel calls, in its file or in one of the
+    module's parts (runtime/kernel_parts.py), rather than the kernel's line that calls it."""
+    fn = lazy_triton.resolve(fn)
+    node, cause, link = getattr(exc, "node", None), exc, exc
     while cause is not None and not getattr(cause, "error_message", None):
         cause = cause.__cause__
+    while link is not None:   # the innermost frame in our code (not triton's own tl.* functions)
+        owner = _defining(fn, getattr(link, "src", None))
+        if owner is not None and hasattr(getattr(link, "node", None), "lineno"):
+            fn, node = owner, link.node
+        link = link.__cause__
+    code = getattr(getattr(fn, "fn", None), "__code__", None)
+    path = Path(code.co_filename) if code is not None else path
     text = str(exc).strip().splitlines() or [""]
     reason = getattr(cause, "error_message", None) or text[-1]
     if hasattr(node, "lineno") and hasattr(fn, "def_file_line_number"):
         return f"{path}:{fn.def_file_line_number + node.lineno - 1}: {type(exc).__name__}: {reason}"
     return f"{path}: {type(exc).__name__}: {reason[:300]}"
+
+
+def _defining(fn, src: str | None):
+    """The JIT function whose source is `src`: `fn` or one it reaches through the JIT functions in
+    its globals (and theirs), or None."""
+    seen, todo = set(), [fn]
+    while todo and src:
+        f = todo.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        if getattr(f, "src", None) == src:
+            return f
+        names = getattr(getattr(f, "fn", None), "__globals__", {})
+        todo += [v for v in names.values() if hasattr(v, "src") and hasattr(v, "def_file_line_number")]
+    return None
 
 
 def spec_dtype(signature: dict) -> str:
