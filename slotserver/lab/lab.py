@@ -23,8 +23,7 @@ from slotserver.runtime.kernel_paths import cpu_report, kernel_path
 from slotserver.runtime.kernel_set import load_kernel
 from slotserver.runtime.layouts import LAYOUT_CONTRACT, available_layouts
 from slotserver.runtime.loader import (ModuleLoadError, Source, default_dir, file_version, load_source,
-                                   locate, module_names, read_source, resolve_in_folder,
-                                   users_of)
+                                   locate, module_names, read_source, resolve_in_folder, users_of)
 from slotserver.lab.sandbox import run_isolated
 from slotserver.lab.validate import validate_kernel, validate_layout
 

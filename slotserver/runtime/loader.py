@@ -126,9 +126,10 @@ def read_source(path: Path) -> Source:
     names = sorted({n for text in (data, *parts.values()) for n in _refs(C_REF, text)})
     c_files = {n: _read(path.parent / n, path) for n in names}
     digest = hashlib.sha256(data)
-    for kind, files in ((b"c", c_files), (b"part", parts)):
-        for name, blob in sorted(files.items()):
-            digest.update(b"\0" + kind + b"\0" + name.encode() + b"\0" + blob)
+    for name, c in c_files.items():   # as before parts existed: a module without parts keeps its version
+        digest.update(b"\0" + name.encode() + b"\0" + c)
+    for name, blob in sorted(parts.items()):
+        digest.update(b"\0part\0" + name.encode() + b"\0" + blob)
     return Source(path, data, digest.hexdigest()[:12], c_files, dict(sorted(parts.items())))
 
 
