@@ -16,7 +16,7 @@ import triton.language as tl
 from slotserver.runtime import kernel_parts, native
 
 _q8 = kernel_parts.load(__file__, "_q8_1.py")   # q8_1: the quantizer the integer matmuls read (qmatmul_gpu)
-_quantize32 = _q8._quantize32
+_quantize_into = _q8._quantize_into
 
 OP = "rms_norm"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -126,12 +126,10 @@ def _rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, q_ptr, d_ptr, s_ptr, stride_x
     out = (x * inv * w).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * stride_out + cols, out, mask=mask)
     if Q8:   # masked columns are 0: no block's max sees them
-        q, d, s = _quantize32(tl.reshape(out.to(tl.float32), [BLOCK // 32, 32]))
         b = tl.arange(0, BLOCK // 32)
-        bmask = b < n_cols // 32
-        tl.store(q_ptr + row * n_cols + tl.reshape(cols, [BLOCK // 32, 32]), q.to(tl.int8), mask=bmask[:, None])
-        tl.store(d_ptr + row * (n_cols // 32) + b, d, mask=bmask)
-        tl.store(s_ptr + row * (n_cols // 32) + b, s, mask=bmask)
+        _quantize_into(tl.reshape(out.to(tl.float32), [BLOCK // 32, 32]), q_ptr + row * n_cols
+                       + tl.reshape(cols, [BLOCK // 32, 32]), d_ptr + row * (n_cols // 32) + b,
+                       s_ptr + row * (n_cols // 32) + b, b < n_cols // 32)
 
 
 def triton(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | None = None,

@@ -13,7 +13,7 @@ import triton.language as tl
 from slotserver.runtime import kernel_parts, native
 
 _q8 = kernel_parts.load(__file__, "_q8_1.py")   # q8_1: the quantizer the integer matmuls read (qmatmul_gpu)
-_quantize32 = _q8._quantize32
+_quantize_into = _q8._quantize_into
 
 OP = "silu_mul"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -72,12 +72,10 @@ def _silu_mul_kernel(gu_ptr, out_ptr, q_ptr, d_ptr, s_ptr, stride_gu, stride_out
     y = (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
     if Q8:   # masked columns are 0: no block's max sees them
-        q, d, s = _quantize32(tl.reshape(y.to(tl.float32), [BLOCK // 32, 32]))
         b = tl.program_id(1) * (BLOCK // 32) + tl.arange(0, BLOCK // 32)
-        bmask = b < d_ff // 32
-        tl.store(q_ptr + row * d_ff + tl.reshape(cols, [BLOCK // 32, 32]), q.to(tl.int8), mask=bmask[:, None])
-        tl.store(d_ptr + row * (d_ff // 32) + b, d, mask=bmask)
-        tl.store(s_ptr + row * (d_ff // 32) + b, s, mask=bmask)
+        _quantize_into(tl.reshape(y.to(tl.float32), [BLOCK // 32, 32]), q_ptr + row * d_ff
+                       + tl.reshape(cols, [BLOCK // 32, 32]), d_ptr + row * (d_ff // 32) + b,
+                       s_ptr + row * (d_ff // 32) + b, b < d_ff // 32)
 
 
 def triton(gate_up: torch.Tensor, q8_1: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:

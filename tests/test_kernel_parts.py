@@ -100,3 +100,23 @@ def test_a_part_named_other_than_by_a_literal_is_refused_not_read_unvalidated(tm
                                  "p = kernel_parts.load(__file__, '_com' + 'mon.py')\nOP = 'k'\n")
     with pytest.raises(ModuleLoadError, match="not read with it"):
         load_source(read_source(folder / "k.py"), ("OP",))
+
+
+def test_an_exception_in_a_validation_call_names_the_parts_line(tmp_path):
+    """The lab's validation of an edit whose part raises when called: the reason says where, in the
+    part (the module's own line is only its call)."""
+    import types
+
+    import torch
+
+    from slotserver.lab.validate import kernel_numerics
+
+    folder = _folder(tmp_path)
+    broken = FAST.replace("return _common.SCALE * x", "return _common.SCALE * x + None")
+    (folder / "_fast.py").write_text(broken)
+    line = broken[: broken.index("+ None")].count("\n") + 1
+    module = load_source(read_source(folder / "k.py"), ("OP",)).module
+    trusted = types.SimpleNamespace(TOL={torch.float32: 1e-6}, reference=lambda x: 3 * x,
+                                    example_inputs=lambda gen, dtype: (torch.ones(2, dtype=dtype),))
+    res = kernel_numerics(module.triton, trusted, torch.float32, torch.Generator(), 1, "cpu", folder / "k.py")
+    assert not res.ok and f"(at _fast.py:{line})" in res.reason, res

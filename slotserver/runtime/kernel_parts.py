@@ -22,26 +22,21 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import itertools
-import linecache
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from slotserver.errors import ModuleLoadError, line_of
-from slotserver.runtime import lazy_triton
+from slotserver.errors import ModuleLoadError
 
 PART_NAME = re.compile(r"_[A-Za-z][A-Za-z0-9_]{0,62}\.py")
 PART_REF = re.compile(r"""kernel_parts\.load\(\s*__file__\s*,\s*["'](_[A-Za-z][A-Za-z0-9_]{0,62}\.py)["']\s*\)""")
-_counter = itertools.count()
 
 
 @dataclass
 class _Load:
     """One module load's part bytes (`given`; None: read the files) and the parts executed so far."""
-    texts: dict[Path, str] | None
+    texts: dict[Path, bytes] | None
     loaded: dict[Path, ModuleType] = field(default_factory=dict)
 
 
@@ -51,8 +46,7 @@ _LOAD: contextvars.ContextVar[_Load | None] = contextvars.ContextVar("kernel_par
 @contextlib.contextmanager
 def given(folder: Path, files: dict[str, bytes]):
     """While the block runs, `load(<folder>/x.py, name)` executes `files[name]`."""
-    texts = {(Path(folder) / name).resolve(): data.decode("utf-8", errors="replace") for name, data in files.items()}
-    token = _LOAD.set(_Load(texts))
+    token = _LOAD.set(_Load({(Path(folder) / name).resolve(): data for name, data in files.items()}))
     try:
         yield
     finally:
@@ -71,41 +65,11 @@ def load(origin: str, name: str) -> ModuleType:
             if state.texts is not None and path not in state.texts:   # not read with the module: never run unread bytes
                 raise ModuleLoadError(f"{origin}: loads part {name}, which was not read with it: name a part as "
                                       f"`kernel_parts.load(__file__, \"{name}\")`, a literal, so that it is validated too")
-            text = state.texts[path] if state.texts is not None else _read(path, origin)
-            state.loaded[path] = _execute(Path(origin).parent / name, text)
+            from slotserver.runtime import loader   # it imports this module: at call time
+            data = state.texts[path] if state.texts is not None else loader.read_beside(path, Path(origin))
+            state.loaded[path] = loader.execute(Path(origin).parent / name, data, "part")
         return state.loaded[path]
     finally:
         if token is not None:
             _LOAD.reset(token)
-
-
-def _read(path: Path, origin: str) -> str:
-    try:
-        if path.parent != Path(origin).resolve().parent:
-            raise ModuleLoadError(f"{origin}: {path.name} resolves outside {Path(origin).parent}")
-        return path.read_text()
-    except OSError as e:
-        raise ModuleLoadError(f"{origin}: cannot read {path.name} ({e.strerror})") from None
-
-
-def _execute(path: Path, text: str) -> ModuleType:
-    """`text` run as a new module named after `path`; its own errors name its file and line."""
-    name = f"_slotserver_part_{path.stem.lstrip('_')}_{next(_counter)}"
-    module = ModuleType(name)
-    module.__file__ = str(path)
-    linecache.cache[str(path)] = (len(text), None, text.splitlines(True), str(path))   # triton's @jit reads it
-    try:
-        code = compile(text, str(path), "exec", dont_inherit=True)
-        sys.modules[name] = module   # dataclasses and triton look modules up by name
-        with lazy_triton.stand_ins(module.__dict__):
-            exec(code, module.__dict__)  # noqa: S102 - a part its listed module names: the lab's purpose
-    except SyntaxError as e:
-        raise ModuleLoadError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
-    except ModuleLoadError:
-        raise
-    except Exception as e:  # noqa: BLE001 - reported with the part's own line
-        raise ModuleLoadError(f"{path}:{line_of(e, path)}: import failed: {type(e).__name__}: {e}") from None
-    finally:
-        sys.modules.pop(name, None)
-    return module
 

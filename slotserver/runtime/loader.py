@@ -115,16 +115,16 @@ def read_source(path: Path) -> Source:
     """The file's bytes and those of every part (`kernel_parts.PART_REF`) and `.c` file (`C_REF`) it
     names, or its parts name, from its own folder."""
     path = Path(path)
-    data = _read(path, path)
+    data = read_beside(path, path)
     parts: dict[str, bytes] = {}
     todo = _refs(kernel_parts.PART_REF, data)
     while todo:
         name = todo.pop()
         if name not in parts:
-            parts[name] = _read(path.parent / name, path)
+            parts[name] = read_beside(path.parent / name, path)
             todo += _refs(kernel_parts.PART_REF, parts[name])
     names = sorted({n for text in (data, *parts.values()) for n in _refs(C_REF, text)})
-    c_files = {n: _read(path.parent / n, path) for n in names}
+    c_files = {n: read_beside(path.parent / n, path) for n in names}
     digest = hashlib.sha256(data)
     for name, c in c_files.items():   # as before parts existed: a module without parts keeps its version
         digest.update(b"\0" + name.encode() + b"\0" + c)
@@ -137,7 +137,7 @@ def _refs(pattern: re.Pattern, data: bytes) -> list[str]:
     return pattern.findall(data.decode("utf-8", errors="replace"))
 
 
-def _read(path: Path, module: Path) -> bytes:
+def read_beside(path: Path, module: Path) -> bytes:
     """Bytes of `path`, a regular file inside `module`'s folder (a symlink out is refused)."""
     try:
         if path != module and path.resolve().parent != module.resolve().parent:
@@ -176,17 +176,28 @@ def load_source(src: Source, required: tuple[str, ...]) -> LoadedModule:
     function's source (triton's `@jit`, `inspect`) see these bytes even if the file changed since.
     """
     path = src.path
-    name = f"_slotserver_dyn_{path.stem}_{next(_counter)}"
+    with c_sources.given(path.parent, src.c_files), kernel_parts.given(path.parent, src.parts):
+        module = execute(path, src.data, "dyn")
+    missing = [r for r in required if not hasattr(module, r)]
+    if missing:
+        raise ModuleLoadError(f"{path}: missing contract name(s): {', '.join(missing)}")
+    return LoadedModule(path, module, src.version, tuple(src.c_files), tuple(src.parts))
+
+
+def execute(path: Path, data: bytes, kind: str) -> ModuleType:
+    """`data` run as a new module (`_slotserver_<kind>_<stem>_<n>`) under triton stand-ins, with
+    `path` as its file; a failure is a ModuleLoadError naming path:line (or the part's, from a part
+    it loads). What `load_source` runs for a module and `kernel_parts.load` for each of its parts."""
+    name = f"_slotserver_{kind}_{path.stem.lstrip('_')}_{next(_counter)}"
     module = ModuleType(name)
     module.__file__ = str(path)
-    text = src.data.decode("utf-8", errors="replace")
+    text = data.decode("utf-8", errors="replace")
     linecache.cache[str(path)] = (len(text), None, text.splitlines(True), str(path))
     try:
-        code = compile(src.data, str(path), "exec", dont_inherit=True)
+        code = compile(data, str(path), "exec", dont_inherit=True)
         sys.modules[name] = module  # dataclasses and triton look modules up by name
-        with lazy_triton.stand_ins(module.__dict__), c_sources.given(path.parent, src.c_files), \
-                kernel_parts.given(path.parent, src.parts):
-            exec(code, module.__dict__)  # noqa: S102 - a listed kernel/layout file: the lab's purpose
+        with lazy_triton.stand_ins(module.__dict__):
+            exec(code, module.__dict__)  # noqa: S102 - a listed kernel/layout file or its part: the lab's purpose
     except SyntaxError as e:
         raise ModuleLoadError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
     except ModuleLoadError:   # a part's: it names the part's file and line
@@ -195,10 +206,7 @@ def load_source(src: Source, required: tuple[str, ...]) -> LoadedModule:
         raise ModuleLoadError(f"{path}:{line_of(e, path)}: import failed: {type(e).__name__}: {e}") from None
     finally:
         sys.modules.pop(name, None)
-    missing = [r for r in required if not hasattr(module, r)]
-    if missing:
-        raise ModuleLoadError(f"{path}: missing contract name(s): {', '.join(missing)}")
-    return LoadedModule(path, module, src.version, tuple(src.c_files), tuple(src.parts))
+    return module
 
 
 def load_by_path(path: Path, required: tuple[str, ...]) -> LoadedModule:
