@@ -211,11 +211,14 @@ def _q8_fusion(path: Path) -> dict:
     lean_step.Q8_MAX_ROWS, lean_step.applies = fused_rows, applies
     bf16 = LlamaModel.load(path, torch.bfloat16, kernels=kernels, fmt=WeightFormat("blocks"))   # what a card serves
     bf16.set_step_graphs(False)
-    for name, rows in (("bf16_fused", fused_rows), ("bf16_unfused", 0)):
+    for name, rows in (("bf16_fused", fused_rows), ("bf16_unfused", 0), ("bf16_body", 0)):
         lean_step.Q8_MAX_ROWS = rows
+        if name == "bf16_body":
+            lean_step.applies = lambda *args: False
         cache, step = dl.decode_batch(bf16, 2, 7)
-        out[name] = bf16.forward(step, cache).float().tolist()
-    lean_step.Q8_MAX_ROWS = fused_rows
+        with dl.LaunchCounter() as counter:   # the launches of the step, as playground/decode_launches.py counts
+            out[name] = {"logits": bf16.forward(step, cache).float().tolist(), "launches": len(counter.names)}
+    lean_step.Q8_MAX_ROWS, lean_step.applies = fused_rows, applies
     return out
 
 
@@ -380,7 +383,12 @@ def test_on_blocks_the_norms_hand_their_q8_1_to_the_matmuls_with_the_same_logits
     c = interpreted["q8_fusion"]
     fused, unfused, body = c["fused"], c["unfused"], c["body"]
     assert fused["applies"] and fused["logits"] == unfused["logits"] == body["logits"], c
-    assert c["bf16_fused"] == c["bf16_unfused"], c   # bf16: the fused q8_1 is still the values quantized apart
+    assert c["bf16_fused"]["logits"] == c["bf16_unfused"]["logits"], c   # bf16: still the values quantized apart
+    # launches of the bf16 step (what a card replays): the old body casts each layer's normed rows in
+    # a launch of its own (one more for the step), the lean body does not; the fusion saves 3 a layer
+    launches = {k: c[f"bf16_{k}"]["launches"] for k in ("fused", "unfused", "body")}
+    assert launches["body"] - launches["unfused"] == c["layers"] + 1, launches
+    assert launches["unfused"] - launches["fused"] == 3 * c["layers"], launches
     assert unfused["quantized"] == 4 * c["layers"] + 1 and fused["quantized"] == c["layers"] + 1, c
 
 

@@ -16,7 +16,8 @@
   bytes, the memory the KV cache needs; and why dense while it fits: on an H200 (docs/gpu.md,
   fourth round) an 8B Q4_K decode step on its blocks (the wide dp4a GEMV) took 4.17 ms at one row
   against 4.63 dense, but 17.2 against 5.1 at 8 rows: a server batches, so dense wins where it
-  fits; `--gpu-weights blocks` is the one-stream choice.
+  fits; `--gpu-weights blocks` is the one-stream choice. (Those blocks steps ran the old layer
+  body, 4 launches a layer more than blocks run now: model/lean_step.py; not yet re-measured.)
 """
 
 from __future__ import annotations
