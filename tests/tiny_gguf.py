@@ -238,12 +238,14 @@ def write_tiny_gguf(path: str | os.PathLike, *, arch: str = "llama", n_layers: i
                     tied_embeddings: bool = True, rope_base: float = 10000.0, ctx_len: int = 256,
                     seed: int = 0, qkv_bias: bool = False, chat_template: str = CHATML,
                     rms_eps: float = 1e-5, head_dim: int | None = None, features: Sequence[str] = (),
-                    extra_specials: Sequence[str] = (), **overrides: Any) -> Path:
+                    extra_specials: Sequence[str] = (), transform: Any = None, **overrides: Any) -> Path:
     """Write a tiny random model to `path` and return it as a Path.
 
     2-D weights are stored as `tensor_type` (quantized types need d_model and d_ff to be
     multiples of the block size: 32, or 256 for K-quants); 1-D norms and biases stay F32.
     `features`, `head_dim` and `extra_specials`: see the module docstring.
+    `transform`: called with the float32 weights dict before they are written, returns the dict to
+    write (tests/tiny_lora.py writes a model with LoRA deltas merged into it).
     `overrides` maps full metadata keys (pass them as `**{"llama.context_length": 512}`) to new
     values, keeping a known key's value type (a new key: int32, float32 or string, unless given as
     a `(value, GGUFValueType)` pair); a value of None removes the key.
@@ -257,6 +259,8 @@ def write_tiny_gguf(path: str | os.PathLike, *, arch: str = "llama", n_layers: i
                            n_kv_heads=n_kv_heads, d_ff=d_ff, vocab_size=len(vocab[0]),
                            tied_embeddings=tied_embeddings, qkv_bias=qkv_bias, seed=seed,
                            head_dim=head_dim, features=features)
+    if transform is not None:
+        weights = transform(weights)
     writer = gguf.GGUFWriter(path, arch)
     for key, value in overrides.items():
         if value is None:

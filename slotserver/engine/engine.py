@@ -37,6 +37,7 @@ from slotserver.engine.port import EnginePort
 from slotserver.engine.intake import new_sequence, validate
 from slotserver.engine.kv_shift import check_shift_support
 from slotserver.engine.overlap import Overlap
+from slotserver.engine.lora_scales import LoraScales
 from slotserver.engine.postprocess import postprocess, progress_event
 from slotserver.engine.request import Request, RequestError, RequestHandle
 from slotserver.engine.scheduler import Scheduler, StepPlan
@@ -54,9 +55,11 @@ def kv_dtype(config: EngineConfig, bundle: ModelBundle) -> torch.dtype:
     return torch.float16 if bundle.config.dtype == "auto" else bundle.model.dtype
 
 
-def _disk_cache(config: EngineConfig, bundle: ModelBundle, spec: KVSpec) -> DiskCache:
-    """--cache-disk's store for this model file, KV type and geometry (engine/disk_cache.py)."""
+def _disk_cache(config: EngineConfig, bundle: ModelBundle, spec: KVSpec, ns: str = "") -> DiskCache:
+    """--cache-disk's store for this model file, KV type and geometry (engine/disk_cache.py); `ns`:
+    for KV computed under LoRA adapters (engine/lora_scales.py), a folder of its own."""
     key = model_key(Path(bundle.config.model_path), spec.dtype, (spec.n_layers, spec.n_kv_heads, spec.head_dim))
+    key = key + "-" + ns if ns else key
     limit = config.cache_disk_mib << 20 if config.cache_disk_mib > 0 else -1
     return DiskCache(Path(config.cache_disk), limit, key, spec.dtype)
 
@@ -75,13 +78,15 @@ class Engine:
             if config.cache_ram_mib else None   # --cache-ram
         self.disk_cache = _disk_cache(config, bundle, spec) if config.cache_disk is not None else None
         hooks = RamCacheHooks(self, self.prompt_cache, config.cache_idle_slots, config.kv_unified,
-                              self.disk_cache)   # + slot sharing
+                              self.disk_cache, lambda ns: _disk_cache(config, bundle, spec, ns))   # + slot sharing
         check_shift_support(config, bundle.model, self.cache)   # --context-shift / --cache-reuse
         self.sched = Scheduler(config, budget=lambda: self.cache.budget(), hooks=hooks,  # paged: admit by free blocks
                                add_bos=bundle.tokenizer.add_bos)
         self.sampling = StepSampling(s.vocab_size, config.spec.synth_probs, bundle.tokenizer.eog_ids)
         self.spec = _speculator(config, bundle, draft)   # --spec-type: drafts verified in the forward
         self.eog = bundle.tokenizer.eog_ids
+        self.lora = LoraScales(bundle.model.lora.adapters if bundle.model.lora else [],   # --lora
+                               [0.0 if bundle.config.lora_init_without_apply else s for _, s in bundle.config.lora])
         self.grammars = Grammars(bundle.tokenizer)   # llguidance's vocabulary, built on first use
         self.masks = MaskFiller(self.grammars)
         self.port = EnginePort(self)    # the verbs the lab and the slot files use
@@ -105,9 +110,12 @@ class Engine:
         validate(request, self.config, self.bundle.model.spec.vocab_size)
         if parent is not None and parent.request.prompt_ids != request.prompt_ids:
             raise RequestError("a sibling request must have its parent's prompt")
+        scales = self.lora.resolve(self.lora.parse([{"id": i, "scale": s} for i, s in request.lora])
+                                   if request.lora else None)   # --lora: a bad id is a RequestError
         self.inbox.take()
         handle = RequestHandle(next(self._ids), request, self, loop, self.outbox)
         handle.seq = new_sequence(handle, self.eog, self.bundle.tokenizer)
+        handle.seq.lora, handle.seq.cache_ns = (scales if any(scales) else ()), self.lora.cache_ns(scales)
         handle.seq.parent = parent.seq if parent is not None else None
         self.inbox.post(("submit", handle.seq))
         return handle
@@ -277,11 +285,12 @@ class Engine:
         if not plan.chunks:
             return None
         if tokens is not None:   # one-token decode chunks (overlap.plain_decode); 0 holds each id's place
-            chunks = [SeqChunk(c.stream, c.start, [0]) for c in plan.chunks]
+            chunks = [SeqChunk(c.stream, c.start, [0], lora=c.seq.lora) for c in plan.chunks]
         else:
             chunks = [SeqChunk(c.stream, c.start, c.seq.tokens[c.start: c.start + c.n] + list(c.draft),
                                all_logits=bool(c.draft), logits=c.sample,
-                               prompt=not c.draft and c.start + c.n <= c.seq.prompt_end) for c in plan.chunks]
+                               prompt=not c.draft and c.start + c.n <= c.seq.prompt_end, lora=c.seq.lora)
+                      for c in plan.chunks]
         rows = sum(c.sample + len(c.draft) for c in plan.chunks)
         if self._logits.shape[0] < rows:   # one buffer for every step's logits (see LlamaModel.forward)
             self._logits = torch.empty(rows, self._logits.shape[1], device=self.device)

@@ -97,18 +97,24 @@ class EnginePort:
                           s.vocab_size)
 
     def export_slot(self, slot_id: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-        """(cached tokens, K, V) of an idle slot, K/V canonical `[n_layers, n, kv_heads, head_dim]`."""
+        """(cached tokens, K, V) of an idle slot, K/V canonical `[n_layers, n, kv_heads, head_dim]`.
+        Its `ns` (the adapters the KV was computed under): `slot_ns`."""
         slot = self.require_idle(slot_id)
         tokens = list(slot.cached)
         k, v = self._e.cache.export_stream(self._stream(slot_id), len(tokens))
         dtype = self._e.cache.spec.dtype
         return tokens, k.to(dtype), v.to(dtype)
 
-    def import_slot(self, slot_id: int, tokens: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
-        """An idle slot's prompt cache becomes `tokens` with this K/V (checked by the caller)."""
+    def slot_ns(self, slot_id: int) -> str:
+        """The LoRA adapters an idle slot's KV was computed under (engine/lora_scales.py; "": none)."""
+        return self.require_idle(slot_id).ns
+
+    def import_slot(self, slot_id: int, tokens: list[int], k: torch.Tensor, v: torch.Tensor, ns: str = "") -> None:
+        """An idle slot's prompt cache becomes `tokens` with this K/V (checked by the caller),
+        computed under adapters `ns`."""
         slot = self.require_idle(slot_id)
         self._e.cache.import_stream(self._stream(slot_id), k, v)
-        slot.cached = list(tokens)
+        slot.cached, slot.ns = list(tokens), ns
 
     def erase_slot(self, slot_id: int) -> int:
         """Drop an idle slot's prompt cache (a paged layout gets its blocks back). -> cells erased."""

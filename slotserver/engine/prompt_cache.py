@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -57,47 +57,59 @@ class Entry:
 class PromptCache:
     """Token prefix -> host K/V, LRU by bytes (`limit` < 0: no limit). `index` (prefix_index) finds
     the longest shared prefix without comparing every entry; it follows every change to `entries`
-    (save, eviction, the LRU order), so change entries only through these methods."""
+    (save, eviction, the LRU order), so change entries only through these methods.
+    Entries live under the name of the adapters their KV was computed with (`ns`, "": the base
+    model; engine/lora_scales.py), one index each: a lookup only sees its own name's entries."""
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit = limit_bytes
-        self.entries: OrderedDict[tuple[int, ...], Entry] = OrderedDict()
-        self.index = PrefixIndex()
+        self.entries: OrderedDict[tuple[str, tuple[int, ...]], Entry] = OrderedDict()
+        self.indexes: dict[str, PrefixIndex] = {}
         self.bytes = 0
         self.hits = 0
 
     def __contains__(self, tokens: tuple[int, ...]) -> bool:
-        return tokens in self.entries
+        return ("", tokens) in self.entries
 
-    def save(self, tokens: tuple[int, ...], k: torch.Tensor, v: torch.Tensor) -> bool:
-        """Keep (tokens, K, V); -> False when it alone exceeds the limit (not kept)."""
+    def has(self, tokens: tuple[int, ...], ns: str) -> bool:
+        return (ns, tokens) in self.entries
+
+    @property
+    def index(self) -> PrefixIndex:
+        """The base model's entries' index."""
+        return self.indexes.setdefault("", PrefixIndex())
+
+    def save(self, tokens: tuple[int, ...], k: torch.Tensor, v: torch.Tensor, ns: str = "") -> bool:
+        """Keep (tokens, K, V) under `ns`; -> False when it alone exceeds the limit (not kept)."""
         nbytes = k.numel() * k.element_size() + v.numel() * v.element_size()
         if not tokens or (0 <= self.limit < nbytes):
             return False
-        if tokens in self.entries:
-            self.entries.move_to_end(tokens)
-            self.index.touch(tokens)
+        index = self.indexes.setdefault(ns, PrefixIndex())
+        if (ns, tokens) in self.entries:
+            self.entries.move_to_end((ns, tokens))
+            index.touch(tokens)
             return True
-        self.entries[tokens] = Entry(k.cpu(), v.cpu(), nbytes)
-        self.index.add(tokens)
+        self.entries[(ns, tokens)] = Entry(k.cpu(), v.cpu(), nbytes)
+        index.add(tokens)
         self.bytes += nbytes
         while 0 <= self.limit < self.bytes:
-            old_tokens, old = self.entries.popitem(last=False)
-            self.index.remove(old_tokens)
+            (old_ns, old_tokens), old = self.entries.popitem(last=False)
+            self.indexes[old_ns].remove(old_tokens)
             self.bytes -= old.nbytes
         return True
 
-    def best(self, prompt: tuple[int, ...]) -> tuple[tuple[int, ...], Entry, int] | None:
-        """The entry sharing the longest prefix with `prompt` (and that length; ties: the least
+    def best(self, prompt: tuple[int, ...], ns: str = "") -> tuple[tuple[int, ...], Entry, int] | None:
+        """The entry of `ns` sharing the longest prefix with `prompt` (and that length; ties: the least
         recently used), or None when none shares a token; the entry becomes the most recently used.
         O(len(prompt) / BLOCK + the entries sharing the prompt's deepest full block), not O(entries)."""
-        found = self.index.best(prompt)
+        index = self.indexes.get(ns)
+        found = index.best(prompt) if index is not None else None
         if found is None:
             return None
         tokens, n = found
-        self.entries.move_to_end(tokens)
-        self.index.touch(tokens)
-        return tokens, self.entries[tokens], n
+        self.entries.move_to_end((ns, tokens))
+        index.touch(tokens)
+        return tokens, self.entries[(ns, tokens)], n
 
 
 class RamCacheHooks:
@@ -105,8 +117,12 @@ class RamCacheHooks:
     --cache-ram 0, and only the slot-to-slot sharing runs)."""
 
     def __init__(self, engine: "Engine", cache: PromptCache | None, idle_slots: bool, unified: bool,
-                 disk: "DiskCache | None" = None) -> None:
+                 disk: "DiskCache | None" = None, disk_for: Callable[[str], "DiskCache"] | None = None) -> None:
+        """disk: --cache-disk's store of the base model's KV; disk_for(ns): the store of KV computed
+        under adapters `ns` (engine/lora_scales.py), made when first needed."""
         self.e, self.cache, self.unified, self.disk = engine, cache, unified, disk
+        self._disks: dict[str, DiskCache] = {"": disk} if disk is not None else {}
+        self._disk_for = disk_for
         self.idle_slots = idle_slots and (cache is not None or disk is not None)
         self.shared = 0   # requests that took a prefix from another slot
         if self.idle_slots:
@@ -117,14 +133,14 @@ class RamCacheHooks:
     def on_select(self, slot: Slot, seq: "Sequence") -> None:
         """Before the slot's reuse is counted: a longer prefix, from another slot or the RAM cache,
         replaces the slot's KV."""
-        prompt = tuple(seq.tokens[: seq.num_prompt])
-        own = common_prefix(slot.cached, prompt)
+        prompt, ns = tuple(seq.tokens[: seq.num_prompt]), seq.cache_ns
+        own = common_prefix(slot.cached, prompt) if slot.ns == ns else 0
         if own < len(slot.cached):   # about to be overwritten: keep it in RAM (and on disk) first
             self._save(slot)
         if not seq.request.cache_prompt:
             return
-        source, n_slot = self._best_slot(slot, prompt)
-        found = self.cache.best(prompt) if self.cache is not None else None
+        source, n_slot = self._best_slot(slot, prompt, ns)
+        found = self.cache.best(prompt, ns) if self.cache is not None else None
         n_ram = found[2] if found is not None else 0
         if self._from_disk(slot, seq, prompt, max(own, n_slot, n_ram)):
             return
@@ -133,30 +149,37 @@ class RamCacheHooks:
             n = self._restore_len(seq, tokens, n)
             log.debug("updating prompt cache: slot %d takes %d cached tokens", slot.id, n)
             self.e.cache.import_stream(self._stream(slot), entry.k[:, :n], entry.v[:, :n])
-            slot.cached = list(tokens[:n])
+            slot.cached, slot.ns = list(tokens[:n]), ns
             self.cache.hits += 1
         elif source is not None and n_slot >= own + MIN_SHARED:
             log.debug("slot %d takes a %d-token prefix from slot %d", slot.id, n_slot, source.id)
             self.e.cache.layout.copy_stream(self._stream(source), self._stream(slot), n_slot)
-            slot.cached = list(prompt[:n_slot])
+            slot.cached, slot.ns = list(prompt[:n_slot]), ns
             self.shared += 1
 
     def _from_disk(self, slot: Slot, seq: "Sequence", prompt: tuple[int, ...], n_memory: int) -> bool:
         """--cache-disk: a longer prefix than memory offers, read back into the slot (and kept in RAM)."""
-        found = self.disk.best(prompt) if self.disk is not None else None
+        disk = self._disk(seq.cache_ns)
+        found = disk.best(prompt) if disk is not None else None
         if found is None or found[1] <= n_memory:
             return False
         tokens, n = found
         n = self._restore_len(seq, tokens, n)
-        kv = self.disk.load(tokens)
+        kv = disk.load(tokens)
         if kv is None:   # did not check out (logged, deleted): memory's best, if any, still serves
             return False
         log.debug("slot %d takes %d tokens from the disk cache", slot.id, n)
         self.e.cache.import_stream(self._stream(slot), kv[0][:, :n], kv[1][:, :n])
-        slot.cached = list(tokens[:n])
+        slot.cached, slot.ns = list(tokens[:n]), seq.cache_ns
         if self.cache is not None:
-            self.cache.save(tokens, *kv)
+            self.cache.save(tokens, *kv, ns=seq.cache_ns)
         return True
+
+    def _disk(self, ns: str) -> "DiskCache | None":
+        """--cache-disk's store for KV computed under adapters `ns` (None without --cache-disk)."""
+        if ns not in self._disks and self._disk_for is not None and self.disk is not None:
+            self._disks[ns] = self._disk_for(ns)
+        return self._disks.get(ns)
 
     def _restore_len(self, seq: "Sequence", tokens: tuple[int, ...], n: int) -> int:
         """Cells of a cached entry to put in the slot: its common prefix with the prompt, or all of it
@@ -174,10 +197,11 @@ class RamCacheHooks:
                 if slot.n_valid:
                     tokens = slot.valid_tokens()
                     k, v = self.e.cache.export_stream(self._stream(slot), len(tokens))
-                    self.disk.save(tuple(tokens), k.cpu(), v.cpu())
+                    self._disk(slot.ns).save(tuple(tokens), k.cpu(), v.cpu())
         except Exception as e:  # noqa: BLE001 - asleep (KV released) or a lab layout failing: stop anyway
             log.warning("disk cache: the slots could not be saved at stop (%s)", e)
-        self.disk.flush()
+        for disk in self._disks.values():
+            disk.flush()
 
     def holds_back(self, seq: "Sequence", running: list) -> bool:
         """Whether `seq` should wait: a running sequence still prefilling computes a prefix of at least
@@ -188,19 +212,21 @@ class RamCacheHooks:
             return False
         prompt = seq.tokens[: seq.num_prompt]
         for other in running:
-            if other.num_computed < other.prompt_end and other.request.cache_prompt:
+            if other.num_computed < other.prompt_end and other.request.cache_prompt \
+                    and other.cache_ns == seq.cache_ns:
                 n = common_prefix(other.tokens[: other.prompt_end], prompt)
                 if n >= MIN_SHARED and other.num_computed < n:
                     return True
         return False
 
-    def _best_slot(self, slot: Slot, prompt: tuple[int, ...]) -> tuple[Slot | None, int]:
-        """The other slot whose valid KV shares the longest prefix with `prompt`, and that length:
-        an idle slot's cache, a busy one's computed tokens (its stream holds exactly those)."""
+    def _best_slot(self, slot: Slot, prompt: tuple[int, ...], ns: str) -> tuple[Slot | None, int]:
+        """The other slot whose valid KV (computed under adapters `ns`) shares the longest prefix with
+        `prompt`, and that length: an idle slot's cache, a busy one's computed tokens (its stream
+        holds exactly those)."""
         best, n_best = None, 0
         as_list = list(prompt)   # slots hold lists: common_prefix then compares slices as they are
         for other in self.e.sched.slots.slots:
-            if other is slot:
+            if other is slot or other.ns != ns:
                 continue
             n = common_prefix(other.valid_tokens(), as_list)
             if n > n_best:
@@ -220,15 +246,15 @@ class RamCacheHooks:
 
     def _save(self, slot: Slot) -> bool:
         """The slot's cache into each store that lacks it (RAM, disk); -> whether anything was kept."""
-        tokens = tuple(slot.cached)
-        to_ram = self.cache is not None and tokens not in self.cache
-        to_disk = self.disk is not None and tokens not in self.disk.index
+        tokens, disk = tuple(slot.cached), self._disk(slot.ns)
+        to_ram = self.cache is not None and not self.cache.has(tokens, slot.ns)
+        to_disk = disk is not None and tokens not in disk.index
         if not tokens or not (to_ram or to_disk):
             return False
         k, v = self.e.cache.export_stream(self._stream(slot), len(tokens))
         if to_disk:
-            self.disk.save(tokens, k.cpu(), v.cpu())
-        return self.cache.save(tokens, k, v) if to_ram else True
+            disk.save(tokens, k.cpu(), v.cpu())
+        return self.cache.save(tokens, k, v, ns=slot.ns) if to_ram else True
 
     def _stream(self, slot: Slot) -> int:
         return self.e.sched.streams.stream_of[slot.id]

@@ -48,6 +48,9 @@ class Request:
     spec_n_min: int | None = None
     spec_p_min: float | None = None
     reasoning_budget: BudgetSpec | None = None  # tokens allowed inside <think> (reasoning_budget.py)
+    # llama-server's `lora`: (adapter id, scale) pairs for this request, the others at 0; None (or
+    # empty): the server's scales when submitted (engine/lora_scales.py)
+    lora: tuple[tuple[int, float], ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -128,14 +128,15 @@ class Scheduler:
             seq = self.waiting[0]
             if self.hooks is not None and self.hooks.holds_back(seq, self.running()):
                 break  # a running prefill is computing this prompt's prefix: take a copy once it is done
-            slot = self.slots.select(tuple(seq.tokens[: seq.num_prompt]), seq.request.id_slot)
+            slot = self.slots.select(tuple(seq.tokens[: seq.num_prompt]), seq.request.id_slot, seq.cache_ns)
             if slot is None or (budget is not None and not self._fits(budget, seq, slot, plan)):
                 break  # strict FIFO: the head waits, and so does everyone behind it
             self.waiting.popleft()
             if self.hooks is not None:
                 self.hooks.on_select(slot, seq)
             n_min = cache_reuse.min_chunk(seq, self.config)
-            reuse, shift = cache_reuse.reuse(slot.cached, seq, n_min, self.streams.stream_of[slot.id])
+            cached = slot.cached if slot.ns == seq.cache_ns else []   # other adapters' KV: nothing to reuse
+            reuse, shift = cache_reuse.reuse(cached, seq, n_min, self.streams.stream_of[slot.id])
             plan.shifts += [shift] if shift is not None else []   # --cache-reuse: chunks moved into place
             # logits need >= 1 token (num_tokens: a preempted sequence that a context shift shortened)
             seq.num_computed = seq.num_cached = min(reuse, seq.num_prompt - 1, seq.num_tokens - 1)

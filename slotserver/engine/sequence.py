@@ -47,6 +47,10 @@ class Sequence:
     num_discarded: int = 0          # all of them
     num_prompt_discarded: int = 0   # of which prompt tokens
     shifted: bool = False           # a shift ran: the response says truncated (as llama-server)
+    # LoRA (engine/lora_scales.py): each adapter's scale for this request (() with none active), and
+    # the name of the KV computed under them: caches only give a prefix computed under the same
+    lora: tuple[float, ...] = ()
+    cache_ns: str = ""
 
     @property
     def request(self) -> Request:

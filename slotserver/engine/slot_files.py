@@ -174,22 +174,25 @@ def save(engine, slot_id: int, filename: str) -> dict:
     tokens, k, v = engine.port.export_slot(slot_id)       # K/V in the cache's dtype: what restore requires
     g = engine.port.geometry()
     data = {"format": FORMAT, "tokens": tokens, "k": _own_storage(k), "v": _own_storage(v),
-            "geometry": [g.n_layers, g.n_kv_heads, g.head_dim]}
+            "geometry": [g.n_layers, g.n_kv_heads, g.head_dim], "lora_ns": engine.port.slot_ns(slot_id)}
     written = atomic_write(path, lambda f: torch.save(data, f))
     return {"id_slot": slot_id, "filename": filename, "n_saved": len(tokens), "n_written": written,
             "timings": {"save_ms": 1000 * (time.perf_counter() - t0)}}
 
 
-def _read(path: Path, filename: str) -> tuple[list, torch.Tensor, torch.Tensor, list]:
-    """(tokens, k, v, geometry) as stored, or RequestError if the file is not a slot file."""
+def _read(path: Path, filename: str) -> tuple[list, torch.Tensor, torch.Tensor, list, str]:
+    """(tokens, k, v, geometry, lora_ns) as stored, or RequestError if the file is not a slot file.
+    lora_ns: the LoRA adapters the KV was computed under (engine/lora_scales.py); "" in files from
+    before adapters, which had none."""
     try:
         data = torch.load(path, weights_only=True)
         tokens, k, v, geometry = data["tokens"], data["k"], data["v"], list(data["geometry"])
-        assert data["format"] == FORMAT and isinstance(tokens, list)
+        ns = data.get("lora_ns", "")
+        assert data["format"] == FORMAT and isinstance(tokens, list) and isinstance(ns, str)
         assert isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
         raise RequestError(f"slot file {filename!r} is not a valid slot file ({type(e).__name__})") from None
-    return tokens, k, v, geometry
+    return tokens, k, v, geometry, ns
 
 
 def _check(g: KVGeometry, filename: str, tokens: list, k: torch.Tensor, v: torch.Tensor, geometry: list) -> None:
@@ -218,9 +221,9 @@ def restore(engine, slot_id: int, filename: str) -> dict:
     _refuse_folder(path, filename)
     if not path.is_file():
         raise FileNotFoundError(f"slot file {filename!r} not found")
-    tokens, k, v, geometry = _read(path, filename)
+    tokens, k, v, geometry, ns = _read(path, filename)
     _check(engine.port.geometry(), filename, tokens, k, v, geometry)
-    engine.port.import_slot(slot_id, tokens, k, v)
+    engine.port.import_slot(slot_id, tokens, k, v, ns)
     return {"id_slot": slot_id, "filename": filename, "n_restored": len(tokens), "n_read": path.stat().st_size,
             "timings": {"restore_ms": 1000 * (time.perf_counter() - t0)}}
 

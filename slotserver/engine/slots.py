@@ -21,6 +21,7 @@ class Slot:
     cached: list[int] = field(default_factory=list)   # tokens whose KV is in the slot's stream
     seq: Sequence | None = None
     last_used: int = 0
+    ns: str = ""   # the adapters its KV was computed under (Sequence.cache_ns; "": the base model)
 
     @property
     def idle(self) -> bool:
@@ -38,6 +39,8 @@ class Slot:
     def occupy(self, seq: Sequence) -> None:
         assert self.idle, f"slot {self.id} is busy"
         self.seq, seq.slot_id, self.last_used = seq, self.id, next(_clock)
+        if self.ns != seq.cache_ns:   # KV of other adapters: none of it serves this request's tokens
+            self.cached, self.ns = [], seq.cache_ns
 
     def release(self) -> None:
         """The request is done: keep what it computed as this slot's prompt cache."""
@@ -88,8 +91,9 @@ class SlotTable:
     def active(self) -> list[Slot]:
         return [s for s in self.slots if not s.idle]
 
-    def select(self, prompt: tuple[int, ...], id_slot: int) -> Slot | None:
-        """The slot for a request, or None if it must wait."""
+    def select(self, prompt: tuple[int, ...], id_slot: int, ns: str = "") -> Slot | None:
+        """The slot for a request, or None if it must wait. Only a slot whose KV was computed under
+        the request's adapters (`ns`) counts as sharing its prefix."""
         if id_slot >= 0:
             slot = self.slots[id_slot]
             return slot if slot.idle else None
@@ -97,7 +101,9 @@ class SlotTable:
         if not idle:
             return None
         if self.similarity > 0 and prompt:
-            best = max(idle, key=lambda s: (common_prefix(s.cached, prompt), -s.last_used))
-            if common_prefix(best.cached, prompt) / len(prompt) > self.similarity:
+            def shared(s: Slot) -> int:
+                return common_prefix(s.cached, prompt) if s.ns == ns else 0
+            best = max(idle, key=lambda s: (shared(s), -s.last_used))
+            if shared(best) / len(prompt) > self.similarity:
                 return best
         return min(idle, key=lambda s: s.last_used)

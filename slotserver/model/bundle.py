@@ -16,6 +16,7 @@ from slotserver.runtime import cpu_features
 from slotserver.runtime.device import kernel_impl
 from slotserver.runtime.kernel_set import KernelSet
 from slotserver.model.model import LlamaModel
+from slotserver.model.lora import LoraSet, read_adapter
 from slotserver.model.read_weights import read_weights
 from slotserver.model.spec import ModelSpec
 from slotserver.model.text.tokenizer import Tokenizer
@@ -54,6 +55,10 @@ class ModelBundle:
                    "weights read"):
             model = LlamaModel.from_file(f, spec, config.torch_dtype, kernels, config.max_ctx or None, progress,
                                          config.weight_format, device)
+        if config.lora:   # --lora: the adapters' deltas, on the weights' device (model/lora.py)
+            with stage(f"reading {len(config.lora)} LoRA adapter(s)", "LoRA adapters read"):
+                arch = str(f.metadata.get("general.architecture", ""))
+                model.lora = LoraSet([read_adapter(p, spec, arch) for p, _ in config.lora], spec, device)
         model.fused_gemv = config.fused_gemv   # model/gemv_step.py: CUDA decode steps on fused GEMVs
         model.set_step_graphs(config.replays_step_graphs)
         return cls(config, model, tokenizer, template, _without_vocabulary(f.metadata))

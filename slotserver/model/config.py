@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,10 @@ class ModelConfig:
     # cuBLAS + separate norm/rope/gate kernels (model/gemv_step.py); off: an H200 measured it faster
     # only at one row of a 0.5B model (1.10x), slower at 8-16 rows and at 8B widths (docs/gpu.md)
     fused_gemv: bool = False
+    # LoRA adapters (model/lora.py): (file, scale) in id order (--lora FILE: 1.0, --lora-scaled
+    # FILE:SCALE); lora_init_without_apply: every scale starts at 0 (POST /lora-adapters sets them)
+    lora: tuple[tuple[Path, float], ...] = ()
+    lora_init_without_apply: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
@@ -64,6 +70,11 @@ class ModelConfig:
             cpu_features.current()   # SLOTSERVER_CPU: a typo is an error at startup, not at the first kernel build
         except cpu_features.CpuVariantError as e:
             raise ConfigError(str(e)) from None
+        for path, scale in self.lora:
+            if not Path(path).is_file():
+                raise ConfigError(f"LoRA adapter {path}: no such file")
+            if not math.isfinite(scale):
+                raise ConfigError(f"LoRA adapter {path}: scale must be a finite number, got {scale}")
         for name in ("kernels_dir", "layouts_dir"):
             folder = getattr(self, name)
             if folder is not None and not Path(folder).is_dir():

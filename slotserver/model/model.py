@@ -32,6 +32,7 @@ from slotserver.model.cuda_graph import CudaGraphs
 from slotserver.model import gemv_step, heap, lean_step
 from slotserver.model.bias_add import add_bias
 from slotserver.model.linear import QLinear
+from slotserver.model.lora import LoraSet
 from slotserver.model.moe import moe_ffn
 from slotserver.model.read_weights import check_kernels, read_weights
 from slotserver.model.weights import LayerWeights, ModelWeights, Progress, WeightFormat
@@ -53,6 +54,8 @@ class LlamaModel:
     # as an H200 measured it slower than cuBLAS but at one row of a 0.5B model. Set at load: a change after
     # CUDA graphs were captured needs set_step_graphs(True) to recapture them
     fused_gemv: bool = False
+    # LoRA adapters (model/lora.py; `--lora`): applied to the rows of a batch that carry scales
+    lora: LoraSet | None = None
 
     def __post_init__(self) -> None:
         if not self.layer_ropes:
@@ -112,6 +115,8 @@ class LlamaModel:
             raise ValueError(f"position {batch.attn.max_kv - 1} beyond the rope table ({self.rope.max_pos})")
         if self.step_hook is not None:
             self.step_hook(batch, cache)
+        if self._adapted(batch):   # LoRA rows: the unfused body with the deltas, never a graph
+            return self._body(*self._inputs(batch), batch, cache, logits_into)
         if isinstance(self.graphs, CudaGraphs):
             return self._forward_cuda(batch, cache, logits_into)
         x, angles = self._inputs(batch)
@@ -122,6 +127,10 @@ class LlamaModel:
         return self.graphs.run((self.kernels, getattr(cache, "layout", cache)), key, inputs,
                                lambda: self._body(x, angles, batch, cache), self.kernels.timings,
                                None if logits_into is None else logits_into[: batch.n_tokens])
+
+    def _adapted(self, batch: Batch) -> bool:
+        """Whether LoRA deltas apply to this batch: adapters loaded and some row has a scale."""
+        return batch.lora is not None and self.lora is not None
 
     def _forward_cuda(self, batch: Batch, cache, logits_into: torch.Tensor | None) -> torch.Tensor:
         """A decode step replayed from a CUDA graph where one serves it (cuda_graph.py), else eager.
@@ -163,38 +172,46 @@ class LlamaModel:
         """The layers, the final norm and the output matmul on the embedded batch `x` (updated in place)."""
         s, w, ops = self.spec, self.weights, self.kernels
         act, plain, silu = w.act_dtype, self._plain, s.act != "gelu"
-        fuse = ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}   # per step: a reload may swap it
-        if lean_step.applies(self, ops):   # the Triton kernels: fewer launches (lean_step.py, gemv_step.py)
+        lora = batch.lora if self._adapted(batch) else None   # [T, adapters]: the deltas need x unfused
+        fuse = lora is None and ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}   # per step
+        if lora is None and lean_step.applies(self, ops):   # the Triton kernels: fewer launches (lean_step.py, gemv_step.py)
             body = gemv_step.gemv_body if gemv_step.applies(self, ops, batch) else lean_step.lean_body
             return self._logits(fuse, body(self, x, angles, batch, cache), logits_into)
         norm_adds = "acc" in ops.fuses.get("rms_norm", ()) and s.residual_scale == 1.0   # x += post_norm(y) in C
         for i, lw in enumerate(w.layers):
-            qkv = self._mm(fuse, lw.qkv, x, norm=lw.attn_norm)       # [tokens, q_size + 2*kv_size]
+            qkv = self._mm(fuse, lw.qkv, x, norm=lw.attn_norm, lora=(i, "qkv", lora))  # [tokens, q + 2 kv]
             a = self._attention(i, lw, qkv, batch, cache, *angles[id(self.layer_ropes[i])])
             if plain:
-                x = self._mm(fuse, lw.wo, a, acc=x)                  # x += a @ wo^T
+                x = self._mm(fuse, lw.wo, a, acc=x, lora=(i, "wo", lora))   # x += a @ wo^T
             else:
-                x = self._residual_add(norm_adds, x, lw.wo(a, ops), lw.post_attn_norm)
+                x = self._residual_add(norm_adds, x, self._mm(False, lw.wo, a, lora=(i, "wo", lora)),
+                                       lw.post_attn_norm)
             if lw.moe is not None:
                 x = self._moe(lw, x, plain)
                 continue
-            gate_up = self._mm(fuse, lw.gate_up, x, norm=lw.ffn_norm)  # [tokens, 2 * d_ff]
+            gate_up = self._mm(fuse, lw.gate_up, x, norm=lw.ffn_norm, lora=(i, "gate_up", lora))  # [tokens, 2 ff]
             if not silu:
                 gate_up = ops.gelu_mul(gate_up)
+            down = (i, "down", lora)
             if plain:
-                x = self._mm(fuse, lw.down, gate_up, glu=silu, acc=x)
+                x = self._mm(fuse, lw.down, gate_up, glu=silu, acc=x, lora=down)
             else:
-                x = self._residual_add(norm_adds, x, self._mm(fuse, lw.down, gate_up, glu=silu), lw.post_ffn_norm)
-        rows = x if batch.logits_rows.shape[0] == batch.n_tokens else x[batch.logits_rows]  # all rows, in order
-        return self._logits(fuse, _as(ops.rms_norm(rows, w.out_norm, s.norm_eps), act), logits_into)
+                x = self._residual_add(norm_adds, x, self._mm(fuse, lw.down, gate_up, glu=silu, lora=down),
+                                       lw.post_ffn_norm)
+        every = batch.logits_rows.shape[0] == batch.n_tokens
+        rows = x if every else x[batch.logits_rows]                          # all rows, in order
+        out_lora = None if lora is None else (-1, "output", lora if every else lora[batch.logits_rows])
+        return self._logits(fuse, _as(ops.rms_norm(rows, w.out_norm, s.norm_eps), act), logits_into, out_lora)
 
-    def _logits(self, fuse: bool, x: torch.Tensor, logits_into: torch.Tensor | None) -> torch.Tensor:
-        """The output matmul on the output-normed rows x ([rows, d_model]), scaled and soft-capped."""
+    def _logits(self, fuse: bool, x: torch.Tensor, logits_into: torch.Tensor | None,
+                lora: tuple | None = None) -> torch.Tensor:
+        """The output matmul on the output-normed rows x ([rows, d_model]), scaled and soft-capped;
+        lora: (-1, "output", row scales) where the batch has LoRA rows."""
         s, w = self.spec, self.weights
         if logits_into is None:
-            logits = w.output(x, self.kernels).float()           # [rows, vocab], a new tensor
+            logits = self._mm(False, w.output, x, lora=lora).float()   # [rows, vocab], a new tensor
         else:                                                    # added into zeros: the same floats
-            logits = self._mm(fuse, w.output, x, acc=logits_into[: x.shape[0]].zero_())
+            logits = self._mm(fuse, w.output, x, acc=logits_into[: x.shape[0]].zero_(), lora=lora)
         if s.logit_scale != 1.0:
             logits.div_(s.logit_scale)
         if s.final_softcap:
@@ -240,10 +257,12 @@ class LlamaModel:
             self.kernels.moe_matmul(torch.zeros(1, e.k, dtype=self.weights.act_dtype), e, one)
 
     def _mm(self, fuse: bool, lin, x: torch.Tensor, norm: torch.Tensor | None = None, glu: bool = False,
-            acc: torch.Tensor | None = None) -> torch.Tensor:
+            acc: torch.Tensor | None = None, lora: tuple | None = None) -> torch.Tensor:
         """lin(x) with the pre-norm (RMSNorm weight `norm`), the SiLU gate (x = gate|up) and the
         residual add (into `acc`, returned) fused into qmatmul where it fuses (GGUF blocks and a
-        qmatmul with FUSES), else as the separate kernels: the same floats either way."""
+        qmatmul with FUSES), else as the separate kernels: the same floats either way.
+        lora: (layer, linear, row scales or None): the adapters' delta on the normed / gated x,
+        added before the residual (the caller passes fuse=False with scales)."""
         if fuse and isinstance(lin, QLinear):
             if acc is not None and lin.bias is not None and len(lin.parts) == 1 and norm is None and not glu \
                     and lin.op == "qmatmul":
@@ -258,6 +277,8 @@ class LlamaModel:
         if norm is not None:
             x = _as(ops.rms_norm(x, norm, self.spec.norm_eps), self.weights.act_dtype)
         y = lin(x, ops)
+        if lora is not None and lora[2] is not None:
+            y = self.lora.add(lora[:2], x, y, lora[2])
         return y if acc is None else acc.add_(y)
 
     def _attention(self, i: int, lw: LayerWeights, qkv: torch.Tensor, batch: Batch, cache,

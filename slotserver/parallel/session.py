@@ -84,7 +84,8 @@ class TPSession:
         """What --tp does not run, refused in one line (a LaunchPlan: server/launch.py)."""
         problems = {"--device cuda (--tp runs over gloo on the CPU)": plan.model.device == "cuda",
                     "--sleep-idle-seconds (a wake reloads the whole weights)": plan.engine.sleep_idle_s > 0,
-                    "--embedding / --reranking": embedding}
+                    "--embedding / --reranking": embedding,
+                    "--lora (the adapters' deltas are not sharded)": bool(plan.model.lora)}
         for what, bad in problems.items():
             if bad:
                 raise ConfigError(f"--tp {self.comm.world} does not run with {what}")

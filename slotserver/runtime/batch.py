@@ -27,6 +27,8 @@ class SeqChunk:
     # (AMX tiles on CPUs that have them, kernels/attention_amx.c), the same floats for a prompt row
     # however the prompt is chunked, but not a decode row's. Decode and verify chunks leave it False.
     prompt: bool = False
+    # LoRA adapters (model/lora.py): the sequence's scale of each adapter; () for none
+    lora: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,9 @@ class Batch:
     token_streams: torch.Tensor  # [T] int64
     logits_rows: torch.Tensor    # [R] int64 flat rows whose logits are returned
     attn: AttnMeta
+    # [T, adapters] float32: each row's LoRA adapter scales (model/lora.py); None when no row has one.
+    # Rows of one step may differ: the deltas are computed per row.
+    lora: torch.Tensor | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -115,7 +120,7 @@ class Batch:
         q_lens = [len(c.tokens) for c in chunks]
         assert min(q_lens) > 0, "a chunk without tokens"
         if max(q_lens) == 1 and all(c.logits and not c.prompt for c in chunks):
-            return _decode(chunks, device)
+            return _with_lora(_decode(chunks, device), chunks, device)
         logits_rows, total = [], 0
         for c, n in zip(chunks, q_lens):
             if c.all_logits:
@@ -129,7 +134,22 @@ class Batch:
             token_streams=_long([c.stream for c in chunks for _ in c.tokens], device),
             logits_rows=_long(logits_rows, device),
             attn=_attn_meta(chunks, device, split=True),
+            lora=_lora_rows(chunks, device),
         )
+
+
+def _with_lora(batch: Batch, chunks: list[SeqChunk], device) -> Batch:
+    rows = _lora_rows(chunks, device)
+    return batch if rows is None else replace(batch, lora=rows)
+
+
+def _lora_rows(chunks: list[SeqChunk], device) -> torch.Tensor | None:
+    """[T, adapters] float32, each chunk's adapter scales on each of its rows; None if no chunk has one."""
+    n = max(len(c.lora) for c in chunks)
+    if not any(any(c.lora) for c in chunks):
+        return None
+    rows = [list(c.lora) + [0.0] * (n - len(c.lora)) for c in chunks for _ in c.tokens]
+    return torch.tensor(rows, dtype=torch.float32, device=device)
 
 
 def _decode(chunks: list[SeqChunk], device) -> Batch:

@@ -27,7 +27,7 @@ from slotserver.server.auth import ApiKeyAuth
 from slotserver.server.cors import InferenceCors
 from slotserver.server.errors import (ApiError, CatchAll, api_error_handler, http_exception_handler,
                                       loading_error, not_supported)
-from slotserver.server.routes import completion, lab, messages, misc, openai, responses, slots
+from slotserver.server.routes import completion, lab, lora, messages, misc, openai, responses, slots
 from slotserver.server.routes import embeddings, rerank
 from slotserver.server.routes import infill
 from slotserver.server.routes import webui
@@ -77,7 +77,7 @@ def _middleware(state: ServerState) -> list[Middleware]:
 def create_app(state: ServerState) -> Starlette:
     """The ASGI app serving `state` (which may still be loading: see `ServerState.set_loaded`)."""
     routes = [*misc.ROUTES, *completion.ROUTES, *openai.ROUTES, *messages.ROUTES, *responses.ROUTES,
-              *slots.ROUTES, *lab.ROUTES, Route("/metrics", metrics, methods=["GET"]),
+              *slots.ROUTES, *lab.ROUTES, *lora.ROUTES, Route("/metrics", metrics, methods=["GET"]),
               *embeddings.ROUTES, *rerank.ROUTES, *infill.ROUTES]
     if state.config.webui:   # --no-webui: 404 at /, as llama-server
         routes += webui.routes()

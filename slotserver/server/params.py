@@ -140,7 +140,28 @@ def build_request(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: Gen
         timings_per_token=f.bool("timings_per_token", False),
         **speculative_fields(f),
         reasoning_budget=budget,
+        lora=lora_field(f),
     )
+
+
+def lora_field(f: Fields) -> tuple[tuple[int, float], ...] | None:
+    """llama-server's `lora`: [{"id": int, "scale": number}] -> (id, scale) pairs; absent, null or
+    [] -> None (the server's scales). The form is checked here, the ids by the engine (which knows
+    the adapters): both a 400 naming the entry (engine/lora_scales.py)."""
+    value = f.raw("lora")
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list):
+        raise bad_request("'lora' must be an array of objects with 'id' and 'scale' fields")
+    out = []
+    for i, e in enumerate(value):
+        if not isinstance(e, dict) or set(e) - {"id", "scale"} or type(e.get("id")) is not int:
+            raise bad_request(f"'lora[{i}]' must be an object with an integer 'id' and a 'scale'")
+        scale = e.get("scale", 0.0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise bad_request(f"'lora[{i}].scale' must be a finite number, got {scale!r}")
+        out.append((e["id"], float(scale)))
+    return tuple(out)
 
 
 def speculative_fields(f: Fields) -> dict:

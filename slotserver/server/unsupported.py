@@ -33,7 +33,6 @@ FLAGS = (
     ("reasoning_control", "ending reasoning at run time is not supported"),
 )
 NON_EMPTY = (
-    ("lora", "LoRA adapters are not supported"),
     ("grammar_triggers", "grammar triggers (lazy grammars) are not supported"),
     ("preserved_tokens", "preserved tokens (lazy grammars) are not supported"),
     ("chat_parser", "chat parsers are chosen by the server"),
