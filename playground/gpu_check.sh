@@ -156,7 +156,8 @@ part wheels 60 wheels
 # the newest kernels' card tests first (a part cut by its timeout loses its last files)
 TAIL=60 part tests 150 $PY -m pytest -v -rf --tb=short -p no:cacheprovider \
     $(ls tests/test_gpu_*.py tests/test_qmma.py tests/test_gemv*.py 2>/dev/null) tests/test_device.py \
-    $(ls tests/test_torch_dequant.py tests/test_device_*.py 2>/dev/null | grep -v test_device_archs)
+    $(ls tests/test_torch_dequant.py tests/test_device_*.py 2>/dev/null | grep -v test_device_archs) \
+    tests/test_lora.py::test_on_the_gpu_an_adapter_gives_the_merged_models_logits
 # the GGUF-block decode first (the wide GEMV, tuned on an H200 2026-11-27: docs/gpu.md), then reruns
 TAIL=30 part qgemvab 200 qgemvab
 TAIL=40 part qmatmul 110 qmatmul

@@ -56,9 +56,9 @@ def _files(tmp_path, kw: dict, scale: float, alpha: float = 0.0, output: bool = 
 
 
 def _logits(model: LlamaModel, chunks: list[SeqChunk]) -> torch.Tensor:
-    s = model.spec
-    cache = KVCache.create("seq_head_dim", KVSpec(s.n_layers, 2, 64, s.n_kv_heads, s.head_dim, torch.float32))
-    return model.forward(Batch.build(chunks), cache)
+    s, dev = model.spec, model.device
+    cache = KVCache.create("seq_head_dim", KVSpec(s.n_layers, 2, 64, s.n_kv_heads, s.head_dim, torch.float32, device=dev))
+    return model.forward(Batch.build(chunks, dev), cache).cpu()
 
 
 def _prompt(stream: int, lora: tuple = (), tokens=TOKENS) -> SeqChunk:
@@ -131,6 +131,10 @@ def test_adapters_that_do_not_fit_the_model_are_refused_by_name(tmp_path):
     assert "blk.0.attn_q.weight has lora_a (4, 64) and lora_b (32, 4)" in _bad(tmp_path, blk__0__attn_q__weight=(a, b[:32]))
     assert "blk.7.attn_q.weight is no matmul" in _bad(tmp_path, blk__7__attn_q__weight=(a, b))
     assert "token_embd.weight is no matmul" in _bad(tmp_path, token_embd__weight=(a, b))
+    tied = write_tiny_gguf(tmp_path / "tied.gguf")
+    path = write_adapter(tmp_path / "out.gguf", "llama", {"output.weight": _pairs(ARCHS["llama"], True)["output.weight"]})
+    with pytest.raises(LoraError, match="output.weight: this model has no output matmul of its own"):
+        read_adapter(path, LlamaModel.load(tied, torch.float32).spec, "llama")
 
 
 def _engine(path, adapters=(), n_parallel: int = 1, **config) -> Engine:
@@ -214,3 +218,22 @@ def test_lora_flags_keep_the_command_lines_order():
         lora_from_args(build_parser().parse_args(["serve", "--lora-scaled", "b.gguf"]))
     with pytest.raises(ConfigError, match="no such file"):
         ModelConfig("x.gguf", lora=(("missing.gguf", 1.0),))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("gpu_weights", ["dense", "blocks"])
+def test_on_the_gpu_an_adapter_gives_the_merged_models_logits(tmp_path, gpu_weights):
+    """--device cuda: the deltas on the card, rows with and without the adapter in one step."""
+    from gguf import GGMLQuantizationType as QT
+    kw = dict(ARCHS["qwen2"], tensor_type=QT.Q8_0)
+    base, merged, adapter = _files(tmp_path, kw, 1.0)
+
+    def load(path, lora=()):
+        return ModelBundle.load(ModelConfig(path, dtype="float32", device="cuda", gpu_weights=gpu_weights,
+                                            lora=lora)).model
+    model = load(base, ((adapter, 1.0),))
+    got = _logits(model, [_prompt(0, (1.0,)), _prompt(1, (), TOKENS[:5])])
+    want, plain = _logits(load(merged), [_prompt(0)]), _logits(load(base), [_prompt(1, (), TOKENS[:5])])
+    quantization = (want - _logits(LlamaModel.load(merged, torch.float32), [_prompt(0)])).abs().mean()
+    assert (got[: len(TOKENS)] - want).abs().mean() < 2 * quantization + 1e-4
+    torch.testing.assert_close(got[len(TOKENS):], plain, rtol=1e-3, atol=1e-3)

@@ -100,7 +100,10 @@ def _target(base: str, spec: ModelSpec, path: Path) -> tuple[Target, int, int]:
     """The matmul a GGUF tensor name feeds, its rows (outputs) and columns (inputs)."""
     d, hd = spec.d_model, spec.head_dim
     q, kv, ff = spec.n_heads * hd, spec.n_kv_heads * hd, spec.d_ff
-    if base == "output.weight":
+    if base == "output.weight":   # a tied model has none (llama.cpp: "tensor not found in base model")
+        if spec.tied_embeddings:
+            raise LoraError(f"LoRA adapter {path}: {base}: this model has no output matmul of its own "
+                            "(it is tied to token_embd)")
         return Target(-1, "output", 0), spec.vocab_size, d
     m = _LAYER.match(base)
     if m is None or int(m.group(1)) >= spec.n_layers:
