@@ -23,6 +23,7 @@ from slotserver.engine.prompt_cache import PromptCache
 from slotserver.engine.request import Request, RequestError
 from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ConfigError, ModelConfig
+from slotserver.model import lora_delta
 from slotserver.model.lora import LoraError, LoraSet, read_adapter
 from slotserver.model.model import LlamaModel
 from slotserver.model.sampling.params import SamplingParams
@@ -82,6 +83,15 @@ def test_an_adapter_gives_the_merged_models_logits(tmp_path, arch):
     assert (want - plain).abs().max() > 0.5                       # the adapter changes the answer
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert torch.equal(_logits(model, [_prompt(0, (0.0,))]), plain)   # scale 0: the base model exactly
+
+
+def test_prefill_chunks_past_the_c_rows_take_torchs_deltas(tmp_path):
+    """Over lora_delta.MAX_ROWS rows the unfused body adds torch's deltas: the same answer."""
+    base, merged, adapter = _files(tmp_path, ARCHS["llama"], 0.7, output=True)
+    tokens = list(range(30, 30 + lora_delta.MAX_ROWS + 8))
+    want = _logits(LlamaModel.load(merged, torch.float32), [_prompt(0, (), tokens)])
+    got = _logits(_with_adapter(base, adapter), [_prompt(0, (0.7,), tokens)])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_alpha_scales_by_alpha_over_rank(tmp_path):
@@ -168,6 +178,24 @@ def test_requests_choose_their_adapters_and_never_reuse_another_adapters_kv(serv
     assert _greedy(engine, ((0, 1.0),))[1] == len(TOKENS) - 1   # the same adapters: the slot's KV serves
     with pytest.raises(RequestError, match=r"'lora\[0\].id' is 3: no such LoRA adapter"):
         engine.submit(Request(tuple(TOKENS), lora=((3, 1.0),)))
+
+
+def test_adapted_decode_steps_replay_a_step_graph_with_the_eager_steps_numbers(tmp_path):
+    """GGUF blocks (the fused qmatmul, step graphs): the deltas are C calls a graph replays."""
+    from gguf import GGMLQuantizationType as QT
+    kw = dict(ARCHS["qwen2"], tensor_type=QT.Q8_0)
+    base, _, adapter = _files(tmp_path, kw, 1.0)
+    out = {}
+    for graphs in (True, False):
+        bundle = ModelBundle.load(ModelConfig(base, weights="q", threads=1, lora=((adapter, 1.0),), step_graphs=graphs))
+        engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=128))
+        handles = [engine.submit(Request(tuple(TOKENS[:n]), SamplingParams(temperature=0.0), n_predict=8, lora=lora))
+                   for n, lora in ((8, None), (5, ((0, 0.5),)))]
+        run(engine)
+        out[graphs] = [events(h)[:2] for h in handles]
+        if graphs:
+            assert any(key[-1] for key in bundle.model.graphs.graphs)   # an adapted step's graph was kept
+    assert out[True] == out[False]
 
 
 def test_the_prompt_cache_keeps_each_adapters_kv_apart():

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from slotserver.model import lora_delta
 from slotserver.model.gguf_file import GGUFFile
 from slotserver.model.spec import ModelSpec
 from slotserver.model.weights import _neox_to_normal, _qkv_rows
@@ -138,7 +139,7 @@ def _reorder(b: torch.Tensor, base: str, spec: ModelSpec) -> torch.Tensor:
 @dataclass
 class _Packed:
     a: torch.Tensor        # [R, in] float32: every adapter's A stacked
-    b: torch.Tensor        # [out, R] float32: each B in its output rows, zero elsewhere
+    bt: torch.Tensor       # [R, out] float32: each B (transposed) in its output columns, zero elsewhere
     adapter: torch.Tensor  # [R] int64: the adapter of each rank
     factor: torch.Tensor   # [R] float32: its alpha / rank
 
@@ -165,12 +166,25 @@ class LoraSet:
             return None
         u = x.float() @ p.a.T                            # [rows, R]
         u.mul_(scales[:, p.adapter] * p.factor)
-        return u @ p.b.T                                 # [rows, out]
+        return u @ p.bt                                  # [rows, out]
 
     def add(self, key: tuple[int, str], x: torch.Tensor, y: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         """y (= x W^T, any float dtype) with the adapters' delta added in float32, in y's dtype."""
         d = self.delta(key, x, scales)
         return y if d is None else (y.float() + d).to(y.dtype)
+
+    def add_from(self, key: tuple[int, str], x: torch.Tensor, out: torch.Tensor, scales: torch.Tensor, ops,
+                 norm: torch.Tensor | None, eps: float, glu: bool) -> torch.Tensor:
+        """out (the matmul's output, or the residual it was added into) += the delta of the matmul
+        whose input is x normed (`norm`) or gated (`glu`) as the fused matmul computes it; in place
+        in one C call where lora_delta applies (a step graph replays it), else with torch."""
+        p = self._packed.get(key)
+        if p is None:
+            return out
+        if lora_delta.applies(x, out, norm):
+            return lora_delta.add_delta(p, x, out, scales, norm, eps, glu)
+        h = ops.silu_mul(x) if glu else ops.rms_norm(x, norm, eps) if norm is not None else x
+        return out.add_(self.delta(key, h, scales).to(out.dtype))
 
 
 def _pack(parts: list, out: int, device) -> _Packed:
@@ -184,4 +198,4 @@ def _pack(parts: list, out: int, device) -> _Packed:
     adapter = torch.tensor([i for (i, *_), r in zip(parts, ranks) for _ in range(r)], dtype=torch.int64)
     factor = torch.tensor([ad.factor(r) for (_, ad, *_), r in zip(parts, ranks) for _ in range(r)])
     a_all = torch.cat([a for *_, a, _ in parts])
-    return _Packed(*(t.to(device) for t in (a_all, b_all, adapter, factor)))
+    return _Packed(*(t.to(device) for t in (a_all, b_all.T.contiguous(), adapter, factor)))

@@ -32,6 +32,7 @@ from slotserver.model.cuda_graph import CudaGraphs
 from slotserver.model import gemv_step, heap, lean_step
 from slotserver.model.bias_add import add_bias
 from slotserver.model.linear import QLinear
+from slotserver.model import lora_delta
 from slotserver.model.lora import LoraSet
 from slotserver.model.moe import moe_ffn
 from slotserver.model.read_weights import check_kernels, read_weights
@@ -115,8 +116,8 @@ class LlamaModel:
             raise ValueError(f"position {batch.attn.max_kv - 1} beyond the rope table ({self.rope.max_pos})")
         if self.step_hook is not None:
             self.step_hook(batch, cache)
-        if self._adapted(batch):   # LoRA rows: the unfused body with the deltas, never a graph
-            return self._body(*self._inputs(batch), batch, cache, logits_into)
+        if self._adapted(batch) and not lora_delta.serves(batch.n_tokens, batch.tokens.is_cpu):
+            return self._body(*self._inputs(batch), batch, cache, logits_into)   # torch's deltas: eager
         if isinstance(self.graphs, CudaGraphs):
             return self._forward_cuda(batch, cache, logits_into)
         x, angles = self._inputs(batch)
@@ -129,7 +130,9 @@ class LlamaModel:
                                None if logits_into is None else logits_into[: batch.n_tokens])
 
     def _adapted(self, batch: Batch) -> bool:
-        """Whether LoRA deltas apply to this batch: adapters loaded and some row has a scale."""
+        """Whether LoRA deltas apply to this batch: adapters loaded and some row has a scale. Up to
+        lora_delta.MAX_ROWS CPU rows they are C calls after the usual (fused) matmuls, and the step
+        may be a step graph; else the unfused body adds torch's deltas to the matmuls' outputs."""
         return batch.lora is not None and self.lora is not None
 
     def _forward_cuda(self, batch: Batch, cache, logits_into: torch.Tensor | None) -> torch.Tensor:
@@ -165,15 +168,17 @@ class LlamaModel:
                 or meta.row_prompt is not None \
                 or batch.logits_rows.shape[0] != n or not batch.tokens.is_cpu:
             return None
-        return n, meta.stream_base is not None, torch.get_num_threads()
+        return n, meta.stream_base is not None, torch.get_num_threads(), self._adapted(batch)
 
     def _body(self, x: torch.Tensor, angles: dict, batch: Batch, cache,
               logits_into: torch.Tensor | None = None) -> torch.Tensor:
         """The layers, the final norm and the output matmul on the embedded batch `x` (updated in place)."""
         s, w, ops = self.spec, self.weights, self.kernels
         act, plain, silu = w.act_dtype, self._plain, s.act != "gelu"
-        lora = batch.lora if self._adapted(batch) else None   # [T, adapters]: the deltas need x unfused
-        fuse = lora is None and ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}   # per step
+        lora = batch.lora if self._adapted(batch) else None   # [T, adapters]
+        in_c = lora is not None and lora_delta.serves(batch.n_tokens, x.is_cpu)   # else torch's, on x unfused
+        fuse = (lora is None or in_c) and ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}
+        lora = lora if lora is None else (lora, in_c)
         if lora is None and lean_step.applies(self, ops):   # the Triton kernels: fewer launches (lean_step.py, gemv_step.py)
             body = gemv_step.gemv_body if gemv_step.applies(self, ops, batch) else lean_step.lean_body
             return self._logits(fuse, body(self, x, angles, batch, cache), logits_into)
@@ -200,7 +205,7 @@ class LlamaModel:
                                        lw.post_ffn_norm)
         every = batch.logits_rows.shape[0] == batch.n_tokens
         rows = x if every else x[batch.logits_rows]                          # all rows, in order
-        out_lora = None if lora is None else (-1, "output", lora if every else lora[batch.logits_rows])
+        out_lora = None if lora is None else (-1, "output", lora if every else (lora[0][batch.logits_rows], lora[1]))
         return self._logits(fuse, _as(ops.rms_norm(rows, w.out_norm, s.norm_eps), act), logits_into, out_lora)
 
     def _logits(self, fuse: bool, x: torch.Tensor, logits_into: torch.Tensor | None,
@@ -261,8 +266,12 @@ class LlamaModel:
         """lin(x) with the pre-norm (RMSNorm weight `norm`), the SiLU gate (x = gate|up) and the
         residual add (into `acc`, returned) fused into qmatmul where it fuses (GGUF blocks and a
         qmatmul with FUSES), else as the separate kernels: the same floats either way.
-        lora: (layer, linear, row scales or None): the adapters' delta on the normed / gated x,
-        added before the residual (the caller passes fuse=False with scales)."""
+        lora: (layer, linear, None or (row scales, in C)): the adapters' delta of the normed / gated
+        x; in C (model/lora_delta.py) added after the matmul, fused or not, into its output or the
+        residual; else with torch before the residual add (the caller passes fuse=False then)."""
+        if lora is not None and lora[2] is not None and lora[2][1]:
+            out = self._mm(fuse, lin, x, norm, glu, acc)
+            return self.lora.add_from(lora[:2], x, out, lora[2][0], self.kernels, norm, self.spec.norm_eps, glu)
         if fuse and isinstance(lin, QLinear):
             if acc is not None and lin.bias is not None and len(lin.parts) == 1 and norm is None and not glu \
                     and lin.op == "qmatmul":
@@ -278,7 +287,7 @@ class LlamaModel:
             x = _as(ops.rms_norm(x, norm, self.spec.norm_eps), self.weights.act_dtype)
         y = lin(x, ops)
         if lora is not None and lora[2] is not None:
-            y = self.lora.add(lora[:2], x, y, lora[2])
+            y = self.lora.add(lora[:2], x, y, lora[2][0])
         return y if acc is None else acc.add_(y)
 
     def _attention(self, i: int, lw: LayerWeights, qkv: torch.Tensor, batch: Batch, cache,
