@@ -111,16 +111,28 @@ def test_rows_of_one_step_each_get_their_requests_adapters(tmp_path):
 
 
 def test_gguf_blocks_with_an_adapter_are_within_quantization_of_the_merged_model(tmp_path):
-    """The default CPU serving path (Q8_0 blocks, the fused qmatmul turned off for adapted steps)."""
+    """The default CPU serving path (Q8_0 blocks, the fused qmatmul; the deltas in C on these 8 rows).
+    The reference merges the adapter into the blocks' own (dequantized) weights, in float32."""
+    import gguf
     from gguf import GGMLQuantizationType as QT
+    from tiny_gguf import quantize
     kw = dict(ARCHS["llama"], tensor_type=QT.Q8_0)
-    base, merged, adapter = _files(tmp_path, kw, 1.0)
+    pairs = _pairs(kw)
+    base = write_tiny_gguf(tmp_path / "base.gguf", **kw)
+    adapter = write_adapter(tmp_path / "lora.gguf", "llama", pairs)
+
+    def as_blocks(weights):   # every 2-D weight as the Q8_0 file holds it, then the deltas
+        out = {k: gguf.quants.dequantize(quantize(w, QT.Q8_0), QT.Q8_0).reshape(w.shape) if w.ndim == 2 else w
+               for k, w in weights.items()}
+        return merge(pairs, 1.0)(out)
+    merged = write_tiny_gguf(tmp_path / "merged.gguf", transform=as_blocks, **ARCHS["llama"])
     model = ModelBundle.load(ModelConfig(base, weights="q", threads=1, lora=((adapter, 1.0),))).model
     want = _logits(LlamaModel.load(merged, torch.float32), [_prompt(0)])
     got = _logits(model, [_prompt(0, (1.0,))])
     plain, plain_f32 = _logits(model, [_prompt(0)]), _logits(LlamaModel.load(base, torch.float32), [_prompt(0)])
-    quantization = (plain - plain_f32).abs().mean()     # what the blocks (and q8 activations) cost alone
-    assert (got - want).abs().mean() < 2 * quantization < (plain - want).abs().mean() / 5
+    activations = (plain - plain_f32).abs().mean()      # what qmatmul's q8 activations cost alone (0 in torch)
+    assert (got - want).abs().mean() < 2 * activations + 1e-5
+    assert (plain - want).abs().mean() > 0.5
 
 
 def _bad(tmp_path, arch="llama", **change) -> str:
@@ -193,7 +205,7 @@ def test_adapted_decode_steps_replay_a_step_graph_with_the_eager_steps_numbers(t
                    for n, lora in ((8, None), (5, ((0, 0.5),)))]
         run(engine)
         out[graphs] = [events(h)[:2] for h in handles]
-        if graphs:
+        if graphs and lora_delta.serves(1, True):   # (without C kernels, SLOTSERVER_NATIVE=0: no graphs at all)
             assert any(key[-1] for key in bundle.model.graphs.graphs)   # an adapted step's graph was kept
     assert out[True] == out[False]
 
