@@ -168,7 +168,8 @@ class LlamaModel:
                 or meta.row_prompt is not None \
                 or batch.logits_rows.shape[0] != n or not batch.tokens.is_cpu:
             return None
-        return n, meta.stream_base is not None, torch.get_num_threads(), self._adapted(batch)
+        key = (n, meta.stream_base is not None, torch.get_num_threads())
+        return key + ("lora",) if self._adapted(batch) else key   # LoRA rows: C deltas a graph of its own records
 
     def _body(self, x: torch.Tensor, angles: dict, batch: Batch, cache,
               logits_into: torch.Tensor | None = None) -> torch.Tensor:
