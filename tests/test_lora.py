@@ -22,7 +22,7 @@ from slotserver.engine.kv_cache import KVCache
 from slotserver.engine.prompt_cache import PromptCache
 from slotserver.engine.request import Request, RequestError
 from slotserver.model.bundle import ModelBundle
-from slotserver.model.config import ConfigError, ModelConfig
+from slotserver.model.config import ConfigError, ModelConfig, lora_flags
 from slotserver.model import lora_delta
 from slotserver.model.lora import LoraError, LoraSet, read_adapter
 from slotserver.model.model import LlamaModel
@@ -31,7 +31,6 @@ from slotserver.model.text.chat_template import ChatTemplate
 from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.runtime.kv_spec import KVSpec
 from slotserver.server import ServerConfig, ServerState, create_app
-from slotserver.server.config_from_args import lora_from_args
 
 ARCHS = {   # llama: separate q/k/v, untied output; qwen2: neox rope (q/k rows reordered), biases; phi3: fused
     "llama": dict(arch="llama", tied_embeddings=False),
@@ -133,6 +132,17 @@ def test_gguf_blocks_with_an_adapter_are_within_quantization_of_the_merged_model
     activations = (plain - plain_f32).abs().mean()      # what qmatmul's q8 activations cost alone (0 in torch)
     assert (got - want).abs().mean() < 2 * activations + 1e-5
     assert (plain - want).abs().mean() > 0.5
+
+
+def test_generate_applies_the_adapters_scales(tmp_path):
+    """`slotserver generate --lora`'s path (model/generate.py): greedy tokens of the merged model."""
+    from slotserver.model.generate import GenRequest, generate
+    base, merged, adapter = _files(tmp_path, ARCHS["qwen2"], 0.8)
+    req = dict(prompt_ids=TOKENS, n_predict=12)
+    want = generate(LlamaModel.load(merged, torch.float32), [GenRequest(**req)], frozenset())[0].tokens
+    plain = generate(LlamaModel.load(base, torch.float32), [GenRequest(**req)], frozenset())[0].tokens
+    got = generate(_with_adapter(base, adapter), [GenRequest(**req, lora=(0.8,)), GenRequest(**req)], frozenset())
+    assert want != plain and [r.tokens for r in got] == [want, plain]
 
 
 def _bad(tmp_path, arch="llama", **change) -> str:
@@ -252,10 +262,10 @@ def test_the_lora_adapters_endpoints_and_the_request_field(tmp_path):
 def test_lora_flags_keep_the_command_lines_order():
     args = build_parser().parse_args(["serve", "--lora", "a.gguf", "--lora-scaled", "b.gguf:0.5,c.gguf:2",
                                       "--lora", "d.gguf,e.gguf"])
-    assert [(str(p), s) for p, s in lora_from_args(args)] == [
+    assert [(str(p), s) for p, s in lora_flags(args.lora_items)] == [
         ("a.gguf", 1.0), ("b.gguf", 0.5), ("c.gguf", 2.0), ("d.gguf", 1.0), ("e.gguf", 1.0)]
     with pytest.raises(ConfigError, match="--lora-scaled format: FNAME:SCALE"):
-        lora_from_args(build_parser().parse_args(["serve", "--lora-scaled", "b.gguf"]))
+        lora_flags(build_parser().parse_args(["generate", "--lora-scaled", "b.gguf"]).lora_items)
     with pytest.raises(ConfigError, match="no such file"):
         ModelConfig("x.gguf", lora=(("missing.gguf", 1.0),))
 

@@ -65,6 +65,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="KV layout, a module of layouts/ (default head_seq_dim)")
     p.add_argument("--kernels-dir", type=Path, default=None)
     p.add_argument("--layouts-dir", type=Path, default=None)
+    p.add_argument("--lora", dest="lora_items", action="append", default=[], type=lambda v: ("", v), metavar="FNAME",
+                   help="a LoRA adapter GGUF at scale 1 (comma-separated: several; repeatable); ids in command-line order")
+    p.add_argument("--lora-scaled", dest="lora_items", action="append", type=lambda v: (":", v),
+                   metavar="FNAME:SCALE,...", help="a LoRA adapter GGUF at SCALE (comma-separated: several; repeatable)")
     add_lab_arg(p)
 
 
@@ -84,14 +88,14 @@ def start_tp(args):
 def load_bundle(args):
     apply_lab_dir(args)
     from slotserver.model.bundle import ModelBundle
-    from slotserver.model.config import ModelConfig
+    from slotserver.model.config import ModelConfig, lora_flags
     from slotserver.model.default_model import default_model_path
     from slotserver.model.progress import load_progress
 
     config = ModelConfig(model_path=args.model or default_model_path(), dtype=args.dtype,
                          threads=args.threads, layout=args.layout, kernels_dir=args.kernels_dir, weights=args.weights,
                          gpu_weights=args.gpu_weights, fused_gemv=args.fused_gemv == "on",
-                         layouts_dir=args.layouts_dir, device=args.device)
+                         layouts_dir=args.layouts_dir, device=args.device, lora=lora_flags(args.lora_items))
     with load_progress(f"loading {config.model_path.name}") as tick:
         return ModelBundle.load(config, tick, check_tensors=args.check_tensors)
 
@@ -99,6 +103,10 @@ def load_bundle(args):
 def run(args) -> int:
     if not args.chat and args.prompt is None:
         print("slotserver generate: error: give a prompt (or '-' for stdin), or --chat", file=sys.stderr)
+        return 2
+    if args.lora_items and args.tp > 1:
+        print("slotserver generate: error: --tp does not run with --lora (the adapters' deltas are not sharded)",
+              file=sys.stderr)
         return 2
     gc.disable()   # for start-up only, as `serve` does (cli/serve.py says why)
     try:
@@ -145,7 +153,8 @@ def stream(bundle, args, ids: list[int], params) -> str:
     n_predict = max(0, min(args.n_predict, bundle.model.rope.max_pos - len(ids)))
     tp = getattr(args, "tp_session", None)
     make_cache = (lambda spec: tp.cache(spec, args.layout, args.layouts_dir)) if tp is not None else None
-    generate(bundle.model, [GenRequest(ids, n_predict, params)], eog, on_token,
+    lora = tuple(scale for _, scale in bundle.config.lora)   # --lora / --lora-scaled: this prompt's scales
+    generate(bundle.model, [GenRequest(ids, n_predict, params, lora=lora)], eog, on_token,
              layout=args.layout, layouts_dir=args.layouts_dir, make_cache=make_cache)
     tail = detok.flush()
     sys.stdout.write(tail)

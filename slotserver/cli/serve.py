@@ -76,10 +76,6 @@ def add_parser(sub) -> None:
     a("--api-key-file", type=Path, default=None, help="file with one API key per line")
     a("--slot-save-path", type=Path, default=None, help="folder for slot save/restore")
     a("--metrics", action="store_true", help="enable GET /metrics")
-    a("--lora", dest="lora_items", action="append", default=[], type=lambda v: ("", v), metavar="FNAME",
-      help="a LoRA adapter GGUF at scale 1 (comma-separated: several; repeatable); ids in command-line order")
-    a("--lora-scaled", dest="lora_items", action="append", type=lambda v: (":", v), metavar="FNAME:SCALE,...",
-      help="a LoRA adapter GGUF at SCALE (comma-separated: several; repeatable)")
     a("--lora-init-without-apply", action="store_true",
       help="load the LoRA adapters at scale 0 (POST /lora-adapters or a request's `lora` applies them)")
     _switch(p, "slots", True, "GET /slots (default on)")

@@ -23,6 +23,24 @@ GPU_WEIGHTS = ("auto", "dense", "blocks")   # --gpu-weights: see model/gpu_weigh
 # attention at 8 sequences ~18% faster than seq_head_dim (docs/performance.md, "Fourth round")
 DEFAULT_LAYOUT = "head_seq_dim"
 
+def lora_flags(items: list[tuple[str, str]] | None) -> tuple[tuple[Path, float], ...]:
+    """--lora FNAME[,FNAME] (scale 1) and --lora-scaled FNAME:SCALE[,...] as the CLI collects them
+    (("", value) / (":", value), in command-line order: llama-server's adapter ids) -> (file, scale)."""
+    out = []
+    for kind, value in items or []:
+        for item in value.split(","):
+            if not kind:
+                out.append((Path(item), 1.0))
+                continue
+            name, sep, scale = item.rpartition(":")
+            try:
+                out.append((Path(name), float(scale)))
+                assert sep and name
+            except (ValueError, AssertionError):
+                raise ConfigError(f"--lora-scaled format: FNAME:SCALE, got {item!r}") from None
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     model_path: Path

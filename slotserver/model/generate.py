@@ -25,6 +25,7 @@ class GenRequest:
     n_predict: int = 32
     params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     ignore_eos: bool = False
+    lora: tuple[float, ...] = ()   # each LoRA adapter's scale (model/lora.py; the model's adapters)
 
 
 @dataclass
@@ -53,7 +54,7 @@ def generate(model: LlamaModel, requests: list[GenRequest], eog_ids: frozenset[i
     history = [list(r.prompt_ids) for r in requests]
     results = [GenResult() for _ in requests]
     sampler = Sampler(s.vocab_size)
-    chunks = [SeqChunk(i, 0, list(r.prompt_ids), prompt=True) for i, r in enumerate(requests)]
+    chunks = [SeqChunk(i, 0, list(r.prompt_ids), prompt=True, lora=r.lora) for i, r in enumerate(requests)]
     active = [i for i, r in enumerate(requests) if r.n_predict > 0]
     chunks = [chunks[i] for i in active]
     while active:
@@ -74,7 +75,7 @@ def generate(model: LlamaModel, requests: list[GenRequest], eog_ids: frozenset[i
             else:
                 still.append(i)
         active = still
-        chunks = [SeqChunk(i, len(history[i]) - 1, [history[i][-1]]) for i in active]
+        chunks = [SeqChunk(i, len(history[i]) - 1, [history[i][-1]], lora=requests[i].lora) for i in active]
     return results
 
 

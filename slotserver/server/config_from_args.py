@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slotserver.model.text.chat_template import BUILTIN_NAMES, ChatTemplate, named_template
-from slotserver.model.config import ConfigError, ModelConfig
+from slotserver.model.config import ConfigError, ModelConfig, lora_flags
 from slotserver.engine.speculative.config import SpecConfig
 from slotserver.engine.config import EngineConfig
 from slotserver.server.auth import read_key_file
@@ -122,29 +122,12 @@ def plan_from_args(args) -> LaunchPlan:
                         layout=layout, kernels_dir=args.kernels_dir, layouts_dir=args.layouts_dir,
                         max_ctx=engine.n_cells, step_graphs=not args.no_step_graphs, device=args.device,
                         gpu_weights=getattr(args, "gpu_weights", "auto"),
-                        fused_gemv=getattr(args, "fused_gemv", "off") == "on", lora=lora_from_args(args),
+                        fused_gemv=getattr(args, "fused_gemv", "off") == "on",
+                        lora=lora_flags(getattr(args, "lora_items", None)),
                         lora_init_without_apply=getattr(args, "lora_init_without_apply", False))
     template = chat_template_source(args.chat_template, args.chat_template_file)
     return LaunchPlan(model=model, engine=engine, host=args.host, port=args.port, chat_template=template,
                       watch=not args.no_watch, warmup=not args.no_warmup, check_tensors=getattr(args, "check_tensors", False))
-
-
-def lora_from_args(args) -> tuple[tuple[Path, float], ...]:
-    """--lora FNAME[,FNAME] (scale 1) and --lora-scaled FNAME:SCALE[,...], in command-line order
-    (llama-server's adapter ids)."""
-    out = []
-    for kind, value in getattr(args, "lora_items", None) or []:
-        for item in value.split(","):
-            if not kind:
-                out.append((Path(item), 1.0))
-                continue
-            name, sep, scale = item.rpartition(":")
-            try:
-                out.append((Path(name), float(scale)))
-                assert sep and name
-            except (ValueError, AssertionError):
-                raise ConfigError(f"--lora-scaled format: FNAME:SCALE, got {item!r}") from None
-    return tuple(out)
 
 
 def spec_config_from_args(args) -> SpecConfig:
