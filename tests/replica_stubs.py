@@ -51,12 +51,14 @@ class StubReplica:
     busy: bool = False                    # answer 503 to completions (a full queue), /health still ok
     seen: list[Seen] = field(default_factory=list)
     inflight: int = 0
+    lora_scale: float = 1.0
 
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/health", self.health), Route("/slots", self.slots),
                                  Route("/metrics", self.metrics), Route("/v1/models", self.models),
                                  Route("/completion", self.complete, methods=["POST"]),
-                                 Route("/v1/chat/completions", self.complete, methods=["POST"])])
+                                 Route("/v1/chat/completions", self.complete, methods=["POST"]),
+                                 Route("/lora-adapters", self.lora, methods=["GET", "POST"])])
 
     async def health(self, request: Request):
         if not self.healthy:
@@ -81,6 +83,16 @@ class StubReplica:
             f'slotserver_ttft_seconds_bucket{{le="0.1"}} 1.0\nslotserver_ttft_seconds_bucket{{le="+Inf"}} 2.0\n'
             f"slotserver_ttft_seconds_sum {self.counter / 100}\nslotserver_ttft_seconds_count 2.0\n"
             "slotserver_ttft_seconds_created 1.7e9\n")
+
+    async def lora(self, request: Request):
+        """One adapter: GET lists its scale, POST [{"id": 0, "scale": s}] sets it (any other id: 400)."""
+        if request.method == "GET":
+            return JSONResponse([{"id": 0, "scale": self.lora_scale}])
+        body = await request.json()
+        if any(e.get("id") != 0 for e in body):
+            return JSONResponse({"error": {"code": 400, "message": "no such LoRA adapter"}}, status_code=400)
+        self.lora_scale = next((e["scale"] for e in body), 0.0)
+        return JSONResponse({"success": True})
 
     async def complete(self, request: Request):
         body = await request.json()

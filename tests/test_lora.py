@@ -228,6 +228,33 @@ def test_the_prompt_cache_keeps_each_adapters_kv_apart():
     assert cache.best((1, 2, 3, 4), "a")[2] == 3 and cache.has((1, 2, 3), "a") and (1, 2, 3) not in cache
 
 
+def test_the_disk_cache_keeps_each_adapters_kv_apart_across_a_restart(tmp_path):
+    from slotserver.engine.disk_cache import DiskCache
+    kv = (torch.ones(2, 3, 1, 4), torch.ones(2, 3, 1, 4))
+    store = DiskCache(tmp_path, -1, "k", torch.float32)
+    store.save((1, 2, 3), *kv, ns="a")
+    store.save((1, 2, 9), *kv)
+    store.flush()
+    for s in (store, DiskCache(tmp_path, -1, "k", torch.float32)):   # and as a restart indexes the files
+        assert s.best((1, 2, 3, 4)) == ((1, 2, 9), 2) and s.best((1, 2, 3, 4), "a") == ((1, 2, 3), 3)
+        assert s.best((1, 2), "b") is None and s.load((1, 2, 3)) is None and s.load((1, 2, 3), "a") is not None
+
+
+def test_a_draft_model_and_embeddings_do_not_take_the_targets_adapters(tmp_path):
+    """-md: the adapters are the target's (llama.cpp applies none to a draft); --embedding refuses them."""
+    from slotserver.server.launch import LaunchPlan, _load_draft
+    from slotserver.engine.speculative.config import SpecConfig
+    from slotserver.server.config_from_args import server_config_from_args
+    base, _, adapter = _files(tmp_path, ARCHS["llama"], 1.0)
+    draft = write_tiny_gguf(tmp_path / "draft.gguf", d_model=32, n_heads=2, n_kv_heads=1, d_ff=64)
+    plan = LaunchPlan(model=ModelConfig(base, threads=1, lora=((adapter, 1.0),)),
+                      engine=EngineConfig(spec=SpecConfig(types=("draft-simple",), draft_model=draft)), warmup=False)
+    assert _load_draft(plan).model.lora is None
+    args = build_parser().parse_args(["serve", "-m", str(base), "--embedding", "--lora", str(adapter)])
+    with pytest.raises(ConfigError, match="--lora does not run with --embedding"):
+        server_config_from_args(args)
+
+
 def _client(engine: Engine) -> TestClient:
     state = ServerState(ServerConfig(model_path=str(engine.bundle.config.model_path)))
     state.set_loaded(engine.bundle, engine.start(), ChatTemplate("{{ messages[0].content }}"))
@@ -251,6 +278,9 @@ def test_the_lora_adapters_endpoints_and_the_request_field(tmp_path):
             assert client.post("/lora-adapters", json={"id": 0}).status_code == 400
             assert client.post("/lora-adapters", content=b"[]", headers={"content-type": "text/plain"}).status_code == 415
             assert client.get("/lora-adapters").json()[0]["scale"] == 0.5    # refused: nothing changed
+            listed = client.get("/lora-adapters").json()   # what GET lists may be POSTed back (llama-server takes it)
+            assert client.post("/lora-adapters", json=[listed[0] | {"scale": 0.5}]).json() == {"success": True}
+            assert client.post("/lora-adapters", json=[{"id": 0, "scale": 1, "weight": 2}]).status_code == 400
             assert client.post("/lora-adapters", json=[]).json() == {"success": True}   # unlisted: 0
             assert client.get("/lora-adapters").json()[0]["scale"] == 0.0
             assert client.post("/completion", json=body).json()["tokens"] == plain

@@ -184,6 +184,15 @@ def test_models_and_other_paths_are_forwarded():
         assert client.get("/no/such/path").status_code == 404        # the replica's answer, passed on
 
 
+def test_lora_scales_are_set_on_every_replica():
+    with fleet(3) as (client, stubs, _, _):
+        assert client.post("/lora-adapters", json=[{"id": 0, "scale": 0.25}]).json() == {"success": True}
+        assert [s.lora_scale for s in stubs] == [0.25] * 3
+        r = client.post("/lora-adapters", json=[{"id": 7, "scale": 1.0}])
+        assert r.status_code == 400 and "no such LoRA adapter" in r.text and [s.lora_scale for s in stubs] == [0.25] * 3
+        assert client.get("/lora-adapters").json() == [{"id": 0, "scale": 0.25}]   # GET: any one replica
+
+
 def test_upstreams_file_is_reread(tmp_path):
     stubs = [StubReplica("a"), StubReplica("b")]
     servers = [Serving(s.app()) for s in stubs]

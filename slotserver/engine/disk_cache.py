@@ -62,40 +62,48 @@ class DiskCache:
         self.folder, self.limit, self.key, self.dtype = Path(folder) / key, limit_bytes, key, dtype
         self.folder.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(self.folder)
-        self.index: dict[tuple[int, ...], Path] = {}
-        self.prefixes = PrefixIndex()
+        # entry key -> file: the tokens, or (ns, tokens) for KV computed under LoRA adapters `ns`
+        # (engine/lora_scales.py); one prefix index per ns, so a lookup sees only its own
+        self.index: dict[tuple, Path] = {}
+        self.prefixes: dict[str, PrefixIndex] = {"": PrefixIndex()}
         self._lock = threading.Lock()
         for path in sorted(self.folder.glob("*" + SUFFIX), key=lambda p: p.stat().st_mtime):
             header = self._header(path)
             if header is not None:
-                self._put(tuple(header["tokens"]), path)
+                self._put(_key(tuple(header["tokens"]), header.get("ns", "")), path)
         self.hits = self.writes = 0
         self._queue: queue.Queue = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="disk-cache-writer", daemon=True)
         self._writer.start()
 
     # -- the engine thread --------------------------------------------------------------------------
-    def save(self, tokens: tuple[int, ...], k: torch.Tensor, v: torch.Tensor) -> None:
-        """Queue an entry for the writer (k, v: host tensors nobody writes to again)."""
-        if tokens and tokens not in self.index:
-            self._queue.put((tokens, k, v))
+    def has(self, tokens: tuple[int, ...], ns: str = "") -> bool:
+        return _key(tokens, ns) in self.index
 
-    def best(self, prompt: tuple[int, ...]) -> tuple[tuple[int, ...], int] | None:
-        """The indexed entry sharing the longest prefix with `prompt`, and that length (ties: the first
-        indexed; loads do not reorder), or None. Not a scan of every entry: see prefix_index."""
+    def save(self, tokens: tuple[int, ...], k: torch.Tensor, v: torch.Tensor, ns: str = "") -> None:
+        """Queue an entry for the writer (k, v: host tensors nobody writes to again), computed under
+        adapters `ns`."""
+        if tokens and not self.has(tokens, ns):
+            self._queue.put((tokens, k, v, ns))
+
+    def best(self, prompt: tuple[int, ...], ns: str = "") -> tuple[tuple[int, ...], int] | None:
+        """The indexed entry of `ns` sharing the longest prefix with `prompt`, and that length (ties:
+        the first indexed; loads do not reorder), or None. Not a scan of every entry: see prefix_index."""
         with self._lock:
-            return self.prefixes.best(prompt)
+            index = self.prefixes.get(ns)
+            return index.best(prompt) if index is not None else None
 
-    def load(self, tokens: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def load(self, tokens: tuple[int, ...], ns: str = "") -> tuple[torch.Tensor, torch.Tensor] | None:
         """The entry's K, V; None (logged, file deleted) if it does not check out."""
-        path = self.index.get(tokens)
+        key = _key(tokens, ns)
+        path = self.index.get(key)
         if path is None:   # evicted by the writer since `best`
             return None
         try:
             k, v = self._read(path)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
             log.warning("disk cache: skipping %s (%s)", path, e)
-            self._drop(tokens)
+            self._drop(key)
             return None
         os.utime(path)   # recently used: evicted last
         self.hits += 1
@@ -137,13 +145,14 @@ class DiskCache:
             raise ValueError("NaN or infinite K/V")
         return k, v
 
-    def _write(self, tokens: tuple[int, ...], k: torch.Tensor, v: torch.Tensor) -> None:
+    def _write(self, tokens: tuple[int, ...], k: torch.Tensor, v: torch.Tensor, ns: str = "") -> None:
         payload = k.contiguous().view(torch.uint8).numpy().tobytes() + v.contiguous().view(torch.uint8).numpy().tobytes()
         header = {"format": FORMAT, "key": self.key, "tokens": list(tokens), "shape": list(k.shape),
-                  "dtype": str(k.dtype).removeprefix("torch."), "crc32": zlib.crc32(payload)}
-        path = self.folder / (hashlib.sha256(repr(tokens).encode()).hexdigest()[:32] + SUFFIX)
+                  "dtype": str(k.dtype).removeprefix("torch."), "crc32": zlib.crc32(payload)} | ({"ns": ns} if ns else {})
+        key = _key(tokens, ns)
+        path = self.folder / (hashlib.sha256(repr(key).encode()).hexdigest()[:32] + SUFFIX)
         atomic_write(path, lambda f: f.write(json.dumps(header).encode() + b"\n" + payload))
-        self._put(tokens, path)
+        self._put(key, path)
         self.writes += 1
         self._evict()
 
@@ -158,22 +167,25 @@ class DiskCache:
             if old in by_path:
                 self._pop(by_path[old])
 
-    def _drop(self, tokens: tuple[int, ...]) -> None:
-        path = self._pop(tokens)
+    def _drop(self, key: tuple) -> None:
+        path = self._pop(key)
         if path is not None:
             path.unlink(missing_ok=True)
 
-    def _put(self, tokens: tuple[int, ...], path: Path) -> None:
+    def _put(self, key: tuple, path: Path) -> None:
         """Index an entry; one already in keeps its place (as a dict key does): `best`'s tie-break."""
+        ns, tokens = _split(key)
         with self._lock:
-            self.index[tokens] = path
-            if tokens not in self.prefixes:
-                self.prefixes.add(tokens)
+            self.index[key] = path
+            prefixes = self.prefixes.setdefault(ns, PrefixIndex())
+            if tokens not in prefixes:
+                prefixes.add(tokens)
 
-    def _pop(self, tokens: tuple[int, ...]) -> Path | None:
+    def _pop(self, key: tuple) -> Path | None:
+        ns, tokens = _split(key)
         with self._lock:
-            self.prefixes.remove(tokens)
-            return self.index.pop(tokens, None)
+            self.prefixes[ns].remove(tokens)
+            return self.index.pop(key, None)
 
     def _write_loop(self) -> None:
         while True:
@@ -185,3 +197,12 @@ class DiskCache:
                 self._write(*item)
             except OSError as e:   # a full or read-only disk costs the entry, never the server
                 log.warning("disk cache: could not write an entry (%s)", e)
+
+
+def _key(tokens: tuple[int, ...], ns: str) -> tuple:
+    """An entry's index key: its tokens (the base model's KV), or (ns, tokens) under adapters `ns`."""
+    return (ns, tokens) if ns else tokens
+
+
+def _split(key: tuple) -> tuple[str, tuple[int, ...]]:
+    return key if key and isinstance(key[0], str) else ("", key)

@@ -55,11 +55,9 @@ def kv_dtype(config: EngineConfig, bundle: ModelBundle) -> torch.dtype:
     return torch.float16 if bundle.config.dtype == "auto" else bundle.model.dtype
 
 
-def _disk_cache(config: EngineConfig, bundle: ModelBundle, spec: KVSpec, ns: str = "") -> DiskCache:
-    """--cache-disk's store for this model file, KV type and geometry (engine/disk_cache.py); `ns`:
-    for KV computed under LoRA adapters (engine/lora_scales.py), a folder of its own."""
+def _disk_cache(config: EngineConfig, bundle: ModelBundle, spec: KVSpec) -> DiskCache:
+    """--cache-disk's store for this model file, KV type and geometry (engine/disk_cache.py)."""
     key = model_key(Path(bundle.config.model_path), spec.dtype, (spec.n_layers, spec.n_kv_heads, spec.head_dim))
-    key = key + "-" + ns if ns else key
     limit = config.cache_disk_mib << 20 if config.cache_disk_mib > 0 else -1
     return DiskCache(Path(config.cache_disk), limit, key, spec.dtype)
 
@@ -78,7 +76,7 @@ class Engine:
             if config.cache_ram_mib else None   # --cache-ram
         self.disk_cache = _disk_cache(config, bundle, spec) if config.cache_disk is not None else None
         hooks = RamCacheHooks(self, self.prompt_cache, config.cache_idle_slots, config.kv_unified,
-                              self.disk_cache, lambda ns: _disk_cache(config, bundle, spec, ns))   # + slot sharing
+                              self.disk_cache)   # + slot sharing
         check_shift_support(config, bundle.model, self.cache)   # --context-shift / --cache-reuse
         self.sched = Scheduler(config, budget=lambda: self.cache.budget(), hooks=hooks,  # paged: admit by free blocks
                                add_bos=bundle.tokenizer.add_bos)

@@ -23,6 +23,11 @@ import threading
 from slotserver.errors import RequestError
 
 
+# what GET /lora-adapters lists beside id and scale: describes an adapter, sets nothing. Accepted in
+# an entry (a client may POST back what it read, as llama-server accepts it); any other key is a 400.
+DESCRIPTIVE = ("path", "task_name", "prompt_prefix", "alora_invocation_string", "alora_invocation_tokens")
+
+
 class LoraScales:
     def __init__(self, adapters: list, scales: list[float]) -> None:
         """adapters: model/lora.py's LoraAdapter list (path, identity, task_name, prompt_prefix)."""
@@ -41,7 +46,7 @@ class LoraScales:
             raise RequestError(f"'{field}' must be an array of objects with 'id' and 'scale' fields")
         out: dict[int, float] = {}
         for i, e in enumerate(entries):
-            if not isinstance(e, dict) or set(e) - {"id", "scale"}:
+            if not isinstance(e, dict) or set(e) - {"id", "scale", *DESCRIPTIVE}:
                 raise RequestError(f"'{field}[{i}]' must be an object with 'id' and 'scale' fields")
             aid, scale = e.get("id", -1), e.get("scale", 0.0)
             if type(aid) is not int or not 0 <= aid < len(self.adapters):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -117,12 +117,8 @@ class RamCacheHooks:
     --cache-ram 0, and only the slot-to-slot sharing runs)."""
 
     def __init__(self, engine: "Engine", cache: PromptCache | None, idle_slots: bool, unified: bool,
-                 disk: "DiskCache | None" = None, disk_for: Callable[[str], "DiskCache"] | None = None) -> None:
-        """disk: --cache-disk's store of the base model's KV; disk_for(ns): the store of KV computed
-        under adapters `ns` (engine/lora_scales.py), made when first needed."""
+                 disk: "DiskCache | None" = None) -> None:
         self.e, self.cache, self.unified, self.disk = engine, cache, unified, disk
-        self._disks: dict[str, DiskCache] = {"": disk} if disk is not None else {}
-        self._disk_for = disk_for
         self.idle_slots = idle_slots and (cache is not None or disk is not None)
         self.shared = 0   # requests that took a prefix from another slot
         if self.idle_slots:
@@ -159,13 +155,12 @@ class RamCacheHooks:
 
     def _from_disk(self, slot: Slot, seq: "Sequence", prompt: tuple[int, ...], n_memory: int) -> bool:
         """--cache-disk: a longer prefix than memory offers, read back into the slot (and kept in RAM)."""
-        disk = self._disk(seq.cache_ns)
-        found = disk.best(prompt) if disk is not None else None
+        found = self.disk.best(prompt, seq.cache_ns) if self.disk is not None else None
         if found is None or found[1] <= n_memory:
             return False
         tokens, n = found
         n = self._restore_len(seq, tokens, n)
-        kv = disk.load(tokens)
+        kv = self.disk.load(tokens, seq.cache_ns)
         if kv is None:   # did not check out (logged, deleted): memory's best, if any, still serves
             return False
         log.debug("slot %d takes %d tokens from the disk cache", slot.id, n)
@@ -174,12 +169,6 @@ class RamCacheHooks:
         if self.cache is not None:
             self.cache.save(tokens, *kv, ns=seq.cache_ns)
         return True
-
-    def _disk(self, ns: str) -> "DiskCache | None":
-        """--cache-disk's store for KV computed under adapters `ns` (None without --cache-disk)."""
-        if ns not in self._disks and self._disk_for is not None and self.disk is not None:
-            self._disks[ns] = self._disk_for(ns)
-        return self._disks.get(ns)
 
     def _restore_len(self, seq: "Sequence", tokens: tuple[int, ...], n: int) -> int:
         """Cells of a cached entry to put in the slot: its common prefix with the prompt, or all of it
@@ -197,11 +186,10 @@ class RamCacheHooks:
                 if slot.n_valid:
                     tokens = slot.valid_tokens()
                     k, v = self.e.cache.export_stream(self._stream(slot), len(tokens))
-                    self._disk(slot.ns).save(tuple(tokens), k.cpu(), v.cpu())
+                    self.disk.save(tuple(tokens), k.cpu(), v.cpu(), slot.ns)
         except Exception as e:  # noqa: BLE001 - asleep (KV released) or a lab layout failing: stop anyway
             log.warning("disk cache: the slots could not be saved at stop (%s)", e)
-        for disk in self._disks.values():
-            disk.flush()
+        self.disk.flush()
 
     def holds_back(self, seq: "Sequence", running: list) -> bool:
         """Whether `seq` should wait: a running sequence still prefilling computes a prefix of at least
@@ -246,14 +234,14 @@ class RamCacheHooks:
 
     def _save(self, slot: Slot) -> bool:
         """The slot's cache into each store that lacks it (RAM, disk); -> whether anything was kept."""
-        tokens, disk = tuple(slot.cached), self._disk(slot.ns)
+        tokens = tuple(slot.cached)
         to_ram = self.cache is not None and not self.cache.has(tokens, slot.ns)
-        to_disk = disk is not None and tokens not in disk.index
+        to_disk = self.disk is not None and not self.disk.has(tokens, slot.ns)
         if not tokens or not (to_ram or to_disk):
             return False
         k, v = self.e.cache.export_stream(self._stream(slot), len(tokens))
         if to_disk:
-            disk.save(tokens, k.cpu(), v.cpu())
+            self.disk.save(tokens, k.cpu(), v.cpu(), slot.ns)
         return self.cache.save(tokens, k, v, ns=slot.ns) if to_ram else True
 
     def _stream(self, slot: Slot) -> int:

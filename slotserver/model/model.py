@@ -125,7 +125,7 @@ class LlamaModel:
         if key is None:
             return self._body(x, angles, batch, cache, logits_into)
         inputs = [x, *(t for pair in angles.values() for t in pair), *batch.tensors()]
-        return self.graphs.run((self.kernels, getattr(cache, "layout", cache)), key, inputs,
+        return self.graphs.run((self.kernels, getattr(cache, "layout", cache), self.lora), key, inputs,
                                lambda: self._body(x, angles, batch, cache), self.kernels.timings,
                                None if logits_into is None else logits_into[: batch.n_tokens])
 

@@ -16,7 +16,7 @@ import contextlib
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 
 from slotserver.replicas.affinity import AffinityTable
@@ -25,6 +25,7 @@ from slotserver.replicas.config import RouterConfig
 from slotserver.replicas.fleet import Fleet
 from slotserver.replicas.forward import Forwarder
 from slotserver.replicas.policy import Policy
+from slotserver.replicas.proxy import upstream_request
 from slotserver.replicas.stats import RouterStats
 
 
@@ -42,7 +43,7 @@ class Router:
         self.client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None,
                                                                              max_keepalive_connections=64))
         routes = [Route("/health", self.health), Route("/metrics", self.metrics),
-                  Route("/router/replicas", self.replicas),
+                  Route("/router/replicas", self.replicas), Route("/lora-adapters", self.set_lora, methods=["POST"]),
                   Mount("", app=Forwarder(self.fleet, self.policy, self.stats, self.client))]
         self.app = Starlette(routes=routes, lifespan=self.lifespan)
 
@@ -78,6 +79,30 @@ class Router:
         except httpx.HTTPError:
             return None
         return resp.text if resp.status_code == 200 else None
+
+    async def set_lora(self, request: Request):
+        """POST /lora-adapters to every replica, not one: they serve one model, so the adapter scales
+        are the fleet's. 200 when every replica took them; else the first refusal as the replica gave
+        it (each checks the body alike, so a 400 changes none), or a 502 naming the replicas that
+        could not be reached (the others took the new scales). GET is forwarded to one, as any path."""
+        body, replicas = await request.body(), list(self.fleet.replicas.values())
+
+        async def post(r) -> tuple[int | None, bytes]:
+            try:
+                resp = await self.client.send(upstream_request(self.client, request.scope, r.url, body))
+                return resp.status_code, resp.content
+            except httpx.HTTPError as e:
+                return None, str(e).encode()
+        answers = await asyncio.gather(*(post(r) for r in replicas))
+        for status, content in answers:
+            if status is not None and status != 200:
+                return Response(content, status_code=status, media_type="application/json")
+        down = [r.name for r, (status, _) in zip(replicas, answers) if status is None]
+        if down:
+            return JSONResponse({"error": {"code": 502, "type": "server_error", "message": "POST /lora-adapters: "
+                                           f"{', '.join(down)} could not be reached; the other replicas took the scales"}},
+                                status_code=502)
+        return JSONResponse({"success": True})
 
     async def replicas(self, request: Request):
         return JSONResponse({"policy": self.config.policy, "table_blocks": len(self.table),

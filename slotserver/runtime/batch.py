@@ -149,7 +149,7 @@ def _lora_rows(chunks: list[SeqChunk], device) -> torch.Tensor | None:
     if not any(any(c.lora) for c in chunks):
         return None
     rows = [list(c.lora) + [0.0] * (n - len(c.lora)) for c in chunks for _ in c.tokens]
-    return torch.tensor(rows, dtype=torch.float32, device=device)
+    return upload(torch.tensor(rows, dtype=torch.float32), device)   # no wait for a step in flight
 
 
 def _decode(chunks: list[SeqChunk], device) -> Batch:

@@ -77,7 +77,7 @@ def server_config_from_args(args) -> ServerConfig:
         chat=chat_defaults_from_flags(getattr(args, "reasoning_format", "auto"),
                                       getattr(args, "chat_template_kwargs", None),
                                       getattr(args, "reasoning", "auto"), getattr(args, "tool_call_format", "auto")),
-        embedding=embedding_config_from_args(args),   # None unless --embedding / --reranking
+        embedding=_embedding(args),   # None unless --embedding / --reranking
         spm_infill=getattr(args, "spm_infill", False),
         webui=getattr(args, "webui", True),
     )
@@ -128,6 +128,15 @@ def plan_from_args(args) -> LaunchPlan:
     template = chat_template_source(args.chat_template, args.chat_template_file)
     return LaunchPlan(model=model, engine=engine, host=args.host, port=args.port, chat_template=template,
                       watch=not args.no_watch, warmup=not args.no_warmup, check_tensors=getattr(args, "check_tensors", False))
+
+
+def _embedding(args):
+    """--embedding / --reranking's config; with --lora a ConfigError: the encoders apply no adapter."""
+    config = embedding_config_from_args(args)
+    if config is not None and getattr(args, "lora_items", None):
+        raise ConfigError("--lora does not run with --embedding / --reranking: embeddings are computed without "
+                          "adapters here")
+    return config
 
 
 def spec_config_from_args(args) -> SpecConfig:

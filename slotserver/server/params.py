@@ -25,6 +25,7 @@ from typing import Any
 from slotserver.engine.grammar import Grammars
 from slotserver.engine.reasoning_budget import BudgetSpec
 from slotserver.engine.request import Request
+from slotserver.engine.lora_scales import DESCRIPTIVE
 from slotserver.model.sampling.dry import process_breakers
 from slotserver.model.sampling.order import DEFAULT_SAMPLERS
 from slotserver.model.sampling.params import MAX_N_PROBS, SamplingError, SamplingParams
@@ -155,7 +156,7 @@ def lora_field(f: Fields) -> tuple[tuple[int, float], ...] | None:
         raise bad_request("'lora' must be an array of objects with 'id' and 'scale' fields")
     out = []
     for i, e in enumerate(value):
-        if not isinstance(e, dict) or set(e) - {"id", "scale"} or type(e.get("id")) is not int:
+        if not isinstance(e, dict) or set(e) - {"id", "scale", *DESCRIPTIVE} or type(e.get("id")) is not int:
             raise bad_request(f"'lora[{i}]' must be an object with an integer 'id' and a 'scale'")
         scale = e.get("scale", 0.0)
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
