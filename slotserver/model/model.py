@@ -212,7 +212,7 @@ class LlamaModel:
     def _logits(self, fuse: bool, x: torch.Tensor, logits_into: torch.Tensor | None,
                 lora: tuple | None = None) -> torch.Tensor:
         """The output matmul on the output-normed rows x ([rows, d_model]), scaled and soft-capped;
-        lora: (-1, "output", row scales) where the batch has LoRA rows."""
+        lora: (-1, "output", (row scales, in C)) where the batch has LoRA rows (see `_mm`)."""
         s, w = self.spec, self.weights
         if logits_into is None:
             logits = self._mm(False, w.output, x, lora=lora).float()   # [rows, vocab], a new tensor
