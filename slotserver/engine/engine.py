@@ -108,8 +108,7 @@ class Engine:
         validate(request, self.config, self.bundle.model.spec.vocab_size)
         if parent is not None and parent.request.prompt_ids != request.prompt_ids:
             raise RequestError("a sibling request must have its parent's prompt")
-        scales = self.lora.resolve(self.lora.parse([{"id": i, "scale": s} for i, s in request.lora])
-                                   if request.lora else None)   # --lora: a bad id is a RequestError
+        scales = self.lora.resolve(request.lora)   # --lora: an id naming no adapter is a RequestError
         self.inbox.take()
         handle = RequestHandle(next(self._ids), request, self, loop, self.outbox)
         handle.seq = new_sequence(handle, self.eog, self.bundle.tokenizer)

@@ -18,56 +18,58 @@ from __future__ import annotations
 
 import hashlib
 import math
-import threading
 
 from slotserver.errors import RequestError
-
 
 # what GET /lora-adapters lists beside id and scale: describes an adapter, sets nothing. Accepted in
 # an entry (a client may POST back what it read, as llama-server accepts it); any other key is a 400.
 DESCRIPTIVE = ("path", "task_name", "prompt_prefix", "alora_invocation_string", "alora_invocation_tokens")
 
+Pairs = tuple[tuple[int, float], ...]   # (adapter id, scale)
+
+
+def parse_entries(entries: object, field: str = "lora") -> Pairs:
+    """[{"id": int, "scale": number}, ...] -> (id, scale) pairs: the form only (the ids are checked
+    against the loaded adapters by `LoraScales`); RequestError naming the entry."""
+    if not isinstance(entries, list):
+        raise RequestError(f"'{field}' must be an array of objects with 'id' and 'scale' fields")
+    out = []
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or set(e) - {"id", "scale", *DESCRIPTIVE} or type(e.get("id")) is not int:
+            raise RequestError(f"'{field}[{i}]' must be an object with an integer 'id' and a 'scale'")
+        scale = e.get("scale", 0.0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise RequestError(f"'{field}[{i}].scale' must be a finite number, got {scale!r}")
+        out.append((e["id"], float(scale)))
+    return tuple(out)
+
 
 class LoraScales:
     def __init__(self, adapters: list, scales: list[float]) -> None:
-        """adapters: model/lora.py's LoraAdapter list (path, identity, task_name, prompt_prefix)."""
+        """adapters: model/lora.py's LoraAdapter list (path, identity, task_name, prompt_prefix).
+        `_scales` is replaced whole by `set` (one assignment: a reader sees the old or the new)."""
         assert len(adapters) == len(scales)
         self.adapters = adapters
         self._scales = tuple(float(s) for s in scales)
-        self._lock = threading.Lock()   # POST on the HTTP thread, reads at submit
 
-    @property
-    def scales(self) -> tuple[float, ...]:
-        return self._scales
-
-    def parse(self, entries: object, field: str = "lora") -> dict[int, float]:
-        """[{"id": int, "scale": number}, ...] -> {id: scale}; RequestError naming what is wrong."""
-        if not isinstance(entries, list):
-            raise RequestError(f"'{field}' must be an array of objects with 'id' and 'scale' fields")
-        out: dict[int, float] = {}
-        for i, e in enumerate(entries):
-            if not isinstance(e, dict) or set(e) - {"id", "scale", *DESCRIPTIVE}:
-                raise RequestError(f"'{field}[{i}]' must be an object with 'id' and 'scale' fields")
-            aid, scale = e.get("id", -1), e.get("scale", 0.0)
-            if type(aid) is not int or not 0 <= aid < len(self.adapters):
-                raise RequestError(f"'{field}[{i}].id' is {aid!r}: no such LoRA adapter "
-                                   f"({len(self.adapters)} loaded, ids 0..{len(self.adapters) - 1})"
-                                   if self.adapters else f"'{field}': no LoRA adapter is loaded (--lora)")
-            if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-                raise RequestError(f"'{field}[{i}].scale' must be a finite number, got {scale!r}")
-            out[aid] = float(scale)
-        return out
-
-    def set(self, config: dict[int, float]) -> None:
+    def set(self, pairs: Pairs, field: str = "body") -> None:
         """POST /lora-adapters: listed adapters take their scale, the others 0."""
-        with self._lock:
-            self._scales = tuple(config.get(i, 0.0) for i in range(len(self.adapters)))
+        self._scales = self._listed(pairs, field)
 
-    def resolve(self, config: dict[int, float] | None) -> tuple[float, ...]:
+    def resolve(self, pairs: Pairs | None) -> tuple[float, ...]:
         """A request's scales: its own `lora` (unlisted at 0), or the server's when it has none."""
-        if not config:
-            return self._scales
-        return tuple(config.get(i, 0.0) for i in range(len(self.adapters)))
+        return self._listed(pairs, "lora") if pairs else self._scales
+
+    def _listed(self, pairs: Pairs, field: str) -> tuple[float, ...]:
+        """Each adapter's scale in `pairs` (the last one listed), 0 where unlisted; RequestError for
+        an id that names no adapter."""
+        n = len(self.adapters)
+        for i, (aid, _) in enumerate(pairs):
+            if not 0 <= aid < n:
+                raise RequestError(f"'{field}[{i}].id' is {aid!r}: no such LoRA adapter ({n} loaded, ids 0..{n - 1})"
+                                   if n else f"'{field}': no LoRA adapter is loaded (--lora)")
+        config = dict(pairs)
+        return tuple(config.get(i, 0.0) for i in range(n))
 
     def cache_ns(self, scales: tuple[float, ...]) -> str:
         """The name of KV computed under these scales: "" with none active, else a hash of each

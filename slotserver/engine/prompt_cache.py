@@ -69,15 +69,10 @@ class PromptCache:
         self.hits = 0
 
     def __contains__(self, tokens: tuple[int, ...]) -> bool:
-        return ("", tokens) in self.entries
+        return self.has(tokens, "")
 
     def has(self, tokens: tuple[int, ...], ns: str) -> bool:
         return (ns, tokens) in self.entries
-
-    @property
-    def index(self) -> PrefixIndex:
-        """The base model's entries' index."""
-        return self.indexes.setdefault("", PrefixIndex())
 
     def save(self, tokens: tuple[int, ...], k: torch.Tensor, v: torch.Tensor, ns: str = "") -> bool:
         """Keep (tokens, K, V) under `ns`; -> False when it alone exceeds the limit (not kept)."""
@@ -130,7 +125,7 @@ class RamCacheHooks:
         """Before the slot's reuse is counted: a longer prefix, from another slot or the RAM cache,
         replaces the slot's KV."""
         prompt, ns = tuple(seq.tokens[: seq.num_prompt]), seq.cache_ns
-        own = common_prefix(slot.cached, prompt) if slot.ns == ns else 0
+        own = common_prefix(slot.cached_for(ns), prompt)
         if own < len(slot.cached):   # about to be overwritten: keep it in RAM (and on disk) first
             self._save(slot)
         if not seq.request.cache_prompt:

@@ -135,13 +135,13 @@ class Scheduler:
             if self.hooks is not None:
                 self.hooks.on_select(slot, seq)
             n_min = cache_reuse.min_chunk(seq, self.config)
-            cached = slot.cached if slot.ns == seq.cache_ns else []   # other adapters' KV: nothing to reuse
-            reuse, shift = cache_reuse.reuse(cached, seq, n_min, self.streams.stream_of[slot.id])
+            stream = self.streams.stream_of[slot.id]
+            reuse, shift = cache_reuse.reuse(slot.cached_for(seq.cache_ns), seq, n_min, stream)
             plan.shifts += [shift] if shift is not None else []   # --cache-reuse: chunks moved into place
             # logits need >= 1 token (num_tokens: a preempted sequence that a context shift shortened)
             seq.num_computed = seq.num_cached = min(reuse, seq.num_prompt - 1, seq.num_tokens - 1)
             if budget is not None:  # the slot's cached cells past the reused prefix give their blocks back
-                plan.trims.append((self.streams.stream_of[slot.id], seq.num_computed))
+                plan.trims.append((stream, seq.num_computed))
             slot.occupy(seq)
             seq.t_start = time.perf_counter()
             admitted.append(seq)

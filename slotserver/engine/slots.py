@@ -32,6 +32,11 @@ class Slot:
         """Cells of the stream that hold valid KV (what a defrag move must copy)."""
         return self.seq.num_computed if self.seq is not None else len(self.cached)
 
+    def cached_for(self, ns: str) -> list[int]:
+        """The cached tokens whose KV serves a request computing under adapters `ns`: all of them, or
+        none when they were computed under other adapters."""
+        return self.cached if self.ns == ns else []
+
     def valid_tokens(self) -> list[int]:
         """The tokens whose KV the stream holds: the cache of an idle slot, a busy one's computed tokens."""
         return self.cached if self.seq is None else self.seq.tokens[: self.seq.num_computed]
@@ -101,9 +106,7 @@ class SlotTable:
         if not idle:
             return None
         if self.similarity > 0 and prompt:
-            def shared(s: Slot) -> int:
-                return common_prefix(s.cached, prompt) if s.ns == ns else 0
-            best = max(idle, key=lambda s: (shared(s), -s.last_used))
-            if shared(best) / len(prompt) > self.similarity:
+            best = max(idle, key=lambda s: (common_prefix(s.cached_for(ns), prompt), -s.last_used))
+            if common_prefix(best.cached_for(ns), prompt) / len(prompt) > self.similarity:
                 return best
         return min(idle, key=lambda s: s.last_used)

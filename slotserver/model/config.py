@@ -32,12 +32,14 @@ def lora_flags(items: list[tuple[str, str]] | None) -> tuple[tuple[Path, float],
             if not kind:
                 out.append((Path(item), 1.0))
                 continue
-            name, sep, scale = item.rpartition(":")
+            name, _, scale = item.rpartition(":")
             try:
-                out.append((Path(name), float(scale)))
-                assert sep and name
-            except (ValueError, AssertionError):
-                raise ConfigError(f"--lora-scaled format: FNAME:SCALE, got {item!r}") from None
+                value = float(scale) if name else None
+            except ValueError:
+                value = None
+            if value is None:
+                raise ConfigError(f"--lora-scaled format: FNAME:SCALE, got {item!r}")
+            out.append((Path(name), value))
     return tuple(out)
 
 

@@ -40,16 +40,6 @@ class LoraError(ValueError):
     """An adapter file that cannot serve this model; the message names the file and the problem."""
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where one GGUF tensor's delta goes: the model's matmul (`layer`, `linear`; layer -1: the
-    output matmul) and the first output column it feeds (q, k, v share q|k|v)."""
-
-    layer: int
-    linear: str      # "qkv" | "wo" | "gate_up" | "down" | "output"
-    offset: int
-
-
 @dataclass
 class LoraAdapter:
     path: Path
@@ -86,26 +76,28 @@ def read_adapter(path: str | Path, spec: ModelSpec, arch: str) -> LoraAdapter:
     for base in names:
         if base + ".lora_a" not in f.tensors or base + ".lora_b" not in f.tensors:
             raise LoraError(f"LoRA adapter {path}: {base} lacks its lora_a or lora_b tensor")
-        target, rows, cols = _target(base, spec, path)
+        key, offset, rows, cols = _target(base, spec, path)
         a, b = f.load_tensor(base + ".lora_a"), f.load_tensor(base + ".lora_b")   # [rank, in], [out, rank]
         if a.dim() != 2 or b.dim() != 2 or a.shape[1] != cols or b.shape[0] != rows or a.shape[0] != b.shape[1]:
             raise LoraError(f"LoRA adapter {path}: {base} has lora_a {tuple(a.shape)} and lora_b {tuple(b.shape)}, "
                             f"expected [rank, {cols}] and [{rows}, rank] (numpy order)")
-        ad.pairs.setdefault((target.layer, target.linear), []).append((target.offset, a, _reorder(b, base, spec)))
+        ad.pairs.setdefault(key, []).append((offset, a, _reorder(b, base, spec)))
     if not ad.pairs:
         raise LoraError(f"LoRA adapter {path}: no lora_a/lora_b tensors")
     return ad
 
 
-def _target(base: str, spec: ModelSpec, path: Path) -> tuple[Target, int, int]:
-    """The matmul a GGUF tensor name feeds, its rows (outputs) and columns (inputs)."""
+def _target(base: str, spec: ModelSpec, path: Path) -> tuple[tuple[int, str], int, int, int]:
+    """Where a GGUF tensor's delta goes: the model's matmul ((layer, "qkv" | "wo" | "gate_up" | "down"),
+    or (-1, "output")), the first output column it feeds (q, k, v share q|k|v), its rows (outputs)
+    and its columns (inputs)."""
     d, hd = spec.d_model, spec.head_dim
     q, kv, ff = spec.n_heads * hd, spec.n_kv_heads * hd, spec.d_ff
     if base == "output.weight":   # a tied model has none (llama.cpp: "tensor not found in base model")
         if spec.tied_embeddings:
             raise LoraError(f"LoRA adapter {path}: {base}: this model has no output matmul of its own "
                             "(it is tied to token_embd)")
-        return Target(-1, "output", 0), spec.vocab_size, d
+        return (-1, "output"), 0, spec.vocab_size, d
     m = _LAYER.match(base)
     if m is None or int(m.group(1)) >= spec.n_layers:
         raise LoraError(f"LoRA adapter {path}: {base} is no matmul of this model that an adapter can change")
@@ -121,7 +113,7 @@ def _target(base: str, spec: ModelSpec, path: Path) -> tuple[Target, int, int]:
     if name not in table or (name == "ffn_gate" and spec.fused) or (qkv_part and (name == "attn_qkv") != spec.fused):
         raise LoraError(f"LoRA adapter {path}: {base} is no matmul of this model that an adapter can change")
     linear, offset, rows, cols = table[name]
-    return Target(i, linear, offset), rows, cols
+    return (i, linear), offset, rows, cols
 
 
 def _reorder(b: torch.Tensor, base: str, spec: ModelSpec) -> torch.Tensor:

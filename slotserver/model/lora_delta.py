@@ -10,8 +10,9 @@ Why in C, and why from x rather than h: the fused qmatmul (norm, gate and residu
 never materializes h, and a step graph (step_graph.py) replays only native calls. With torch's
 matmuls an adapted decode step had to run the unfused body eagerly: SmolLM2-135M Q4_1 b=1 on a
 2-core AVX-512 host 6.3 ms a step without an adapter, 33 ms with a rank-16 one on every attention
-and FFN matmul (playground/lora_bench.py), where llama.cpp's step barely changed. This call keeps
-the fused body and the graph; it serves up to MAX_ROWS rows (decode steps), torch's matmuls the rest.
+and FFN matmul (an in-process A/B of model.forward), where llama-server's decode lost a fifth
+(playground/lora_bench.py: x0.78). This call keeps the fused body and the graph (the same A/B:
+~6.5 -> ~10 ms); it serves up to MAX_ROWS rows (decode steps), torch's matmuls the rest.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ native.signature(_LIB, "lora_delta", 8, 10, (native.ctypes.c_float, native.ctype
 
 def applies(x: torch.Tensor, y: torch.Tensor, norm: torch.Tensor | None) -> bool:
     """Whether the C call serves this matmul: CPU rows (few), float32 or bf16, unit last strides."""
-    return (_LIB is not None and x.is_cpu and x.dim() == 2 and x.shape[0] <= MAX_ROWS and y.dim() == 2
+    return (x.dim() == 2 and serves(x.shape[0], x.is_cpu) and y.dim() == 2
             and x.dtype in (torch.float32, torch.bfloat16) and y.dtype in (torch.float32, torch.bfloat16)
             and x.stride(1) == 1 and y.stride(1) == 1
             and (norm is None or (norm.dtype == torch.float32 and norm.is_contiguous())))

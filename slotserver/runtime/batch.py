@@ -120,7 +120,7 @@ class Batch:
         q_lens = [len(c.tokens) for c in chunks]
         assert min(q_lens) > 0, "a chunk without tokens"
         if max(q_lens) == 1 and all(c.logits and not c.prompt for c in chunks):
-            return _with_lora(_decode(chunks, device), chunks, device)
+            return _decode(chunks, device)
         logits_rows, total = [], 0
         for c, n in zip(chunks, q_lens):
             if c.all_logits:
@@ -136,11 +136,6 @@ class Batch:
             attn=_attn_meta(chunks, device, split=True),
             lora=_lora_rows(chunks, device),
         )
-
-
-def _with_lora(batch: Batch, chunks: list[SeqChunk], device) -> Batch:
-    rows = _lora_rows(chunks, device)
-    return batch if rows is None else replace(batch, lora=rows)
 
 
 def _lora_rows(chunks: list[SeqChunk], device) -> torch.Tensor | None:
@@ -167,7 +162,8 @@ def _decode(chunks: list[SeqChunk], device) -> Batch:
                     pad_index=index.view(n, 1), pad_positions=positions.view(n, 1), valid_rows=index, max_q=1,
                     max_kv=max(c.start + 1 for c in chunks), stream_base=base, row_streams=streams_t,
                     row_kv_lens=kv_lens)
-    return Batch(tokens=tokens, positions=positions, token_streams=streams_t, logits_rows=index, attn=meta)
+    return Batch(tokens=tokens, positions=positions, token_streams=streams_t, logits_rows=index, attn=meta,
+                 lora=_lora_rows(chunks, device))
 
 
 def _attn_meta(chunks: list[SeqChunk], device, split: bool = False) -> AttnMeta:

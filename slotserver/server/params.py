@@ -24,8 +24,8 @@ from typing import Any
 
 from slotserver.engine.grammar import Grammars
 from slotserver.engine.reasoning_budget import BudgetSpec
-from slotserver.engine.request import Request
-from slotserver.engine.lora_scales import DESCRIPTIVE
+from slotserver.engine.request import Request, RequestError
+from slotserver.engine.lora_scales import parse_entries
 from slotserver.model.sampling.dry import process_breakers
 from slotserver.model.sampling.order import DEFAULT_SAMPLERS
 from slotserver.model.sampling.params import MAX_N_PROBS, SamplingError, SamplingParams
@@ -152,17 +152,10 @@ def lora_field(f: Fields) -> tuple[tuple[int, float], ...] | None:
     value = f.raw("lora")
     if value is None or value == []:
         return None
-    if not isinstance(value, list):
-        raise bad_request("'lora' must be an array of objects with 'id' and 'scale' fields")
-    out = []
-    for i, e in enumerate(value):
-        if not isinstance(e, dict) or set(e) - {"id", "scale", *DESCRIPTIVE} or type(e.get("id")) is not int:
-            raise bad_request(f"'lora[{i}]' must be an object with an integer 'id' and a 'scale'")
-        scale = e.get("scale", 0.0)
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-            raise bad_request(f"'lora[{i}].scale' must be a finite number, got {scale!r}")
-        out.append((e["id"], float(scale)))
-    return tuple(out)
+    try:
+        return parse_entries(value)
+    except RequestError as e:
+        raise bad_request(str(e)) from None
 
 
 def speculative_fields(f: Fields) -> dict:

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from slotserver.engine.lora_scales import parse_entries
 from slotserver.engine.request import RequestError
 from slotserver.server.body import read_body, require_json_content_type
 from slotserver.server.errors import bad_request
@@ -43,7 +44,7 @@ async def set_adapters(request: Request) -> Response:
     if not isinstance(body, list):
         raise bad_request("Request body must be an array")
     try:
-        engine.lora.set(engine.lora.parse(body, "body"))
+        engine.lora.set(parse_entries(body, "body"))
     except RequestError as e:
         raise bad_request(str(e)) from None
     return JSONResp({"success": True})
