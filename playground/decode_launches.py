@@ -142,8 +142,10 @@ def load(path: Path, device: str, unfused: bool, dtype: torch.dtype = torch.bflo
     return model
 
 
-def decode_batch(model, batch: int, ctx: int, layout: str = "head_seq_dim"):
-    """A cache with `batch` streams prefilled to `ctx` tokens, and the next decode step's batch."""
+def decode_batch(model, batch: int, ctx: int, layout: str = "head_seq_dim", together: bool = False):
+    """A cache with `batch` streams prefilled to `ctx` tokens, and the next decode step's batch.
+    `together`: one prefill forward for every stream (the tests' interpreted Triton pays per
+    forward); else one a stream (a card's large batch x ctx stays a stream's activations)."""
     from slotserver.engine.kv_cache import KVCache
     from slotserver.runtime.batch import Batch, SeqChunk
     from slotserver.runtime.kv_spec import KVSpec
@@ -153,8 +155,9 @@ def decode_batch(model, batch: int, ctx: int, layout: str = "head_seq_dim"):
                                                   device=dev))
     vocab = s.vocab_size
     toks = [(100 + 7 * i) % vocab for i in range(ctx)]
-    for b in range(batch):
-        model.forward(Batch.build([SeqChunk(b, 0, toks, logits=False)], dev), cache)
+    chunks = [SeqChunk(b, 0, toks, logits=False) for b in range(batch)]
+    for group in [chunks] if together else [[c] for c in chunks]:
+        model.forward(Batch.build(group, dev), cache)
     return cache, Batch.build([SeqChunk(b, ctx, [(ctx + b) % vocab]) for b in range(batch)], dev)
 
 

@@ -40,7 +40,7 @@ def _run(gguf: Path, logits: bool) -> dict:
         reqs = [GenRequest(list(p), 2, ignore_eos=True) for p in PROMPTS]
         out["tokens"][variant] = [r.tokens for r in generate(model, reqs, frozenset())]
         if logits:
-            cache, step = dl.decode_batch(model, 2, 7)   # its prefill: 7 rows, no logits rows
+            cache, step = dl.decode_batch(model, 2, 7, together=True)   # its prefill: 14 rows, no logits rows
             with dl.LaunchCounter() as counter:
                 out["logits"][variant] = model.forward(step, cache).tolist()
             out["ops"][variant] = dict(Counter(counter.names))

@@ -38,7 +38,7 @@ def _interpreted(gguf: Path) -> dict:
         out["applies"][variant] = lean_step.applies(model, model.kernels)
         reqs = [GenRequest(list(p), 3, ignore_eos=True) for p in PROMPTS]
         out["tokens"][variant] = [r.tokens for r in generate(model, reqs, frozenset())]
-        cache, step = dl.decode_batch(model, 2, 7)
+        cache, step = dl.decode_batch(model, 2, 7, together=True)
         out["logits"][variant] = model.forward(step, cache).tolist()
     return out
 

@@ -35,8 +35,9 @@ def mma_errors(device: str = "cpu", x_dtype: torch.dtype = torch.float32) -> dic
     mod, out = _module(), {}
     mod.QMMA = "int8"
     gen = torch.Generator().manual_seed(5)
-    # 1 super-block: unsplit (the add fused); 4: split in two; 3: split 2 + 1 (a short last split)
-    for qtype, k in ((qt, k) for qt in (T.Q4_K, T.Q6_K) for k in (256, 1024, 768)):
+    # 1 super-block: unsplit (the add fused); 3: split 2 + 1 (a short last split; the plan's own
+    # test checks the even splits)
+    for qtype, k in ((qt, k) for qt in (T.Q4_K, T.Q6_K) for k in (256, 768)):
         w = random_qweight(gen, qtype, 37, k)
         exact = dequantize(w).double()
         w = type(w)(w.raw.to(device), w.qtype, w.k, w.n)
@@ -60,7 +61,7 @@ def interpreted(triton_interpreter) -> dict:
 
 
 def test_the_int8_product_matches_the_q8_1_product_split_or_not_and_is_batch_invariant(interpreted):
-    assert [interpreted[f"{q}/{k}"]["split"] for q in ("Q4_K", "Q6_K") for k in (256, 1024, 768)] == [1, 2, 2] * 2
+    assert [interpreted[f"{q}/{k}"]["split"] for q in ("Q4_K", "Q6_K") for k in (256, 768)] == [1, 2] * 2
     for k, c in interpreted.items():
         assert c["served"] and c["invariant"], (k, c)
         assert c["err"] < 1e-5 and c["acc_err"] < 1e-5, (k, c)   # float32 scaling of exact int32 dots

@@ -213,7 +213,12 @@ def test_samplers_accept_llama_servers_names_and_letters(value, want):
     assert SamplingParams(samplers=value).samplers == want
 
 
-@pytest.mark.parametrize("value", ["kz", ["top_k", "bogus"], ["infill"], 3])
+def test_the_infill_sampler_is_named_as_llama_vim_names_it():
+    assert SamplingParams(samplers=["top_k", "top_p", "infill"]).samplers == ("top_k", "top_p", "infill")
+    assert SamplingParams(samplers="kpi").samplers == ("top_k", "top_p", "infill")
+
+
+@pytest.mark.parametrize("value", ["kz", ["top_k", "bogus"], 3])
 def test_unknown_or_unsupported_samplers_are_refused_by_name(value):
     with pytest.raises(SamplingError, match="samplers"):
         SamplingParams(samplers=value)

@@ -157,7 +157,9 @@ def test_a_model_without_fim_tokens_gets_llama_servers_501(tmp_path):
     ({"input_suffix": [10**6]}, '"input_suffix" must hold token ids in [0, 316)'),
     ({"prompt": ["a"]}, '"prompt" must be a string'),
     ({"temperature": "hot"}, "'temperature' must be a number"),   # /completion's own fields, its checks
-    ({"n_indent": 4}, "'n_indent' is not supported"),
+    ({"n_indent": -1}, "'n_indent' must be in [0, "),
+    ({"t_max_predict_ms": -2}, "'t_max_predict_ms' must be in [-1, "),
+    ({"sse_ping_interval": -2}, "'sse_ping_interval' must be in [-1, "),
 ])
 def test_bad_fields_are_400_naming_them(client, body, message):
     full = {"input_prefix": "a", "input_suffix": "b", **body}
@@ -194,3 +196,51 @@ def test_spm_infill_flag_reaches_the_server_config(tmp_path):
     assert not server_config_from_args(cli.build_parser().parse_args(["serve", "-m", path])).spm_infill
     with pytest.raises(ConfigError, match="spm_infill"):
         ServerConfig(spm_infill="yes")
+
+
+# -- llama.vim's requests: n_indent, t_max_predict_ms, the infill sampler ---------------------------
+
+LLAMA_VIM = {   # what llama.vim's llama#fim sends (autoload/llama.vim), the cursor's line indented by 4
+    "input_prefix": "def f(x):\n    y = x\n", "input_suffix": "\n    return y\n",
+    "input_extra": [{"text": "z = 1\n", "time": 123.4, "filename": "a.py"}], "prompt": "    y",
+    "n_predict": 16, "n_indent": 4, "top_k": 40, "top_p": 0.99, "stream": False,
+    "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1000,
+    "response_fields": ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
+                        "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
+                        "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached"],
+}
+
+
+def test_llama_vims_request_is_answered_with_the_fields_it_asked_for_and_a_seed_repeats_it(client):
+    answers = [client.post("/infill", json={**LLAMA_VIM, "seed": 7}) for _ in range(2)]
+    assert [r.status_code for r in answers] == [200, 200], answers[0].text
+    body = answers[0].json()
+    assert list(body) == LLAMA_VIM["response_fields"]   # "timings/x" keys as llama-server names them
+    assert isinstance(body["content"], str) and 1 <= body["timings/predicted_n"] <= 16
+    assert answers[1].json()["content"] == body["content"]
+
+
+# the grammar spells the text out, a character (one token of the tiny vocabulary) a step
+SPELLED = {"prompt": "x", "grammar": 'root ::= "1\\n    2\\n3\\n4"', "temperature": 0, "n_predict": 20}
+
+
+def test_n_indent_ends_the_answer_at_a_line_indented_less_and_cuts_it_there(client):
+    assert completion(client, [5], **{k: v for k, v in SPELLED.items() if k != "prompt"})["content"] == "1\n    2\n3\n4"
+    body = client.post("/completion", json={**SPELLED, "n_indent": 4}).json()
+    # "3" opens a line indented 0 < 4: the generation ends at the token after it (the check trails the
+    # text by a line, as llama-server's), the answer is cut where "3" starts
+    assert body["content"] == "1\n    2\n" and body["stop_type"] == "limit"
+    assert client.post("/completion", json={**SPELLED, "n_indent": 4}).json()["content"] == body["content"]
+    chunks = [json.loads(e) for e in sse_events(client.post("/completion", json={**SPELLED, "n_indent": 4, "stream": True}).text)]
+    # a stream has been sent each token's text before the check, as llama-server's: "3" arrived
+    assert "".join(c["content"] for c in chunks) == "1\n    2\n3" and chunks[-1]["stop_type"] == "limit"
+    assert client.post("/completion", json={**SPELLED, "n_indent": 0}).json()["content"] == "1\n    2\n3\n4"
+
+
+def test_t_max_predict_ms_ends_the_answer_at_a_line_break_once_the_time_is_spent(client):
+    spelled = {**SPELLED, "grammar": 'root ::= "1\\n2\\n3\\n4\\n5\\n6\\n7\\n8\\n"'}
+    assert client.post("/completion", json=spelled).json()["content"] == "1\n2\n3\n4\n5\n6\n7\n8\n"
+    body = client.post("/completion", json={**spelled, "t_max_predict_ms": 1}).json()
+    # a step takes more than a millisecond: the first line break after the first token ends it
+    assert body["content"] in ("1\n", "1\n2\n") and body["stop_type"] == "limit"
+    assert client.post("/completion", json={**spelled, "t_max_predict_ms": 60_000}).json()["content"] == "1\n2\n3\n4\n5\n6\n7\n8\n"

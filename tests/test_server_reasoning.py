@@ -290,8 +290,7 @@ def test_server_flags_parse_and_bad_values_fail_at_startup():
 # ---------------------------------------------------------------------------------------------
 # llama-server fields we do not implement: 400 naming them; their defaults pass
 
-REFUSED = [("n_indent", 4), ("t_max_predict_ms", 100), ("sse_ping_interval", 10),
-           ("verbose", True), ("backend_sampling", True), ("grammar_lazy", True), ("reasoning_control", True),
+REFUSED = [("verbose", True), ("backend_sampling", True), ("grammar_lazy", True), ("reasoning_control", True),
            ("grammar_triggers", ["<x>"]), ("preserved_tokens", ["<x>"]),
            ("chat_parser", "x"), ("generation_prompt", "x"), ("chat_format", 3)]
 DEFAULTS = {"n_indent": 0, "t_max_predict_ms": -1, "n_cache_reuse": 0, "sse_ping_interval": -1, "verbose": False,

@@ -54,3 +54,27 @@ def test_a_slow_reader_that_keeps_reading_gets_the_whole_stream():
     _serve(response, send)
     assert closed == [True] and not response.client_gone
     assert bodies == [f"data: {i}\n\n".encode() for i in range(20)] + [b""]
+
+
+async def _slow_chunks():
+    yield b"data: 0\n\n"
+    await asyncio.sleep(0.75)   # a long prefill, a queue: nothing to send
+    yield b"data: 1\n\n"
+
+
+def test_a_silent_stream_sends_llama_servers_ping_and_a_busy_one_none():
+    bodies = []
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            bodies.append(message["body"])
+
+    _serve(EventStreamResponse(_slow_chunks(), ping_interval=0.3), send)
+    assert bodies[0] == b"data: 0\n\n" and bodies[-2:] == [b"data: 1\n\n", b""]
+    assert bodies[1:-2] and set(bodies[1:-2]) == {b":\n\n"}   # one each 0.3 s of the 0.75 s of silence (2, unless the host is slow)
+    bodies.clear()
+    _serve(EventStreamResponse(_slow_chunks(), ping_interval=-1), send)
+    assert bodies == [b"data: 0\n\n", b"data: 1\n\n", b""]
+    bodies.clear()
+    _serve(EventStreamResponse(_chunks(5), ping_interval=0.3), send)   # done before a ping is due
+    assert bodies == [f"data: {i}\n\n".encode() for i in range(5)] + [b""]

@@ -1,7 +1,7 @@
 """`--tp 2` over gloo on this machine gives what one process gives (issue 39, part 2).
 
 Two ranks (tests/tp_ranks.py, started with torchrun's environment) run `generate` on the default
-model and on the tiny fixture of every dense and mixture-of-experts architecture, then serve the default model through
+model and on the tiny fixtures whose layers split differently across ranks (DENSE, MOE), then serve the default model through
 HTTP; this process computes the same without TP and compares what a user sees: greedy tokens,
 top-8 log-probabilities (float32, within 1e-4), n > 1 choices, grammar-constrained text, slot files
 (one saved here restored there, one saved there restored here), and /props' per-rank memory.
@@ -37,8 +37,12 @@ from tp_ranks import N_PREDICT, PROMPT, SERVE_CASES, SLOT_PROMPT  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHS = ROOT / "tests" / "fixtures" / "archs"
-DENSE = ["qwen3", "gemma2", "gemma3", "granite", "llama3_freqs", "llama_linear", "phi3", "qwen2_yarn"]   # qwen3: served too
-MOE = ["qwen3moe", "qwen2moe", "olmoe", "granitemoe", "gpt-oss"]   # qwen2moe: a shared expert; gpt-oss: biases
+# what splits differently across ranks: q/k norms (qwen3; olmoe's over the whole projection), post-norms and
+# soft-caps (gemma2/3), fused qkv and gate|up (phi3), biases (qwen2), experts (qwen3moe; qwen2moe: a shared
+# expert; gpt-oss: biases, sinks). Left out, as no rank splits them differently: RoPE factors
+# (llama3_freqs, llama_linear: per dimension, every head alike) and granite's scalar multipliers
+DENSE = ["qwen3", "gemma2", "gemma3", "phi3", "qwen2_yarn"]   # qwen3: served too
+MOE = ["qwen3moe", "qwen2moe", "olmoe", "gpt-oss"]
 TOL = 1e-4
 
 

@@ -90,6 +90,8 @@ def add_parser(sub) -> None:
     a("-rea", "--reasoning", default="auto", metavar="on|off|auto", help="thinking on or off (enable_thinking)")
     a("--reasoning-budget", type=int, default=-1, metavar="N",
       help="tokens of thinking (<think> block) before its end is forced: -1 unlimited (default), 0 at once")
+    a("--sse-ping-interval", type=int, default=30, metavar="N",
+      help="streamed answers: seconds of silence before an SSE ping ':' line, as llama-server (-1: none; default: 30)")
     a("--reasoning-budget-message", default="", metavar="MESSAGE",
       help="text forced before the end-of-thinking tag when the budget runs out (default: none)")
     a("--tool-call-format", default="auto", metavar="FORMAT",

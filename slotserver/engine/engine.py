@@ -19,6 +19,7 @@ import torch
 from slotserver.runtime import native
 from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.model.bundle import ModelBundle
+from slotserver.model.sampling.infill import InfillVocab
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.stats_tracker import StatsTracker
 from slotserver.engine.kv_cache import KVCache
@@ -80,7 +81,8 @@ class Engine:
         check_shift_support(config, bundle.model, self.cache)   # --context-shift / --cache-reuse
         self.sched = Scheduler(config, budget=lambda: self.cache.budget(), hooks=hooks,  # paged: admit by free blocks
                                add_bos=bundle.tokenizer.add_bos)
-        self.sampling = StepSampling(s.vocab_size, config.spec.synth_probs, bundle.tokenizer.eog_ids)
+        self.sampling = StepSampling(s.vocab_size, config.spec.synth_probs, bundle.tokenizer.eog_ids,
+                                     fim=InfillVocab.of(bundle.tokenizer))
         self.spec = _speculator(config, bundle, draft)   # --spec-type: drafts verified in the forward
         self.eog = bundle.tokenizer.eog_ids
         self.lora = LoraScales(bundle.model.lora.adapters if bundle.model.lora else [],   # --lora

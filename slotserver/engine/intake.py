@@ -12,6 +12,7 @@ from slotserver.engine.config import EngineConfig
 from slotserver.engine.reasoning_budget import ReasoningBudget
 from slotserver.engine.request import ContextExceeded, RequestError, RequestHandle
 from slotserver.engine.sequence import Sequence
+from slotserver.engine.line_limits import LineLimits
 from slotserver.engine.stop_strings import StopMatcher
 from slotserver.model.sampling.sampler import SequenceRng
 from slotserver.model.sampling.params import ignore_eos_params
@@ -46,4 +47,5 @@ def new_sequence(handle: RequestHandle, eog: frozenset[int], tokenizer) -> Seque
         params=ignore_eos_params(r.params, eog) if r.ignore_eos else r.params,
         detok=IncrementalDetokenizer(tokenizer), stops=StopMatcher(r.stop),
         reasoning=ReasoningBudget(budget, tokenizer.token_bytes) if budget is not None else None,
+        lines=LineLimits.of(r.n_indent, r.t_max_predict_ms),
     )

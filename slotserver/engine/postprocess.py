@@ -1,9 +1,11 @@
 """After a step: advance counters, append sampled tokens, check stops, stream events out.
 
 Stops, in llama-server's order: an end-of-generation token (unless `ignore_eos`), a stop string
-(also across token boundaries; the text is cut before it), `n_predict` reached, or the slot's
-context full (`truncated`). A constrained sequence also ends ("eos") once its grammar has accepted
-and allows nothing more; the token is fed to its matcher here, after the step's masks were read.
+(also across token boundaries; the text is cut before it), `n_predict` reached, the slot's
+context full (`truncated`), or a code-completion line rule (`n_indent`, `t_max_predict_ms`:
+engine/line_limits.py; "limit", as llama-server reports them). A constrained sequence also ends
+("eos") once its grammar has accepted and allows nothing more; the token is fed to its matcher
+here, after the step's masks were read.
 
 The end-of-generation token is a step like any other for the client: it gets its TokenEvent (with
 its probabilities, and the held-back text it releases; its own piece adds no text), then the
@@ -65,13 +67,13 @@ def _accept(sched: Scheduler, seq: Sequence, s: Sampled, eog: frozenset[int]) ->
     seq.tokens.append(s.token)
     if seq.reasoning is not None:
         seq.reasoning.accept(s.token)
-    req = seq.request
+    req, lines = seq.request, seq.lines
     if s.token in eog and not req.ignore_eos:
-        tail = seq.stops.feed(seq.detok.flush())[0] + seq.stops.flush()
-        seq.handle.emit(_token_event(seq, s, tail))
-        _finish(sched, seq, "eos", "", False)
+        _end_of_generation(sched, seq, s)
         return True
-    text, word = seq.stops.feed(seq.detok.push(s.token))
+    piece = seq.detok.push(s.token)
+    indented = lines is not None and lines.feed(piece)
+    text, word = seq.stops.feed(piece)
     if word is not None:
         seq.handle.emit(_token_event(seq, s, text))
         _finish(sched, seq, "word", word, False)
@@ -79,16 +81,26 @@ def _accept(sched: Scheduler, seq: Sequence, s: Sampled, eog: frozenset[int]) ->
     complete = seq.grammar is not None and _grammar_done(seq.grammar, s.token)
     full = seq.num_tokens >= sched.config.n_cells and sched.shift is None   # else shifted next step
     limit = 0 <= req.n_predict <= seq.num_generated
-    if full or limit or complete:
+    line_end = indented or (lines is not None and lines.sent(text, 1000 * (now - seq.t_prompt_done)))
+    if full or limit or complete or line_end:
         text += seq.stops.feed(seq.detok.flush())[0] + seq.stops.flush()
     seq.handle.emit(_token_event(seq, s, text))
     if complete:
         _finish(sched, seq, "eos", "", False)
         return True
-    if full or limit:
-        _finish(sched, seq, "limit", "", full and not limit)
+    if full or limit or line_end:
+        _finish(sched, seq, "limit", "", full and not limit and not line_end)
         return True
     return False
+
+
+def _end_of_generation(sched: Scheduler, seq: Sequence, s: Sampled) -> None:
+    """The end token's event (the held text it releases) and the "eos" end."""
+    piece = seq.detok.flush()
+    if seq.lines is not None:
+        seq.lines.feed(piece)   # llama-server checks the indentation before the end token: its cut holds
+    seq.handle.emit(_token_event(seq, s, seq.stops.feed(piece)[0] + seq.stops.flush()))
+    _finish(sched, seq, "eos", "", False)
 
 
 def progress_event(seq: Sequence, start: bool = False) -> ProgressEvent:
@@ -127,4 +139,5 @@ def final_event(seq: Sequence, stop_type: str, word: str = "", truncated: bool =
         predicted_ms=1000 * (now - prompt_done) if seq.t_prompt_done else 0.0,
         seed=seq.rng.seed, text=tail,
         draft_n=seq.spec.drafted if seq.spec else 0, draft_n_accepted=seq.spec.accepted if seq.spec else 0,
+        cut=seq.lines.dropped() if seq.lines is not None and stop_type != "word" else 0,
     )

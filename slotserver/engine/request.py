@@ -51,6 +51,9 @@ class Request:
     # llama-server's `lora`: (adapter id, scale) pairs for this request, the others at 0; None (or
     # empty): the server's scales when submitted (engine/lora_scales.py)
     lora: tuple[tuple[int, float], ...] | None = None
+    # llama-server's code-completion line rules (engine/line_limits.py): 0 / -1 off
+    n_indent: int = 0
+    t_max_predict_ms: int = -1
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class FinalEvent:
     text: str = ""          # text held back until the end (a partial stop string, half a character)
     draft_n: int = 0        # speculative decoding: draft tokens proposed (llama-server's timings.draft_n)
     draft_n_accepted: int = 0
+    cut: int = 0            # n_indent: characters at the end of the sent text the whole answer leaves out
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from slotserver.engine.line_limits import LineLimits
 from slotserver.engine.reasoning_budget import ReasoningBudget
 from slotserver.engine.request import Request, RequestHandle
 from slotserver.engine.stop_strings import StopMatcher
@@ -51,6 +52,7 @@ class Sequence:
     # the name of the KV computed under them: caches only give a prefix computed under the same
     lora: tuple[float, ...] = ()
     cache_ns: str = ""
+    lines: LineLimits | None = None   # n_indent / t_max_predict_ms (engine/line_limits.py), fed in postprocess
 
     @property
     def request(self) -> Request:

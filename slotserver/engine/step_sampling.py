@@ -19,6 +19,7 @@ from slotserver.engine.speculative.verify import greedy_run, sampled_run, synth_
 from slotserver.engine.sampled_ids import SampledIds
 from slotserver.model.sampling.device import DeviceSampler
 from slotserver.model.sampling.greedy import greedy_ids_device
+from slotserver.model.sampling.infill import InfillVocab
 from slotserver.model.sampling.sampler import Sampler, SamplingError
 from slotserver.model.tensor_check import logits_problem
 from slotserver.runtime.device import upload
@@ -36,13 +37,14 @@ DEVICE_MIN_ROWS = 8
 
 class StepSampling:
     def __init__(self, vocab_size: int, synth_probs: tuple[float, ...] = (), eog: frozenset[int] = frozenset(),
-                 on_device: bool | None = None, device_min_rows: int | None = None) -> None:
+                 on_device: bool | None = None, device_min_rows: int | None = None, fim: InfillVocab | None = None) -> None:
         """synth_probs, eog: --spec-synth-*'s acceptance (speculative/verify.py `synth_run`).
         on_device: None (service) runs the device sampler on logits off the CPU and the host path
         on CPU logits; True the device path on any logits (the tests run it on CPU tensors); False
         the host path on any (the benchmark's baseline). device_min_rows: below it non-greedy rows
-        take the host path (default DEVICE_MIN_ROWS in service, 0 when on_device is forced)."""
-        self.sampler = Sampler(vocab_size)
+        take the host path (default DEVICE_MIN_ROWS in service, 0 when on_device is forced).
+        fim: the vocabulary the infill sampler reads (host path only: the device serves no such chain)."""
+        self.sampler = Sampler(vocab_size, fim)
         self.device = DeviceSampler(vocab_size)
         self.synth_probs, self.eog, self.on_device = synth_probs, eog, on_device
         self.min_rows = device_min_rows if device_min_rows is not None else (DEVICE_MIN_ROWS if on_device is None else 0)

@@ -23,6 +23,8 @@ import threading
 from collections.abc import Iterator
 from types import ModuleType
 
+from slotserver.runtime import triton_interpreter
+
 _lock = threading.Lock()
 
 
@@ -99,6 +101,7 @@ class _Owner:
                     del sys.modules[name]
             triton = importlib.import_module("triton")
             language = importlib.import_module("triton.language")
+            triton_interpreter.install()   # a no-op unless TRITON_INTERPRET=1
             kernels = {id(lazy): lazy.made_by(triton) for lazy in self.pending}
             real = {id(self.triton): triton, id(self.language): language, **kernels}
             for namespace in self.namespaces:

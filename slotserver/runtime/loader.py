@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from slotserver.runtime import c_sources, kernel_parts, lazy_triton
+from slotserver.runtime import c_sources, kernel_parts, lazy_triton, triton_interpreter
 from slotserver.errors import ModuleLoadError, line_of  # noqa: F401  re-export: defined without torch in slotserver.errors
 
 _counter = itertools.count()
@@ -206,6 +206,7 @@ def execute(path: Path, data: bytes, kind: str) -> ModuleType:
         raise ModuleLoadError(f"{path}:{line_of(e, path)}: import failed: {type(e).__name__}: {e}") from None
     finally:
         sys.modules.pop(name, None)
+    triton_interpreter.install()   # triton imported eagerly (or earlier) and interpreted: its faster helper calls
     return module
 
 

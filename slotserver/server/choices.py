@@ -114,10 +114,12 @@ async def merged(runs: list[Run]) -> AsyncIterator[tuple[int, Event]]:
             t.cancel()
 
 
-def streamed(chunks: AsyncIterator[bytes], runs: list[Run], write_timeout: float) -> EventStreamResponse:
+def streamed(chunks: AsyncIterator[bytes], runs: list[Run], write_timeout: float, ping: float = -1) -> EventStreamResponse:
     """The SSE answer of `runs`; closing it cancels them. One run's backlog of events goes out in
-    one write (sse.py, "Coalescing"); n > 1 merges several runs' events and sends each chunk."""
-    response = EventStreamResponse(chunks, on_close=lambda: close_all(runs), write_timeout=write_timeout)
+    one write (sse.py, "Coalescing"); n > 1 merges several runs' events and sends each chunk.
+    `ping`: seconds of silence before a ping (the request's sse_ping_interval; <= 0: none)."""
+    response = EventStreamResponse(chunks, on_close=lambda: close_all(runs), write_timeout=write_timeout,
+                                   ping_interval=ping)
     return response.gather_from(runs[0].handle) if len(runs) == 1 else response
 
 

@@ -23,6 +23,7 @@ class GenerationDefaults:
     cache_prompt: bool = True
     reasoning_budget: int = -1          # -1: unlimited
     reasoning_budget_message: str = ""  # forced before the end tag when the budget runs out
+    sse_ping_interval: int = 30         # streamed answers: seconds of silence before a ping (-1: none)
 
     def __post_init__(self) -> None:
         if self.n_predict < -1:
@@ -34,6 +35,8 @@ class GenerationDefaults:
         if not -1 <= self.reasoning_budget < 2**31:
             raise ConfigError(f"--reasoning-budget must be -1 (unlimited) or a number of tokens >= 0, "
                               f"got {self.reasoning_budget}")
+        if not -1 <= self.sse_ping_interval < 2**31:
+            raise ConfigError(f"--sse-ping-interval must be -1 (no pings) or a number of seconds, got {self.sse_ping_interval}")
         if not isinstance(self.reasoning_budget_message, str):
             raise ConfigError("--reasoning-budget-message must be a string")
 

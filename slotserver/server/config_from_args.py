@@ -67,7 +67,8 @@ def server_config_from_args(args) -> ServerConfig:
     defaults = GenerationDefaults(n_predict=args.n_predict, temperature=args.temp, seed=args.seed,
                                   cache_prompt=args.cache_prompt,
                                   reasoning_budget=getattr(args, "reasoning_budget", -1),
-                                  reasoning_budget_message=getattr(args, "reasoning_budget_message", ""))
+                                  reasoning_budget_message=getattr(args, "reasoning_budget_message", ""),
+                                  sse_ping_interval=getattr(args, "sse_ping_interval", 30))
     return ServerConfig(
         model_path=str(_model_path(args)), alias=args.alias, api_keys=tuple(keys),
         cors_origins=tuple(args.cors), slots_endpoint=args.slots, slots_debug=args.slots_debug,

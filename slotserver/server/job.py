@@ -23,6 +23,7 @@ class CompletionJob:
     parent: int = -1              # n > 1: the job (index) whose prompt prefill this one shares
     eog_bias: tuple[int, ...] = ()  # ignore_eos: the end-of-generation ids the engine biases to -inf
     response_fields: tuple[str, ...] = ()  # /completion: only these fields of the final answer ("a/b" nested)
+    sse_ping: int = -1            # streamed: seconds of silence before a ping (sse_ping_interval; -1 none)
 
     def __post_init__(self) -> None:
         if not 0 <= self.n_probs <= MAX_N_PROBS:

@@ -26,7 +26,7 @@ from slotserver.server.constraints import compile_checked, parse_constraint, req
 from slotserver.server.tools.prompt import render_with_tools
 from slotserver.server.tools.grammar import forced_call_grammar
 from slotserver.server.tools.request import ToolConfig, parse_tools
-from slotserver.server.params import CompletionJob, build_request, eog_bias, n_predict_field
+from slotserver.server.params import CompletionJob, build_request, eog_bias, n_predict_field, sse_ping_field
 from slotserver.server.choices import expand, n_choices
 from slotserver.server.chat_options import ChatDefaults, chat_options
 from slotserver.server.harmony import BUDGET_TAGS as HARMONY_BUDGET_TAGS
@@ -81,7 +81,7 @@ def _job(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: GenerationDe
                             budget)
     stream, usage = _stream_flags(f)
     return CompletionJob(request, stream=stream, n_probs=n_top, want_logprobs=want_logprobs,
-                         include_usage=usage, eog_bias=eog_bias(request, tokenizer))
+                         include_usage=usage, eog_bias=eog_bias(request, tokenizer), sse_ping=sse_ping_field(f, defaults))
 
 
 def parse_openai_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults: GenerationDefaults,

@@ -142,7 +142,15 @@ def build_request(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: Gen
         **speculative_fields(f),
         reasoning_budget=budget,
         lora=lora_field(f),
+        n_indent=f.int("n_indent", 0, lo=0, hi=INT32_MAX),
+        t_max_predict_ms=f.int("t_max_predict_ms", -1, lo=-1, hi=2**63 - 1),
     )
+
+
+def sse_ping_field(f: Fields, defaults: GenerationDefaults) -> int:
+    """llama-server's `sse_ping_interval`: seconds of silence before a streamed answer's ping
+    (server/sse.py), -1 or 0 none; default `--sse-ping-interval` (30)."""
+    return f.int("sse_ping_interval", defaults.sse_ping_interval, lo=-1, hi=INT32_MAX)
 
 
 def lora_field(f: Fields) -> tuple[tuple[int, float], ...] | None:
@@ -213,5 +221,5 @@ def parse_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults: Gener
         request = build_request(f, ids, tokenizer, defaults, n_predict, n_probs, stop, grammar, budget)
         jobs.append(CompletionJob(request, stream=stream, return_tokens=return_tokens, n_probs=n_probs,
                                   want_logprobs=n_probs > 0, eog_bias=eog_bias(request, tokenizer),
-                                  response_fields=fields))
+                                  response_fields=fields, sse_ping=sse_ping_field(f, defaults)))
     return expand(jobs, n)

@@ -10,6 +10,12 @@ failed send, or one send waiting `write_timeout` seconds (the client stopped rea
 case `on_close` runs, which is where the engine request is cancelled, so an abandoned stream frees
 its slot at the next step.
 
+Pings (`ping_interval` > 0, llama-server's `sse_ping_interval`, default 30 s): whenever nothing
+has been sent for that many seconds (a long prefill, a queue, a slow model), the stream sends
+`:\n\n`, an SSE comment every client ignores, as llama-server does: clients and proxies that drop
+a silent connection (undici's body timeout, nginx's proxy_read_timeout) keep it. A fourth task,
+sharing the send lock with the producer so that a ping never lands inside a chunk.
+
 The write timeout is a third task that sleeps until the current send's deadline, not a timer per
 chunk: `anyio.fail_after` around each send made and cancelled a cancel scope and a loop timer per
 streamed token (with choices.merged's direct path for one run, the event loop's Python calls per
@@ -27,6 +33,7 @@ waits for a later event: the flush runs before any wait.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, AsyncIterator, Callable
@@ -39,6 +46,7 @@ from slotserver.server.jsonio import dumps
 log = logging.getLogger("slotserver.http")
 
 DONE = b"data: [DONE]\n\n"
+PING = b":\n\n"   # llama-server's ping: an empty SSE comment
 HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),
@@ -66,10 +74,15 @@ async def wait_for_disconnect(receive: Receive) -> None:
 
 class EventStreamResponse:
     def __init__(self, chunks: AsyncIterator[bytes], on_close: Callable[[], None] = lambda: None,
-                 write_timeout: float = 600.0, headers: dict[str, str] | None = None) -> None:
+                 write_timeout: float = 600.0, headers: dict[str, str] | None = None, ping_interval: float = -1) -> None:
         self.chunks = chunks
         self.on_close = on_close
         self.write_timeout = write_timeout
+        self.ping_interval = ping_interval   # seconds of silence before a ping; <= 0: none
+        self._last_send = time.monotonic()
+        # asyncio's lock: taking a free one does not yield to the loop (anyio's checkpoints twice), and
+        # a send a token is the hot path (see "Coalescing" above)
+        self._lock = asyncio.Lock()
         self.extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
         self.client_gone = False
         self._send_started: float | None = None   # time.monotonic() when the pending send began
@@ -93,9 +106,11 @@ class EventStreamResponse:
         await self._send_body(send, body)
 
     async def _send_body(self, send: Send, body: bytes) -> None:
-        self._send_started = time.monotonic()
-        await send({"type": "http.response.body", "body": body, "more_body": True})
-        self._send_started = None
+        async with self._lock:
+            self._send_started = time.monotonic()
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+            self._send_started = None
+            self._last_send = time.monotonic()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -103,6 +118,8 @@ class EventStreamResponse:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch, receive, tg.cancel_scope)
                 tg.start_soon(self._write_deadline, tg.cancel_scope)
+                if self.ping_interval > 0:
+                    tg.start_soon(self._pings, send)
                 await self._produce(send)
                 tg.cancel_scope.cancel()
         finally:
@@ -129,6 +146,22 @@ class EventStreamResponse:
                 return
             await anyio.sleep(max(self.write_timeout - (now - started if started is not None else 0.0), 0.01))
 
+    async def _pings(self, send: Send) -> None:
+        """A ping whenever the stream has been silent for `ping_interval` seconds."""
+        self._last_send = time.monotonic()
+        while True:
+            await anyio.sleep(max(self._last_send + self.ping_interval - time.monotonic(), 0.01))
+            async with self._lock:
+                if self.ping_interval <= 0:
+                    return
+                if time.monotonic() - self._last_send >= self.ping_interval:
+                    self._send_started = time.monotonic()
+                    try:
+                        await send({"type": "http.response.body", "body": PING, "more_body": True})
+                    except OSError:   # the client is gone: the producer's next send or the watcher ends the stream
+                        return
+                    self._send_started, self._last_send = None, time.monotonic()
+
     async def _produce(self, send: Send) -> None:
         self._send = send
         try:
@@ -138,8 +171,10 @@ class EventStreamResponse:
                 else:
                     await self._send_body(send, chunk)
             await self.flush()
-            self._send_started = time.monotonic()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            async with self._lock:
+                self._send_started = time.monotonic()
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                self.ping_interval = -1   # the body is complete: no ping after it
         except OSError as e:  # the client is gone
             log.info("stream ended early: %s", type(e).__name__)
             self.client_gone = True

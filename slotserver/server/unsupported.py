@@ -17,15 +17,10 @@ The README's "Request fields" table lists all of it.
 from __future__ import annotations
 
 from slotserver.server.errors import bad_request
-from slotserver.server.fields import INT32_MAX, Fields
+from slotserver.server.fields import Fields
 from slotserver.server.reasoning import FORMATS
 
-# (field, why it is refused); each is off at 0 / -1, false, an empty string or an empty list
-NUMBERS = (
-    ("n_indent", "stopping at a line indented less than n_indent is not supported"),
-    ("t_max_predict_ms", "a time limit on generation is not supported"),
-    ("sse_ping_interval", "SSE pings are not sent (only -1 or 0, no pings, is accepted)"),
-)
+# (field, why it is refused); each is off at false, an empty string or an empty list
 FLAGS = (
     ("verbose", "the __verbose debug field is not produced"),
     ("backend_sampling", "sampling always runs in slotserver's own sampler"),
@@ -45,9 +40,6 @@ def _refuse(name: str, why: str):
 
 
 def _check_common(f: Fields) -> None:
-    for name, why in NUMBERS:
-        if f.int(name, 0, lo=-1, hi=INT32_MAX) > 0:
-            raise _refuse(name, why)
     for name, why in FLAGS:
         if f.bool(name, False):
             raise _refuse(name, why)

@@ -23,8 +23,9 @@ import torch
 
 from slotserver.model.sampling.dry import dry_penalties
 from slotserver.model.sampling.final import ChainResult, SamplerState, adaptive_p, dist, mirostat_v1, mirostat_v2
+from slotserver.model.sampling.infill import InfillVocab, infill
 from slotserver.model.sampling.penalties import apply_penalties_
-from slotserver.model.sampling.params import SamplingParams
+from slotserver.model.sampling.params import SamplingError, SamplingParams
 
 __all__ = ["ChainResult", "SamplerState", "Candidates", "run_chain"]
 
@@ -172,7 +173,17 @@ def temperature_ext(c: Candidates, temp: float, delta: float, exponent: float) -
     return temperature(c, lo + (hi - lo) * normalised**exponent)
 
 
-def _apply(name: str, c: Candidates, p: SamplingParams, history: Sequence[int], vocab: int, uniform) -> Candidates:
+def _infill(c: Candidates, vocab: InfillVocab | None) -> Candidates:
+    if vocab is None:
+        raise SamplingError("the infill sampler needs the model's vocabulary, which this sampler was not given")
+    c = c.sort()
+    return Candidates(*infill(c.ids, c.logits, vocab))
+
+
+def _apply(name: str, c: Candidates, p: SamplingParams, history: Sequence[int], vocab: int, uniform,
+           fim: InfillVocab | None) -> Candidates:
+    if name == "infill":
+        return _infill(c, fim)
     if name == "penalties":
         return _penalties(c, p, history, vocab)
     if name == "dry":
@@ -194,9 +205,11 @@ def _apply(name: str, c: Candidates, p: SamplingParams, history: Sequence[int], 
     return c  # adaptive_p: the final draw, see run_chain
 
 
-def run_chain(logits: torch.Tensor, p: SamplingParams, rng, history: Sequence[int]) -> ChainResult:
+def run_chain(logits: torch.Tensor, p: SamplingParams, rng, history: Sequence[int],
+              fim: InfillVocab | None = None) -> ChainResult:
     """logits [vocab] float32 (after logit_bias, which heads every llama.cpp chain) -> the token and
-    the final distribution. `rng` is the row's SequenceRng; its `state` carries mirostat's mu."""
+    the final distribution. `rng` is the row's SequenceRng; its `state` carries mirostat's mu.
+    `fim`: what the infill sampler reads of the vocabulary (a chain naming it fails without)."""
     vocab = logits.shape[0]
     c = Candidates.of(torch.arange(vocab), logits.detach().to("cpu", torch.float32))
     state: SamplerState = rng.state
@@ -208,7 +221,7 @@ def run_chain(logits: torch.Tensor, p: SamplingParams, rng, history: Sequence[in
             return mirostat_v1(c.ids, c.logits, p, state, rng.next_uniform(), vocab)
         return mirostat_v2(c.ids, c.logits, p, state, rng.next_uniform())
     for name in p.samplers:
-        c = _apply(name, c, p, history, vocab, rng.next_uniform)
+        c = _apply(name, c, p, history, vocab, rng.next_uniform, fim)
     if "adaptive_p" in p.samplers:
         return adaptive_p(c.ids, c.logits, p, state, rng.next_uniform())
     return dist(c.ids, c.logits, rng.next_uniform())

@@ -3,8 +3,8 @@
 llama-server takes either a JSON array of names (canonical, kebab-case, without underscores, or the
 aliases nucleus/temp/typ; case-insensitive) or one string of letters (common/sampling.cpp,
 common_sampler_types_from_names / _from_chars). It skips names it does not know with a warning; we
-refuse them with an error naming them, so a typo is not silently a different chain. `infill` needs
-the fill-in-the-middle vocabulary handling that this server does not have, so it is refused too.
+refuse them with an error naming them, so a typo is not silently a different chain. `infill` is
+model/sampling/infill.py (the sampler chain gets the vocabulary it reads from the engine).
 Torch-free: request parsing imports it.
 """
 
@@ -18,7 +18,6 @@ _LETTERS = {
     "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p",
 }
 _CANONICAL = frozenset(_LETTERS.values())
-_UNSUPPORTED = frozenset({"infill"})
 
 
 def _aliases() -> dict[str, str]:
@@ -46,7 +45,4 @@ def parse_samplers(value: object) -> tuple[str, ...]:
         raise SamplersError(f"samplers must be a string of letters or a list of names, got {value!r}")
     if unknown:
         raise SamplersError(f"samplers: unknown sampler(s) {', '.join(map(repr, unknown))}")
-    refused = sorted(set(names) & _UNSUPPORTED)
-    if refused:
-        raise SamplersError(f"samplers: {', '.join(map(repr, refused))} is not supported by this server")
     return tuple(names)

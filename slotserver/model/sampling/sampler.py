@@ -31,6 +31,7 @@ import torch
 from slotserver.model.sampling.greedy import greedy_tokens
 from slotserver.model.sampling.row import draw, keep_length
 from slotserver.model.sampling.chain import ChainResult, SamplerState, run_chain
+from slotserver.model.sampling.infill import InfillVocab
 from slotserver.model.sampling.penalties import History, _row_values, apply_logit_bias_, apply_penalties, apply_penalties_
 from slotserver.model.sampling.params import MAX_N_PROBS, SamplingError, SamplingParams, _int
 
@@ -180,8 +181,9 @@ class Sampler:
     per step costs page faults comparable to the whole step), so use it from one thread at a time.
     """
 
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, fim: InfillVocab | None = None) -> None:
         self.vocab_size = _int("vocab_size", vocab_size, lo=1)
+        self.fim = fim   # the infill sampler's view of the vocabulary (model/sampling/infill.py)
         self._buffer: torch.Tensor | None = None
 
     def sample(
@@ -216,7 +218,7 @@ class Sampler:
         if not all(b.greedy):
             uniform = [0.0 if g else r.next_uniform() for r, g in zip(rngs, b.greedy)]  # one draw per row
             tokens = self._draw(b, torch.tensor(uniform, dtype=torch.float64, device=adj.device))
-        chains = {i: run_chain(b.adj[i], params[i], rngs[i], history[i]) for i, f in enumerate(fast) if not f}
+        chains = {i: run_chain(b.adj[i], params[i], rngs[i], history[i], self.fim) for i, f in enumerate(fast) if not f}
         if chains:
             idx = torch.tensor(list(chains), device=adj.device)
             tokens = tokens.index_copy(0, idx, torch.tensor([r.token for r in chains.values()], device=adj.device))

@@ -69,7 +69,7 @@ async def run_llama_jobs(request: Request, state: ServerState, jobs: list[Comple
     runs = submit_all(state, jobs, log_state(request), prompts)
     if jobs[0].stream:
         chunks = llama_stream(runs, jobs, tokenizer, cfg.model_name, prompts)
-        return streamed(chunks, runs, cfg.timeout)
+        return streamed(chunks, runs, cfg.timeout, jobs[0].sse_ping)
 
     def render(outs: list[Outcome]) -> Response:
         bodies = [llama.final_response(j, o, tokenizer, cfg.model_name, p) for j, o, p in zip(jobs, outs, prompts)]

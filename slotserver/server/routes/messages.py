@@ -58,7 +58,7 @@ async def messages(request: Request) -> Response:
     fmt = AnthropicFormatter(job.chat, job.omit_thinking)
     runs = submit_all(state, job.chat.jobs, log_state(request), job.chat.prompts)
     if job.chat.job.stream:
-        return streamed(anthropic_stream(runs[0], fmt), runs, cfg.timeout)
+        return streamed(anthropic_stream(runs[0], fmt), runs, cfg.timeout, job.chat.job.sse_ping)
     return await respond(runs, request, lambda outs: JSONResp(fmt.full(outs[0])))
 
 

@@ -57,7 +57,7 @@ async def _serve(request: Request, chat: bool) -> Response:
     fmts = [first] + [first.sibling(j) for j in oa.jobs[1:]]
     runs = submit_all(state, oa.jobs, log_state(request), oa.prompts)
     if oa.job.stream:
-        return streamed(openai_stream(runs, fmts), runs, cfg.timeout)
+        return streamed(openai_stream(runs, fmts), runs, cfg.timeout, oa.job.sse_ping)
     return await respond(runs, request, lambda outs: JSONResp(
         merge_choices([f.full(o) for f, o in zip(fmts, outs)], oa.jobs)))
 

@@ -53,7 +53,7 @@ async def create_response(request: Request) -> Response:
     runs = submit_all(state, oa.jobs, log_state(request), oa.prompts)
     if oa.job.stream:
         events = response_events(runs[0], ResponseStream(fmt, req.obfuscate))
-        return streamed(events, runs, cfg.timeout)
+        return streamed(events, runs, cfg.timeout, oa.job.sse_ping)
     return await respond(runs, request, lambda outs: JSONResp(fmt.full(outs[0])))
 
 
