@@ -19,6 +19,7 @@ each other are visited, in the same order, which gives the same merges.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -37,6 +38,18 @@ class InfillVocab:
     eog: frozenset[int]
     eot: int
 
+    @functools.cached_property
+    def prefixes(self) -> tuple[tuple[int, ...], ...]:
+        """prefixes[id]: the other tokens whose non-empty piece starts id's piece (equal pieces
+        included). Built once, at the first infill step (a 150k vocabulary: about a second), so a
+        step visits only a candidate's few prefixes, not every pair."""
+        where: dict[bytes, list[int]] = defaultdict(list)
+        for i, piece in enumerate(self.pieces):
+            if piece:
+                where[piece].append(i)
+        return tuple(tuple(i0 for end in range(1, len(piece) + 1) for i0 in where.get(piece[:end], ()) if i0 != i1)
+                     for i1, piece in enumerate(self.pieces))
+
     @classmethod
     def of(cls, tokenizer) -> InfillVocab | None:
         eot = tokenizer.special_ids.get("eot_token_id", tokenizer.eos_id)
@@ -46,18 +59,15 @@ class InfillVocab:
         return cls(pieces, frozenset(tokenizer.eog_ids), int(eot))
 
 
-def _prefix_pairs(pieces: list[bytes]) -> list[list[int]]:
-    """pairs[i0]: every i1 != i0 (ascending) whose piece starts with i0's non-empty piece."""
-    where: dict[bytes, list[int]] = defaultdict(list)
-    for i, piece in enumerate(pieces):
-        if piece:
-            where[piece].append(i)
-    pairs: list[list[int]] = [[] for _ in pieces]
-    for i1, piece in enumerate(pieces):
-        for end in range(1, len(piece) + 1):
-            for i0 in where.get(piece[:end], ()):
-                if i0 != i1:
-                    pairs[i0].append(i1)
+def _prefix_pairs(ids: list[int], vocab: InfillVocab) -> list[list[int]]:
+    """pairs[i0]: every candidate position i1 != i0 (ascending) whose piece starts with i0's non-empty piece."""
+    at = {tid: pos for pos, tid in enumerate(ids)}   # a token is a candidate once
+    pairs: list[list[int]] = [[] for _ in ids]
+    for i1, tid in enumerate(ids):
+        for prefix in vocab.prefixes[tid]:
+            i0 = at.get(prefix)
+            if i0 is not None:
+                pairs[i0].append(i1)
     return [sorted(p) for p in pairs]
 
 
@@ -98,7 +108,7 @@ def infill(ids: torch.Tensor, logits: torch.Tensor, vocab: InfillVocab) -> tuple
     if 3 * p_eog * n > p_txt:
         keep = [i for i in range(n) if is_eog[i]]
         return ids[keep], logits[keep]
-    _merge(p, lg, _prefix_pairs([vocab.pieces[i] for i in id_list]))
+    _merge(p, lg, _prefix_pairs(id_list, vocab))
     keep, p = _threshold(p, list(range(n)), is_eog, np.float32(0.2))
     n_text = sum(not is_eog[i] for i in keep)
     if n_text == 0:
