@@ -10,7 +10,8 @@ draws, the same on both), n_predict 64, to llama-server and to slotserver (`--dt
 reference mode), one server at a time, one slot each; t_max_predict_ms is set past any run so that
 the time rule (clock-dependent) does not decide where an answer ends. Per request: whether the
 sampled tokens, the text (with n_indent's cut) and the stop type are identical.
-Needs the llama.cpp build and Qwen2.5-Coder-0.5B-Instruct Q4_K_M (../shared/tools/models/fetch).
+Needs the llama.cpp build (playground/local_server.py: LLAMA_CPP_DIR) and Qwen2.5-Coder-0.5B-Instruct
+Q4_K_M at SLOTSERVER_MODELS/qwen/model.gguf or --model (infill_vs_llama.py's model).
 
 Last run (2026-11-27, 2-core host, avx2 avx512_vnni avx512f): 14/16 identical, the n_indent cuts
 included ('s += x\n    ', 'return 0;\n', a 25-token method body ended at the dedent). The other

@@ -3,8 +3,7 @@
 # vendored in the llama-cpp-python 0.3.36 sdist) against slotserver AND the real llama-server, same
 # model mapping. Run from the project root:   playground/llamacpp_router_suite.sh [pytest args]
 # The tests start a router with no model and expect three hub models in llama.cpp's cache; there
-# is no network, so a Hugging Face hub cache is built here with symlinks (the same mapping as
-# ../shared/tools/llamacpp-suite/shim-server-models):
+# is no network, so a Hugging Face hub cache is built here with symlinks:
 #   ggml-org/tinygemma3-GGUF:Q8_0                 -> $SUITE_MODELS/gemma/model.gguf (gemma-3-270m)
 #   ggml-org/test-model-stories260K:F32           -> the default model (SmolLM2-135M-Instruct Q4_1)
 #   ggml-org/test-model-stories260K-infill:F32    -> the default model
@@ -13,12 +12,11 @@
 # test_router_delete_model (hub downloads); they are deselected. Prints one line per test:
 # slotserver's result, llama-server's (pytest outputs in playground/out/llamacpp_router_suite/;
 # ROUTER_SUITE_SERVERS=slotserver runs one of the two).
-# Needs ../shared/tools/llamacpp-suite/run to have been run once (the sdist and the suite's venv).
+# The tests and their venv: playground/llamacpp_tests_tree.sh (made on first use).
 set -u
 root=$PWD
 cache=${XDG_CACHE_HOME:-$HOME/.cache}
-tree=$cache/slotserver-suite/llama_cpp_python-0.3.36/vendor/llama.cpp
-venv=$cache/slotserver-suite/venv
+source "$root/playground/llamacpp_tests_tree.sh"   # $tree, $venv
 peer=${LLAMA_CPP_DIR:-$cache/slotserver-peer/llama_cpp_python-0.3.36/vendor/llama.cpp}/build/bin/llama-server
 models=${SUITE_MODELS:-$cache/slotserver-models}
 export SUITE_MODEL=${SUITE_MODEL:-$("$root/.venv/bin/python" -c \

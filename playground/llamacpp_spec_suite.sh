@@ -10,13 +10,12 @@
 # serves as its own draft). Prints one line per test: slotserver's result, llama-server's (the
 # pytest outputs stay in playground/out/llamacpp_spec_suite/; SPEC_SUITE_SERVERS=llama-server runs
 # one of the two, the table then shows the other's last result).
-# Needs ../shared/tools/llamacpp-suite/run to have been run once (the sdist and the suite's venv
-# under ~/.cache/slotserver-suite) and the llama.cpp peer (playground/local_server.py).
+# Needs the llama.cpp peer (playground/local_server.py); the tests and their venv:
+# playground/llamacpp_tests_tree.sh (made on first use).
 set -u
 root=$PWD
 cache=${XDG_CACHE_HOME:-$HOME/.cache}
-tree=$cache/slotserver-suite/llama_cpp_python-0.3.36/vendor/llama.cpp
-venv=$cache/slotserver-suite/venv
+source "$root/playground/llamacpp_tests_tree.sh"   # $tree, $venv
 peer=${LLAMA_CPP_DIR:-$cache/slotserver-peer/llama_cpp_python-0.3.36/vendor/llama.cpp}/build/bin/llama-server
 export SUITE_MODEL=${SUITE_MODEL:-$("$root/.venv/bin/python" -c \
   "from slotserver.model.default_model import default_model_path as d; print(d())")}

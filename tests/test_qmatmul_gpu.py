@@ -23,6 +23,7 @@ import torch
 from slotserver.runtime.kernel_set import KERNEL_CONTRACT
 from slotserver.runtime.loader import default_dir, load_by_path
 from slotserver.runtime.qblocks import T, dequantize, random_qweight
+from triton_script import usable_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -265,8 +266,7 @@ def interpreted(tiny_q8) -> dict:
     is one core's work. Under `make test` a worker is pinned to one core (tests/conftest.py): there
     one process runs both halves (a second would only add its imports)."""
     env = dict(os.environ, TRITON_INTERPRET="1")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
-    halves = ("a", "b") if cores >= 2 else ("ab",)
+    halves = ("a", "b") if usable_cores() >= 2 else ("ab",)
     procs = [subprocess.Popen([sys.executable, __file__, str(tiny_q8), half], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for half in halves]
     out = {}

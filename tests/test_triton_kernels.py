@@ -24,6 +24,7 @@ from slotserver.runtime.kv_spec import PagedKV, StridedKV
 from slotserver.lab.check import ARCHS, check_aot, check_numerics, format_report, kernel_files, triton_mode
 from slotserver.runtime.loader import default_dir, load_by_path
 from slotserver.runtime.batch import Batch, SeqChunk
+from triton_script import usable_cores
 
 KERNELS = default_dir("kernels")
 TRITON_FILES = [p for p in kernel_files(KERNELS) if hasattr(load_by_path(p, KERNEL_CONTRACT).module, "triton")]
@@ -40,7 +41,7 @@ COST = {"splits/attention": 5.3, "splits/paged_attention": 5.3, "numerics/attent
         "sinks/paged_attention": 1.0}
 # interpreter processes (a thread each): one a usable core, at most 2. Under `make test` a worker is
 # pinned to one core (tests/conftest.py): a second process there would only add its imports (~4 s)
-PARTS = max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2))
+PARTS = min(2, usable_cores())
 
 
 def _jobs() -> list[tuple[str, str]]:

@@ -21,3 +21,8 @@ def run_interpreted(script: str | Path, mark: str, *args, timeout: float = 300) 
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(mark)]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     return json.loads(lines[-1][len(mark):])
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on: 1 in a `make test` worker (tests/conftest.py pins each)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -1,6 +1,6 @@
 """llama-server's two line rules for code completion: `n_indent` and `t_max_predict_ms`.
 
-Editor plugins (llama.vim, llama.vscode) send both with every fill-in-the-middle request: the
+Editor plugins (llama.vim, and others built like it) send both with every fill-in-the-middle request: the
 indentation of the cursor's line as `n_indent`, so that the completion ends where the code would
 leave that block, and a time budget after which the completion ends at the next line break.
 The rules are llama-server's `process_token` (tools/server/server-context.cpp), kept to the letter
@@ -27,7 +27,7 @@ class LineLimits:
 
     def __init__(self, n_indent: int, t_max_predict_ms: int) -> None:
         self.n_indent, self.t_max_ms = n_indent, t_max_predict_ms
-        self.text = ""              # the generated text (llama-server's generated_text)
+        self.text = ""              # the generated text (llama-server's generated_text), kept for n_indent
         self.has_new_line = False   # a line break has been sent
         self.last_nl = 0            # where the line after the last line break found starts
         self.n_decoded = 0          # characters decoded (all sent by the end, unless a stop string cut them)
@@ -39,10 +39,12 @@ class LineLimits:
 
     def feed(self, piece: str) -> bool:
         """A token's decoded text. -> True when its indentation rule ends the generation."""
-        self.text += piece
         self.n_decoded += len(piece)
+        if self.n_indent <= 0:
+            return False
+        self.text += piece
         ended = False
-        if self.has_new_line and self.n_indent > 0:
+        if self.has_new_line:
             if self.last_nl > 0:
                 pos = self.last_nl
                 while pos < len(self.text) and self.text[pos] in " \t":

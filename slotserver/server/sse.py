@@ -107,10 +107,13 @@ class EventStreamResponse:
 
     async def _send_body(self, send: Send, body: bytes) -> None:
         async with self._lock:
-            self._send_started = time.monotonic()
-            await send({"type": "http.response.body", "body": body, "more_body": True})
-            self._send_started = None
-            self._last_send = time.monotonic()
+            await self._write(send, body)
+
+    async def _write(self, send: Send, body: bytes, more: bool = True) -> None:
+        """One body message, the lock held: timed for the write deadline, and as the last send for pings."""
+        self._send_started = time.monotonic()
+        await send({"type": "http.response.body", "body": body, "more_body": more})
+        self._send_started, self._last_send = None, time.monotonic()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -155,12 +158,10 @@ class EventStreamResponse:
                 if self.ping_interval <= 0:
                     return
                 if time.monotonic() - self._last_send >= self.ping_interval:
-                    self._send_started = time.monotonic()
                     try:
-                        await send({"type": "http.response.body", "body": PING, "more_body": True})
+                        await self._write(send, PING)
                     except OSError:   # the client is gone: the producer's next send or the watcher ends the stream
                         return
-                    self._send_started, self._last_send = None, time.monotonic()
 
     async def _produce(self, send: Send) -> None:
         self._send = send
@@ -172,8 +173,7 @@ class EventStreamResponse:
                     await self._send_body(send, chunk)
             await self.flush()
             async with self._lock:
-                self._send_started = time.monotonic()
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await self._write(send, b"", more=False)
                 self.ping_interval = -1   # the body is complete: no ping after it
         except OSError as e:  # the client is gone
             log.info("stream ended early: %s", type(e).__name__)

@@ -1,5 +1,5 @@
 """llama.cpp's `infill` sampler (src/llama-sampler.cpp, llama_sampler_infill_apply), for
-fill-in-the-middle completions: llama.vim and llama.vscode ask for `samplers: [top_k, top_p, infill]`.
+fill-in-the-middle completions: llama.vim asks for `samplers: [top_k, top_p, infill]`.
 
 What it does to the candidates (sorted by logit, descending), in llama.cpp's order and float32:
 1. probabilities by softmax; if the end-of-generation tokens hold more than a third of the text
