@@ -40,8 +40,8 @@ def test_a_format_not_ported_says_so():
 
 
 def test_weights_dequantized_by_torch_load_as_with_numpy(tmp_path):
-    """The loader's device path (GGUFFile.dequant_device, set for --device cuda) run on the CPU:
-    every matmul weight of a Q4_K/Q6_K file equal to the numpy path's."""
+    """The loader's torch path (GGUFFile.dequant_device, the default) against gguf-py's numpy
+    (dequant_device None): every matmul weight of a Q4_K/Q6_K file equal."""
     from slotserver.model.gguf_file import GGUFFile
     from slotserver.model.spec import ModelSpec
     from slotserver.model.weights import WeightFormat, load_weights
@@ -50,6 +50,7 @@ def test_weights_dequantized_by_torch_load_as_with_numpy(tmp_path):
     path = write_tiny_gguf(tmp_path / "m.gguf", tensor_type=T.Q4_K, d_model=256, d_ff=512)
     f = GGUFFile.open(path)
     spec = ModelSpec.from_gguf(f)
+    f.dequant_device = None
     numpy_w = load_weights(f, spec, torch.float32, fmt=WeightFormat("dense"))
     f.dequant_device = "cpu"
     torch_w = load_weights(f, spec, torch.float32, fmt=WeightFormat("dense"))

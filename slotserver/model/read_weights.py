@@ -25,7 +25,7 @@ def read_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, kernels: Kern
                  device: str = "cpu", progress: Progress | None = None) -> ModelWeights:
     """The matmul weights of `f` in `fmt`, on `device` (a load, and a wake from sleep)."""
     q4 = kernels.modules["q4_matmul"].module if "q4_matmul" in kernels.modules else None
-    f.dequant_device = None if device == "cpu" else device   # dense weights for a GPU: dequantized there
+    f.dequant_device = device   # dense weights for a GPU: dequantized there
     if fmt.kind == "blocks":   # GGUF blocks on the card (gpu_weights.py): loaded as `q`, then made ready
         weights = for_blocks(load_weights(f, spec, dtype, progress, replace(fmt, kind="q"), q4), dtype,
                              gpu_formats(kernels), device)
