@@ -51,6 +51,15 @@ CASES: dict[str, dict] = {
                           "qwen2.rope.scaling.original_context_length": (64, U32)}),
     "llama3_freqs": dict(arch="llama", features=("rope_freqs",), rope_base=500000.0),
     "llama_linear": dict(arch="llama", **{"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}),
+    # 5 layers: layer 3 is smollm3's NoPE layer ((3 + 1) % 4 == 0), with rotated layers on both sides
+    "smollm3": dict(arch="smollm3", n_layers=5, rope_base=2e6),
+    # yarn with its log multiplier and betas, and the q temperature: an original context of 8 puts
+    # every prompt past it (floor(pos / 8) = 0..3 over the 3-29 positions)
+    "mistral3": dict(arch="mistral3", tied_embeddings=False, rope_base=1e6,
+                     **{"mistral3.rope.scaling.type": "yarn", "mistral3.rope.scaling.factor": 4.0,
+                        "mistral3.rope.scaling.original_context_length": (8, U32),
+                        "mistral3.rope.scaling.yarn_log_multiplier": 1.0, "mistral3.rope.scaling.yarn_beta_fast": 16.0,
+                        "mistral3.rope.scaling.yarn_beta_slow": 2.0, "mistral3.attention.temperature_scale": 0.5}),
 }
 
 

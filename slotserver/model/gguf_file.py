@@ -30,6 +30,7 @@ import torch
 from slotserver.errors import GGUFError  # noqa: F401  re-export: defined without torch in slotserver.errors
 from slotserver.model.tensor_check import count_nonfinite, describe
 from slotserver.runtime import torch_dequant
+from slotserver.model.tensor_table import TensorTable
 
 HEADER = struct.Struct("<4sIQQ")  # magic, version, tensor count, metadata (kv) count
 SUPPORTED_VERSIONS = (2, 3)  # what GGUFReader reads (v1 used 32-bit counts)
@@ -275,7 +276,7 @@ class GGUFFile:
                  tensors: dict[str, TensorInfo]) -> None:
         self.path = path
         self.metadata = metadata
-        self.tensors = tensors
+        self.tensors = TensorTable(tensors)   # records what the loaders read (tensor_table.py)
         self._bytes = data   # the whole file, read-only, over the mapping
         # Where load_tensor dequantizes the formats torch_dequant ports: a device ("cpu", "cuda"),
         # where the raw blocks go first and torch dequantizes them (runtime/torch_dequant.py: the

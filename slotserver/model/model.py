@@ -10,7 +10,8 @@ on what an architecture adds to the llama block: the embedding scale (gemma, gra
 q/k RMSNorm (qwen3, gemma3), per-layer rope tables and windows (gemma2/3), post-attention and
 post-FFN norms (gemma2/3), a GELU instead of SiLU gate (gemma), residual and logit multipliers
 (granite), final-logit soft-capping (gemma2), and a mixture-of-experts FFN (qwen3moe, qwen2moe,
-olmoe, granitemoe: moe.py) with olmoe's q/k norms over the whole projection.
+olmoe, granitemoe: moe.py) with olmoe's q/k norms over the whole projection, smollm3's unrotated
+layers (an identity rope table) and mistral3's q temperature past the trained context.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Callable
 import torch
 
 from slotserver.runtime.batch import Batch
-from slotserver.model.gguf_file import GGUFFile
+from slotserver.model.gguf_file import GGUFError, GGUFFile
+from slotserver.model.tensor_table import unread_problem
 from slotserver.runtime.kernel_set import KernelSet
 from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
@@ -88,17 +90,20 @@ class LlamaModel:
         kernels = kernels or KernelSet.load()
         check_kernels(f, spec, kernels)
         weights = read_weights(f, spec, dtype, kernels, fmt, device, progress)
+        if (problem := unread_problem(f.tensors, spec.arch)) is not None:
+            raise GGUFError(f"{f.path}: {problem}")
         max_pos = max_pos or spec.ctx_train
         # phi3 longrope: the long factors once the context passes the trained one (llama.cpp's choice)
         long = weights.rope_long is not None and max_pos > spec.rope.orig_ctx
         freqs = weights.rope_long if long else weights.rope_freqs
-        tables: dict[tuple[float, float], RopeTable] = {}
+        tables: dict[tuple[float, float, bool], RopeTable] = {}
         for i in range(spec.n_layers):
             base, scale = spec.rope_params(i)
-            if (base, scale) not in tables:
-                tables[(base, scale)] = RopeTable(spec, max_pos, freqs, device=device, base=base, scale=scale)
-        layer_ropes = [tables[spec.rope_params(i)] for i in range(spec.n_layers)]
-        full = tables.get((spec.rope_base, spec.rope_scale)) or layer_ropes[0]
+            if (base, scale, spec.rotated(i)) not in tables:
+                tables[(base, scale, spec.rotated(i))] = RopeTable(spec, max_pos, freqs, device=device, base=base,
+                                                                   scale=scale, rotated=spec.rotated(i))
+        layer_ropes = [tables[(*spec.rope_params(i), spec.rotated(i))] for i in range(spec.n_layers)]
+        full = tables.get((spec.rope_base, spec.rope_scale, True)) or layer_ropes[0]
         heap.keep_freed_memory()   # after loading: what the load freed goes back to the system
         return cls(spec, weights, kernels, full, dtype, f.path, layer_ropes)
 
@@ -116,6 +121,8 @@ class LlamaModel:
             raise ValueError(f"position {batch.attn.max_kv - 1} beyond the rope table ({self.rope.max_pos})")
         if self.step_hook is not None:
             self.step_hook(batch, cache)
+        if self._q_temp(batch):   # mistral3 past its trained context: q scaled per position, eagerly
+            return self._body(*self._inputs(batch), batch, cache, logits_into)
         if self._adapted(batch) and not lora_delta.serves(batch.n_tokens, batch.tokens.is_cpu):
             return self._body(*self._inputs(batch), batch, cache, logits_into)   # torch's deltas: eager
         if isinstance(self.graphs, CudaGraphs):
@@ -134,6 +141,13 @@ class LlamaModel:
         lora_delta.MAX_ROWS CPU rows they are C calls after the usual (fused) matmuls, and the step
         may be a step graph; else the unfused body adds torch's deltas to the matmuls' outputs."""
         return batch.lora is not None and self.lora is not None
+
+    def _q_temp(self, batch: Batch) -> bool:
+        """Whether some position of the batch has a q temperature other than 1 (mistral3's
+        `attention.temperature_scale`: positions past rope.orig_ctx). Such a step runs the plain
+        body with the scale in `_attention`; below that context the scale is exactly 1, so every
+        step graph and fused body serves as for llama."""
+        return bool(self.spec.attn_temp_scale) and batch.attn.max_kv > self.spec.rope.orig_ctx
 
     def _forward_cuda(self, batch: Batch, cache, logits_into: torch.Tensor | None) -> torch.Tensor:
         """A decode step replayed from a CUDA graph where one serves it (cuda_graph.py), else eager.
@@ -180,7 +194,7 @@ class LlamaModel:
         in_c = lora is not None and lora_delta.serves(batch.n_tokens, x.is_cpu)   # else torch's, on x unfused
         fuse = (lora is None or in_c) and ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}
         lora = lora if lora is None else (lora, in_c)
-        if lora is None and lean_step.applies(self, ops):   # the Triton kernels: fewer launches (lean_step.py, gemv_step.py)
+        if lora is None and lean_step.applies(self, ops) and not self._q_temp(batch):   # the Triton kernels: fewer launches (lean_step.py, gemv_step.py)
             body = gemv_step.gemv_body if gemv_step.applies(self, ops, batch) else lean_step.lean_body
             return self._logits(fuse, body(self, x, angles, batch, cache), logits_into)
         norm_adds = "acc" in ops.fuses.get("rms_norm", ()) and s.residual_scale == 1.0   # x += post_norm(y) in C
@@ -310,6 +324,10 @@ class LlamaModel:
             k = ops.rms_norm(qkv[:, q_size: q_size + kv_size].view(n, s.n_kv_heads, s.head_dim), lw.k_norm,
                              s.norm_eps)                         # no copy a step graph would refuse
             q, k = ops.rope(q, cos, sin), ops.rope(k, cos, sin)
+        if self._q_temp(batch):   # llama.cpp's build_inp_attn_scale, in double as its float + 1.0 promotes
+            orig = float(s.rope.orig_ctx)
+            temp = (torch.floor(batch.positions.double() / orig) + 1.0).log() * s.attn_temp_scale + 1.0
+            q = (q.float() * temp.float()[:, None, None]).to(q.dtype)   # [tokens, heads, hd]
         v = qkv[:, q_size + kv_size:].view(n, s.n_kv_heads, s.head_dim)
         cache.write(i, batch.token_streams, batch.positions, k, v)
         kv = cache.view(i)                                       # StridedKV or PagedKV

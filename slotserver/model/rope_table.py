@@ -9,6 +9,11 @@ yarn (`RopeScaling`), as llama.cpp's ggml_rope_ext computes them. Built once at 
 stored at position p into the key at p + delta (a KV shift, model/rope_shift.py). Every variant
 here is a rotation whose angle is linear in the position, so R(p + d) = R(d) R(p) exactly in real
 arithmetic; one `_angles` formula serves the table and the shifts, so the two cannot drift apart.
+
+`rotated=False` is the table of a layer without RoPE (smollm3's NoPE layers): every angle 0 and
+mscale 1, so cos = 1 and sin = 0 exactly, and the rope kernel's x*cos - y*sin, y*cos + x*sin give
+back q and k bit for bit (and a KV shift rotates nothing). Why a table and not a branch: every
+forward (the C step graphs, the Triton bodies, --tp's ranks) already takes a table per layer.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from slotserver.model.spec import ModelSpec
 
 class RopeTable:
     def __init__(self, spec: ModelSpec, max_pos: int, freq_factors: torch.Tensor | None = None,
-                 device: str = "cpu", base: float | None = None, scale: float | None = None) -> None:
-        self.spec, self.device = spec, device
+                 device: str = "cpu", base: float | None = None, scale: float | None = None,
+                 rotated: bool = True) -> None:
+        self.spec, self.device, self.rotated = spec, device, rotated
         self.base = spec.rope_base if base is None else base
         self.scale = spec.rope_scale if scale is None else scale
         self.freq_factors = None if freq_factors is None else freq_factors.double().cpu()
@@ -36,6 +42,8 @@ class RopeTable:
         """pos: [n] float64 positions (or offsets) -> (angles [n, rope_dim/2] float64, mscale)."""
         spec, base, scale = self.spec, self.base, self.scale
         half, r = spec.rope_dim // 2, spec.rope
+        if not self.rotated:
+            return torch.zeros(pos.shape[0], half, dtype=torch.float64), 1.0
         i = torch.arange(half, dtype=torch.float64)
         inv = base ** (-2.0 * i / spec.rope_dim)
         if self.freq_factors is not None:

@@ -3,8 +3,8 @@
 An architecture is one `ArchDef` row: a few switches the one forward (`model.py`) reads (q/k/v
 biases, rope mode, q/k norms, post-norms, the gated FFN's activation, sliding-window pattern,
 soft-capping, fused tensors, granite's multipliers, MoE weight renormalization, gating and
-activation, gpt-oss's output bias and attention sinks). Everything else (GQA, head sizes, rope base
-and scaling, window size) comes from the metadata keys llama.cpp reads (`{arch}.block_count`,
+activation, gpt-oss's output bias and attention sinks, smollm3's NoPE layers, mistral3's q
+temperature). Everything else (GQA, head sizes, rope base and scaling, window size) comes from the metadata keys llama.cpp reads (`{arch}.block_count`,
 `{arch}.attention.sliding_window`, ...), with llama.cpp's defaults (src/llama-model.cpp,
 src/models/<arch>.cpp).
 """
@@ -41,6 +41,8 @@ class ArchDef:
     out_bias: bool = False       # attn_output.bias (gpt-oss)
     sinks: bool = False          # attn_sinks.weight: a learned logit per query head in each softmax (gpt-oss)
     ffn_norm: str = "ffn_norm"   # the FFN's pre-norm tensor (gpt-oss names it post_attention_norm)
+    no_rope_step: int = 0        # n > 0: layer i has no RoPE when (i + 1) % n == 0 (smollm3's NoPE layers)
+    attn_temp: bool = False      # q scaled by position past the trained context (`attention.temperature_scale`)
 
 
 ARCHS: dict[str, ArchDef] = {
@@ -53,6 +55,11 @@ ARCHS: dict[str, ArchDef] = {
     "gemma3": ArchDef(rope_mode="neox", embed_scale="sqrt_d", qk_norm=True, post_norms=True, act="gelu",
                       swa_pattern=6, gemma_scale=True),
     "phi3": ArchDef(rope_mode="neox", fused=True),
+    # llama.cpp's src/models/smollm3.cpp: llama with every 4th layer unrotated (n_no_rope_layer_step = 4)
+    "smollm3": ArchDef(no_rope_step=4),
+    # src/models/mistral3.cpp (Ministral 3, Mistral Small 3.x conversions): llama, yarn, and q multiplied by
+    # 1 + temperature_scale * ln(1 + floor(pos / original_context_length)) where the key is set
+    "mistral3": ArchDef(attn_temp=True),
     "granite": ArchDef(embed_scale="metadata", multipliers=True),
     # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
     "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
@@ -104,6 +111,8 @@ class ModelSpec:
     out_bias: bool = False      # the attention output projection has a bias
     sinks: bool = False         # every layer has attention sinks (attn_sinks.weight, one per query head)
     ffn_norm: str = "ffn_norm"  # name of each layer's FFN pre-norm tensor (blk.N.<name>.weight)
+    no_rope_step: int = 0       # layer i unrotated when (i + 1) % no_rope_step == 0 (smollm3); 0: every layer rotated
+    attn_temp_scale: float = 0.0  # mistral3: q x (1 + this * ln(1 + floor(pos / rope.orig_ctx))) (0: off)
 
     @property
     def group(self) -> int:
@@ -115,6 +124,10 @@ class ModelSpec:
 
     def window(self, layer: int) -> int:
         return self.windows[layer] if self.windows else 0
+
+    def rotated(self, layer: int) -> bool:
+        """Whether layer's q and k get RoPE (smollm3's every 4th layer: no)."""
+        return not (self.no_rope_step and (layer + 1) % self.no_rope_step == 0)
 
     def rope_params(self, layer: int) -> tuple[float, float]:
         """(base, freq_scale) of a layer's rope: windowed layers have their own (gemma2/3)."""
@@ -157,8 +170,11 @@ class ModelSpec:
             logit_scale=key.float("logit_scale") if a.multipliers else 1.0,
             qk_norm=a.qk_norm, post_norms=a.post_norms, act=a.act, fused=a.fused, qk_norm_full=a.qk_norm_full,
             moe=MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act),
-            out_bias=a.out_bias, sinks=a.sinks, ffn_norm=a.ffn_norm,
+            out_bias=a.out_bias, sinks=a.sinks, ffn_norm=a.ffn_norm, no_rope_step=a.no_rope_step,
+            attn_temp_scale=key.float("attention.temperature_scale", 0.0) if a.attn_temp else 0.0,
         )
+        if a.attn_temp and spec.moe is not None:
+            raise GGUFError(f"{f.path}: {arch} with experts is not supported (its dense models are)")
         spec._validate(f)
         return spec
 

@@ -1,0 +1,49 @@
+"""A GGUF file's tensor table that remembers which tensors the loader read.
+
+llama.cpp refuses a file holding tensors its build of the architecture does not create ("wrong
+number of tensors"): a tensor nobody reads is a part of the model nobody computes, so the answers
+would be another model's. `LlamaModel.from_file` does the same after loading, naming the tensors
+(`unread_problem`): a `llama` file with q/k/v or output biases, for instance, is refused rather than
+served without them.
+
+A read is an index (`table[name]`) or `get`, the two ways every loader here reaches a tensor's
+info (GGUFFile.require and load_tensor go through `get`); `name in table` only asks, and iterating
+the values (the GPU loader's size survey) is not a read either.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+V = TypeVar("V")
+SHOWN = 6   # names listed in the refusal
+
+
+class TensorTable(dict[str, V]):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.read: set[str] = set()
+
+    def __getitem__(self, name: str) -> V:
+        value = super().__getitem__(name)
+        self.read.add(name)
+        return value
+
+    def get(self, name: str, default=None):
+        if name in self:
+            self.read.add(name)
+        return super().get(name, default)
+
+    def unread(self) -> list[str]:
+        """The tensors no loader has read, in file order."""
+        return [name for name in self if name not in self.read]
+
+
+def unread_problem(table: TensorTable, arch: str) -> str | None:
+    """A one-line reason to refuse the file when some of its tensors were not read, else None."""
+    names = table.unread()
+    if not names:
+        return None
+    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return (f"{len(names)} tensor{'s' if len(names) > 1 else ''} that this server's {arch} model does not use "
+            f"({', '.join(names[:SHOWN])}{more}): serving without them would compute another model")
