@@ -34,6 +34,16 @@ N_CTX, N_PREDICT = 256, 12
 U32 = gguf.GGUFValueType.UINT32
 SMALL = dict(d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, ctx_len=512, **{"tokenizer.ggml.pre": "default", "general.name": "tiny"})
 
+def olmo2_weights(w: dict) -> dict:
+    """tiny_gguf's weights as olmo2 has them: no pre-norms, q/k norms over the whole projections."""
+    rng = np.random.default_rng(5)
+    out = {k: v for k, v in w.items() if not k.endswith(("attn_norm.weight", "ffn_norm.weight"))}
+    for name in [k for k in out if k.endswith(("attn_q.weight", "attn_k.weight"))]:
+        rows = out[name].shape[0]
+        out[name.replace(".weight", "_norm.weight")] = (1 + 0.3 * rng.standard_normal(rows)).astype(np.float32)
+    return out
+
+
 CASES: dict[str, dict] = {
     "gemma3": dict(arch="gemma3", n_layers=6, head_dim=16, rope_base=1e6, features=("qk_norm", "post_norms"),
                    **{"gemma3.attention.sliding_window": (4, U32), "gemma3.final_logit_softcapping": 8.0}),
@@ -60,6 +70,13 @@ CASES: dict[str, dict] = {
                         "mistral3.rope.scaling.original_context_length": (8, U32),
                         "mistral3.rope.scaling.yarn_log_multiplier": 1.0, "mistral3.rope.scaling.yarn_beta_fast": 16.0,
                         "mistral3.rope.scaling.yarn_beta_slow": 2.0, "mistral3.attention.temperature_scale": 0.5}),
+    "olmo2": dict(arch="olmo2", tied_embeddings=False, transform=olmo2_weights, features=("post_norms",)),
+    # OLMo 3: windows on 3 of 4 layers (5 layers: 0-2 and 4 windowed), plain rope there at the global
+    # base (no freq_base_swa key), yarn on the full layer 3
+    "olmo3": dict(arch="olmo2", n_layers=5, tied_embeddings=False, transform=olmo2_weights, rope_base=1e5,
+                  features=("post_norms",),
+                  **{"olmo2.attention.sliding_window": (5, U32), "olmo2.rope.scaling.type": "yarn",
+                     "olmo2.rope.scaling.factor": 4.0, "olmo2.rope.scaling.original_context_length": (8, U32)}),
 }
 
 

@@ -108,7 +108,7 @@ def _compare(logits: list[torch.Tensor], rows: list[dict]) -> None:
 def test_every_architecture_has_a_fixture():
     assert {"gemma3", "qwen3", "gemma2", "phi3", "granite", "qwen2_yarn", "llama3_freqs"} <= set(CASES)
     assert {"qwen3moe", "qwen2moe", "olmoe", "granitemoe", "gpt-oss"} <= set(CASES)   # playground/make_moe_fixtures.py
-    assert {"smollm3", "mistral3"} <= set(CASES)
+    assert {"smollm3", "mistral3", "olmo2", "olmo3"} <= set(CASES)
     assert all((ARCHS / f"{c}.gguf").stat().st_size < 1 << 20 for c in CASES)
 
 

@@ -11,7 +11,8 @@ q/k RMSNorm (qwen3, gemma3), per-layer rope tables and windows (gemma2/3), post-
 post-FFN norms (gemma2/3), a GELU instead of SiLU gate (gemma), residual and logit multipliers
 (granite), final-logit soft-capping (gemma2), and a mixture-of-experts FFN (qwen3moe, qwen2moe,
 olmoe, granitemoe: moe.py) with olmoe's q/k norms over the whole projection, smollm3's unrotated
-layers (an identity rope table) and mistral3's q temperature past the trained context.
+layers (an identity rope table), mistral3's q temperature past the trained context and olmo2's
+branches without pre-norms.
 """
 
 from __future__ import annotations
@@ -96,14 +97,12 @@ class LlamaModel:
         # phi3 longrope: the long factors once the context passes the trained one (llama.cpp's choice)
         long = weights.rope_long is not None and max_pos > spec.rope.orig_ctx
         freqs = weights.rope_long if long else weights.rope_freqs
-        tables: dict[tuple[float, float, bool], RopeTable] = {}
-        for i in range(spec.n_layers):
-            base, scale = spec.rope_params(i)
-            if (base, scale, spec.rotated(i)) not in tables:
-                tables[(base, scale, spec.rotated(i))] = RopeTable(spec, max_pos, freqs, device=device, base=base,
-                                                                   scale=scale, rotated=spec.rotated(i))
-        layer_ropes = [tables[(*spec.rope_params(i), spec.rotated(i))] for i in range(spec.n_layers)]
-        full = tables.get((spec.rope_base, spec.rope_scale, True)) or layer_ropes[0]
+        tables: dict[tuple[float, float, bool, bool], RopeTable] = {}
+        for params in map(spec.rope_params, range(spec.n_layers)):
+            if params not in tables:
+                tables[params] = RopeTable(spec, max_pos, freqs, device, *params)
+        layer_ropes = [tables[spec.rope_params(i)] for i in range(spec.n_layers)]
+        full = tables.get((spec.rope_base, spec.rope_scale, True, True)) or layer_ropes[0]
         heap.keep_freed_memory()   # after loading: what the load freed goes back to the system
         return cls(spec, weights, kernels, full, dtype, f.path, layer_ropes)
 

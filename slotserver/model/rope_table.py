@@ -28,8 +28,8 @@ from slotserver.model.spec import ModelSpec
 class RopeTable:
     def __init__(self, spec: ModelSpec, max_pos: int, freq_factors: torch.Tensor | None = None,
                  device: str = "cpu", base: float | None = None, scale: float | None = None,
-                 rotated: bool = True) -> None:
-        self.spec, self.device, self.rotated = spec, device, rotated
+                 rotated: bool = True, scaled: bool = True) -> None:
+        self.spec, self.device, self.rotated, self.scaled = spec, device, rotated, scaled
         self.base = spec.rope_base if base is None else base
         self.scale = spec.rope_scale if scale is None else scale
         self.freq_factors = None if freq_factors is None else freq_factors.double().cpu()
@@ -48,6 +48,8 @@ class RopeTable:
         inv = base ** (-2.0 * i / spec.rope_dim)
         if self.freq_factors is not None:
             inv = inv / self.freq_factors
+        if not self.scaled:   # olmo2's windowed layers: llama.cpp passes ext_factor 0, attn_factor 1
+            return torch.outer(pos, inv) * scale, 1.0
         extrap = torch.outer(pos, inv)                         # [n, rope_dim/2]
         angles, mscale = extrap * scale, r.attn_factor
         if r.ext_factor and scale != 1.0:

@@ -30,6 +30,8 @@ class ArchDef:
     swa_pattern: int = 0         # n > 0: layer i is windowed when i % n < n - 1 (llama.cpp's pattern)
     swa_default: int = 0         # window when the metadata has none (0: no window without the key)
     swa_rope_global: bool = False  # windowed layers keep the global rope base unless freq_base_swa (gemma2)
+    swa_rope_plain: bool = False   # olmo2: windowed layers the global base unless freq_base_swa, unscaled (no yarn)
+    pre_norms: bool = True         # attn_norm / ffn_norm before each branch (olmo2 has post-norms only)
     softcap: bool = False        # gemma2: attention and final-logit soft-capping (defaults 50 / 30)
     fused: bool = False          # phi3: attn_qkv holds q|k|v and ffn_up holds gate|up
     multipliers: bool = False    # granite: embedding, residual, attention and logit multipliers
@@ -60,6 +62,10 @@ ARCHS: dict[str, ArchDef] = {
     # src/models/mistral3.cpp (Ministral 3, Mistral Small 3.x conversions): llama, yarn, and q multiplied by
     # 1 + temperature_scale * ln(1 + floor(pos / original_context_length)) where the key is set
     "mistral3": ArchDef(attn_temp=True),
+    # src/models/olmo2.cpp (OLMo 2, and OLMo 3's windows on 3 of 4 layers): no pre-norms, the branches
+    # post-normed, q and k normed over the whole projection; windowed layers rotate without yarn
+    "olmo2": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_full=True, post_norms=True, pre_norms=False,
+                     swa_pattern=4, swa_rope_plain=True),
     "granite": ArchDef(embed_scale="metadata", multipliers=True),
     # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
     "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
@@ -96,6 +102,8 @@ class ModelSpec:
     windows: tuple[int, ...] = ()       # per layer: sliding window in cells (0: full attention)
     rope_base_swa: float = 10000.0      # rope base of windowed layers
     rope_scale_swa: float = 1.0
+    swa_rope_plain: bool = False        # windowed layers' rope without yarn's blend and magnitude (olmo2)
+    pre_norms: bool = True              # RMSNorm before attention and FFN (olmo2: none)
     attn_scale: float = 0.0    # q.k multiplier (0: 1/sqrt(head_dim))
     attn_softcap: float = 0.0  # scores -> c * tanh(scores / c) (gemma2); 0: off
     final_softcap: float = 0.0  # logits -> c * tanh(logits / c); 0: off
@@ -129,9 +137,13 @@ class ModelSpec:
         """Whether layer's q and k get RoPE (smollm3's every 4th layer: no)."""
         return not (self.no_rope_step and (layer + 1) % self.no_rope_step == 0)
 
-    def rope_params(self, layer: int) -> tuple[float, float]:
-        """(base, freq_scale) of a layer's rope: windowed layers have their own (gemma2/3)."""
-        return (self.rope_base_swa, self.rope_scale_swa) if self.window(layer) else (self.rope_base, self.rope_scale)
+    def rope_params(self, layer: int) -> tuple[float, float, bool, bool]:
+        """(base, freq_scale, rotated, scaled) of a layer's rope table (RopeTable's arguments):
+        windowed layers have their own base and scale (gemma2/3, olmo2), unscaled by yarn where
+        `swa_rope_plain` (olmo2); smollm3's NoPE layers are not rotated."""
+        if self.window(layer):
+            return self.rope_base_swa, self.rope_scale_swa, self.rotated(layer), not self.swa_rope_plain
+        return self.rope_base, self.rope_scale, self.rotated(layer), True
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelSpec":
@@ -172,6 +184,7 @@ class ModelSpec:
             moe=MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act),
             out_bias=a.out_bias, sinks=a.sinks, ffn_norm=a.ffn_norm, no_rope_step=a.no_rope_step,
             attn_temp_scale=key.float("attention.temperature_scale", 0.0) if a.attn_temp else 0.0,
+            swa_rope_plain=a.swa_rope_plain, pre_norms=a.pre_norms,
         )
         if a.attn_temp and spec.moe is not None:
             raise GGUFError(f"{f.path}: {arch} with experts is not supported (its dense models are)")
@@ -248,7 +261,8 @@ def _sliding_windows(a: ArchDef, key: _Keys, n_layers: int, rope: RopeScaling) -
         flags = [bool(p) for p in pattern]
     else:
         flags = [pattern == 0 or i % pattern < pattern - 1 for i in range(n_layers)]
-    base_default, scale = (rope.base, rope.freq_scale) if a.swa_rope_global else (10000.0, 1.0)
+    base_default, scale = (rope.base, rope.freq_scale) if a.swa_rope_global else \
+        (rope.base, 1.0) if a.swa_rope_plain else (10000.0, 1.0)
     return tuple(n_swa if w else 0 for w in flags), key.float("rope.freq_base_swa", base_default), scale
 
 

@@ -83,10 +83,10 @@ MatMul = Linear | QLinear   # both: (x [rows, in], ops) -> [rows, out]
 
 @dataclass
 class LayerWeights:
-    attn_norm: torch.Tensor      # [d_model]
+    attn_norm: torch.Tensor | None   # [d_model] (None: no pre-norm, olmo2)
     qkv: MatMul                  # [(n_heads + 2*n_kv_heads) * head_dim, d_model] (+ bias)
     wo: MatMul                   # [d_model, n_heads * head_dim]
-    ffn_norm: torch.Tensor       # [d_model]
+    ffn_norm: torch.Tensor | None    # [d_model]
     gate_up: MatMul | None       # [2 * d_ff, d_model] (a MoE layer: its shared expert's, or None)
     down: MatMul | None          # [d_model, d_ff]
     q_norm: torch.Tensor | None = None     # [head_dim] per-head RMSNorm of q (qwen3, gemma3)
@@ -152,6 +152,11 @@ def load_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, progress: Pro
     return ModelWeights(embed, layers, out_norm, output, freqs, torch.float32 if kind == "q" else dtype, long)
 
 
+def _pre_norm(f: GGUFFile, spec: ModelSpec, name: str) -> torch.Tensor | None:
+    """A branch's RMSNorm weight [d_model] float32; None for an architecture without them (olmo2)."""
+    return _load(f, name, (spec.d_model,), torch.float32) if spec.pre_norms else None
+
+
 def _optional(f: GGUFFile, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
     """A float32 tensor the architecture may or may not have (norms, rope factors)."""
     return _load(f, name, shape, torch.float32) if name in f.tensors else None
@@ -191,10 +196,10 @@ def _block_layer(f: GGUFFile, spec: ModelSpec, i: int, fmt: WeightFormat) -> Lay
         qkv = _block_qkv(f, spec, p, fmt)
     gate_up, down = _block_ffn(f, spec, p, fmt)
     return LayerWeights(
-        attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32),
+        attn_norm=_pre_norm(f, spec, p + "attn_norm.weight"),
         qkv=qkv,
         wo=_qlinear(f, [_blocks(f, p + "attn_output.weight", (d, q_rows))], [None], False, _out_bias(f, spec, p)),
-        ffn_norm=_load(f, p + spec.ffn_norm + ".weight", (d,), torch.float32),
+        ffn_norm=_pre_norm(f, spec, p + spec.ffn_norm + ".weight"),
         gate_up=gate_up,
         down=down,
         **_norms(f, spec, p),
@@ -328,11 +333,11 @@ def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: W
                             fmt.native_max_rows, q4_kernel)
 
     return LayerWeights(
-        attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32),
+        attn_norm=_pre_norm(f, spec, p + "attn_norm.weight"),
         qkv=lin(qkv_names, torch.cat([q, k, v]), bias),
         wo=lin(["attn_output"], _load(f, p + "attn_output.weight", (d, spec.n_heads * hd), dtype),
                None if not spec.out_bias else _out_bias(f, spec, p).to(dtype)),
-        ffn_norm=_load(f, p + spec.ffn_norm + ".weight", (d,), torch.float32),
+        ffn_norm=_pre_norm(f, spec, p + spec.ffn_norm + ".weight"),
         gate_up=lin(gate_up_names, gate_up) if ff else None,
         down=lin(["ffn_down" + sfx], _load(f, p + "ffn_down" + sfx + ".weight", (d, ff), dtype)) if ff else None,
         **_norms(f, spec, p),
