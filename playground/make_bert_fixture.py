@@ -2,6 +2,7 @@
 
     .venv/bin/python playground/make_bert_fixture.py            # the GGUF, then llama-server's outputs
     .venv/bin/python playground/make_bert_fixture.py --no-peer  # the GGUF only
+    .venv/bin/python playground/make_bert_fixture.py --nomic    # tiny-nomic.gguf and .json instead
 
 `tiny-bert.gguf` is what llama.cpp's converter writes for a BERT model (arch `bert`, its metadata
 keys and tensor names), small enough to commit (~100 KB): 2 layers, d_model 32, 4 heads, d_ff 64,
@@ -16,6 +17,11 @@ With a llama.cpp build (local_server.py: LLAMA_CPP_DIR), `tiny-bert.json` record
 it, run with `-fa off` (its f32 attention: with flash attention on, llama.cpp's CPU kernel casts K and V,
 and for small batches Q and the running V sums, to f16, which moved these vectors by up to ~2e-4): /tokenize of tricky texts (`tokenize`), /embeddings for pooling mean, cls, last and none
 (`embeddings`: raw for none, else normalized), and /rerank scores (`rerank`), for tests/test_embeddings.py.
+
+`--nomic` writes `tiny-nomic.gguf` (arch `nomic-bert`, as the converter writes nomic-embed-text: q|k|v
+in one `attn_qkv`, no biases but the norms', a SiLU-gated FFN, no position embeddings, rotary base 1000)
+on the same vocabulary, and `tiny-nomic.json` with its /tokenize and /embeddings answers (no classifier:
+no /rerank).
 """
 
 from __future__ import annotations
@@ -78,9 +84,27 @@ def tensors(rng: np.random.Generator, n_vocab: int) -> dict[str, np.ndarray]:
     return t
 
 
-def write(path: Path, seed: int = 35) -> Path:
+def nomic_tensors(rng: np.random.Generator, n_vocab: int) -> dict[str, np.ndarray]:
+    """nomic-bert's tensors: fused q|k|v, gated FFN, norms with biases, nothing else biased."""
+    def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def norm(name: str) -> dict[str, np.ndarray]:
+        return {f"{name}.weight": 1 + normal(D, scale=0.2), f"{name}.bias": normal(D, scale=0.1)}
+
+    t = {"token_embd.weight": normal(n_vocab, D), "token_types.weight": normal(2, D, scale=0.5), **norm("token_embd_norm")}
+    for i in range(LAYERS):
+        p = f"blk.{i}."
+        t |= {p + "attn_qkv.weight": normal(3 * D, D, scale=D ** -0.5), p + "attn_output.weight": normal(D, D, scale=D ** -0.5),
+              p + "ffn_gate.weight": normal(FF, D, scale=D ** -0.5), p + "ffn_up.weight": normal(FF, D, scale=D ** -0.5),
+              p + "ffn_down.weight": normal(D, FF, scale=FF ** -0.5)}
+        t |= norm(p + "attn_output_norm") | norm(p + "layer_output_norm")
+    return t
+
+
+def write(path: Path, seed: int = 35, arch: str = "bert") -> Path:
     tokens, types = vocab()
-    w = gguf.GGUFWriter(str(path), "bert")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny-bert")
     w.add_context_length(CTX)
     w.add_embedding_length(D)
@@ -90,7 +114,10 @@ def write(path: Path, seed: int = 35) -> Path:
     w.add_layer_norm_eps(1e-12)
     w.add_causal_attention(False)
     w.add_pooling_type(gguf.PoolingType.MEAN)
-    w.add_classifier_output_labels(["yes", "no"])
+    if arch == "nomic-bert":
+        w.add_rope_freq_base(1000.0)
+    else:
+        w.add_classifier_output_labels(["yes", "no"])
     w.add_token_type_count(2)
     w.add_tokenizer_model("bert")
     w.add_token_list(tokens)
@@ -101,7 +128,8 @@ def write(path: Path, seed: int = 35) -> Path:
     w.add_add_eos_token(True)
     w.add_add_sep_token(False)
     w.add_bool("tokenizer.ggml.normalizer.lowercase", True)
-    for name, value in tensors(np.random.default_rng(seed), len(tokens)).items():
+    make = nomic_tensors if arch == "nomic-bert" else tensors
+    for name, value in make(np.random.default_rng(seed), len(tokens)).items():
         w.add_tensor(name, value.astype(np.float16) if name == "token_embd.weight" else value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -130,7 +158,7 @@ def llama_server(path: Path, *flags: str):
     return run()
 
 
-def record(path: Path) -> dict:
+def record(path: Path, rerank: bool = True) -> dict:
     out: dict = {"texts": TEXTS, "query": QUERY, "documents": DOCS, "embeddings": {}}
     for pooling in ("mean", "cls", "last", "none"):
         with llama_server(path, "--embedding", "--pooling", pooling) as port:
@@ -139,6 +167,8 @@ def record(path: Path) -> dict:
                                         timeout_s=120)["tokens"] for t in TEXTS]
             rows = post(port, "/embeddings", {"content": TEXTS}, timeout_s=120)
             out["embeddings"][pooling] = [r["embedding"] for r in sorted(rows, key=lambda r: r["index"])]
+    if not rerank:
+        return out
     with llama_server(path, "--reranking") as port:
         res = post(port, "/rerank", {"query": QUERY, "documents": DOCS}, timeout_s=120)
         out["rerank"] = {"scores": [r["relevance_score"] for r in sorted(res["results"], key=lambda r: r["index"])],
@@ -159,14 +189,15 @@ def _rounded(obj):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-peer", action="store_true", help="write the GGUF only")
+    ap.add_argument("--nomic", action="store_true", help="the nomic-bert fixture (tiny-nomic.*)")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    path = write(OUT / "tiny-bert.gguf")
+    path = write(OUT / "tiny-nomic.gguf", 36, "nomic-bert") if args.nomic else write(OUT / "tiny-bert.gguf")
     print(f"{path}: {path.stat().st_size} bytes")
     if not args.no_peer:
-        text = json.dumps(_rounded(record(path)))   # 8 significant digits: float32's, in half the bytes
-        (OUT / "tiny-bert.json").write_text(text + "\n")
-        print(f"{OUT / 'tiny-bert.json'} written")
+        text = json.dumps(_rounded(record(path, rerank=not args.nomic)))   # 8 significant digits: float32's
+        path.with_suffix(".json").write_text(text + "\n")
+        print(f"{path.with_suffix('.json')} written")
 
 
 if __name__ == "__main__":

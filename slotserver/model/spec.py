@@ -149,8 +149,8 @@ class ModelSpec:
     def from_gguf(cls, f: GGUFFile) -> "ModelSpec":
         md = f.metadata
         arch = md.get("general.architecture")
-        if arch == "bert":   # an encoder: model/encoder/, loaded by `serve --embedding` (embed_launch.py)
-            raise GGUFError(f"{f.path}: bert is an embedding model, it generates no text: serve it with "
+        if arch in ("bert", "nomic-bert"):   # an encoder: model/encoder/, loaded by `serve --embedding`
+            raise GGUFError(f"{f.path}: {arch} is an embedding model, it generates no text: serve it with "
                             "`slotserver serve --embedding` (or --reranking)")
         if arch not in ARCHS:
             raise GGUFError(f"{f.path}: unknown architecture {arch!r} (supported: {', '.join(ARCHS)})")

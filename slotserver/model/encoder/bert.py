@@ -11,6 +11,9 @@ per layer (post-norm, every projection with its bias):
   x = LayerNorm(a + x)                                   # attn_output_norm
   x = LayerNorm(GELU(x Wup) Wdown + x)                   # layer_output_norm; GELU: tanh form, as ggml_gelu
 ```
+nomic-bert (BertSpec.rope_base, .gated): no position embeddings, q and k rotated (NEOX halves) by
+their position in the sequence before attention, and the FFN is `SiLU(x Wgate) * (x Wup) Wdown`
+without biases, as llama.cpp's `build_bert` does for LLM_ARCH_NOMIC_BERT.
 Projections and norms run on the packed rows; attention pads each sequence (packed_attention.py).
 Weights are dequantized to float32 at load (bert_weights.py): BERT embedders are small (MiniLM-L6 is
 22M parameters), and llama.cpp computes these graphs in f32 activations too. `matmul_dtype` bfloat16
@@ -39,6 +42,24 @@ def ggml_gelu(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x >= 10.0, x, y.masked_fill_(x <= -10.0, 0.0))
 
 
+def rotary(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, head_dim / 2] float32 of each row's position: angle pos * base^(-2i / head_dim)
+    (ggml_rope_ext's, computed in float64)."""
+    inv = base ** (-2.0 * torch.arange(head_dim // 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(positions.double(), inv)
+    return angles.cos().float(), angles.sin().float()
+
+
+def rotate_qk(qkv: torch.Tensor, n_heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """q|k|v [T, 3 d] with q and k rotated NEOX-style (pairs i, i + hd/2 of each head); a new tensor."""
+    t, d = qkv.shape[0], qkv.shape[1] // 3
+    qk = qkv[:, : 2 * d].reshape(t, 2 * n_heads, 2, -1)                              # [T, 2H, 2, hd/2]
+    x0, x1 = qk[:, :, 0], qk[:, :, 1]
+    c, s = cos[:, None], sin[:, None]                                                 # [T, 1, hd/2]
+    rotated = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=2).reshape(t, 2 * d)
+    return torch.cat((rotated, qkv[:, 2 * d:]), dim=1)
+
+
 class BertModel:
     """A loaded BERT encoder: `forward(seqs)` -> every token's final hidden state."""
 
@@ -62,19 +83,29 @@ class BertModel:
         lengths = [len(q) for q in seqs]
         tokens = torch.tensor([t for q in seqs for t in q])                           # [T]
         positions = torch.cat([torch.arange(n) for n in lengths])                     # [T]
-        x = w.tok_embd[tokens] + w.type_row0 + w.pos_embd[positions]                  # [T, d]
+        x = w.tok_embd[tokens] + w.type_row0                                           # [T, d]
+        if w.pos_embd is not None:
+            x = x + w.pos_embd[positions]
         x = F.layer_norm(x, (s.d_model,), *w.embd_norm, s.norm_eps)
         attention = PackedAttention.of(lengths)
+        rope = rotary(positions, s.head_dim, s.rope_base) if s.rope_base else None
         for lw in self.layers:
-            x = self._layer(lw, x, attention)
+            x = self._layer(lw, x, attention, rope)
         return x
 
-    def _layer(self, lw: BertLayer, x: torch.Tensor, attention: PackedAttention) -> torch.Tensor:
+    def _layer(self, lw: BertLayer, x: torch.Tensor, attention: PackedAttention,
+               rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         d, eps = self.spec.d_model, self.spec.norm_eps
-        a = attention.attend(self._linear(x, lw.qkv, lw.qkv_b), self.spec.n_heads)   # [T, d]
+        qkv = self._linear(x, lw.qkv, lw.qkv_b)                                        # [T, 3 d]
+        if rope is not None:
+            qkv = rotate_qk(qkv, self.spec.n_heads, *rope)
+        a = attention.attend(qkv, self.spec.n_heads)                                   # [T, d]
         x = F.layer_norm(self._linear(a, lw.wo, lw.wo_b) + x, (d,), *lw.attn_norm, eps)
-        h = self._linear(x, lw.up, lw.up_b)                                           # [T, d_ff]
-        h = ggml_gelu(h) if self.gelu_table else F.gelu(h, approximate="tanh")
+        if lw.gate is not None:                                                        # nomic-bert
+            h = F.silu(self._linear(x, lw.gate, lw.up_b)) * self._linear(x, lw.up, lw.up_b)   # [T, d_ff]
+        else:
+            h = self._linear(x, lw.up, lw.up_b)                                        # [T, d_ff]
+            h = ggml_gelu(h) if self.gelu_table else F.gelu(h, approximate="tanh")
         return F.layer_norm(self._linear(h, lw.down, lw.down_b) + x, (d,), *lw.out_norm, eps)
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -60,7 +60,7 @@ class Embedder:
         arch = f.metadata.get("general.architecture")
         template = f.metadata.get(RERANK_TEMPLATE_KEY)
         template = template if isinstance(template, str) else None
-        if arch == "bert":   # --dtype bfloat16: bf16 projections; auto and float32: f32 (llama.cpp's results)
+        if arch in ("bert", "nomic-bert"):   # --dtype bfloat16: bf16 projections; auto and float32: f32 (llama.cpp's results)
             dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
             return cls._bert(f, pooling, gelu_table, template, dtype)
         return cls._decoder(config, f, pooling, template)
@@ -76,7 +76,7 @@ class Embedder:
         pooling = _checked_pooling(f, pooling or spec.pooling, spec.can_rank)
         model = BertModel.from_file(f, spec, gelu_table, dtype)
         dims = spec.n_cls_out if pooling == "rank" else spec.d_model
-        return cls(model, tokenizer, pooling, spec.ctx_train, dims, "bert", model.weights.cls,
+        return cls(model, tokenizer, pooling, spec.ctx_train, dims, spec.arch, model.weights.cls,
                    model.weights.cls_out, template)
 
     @classmethod
