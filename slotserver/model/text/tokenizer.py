@@ -84,7 +84,7 @@ class Tokenizer:
             special = find_special_tokens(md, self._tokens, self._vocab, types, 1, 2)
             bpe, add_bos = self._init_spm(md, special.types), True  # llama.cpp's SPM defaults
         else:
-            raise TokenizerError(f"unsupported tokenizer model {self.model!r} (need gpt2, llama or bert)")
+            raise TokenizerError(f"unsupported tokenizer model {self.model!r} (need gpt2, llama, bert or t5)")
         self._types = special.types
         self.bos_id, self.eos_id, self.eog_ids = special.bos_id, special.eos_id, special.eog_ids
         self.special_ids = dict(special.ids)
@@ -101,6 +101,9 @@ class Tokenizer:
         if cls is Tokenizer and md.get(_P + "model") == "bert":   # WordPiece (BERT): text/wordpiece.py
             from slotserver.model.text.wordpiece import WordPieceTokenizer
             return WordPieceTokenizer.from_metadata(md)
+        if cls is Tokenizer and md.get(_P + "model") == "t5":     # SentencePiece unigram: text/unigram.py
+            from slotserver.model.text.unigram import UnigramTokenizer
+            return UnigramTokenizer.from_metadata(md)
         with no_gc():
             return cls(md)
 
