@@ -145,7 +145,7 @@ def test_unknown_pre_tokenizer_is_an_error():
 
 def test_unknown_tokenizer_model_is_an_error():
     with pytest.raises(TokenizerError, match="unsupported tokenizer model"):
-        Tokenizer.from_metadata(_bpe_metadata("gpt-2") | {"tokenizer.ggml.model": "t5"})   # bert: wordpiece.py
+        Tokenizer.from_metadata(_bpe_metadata("gpt-2") | {"tokenizer.ggml.model": "rwkv"})   # bert, t5: their own files
 
 
 # --- SentencePiece ---------------------------------------------------------------------------
