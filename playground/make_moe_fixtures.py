@@ -8,7 +8,8 @@ only read what it writes):
 
 Each case (`CASES`) is a transformers config (Qwen3MoeForCausalLM, OlmoeForCausalLM,
 GraniteMoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM: its experts written as MXFP4 blocks,
-as gpt-oss ships them, so the fixture's experts are GGUF MXFP4) with random weights (seeded; norm weights away from 1,
+as gpt-oss ships them, so the fixture's experts are GGUF MXFP4; and two dense ones whose converter
+writes keys of its own: Ministral3ForCausalLM, Olmo3ForCausalLM) with random weights (seeded; norm weights away from 1,
 so a norm read in the wrong place shows) and the tiny vocabulary of tests/tiny_gguf.py as a
 Hugging Face byte-level BPE tokenizer (same ids: 307-309 are the specials, so the arch fixture test
 reads these files like the others). The converter runs in a child Python with two patches: its
@@ -69,6 +70,16 @@ CASES: dict[str, tuple[str, dict]] = {
                                           num_hidden_layers=4, sliding_window=6, rope_parameters=dict(
                                               rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
                                               beta_slow=1.0, truncate=False, original_max_position_embeddings=4096))),
+    # dense architectures whose converter writes keys of its own (not MoE, but made the same way):
+    # Ministral 3's yarn (mscale_all_dim -> yarn_log_multiplier) and q temperature
+    # (llama_4_scaling_beta -> attention.temperature_scale), past an original context of 8
+    "ministral3": ("Ministral3ForCausalLM", dict(head_dim=8, intermediate_size=64, rope_parameters=dict(
+        rope_type="yarn", rope_theta=1000000.0, factor=4.0, original_max_position_embeddings=8, beta_fast=16.0,
+        beta_slow=2.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.5))),
+    # OLMo 3: windows on 3 of 4 layers, no pre-norms, q/k norms over the whole projection; this config's
+    # sliding rope_theta (HF's default 500000, the full layers' 10000) is written as freq_base_swa,
+    # which llama.cpp's olmo2 graph does not read (real OLMo 3 files have one theta for both)
+    "olmo3_hf": ("Olmo3ForCausalLM", dict(intermediate_size=64, num_hidden_layers=5, sliding_window=5)),
 }
 # a seed whose greedy ids avoid the special tokens (the test bans them, llama-server picks a CONTROL
 # token <|im_start|> as any other: the first granitemoe seed started with it)

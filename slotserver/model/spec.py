@@ -30,7 +30,7 @@ class ArchDef:
     swa_pattern: int = 0         # n > 0: layer i is windowed when i % n < n - 1 (llama.cpp's pattern)
     swa_default: int = 0         # window when the metadata has none (0: no window without the key)
     swa_rope_global: bool = False  # windowed layers keep the global rope base unless freq_base_swa (gemma2)
-    swa_rope_plain: bool = False   # olmo2: windowed layers the global base unless freq_base_swa, unscaled (no yarn)
+    swa_rope_plain: bool = False   # olmo2: windowed layers at the global base (freq_base_swa unread), no yarn
     pre_norms: bool = True         # attn_norm / ffn_norm before each branch (olmo2 has post-norms only)
     softcap: bool = False        # gemma2: attention and final-logit soft-capping (defaults 50 / 30)
     fused: bool = False          # phi3: attn_qkv holds q|k|v and ffn_up holds gate|up
@@ -261,9 +261,11 @@ def _sliding_windows(a: ArchDef, key: _Keys, n_layers: int, rope: RopeScaling) -
         flags = [bool(p) for p in pattern]
     else:
         flags = [pattern == 0 or i % pattern < pattern - 1 for i in range(n_layers)]
-    base_default, scale = (rope.base, rope.freq_scale) if a.swa_rope_global else \
-        (rope.base, 1.0) if a.swa_rope_plain else (10000.0, 1.0)
-    return tuple(n_swa if w else 0 for w in flags), key.float("rope.freq_base_swa", base_default), scale
+    windows = tuple(n_swa if w else 0 for w in flags)
+    if a.swa_rope_plain:   # olmo2.cpp rotates windowed layers with the global base: freq_base_swa is not read
+        return windows, rope.base, 1.0
+    base_default, scale = (rope.base, rope.freq_scale) if a.swa_rope_global else (10000.0, 1.0)
+    return windows, key.float("rope.freq_base_swa", base_default), scale
 
 
 def _attn_scale(a: ArchDef, key: _Keys, n_layers: int, d_model: int, n_heads: int, head_dim: int) -> float:
