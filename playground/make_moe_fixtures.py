@@ -8,14 +8,17 @@ only read what it writes):
 
 Each case (`CASES`) is a transformers config (Qwen3MoeForCausalLM, OlmoeForCausalLM,
 GraniteMoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM: its experts written as MXFP4 blocks,
-as gpt-oss ships them, so the fixture's experts are GGUF MXFP4; and two dense ones whose converter
-writes keys of its own: Ministral3ForCausalLM, Olmo3ForCausalLM) with random weights (seeded; norm weights away from 1,
+as gpt-oss ships them, so the fixture's experts are GGUF MXFP4; and dense ones, checked as the
+converter writes them: Ministral3ForCausalLM, Olmo3ForCausalLM, Glm4ForCausalLM, Ernie4_5ForCausalLM,
+SeedOssForCausalLM) with random weights (seeded; norm weights away from 1,
 so a norm read in the wrong place shows) and the tiny vocabulary of tests/tiny_gguf.py as a
 Hugging Face byte-level BPE tokenizer (same ids: 307-309 are the specials, so the arch fixture test
-reads these files like the others). The converter runs in a child Python with two patches: its
+reads these files like the others). The converter runs in a child Python with patches: its
 sentencepiece attempt fails as "no tokenizer.model" (it is not installed there), and its
 pre-tokenizer check (a hash of how a *known* model's tokenizer splits a test text) is answered
 "default", which a made-up vocabulary cannot match; prompts are token ids, so nothing reads it.
+GLM-4's and ERNIE's own vocabulary steps (chat specials, a sentencepiece model) are replaced by the
+plain byte-level BPE one for the same reason.
 
 `--size big` makes the speed model of docs/performance.md ("Issue 38: MoE"): d_model 512, 16
 experts (4 used), 8 layers, the Qwen3 tokenizer-free vocabulary padded to 32000, written F32
@@ -80,6 +83,14 @@ CASES: dict[str, tuple[str, dict]] = {
     # sliding rope_theta (HF's default 500000, the full layers' 10000) is written as freq_base_swa,
     # which llama.cpp's olmo2 graph does not read (real OLMo 3 files have one theta for both)
     "olmo3_hf": ("Olmo3ForCausalLM", dict(intermediate_size=64, num_hidden_layers=5, sliding_window=5)),
+    # GLM-4-0414: pre- and post-norms, q/k/v biases, gate|up in one ffn_up, half the head rotated (pairs)
+    "glm4": ("Glm4ForCausalLM", dict(head_dim=8, intermediate_size=64, attention_bias=True, partial_rotary_factor=0.5,
+                                     pad_token_id=None)),
+    # ERNIE 4.5 (dense): llama's block
+    "ernie4_5": ("Ernie4_5ForCausalLM", dict(head_dim=8, intermediate_size=64, use_bias=False)),
+    # Seed-OSS: q/k/v biases, NEOX rope, the FFN's pre-norm named post_attention_norm
+    "seed_oss": ("SeedOssForCausalLM", dict(head_dim=8, intermediate_size=64, attention_bias=True,
+                                            attention_out_bias=False)),
 }
 # a seed whose greedy ids avoid the special tokens (the test bans them, llama-server picks a CONTROL
 # token <|im_start|> as any other: the first granitemoe seed started with it)
@@ -98,6 +109,10 @@ base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "default"   # a made
 def no_spm(self):   # no tokenizer.model here: the BPE path, also without the sentencepiece package
     raise FileNotFoundError("tokenizer.model")
 base.TextModel._create_vocab_sentencepiece = no_spm
+from conversion import glm   # GLM-4's vocabulary step looks up its chat specials, which the tiny one lacks
+glm.Glm4Model.set_vocab = lambda self: self._set_vocab_gpt2()
+from conversion import ernie   # ERNIE's asks for a sentencepiece model
+ernie.Ernie4_5Model.set_vocab = lambda self: self._set_vocab_gpt2()
 sys.argv = ["convert_hf_to_gguf.py", {hf!r}, "--outfile", {out!r}, "--outtype", "f32"]
 import convert_hf_to_gguf
 convert_hf_to_gguf.main()

@@ -4,7 +4,7 @@ An architecture is one `ArchDef` row: a few switches the one forward (`model.py`
 biases, rope mode, q/k norms, post-norms, the gated FFN's activation, sliding-window pattern,
 soft-capping, fused tensors, granite's multipliers, MoE weight renormalization, gating and
 activation, gpt-oss's output bias and attention sinks, smollm3's NoPE layers, mistral3's q
-temperature). Everything else (GQA, head sizes, rope base and scaling, window size) comes from the metadata keys llama.cpp reads (`{arch}.block_count`,
+temperature, olmo2's missing pre-norms; glm4, ernie4_5 and seed_oss are rows of existing switches). Everything else (GQA, head sizes, rope base and scaling, window size) comes from the metadata keys llama.cpp reads (`{arch}.block_count`,
 `{arch}.attention.sliding_window`, ...), with llama.cpp's defaults (src/llama-model.cpp,
 src/models/<arch>.cpp).
 """
@@ -67,6 +67,13 @@ ARCHS: dict[str, ArchDef] = {
     "olmo2": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_full=True, post_norms=True, pre_norms=False,
                      swa_pattern=4, swa_rope_plain=True),
     "granite": ArchDef(embed_scale="metadata", multipliers=True),
+    # src/models/glm4.cpp (GLM-4-0414, GLM-Z1): pre- and post-norms, q/k/v biases, gate|up in one ffn_up,
+    # part of each head rotated (rope.dimension_count), adjacent pairs
+    "glm4": ArchDef(qkv_bias=True, post_norms=True, fused=True),
+    # src/models/ernie4-5.cpp (ERNIE-4.5 dense): llama's block
+    "ernie4_5": ArchDef(),
+    # src/models/seed-oss.cpp (Seed-OSS): q/k/v biases, NEOX rope, the FFN's pre-norm named post_attention_norm
+    "seed_oss": ArchDef(qkv_bias=True, rope_mode="neox", ffn_norm="post_attention_norm"),
     # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
     "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
     "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),
