@@ -193,7 +193,8 @@ class LlamaModel:
         in_c = lora is not None and lora_delta.serves(batch.n_tokens, x.is_cpu)   # else torch's, on x unfused
         fuse = (lora is None or in_c) and ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}
         lora = lora if lora is None else (lora, in_c)
-        if lora is None and lean_step.applies(self, ops) and not self._q_temp(batch):   # the Triton kernels: fewer launches (lean_step.py, gemv_step.py)
+        lean = lora is None and lean_step.applies(self, ops) and not self._q_temp(batch)
+        if lean:   # the Triton kernels: fewer launches (lean_step.py, gemv_step.py)
             body = gemv_step.gemv_body if gemv_step.applies(self, ops, batch) else lean_step.lean_body
             return self._logits(fuse, body(self, x, angles, batch, cache), logits_into)
         norm_adds = "acc" in ops.fuses.get("rms_norm", ()) and s.residual_scale == 1.0   # x += post_norm(y) in C

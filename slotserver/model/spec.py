@@ -4,9 +4,10 @@ An architecture is one `ArchDef` row: a few switches the one forward (`model.py`
 biases, rope mode, q/k norms, post-norms, the gated FFN's activation, sliding-window pattern,
 soft-capping, fused tensors, granite's multipliers, MoE weight renormalization, gating and
 activation, gpt-oss's output bias and attention sinks, smollm3's NoPE layers, mistral3's q
-temperature, olmo2's missing pre-norms; glm4, ernie4_5 and seed_oss are rows of existing switches). Everything else (GQA, head sizes, rope base and scaling, window size) comes from the metadata keys llama.cpp reads (`{arch}.block_count`,
-`{arch}.attention.sliding_window`, ...), with llama.cpp's defaults (src/llama-model.cpp,
-src/models/<arch>.cpp).
+temperature, olmo2's missing pre-norms; glm4, ernie4_5 and seed_oss are rows of existing switches).
+Everything else (GQA, head sizes, rope base and scaling, window size) comes from the metadata keys
+llama.cpp reads (`{arch}.block_count`, `{arch}.attention.sliding_window`, ...), with llama.cpp's
+defaults (src/llama-model.cpp, src/models/<arch>.cpp).
 """
 
 from __future__ import annotations

@@ -83,7 +83,8 @@ class BertSpec:
         if not 0 < self.norm_eps < 1:
             problems.append(f"layer norm epsilon {self.norm_eps} out of range")
         if self.rope_base and (self.head_dim % 2 or self.rope_base <= 0):
-            problems.append(f"rotary heads need an even head size and a positive base ({self.head_dim}, {self.rope_base})")
+            problems.append(f"rotary heads need an even head size and a positive base "
+                            f"({self.head_dim}, {self.rope_base})")
         if f.metadata.get(f"{self.arch}.attention.causal", False):
             problems.append("attention.causal is set (a causal bert is not supported)")
         if problems:

@@ -1,8 +1,9 @@
 """A BERT GGUF's tensors (llama.cpp's names and shapes, src/models/bert.cpp), dequantized to float32.
 
 Per layer q|k|v are one `[3 d, d]` projection (one matmul instead of three: concatenated, or the
-file's fused `attn_qkv` as nomic-bert ships it); optional biases (llama.cpp: TENSOR_NOT_REQUIRED) are zeros when absent; token types are optional
-(llama.cpp adds row 0, "sentence A", to every token). `matmul_weights(dtype)` gives the projection
+file's fused `attn_qkv` as nomic-bert ships it); optional biases (llama.cpp: TENSOR_NOT_REQUIRED)
+are zeros when absent; token types are optional (llama.cpp adds row 0, "sentence A", to every
+token). `matmul_weights(dtype)` gives the projection
 weights in the dtype the matmuls run in (bfloat16 on request: see BertModel).
 """
 

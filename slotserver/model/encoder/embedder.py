@@ -60,7 +60,7 @@ class Embedder:
         arch = f.metadata.get("general.architecture")
         template = f.metadata.get(RERANK_TEMPLATE_KEY)
         template = template if isinstance(template, str) else None
-        if arch in ("bert", "nomic-bert"):   # --dtype bfloat16: bf16 projections; auto and float32: f32 (llama.cpp's results)
+        if arch in ("bert", "nomic-bert"):   # --dtype bfloat16: bf16 projections; else f32 (llama.cpp's results)
             dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
             return cls._bert(f, pooling, gelu_table, template, dtype)
         return cls._decoder(config, f, pooling, template)

@@ -30,7 +30,8 @@ import numpy as np
 
 from slotserver.errors import TokenizerError
 from slotserver.model.text.pieces import piece_tables
-from slotserver.model.text.special_tokens import CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, find_special_tokens, meta_id
+from slotserver.model.text.special_tokens import (CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, find_special_tokens,
+                                                  meta_id)
 from slotserver.model.text.tokenizer import Tokenizer
 
 _P = "tokenizer.ggml."
@@ -115,7 +116,8 @@ class UnigramTokenizer(Tokenizer):
         self._vocab = dict(zip(self._tokens, range(n)))
         self.model, self.pre = "t5", "default"
         special = find_special_tokens(md, self._tokens, self._vocab, types, None, 1)   # llama.cpp's t5 defaults
-        self._types, self.bos_id, self.eos_id, self.eog_ids = special.types, special.bos_id, special.eos_id, special.eog_ids
+        self._types, self.bos_id, self.eos_id = special.types, special.bos_id, special.eos_id
+        self.eog_ids = special.eog_ids
         self.special_ids = dict(special.ids)
         self.unk_id = meta_id(md, "unknown_token_id", 2, n)
         self.sep_id = meta_id(md, "seperator_token_id", None, n)
