@@ -39,9 +39,14 @@ class TensorTable(dict[str, V]):
         return [name for name in self if name not in self.read]
 
 
-def unread_problem(table: TensorTable, arch: str) -> str | None:
-    """A one-line reason to refuse the file when some of its tensors were not read, else None."""
-    names = table.unread()
+CLASSIFIER = frozenset({"cls.output.weight", "cls.output.bias"})   # a reranker's head: the embedder reads it
+
+
+def unread_problem(table: TensorTable, arch: str, optional: frozenset[str] = CLASSIFIER) -> str | None:
+    """A one-line reason to refuse the file when some of its tensors (other than `optional` ones)
+    were not read, else None. A decoder file may carry a classifier head (llama.cpp's qwen3 creates
+    `cls_out` as optional): generation does not read it, rank pooling does (encoder/embedder.py)."""
+    names = [n for n in table.unread() if n not in optional]
     if not names:
         return None
     more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""

@@ -7,8 +7,9 @@ length, cut into batches of at most `max_batch_tokens` tokens counted as if padd
 longest (which bounds attention's `[B, H, L, L]` scores; the projections run on the packed tokens).
 
 The pooling is the one asked for, else the model's (`{arch}.pooling_type`, none when absent), as
-llama.cpp picks it. `rank` needs the BERT classification head; a model without it is refused at
-load, in one line naming the file.
+llama.cpp picks it. `rank` needs a classification head (BERT's `cls`/`cls.output`, or a decoder
+reranker's `cls.output`: Qwen3-Reranker, its "yes"/"no" rows of the output projection); a model
+without one is refused at load, in one line naming the file.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from slotserver.errors import ConfigError
 from slotserver.model.config import ModelConfig
+from slotserver.model.encoder.bert_spec import POOLING_IDS
 from slotserver.model.encoder.pooling import POOLINGS, Head, pool
 from slotserver.model.gguf_file import GGUFFile
 from slotserver.model.text.tokenizer import Tokenizer
@@ -46,6 +48,8 @@ class Embedder:
     cls_out: Head | None = None
     rerank_template: str | None = None
     max_batch_tokens: int = DEFAULT_BATCH_TOKENS
+    rank_last: bool = False           # a decoder reranker ranks on its last token (causal attention)
+    rank_softmax: bool = False        # qwen3's labels through a softmax (llama.cpp's build_pooling)
 
     @classmethod
     def load(cls, config: ModelConfig, pooling: str | None = None, gelu_table: bool = True) -> "Embedder":
@@ -84,13 +88,15 @@ class Embedder:
         from slotserver.model.bundle import ModelBundle
         from slotserver.model.encoder.decoder import DecoderEncoder
 
-        key = f"{f.metadata.get('general.architecture')}.pooling_type"
-        own = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}.get(f.metadata.get(key, 0), "none")
-        pooling = _checked_pooling(f, pooling or own, can_rank=False)
+        arch = f.metadata.get("general.architecture")
+        own = POOLING_IDS.get(f.metadata.get(f"{arch}.pooling_type", 0), "none")
+        head = _decoder_head(f) if "cls.output.weight" in f.tensors else None
+        pooling = _checked_pooling(f, pooling or own, can_rank=head is not None)
         bundle = ModelBundle.load(config)
         enc = DecoderEncoder(bundle.model, config.layouts_dir)
-        return cls(enc, bundle.tokenizer, pooling, enc.ctx_train, enc.d_model, bundle.model.spec.arch,
-                   rerank_template=template)
+        dims = head[0].shape[0] if pooling == "rank" else enc.d_model   # type: ignore[index]
+        return cls(enc, bundle.tokenizer, pooling, enc.ctx_train, dims, bundle.model.spec.arch, cls_out=head,
+                   rerank_template=template, rank_last=True, rank_softmax=arch in ("qwen3", "qwen3vl"))
 
     def run(self, seqs: list[list[int]]) -> list[torch.Tensor]:
         """Pooled float32 vectors, one tensor per sequence (`[1, dims]`, or `[len, dims]` with pooling
@@ -99,7 +105,8 @@ class Embedder:
         for batch in self._batches(seqs):
             hidden = self.encoder.forward([seqs[i] for i in batch])                  # [T, d] packed
             lengths = [len(seqs[i]) for i in batch]
-            for i, vec in zip(batch, pool(self.pooling, hidden, lengths, self.cls, self.cls_out)):
+            pooled = pool(self.pooling, hidden, lengths, self.cls, self.cls_out, self.rank_last, self.rank_softmax)
+            for i, vec in zip(batch, pooled):
                 out[i] = vec
         return out  # type: ignore[return-value]
 
@@ -119,6 +126,12 @@ def _checked_pooling(f: GGUFFile, pooling: str, can_rank: bool) -> str:
     if pooling not in POOLINGS:
         raise ConfigError(f"--pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
     if pooling == "rank" and not can_rank:
-        raise ConfigError(f"{f.path}: rank pooling (--reranking) needs a BERT model with a classification "
+        raise ConfigError(f"{f.path}: rank pooling (--reranking) needs a model with a classification "
                           "head (cls / cls.output tensors); this file has none")
     return pooling
+
+
+def _decoder_head(f: GGUFFile) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A decoder reranker's `cls.output` (weight [labels, d_model], bias or None) in float32."""
+    bias = f.load_tensor("cls.output.bias") if "cls.output.bias" in f.tensors else None
+    return f.load_tensor("cls.output.weight"), bias

@@ -6,6 +6,9 @@ Pooling (llama.cpp's `build_pooling`, enum llama_pooling_type):
 - `cls`: the first token's vector; `last`: the last token's (for BERT inputs, [SEP]);
 - `rank`: the first token's vector through the classification head: `cls` (dense + tanh) where the
   file has it, then `cls.output` (a linear layer to the labels); a reranker's score is output 0.
+  A decoder reranker (causal attention: Qwen3-Reranker) takes its last token's vector instead
+  (`rank_last`), and qwen3's labels ("yes", "no") go through a softmax (`rank_softmax`), as
+  llama.cpp's build_pooling does.
 
 Normalization (common_embd_normalize, llama-server's `embd_normalize`, default 2): -1 none, 0 max
 absolute scaled to int16's range (32760), 1 taxicab, 2 euclidean, p > 2 the p-norm; a zero vector
@@ -26,7 +29,7 @@ Head = tuple[torch.Tensor, torch.Tensor | None]   # (weight [out, in], bias [out
 
 
 def pool(kind: str, hidden: torch.Tensor, lengths: list[int], cls: Head | None = None,
-         cls_out: Head | None = None) -> list[torch.Tensor]:
+         cls_out: Head | None = None, rank_last: bool = False, rank_softmax: bool = False) -> list[torch.Tensor]:
     """hidden `[T, d]` float32 (the sequences' tokens packed in order), lengths (summing to T) -> one
     float32 tensor per sequence: `[length, d]` for `none`, `[1, d_out]` for the others (d_out: the
     labels for `rank`, else d)."""
@@ -39,12 +42,13 @@ def pool(kind: str, hidden: torch.Tensor, lengths: list[int], cls: Head | None =
     if kind == "mean":
         seq = torch.repeat_interleave(torch.arange(len(lengths)), n)              # [T]: each row's sequence
         rows = hidden.new_zeros(len(lengths), hidden.shape[1]).index_add_(0, seq, hidden) / n[:, None]
-    elif kind == "last":
+    elif kind == "last" or (kind == "rank" and rank_last):
         rows = hidden[ends - 1]                                                   # [B, d]
     else:                                                                         # cls, rank: first token
         rows = hidden[ends - n]
     if kind == "rank":
         rows = rank_head(rows, cls, cls_out)
+        rows = rows.softmax(-1) if rank_softmax else rows
     return list(rows.unsqueeze(1).unbind(0))                                      # B x [1, d_out]
 
 
