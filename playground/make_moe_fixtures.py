@@ -10,7 +10,7 @@ Each case (`CASES`) is a transformers config (Qwen3MoeForCausalLM, OlmoeForCausa
 GraniteMoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM: its experts written as MXFP4 blocks,
 as gpt-oss ships them, so the fixture's experts are GGUF MXFP4; and dense ones, checked as the
 converter writes them: Ministral3ForCausalLM, Olmo3ForCausalLM, Glm4ForCausalLM, Ernie4_5ForCausalLM,
-SeedOssForCausalLM) with random weights (seeded; norm weights away from 1,
+SeedOssForCausalLM, Exaone4ForCausalLM) with random weights (seeded; norm weights away from 1,
 so a norm read in the wrong place shows) and the tiny vocabulary of tests/tiny_gguf.py as a
 Hugging Face byte-level BPE tokenizer (same ids: 307-309 are the specials, so the arch fixture test
 reads these files like the others). The converter runs in a child Python with patches: its
@@ -91,6 +91,13 @@ CASES: dict[str, tuple[str, dict]] = {
     # Seed-OSS: q/k/v biases, NEOX rope, the FFN's pre-norm named post_attention_norm
     "seed_oss": ("SeedOssForCausalLM", dict(head_dim=8, intermediate_size=64, attention_bias=True,
                                             attention_out_bias=False)),
+    # EXAONE 4.0: no pre-norms, post-norms, per-head q/k norms; 2 layers: no windows (llama.cpp windows
+    # only a 64-layer file, the 32B)
+    "exaone4": ("Exaone4ForCausalLM", dict(head_dim=8, intermediate_size=64, sliding_window=None,
+                                           layer_types=["full_attention"] * 2)),
+    # the 32B's shape at d_model 16: 64 layers, windows of 5 on 3 of 4 (LLLG), the full layers unrotated
+    "exaone4_64": ("Exaone4ForCausalLM", dict(hidden_size=16, head_dim=4, intermediate_size=32, num_hidden_layers=64,
+                                              sliding_window=5, sliding_window_pattern=4)),
 }
 # a seed whose greedy ids avoid the special tokens (the test bans them, llama-server picks a CONTROL
 # token <|im_start|> as any other: the first granitemoe seed started with it)

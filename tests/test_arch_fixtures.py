@@ -1,8 +1,8 @@
 """Every supported architecture computes what llama.cpp computes, on a tiny random model of it.
 
 The mixture-of-experts cases (qwen3moe, qwen2moe, olmoe, granitemoe, gpt-oss), ministral3,
-olmo3_hf, glm4, ernie4_5 and seed_oss are random Hugging Face models converted by llama.cpp's own convert_hf_to_gguf.py
-(playground/make_moe_fixtures.py).
+olmo3_hf, glm4, ernie4_5, seed_oss and exaone4(_64) are random Hugging Face models converted by
+llama.cpp's own convert_hf_to_gguf.py (playground/make_moe_fixtures.py).
 gpt-oss's experts are MXFP4 blocks (as gpt-oss ships them), which llama.cpp multiplies with 8-bit
 (Q8_0) activations: that case is compared through the file's blocks (`BLOCKS`, qmatmul's 8-bit
 activations, as llama.cpp), and its exact dequantized path against the blocks (below).
@@ -110,7 +110,8 @@ def test_every_architecture_has_a_fixture():
     assert {"gemma3", "qwen3", "gemma2", "phi3", "granite", "qwen2_yarn", "llama3_freqs"} <= set(CASES)
     assert {"qwen3moe", "qwen2moe", "olmoe", "granitemoe", "gpt-oss"} <= set(CASES)   # playground/make_moe_fixtures.py
     assert {"smollm3", "mistral3", "olmo2", "olmo3"} <= set(CASES)
-    assert {"ministral3", "olmo3_hf", "glm4", "ernie4_5", "seed_oss"} <= set(CASES)   # converted (make_moe_fixtures.py)
+    converted = {"ministral3", "olmo3_hf", "glm4", "ernie4_5", "seed_oss", "exaone4", "exaone4_64"}
+    assert converted <= set(CASES)
     assert all((ARCHS / f"{c}.gguf").stat().st_size < 1 << 20 for c in CASES)
 
 

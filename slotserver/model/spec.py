@@ -4,7 +4,8 @@ An architecture is one `ArchDef` row: a few switches the one forward (`model.py`
 biases, rope mode, q/k norms, post-norms, the gated FFN's activation, sliding-window pattern,
 soft-capping, fused tensors, granite's multipliers, MoE weight renormalization, gating and
 activation, gpt-oss's output bias and attention sinks, smollm3's NoPE layers, mistral3's q
-temperature, olmo2's missing pre-norms; glm4, ernie4_5 and seed_oss are rows of existing switches).
+temperature, olmo2's missing pre-norms, exaone4's unrotated full layers; glm4, ernie4_5 and seed_oss
+are rows of existing switches).
 Everything else (GQA, head sizes, rope base and scaling, window size) comes from the metadata keys
 llama.cpp reads (`{arch}.block_count`, `{arch}.attention.sliding_window`, ...), with llama.cpp's
 defaults (src/llama-model.cpp, src/models/<arch>.cpp).
@@ -45,6 +46,8 @@ class ArchDef:
     sinks: bool = False          # attn_sinks.weight: a learned logit per query head in each softmax (gpt-oss)
     ffn_norm: str = "ffn_norm"   # the FFN's pre-norm tensor (gpt-oss names it post_attention_norm)
     no_rope_step: int = 0        # n > 0: layer i has no RoPE when (i + 1) % n == 0 (smollm3's NoPE layers)
+    nope_full: bool = False      # with windows, the full-attention layers have no RoPE (exaone4)
+    swa_n_layers: int = 0        # n > 0: windows only in a model of exactly n layers (llama.cpp's exaone4: 32B)
     attn_temp: bool = False      # q scaled by position past the trained context (`attention.temperature_scale`)
 
 
@@ -75,6 +78,10 @@ ARCHS: dict[str, ArchDef] = {
     "ernie4_5": ArchDef(),
     # src/models/seed-oss.cpp (Seed-OSS): q/k/v biases, NEOX rope, the FFN's pre-norm named post_attention_norm
     "seed_oss": ArchDef(qkv_bias=True, rope_mode="neox", ffn_norm="post_attention_norm"),
+    # src/models/exaone4.cpp (EXAONE 4.0): olmo2's post-norm block with per-head q/k norms; the 32B (64
+    # layers) windows 3 of 4 layers (4096 cells unless the key says) and leaves the other layers unrotated
+    "exaone4": ArchDef(rope_mode="neox", qk_norm=True, post_norms=True, pre_norms=False, swa_pattern=4,
+                       swa_default=4096, swa_rope_global=True, nope_full=True, swa_n_layers=64),
     # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
     "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
     "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),
@@ -128,6 +135,7 @@ class ModelSpec:
     sinks: bool = False         # every layer has attention sinks (attn_sinks.weight, one per query head)
     ffn_norm: str = "ffn_norm"  # name of each layer's FFN pre-norm tensor (blk.N.<name>.weight)
     no_rope_step: int = 0       # layer i unrotated when (i + 1) % no_rope_step == 0 (smollm3); 0: every layer rotated
+    nope_full: bool = False     # a windowed model's full-attention layers unrotated (exaone4)
     attn_temp_scale: float = 0.0  # mistral3: q x (1 + this * ln(1 + floor(pos / rope.orig_ctx))) (0: off)
 
     @property
@@ -142,7 +150,10 @@ class ModelSpec:
         return self.windows[layer] if self.windows else 0
 
     def rotated(self, layer: int) -> bool:
-        """Whether layer's q and k get RoPE (smollm3's every 4th layer: no)."""
+        """Whether layer's q and k get RoPE (smollm3's every 4th layer, a windowed exaone4's full
+        layers: no)."""
+        if self.nope_full and self.windows and not self.window(layer):
+            return False
         return not (self.no_rope_step and (layer + 1) % self.no_rope_step == 0)
 
     def rope_params(self, layer: int) -> tuple[float, float, bool, bool]:
@@ -192,7 +203,7 @@ class ModelSpec:
             moe=MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act),
             out_bias=a.out_bias, sinks=a.sinks, ffn_norm=a.ffn_norm, no_rope_step=a.no_rope_step,
             attn_temp_scale=key.float("attention.temperature_scale", 0.0) if a.attn_temp else 0.0,
-            swa_rope_plain=a.swa_rope_plain, pre_norms=a.pre_norms,
+            swa_rope_plain=a.swa_rope_plain, pre_norms=a.pre_norms, nope_full=a.nope_full,
         )
         if a.attn_temp and spec.moe is not None:
             raise GGUFError(f"{f.path}: {arch} with experts is not supported (its dense models are)")
@@ -255,7 +266,7 @@ class _Keys:
 
 def _sliding_windows(a: ArchDef, key: _Keys, n_layers: int, rope: RopeScaling) -> tuple[tuple[int, ...], float, float]:
     """Per-layer windows and the windowed layers' rope (base, scale), as llama.cpp's gemma2/gemma3."""
-    if not a.swa_pattern:
+    if not a.swa_pattern or (a.swa_n_layers and n_layers != a.swa_n_layers):
         return (), rope.base, rope.freq_scale
     n_swa = key.raw("attention.sliding_window", a.swa_default)
     if isinstance(n_swa, bool) or not isinstance(n_swa, int) or n_swa < 0:
