@@ -1,6 +1,6 @@
 """A slot save killed at any moment leaves the previous file or the new one, never a torn one.
 
-A child process saves large payloads in a loop through `slot_files.atomic_write` (the helper
+A child process saves large payloads in a loop through `atomic_file.atomic_write` (the helper
 `save` uses), writing each in small slow chunks so that a kill almost always lands mid-write,
 and is SIGKILLed at seeded random moments. After each kill the file must be whole and hold the
 last version the child reported done, or the one it was writing when killed. The temporary file
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from slotserver.engine.slot_files import atomic_write, remove_stale_temporaries
+from slotserver.engine.atomic_file import atomic_write, remove_stale_temporaries
 
 SIZE, CHUNKS = 1 << 20, 64       # 1 MiB per version, written in 64 chunks
 HEADER = 12                      # b"v%010d\n"
@@ -29,7 +29,7 @@ HEADER = 12                      # b"v%010d\n"
 CHILD = """
 import sys, time
 from pathlib import Path
-from slotserver.engine.slot_files import atomic_write
+from slotserver.engine.atomic_file import atomic_write
 
 path, version, size, chunks = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 

@@ -9,7 +9,7 @@ Files live in `DIR/<model key>/`, the key a hash of the model file (its size and
 last 4 MiB: a whole 8 GB file would take seconds to hash at every start), the KV type and the
 cache's geometry, so another model's or another KV type's entries are never looked at. Each file
 is a JSON header line (format, key, tokens, dtype, shape, payload CRC-32) followed by K then V;
-writes are atomic (slot_files.atomic_write: temporary file, fsync, rename) and made by a
+writes are atomic (atomic_file.atomic_write: temporary file, fsync, rename) and made by a
 background thread, so the engine never waits for a disk. Loads trust nothing: a file whose
 header, key, size, CRC or values do not check out is skipped with a log line and deleted, never
 loaded. Past `limit` bytes the least recently used files go (their modification time is touched
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from slotserver.engine.prefix_index import PrefixIndex
-from slotserver.engine.slot_files import atomic_write, remove_stale_temporaries
+from slotserver.engine.atomic_file import atomic_write, remove_stale_temporaries
 
 log = logging.getLogger("slotserver.engine.disk_cache")
 

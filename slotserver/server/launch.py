@@ -67,7 +67,7 @@ def load(state: ServerState, plan: LaunchPlan, address: str) -> Engine:
     """Load bundle and engine, publish them in `state`, print the summary line; -> the engine, not yet running."""
     from slotserver.model.bundle import ModelBundle
     from slotserver.engine.engine import Engine
-    from slotserver.engine.slot_files import remove_stale_temporaries
+    from slotserver.engine.atomic_file import remove_stale_temporaries
     from slotserver.model.progress import load_progress, stage
 
     if state.config.embedding is not None:   # --embedding: an embedding-only server, no engine
