@@ -39,13 +39,6 @@ SPACE = "▁".encode()
 UNKNOWN_PENALTY = 10.0
 
 
-def _trie_insert(root: dict, key: bytes, value: int) -> None:
-    node = root
-    for b in key:
-        node = node.setdefault(b, {})
-    node[-1] = value   # -1: the value slot (bytes are 0..255)
-
-
 class CharsMap:
     """The precompiled charsmap: `u32 size`, `size` bytes of XCDA nodes, then NUL-terminated replacements."""
 
@@ -136,19 +129,28 @@ class UnigramTokenizer(Tokenizer):
         self._bytes, self._special_bytes = piece_tables(self._tokens, self._types, spm=True)
 
     def _init_pieces(self, scores: list[float]) -> None:
-        """The piece trie (normal, user-defined, unused tokens), the user-defined texts' trie, scores
-        (user-defined: 0), the unknown score, and the tokens the text is cut at, longest first."""
-        self._trie: dict = {}
-        self._user: dict = {}
+        """The pieces (normal, user-defined, unused tokens) by their bytes, the longest piece per
+        first byte, the user-defined texts longest first, scores (user-defined: 0), the unknown
+        score, and the tokens the text is cut at, longest first.
+
+        Why a dict of byte strings and not llama.cpp's trie: the pieces that start at a position are
+        the same either way (each prefix looked up, up to the longest piece with that first byte),
+        and a trie of dicts for XLM-R's 250k pieces took 400 MB and seconds to build."""
+        self._pieces: dict[bytes, int] = {}
+        self._longest = [0] * 256
         self._score = list(scores)
         normal = [s for s, t in zip(scores, self._types) if t == NORMAL]
         self._unk_score = _f32(min(normal, default=0.0) - UNKNOWN_PENALTY)
+        user = []
         for i, (text, kind) in enumerate(zip(self._tokens, self._types)):
-            if kind in (NORMAL, USER_DEFINED, UNUSED):
-                _trie_insert(self._trie, text.encode(), i)
+            raw = text.encode()
+            if kind in (NORMAL, USER_DEFINED, UNUSED) and raw:
+                self._pieces[raw] = i   # a repeated text: its last id, as llama.cpp's trie keeps
+                self._longest[raw[0]] = max(self._longest[raw[0]], len(raw))
             if kind == USER_DEFINED:
-                _trie_insert(self._user, text.encode(), i)
                 self._score[i] = 0.0
+                user.append(raw)
+        self._user = sorted({u for u in user if u}, key=len, reverse=True)
         cut = [i for i, k in enumerate(self._types) if k in (CONTROL, USER_DEFINED, UNKNOWN)]
         self._cut = sorted(cut, key=lambda i: -len(self._tokens[i].encode()))   # stable: ties in id order
 
@@ -207,15 +209,9 @@ class UnigramTokenizer(Tokenizer):
     def _normalize_prefix(self, raw: bytes, at: int) -> tuple[bytes, int]:
         """(replacement, bytes consumed) at `at`: a user-defined token as is, the charsmap's longest
         match, else one UTF-8 character (a bad sequence: U+FFFD for one byte)."""
-        node, user = self._user, 0
-        for pos in range(at, len(raw)):
-            node = node.get(raw[pos])
-            if node is None:
-                break
-            if -1 in node:
-                user = pos - at + 1
-        if user:
-            return raw[at:at + user], user
+        for text in self._user:   # longest first: the longest user-defined token at `at`
+            if raw.startswith(text, at):
+                return text, len(text)
         if self._charsmap is not None:
             used, repl = self._charsmap.longest(raw, at)
             if used:
@@ -232,18 +228,17 @@ class UnigramTokenizer(Tokenizer):
             return []
         best: list[tuple[int, int, float]] = [(unk, 0, -float("inf"))] * (n + 1)   # (id, start, score)
         best[0] = (unk, 0, 0.0)
-        at = 0
+        at, pieces = 0, self._pieces
         while at < n:
             size, whole, here = min(_char_len(norm[at]), n - at), False, best[at][2]
-            node, end = self._trie.get(norm[at]), at + 1
-            while end <= n and node is not None:
-                if -1 in node:
-                    whole |= end - at == size
-                    score = here + self._score[node[-1]]
-                    if score > best[end][2]:
-                        best[end] = (node[-1], at, score)
-                node = node.get(norm[end]) if end < n else None
-                end += 1
+            for end in range(at + 1, at + min(self._longest[norm[at]], n - at) + 1):   # shortest first
+                tid = pieces.get(norm[at:end])
+                if tid is None:
+                    continue
+                whole |= end - at == size
+                score = here + self._score[tid]
+                if score > best[end][2]:
+                    best[end] = (tid, at, score)
             if not whole and here + self._unk_score > best[at + size][2]:
                 best[at + size] = (unk, at, here + self._unk_score)
             at += size
