@@ -102,18 +102,24 @@ def nomic_tensors(rng: np.random.Generator, n_vocab: int) -> dict[str, np.ndarra
     return t
 
 
-def write(path: Path, seed: int = 35, arch: str = "bert") -> Path:
-    tokens, types = vocab()
+def encoder_writer(path: Path, arch: str, name: str, eps: float, pooling: gguf.PoolingType) -> gguf.GGUFWriter:
+    """A GGUF writer with the tiny encoder's sizes (D, FF, LAYERS, HEADS, CTX), bidirectional."""
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_name("tiny-bert")
+    w.add_name(name)
     w.add_context_length(CTX)
     w.add_embedding_length(D)
     w.add_feed_forward_length(FF)
     w.add_block_count(LAYERS)
     w.add_head_count(HEADS)
-    w.add_layer_norm_eps(1e-12)
+    w.add_layer_norm_eps(eps)
     w.add_causal_attention(False)
-    w.add_pooling_type(gguf.PoolingType.MEAN)
+    w.add_pooling_type(pooling)
+    return w
+
+
+def write(path: Path, seed: int = 35, arch: str = "bert") -> Path:
+    tokens, types = vocab()
+    w = encoder_writer(path, arch, "tiny-bert", 1e-12, gguf.PoolingType.MEAN)
     if arch == "nomic-bert":
         w.add_rope_freq_base(1000.0)
     else:

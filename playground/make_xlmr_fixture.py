@@ -25,7 +25,7 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as spm_model
 
 sys.path.insert(0, str(Path(__file__).parent))
-from make_bert_fixture import CTX, D, FF, HEADS, LAYERS, OUT, _rounded, llama_server, tensors  # noqa: E402
+from make_bert_fixture import OUT, _rounded, encoder_writer, llama_server, tensors  # noqa: E402
 from local_server import post  # noqa: E402
 
 CORPUS = ("the quick brown fox jumps over the lazy dog. machine learning is fun. "
@@ -63,16 +63,7 @@ def vocab(proto: spm_model.ModelProto) -> tuple[list[str], list[float], list[int
 
 def write(path: Path, proto: spm_model.ModelProto, seed: int = 37) -> Path:
     tokens, scores, types = vocab(proto)
-    w = gguf.GGUFWriter(str(path), "bert")
-    w.add_name("tiny-xlmr")
-    w.add_context_length(CTX)
-    w.add_embedding_length(D)
-    w.add_feed_forward_length(FF)
-    w.add_block_count(LAYERS)
-    w.add_head_count(HEADS)
-    w.add_layer_norm_eps(1e-5)
-    w.add_causal_attention(False)
-    w.add_pooling_type(gguf.PoolingType.CLS)
+    w = encoder_writer(path, "bert", "tiny-xlmr", 1e-5, gguf.PoolingType.CLS)
     w.add_classifier_output_labels(["relevant"])
     w.add_token_type_count(1)
     w.add_tokenizer_model("t5")

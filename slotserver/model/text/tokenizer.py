@@ -62,18 +62,25 @@ def _added_ids(types: list[int]) -> tuple[list[int], list[int]]:
             [i for i, t in enumerate(types) if t == USER_DEFINED])
 
 
+def token_table(md: dict[str, Any]) -> tuple[list[str], list[int]]:
+    """(token texts, token types) of GGUF metadata: an empty text named `[EMPTY_i]`, types NORMAL
+    where the file has none; TokenizerError for no tokens or a type list of another length."""
+    tokens = md.get(_P + "tokens")
+    if not tokens:
+        raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens")
+    texts = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    types = list(md.get(_P + "token_type") or [NORMAL] * len(texts))
+    if len(types) != len(texts):
+        raise TokenizerError(f"token_type has {len(types)} entries for {len(texts)} tokens")
+    return texts, types
+
+
 class Tokenizer:
     """A llama.cpp-compatible tokenizer; build it with `Tokenizer.from_metadata(gguf_kv)`."""
 
     def __init__(self, md: dict[str, Any]) -> None:
-        tokens = md.get(_P + "tokens")
-        if not tokens:
-            raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens")
-        self._tokens: list[str] = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        self._tokens, types = token_table(md)
         n = self.vocab_size = len(self._tokens)
-        types = list(md.get(_P + "token_type") or [NORMAL] * n)
-        if len(types) != n:
-            raise TokenizerError(f"token_type has {len(types)} entries for {n} tokens")
         self._vocab = dict(zip(self._tokens, range(n)))  # a repeated text means its last id
         self.model = str(md.get(_P + "model", ""))
         if self.model == "gpt2":

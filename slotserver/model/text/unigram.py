@@ -32,7 +32,7 @@ from slotserver.errors import TokenizerError
 from slotserver.model.text.pieces import piece_tables
 from slotserver.model.text.special_tokens import (CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, find_special_tokens,
                                                   meta_id)
-from slotserver.model.text.tokenizer import Tokenizer
+from slotserver.model.text.tokenizer import Tokenizer, token_table
 
 _P = "tokenizer.ggml."
 SPACE = "▁".encode()
@@ -97,15 +97,11 @@ class UnigramTokenizer(Tokenizer):
     """A llama.cpp-compatible UGM tokenizer; same interface as `Tokenizer` (built by its from_metadata)."""
 
     def __init__(self, md: dict[str, Any]) -> None:  # noqa: D107 - the base __init__ is not called on purpose
-        tokens = md.get(_P + "tokens")
-        if not tokens:
-            raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens")
-        self._tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        self._tokens, types = token_table(md)
         n = self.vocab_size = len(self._tokens)
-        types = list(md.get(_P + "token_type") or [NORMAL] * n)
         scores = list(md.get(_P + "scores") or [0.0] * n)
-        if len(types) != n or len(scores) != n:
-            raise TokenizerError(f"token_type / scores have {len(types)} / {len(scores)} entries for {n} tokens")
+        if len(scores) != n:
+            raise TokenizerError(f"scores has {len(scores)} entries for {n} tokens")
         self._vocab = dict(zip(self._tokens, range(n)))
         self.model, self.pre = "t5", "default"
         special = find_special_tokens(md, self._tokens, self._vocab, types, None, 1)   # llama.cpp's t5 defaults

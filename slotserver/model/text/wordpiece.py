@@ -29,7 +29,7 @@ from tokenizers.models import WordPiece
 from slotserver.errors import TokenizerError
 from slotserver.model.text.pieces import piece_tables
 from slotserver.model.text.special_tokens import CONTROL, NORMAL, UNKNOWN, USER_DEFINED, find_special_tokens, meta_id
-from slotserver.model.text.tokenizer import Tokenizer
+from slotserver.model.text.tokenizer import Tokenizer, token_table
 
 _P = "tokenizer.ggml."
 PHANTOM = "▁"                 # llama.cpp's word-start mark in a WPM vocabulary
@@ -59,14 +59,8 @@ class WordPieceTokenizer(Tokenizer):
     """A llama.cpp-compatible WPM tokenizer; same interface as `Tokenizer` (built by its from_metadata)."""
 
     def __init__(self, md: dict[str, Any]) -> None:  # noqa: D107 - the base __init__ is not called on purpose
-        tokens = md.get(_P + "tokens")
-        if not tokens:
-            raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens")
-        self._tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        self._tokens, types = token_table(md)
         n = self.vocab_size = len(self._tokens)
-        types = list(md.get(_P + "token_type") or [NORMAL] * n)
-        if len(types) != n:
-            raise TokenizerError(f"token_type has {len(types)} entries for {n} tokens")
         self._vocab = dict(zip(self._tokens, range(n)))
         self.model, self.pre = "bert", str(md.get(_P + "pre") or "default")
         special = find_special_tokens(md, self._tokens, self._vocab, types, DEFAULT_IDS["bos_token_id"], None)
