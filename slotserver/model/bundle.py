@@ -10,7 +10,7 @@ import torch
 
 from slotserver.model.text.chat_template import ChatTemplate
 from slotserver.model.config import ModelConfig
-from slotserver.model.gguf_file import GGUFFile
+from slotserver.model.gguf_file import GGUFError, GGUFFile
 from slotserver.model import gpu_weights
 from slotserver.runtime import cpu_features
 from slotserver.runtime.device import kernel_impl
@@ -35,15 +35,20 @@ class ModelBundle:
     metadata: dict
 
     @classmethod
-    def load(cls, config: ModelConfig, progress: Progress | None = None, check_tensors: bool = False) -> "ModelBundle":
+    def load(cls, config: ModelConfig, progress: Progress | None = None, check_tensors: bool = False,
+             embedding: bool = False) -> "ModelBundle":
         """Open and validate the file (every tensor's data too with `check_tensors`), build the
-        tokenizer first (cheap, fails early), then weights."""
+        tokenizer first (cheap, fails early), then weights. An embedding model (gemma-embedding:
+        attention both ways) loads only for embeddings (`embedding`: encoder/embedder.py)."""
         torch.set_num_threads(config.threads or cpu_features.physical_cores())   # -t 0: llama.cpp's default
         f = GGUFFile.open(config.model_path)
         if check_tensors:
             with stage("checking every tensor's data for NaN/inf (--check-tensors)", "tensor data checked"):
                 f.check_tensors()
         spec = ModelSpec.from_gguf(f)
+        if spec.bidirectional and not embedding:
+            raise GGUFError(f"{f.path}: {spec.arch} is an embedding model, it generates no text: serve it with "
+                            "`slotserver serve --embedding`")
         log.info("%s: %s, %d layers, d_model %d, %d-token vocabulary", config.model_path.name, spec.arch,
                  spec.n_layers, spec.d_model, spec.vocab_size)
         tokenizer = Tokenizer.from_metadata(f.metadata)

@@ -48,6 +48,7 @@ class ArchDef:
     no_rope_step: int = 0        # n > 0: layer i has no RoPE when (i + 1) % n == 0 (smollm3's NoPE layers)
     nope_full: bool = False      # with windows, the full-attention layers have no RoPE (exaone4)
     swa_n_layers: int = 0        # n > 0: windows only in a model of exactly n layers (llama.cpp's exaone4: 32B)
+    bidirectional: bool = False  # an embedding model: attention both ways, windows symmetric (encoder/bidirectional.py)
     attn_temp: bool = False      # q scaled by position past the trained context (`attention.temperature_scale`)
 
 
@@ -82,6 +83,10 @@ ARCHS: dict[str, ArchDef] = {
     # layers) windows 3 of 4 layers (4096 cells unless the key says) and leaves the other layers unrotated
     "exaone4": ArchDef(rope_mode="neox", qk_norm=True, post_norms=True, pre_norms=False, swa_pattern=4,
                        swa_default=4096, swa_rope_global=True, nope_full=True, swa_n_layers=64),
+    # src/models/gemma-embedding.cpp (EmbeddingGemma): gemma3's block attending both ways, windows of
+    # n_swa/2 on each side on 5 of 6 layers; embeddings only (`serve --embedding`), never generation
+    "gemma-embedding": ArchDef(rope_mode="neox", embed_scale="sqrt_d", qk_norm=True, post_norms=True, act="gelu",
+                               swa_pattern=6, bidirectional=True),
     # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
     "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
     "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),
@@ -136,6 +141,7 @@ class ModelSpec:
     ffn_norm: str = "ffn_norm"  # name of each layer's FFN pre-norm tensor (blk.N.<name>.weight)
     no_rope_step: int = 0       # layer i unrotated when (i + 1) % no_rope_step == 0 (smollm3); 0: every layer rotated
     nope_full: bool = False     # a windowed model's full-attention layers unrotated (exaone4)
+    bidirectional: bool = False  # an embedding model attending both ways (gemma-embedding): no generation
     attn_temp_scale: float = 0.0  # mistral3: q x (1 + this * ln(1 + floor(pos / rope.orig_ctx))) (0: off)
 
     @property
@@ -204,6 +210,7 @@ class ModelSpec:
             out_bias=a.out_bias, sinks=a.sinks, ffn_norm=a.ffn_norm, no_rope_step=a.no_rope_step,
             attn_temp_scale=key.float("attention.temperature_scale", 0.0) if a.attn_temp else 0.0,
             swa_rope_plain=a.swa_rope_plain, pre_norms=a.pre_norms, nope_full=a.nope_full,
+            bidirectional=a.bidirectional,
         )
         if a.attn_temp and spec.moe is not None:
             raise GGUFError(f"{f.path}: {arch} with experts is not supported (its dense models are)")

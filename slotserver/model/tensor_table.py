@@ -39,13 +39,15 @@ class TensorTable(dict[str, V]):
         return [name for name in self if name not in self.read]
 
 
-CLASSIFIER = frozenset({"cls.output.weight", "cls.output.bias"})   # a reranker's head: the embedder reads it
+# what the embedder reads of a decoder file: a reranker's head, sentence-transformers' dense projections
+EMBEDDER_HEADS = frozenset({"cls.output.weight", "cls.output.bias", "dense_2.weight", "dense_3.weight"})
 
 
-def unread_problem(table: TensorTable, arch: str, optional: frozenset[str] = CLASSIFIER) -> str | None:
+def unread_problem(table: TensorTable, arch: str, optional: frozenset[str] = EMBEDDER_HEADS) -> str | None:
     """A one-line reason to refuse the file when some of its tensors (other than `optional` ones)
     were not read, else None. A decoder file may carry a classifier head (llama.cpp's qwen3 creates
-    `cls_out` as optional): generation does not read it, rank pooling does (encoder/embedder.py)."""
+    `cls_out` as optional) or EmbeddingGemma's dense projections: the model does not read them, the
+    embedder does (encoder/embedder.py)."""
     names = [n for n in table.unread() if n not in optional]
     if not names:
         return None

@@ -50,6 +50,7 @@ class Embedder:
     max_batch_tokens: int = DEFAULT_BATCH_TOKENS
     rank_last: bool = False           # a decoder reranker ranks on its last token (causal attention)
     rank_softmax: bool = False        # qwen3's labels through a softmax (llama.cpp's build_pooling)
+    dense: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)   # dense_2, dense_3 after pooling
 
     @classmethod
     def load(cls, config: ModelConfig, pooling: str | None = None, gelu_table: bool = True) -> "Embedder":
@@ -86,17 +87,22 @@ class Embedder:
     @classmethod
     def _decoder(cls, config: ModelConfig, f: GGUFFile, pooling: str | None, template: str | None) -> "Embedder":
         from slotserver.model.bundle import ModelBundle
+        from slotserver.model.encoder.bidirectional import BidirectionalEncoder
         from slotserver.model.encoder.decoder import DecoderEncoder
 
         arch = f.metadata.get("general.architecture")
         own = POOLING_IDS.get(f.metadata.get(f"{arch}.pooling_type", 0), "none")
         head = _decoder_head(f) if "cls.output.weight" in f.tensors else None
         pooling = _checked_pooling(f, pooling or own, can_rank=head is not None)
-        bundle = ModelBundle.load(config)
-        enc = DecoderEncoder(bundle.model, config.layouts_dir)
-        dims = head[0].shape[0] if pooling == "rank" else enc.d_model   # type: ignore[index]
-        return cls(enc, bundle.tokenizer, pooling, enc.ctx_train, dims, bundle.model.spec.arch, cls_out=head,
-                   rerank_template=template, rank_last=True, rank_softmax=arch in ("qwen3", "qwen3vl"))
+        bundle = ModelBundle.load(config, embedding=True)
+        spec = bundle.model.spec
+        enc = BidirectionalEncoder(bundle.model) if spec.bidirectional else DecoderEncoder(bundle.model, config.layouts_dir)
+        dense = tuple(f.load_tensor(n) if n in f.tensors else None for n in ("dense_2.weight", "dense_3.weight"))
+        dims = head[0].shape[0] if pooling == "rank" else next(  # type: ignore[index]
+            (d.shape[0] for d in reversed(dense) if d is not None), enc.d_model)
+        return cls(enc, bundle.tokenizer, pooling, enc.ctx_train, dims, spec.arch, cls_out=head,
+                   rerank_template=template, rank_last=not spec.bidirectional,
+                   rank_softmax=arch in ("qwen3", "qwen3vl"), dense=dense)
 
     def run(self, seqs: list[list[int]]) -> list[torch.Tensor]:
         """Pooled float32 vectors, one tensor per sequence (`[1, dims]`, or `[len, dims]` with pooling
@@ -107,8 +113,16 @@ class Embedder:
             lengths = [len(seqs[i]) for i in batch]
             pooled = pool(self.pooling, hidden, lengths, self.cls, self.cls_out, self.rank_last, self.rank_softmax)
             for i, vec in zip(batch, pooled):
-                out[i] = vec
+                out[i] = self._dense(vec)
         return out  # type: ignore[return-value]
+
+    def _dense(self, vec: torch.Tensor) -> torch.Tensor:
+        """The file's dense projections after pooling (EmbeddingGemma's 768 -> 3072 -> 768), as
+        llama.cpp's build_dense_out: rows [n, d] -> [n, dims]."""
+        for weight in self.dense:
+            if weight is not None:
+                vec = vec @ weight.T
+        return vec
 
     def _batches(self, seqs: list[list[int]]) -> list[list[int]]:
         """Indices of `seqs` by length, cut where the padded batch would pass max_batch_tokens."""
