@@ -96,7 +96,8 @@ class Embedder:
         pooling = _checked_pooling(f, pooling or own, can_rank=head is not None)
         bundle = ModelBundle.load(config, embedding=True)
         spec = bundle.model.spec
-        enc = BidirectionalEncoder(bundle.model) if spec.bidirectional else DecoderEncoder(bundle.model, config.layouts_dir)
+        enc = BidirectionalEncoder(bundle.model) if spec.bidirectional else \
+            DecoderEncoder(bundle.model, config.layouts_dir)
         dense = tuple(f.load_tensor(n) if n in f.tensors else None for n in ("dense_2.weight", "dense_3.weight"))
         dims = head[0].shape[0] if pooling == "rank" else next(  # type: ignore[index]
             (d.shape[0] for d in reversed(dense) if d is not None), enc.d_model)
