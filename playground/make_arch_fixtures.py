@@ -61,6 +61,8 @@ CASES: dict[str, dict] = {
                           "qwen2.rope.scaling.original_context_length": (64, U32)}),
     "llama3_freqs": dict(arch="llama", features=("rope_freqs",), rope_base=500000.0),
     "llama_linear": dict(arch="llama", **{"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}),
+    # q/k/v biases in a llama file: llama.cpp's create_tensor_qkv loads them for any architecture
+    "llama_bias": dict(arch="llama", qkv_bias=True),
     # 5 layers: layer 3 is smollm3's NoPE layer ((3 + 1) % 4 == 0), with rotated layers on both sides
     "smollm3": dict(arch="smollm3", n_layers=5, rope_base=2e6),
     # yarn with its log multiplier and betas, and the q temperature: an original context of 8 puts

@@ -23,7 +23,7 @@ from slotserver.model.rope_scaling import RopeScaling
 
 @dataclass(frozen=True)
 class ArchDef:
-    qkv_bias: bool = False
+    qkv_bias: bool = False       # always (qwen2); any file may have them too (llama.cpp's create_tensor_qkv)
     rope_mode: str = "normal"    # "normal": adjacent pairs (GGUF llama); "neox": half split (qwen2)
     embed_scale: str = "none"    # "sqrt_d": x * sqrt(d_model) (gemma); "metadata": {arch}.embedding_scale
     qk_norm: bool = False        # per-head RMSNorm of q and k before rope (attn_q_norm / attn_k_norm)
@@ -196,7 +196,7 @@ class ModelSpec:
             norm_eps=key.float("attention.layer_norm_rms_epsilon", 1e-5),
             rope_base=rope.base, rope_dim=rope_dim, rope_scale=rope.freq_scale,
             tied_embeddings="output.weight" not in f.tensors,
-            qkv_bias=a.qkv_bias, rope_mode=a.rope_mode,
+            qkv_bias=a.qkv_bias or "blk.0.attn_q.bias" in f.tensors, rope_mode=a.rope_mode,
             has_rope_freqs="rope_freqs.weight" in f.tensors, rope=rope,
             windows=windows, rope_base_swa=base_swa, rope_scale_swa=scale_swa,
             attn_scale=_attn_scale(a, key, n_layers, d_model, n_heads, head_dim),
