@@ -174,7 +174,7 @@ class ModelSpec:
     def from_gguf(cls, f: GGUFFile) -> "ModelSpec":
         md = f.metadata
         arch = md.get("general.architecture")
-        if arch in ("bert", "nomic-bert"):   # an encoder: model/encoder/, loaded by `serve --embedding`
+        if arch in ("bert", "nomic-bert", "modern-bert"):   # encoders: model/encoder/, `serve --embedding`
             raise GGUFError(f"{f.path}: {arch} is an embedding model, it generates no text: serve it with "
                             "`slotserver serve --embedding` (or --reranking)")
         if arch not in ARCHS:

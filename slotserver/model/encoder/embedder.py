@@ -68,6 +68,8 @@ class Embedder:
         if arch in ("bert", "nomic-bert"):   # --dtype bfloat16: bf16 projections; else f32 (llama.cpp's results)
             dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
             return cls._bert(f, pooling, gelu_table, template, dtype)
+        if arch == "modern-bert":
+            return cls._modern_bert(f, pooling, template)
         return cls._decoder(config, f, pooling, template)
 
     @classmethod
@@ -83,6 +85,15 @@ class Embedder:
         dims = spec.n_cls_out if pooling == "rank" else spec.d_model
         return cls(model, tokenizer, pooling, spec.ctx_train, dims, spec.arch, model.weights.cls,
                    model.weights.cls_out, template)
+
+    @classmethod
+    def _modern_bert(cls, f: GGUFFile, pooling: str | None, template: str | None) -> "Embedder":
+        from slotserver.model.encoder.modern_bert import ModernBertModel, ModernBertSpec
+
+        spec = ModernBertSpec.from_gguf(f)
+        pooling = _checked_pooling(f, pooling or spec.pooling, can_rank=False)   # its head: not yet
+        return cls(ModernBertModel(f, spec), Tokenizer.from_metadata(f.metadata), pooling, spec.ctx_train,
+                   spec.d_model, "modern-bert", rerank_template=template)
 
     @classmethod
     def _decoder(cls, config: ModelConfig, f: GGUFFile, pooling: str | None, template: str | None) -> "Embedder":

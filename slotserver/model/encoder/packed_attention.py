@@ -35,8 +35,10 @@ class PackedAttention:
         mask = torch.zeros(B, 1, 1, L).masked_fill_(~keys[:, None, None, :], float("-inf"))
         return cls(keys.flatten().nonzero().flatten(), mask, B, L)
 
-    def attend(self, qkv: torch.Tensor, n_heads: int) -> torch.Tensor:
-        """qkv `[T, 3 d]` (q | k | v, heads contiguous in each) -> attention output `[T, d]`."""
+    def attend(self, qkv: torch.Tensor, n_heads: int, half_window: int | None = None) -> torch.Tensor:
+        """qkv `[T, 3 d]` (q | k | v, heads contiguous in each) -> attention output `[T, d]`;
+        half_window: each query sees only the keys at most that many positions away (ModernBERT's
+        symmetric windows); None: every key of its sequence."""
         d = qkv.shape[1] // 3
         hd = d // n_heads
         grid = self._padded(qkv).view(self.B, self.L, 3, n_heads, hd)
@@ -44,6 +46,9 @@ class PackedAttention:
         scores = torch.matmul(q, k.transpose(-1, -2)).mul_(hd ** -0.5)                # [B, H, L, L]
         if self.mask is not None:
             scores.add_(self.mask)
+        if half_window is not None:
+            pos = torch.arange(self.L)
+            scores.masked_fill_((pos[None, :] - pos[:, None]).abs() > half_window, float("-inf"))
         out = torch.matmul(scores.softmax(-1), v)                                     # [B, H, L, hd]
         flat = out.transpose(1, 2).reshape(self.B * self.L, d)
         return flat if self.rows is None else flat[self.rows]

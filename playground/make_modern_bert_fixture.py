@@ -1,0 +1,86 @@
+"""Make tests/fixtures/embed/modern-bert.gguf/.json: a tiny random ModernBERT as llama.cpp's converter
+writes one (arch `modern-bert`: fused q|k|v, gate|up in ffn_up, LayerNorms without biases, layer 0
+without its attention norm, global rope base 160000 and windowed 10000, symmetric windows of 4 on
+layers 1, 2, 4 and 5) and llama-server's /embeddings of three token-id prompts (mean, cls, -fa off).
+
+    .venv/bin/python playground/make_modern_bert_fixture.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "playground"))
+from local_server import post  # noqa: E402
+from make_arch_fixtures import prompts  # noqa: E402
+from make_bert_fixture import llama_server  # noqa: E402
+from tiny_gguf import BOS_TOKEN, EOS_TOKEN, tiny_vocab  # noqa: E402
+
+OUT = ROOT / "tests" / "fixtures" / "embed" / "modern-bert.gguf"
+D, FF, HEADS, LAYERS, CTX = 32, 48, 4, 6, 256
+
+
+def tensors(rng: np.random.Generator, n_vocab: int) -> dict[str, np.ndarray]:
+    def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    t = {"token_embd.weight": normal(n_vocab, D), "token_embd_norm.weight": 1 + normal(D, scale=0.2),
+         "output_norm.weight": 1 + normal(D, scale=0.2)}
+    for i in range(LAYERS):
+        p = f"blk.{i}."
+        if i:
+            t[p + "attn_norm.weight"] = 1 + normal(D, scale=0.2)
+        t |= {p + "attn_qkv.weight": normal(3 * D, D, scale=D ** -0.5),
+              p + "attn_output.weight": normal(D, D, scale=D ** -0.5), p + "ffn_norm.weight": 1 + normal(D, scale=0.2),
+              p + "ffn_up.weight": normal(2 * FF, D, scale=D ** -0.5), p + "ffn_down.weight": normal(D, FF, scale=FF ** -0.5)}
+    return t
+
+
+def write(path: Path) -> Path:
+    tokens, merges, types = tiny_vocab()
+    w = gguf.GGUFWriter(str(path), "modern-bert")
+    w.add_name("tiny-modern-bert")
+    for add, value in ((w.add_context_length, CTX), (w.add_embedding_length, D), (w.add_feed_forward_length, FF),
+                       (w.add_block_count, LAYERS), (w.add_head_count, HEADS), (w.add_layer_norm_eps, 1e-5),
+                       (w.add_rope_freq_base, 160000.0), (w.add_sliding_window, 4)):
+        add(value)
+    w.add_float32("modern-bert.rope.freq_base_swa", 10000.0)
+    w.add_causal_attention(False)
+    w.add_pooling_type(gguf.PoolingType.MEAN)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("modern-bert")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(tokens.index(BOS_TOKEN))
+    w.add_eos_token_id(tokens.index(EOS_TOKEN))
+    for name, value in tensors(np.random.default_rng(15), len(tokens)).items():
+        w.add_tensor(name, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def main() -> None:
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    path = write(OUT)
+    out = {"prompts": prompts(), "embeddings": {}}
+    for pooling in ("mean", "cls"):
+        with llama_server(path, "--embedding", "--pooling", pooling) as port:
+            out["embeddings"][pooling] = [post(port, "/embeddings", {"content": ids}, timeout_s=120)[0]["embedding"][0]
+                                          for ids in out["prompts"]]
+    path.with_suffix(".json").write_text(json.dumps(out) + "\n")
+    print(path, path.stat().st_size, [v[:3] for v in out["embeddings"]["mean"]])
+
+
+if __name__ == "__main__":
+    main()
