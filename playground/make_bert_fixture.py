@@ -135,13 +135,29 @@ def write(path: Path, seed: int = 35, arch: str = "bert") -> Path:
     w.add_add_sep_token(False)
     w.add_bool("tokenizer.ggml.normalizer.lowercase", True)
     make = nomic_tensors if arch == "nomic-bert" else tensors
-    for name, value in make(np.random.default_rng(seed), len(tokens)).items():
-        w.add_tensor(name, value.astype(np.float16) if name == "token_embd.weight" else value)
+    t = make(np.random.default_rng(seed), len(tokens))
+    return finish(w, {n: v.astype(np.float16) if n == "token_embd.weight" else v for n, v in t.items()}, path)
+
+
+def finish(w: gguf.GGUFWriter, tensors: dict[str, np.ndarray], path: Path) -> Path:
+    """Add `tensors` and write the file out; -> path."""
+    for name, value in tensors.items():
+        w.add_tensor(name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def record_token_embeddings(path: Path, prompts: list[list[int]], poolings: tuple[str, ...]) -> dict:
+    """llama-server's /embeddings of each token-id prompt, per pooling (normalized vectors)."""
+    out: dict = {"prompts": prompts, "embeddings": {}}
+    for pooling in poolings:
+        with llama_server(path, "--embedding", "--pooling", pooling) as port:
+            out["embeddings"][pooling] = [post(port, "/embeddings", {"content": ids}, timeout_s=120)[0]["embedding"][0]
+                                          for ids in prompts]
+    return out
 
 
 def llama_server(path: Path, *flags: str):

@@ -18,9 +18,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "playground"))
-from local_server import post  # noqa: E402
 from make_arch_fixtures import prompts  # noqa: E402
-from make_bert_fixture import llama_server  # noqa: E402
+from make_bert_fixture import record_token_embeddings  # noqa: E402
 from tiny_gguf import write_tiny_gguf  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "embed" / "gemma-embedding.gguf"
@@ -43,11 +42,7 @@ def main() -> None:
                               f"{a}.dense_2_feat_in": (D, U32), f"{a}.dense_2_feat_out": (DENSE, U32),
                               f"{a}.dense_3_feat_in": (DENSE, U32), f"{a}.dense_3_feat_out": (D, U32),
                               "tokenizer.ggml.pre": "default"})
-    out = {"prompts": prompts(), "embeddings": {}}
-    for pooling in ("mean", "last"):
-        with llama_server(path, "--embedding", "--pooling", pooling) as port:
-            out["embeddings"][pooling] = [post(port, "/embeddings", {"content": ids}, timeout_s=120)[0]["embedding"][0]
-                                          for ids in out["prompts"]]
+    out = record_token_embeddings(path, prompts(), ("mean", "last"))
     path.with_suffix(".json").write_text(json.dumps(out) + "\n")
     print(path, path.stat().st_size, [v[:3] for v in out["embeddings"]["mean"]])
 

@@ -18,9 +18,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "playground"))
-from local_server import post  # noqa: E402
 from make_arch_fixtures import prompts  # noqa: E402
-from make_bert_fixture import llama_server  # noqa: E402
+from make_bert_fixture import finish, record_token_embeddings  # noqa: E402
 from tiny_gguf import BOS_TOKEN, EOS_TOKEN, tiny_vocab  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "embed" / "modern-bert.gguf"
@@ -61,23 +60,13 @@ def write(path: Path) -> Path:
     w.add_token_merges(merges)
     w.add_bos_token_id(tokens.index(BOS_TOKEN))
     w.add_eos_token_id(tokens.index(EOS_TOKEN))
-    for name, value in tensors(np.random.default_rng(15), len(tokens)).items():
-        w.add_tensor(name, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w, tensors(np.random.default_rng(15), len(tokens)), path)
 
 
 def main() -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     path = write(OUT)
-    out = {"prompts": prompts(), "embeddings": {}}
-    for pooling in ("mean", "cls"):
-        with llama_server(path, "--embedding", "--pooling", pooling) as port:
-            out["embeddings"][pooling] = [post(port, "/embeddings", {"content": ids}, timeout_s=120)[0]["embedding"][0]
-                                          for ids in out["prompts"]]
+    out = record_token_embeddings(path, prompts(), ("mean", "cls"))
     path.with_suffix(".json").write_text(json.dumps(out) + "\n")
     print(path, path.stat().st_size, [v[:3] for v in out["embeddings"]["mean"]])
 

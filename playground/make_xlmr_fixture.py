@@ -25,7 +25,7 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as spm_model
 
 sys.path.insert(0, str(Path(__file__).parent))
-from make_bert_fixture import OUT, _rounded, encoder_writer, llama_server, tensors  # noqa: E402
+from make_bert_fixture import OUT, _rounded, encoder_writer, finish, llama_server, tensors  # noqa: E402
 from local_server import post  # noqa: E402
 
 CORPUS = ("the quick brown fox jumps over the lazy dog. machine learning is fun. "
@@ -81,13 +81,7 @@ def write(path: Path, proto: spm_model.ModelProto, seed: int = 37) -> Path:
     t = tensors(np.random.default_rng(seed), len(tokens))
     t["token_types.weight"] = t["token_types.weight"][:1]
     t["cls.output.weight"], t["cls.output.bias"] = t["cls.output.weight"][:1], t["cls.output.bias"][:1]
-    for name, value in t.items():
-        w.add_tensor(name, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w, t, path)
 
 
 def record(path: Path) -> dict:
