@@ -22,7 +22,7 @@ import torch
 from slotserver.errors import ConfigError
 from slotserver.model.config import ModelConfig
 from slotserver.model.encoder.bert_spec import POOLING_IDS
-from slotserver.model.encoder.pooling import POOLINGS, Head, pool
+from slotserver.model.encoder.pooling import POOLINGS, RankHead, pool
 from slotserver.model.gguf_file import GGUFFile
 from slotserver.model.text.tokenizer import Tokenizer
 from slotserver.runtime import cpu_features
@@ -44,12 +44,9 @@ class Embedder:
     ctx_train: int                    # the longest sequence the model takes
     dims: int                         # a pooled vector's size (a token's with pooling none)
     arch: str
-    cls: Head | None = None           # rank pooling's head (BERT)
-    cls_out: Head | None = None
+    rank: RankHead | None = None      # rank pooling's head (pooling.py)
     rerank_template: str | None = None
     max_batch_tokens: int = DEFAULT_BATCH_TOKENS
-    rank_last: bool = False           # a decoder reranker ranks on its last token (causal attention)
-    rank_softmax: bool = False        # qwen3's labels through a softmax (llama.cpp's build_pooling)
     dense: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)   # dense_2, dense_3 after pooling
 
     @classmethod
@@ -83,17 +80,19 @@ class Embedder:
         pooling = _checked_pooling(f, pooling or spec.pooling, spec.can_rank)
         model = BertModel.from_file(f, spec, gelu_table, dtype)
         dims = spec.n_cls_out if pooling == "rank" else spec.d_model
-        return cls(model, tokenizer, pooling, spec.ctx_train, dims, spec.arch, model.weights.cls,
-                   model.weights.cls_out, template)
+        rank = RankHead(model.weights.cls, model.weights.cls_out, _rank_rows(f, "first"))
+        return cls(model, tokenizer, pooling, spec.ctx_train, dims, spec.arch, rank, template)
 
     @classmethod
     def _modern_bert(cls, f: GGUFFile, pooling: str | None, template: str | None) -> "Embedder":
         from slotserver.model.encoder.modern_bert import ModernBertModel, ModernBertSpec
 
         spec = ModernBertSpec.from_gguf(f)
-        pooling = _checked_pooling(f, pooling or spec.pooling, can_rank=False)   # its head: not yet
+        rank = _modern_bert_head(f, spec.norm_eps) if "cls.output.weight" in f.tensors else None
+        pooling = _checked_pooling(f, pooling or spec.pooling, can_rank=rank is not None)
+        dims = rank.cls_out[0].shape[0] if pooling == "rank" else spec.d_model   # type: ignore[union-attr,index]
         return cls(ModernBertModel(f, spec), Tokenizer.from_metadata(f.metadata), pooling, spec.ctx_train,
-                   spec.d_model, "modern-bert", rerank_template=template)
+                   dims, "modern-bert", rank, template)
 
     @classmethod
     def _decoder(cls, config: ModelConfig, f: GGUFFile, pooling: str | None, template: str | None) -> "Embedder":
@@ -112,9 +111,9 @@ class Embedder:
         dense = tuple(f.load_tensor(n) if n in f.tensors else None for n in ("dense_2.weight", "dense_3.weight"))
         dims = head[0].shape[0] if pooling == "rank" else next(  # type: ignore[index]
             (d.shape[0] for d in reversed(dense) if d is not None), enc.d_model)
-        return cls(enc, bundle.tokenizer, pooling, enc.ctx_train, dims, spec.arch, cls_out=head,
-                   rerank_template=template, rank_last=not spec.bidirectional,
-                   rank_softmax=arch in ("qwen3", "qwen3vl"), dense=dense)
+        rank = RankHead(cls_out=head, rows=_rank_rows(f, "first" if spec.bidirectional else "last"),
+                        softmax=arch in ("qwen3", "qwen3vl"))
+        return cls(enc, bundle.tokenizer, pooling, enc.ctx_train, dims, spec.arch, rank, template, dense=dense)
 
     def run(self, seqs: list[list[int]]) -> list[torch.Tensor]:
         """Pooled float32 vectors, one tensor per sequence (`[1, dims]`, or `[len, dims]` with pooling
@@ -123,7 +122,7 @@ class Embedder:
         for batch in self._batches(seqs):
             hidden = self.encoder.forward([seqs[i] for i in batch])                  # [T, d] packed
             lengths = [len(seqs[i]) for i in batch]
-            pooled = pool(self.pooling, hidden, lengths, self.cls, self.cls_out, self.rank_last, self.rank_softmax)
+            pooled = pool(self.pooling, hidden, lengths, self.rank)
             for i, vec in zip(batch, pooled):
                 out[i] = self._dense(vec)
         return out  # type: ignore[return-value]
@@ -155,6 +154,24 @@ def _checked_pooling(f: GGUFFile, pooling: str, can_rank: bool) -> str:
         raise ConfigError(f"{f.path}: rank pooling (--reranking) needs a model with a classification "
                           "head (cls / cls.output tensors); this file has none")
     return pooling
+
+
+def _rank_rows(f: GGUFFile, default: str, mean_default: bool = False) -> str:
+    """The rows rank pooling reads: the mean where `{arch}.classifier.pooling_type` says mean (1), as
+    llama.cpp checks first; else `default` (BERT's first token, a causal decoder's last)."""
+    arch = f.metadata.get("general.architecture")
+    kind = f.metadata.get(f"{arch}.classifier.pooling_type", 1 if mean_default else 0)
+    return "mean" if kind == 1 else default
+
+
+def _modern_bert_head(f: GGUFFile, eps: float) -> RankHead:
+    """ModernBERT's head: cls (no bias), GELU, cls.norm, cls.output; on the mean unless the file says
+    otherwise (llama.cpp's default for it)."""
+    def opt(name):
+        return f.load_tensor(name) if name in f.tensors else None
+    cls = (f.load_tensor("cls.weight"), opt("cls.bias")) if "cls.weight" in f.tensors else None
+    return RankHead(cls, (f.load_tensor("cls.output.weight"), opt("cls.output.bias")),
+                    _rank_rows(f, "first", mean_default=True), act="gelu", norm=opt("cls.norm.weight"), eps=eps)
 
 
 def _decoder_head(f: GGUFFile) -> tuple[torch.Tensor, torch.Tensor | None]:
