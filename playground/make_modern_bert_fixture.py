@@ -44,7 +44,8 @@ def tensors(rng: np.random.Generator, n_vocab: int) -> dict[str, np.ndarray]:
             t[p + "attn_norm.weight"] = 1 + normal(D, scale=0.2)
         t |= {p + "attn_qkv.weight": normal(3 * D, D, scale=D ** -0.5),
               p + "attn_output.weight": normal(D, D, scale=D ** -0.5), p + "ffn_norm.weight": 1 + normal(D, scale=0.2),
-              p + "ffn_up.weight": normal(2 * FF, D, scale=D ** -0.5), p + "ffn_down.weight": normal(D, FF, scale=FF ** -0.5)}
+              p + "ffn_up.weight": normal(2 * FF, D, scale=D ** -0.5),
+              p + "ffn_down.weight": normal(D, FF, scale=FF ** -0.5)}
     return t
 
 
