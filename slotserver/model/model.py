@@ -193,14 +193,15 @@ class LlamaModel:
         in_c = lora is not None and lora_delta.serves(batch.n_tokens, x.is_cpu)   # else torch's, on x unfused
         fuse = (lora is None or in_c) and ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}
         lora = lora if lora is None else (lora, in_c)
-        lean = lora is None and lean_step.applies(self, ops) and not self._q_temp(batch)
+        temp = self._q_temperature(batch)                   # [tokens] float32, or None (mistral3)
+        lean = lora is None and lean_step.applies(self, ops) and temp is None
         if lean:   # the Triton kernels: fewer launches (lean_step.py, gemv_step.py)
             body = gemv_step.gemv_body if gemv_step.applies(self, ops, batch) else lean_step.lean_body
             return self._logits(fuse, body(self, x, angles, batch, cache), logits_into)
         norm_adds = "acc" in ops.fuses.get("rms_norm", ()) and s.residual_scale == 1.0   # x += post_norm(y) in C
         for i, lw in enumerate(w.layers):
             qkv = self._mm(fuse, lw.qkv, x, norm=lw.attn_norm, lora=(i, "qkv", lora))  # [tokens, q + 2 kv]
-            a = self._attention(i, lw, qkv, batch, cache, *angles[id(self.layer_ropes[i])])
+            a = self._attention(i, lw, qkv, batch, cache, *angles[id(self.layer_ropes[i])], temp)
             if plain:
                 x = self._mm(fuse, lw.wo, a, acc=x, lora=(i, "wo", lora))   # x += a @ wo^T
             else:
@@ -305,9 +306,19 @@ class LlamaModel:
             y = self.lora.add(lora[:2], x, y, lora[2][0])
         return y if acc is None else acc.add_(y)
 
+    def _q_temperature(self, batch: Batch) -> torch.Tensor | None:
+        """mistral3's per-token q scale where some position passes the original context (`_q_temp`),
+        once per forward: llama.cpp's build_inp_attn_scale, in double as its float + 1.0 promotes."""
+        if not self._q_temp(batch):
+            return None
+        s = self.spec
+        return ((torch.floor(batch.positions.double() / float(s.rope.orig_ctx)) + 1.0).log()
+                * s.attn_temp_scale + 1.0).float()
+
     def _attention(self, i: int, lw: LayerWeights, qkv: torch.Tensor, batch: Batch, cache,
-                   cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Layer i's attention from its q|k|v projection: K/V written, attention -> [tokens, heads * hd]."""
+                   cos: torch.Tensor, sin: torch.Tensor, temp: torch.Tensor | None = None) -> torch.Tensor:
+        """Layer i's attention from its q|k|v projection: K/V written, attention -> [tokens, heads * hd];
+        temp: a per-token q scale (mistral3, `_q_temperature`)."""
         s, ops, n = self.spec, self.kernels, batch.n_tokens
         q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         qkv = _as(qkv, self.dtype)                               # [tokens, q_size + 2*kv_size]
@@ -324,10 +335,8 @@ class LlamaModel:
             k = ops.rms_norm(qkv[:, q_size: q_size + kv_size].view(n, s.n_kv_heads, s.head_dim), lw.k_norm,
                              s.norm_eps)                         # no copy a step graph would refuse
             q, k = ops.rope(q, cos, sin), ops.rope(k, cos, sin)
-        if self._q_temp(batch):   # llama.cpp's build_inp_attn_scale, in double as its float + 1.0 promotes
-            orig = float(s.rope.orig_ctx)
-            temp = (torch.floor(batch.positions.double() / orig) + 1.0).log() * s.attn_temp_scale + 1.0
-            q = (q.float() * temp.float()[:, None, None]).to(q.dtype)   # [tokens, heads, hd]
+        if temp is not None:
+            q = (q.float() * temp[:, None, None]).to(q.dtype)  # [tokens, heads, hd]
         v = qkv[:, q_size + kv_size:].view(n, s.n_kv_heads, s.head_dim)
         cache.write(i, batch.token_streams, batch.positions, k, v)
         kv = cache.view(i)                                       # StridedKV or PagedKV

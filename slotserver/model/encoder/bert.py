@@ -102,14 +102,15 @@ class BertModel:
         a = attention.attend(qkv, self.spec.n_heads)                                   # [T, d]
         x = F.layer_norm(self._linear(a, lw.wo, lw.wo_b) + x, (d,), *lw.attn_norm, eps)
         if lw.gate is not None:                                                        # nomic-bert
-            h = F.silu(self._linear(x, lw.gate, lw.up_b)) * self._linear(x, lw.up, lw.up_b)   # [T, d_ff]
+            h = F.silu(self._linear(x, lw.gate, None)) * self._linear(x, lw.up, None)   # [T, d_ff]
         else:
             h = self._linear(x, lw.up, lw.up_b)                                        # [T, d_ff]
             h = ggml_gelu(h) if self.gelu_table else F.gelu(h, approximate="tanh")
         return F.layer_norm(self._linear(h, lw.down, lw.down_b) + x, (d,), *lw.out_norm, eps)
 
-    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """x @ w^T + b in float32 out; bf16 inputs when the weights are bf16 (f32 accumulation)."""
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """x @ w^T (+ b) in float32 out; bf16 inputs when the weights are bf16 (f32 accumulation)."""
         if w.dtype == torch.float32:
             return F.linear(x, w, b)
-        return F.linear(x.to(w.dtype), w).float().add_(b)
+        y = F.linear(x.to(w.dtype), w).float()
+        return y if b is None else y.add_(b)

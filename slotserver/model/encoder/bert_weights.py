@@ -24,9 +24,9 @@ class BertLayer:
     wo_b: torch.Tensor
     attn_norm: tuple[torch.Tensor, torch.Tensor]   # (weight, bias) [d] each
     up: torch.Tensor        # [d_ff, d]
-    up_b: torch.Tensor
+    up_b: torch.Tensor | None   # None: a gated FFN (nomic-bert), which llama.cpp runs without biases
     down: torch.Tensor      # [d, d_ff]
-    down_b: torch.Tensor
+    down_b: torch.Tensor | None
     out_norm: tuple[torch.Tensor, torch.Tensor]
     gate: torch.Tensor | None = None   # [d_ff, d]: the SiLU gate of a gated FFN (nomic-bert)
 
@@ -74,7 +74,7 @@ def _qkv(f: GGUFFile, p: str, d: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _layer(f: GGUFFile, s: BertSpec, i: int) -> BertLayer:
     p, d = f"blk.{i}.", s.d_model
     qkv, qkv_b = _qkv(f, p, d)
-    ffn_b = (torch.zeros(s.d_ff), torch.zeros(d)) if s.gated else \
+    ffn_b = (None, None) if s.gated else \
         (_bias(f, f"{p}ffn_up.bias", s.d_ff), _bias(f, f"{p}ffn_down.bias", d))   # gated: llama.cpp adds none
     return BertLayer(qkv=qkv, qkv_b=qkv_b, wo=_tensor(f, f"{p}attn_output.weight", (d, d)),
                      wo_b=_bias(f, f"{p}attn_output.bias", d), attn_norm=_norm(f, f"{p}attn_output_norm", d),

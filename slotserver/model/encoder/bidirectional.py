@@ -16,12 +16,8 @@ from __future__ import annotations
 import torch
 
 from slotserver.model.encoder.bert import ggml_gelu
-from slotserver.model.model import LlamaModel
+from slotserver.model.model import LlamaModel, _as
 from slotserver.model.weights import LayerWeights
-
-
-def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return x if x.dtype == dtype else x.to(dtype)
 
 
 def _geglu(gate_up: torch.Tensor) -> torch.Tensor:
@@ -57,7 +53,7 @@ class BidirectionalEncoder:
 
     def _layer(self, i: int, lw: LayerWeights, x: torch.Tensor, positions: torch.Tensor,
                lengths: list[int]) -> torch.Tensor:
-        m, s, ops, act = self.model, self.model.spec, self.model.kernels, self.model.weights.act_dtype
+        s, ops, act = self.model.spec, self.model.kernels, self.model.weights.act_dtype
         h = _as(ops.rms_norm(x, lw.attn_norm, s.norm_eps), act)
         a = self._attention(i, lw, lw.qkv(h, ops), positions, lengths)                   # [T, heads * hd]
         x = x + ops.rms_norm(lw.wo(_as(a, act), ops), lw.post_attn_norm, s.norm_eps)

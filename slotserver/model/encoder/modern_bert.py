@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from slotserver.model.encoder.bert import ggml_gelu, rotary, rotate_qk
-from slotserver.model.encoder.bert_spec import POOLING_IDS
+from slotserver.model.encoder.bert_spec import POOLING_IDS, _float, _int
 from slotserver.model.encoder.packed_attention import PackedAttention
 from slotserver.model.gguf_file import GGUFError, GGUFFile
 
@@ -42,23 +42,24 @@ class ModernBertSpec:
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModernBertSpec":
         md = f.metadata
-
-        def key(name, default=None):
-            value = md.get(f"{ARCH}.{name}", default)
-            if value is None:
-                raise GGUFError(f.path, f"missing metadata key {ARCH}.{name}")
-            return value
-
-        n_layers, act = int(key("block_count")), str(key("hidden_activation", "gelu"))
+        n_layers, act = _int(f, ARCH, "block_count"), str(md.get(f"{ARCH}.hidden_activation", "gelu"))
         if act not in ACTIVATIONS:
             raise GGUFError(f.path, f"{ARCH}.hidden_activation {act!r} is not supported ({', '.join(ACTIVATIONS)})")
-        n_swa, pattern = int(key("attention.sliding_window", 0)), key("attention.sliding_window_pattern", 3)
+        pooling = md.get(f"{ARCH}.pooling_type", 0)
+        if pooling not in POOLING_IDS:
+            raise GGUFError(f.path, f"metadata {ARCH}.pooling_type = {pooling!r} is not a pooling type (0-4)")
+        if md.get(f"{ARCH}.rope.scaling.type", "none") != "none":   # bert.rotary computes unscaled angles
+            raise GGUFError(f.path, f"{ARCH}.rope.scaling.type {md[f'{ARCH}.rope.scaling.type']!r} is not supported")
+        n_swa = int(md.get(f"{ARCH}.attention.sliding_window", 0))
+        pattern = md.get(f"{ARCH}.attention.sliding_window_pattern", 3)
         flags = [bool(p) for p in pattern] if isinstance(pattern, list) else \
             [pattern == 0 or i % pattern != 0 for i in range(n_layers)]   # llama.cpp: dense first
-        return cls(n_layers, int(key("embedding_length")), int(key("attention.head_count")),
-                   int(key("feed_forward_length")), int(key("context_length")),
-                   float(key("attention.layer_norm_epsilon")), POOLING_IDS.get(key("pooling_type", 0), "none"),
-                   float(key("rope.freq_base", 10000.0)), float(key("rope.freq_base_swa", 10000.0)),
+        d_model, n_heads = _int(f, ARCH, "embedding_length"), _int(f, ARCH, "attention.head_count")
+        if d_model % n_heads or (d_model // n_heads) % 2:
+            raise GGUFError(f.path, f"embedding_length {d_model} is not an even head size times head_count {n_heads}")
+        return cls(n_layers, d_model, n_heads, _int(f, ARCH, "feed_forward_length"), _int(f, ARCH, "context_length"),
+                   _float(f, ARCH, "attention.layer_norm_epsilon"), POOLING_IDS[pooling],
+                   _float(f, ARCH, "rope.freq_base", 10000.0), _float(f, ARCH, "rope.freq_base_swa", 10000.0),
                    tuple(n_swa if w and n_swa > 0 else 0 for w in flags), ACTIVATIONS[act])
 
 

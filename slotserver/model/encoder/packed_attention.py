@@ -25,6 +25,7 @@ class PackedAttention:
     B: int
     L: int
     grid: torch.Tensor | None = None   # [B * L, 3 d]: the padded q|k|v, reused across layers
+    windows: dict[int, torch.Tensor] | None = None   # half window -> its [L, L] mask (`_outside`)
 
     @classmethod
     def of(cls, lengths: list[int]) -> "PackedAttention":
@@ -47,11 +48,20 @@ class PackedAttention:
         if self.mask is not None:
             scores.add_(self.mask)
         if half_window is not None:
-            pos = torch.arange(self.L)
-            scores.masked_fill_((pos[None, :] - pos[:, None]).abs() > half_window, float("-inf"))
+            scores.masked_fill_(self._outside(half_window), float("-inf"))
         out = torch.matmul(scores.softmax(-1), v)                                     # [B, H, L, hd]
         flat = out.transpose(1, 2).reshape(self.B * self.L, d)
         return flat if self.rows is None else flat[self.rows]
+
+    def _outside(self, half_window: int) -> torch.Tensor:
+        """[L, L] True where a key lies more than half_window positions from the query; built once
+        per forward and window (ModernBERT's windowed layers all share one)."""
+        if self.windows is None:
+            self.windows = {}
+        if half_window not in self.windows:
+            pos = torch.arange(self.L)
+            self.windows[half_window] = (pos[None, :] - pos[:, None]).abs() > half_window
+        return self.windows[half_window]
 
     def _padded(self, x: torch.Tensor) -> torch.Tensor:
         """x scattered into the grid; the grid is zeroed once per forward and reused by every layer

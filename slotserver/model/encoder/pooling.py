@@ -25,6 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from slotserver.model.encoder.bert import ggml_gelu
+
 POOLINGS = ("none", "mean", "cls", "last", "rank")
 DEFAULT_NORMALIZE = 2
 
@@ -49,17 +51,12 @@ class RankHead:
             raise ValueError("rank pooling needs a classification head (cls or cls.output tensors)")
         if self.cls is not None:
             rows = F.linear(rows, self.cls[0], self.cls[1])
-            rows = torch.tanh(rows) if self.act == "tanh" else _ggml_gelu(rows)
+            rows = torch.tanh(rows) if self.act == "tanh" else ggml_gelu(rows)
             if self.norm is not None:
                 rows = F.layer_norm(rows, (rows.shape[1],), self.norm, None, self.eps)
         if self.cls_out is not None:
             rows = F.linear(rows, self.cls_out[0], self.cls_out[1])
         return rows.softmax(-1) if self.softmax else rows
-
-
-def _ggml_gelu(x: torch.Tensor) -> torch.Tensor:
-    from slotserver.model.encoder.bert import ggml_gelu   # bert.py's: its import of torch.nn stays out of here
-    return ggml_gelu(x)
 
 
 def pool(kind: str, hidden: torch.Tensor, lengths: list[int], rank: RankHead | None = None) -> list[torch.Tensor]:

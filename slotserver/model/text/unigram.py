@@ -137,7 +137,6 @@ class UnigramTokenizer(Tokenizer):
         self._score = list(scores)
         normal = [s for s, t in zip(scores, self._types) if t == NORMAL]
         self._unk_score = _f32(min(normal, default=0.0) - UNKNOWN_PENALTY)
-        user = []
         for i, (text, kind) in enumerate(zip(self._tokens, self._types)):
             raw = text.encode()
             if kind in (NORMAL, USER_DEFINED, UNUSED) and raw:
@@ -145,8 +144,6 @@ class UnigramTokenizer(Tokenizer):
                 self._longest[raw[0]] = max(self._longest[raw[0]], len(raw))
             if kind == USER_DEFINED:
                 self._score[i] = 0.0
-                user.append(raw)
-        self._user = sorted({u for u in user if u}, key=len, reverse=True)
         cut = [i for i, k in enumerate(self._types) if k in (CONTROL, USER_DEFINED, UNKNOWN)]
         self._cut = sorted(cut, key=lambda i: -len(self._tokens[i].encode()))   # stable: ties in id order
 
@@ -203,11 +200,10 @@ class UnigramTokenizer(Tokenizer):
         return bytes(out)
 
     def _normalize_prefix(self, raw: bytes, at: int) -> tuple[bytes, int]:
-        """(replacement, bytes consumed) at `at`: a user-defined token as is, the charsmap's longest
-        match, else one UTF-8 character (a bad sequence: U+FFFD for one byte)."""
-        for text in self._user:   # longest first: the longest user-defined token at `at`
-            if raw.startswith(text, at):
-                return text, len(text)
+        """(replacement, bytes consumed) at `at`: the charsmap's longest match, else one UTF-8
+        character (a bad sequence: U+FFFD for one byte). llama.cpp first tries the user-defined
+        tokens here; `_partition` has already cut every one of them out of the text (whatever
+        parse_special says), so that check could never match and is left out."""
         if self._charsmap is not None:
             used, repl = self._charsmap.longest(raw, at)
             if used:
