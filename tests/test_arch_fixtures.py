@@ -93,7 +93,7 @@ def _decoded(model: LlamaModel, rows: list[dict], layout: str) -> list[torch.Ten
     return [torch.stack(o) for o in out]
 
 
-def _compare(logits: list[torch.Tensor], rows: list[dict]) -> None:
+def _compare(logits: list[torch.Tensor], rows: list[dict], tol: float = 1e-3) -> None:
     worst = 0.0
     for lg, r in zip(logits, rows):
         lp = lg.log_softmax(-1)
@@ -103,7 +103,7 @@ def _compare(logits: list[torch.Tensor], rows: list[dict]) -> None:
             worst = max(worst, float((lp[i, ids].exp() - want).abs().max()))
         lp[:, SPECIAL + r["banned"]] = -float("inf")   # what llama.cpp's greedy pick could not take
         assert lp.argmax(-1).tolist() == r["generated_ids"], r["prompt_ids"]
-    assert worst < 1e-3, f"max top-8 probability difference {worst:.2e}"
+    assert worst < tol, f"max top-8 probability difference {worst:.2e}"
 
 
 def test_every_architecture_has_a_fixture():
@@ -115,10 +115,15 @@ def test_every_architecture_has_a_fixture():
     assert all((ARCHS / f"{c}.gguf").stat().st_size < 1 << 20 for c in CASES)
 
 
+# the architectures added on 2026-11-27: README's numbers for them (float32, dense) are under this bound
+TIGHT = {"smollm3", "mistral3", "olmo2", "olmo3", "ministral3", "olmo3_hf", "glm4", "ernie4_5", "seed_oss",
+         "exaone4", "exaone4_64", "llama_bias"}
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_prefill_matches_llama_cpp(case):
     model, rows = _load(case)
-    _compare(_prefilled(model, rows), rows)
+    _compare(_prefilled(model, rows), rows, 2e-6 if case in TIGHT else 1e-3)
 
 
 @pytest.mark.parametrize("layout", ["seq_head_dim", "paged"])

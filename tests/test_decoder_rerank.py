@@ -28,7 +28,7 @@ def test_rerank_scores_are_llama_servers():
         assert RECORDED["scores"][best] == max(RECORDED["scores"])
 
 
-def test_the_file_still_generates_its_head_is_the_embedders():
+def test_the_file_still_loads_for_generation_its_head_is_the_embedders():
     """Generation loads it (llama.cpp's qwen3 creates cls_out as optional): the head is not a tensor
     the generator leaves unread."""
     model = LlamaModel.load(RERANKER)

@@ -27,7 +27,7 @@ def test_vectors_match_llama_servers(pooling):
     worker = load_worker(pooling, path=GEMMA_EMBED)
     got = worker.embedder.run(RECORDED["prompts"])
     for ids, vec, want in zip(RECORDED["prompts"], got, RECORDED["embeddings"][pooling]):
-        assert vec.shape == (1, 32), ids     # dense_2 (32 -> 48) then dense_3 (48 -> 32)
+        assert vec.shape == (1, 32), ids
         torch.testing.assert_close(torch.tensor(normalize(vec[0])).double(), torch.tensor(want).double(),
                                    atol=TOL, rtol=0, msg=str(ids))
 

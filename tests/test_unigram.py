@@ -43,7 +43,8 @@ def test_the_charsmap_and_the_space_rules_are_what_make_those_ids(tok):
     assert tok.encode("a     b", False) == tok.encode("a b", False) == tok.encode("  a b  ", False)
     unk = tok.unk_id
     assert tok.encode("🙂🙂🙂", False).count(unk) == 1
-    assert "</s>" not in tok.decode(tok.encode("a</s>b", False, parse_special=False))   # as text: pieces
+    assert tok.eos_id not in tok.encode("a</s>b", False, parse_special=False)      # as text: pieces
+    assert tok.eos_id in tok.encode("a</s>b", False, parse_special=True)
 
 
 def test_a_broken_charsmap_is_refused_in_one_line():

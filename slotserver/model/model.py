@@ -341,7 +341,7 @@ class LlamaModel:
         cache.write(i, batch.token_streams, batch.positions, k, v)
         kv = cache.view(i)                                       # StridedKV or PagedKV
         attend = ops.paged_attention if kv.paged else ops.attention
-        a = attend(q, kv, batch.attn.with_layer(s.window(i), s.attn_softcap, lw.sinks), s.q_scale)  # [tokens, heads, hd]
+        a = attend(q, kv, batch.attn.with_layer(s.window(i), s.attn_softcap, lw.sinks), s.q_scale)  # [T, heads, hd]
         return _as(a.reshape(n, q_size), self.weights.act_dtype)
 
     def _residual_add(self, norm_adds: bool, x: torch.Tensor, y: torch.Tensor,
