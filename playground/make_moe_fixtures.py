@@ -10,7 +10,8 @@ Each case (`CASES`) is a transformers config (Qwen3MoeForCausalLM, OlmoeForCausa
 GraniteMoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM: its experts written as MXFP4 blocks,
 as gpt-oss ships them, so the fixture's experts are GGUF MXFP4; and dense ones, checked as the
 converter writes them: Ministral3ForCausalLM, Olmo3ForCausalLM, Glm4ForCausalLM, Ernie4_5ForCausalLM,
-SeedOssForCausalLM, Exaone4ForCausalLM) with random weights (seeded; norm weights away from 1,
+SeedOssForCausalLM, Exaone4ForCausalLM, and the hybrid Qwen3_5ForCausalLM: gated delta net and full attention,
+converted with `--no-mtp`) with random weights (seeded; norm weights away from 1,
 so a norm read in the wrong place shows) and the tiny vocabulary of tests/tiny_gguf.py as a
 Hugging Face byte-level BPE tokenizer (same ids: 307-309 are the specials, so the arch fixture test
 reads these files like the others). The converter runs in a child Python with patches: its
@@ -98,7 +99,29 @@ CASES: dict[str, tuple[str, dict]] = {
     # the 32B's shape at d_model 16: 64 layers, windows of 5 on 3 of 4 (LLLG), the full layers unrotated
     "exaone4_64": ("Exaone4ForCausalLM", dict(hidden_size=16, head_dim=4, intermediate_size=32, num_hidden_layers=64,
                                               sliding_window=5, sliding_window_pattern=4)),
+    # Qwen3.5 (dense): gated delta net (linear attention) on 3 of 4 layers (LLLF), gated full attention
+    # (q|gate in one attn_q, per-head q/k norms) on the 4th with a quarter of the head rotated (4 dims,
+    # interleaved mrope sections [1, 1, 0]: text positions make it plain neox); (1 + w) norms, which the
+    # converter writes as w + 1; 4 value heads on 2 key heads, reordered by the converter (grouped -> tiled)
+    "qwen35": ("Qwen3_5ForCausalLM", dict(num_hidden_layers=4, head_dim=16, intermediate_size=64,
+                                          linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                                          linear_num_key_heads=2, linear_num_value_heads=4,
+                                          rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                               partial_rotary_factor=0.25, mrope_section=[1, 1, 0],
+                                                               mrope_interleaved=True))),
+    # as qwen35 with as many value heads as key heads (no reordering), tied embeddings and 5 layers
+    # (LLLFL: the last is linear attention)
+    "qwen35_eq": ("Qwen3_5ForCausalLM", dict(num_hidden_layers=5, head_dim=16, intermediate_size=64,
+                                             tie_word_embeddings=True,
+                                             linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                                             linear_num_key_heads=2, linear_num_value_heads=2,
+                                             rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                                  partial_rotary_factor=0.25, mrope_section=[1, 1, 0],
+                                                                  mrope_interleaved=True))),
 }
+# converter options per transformers class (Qwen3.5: no MTP layers here, which the converter otherwise
+# requires to find in the checkpoint)
+CONVERT_ARGS = {"Qwen3_5ForCausalLM": ["--no-mtp"]}
 # a seed whose greedy ids avoid the special tokens (the test bans them, llama-server picks a CONTROL
 # token <|im_start|> as any other: the first granitemoe seed started with it)
 SEED_OFFSET = {"granitemoe": 1}
@@ -120,7 +143,7 @@ from conversion import glm   # GLM-4's vocabulary step looks up its chat special
 glm.Glm4Model.set_vocab = lambda self: self._set_vocab_gpt2()
 from conversion import ernie   # ERNIE's asks for a sentencepiece model
 ernie.Ernie4_5Model.set_vocab = lambda self: self._set_vocab_gpt2()
-sys.argv = ["convert_hf_to_gguf.py", {hf!r}, "--outfile", {out!r}, "--outtype", "f32"]
+sys.argv = ["convert_hf_to_gguf.py", {hf!r}, "--outfile", {out!r}, "--outtype", "f32", *{args!r}]
 import convert_hf_to_gguf
 convert_hf_to_gguf.main()
 """
@@ -154,7 +177,9 @@ def write_hf(folder: Path, cls_name: str, config: dict, seed: int) -> None:
     model = model_cls(cfg).float()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 1 and "norm" in name:
+            if name.endswith(("linear_attn.A_log", "linear_attn.dt_bias")):   # gated delta net: decays in (0, 1)
+                p.uniform_(0.0, 1.0)   # A = exp(A_log) in 1..e, dt_bias 0..1: exp(-A softplus(a + dt_bias))
+            elif p.dim() == 1 and "norm" in name:
                 p.copy_(1 + 0.3 * torch.randn_like(p))
             elif p.dim() >= 2:
                 p.normal_(0, 1.0 / p.shape[-1] ** 0.5)
@@ -196,9 +221,9 @@ def mxfp4_experts(folder: Path) -> None:
     (folder / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def convert(hf: Path, out: Path) -> Path:
+def convert(hf: Path, out: Path, args: list[str] = ()) -> Path:
     """llama.cpp's converter in a child Python on the peer tree (its gguf-py) and `convdeps`."""
-    code = CONVERT.format(tree=str(TREE), hf=str(hf), out=str(out))
+    code = CONVERT.format(tree=str(TREE), hf=str(hf), out=str(out), args=list(args))
     env = dict(os.environ, PYTHONPATH=str(DEPS))
     subprocess.run([sys.executable, "-c", code], check=True, env=env, stdout=subprocess.DEVNULL)
     return out
@@ -211,7 +236,7 @@ def make(name: str, out_dir: Path, big: bool, reference: bool) -> None:
         hf = Path(tmp) / "hf"
         write_hf(hf, cls_name, config, seed=sum(map(ord, name)) + SEED_OFFSET.get(name, 0))
         write_tokenizer(hf, config["vocab_size"])
-        gguf = convert(hf, out_dir / f"{name}{'-big' if big else ''}.gguf")
+        gguf = convert(hf, out_dir / f"{name}{'-big' if big else ''}.gguf", CONVERT_ARGS.get(cls_name, []))
     print(f"{name}: {gguf} {gguf.stat().st_size} bytes")
     if reference:
         rows = run_llama(gguf)

@@ -110,7 +110,8 @@ def test_every_architecture_has_a_fixture():
     assert {"gemma3", "qwen3", "gemma2", "phi3", "granite", "qwen2_yarn", "llama3_freqs"} <= set(CASES)
     assert {"qwen3moe", "qwen2moe", "olmoe", "granitemoe", "gpt-oss"} <= set(CASES)   # playground/make_moe_fixtures.py
     assert {"smollm3", "mistral3", "olmo2", "olmo3"} <= set(CASES)
-    converted = {"ministral3", "olmo3_hf", "glm4", "ernie4_5", "seed_oss", "exaone4", "exaone4_64"}
+    converted = {"ministral3", "olmo3_hf", "glm4", "ernie4_5", "seed_oss", "exaone4", "exaone4_64", "qwen35",
+                 "qwen35_eq"}
     assert converted <= set(CASES)
     assert all((ARCHS / f"{c}.gguf").stat().st_size < 1 << 20 for c in CASES)
 
@@ -118,12 +119,15 @@ def test_every_architecture_has_a_fixture():
 # the architectures added on 2026-11-27: README's numbers for them (float32, dense) are under this bound
 TIGHT = {"smollm3", "mistral3", "olmo2", "olmo3", "ministral3", "olmo3_hf", "glm4", "ernie4_5", "seed_oss",
          "exaone4", "exaone4_64", "llama_bias"}
+# hybrid (2026-11-28): 5.3e-6 and 2.9e-5 measured; with the delta net in float64, 8.6e-6 and 3.8e-5:
+# the distance is llama.cpp's float32 rounding of the recurrence, not a formula apart
+HYBRID = {"qwen35", "qwen35_eq"}
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_prefill_matches_llama_cpp(case):
     model, rows = _load(case)
-    _compare(_prefilled(model, rows), rows, 2e-6 if case in TIGHT else 1e-3)
+    _compare(_prefilled(model, rows), rows, 2e-6 if case in TIGHT else 5e-5 if case in HYBRID else 1e-3)
 
 
 @pytest.mark.parametrize("layout", ["seq_head_dim", "paged"])

@@ -37,6 +37,7 @@ from slotserver.engine.prompt_cache import PromptCache, RamCacheHooks
 from slotserver.engine.port import EnginePort
 from slotserver.engine.intake import new_sequence, validate
 from slotserver.engine.kv_shift import check_shift_support
+from slotserver.engine import recurrent_policy
 from slotserver.engine.overlap import Overlap
 from slotserver.engine.lora_scales import LoraScales
 from slotserver.engine.postprocess import postprocess, progress_event
@@ -69,18 +70,21 @@ class Engine:
         s, self.bundle, self.config = bundle.model.spec, bundle, config
         if config.n_cells > bundle.model.rope.max_pos:
             raise RequestError(f"a slot's context ({config.n_cells}) exceeds the model's ({bundle.model.rope.max_pos})")
-        spec = KVSpec(s.n_layers, config.n_streams, config.n_cells, s.n_kv_heads, s.head_dim, kv_dtype(config, bundle),
+        recurrent_policy.check_config(config, bundle.model)   # a hybrid model: what it cannot serve with
+        recurrent = recurrent_policy.is_recurrent(bundle.model)
+        spec = KVSpec(s.n_kv_layers, config.n_streams, config.n_cells, s.n_kv_heads, s.head_dim,
+                      kv_dtype(config, bundle),
                       pool_cells=config.kv_pool_cells,   # paged: requests wait for free blocks past it
                       device=bundle.model.device)
         self.cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
         self.prompt_cache = PromptCache(config.cache_ram_mib << 20 if config.cache_ram_mib > 0 else -1) \
-            if config.cache_ram_mib else None   # --cache-ram
+            if config.cache_ram_mib and not recurrent else None   # --cache-ram
         self.disk_cache = _disk_cache(config, bundle, spec) if config.cache_disk is not None else None
-        hooks = RamCacheHooks(self, self.prompt_cache, config.cache_idle_slots, config.kv_unified,
-                              self.disk_cache)   # + slot sharing
+        hooks = None if recurrent else RamCacheHooks(self, self.prompt_cache, config.cache_idle_slots,
+                                                     config.kv_unified, self.disk_cache)   # + slot sharing
         check_shift_support(config, bundle.model, self.cache)   # --context-shift / --cache-reuse
         self.sched = Scheduler(config, budget=lambda: self.cache.budget(), hooks=hooks,  # paged: admit by free blocks
-                               add_bos=bundle.tokenizer.add_bos)
+                               add_bos=bundle.tokenizer.add_bos, recurrent=recurrent)
         self.sampling = StepSampling(s.vocab_size, config.spec.synth_probs, bundle.tokenizer.eog_ids,
                                      fim=InfillVocab.of(bundle.tokenizer))
         self.spec = _speculator(config, bundle, draft)   # --spec-type: drafts verified in the forward
@@ -99,7 +103,8 @@ class Engine:
         self.device = bundle.model.device
         self._logits = torch.empty(0, bundle.model.weights.output.out_features, device=self.device)   # grown (_forward)
         self._ids = itertools.count(1)
-        self.overlap = Overlap(self, config.overlaps(self.device), self._forward_or_roll_back)   # --async-steps
+        self.overlap = Overlap(self, config.overlaps(self.device) and not recurrent,   # --async-steps
+                               self._forward_or_roll_back)
         self.loop = EngineLoop(self, self._wake)   # the thread, the watcher
         self.sleeper = Sleeper(self, config.sleep_idle_s)   # --sleep-idle-seconds
 

@@ -14,6 +14,10 @@ module declares in `KV_TYPE` when it stores something else (q8: int8 with a scal
 layouts of the same kv_type give the same floats (the attention kernels share their C, see
 kernels/attention.c), so a swap between them changes no answer; a swap into another kv_type may,
 and /lab and `top` say which one serves.
+
+A hybrid model's recurrent states (runtime/recurrent_state.py) live here too, as `recurrent`
+(made by the model's first forward): every KV edit below tells them, so that a stream whose KV
+they no longer match is marked and never continued from the wrong state.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class KVCache:
         self.paged = is_paged(self.layout)
         self.n_moves = 0
         self.bytes_moved = 0
+        self.recurrent = None   # a hybrid model's RecurrentState (made by its first forward)
 
     @classmethod
     def create(cls, name: str, spec: KVSpec, folder=None) -> "KVCache":
@@ -60,6 +65,8 @@ class KVCache:
             self.trim(stream, n)
         for m in moves:
             self.layout.copy_stream(m.src, m.dst, m.n_cells)
+            if self.recurrent is not None:
+                self.recurrent.copy_stream(m.src, m.dst, m.n_cells)
             if self.paged:
                 self.layout.free_stream(m.src)  # a defrag move abandons its source: its blocks go back
             self.n_moves += 1
@@ -85,11 +92,15 @@ class KVCache:
         """Write canonical K/V into the stream's first cells; a paged stream then holds only those."""
         self.layout.import_stream(stream, k, v)
         self.trim(stream, k.shape[1])
+        if self.recurrent is not None:
+            self.recurrent.invalidate(stream)
 
     def trim(self, stream: int, n: int) -> None:
         """Keep the stream's first `n` cells' memory (paged: later blocks go back; flat: no-op)."""
         if self.paged:
             self.layout.trim_stream(stream, n)
+        if self.recurrent is not None:
+            self.recurrent.trim(stream, n)
 
     def migrated(self, loaded: LoadedModule, streams: list[tuple[int, int]]) -> "KVCache":
         """A new cache of `loaded`'s layout and this spec, holding each (stream, n)'s first n cells
@@ -99,15 +110,17 @@ class KVCache:
         new.n_moves, new.bytes_moved = self.n_moves, self.bytes_moved
         for stream, n in streams:
             new.import_stream(stream, *self.export_stream(stream, n))
+        new.recurrent = self.recurrent   # the states do not depend on the KV layout: they stay as they are
         return new
 
     def bytes_used(self) -> int:
-        return self.layout.bytes_used() if self.layout is not None else 0
+        kv = self.layout.bytes_used() if self.layout is not None else 0
+        return kv + (self.recurrent.bytes_used() if self.recurrent is not None else 0)
 
     # --sleep-idle-seconds (engine/sleep.py): the memory goes, the layout module and spec stay
     def release(self) -> None:
         """Free the KV memory; nothing may read or write the cache until `restore()`."""
-        self.layout = None
+        self.layout = self.recurrent = None
 
     def restore(self) -> None:
         """Fresh, zeroed KV memory of the same layout module and spec (no cell holds valid KV)."""

@@ -75,8 +75,11 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, budget: Callable[[], KVBudget | None] | None = None,
-                 hooks=None, add_bos: bool = False) -> None:
+                 hooks=None, add_bos: bool = False, recurrent: bool = False) -> None:
         self.config = config
+        # a hybrid model (engine/recurrent_policy.py): a slot's cache serves only whole, and n > 1
+        # siblings compute their prompts themselves (a state cannot be cut back to a prefix)
+        self.recurrent = recurrent
         # --context-shift: a full slot's sequence drops tokens (engine/context_shift.py); add_bos: n_keep + 1
         self.shift = ContextShift(config.n_cells, add_bos) if config.context_shift else None
         # --cache-ram (engine/prompt_cache.py): on_select(slot, seq) may put a longer cached prefix in
@@ -140,6 +143,8 @@ class Scheduler:
             plan.shifts += [shift] if shift is not None else []   # --cache-reuse: chunks moved into place
             # logits need >= 1 token (num_tokens: a preempted sequence that a context shift shortened)
             seq.num_computed = seq.num_cached = min(reuse, seq.num_prompt - 1, seq.num_tokens - 1)
+            if self.recurrent and seq.num_computed != len(slot.cached_for(seq.cache_ns)):
+                seq.num_computed = seq.num_cached = 0   # the slot's state stands past the shared prefix
             if budget is not None:  # the slot's cached cells past the reused prefix give their blocks back
                 plan.trims.append((stream, seq.num_computed))
             slot.occupy(seq)
@@ -194,6 +199,9 @@ class Scheduler:
         for seq in self.running():
             parent = seq.parent
             if parent is None:
+                continue
+            if self.recurrent:   # the parent's state stands past the prompt's last token: prefill alone
+                seq.parent = None
                 continue
             target = seq.num_prompt - 1                       # the last prompt token is computed for logits
             if parent.finished or parent.slot_id < 0 or seq.num_computed >= target:

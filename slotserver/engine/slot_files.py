@@ -27,6 +27,7 @@ import torch
 
 from slotserver.engine.atomic_file import atomic_write, remove_stale_temporaries
 from slotserver.engine.port import KVGeometry, SlotBusy  # noqa: F401 - SlotBusy: HTTP 409
+from slotserver.engine.recurrent_policy import refuse_slot_files
 from slotserver.engine.request import RequestError
 
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,200}")
@@ -76,6 +77,7 @@ def _own_storage(t: torch.Tensor) -> torch.Tensor:
 
 def save(engine, slot_id: int, filename: str) -> dict:
     t0 = time.perf_counter()
+    refuse_slot_files(engine.bundle.model)
     folder = engine.config.slot_save_path
     path = safe_path(folder, filename)
     engine.port.require_idle(slot_id)   # a busy slot is 409 before the file is looked at, as in restore
@@ -126,6 +128,7 @@ def _check(g: KVGeometry, filename: str, tokens: list, k: torch.Tensor, v: torch
 
 def restore(engine, slot_id: int, filename: str) -> dict:
     t0 = time.perf_counter()
+    refuse_slot_files(engine.bundle.model)
     path = safe_path(engine.config.slot_save_path, filename)
     engine.port.require_idle(slot_id)   # a busy slot is 409 before the file is even looked at
     _refuse_folder(path, filename)

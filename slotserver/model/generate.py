@@ -47,7 +47,7 @@ def generate(model: LlamaModel, requests: list[GenRequest], eog_ids: frozenset[i
     n_cells = max(len(r.prompt_ids) + r.n_predict for r in requests)
     assert all(r.prompt_ids for r in requests), "empty prompt"
     assert n_cells <= model.rope.max_pos, "prompt + n_predict longer than the model's context"
-    spec = KVSpec(s.n_layers, len(requests), n_cells, s.n_kv_heads, s.head_dim, model.dtype, device=model.device)
+    spec = KVSpec(s.n_kv_layers, len(requests), n_cells, s.n_kv_heads, s.head_dim, model.dtype, device=model.device)
     cache = make_cache(spec) if make_cache else create_layout(load_layout(layout, layouts_dir), spec)
     params = [ignore_eos_params(r.params, eog_ids) if r.ignore_eos else r.params for r in requests]
     rngs = [SequenceRng(p.seed) for p in params]

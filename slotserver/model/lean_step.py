@@ -55,7 +55,7 @@ def applies(model: "LlamaModel", ops: KernelSet) -> bool:
     op that does not fold norm, gate and add into its own launches (qmatmul_gpu does not; the CPU's
     qmatmul does). The blocks' own op is what counts: until 2026-11-27 this asked the CPU's qmatmul
     whatever the op, so `--gpu-weights blocks` never ran this body (docs/gpu.md)."""
-    if ops.impl != "triton" or not model._plain or model.spec.moe is not None:
+    if ops.impl != "triton" or not model._plain or model.spec.moe is not None or model.spec.recurrent is not None:
         return False
     if not NEEDS <= ops.fuses.get("rms_norm", frozenset()):
         return False

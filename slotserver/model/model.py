@@ -26,7 +26,10 @@ import torch
 
 from slotserver.runtime.batch import Batch
 from slotserver.model.gguf_file import GGUFError, GGUFFile
-from slotserver.model.tensor_table import unread_problem
+from slotserver.model.tensor_table import EMBEDDER_HEADS, unread_problem
+from slotserver.model.delta_net import delta_net
+from slotserver.model.recurrent_spec import mtp_tensors
+from slotserver.runtime.recurrent_state import recurrent_state
 from slotserver.runtime.kernel_set import KernelSet
 from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
@@ -91,7 +94,7 @@ class LlamaModel:
         kernels = kernels or KernelSet.load()
         check_kernels(f, spec, kernels)
         weights = read_weights(f, spec, dtype, kernels, fmt, device, progress)
-        if (problem := unread_problem(f.tensors, spec.arch)) is not None:
+        if (problem := unread_problem(f.tensors, spec.arch, EMBEDDER_HEADS | mtp_tensors(f.tensors, spec))) is not None:
             raise GGUFError(f"{f.path}: {problem}")
         max_pos = max_pos or spec.ctx_train
         # phi3 longrope: the long factors once the context passes the trained one (llama.cpp's choice)
@@ -108,7 +111,24 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, batch: Batch, cache, logits_into: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the batch, writing its K/V into `cache`; -> float32 logits `[len(logits_rows), vocab]`.
+        """Run the batch, writing its K/V into `cache` (and a hybrid model's recurrent states, kept
+        as `cache.recurrent`: runtime/recurrent_state.py); -> float32 logits `[len(logits_rows), vocab]`."""
+        if self.spec.recurrent is None:
+            return self._forward(batch, cache, logits_into)
+        state, meta = recurrent_state(cache, self.spec.recurrent), batch.attn
+        streams, ends = meta.seq_streams.tolist(), meta.kv_lens.tolist()
+        state.begin(streams, [e - n for e, n in zip(ends, meta.q_lens.tolist())])
+        try:
+            out = self._forward(batch, cache, logits_into)
+        except BaseException:
+            for stream in streams:   # states part-way through the layers: no position matches them
+                state.invalidate(stream)
+            raise
+        state.end(streams, ends)
+        return out
+
+    def _forward(self, batch: Batch, cache, logits_into: torch.Tensor | None = None) -> torch.Tensor:
+        """forward's body: logits of the batch.
         A decode-only batch replays its step graph where one was captured (step_graph.py).
 
         logits_into: a float32 `[>= rows, vocab]` buffer the caller reuses from step to step (the
@@ -201,7 +221,10 @@ class LlamaModel:
         norm_adds = "acc" in ops.fuses.get("rms_norm", ()) and s.residual_scale == 1.0   # x += post_norm(y) in C
         for i, lw in enumerate(w.layers):
             qkv = self._mm(fuse, lw.qkv, x, norm=lw.attn_norm, lora=(i, "qkv", lora))  # [tokens, q + 2 kv]
-            a = self._attention(i, lw, qkv, batch, cache, *angles[id(self.layer_ropes[i])], temp)
+            if lw.gdn is not None:   # a hybrid model's delta-net layer: qkv is its in-projection
+                a = _as(delta_net(s, lw.gdn, qkv, batch, cache.recurrent, i, s.norm_eps), w.act_dtype)
+            else:
+                a = self._attention(i, lw, qkv, batch, cache, *angles[id(self.layer_ropes[i])], temp)
             if plain:
                 x = self._mm(fuse, lw.wo, a, acc=x, lora=(i, "wo", lora))   # x += a @ wo^T
             else:
@@ -255,9 +278,12 @@ class LlamaModel:
         """Replay captured decode steps (step_graph.py; the default), or run every step as usual."""
         self.graphs = self._step_graphs() if on else None
 
-    def _step_graphs(self) -> StepGraphs | CudaGraphs:
+    def _step_graphs(self) -> StepGraphs | CudaGraphs | None:
         """On CUDA, CUDA graphs (cuda_graph.py); on the CPU, the C step graphs, whose buffers may take
-        a quarter of the weights' bytes (at least GRAPH_BYTES_MIN)."""
+        a quarter of the weights' bytes (at least GRAPH_BYTES_MIN). None for a hybrid model: its
+        delta-net layers are torch code, which neither kind of graph records."""
+        if self.spec.recurrent is not None:
+            return None
         if self._device == "cuda":
             return CudaGraphs()
         weights = sum(m.nbytes() for m in self.weights.matmuls())
@@ -337,12 +363,16 @@ class LlamaModel:
             q, k = ops.rope(q, cos, sin), ops.rope(k, cos, sin)
         if temp is not None:
             q = (q.float() * temp[:, None, None]).to(q.dtype)  # [tokens, heads, hd]
-        v = qkv[:, q_size + kv_size:].view(n, s.n_kv_heads, s.head_dim)
-        cache.write(i, batch.token_streams, batch.positions, k, v)
-        kv = cache.view(i)                                       # StridedKV or PagedKV
+        v = qkv[:, q_size + kv_size: q_size + 2 * kv_size].view(n, s.n_kv_heads, s.head_dim)
+        layer = s.kv_index(i)
+        cache.write(layer, batch.token_streams, batch.positions, k, v)
+        kv = cache.view(layer)                                   # StridedKV or PagedKV
         attend = ops.paged_attention if kv.paged else ops.attention
         a = attend(q, kv, batch.attn.with_layer(s.window(i), s.attn_softcap, lw.sinks), s.q_scale)  # [T, heads, hd]
-        return _as(a.reshape(n, q_size), self.weights.act_dtype)
+        a = a.reshape(n, q_size)
+        if s.attn_gate:   # qwen35: each head's output times sigmoid of its gate (after v in qkv)
+            a = a * torch.sigmoid(qkv[:, q_size + 2 * kv_size:].float()).to(a.dtype)
+        return _as(a, self.weights.act_dtype)
 
     def _residual_add(self, norm_adds: bool, x: torch.Tensor, y: torch.Tensor,
                       post_norm: torch.Tensor | None) -> torch.Tensor:

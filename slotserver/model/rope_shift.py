@@ -39,6 +39,8 @@ def rotate_keys(model, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
 
 def shift_problem(model) -> str | None:
     """Why this model's cached keys cannot be moved to other positions, or None when they can."""
+    if getattr(getattr(model, "spec", None), "recurrent", None) is not None:
+        return "a hybrid model's recurrent layers hold one state per sequence, which cannot drop or move tokens"
     if not hasattr(model, "layer_ropes") or len(model.layer_ropes) != model.spec.n_layers:
         return f"the model ({type(model).__name__}) has no per-layer RoPE tables to re-rotate cached keys with"
     if not all(callable(getattr(t, "rotation", None)) for t in model.layer_ropes):

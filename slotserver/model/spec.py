@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from slotserver.model.gguf_file import GGUFError, GGUFFile
 from slotserver.model.moe_spec import MoeSpec
+from slotserver.model.recurrent_spec import RecurrentSpec, text_rope_check
 from slotserver.model.rope_scaling import RopeScaling
 
 
@@ -50,6 +51,8 @@ class ArchDef:
     swa_n_layers: int = 0        # n > 0: windows only in a model of exactly n layers (llama.cpp's exaone4: 32B)
     bidirectional: bool = False  # an embedding model: attention both ways, windows symmetric (encoder/bidirectional.py)
     attn_temp: bool = False      # q scaled by position past the trained context (`attention.temperature_scale`)
+    hybrid: bool = False         # gated delta-net layers between the attention layers (recurrent_spec.py)
+    attn_gate: bool = False      # attn_q holds q and an output gate per head: out * sigmoid(gate) (qwen35)
 
 
 ARCHS: dict[str, ArchDef] = {
@@ -88,6 +91,9 @@ ARCHS: dict[str, ArchDef] = {
     "gemma-embedding": ArchDef(rope_mode="neox", embed_scale="sqrt_d", qk_norm=True, post_norms=True, act="gelu",
                                swa_pattern=6, bidirectional=True),
     # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
+    # Qwen3.5: 3 of 4 layers gated delta-net (model/delta_net.py), the rest gated attention; its
+    # interleaved M-RoPE is neox rope for text (recurrent_spec.text_rope_check)
+    "qwen35": ArchDef(rope_mode="neox", qk_norm=True, ffn_norm="post_attention_norm", hybrid=True, attn_gate=True),
     "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
     "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),
     "olmoe": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_full=True),
@@ -143,6 +149,24 @@ class ModelSpec:
     nope_full: bool = False     # a windowed model's full-attention layers unrotated (exaone4)
     bidirectional: bool = False  # an embedding model attending both ways (gemma-embedding): no generation
     attn_temp_scale: float = 0.0  # mistral3: q x (1 + this * ln(1 + floor(pos / rope.orig_ctx))) (0: off)
+    recurrent: RecurrentSpec | None = None  # a hybrid model's delta-net layers (None: every layer attends)
+    attn_gate: bool = False     # the attention output times sigmoid(a per-head gate from attn_q) (qwen35)
+
+    @property
+    def kv_layers(self) -> list[int]:
+        """The layers with a KV cache: all, or a hybrid model's attention layers."""
+        if self.recurrent is None:
+            return list(range(self.n_layers))
+        return [i for i, r in enumerate(self.recurrent.layers) if not r]
+
+    @property
+    def n_kv_layers(self) -> int:
+        return len(self.kv_layers)
+
+    def kv_index(self, layer: int) -> int:
+        """The KV cache layer of model layer `layer` (a hybrid model's attention layers are numbered
+        apart: its recurrent layers have no KV)."""
+        return layer if self.recurrent is None else self.kv_layers.index(layer)
 
     @property
     def group(self) -> int:
@@ -181,6 +205,7 @@ class ModelSpec:
             raise GGUFError(f"{f.path}: unknown architecture {arch!r} (supported: {', '.join(ARCHS)})")
         a, key = ARCHS[arch], _Keys(f, arch)
         n_heads, d_model, n_layers = key.int("attention.head_count"), key.int("embedding_length"), key.int("block_count")
+        n_layers -= key.raw("nextn_predict_layers", 0) if a.hybrid else 0   # MTP blocks: not run (llama.cpp's default)
         head_dim = key.int("attention.key_length", d_model // n_heads)
         if key.int("attention.value_length", head_dim) != head_dim:
             raise GGUFError(f"{f.path}: attention.value_length differs from key_length (not supported)")
@@ -211,7 +236,10 @@ class ModelSpec:
             attn_temp_scale=key.float("attention.temperature_scale", 0.0) if a.attn_temp else 0.0,
             swa_rope_plain=a.swa_rope_plain, pre_norms=a.pre_norms, nope_full=a.nope_full,
             bidirectional=a.bidirectional,
+            recurrent=RecurrentSpec.from_metadata(key, n_layers) if a.hybrid else None, attn_gate=a.attn_gate,
         )
+        if a.hybrid:
+            text_rope_check(key, rope_dim)
         if a.attn_temp and spec.moe is not None:
             raise GGUFError(f"{f.path}: {arch} with experts is not supported (its dense models are)")
         spec._validate(f)

@@ -18,7 +18,7 @@ F32 run and the tests compare against). `dense` / `int8` / `int4` / `auto8` / `a
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import gguf
 import torch
@@ -30,6 +30,9 @@ from slotserver.model.moe_weights import load_moe
 from slotserver.runtime.experts import Experts
 from slotserver.runtime.qblocks import FLOATS, QUANTIZED, QWeight, concat_rows, from_mapped, get_rows, take_rows
 from slotserver.model.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from slotserver.model.delta_net_weights import GdnParams
 
 Progress = Callable[[int, int], None]
 
@@ -95,6 +98,8 @@ class LayerWeights:
     post_ffn_norm: torch.Tensor | None = None   # [d_model] RMSNorm of the FFN output
     moe: MoeWeights | None = None               # router and experts (a mixture-of-experts layer)
     sinks: torch.Tensor | None = None           # [n_heads] float32 attention sink logits (gpt-oss)
+    # a hybrid model's delta-net layer (model/delta_net.py): qkv is then its in-projection, wo its out
+    gdn: "GdnParams | None" = None
 
 
 @dataclass
@@ -185,8 +190,18 @@ def _qkv_rows(spec: ModelSpec) -> list[int]:
             + list(range(q_rows + kv_rows, q_rows + 2 * kv_rows)))
 
 
+def gated_q_rows(spec: ModelSpec) -> tuple[list[int], list[int]]:
+    """(q rows, gate rows) of a gated attn_q (qwen35: per head, head_dim q rows then head_dim gate rows)."""
+    hd = spec.head_dim
+    return ([h * 2 * hd + j for h in range(spec.n_heads) for j in range(hd)],
+            [h * 2 * hd + hd + j for h in range(spec.n_heads) for j in range(hd)])
+
+
 def _block_layer(f: GGUFFile, spec: ModelSpec, i: int, fmt: WeightFormat) -> LayerWeights:
     """One layer's matmuls as GGUF blocks (q/k rows reordered for neox rope: a copy of those two)."""
+    if spec.recurrent is not None and spec.recurrent.layers[i]:
+        from slotserver.model.delta_net_weights import gdn_layer
+        return gdn_layer(f, spec, i, "q", torch.float32, fmt)
     d, hd, p = spec.d_model, spec.head_dim, f"blk.{i}."
     q_rows, kv_rows = spec.n_heads * hd, spec.n_kv_heads * hd
     if p + "attn_qkv.weight" in f.tensors:   # phi3: q|k|v already one tensor
@@ -239,10 +254,16 @@ def _block_qkv(f: GGUFFile, spec: ModelSpec, p: str, fmt: WeightFormat) -> QLine
     """Separate q, k, v tensors as one QLinear (q/k rows reordered for neox rope: a copy of those two)."""
     d, hd = spec.d_model, spec.head_dim
     q_rows, kv_rows = spec.n_heads * hd, spec.n_kv_heads * hd
-    q = _blocks(f, p + "attn_q.weight", (q_rows, d))
+    gate = None
+    if spec.attn_gate:   # qwen35: each head's q rows then its output gate's; the gates go last
+        both = _blocks(f, p + "attn_q.weight", (2 * q_rows, d))
+        q, gate = (take_rows(both, rows) for rows in gated_q_rows(spec))
+    else:
+        q = _blocks(f, p + "attn_q.weight", (q_rows, d))
     k = _blocks(f, p + "attn_k.weight", (kv_rows, d))
     v = _blocks(f, p + "attn_v.weight", (kv_rows, d))
-    infos = [f.tensors[p + n + ".weight"] for n in ("attn_q", "attn_k", "attn_v")]
+    infos = [None if gate is not None else f.tensors[p + "attn_q.weight"]]
+    infos += [f.tensors[p + n + ".weight"] for n in ("attn_k", "attn_v")]
     bias = None
     if spec.qkv_bias:
         bq, bk, bv = (_load(f, p + n, (r,), torch.float32)
@@ -253,7 +274,8 @@ def _block_qkv(f: GGUFFile, spec: ModelSpec, p: str, fmt: WeightFormat) -> QLine
     if spec.rope_mode == "neox":
         q, k = take_rows(q, _neox_rows(spec, q.n)), take_rows(k, _neox_rows(spec, k.n))
         infos[:2] = [None, None]   # no longer the file's bytes
-    return _qlinear(f, [q, k, v], infos, fmt.fuse_copy, bias)
+    parts = [q, k, v] + ([gate] if gate is not None else [])
+    return _qlinear(f, parts, infos + [None] * (len(parts) - 3), fmt.fuse_copy, bias)
 
 
 def _blocks(f: GGUFFile, name: str, shape: tuple[int, int]) -> QWeight:
@@ -300,13 +322,16 @@ def _neox_rows(spec: ModelSpec, n: int) -> list[int]:
 
 def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: WeightFormat,
                 q4_kernel=None) -> LayerWeights:
+    if spec.recurrent is not None and spec.recurrent.layers[i]:
+        from slotserver.model.delta_net_weights import gdn_layer
+        return gdn_layer(f, spec, i, fmt.kind, dtype, fmt, q4_kernel)
     d, hd, p = spec.d_model, spec.head_dim, f"blk.{i}."
     q_rows, kv_rows = spec.n_heads * hd, spec.n_kv_heads * hd
     if p + "attn_qkv.weight" in f.tensors:   # phi3: q|k|v already one tensor
         q, k, v = _load(f, p + "attn_qkv.weight", (q_rows + 2 * kv_rows, d), dtype).split([q_rows, kv_rows, kv_rows])
         qkv_names = ["attn_qkv"]
     else:
-        q = _load(f, p + "attn_q.weight", (q_rows, d), dtype)
+        q = _load(f, p + "attn_q.weight", (2 * q_rows if spec.attn_gate else q_rows, d), dtype)
         k = _load(f, p + "attn_k.weight", (kv_rows, d), dtype)
         v = _load(f, p + "attn_v.weight", (kv_rows, d), dtype)
         qkv_names = ["attn_q", "attn_k", "attn_v"]
@@ -318,6 +343,9 @@ def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: W
         if spec.rope_mode == "neox":
             bq, bk = _neox_to_normal(bq, spec), _neox_to_normal(bk, spec)
         bias = torch.cat([bq, bk, bv])
+    gate = None
+    if spec.attn_gate:   # qwen35: per head [q | gate] rows -> q, gate (appended after v)
+        q, gate = (q[rows] for rows in gated_q_rows(spec))
     if spec.rope_mode == "neox":
         q, k = _neox_to_normal(q, spec), _neox_to_normal(k, spec)
     ff, sfx = (spec.moe.d_ff_shared, "_shexp") if spec.moe else (spec.d_ff, "")
@@ -334,7 +362,7 @@ def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: W
 
     return LayerWeights(
         attn_norm=_pre_norm(f, spec, p + "attn_norm.weight"),
-        qkv=lin(qkv_names, torch.cat([q, k, v]), bias),
+        qkv=lin(qkv_names, torch.cat([q, k, v] + ([gate] if gate is not None else [])), bias),
         wo=lin(["attn_output"], _load(f, p + "attn_output.weight", (d, spec.n_heads * hd), dtype),
                None if not spec.out_bias else _out_bias(f, spec, p).to(dtype)),
         ffn_norm=_pre_norm(f, spec, p + spec.ffn_norm + ".weight"),

@@ -1,0 +1,102 @@
+"""`RecurrentSpec`: the gated delta-net layers of a hybrid model (Qwen3.5), from GGUF metadata.
+
+A hybrid model interleaves full-attention layers (with a KV cache) and linear-attention layers
+that carry a fixed-size recurrent state per sequence instead (model/delta_net.py). llama.cpp's
+qwen35 reads (src/models/qwen35.cpp):
+
+- `ssm.conv_kernel`: the causal depthwise convolution's width over q|k|v (4);
+- `ssm.state_size`: the head size of q and k (the delta-net state is [head_k, head_v] per head);
+- `ssm.group_count`: q/k heads; `ssm.time_step_rank`: v heads (a multiple of them: v head h
+  reads q/k head h % group_count, the converter having put the V heads in that tiled order);
+- `ssm.inner_size`: v heads x v head size;
+- which layers are recurrent: `attention.recurrent_layers` (one flag a layer) where present, else
+  every layer but each `full_attention_interval`-th (default 4: layers 3, 7, ... attend).
+
+The state of a sequence is then, per recurrent layer, the last `conv_kernel - 1` inputs of the
+convolution and a [v_heads, head_k, head_v] float32 matrix: what runtime/recurrent_state.py keeps
+per stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RecurrentSpec:
+    d_conv: int                 # the convolution's width (tokens)
+    n_k_heads: int              # q and k heads
+    n_v_heads: int              # v heads (and state matrices)
+    head_k: int                 # q/k head size
+    head_v: int                 # v head size
+    layers: tuple[bool, ...]    # per layer: recurrent (True) or full attention
+
+    @property
+    def key_dim(self) -> int:
+        return self.n_k_heads * self.head_k
+
+    @property
+    def value_dim(self) -> int:
+        return self.n_v_heads * self.head_v
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the convolution: q | k | v of the in-projection."""
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def proj_dim(self) -> int:
+        """Rows of the fused in-projection: q|k|v, the output gate z, beta and alpha (one a v head)."""
+        return self.conv_dim + self.value_dim + 2 * self.n_v_heads
+
+    @property
+    def recurrent_layers(self) -> list[int]:
+        return [i for i, r in enumerate(self.layers) if r]
+
+    @classmethod
+    def from_metadata(cls, key, n_layers: int) -> "RecurrentSpec":
+        """key: spec.py's `_Keys` on the file's `{arch}.*` metadata."""
+        n_k, n_v, head_k = key.int("ssm.group_count"), key.int("ssm.time_step_rank"), key.int("ssm.state_size")
+        inner = key.int("ssm.inner_size")
+        if n_v % n_k or inner % n_v:
+            raise key.error(f"ssm.time_step_rank {n_v} is not a multiple of ssm.group_count {n_k}, "
+                            f"or ssm.inner_size {inner} of it")
+        if inner // n_v != head_k:
+            raise key.error(f"delta-net v head size {inner // n_v} differs from ssm.state_size {head_k} "
+                            "(llama.cpp requires them equal)")
+        flags = key.raw("attention.recurrent_layers")
+        if flags is None:
+            interval = key.int("full_attention_interval", 4)
+            layers = tuple((i + 1) % interval != 0 for i in range(n_layers))
+        elif isinstance(flags, list) and len(flags) >= n_layers:
+            layers = tuple(bool(x) for x in flags[:n_layers])
+        else:
+            raise key.error(f"attention.recurrent_layers must flag each of the {n_layers} layers")
+        return cls(key.int("ssm.conv_kernel"), n_k, n_v, head_k, inner // n_v, layers)
+
+
+def text_rope_check(key, rope_dim: int) -> None:
+    """Qwen3.5 rotates q/k with interleaved M-RoPE (ggml's IMROPE) over `rope.dimension_sections`.
+    For text every section's position is the token's, except the 4th ("e"), which llama.cpp sets to
+    0: a pair in that section is not rotated. Served as plain neox rope over `rope_dim` when every
+    pair lands in the t, h or w section (Qwen3.5's [11, 11, 10, 0] over 32 pairs does); else refused."""
+    sections = key.raw("rope.dimension_sections")
+    if not isinstance(sections, list) or len(sections) < 3 or not all(isinstance(s, int) and s >= 0 for s in sections):
+        raise key.error(f"rope.dimension_sections = {sections!r} is not a list of section sizes")
+    t, h, w = sections[:3]
+    total = sum(sections[:4])
+    for pair in range(rope_dim // 2):
+        sector = pair % total if total else pair
+        in_thw = (sector % 3 == 0 and sector < 3 * t) or (sector % 3 == 1 and sector < 3 * h) \
+            or (sector % 3 == 2 and sector < 3 * w)
+        if not in_thw:
+            raise key.error(f"rope.dimension_sections {sections} leave rotary pair {pair} unrotated for text "
+                            "(not supported)")
+
+
+def mtp_tensors(names, spec) -> frozenset[str]:
+    """The tensors of a hybrid model's multi-token-prediction blocks (`blk.N.*` from N = n_layers on,
+    `nextn_predict_layers` of them): llama.cpp skips them unless asked to draft with them, so do we."""
+    if spec.recurrent is None:
+        return frozenset()
+    return frozenset(n for n in names if n.startswith("blk.") and int(n.split(".")[1]) >= spec.n_layers)

@@ -1,0 +1,157 @@
+"""A hybrid model (Qwen3.5: gated delta-net layers beside gated attention) in the engine.
+
+The model's numbers are held to llama-server's in test_arch_fixtures.py (fixtures qwen35,
+qwen35_eq: converted by llama.cpp's own converter). Here: what the engine does with the
+recurrent states (engine/recurrent_policy.py, runtime/recurrent_state.py). Greedy, float32; the
+oracle is each prompt alone through `generate`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from slotserver.engine.config import EngineConfig
+from slotserver.engine import slot_files
+from slotserver.engine.engine import Engine
+from slotserver.engine.request import Request, RequestError
+from slotserver.errors import ConfigError
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.model.generate import GenRequest, generate
+from slotserver.model.model import LlamaModel
+from slotserver.model.sampling.sampler import SamplingParams
+from slotserver.model.weights import WeightFormat
+from slotserver.runtime.batch import Batch, SeqChunk
+from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.layouts import create_layout, load_layout
+from test_arch_fixtures import N_CTX, _prefilled
+from test_engine import run_sync
+from test_moe import q8_copy
+
+ARCHS = Path(__file__).parent / "fixtures" / "archs"
+GREEDY = SamplingParams(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return ModelBundle.load(ModelConfig(model_path=ARCHS / "qwen35.gguf", dtype="float32"))
+
+
+def alone(bundle, prompt: list[int], n: int) -> list[int]:
+    return generate(bundle.model, [GenRequest(list(prompt), n, ignore_eos=True)], bundle.tokenizer.eog_ids)[0].tokens
+
+
+def _prompts(seed: int, count: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 300) for _ in range(rng.randrange(3, 30))] for _ in range(count)]
+
+
+@pytest.mark.parametrize("layout, defrag", [("seq_head_dim", "on"), ("paged", "off")])
+def test_batched_chunked_and_defragmented_sequences_match_each_alone(bundle, layout, defrag):
+    """Seven requests on three slots arriving over time, prompts cut in chunks of 5 tokens: each
+    sequence's state follows its stream through decode batches (batched on contiguous streams, one
+    by one on scattered ones: defrag off), prefill chunks, slot reuse and defrag moves (the scenario
+    must move some)."""
+    prompts, rng = _prompts(1, 7), random.Random(2)
+    arrivals: dict[int, list[Request]] = {}
+    for p in prompts:
+        arrivals.setdefault(rng.randrange(0, 20), []).append(Request(tuple(p), GREEDY, n_predict=8, ignore_eos=True))
+    order = [r for step in sorted(arrivals) for r in arrivals[step]]
+    config = ModelConfig(model_path=ARCHS / "qwen35.gguf", dtype="float32", layout=layout)
+    engine = Engine(ModelBundle.load(config), EngineConfig(n_parallel=3, ctx_size=192, ubatch_size=5, defrag=defrag))
+    results = run_sync(engine, arrivals)
+    for req, res in zip(order, results):
+        assert res.tokens == alone(bundle, list(req.prompt_ids), 8)
+    assert (engine.stats().defrag_moves > 0) == (defrag == "on")
+
+
+def test_a_next_turn_continues_the_slots_state_and_a_diverging_prompt_starts_over(bundle):
+    """A prompt that extends all of the slot's cached tokens (prompt + answer: a chat's next turn)
+    computes only its new tokens; one sharing part of them (the state is past that part) and one
+    equal to them (its last token is computed again for logits) are computed whole. Every answer
+    is the one computed alone."""
+    engine = Engine(bundle, EngineConfig(n_parallel=1, ctx_size=128, ubatch_size=8))
+    first = [17, 40, 99, 120, 5, 66, 210, 13]
+    (a,) = run_sync(engine, {0: [Request(tuple(first), GREEDY, n_predict=6, ignore_eos=True)]})
+    cached = first + a.tokens[:-1]                       # the last token was sampled, never computed
+    follow = first + a.tokens + [44, 45, 46]
+    (b,) = run_sync(engine, {0: [Request(tuple(follow), GREEDY, n_predict=6, ignore_eos=True)]})
+    assert b.final.n_cached == len(cached) and b.tokens == alone(bundle, follow, 6)
+    diverging = follow[:10] + [7, 8, 9]
+    (c,) = run_sync(engine, {0: [Request(tuple(diverging), GREEDY, n_predict=6, ignore_eos=True)]})
+    assert c.final.n_cached == 0 and c.tokens == alone(bundle, diverging, 6)
+    again = diverging + c.tokens[:-1]                    # exactly the slot's cached tokens
+    (d,) = run_sync(engine, {0: [Request(tuple(again), GREEDY, n_predict=4, ignore_eos=True)]})
+    assert d.final.n_cached == 0 and d.tokens == alone(bundle, again, 4)
+
+
+def test_siblings_of_one_prompt_each_compute_it(bundle):
+    """n > 1: a sibling does not copy its parent's prompt KV (the parent's state is past it) and
+    still gives the same greedy answer."""
+    engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=128))
+    prompt = (30, 31, 32, 33, 200, 201)
+    parent = engine.submit(Request(prompt, GREEDY, n_predict=5, ignore_eos=True))
+    sibling = engine.submit(Request(prompt, GREEDY, n_predict=5, ignore_eos=True), parent=parent)
+    while engine.step():
+        pass
+    want, (p, s) = alone(bundle, list(prompt), 5), (h.result(timeout=0) for h in (parent, sibling))
+    assert p.tokens == want and s.tokens == want and s.final.n_cached == 0
+
+
+@pytest.mark.parametrize("flags, name", [
+    (dict(context_shift=True), "--context-shift"), (dict(cache_reuse=16), "--cache-reuse"),
+    (dict(async_steps="on"), "--async-steps"), (dict(cache_disk=Path("/nonexistent")), "--cache-disk")])
+def test_what_a_recurrent_state_cannot_follow_is_refused_at_start(bundle, flags, name):
+    with pytest.raises(ConfigError, match=f"{name}.*recurrent layers"):
+        Engine(bundle, EngineConfig(n_parallel=1, ctx_size=128, **flags))
+
+
+@pytest.mark.parametrize("action", ["save", "restore"])
+def test_slot_files_are_refused(bundle, tmp_path, action):
+    """/slots?action=save|restore (a RequestError is HTTP 400): their files would hold no state."""
+    engine = Engine(bundle, EngineConfig(n_parallel=1, ctx_size=128, slot_save_path=tmp_path))
+    with pytest.raises(RequestError, match="slot save and restore are not supported: the model has recurrent"):
+        getattr(slot_files, action)(engine, 0, "a.bin")
+
+
+def test_a_stream_is_never_continued_from_a_state_that_does_not_match(bundle):
+    """The model itself refuses to continue a stream anywhere but where its state stands (or at 0)."""
+    model = bundle.model
+    cache = create_layout(load_layout("seq_head_dim"), KVSpec(model.spec.n_kv_layers, 2, 64, model.spec.n_kv_heads,
+                                                                model.spec.head_dim))
+    model.forward(Batch.build([SeqChunk(0, 0, [5, 6, 7, 8, 9])]), cache)
+    stale = "stream 0: a recurrent model cannot continue at position 3: its state holds 5 tokens"
+    with pytest.raises(RuntimeError, match=stale):
+        model.forward(Batch.build([SeqChunk(0, 3, [10])]), cache)
+    with pytest.raises(RuntimeError, match="stream 1: .* continue at position 2: its state holds 0 tokens"):
+        model.forward(Batch.build([SeqChunk(1, 2, [10])]), cache)
+    model.forward(Batch.build([SeqChunk(0, 5, [10]), SeqChunk(1, 0, [1, 2])]), cache)   # where it stands, or anew
+
+
+def test_kv_is_kept_for_the_attention_layers_only(bundle):
+    spec = bundle.model.spec
+    assert spec.recurrent.layers == (True, True, True, False) and spec.kv_layers == [3] and spec.n_kv_layers == 1
+
+
+def test_a_q8_0_file_on_blocks_gives_llama_servers_probabilities(tmp_path):
+    """The fixture with its matrices in Q8_0 (test_moe.q8_copy), served as GGUF blocks: the fused
+    in-projection (q|k|v, z, beta, alpha) and the gated q through qmatmul. llama-server's top-8 on
+    the same file (tests/fixtures/hybrid/qwen35_q8.json, recorded 2026-11-28): within 0.03 (0.029
+    measured). Both quantize the activations to 8 bits, which this random model amplifies: the same
+    file dequantized to float32 is 0.22 away from llama-server's."""
+    path = q8_copy(ARCHS / "qwen35.gguf", tmp_path / "q8.gguf")
+    rows = json.loads((Path(__file__).parent / "fixtures" / "hybrid" / "qwen35_q8.json").read_text())
+    model = LlamaModel.load(path, torch.float32, max_pos=N_CTX, fmt=WeightFormat("q"))
+    assert {type(lw.qkv).__name__ for lw in model.weights.layers} == {"QLinear"}
+    worst = 0.0
+    for lp, r in zip(_prefilled(model, rows), rows):
+        lp = lp.log_softmax(-1)
+        for i, step in enumerate(r["steps"]):
+            ids, want = torch.tensor([t for t, _ in step["top"]]), torch.tensor([p for _, p in step["top"]]).exp()
+            worst = max(worst, float((lp[i, ids].exp() - want).abs().max()))
+    assert worst < 0.03
