@@ -11,7 +11,7 @@ GraniteMoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM: its experts writt
 as gpt-oss ships them, so the fixture's experts are GGUF MXFP4; and dense ones, checked as the
 converter writes them: Ministral3ForCausalLM, Olmo3ForCausalLM, Glm4ForCausalLM, Ernie4_5ForCausalLM,
 SeedOssForCausalLM, Exaone4ForCausalLM, and the hybrid Qwen3_5ForCausalLM: gated delta net and full attention,
-converted with `--no-mtp`) with random weights (seeded; norm weights away from 1,
+converted with `--no-mtp`, as is its MoE, Qwen3_5MoeForCausalLM) with random weights (seeded; norm weights away from 1,
 so a norm read in the wrong place shows) and the tiny vocabulary of tests/tiny_gguf.py as a
 Hugging Face byte-level BPE tokenizer (same ids: 307-309 are the specials, so the arch fixture test
 reads these files like the others). The converter runs in a child Python with patches: its
@@ -118,10 +118,22 @@ CASES: dict[str, tuple[str, dict]] = {
                                              rope_parameters=dict(rope_type="default", rope_theta=10000.0,
                                                                   partial_rotary_factor=0.25, mrope_section=[1, 1, 0],
                                                                   mrope_interleaved=True))),
+    # Qwen3.5 MoE: qwen35's layers (LLLF, same linear attention and rope) with every FFN a MoE block:
+    # softmax, top-k, always renormalized (transformers has no norm_topk_prob / decoder_sparse_step /
+    # mlp_only_layers here), plus a shared expert behind a sigmoid gate (ffn_gate_inp_shexp)
+    "qwen35moe": ("Qwen3_5MoeForCausalLM", dict(num_hidden_layers=4, head_dim=16, num_experts=8, num_experts_per_tok=3,
+                                                moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                                linear_conv_kernel_dim=4, linear_key_head_dim=8,
+                                                linear_value_head_dim=8, linear_num_key_heads=2,
+                                                linear_num_value_heads=4,
+                                                rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                                     partial_rotary_factor=0.25,
+                                                                     mrope_section=[1, 1, 0], mrope_interleaved=True))),
 }
 # converter options per transformers class (Qwen3.5: no MTP layers here, which the converter otherwise
 # requires to find in the checkpoint)
-CONVERT_ARGS = {"Qwen3_5ForCausalLM": ["--no-mtp"]}
+CONVERT_ARGS = {"Qwen3_5ForCausalLM": ["--no-mtp"],
+                "Qwen3_5MoeForCausalLM": ["--no-mtp"]}
 # a seed whose greedy ids avoid the special tokens (the test bans them, llama-server picks a CONTROL
 # token <|im_start|> as any other: the first granitemoe seed started with it)
 SEED_OFFSET = {"granitemoe": 1}

@@ -111,7 +111,7 @@ def test_every_architecture_has_a_fixture():
     assert {"qwen3moe", "qwen2moe", "olmoe", "granitemoe", "gpt-oss"} <= set(CASES)   # playground/make_moe_fixtures.py
     assert {"smollm3", "mistral3", "olmo2", "olmo3"} <= set(CASES)
     converted = {"ministral3", "olmo3_hf", "glm4", "ernie4_5", "seed_oss", "exaone4", "exaone4_64", "qwen35",
-                 "qwen35_eq"}
+                 "qwen35_eq", "qwen35moe"}
     assert converted <= set(CASES)
     assert all((ARCHS / f"{c}.gguf").stat().st_size < 1 << 20 for c in CASES)
 
@@ -121,7 +121,7 @@ TIGHT = {"smollm3", "mistral3", "olmo2", "olmo3", "ministral3", "olmo3_hf", "glm
          "exaone4", "exaone4_64", "llama_bias"}
 # hybrid (2026-11-28): 5.3e-6 and 2.9e-5 measured; with the delta net in float64, 8.6e-6 and 3.8e-5:
 # the distance is llama.cpp's float32 rounding of the recurrence, not a formula apart
-HYBRID = {"qwen35", "qwen35_eq"}
+HYBRID = {"qwen35", "qwen35_eq", "qwen35moe"}
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from starlette.testclient import TestClient
 
 from slotserver.engine.config import EngineConfig
 from slotserver.engine import slot_files
@@ -29,6 +30,7 @@ from slotserver.model.weights import WeightFormat
 from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.runtime.kv_spec import KVSpec
 from slotserver.runtime.layouts import create_layout, load_layout
+from slotserver.server import ServerConfig, ServerState, create_app
 from test_arch_fixtures import N_CTX, _prefilled
 from test_engine import run_sync
 from test_moe import q8_copy
@@ -70,24 +72,27 @@ def test_batched_chunked_and_defragmented_sequences_match_each_alone(bundle, lay
     assert (engine.stats().defrag_moves > 0) == (defrag == "on")
 
 
-def test_a_next_turn_continues_the_slots_state_and_a_diverging_prompt_starts_over(bundle):
+@pytest.mark.parametrize("checkpoints", [8, 0])
+def test_a_next_turn_continues_the_slots_state_and_a_diverging_prompt_resumes_at_a_checkpoint(bundle, checkpoints):
     """A prompt that extends all of the slot's cached tokens (prompt + answer: a chat's next turn)
-    computes only its new tokens; one sharing part of them (the state is past that part) and one
-    equal to them (its last token is computed again for logits) are computed whole. Every answer
-    is the one computed alone."""
-    engine = Engine(bundle, EngineConfig(n_parallel=1, ctx_size=128, ubatch_size=8))
+    computes only its new tokens. One sharing only part of them (the live state is past that part),
+    and one equal to them (its last token is computed again for logits), resume at the latest
+    checkpoint within the shared part (4 tokens before an earlier prompt's end, --ctx-checkpoints),
+    or at 0 without checkpoints. Every answer is the one computed alone."""
+    engine = Engine(bundle, EngineConfig(n_parallel=1, ctx_size=128, ubatch_size=8, ctx_checkpoints=checkpoints))
     first = [17, 40, 99, 120, 5, 66, 210, 13]
     (a,) = run_sync(engine, {0: [Request(tuple(first), GREEDY, n_predict=6, ignore_eos=True)]})
     cached = first + a.tokens[:-1]                       # the last token was sampled, never computed
     follow = first + a.tokens + [44, 45, 46]
     (b,) = run_sync(engine, {0: [Request(tuple(follow), GREEDY, n_predict=6, ignore_eos=True)]})
     assert b.final.n_cached == len(cached) and b.tokens == alone(bundle, follow, 6)
-    diverging = follow[:10] + [7, 8, 9]
+    diverging = follow[:10] + [7, 8, 9]                  # shares 10: the first prompt's checkpoint is at 4
     (c,) = run_sync(engine, {0: [Request(tuple(diverging), GREEDY, n_predict=6, ignore_eos=True)]})
-    assert c.final.n_cached == 0 and c.tokens == alone(bundle, diverging, 6)
+    assert c.final.n_cached == (4 if checkpoints else 0) and c.tokens == alone(bundle, diverging, 6)
     again = diverging + c.tokens[:-1]                    # exactly the slot's cached tokens
     (d,) = run_sync(engine, {0: [Request(tuple(again), GREEDY, n_predict=4, ignore_eos=True)]})
-    assert d.final.n_cached == 0 and d.tokens == alone(bundle, again, 4)
+    assert d.final.n_cached == (len(diverging) - 4 if checkpoints else 0) and d.tokens == alone(bundle, again, 4)
+    assert engine.cache.bytes_used() > engine.cache.layout.bytes_used()   # the states and checkpoints count
 
 
 def test_siblings_of_one_prompt_each_compute_it(bundle):
@@ -155,3 +160,22 @@ def test_a_q8_0_file_on_blocks_gives_llama_servers_probabilities(tmp_path):
             ids, want = torch.tensor([t for t, _ in step["top"]]), torch.tensor([p for _, p in step["top"]]).exp()
             worst = max(worst, float((lp[i, ids].exp() - want).abs().max()))
     assert worst < 0.03
+
+
+def test_through_http_the_same_prompt_again_resumes_at_its_checkpoint_and_slot_files_are_400(bundle, tmp_path):
+    """/completion twice with one prompt: the second computes only the 4 tokens after the first's
+    checkpoint (timings.cache_n) and answers the same; /slots save is a 400 naming the reason."""
+    engine = Engine(bundle, EngineConfig(n_parallel=1, ctx_size=128, slot_save_path=tmp_path)).start()
+    state = ServerState(ServerConfig(model_path=str(bundle.config.model_path), slot_save_path=tmp_path))
+    state.set_loaded(bundle, engine)
+    try:
+        with TestClient(create_app(state)) as client:
+            body = {"prompt": "the quick brown fox jumps", "n_predict": 6, "temperature": 0}
+            first, again = (client.post("/completion", json=body).json() for _ in range(2))
+            n = first["timings"]["prompt_n"]
+            assert first["timings"]["cache_n"] == 0 and again["timings"]["cache_n"] == n - 4 and n > 8
+            assert again["content"] == first["content"] and again["timings"]["prompt_n"] == 4
+            r = client.post("/slots/0?action=save", json={"filename": "s.bin"})
+            assert r.status_code == 400 and "recurrent layers" in r.json()["error"]["message"]
+    finally:
+        engine.stop()

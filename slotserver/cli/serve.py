@@ -103,6 +103,10 @@ def add_parser(sub) -> None:
     a("--cache-reuse", type=int, default=0, metavar="N",
       help="reuse cached chunks of at least N tokens past the common prefix by KV shifting, as llama-server "
            "(needs --cache-prompt; default 0: off)")
+    a("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", type=int, default=8, metavar="N",
+      help="a hybrid model (Qwen3.5): copies of a slot's recurrent state kept, one 4 tokens before each "
+           "prompt's end, so a prompt sharing all but the end of an earlier one resumes there (default 8; "
+           "llama-server's 32; 0: none)")
     _switch(p, "cache-prompt", True, "reuse slot caches across requests (default on)")
     add_spec_args(p)
     a("-cram", "--cache-ram", type=int, default=8192, metavar="MiB",

@@ -49,6 +49,10 @@ class EngineConfig:
     spec: SpecConfig = field(default_factory=SpecConfig)   # --spec-*: speculative decoding (off by default)
     context_shift: bool = False      # --context-shift: a full slot drops tokens and goes on (engine/context_shift.py)
     cache_reuse: int = 0             # --cache-reuse N: reuse cached chunks of >= N tokens by KV shifting (0: off)
+    # --ctx-checkpoints N: a hybrid model's state copies a slot keeps (runtime/recurrent_state.py), one
+    # taken 4 tokens before each prompt's end; 0: none. llama-server's default is 32; 8 here: each is
+    # a whole state (Qwen3.5-9B: ~50 MB), and a slot's last few turns are what a next prompt shares
+    ctx_checkpoints: int = 8
     # --async-steps: overlapped decode steps (engine/overlap.py): the next decode step is launched
     # before this one's tokens reach the host. auto: on where the model runs on CUDA (on the CPU the
     # forward blocks, so there is nothing to overlap); on/off force it (on: also on the CPU, for tests)
@@ -88,6 +92,9 @@ class EngineConfig:
             raise ConfigError(f"--cache-disk-mib must be -1 (no limit) or a number of MiB, got {self.cache_disk_mib!r}")
         if self.cache_disk is not None and Path(self.cache_disk).exists() and not Path(self.cache_disk).is_dir():
             raise ConfigError(f"--cache-disk {self.cache_disk} is not a folder")
+        n_cp = self.ctx_checkpoints
+        if isinstance(n_cp, bool) or not isinstance(n_cp, int) or n_cp < 0:
+            raise ConfigError(f"--ctx-checkpoints must be an integer >= 0, got {self.ctx_checkpoints!r}")
         if isinstance(self.cache_reuse, bool) or not isinstance(self.cache_reuse, int) or self.cache_reuse < 0:
             raise ConfigError(f"--cache-reuse must be an integer >= 0, got {self.cache_reuse!r}")
         if self.context_shift and self.n_cells <= MIN_SHIFT_CELLS:

@@ -77,6 +77,7 @@ class Engine:
                       pool_cells=config.kv_pool_cells,   # paged: requests wait for free blocks past it
                       device=bundle.model.device)
         self.cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
+        self.cache.max_checkpoints = config.ctx_checkpoints   # a hybrid model's state copies (--ctx-checkpoints)
         self.prompt_cache = PromptCache(config.cache_ram_mib << 20 if config.cache_ram_mib > 0 else -1) \
             if config.cache_ram_mib and not recurrent else None   # --cache-ram
         self.disk_cache = _disk_cache(config, bundle, spec) if config.cache_disk is not None else None
@@ -84,7 +85,8 @@ class Engine:
                                                      config.kv_unified, self.disk_cache)   # + slot sharing
         check_shift_support(config, bundle.model, self.cache)   # --context-shift / --cache-reuse
         self.sched = Scheduler(config, budget=lambda: self.cache.budget(), hooks=hooks,  # paged: admit by free blocks
-                               add_bos=bundle.tokenizer.add_bos, recurrent=recurrent)
+                               add_bos=bundle.tokenizer.add_bos,
+                               recurrent=self._state_positions if recurrent else None)
         self.sampling = StepSampling(s.vocab_size, config.spec.synth_probs, bundle.tokenizer.eog_ids,
                                      fim=InfillVocab.of(bundle.tokenizer))
         self.spec = _speculator(config, bundle, draft)   # --spec-type: drafts verified in the forward
@@ -170,7 +172,8 @@ class Engine:
 
     def stop(self) -> None:
         self.loop.stop()
-        self.sched.hooks.on_stop()   # --cache-disk: what the slots hold goes to disk (the thread is stopped)
+        if self.sched.hooks is not None:   # None for a hybrid model (engine/recurrent_policy.py)
+            self.sched.hooks.on_stop()   # --cache-disk: what the slots hold goes to disk (the thread is stopped)
         self.lab.close()   # a swap still waiting for a step is refused, not waited for
         self.masks.close()
         self.threads.restore()
@@ -218,6 +221,7 @@ class Engine:
         t.append(time.perf_counter())
         masks = self.masks.start([c.seq.grammar for c in plan.chunks if c.sample])  # filled during the forward
         logits = self._forward_or_roll_back(plan)
+        self._checkpoint(plan)
         t.append(time.perf_counter())
         allowed = masks.result()
         if self.overlap.leave(plan, logits, allowed, t):   # --async-steps: its tokens land next step
@@ -249,9 +253,20 @@ class Engine:
         admission's trim keeps what a cache-reuse shift put in place."""
         for shift in plan.shifts:
             self.cache.shift(self.bundle.model, shift)
-        self.cache.apply(plan.moves, plan.trims)
+        self.cache.apply(plan.moves, plan.trims, plan.rewinds)
         for f in plan.forks:
             self.cache.layout.copy_stream(f.src, f.dst, f.n_cells)
+
+    def _state_positions(self, stream: int) -> list[int]:
+        """A hybrid model's stream: where its state can be put back to (none before the first forward)."""
+        state = self.cache.recurrent
+        return state.positions(stream) if state is not None else []
+
+    def _checkpoint(self, plan: StepPlan) -> None:
+        """A hybrid model's prefill chunks that end at a checkpoint mark: their streams' states copied."""
+        for c in plan.chunks:
+            if c.checkpoint and self.cache.recurrent is not None:
+                self.cache.recurrent.snapshot(c.stream)
 
     def _draft(self, plan: StepPlan) -> None:
         """Speculative decoding: decode chunks of eligible sequences get draft tokens (speculative/)."""

@@ -42,6 +42,7 @@ class KVCache:
         self.n_moves = 0
         self.bytes_moved = 0
         self.recurrent = None   # a hybrid model's RecurrentState (made by its first forward)
+        self.max_checkpoints = 0   # its checkpoints a stream (--ctx-checkpoints; set by the engine)
 
     @classmethod
     def create(cls, name: str, spec: KVSpec, folder=None) -> "KVCache":
@@ -60,7 +61,13 @@ class KVCache:
         """A paged pool's capacity, which the scheduler asks in cells; None for flat layouts."""
         return KVBudget.of(self.layout) if self.paged else None
 
-    def apply(self, moves: list[Move], trims: tuple[tuple[int, int], ...] = ()) -> None:
+    def apply(self, moves: list[Move], trims: tuple[tuple[int, int], ...] = (),
+              rewinds: tuple[tuple[int, int], ...] = ()) -> None:
+        """rewinds: (stream, n) a hybrid model's states put back to n tokens first (an admission:
+        the live state, a checkpoint or 0; runtime/recurrent_state.py)."""
+        for stream, n in rewinds:
+            if self.recurrent is not None:
+                self.recurrent.rewind(stream, n)
         for stream, n in trims:  # paged: blocks past the kept cells go back
             self.trim(stream, n)
         for m in moves:
@@ -111,6 +118,7 @@ class KVCache:
         for stream, n in streams:
             new.import_stream(stream, *self.export_stream(stream, n))
         new.recurrent = self.recurrent   # the states do not depend on the KV layout: they stay as they are
+        new.max_checkpoints = self.max_checkpoints
         return new
 
     def bytes_used(self) -> int:

@@ -6,8 +6,9 @@ a stream's KV either keeps to whole states or is off:
 
 - a slot's own prompt cache serves when the new prompt continues *all* of it (a multi-turn chat:
   the previous prompt and answer, then the next turn); a prompt sharing less, or all of it (the
-  last prompt token must be computed again for its logits), is computed from its start
-  (engine/scheduler.py). llama-server without `--ctx-checkpoints` does the same;
+  last prompt token must be computed again for its logits), resumes at the latest state checkpoint
+  within the shared part (`--ctx-checkpoints`: one 4 tokens before each prompt's end, as
+  llama-server's last), else from its start (engine/scheduler.py);
 - n > 1 choices each compute their prompt (the parent's state stands past the copied prefix);
 - the RAM prompt cache and prefix sharing between slots are off (they copy KV prefixes, not
   states), said once in the log; --cache-disk, --spec-type, --context-shift and --cache-reuse are

@@ -48,6 +48,9 @@ from slotserver.engine.stream_map import Move, StreamMap
 from slotserver.runtime.paged_contract import KVBudget  # also imported from here: the budget `Scheduler` receives
 
 
+CHECKPOINT_BEFORE_END = 4   # llama-server's last checkpoint of a prompt: 4 tokens before its end
+
+
 @dataclass(frozen=True)
 class ScheduledChunk:
     seq: Sequence
@@ -56,6 +59,7 @@ class ScheduledChunk:
     n: int           # tokens of this step
     sample: bool     # the chunk reaches the end of the sequence: sample its next token
     draft: tuple[int, ...] = ()   # speculative tokens after the chunk's, verified from their logits rows
+    checkpoint: bool = False      # a hybrid model: snapshot the stream's state after it (runtime/recurrent_state.py)
 
 
 @dataclass
@@ -67,6 +71,7 @@ class StepPlan:
     preempted: list[Sequence] = field(default_factory=list)
     forks: list[Move] = field(default_factory=list)   # prompt KV copied to a sibling, after the moves
     shifts: list[KVShift] = field(default_factory=list)  # context shift / cache reuse, before the trims
+    rewinds: list[tuple[int, int]] = field(default_factory=list)  # hybrid: (stream, n) states put back, first
 
     @property
     def n_tokens(self) -> int:
@@ -75,10 +80,11 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, budget: Callable[[], KVBudget | None] | None = None,
-                 hooks=None, add_bos: bool = False, recurrent: bool = False) -> None:
+                 hooks=None, add_bos: bool = False, recurrent: Callable[[int], list[int]] | None = None) -> None:
         self.config = config
-        # a hybrid model (engine/recurrent_policy.py): a slot's cache serves only whole, and n > 1
-        # siblings compute their prompts themselves (a state cannot be cut back to a prefix)
+        # a hybrid model (engine/recurrent_policy.py): recurrent(stream) -> the positions its state can
+        # be put back to (where it stands, its checkpoints); a slot's cache serves up to one of them,
+        # and n > 1 siblings compute their prompts themselves (a state cannot be cut back to a prefix)
         self.recurrent = recurrent
         # --context-shift: a full slot's sequence drops tokens (engine/context_shift.py); add_bos: n_keep + 1
         self.shift = ContextShift(config.n_cells, add_bos) if config.context_shift else None
@@ -143,8 +149,10 @@ class Scheduler:
             plan.shifts += [shift] if shift is not None else []   # --cache-reuse: chunks moved into place
             # logits need >= 1 token (num_tokens: a preempted sequence that a context shift shortened)
             seq.num_computed = seq.num_cached = min(reuse, seq.num_prompt - 1, seq.num_tokens - 1)
-            if self.recurrent and seq.num_computed != len(slot.cached_for(seq.cache_ns)):
-                seq.num_computed = seq.num_cached = 0   # the slot's state stands past the shared prefix
+            if self.recurrent is not None:   # the shared prefix, cut back to where a state can resume
+                fits = [n for n in self.recurrent(stream) if n <= seq.num_computed]
+                seq.num_computed = seq.num_cached = max(fits, default=0)
+                plan.rewinds.append((stream, seq.num_computed))
             if budget is not None:  # the slot's cached cells past the reused prefix give their blocks back
                 plan.trims.append((stream, seq.num_computed))
             slot.occupy(seq)
@@ -200,7 +208,7 @@ class Scheduler:
             parent = seq.parent
             if parent is None:
                 continue
-            if self.recurrent:   # the parent's state stands past the prompt's last token: prefill alone
+            if self.recurrent is not None:   # the parent's state stands past the prompt's last token: prefill alone
                 seq.parent = None
                 continue
             target = seq.num_prompt - 1                       # the last prompt token is computed for logits
@@ -225,17 +233,28 @@ class Scheduler:
                 budget -= 1
         for seq in running:  # then prefill, oldest first
             if seq.num_pending > 1 and budget > 0:
-                n = min(seq.num_pending, budget)
-                chunks.append(self._chunk(seq, n))
+                n, mark = min(seq.num_pending, budget), self._checkpoint_at(seq)
+                if seq.num_computed < mark < seq.num_computed + n:
+                    n = mark - seq.num_computed   # a hybrid model's checkpoint: the chunk ends there
+                chunks.append(self._chunk(seq, n, seq.num_computed + n == mark))
                 budget -= n
         # Decodes first, then prefill chunks (`AttnMeta.split` runs the two groups apart; a decode
         # row after a prefill chunk would be padded to the chunk's length), each group in stream
         # order: contiguous streams are sliced, not gathered.
         return sorted(chunks, key=lambda c: (c.n > 1, c.stream))
 
-    def _chunk(self, seq: Sequence, n: int) -> ScheduledChunk:
+    def _chunk(self, seq: Sequence, n: int, checkpoint: bool = False) -> ScheduledChunk:
         stream = self.streams.stream_of[seq.slot_id]
-        return ScheduledChunk(seq, stream, seq.num_computed, n, seq.num_computed + n == seq.num_tokens)
+        return ScheduledChunk(seq, stream, seq.num_computed, n, seq.num_computed + n == seq.num_tokens,
+                              checkpoint=checkpoint)
+
+    def _checkpoint_at(self, seq: Sequence) -> int:
+        """Where a hybrid model's prompt gets a state checkpoint (--ctx-checkpoints > 0): CHECKPOINT_BEFORE_END
+        tokens before its end, as llama-server's last one (a next turn or the same prompt again shares
+        all but the end); -1: none."""
+        if self.recurrent is None or self.config.ctx_checkpoints <= 0:
+            return -1
+        return seq.num_prompt - CHECKPOINT_BEFORE_END
 
     def check_invariants(self) -> None:
         """No slot or stream leak, one sequence per slot and stream; packed streams with defrag on."""

@@ -21,6 +21,7 @@ import torch
 
 from slotserver.model.gguf_file import GGUFFile
 from slotserver.model.linear import Linear
+from slotserver.model.moe_weights import load_moe
 from slotserver.model.spec import ModelSpec
 from slotserver.model.weights import (LayerWeights, WeightFormat, _block_ffn, _blocks, _kind, _load, _no_int4,
                                       _qlinear)
@@ -54,9 +55,11 @@ def gdn_layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtyp
         in_proj = lin(IN_PROJ, torch.cat([_load(f, p + n + ".weight", (n_rows, d), dtype)
                                           for n, n_rows in zip(IN_PROJ, rows)]))
         out = lin(("ssm_out",), _load(f, p + "ssm_out.weight", (d, r.value_dim), dtype))
-        ffn = ("ffn_gate", "ffn_up")
-        gate_up = lin(ffn, torch.cat([_load(f, p + n + ".weight", (spec.d_ff, d), dtype) for n in ffn]))
-        down = lin(("ffn_down",), _load(f, p + "ffn_down.weight", (d, spec.d_ff), dtype))
+        ff, sfx = (spec.moe.d_ff_shared, "_shexp") if spec.moe else (spec.d_ff, "")   # MoE: the shared expert
+        ffn, gate_up, down = ("ffn_gate" + sfx, "ffn_up" + sfx), None, None
+        if ff:
+            gate_up = lin(ffn, torch.cat([_load(f, p + n + ".weight", (ff, d), dtype) for n in ffn]))
+            down = lin(("ffn_down" + sfx,), _load(f, p + "ffn_down" + sfx + ".weight", (d, ff), dtype))
     params = GdnParams(
         conv=_load(f, p + "ssm_conv1d.weight", (r.conv_dim, r.d_conv), torch.float32).contiguous(),
         dt_bias=_load(f, p + "ssm_dt.bias", (r.n_v_heads,), torch.float32),
@@ -64,4 +67,5 @@ def gdn_layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtyp
         norm=_load(f, p + "ssm_norm.weight", (r.head_v,), torch.float32))
     return LayerWeights(attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32), qkv=in_proj, wo=out,
                         ffn_norm=_load(f, p + spec.ffn_norm + ".weight", (d,), torch.float32),
-                        gate_up=gate_up, down=down, gdn=params)
+                        gate_up=gate_up, down=down, gdn=params,
+                        moe=load_moe(f, spec, p, kind, dtype) if spec.moe else None)

@@ -94,6 +94,10 @@ ARCHS: dict[str, ArchDef] = {
     # Qwen3.5: 3 of 4 layers gated delta-net (model/delta_net.py), the rest gated attention; its
     # interleaved M-RoPE is neox rope for text (recurrent_spec.text_rope_check)
     "qwen35": ArchDef(rope_mode="neox", qk_norm=True, ffn_norm="post_attention_norm", hybrid=True, attn_gate=True),
+    # Qwen3.5 MoE: the same layers, every FFN routed (softmax, top-k, renormalized) plus a shared
+    # expert behind a sigmoid gate (qwen2moe's)
+    "qwen35moe": ArchDef(rope_mode="neox", qk_norm=True, ffn_norm="post_attention_norm", hybrid=True,
+                         attn_gate=True, moe_norm=True),
     "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
     "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),
     "olmoe": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_full=True),
@@ -215,7 +219,8 @@ class ModelSpec:
         spec = cls(
             arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
             n_kv_heads=key.int("attention.head_count_kv", n_heads), head_dim=head_dim,
-            d_ff=key.int("feed_forward_length"),
+            # a MoE file may leave it out (qwen35moe: expert and shared-expert sizes only), as llama.cpp allows
+            d_ff=key.int("feed_forward_length") if key.has("feed_forward_length") or not key.raw("expert_count") else 0,
             vocab_size=key.int("vocab_size", len(md.get("tokenizer.ggml.tokens", ())) or None),
             ctx_train=key.int("context_length"),
             norm_eps=key.float("attention.layer_norm_rms_epsilon", 1e-5),

@@ -10,6 +10,14 @@ stream `INVALID`, and a forward continuing it raises rather than computing from 
 The engine keeps to these rules (engine/recurrent_policy.py); this check is what makes a missed
 case an error instead of a wrong answer.
 
+**Checkpoints** (llama-server's `--ctx-checkpoints`): copies of a stream's state at a position
+(`snapshot`, taken by the engine a few tokens before a prompt's end), up to `max_checkpoints` a
+stream, the oldest dropped first. `rewind(stream, n)` puts a stream back to n tokens: its live state
+if it stands there, a checkpoint taken at n, or 0; checkpoints past n go (the stream's tokens after
+n are about to be overwritten). So a prompt that shares all but the end of a slot's last prompt (the
+same prompt again; a chat's next turn whose template rewrote the last answer) restarts from the
+checkpoint instead of from 0.
+
 Memory: per stream and recurrent layer, `d_conv - 1` convolution inputs and a [v_heads, head_k,
 head_v] float32 matrix (Qwen3.5-0.8B: 18 layers x 1 MiB a stream), allocated at start on the
 cache's device. llama.cpp keeps the same f32 states (its `llama_memory_recurrent`).
@@ -23,13 +31,16 @@ INVALID = -1
 
 
 class RecurrentState:
-    def __init__(self, spec, n_streams: int, device: str | torch.device = "cpu") -> None:
+    def __init__(self, spec, n_streams: int, device: str | torch.device = "cpu", max_checkpoints: int = 0) -> None:
         """spec: the model's RecurrentSpec."""
         n = len(spec.recurrent_layers)
         self.conv = torch.zeros(n, n_streams, spec.d_conv - 1, spec.conv_dim, device=device)   # [L, S, d_conv-1, C]
         self.ssm = torch.zeros(n, n_streams, spec.n_v_heads, spec.head_k, spec.head_v,
                                device=device)                            # [L, S, H, dk, dv]
         self.absorbed = [0] * n_streams
+        self.max_checkpoints = max_checkpoints
+        # per stream: position -> (conv [L, d_conv-1, C], ssm [L, H, dk, dv]) copies, oldest first
+        self.checkpoints: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(n_streams)]
         # model layer -> its row in conv / ssm
         self.row = {layer: j for j, layer in enumerate(spec.recurrent_layers)}
 
@@ -51,11 +62,15 @@ class RecurrentState:
             self.absorbed[stream] = end
 
     def copy_stream(self, src: int, dst: int, n: int) -> None:
-        """A KV copy of src's first n cells to dst: the state follows when it stands exactly at n."""
-        if n and n == self.absorbed[src] and src != dst:
+        """A KV copy of src's first n cells to dst: the state follows when it stands exactly at n,
+        and the checkpoints up to n do (they are copies: the two streams may share them)."""
+        if src == dst:
+            return
+        if n and n == self.absorbed[src]:
             self.conv[:, dst] = self.conv[:, src]
             self.ssm[:, dst] = self.ssm[:, src]
         self.absorbed[dst] = self.absorbed[src] if n == self.absorbed[src] else (0 if n == 0 else INVALID)
+        self.checkpoints[dst] = {k: snap for k, snap in self.checkpoints[src].items() if k <= n}
 
     def trim(self, stream: int, n: int) -> None:
         """The stream keeps its first n cells: a state past them cannot be cut back."""
@@ -63,21 +78,64 @@ class RecurrentState:
             self.absorbed[stream] = 0
         elif n != self.absorbed[stream]:
             self.absorbed[stream] = INVALID
+        self._forget_after(stream, n)
 
     def invalidate(self, stream: int) -> None:
         """KV written into the stream from elsewhere (an import): no state matches it."""
         self.absorbed[stream] = INVALID
+        self.checkpoints[stream] = {}
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def snapshot(self, stream: int) -> None:
+        """Keep a copy of the stream's state where it stands now (dropping the oldest past the cap)."""
+        n, marks = self.absorbed[stream], self.checkpoints[stream]
+        if self.max_checkpoints <= 0 or n <= 0:
+            return
+        marks.pop(n, None)
+        marks[n] = (self.conv[:, stream].clone(), self.ssm[:, stream].clone())
+        while len(marks) > self.max_checkpoints:
+            marks.pop(next(iter(marks)))
+
+    def positions(self, stream: int) -> list[int]:
+        """Where the stream can be put back without recomputing: its state's position and checkpoints."""
+        live = [self.absorbed[stream]] if self.absorbed[stream] > 0 else []
+        return live + list(self.checkpoints[stream])
+
+    def rewind(self, stream: int, n: int) -> None:
+        """Put the stream back to its first n tokens: its live state (standing at n), a checkpoint at
+        n, or 0; anything else leaves it INVALID. Checkpoints past n are dropped."""
+        if n == 0:
+            self.absorbed[stream] = 0
+        elif n != self.absorbed[stream]:
+            snap = self.checkpoints[stream].get(n)
+            if snap is None:
+                self.absorbed[stream] = INVALID
+            else:
+                self.conv[:, stream].copy_(snap[0])
+                self.ssm[:, stream].copy_(snap[1])
+                self.absorbed[stream] = n
+        self._forget_after(stream, n)
+
+    def _forget_after(self, stream: int, n: int) -> None:
+        marks = self.checkpoints[stream]
+        for k in [k for k in marks if k > n]:
+            del marks[k]
 
     def bytes_used(self) -> int:
-        return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
+        """The live states and every checkpoint (two streams sharing a checkpoint count it twice)."""
+        snaps = sum(c.numel() * c.element_size() + s.numel() * s.element_size()
+                    for marks in self.checkpoints for c, s in marks.values())
+        return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size() + snaps
 
 
 def recurrent_state(cache, spec) -> RecurrentState:
     """The recurrent states kept with `cache` (a KVCache or a bare layout: `cache.recurrent`), made
-    on first use for the cache's streams; spec: the model's RecurrentSpec."""
+    on first use for the cache's streams, with `cache.max_checkpoints` (the engine's
+    --ctx-checkpoints; none for a bare layout); spec: the model's RecurrentSpec."""
     state = getattr(cache, "recurrent", None)
     if state is None:
         kv = cache.spec
         with torch.inference_mode(False):   # made in a forward: plain tensors, which the KV moves may edit
-            state = cache.recurrent = RecurrentState(spec, kv.n_streams, kv.device)
+            state = cache.recurrent = RecurrentState(spec, kv.n_streams, kv.device,
+                                                     getattr(cache, "max_checkpoints", 0))
     return state
