@@ -179,3 +179,9 @@ def test_through_http_the_same_prompt_again_resumes_at_its_checkpoint_and_slot_f
             assert r.status_code == 400 and "recurrent layers" in r.json()["error"]["message"]
     finally:
         engine.stop()
+
+
+def test_tensor_parallel_refuses_a_hybrid_model(bundle):
+    from slotserver.parallel.shard import ShardError, ShardPlan
+    with pytest.raises(ShardError, match="--tp 2: qwen35's delta-net layers are not split across ranks"):
+        ShardPlan.make(bundle.model, 2)
