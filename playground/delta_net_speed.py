@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import torch
 
 from slotserver.model.delta_net import delta_net
-from slotserver.model.delta_net_weights import GdnParams
+from slotserver.model.delta_net import GdnParams
 from slotserver.model.recurrent_spec import RecurrentSpec
 from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.runtime.recurrent_state import RecurrentState

@@ -10,14 +10,14 @@ Each case (`CASES`) is a transformers config (Qwen3MoeForCausalLM, OlmoeForCausa
 GraniteMoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM: its experts written as MXFP4 blocks,
 as gpt-oss ships them, so the fixture's experts are GGUF MXFP4; and dense ones, checked as the
 converter writes them: Ministral3ForCausalLM, Olmo3ForCausalLM, Glm4ForCausalLM, Ernie4_5ForCausalLM,
-SeedOssForCausalLM, Exaone4ForCausalLM, and the hybrid Qwen3_5ForCausalLM: gated delta net and full attention,
-converted with `--no-mtp`, as is its MoE, Qwen3_5MoeForCausalLM) with random weights (seeded; norm weights away from 1,
-so a norm read in the wrong place shows) and the tiny vocabulary of tests/tiny_gguf.py as a
-Hugging Face byte-level BPE tokenizer (same ids: 307-309 are the specials, so the arch fixture test
-reads these files like the others). The converter runs in a child Python with patches: its
-sentencepiece attempt fails as "no tokenizer.model" (it is not installed there), and its
-pre-tokenizer check (a hash of how a *known* model's tokenizer splits a test text) is answered
-"default", which a made-up vocabulary cannot match; prompts are token ids, so nothing reads it.
+SeedOssForCausalLM, Exaone4ForCausalLM, and the hybrids Qwen3_5ForCausalLM: gated delta net and full attention,
+converted with `--no-mtp`, as is its MoE, Qwen3_5MoeForCausalLM, and Lfm2ForCausalLM: short convolutions and
+attention) with random weights (seeded; norm weights away from 1, so a norm read in the wrong place shows)
+and the tiny vocabulary of tests/tiny_gguf.py as a Hugging Face byte-level BPE tokenizer (same ids:
+307-309 are the specials, so the arch fixture test reads these files like the others). The converter
+runs in a child Python with patches: its sentencepiece attempt fails as "no tokenizer.model" (it is
+not installed there), and its pre-tokenizer check (a hash of how a *known* model's tokenizer splits a
+test text) is answered "default", which a made-up vocabulary cannot match; prompts are token ids, so nothing reads it.
 GLM-4's and ERNIE's own vocabulary steps (chat specials, a sentencepiece model) are replaced by the
 plain byte-level BPE one for the same reason.
 
@@ -129,14 +129,21 @@ CASES: dict[str, tuple[str, dict]] = {
                                                 rope_parameters=dict(rope_type="default", rope_theta=10000.0,
                                                                      partial_rotary_factor=0.25,
                                                                      mrope_section=[1, 1, 0], mrope_interleaved=True))),
+    # LFM2: gated short convolutions (in_proj -> b|c|x, c * conv(b * x) over 3 taps, no conv bias) on 3 of 5
+    # layers, attention with per-head q/k norms on layers 2 and 4 (head_count_kv 0 on the conv layers), neox
+    # rope; the final norm is HF's embedding_norm (token_embd_norm); FF dim 64 as given (no auto-adjust)
+    "lfm2": ("Lfm2ForCausalLM", dict(num_hidden_layers=5, intermediate_size=64, norm_eps=1e-6, conv_L_cache=3,
+                                     conv_bias=False, block_auto_adjust_ff_dim=False,
+                                     layer_types=["conv", "conv", "full_attention", "conv", "full_attention"])),
 }
 # converter options per transformers class (Qwen3.5: no MTP layers here, which the converter otherwise
 # requires to find in the checkpoint)
 CONVERT_ARGS = {"Qwen3_5ForCausalLM": ["--no-mtp"],
                 "Qwen3_5MoeForCausalLM": ["--no-mtp"]}
 # a seed whose greedy ids avoid the special tokens (the test bans them, llama-server picks a CONTROL
-# token <|im_start|> as any other: the first granitemoe seed started with it)
-SEED_OFFSET = {"granitemoe": 1}
+# token <|im_start|> as any other: the first granitemoe seed started with it, the first lfm2 one took
+# it second)
+SEED_OFFSET = {"granitemoe": 1, "lfm2": 1}
 BIG = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=8, head_dim=64, vocab_size=32000,
            num_experts=16, num_experts_per_tok=4, moe_intermediate_size=512, intermediate_size=1024)
 # per case where its config names these differently (gpt-oss: experts of width intermediate_size, the

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from slotserver.cli.spec_args import add_spec_args
+from slotserver.engine.config import EngineConfig
 from slotserver.cli.generate import add_model_args, start_tp
 from slotserver.cli.parser import CommandParser
 from slotserver.cli.router_args import add_router_args, is_router, router_config
@@ -103,7 +104,8 @@ def add_parser(sub) -> None:
     a("--cache-reuse", type=int, default=0, metavar="N",
       help="reuse cached chunks of at least N tokens past the common prefix by KV shifting, as llama-server "
            "(needs --cache-prompt; default 0: off)")
-    a("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", type=int, default=8, metavar="N",
+    a("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", type=int, default=EngineConfig.ctx_checkpoints,
+      metavar="N",
       help="a hybrid model (Qwen3.5): copies of a slot's recurrent state kept, one 4 tokens before each "
            "prompt's end, so a prompt sharing all but the end of an earlier one resumes there (default 8; "
            "llama-server's 32; 0: none)")

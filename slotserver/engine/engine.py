@@ -24,6 +24,7 @@ from slotserver.engine.config import EngineConfig
 from slotserver.engine.stats_tracker import StatsTracker
 from slotserver.engine.kv_cache import KVCache
 from slotserver.runtime.kv_spec import KVSpec
+from slotserver.runtime.recurrent_state import recurrent_state
 from slotserver.lab.lab import Lab
 from slotserver.engine.grammar import Grammars
 from slotserver.engine.inbox import Inbox
@@ -78,6 +79,8 @@ class Engine:
                       device=bundle.model.device)
         self.cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
         self.cache.max_checkpoints = config.ctx_checkpoints   # a hybrid model's state copies (--ctx-checkpoints)
+        if recurrent:   # its states now: memory they need is found missing at start, not at a first request
+            recurrent_state(self.cache, s.recurrent)
         self.prompt_cache = PromptCache(config.cache_ram_mib << 20 if config.cache_ram_mib > 0 else -1) \
             if config.cache_ram_mib and not recurrent else None   # --cache-ram
         self.disk_cache = _disk_cache(config, bundle, spec) if config.cache_disk is not None else None
@@ -289,11 +292,17 @@ class Engine:
     def _forward_or_roll_back(self, plan: StepPlan, tokens: torch.Tensor | None = None) -> torch.Tensor | None:
         """The forward; a kernel just swapped in that fails on real shapes is rolled back and the
         step runs again on the previous kernels (the lab's rollback). tokens: see `_forward`."""
+        states = self.cache.recurrent   # a hybrid model's: the retry starts from the states before this step
+        saved = None
+        if states is not None and self.lab.may_roll_back():
+            saved = states.backup([c.stream for c in plan.chunks])
         try:
             logits = self._forward(plan, tokens)
         except Exception as e:  # noqa: BLE001 - re-raised unless the lab had something to roll back
             if not self.lab.rollback(e):
                 raise
+            if saved is not None:
+                states.restore_backup(saved)
             logits = self._forward(plan, tokens)
         self.lab.forward_ok()
         return logits
@@ -340,6 +349,7 @@ def _speculator(config: EngineConfig, bundle: ModelBundle, draft: ModelBundle | 
     if draft is not None:
         from slotserver.engine.speculative.draft_model import check_vocabulary
         check_vocabulary(bundle, draft)
+        recurrent_policy.refuse_draft(draft.model)
     drafters = make_drafters(config.spec, draft, config.n_parallel, config.n_cells, kv_dtype(config, bundle)) \
         if config.spec.enabled else []
     return Speculator(config.spec, config.n_cells, bundle.model.spec.vocab_size, drafters)

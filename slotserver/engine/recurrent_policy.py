@@ -13,10 +13,13 @@ a stream's KV either keeps to whole states or is off:
 - the RAM prompt cache and prefix sharing between slots are off (they copy KV prefixes, not
   states), said once in the log; --cache-disk, --spec-type, --context-shift and --cache-reuse are
   refused at start, one line each; /slots save and restore answer 400;
-- --async-steps is off: an overlapped step rolled back would leave a state past its tokens.
+- --async-steps is off: an overlapped step rolled back would leave a state past its tokens;
+- LoRA adapters (model/lora.py) and a hybrid draft model are refused.
 
-Defragmentation, preemption (a stream cleared, its state with it), chunked prefill, continuous
-batching and lab layout swaps (the states do not depend on the KV layout) work as for any model.
+Defragmentation (states and checkpoints move with their streams), preemption (a stream cleared, its
+state with it), chunked prefill, continuous batching, lab layout swaps (the states do not depend on
+the KV layout) and a lab kernel rollback (the step rerun from a backup of its states; engine.py)
+work as for any model.
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ def check_config(config: EngineConfig, model) -> None:
             raise ConfigError(f"{flag} cannot run: {WHY}")
     if config.cache_ram_mib:
         log.info("prompt cache in RAM and prefix sharing between slots are off: %s", WHY)
+
+
+def refuse_draft(model) -> None:
+    """--model-draft: a draft's rejected tokens are rolled back by rewriting its KV, which a state cannot follow."""
+    if is_recurrent(model):
+        raise ConfigError(f"the draft model cannot be a hybrid model: {WHY}")
 
 
 def refuse_slot_files(model) -> None:

@@ -98,6 +98,10 @@ class Lab:
         """A step ran on the current kernels: they are proven, nothing to roll back to any more."""
         self._previous_kernels = None
 
+    def may_roll_back(self) -> bool:
+        """Whether the next step runs kernels just swapped in, which a failure would roll back."""
+        return self._previous_kernels is not None
+
     def rollback(self, error: Exception) -> bool:
         """A step failed right after a kernel swap: serve the previous kernels again."""
         previous, self._previous_kernels = self._previous_kernels, None

@@ -27,6 +27,8 @@ states live in runtime/recurrent_state.py, one row per KV stream.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -34,41 +36,65 @@ from slotserver.runtime.batch import Batch
 from slotserver.runtime.recurrent_state import RecurrentState
 
 
+@dataclass
+class GdnParams:
+    """A delta-net layer's weights besides its two matmuls (model/recurrent_layer.py)."""
+
+    conv: torch.Tensor      # [conv_dim, d_conv] float32: the causal depthwise convolution's taps
+    dt_bias: torch.Tensor   # [v_heads] float32
+    a: torch.Tensor         # [v_heads] float32: -exp(A_log)
+    norm: torch.Tensor      # [head_v] float32: RMSNorm weight of each head's output
+
+    def run(self, spec, proj: torch.Tensor, batch: Batch, state: RecurrentState, layer: int) -> torch.Tensor:
+        return delta_net(spec, self, proj, batch, state, layer, spec.norm_eps)
+
+
 def delta_net(spec, params, proj: torch.Tensor, batch: Batch, state: RecurrentState, layer: int,
               eps: float) -> torch.Tensor:
     """proj: [T, proj_dim] the layer's in-projection of every row -> [T, value_dim] float32, the
     gated and normed outputs (before the out-projection); the streams' states updated."""
-    r = spec.recurrent
-    proj = proj.float()
-    mixed, z, beta, alpha = proj.split([r.conv_dim, r.value_dim, r.n_v_heads, r.n_v_heads], dim=1)
+    r, meta, row = spec.recurrent, batch.attn, state.row[layer]
+    mixed, z, beta, alpha = proj.float().split([r.conv_dim, r.value_dim, r.n_v_heads, r.n_v_heads], dim=1)
     b = torch.sigmoid(beta)                                              # [T, Hv]
     g = F.softplus(alpha + params.dt_bias) * params.a                    # [T, Hv] (< 0)
-    row = state.row[layer]
-    meta = batch.attn
-    streams, q_lens, offsets = meta.seq_streams.tolist(), meta.q_lens.tolist(), meta.q_offsets.tolist()
-    out = torch.empty(proj.shape[0], r.value_dim, device=proj.device)   # [T, Hv * dv]
-    base = meta.stream_base
-    if max(q_lens) == 1 and base is not None:   # decode on contiguous streams: batched, in place
-        rows, span = torch.tensor(offsets, device=proj.device), slice(base, base + len(streams))
-        conv_out, state.conv[row, span] = _convolve(state.conv[row, span], mixed[rows][:, None], params.conv)
-        q, k, v = _qkv(r, conv_out[:, 0], eps)                           # [B, Hv, dk], [B, Hv, dk], [B, Hv, dv]
-        out[rows] = _step(state.ssm[row, span], q, k, v, g[rows], b[rows]).reshape(len(streams), -1)
+    q, k, v = _qkv(r, F.silu(conv_rows(state, row, meta, mixed, params.conv)), eps)   # [T, Hv, dk], ..., [T, Hv, dv]
+    out = torch.empty_like(v)                                            # [T, Hv, dv]
+    if (span := decode_span(meta)) is not None:   # decode on contiguous streams: batched, in place
+        rows = meta.q_offsets
+        out[rows] = _step(state.ssm[row, span], q[rows], k[rows], v[rows], g[rows], b[rows])
     else:   # each sequence's tokens in order, on its state in place
-        for stream, n, first in zip(streams, q_lens, offsets):
-            rows = slice(first, first + n)
-            conv_out, state.conv[row, stream] = _convolve(state.conv[row, stream][None], mixed[rows][None], params.conv)
-            q, k, v = _qkv(r, conv_out[0], eps)                          # [n, Hv, dk], ..., [n, Hv, dv]
-            s = state.ssm[row, stream]                                   # [Hv, dk, dv], a view
+        for stream, n, first in state.seqs:
+            rows, s = slice(first, first + n), state.ssm[row, stream]   # s [Hv, dk, dv], a view
             if n >= CHUNKED_FROM:
-                o = _chunked(s, q, k, v, g[rows], b[rows])
+                out[rows] = _chunked(s, q[rows], k[rows], v[rows], g[rows], b[rows])
             else:
-                o = torch.empty(n, r.n_v_heads, r.head_v, device=proj.device)
-                for t in range(n):
-                    o[t] = _step(s, q[t], k[t], v[t], g[first + t], b[first + t])
-            out[rows] = o.reshape(n, -1)
-    o = out.view(-1, r.n_v_heads, r.head_v)
-    normed = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps) * params.norm      # [T, Hv, dv]
+                for t in range(first, first + n):
+                    out[t] = _step(s, q[t], k[t], v[t], g[t], b[t])
+    normed = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + eps) * params.norm   # [T, Hv, dv]
     return (normed * F.silu(z.view(-1, r.n_v_heads, r.head_v))).reshape(-1, r.value_dim)
+
+
+def decode_span(meta) -> slice | None:
+    """The streams of a decode step (one token a sequence) on contiguous streams, whose states are
+    then computed on at once as one slice; None for any other batch."""
+    if meta.max_q != 1 or meta.stream_base is None:
+        return None
+    return slice(meta.stream_base, meta.stream_base + meta.n_seqs)
+
+
+def conv_rows(state: RecurrentState, row: int, meta, x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+    """The causal convolution of every row of x [T, C] over its own sequence's earlier inputs, the
+    streams' conv states (their last d_conv - 1 inputs) updated -> [T, C]."""
+    if (span := decode_span(meta)) is not None:
+        conv, state.conv[row, span] = causal_conv(state.conv[row, span], x[meta.q_offsets][:, None], taps)
+        out = torch.empty_like(x)
+        out[meta.q_offsets] = conv[:, 0]
+        return out
+    parts = []
+    for stream, n, first in state.seqs:
+        conv, state.conv[row, stream] = causal_conv(state.conv[row, stream][None], x[first: first + n][None], taps)
+        parts.append(conv[0])
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 CHUNK = 64          # tokens a chunk of the WY form
@@ -125,13 +151,14 @@ def _exp(x: torch.Tensor) -> torch.Tensor:
     return x.clamp_min(EXP_FLOOR).exp()
 
 
-def _convolve(conv_state: torch.Tensor, x: torch.Tensor, taps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """conv_state [B, d_conv-1, C], x [B, n, C], taps [C, d_conv] -> (silu(conv) [B, n, C], new state)."""
+def causal_conv(conv_state: torch.Tensor, x: torch.Tensor, taps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The causal depthwise convolution of both hybrids: conv_state [B, d_conv-1, C] (the inputs
+    before x), x [B, n, C], taps [C, d_conv] -> (conv [B, n, C], the new state: the last d_conv-1 inputs)."""
     window = torch.cat([conv_state, x], dim=1)                           # [B, n + d_conv - 1, C]
     d_conv = taps.shape[1]
     frames = window.unfold(1, d_conv, 1)                                 # [B, n, C, d_conv]
     y = (frames * taps).sum(-1)                                          # ggml_ssm_conv: sum_j in[t+j] w[j]
-    return F.silu(y), window[:, -(d_conv - 1):].clone()
+    return y, window[:, -(d_conv - 1):].clone()
 
 
 def _qkv(r, mixed: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -5,7 +5,7 @@ rows of the batch at once, writes the new K/V rows into the layout, and calls th
 once with the batch's `AttnMeta` (carrying the layer's sliding window and softcap). Ops come from
 a `KernelSet` (swappable at step boundaries).
 
-One flat forward, no class per architecture: the `ModelSpec` switches (see spec.py's ARCHS) turn
+One flat forward, no class per architecture: the `ModelSpec` switches (see archs.py's ARCHS) turn
 on what an architecture adds to the llama block: the embedding scale (gemma, granite), per-head
 q/k RMSNorm (qwen3, gemma3), per-layer rope tables and windows (gemma2/3), post-attention and
 post-FFN norms (gemma2/3), a GELU instead of SiLU gate (gemma), residual and logit multipliers
@@ -27,7 +27,6 @@ import torch
 from slotserver.runtime.batch import Batch
 from slotserver.model.gguf_file import GGUFError, GGUFFile
 from slotserver.model.tensor_table import EMBEDDER_HEADS, unread_problem
-from slotserver.model.delta_net import delta_net
 from slotserver.model.recurrent_spec import mtp_tensors
 from slotserver.runtime.recurrent_state import recurrent_state
 from slotserver.runtime.kernel_set import KernelSet
@@ -115,17 +114,8 @@ class LlamaModel:
         as `cache.recurrent`: runtime/recurrent_state.py); -> float32 logits `[len(logits_rows), vocab]`."""
         if self.spec.recurrent is None:
             return self._forward(batch, cache, logits_into)
-        state, meta = recurrent_state(cache, self.spec.recurrent), batch.attn
-        streams, ends = meta.seq_streams.tolist(), meta.kv_lens.tolist()
-        state.begin(streams, [e - n for e, n in zip(ends, meta.q_lens.tolist())])
-        try:
-            out = self._forward(batch, cache, logits_into)
-        except BaseException:
-            for stream in streams:   # states part-way through the layers: no position matches them
-                state.invalidate(stream)
-            raise
-        state.end(streams, ends)
-        return out
+        with recurrent_state(cache, self.spec.recurrent).stepping(batch.attn):
+            return self._forward(batch, cache, logits_into)
 
     def _forward(self, batch: Batch, cache, logits_into: torch.Tensor | None = None) -> torch.Tensor:
         """forward's body: logits of the batch.
@@ -221,8 +211,8 @@ class LlamaModel:
         norm_adds = "acc" in ops.fuses.get("rms_norm", ()) and s.residual_scale == 1.0   # x += post_norm(y) in C
         for i, lw in enumerate(w.layers):
             qkv = self._mm(fuse, lw.qkv, x, norm=lw.attn_norm, lora=(i, "qkv", lora))  # [tokens, q + 2 kv]
-            if lw.gdn is not None:   # a hybrid model's delta-net layer: qkv is its in-projection
-                a = _as(delta_net(s, lw.gdn, qkv, batch, cache.recurrent, i, s.norm_eps), w.act_dtype)
+            if lw.recurrent is not None:   # a hybrid model's recurrent layer: qkv is its in-projection
+                a = _as(lw.recurrent.run(s, qkv, batch, cache.recurrent, i), w.act_dtype)
             else:
                 a = self._attention(i, lw, qkv, batch, cache, *angles[id(self.layer_ropes[i])], temp)
             if plain:

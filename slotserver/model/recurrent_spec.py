@@ -1,4 +1,4 @@
-"""`RecurrentSpec`: the gated delta-net layers of a hybrid model (Qwen3.5), from GGUF metadata.
+"""`RecurrentSpec`: the recurrent layers of a hybrid model (Qwen3.5, LFM2), from GGUF metadata.
 
 A hybrid model interleaves full-attention layers (with a KV cache) and linear-attention layers
 that carry a fixed-size recurrent state per sequence instead (model/delta_net.py). llama.cpp's
@@ -15,6 +15,10 @@ qwen35 reads (src/models/qwen35.cpp):
 The state of a sequence is then, per recurrent layer, the last `conv_kernel - 1` inputs of the
 convolution and a [v_heads, head_k, head_v] float32 matrix: what runtime/recurrent_state.py keeps
 per stream.
+
+LFM2's short-convolution layers (kind "shortconv", src/models/lfm2.cpp) keep only the convolution's
+inputs: `shortconv.l_cache` wide over d_model channels; a layer is one where
+`attention.head_count_kv` (an array there) is 0.
 """
 
 from __future__ import annotations
@@ -22,14 +26,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+KINDS = ("gdn", "shortconv")
+
+
 @dataclass(frozen=True)
 class RecurrentSpec:
     d_conv: int                 # the convolution's width (tokens)
-    n_k_heads: int              # q and k heads
-    n_v_heads: int              # v heads (and state matrices)
+    n_k_heads: int              # q and k heads (gdn; 0 for shortconv)
+    n_v_heads: int              # v heads (and state matrices; 0: no matrix state)
     head_k: int                 # q/k head size
     head_v: int                 # v head size
     layers: tuple[bool, ...]    # per layer: recurrent (True) or full attention
+    kind: str = "gdn"           # "gdn": gated delta net (qwen35); "shortconv": LFM2's gated convolution
+    channels: int = 0           # shortconv: the convolution's channels (d_model)
 
     @property
     def key_dim(self) -> int:
@@ -41,12 +50,15 @@ class RecurrentSpec:
 
     @property
     def conv_dim(self) -> int:
-        """Channels of the convolution: q | k | v of the in-projection."""
-        return 2 * self.key_dim + self.value_dim
+        """Channels of the convolution: q | k | v of the in-projection (gdn), d_model (shortconv)."""
+        return self.channels if self.kind == "shortconv" else 2 * self.key_dim + self.value_dim
 
     @property
     def proj_dim(self) -> int:
-        """Rows of the fused in-projection: q|k|v, the output gate z, beta and alpha (one a v head)."""
+        """Rows of the fused in-projection: q|k|v, the output gate z, beta and alpha (one a v head);
+        shortconv: its gates B and C and its input x, d_model each."""
+        if self.kind == "shortconv":
+            return 3 * self.channels
         return self.conv_dim + self.value_dim + 2 * self.n_v_heads
 
     @property
@@ -54,8 +66,15 @@ class RecurrentSpec:
         return [i for i, r in enumerate(self.layers) if r]
 
     @classmethod
-    def from_metadata(cls, key, n_layers: int) -> "RecurrentSpec":
+    def from_metadata(cls, key, n_layers: int, kind: str, d_model: int) -> "RecurrentSpec":
         """key: spec.py's `_Keys` on the file's `{arch}.*` metadata."""
+        assert kind in KINDS, kind
+        if kind == "shortconv":
+            kv = key.raw("attention.head_count_kv")
+            if not isinstance(kv, list) or len(kv) != n_layers:
+                raise key.error(f"attention.head_count_kv must give each of the {n_layers} layers its KV heads "
+                                "(0 for a short-convolution layer)")
+            return cls(key.int("shortconv.l_cache"), 0, 0, 0, 0, tuple(h == 0 for h in kv), kind, d_model)
         n_k, n_v, head_k = key.int("ssm.group_count"), key.int("ssm.time_step_rank"), key.int("ssm.state_size")
         inner = key.int("ssm.inner_size")
         if n_v % n_k or inner % n_v:

@@ -1,11 +1,5 @@
-"""GGUF metadata -> a validated `ModelSpec`, driven by a table of architectures.
-
-An architecture is one `ArchDef` row: a few switches the one forward (`model.py`) reads (q/k/v
-biases, rope mode, q/k norms, post-norms, the gated FFN's activation, sliding-window pattern,
-soft-capping, fused tensors, granite's multipliers, MoE weight renormalization, gating and
-activation, gpt-oss's output bias and attention sinks, smollm3's NoPE layers, mistral3's q
-temperature, olmo2's missing pre-norms, exaone4's unrotated full layers; glm4, ernie4_5 and seed_oss
-are rows of existing switches).
+"""GGUF metadata -> a validated `ModelSpec`, driven by the table of architectures (archs.py: one
+`ArchDef` row of switches each).
 Everything else (GQA, head sizes, rope base and scaling, window size) comes from the metadata keys
 llama.cpp reads (`{arch}.block_count`, `{arch}.attention.sliding_window`, ...), with llama.cpp's
 defaults (src/llama-model.cpp, src/models/<arch>.cpp).
@@ -13,100 +7,15 @@ defaults (src/llama-model.cpp, src/models/<arch>.cpp).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
+from slotserver.model.archs import ARCHS, ArchDef
 from slotserver.model.gguf_file import GGUFError, GGUFFile
 from slotserver.model.moe_spec import MoeSpec
 from slotserver.model.recurrent_spec import RecurrentSpec, text_rope_check
 from slotserver.model.rope_scaling import RopeScaling
-
-
-@dataclass(frozen=True)
-class ArchDef:
-    qkv_bias: bool = False       # always (qwen2); any file may have them too (llama.cpp's create_tensor_qkv)
-    rope_mode: str = "normal"    # "normal": adjacent pairs (GGUF llama); "neox": half split (qwen2)
-    embed_scale: str = "none"    # "sqrt_d": x * sqrt(d_model) (gemma); "metadata": {arch}.embedding_scale
-    qk_norm: bool = False        # per-head RMSNorm of q and k before rope (attn_q_norm / attn_k_norm)
-    post_norms: bool = False     # RMSNorm of the attention and FFN outputs before the residual add
-    act: str = "silu"            # gated FFN: "silu" (SwiGLU) or "gelu" (tanh GELU, GeGLU)
-    swa_pattern: int = 0         # n > 0: layer i is windowed when i % n < n - 1 (llama.cpp's pattern)
-    swa_default: int = 0         # window when the metadata has none (0: no window without the key)
-    swa_rope_global: bool = False  # windowed layers keep the global rope base unless freq_base_swa (gemma2)
-    swa_rope_plain: bool = False   # olmo2: windowed layers at the global base (freq_base_swa unread), no yarn
-    pre_norms: bool = True         # attn_norm / ffn_norm before each branch (olmo2 has post-norms only)
-    softcap: bool = False        # gemma2: attention and final-logit soft-capping (defaults 50 / 30)
-    fused: bool = False          # phi3: attn_qkv holds q|k|v and ffn_up holds gate|up
-    multipliers: bool = False    # granite: embedding, residual, attention and logit multipliers
-    gemma_scale: bool = False    # 27B gemmas scale q by 1/sqrt(d_model / n_heads), not 1/sqrt(head_dim)
-    qk_norm_full: bool = False   # olmoe: q and k RMSNorm over the whole projection, not per head
-    moe_norm: bool = False       # MoE: the k selected weights renormalized to sum 1 (moe_spec.py)
-    moe_gating: str = "softmax"  # MoE: "softmax" then top-k, or "softmax_weight": top-k then softmax (gpt-oss)
-    moe_act: str = "silu"        # MoE experts' gate: "silu" (SwiGLU) or "swiglu_oai" (gpt-oss's clamped form)
-    out_bias: bool = False       # attn_output.bias (gpt-oss)
-    sinks: bool = False          # attn_sinks.weight: a learned logit per query head in each softmax (gpt-oss)
-    ffn_norm: str = "ffn_norm"   # the FFN's pre-norm tensor (gpt-oss names it post_attention_norm)
-    no_rope_step: int = 0        # n > 0: layer i has no RoPE when (i + 1) % n == 0 (smollm3's NoPE layers)
-    nope_full: bool = False      # with windows, the full-attention layers have no RoPE (exaone4)
-    swa_n_layers: int = 0        # n > 0: windows only in a model of exactly n layers (llama.cpp's exaone4: 32B)
-    bidirectional: bool = False  # an embedding model: attention both ways, windows symmetric (encoder/bidirectional.py)
-    attn_temp: bool = False      # q scaled by position past the trained context (`attention.temperature_scale`)
-    hybrid: bool = False         # gated delta-net layers between the attention layers (recurrent_spec.py)
-    attn_gate: bool = False      # attn_q holds q and an output gate per head: out * sigmoid(gate) (qwen35)
-
-
-ARCHS: dict[str, ArchDef] = {
-    "llama": ArchDef(),
-    "mistral": ArchDef(),
-    "qwen2": ArchDef(qkv_bias=True, rope_mode="neox"),
-    "qwen3": ArchDef(rope_mode="neox", qk_norm=True),
-    "gemma2": ArchDef(rope_mode="neox", embed_scale="sqrt_d", post_norms=True, act="gelu", swa_pattern=2,
-                      swa_default=4096, swa_rope_global=True, softcap=True, gemma_scale=True),
-    "gemma3": ArchDef(rope_mode="neox", embed_scale="sqrt_d", qk_norm=True, post_norms=True, act="gelu",
-                      swa_pattern=6, gemma_scale=True),
-    "phi3": ArchDef(rope_mode="neox", fused=True),
-    # llama.cpp's src/models/smollm3.cpp: llama with every 4th layer unrotated (n_no_rope_layer_step = 4)
-    "smollm3": ArchDef(no_rope_step=4),
-    # src/models/mistral3.cpp (Ministral 3, Mistral Small 3.x conversions): llama, yarn, and q multiplied by
-    # 1 + temperature_scale * ln(1 + floor(pos / original_context_length)) where the key is set
-    "mistral3": ArchDef(attn_temp=True),
-    # src/models/olmo2.cpp (OLMo 2, and OLMo 3's windows on 3 of 4 layers): no pre-norms, the branches
-    # post-normed, q and k normed over the whole projection; windowed layers rotate without yarn
-    "olmo2": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_full=True, post_norms=True, pre_norms=False,
-                     swa_pattern=4, swa_rope_plain=True),
-    "granite": ArchDef(embed_scale="metadata", multipliers=True),
-    # src/models/glm4.cpp (GLM-4-0414, GLM-Z1): pre- and post-norms, q/k/v biases, gate|up in one ffn_up,
-    # part of each head rotated (rope.dimension_count), adjacent pairs
-    "glm4": ArchDef(qkv_bias=True, post_norms=True, fused=True),
-    # src/models/ernie4-5.cpp (ERNIE-4.5 dense): llama's block
-    "ernie4_5": ArchDef(),
-    # src/models/seed-oss.cpp (Seed-OSS): q/k/v biases, NEOX rope, the FFN's pre-norm named post_attention_norm
-    "seed_oss": ArchDef(qkv_bias=True, rope_mode="neox", ffn_norm="post_attention_norm"),
-    # src/models/exaone4.cpp (EXAONE 4.0): olmo2's post-norm block with per-head q/k norms; the 32B (64
-    # layers) windows 3 of 4 layers (4096 cells unless the key says) and leaves the other layers unrotated
-    "exaone4": ArchDef(rope_mode="neox", qk_norm=True, post_norms=True, pre_norms=False, swa_pattern=4,
-                       swa_default=4096, swa_rope_global=True, nope_full=True, swa_n_layers=64),
-    # src/models/gemma-embedding.cpp (EmbeddingGemma): gemma3's block attending both ways, windows of
-    # n_swa/2 on each side on 5 of 6 layers; embeddings only (`serve --embedding`), never generation
-    "gemma-embedding": ArchDef(rope_mode="neox", embed_scale="sqrt_d", qk_norm=True, post_norms=True, act="gelu",
-                               swa_pattern=6, bidirectional=True),
-    # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
-    # Qwen3.5: 3 of 4 layers gated delta-net (model/delta_net.py), the rest gated attention; its
-    # interleaved M-RoPE is neox rope for text (recurrent_spec.text_rope_check)
-    "qwen35": ArchDef(rope_mode="neox", qk_norm=True, ffn_norm="post_attention_norm", hybrid=True, attn_gate=True),
-    # Qwen3.5 MoE: the same layers, every FFN routed (softmax, top-k, renormalized) plus a shared
-    # expert behind a sigmoid gate (qwen2moe's)
-    "qwen35moe": ArchDef(rope_mode="neox", qk_norm=True, ffn_norm="post_attention_norm", hybrid=True,
-                         attn_gate=True, moe_norm=True),
-    "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
-    "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),
-    "olmoe": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_full=True),
-    "granitemoe": ArchDef(embed_scale="metadata", multipliers=True, moe_norm=True),
-    # llama.cpp's LLM_ARCH_OPENAI_MOE (src/models/openai-moe.cpp): every other layer windowed (pattern 2,
-    # the global rope base), q/k/v/o biases, sinks, biased router, top-k then softmax, clamped SwiGLU
-    "gpt-oss": ArchDef(qkv_bias=True, rope_mode="neox", swa_pattern=2, swa_rope_global=True, moe_gating="softmax_weight",
-                       moe_act="swiglu_oai", out_bias=True, sinks=True, ffn_norm="post_attention_norm"),
-}
 
 
 @dataclass(frozen=True)
@@ -155,22 +64,27 @@ class ModelSpec:
     attn_temp_scale: float = 0.0  # mistral3: q x (1 + this * ln(1 + floor(pos / rope.orig_ctx))) (0: off)
     recurrent: RecurrentSpec | None = None  # a hybrid model's delta-net layers (None: every layer attends)
     attn_gate: bool = False     # the attention output times sigmoid(a per-head gate from attn_q) (qwen35)
+    out_norm: str = "output_norm"  # the final RMSNorm's tensor name (without .weight)
 
-    @property
-    def kv_layers(self) -> list[int]:
+    @functools.cached_property
+    def kv_layers(self) -> tuple[int, ...]:
         """The layers with a KV cache: all, or a hybrid model's attention layers."""
         if self.recurrent is None:
-            return list(range(self.n_layers))
-        return [i for i, r in enumerate(self.recurrent.layers) if not r]
+            return tuple(range(self.n_layers))
+        return tuple(i for i, r in enumerate(self.recurrent.layers) if not r)
 
     @property
     def n_kv_layers(self) -> int:
         return len(self.kv_layers)
 
+    @functools.cached_property
+    def _kv_of(self) -> dict[int, int]:
+        return {layer: j for j, layer in enumerate(self.kv_layers)}
+
     def kv_index(self, layer: int) -> int:
         """The KV cache layer of model layer `layer` (a hybrid model's attention layers are numbered
         apart: its recurrent layers have no KV)."""
-        return layer if self.recurrent is None else self.kv_layers.index(layer)
+        return self._kv_of[layer]
 
     @property
     def group(self) -> int:
@@ -218,7 +132,7 @@ class ModelSpec:
         windows, base_swa, scale_swa = _sliding_windows(a, key, n_layers, rope)
         spec = cls(
             arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
-            n_kv_heads=key.int("attention.head_count_kv", n_heads), head_dim=head_dim,
+            n_kv_heads=_kv_heads(key, n_heads), head_dim=head_dim,
             # a MoE file may leave it out (qwen35moe: expert and shared-expert sizes only), as llama.cpp allows
             d_ff=key.int("feed_forward_length") if key.has("feed_forward_length") or not key.raw("expert_count") else 0,
             vocab_size=key.int("vocab_size", len(md.get("tokenizer.ggml.tokens", ())) or None),
@@ -241,9 +155,10 @@ class ModelSpec:
             attn_temp_scale=key.float("attention.temperature_scale", 0.0) if a.attn_temp else 0.0,
             swa_rope_plain=a.swa_rope_plain, pre_norms=a.pre_norms, nope_full=a.nope_full,
             bidirectional=a.bidirectional,
-            recurrent=RecurrentSpec.from_metadata(key, n_layers) if a.hybrid else None, attn_gate=a.attn_gate,
+            recurrent=RecurrentSpec.from_metadata(key, n_layers, a.hybrid, d_model) if a.hybrid else None,
+            attn_gate=a.attn_gate, out_norm=a.out_norm,
         )
-        if a.hybrid:
+        if a.hybrid == "gdn":
             text_rope_check(key, rope_dim)
         if a.attn_temp and spec.moe is not None:
             raise GGUFError(f"{f.path}: {arch} with experts is not supported (its dense models are)")
@@ -325,6 +240,18 @@ def _sliding_windows(a: ArchDef, key: _Keys, n_layers: int, rope: RopeScaling) -
         return windows, rope.base, 1.0
     base_default, scale = (rope.base, rope.freq_scale) if a.swa_rope_global else (10000.0, 1.0)
     return windows, key.float("rope.freq_base_swa", base_default), scale
+
+
+def _kv_heads(key: _Keys, n_heads: int) -> int:
+    """`attention.head_count_kv`: one number, or (LFM2) one a layer with 0 for its recurrent layers,
+    the attention layers all alike."""
+    kv = key.raw("attention.head_count_kv", n_heads)
+    if not isinstance(kv, list):
+        return key.int("attention.head_count_kv", n_heads)
+    heads = {h for h in kv if h}
+    if len(heads) != 1 or not all(isinstance(h, int) and not isinstance(h, bool) and 0 < h <= n_heads for h in heads):
+        raise key.error(f"attention.head_count_kv {kv} must give every attention layer the same KV head count")
+    return heads.pop()
 
 
 def _attn_scale(a: ArchDef, key: _Keys, n_layers: int, d_model: int, n_heads: int, head_dim: int) -> float:

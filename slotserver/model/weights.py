@@ -32,7 +32,8 @@ from slotserver.runtime.qblocks import FLOATS, QUANTIZED, QWeight, concat_rows, 
 from slotserver.model.spec import ModelSpec
 
 if TYPE_CHECKING:
-    from slotserver.model.delta_net_weights import GdnParams
+    from slotserver.model.delta_net import GdnParams
+    from slotserver.model.short_conv import ShortConvParams
 
 Progress = Callable[[int, int], None]
 
@@ -98,8 +99,9 @@ class LayerWeights:
     post_ffn_norm: torch.Tensor | None = None   # [d_model] RMSNorm of the FFN output
     moe: MoeWeights | None = None               # router and experts (a mixture-of-experts layer)
     sinks: torch.Tensor | None = None           # [n_heads] float32 attention sink logits (gpt-oss)
-    # a hybrid model's delta-net layer (model/delta_net.py): qkv is then its in-projection, wo its out
-    gdn: "GdnParams | None" = None
+    # a hybrid model's recurrent layer (model/delta_net.py, model/short_conv.py): qkv is then its
+    # in-projection, wo its out-projection, this the rest (its `run` computes the layer between them)
+    recurrent: "GdnParams | ShortConvParams | None" = None
 
 
 @dataclass
@@ -143,7 +145,7 @@ def load_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, progress: Pro
     for i in range(spec.n_layers):
         layers.append(_block_layer(f, spec, i, fmt) if kind == "q" else _load_layer(f, spec, i, dtype, fmt, q4_kernel))
         tick(i + 2, total)
-    out_norm = _load(f, "output_norm.weight", (d,), torch.float32)
+    out_norm = _load(f, spec.out_norm + ".weight", (d,), torch.float32)
     out_name = "token_embd.weight" if spec.tied_embeddings else "output.weight"
     if kind == "q":
         output = QLinear([embed.blocks if spec.tied_embeddings else _blocks(f, out_name, (spec.vocab_size, d))])
@@ -200,8 +202,8 @@ def gated_q_rows(spec: ModelSpec) -> tuple[list[int], list[int]]:
 def _block_layer(f: GGUFFile, spec: ModelSpec, i: int, fmt: WeightFormat) -> LayerWeights:
     """One layer's matmuls as GGUF blocks (q/k rows reordered for neox rope: a copy of those two)."""
     if spec.recurrent is not None and spec.recurrent.layers[i]:
-        from slotserver.model.delta_net_weights import gdn_layer
-        return gdn_layer(f, spec, i, "q", torch.float32, fmt)
+        from slotserver.model.recurrent_layer import recurrent_layer
+        return recurrent_layer(f, spec, i, "q", torch.float32, fmt)
     d, hd, p = spec.d_model, spec.head_dim, f"blk.{i}."
     q_rows, kv_rows = spec.n_heads * hd, spec.n_kv_heads * hd
     if p + "attn_qkv.weight" in f.tensors:   # phi3: q|k|v already one tensor
@@ -323,8 +325,8 @@ def _neox_rows(spec: ModelSpec, n: int) -> list[int]:
 def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: WeightFormat,
                 q4_kernel=None) -> LayerWeights:
     if spec.recurrent is not None and spec.recurrent.layers[i]:
-        from slotserver.model.delta_net_weights import gdn_layer
-        return gdn_layer(f, spec, i, fmt.kind, dtype, fmt, q4_kernel)
+        from slotserver.model.recurrent_layer import recurrent_layer
+        return recurrent_layer(f, spec, i, fmt.kind, dtype, fmt, q4_kernel)
     d, hd, p = spec.d_model, spec.head_dim, f"blk.{i}."
     q_rows, kv_rows = spec.n_heads * hd, spec.n_kv_heads * hd
     if p + "attn_qkv.weight" in f.tensors:   # phi3: q|k|v already one tensor

@@ -19,11 +19,16 @@ same prompt again; a chat's next turn whose template rewrote the last answer) re
 checkpoint instead of from 0.
 
 Memory: per stream and recurrent layer, `d_conv - 1` convolution inputs and a [v_heads, head_k,
-head_v] float32 matrix (Qwen3.5-0.8B: 18 layers x 1 MiB a stream), allocated at start on the
-cache's device. llama.cpp keeps the same f32 states (its `llama_memory_recurrent`).
+head_v] float32 matrix (Qwen3.5-0.8B: 18 layers x 1 MiB a stream), on the cache's device, made
+when the engine starts (a bare layout: at its first forward); each checkpoint is one more stream's
+worth, made as prompts pass their mark (not counted in a paged pool's budget). llama.cpp keeps the
+same f32 states (its `llama_memory_recurrent`).
 """
 
 from __future__ import annotations
+
+import contextlib
+from typing import Iterator
 
 import torch
 
@@ -38,28 +43,52 @@ class RecurrentState:
         self.ssm = torch.zeros(n, n_streams, spec.n_v_heads, spec.head_k, spec.head_v,
                                device=device)                            # [L, S, H, dk, dv]
         self.absorbed = [0] * n_streams
+        self.seqs: list[tuple[int, int, int]] = []   # the forward's (stream, tokens, first row): `stepping`
         self.max_checkpoints = max_checkpoints
         # per stream: position -> (conv [L, d_conv-1, C], ssm [L, H, dk, dv]) copies, oldest first
         self.checkpoints: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(n_streams)]
         # model layer -> its row in conv / ssm
         self.row = {layer: j for j, layer in enumerate(spec.recurrent_layers)}
 
-    def begin(self, streams: list[int], starts: list[int]) -> None:
-        """Before a forward: each (stream, start) either continues where its state stands or starts
-        at 0 (state zeroed); else RuntimeError naming both counts."""
+    @contextlib.contextmanager
+    def stepping(self, meta) -> Iterator[None]:
+        """Around a forward of the batch `meta` (AttnMeta): each sequence must continue its stream
+        where the state stands, or start it at 0 (state zeroed, its checkpoints dropped: they were
+        another token history's); else RuntimeError naming both counts, before anything changed.
+        Inside, `seqs` holds (stream, new tokens, first row) per sequence, read from the device once
+        for every layer. After, each state has absorbed its tokens; a forward that raised leaves its
+        streams INVALID (its layers stopped part-way)."""
+        q_lens, ends = meta.q_lens.tolist(), meta.kv_lens.tolist()
+        streams, starts = meta.seq_streams.tolist(), [e - n for e, n in zip(ends, q_lens)]
         for stream, start in zip(streams, starts):
-            if start == 0:
-                self.conv[:, stream].zero_()
-                self.ssm[:, stream].zero_()
-            elif self.absorbed[stream] != start:
-                held = "no valid state" if self.absorbed[stream] == INVALID else f"{self.absorbed[stream]} tokens"
+            if start and self.absorbed[stream] != start:
+                held = "nothing valid" if self.absorbed[stream] == INVALID else f"{self.absorbed[stream]} tokens"
                 raise RuntimeError(f"stream {stream}: a recurrent model cannot continue at position {start}: "
                                    f"its state holds {held}")
-
-    def end(self, streams: list[int], ends: list[int]) -> None:
-        """After a forward: each stream's state has absorbed its tokens up to `end`."""
+        for stream in (s for s, start in zip(streams, starts) if start == 0):
+            self.conv[:, stream].zero_()
+            self.ssm[:, stream].zero_()
+            self.absorbed[stream], self.checkpoints[stream] = 0, {}
+        self.seqs = list(zip(streams, q_lens, meta.q_offsets.tolist()))
+        try:
+            yield
+        except BaseException:
+            for stream in streams:
+                self.invalidate(stream)
+            raise
         for stream, end in zip(streams, ends):
             self.absorbed[stream] = end
+
+    def backup(self, streams: list[int]) -> dict:
+        """The streams' states, counts and checkpoints as they are (a lab rollback's retry restores them)."""
+        return {s: (self.conv[:, s].clone(), self.ssm[:, s].clone(), self.absorbed[s], dict(self.checkpoints[s]))
+                for s in streams}
+
+    def restore_backup(self, saved: dict) -> None:
+        for s, (conv, ssm, absorbed, marks) in saved.items():
+            self.conv[:, s].copy_(conv)
+            self.ssm[:, s].copy_(ssm)
+            self.absorbed[s], self.checkpoints[s] = absorbed, marks
 
     def copy_stream(self, src: int, dst: int, n: int) -> None:
         """A KV copy of src's first n cells to dst: the state follows when it stands exactly at n,

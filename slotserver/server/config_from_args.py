@@ -116,7 +116,7 @@ def plan_from_args(args) -> LaunchPlan:
         cache_disk=args.cache_disk, cache_disk_mib=args.cache_disk_mib,
         kv_unified=bool(getattr(args, "kv_unified", False)), spec=spec_config_from_args(args),
         context_shift=args.context_shift, cache_reuse=getattr(args, "cache_reuse", 0),
-        ctx_checkpoints=getattr(args, "ctx_checkpoints", 8),
+        ctx_checkpoints=getattr(args, "ctx_checkpoints", EngineConfig.ctx_checkpoints),
         async_steps=getattr(args, "async_steps", "auto"),
         adaptive_threads=getattr(args, "adaptive_threads", "auto"),
     )

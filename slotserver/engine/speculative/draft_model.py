@@ -53,7 +53,7 @@ class DraftModel:
                  kv_dtype: torch.dtype | None = None) -> None:
         """kv_dtype: the draft cache's element type (the engine passes the target's: -ctk/-ctv)."""
         s, m = bundle.model.spec, bundle.model
-        spec = KVSpec(s.n_layers, n_slots, n_cells, s.n_kv_heads, s.head_dim, kv_dtype or m.dtype, device=m.device)
+        spec = KVSpec(s.n_kv_layers, n_slots, n_cells, s.n_kv_heads, s.head_dim, kv_dtype or m.dtype, device=m.device)
         self.model, self.device = m, m.device
         self.cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
         self.held: list[list[int]] = [[] for _ in range(n_slots)]   # tokens whose KV each stream holds

@@ -46,6 +46,6 @@ class DecoderEncoder:
         """Token sequences -> float32 `[sum of lengths, d_model]`, each token's row, packed in order."""
         s, m = self.model.spec, self.model
         cells = max(map(len, seqs))
-        cache = create_layout(self.layout, KVSpec(s.n_layers, len(seqs), cells, s.n_kv_heads, s.head_dim, m.dtype))
+        cache = create_layout(self.layout, KVSpec(s.n_kv_layers, len(seqs), cells, s.n_kv_heads, s.head_dim, m.dtype))
         chunks = [SeqChunk(i, 0, list(seq), all_logits=True, prompt=True) for i, seq in enumerate(seqs)]
         return m.forward(Batch.build(chunks), cache).float()

@@ -1,0 +1,105 @@
+"""The architectures `ModelSpec.from_gguf` knows: one `ArchDef` row of switches each.
+
+An architecture is a few switches the one forward (model.py) reads (q/k/v biases, rope mode, q/k
+norms, post-norms, the gated FFN's activation, sliding-window pattern, soft-capping, fused tensors,
+granite's multipliers, MoE weight renormalization, gating and activation, gpt-oss's output bias and
+attention sinks, smollm3's NoPE layers, mistral3's q temperature, olmo2's missing pre-norms,
+exaone4's unrotated full layers, the hybrids' recurrent layers and qwen35's gated attention); glm4,
+ernie4_5 and seed_oss are rows of existing switches. Apart from spec.py so that adding a row is an
+edit of this table alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ArchDef:
+    qkv_bias: bool = False       # always (qwen2); any file may have them too (llama.cpp's create_tensor_qkv)
+    rope_mode: str = "normal"    # "normal": adjacent pairs (GGUF llama); "neox": half split (qwen2)
+    embed_scale: str = "none"    # "sqrt_d": x * sqrt(d_model) (gemma); "metadata": {arch}.embedding_scale
+    qk_norm: bool = False        # per-head RMSNorm of q and k before rope (attn_q_norm / attn_k_norm)
+    post_norms: bool = False     # RMSNorm of the attention and FFN outputs before the residual add
+    act: str = "silu"            # gated FFN: "silu" (SwiGLU) or "gelu" (tanh GELU, GeGLU)
+    swa_pattern: int = 0         # n > 0: layer i is windowed when i % n < n - 1 (llama.cpp's pattern)
+    swa_default: int = 0         # window when the metadata has none (0: no window without the key)
+    swa_rope_global: bool = False  # windowed layers keep the global rope base unless freq_base_swa (gemma2)
+    swa_rope_plain: bool = False   # olmo2: windowed layers at the global base (freq_base_swa unread), no yarn
+    pre_norms: bool = True         # attn_norm / ffn_norm before each branch (olmo2 has post-norms only)
+    softcap: bool = False        # gemma2: attention and final-logit soft-capping (defaults 50 / 30)
+    fused: bool = False          # phi3: attn_qkv holds q|k|v and ffn_up holds gate|up
+    multipliers: bool = False    # granite: embedding, residual, attention and logit multipliers
+    gemma_scale: bool = False    # 27B gemmas scale q by 1/sqrt(d_model / n_heads), not 1/sqrt(head_dim)
+    qk_norm_full: bool = False   # olmoe: q and k RMSNorm over the whole projection, not per head
+    moe_norm: bool = False       # MoE: the k selected weights renormalized to sum 1 (moe_spec.py)
+    moe_gating: str = "softmax"  # MoE: "softmax" then top-k, or "softmax_weight": top-k then softmax (gpt-oss)
+    moe_act: str = "silu"        # MoE experts' gate: "silu" (SwiGLU) or "swiglu_oai" (gpt-oss's clamped form)
+    out_bias: bool = False       # attn_output.bias (gpt-oss)
+    sinks: bool = False          # attn_sinks.weight: a learned logit per query head in each softmax (gpt-oss)
+    ffn_norm: str = "ffn_norm"   # the FFN's pre-norm tensor (gpt-oss names it post_attention_norm)
+    no_rope_step: int = 0        # n > 0: layer i has no RoPE when (i + 1) % n == 0 (smollm3's NoPE layers)
+    nope_full: bool = False      # with windows, the full-attention layers have no RoPE (exaone4)
+    swa_n_layers: int = 0        # n > 0: windows only in a model of exactly n layers (llama.cpp's exaone4: 32B)
+    bidirectional: bool = False  # an embedding model: attention both ways, windows symmetric (encoder/bidirectional.py)
+    attn_temp: bool = False      # q scaled by position past the trained context (`attention.temperature_scale`)
+    hybrid: str = ""             # recurrent layers between the attention layers: "gdn", "shortconv" (recurrent_spec.py)
+    out_norm: str = "output_norm"  # the final norm's tensor (LFM2: token_embd_norm)
+    attn_gate: bool = False      # attn_q holds q and an output gate per head: out * sigmoid(gate) (qwen35)
+
+
+ARCHS: dict[str, ArchDef] = {
+    "llama": ArchDef(),
+    "mistral": ArchDef(),
+    "qwen2": ArchDef(qkv_bias=True, rope_mode="neox"),
+    "qwen3": ArchDef(rope_mode="neox", qk_norm=True),
+    "gemma2": ArchDef(rope_mode="neox", embed_scale="sqrt_d", post_norms=True, act="gelu", swa_pattern=2,
+                      swa_default=4096, swa_rope_global=True, softcap=True, gemma_scale=True),
+    "gemma3": ArchDef(rope_mode="neox", embed_scale="sqrt_d", qk_norm=True, post_norms=True, act="gelu",
+                      swa_pattern=6, gemma_scale=True),
+    "phi3": ArchDef(rope_mode="neox", fused=True),
+    # llama.cpp's src/models/smollm3.cpp: llama with every 4th layer unrotated (n_no_rope_layer_step = 4)
+    "smollm3": ArchDef(no_rope_step=4),
+    # src/models/mistral3.cpp (Ministral 3, Mistral Small 3.x conversions): llama, yarn, and q multiplied by
+    # 1 + temperature_scale * ln(1 + floor(pos / original_context_length)) where the key is set
+    "mistral3": ArchDef(attn_temp=True),
+    # src/models/olmo2.cpp (OLMo 2, and OLMo 3's windows on 3 of 4 layers): no pre-norms, the branches
+    # post-normed, q and k normed over the whole projection; windowed layers rotate without yarn
+    "olmo2": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_full=True, post_norms=True, pre_norms=False,
+                     swa_pattern=4, swa_rope_plain=True),
+    "granite": ArchDef(embed_scale="metadata", multipliers=True),
+    # src/models/glm4.cpp (GLM-4-0414, GLM-Z1): pre- and post-norms, q/k/v biases, gate|up in one ffn_up,
+    # part of each head rotated (rope.dimension_count), adjacent pairs
+    "glm4": ArchDef(qkv_bias=True, post_norms=True, fused=True),
+    # src/models/ernie4-5.cpp (ERNIE-4.5 dense): llama's block
+    "ernie4_5": ArchDef(),
+    # src/models/seed-oss.cpp (Seed-OSS): q/k/v biases, NEOX rope, the FFN's pre-norm named post_attention_norm
+    "seed_oss": ArchDef(qkv_bias=True, rope_mode="neox", ffn_norm="post_attention_norm"),
+    # src/models/exaone4.cpp (EXAONE 4.0): olmo2's post-norm block with per-head q/k norms; the 32B (64
+    # layers) windows 3 of 4 layers (4096 cells unless the key says) and leaves the other layers unrotated
+    "exaone4": ArchDef(rope_mode="neox", qk_norm=True, post_norms=True, pre_norms=False, swa_pattern=4,
+                       swa_default=4096, swa_rope_global=True, nope_full=True, swa_n_layers=64),
+    # src/models/gemma-embedding.cpp (EmbeddingGemma): gemma3's block attending both ways, windows of
+    # n_swa/2 on each side on 5 of 6 layers; embeddings only (`serve --embedding`), never generation
+    "gemma-embedding": ArchDef(rope_mode="neox", embed_scale="sqrt_d", qk_norm=True, post_norms=True, act="gelu",
+                               swa_pattern=6, bidirectional=True),
+    # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
+    # Qwen3.5: 3 of 4 layers gated delta-net (model/delta_net.py), the rest gated attention; its
+    # interleaved M-RoPE is neox rope for text (recurrent_spec.text_rope_check)
+    "qwen35": ArchDef(rope_mode="neox", qk_norm=True, ffn_norm="post_attention_norm", hybrid="gdn", attn_gate=True),
+    # Qwen3.5 MoE: the same layers, every FFN routed (softmax, top-k, renormalized) plus a shared
+    # expert behind a sigmoid gate (qwen2moe's)
+    "qwen35moe": ArchDef(rope_mode="neox", qk_norm=True, ffn_norm="post_attention_norm", hybrid="gdn",
+                         attn_gate=True, moe_norm=True),
+    # LFM2: short gated convolutions (model/short_conv.py) where attention.head_count_kv is 0, the
+    # others attention with per-head q/k norms; the final norm is named token_embd_norm
+    "lfm2": ArchDef(rope_mode="neox", qk_norm=True, hybrid="shortconv", out_norm="token_embd_norm"),
+    "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
+    "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),
+    "olmoe": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_full=True),
+    "granitemoe": ArchDef(embed_scale="metadata", multipliers=True, moe_norm=True),
+    # llama.cpp's LLM_ARCH_OPENAI_MOE (src/models/openai-moe.cpp): every other layer windowed (pattern 2,
+    # the global rope base), q/k/v/o biases, sinks, biased router, top-k then softmax, clamped SwiGLU
+    "gpt-oss": ArchDef(qkv_bias=True, rope_mode="neox", swa_pattern=2, swa_rope_global=True, moe_gating="softmax_weight",
+                       moe_act="swiglu_oai", out_bias=True, sinks=True, ffn_norm="post_attention_norm"),
+}

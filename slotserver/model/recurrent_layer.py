@@ -1,0 +1,81 @@
+"""A hybrid model's recurrent layer weights: Qwen3.5's gated delta net (llama.cpp's qwen35 tensors)
+and LFM2's short convolution (lfm2's).
+
+The layer is a `LayerWeights` like any other, so that the loop of model.py runs it: `qkv` is the
+fused in-projection and `wo` the out-projection, both plain matmuls in any weight format; what only
+the recurrence reads is `recurrent` (GdnParams, model/delta_net.py; ShortConvParams,
+model/short_conv.py), whose `run` computes the layer between the two matmuls. The in-projections,
+stacked along their output rows (one matmul, as q|k|v is one for attention):
+
+    gdn        attn_qkv [conv_dim, d_model]   q | k | v, convolved (conv_dim = 2 key_dim + value_dim)
+               attn_gate [value_dim, d_model] z, the output gate
+               ssm_beta [v_heads, d_model]    the delta rule's write strength (sigmoid)
+               ssm_alpha [v_heads, d_model]   the decay's input (softplus(alpha + dt_bias) * a)
+    shortconv  shortconv.in_proj [3 d_model, d_model]   B | C | x
+
+For Qwen3.5 the converter has already put V heads in tiled order and written `ssm_a` as -exp(A_log).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slotserver.model.delta_net import GdnParams
+from slotserver.model.gguf_file import GGUFFile
+from slotserver.model.linear import Linear
+from slotserver.model.moe_weights import load_moe
+from slotserver.model.short_conv import ShortConvParams
+from slotserver.model.spec import ModelSpec
+from slotserver.model.weights import (LayerWeights, WeightFormat, _block_ffn, _blocks, _kind, _load, _no_int4,
+                                      _qlinear)
+
+
+def recurrent_layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtype, fmt: WeightFormat,
+                    q4_kernel=None) -> LayerWeights:
+    """Layer i of a hybrid model, a recurrent one: kind "q" keeps GGUF blocks, else `Linear`'s formats."""
+    r, d, p = spec.recurrent, spec.d_model, f"blk.{i}."
+    if r.kind == "shortconv":
+        ins, out = [("shortconv.in_proj", 3 * d)], ("shortconv.out_proj", d)
+    else:
+        ins = [("attn_qkv", r.conv_dim), ("attn_gate", r.value_dim), ("ssm_beta", r.n_v_heads),
+               ("ssm_alpha", r.n_v_heads)]
+        out = ("ssm_out", r.value_dim)
+    if kind == "q":
+        parts = [_blocks(f, p + n + ".weight", (rows, d)) for n, rows in ins]
+        in_proj = _qlinear(f, parts, [f.tensors[p + n + ".weight"] for n, _ in ins], fmt.fuse_copy)
+        out_proj = _qlinear(f, [_blocks(f, p + out[0] + ".weight", (d, out[1]))], [None], False)
+        gate_up, down = _block_ffn(f, spec, p, fmt)
+    else:
+        def lin(names: tuple[str, ...], w: torch.Tensor) -> Linear:
+            kinds = {_kind(f, p + n + ".weight", fmt) for n in names}
+            return Linear.build(w, None, kinds.pop() if len(kinds) == 1 else _no_int4(fmt.kind), fmt.int8_max_rows,
+                                fmt.native_max_rows, q4_kernel)
+        in_proj = lin(tuple(n for n, _ in ins), torch.cat([_load(f, p + n + ".weight", (rows, d), dtype) for n, rows in ins]))
+        out_proj = lin((out[0],), _load(f, p + out[0] + ".weight", (d, out[1]), dtype))
+        gate_up, down = _dense_ffn(f, spec, p, dtype, lin)
+    return LayerWeights(attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32), qkv=in_proj, wo=out_proj,
+                        ffn_norm=_load(f, p + spec.ffn_norm + ".weight", (d,), torch.float32),
+                        gate_up=gate_up, down=down, recurrent=_params(f, spec, p),
+                        moe=load_moe(f, spec, p, kind, dtype) if spec.moe else None)
+
+
+def _dense_ffn(f: GGUFFile, spec: ModelSpec, p: str, dtype: torch.dtype, lin) -> tuple[Linear | None, Linear | None]:
+    """(gate|up, down) dequantized: the dense FFN, or a MoE layer's shared expert (None, None without one)."""
+    d = spec.d_model
+    ff, sfx = (spec.moe.d_ff_shared, "_shexp") if spec.moe else (spec.d_ff, "")
+    if not ff:
+        return None, None
+    names = ("ffn_gate" + sfx, "ffn_up" + sfx)
+    gate_up = lin(names, torch.cat([_load(f, p + n + ".weight", (ff, d), dtype) for n in names]))
+    return gate_up, lin(("ffn_down" + sfx,), _load(f, p + "ffn_down" + sfx + ".weight", (d, ff), dtype))
+
+
+def _params(f: GGUFFile, spec: ModelSpec, p: str) -> GdnParams | ShortConvParams:
+    r = spec.recurrent
+    if r.kind == "shortconv":
+        return ShortConvParams(_load(f, p + "shortconv.conv.weight", (r.conv_dim, r.d_conv), torch.float32).contiguous())
+    return GdnParams(
+        conv=_load(f, p + "ssm_conv1d.weight", (r.conv_dim, r.d_conv), torch.float32).contiguous(),
+        dt_bias=_load(f, p + "ssm_dt.bias", (r.n_v_heads,), torch.float32),
+        a=_load(f, p + "ssm_a", (r.n_v_heads,), torch.float32),
+        norm=_load(f, p + "ssm_norm.weight", (r.head_v,), torch.float32))
