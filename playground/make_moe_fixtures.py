@@ -24,7 +24,8 @@ plain byte-level BPE one for the same reason.
 `--size big` makes the speed model of docs/performance.md ("Issue 38: MoE"): d_model 512, 16
 experts (4 used), 8 layers, the Qwen3 tokenizer-free vocabulary padded to 32000, written F32
 to --out (then requantized with llama-quantize: Q4_K_M, or MXFP4_MOE for gpt-oss, whose experts
-are MXFP4 already), no reference run.
+are MXFP4 already), no reference run. `qwen35 --size big` is Qwen3.5-0.8B's own shape instead
+(BIG_CASE, BIG_OWN: 24 layers, d_model 1024, its 248320-entry vocabulary size), to time a real-size hybrid.
 """
 
 from __future__ import annotations
@@ -148,7 +149,19 @@ BIG = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=4, num_hi
            num_experts=16, num_experts_per_tok=4, moe_intermediate_size=512, intermediate_size=1024)
 # per case where its config names these differently (gpt-oss: experts of width intermediate_size, the
 # real model's 128-cell window and a larger GQA group)
-BIG_CASE = {"gpt-oss": dict(num_local_experts=16, intermediate_size=512, sliding_window=128, num_key_value_heads=2)}
+BIG_CASE = {"gpt-oss": dict(num_local_experts=16, intermediate_size=512, sliding_window=128, num_key_value_heads=2),
+            # Qwen3.5-0.8B's own shape (its config.json's text_config, no MTP layer), random weights: a whole
+            # config, not merged with BIG (see BIG_OWN); 24 layers LLLF x 6 (layer_types' default, every
+            # 4th full), the real 248320-entry vocabulary's size (the tiny tokenizer, padded by the converter)
+            "qwen35": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
+                           head_dim=256, intermediate_size=3584, linear_num_key_heads=16, linear_num_value_heads=16,
+                           linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                           vocab_size=248320, tie_word_embeddings=True, max_position_embeddings=262144,
+                           rms_norm_eps=1e-6, rope_theta=10000000.0,
+                           rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
+                                                mrope_section=[11, 11, 10], mrope_interleaved=True))}
+# cases whose BIG_CASE entry is the whole big config (over TINY and the case's own), without BIG
+BIG_OWN = {"qwen35"}
 
 CONVERT = """
 import sys
@@ -250,7 +263,7 @@ def convert(hf: Path, out: Path, args: list[str] = ()) -> Path:
 
 def make(name: str, out_dir: Path, big: bool, reference: bool) -> None:
     cls_name, extra = CASES[name]
-    config = TINY | extra | (BIG | BIG_CASE.get(name, {}) if big else {})
+    config = TINY | extra | ((BIG_CASE[name] if name in BIG_OWN else BIG | BIG_CASE.get(name, {})) if big else {})
     with tempfile.TemporaryDirectory() as tmp:
         hf = Path(tmp) / "hf"
         write_hf(hf, cls_name, config, seed=sum(map(ord, name)) + SEED_OFFSET.get(name, 0))

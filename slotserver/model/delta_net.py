@@ -58,11 +58,10 @@ def delta_net(spec, params, proj: torch.Tensor, batch: Batch, state: RecurrentSt
     b = torch.sigmoid(beta)                                              # [T, Hv]
     g = F.softplus(alpha + params.dt_bias) * params.a                    # [T, Hv] (< 0)
     q, k, v = _qkv(r, F.silu(conv_rows(state, row, meta, mixed, params.conv)), eps)   # [T, Hv, dk], ..., [T, Hv, dv]
-    out = torch.empty_like(v)                                            # [T, Hv, dv]
-    if (span := decode_span(meta)) is not None:   # decode on contiguous streams: batched, in place
-        rows = meta.q_offsets
-        out[rows] = _step(state.ssm[row, span], q[rows], k[rows], v[rows], g[rows], b[rows])
+    if (span := decode_span(meta)) is not None:   # decode on contiguous streams (row b: sequence b): batched, in place
+        out = _step(state.ssm[row, span], q, k, v, g, b)                 # [B, Hv, dv]
     else:   # each sequence's tokens in order, on its state in place
+        out = torch.empty_like(v)                                        # [T, Hv, dv]
         for stream, n, first in state.seqs:
             rows, s = slice(first, first + n), state.ssm[row, stream]   # s [Hv, dk, dv], a view
             if n >= CHUNKED_FROM:
@@ -75,8 +74,8 @@ def delta_net(spec, params, proj: torch.Tensor, batch: Batch, state: RecurrentSt
 
 
 def decode_span(meta) -> slice | None:
-    """The streams of a decode step (one token a sequence) on contiguous streams, whose states are
-    then computed on at once as one slice; None for any other batch."""
+    """The streams of a decode step (one token a sequence: row b is sequence b's) on contiguous
+    streams, whose states are then computed on at once as one slice; None for any other batch."""
     if meta.max_q != 1 or meta.stream_base is None:
         return None
     return slice(meta.stream_base, meta.stream_base + meta.n_seqs)
@@ -85,11 +84,9 @@ def decode_span(meta) -> slice | None:
 def conv_rows(state: RecurrentState, row: int, meta, x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
     """The causal convolution of every row of x [T, C] over its own sequence's earlier inputs, the
     streams' conv states (their last d_conv - 1 inputs) updated -> [T, C]."""
-    if (span := decode_span(meta)) is not None:
-        conv, state.conv[row, span] = causal_conv(state.conv[row, span], x[meta.q_offsets][:, None], taps)
-        out = torch.empty_like(x)
-        out[meta.q_offsets] = conv[:, 0]
-        return out
+    if (span := decode_span(meta)) is not None:   # one row a sequence, in order
+        conv, state.conv[row, span] = causal_conv(state.conv[row, span], x[:, None], taps)
+        return conv[:, 0]
     parts = []
     for stream, n, first in state.seqs:
         conv, state.conv[row, stream] = causal_conv(state.conv[row, stream][None], x[first: first + n][None], taps)
