@@ -11,22 +11,19 @@ slotserver (`serve`'s load: `--dtype auto`, the file's blocks, f16 KV), N times.
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from moe_bursts import llama
+from moe_bursts import parse_args, run_bursts
 from slotserver.engine.kv_cache import KVCache
 from slotserver.model.config import ModelConfig
 from slotserver.model.model import LlamaModel
 from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.runtime.kv_spec import KVSpec
 
-DEPTH, WHAT = 128, ("pp128", "tg b=1", "tg b=8", "tg b=32")
+DEPTH = 128
 
 
 def setup(path: str, bursts: int):
@@ -57,27 +54,10 @@ def ours(model, cache, toks, pos: list[int], what: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--llama-bin", required=True, type=Path)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("-n", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+    args = parse_args(8)
     torch.set_num_threads(args.threads)
     model, cache, toks, pos = setup(args.model, args.n)
-    got = {(side, w): [] for side in ("llama.cpp", "slotserver") for w in WHAT}
-    for i in range(args.n):
-        for w in WHAT:
-            got[("llama.cpp", w)].append(llama(args.llama_bin, args.model, args.threads, w))
-            got[("slotserver", w)].append(ours(model, cache, toks, pos, w))
-        print(f"burst {i + 1} (load {os.getloadavg()[0]:.1f}): " + "  ".join(
-            f"{w} {got[('llama.cpp', w)][-1]:.1f} / {got[('slotserver', w)][-1]:.1f}" for w in WHAT), flush=True)
-    print(f"model {Path(args.model).name}, {args.threads} threads, tokens/s over {args.n} alternating bursts "
-          f"(llama.cpp / slotserver, ratio)")
-    for w in WHAT:
-        a, b = got[("llama.cpp", w)], got[("slotserver", w)]
-        print(f"{w:8} best {max(a):8.1f} / {max(b):8.1f} ({max(b) / max(a):4.2f})   median "
-              f"{statistics.median(a):8.1f} / {statistics.median(b):8.1f} ({statistics.median(b) / statistics.median(a):4.2f})")
+    run_bursts(args, lambda w, i: ours(model, cache, toks, pos, w))
 
 
 if __name__ == "__main__":

@@ -58,26 +58,38 @@ def ours(model, cache, toks, what: str, step: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--llama-bin", required=True, type=Path)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("-n", type=int, default=12)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+    args = parse_args(12)
     torch.set_num_threads(args.threads)
     cpu_formats.MODEL = args.model
     model, cache, toks = cpu_formats.setup("auto:auto")
-    what = ("pp128", "tg b=1", "tg b=8", "tg b=32")
-    got = {(side, w): [] for side in ("llama.cpp", "slotserver") for w in what}
+    run_bursts(args, lambda w, i: ours(model, cache, toks, w, i))
+
+
+def parse_args(default_n: int) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llama-bin", required=True, type=Path)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("-n", type=int, default=default_n)
+    ap.add_argument("--threads", type=int, default=2)
+    return ap.parse_args()
+
+
+WHAT = ("pp128", "tg b=1", "tg b=8", "tg b=32")
+
+
+def run_bursts(args: argparse.Namespace, measure) -> None:
+    """args.n rounds of each of WHAT, llama.cpp then `measure(what, round)`; each burst printed, then
+    each side's best / upper quartile / median and their ratios."""
+    got = {(side, w): [] for side in ("llama.cpp", "slotserver") for w in WHAT}
     for i in range(args.n):
-        for w in what:
+        for w in WHAT:
             got[("llama.cpp", w)].append(llama(args.llama_bin, args.model, args.threads, w))
-            got[("slotserver", w)].append(ours(model, cache, toks, w, i))
+            got[("slotserver", w)].append(measure(w, i))
         print(f"burst {i + 1} (load {os.getloadavg()[0]:.1f}): " + "  ".join(
-            f"{w} {got[('llama.cpp', w)][-1]:.1f} / {got[('slotserver', w)][-1]:.1f}" for w in what), flush=True)
+            f"{w} {got[('llama.cpp', w)][-1]:.1f} / {got[('slotserver', w)][-1]:.1f}" for w in WHAT), flush=True)
     print(f"model {Path(args.model).name}, {args.threads} threads, tokens/s over {args.n} alternating bursts "
           f"(llama.cpp / slotserver, ratio)")
-    for w in what:
+    for w in WHAT:
         a, b = got[("llama.cpp", w)], got[("slotserver", w)]
         q = lambda v: statistics.quantiles(v, n=4)[2] if len(v) > 1 else v[0]   # noqa: E731
         print(f"{w:8} best {max(a):8.1f} / {max(b):8.1f} ({max(b) / max(a):4.2f})   upper quartile {q(a):8.1f} / "

@@ -65,6 +65,20 @@ def _disk_cache(config: EngineConfig, bundle: ModelBundle, spec: KVSpec) -> Disk
     return DiskCache(Path(config.cache_disk), limit, key, spec.dtype)
 
 
+def _kv_cache(config: EngineConfig, bundle: ModelBundle) -> KVCache:
+    """The KV cache of the model's attention layers in the configured layout; for a hybrid model also
+    its recurrent states, made now: memory they need is found missing at start, not at a first request."""
+    s = bundle.model.spec
+    spec = KVSpec(s.n_kv_layers, config.n_streams, config.n_cells, s.n_kv_heads, s.head_dim, kv_dtype(config, bundle),
+                  pool_cells=config.kv_pool_cells,   # paged: requests wait for free blocks past it
+                  device=bundle.model.device)
+    cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
+    cache.max_checkpoints = config.ctx_checkpoints   # a hybrid model's state copies (--ctx-checkpoints)
+    if s.recurrent is not None:
+        recurrent_state(cache, s.recurrent)
+    return cache
+
+
 class Engine:
     def __init__(self, bundle: ModelBundle, config: EngineConfig, draft: ModelBundle | None = None) -> None:
         """draft: the draft model of `--spec-type draft-simple` (same vocabulary, checked)."""
@@ -73,14 +87,8 @@ class Engine:
             raise RequestError(f"a slot's context ({config.n_cells}) exceeds the model's ({bundle.model.rope.max_pos})")
         recurrent_policy.check_config(config, bundle.model)   # a hybrid model: what it cannot serve with
         recurrent = recurrent_policy.is_recurrent(bundle.model)
-        spec = KVSpec(s.n_kv_layers, config.n_streams, config.n_cells, s.n_kv_heads, s.head_dim,
-                      kv_dtype(config, bundle),
-                      pool_cells=config.kv_pool_cells,   # paged: requests wait for free blocks past it
-                      device=bundle.model.device)
-        self.cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
-        self.cache.max_checkpoints = config.ctx_checkpoints   # a hybrid model's state copies (--ctx-checkpoints)
-        if recurrent:   # its states now: memory they need is found missing at start, not at a first request
-            recurrent_state(self.cache, s.recurrent)
+        self.cache = _kv_cache(config, bundle)
+        spec = self.cache.spec
         self.prompt_cache = PromptCache(config.cache_ram_mib << 20 if config.cache_ram_mib > 0 else -1) \
             if config.cache_ram_mib and not recurrent else None   # --cache-ram
         self.disk_cache = _disk_cache(config, bundle, spec) if config.cache_disk is not None else None
