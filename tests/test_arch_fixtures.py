@@ -65,7 +65,7 @@ def _needs_native_blocks(case: str, model: LlamaModel) -> None:
 
 def _cache(model: LlamaModel, layout: str, n_streams: int):
     s = model.spec
-    return create_layout(load_layout(layout), KVSpec(s.n_layers, n_streams, 64, s.n_kv_heads, s.head_dim, model.dtype))
+    return create_layout(load_layout(layout), KVSpec(s.n_kv_layers, n_streams, 64, s.n_kv_heads, s.head_dim, model.dtype))
 
 
 def _prefilled(model: LlamaModel, rows: list[dict]) -> list[torch.Tensor]:

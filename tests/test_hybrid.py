@@ -157,6 +157,8 @@ def test_a_q8_0_file_on_blocks_gives_llama_servers_probabilities(tmp_path):
     path = q8_copy(ARCHS / "qwen35.gguf", tmp_path / "q8.gguf")
     rows = json.loads((Path(__file__).parent / "fixtures" / "hybrid" / "qwen35_q8.json").read_text())
     model = LlamaModel.load(path, torch.float32, max_pos=N_CTX, fmt=WeightFormat("q"))
+    if model.kernels.modules["qmatmul"].module._LIB is None:
+        pytest.skip("8-bit activations on the blocks need the C kernels (SLOTSERVER_NATIVE=0 or no compiler)")
     assert {type(lw.qkv).__name__ for lw in model.weights.layers} == {"QLinear"}
     worst = 0.0
     for lp, r in zip(_prefilled(model, rows), rows):
