@@ -43,6 +43,7 @@ class ArchDef:
     swa_n_layers: int = 0        # n > 0: windows only in a model of exactly n layers (llama.cpp's exaone4: 32B)
     bidirectional: bool = False  # an embedding model: attention both ways, windows symmetric (encoder/bidirectional.py)
     attn_temp: bool = False      # q scaled by position past the trained context (`attention.temperature_scale`)
+    swa_all: bool = False        # with `attention.sliding_window` in the file: every layer windowed, global rope (lfm2)
     hybrid: str = ""             # recurrent layers between the attention layers: "gdn", "shortconv" (recurrent_spec.py)
     out_norm: str = "output_norm"  # the final norm's tensor (LFM2: token_embd_norm)
     attn_gate: bool = False      # attn_q holds q and an output gate per head: out * sigmoid(gate) (qwen35)
@@ -93,7 +94,7 @@ ARCHS: dict[str, ArchDef] = {
                          attn_gate=True, moe_norm=True),
     # LFM2: short gated convolutions (model/short_conv.py) where attention.head_count_kv is 0, the
     # others attention with per-head q/k norms; the final norm is named token_embd_norm
-    "lfm2": ArchDef(rope_mode="neox", qk_norm=True, hybrid="shortconv", out_norm="token_embd_norm"),
+    "lfm2": ArchDef(rope_mode="neox", qk_norm=True, hybrid="shortconv", out_norm="token_embd_norm", swa_all=True),
     "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
     "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),
     "olmoe": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_full=True),

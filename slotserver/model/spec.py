@@ -220,7 +220,11 @@ class _Keys:
 
 
 def _sliding_windows(a: ArchDef, key: _Keys, n_layers: int, rope: RopeScaling) -> tuple[tuple[int, ...], float, float]:
-    """Per-layer windows and the windowed layers' rope (base, scale), as llama.cpp's gemma2/gemma3."""
+    """Per-layer windows and the windowed layers' rope (base, scale), as llama.cpp's gemma2/gemma3;
+    lfm2 windows every attention layer when the file names a window, rotated as the others."""
+    if a.swa_all:
+        n_swa = key.int("attention.sliding_window") if key.raw("attention.sliding_window") else 0
+        return (tuple([n_swa] * n_layers) if n_swa else ()), rope.base, rope.freq_scale
     if not a.swa_pattern or (a.swa_n_layers and n_layers != a.swa_n_layers):
         return (), rope.base, rope.freq_scale
     n_swa = key.raw("attention.sliding_window", a.swa_default)
