@@ -25,7 +25,8 @@ plain byte-level BPE one for the same reason.
 experts (4 used), 8 layers, the Qwen3 tokenizer-free vocabulary padded to 32000, written F32
 to --out (then requantized with llama-quantize: Q4_K_M, or MXFP4_MOE for gpt-oss, whose experts
 are MXFP4 already), no reference run. `qwen35 --size big` is Qwen3.5-0.8B's own shape instead
-(BIG_CASE, BIG_OWN: 24 layers, d_model 1024, its 248320-entry vocabulary size), to time a real-size hybrid.
+(BIG_CASE, BIG_OWN: 24 layers, d_model 1024, its 248320-entry vocabulary size), to time a real-size hybrid;
+`lfm2 --size big` likewise is LFM2-350M's (16 layers, d_model 1024, FF 4608, 65536-entry vocabulary).
 """
 
 from __future__ import annotations
@@ -159,9 +160,18 @@ BIG_CASE = {"gpt-oss": dict(num_local_experts=16, intermediate_size=512, sliding
                            vocab_size=248320, tie_word_embeddings=True, max_position_embeddings=262144,
                            rms_norm_eps=1e-6, rope_theta=10000000.0,
                            rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
-                                                mrope_section=[11, 11, 10], mrope_interleaved=True))}
+                                                mrope_section=[11, 11, 10], mrope_interleaved=True)),
+            # LFM2-350M's own shape (its config.json), random weights, a whole config (BIG_OWN): 16 layers,
+            # attention on 2, 5, 8, 10, 12, 14, short convolutions on the other 10; FF 6656 auto-adjusted
+            # (2/3, x1.0, up to a multiple of 256) to 4608; the real 65536-entry vocabulary's size, tied
+            "lfm2": dict(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=8,
+                         layer_types=["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)],
+                         conv_L_cache=3, conv_bias=False, intermediate_size=6656, block_auto_adjust_ff_dim=True,
+                         block_ffn_dim_multiplier=1.0, block_multiple_of=256, vocab_size=65536,
+                         tie_word_embeddings=True, max_position_embeddings=128000, norm_eps=1e-5, rms_norm_eps=1e-5,
+                         rope_theta=1000000.0, rope_parameters=dict(rope_type="default", rope_theta=1000000.0))}
 # cases whose BIG_CASE entry is the whole big config (over TINY and the case's own), without BIG
-BIG_OWN = {"qwen35"}
+BIG_OWN = {"qwen35", "lfm2"}
 
 CONVERT = """
 import sys
