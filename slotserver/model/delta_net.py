@@ -15,9 +15,9 @@ What llama.cpp's qwen35 graph computes (src/models/qwen35.cpp, delta-net-base.cp
 5. o is RMS-normed per head (`norm`), times silu(z); the out-projection follows (model.py).
 
 Steps 1 and 5 are row-wise over the whole batch; 2-4 need each sequence's tokens in order. A
-decode step (one token per sequence) on contiguous streams (`AttnMeta.stream_base`, what defrag
-keeps) runs them batched over the sequences; otherwise each sequence runs its tokens one after
-another, or, from CHUNKED_FROM tokens, in chunks of CHUNK (`_chunked`: the delta rule's WY form,
+decode step (one token per sequence), or a mixed step's leading decodes, on contiguous streams
+(`decode_span`; defrag keeps them so) runs them batched over the sequences; otherwise each
+sequence runs its tokens one after another, or, from CHUNKED_FROM tokens, in chunks of CHUNK (`_chunked`: the delta rule's WY form,
 as transformers' torch_chunk_gated_delta_rule and llama.cpp's build_delta_net_chunking compute
 it): at Qwen3.5-0.8B's shapes a 512-token prompt takes 40 ms a layer instead of 135 ms (the
 layer, convolution and norms included: 78 ms instead of 142; playground/delta_net_speed.py), and
@@ -58,11 +58,14 @@ def delta_net(spec, params, proj: torch.Tensor, batch: Batch, state: RecurrentSt
     b = torch.sigmoid(beta)                                              # [T, Hv]
     g = F.softplus(alpha + params.dt_bias) * params.a                    # [T, Hv] (< 0)
     q, k, v = _qkv(r, F.silu(conv_rows(state, row, meta, mixed, params.conv)), eps)   # [T, Hv, dk], ..., [T, Hv, dv]
-    if (span := decode_span(meta)) is not None:   # decode on contiguous streams (row b: sequence b): batched, in place
+    span, nb = decode_span(meta)
+    if nb == q.shape[0]:   # a decode step on contiguous streams (row b: sequence b): batched, in place
         out = _step(state.ssm[row, span], q, k, v, g, b)                 # [B, Hv, dv]
-    else:   # each sequence's tokens in order, on its state in place
+    else:
         out = torch.empty_like(v)                                        # [T, Hv, dv]
-        for stream, n, first in state.seqs:
+        if nb:   # a mixed step's leading decodes, batched
+            out[:nb] = _step(state.ssm[row, span], q[:nb], k[:nb], v[:nb], g[:nb], b[:nb])
+        for stream, n, first in state.seqs[nb:]:   # each other sequence's tokens in order, on its state in place
             rows, s = slice(first, first + n), state.ssm[row, stream]   # s [Hv, dk, dv], a view
             if n >= CHUNKED_FROM:
                 out[rows] = _chunked(s, q[rows], k[rows], v[rows], g[rows], b[rows])
@@ -73,22 +76,26 @@ def delta_net(spec, params, proj: torch.Tensor, batch: Batch, state: RecurrentSt
     return (normed * F.silu(z.view(-1, r.n_v_heads, r.head_v))).reshape(-1, r.value_dim)
 
 
-def decode_span(meta) -> slice | None:
-    """The streams of a decode step (one token a sequence: row b is sequence b's) on contiguous
-    streams, whose states are then computed on at once as one slice; None for any other batch."""
-    if meta.max_q != 1 or meta.stream_base is None:
-        return None
-    return slice(meta.stream_base, meta.stream_base + meta.n_seqs)
+def decode_span(meta) -> tuple[slice | None, int]:
+    """(their streams, B) of the step's leading one-token sequences, rows 0..B-1 one each in order,
+    when they are on contiguous streams: a decode step, or a mixed step's decode half (AttnMeta.split,
+    the scheduler puts decodes first). Their states are then computed on at once as one slice of
+    streams. (None, 0) otherwise: every sequence on its own."""
+    head = meta if meta.max_q == 1 else (meta.split[0] if meta.split is not None else None)
+    if head is None or head.stream_base is None:
+        return None, 0
+    return slice(head.stream_base, head.stream_base + head.n_seqs), head.n_seqs
 
 
 def conv_rows(state: RecurrentState, row: int, meta, x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
     """The causal convolution of every row of x [T, C] over its own sequence's earlier inputs, the
     streams' conv states (their last d_conv - 1 inputs) updated -> [T, C]."""
-    if (span := decode_span(meta)) is not None:   # one row a sequence, in order
-        conv, state.conv[row, span] = causal_conv(state.conv[row, span], x[:, None], taps)
-        return conv[:, 0]
+    span, nb = decode_span(meta)
     parts = []
-    for stream, n, first in state.seqs:
+    if nb:   # the leading decodes: one row a sequence, in order
+        conv, state.conv[row, span] = causal_conv(state.conv[row, span], x[:nb, None], taps)
+        parts.append(conv[:, 0])
+    for stream, n, first in state.seqs[nb:]:
         conv, state.conv[row, stream] = causal_conv(state.conv[row, stream][None], x[first: first + n][None], taps)
         parts.append(conv[0])
     return torch.cat(parts) if len(parts) > 1 else parts[0]
