@@ -2,9 +2,10 @@
 
 A hybrid model's recurrent states cannot be put back to an earlier position, so where
 moe_bursts.py revisits decode positions, each stream here goes on from where it stands (every
-burst 16 positions deeper; the cache holds them all). The rest is moe_bursts.py's: pp128, and
-16 decode steps at batch 1, 8 and 32, 128 deep, llama.cpp (llama-bench, llama-batched-bench) then
-slotserver (`serve`'s load: `--dtype auto`, the file's blocks, f16 KV), N times.
+burst 16 positions deeper; the cache holds them all): slotserver decodes from 128 deep to up to
+128 + 48 N, while llama.cpp's benchmarks stay at 128 (a small bias against slotserver). The rest is
+moe_bursts.py's: pp128, and 16 decode steps at batch 1, 8 and 32, llama.cpp (llama-bench,
+llama-batched-bench) then slotserver (`serve`'s load: `--dtype auto`, the file's blocks, f16 KV), N times.
 
     .venv/bin/python playground/hybrid_bursts.py --llama-bin DIR --model F.gguf [-n 8] [--threads 2]
 """

@@ -106,7 +106,7 @@ def add_parser(sub) -> None:
            "(needs --cache-prompt; default 0: off)")
     a("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", type=int, default=EngineConfig.ctx_checkpoints,
       metavar="N",
-      help="a hybrid model (Qwen3.5): copies of a slot's recurrent state kept, one 4 tokens before each "
+      help="a hybrid model (Qwen3.5, LFM2): copies of a slot's recurrent state kept, one 4 tokens before each "
            "prompt's end, so a prompt sharing all but the end of an earlier one resumes there (default 8; "
            "llama-server's 32; 0: none)")
     _switch(p, "cache-prompt", True, "reuse slot caches across requests (default on)")

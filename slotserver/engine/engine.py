@@ -356,8 +356,8 @@ def _speculator(config: EngineConfig, bundle: ModelBundle, draft: ModelBundle | 
     """The drafters `config.spec` names; a draft model of another vocabulary is refused here."""
     if draft is not None:
         from slotserver.engine.speculative.draft_model import check_vocabulary
-        check_vocabulary(bundle, draft)
         recurrent_policy.refuse_draft(draft.model)
+        check_vocabulary(bundle, draft)
     drafters = make_drafters(config.spec, draft, config.n_parallel, config.n_cells, kv_dtype(config, bundle)) \
         if config.spec.enabled else []
     return Speculator(config.spec, config.n_cells, bundle.model.spec.vocab_size, drafters)

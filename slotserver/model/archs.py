@@ -84,7 +84,7 @@ ARCHS: dict[str, ArchDef] = {
     # n_swa/2 on each side on 5 of 6 layers; embeddings only (`serve --embedding`), never generation
     "gemma-embedding": ArchDef(rope_mode="neox", embed_scale="sqrt_d", qk_norm=True, post_norms=True, act="gelu",
                                swa_pattern=6, bidirectional=True),
-    # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
+    # hybrids (recurrent_spec.py, model/recurrent_layer.py)
     # Qwen3.5: 3 of 4 layers gated delta-net (model/delta_net.py), the rest gated attention; its
     # interleaved M-RoPE is neox rope for text (recurrent_spec.text_rope_check)
     "qwen35": ArchDef(rope_mode="neox", qk_norm=True, ffn_norm="post_attention_norm", hybrid="gdn", attn_gate=True),
@@ -95,6 +95,7 @@ ARCHS: dict[str, ArchDef] = {
     # LFM2: short gated convolutions (model/short_conv.py) where attention.head_count_kv is 0, the
     # others attention with per-head q/k norms; the final norm is named token_embd_norm
     "lfm2": ArchDef(rope_mode="neox", qk_norm=True, hybrid="shortconv", out_norm="token_embd_norm", swa_all=True),
+    # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
     "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
     "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),
     "olmoe": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_full=True),

@@ -14,15 +14,15 @@ What llama.cpp's qwen35 graph computes (src/models/qwen35.cpp, delta-net-base.cp
 
 5. o is RMS-normed per head (`norm`), times silu(z); the out-projection follows (model.py).
 
-Steps 1 and 5 are row-wise over the whole batch; 2-4 need each sequence's tokens in order. A
-decode step (one token per sequence), or a mixed step's leading decodes, on contiguous streams
-(`decode_span`; defrag keeps them so) runs them batched over the sequences; otherwise each
-sequence runs its tokens one after another, or, from CHUNKED_FROM tokens, in chunks of CHUNK (`_chunked`: the delta rule's WY form,
-as transformers' torch_chunk_gated_delta_rule and llama.cpp's build_delta_net_chunking compute
-it): at Qwen3.5-0.8B's shapes a 512-token prompt takes 40 ms a layer instead of 135 ms (the
-layer, convolution and norms included: 78 ms instead of 142; playground/delta_net_speed.py), and
-the outputs differ from the token loop's by float32 rounding (tests/test_delta_net.py). The
-states live in runtime/recurrent_state.py, one row per KV stream.
+Steps 1 and 5 are row-wise over the whole batch; 2-4 need each sequence's tokens in order. A decode
+step (one token per sequence), or a mixed step's leading decodes, on contiguous streams
+(`decode_span`; defrag keeps them so) runs them batched over the sequences; otherwise each sequence
+runs its tokens one after another, or, from CHUNKED_FROM tokens, in chunks of CHUNK (`_chunked`: the
+delta rule's WY form, as transformers' torch_chunk_gated_delta_rule and llama.cpp's
+build_delta_net_chunking compute it): at Qwen3.5-0.8B's shapes a 512-token prompt takes 40 ms a
+layer instead of 135 ms (the layer, convolution and norms included: 78 ms instead of 142;
+playground/delta_net_speed.py), and the outputs differ from the token loop's by float32 rounding
+(tests/test_delta_net.py). The states live in runtime/recurrent_state.py, one row per KV stream.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ def decode_span(meta) -> tuple[slice | None, int]:
 def conv_rows(state: RecurrentState, row: int, meta, x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
     """The causal convolution of every row of x [T, C] over its own sequence's earlier inputs, the
     streams' conv states (their last d_conv - 1 inputs) updated -> [T, C]."""
+    assert len(state.seqs) == meta.n_seqs, "a recurrent layer runs inside RecurrentState.stepping"
     span, nb = decode_span(meta)
     parts = []
     if nb:   # the leading decodes: one row a sequence, in order

@@ -74,7 +74,7 @@ class RecurrentSpec:
             if not isinstance(kv, list) or len(kv) != n_layers:
                 raise key.error(f"attention.head_count_kv must give each of the {n_layers} layers its KV heads "
                                 "(0 for a short-convolution layer)")
-            return cls(key.int("shortconv.l_cache"), 0, 0, 0, 0, tuple(h == 0 for h in kv), kind, d_model)
+            return cls(_width(key, "shortconv.l_cache"), 0, 0, 0, 0, tuple(h == 0 for h in kv), kind, d_model)
         n_k, n_v, head_k = key.int("ssm.group_count"), key.int("ssm.time_step_rank"), key.int("ssm.state_size")
         inner = key.int("ssm.inner_size")
         if n_v % n_k or inner % n_v:
@@ -91,7 +91,15 @@ class RecurrentSpec:
             layers = tuple(bool(x) for x in flags[:n_layers])
         else:
             raise key.error(f"attention.recurrent_layers must flag each of the {n_layers} layers")
-        return cls(key.int("ssm.conv_kernel"), n_k, n_v, head_k, inner // n_v, layers)
+        return cls(_width(key, "ssm.conv_kernel"), n_k, n_v, head_k, inner // n_v, layers)
+
+
+def _width(key, name: str) -> int:
+    """A convolution's width: at least 2 (its state is the last width - 1 inputs; llama.cpp asserts it)."""
+    width = key.int(name)
+    if width < 2:
+        raise key.error(f"{name} {width} must be at least 2")
+    return width
 
 
 def text_rope_check(key, rope_dim: int) -> None:

@@ -132,7 +132,7 @@ class ModelSpec:
         windows, base_swa, scale_swa = _sliding_windows(a, key, n_layers, rope)
         spec = cls(
             arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
-            n_kv_heads=_kv_heads(key, n_heads), head_dim=head_dim,
+            n_kv_heads=_kv_heads(key, n_heads, a.hybrid == "shortconv"), head_dim=head_dim,
             # a MoE file may leave it out (qwen35moe: expert and shared-expert sizes only), as llama.cpp allows
             d_ff=key.int("feed_forward_length") if key.has("feed_forward_length") or not key.raw("expert_count") else 0,
             vocab_size=key.int("vocab_size", len(md.get("tokenizer.ggml.tokens", ())) or None),
@@ -160,6 +160,8 @@ class ModelSpec:
         )
         if a.hybrid == "gdn":
             text_rope_check(key, rope_dim)
+        if a.hybrid and key.raw("attention.causal", True) is False:   # LFM2's bidirectional embedders
+            raise GGUFError(f"{f.path}: a non-causal {arch} (an embedding model) is not supported")
         if a.attn_temp and spec.moe is not None:
             raise GGUFError(f"{f.path}: {arch} with experts is not supported (its dense models are)")
         spec._validate(f)
@@ -222,14 +224,13 @@ class _Keys:
 def _sliding_windows(a: ArchDef, key: _Keys, n_layers: int, rope: RopeScaling) -> tuple[tuple[int, ...], float, float]:
     """Per-layer windows and the windowed layers' rope (base, scale), as llama.cpp's gemma2/gemma3;
     lfm2 windows every attention layer when the file names a window, rotated as the others."""
-    if a.swa_all:
-        n_swa = key.int("attention.sliding_window") if key.raw("attention.sliding_window") else 0
-        return (tuple([n_swa] * n_layers) if n_swa else ()), rope.base, rope.freq_scale
-    if not a.swa_pattern or (a.swa_n_layers and n_layers != a.swa_n_layers):
-        return (), rope.base, rope.freq_scale
     n_swa = key.raw("attention.sliding_window", a.swa_default)
     if isinstance(n_swa, bool) or not isinstance(n_swa, int) or n_swa < 0:
         raise key.error(f"metadata {key.arch}.attention.sliding_window = {n_swa!r} is not a window size")
+    if a.swa_all:   # every layer's window (the recurrent layers' unread), at the global rope
+        return (tuple([n_swa] * n_layers) if n_swa else ()), rope.base, rope.freq_scale
+    if not a.swa_pattern or (a.swa_n_layers and n_layers != a.swa_n_layers):
+        return (), rope.base, rope.freq_scale
     if n_swa == 0:
         return (), rope.base, rope.freq_scale
     pattern = key.raw("attention.sliding_window_pattern", a.swa_pattern)
@@ -246,11 +247,11 @@ def _sliding_windows(a: ArchDef, key: _Keys, n_layers: int, rope: RopeScaling) -
     return windows, key.float("rope.freq_base_swa", base_default), scale
 
 
-def _kv_heads(key: _Keys, n_heads: int) -> int:
-    """`attention.head_count_kv`: one number, or (LFM2) one a layer with 0 for its recurrent layers,
-    the attention layers all alike."""
+def _kv_heads(key: _Keys, n_heads: int, per_layer: bool) -> int:
+    """`attention.head_count_kv`: one number, or (LFM2, `per_layer`) one a layer with 0 for its
+    recurrent layers, the attention layers all alike."""
     kv = key.raw("attention.head_count_kv", n_heads)
-    if not isinstance(kv, list):
+    if not per_layer or not isinstance(kv, list):
         return key.int("attention.head_count_kv", n_heads)
     heads = {h for h in kv if h}
     if len(heads) != 1 or not all(isinstance(h, int) and not isinstance(h, bool) and 0 < h <= n_heads for h in heads):
