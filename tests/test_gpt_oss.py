@@ -25,6 +25,7 @@ from slotserver.runtime.kernel_set import KERNEL_CONTRACT
 from slotserver.runtime.kv_spec import KVSpec, PagedKV, StridedKV
 from slotserver.runtime.layouts import create_layout, load_layout
 from slotserver.runtime.loader import default_dir, load_by_path
+from gguf_rewrite import rewrite
 
 FIXTURE = Path(__file__).parent / "fixtures" / "archs" / "gpt-oss.gguf"
 MARK = "GPT-OSS-TRITON "
@@ -187,29 +188,15 @@ def test_a_sequence_gives_the_same_floats_alone_or_in_a_batch(tmp_path):
 
 def _rewrite(src: Path, dst: Path, skip: str = "", q8: bool = False) -> Path:
     """src without the tensor `skip`; q8: its F32 matrices (the router's aside) in Q8_0."""
-    reader = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, reader.fields["general.architecture"].contents())
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        if field.types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_array(name, field.contents())
-        else:
-            w.add_key_value(name, field.contents(), field.types[0])
-    for t in reader.tensors:
-        shape = [int(n) for n in reversed(t.shape.tolist())]
-        if t.name == skip:
-            continue
-        if q8 and t.tensor_type == gguf.GGMLQuantizationType.F32 and len(shape) == 2 and "gate_inp" not in t.name:
-            w.add_tensor(t.name, gguf.quants.quantize(np.asarray(t.data).reshape(shape), gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:   # quantized: the blocks' bytes [..., bytes per row], from which the writer derives the shape
-            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    Q8 = gguf.GGMLQuantizationType.Q8_0
+
+    def tensor(name: str, data: np.ndarray, qtype):
+        if name == skip:
+            return None
+        if q8 and qtype == gguf.GGMLQuantizationType.F32 and data.ndim == 2 and "gate_inp" not in name:
+            return gguf.quants.quantize(data, Q8), Q8
+        return data, qtype   # quantized: the blocks' bytes, from which the writer derives the shape
+    return rewrite(src, dst, tensors=tensor)
 
 
 @pytest.mark.parametrize("missing", ["blk.1.attn_sinks.weight", "blk.2.attn_output.bias", "blk.0.ffn_up_exps.bias"])

@@ -35,6 +35,7 @@ from slotserver.server import ServerConfig, ServerState, create_app
 from test_arch_fixtures import N_CTX, _prefilled
 from test_engine import run_sync
 from test_moe import q8_copy
+from gguf_rewrite import rewrite
 
 ARCHS = Path(__file__).parent / "fixtures" / "archs"
 GREEDY = SamplingParams(temperature=0)
@@ -255,23 +256,6 @@ def test_lora_adapters_and_hybrid_draft_models_are_refused(bundle, tmp_path):
         Engine(target, EngineConfig(n_parallel=1, ctx_size=128, spec=spec), draft=bundle)
 
 
-def _with_keys(src: Path, dst: Path, **keys) -> Path:
-    """src's metadata (plus `keys`: name -> (value, GGUFValueType)) and tensors, written to dst."""
-    import gguf
-    import numpy as np
-    reader = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, reader.fields["general.architecture"].contents())
-    for name, field in reader.fields.items():
-        if not name.startswith("GGUF.") and name != "general.architecture" and name not in keys:
-            w.add_array(name, field.contents()) if field.types[0] == gguf.GGUFValueType.ARRAY \
-                else w.add_key_value(name, field.contents(), field.types[0])
-    for name, (value, vtype) in keys.items():
-        w.add_key_value(name, value, vtype)
-    for t in reader.tensors:
-        w.add_tensor(t.name, np.asarray(t.data).reshape([int(n) for n in reversed(t.shape.tolist())]),
-                     raw_dtype=t.tensor_type)
-    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
-    return dst
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -281,6 +265,6 @@ def test_lfm2_files_this_server_would_misread_are_refused_in_one_line(tmp_path, 
     import gguf
     from slotserver.model.gguf_file import GGUFError
     vtype = gguf.GGUFValueType.BOOL if isinstance(value, bool) else gguf.GGUFValueType.UINT32
-    path = _with_keys(ARCHS / "lfm2.gguf", tmp_path / "m.gguf", **{key: (value, vtype)})
+    path = rewrite(ARCHS / "lfm2.gguf", tmp_path / "m.gguf", keys={key: (value, vtype)})
     with pytest.raises(GGUFError, match=message):
         LlamaModel.load(path)

@@ -21,6 +21,7 @@ from slotserver.runtime.kv_spec import KVSpec
 from slotserver.runtime.layouts import create_layout, load_layout
 from slotserver.runtime.loader import default_dir, load_by_path
 from slotserver.runtime.qblocks import T, random_qweight
+from gguf_rewrite import rewrite
 
 ARCHS = Path(__file__).parent / "fixtures" / "archs"
 MOE = ["qwen3moe", "olmoe", "granitemoe", "qwen2moe"]
@@ -28,28 +29,11 @@ MOE = ["qwen3moe", "olmoe", "granitemoe", "qwen2moe"]
 
 def q8_copy(src: Path, dst: Path) -> Path:
     """`src` with every matrix (experts included, the router not: llama-quantize keeps it F32) in Q8_0."""
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(dst, arch)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            w.add_array(name, field.contents())
-        else:
-            w.add_key_value(name, field.contents(), vtype)
-    for t in reader.tensors:
-        data = np.asarray(t.data).reshape([int(n) for n in reversed(t.shape.tolist())])
-        if data.ndim >= 2 and "gate_inp" not in t.name and data.shape[-1] % 32 == 0:
-            w.add_tensor(t.name, gguf.quants.quantize(data, T.Q8_0), raw_dtype=T.Q8_0)
-        else:
-            w.add_tensor(t.name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    def q8(name: str, data: np.ndarray, qtype):
+        if data.ndim >= 2 and "gate_inp" not in name and data.shape[-1] % 32 == 0:
+            return gguf.quants.quantize(data, T.Q8_0), T.Q8_0
+        return data, qtype
+    return rewrite(src, dst, tensors=q8)
 
 
 def _cache(model: LlamaModel, n: int):
