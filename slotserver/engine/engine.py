@@ -264,7 +264,7 @@ class Engine:
         admission's trim keeps what a cache-reuse shift put in place."""
         for shift in plan.shifts:
             self.cache.shift(self.bundle.model, shift)
-        self.cache.apply(plan.moves, plan.trims, plan.rewinds)
+        self.cache.apply(plan.moves, plan.trims)
         for f in plan.forks:
             self.cache.layout.copy_stream(f.src, f.dst, f.n_cells)
 

@@ -16,8 +16,9 @@ kernels/attention.c), so a swap between them changes no answer; a swap into anot
 and /lab and `top` say which one serves.
 
 A hybrid model's recurrent states (runtime/recurrent_state.py) live here too, as `recurrent`
-(made by the model's first forward): every KV edit below tells them, so that a stream whose KV
-they no longer match is marked and never continued from the wrong state.
+(made by the engine at start; after a sleep, by the model's first forward): every KV edit below
+tells them, so that a stream whose KV they no longer match is marked and never continued from the
+wrong state. A trim to n cells puts a state back to n tokens where it can (`RecurrentState.trim`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class KVCache:
         self.paged = is_paged(self.layout)
         self.n_moves = 0
         self.bytes_moved = 0
-        self.recurrent = None   # a hybrid model's RecurrentState (made by its first forward)
+        self.recurrent = None   # a hybrid model's RecurrentState
         self.max_checkpoints = 0   # its checkpoints a stream (--ctx-checkpoints; set by the engine)
 
     @classmethod
@@ -61,13 +62,7 @@ class KVCache:
         """A paged pool's capacity, which the scheduler asks in cells; None for flat layouts."""
         return KVBudget.of(self.layout) if self.paged else None
 
-    def apply(self, moves: list[Move], trims: tuple[tuple[int, int], ...] = (),
-              rewinds: tuple[tuple[int, int], ...] = ()) -> None:
-        """rewinds: (stream, n) a hybrid model's states put back to n tokens first (an admission:
-        the live state, a checkpoint or 0; runtime/recurrent_state.py)."""
-        for stream, n in rewinds:
-            if self.recurrent is not None:
-                self.recurrent.rewind(stream, n)
+    def apply(self, moves: list[Move], trims: tuple[tuple[int, int], ...] = ()) -> None:
         for stream, n in trims:  # paged: blocks past the kept cells go back
             self.trim(stream, n)
         for m in moves:

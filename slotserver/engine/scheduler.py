@@ -71,7 +71,6 @@ class StepPlan:
     preempted: list[Sequence] = field(default_factory=list)
     forks: list[Move] = field(default_factory=list)   # prompt KV copied to a sibling, after the moves
     shifts: list[KVShift] = field(default_factory=list)  # context shift / cache reuse, before the trims
-    rewinds: list[tuple[int, int]] = field(default_factory=list)  # hybrid: (stream, n) states put back, first
 
     @property
     def n_tokens(self) -> int:
@@ -152,8 +151,9 @@ class Scheduler:
             if self.recurrent is not None:   # the shared prefix, cut back to where a state can resume
                 fits = [n for n in self.recurrent(stream) if n <= seq.num_computed]
                 seq.num_computed = seq.num_cached = max(fits, default=0)
-                plan.rewinds.append((stream, seq.num_computed))
-            if budget is not None:  # the slot's cached cells past the reused prefix give their blocks back
+            # the slot's cached cells past the reused prefix: paged, their blocks go back; a hybrid
+            # model's state is put back there (its live state, a checkpoint or 0: KVCache.trim)
+            if budget is not None or self.recurrent is not None:
                 plan.trims.append((stream, seq.num_computed))
             slot.occupy(seq)
             seq.t_start = time.perf_counter()

@@ -16,11 +16,11 @@ What llama.cpp's qwen35 graph computes (src/models/qwen35.cpp, delta-net-base.cp
 
 Steps 1 and 5 are row-wise over the whole batch; 2-4 need each sequence's tokens in order. A decode
 step (one token per sequence), or a mixed step's leading decodes, on contiguous streams
-(`decode_span`; defrag keeps them so) runs them batched over the sequences; otherwise each sequence
-runs its tokens one after another, or, from CHUNKED_FROM tokens, in chunks of CHUNK (`_chunked`: the
-delta rule's WY form, as transformers' torch_chunk_gated_delta_rule and llama.cpp's
-build_delta_net_chunking compute it): at Qwen3.5-0.8B's shapes a 512-token prompt takes 40 ms a
-layer instead of 135 ms (the layer, convolution and norms included: 78 ms instead of 142;
+(`recurrent_state.decode_span`; defrag keeps them so) runs them batched over the sequences;
+otherwise each sequence runs its tokens one after another, or, from CHUNKED_FROM tokens, in chunks
+of CHUNK (`_chunked`: the delta rule's WY form, as transformers' torch_chunk_gated_delta_rule and
+llama.cpp's build_delta_net_chunking compute it): at Qwen3.5-0.8B's shapes a 512-token prompt takes
+40 ms a layer instead of 135 ms (the layer, convolution and norms included: 78 ms instead of 142;
 playground/delta_net_speed.py), and the outputs differ from the token loop's by float32 rounding
 (tests/test_delta_net.py). The states live in runtime/recurrent_state.py, one row per KV stream.
 """
@@ -58,7 +58,7 @@ def delta_net(spec, params, proj: torch.Tensor, batch: Batch, state: RecurrentSt
     b = torch.sigmoid(beta)                                              # [T, Hv]
     g = F.softplus(alpha + params.dt_bias) * params.a                    # [T, Hv] (< 0)
     q, k, v = _qkv(r, F.silu(conv_rows(state, row, meta, mixed, params.conv)), eps)   # [T, Hv, dk], ..., [T, Hv, dv]
-    span, nb = decode_span(meta)
+    span, nb = state.decodes
     if nb == q.shape[0]:   # a decode step on contiguous streams (row b: sequence b): batched, in place
         out = _step(state.ssm[row, span], q, k, v, g, b)                 # [B, Hv, dv]
     else:
@@ -76,22 +76,11 @@ def delta_net(spec, params, proj: torch.Tensor, batch: Batch, state: RecurrentSt
     return (normed * F.silu(z.view(-1, r.n_v_heads, r.head_v))).reshape(-1, r.value_dim)
 
 
-def decode_span(meta) -> tuple[slice | None, int]:
-    """(their streams, B) of the step's leading one-token sequences, rows 0..B-1 one each in order,
-    when they are on contiguous streams: a decode step, or a mixed step's decode half (AttnMeta.split,
-    the scheduler puts decodes first). Their states are then computed on at once as one slice of
-    streams. (None, 0) otherwise: every sequence on its own."""
-    head = meta if meta.max_q == 1 else (meta.split[0] if meta.split is not None else None)
-    if head is None or head.stream_base is None:
-        return None, 0
-    return slice(head.stream_base, head.stream_base + head.n_seqs), head.n_seqs
-
-
 def conv_rows(state: RecurrentState, row: int, meta, x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
     """The causal convolution of every row of x [T, C] over its own sequence's earlier inputs, the
     streams' conv states (their last d_conv - 1 inputs) updated -> [T, C]."""
     assert len(state.seqs) == meta.n_seqs, "a recurrent layer runs inside RecurrentState.stepping"
-    span, nb = decode_span(meta)
+    span, nb = state.decodes
     parts = []
     if nb:   # the leading decodes: one row a sequence, in order
         conv, state.conv[row, span] = causal_conv(state.conv[row, span], x[:nb, None], taps)

@@ -130,9 +130,9 @@ class LeaderCache:
     def layout(self) -> "_LayoutProxy":
         return _LayoutProxy(self)
 
-    def apply(self, moves, trims=(), rewinds=()) -> None:
-        self._send("apply", moves, trims, rewinds)   # rewinds: a hybrid model's (refused under --tp): none
-        self.inner.apply(moves, trims, rewinds)
+    def apply(self, moves, trims=()) -> None:
+        self._send("apply", moves, trims)
+        self.inner.apply(moves, trims)
 
     def trim(self, stream: int, n: int) -> None:
         self._send("trim", stream, n)

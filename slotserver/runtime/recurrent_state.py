@@ -12,7 +12,7 @@ case an error instead of a wrong answer.
 
 **Checkpoints** (llama-server's `--ctx-checkpoints`): copies of a stream's state at a position
 (`snapshot`, taken by the engine a few tokens before a prompt's end), up to `max_checkpoints` a
-stream, the oldest dropped first. `rewind(stream, n)` puts a stream back to n tokens: its live state
+stream, the oldest dropped first. `trim(stream, n)` puts a stream back to n tokens: its live state
 if it stands there, a checkpoint taken at n, or 0; checkpoints past n go (the stream's tokens after
 n are about to be overwritten). So a prompt that shares all but the end of a slot's last prompt (the
 same prompt again; a chat's next turn whose template rewrote the last answer) restarts from the
@@ -44,6 +44,7 @@ class RecurrentState:
                                device=device)                            # [L, S, H, dk, dv]
         self.absorbed = [0] * n_streams
         self.seqs: list[tuple[int, int, int]] = []   # the forward's (stream, tokens, first row): `stepping`
+        self.decodes: tuple[slice | None, int] = (None, 0)   # its leading decodes' streams and count: `decode_span`
         self.max_checkpoints = max_checkpoints
         # per stream: position -> (conv [L, d_conv-1, C], ssm [L, H, dk, dv]) copies, oldest first
         self.checkpoints: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(n_streams)]
@@ -70,6 +71,7 @@ class RecurrentState:
             self.ssm[:, stream].zero_()
             self.absorbed[stream], self.checkpoints[stream] = 0, {}
         self.seqs = list(zip(streams, q_lens, meta.q_offsets.tolist()))
+        self.decodes = decode_span(meta)
         try:
             yield
         except BaseException:
@@ -77,7 +79,7 @@ class RecurrentState:
                 self.invalidate(stream)
             raise
         finally:
-            self.seqs = []   # a layer run outside a forward finds none (conv_rows asserts)
+            self.seqs, self.decodes = [], (None, 0)   # a layer run outside a forward finds none (conv_rows asserts)
         for stream, end in zip(streams, ends):
             self.absorbed[stream] = end
 
@@ -103,14 +105,6 @@ class RecurrentState:
         self.absorbed[dst] = self.absorbed[src] if n == self.absorbed[src] else (0 if n == 0 else INVALID)
         self.checkpoints[dst] = {k: snap for k, snap in self.checkpoints[src].items() if k <= n}
 
-    def trim(self, stream: int, n: int) -> None:
-        """The stream keeps its first n cells: a state past them cannot be cut back."""
-        if n == 0:
-            self.absorbed[stream] = 0
-        elif n != self.absorbed[stream]:
-            self.absorbed[stream] = INVALID
-        self._forget_after(stream, n)
-
     def invalidate(self, stream: int) -> None:
         """KV written into the stream from elsewhere (an import): no state matches it."""
         self.absorbed[stream] = INVALID
@@ -132,9 +126,9 @@ class RecurrentState:
         live = [self.absorbed[stream]] if self.absorbed[stream] > 0 else []
         return live + list(self.checkpoints[stream])
 
-    def rewind(self, stream: int, n: int) -> None:
-        """Put the stream back to its first n tokens: its live state (standing at n), a checkpoint at
-        n, or 0; anything else leaves it INVALID. Checkpoints past n are dropped."""
+    def trim(self, stream: int, n: int) -> None:
+        """The stream keeps its first n tokens: its live state (standing at n), a checkpoint at n, or
+        0; anything else leaves it INVALID (a state cannot be cut back). Checkpoints past n go."""
         if n == 0:
             self.absorbed[stream] = 0
         elif n != self.absorbed[stream]:
@@ -157,6 +151,17 @@ class RecurrentState:
         snaps = sum(c.numel() * c.element_size() + s.numel() * s.element_size()
                     for marks in self.checkpoints for c, s in marks.values())
         return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size() + snaps
+
+
+def decode_span(meta) -> tuple[slice | None, int]:
+    """(their streams, B) of the step's leading one-token sequences, rows 0..B-1 one each in order,
+    when they are on contiguous streams: a decode step, or a mixed step's decode half (AttnMeta.split,
+    the scheduler puts decodes first). The layers then compute on their states at once, as one slice
+    of streams. (None, 0) otherwise: every sequence on its own."""
+    head = meta if meta.max_q == 1 else (meta.split[0] if meta.split is not None else None)
+    if head is None or head.stream_base is None:
+        return None, 0
+    return slice(head.stream_base, head.stream_base + head.n_seqs), head.n_seqs
 
 
 def recurrent_state(cache, spec) -> RecurrentState:
