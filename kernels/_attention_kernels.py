@@ -13,7 +13,8 @@ import triton.language as tl
 from slotserver.runtime import kernel_parts
 
 _tl = kernel_parts.load(__file__, "_attention_tl.py")
-_dot, _softcap, _sink_norm, _decode_result = _tl._dot, _tl._softcap, _tl._sink_norm, _tl._decode_result
+_dot, _dot_acc, _softcap, _sink_norm = _tl._dot, _tl._dot_acc, _tl._softcap, _tl._sink_norm
+_decode_result = _tl._decode_result
 
 
 @_triton.jit
@@ -111,31 +112,52 @@ def _attn_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, m_ptr, l_p
 @_triton.jit
 def _prefill_tile(q, acc, m_i, l_i, k_base, v_base, ks_ptr, vs_ptr, s_base, stride_kc, stride_vc, stride_sc,
                   start, hi, pos, window, qk_scale, softcap, n, d, d_mask, QUANT: tl.constexpr,
-                  IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, MASK: tl.constexpr):
+                  IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, MASK: tl.constexpr, EVEN_D: tl.constexpr,
+                  TMA: tl.constexpr):
     """One [BLOCK_N, head_dim] K/V tile folded into the running (acc, max, sum). MASK: the tile
-    crosses a row's causal or window bound (else every cell is seen by every row: no masking)."""
+    crosses a row's causal or window bound; else every cell is seen by every row and lies below
+    `hi`, so neither the scores nor (EVEN_D: head_dim fills BLOCK_D) the loads are masked.
+    TMA: k_base and v_base are tensor descriptors of the sequence's [kv_len, head_dim] rows (the
+    copy engine fetches the tile; cells past kv_len come back 0 and are masked in the scores).
+    The scale goes into the exponent's FMA (`s * scale - max`), not a pass of its own over the
+    scores (it is positive, so the max commutes with it); P @ V accumulates into acc in the MMA."""
     cells = start + n
     c_mask = cells < hi
-    nd_mask = c_mask[:, None] & d_mask
-    k = tl.load(k_base + cells[:, None] * stride_kc + d[None, :], mask=nd_mask, other=0.0)
-    v = tl.load(v_base + cells[:, None] * stride_vc + d[None, :], mask=nd_mask, other=0.0)
+    if TMA:
+        k = k_base.load([tl.cast(start, tl.int32), 0])
+        v = v_base.load([tl.cast(start, tl.int32), 0])
+    elif MASK or not EVEN_D:
+        k_ptrs = k_base + cells[:, None] * stride_kc + d[None, :]
+        v_ptrs = v_base + cells[:, None] * stride_vc + d[None, :]
+        nd_mask = c_mask[:, None] & d_mask
+        k = tl.load(k_ptrs, mask=nd_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=nd_mask, other=0.0)
+    else:
+        k = tl.load(k_base + cells[:, None] * stride_kc + d[None, :])
+        v = tl.load(v_base + cells[:, None] * stride_vc + d[None, :])
     if QUANT:
         k = (k.to(tl.float32) * tl.load(ks_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
         v = (v.to(tl.float32) * tl.load(vs_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
     k, v = k.to(q.dtype), v.to(q.dtype)            # q8 (scaled above) or an f16 cache under f32/bf16 q
-    s = _dot(q, tl.trans(k), IEEE_DOT) * qk_scale    # [BLOCK_M, BLOCK_N]
+    s = _dot(q, tl.trans(k), IEEE_DOT)              # [BLOCK_M, BLOCK_N], unscaled
     if SOFTCAP:
-        s = _softcap(s, softcap)
+        s = _softcap(s * qk_scale, softcap)
+        scale = 1.0
+    else:
+        scale = qk_scale
     if MASK:
         seen = (cells[None, :] <= pos[:, None]) & c_mask[None, :]
         seen = seen & ((cells[None, :] > pos[:, None] - window) | (window == 0))
         s = tl.where(seen, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with nothing seen yet: no NaN
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale)
+    if MASK:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with nothing seen yet: no NaN
+    else:
+        m_use = m_new                                          # every row has seen a cell
     alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(s - m_use[:, None])
+    p = tl.exp2(s * scale - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE_DOT)
+    acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], IEEE_DOT)
     return acc, m_new, l_i
 
 
@@ -145,23 +167,29 @@ def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_p
                          stride_vc, stride_vh, stride_ss, stride_sc, stride_sh, stride_ot, stride_oh, qk_scale,
                          window, softcap, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
-                         IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr):
+                         IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
+                         TMA: tl.constexpr = False):
     """Program (sequence b, KV head h, row tile): a causal chunk of b's new queries against its cache.
 
     Rows fold the GQA group into the query axis: row r is query j = r // GROUP, head h*GROUP + r % GROUP,
     at position kv_len - q_len + j. The KV loop stops at the tile's last position (causal bound)
     and, with a window, starts at the first cell the tile's first query sees. Without a window, the
     tiles below the tile's first position are seen by every row and skip the masks (`MASK=False`).
+    Row tiles run last first: under a causal mask the last tiles read the most cells, and started
+    first they do not leave a tail of long programs on a few SMs (FlashAttention-2's order).
+    TMA (16-bit cache, BLOCK_D == HEAD_DIM, 16-byte aligned rows: the launcher checks): K/V tiles
+    through tensor descriptors (Hopper's copy engine) instead of per-thread addresses.
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
+    tile = tl.num_programs(2) - 1 - tl.program_id(2)   # the last (longest) row tiles start first
     q_len = tl.load(q_lens_ptr + b)
-    if tl.program_id(2) * BLOCK_M >= q_len * GROUP:
+    if tile * BLOCK_M >= q_len * GROUP:
         return
     stream = tl.load(streams_ptr + b).to(tl.int64)
     kv_len = tl.load(kv_lens_ptr + b)
     q_off = tl.load(q_offsets_ptr + b).to(tl.int64)
-    r = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    r = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     j = r // GROUP
     r_mask = r < q_len * GROUP
     pos = kv_len - q_len + j                                                     # [BLOCK_M]
@@ -172,6 +200,12 @@ def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_p
     q = tl.load(q_ptr + q_rows, mask=r_mask[:, None] & d_mask, other=0.0)       # [BLOCK_M, BLOCK_D]
     k_base = k_ptr + stream * stride_ks + h * stride_kh
     v_base = v_ptr + stream * stride_vs + h * stride_vh
+    if TMA:
+        rows = kv_len.to(tl.int32)
+        k_base = tl.make_tensor_descriptor(k_base, shape=[rows, HEAD_DIM], strides=[stride_kc, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])
+        v_base = tl.make_tensor_descriptor(v_base, shape=[rows, HEAD_DIM], strides=[stride_vc, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])
     s_base = stream * stride_ss + h * stride_sh
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -183,11 +217,11 @@ def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_p
     for start in range(lo, mid, BLOCK_N):
         acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, k_base, v_base, ks_ptr, vs_ptr, s_base, stride_kc,
                                       stride_vc, stride_sc, start, hi, pos, window, qk_scale, softcap, n, d,
-                                      d_mask, QUANT, IEEE_DOT, SOFTCAP, False)
+                                      d_mask, QUANT, IEEE_DOT, SOFTCAP, False, BLOCK_D == HEAD_DIM, TMA)
     for start in range(mid, hi, BLOCK_N):
         acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, k_base, v_base, ks_ptr, vs_ptr, s_base, stride_kc,
                                       stride_vc, stride_sc, start, hi, pos, window, qk_scale, softcap, n, d,
-                                      d_mask, QUANT, IEEE_DOT, SOFTCAP, True)
+                                      d_mask, QUANT, IEEE_DOT, SOFTCAP, True, BLOCK_D == HEAD_DIM, TMA)
     if SINKS:   # each row's head's sink logit joins its denominator
         sk = tl.load(sinks_ptr + h * GROUP + r % GROUP, mask=r_mask, other=0.0) * 1.4426950408889634
         out = acc * _sink_norm(m_i, l_i, sk)[:, None]

@@ -24,6 +24,15 @@ def _dot(a, b, IEEE_DOT: tl.constexpr):
 
 
 @_triton.jit
+def _dot_acc(a, b, acc, IEEE_DOT: tl.constexpr):
+    """`acc + a @ b`, the sum in the MMA's float32 accumulator (one pass over acc less than
+    `acc + _dot(a, b)`); IEEE_DOT as `_dot`."""
+    if IEEE_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@_triton.jit
 def _softcap(s, softcap):
     """Scores in log2 units (`q.k * scale * log2 e`) soft-capped in natural units: c * tanh(x / c),
     tanh(y) = 1 - 2 / (e^{2y} + 1) (saturates cleanly at +-1 where e^{2y} overflows or vanishes)."""

@@ -13,7 +13,8 @@ import triton.language as tl
 from slotserver.runtime import kernel_parts
 
 _tl = kernel_parts.load(__file__, "_attention_tl.py")
-_dot, _softcap, _sink_norm, _decode_result = _tl._dot, _tl._softcap, _tl._sink_norm, _tl._decode_result
+_dot, _dot_acc, _softcap, _sink_norm = _tl._dot, _tl._dot_acc, _tl._softcap, _tl._sink_norm
+_decode_result = _tl._decode_result
 
 
 @_triton.jit
@@ -97,16 +98,18 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, 
                           BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                           IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr):
     """Program (sequence b, KV head h, row tile): a causal chunk against the paged cache; rows fold
-    the GQA group (row r: query r // GROUP, head h*GROUP + r % GROUP), as in attention.py."""
+    the GQA group (row r: query r // GROUP, head h*GROUP + r % GROUP), as in attention.py, whose
+    prefill kernel says why row tiles run last first and why the scale sits in the exponent."""
     b = tl.program_id(0)
     h = tl.program_id(1)
+    tile = tl.num_programs(2) - 1 - tl.program_id(2)
     q_len = tl.load(q_lens_ptr + b)
-    if tl.program_id(2) * BLOCK_M >= q_len * GROUP:
+    if tile * BLOCK_M >= q_len * GROUP:
         return
     stream = tl.load(streams_ptr + b).to(tl.int64) * stride_bt
     kv_len = tl.load(kv_lens_ptr + b)
     q_off = tl.load(q_offsets_ptr + b).to(tl.int64)
-    r = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    r = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     r_mask = r < q_len * GROUP
     pos = kv_len - q_len + r // GROUP                                           # [BLOCK_M]
     d = tl.arange(0, BLOCK_D)
@@ -127,17 +130,21 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, 
                     mask=nd_mask, other=0.0).to(q.dtype)                       # an f16 cache under f32/bf16 q
         v = tl.load(v_ptr + (page * stride_vb + pr * stride_vr)[:, None] + h * stride_vh + d[None, :],
                     mask=nd_mask, other=0.0).to(q.dtype)
-        s = _dot(q, tl.trans(k), IEEE_DOT) * qk_scale                           # [BLOCK_M, BLOCK_N]
+        s = _dot(q, tl.trans(k), IEEE_DOT)                                      # [BLOCK_M, BLOCK_N]
         if SOFTCAP:
-            s = _softcap(s, softcap)
+            s = _softcap(s * qk_scale, softcap)
+            scale = 1.0
+        else:
+            scale = qk_scale
         seen = (cells[None, :] <= pos[:, None]) & c_mask[None, :]
         seen = seen & ((cells[None, :] > pos[:, None] - window) | (window == 0))
         s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with nothing seen yet: no NaN
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s * scale - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE_DOT)
+        acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], IEEE_DOT)
         m_i = m_new
     o_rows = (q_off + r // GROUP)[:, None] * stride_ot + (h * GROUP + r % GROUP)[:, None] * stride_oh + d[None, :]
     if SINKS:

@@ -114,14 +114,28 @@ DECODE_FORCE_SPLITS: int | None = None   # a fixed number of splits (tests, benc
 DEFAULT_SMS = 132          # the SM count assumed off a GPU (the interpreter): an H100 SXM
 PREFILL_BLOCK_M = 32       # float32 (IEEE dots, the reference mode): small tiles, no spills
 PREFILL_BLOCK_N = 32
-# 16-bit q on a GPU: query rows (GQA group folded in) x cells per tile, warps, pipeline stages.
-# Measured on an H100 (2026-11-26, docs/gpu.md; 2048-token prefill, bf16, ours/SDPA throughput for
-# Qwen2.5-0.5B B=1 / Llama-8B B=1 / Qwen B=4 / Llama B=4): 32x32 (4 warps) 0.35/0.29/0.26/0.25;
-# 128x64 (8) 0.49/0.71/0.64/0.62; 64x64 (4) 0.87/0.78/0.77/0.81; 128x32 (8) 0.52/0.62/0.72/0.57;
-# 64x32 (4) 0.71/0.64/0.74/0.60; 128x128 (8) 0.58/0.69/0.61/0.60. Larger tiles than 32x32 because
-# each K/V tile is read once per row tile. ptxas (lab check, sm_90) still reports spills at 64x64
-# (~0.4 KB): the next thing to look at for the last 0.2x.
+# 16-bit q on a GPU: query rows (GQA group folded in) x cells per tile, warps, pipeline stages;
+# PREFILL16 for head_dim <= 64, PREFILL16_WIDE above (one constant each, so a card can tune them
+# apart). Measured on an H200 (2026-11-28, docs/gpu.md, sixth round; 2048-token prefill, bf16, ours
+# / SDPA kernel time replayed from a CUDA graph, Qwen2.5-0.5B B=1 / Llama-8B B=1 / Qwen B=4 / Llama
+# B=4): 64x64, 4 warps, 3 stages, TMA 1.12/0.92/0.93/0.77 (without TMA 1.09/0.90/0.92/0.75; the
+# fourth round's kernel, before the last-first row order and the scale in the exponent:
+# 0.92/0.77/0.80/0.70); 2 stages 1.02/0.87/0.90/0.71; 128x64 (8 warps, 3 stages, TMA)
+# 1.01/0.90/0.69/0.77; 128x128 (8, 2, TMA) 0.95/0.80/0.65/0.66; 64x32 (4, 2, TMA)
+# 0.73/0.78/0.82/0.67; 64x128 (4, 2, TMA) 1.12/0.57/0.76/0.46. The H100 round (2026-11-26, 3 stages,
+# eager time) had 32x32 at 0.25-0.35 and 64x64 best as well.
 PREFILL16 = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+PREFILL16_WIDE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+# K/V tiles through TMA tensor descriptors (sm_90+, 16-bit caches with 16-byte aligned rows, head_dim
+# a power of two); a tiling dict's own "TMA" key overrides it. 1-3% faster on every row above.
+PREFILL_TMA = True
+
+
+def prefill_tiles(dtype: torch.dtype, dim: int) -> dict:
+    """The prefill kernel's tiles and launch options for q of `dtype` and head size `dim`."""
+    if dtype == torch.float32:
+        return {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N}
+    return PREFILL16_WIDE if dim > 64 else PREFILL16
 
 
 def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
@@ -140,13 +154,36 @@ def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torc
         _decode(q, kv, meta, out, ks, vs, args, group, quant)
     else:
         ieee = q.dtype == torch.float32 or _interpreted()
-        tiles = {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N} if q.dtype == torch.float32 else PREFILL16
+        tiles = dict(prefill_tiles(q.dtype, dim))
+        tma = _tma_ok(q, kv, tiles.pop("TMA", PREFILL_TMA))
         grid = (meta.n_seqs, kv_heads, _triton.cdiv(meta.max_q * group, tiles["BLOCK_M"]))
         _attn_prefill_kernel[grid](
             q, kv.k, kv.v, ks, vs, out, meta.seq_streams, meta.q_lens, meta.kv_lens, meta.q_offsets, *args,
             GROUP=group, HEAD_DIM=dim, BLOCK_D=max(16, _triton.next_power_of_2(dim)), QUANT=quant,
-            IEEE_DOT=ieee, SOFTCAP=bool(meta.softcap), SINKS=meta.sinks is not None, **tiles)
+            IEEE_DOT=ieee, SOFTCAP=bool(meta.softcap), SINKS=meta.sinks is not None, TMA=tma, **tiles)
     return out
+
+
+def _tma_ok(q: torch.Tensor, kv: StridedKV, wanted: bool) -> bool:
+    """TMA descriptors for the prefill's K/V tiles: wanted, on an sm_90+ card (or the interpreter),
+    a 16-bit cache whose head_dim is a power of two >= 16 and whose rows start 16-byte aligned.
+    Sets triton's allocator (the descriptors' scratch memory) the first time."""
+    dim = q.shape[2]
+    if not wanted or kv.k_scale is not None or kv.k.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if dim < 16 or dim & (dim - 1) or not _interpreted() and torch.cuda.get_device_capability(q.device)[0] < 9:
+        return False
+    if any(t.stride(3) != 1 or (t.data_ptr() | t.stride(0) * 2 | t.stride(1) * 2 | t.stride(2) * 2) % 16
+           for t in (kv.k, kv.v)):
+        return False
+    _set_allocator()
+    return True
+
+
+def _set_allocator() -> None:
+    if not getattr(_set_allocator, "done", False):
+        _triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        _set_allocator.done = True
 
 
 def _sinks_arg(meta: AttnMeta, q: torch.Tensor) -> torch.Tensor:
@@ -323,21 +360,29 @@ def _aot(dtype: str, quant: bool, decode: bool, group: int = 3, dim: int = 64, c
                   "IEEE_DOT": dtype == "fp32", "SPLIT": split}
     else:
         if dtype == "fp32":
-            const |= {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N, "IEEE_DOT": True}
-        else:   # the 16-bit tiles with their launch options, as they serve
-            const |= {"BLOCK_M": PREFILL16["BLOCK_M"], "BLOCK_N": PREFILL16["BLOCK_N"], "IEEE_DOT": False}
+            const |= {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N, "IEEE_DOT": True, "TMA": False}
+        else:   # the 16-bit tiles with their launch options and the alignment the JIT sees, as they serve
+            tiles = prefill_tiles(torch.bfloat16, dim)
+            const |= {"BLOCK_M": tiles["BLOCK_M"], "BLOCK_N": tiles["BLOCK_N"], "IEEE_DOT": False,
+                      "TMA": bool(tiles.get("TMA", PREFILL_TMA)) and not quant}
             sig |= {name: "constexpr" for name in const}
-            return (_attn_prefill_kernel, sig, const, {k: PREFILL16[k] for k in ("num_warps", "num_stages")})
+            return (_attn_prefill_kernel, sig, const, {k: tiles[k] for k in ("num_warps", "num_stages")}
+                    | {"aligned": PREFILL_ALIGNED})
     sig |= {name: "constexpr" for name in const}
     return (_attn_decode_kernel if decode else _attn_prefill_kernel, sig, const)
 
 
+# What the JIT sees 16-aligned when a prefill serves (torch's pointers; the strides of [tokens, heads,
+# head_dim] rows and of either strided cache order at head_dim 64/128): without it the AOT compile
+# loads 2 bytes at a time, is not software-pipelined and spills (lab/aot.py, `aligned`).
+PREFILL_ALIGNED = ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "stride_qt", "stride_qh", "stride_ks", "stride_kc",
+                   "stride_kh", "stride_vs", "stride_vc", "stride_vh", "stride_ot", "stride_oh")
 # SmolLM2-135M geometry (group 3, head_dim 64): bf16, f16 and q8 caches, decode (split and not) and
 # prefill; Llama-3-8B's decode (group 4, head_dim 128); the decode combine for both head sizes;
-# gpt-oss-20b's (group 8, head_dim 64, sinks) decode, combine and prefill.
+# gpt-oss-20b's (group 8, head_dim 64, sinks) decode, combine and prefill; Llama-3-8B's prefill (the wide tiles).
 AOT = [_aot("bf16", False, True), _aot("bf16", True, True), _aot("bf16", False, True, cache="fp16"),
        _aot("bf16", False, True, split=False), _aot("bf16", False, True, group=4, dim=128),
        _aot("bf16", False, False), _aot("bf16", True, False), _aot("fp32", False, True),
        _tl.aot_combine("bf16"), _tl.aot_combine("bf16", 128),
        _aot("bf16", False, True, group=8, cache="fp16", sinks=True), _tl.aot_combine("bf16", sinks=True),
-       _aot("bf16", False, False, group=8, cache="fp16", sinks=True)]
+       _aot("bf16", False, False, group=8, cache="fp16", sinks=True), _aot("bf16", False, False, group=4, dim=128)]

@@ -53,8 +53,19 @@ DECODE_WARPS = 4
 DECODE_STAGES = 3          # software-pipelined K/V tile loads (cp.async on sm_80+)
 DECODE_FORCE_SPLITS: int | None = None   # a fixed number of splits (tests, benchmarks); None: decode_splits
 DEFAULT_SMS = 132          # the SM count assumed off a GPU (the interpreter): an H100 SXM
-PREFILL_BLOCK_M = 32
+PREFILL_BLOCK_M = 32       # float32 (IEEE dots, the reference mode)
 PREFILL_BLOCK_N = 32
+# 16-bit q on a GPU (head_dim <= 64, and above): attention.py's tiles, measured there; the page
+# lookup adds index math per cell, not a different tiling (gpu_kernel_bench.py's paged rows).
+PREFILL16 = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+PREFILL16_WIDE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+
+
+def prefill_tiles(dtype: torch.dtype, dim: int) -> dict:
+    """The prefill kernel's tiles and launch options for q of `dtype` and head size `dim`."""
+    if dtype == torch.float32:
+        return {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N}
+    return PREFILL16_WIDE if dim > 64 else PREFILL16
 
 
 def reference(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
@@ -198,12 +209,12 @@ def triton(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.
     if meta.max_q == 1:
         _decode(q, kv, meta, out, args, group)
     else:
-        grid = (meta.n_seqs, kv_heads, _triton.cdiv(meta.max_q * group, PREFILL_BLOCK_M))
+        tiles = prefill_tiles(q.dtype, dim)
+        grid = (meta.n_seqs, kv_heads, _triton.cdiv(meta.max_q * group, tiles["BLOCK_M"]))
         _paged_prefill_kernel[grid](
             q, kv.k_pages, kv.v_pages, out, kv.block_table, meta.seq_streams, meta.q_lens, meta.kv_lens,
-            meta.q_offsets, *args, **common, BLOCK_M=PREFILL_BLOCK_M,
-            BLOCK_D=max(16, _triton.next_power_of_2(dim)), BLOCK_N=PREFILL_BLOCK_N,
-            IEEE_DOT=q.dtype == torch.float32 or _interpreted())
+            meta.q_offsets, *args, **common, BLOCK_D=max(16, _triton.next_power_of_2(dim)),
+            IEEE_DOT=q.dtype == torch.float32 or _interpreted(), **tiles)
     return out
 
 
@@ -333,8 +344,16 @@ def _aot(dtype: str, decode: bool, group: int = 3, dim: int = 64, page: int = 16
         dot = group >= DECODE_DOT_MIN_GROUP
         const |= {"BLOCK_G": max(16 if dot else 1, pow2(group)), "BLOCK_N": DECODE_BLOCK_N, "DOT": dot,
                   "IEEE_DOT": dtype == "fp32", "SPLIT": split}
-    else:
-        const |= {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N, "IEEE_DOT": dtype == "fp32"}
+    elif dtype == "fp32":
+        const |= {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N, "IEEE_DOT": True}
+    else:   # the 16-bit tiles, with their warps, stages and the alignment the JIT sees, as served
+        tiles = prefill_tiles(torch.bfloat16, dim)
+        const |= {"BLOCK_M": tiles["BLOCK_M"], "BLOCK_N": tiles["BLOCK_N"], "IEEE_DOT": False}
+        sig |= {name: "constexpr" for name in const}
+        aligned = ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "stride_qt", "stride_qh", "stride_kb", "stride_kr",
+                   "stride_kh", "stride_vb", "stride_vr", "stride_vh", "stride_ot", "stride_oh")
+        return (_paged_prefill_kernel, sig, const, {k: tiles[k] for k in ("num_warps", "num_stages")}
+                | {"aligned": aligned})
     sig |= {name: "constexpr" for name in const}
     return (_paged_decode_kernel if decode else _paged_prefill_kernel, sig, const)
 

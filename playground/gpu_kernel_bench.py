@@ -43,19 +43,21 @@ for _p in (ROOT, ROOT / "playground"):
 from gpu_attention_bench import Timer, copy_bandwidth, fmt_row  # noqa: E402
 from slotserver.runtime.batch import Batch, SeqChunk  # noqa: E402
 from slotserver.runtime.kernel_set import KERNEL_CONTRACT  # noqa: E402
-from slotserver.runtime.kv_spec import StridedKV  # noqa: E402
+from slotserver.runtime.kv_spec import PagedKV, StridedKV  # noqa: E402
 from slotserver.runtime.loader import default_dir, load_by_path  # noqa: E402
 
-OPS = ("rms_norm", "silu_mul", "gelu_mul", "rope", "attention")
-WIDTHS = {"rms_norm": {"Qwen0.5B": 896, "Llama8B": 4096}, "silu_mul": {"Qwen0.5B": 4864, "Llama8B": 14336},
+OPS = ("rms_norm", "silu_mul", "gelu_mul", "rope", "attention", "paged_attention")
+PAGE = 16
+WIDTHS = {"rms_norm": {"Qwen0.5B": 896, "Llama8B": 4096}, "rms_norm_add": {"Qwen0.5B": 896, "Llama8B": 4096},
+          "silu_mul": {"Qwen0.5B": 4864, "Llama8B": 14336},
           "gelu_mul": {"Qwen0.5B": 4864, "Llama8B": 14336}, "rope": {"Qwen0.5B": (14, 2, 64), "Llama8B": (32, 8, 128)}}
-DRY_WIDTHS = {"rms_norm": {"Qwen0.5B": 96}, "silu_mul": {"Qwen0.5B": 80}, "gelu_mul": {"Llama8B": 48},
+DRY_WIDTHS = {"rms_norm": {"Qwen0.5B": 96}, "rms_norm_add": {"Qwen0.5B": 96}, "silu_mul": {"Qwen0.5B": 80}, "gelu_mul": {"Llama8B": 48},
               "rope": {"Qwen0.5B": (3, 1, 16), "Llama8B": (4, 2, 32)}}
 TOKENS_FIRST, TOKENS_LAST = (8192, 2048), (64, 1)   # the bandwidth-bound sizes run before the attention
 DRY_TOKENS_FIRST, DRY_TOKENS_LAST = (7,), (1,)
 ATTN = {"Qwen0.5B": (2, 14, 64), "Llama8B": (8, 32, 128)}   # kv heads, q heads, head_dim
 DRY_ATTN = {"Qwen0.5B": (1, 3, 16), "Llama8B": (2, 4, 32)}
-ATTN_BATCHES, ATTN_LEN, DRY_ATTN_LEN = (1, 4), 2048, 40
+ATTN_BATCHES, ATTN_LEN, DRY_ATTN_LEN = (1, 4), 2048, 48   # lengths: whole 16-cell pages
 COPY_TARGET, SDPA_TARGET, REL_ERR_MAX = 0.70, 0.80, 2e-2
 EPS = 1e-6
 
@@ -65,6 +67,29 @@ def rms_case(mod, d: int, t: int, dev: str, gen: torch.Generator):
     w = 1 + 0.1 * torch.randn(d, generator=gen, device=dev)                       # float32, as the model's norms
     return (lambda: mod.triton(x, w, EPS), lambda: F.rms_norm(x.float(), (d,), w, EPS).to(x.dtype),
             2 * x.numel() * 2 + w.numel() * 4, f"x[{t},{d}] w f32")
+
+
+def rms_add_case(mod, d: int, t: int, dev: str, gen: torch.Generator):
+    """What the lean body serves (model/lean_step.py): the float32 residual x += y (bf16), then x
+    normed into bf16 rows, one launch; x is restored before each call (outside the bytes)."""
+    x0 = torch.randn(t, d, generator=gen, device=dev)
+    y = torch.randn(t, d, generator=gen, device=dev).to(torch.bfloat16)
+    w = 1 + 0.1 * torch.randn(d, generator=gen, device=dev)
+    x = x0.clone()
+
+    def ours():
+        return mod.triton(x, w, EPS, add=y, out_dtype=torch.bfloat16)
+
+    def eager():
+        xs = x0 + y.float()
+        return F.rms_norm(xs, (d,), w, EPS).to(torch.bfloat16)
+
+    def checked():   # the first call's output, from x0 (timed calls keep adding y: the bytes are the same)
+        x.copy_(x0)
+        return ours()
+
+    return checked, eager, ours, 2 * x.numel() * 4 + y.numel() * 2 + x.numel() * 2 + w.numel() * 4, \
+        f"x[{t},{d}] f32 += y bf16 -> bf16"
 
 
 def glu_case(mod, d_ff: int, t: int, dev: str, gen: torch.Generator, gelu: bool):
@@ -94,6 +119,8 @@ def make_elementwise(mods: dict, op: str, width, t: int, dev: str):
     gen = torch.Generator(device=dev).manual_seed(t)
     if op == "rms_norm":
         return rms_case(mods[op], width, t, dev, gen)
+    if op == "rms_norm_add":
+        return rms_add_case(mods["rms_norm"], width, t, dev, gen)
     if op == "rope":
         return rope_case(mods[op], width, t, dev, gen)
     return glu_case(mods[op], width, t, dev, gen, gelu=op == "gelu_mul")
@@ -111,14 +138,19 @@ def sdpa_fn(q, k, v, scale: float):
                 f"SDPA without enable_gqa ({type(e).__name__}): K/V repeated")
 
 
-def attn_case(mod, geo: tuple, batch: int, length: int, dev: str):
-    """B fresh sequences of `length` tokens: q [B*L, Hq, D], cache [B, L, Hkv, D]; SDPA's [B, H, L, D] twins."""
+def attn_case(mod, geo: tuple, batch: int, length: int, dev: str, paged: bool = False):
+    """B fresh sequences of `length` tokens: q [B*L, Hq, D], cache [B, L, Hkv, D] (paged: as pages);
+    SDPA's [B, H, L, D] twins."""
     kv_heads, q_heads, hd = geo
     gen = torch.Generator(device=dev).manual_seed(batch)
     q = torch.randn(batch * length, q_heads, hd, generator=gen, device=dev).to(torch.bfloat16)
     k, v = (torch.randn(batch, length, kv_heads, hd, generator=gen, device=dev).to(torch.bfloat16) for _ in range(2))
     meta = Batch.build([SeqChunk(stream=b, start=0, tokens=[0] * length) for b in range(batch)], device=dev).attn
     kv, scale = StridedKV(k, v), 1 / math.sqrt(hd)
+    if paged:   # the same cells as 16-cell pages, each sequence's pages in order
+        pages = [x.reshape(batch * length // PAGE, PAGE, kv_heads, hd) for x in (k, v)]
+        table = torch.arange(batch * length // PAGE, device=dev, dtype=torch.int32).view(batch, -1)
+        kv = PagedKV(pages[0], pages[1], table, PAGE)
     qs = q.view(batch, length, q_heads, hd).transpose(1, 2).contiguous()
     ks, vs = (x.transpose(1, 2).contiguous() for x in (k, v))
     sdpa, note = sdpa_fn(qs, ks, vs, scale)
@@ -132,8 +164,13 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run_elementwise(mods, op, model, width, t, dev, timer, copy_gbs) -> dict:
-    ours, eager, nbytes, shape = make_elementwise(mods, op, width, t, dev)
-    err = rel_err(ours(), eager())
+    case = make_elementwise(mods, op, width, t, dev)
+    if len(case) == 5:   # (first call, torch, timed call, bytes, shape): the timed call changes its input
+        first, eager, ours, nbytes, shape = case
+        err = rel_err(first(), eager())
+    else:
+        ours, eager, nbytes, shape = case
+        err = rel_err(ours(), eager())
     us, gus, tus, tgus = timer.eager(ours), timer.graph(ours), timer.eager(eager), timer.graph(eager)
     gbs, tgbs = nbytes / us / 1e3, nbytes / tus / 1e3
     return {"kind": "elementwise", "op": op, "model": model, "tokens": t, "shape": shape, "bytes": nbytes,
@@ -141,11 +178,21 @@ def run_elementwise(mods, op, model, width, t, dev, timer, copy_gbs) -> dict:
             "torch_graph_us": tgus, "torch_copy_frac": tgbs / copy_gbs, "speedup_vs_torch": tus / us, "rel_err": err}
 
 
-def run_attention(mods, model, geo, batch, length, dev, timer) -> dict:
-    ours, sdpa_flat, sdpa, flops, note = attn_case(mods["attention"], geo, batch, length, dev)
+def run_attention(mods, model, geo, batch, length, dev, timer, paged: bool = False, sdpa_times: dict | None = None,
+                  graph: bool = True) -> dict:
+    """One prefill case: ours and SDPA, eager and (graph) replayed. sdpa_times: SDPA's times per
+    (model, batch), measured once and reused (the tile sweep times only ours)."""
+    op = "paged_attention" if paged else "attention"
+    ours, sdpa_flat, sdpa, flops, note = attn_case(mods[op], geo, batch, length, dev, paged)
     err = rel_err(ours(), sdpa_flat())
-    us, gus, sus, sgus = timer.eager(ours), timer.graph(ours), timer.eager(sdpa), timer.graph(sdpa)
-    return {"kind": "attention", "op": "attention", "model": model, "batch": batch, "tokens": length,
+    us, gus = timer.eager(ours), timer.graph(ours) if graph else float("nan")
+    key = (model, batch)
+    if sdpa_times is None or key not in sdpa_times:
+        times = timer.eager(sdpa), timer.graph(sdpa)
+        if sdpa_times is not None:
+            sdpa_times[key] = times
+    sus, sgus = times if sdpa_times is None else sdpa_times[key]
+    return {"kind": "attention", "op": op, "model": model, "batch": batch, "tokens": length,
             "geometry": f"{geo[1]}q/{geo[0]}kv d{geo[2]}", "us": us, "graph_us": gus, "tflops": flops / us / 1e6,
             "sdpa_us": sus, "sdpa_graph_us": sgus, "sdpa_tflops": flops / sus / 1e6, "vs_sdpa": sus / us,
             "rel_err": err, "note": note}
@@ -159,7 +206,7 @@ AT_HEAD = (["attention", "model", "geometry", "BxL", "us", "graph us", "TFLOP/s"
 
 def row_cells(r: dict) -> list:
     if r["kind"] == "attention":
-        return ["prefill", r["model"], r["geometry"], f"{r['batch']}x{r['tokens']}", f"{r['us']:.1f}",
+        return ["prefill" if r["op"] == "attention" else "paged", r["model"], r["geometry"], f"{r['batch']}x{r['tokens']}", f"{r['us']:.1f}",
                 f"{r['graph_us']:.1f}", f"{r['tflops']:.1f}", f"{r['sdpa_us']:.1f}", f"{r['sdpa_graph_us']:.1f}",
                 f"{r['sdpa_tflops']:.1f}", f"{r['vs_sdpa']:.2f}", f"{r['rel_err']:.1e}"]
     return [r["op"], r["model"], r["shape"], f"{r['us']:.1f}", f"{r['graph_us']:.1f}", f"{r['gbs']:.0f}",
@@ -172,8 +219,13 @@ def plan(dry: bool) -> list[tuple]:
     widths, attn = (DRY_WIDTHS, DRY_ATTN) if dry else (WIDTHS, ATTN)
     first, last = (DRY_TOKENS_FIRST, DRY_TOKENS_LAST) if dry else (TOKENS_FIRST, TOKENS_LAST)
     ew = [[("ew", op, m, w, t) for op, ws in widths.items() for m, w in ws.items()] for t in first + last]
-    at = [("attn", "attention", m, g, b) for b in ATTN_BATCHES for m, g in attn.items()]
-    return sum(ew[: len(first)], []) + at + sum(ew[len(first):], [])
+    at = [("attn", op, m, g, b) for op in ("attention", "paged_attention") for b in ATTN_BATCHES
+          for m, g in attn.items()]
+    # Qwen's narrow rows again at 4x the tokens: at 8192 a call is ~10 us, of which a launch's fixed
+    # cost (~4.5 us eager, what a 1-row call takes) is a large share; this shows the bandwidth part
+    big = [("ew", op, "Qwen0.5B", widths[op]["Qwen0.5B"], 4 * first[0]) for op in ("rms_norm", "rms_norm_add", "rope")
+           if "Qwen0.5B" in widths[op]]
+    return sum(ew[: len(first)], []) + at + big + sum(ew[len(first):], [])
 
 
 def summary(rows: list[dict], say, big: int) -> None:
@@ -187,7 +239,7 @@ def summary(rows: list[dict], say, big: int) -> None:
             ok = r["copy_frac"] >= COPY_TARGET
             say(f"  {r['op']:9s} {r['model']:9s} T={r['tokens']:<5d} {100 * r['copy_frac']:5.1f}% of copy "
                 f"(torch {100 * r['torch_copy_frac']:5.1f}%)  {'PASS' if ok else 'MISS'}")
-        elif r["kind"] == "attention":
+        elif r["kind"] == "attention" and r["op"] == "attention":
             ok = r["vs_sdpa"] >= SDPA_TARGET
             say(f"  prefill   {r['model']:9s} B={r['batch']} L={r['tokens']}  {r['vs_sdpa']:.2f}x SDPA "
                 f"({r['tflops']:.1f} vs {r['sdpa_tflops']:.1f} TFLOP/s)  {'PASS' if ok else 'MISS'}")
@@ -226,14 +278,14 @@ def run_cases(args, dev, timer, copy_gbs, mods, say, t_start) -> tuple[list, lis
     last_kind = None
     for kind, op, model, width, n in plan(args.dry_run):
         label = f"{op} {model} {'B=' if kind == 'attn' else 'T='}{n}"
-        if time.time() - t_start > args.budget_s or op not in mods:
+        if time.time() - t_start > args.budget_s or op.removesuffix("_add") not in mods:
             skipped.append(label)
             continue
         if kind != last_kind:
             say(fmt_row(*(AT_HEAD if kind == "attn" else EW_HEAD)))
             last_kind = kind
         try:
-            r = (run_attention(mods, model, width, n, length, dev, timer) if kind == "attn"
+            r = (run_attention(mods, model, width, n, length, dev, timer, op == "paged_attention") if kind == "attn"
                  else run_elementwise(mods, op, model, width, n, dev, timer, copy_gbs))
         except Exception as e:  # noqa: BLE001 - one failing case costs its row, not the run
             failed.append(f"{label}: {type(e).__name__}: {str(e)[:300]}")
@@ -249,29 +301,33 @@ def run_cases(args, dev, timer, copy_gbs, mods, say, t_start) -> tuple[list, lis
 
 def run_prefill_tiles(args, dev, timer, mods, say, t_start) -> list[dict]:
     """--prefill-tiles: the prefill cases again under each (BLOCK_M, BLOCK_N, warps, stages) of
-    kernels/attention.py's 16-bit tiles (PREFILL16), to pick its default from measurements."""
-    mod, rows = mods["attention"], []
-    saved = dict(mod.PREFILL16)
+    kernels/attention.py's 16-bit tiles (PREFILL16 and PREFILL16_WIDE: head_dim 64 and 128 both),
+    to pick each default from measurements (the Qwen rows for the first, Llama's for the second)."""
+    mod, rows, sdpa_times = mods["attention"], [], {}
+    saved = dict(mod.PREFILL16), dict(mod.PREFILL16_WIDE)
     length = DRY_ATTN_LEN if args.dry_run else ATTN_LEN
     try:
         for spec in args.prefill_tiles.split(";"):
-            m, n, w, st = (int(x) for x in spec.split(","))
-            mod.PREFILL16 = {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": st}
+            fields = spec.split(",")   # BLOCK_M,BLOCK_N,warps,stages[,tma]
+            m, n, w, st = (int(x) for x in fields[:4])
+            mod.PREFILL16 = mod.PREFILL16_WIDE = {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": st,
+                                                  "TMA": fields[4:] == ["tma"]}
             for b in ATTN_BATCHES:
                 for model, geo in (DRY_ATTN if args.dry_run else ATTN).items():
                     if time.time() - t_start > args.budget_s:
                         return rows
                     try:
-                        r = run_attention(mods, model, geo, b, length, dev, timer)
+                        r = run_attention(mods, model, geo, b, length, dev, timer, sdpa_times=sdpa_times)
                     except Exception as e:  # noqa: BLE001
                         say(f"tiles {spec} {model} B={b}: FAILED {type(e).__name__}: {str(e)[:200]}")
                         continue
                     r["tiles"] = spec
                     rows.append(r)
-                    say(f"tiles {spec:12s} {model:9s} B={b}  {r['us']:8.1f} us  {r['tflops']:6.1f} TFLOP/s  "
-                        f"{r['vs_sdpa']:.2f}x SDPA  err {r['rel_err']:.1e}")
+                    say(f"tiles {spec:16s} {model:9s} B={b}  {r['us']:8.1f} us  {r['tflops']:6.1f} TFLOP/s  "
+                        f"{r['vs_sdpa']:.2f}x SDPA  graph {r['graph_us']:8.1f} us "
+                        f"{r['sdpa_graph_us'] / r['graph_us']:.2f}x SDPA's  err {r['rel_err']:.1e}")
     finally:
-        mod.PREFILL16 = saved
+        mod.PREFILL16, mod.PREFILL16_WIDE = saved
     return rows
 
 
@@ -281,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="folder for gpu_kernel_bench.txt/.json")
     ap.add_argument("--budget-s", type=float, default=60.0, help="start no new case after this many seconds")
     ap.add_argument("--rep-ms", type=int, default=25, help="do_bench repetition time per measurement")
-    ap.add_argument("--prefill-tiles", default="", help='e.g. "128,64,8,3;64,64,4,3": prefill under each tiling')
+    ap.add_argument("--prefill-tiles", default="",
+                    help='e.g. "128,64,8,3;64,64,4,3,tma": prefill under each tiling (",tma": K/V through TMA descriptors)')
     args = ap.parse_args(argv)
     t_start = time.time()
     if not args.dry_run and not torch.cuda.is_available():

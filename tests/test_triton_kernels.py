@@ -38,7 +38,7 @@ MARK = "TRITON-INTERPRETED "
 COST = {"splits/attention": 5.3, "splits/paged_attention": 5.3, "numerics/attention": 4.5,
         "numerics/moe_matmul": 3.4, "numerics/paged_attention": 2.4, "sinks/attention": 1.9,
         "masking/attention": 1.6, "numerics/rope": 1.4, "numerics/qmatmul_gpu": 1.4, "numerics/moe_route": 1.3,
-        "sinks/paged_attention": 1.0}
+        "sinks/paged_attention": 1.0, "prefill/attention": 3.4, "prefill/paged_attention": 4.1}
 # interpreter processes (a thread each): one a usable core, at most 2. Under `make test` a worker is
 # pinned to one core (tests/conftest.py): a second process there would only add its imports (~4 s)
 PARTS = min(2, usable_cores())
@@ -47,7 +47,8 @@ PARTS = min(2, usable_cores())
 def _jobs() -> list[tuple[str, str]]:
     """Every interpreted check as (kind, name): each module's numerics, and the attention checks."""
     ops = ("attention", "paged_attention")
-    return [("numerics", p.stem) for p in TRITON_FILES] + [(k, op) for k in ("masking", "splits", "sinks") for op in ops]
+    kinds = ("masking", "splits", "sinks", "prefill")
+    return [("numerics", p.stem) for p in TRITON_FILES] + [(k, op) for k in kinds for op in ops]
 
 
 def _part(jobs: list[tuple[str, str]], part: int, parts: int) -> list[tuple[str, str]]:
@@ -64,8 +65,9 @@ def _part(jobs: list[tuple[str, str]], part: int, parts: int) -> list[tuple[str,
 def _interpreted_checks(part: int = 0, parts: int = 1) -> dict:
     """Runs inside a TRITON_INTERPRET=1 process: its share of the numerics of every module and of
     the masking, split-decode and sink checks."""
-    out: dict = {"numerics": {}, "masking": {}, "splits": {}, "sinks": {}}
-    checks = {"masking": _masking_error, "splits": _split_decode_checks, "sinks": _sinks_checks}
+    out: dict = {"numerics": {}, "masking": {}, "splits": {}, "sinks": {}, "prefill": {}}
+    checks = {"masking": _masking_error, "splits": _split_decode_checks, "sinks": _sinks_checks,
+              "prefill": _long_prefill_checks}
     for kind, name in _part(_jobs(), part, parts):
         if kind == "numerics":
             path = next(p for p in TRITON_FILES if p.stem == name)
@@ -167,6 +169,57 @@ def _sinks_checks(op: str) -> list[dict]:
         moved = float((want - mod.reference(q, kv, plain, scale).float()).abs().max())
         out.append({"decode": meta.max_q == 1, "ok": bool(torch.all((got - want).abs() <= tol + tol * want.abs())),
                     "err": float((got - want).abs().max()), "moved": moved})
+    return out
+
+
+@pytest.mark.parametrize("op", ["attention", "paged_attention"])
+def test_triton_long_prefill_chunks_match_the_reference(interpreted, op):
+    """Prefill chunks longer than a 16-bit tile (the GPU's 64 x 64 tiles, so tiles every row sees
+    whole run unmasked, and the row tiles run last first), bf16, over each cache form, with windows
+    and softcaps, head sizes 64 and 40 (masked columns); attention.py also through TMA descriptors
+    (K/V tiles past kv_len read as 0). Cells outside each sequence's visible range hold NaN."""
+    cases = interpreted["prefill"][op]
+    assert len(cases) >= 6 and (op != "attention" or sum(c["tma"] for c in cases) >= 3), cases
+    bad = [c for c in cases if not c["ok"]]
+    assert not bad, bad
+
+
+# (cache kind, head_dim, window, softcap, TMA): long bf16 prefill chunks (_long_prefill_checks)
+PREFILL_CASES = [(0, 64, 0, 0.0, False), (1, 64, 0, 0.0, True), (0, 64, 50, 0.0, True), (3, 64, 0, 2.0, True),
+                 (1, 40, 0, 0.0, True), (0, 40, 33, 1.5, False)]
+
+
+def _long_prefill_checks(op: str) -> list[dict]:
+    """Each PREFILL_CASES batch (a fresh 150-token prompt and a 70-token chunk after 90 cached cells,
+    on shuffled streams) through `op`'s triton with NaN outside the visible cells, against the
+    reference on the clean cache. TMA applies to attention.py (16-bit caches, head_dim a power of two)."""
+    mod = load_by_path(KERNELS / f"{op}.py", KERNEL_CONTRACT).module
+    gen, out = torch.Generator().manual_seed(13), []
+    for kind, dim, window, softcap, tma in PREFILL_CASES:
+        if op == "attention":
+            mod.PREFILL_TMA = tma
+        kv_heads, group, n_streams, n_cells = 2, 3, 4, 168
+        streams = torch.randperm(n_streams, generator=gen)[:2].tolist()
+        meta = Batch.build([SeqChunk(stream=streams[0], start=0, tokens=[0] * 150),
+                            SeqChunk(stream=streams[1], start=90, tokens=[0] * 70)]).attn.with_layer(window, softcap)
+        q = torch.randn(220, kv_heads * group, dim, generator=gen).to(torch.bfloat16)
+        k, v = (torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen) for _ in range(2))
+        visible = torch.zeros(n_streams, n_cells, dtype=torch.bool)
+        for s, n in zip(streams, meta.kv_lens.tolist()):
+            visible[s, :n] = True
+        if op == "attention":
+            kv = mod._example_view(k, v, torch.bfloat16, kind)
+            poisoned = _poison_view(kv, visible)
+            used_tma = mod._tma_ok(q, poisoned, tma)
+        else:
+            kv, poisoned = _paged_case(k, v, torch.bfloat16, kind, visible, streams, meta, gen)
+            used_tma = False
+        want = mod.reference(q, kv, meta, 1 / math.sqrt(dim)).float()
+        got = mod.triton(q, poisoned, meta, 1 / math.sqrt(dim)).float()
+        tol = mod.TOL[torch.bfloat16]
+        ok = bool(torch.all((got - want).abs() <= tol + tol * want.abs()))
+        out.append({"case": [kind, dim, window, softcap], "tma": used_tma, "ok": ok,
+                    "err": float((got - want).abs().max())})
     return out
 
 
