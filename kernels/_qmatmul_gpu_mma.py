@@ -8,8 +8,13 @@ unpack (a mask or a shift a byte) is paid once for all rows, and the float scale
 x's d and d * sum) are applied per sub-block and column after the dot. K is split over programs
 (float32 partials summed by torch: qmatmul_gpu's `_output` / `_finish`) until ~MMA_PROGRAMS_PER_SM
 programs an SM. Its floats are the wide GEMV's product in another summation order.
-Off by default (qmatmul_gpu's QMMA; env SLOTSERVER_QMMA=int8) until a card shows it faster than the
-wide GEMV at 2..8 rows. A part of kernels/qmatmul_gpu.py (runtime/kernel_parts.py).
+Serves from MMA_MIN_M rows (qmatmul_gpu's QMMA, default "int8" since an H200 run, 2026-11-28,
+docs/gpu.md: Llama-8B's shape in Q4_K at b=8 6.9-7.2 ms a step against the wide GEMV's 19.5; per
+matmul at 8 rows 2-4.5x the wide GEMV). Fewer rows take the wide GEMV, whose cost grows with the
+rows (this product's does not: x is padded to 16); measured per matmul at 2, 3, 4 and 8 rows, the
+int8 product wins from 3 rows of Q4_K (at 2 the wide GEMV is 1.2-1.6x faster on every Llama-8B
+matmul); of Q6_K it wins at 8 and loses at 4 (qkv 63.3 against the wide GEMV's 60.7 us), so it takes
+5-7 by interpolating the wide GEMV's growth (~6 us a row on that qkv). A part of kernels/qmatmul_gpu.py (runtime/kernel_parts.py).
 """
 
 from __future__ import annotations
@@ -28,10 +33,14 @@ _f16, _f16w, _k4_scale = _blocks._f16, _blocks._f16w, _blocks._k4_scale
 # weight rows (output columns) a program; ptxas, sm_90, 4 warps: Q4_K at 64 142 registers, Q6_K at 32
 # 141 (at 64 its byte loads from 2-byte aligned blocks took 255), no spills
 MMA_FORMATS = (T.Q4_K, T.Q6_K)   # what a Q4_K_M file holds (but its fallbacks for rows not of 256)
+MMA_MIN_M = {T.Q4_K: 3, T.Q6_K: 5}   # fewer rows: the wide GEMV (module docstring)
 MMA_MAX_M = 16                   # x is padded to 16 rows: tl.dot's smallest M
 MMA_BLOCK_N = {T.Q4_K: 64, T.Q6_K: 32}
 MMA_WARPS = 4
-MMA_PROGRAMS_PER_SM = 2    # K is split (float32 partials summed by torch) until about this many programs an SM
+# K is split (float32 partials summed by torch) until about this many programs an SM. H200, 8 rows of
+# Llama-8B's Q4_K, graph us (gpu_qmatmul_bench --tune): gate_up 77.4 at 4 against 88.5 at 2 (the best,
+# 128 columns at 1 a SM, 77.1), down 44.7 against 47.5 (the best); 8 warps lost everywhere.
+MMA_PROGRAMS_PER_SM = 4
 
 
 @_triton.jit
@@ -127,8 +136,8 @@ def mma_plan(n: int, k: int, sms: int, block_n: int) -> tuple[int, int, int]:
 
 
 def reads(x: torch.Tensor, w: QWeight) -> bool:
-    """The int8 product can serve this one: Q4_K (16-byte aligned rows) or Q6_K, 2..MMA_MAX_M rows."""
-    return w.qtype in MMA_FORMATS and 2 <= x.shape[0] <= MMA_MAX_M and w.n > 0 \
+    """The int8 product serves this one: Q4_K (16-byte aligned rows) or Q6_K, MMA_MIN_M..MMA_MAX_M rows."""
+    return w.qtype in MMA_FORMATS and MMA_MIN_M[w.qtype] <= x.shape[0] <= MMA_MAX_M and w.n > 0 \
         and (w.qtype == T.Q6_K or (w.raw.stride(0) % 16 == 0 and w.raw.data_ptr() % 16 == 0))
 
 

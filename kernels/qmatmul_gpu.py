@@ -15,10 +15,10 @@ the IQ formats have no kernel here: on CUDA they are dequantized to bf16 at load
 
 Three products, each a part of this module (runtime/kernel_parts.py: validated, versioned and
 reloaded with it); `triton()` picks one per call by format and row count:
-- `_qmatmul_gpu_mma.py`, with QMMA = "int8" (env SLOTSERVER_QMMA=int8; off until a card shows it
-  faster): 2-16 rows of Q4_K / Q6_K as int8 tensor-core dots of x's q8_1 rows;
+- `_qmatmul_gpu_mma.py`, with QMMA = "int8" (the default since an H200 run; SLOTSERVER_QMMA=off to
+  A/B): 3-16 rows of Q4_K, 5-16 of Q6_K, as int8 tensor-core dots of x's q8_1 rows;
 - `_qmatmul_gpu_wide.py`, with QGEMV = "wide" (the default; SLOTSERVER_QGEMV=slices to A/B): 1-8
-  rows of every format but MXFP4, llama.cpp's mmvq in Triton (q8_1 x, dp4a on packed words; on an
+  rows (1-2 of Q4_K, 1-4 of Q6_K where the int8 product serves) of every format but MXFP4, llama.cpp's mmvq in Triton (q8_1 x, dp4a on packed words; on an
   H200 2.8-4x faster a Llama-8B model step than the slices);
 - `_qmatmul_gpu_slices.py`: everything else; 32 values dequantized to float32 at a time up to 16
   rows, W dequantized tile by tile for cuBLAS from DEQUANT_GEMM_ROWS rows (prefill).
@@ -84,8 +84,10 @@ QGEMV = _qgemv_mode()
 
 
 def _qmma_mode() -> str:
-    """SLOTSERVER_QMMA: `off` (default) or `int8`; read once at load (a bench flips the constant QMMA)."""
-    return _env_switch("SLOTSERVER_QMMA", "off", ("off", "int8"))
+    """SLOTSERVER_QMMA: `int8` (the default since an H200 run, docs/gpu.md 2026-11-28: Llama-8B's shape
+    in Q4_K at b=8 6.9-7.2 ms a step against the wide GEMV's 19.5) or `off` (the A/B); read once at load
+    (a bench flips the constant QMMA)."""
+    return _env_switch("SLOTSERVER_QMMA", "int8", ("off", "int8"))
 
 
 

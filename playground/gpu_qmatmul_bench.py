@@ -89,12 +89,15 @@ def with_switch(mod, name: str, mode: str, fn):
 
 
 def with_qgemv(mod, mode: str, fn):
-    return with_switch(mod, "QGEMV", mode, fn)
+    """fn() with QGEMV = mode and the int8 product off: the slices and wide columns time those alone."""
+    return with_switch(mod, "QMMA", "off", lambda: with_switch(mod, "QGEMV", mode, fn))
 
 
 def with_qmma(mod, fn):
-    """fn() with the int8 tensor-core product switched on (QMMA = "int8")."""
-    return with_switch(mod, "QMMA", "int8", fn)
+    """fn() with the int8 tensor-core product on (QMMA = "int8") from 2 rows (its column times the
+    product itself at every row count it can serve, whatever MMA_MIN_M routes to it)."""
+    every = dict.fromkeys(mod.mma.MMA_MIN_M, 2)
+    return with_switch(mod.mma, "MMA_MIN_M", every, lambda: with_switch(mod, "QMMA", "int8", fn))
 
 
 def mma_serves(mod, x: torch.Tensor, w: QWeight) -> bool:
@@ -157,17 +160,19 @@ def bench_shape(mod, timer: Timer, qtype: T, n: int, k: int, rows: tuple[int, ..
 
 TUNE_SHAPES = {"Qwen0.5B down": (896, 4864), "Qwen0.5B gate_up": (9728, 896), "Llama8B gate_up": (28672, 4096),
                "Llama8B down": (4096, 14336)}
-WIDE_TUNE = {1: [dict(QGEMV="wide", WIDE_WORDS=words, WIDE_PROGRAMS_PER_SM=p, WIDE_WARPS=warps)   # ~1 s a compile
-                 for words in (1024, 2048) for p in (1, 2, 4) for warps in (4, 8)],
-             8: [dict(QGEMV="wide", WIDE_WORDS=words, WIDE_PROGRAMS_PER_SM=p, WIDE_ROWS_WARPS=warps)   # 2048 at 4 warps spills
+WIDE_TUNE = {1: [dict(QGEMV="wide", QMMA="off", WIDE_WORDS=words, WIDE_PROGRAMS_PER_SM=p, WIDE_WARPS=warps)
+                 for words in (1024, 2048) for p in (1, 2, 4) for warps in (4, 8)],   # ~1 s a compile
+             8: [dict(QGEMV="wide", QMMA="off", WIDE_WORDS=words, WIDE_PROGRAMS_PER_SM=p, WIDE_ROWS_WARPS=warps)
                  for words in (1024, 2048) for p in (2, 4) for warps in (4, 8) if words * 4 // warps <= 1024]}
-# the int8 tensor-core product's (QMMA; not yet on a card) at 2..16 rows
-MMA_TUNE = [dict(QMMA="int8", MMA_BLOCK_N={T.Q4_K: bn, T.Q6_K: 32}, MMA_PROGRAMS_PER_SM=p, MMA_WARPS=w)   # Q4_K tuned
+# the int8 tensor-core product's (QMMA, the default from MMA_MIN_M rows) at 2..16 rows
+MMA_TUNE = [dict(QMMA="int8", MMA_MIN_M={T.Q4_K: 2, T.Q6_K: 2}, MMA_BLOCK_N={T.Q4_K: bn, T.Q6_K: 32},   # Q4_K tuned
+                 MMA_PROGRAMS_PER_SM=p, MMA_WARPS=w)
             for bn, p, w in [(bn, p, 4) for bn in (32, 64, 128) for p in (1, 2, 4)] + [(64, 2, 8), (128, 2, 8)]]
 # 8 rows first (the int8 product, then the wide kernel), then one row; each the serving slices kernel's last
-TUNE = {8: MMA_TUNE + WIDE_TUNE[8] + [dict(DECODE_BLOCK_N=bn, PROGRAMS_PER_SM=p) for bn in (32, 64) for p in (2, 4, 8)],
-        1: WIDE_TUNE[1] + [dict(GEMV_BLOCK_N=bn, GEMV_WARPS=w, PROGRAMS_PER_SM=p) for bn in (32, 64, 128) for w in (4, 8)
-                           for p in (2, 4, 8)]}
+TUNE = {8: MMA_TUNE + WIDE_TUNE[8] + [dict(QGEMV="slices", QMMA="off", DECODE_BLOCK_N=bn, PROGRAMS_PER_SM=p)
+                                      for bn in (32, 64) for p in (2, 4, 8)],
+        1: WIDE_TUNE[1] + [dict(QGEMV="slices", QMMA="off", GEMV_BLOCK_N=bn, GEMV_WARPS=w, PROGRAMS_PER_SM=p)
+                           for bn in (32, 64, 128) for w in (4, 8) for p in (2, 4, 8)]}
 
 
 def owner(mod, name: str):
@@ -183,7 +188,7 @@ def tune(mod, timer: Timer, device: str, gen, budget_s: float, dry: bool, shapes
     saved = {k: getattr(owner(mod, k), k) for settings in TUNE.values() for s in settings for k in s}
     names = [n.strip() for n in shapes.split(",") if n.strip()] or list(TUNE_SHAPES)
     shapes = {"tiny": (40, 512)} if dry else {n: TUNE_SHAPES[n] for n in names}
-    table = {m: [s for s in settings if not wide_only or s.get("QGEMV") == "wide" or s.get("QMMA")]
+    table = {m: [s for s in settings if not wide_only or s.get("QGEMV") == "wide" or s.get("QMMA") == "int8"]
              for m, settings in TUNE.items()}
     for name, (n, k) in shapes.items():   # Q4_K where K is whole super-blocks, else Q5_0 (a Q4_K_M file's fallback)
         w = random_blocks(T.Q4_K if k % 256 == 0 else T.Q5_0, n, k, device, gen)
@@ -196,7 +201,7 @@ def tune(mod, timer: Timer, device: str, gen, budget_s: float, dry: bool, shapes
                     setattr(owner(mod, key), key, value)
                 us = timer.graph(lambda: mod.triton(x, w))
                 us = us if us == us else timer.eager(lambda: mod.triton(x, w))
-                mode = "mma" if setting.get("QMMA") else setting.get("QGEMV", "slices")
+                mode = "mma" if setting.get("QMMA") == "int8" else setting.get("QGEMV", "slices")
                 rows.append(dict(shape=name, m=m, us=us, gbs=w.raw.numel() / us / 1e3, **{**setting, "QGEMV": mode}))
                 print(f"tune {name} M={m} {setting}: {us:.1f} us, {rows[-1]['gbs']:.0f} GB/s", flush=True)
                 for key, value in saved.items():
@@ -212,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rep-ms", type=int, default=10)
     ap.add_argument("--tune", type=float, default=0.0, metavar="S",
                     help="first spend up to S seconds timing decode settings (Q4_K, 1 and 8 rows)")
+    ap.add_argument("--rows", default="", help="comma-separated activation row counts (default 1,8,32,64,512)")
+    ap.add_argument("--formats", default="", help="comma-separated GGUF formats to time (default Q4_K,Q6_K,Q8_0,Q5_0)")
     ap.add_argument("--tune-shapes", default="", help=f"comma-separated, of: {', '.join(TUNE_SHAPES)} (default all)")
     ap.add_argument("--tune-wide-only", action="store_true",
                     help="tune only the wide GEMV's and the int8 tensor-core product's settings")
@@ -234,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         print(lines[-1], flush=True)
     t0 = time.perf_counter() if args.tune else start   # the budget: from the start, or after the tuning
     rows, results = DRY_ROWS if args.dry_run else ROWS, []
-    cases = [(qtype, model, name, nk) for qtype in FORMATS   # Q4_K first: what a Q4_K_M file mostly is
+    rows = tuple(int(r) for r in args.rows.split(",")) if args.rows else rows
+    formats = [q for q in FORMATS if not args.formats or q.name in args.formats.split(",")]
+    cases = [(qtype, model, name, nk) for qtype in formats   # Q4_K first: what a Q4_K_M file mostly is
              for model, shapes in (DRY_SHAPES if args.dry_run else SHAPES).items() for name, nk in shapes.items()
              if nk[1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0]   # Q4_K / Q6_K need K in whole 256-blocks (Qwen's 896: not)
     for qtype, model, name, (n, k) in cases:

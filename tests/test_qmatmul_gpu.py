@@ -40,7 +40,7 @@ def _format_errors() -> dict[str, float]:
     """Per format and case: max |triton - exact| / (1 + max |exact|), in float32: the slices kernel's
     regimes (the wide GEMV, the default at 1..8 rows, has wide_errors: its x is 8-bit)."""
     mod, out = _module(), {}
-    mod.QGEMV = "slices"
+    mod.QGEMV, mod.QMMA = "slices", "off"   # the slices alone (the int8 product, 4-16 rows of Q4_K/Q6_K: test_qmma.py)
     mod.slices.MIN_SPLIT_BLOCKS = 2   # split K at these small sizes too (the interpreter is slow; the plan is what serves)
     mod.slices.DEQUANT_TILE_VALUES = 16 * 256   # several dequantized tiles per weight (16 rows at K=256, 25 at 160)
     gen = torch.Generator().manual_seed(0)
@@ -79,7 +79,7 @@ def wide_errors(device: str = "cpu", x_dtype: torch.dtype = torch.float32) -> di
     difference), the product against its quantized x times the exact weights and against the exact
     product (relative), rows 0..2 of 8 bit-equal alone / in 3 / in 8 (batch invariance), the residual add."""
     mod, out = _module(), {}
-    mod.QGEMV = "wide"
+    mod.QGEMV, mod.QMMA = "wide", "off"   # the wide GEMV alone at 1, 3 and 8 rows (the int8 product serves from 3)
     gen = torch.Generator().manual_seed(3)
     for qtype, ks in WIDE_CASES.items():
         for k in ks:
@@ -116,6 +116,7 @@ def _fused_errors(qgemv: str = "slices") -> dict[str, float]:
 
     ops, gen = KernelSet.load(impl="triton"), torch.Generator().manual_seed(2)
     ops.modules["qmatmul_gpu"].module.QGEMV = qgemv
+    ops.modules["qmatmul_gpu"].module.QMMA = "off"   # 3 rows of Q4_K: the int8 product's otherwise (test_qmma.py)
     wide = (lambda v: _q8_1_dequant(v)) if qgemv == "wide" else (lambda v: v)   # noqa: E731
     parts = [random_qweight(gen, T.Q4_K, 40, 256), random_qweight(gen, T.Q6_K, 24, 256)]
     exact = [dequantize(p).double() for p in parts]

@@ -1,5 +1,6 @@
-"""kernels/qmatmul_gpu.py's int8 tensor-core product (QMMA = "int8", off by default): 2..16 rows of
-Q4_K and Q6_K as x's q8_1 rows times each sub-block's unpacked values in int8 tl.dots, scaled after.
+"""kernels/qmatmul_gpu.py's int8 tensor-core product (QMMA = "int8", the default from 3 rows of Q4_K
+and 5 of Q6_K; it can read 2..16): rows of Q4_K and Q6_K as x's q8_1 rows times each sub-block's unpacked values in int8
+tl.dots, scaled after.
 
 Against the float64 product of the same q8_1 x and gguf-py's dequantized weights, with odd N (the
 last column block masked), K split over programs (float32 partials) and unsplit (the residual add
@@ -33,7 +34,7 @@ def mma_errors(device: str = "cpu", x_dtype: torch.dtype = torch.float32) -> dic
     """Per format and K: the split, the relative error against the q8_1 product, invariance, the residual
     add's error."""
     mod, out = _module(), {}
-    mod.QMMA = "int8"
+    mod.QMMA, mod.mma.MMA_MIN_M = "int8", {T.Q4_K: 2, T.Q6_K: 2}   # the product itself from 2 rows
     gen = torch.Generator().manual_seed(5)
     # 1 super-block: unsplit (the add fused); 3: split 2 + 1 (a short last split; the plan's own
     # test checks the even splits)
@@ -67,16 +68,19 @@ def test_the_int8_product_matches_the_q8_1_product_split_or_not_and_is_batch_inv
         assert c["err"] < 1e-5 and c["acc_err"] < 1e-5, (k, c)   # float32 scaling of exact int32 dots
 
 
-def test_the_int8_product_is_off_by_default_and_serves_q4_k_and_q6_k_at_2_to_16_rows(monkeypatch):
+def test_the_int8_product_serves_q4_k_from_3_rows_and_q6_k_from_5_by_default(monkeypatch):
     mod, gen = _module(), torch.Generator().manual_seed(6)
-    assert mod.QMMA == "off"
-    w = random_qweight(gen, T.Q4_K, 4, 256)
-    assert not mod._mma_ok(torch.zeros(2, 256), w)
-    mod.QMMA = "int8"
-    assert mod._mma_ok(torch.zeros(2, 256), w) and mod._mma_ok(torch.zeros(16, 256), w)
-    assert not mod._mma_ok(torch.zeros(1, 256), w) and not mod._mma_ok(torch.zeros(17, 256), w)
-    assert mod._mma_ok(torch.zeros(2, 256), random_qweight(gen, T.Q6_K, 4, 256))    # 210-byte blocks: byte loads
-    assert not mod._mma_ok(torch.zeros(2, 256), random_qweight(gen, T.Q8_0, 4, 256))
+    assert mod.QMMA == "int8"
+    w, w6 = random_qweight(gen, T.Q4_K, 4, 256), random_qweight(gen, T.Q6_K, 4, 256)   # Q6_K: byte loads
+    assert mod._mma_ok(torch.zeros(3, 256), w) and mod._mma_ok(torch.zeros(16, 256), w)
+    assert not mod._mma_ok(torch.zeros(2, 256), w) and not mod._mma_ok(torch.zeros(17, 256), w)   # 1-2: the wide GEMV
+    assert mod._wide_ok(torch.zeros(2, 256), w)
+    assert mod._mma_ok(torch.zeros(5, 256), w6) and not mod._mma_ok(torch.zeros(4, 256), w6)
+    assert not mod._mma_ok(torch.zeros(4, 256), random_qweight(gen, T.Q8_0, 4, 256))
+    mod.QMMA = "off"
+    assert not mod._mma_ok(torch.zeros(4, 256), w)
+    monkeypatch.setenv("SLOTSERVER_QMMA", "off")
+    assert mod._qmma_mode() == "off"
     monkeypatch.setenv("SLOTSERVER_QMMA", "fp8")
     with pytest.raises(ValueError, match="SLOTSERVER_QMMA='fp8'"):
         mod._qmma_mode()
