@@ -7,7 +7,9 @@
 #   model     playground/gpu_model_check.sh: random-weight Qwen2.5-0.5B shapes (Q4_K, BF16, Q8_0),
 #             generate, decode ms/step with CUDA graphs and eager vs the bytes bound, HTTP bench;
 #   hf        playground/hf_bench.py: Hugging Face transformers, static cache, same shape, bf16;
-#   kernels   playground/gpu_kernel_bench.py: rms_norm/rope/silu/gelu vs copy bandwidth, prefill vs SDPA;
+#   kernels   playground/gpu_kernel_bench.py: rms_norm/rope/silu/gelu vs copy bandwidth, prefill vs SDPA
+#             (strided and paged), the prefill tile sweep (PREFILL_TILES overrides it);
+#   archs     tests/test_device_archs.py: every architecture fixture's greedy tokens on the card;
 #   sweep     playground/layout_sweep.py --device cuda: every layout, serving kernels, CUDA-graph times;
 #   lab       `slotserver lab check` on cuda (every kernel: Triton numerics vs reference, AOT);
 #   attention playground/gpu_attention_bench.py: decode attention vs SDPA and the copy bandwidth;
@@ -22,9 +24,10 @@
 #             with SLOTSERVER_QMMA=int8 (8 rows) and with SLOTSERVER_QGEMV=slices; then the Q4_K_M
 #             mix (Q6_K output, attn_v, ffn_down in half the layers) dense and on blocks;
 #   gemv      playground/gpu_gemv_bench.py: each fused GEMV against what the lean body launches.
-# The default parts: the tests, the GGUF-block decode (the wide GEMV's H200-tuned settings, fifth
-# round), the model and HTTP reruns, then launches, labtime, kernels and gemv; archs, lab, attention,
-# big, gemvab, hf, sweep and sampling run when named in GPU_CHECK_PARTS. A part starts only with at
+# The default parts (sixth round): the tests, every architecture fixture (hybrids), the kernels with
+# the prefill tile sweep, the GGUF-block decode (the int8 product, the norms' q8_1), the GGUF matmul
+# table, the model, labtime, launches and HTTP reruns; lab, attention, big, gemv, gemvab, hf, sweep and
+# sampling run when named in GPU_CHECK_PARTS. A part starts only with at
 # least 20 s left; a part whose script is absent is skipped; logs go to OUT_DIR/<part>.log, a short
 # table last. GPU_CHECK_TAR=FILE also packs OUT_DIR into FILE after every part: the device tool
 # brings back a handful of files per call (the fourth round lost 11 of 19 logs), one archive always
@@ -37,7 +40,7 @@
 set -u
 T0=$(date +%s)
 TOTAL_S=${GPU_CHECK_TOTAL_S:-500}
-PARTS=${GPU_CHECK_PARTS:-versions,wheels,tests,qgemvab,qmatmul,model,http,kernels,gemv,launches,labtime}
+PARTS=${GPU_CHECK_PARTS:-versions,wheels,tests,archs,kernels,qgemvab,qmatmul,model,labtime,launches,http}
 OUT_DIR="${1:-${OUT:-./gpu_out}}"
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
 cd "$(dirname "$0")/.." || exit 1        # the repo root
@@ -139,6 +142,16 @@ qgemvab() {   # Llama-8B's shape in Q4_K: dense bf16, GGUF blocks with the wide 
     $PY playground/gpu_model_bench.py "$md/q4km.gguf" --device "$DEV" --batches $bs --steps $steps --ctx 1024 \
         --engine-tokens 0 --gpu-weights dense,blocks --budget-s 50 --out "$OUT_DIR/qgemv_q4km" || rc=$?
     rm -rf "$md"; return $rc; }
+qrows() {   # where the int8 product takes over from the wide GEMV: Llama-8B's Q4_K/Q6_K matmuls at 2-8
+    # rows, then the 8B Q4_K shape on blocks at b = 1, 2, 4, 8 with the defaults (int8 product from 4 rows)
+    local md; md=$(mktemp -d); local shape=llama-3.1-8b bs=1,2,4,8 rc=0
+    [[ "$DRY" == 1 ]] && { shape=tiny; bs=1,4; export TRITON_INTERPRET=1; }
+    $PY playground/gpu_qmatmul_bench.py $DRYARG --rows 2,3,4,8 --formats Q4_K,Q6_K --budget-s 35 --out "$OUT_DIR" || rc=$?
+    unset TRITON_INTERPRET
+    $PY playground/shape_model.py $shape Q4_K "$md/big.gguf" || return 3
+    $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches $bs --steps 10 --ctx 1024 \
+        --engine-tokens 0 --gpu-weights blocks --budget-s 30 --out "$OUT_DIR/qrows" || rc=$?
+    rm -rf "$md"; return $rc; }
 http() {   # the server's host work per streamed token: asyncio against uvloop (and
     # the streams' catch-up coalescing both have), Qwen2.5-0.5B's shape in Q4_K, streamed chat
     local md; md=$(mktemp -d); local shape=qwen2.5-0.5b conc=1,8,64 tokens=64 rounds=2
@@ -157,21 +170,29 @@ part wheels 60 wheels
 TAIL=60 part tests 150 $PY -m pytest -v -rf --tb=short -p no:cacheprovider \
     $(ls tests/test_gpu_*.py tests/test_qmma.py tests/test_gemv*.py 2>/dev/null) tests/test_device.py \
     $(ls tests/test_torch_dequant.py tests/test_device_*.py 2>/dev/null | grep -v test_device_archs) \
-    tests/test_lora.py::test_on_the_gpu_an_adapter_gives_the_merged_models_logits
-# the GGUF-block decode first (the wide GEMV, tuned on an H200 2026-11-27: docs/gpu.md), then reruns
+    tests/test_lora.py::test_on_the_gpu_an_adapter_gives_the_cpus_logits
+# every architecture fixture on the card (the hybrids' recurrences are new since the fourth round)
+TAIL=40 part archs 70 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device_archs.py
+# the prefill tiles (last-first row order, the scale in the exponent, TMA descriptors: sixth round)
+PREFILL_SWEEP="64,64,4,3,tma;64,64,4,2;64,64,4,2,tma;128,64,8,2,tma;128,64,8,3,tma;128,128,8,2,tma;64,32,4,2,tma;128,64,8,2;64,128,4,2,tma"
+if [[ "$DRY" == 1 ]]; then
+    part kernels 60 env TRITON_INTERPRET=1 $PY playground/gpu_kernel_bench.py --dry-run --out "$OUT_DIR" \
+        --prefill-tiles "64,64,4,3,tma;64,32,4,2"
+else
+    TAIL=70 part kernels 130 $PY playground/gpu_kernel_bench.py --budget-s 115 --out "$OUT_DIR" \
+        --prefill-tiles "${PREFILL_TILES:-$PREFILL_SWEEP}"
+fi
+# the GGUF-block decode (the wide GEMV, tuned on an H200 2026-11-27: docs/gpu.md), then reruns
 TAIL=30 part qgemvab 200 qgemvab
 TAIL=40 part qmatmul 110 qmatmul
 TAIL=30 part model ${MODEL_PART_S:-120} bash playground/gpu_model_check.sh "$OUT_DIR"
 TAIL=12 part http 100 http
 if [[ "$DRY" == 1 ]]; then
     part hf 60 $PY playground/hf_bench.py --device cpu --tiny --batches 1,2 --steps 4 --out "$OUT_DIR"
-    part kernels 60 env TRITON_INTERPRET=1 $PY playground/gpu_kernel_bench.py --dry-run --out "$OUT_DIR"
     part sweep 60 $PY playground/layout_sweep.py --device cpu --batches 1 2 --contexts 64 --rounds 1 --reps 1 \
         --out "$OUT_DIR/layout_sweep.png"
 else
     part hf 60 $PY playground/hf_bench.py --device cuda --batches 1,8,32,64 --steps 32 --budget-s 45 --no-compile --out "$OUT_DIR"
-    part kernels 75 $PY playground/gpu_kernel_bench.py --budget-s 60 --out "$OUT_DIR" \
-        --prefill-tiles "${PREFILL_TILES:-128,64,8,3;64,64,4,3;128,32,8,3;64,32,4,3;128,128,8,3}"
     part sweep 50 $PY playground/layout_sweep.py --device cuda --dtype bfloat16 --batches 1 8 32 64 \
         --contexts 1024 2048 4096 8192 --rounds 2 --reps 20 --out "$OUT_DIR/layout_sweep.png"
 fi
@@ -180,7 +201,11 @@ TAIL=60 part launches 50 launches
 TAIL=40 part labtime 40 $PY -c "from slotserver.cli.lab import time_kernels; print(time_kernels(None, small=$DRY == 1))"
 TAIL=20 part gemvab 90 gemvab
 # earlier rounds' parts, run when named in GPU_CHECK_PARTS
-TAIL=40 part archs 70 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device_archs.py
+# the tests part's tail alone (the sixth round's tests part ran out of its 150 s in test_device_sampling)
+TAIL=40 part tests2 100 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device_sampling.py \
+    $(ls tests/test_device_async_steps.py tests/test_torch_dequant.py 2>/dev/null) \
+    tests/test_lora.py::test_on_the_gpu_an_adapter_gives_the_cpus_logits
+TAIL=40 part qrows 100 qrows
 TAIL=40 part lab 60 $PY -m slotserver.cli.main lab check --cases 2 --no-aot
 ATT_DRY=(); [[ "$DRY" == 1 ]] && ATT_DRY=(--dry-run)
 [[ "$DRY" == 1 ]] && export TRITON_INTERPRET=1
