@@ -91,6 +91,48 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ta
 
 
 @_triton.jit
+def _paged_tile(q, acc, m_i, l_i, k_ptr, v_ptr, table_ptr, stream, h, stride_kb, stride_kr, stride_kh, stride_vb,
+                stride_vr, stride_vh, start, hi, pos, window, qk_scale, softcap, d, d_mask, PAGE: tl.constexpr,
+                BLOCK_N: tl.constexpr, IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, MASK: tl.constexpr,
+                EVEN_D: tl.constexpr):
+    """One [BLOCK_N, head_dim] K/V tile of the pages folded into the running (acc, max, sum), as
+    attention.py's `_prefill_tile`: MASK where the tile crosses a row's causal or window bound, else
+    neither the scores nor (EVEN_D) the K/V loads are masked (every cell lies below `hi`)."""
+    cells = start + tl.arange(0, BLOCK_N)
+    c_mask = cells < hi
+    page, pr = _page_rows(table_ptr, stream, cells, c_mask, PAGE)
+    k_ptrs = k_ptr + (page * stride_kb + pr * stride_kr)[:, None] + h * stride_kh + d[None, :]
+    v_ptrs = v_ptr + (page * stride_vb + pr * stride_vr)[:, None] + h * stride_vh + d[None, :]
+    if MASK or not EVEN_D:
+        nd_mask = c_mask[:, None] & d_mask
+        k = tl.load(k_ptrs, mask=nd_mask, other=0.0).to(q.dtype)               # an f16 cache under f32/bf16 q
+        v = tl.load(v_ptrs, mask=nd_mask, other=0.0).to(q.dtype)
+    else:
+        k = tl.load(k_ptrs).to(q.dtype)
+        v = tl.load(v_ptrs).to(q.dtype)
+    s = _dot(q, tl.trans(k), IEEE_DOT)                                          # [BLOCK_M, BLOCK_N]
+    if SOFTCAP:
+        s = _softcap(s * qk_scale, softcap)
+        scale = 1.0
+    else:
+        scale = qk_scale
+    if MASK:
+        seen = (cells[None, :] <= pos[:, None]) & c_mask[None, :]
+        seen = seen & ((cells[None, :] > pos[:, None] - window) | (window == 0))
+        s = tl.where(seen, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale)
+    if MASK:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with nothing seen yet: no NaN
+    else:
+        m_use = m_new
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s * scale - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], IEEE_DOT)
+    return acc, m_new, l_i
+
+
+@_triton.jit
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, q_lens_ptr, kv_lens_ptr,
                           q_offsets_ptr, sinks_ptr, stride_qt, stride_qh, stride_kb, stride_kr, stride_kh, stride_vb,
                           stride_vr, stride_vh, stride_bt, stride_ot, stride_oh, qk_scale, window, softcap,
@@ -99,7 +141,8 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, 
                           IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr):
     """Program (sequence b, KV head h, row tile): a causal chunk against the paged cache; rows fold
     the GQA group (row r: query r // GROUP, head h*GROUP + r % GROUP), as in attention.py, whose
-    prefill kernel says why row tiles run last first and why the scale sits in the exponent."""
+    prefill kernel says why row tiles run last first, why the scale sits in the exponent and why
+    the tiles below the tile's first position run unmasked (`MASK=False`)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     tile = tl.num_programs(2) - 1 - tl.program_id(2)
@@ -120,32 +163,17 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, 
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     hi = tl.minimum(kv_len, tl.max(tl.where(r_mask, pos, 0), axis=0) + 1)
-    lo = tl.where(window > 0, tl.maximum(tl.min(tl.where(r_mask, pos, kv_len), axis=0) - window + 1, 0), 0)
-    for start in range(lo, hi, BLOCK_N):
-        cells = start + tl.arange(0, BLOCK_N)
-        c_mask = cells < hi
-        page, pr = _page_rows(table_ptr, stream, cells, c_mask, PAGE)
-        nd_mask = c_mask[:, None] & d_mask
-        k = tl.load(k_ptr + (page * stride_kb + pr * stride_kr)[:, None] + h * stride_kh + d[None, :],
-                    mask=nd_mask, other=0.0).to(q.dtype)                       # an f16 cache under f32/bf16 q
-        v = tl.load(v_ptr + (page * stride_vb + pr * stride_vr)[:, None] + h * stride_vh + d[None, :],
-                    mask=nd_mask, other=0.0).to(q.dtype)
-        s = _dot(q, tl.trans(k), IEEE_DOT)                                      # [BLOCK_M, BLOCK_N]
-        if SOFTCAP:
-            s = _softcap(s * qk_scale, softcap)
-            scale = 1.0
-        else:
-            scale = qk_scale
-        seen = (cells[None, :] <= pos[:, None]) & c_mask[None, :]
-        seen = seen & ((cells[None, :] > pos[:, None] - window) | (window == 0))
-        s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with nothing seen yet: no NaN
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s * scale - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], IEEE_DOT)
-        m_i = m_new
+    first = tl.min(tl.where(r_mask, pos, kv_len), axis=0)                        # the tile's first position
+    lo = tl.where(window > 0, tl.maximum(first - window + 1, 0), 0)
+    mid = tl.where(window > 0, lo, tl.minimum(first + 1, hi) // BLOCK_N * BLOCK_N)  # [lo, mid): seen by all
+    for start in range(lo, mid, BLOCK_N):
+        acc, m_i, l_i = _paged_tile(q, acc, m_i, l_i, k_ptr, v_ptr, table_ptr, stream, h, stride_kb, stride_kr,
+                                    stride_kh, stride_vb, stride_vr, stride_vh, start, hi, pos, window, qk_scale,
+                                    softcap, d, d_mask, PAGE, BLOCK_N, IEEE_DOT, SOFTCAP, False, BLOCK_D == HEAD_DIM)
+    for start in range(mid, hi, BLOCK_N):
+        acc, m_i, l_i = _paged_tile(q, acc, m_i, l_i, k_ptr, v_ptr, table_ptr, stream, h, stride_kb, stride_kr,
+                                    stride_kh, stride_vb, stride_vr, stride_vh, start, hi, pos, window, qk_scale,
+                                    softcap, d, d_mask, PAGE, BLOCK_N, IEEE_DOT, SOFTCAP, True, BLOCK_D == HEAD_DIM)
     o_rows = (q_off + r // GROUP)[:, None] * stride_ot + (h * GROUP + r % GROUP)[:, None] * stride_oh + d[None, :]
     if SINKS:
         sk = tl.load(sinks_ptr + h * GROUP + r % GROUP, mask=r_mask, other=0.0) * 1.4426950408889634

@@ -359,7 +359,8 @@ def _aot(dtype: str, decode: bool, group: int = 3, dim: int = 64, page: int = 16
 
 
 # SmolLM2-135M geometry (group 3, head_dim 64, 16-cell pages): bf16 and f16 pages, decode (split
-# and not) and prefill; Llama-3-8B's decode (group 4, head_dim 128); the decode combine.
+# and not) and prefill; Llama-3-8B's decode and prefill (group 4, head_dim 128); the decode combine.
 AOT = [_aot("bf16", True), _aot("bf16", True, cache="fp16"), _aot("bf16", True, split=False),
        _aot("bf16", True, group=4, dim=128), _aot("bf16", False), _aot("fp32", True), _tl.aot_combine("bf16"),
-       _aot("bf16", True, group=8, cache="fp16", sinks=True)]   # gpt-oss-20b's decode (group 8, sinks)
+       _aot("bf16", True, group=8, cache="fp16", sinks=True),   # gpt-oss-20b's decode (group 8, sinks)
+       _aot("bf16", False, group=4, dim=128)]                    # Llama-3-8B's prefill

@@ -167,10 +167,11 @@ sampling() { missing playground/gpu_sampling_bench.py && return 0
 part versions 30 versions
 part wheels 60 wheels
 # the newest kernels' card tests first (a part cut by its timeout loses its last files)
+# (the sixth round's ran out of its 150 s inside test_device_sampling: the LoRA test now comes before)
 TAIL=60 part tests 150 $PY -m pytest -v -rf --tb=short -p no:cacheprovider \
-    $(ls tests/test_gpu_*.py tests/test_qmma.py tests/test_gemv*.py 2>/dev/null) tests/test_device.py \
-    $(ls tests/test_torch_dequant.py tests/test_device_*.py 2>/dev/null | grep -v test_device_archs) \
-    tests/test_lora.py::test_on_the_gpu_an_adapter_gives_the_cpus_logits
+    $(ls tests/test_gpu_*.py tests/test_qmma.py tests/test_gemv*.py 2>/dev/null) \
+    tests/test_lora.py::test_on_the_gpu_an_adapter_gives_the_cpus_logits tests/test_device.py \
+    $(ls tests/test_torch_dequant.py tests/test_device_*.py 2>/dev/null | grep -v test_device_archs)
 # every architecture fixture on the card (the hybrids' recurrences are new since the fourth round)
 TAIL=40 part archs 70 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device_archs.py
 # the prefill tiles (last-first row order, the scale in the exponent, TMA descriptors: sixth round)
