@@ -105,31 +105,50 @@ def _native_fits(x: torch.Tensor, weight: torch.Tensor, acc: torch.Tensor | None
                                    and acc.is_cpu and acc.dtype in _FLOATS))
 
 
+# Rows a program on narrow rows: about NARROW_ELEMS values a program (896 columns: 4 rows, a per-head
+# q/k norm's 128: 16) instead of one row. Why: one 1.8 KB row a program kept Qwen2.5-0.5B's norm at
+# 54-63% of an H200's copy rate however many tokens (docs/gpu.md, sixth round) while the same rows
+# with 3x the bytes a program (the fused add) reached 93%: the per-program cost, not the bytes.
+# Depends on the width only, never on the row count: a row's floats do not change with the batch.
+NARROW_ELEMS = 4096
+MAX_ROWS_A_PROGRAM = 16
+
+
+def rows_a_program(block: int) -> int:
+    """Rows each program of `_rms_norm_kernel` norms, for rows padded to `block` columns."""
+    return max(1, min(MAX_ROWS_A_PROGRAM, NARROW_ELEMS // block))
+
+
 @_triton.jit
-def _rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, q_ptr, d_ptr, s_ptr, stride_x, stride_y, stride_out, n_cols,
-                     eps, BLOCK: tl.constexpr, ADD: tl.constexpr, Q8: tl.constexpr):
-    """One program per row: the whole row is loaded once, reduced in float32, scaled, stored in
-    out's dtype. ADD: y's row is first added into x's (rounded to x's dtype and stored back, as
-    torch's `x += y`), and the sum is what is normed. Q8: the stored row's q8_1 (n_cols a multiple
-    of 32) goes to q/d/s_ptr, rows n_cols and n_cols / 32 apart."""
-    row = tl.program_id(0).to(tl.int64)
+def _rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, q_ptr, d_ptr, s_ptr, stride_x, stride_y, stride_out, n_rows,
+                     n_cols, eps, BLOCK: tl.constexpr, ROWS: tl.constexpr, ADD: tl.constexpr, Q8: tl.constexpr):
+    """ROWS rows a program (`rows_a_program`): each row loaded once, reduced in float32, scaled,
+    stored in out's dtype. ADD: y's row is first added into x's (rounded to x's dtype and stored
+    back, as torch's `x += y`), and the sum is what is normed. Q8: the stored rows' q8_1 (n_cols a
+    multiple of 32) goes to q/d/s_ptr, rows n_cols and n_cols / 32 apart."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)                  # [ROWS]
     cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)   # [BLOCK]
+    row_ok = rows < n_rows
+    mask = row_ok[:, None] & (cols < n_cols)[None, :]                                # [ROWS, BLOCK]
+    x_ptrs = x_ptr + rows[:, None] * stride_x + cols[None, :]
+    x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
     if ADD:
-        y = tl.load(y_ptr + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + rows[:, None] * stride_y + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         x = (x + y).to(x_ptr.dtype.element_ty)
-        tl.store(x_ptr + row * stride_x + cols, x, mask=mask)
+        tl.store(x_ptrs, x, mask=mask)
         x = x.to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    inv = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    out = (x * inv * w).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * stride_out + cols, out, mask=mask)
+    w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    inv = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)                              # [ROWS]
+    out = (x * inv[:, None] * w[None, :]).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], out, mask=mask)
     if Q8:   # masked columns are 0: no block's max sees them
+        nb: tl.constexpr = ROWS * BLOCK // 32
         b = tl.arange(0, BLOCK // 32)
-        _quantize_into(tl.reshape(out.to(tl.float32), [BLOCK // 32, 32]), q_ptr + row * n_cols
-                       + tl.reshape(cols, [BLOCK // 32, 32]), d_ptr + row * (n_cols // 32) + b,
-                       s_ptr + row * (n_cols // 32) + b, b < n_cols // 32)
+        blocks = rows[:, None] * (n_cols // 32) + b[None, :]                          # [ROWS, BLOCK / 32]
+        _quantize_into(tl.reshape(out.to(tl.float32), [nb, 32]),
+                       q_ptr + tl.reshape(rows[:, None] * n_cols + cols[None, :], [nb, 32]),
+                       d_ptr + tl.reshape(blocks, [nb]), s_ptr + tl.reshape(blocks, [nb]),
+                       tl.reshape(row_ok[:, None] & (b < n_cols // 32)[None, :], [nb]))
 
 
 def triton(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor | None = None,
@@ -154,9 +173,10 @@ def triton(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.Tensor 
         block = _triton.next_power_of_2(x.shape[1])
         y = x if add is None else add
         q, d, s = q8_1 if q8_1 is not None else (out, out, out)   # unread pointers without Q8
-        _rms_norm_kernel[(x.shape[0],)](x, y, weight, out, q, d, s, x.stride(0), y.stride(0), out.stride(0), x.shape[1],
-                                        eps, BLOCK=block, ADD=add is not None, Q8=q8_1 is not None,
-                                        num_warps=4 if block <= 2048 else 8)
+        rows = rows_a_program(block)
+        _rms_norm_kernel[(_triton.cdiv(x.shape[0], rows),)](
+            x, y, weight, out, q, d, s, x.stride(0), y.stride(0), out.stride(0), x.shape[0], x.shape[1], eps,
+            BLOCK=block, ROWS=rows, ADD=add is not None, Q8=q8_1 is not None, num_warps=4 if block <= 2048 else 8)
     return out if acc is None else acc.add_(out.to(acc.dtype))
 
 
@@ -186,12 +206,14 @@ def _aot(x: str, w: str, block: int, out: str | None = None, add: bool = False, 
     sig = {"x_ptr": f"*{x}", "y_ptr": "*bf16" if add else f"*{x}", "w_ptr": f"*{w}", "out_ptr": f"*{out or x}",
            "q_ptr": "*i8" if q8 else f"*{out or x}", "d_ptr": "*fp32" if q8 else f"*{out or x}",
            "s_ptr": "*fp32" if q8 else f"*{out or x}", "stride_x": "i32", "stride_y": "i32", "stride_out": "i32",
-           "n_cols": "i32", "eps": "fp32", "BLOCK": "constexpr", "ADD": "constexpr", "Q8": "constexpr"}
-    return (_rms_norm_kernel, sig, {"BLOCK": block, "ADD": add, "Q8": q8})
+           "n_rows": "i32", "n_cols": "i32", "eps": "fp32", "BLOCK": "constexpr", "ROWS": "constexpr",
+           "ADD": "constexpr", "Q8": "constexpr"}
+    return (_rms_norm_kernel, sig, {"BLOCK": block, "ROWS": rows_a_program(block), "ADD": add, "Q8": q8})
 
 
-# float32 and bf16 rows; the CUDA step's fused forms: a float32 residual, a bf16 branch added, bf16
+# float32 and bf16 rows (a per-head q/k norm's 128 columns and Qwen's 896: several rows a program); the
+# CUDA step's fused forms: a float32 residual, a bf16 branch added, bf16
 # out (Qwen2.5-0.5B's 896 columns, 8B-class 4096), and the first layer's norm + cast alone
-AOT = [_aot("fp32", "fp32", 1024), _aot("bf16", "fp32", 4096), _aot("fp32", "fp32", 1024, "bf16", add=True),
+AOT = [_aot("fp32", "fp32", 1024), _aot("bf16", "fp32", 4096), _aot("bf16", "fp32", 128), _aot("bf16", "fp32", 1024), _aot("fp32", "fp32", 1024, "bf16", add=True),
        _aot("fp32", "fp32", 4096, "bf16", add=True), _aot("fp32", "fp32", 1024, "bf16"),
        _aot("fp32", "fp32", 1024, "bf16", add=True, q8=True), _aot("fp32", "fp32", 4096, "bf16", add=True, q8=True)]

@@ -259,7 +259,7 @@ def test_lab_check_points_at_the_broken_line(tmp_path):
     if triton_mode() != "compile":
         pytest.skip("triton was imported interpreted here")
     src = (KERNELS / "rms_norm.py").read_text()
-    good = "    inv = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)\n"
+    good = "    inv = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)                              # [ROWS]\n"
     line = src[: src.index(good)].count("\n") + 1
     c_src = (KERNELS / "rms_norm.c").read_text()
     cpu_return, c_scale = "y = torch.mul(x, weight).mul_(r)", "const float r = rms_inv(v, N, eps);"
