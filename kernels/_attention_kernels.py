@@ -13,7 +13,7 @@ import triton.language as tl
 from slotserver.runtime import kernel_parts
 
 _tl = kernel_parts.load(__file__, "_attention_tl.py")
-_dot, _dot_acc, _softcap, _sink_norm = _tl._dot, _tl._dot_acc, _tl._softcap, _tl._sink_norm
+_dot, _fold_tile, _softcap, _sink_norm = _tl._dot, _tl._fold_tile, _tl._softcap, _tl._sink_norm
 _decode_result = _tl._decode_result
 
 
@@ -119,8 +119,7 @@ def _prefill_tile(q, acc, m_i, l_i, k_base, v_base, ks_ptr, vs_ptr, s_base, stri
     `hi`, so neither the scores nor (EVEN_D: head_dim fills BLOCK_D) the loads are masked.
     TMA: k_base and v_base are tensor descriptors of the sequence's [kv_len, head_dim] rows (the
     copy engine fetches the tile; cells past kv_len come back 0 and are masked in the scores).
-    The scale goes into the exponent's FMA (`s * scale - max`), not a pass of its own over the
-    scores (it is positive, so the max commutes with it); P @ V accumulates into acc in the MMA."""
+    The softmax: _attention_tl.py's `_fold_tile`."""
     cells = start + n
     c_mask = cells < hi
     if TMA:
@@ -139,26 +138,7 @@ def _prefill_tile(q, acc, m_i, l_i, k_base, v_base, ks_ptr, vs_ptr, s_base, stri
         k = (k.to(tl.float32) * tl.load(ks_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
         v = (v.to(tl.float32) * tl.load(vs_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
     k, v = k.to(q.dtype), v.to(q.dtype)            # q8 (scaled above) or an f16 cache under f32/bf16 q
-    s = _dot(q, tl.trans(k), IEEE_DOT)              # [BLOCK_M, BLOCK_N], unscaled
-    if SOFTCAP:
-        s = _softcap(s * qk_scale, softcap)
-        scale = 1.0
-    else:
-        scale = qk_scale
-    if MASK:
-        seen = (cells[None, :] <= pos[:, None]) & c_mask[None, :]
-        seen = seen & ((cells[None, :] > pos[:, None] - window) | (window == 0))
-        s = tl.where(seen, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale)
-    if MASK:
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with nothing seen yet: no NaN
-    else:
-        m_use = m_new                                          # every row has seen a cell
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(s * scale - m_use[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], IEEE_DOT)
-    return acc, m_new, l_i
+    return _fold_tile(q, k, v, acc, m_i, l_i, cells, c_mask, pos, window, qk_scale, softcap, IEEE_DOT, SOFTCAP, MASK)
 
 
 @_triton.jit

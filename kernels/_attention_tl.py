@@ -33,6 +33,37 @@ def _dot_acc(a, b, acc, IEEE_DOT: tl.constexpr):
 
 
 @_triton.jit
+def _fold_tile(q, k, v, acc, m_i, l_i, cells, c_mask, pos, window, qk_scale, softcap, IEEE_DOT: tl.constexpr,
+               SOFTCAP: tl.constexpr, MASK: tl.constexpr):
+    """A prefill K/V tile (k, v [BLOCK_N, BLOCK_D] in q's dtype, at `cells`) folded into the running
+    (acc, max m_i, sum l_i; log2 units) of q's rows at positions `pos`; returns them updated. MASK: the
+    tile crosses a row's causal or window bound (or `c_mask`'s end), else every row sees every cell.
+    The scale goes into the exponent's FMA (`s * scale - max`), not a pass of its own over the
+    scores (it is positive, so the max commutes with it); P @ V accumulates into acc in the MMA.
+    Both ops' prefill kernels call it: they differ in how they find the tile, not in the softmax."""
+    s = _dot(q, tl.trans(k), IEEE_DOT)                                          # [BLOCK_M, BLOCK_N], unscaled
+    if SOFTCAP:
+        s = _softcap(s * qk_scale, softcap)
+        scale = 1.0
+    else:
+        scale = qk_scale
+    if MASK:
+        seen = (cells[None, :] <= pos[:, None]) & c_mask[None, :]
+        seen = seen & ((cells[None, :] > pos[:, None] - window) | (window == 0))
+        s = tl.where(seen, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale)
+    if MASK:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with nothing seen yet: no NaN
+    else:
+        m_use = m_new                                          # every row has seen a cell
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s * scale - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], IEEE_DOT)
+    return acc, m_new, l_i
+
+
+@_triton.jit
 def _softcap(s, softcap):
     """Scores in log2 units (`q.k * scale * log2 e`) soft-capped in natural units: c * tanh(x / c),
     tanh(y) = 1 - 2 / (e^{2y} + 1) (saturates cleanly at +-1 where e^{2y} overflows or vanishes)."""

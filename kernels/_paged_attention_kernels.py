@@ -13,7 +13,7 @@ import triton.language as tl
 from slotserver.runtime import kernel_parts
 
 _tl = kernel_parts.load(__file__, "_attention_tl.py")
-_dot, _dot_acc, _softcap, _sink_norm = _tl._dot, _tl._dot_acc, _tl._softcap, _tl._sink_norm
+_dot, _fold_tile, _softcap, _sink_norm = _tl._dot, _tl._fold_tile, _tl._softcap, _tl._sink_norm
 _decode_result = _tl._decode_result
 
 
@@ -110,26 +110,7 @@ def _paged_tile(q, acc, m_i, l_i, k_ptr, v_ptr, table_ptr, stream, h, stride_kb,
     else:
         k = tl.load(k_ptrs).to(q.dtype)
         v = tl.load(v_ptrs).to(q.dtype)
-    s = _dot(q, tl.trans(k), IEEE_DOT)                                          # [BLOCK_M, BLOCK_N]
-    if SOFTCAP:
-        s = _softcap(s * qk_scale, softcap)
-        scale = 1.0
-    else:
-        scale = qk_scale
-    if MASK:
-        seen = (cells[None, :] <= pos[:, None]) & c_mask[None, :]
-        seen = seen & ((cells[None, :] > pos[:, None] - window) | (window == 0))
-        s = tl.where(seen, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale)
-    if MASK:
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with nothing seen yet: no NaN
-    else:
-        m_use = m_new
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(s * scale - m_use[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], IEEE_DOT)
-    return acc, m_new, l_i
+    return _fold_tile(q, k, v, acc, m_i, l_i, cells, c_mask, pos, window, qk_scale, softcap, IEEE_DOT, SOFTCAP, MASK)
 
 
 @_triton.jit
