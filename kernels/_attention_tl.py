@@ -33,6 +33,18 @@ def _dot_acc(a, b, acc, IEEE_DOT: tl.constexpr):
 
 
 @_triton.jit
+def _prefill_bounds(pos, r_mask, kv_len, window, BLOCK_N: tl.constexpr):
+    """A prefill row tile's cells (rows at positions `pos`, real where r_mask): [lo, hi) are what
+    any row sees (the causal bound; a window's start), and [lo, mid) the whole BLOCK_N tiles every
+    row sees, folded without masks (none with a window: its start differs by row)."""
+    hi = tl.minimum(kv_len, tl.max(tl.where(r_mask, pos, 0), axis=0) + 1)
+    first = tl.min(tl.where(r_mask, pos, kv_len), axis=0)                        # the tile's first position
+    lo = tl.where(window > 0, tl.maximum(first - window + 1, 0), 0)
+    mid = tl.where(window > 0, lo, tl.minimum(first + 1, hi) // BLOCK_N * BLOCK_N)
+    return lo, mid, hi
+
+
+@_triton.jit
 def _fold_tile(q, k, v, acc, m_i, l_i, cells, c_mask, pos, window, qk_scale, softcap, IEEE_DOT: tl.constexpr,
                SOFTCAP: tl.constexpr, MASK: tl.constexpr):
     """A prefill K/V tile (k, v [BLOCK_N, BLOCK_D] in q's dtype, at `cells`) folded into the running

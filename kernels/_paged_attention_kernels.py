@@ -14,6 +14,7 @@ from slotserver.runtime import kernel_parts
 
 _tl = kernel_parts.load(__file__, "_attention_tl.py")
 _dot, _fold_tile, _softcap, _sink_norm = _tl._dot, _tl._fold_tile, _tl._softcap, _tl._sink_norm
+_prefill_bounds = _tl._prefill_bounds
 _decode_result = _tl._decode_result
 
 
@@ -143,10 +144,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, streams_ptr, 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    hi = tl.minimum(kv_len, tl.max(tl.where(r_mask, pos, 0), axis=0) + 1)
-    first = tl.min(tl.where(r_mask, pos, kv_len), axis=0)                        # the tile's first position
-    lo = tl.where(window > 0, tl.maximum(first - window + 1, 0), 0)
-    mid = tl.where(window > 0, lo, tl.minimum(first + 1, hi) // BLOCK_N * BLOCK_N)  # [lo, mid): seen by all
+    lo, mid, hi = _prefill_bounds(pos, r_mask, kv_len, window, BLOCK_N)
     for start in range(lo, mid, BLOCK_N):
         acc, m_i, l_i = _paged_tile(q, acc, m_i, l_i, k_ptr, v_ptr, table_ptr, stream, h, stride_kb, stride_kr,
                                     stride_kh, stride_vb, stride_vr, stride_vh, start, hi, pos, window, qk_scale,

@@ -10,7 +10,7 @@ x's d and d * sum) are applied per sub-block and column after the dot. K is spli
 programs an SM. Its floats are the wide GEMV's product in another summation order.
 Serves from MMA_MIN_M rows (qmatmul_gpu's QMMA, default "int8" since an H200 run, 2026-11-28,
 docs/gpu.md: Llama-8B's shape in Q4_K at b=8 6.9-7.2 ms a step against the wide GEMV's 19.5; per
-matmul at 8 rows 2-4.5x the wide GEMV). Fewer rows take the wide GEMV, whose cost grows with the
+matmul at 8 rows 1.9-4.5x the wide GEMV). Fewer rows take the wide GEMV, whose cost grows with the
 rows (this product's does not: x is padded to 16); measured per matmul at 2, 3, 4 and 8 rows, the
 int8 product wins from 3 rows of Q4_K (at 2 the wide GEMV is 1.2-1.6x faster on every Llama-8B
 matmul); of Q6_K it wins at 8 and loses at 4 (qkv 63.3 against the wide GEMV's 60.7 us), so it takes
@@ -127,7 +127,7 @@ def _mma_kernel(xq_ptr, xd_ptr, xs_ptr, wb_ptr, ww_ptr, y_ptr, M, N, K, stride_w
 def mma_plan(n: int, k: int, sms: int, block_n: int) -> tuple[int, int, int]:
     """(column blocks, super-blocks a K split, splits): K split until about MMA_PROGRAMS_PER_SM programs
     an SM, each split at least 2 super-blocks. None depends on M, so a row's float sums do not either
-    (within 2..SMALL_M rows: x is always 16 rows, the dot's shape fixed)."""
+    (within 2..MMA_MAX_M rows: x is always 16 rows, the dot's shape fixed)."""
     tiles, nsb = -(-n // block_n), k // 256
     want = -(-(MMA_PROGRAMS_PER_SM * sms) // tiles)          # splits that would fill the card
     sb_split = max(1, min(nsb, max(2, nsb // want)))

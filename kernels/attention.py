@@ -115,8 +115,8 @@ DEFAULT_SMS = 132          # the SM count assumed off a GPU (the interpreter): a
 PREFILL_BLOCK_M = 32       # float32 (IEEE dots, the reference mode): small tiles, no spills
 PREFILL_BLOCK_N = 32
 # 16-bit q on a GPU: query rows (GQA group folded in) x cells per tile, warps, pipeline stages;
-# PREFILL16 for head_dim <= 64, PREFILL16_WIDE above (one constant each, so a card can tune them
-# apart). Measured on an H200 (2026-11-28, docs/gpu.md, sixth round; 2048-token prefill, bf16, ours
+# PREFILL16 for head_dim <= 64, PREFILL16_WIDE to 128, PREFILL16_HUGE above (one constant each, so a
+# card can tune them apart). Measured on an H200 (2026-11-28, docs/gpu.md, sixth round; 2048-token prefill, bf16, ours
 # / SDPA kernel time replayed from a CUDA graph, Qwen2.5-0.5B B=1 / Llama-8B B=1 / Qwen B=4 / Llama
 # B=4): 64x64, 4 warps, 3 stages, TMA 1.12/0.92/0.93/0.77 (without TMA 1.09/0.90/0.92/0.75; the
 # fourth round's kernel, before the last-first row order and the scale in the exponent:
@@ -126,8 +126,12 @@ PREFILL_BLOCK_N = 32
 # eager time) had 32x32 at 0.25-0.35 and 64x64 best as well.
 PREFILL16 = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 PREFILL16_WIDE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+# head_dim above 128 (gemma2's 256): the wide tiles take 229 KB of shared memory and spill on sm_90
+# and do not fit an sm_80 SM; 32-cell tiles at 8 warps and 2 stages: 98 KB, no spills (ptxas sm_90;
+# not timed on a card yet)
+PREFILL16_HUGE = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
 # K/V tiles through TMA tensor descriptors (sm_90+, 16-bit caches with 16-byte aligned rows, head_dim
-# a power of two); a tiling dict's own "TMA" key overrides it. 1-3% faster on every row above.
+# a power of two); a tiling dict's own "TMA" key overrides it. 1-3.4% faster on every row above.
 PREFILL_TMA = True
 
 
@@ -135,7 +139,7 @@ def prefill_tiles(dtype: torch.dtype, dim: int) -> dict:
     """The prefill kernel's tiles and launch options for q of `dtype` and head size `dim`."""
     if dtype == torch.float32:
         return {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N}
-    return PREFILL16_WIDE if dim > 64 else PREFILL16
+    return PREFILL16_HUGE if dim > 128 else PREFILL16_WIDE if dim > 64 else PREFILL16
 
 
 def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
@@ -156,6 +160,8 @@ def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torc
         ieee = q.dtype == torch.float32 or _interpreted()
         tiles = dict(prefill_tiles(q.dtype, dim))
         tma = _tma_ok(q, kv, tiles.pop("TMA", PREFILL_TMA))
+        if tma:   # every launch: triton keeps the allocator per thread (a ContextVar), and engines step on their own
+            _triton.set_allocator(_tma_scratch)
         grid = (meta.n_seqs, kv_heads, _triton.cdiv(meta.max_q * group, tiles["BLOCK_M"]))
         _attn_prefill_kernel[grid](
             q, kv.k, kv.v, ks, vs, out, meta.seq_streams, meta.q_lens, meta.kv_lens, meta.q_offsets, *args,
@@ -166,24 +172,22 @@ def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torc
 
 def _tma_ok(q: torch.Tensor, kv: StridedKV, wanted: bool) -> bool:
     """TMA descriptors for the prefill's K/V tiles: wanted, on an sm_90+ card (or the interpreter),
-    a 16-bit cache whose head_dim is a power of two >= 16 and whose rows start 16-byte aligned.
-    Sets triton's allocator (the descriptors' scratch memory) the first time."""
+    16-bit queries over a 16-bit cache whose head_dim is a power of two in 16..256 (a TMA box's
+    rows hold at most 256 values) and whose rows start 16-byte aligned."""
     dim = q.shape[2]
-    if not wanted or kv.k_scale is not None or kv.k.dtype not in (torch.float16, torch.bfloat16):
+    if not wanted or kv.k_scale is not None or {q.dtype, kv.k.dtype} - {torch.float16, torch.bfloat16}:
         return False
-    if dim < 16 or dim & (dim - 1) or not _interpreted() and torch.cuda.get_device_capability(q.device)[0] < 9:
+    if not 16 <= dim <= 256 or dim & (dim - 1):
         return False
-    if any(t.stride(3) != 1 or (t.data_ptr() | t.stride(0) * 2 | t.stride(1) * 2 | t.stride(2) * 2) % 16
-           for t in (kv.k, kv.v)):
+    if not _interpreted() and torch.cuda.get_device_capability(q.device)[0] < 9:
         return False
-    _set_allocator()
-    return True
+    return not any(t.stride(3) != 1 or (t.data_ptr() | t.stride(0) * 2 | t.stride(1) * 2 | t.stride(2) * 2) % 16
+                   for t in (kv.k, kv.v))
 
 
-def _set_allocator() -> None:
-    if not getattr(_set_allocator, "done", False):
-        _triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-        _set_allocator.done = True
+def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """triton's allocator for the descriptors a kernel makes on the device (their scratch memory)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def _sinks_arg(meta: AttnMeta, q: torch.Tensor) -> torch.Tensor:
@@ -379,10 +383,11 @@ PREFILL_ALIGNED = ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "stride_qt", "stride_qh
                    "stride_kh", "stride_vs", "stride_vc", "stride_vh", "stride_ot", "stride_oh")
 # SmolLM2-135M geometry (group 3, head_dim 64): bf16, f16 and q8 caches, decode (split and not) and
 # prefill; Llama-3-8B's decode (group 4, head_dim 128); the decode combine for both head sizes;
-# gpt-oss-20b's (group 8, head_dim 64, sinks) decode, combine and prefill; Llama-3-8B's prefill (the wide tiles).
+# gpt-oss-20b's (group 8, head_dim 64, sinks) decode, combine and prefill; Llama-3-8B's and gemma2's (head_dim 256) prefill.
 AOT = [_aot("bf16", False, True), _aot("bf16", True, True), _aot("bf16", False, True, cache="fp16"),
        _aot("bf16", False, True, split=False), _aot("bf16", False, True, group=4, dim=128),
        _aot("bf16", False, False), _aot("bf16", True, False), _aot("fp32", False, True),
        _tl.aot_combine("bf16"), _tl.aot_combine("bf16", 128),
        _aot("bf16", False, True, group=8, cache="fp16", sinks=True), _tl.aot_combine("bf16", sinks=True),
-       _aot("bf16", False, False, group=8, cache="fp16", sinks=True), _aot("bf16", False, False, group=4, dim=128)]
+       _aot("bf16", False, False, group=8, cache="fp16", sinks=True), _aot("bf16", False, False, group=4, dim=128),
+       _aot("bf16", False, False, group=2, dim=256)]

@@ -59,13 +59,17 @@ PREFILL_BLOCK_N = 32
 # lookup adds index math per cell, not a different tiling (gpu_kernel_bench.py's paged rows).
 PREFILL16 = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 PREFILL16_WIDE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+# head_dim above 128 (gemma2's 256): the wide tiles take 229 KB of shared memory and spill on sm_90
+# and do not fit an sm_80 SM; 32-cell tiles at 8 warps and 2 stages: 98 KB, no spills (ptxas sm_90;
+# not timed on a card yet)
+PREFILL16_HUGE = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
 
 
 def prefill_tiles(dtype: torch.dtype, dim: int) -> dict:
     """The prefill kernel's tiles and launch options for q of `dtype` and head size `dim`."""
     if dtype == torch.float32:
         return {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N}
-    return PREFILL16_WIDE if dim > 64 else PREFILL16
+    return PREFILL16_HUGE if dim > 128 else PREFILL16_WIDE if dim > 64 else PREFILL16
 
 
 def reference(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
@@ -363,4 +367,4 @@ def _aot(dtype: str, decode: bool, group: int = 3, dim: int = 64, page: int = 16
 AOT = [_aot("bf16", True), _aot("bf16", True, cache="fp16"), _aot("bf16", True, split=False),
        _aot("bf16", True, group=4, dim=128), _aot("bf16", False), _aot("fp32", True), _tl.aot_combine("bf16"),
        _aot("bf16", True, group=8, cache="fp16", sinks=True),   # gpt-oss-20b's decode (group 8, sinks)
-       _aot("bf16", False, group=4, dim=128)]                    # Llama-3-8B's prefill
+       _aot("bf16", False, group=4, dim=128), _aot("bf16", False, group=2, dim=256)]   # Llama-3-8B's, gemma2's prefill

@@ -19,10 +19,12 @@
 #   sampling  playground/gpu_sampling_bench.py: the sampler chain on the device vs a copy to the host;
 #   http      playground/http_overhead.py: the server's CPU per streamed token, asyncio vs uvloop.
 #   gemvab    the fused-GEMV decode body (--fused-gemv) against the lean body, Qwen2.5-0.5B BF16;
-#   qgemvab   Llama-8B's shape: dense bf16 and GGUF blocks with the wide GEMV (the default), blocks
-#             on the lean body without the norms' q8_1 and on the old body (--body noq8,old), blocks
-#             with SLOTSERVER_QMMA=int8 (8 rows) and with SLOTSERVER_QGEMV=slices; then the Q4_K_M
-#             mix (Q6_K output, attn_v, ffn_down in half the layers) dense and on blocks;
+#   qgemvab   Llama-8B's shape: dense bf16 and GGUF blocks with the defaults (the wide GEMV at 1-2 rows,
+#             the int8 product from 3), blocks on the lean body without the norms' q8_1 and on the old
+#             body (--body noq8,old), blocks with the wide GEMV alone (SLOTSERVER_QMMA=off) and the
+#             slices alone (SLOTSERVER_QGEMV=slices SLOTSERVER_QMMA=off); then the Q4_K_M mix (Q6_K
+#             output, attn_v, ffn_down in half the layers) dense and on blocks;
+#   qrows     the int8 product against the wide GEMV per matmul at 2-8 rows, the 8B blocks at b=1-8;
 #   gemv      playground/gpu_gemv_bench.py: each fused GEMV against what the lean body launches.
 # The default parts (sixth round): the tests, every architecture fixture (hybrids), the kernels with
 # the prefill tile sweep, the GGUF-block decode (the int8 product, the norms' q8_1), the GGUF matmul
@@ -121,20 +123,19 @@ gemvab() {   # the fused-GEMV body A/B (--fused-gemv off,on), Qwen2.5-0.5B's sha
         --engine-tokens 0 --gpu-weights dense --fused-gemv off,on --budget-s $(( PART_S - 30 )) \
         --out "$OUT_DIR/gemvab"
     local rc=$?; rm -rf "$md"; return $rc; }
-qgemvab() {   # Llama-8B's shape in Q4_K: dense bf16, GGUF blocks with the wide GEMV (the default since
-    # the H200 round), blocks with the int8 tensor-core product at 8 rows (SLOTSERVER_QMMA=int8, off by
-    # default), blocks with the slices GEMV (SLOTSERVER_QGEMV=slices)
+qgemvab() {   # Llama-8B's shape in Q4_K: dense bf16 and GGUF blocks with the defaults (qgemv_def), then
+    # blocks on the noq8 and old bodies, the wide GEMV alone and the slices alone (the int8 product off)
     local md; md=$(mktemp -d); local shape=llama-3.1-8b bs=1,8 steps=10 rc=0
     [[ "$DRY" == 1 ]] && { shape=tiny; bs=1,2; steps=3; }
     $PY playground/shape_model.py $shape Q4_K "$md/big.gguf" || return 3
     $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches $bs --steps $steps --ctx 1024 \
-        --engine-tokens 0 --gpu-weights dense,blocks --budget-s 50 --out "$OUT_DIR/qgemv_wide" || rc=$?
+        --engine-tokens 0 --gpu-weights dense,blocks --budget-s 50 --out "$OUT_DIR/qgemv_def" || rc=$?
     $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches $bs --steps $steps --ctx 1024 \
         --engine-tokens 0 --gpu-weights blocks --body noq8,old --budget-s 40 --out "$OUT_DIR/qgemv_body" || rc=$?
-    SLOTSERVER_QMMA=int8 $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches ${bs#1,} \
+    SLOTSERVER_QMMA=off $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches ${bs#1,} \
         --steps $steps --ctx 1024 --engine-tokens 0 --gpu-weights blocks --budget-s 30 \
-        --out "$OUT_DIR/qgemv_mma" || rc=$?
-    SLOTSERVER_QGEMV=slices $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches $bs \
+        --out "$OUT_DIR/qgemv_wide" || rc=$?
+    SLOTSERVER_QGEMV=slices SLOTSERVER_QMMA=off $PY playground/gpu_model_bench.py "$md/big.gguf" --device "$DEV" --batches $bs \
         --steps $steps --ctx 1024 --engine-tokens 0 --gpu-weights blocks --budget-s 30 \
         --out "$OUT_DIR/qgemv_slices" || rc=$?
     rm -f "$md/big.gguf"   # the mix users download: Q6_K output, attn_v and ffn_down in half the layers
@@ -143,7 +144,8 @@ qgemvab() {   # Llama-8B's shape in Q4_K: dense bf16, GGUF blocks with the wide 
         --engine-tokens 0 --gpu-weights dense,blocks --budget-s 50 --out "$OUT_DIR/qgemv_q4km" || rc=$?
     rm -rf "$md"; return $rc; }
 qrows() {   # where the int8 product takes over from the wide GEMV: Llama-8B's Q4_K/Q6_K matmuls at 2-8
-    # rows, then the 8B Q4_K shape on blocks at b = 1, 2, 4, 8 with the defaults (int8 product from 4 rows)
+    # rows, then the 8B Q4_K shape on blocks at b = 1, 2, 4, 8 with the defaults (the int8 product from 3
+    # rows of Q4_K, 5 of Q6_K)
     local md; md=$(mktemp -d); local shape=llama-3.1-8b bs=1,2,4,8 rc=0
     [[ "$DRY" == 1 ]] && { shape=tiny; bs=1,4; export TRITON_INTERPRET=1; }
     $PY playground/gpu_qmatmul_bench.py $DRYARG --rows 2,3,4,8 --formats Q4_K,Q6_K --budget-s 35 --out "$OUT_DIR" || rc=$?

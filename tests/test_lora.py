@@ -306,8 +306,8 @@ def test_on_the_gpu_an_adapter_gives_the_cpus_logits(tmp_path, gpu_weights):
     """--device cuda: the deltas on the card, rows with and without the adapter in one step, against
     the CPU's adapted model on the same Q8_0 files (not the merged file: Q8_0 rounds the merged
     weights otherwise, ~0.03 of a logit apart on this fixture). The card's own error on these
-    weights (the base model, same batch, against the CPU's) sets the tolerance: ~1e-6 dense, the
-    q8_1 activations of the wide GEMV on blocks."""
+    weights (the base model, same batch, against the CPU's: ~1e-6 dense, the blocks' products on
+    blocks) sets the tolerance, and must itself be small beside what the adapter changes."""
     from gguf import GGMLQuantizationType as QT
     kw = dict(ARCHS["qwen2"], tensor_type=QT.Q8_0)
     base, _, adapter = _files(tmp_path, kw, 1.0)
@@ -329,8 +329,11 @@ def _gpu_lora_check(base, adapter, chunks, bare, gpu_weights: str, device: str =
     want = _logits(_with_adapter(base, adapter), chunks)                       # the CPU's, same files
     base_dev, base_cpu = _logits(device_model(), bare), _logits(LlamaModel.load(base, torch.float32), bare)
     device_err = float((base_dev - base_cpu).abs().mean())
+    effect = float((want[:n] - base_cpu[:n]).abs().mean())                     # what the adapter changes
     if not (want[:n] - base_cpu[:n]).abs().max() > 0.5:
         bad.append("the adapter does not change the answer")
+    if not device_err < 0.05 * effect:
+        bad.append(f"the device's own error {device_err:.3g} is too large beside the adapter's effect {effect:.3g}")
     err = float((got - want).abs().mean())
     if not err < 2 * device_err + 1e-4:
         bad.append(f"adapted batch {err:.3g} from the CPU's (the device's own error {device_err:.3g})")
@@ -338,3 +341,23 @@ def _gpu_lora_check(base, adapter, chunks, bare, gpu_weights: str, device: str =
     if not rest < 1e-3:
         bad.append(f"rows without the adapter {rest:.3g} from the base model's on the device")
     return bad
+
+
+@pytest.mark.parametrize("wrong", [0.0, 0.1])
+def test_the_card_lora_check_fails_a_wrong_delta(tmp_path, wrong):
+    """`_gpu_lora_check` (the card test's check) with a CPU model standing in for the device's:
+    the same deltas pass; deltas 10% too large fail it."""
+    from gguf import GGMLQuantizationType as QT
+    kw = dict(ARCHS["qwen2"], tensor_type=QT.Q8_0)
+    base, _, adapter = _files(tmp_path, kw, 1.0)
+
+    def load(path, lora=()):
+        model = LlamaModel.load(path, torch.float32)
+        if lora:
+            model.lora = LoraSet([read_adapter(lora[0][0], model.spec, model.spec.arch)], model.spec)
+            for packed in model.lora._packed.values():
+                packed.factor.mul_(1 + wrong)
+        return model
+    chunks = [_prompt(0, (1.0,)), _prompt(1, (), TOKENS[:5])]
+    bad = _gpu_lora_check(base, adapter, chunks, [_prompt(0), _prompt(1, (), TOKENS[:5])], "dense", load=load)
+    assert (bad == []) == (wrong == 0.0), bad

@@ -38,9 +38,10 @@ def _module():
 
 def _format_errors() -> dict[str, float]:
     """Per format and case: max |triton - exact| / (1 + max |exact|), in float32: the slices kernel's
-    regimes (the wide GEMV, the default at 1..8 rows, has wide_errors: its x is 8-bit)."""
+    regimes (the wide GEMV and the int8 product, the defaults at 1-16 rows, have wide_errors and
+    test_qmma.py: their x is 8-bit)."""
     mod, out = _module(), {}
-    mod.QGEMV, mod.QMMA = "slices", "off"   # the slices alone (the int8 product, 4-16 rows of Q4_K/Q6_K: test_qmma.py)
+    mod.QGEMV, mod.QMMA = "slices", "off"   # the slices alone (the int8 product, from 3 rows of Q4_K, 5 of Q6_K: test_qmma.py)
     mod.slices.MIN_SPLIT_BLOCKS = 2   # split K at these small sizes too (the interpreter is slow; the plan is what serves)
     mod.slices.DEQUANT_TILE_VALUES = 16 * 256   # several dequantized tiles per weight (16 rows at K=256, 25 at 160)
     gen = torch.Generator().manual_seed(0)

@@ -46,12 +46,15 @@ def mma_errors(device: str = "cpu", x_dtype: torch.dtype = torch.float32) -> dic
         ref = _q8_1_dequant(x) @ exact.T
         scale = 1 + float(ref.abs().max())
         ys = {m: mod.triton(x[:m].to(device), w).cpu() for m in ROWS}
+        # a q8_1 given (the norms', lean_step.py) is what is read: 2x's q8_1 (the same q, twice the d) doubles y
+        given = mod.triton(x[:5].to(device), w, x_q8=mod.mma._q8_1.q8_1(2 * x[:5].to(device))).cpu()
         acc = torch.randn(3, w.n, generator=gen)
         y_acc = mod.triton(x[:3].to(device), w, acc.to(device).clone()).cpu()
         split = mod.mma.mma_plan(w.n, k, 132, mod.mma.MMA_BLOCK_N[qtype])[2]
         out[f"{qtype.name}/{k}"] = dict(served=mod._mma_ok(x[:2], w), split=split,
                                         err=float((ys[16].double() - ref).abs().max()) / scale,
                                         invariant=all(torch.equal(ys[m], ys[16][:m]) for m in ROWS),
+                                        x_q8=torch.equal(given.double(), 2 * ys[5].double()),
                                         acc_err=float((y_acc.double() - ref[:3] - acc.double()).abs().max()) / scale)
     return out
 
@@ -64,7 +67,7 @@ def interpreted(triton_interpreter) -> dict:
 def test_the_int8_product_matches_the_q8_1_product_split_or_not_and_is_batch_invariant(interpreted):
     assert [interpreted[f"{q}/{k}"]["split"] for q in ("Q4_K", "Q6_K") for k in (256, 768)] == [1, 2] * 2
     for k, c in interpreted.items():
-        assert c["served"] and c["invariant"], (k, c)
+        assert c["served"] and c["invariant"] and c["x_q8"], (k, c)
         assert c["err"] < 1e-5 and c["acc_err"] < 1e-5, (k, c)   # float32 scaling of exact int32 dots
 
 
@@ -126,7 +129,7 @@ def test_the_sm90_compile_runs_int8_tensor_core_mma_without_spills(qtype):
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_on_the_card_the_int8_product_matches_and_is_batch_invariant(x_dtype):
     for k, c in mma_errors("cuda", x_dtype).items():
-        assert c["served"] and c["invariant"], (k, c)
+        assert c["served"] and c["invariant"] and c["x_q8"], (k, c)
         tol = 1e-5 if x_dtype == torch.float32 else 1e-2   # bf16: the output's rounding and x's own
         assert c["err"] < tol and c["acc_err"] < tol, (k, c)
 
