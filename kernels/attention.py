@@ -120,7 +120,7 @@ PREFILL_BLOCK_N = 32
 # / SDPA kernel time replayed from a CUDA graph, Qwen2.5-0.5B B=1 / Llama-8B B=1 / Qwen B=4 / Llama
 # B=4): 64x64, 4 warps, 3 stages, TMA 1.12/0.92/0.93/0.77 (without TMA 1.09/0.90/0.92/0.75; the
 # fourth round's kernel, before the last-first row order and the scale in the exponent:
-# 0.92/0.77/0.80/0.70); 2 stages 1.02/0.87/0.90/0.71; 128x64 (8 warps, 3 stages, TMA)
+# 0.92/0.77/0.80/0.70); 2 stages, TMA 1.05/0.86/0.89/0.68; 128x64 (8 warps, 3 stages, TMA)
 # 1.01/0.90/0.69/0.77; 128x128 (8, 2, TMA) 0.95/0.80/0.65/0.66; 64x32 (4, 2, TMA)
 # 0.73/0.78/0.82/0.67; 64x128 (4, 2, TMA) 1.12/0.57/0.76/0.46. The H100 round (2026-11-26, 3 stages,
 # eager time) had 32x32 at 0.25-0.35 and 64x64 best as well.
