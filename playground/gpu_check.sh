@@ -26,10 +26,11 @@
 #             output, attn_v, ffn_down in half the layers) dense and on blocks;
 #   qrows     the int8 product against the wide GEMV per matmul at 2-8 rows, the 8B blocks at b=1-8;
 #   gemv      playground/gpu_gemv_bench.py: each fused GEMV against what the lean body launches.
-# The default parts (sixth round): the tests, every architecture fixture (hybrids), the kernels with
-# the prefill tile sweep, the GGUF-block decode (the int8 product, the norms' q8_1), the GGUF matmul
-# table, the model, labtime, launches and HTTP reruns; lab, attention, big, gemv, gemvab, hf, sweep and
-# sampling run when named in GPU_CHECK_PARTS. A part starts only with at
+# The default parts (for the seventh round): the tests, the kernels with the prefill tile sweep, the
+# GGUF-block decode, the model, launches and labtime (the sixth round's budget cut those two), the
+# GGUF matmul table (QMATMUL_TUNE=1 adds its tuning, done on an H200 in the sixth round) and HTTP;
+# archs (40/40 on an H200 in the sixth round), lab, attention, big, gemv, gemvab, hf, sweep, sampling,
+# tests2 and qrows run when named in GPU_CHECK_PARTS. A part starts only with at
 # least 20 s left; a part whose script is absent is skipped; logs go to OUT_DIR/<part>.log, a short
 # table last. GPU_CHECK_TAR=FILE also packs OUT_DIR into FILE after every part: the device tool
 # brings back a handful of files per call (the fourth round lost 11 of 19 logs), one archive always
@@ -42,7 +43,7 @@
 set -u
 T0=$(date +%s)
 TOTAL_S=${GPU_CHECK_TOTAL_S:-500}
-PARTS=${GPU_CHECK_PARTS:-versions,wheels,tests,archs,kernels,qgemvab,qmatmul,model,labtime,launches,http}
+PARTS=${GPU_CHECK_PARTS:-versions,wheels,tests,kernels,qgemvab,model,launches,labtime,qmatmul,http}
 OUT_DIR="${1:-${OUT:-./gpu_out}}"
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
 cd "$(dirname "$0")/.." || exit 1        # the repo root
@@ -109,8 +110,8 @@ export DEV=cuda DRYARG="" OUT_DIR DRY; [[ "$DRY" == 1 ]] && { DEV=cpu; DRYARG=--
 missing() { [[ -f "$1" ]] && return 1; echo "$1 is absent: nothing to run"; }
 qmatmul() { missing playground/gpu_qmatmul_bench.py && return 0
     [[ "$DRY" == 1 ]] && export TRITON_INTERPRET=1
-    $PY playground/gpu_qmatmul_bench.py $DRYARG --tune 40 --tune-wide-only --tune-shapes "Llama8B gate_up,Llama8B down" \
-        --budget-s 55 --out "$OUT_DIR"; }
+    local tune=(); [[ "${QMATMUL_TUNE:-0}" == 1 ]] && tune=(--tune 40 --tune-wide-only --tune-shapes "Llama8B gate_up,Llama8B down")
+    $PY playground/gpu_qmatmul_bench.py $DRYARG "${tune[@]}" --budget-s 55 --out "$OUT_DIR"; }
 launches() { missing playground/decode_launches.py && return 0
     $PY playground/decode_launches.py --device "$DEV" --compare --gemv --out "$OUT_DIR"; }
 gemv() { missing playground/gpu_gemv_bench.py && return 0
@@ -187,8 +188,10 @@ else
 fi
 # the GGUF-block decode (the wide GEMV, tuned on an H200 2026-11-27: docs/gpu.md), then reruns
 TAIL=30 part qgemvab 200 qgemvab
-TAIL=40 part qmatmul 110 qmatmul
 TAIL=30 part model ${MODEL_PART_S:-120} bash playground/gpu_model_check.sh "$OUT_DIR"
+TAIL=60 part launches 50 launches
+TAIL=40 part labtime 40 $PY -c "from slotserver.cli.lab import time_kernels; print(time_kernels(None, small=$DRY == 1))"
+TAIL=40 part qmatmul 110 qmatmul
 TAIL=12 part http 100 http
 if [[ "$DRY" == 1 ]]; then
     part hf 60 $PY playground/hf_bench.py --device cpu --tiny --batches 1,2 --steps 4 --out "$OUT_DIR"
@@ -200,8 +203,6 @@ else
         --contexts 1024 2048 4096 8192 --rounds 2 --reps 20 --out "$OUT_DIR/layout_sweep.png"
 fi
 TAIL=30 part gemv 60 gemv
-TAIL=60 part launches 50 launches
-TAIL=40 part labtime 40 $PY -c "from slotserver.cli.lab import time_kernels; print(time_kernels(None, small=$DRY == 1))"
 TAIL=20 part gemvab 90 gemvab
 # earlier rounds' parts, run when named in GPU_CHECK_PARTS
 # the tests part's tail alone (the sixth round's tests part ran out of its 150 s in test_device_sampling)
