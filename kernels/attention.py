@@ -112,34 +112,12 @@ DECODE_WARPS = 4
 DECODE_STAGES = 3          # software-pipelined K/V tile loads (cp.async on sm_80+)
 DECODE_FORCE_SPLITS: int | None = None   # a fixed number of splits (tests, benchmarks); None: decode_splits
 DEFAULT_SMS = 132          # the SM count assumed off a GPU (the interpreter): an H100 SXM
-PREFILL_BLOCK_M = 32       # float32 (IEEE dots, the reference mode): small tiles, no spills
-PREFILL_BLOCK_N = 32
-# 16-bit q on a GPU: query rows (GQA group folded in) x cells per tile, warps, pipeline stages;
-# PREFILL16 for head_dim <= 64, PREFILL16_WIDE to 128, PREFILL16_HUGE above (one constant each, so a
-# card can tune them apart). Measured on an H200 (2026-11-28, docs/gpu.md, sixth round; 2048-token prefill, bf16, ours
-# / SDPA kernel time replayed from a CUDA graph, Qwen2.5-0.5B B=1 / Llama-8B B=1 / Qwen B=4 / Llama
-# B=4): 64x64, 4 warps, 3 stages, TMA 1.12/0.92/0.93/0.77 (without TMA 1.09/0.90/0.92/0.75; the
-# fourth round's kernel, before the last-first row order and the scale in the exponent:
-# 0.92/0.77/0.80/0.70); 2 stages, TMA 1.05/0.86/0.89/0.68; 128x64 (8 warps, 3 stages, TMA)
-# 1.01/0.90/0.69/0.77; 128x128 (8, 2, TMA) 0.95/0.80/0.65/0.66; 64x32 (4, 2, TMA)
-# 0.73/0.78/0.82/0.67; 64x128 (4, 2, TMA) 1.12/0.57/0.76/0.46. The H100 round (2026-11-26, 3 stages,
-# eager time) had 32x32 at 0.25-0.35 and 64x64 best as well.
-PREFILL16 = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-PREFILL16_WIDE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-# head_dim above 128 (gemma2's 256): the wide tiles take 229 KB of shared memory and spill on sm_90
-# and do not fit an sm_80 SM; 32-cell tiles at 8 warps and 2 stages: 98 KB, no spills (ptxas sm_90;
-# not timed on a card yet)
-PREFILL16_HUGE = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
 # K/V tiles through TMA tensor descriptors (sm_90+, 16-bit caches with 16-byte aligned rows, head_dim
 # a power of two); a tiling dict's own "TMA" key overrides it. 1-3.4% faster on every row above.
 PREFILL_TMA = True
 
-
-def prefill_tiles(dtype: torch.dtype, dim: int) -> dict:
-    """The prefill kernel's tiles and launch options for q of `dtype` and head size `dim`."""
-    if dtype == torch.float32:
-        return {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N}
-    return PREFILL16_HUGE if dim > 128 else PREFILL16_WIDE if dim > 64 else PREFILL16
+# The prefill's tiles per head size: _attention_tl.py's PREFILL16* (both ops read them).
+prefill_tiles = _tl.prefill_tiles
 
 
 def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
@@ -364,7 +342,8 @@ def _aot(dtype: str, quant: bool, decode: bool, group: int = 3, dim: int = 64, c
                   "IEEE_DOT": dtype == "fp32", "SPLIT": split}
     else:
         if dtype == "fp32":
-            const |= {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N, "IEEE_DOT": True, "TMA": False}
+            tiles = prefill_tiles(torch.float32, dim)
+            const |= {"BLOCK_M": tiles["BLOCK_M"], "BLOCK_N": tiles["BLOCK_N"], "IEEE_DOT": True, "TMA": False}
         else:   # the 16-bit tiles with their launch options and the alignment the JIT sees, as they serve
             tiles = prefill_tiles(torch.bfloat16, dim)
             const |= {"BLOCK_M": tiles["BLOCK_M"], "BLOCK_N": tiles["BLOCK_N"], "IEEE_DOT": False,

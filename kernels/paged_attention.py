@@ -53,23 +53,8 @@ DECODE_WARPS = 4
 DECODE_STAGES = 3          # software-pipelined K/V tile loads (cp.async on sm_80+)
 DECODE_FORCE_SPLITS: int | None = None   # a fixed number of splits (tests, benchmarks); None: decode_splits
 DEFAULT_SMS = 132          # the SM count assumed off a GPU (the interpreter): an H100 SXM
-PREFILL_BLOCK_M = 32       # float32 (IEEE dots, the reference mode)
-PREFILL_BLOCK_N = 32
-# 16-bit q on a GPU (head_dim <= 64, and above): attention.py's tiles, measured there; the page
-# lookup adds index math per cell, not a different tiling (gpu_kernel_bench.py's paged rows).
-PREFILL16 = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-PREFILL16_WIDE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-# head_dim above 128 (gemma2's 256): the wide tiles take 229 KB of shared memory and spill on sm_90
-# and do not fit an sm_80 SM; 32-cell tiles at 8 warps and 2 stages: 98 KB, no spills (ptxas sm_90;
-# not timed on a card yet)
-PREFILL16_HUGE = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
-
-
-def prefill_tiles(dtype: torch.dtype, dim: int) -> dict:
-    """The prefill kernel's tiles and launch options for q of `dtype` and head size `dim`."""
-    if dtype == torch.float32:
-        return {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N}
-    return PREFILL16_HUGE if dim > 128 else PREFILL16_WIDE if dim > 64 else PREFILL16
+# The prefill's tiles per head size: _attention_tl.py's PREFILL16* (both ops read them).
+prefill_tiles = _tl.prefill_tiles
 
 
 def reference(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
@@ -349,7 +334,8 @@ def _aot(dtype: str, decode: bool, group: int = 3, dim: int = 64, page: int = 16
         const |= {"BLOCK_G": max(16 if dot else 1, pow2(group)), "BLOCK_N": DECODE_BLOCK_N, "DOT": dot,
                   "IEEE_DOT": dtype == "fp32", "SPLIT": split}
     elif dtype == "fp32":
-        const |= {"BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N, "IEEE_DOT": True}
+        tiles = prefill_tiles(torch.float32, dim)
+        const |= {"BLOCK_M": tiles["BLOCK_M"], "BLOCK_N": tiles["BLOCK_N"], "IEEE_DOT": True}
     else:   # the 16-bit tiles, with their warps, stages and the alignment the JIT sees, as served
         tiles = prefill_tiles(torch.bfloat16, dim)
         const |= {"BLOCK_M": tiles["BLOCK_M"], "BLOCK_N": tiles["BLOCK_N"], "IEEE_DOT": False}

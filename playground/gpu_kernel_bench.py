@@ -301,9 +301,10 @@ def run_cases(args, dev, timer, copy_gbs, mods, say, t_start) -> tuple[list, lis
 
 def run_prefill_tiles(args, dev, timer, mods, say, t_start) -> list[dict]:
     """--prefill-tiles: the prefill cases again under each (BLOCK_M, BLOCK_N, warps, stages) of
-    kernels/attention.py's 16-bit tiles (PREFILL16 and PREFILL16_WIDE: head_dim 64 and 128 both),
+    the prefill's 16-bit tiles (kernels/_attention_tl.py's PREFILL16 and PREFILL16_WIDE, as attention.py
+    loaded them: head_dim 64 and 128 both),
     to pick each default from measurements (the Qwen rows for the first, Llama's for the second)."""
-    mod, rows, sdpa_times = mods["attention"], [], {}
+    mod, rows, sdpa_times = mods["attention"]._tl, [], {}   # the part attention.py's prefill_tiles reads
     saved = dict(mod.PREFILL16), dict(mod.PREFILL16_WIDE)
     length = DRY_ATTN_LEN if args.dry_run else ATTN_LEN
     try:
