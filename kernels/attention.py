@@ -113,7 +113,8 @@ DECODE_STAGES = 3          # software-pipelined K/V tile loads (cp.async on sm_8
 DECODE_FORCE_SPLITS: int | None = None   # a fixed number of splits (tests, benchmarks); None: decode_splits
 DEFAULT_SMS = 132          # the SM count assumed off a GPU (the interpreter): an H100 SXM
 # K/V tiles through TMA tensor descriptors (sm_90+, 16-bit caches with 16-byte aligned rows, head_dim
-# a power of two); a tiling dict's own "TMA" key overrides it. 1-3.4% faster on every row above.
+# a power of two); a tiling dict's own "TMA" key overrides it. 1-3.4% faster on each of the sixth GPU
+# round's four prefill rows (_attention_tl.py, above PREFILL16).
 PREFILL_TMA = True
 
 # The prefill's tiles per head size: _attention_tl.py's PREFILL16* (both ops read them).
