@@ -123,18 +123,19 @@ def _prefill_tile(q, acc, m_i, l_i, k_base, v_base, ks_ptr, vs_ptr, s_base, stri
     The softmax: _attention_tl.py's `_fold_tile`."""
     cells = start + n
     c_mask = cells < hi
-    if TMA:
+    if TMA:   # k_base, v_base: descriptors
         k = k_base.load([tl.cast(start, tl.int32), 0])
         v = v_base.load([tl.cast(start, tl.int32), 0])
-    elif MASK or not EVEN_D:
+    else:
         k_ptrs = k_base + cells[:, None] * stride_kc + d[None, :]
         v_ptrs = v_base + cells[:, None] * stride_vc + d[None, :]
-        nd_mask = c_mask[:, None] & d_mask
-        k = tl.load(k_ptrs, mask=nd_mask, other=0.0)
-        v = tl.load(v_ptrs, mask=nd_mask, other=0.0)
-    else:
-        k = tl.load(k_base + cells[:, None] * stride_kc + d[None, :])
-        v = tl.load(v_base + cells[:, None] * stride_vc + d[None, :])
+        if MASK or not EVEN_D:
+            nd_mask = c_mask[:, None] & d_mask
+            k = tl.load(k_ptrs, mask=nd_mask, other=0.0)
+            v = tl.load(v_ptrs, mask=nd_mask, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
     if QUANT:
         k = (k.to(tl.float32) * tl.load(ks_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
         v = (v.to(tl.float32) * tl.load(vs_ptr + s_base + cells * stride_sc, mask=c_mask, other=0.0)[:, None])
@@ -148,8 +149,7 @@ def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, streams_p
                          stride_vc, stride_vh, stride_ss, stride_sc, stride_sh, stride_ot, stride_oh, qk_scale,
                          window, softcap, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
-                         IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
-                         TMA: tl.constexpr = False):
+                         IEEE_DOT: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr, TMA: tl.constexpr):
     """Program (sequence b, KV head h, row tile): a causal chunk of b's new queries against its cache.
 
     Rows fold the GQA group into the query axis: row r is query j = r // GROUP, head h*GROUP + r % GROUP,

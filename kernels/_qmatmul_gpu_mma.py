@@ -14,7 +14,8 @@ matmul at 8 rows 1.9-4.5x the wide GEMV). Fewer rows take the wide GEMV, whose c
 rows (this product's does not: x is padded to 16); measured per matmul at 2, 3, 4 and 8 rows, the
 int8 product wins from 3 rows of Q4_K (at 2 the wide GEMV is 1.2-1.6x faster on every Llama-8B
 matmul); of Q6_K it wins at 8 and loses at 4 (qkv 63.3 against the wide GEMV's 60.7 us), so it takes
-5-7 by interpolating the wide GEMV's growth (~6 us a row on that qkv). A part of kernels/qmatmul_gpu.py (runtime/kernel_parts.py).
+5-7 by interpolating the wide GEMV's growth (~6 us a row on that qkv).
+A part of kernels/qmatmul_gpu.py (runtime/kernel_parts.py).
 """
 
 from __future__ import annotations

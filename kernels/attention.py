@@ -113,8 +113,8 @@ DECODE_STAGES = 3          # software-pipelined K/V tile loads (cp.async on sm_8
 DECODE_FORCE_SPLITS: int | None = None   # a fixed number of splits (tests, benchmarks); None: decode_splits
 DEFAULT_SMS = 132          # the SM count assumed off a GPU (the interpreter): an H100 SXM
 # K/V tiles through TMA tensor descriptors (sm_90+, 16-bit caches with 16-byte aligned rows, head_dim
-# a power of two); a tiling dict's own "TMA" key overrides it. 1-3.4% faster on each of the sixth GPU
-# round's four prefill rows (_attention_tl.py, above PREFILL16).
+# a power of two): 1-3.4% faster on each of the sixth GPU round's four prefill rows (_attention_tl.py,
+# above PREFILL16).
 PREFILL_TMA = True
 
 # The prefill's tiles per head size: _attention_tl.py's PREFILL16* (both ops read them).
@@ -137,9 +137,9 @@ def triton(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torc
         _decode(q, kv, meta, out, ks, vs, args, group, quant)
     else:
         ieee = q.dtype == torch.float32 or _interpreted()
-        tiles = dict(prefill_tiles(q.dtype, dim))
-        tma = _tma_ok(q, kv, tiles.pop("TMA", PREFILL_TMA))
-        if tma:   # every launch: triton keeps the allocator per thread (a ContextVar), and engines step on their own
+        tiles = prefill_tiles(q.dtype, dim)
+        tma = _tma_ok(q, kv, PREFILL_TMA)
+        if tma:   # every launch: triton keeps the allocator per thread (a ContextVar); engines step on their own
             _triton.set_allocator(_tma_scratch)
         grid = (meta.n_seqs, kv_heads, _triton.cdiv(meta.max_q * group, tiles["BLOCK_M"]))
         _attn_prefill_kernel[grid](
@@ -348,7 +348,7 @@ def _aot(dtype: str, quant: bool, decode: bool, group: int = 3, dim: int = 64, c
         else:   # the 16-bit tiles with their launch options and the alignment the JIT sees, as they serve
             tiles = prefill_tiles(torch.bfloat16, dim)
             const |= {"BLOCK_M": tiles["BLOCK_M"], "BLOCK_N": tiles["BLOCK_N"], "IEEE_DOT": False,
-                      "TMA": bool(tiles.get("TMA", PREFILL_TMA)) and not quant}
+                      "TMA": PREFILL_TMA and not quant}
             sig |= {name: "constexpr" for name in const}
             return (_attn_prefill_kernel, sig, const, {k: tiles[k] for k in ("num_warps", "num_stages")}
                     | {"aligned": PREFILL_ALIGNED})
@@ -363,7 +363,8 @@ PREFILL_ALIGNED = ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "stride_qt", "stride_qh
                    "stride_kh", "stride_vs", "stride_vc", "stride_vh", "stride_ot", "stride_oh")
 # SmolLM2-135M geometry (group 3, head_dim 64): bf16, f16 and q8 caches, decode (split and not) and
 # prefill; Llama-3-8B's decode (group 4, head_dim 128); the decode combine for both head sizes;
-# gpt-oss-20b's (group 8, head_dim 64, sinks) decode, combine and prefill; Llama-3-8B's and gemma2's (head_dim 256) prefill.
+# gpt-oss-20b's (group 8, head_dim 64, sinks) decode, combine and prefill; Llama-3-8B's and gemma2's
+# (head_dim 256) prefill.
 AOT = [_aot("bf16", False, True), _aot("bf16", True, True), _aot("bf16", False, True, cache="fp16"),
        _aot("bf16", False, True, split=False), _aot("bf16", False, True, group=4, dim=128),
        _aot("bf16", False, False), _aot("bf16", True, False), _aot("fp32", False, True),

@@ -18,8 +18,9 @@ reloaded with it); `triton()` picks one per call by format and row count:
 - `_qmatmul_gpu_mma.py`, with QMMA = "int8" (the default since an H200 run; SLOTSERVER_QMMA=off to
   A/B): 3-16 rows of Q4_K, 5-16 of Q6_K, as int8 tensor-core dots of x's q8_1 rows;
 - `_qmatmul_gpu_wide.py`, with QGEMV = "wide" (the default; SLOTSERVER_QGEMV=slices to A/B): 1-8
-  rows (1-2 of Q4_K, 1-4 of Q6_K where the int8 product serves) of every format but MXFP4, llama.cpp's mmvq in Triton (q8_1 x, dp4a on packed words; on an
-  H200 2.8-4x faster a Llama-8B model step than the slices);
+  rows (1-2 of Q4_K, 1-4 of Q6_K where the int8 product serves) of every format but MXFP4,
+  llama.cpp's mmvq in Triton (q8_1 x, dp4a on packed words; on an H200 2.8-4x faster a Llama-8B
+  model step than the slices);
 - `_qmatmul_gpu_slices.py`: everything else; 32 values dequantized to float32 at a time up to 16
   rows, W dequantized tile by tile for cuBLAS from DEQUANT_GEMM_ROWS rows (prefill).
 They share the GGUF block readers (`_qmatmul_gpu_blocks.py`) and x's q8_1 (`_q8_1.py`).

@@ -214,6 +214,7 @@ def _aot(x: str, w: str, block: int, out: str | None = None, add: bool = False, 
 # float32 and bf16 rows (a per-head q/k norm's 128 columns and Qwen's 896: several rows a program); the
 # CUDA step's fused forms: a float32 residual, a bf16 branch added, bf16
 # out (Qwen2.5-0.5B's 896 columns, 8B-class 4096), and the first layer's norm + cast alone
-AOT = [_aot("fp32", "fp32", 1024), _aot("bf16", "fp32", 4096), _aot("bf16", "fp32", 128), _aot("bf16", "fp32", 1024), _aot("fp32", "fp32", 1024, "bf16", add=True),
+AOT = [_aot("fp32", "fp32", 1024), _aot("bf16", "fp32", 4096), _aot("bf16", "fp32", 128), _aot("bf16", "fp32", 1024),
+       _aot("fp32", "fp32", 1024, "bf16", add=True),
        _aot("fp32", "fp32", 4096, "bf16", add=True), _aot("fp32", "fp32", 1024, "bf16"),
        _aot("fp32", "fp32", 1024, "bf16", add=True, q8=True), _aot("fp32", "fp32", 4096, "bf16", add=True, q8=True)]

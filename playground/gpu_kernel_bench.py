@@ -304,15 +304,16 @@ def run_prefill_tiles(args, dev, timer, mods, say, t_start) -> list[dict]:
     the prefill's 16-bit tiles (kernels/_attention_tl.py's PREFILL16 and PREFILL16_WIDE, as attention.py
     loaded them: head_dim 64 and 128 both),
     to pick each default from measurements (the Qwen rows for the first, Llama's for the second)."""
-    mod, rows, sdpa_times = mods["attention"]._tl, [], {}   # the part attention.py's prefill_tiles reads
-    saved = dict(mod.PREFILL16), dict(mod.PREFILL16_WIDE)
+    op, rows, sdpa_times = mods["attention"], [], {}
+    mod = op._tl   # the part attention.py's prefill_tiles reads
+    saved = dict(mod.PREFILL16), dict(mod.PREFILL16_WIDE), op.PREFILL_TMA
     length = DRY_ATTN_LEN if args.dry_run else ATTN_LEN
     try:
         for spec in args.prefill_tiles.split(";"):
             fields = spec.split(",")   # BLOCK_M,BLOCK_N,warps,stages[,tma]
             m, n, w, st = (int(x) for x in fields[:4])
-            mod.PREFILL16 = mod.PREFILL16_WIDE = {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": st,
-                                                  "TMA": fields[4:] == ["tma"]}
+            mod.PREFILL16 = mod.PREFILL16_WIDE = {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": st}
+            op.PREFILL_TMA = fields[4:] == ["tma"]
             for b in ATTN_BATCHES:
                 for model, geo in (DRY_ATTN if args.dry_run else ATTN).items():
                     if time.time() - t_start > args.budget_s:
@@ -328,7 +329,7 @@ def run_prefill_tiles(args, dev, timer, mods, say, t_start) -> list[dict]:
                         f"{r['vs_sdpa']:.2f}x SDPA  graph {r['graph_us']:8.1f} us "
                         f"{r['sdpa_graph_us'] / r['graph_us']:.2f}x SDPA's  err {r['rel_err']:.1e}")
     finally:
-        mod.PREFILL16, mod.PREFILL16_WIDE = saved
+        mod.PREFILL16, mod.PREFILL16_WIDE, op.PREFILL_TMA = saved
     return rows
 
 

@@ -26,9 +26,7 @@ def compare(logits: list[torch.Tensor], rows: list[dict]) -> tuple[float, int, i
     for lp, r in zip(logits, rows):
         lp = lp.float().log_softmax(-1)
         for i, step in enumerate(r["steps"]):
-            ids = torch.tensor([a for a, _ in step["top"]])
-            want = torch.tensor([b for _, b in step["top"]]).exp()
-            worst = max(worst, float((lp[i, ids].exp() - want).abs().max()))
+            worst = max(worst, fixtures.top8_diff(lp[i], step))
             agree, n = agree + int(int(lp[i].argmax()) == step["id"]), n + 1
     return worst, agree, n
 

@@ -93,14 +93,19 @@ def _decoded(model: LlamaModel, rows: list[dict], layout: str) -> list[torch.Ten
     return [torch.stack(o) for o in out]
 
 
+def top8_diff(lp: torch.Tensor, step: dict) -> float:
+    """Largest |probability difference| over llama.cpp's top 8 of one step (lp: that step's log-probs)."""
+    ids = torch.tensor([t for t, _ in step["top"]])
+    want = torch.tensor([p for _, p in step["top"]]).exp()
+    return float((lp[ids].exp() - want).abs().max())
+
+
 def _compare(logits: list[torch.Tensor], rows: list[dict], tol: float = 1e-3) -> None:
     worst = 0.0
     for lg, r in zip(logits, rows):
         lp = lg.log_softmax(-1)
         for i, step in enumerate(r["steps"]):
-            ids = torch.tensor([t for t, _ in step["top"]])
-            want = torch.tensor([p for _, p in step["top"]]).exp()
-            worst = max(worst, float((lp[i, ids].exp() - want).abs().max()))
+            worst = max(worst, top8_diff(lp[i], step))
         lp[:, SPECIAL + r["banned"]] = -float("inf")   # what llama.cpp's greedy pick could not take
         assert lp.argmax(-1).tolist() == r["generated_ids"], r["prompt_ids"]
     assert worst < tol, f"max top-8 probability difference {worst:.2e}"

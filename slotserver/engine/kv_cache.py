@@ -93,8 +93,9 @@ class KVCache:
     def import_stream(self, stream: int, k, v) -> None:
         """Write canonical K/V into the stream's first cells; a paged stream then holds only those."""
         self.layout.import_stream(stream, k, v)
-        self.trim(stream, k.shape[1])
-        if self.recurrent is not None:
+        if self.paged:
+            self.layout.trim_stream(stream, k.shape[1])
+        if self.recurrent is not None:   # K/V from elsewhere: no state of this stream matches them
             self.recurrent.invalidate(stream)
 
     def trim(self, stream: int, n: int) -> None:

@@ -20,8 +20,8 @@ step (one token per sequence), or a mixed step's leading decodes, on contiguous 
 otherwise each sequence runs its tokens one after another, or, from CHUNKED_FROM tokens, in chunks
 of CHUNK (`_chunked`: the delta rule's WY form, as transformers' torch_chunk_gated_delta_rule and
 llama.cpp's build_delta_net_chunking compute it): at Qwen3.5-0.8B's shapes a 512-token prompt takes
-40 ms a layer instead of 135 ms (the layer, convolution and norms included: 78 ms instead of 142;
-playground/delta_net_speed.py), and the outputs differ from the token loop's by float32 rounding
+78 ms a layer instead of the token loop's 160 (the layer with its convolution and norms, 2 cores;
+playground/delta_net_speed.py times both), and the outputs differ from the token loop's by float32 rounding
 (tests/test_delta_net.py). The states live in runtime/recurrent_state.py, one row per KV stream.
 """
 
