@@ -1,6 +1,8 @@
 """A big random hybrid model (make_moe_fixtures.py NAME --size big, and its llama-quantize copies)
 against llama-server on the same file: the largest top-8 probability difference and how often our
-argmax is llama-server's greedy id, over make_arch_fixtures.py's three prompts (prefilled at once).
+argmax is llama-server's greedy id, over make_arch_fixtures.py's three prompts: prefilled at once
+(the delta rule's token loop and chunked form), then decoded one token a step, the three together
+(the decode kernels: kernels/delta_net_step.py, short_conv_step.py).
 
     .venv/bin/python playground/hybrid_check.py FILE.gguf [dense|q ...]   (default: q, float32 and bf16)
 """
@@ -37,8 +39,11 @@ def main() -> None:
     forms = [(torch.float32, k) for k in kinds] or [(torch.float32, "q"), (torch.bfloat16, "q")]
     for dtype, kind in forms:
         model = LlamaModel.load(path, dtype, max_pos=fixtures.N_CTX, fmt=WeightFormat(kind))
-        worst, agree, n = compare(fixtures._prefilled(model, rows), rows)
-        print(f"{path.name} {dtype} {kind}: top-8 max difference {worst:.3g}, argmax = llama's greedy id {agree}/{n}")
+        for how, logits in (("prefilled", fixtures._prefilled(model, rows)),
+                            ("decoded", fixtures._decoded(model, rows, "seq_head_dim"))):
+            worst, agree, n = compare(logits, rows)
+            print(f"{path.name} {dtype} {kind} {how}: top-8 max difference {worst:.3g}, "
+                  f"argmax = llama's greedy id {agree}/{n}")
 
 
 if __name__ == "__main__":

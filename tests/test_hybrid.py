@@ -75,6 +75,31 @@ def test_batched_chunked_and_defragmented_sequences_match_each_alone(name, layou
     assert (engine.stats().defrag_moves > 0) == (defrag == "on")
 
 
+@pytest.mark.parametrize("name", ["qwen35", "lfm2"])
+def test_decode_steps_replay_from_step_graphs_with_the_eager_steps_tokens(name, tmp_path):
+    """On GGUF blocks a hybrid decode step is C calls only (qmatmul, the recurrent layers'
+    kernels/delta_net_step.py or short_conv_step.py, Qwen3.5's attention gate): it is captured as a
+    step graph and replayed. A capture runs the step twice, and the second run must start from the
+    states the first advanced from (step_graph.capture's rewind): requests arriving over time, on
+    three slots, give the tokens of the same engine with step graphs off."""
+    path = q8_copy(ARCHS / f"{name}.gguf", tmp_path / "q8.gguf")
+    loaded = ModelBundle.load(ModelConfig(model_path=path, dtype="auto"))
+    if loaded.model.kernels.modules["delta_net_step"].module._LIB is None:
+        pytest.skip("no C compiler (or SLOTSERVER_NATIVE=0): no C call to record")
+    prompts, rng = _prompts(5, 5), random.Random(6)
+    arrivals: dict[int, list[Request]] = {}
+    for p in prompts:
+        arrivals.setdefault(rng.randrange(0, 12), []).append(Request(tuple(p), GREEDY, n_predict=10, ignore_eos=True))
+    results = {}
+    for graphs in (True, False):
+        loaded.model.set_step_graphs(graphs)
+        engine = Engine(loaded, EngineConfig(n_parallel=3, ctx_size=192))
+        results[graphs] = [r.tokens for r in run_sync(engine, arrivals)]
+        if graphs:
+            assert loaded.model.graphs.graphs, "no decode step was captured"
+    assert results[True] == results[False]
+
+
 @pytest.mark.parametrize("checkpoints", [8, 0])
 def test_a_next_turn_continues_the_slots_state_and_a_diverging_prompt_resumes_at_a_checkpoint(bundle, checkpoints):
     """A prompt that extends all of the slot's cached tokens (prompt + answer: a chat's next turn)

@@ -1,4 +1,4 @@
-"""One gated delta-net layer over a ragged batch (Qwen3.5's linear attention), in float32 torch.
+"""One gated delta-net layer over a ragged batch (Qwen3.5's linear attention).
 
 What llama.cpp's qwen35 graph computes (src/models/qwen35.cpp, delta-net-base.cpp), per sequence:
 
@@ -15,14 +15,16 @@ What llama.cpp's qwen35 graph computes (src/models/qwen35.cpp, delta-net-base.cp
 5. o is RMS-normed per head (`norm`), times silu(z); the out-projection follows (model.py).
 
 Steps 1 and 5 are row-wise over the whole batch; 2-4 need each sequence's tokens in order. A decode
-step (one token per sequence), or a mixed step's leading decodes, on contiguous streams
-(`recurrent_state.decode_span`; defrag keeps them so) runs them batched over the sequences;
-otherwise each sequence runs its tokens one after another, or, from CHUNKED_FROM tokens, in chunks
+step (one token per sequence), or a mixed step's leading decodes, runs 2-5 as one call of the
+kernel set's `delta_net_step` (kernels/delta_net_step.py: C on the CPU, Triton on CUDA; the
+streams read from a tensor, so a step graph replays it): 0.14-0.20 ms a layer at b=1 and Qwen3.5-0.8B's
+shapes where these torch ops took 0.8 (2 cores; playground/delta_net_speed.py). Every other sequence
+runs here, in float32 torch: its tokens one after another, or, from CHUNKED_FROM tokens, in chunks
 of CHUNK (`_chunked`: the delta rule's WY form, as transformers' torch_chunk_gated_delta_rule and
-llama.cpp's build_delta_net_chunking compute it): at Qwen3.5-0.8B's shapes a 512-token prompt takes
-78 ms a layer instead of the token loop's 160 (the layer with its convolution and norms, 2 cores;
-playground/delta_net_speed.py times both), and the outputs differ from the token loop's by float32 rounding
-(tests/test_delta_net.py). The states live in runtime/recurrent_state.py, one row per KV stream.
+llama.cpp's build_delta_net_chunking compute it): at those shapes a 512-token prompt takes 75 ms a
+layer instead of the token loop's 122 (the layer with its convolution and norms), and the outputs
+differ from the token loop's by float32 rounding (tests/test_delta_net.py). The states live in
+runtime/recurrent_state.py, one row per KV stream.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from slotserver.runtime.batch import Batch
-from slotserver.runtime.recurrent_state import RecurrentState
+from slotserver.runtime.recurrent_state import RecurrentState, leading_decodes
 
 
 @dataclass
@@ -45,48 +47,54 @@ class GdnParams:
     a: torch.Tensor         # [v_heads] float32: -exp(A_log)
     norm: torch.Tensor      # [head_v] float32: RMSNorm weight of each head's output
 
-    def run(self, spec, proj: torch.Tensor, batch: Batch, state: RecurrentState, layer: int) -> torch.Tensor:
-        return delta_net(spec, self, proj, batch, state, layer, spec.norm_eps)
+    def run(self, spec, proj: torch.Tensor, batch: Batch, state: RecurrentState, layer: int, ops) -> torch.Tensor:
+        """proj: [T, proj_dim] the layer's in-projection of every row -> [T, value_dim] in proj's
+        dtype, the gated and normed outputs (before the out-projection); the streams' states updated.
+        The leading one-token sequences (a decode step: all of them) are one call of the kernel
+        set's delta_net_step (C, or Triton on CUDA); each other sequence runs `delta_net`."""
+        r, row, head = spec.recurrent, state.row[layer], leading_decodes(batch.attn)
+        nb = 0 if head is None else head.n_seqs
+        if nb:
+            decoded = ops.delta_net_step(proj[:nb], state.conv[row], state.ssm[row], head.seq_streams, self.conv,
+                                         self.dt_bias, self.a, self.norm, r.n_k_heads, spec.norm_eps)[0]
+            if nb == proj.shape[0]:
+                return decoded
+            rest = delta_net(r, self, proj[nb:], state, row, state.seqs[nb:], nb, spec.norm_eps)
+            return torch.cat([decoded, rest.to(decoded.dtype)])
+        return delta_net(r, self, proj, state, row, state.seqs, 0, spec.norm_eps).to(proj.dtype)
 
 
-def delta_net(spec, params, proj: torch.Tensor, batch: Batch, state: RecurrentState, layer: int,
-              eps: float) -> torch.Tensor:
-    """proj: [T, proj_dim] the layer's in-projection of every row -> [T, value_dim] float32, the
-    gated and normed outputs (before the out-projection); the streams' states updated."""
-    r, meta, row = spec.recurrent, batch.attn, state.row[layer]
+def delta_net(r, params: GdnParams, proj: torch.Tensor, state: RecurrentState, row: int,
+              seqs: list[tuple[int, int, int]], first_row: int, eps: float) -> torch.Tensor:
+    """The sequences `seqs` ((stream, tokens, first row), rows from `first_row` on: proj's row 0)
+    each in order on its state, in float32 torch: r the model's RecurrentSpec; proj [T, proj_dim]
+    -> [T, value_dim] float32."""
     mixed, z, beta, alpha = proj.float().split([r.conv_dim, r.value_dim, r.n_v_heads, r.n_v_heads], dim=1)
     b = torch.sigmoid(beta)                                              # [T, Hv]
     g = F.softplus(alpha + params.dt_bias) * params.a                    # [T, Hv] (< 0)
-    q, k, v = _qkv(r, F.silu(conv_rows(state, row, meta, mixed, params.conv)), eps)   # [T, Hv, dk], ..., [T, Hv, dv]
-    span, nb = state.decodes
-    if nb == q.shape[0]:   # a decode step on contiguous streams (row b: sequence b): batched, in place
-        out = _step(state.ssm[row, span], q, k, v, g, b)                 # [B, Hv, dv]
-    else:
-        out = torch.empty_like(v)                                        # [T, Hv, dv]
-        if nb:   # a mixed step's leading decodes, batched
-            out[:nb] = _step(state.ssm[row, span], q[:nb], k[:nb], v[:nb], g[:nb], b[:nb])
-        for stream, n, first in state.seqs[nb:]:   # each other sequence's tokens in order, on its state in place
-            rows, s = slice(first, first + n), state.ssm[row, stream]   # s [Hv, dk, dv], a view
-            if n >= CHUNKED_FROM:
-                out[rows] = _chunked(s, q[rows], k[rows], v[rows], g[rows], b[rows])
-            else:
-                for t in range(first, first + n):
-                    out[t] = _step(s, q[t], k[t], v[t], g[t], b[t])
+    q, k, v = _qkv(r, F.silu(conv_rows(state, row, seqs, first_row, mixed, params.conv)), eps)   # [T, Hv, dk], ..
+    out = torch.empty_like(v)                                            # [T, Hv, dv]
+    for stream, n, first in seqs:   # each sequence's tokens in order, on its state in place
+        rows, s = slice(first - first_row, first - first_row + n), state.ssm[row, stream]   # s [Hv, dk, dv], a view
+        if n >= CHUNKED_FROM:
+            out[rows] = _chunked(s, q[rows], k[rows], v[rows], g[rows], b[rows])
+        else:
+            for t in range(rows.start, rows.stop):
+                out[t] = _step(s, q[t], k[t], v[t], g[t], b[t])
     normed = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + eps) * params.norm   # [T, Hv, dv]
     return (normed * F.silu(z.view(-1, r.n_v_heads, r.head_v))).reshape(-1, r.value_dim)
 
 
-def conv_rows(state: RecurrentState, row: int, meta, x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
-    """The causal convolution of every row of x [T, C] over its own sequence's earlier inputs, the
-    streams' conv states (their last d_conv - 1 inputs) updated -> [T, C]."""
-    assert len(state.seqs) == meta.n_seqs, "a recurrent layer runs inside RecurrentState.stepping"
-    span, nb = state.decodes
+def conv_rows(state: RecurrentState, row: int, seqs: list[tuple[int, int, int]], first_row: int, x: torch.Tensor,
+              taps: torch.Tensor) -> torch.Tensor:
+    """The causal convolution of the rows of x [T, C] (x's row 0: the batch's row `first_row`),
+    each over its own sequence's earlier inputs (seqs: (stream, tokens, first row)), the streams'
+    conv states (their last d_conv - 1 inputs) updated -> [T, C]."""
+    assert state.seqs, "a recurrent layer runs inside RecurrentState.stepping"
     parts = []
-    if nb:   # the leading decodes: one row a sequence, in order
-        conv, state.conv[row, span] = causal_conv(state.conv[row, span], x[:nb, None], taps)
-        parts.append(conv[:, 0])
-    for stream, n, first in state.seqs[nb:]:
-        conv, state.conv[row, stream] = causal_conv(state.conv[row, stream][None], x[first: first + n][None], taps)
+    for stream, n, first in seqs:
+        rows = x[first - first_row: first - first_row + n]
+        conv, state.conv[row, stream] = causal_conv(state.conv[row, stream][None], rows[None], taps)
         parts.append(conv[0])
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
@@ -172,9 +180,9 @@ def _qkv(r, mixed: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor
 def _step(s: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
           b: torch.Tensor) -> torch.Tensor:
     """One token of the gated delta rule on each of N = prod(leading dims) heads, s updated in place
-    (a contiguous view of the states). s [..., dk, dv]; q, k [..., dk]; v [..., dv]; g, b [...] ->
-    o [..., dv]. Batched products over the heads: elementwise products and sums took 22 ms a layer
-    at Qwen3.5-0.8B's shapes (16 heads of 128), these 0.2 ms (playground/delta_net_speed.py)."""
+    (a contiguous view of the states): a prompt's token loop. s [..., dk, dv]; q, k [..., dk];
+    v [..., dv]; g, b [...] -> o [..., dv]. Batched products over the heads (elementwise products
+    and sums took 100x longer at Qwen3.5-0.8B's shapes)."""
     dk, dv = s.shape[-2:]
     s3 = s.view(-1, dk, dv)                                              # [N, dk, dv]
     k3 = k.reshape(-1, 1, dk)

@@ -36,6 +36,7 @@ from slotserver.model.step_graph import GRAPH_BYTES_MIN, StepGraphs
 from slotserver.model.cuda_graph import CudaGraphs
 from slotserver.model import gemv_step, heap, lean_step
 from slotserver.model.bias_add import add_bias
+from slotserver.model.sigmoid_gate import sigmoid_gate
 from slotserver.model.linear import QLinear
 from slotserver.model import lora_delta
 from slotserver.model.lora import LoraSet
@@ -141,9 +142,11 @@ class LlamaModel:
         if key is None:
             return self._body(x, angles, batch, cache, logits_into)
         inputs = [x, *(t for pair in angles.values() for t in pair), *batch.tensors()]
-        return self.graphs.run((self.kernels, getattr(cache, "layout", cache), self.lora), key, inputs,
+        state = getattr(cache, "recurrent", None)   # a hybrid's states: the graph holds their pointers
+        rewind = None if state is None else lambda: state.rewinder([h[0] for h in batch.attn.host])
+        return self.graphs.run((self.kernels, getattr(cache, "layout", cache), self.lora, state), key, inputs,
                                lambda: self._body(x, angles, batch, cache), self.kernels.timings,
-                               None if logits_into is None else logits_into[: batch.n_tokens])
+                               None if logits_into is None else logits_into[: batch.n_tokens], rewind)
 
     def _adapted(self, batch: Batch) -> bool:
         """Whether LoRA deltas apply to this batch: adapters loaded and some row has a scale. Up to
@@ -212,7 +215,7 @@ class LlamaModel:
         for i, lw in enumerate(w.layers):
             qkv = self._mm(fuse, lw.qkv, x, norm=lw.attn_norm, lora=(i, "qkv", lora))  # [tokens, q + 2 kv]
             if lw.recurrent is not None:   # a hybrid model's recurrent layer: qkv is its in-projection
-                a = _as(lw.recurrent.run(s, qkv, batch, cache.recurrent, i), w.act_dtype)
+                a = _as(lw.recurrent.run(s, qkv, batch, cache.recurrent, i, ops), w.act_dtype)
             else:
                 a = self._attention(i, lw, qkv, batch, cache, *angles[id(self.layer_ropes[i])], temp)
             if plain:
@@ -270,12 +273,12 @@ class LlamaModel:
 
     def _step_graphs(self) -> StepGraphs | CudaGraphs | None:
         """On CUDA, CUDA graphs (cuda_graph.py); on the CPU, the C step graphs, whose buffers may take
-        a quarter of the weights' bytes (at least GRAPH_BYTES_MIN). None for a hybrid model: its
-        delta-net layers are torch code, which neither kind of graph records."""
-        if self.spec.recurrent is not None:
-            return None
+        a quarter of the weights' bytes (at least GRAPH_BYTES_MIN). A hybrid model's decode rows are
+        C calls (kernels/delta_net_step.py, short_conv_step.py), which a step graph replays; on CUDA
+        it runs eagerly: a CUDA graph's capture would run the step's state updates again (the C
+        graphs rewind them: step_graph.capture), untried on a card."""
         if self._device == "cuda":
-            return CudaGraphs()
+            return None if self.spec.recurrent is not None else CudaGraphs()
         weights = sum(m.nbytes() for m in self.weights.matmuls())
         return StepGraphs(budget=max(GRAPH_BYTES_MIN, weights // 4))
 
@@ -361,7 +364,7 @@ class LlamaModel:
         a = attend(q, kv, batch.attn.with_layer(s.window(i), s.attn_softcap, lw.sinks), s.q_scale)  # [T, heads, hd]
         a = a.reshape(n, q_size)
         if s.attn_gate:   # qwen35: each head's output times sigmoid of its gate (after v in qkv)
-            a = a * torch.sigmoid(qkv[:, q_size + 2 * kv_size:].float()).to(a.dtype)
+            a = sigmoid_gate(a, qkv[:, q_size + 2 * kv_size:])
         return _as(a, self.weights.act_dtype)
 
     def _residual_add(self, norm_adds: bool, x: torch.Tensor, y: torch.Tensor,

@@ -26,6 +26,11 @@ A capture is refused (the step runs as usual) when the body
   leaves NaN behind and fails it.
 A refused batch size is tried again at most MAX_TRIES times per kernel set and cache.
 
+A capture runs the step more than once (the body, the check replay, after a refused check the body
+again): fine for K/V (the same cells rewritten), not for a hybrid model's recurrent states, which
+each run advances a token; the caller's `rewind` saves them first and puts them back before each
+later run (model.py passes RecurrentState.rewinder).
+
 Graphs serve decode-only batches of up to MAX_ROWS rows, keyed on (rows, contiguous streams,
 threads) and dropped when the kernel set or the cache's layout changes (a lab reload, a layout
 swap). A replay advances the kernel set's call counts by the captured step's; the per-op mean times
@@ -129,17 +134,20 @@ class StepGraphs:
     lock: threading.Lock = field(default_factory=threading.Lock)   # a graph's buffers serve one step at a time
 
     def run(self, owner: tuple, key: tuple, inputs: list[torch.Tensor], body: Callable[[], torch.Tensor],
-            counters: dict[str, list], out: torch.Tensor | None = None) -> torch.Tensor:
-        """The step's logits: replayed (into `out` where given), captured, or `body()` as usual."""
+            counters: dict[str, list], out: torch.Tensor | None = None,
+            rewind: Callable[[], Callable[[], None]] | None = None) -> torch.Tensor:
+        """The step's logits: replayed (into `out` where given), captured, or `body()` as usual.
+        rewind: for a body that moves state a second run must not move again (`capture`)."""
         if not self.lock.acquire(blocking=False):   # another thread's step (two engines on one model)
             return body()
         try:
-            return self._run(owner, key, inputs, body, counters, out)
+            return self._run(owner, key, inputs, body, counters, out, rewind)
         finally:
             self.lock.release()
 
     def _run(self, owner: tuple, key: tuple, inputs: list[torch.Tensor], body: Callable[[], torch.Tensor],
-             counters: dict[str, list], out: torch.Tensor | None) -> torch.Tensor:
+             counters: dict[str, list], out: torch.Tensor | None,
+             rewind: Callable[[], Callable[[], None]] | None) -> torch.Tensor:
         if len(owner) != len(self.owner) or any(a is not b for a, b in zip(owner, self.owner)):
             self.graphs.clear()
             self.tries.clear()
@@ -155,7 +163,7 @@ class StepGraphs:
         if self.tries.get(key, 0) >= MAX_TRIES or (key[0] > EAGER_ROWS and self.seen[key] < HOT_STEPS):
             return body()
         self.tries[key] = self.tries.get(key, 0) + 1
-        graph, logits = capture(body, inputs, counters)
+        graph, logits = capture(body, inputs, counters, rewind)
         if graph is not None:
             self._keep(key, graph)
         return logits
@@ -177,10 +185,16 @@ class StepGraphs:
         return sum(g.owned for g in self.graphs.values())
 
 
-def capture(body: Callable[[], torch.Tensor], inputs: list[torch.Tensor],
-            counters: dict[str, list]) -> tuple[StepGraph | None, torch.Tensor]:
-    """Run `body` recording it -> (graph or None where refused, the step's logits)."""
+def capture(body: Callable[[], torch.Tensor], inputs: list[torch.Tensor], counters: dict[str, list],
+            rewind: Callable[[], Callable[[], None]] | None = None) -> tuple[StepGraph | None, torch.Tensor]:
+    """Run `body` recording it -> (graph or None where refused, the step's logits).
+
+    A capture runs the step twice (the body, then the check replay), and a refused check a third
+    time (the body again). Writing K/V is the same the second time; a hybrid model's recurrent
+    states are not (each run advances them a token). `rewind`, called before the body, saves such
+    state and returns what puts it back, which runs before each later run."""
     saved = [t.clone() for t in inputs]
+    undo = rewind() if rewind is not None else (lambda: None)
     before = {op: acc[0] for op, acc in counters.items()}
     recorder, mode = Recorder(), AllocOnly()
     with recorder.watching(), mode:
@@ -193,10 +207,12 @@ def capture(body: Callable[[], torch.Tensor], inputs: list[torch.Tensor],
     expected = logits.clone()
     for t in mode.fresh:                   # poison: what the replay does not write stays NaN
         t.fill_(float("nan") if t.is_floating_point() else 0)
+    undo()
     if torch.equal(graph.replay(saved), expected):
         return graph, expected
     for dst, src in zip(inputs, saved):    # a refused check: the step again, as usual (K/V rewritten)
         dst.copy_(src)
+    undo()
     return None, body()
 
 

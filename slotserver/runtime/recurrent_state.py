@@ -28,7 +28,7 @@ same f32 states (its `llama_memory_recurrent`).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -44,7 +44,6 @@ class RecurrentState:
                                device=device)                            # [L, S, H, dk, dv]
         self.absorbed = [0] * n_streams
         self.seqs: list[tuple[int, int, int]] = []   # the forward's (stream, tokens, first row): `stepping`
-        self.decodes: tuple[slice | None, int] = (None, 0)   # its leading decodes' streams and count: `decode_span`
         self.max_checkpoints = max_checkpoints
         # per stream: position -> (conv [L, d_conv-1, C], ssm [L, H, dk, dv]) copies, oldest first
         self.checkpoints: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(n_streams)]
@@ -56,11 +55,12 @@ class RecurrentState:
         """Around a forward of the batch `meta` (AttnMeta): each sequence must continue its stream
         where the state stands, or start it at 0 (state zeroed, its checkpoints dropped: they were
         another token history's); else RuntimeError naming both counts, before anything changed.
-        Inside, `seqs` holds (stream, new tokens, first row) per sequence, read from the device once
-        for every layer. After, each state has absorbed its tokens; a forward that raised leaves its
-        streams INVALID (its layers stopped part-way)."""
-        q_lens, ends = meta.q_lens.tolist(), meta.kv_lens.tolist()
-        streams, starts = meta.seq_streams.tolist(), [e - n for e, n in zip(ends, q_lens)]
+        Inside, `seqs` holds (stream, new tokens, first row) per sequence, from the meta's host
+        copy (no device read). After, each state has absorbed its tokens; a forward that raised
+        leaves its streams INVALID (its layers stopped part-way)."""
+        host = meta.host
+        assert host, "an AttnMeta from Batch.build carries its sequences on the host"
+        streams, starts = [h[0] for h in host], [end - n for _, n, _, end in host]
         for stream, start in zip(streams, starts):
             if start and self.absorbed[stream] != start:
                 held = "nothing valid" if self.absorbed[stream] == INVALID else f"{self.absorbed[stream]} tokens"
@@ -70,8 +70,7 @@ class RecurrentState:
             self.conv[:, stream].zero_()
             self.ssm[:, stream].zero_()
             self.absorbed[stream], self.checkpoints[stream] = 0, {}
-        self.seqs = list(zip(streams, q_lens, meta.q_offsets.tolist()))
-        self.decodes = decode_span(meta)
+        self.seqs = [h[:3] for h in host]
         try:
             yield
         except BaseException:
@@ -79,14 +78,20 @@ class RecurrentState:
                 self.invalidate(stream)
             raise
         finally:
-            self.seqs, self.decodes = [], (None, 0)   # a layer run outside a forward finds none (conv_rows asserts)
-        for stream, end in zip(streams, ends):
+            self.seqs = []   # a layer run outside a forward finds none (conv_rows asserts)
+        for stream, *_, end in host:
             self.absorbed[stream] = end
 
     def backup(self, streams: list[int]) -> dict:
         """The streams' states, counts and checkpoints as they are (a lab rollback's retry restores them)."""
         return {s: (self.conv[:, s].clone(), self.ssm[:, s].clone(), self.absorbed[s], dict(self.checkpoints[s]))
                 for s in streams}
+
+    def rewinder(self, streams: list[int]) -> Callable[[], None]:
+        """Save the streams' states now -> what puts them back (a step graph's capture runs the
+        step more than once: model/step_graph.py's `capture`)."""
+        saved = self.backup(streams)
+        return lambda: self.restore_backup(saved)
 
     def restore_backup(self, saved: dict) -> None:
         for s, (conv, ssm, absorbed, marks) in saved.items():
@@ -153,15 +158,12 @@ class RecurrentState:
         return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size() + snaps
 
 
-def decode_span(meta) -> tuple[slice | None, int]:
-    """(their streams, B) of the step's leading one-token sequences, rows 0..B-1 one each in order,
-    when they are on contiguous streams: a decode step, or a mixed step's decode half (AttnMeta.split,
-    the scheduler puts decodes first). The layers then compute on their states at once, as one slice
-    of streams. (None, 0) otherwise: every sequence on its own."""
-    head = meta if meta.max_q == 1 else (meta.split[0] if meta.split is not None else None)
-    if head is None or head.stream_base is None:
-        return None, 0
-    return slice(head.stream_base, head.stream_base + head.n_seqs), head.n_seqs
+def leading_decodes(meta):
+    """The AttnMeta of the step's leading one-token sequences (rows 0..B-1, one each, in order): the
+    whole meta of a decode step, a mixed step's first half (AttnMeta.split: the scheduler puts
+    decodes first), or None. The layers run these rows as one kernel call each
+    (kernels/delta_net_step.py, short_conv_step.py), their streams read from `seq_streams`."""
+    return meta if meta.max_q == 1 else (meta.split[0] if meta.split is not None else None)
 
 
 def recurrent_state(cache, spec) -> RecurrentState:
