@@ -137,6 +137,15 @@ CASES: dict[str, tuple[str, dict]] = {
     "lfm2": ("Lfm2ForCausalLM", dict(num_hidden_layers=5, intermediate_size=64, norm_eps=1e-6, conv_L_cache=3,
                                      conv_bias=False, block_auto_adjust_ff_dim=False,
                                      layer_types=["conv", "conv", "full_attention", "conv", "full_attention"])),
+    # LFM2-MoE (LFM2-8B-A1B's architecture): lfm2's layers, the first 2 with a dense FFN and the rest a MoE
+    # block routed by sigmoid (llama.cpp's SIGMOID gating), selected by probability plus a per-expert bias
+    # (expert_bias -> exp_probs_b, which leaves the weights unbiased), the k weights renormalized; tied
+    # embeddings (the converter maps no lm_head for it, as LFM2-8B-A1B has none)
+    "lfm2moe": ("Lfm2MoeForCausalLM", dict(num_hidden_layers=5, intermediate_size=96, moe_intermediate_size=64,
+                                           num_experts=8, num_experts_per_tok=3, num_dense_layers=2, norm_eps=1e-6,
+                                           tie_word_embeddings=True,
+                                           conv_L_cache=3, conv_bias=False, use_expert_bias=True,
+                                           layer_types=["conv", "conv", "full_attention", "conv", "full_attention"])),
 }
 # converter options per transformers class (Qwen3.5: no MTP layers here, which the converter otherwise
 # requires to find in the checkpoint)
@@ -230,6 +239,9 @@ def write_hf(folder: Path, cls_name: str, config: dict, seed: int) -> None:
         for name, p in model.named_parameters():
             if name.endswith("sinks"):   # learned per-head logits: in the scores' range, so they matter
                 p.normal_(0, 1.0)
+        for name, b in model.named_buffers():
+            if name.endswith("expert_bias"):   # lfm2moe's selection bias (a buffer, zeros by default): as large
+                b.normal_(0, 0.3)              # as the sigmoid probabilities' spread, so it moves selections
     model.save_pretrained(folder, safe_serialization=True)
     if cls_name == "GptOssForCausalLM":
         mxfp4_experts(folder)

@@ -56,12 +56,13 @@ def _prompts(seed: int, count: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("name, layout, defrag", [("qwen35", "seq_head_dim", "on"), ("qwen35", "paged", "off"),
-                                                  ("lfm2", "seq_head_dim", "on"), ("lfm2", "paged", "off")])
+                                                  ("lfm2", "seq_head_dim", "on"), ("lfm2", "paged", "off"),
+                                                  ("lfm2moe", "seq_head_dim", "on")])
 def test_batched_chunked_and_defragmented_sequences_match_each_alone(name, layout, defrag):
     """Seven requests on three slots arriving over time, prompts cut in chunks of 5 tokens: each
     sequence's state follows its stream through decode batches (batched on contiguous streams, one
     by one on scattered ones: defrag off), prefill chunks, slot reuse and defrag moves (the scenario
-    must move some). Qwen3.5's delta nets and LFM2's short convolutions."""
+    must move some). Qwen3.5's delta nets and LFM2's short convolutions (LFM2-MoE's with its experts)."""
     prompts, rng = _prompts(1, 7), random.Random(2)
     arrivals: dict[int, list[Request]] = {}
     for p in prompts:
@@ -75,7 +76,7 @@ def test_batched_chunked_and_defragmented_sequences_match_each_alone(name, layou
     assert (engine.stats().defrag_moves > 0) == (defrag == "on")
 
 
-@pytest.mark.parametrize("name", ["qwen35", "lfm2"])
+@pytest.mark.parametrize("name", ["qwen35", "lfm2", "lfm2moe"])
 def test_decode_steps_replay_from_step_graphs_with_the_eager_steps_tokens(name, tmp_path):
     """On GGUF blocks a hybrid decode step is C calls only (qmatmul, the recurrent layers'
     kernels/delta_net_step.py or short_conv_step.py, Qwen3.5's attention gate): it is captured as a

@@ -33,7 +33,7 @@ class ArchDef:
     gemma_scale: bool = False    # 27B gemmas scale q by 1/sqrt(d_model / n_heads), not 1/sqrt(head_dim)
     qk_norm_full: bool = False   # olmoe: q and k RMSNorm over the whole projection, not per head
     moe_norm: bool = False       # MoE: the k selected weights renormalized to sum 1 (moe_spec.py)
-    moe_gating: str = "softmax"  # MoE: "softmax" then top-k, or "softmax_weight": top-k then softmax (gpt-oss)
+    moe_gating: str = "softmax"  # MoE: "softmax" then top-k, "softmax_weight": top-k then softmax (gpt-oss), "sigmoid"
     moe_act: str = "silu"        # MoE experts' gate: "silu" (SwiGLU) or "swiglu_oai" (gpt-oss's clamped form)
     out_bias: bool = False       # attn_output.bias (gpt-oss)
     sinks: bool = False          # attn_sinks.weight: a learned logit per query head in each softmax (gpt-oss)
@@ -95,6 +95,10 @@ ARCHS: dict[str, ArchDef] = {
     # LFM2: short gated convolutions (model/short_conv.py) where attention.head_count_kv is 0, the
     # others attention with per-head q/k norms; the final norm is named token_embd_norm
     "lfm2": ArchDef(rope_mode="neox", qk_norm=True, hybrid="shortconv", out_norm="token_embd_norm", swa_all=True),
+    # LFM2-MoE (LFM2-8B-A1B): lfm2's layers, a MoE FFN from layer `leading_dense_block_count` on, routed
+    # by sigmoid, chosen with a per-expert selection bias (exp_probs_b), the k weights renormalized
+    "lfm2moe": ArchDef(rope_mode="neox", qk_norm=True, hybrid="shortconv", out_norm="token_embd_norm", swa_all=True,
+                       moe_norm=True, moe_gating="sigmoid"),
     # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
     "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
     "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),

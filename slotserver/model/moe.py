@@ -20,6 +20,10 @@ clamped SwiGLU feeds the down matmul, each slot's output gets its expert's down 
 its routing weight, and the k weighted outputs are summed in slot order: all inside the two
 moe_matmul calls (`bias`, `act="oai"`), so a gpt-oss decode step is C calls only too and replays
 from a step graph.
+
+lfm2moe (`MoeSpec.gating` "sigmoid") routes by each logit's sigmoid and chooses the experts with
+the layer's selection bias added (`MoeWeights.select_bias`, its `exp_probs_b`; moe_route's
+`select_bias`), weighting them by the unbiased sigmoids, renormalized.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import torch
 from slotserver.model.moe_spec import MoeSpec
 from slotserver.runtime.experts import Experts
 
-GATING = {"softmax": 0, "softmax_weight": 1}   # kernels/moe_route.py's codes
+GATING = {"softmax": 0, "softmax_weight": 1, "sigmoid": 2}   # kernels/moe_route.py's codes
 
 
 @dataclass
@@ -44,13 +48,15 @@ class MoeWeights:
     router_bias: torch.Tensor | None = None  # [E] float32 (gpt-oss's ffn_gate_inp.bias)
     gate_up_bias: torch.Tensor | None = None  # [E, 2 F] float32: gate then up, as an expert's rows
     down_bias: torch.Tensor | None = None    # [E, d_model] float32
+    select_bias: torch.Tensor | None = None  # [E] float32 (lfm2moe's exp_probs_b: selects, never weights)
     # --tp (slotserver/parallel/shard_experts.py): this rank holds a slice of every expert's d_ff
     # (and of the shared expert's), so its output is a partial sum; this sums it over the ranks
     # (one all-reduce a layer), before the residual add. None: one process, the fused add in C.
     all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def nbytes(self) -> int:
-        biases = sum(b.numel() * 4 for b in (self.router_bias, self.gate_up_bias, self.down_bias) if b is not None)
+        biases = sum(b.numel() * 4 for b in (self.router_bias, self.gate_up_bias, self.down_bias, self.select_bias)
+                     if b is not None)
         return sum(e.nbytes() for e in (*self.gate_up, self.down)) + self.router.numel() * 8 + biases
 
 
@@ -66,10 +72,12 @@ def router_logits(h: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
 
 def route(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(expert ids [T, k] int64, weights [T, k] float32) of the normed rows h: the moe_route kernel."""
+    args = (h, mw.router, moe.n_used, GATING[moe.gating], moe.norm_weights, moe.weights_scale)
+    if mw.select_bias is not None:
+        return ops.moe_route(*args, mw.router_bias, mw.select_bias)
     if mw.router_bias is None:   # the call as a lab kernel copied before the bias argument takes it
-        return ops.moe_route(h, mw.router, moe.n_used, GATING[moe.gating], moe.norm_weights, moe.weights_scale)
-    return ops.moe_route(h, mw.router, moe.n_used, GATING[moe.gating], moe.norm_weights, moe.weights_scale,
-                         mw.router_bias)
+        return ops.moe_route(*args)
+    return ops.moe_route(*args, mw.router_bias)
 
 
 ACTS = {"silu": "silu", "swiglu_oai": "oai"}   # MoeSpec.act -> kernels/moe_matmul.py's act

@@ -5,8 +5,10 @@ architecture's graph (src/models/<arch>.cpp) sets; `MoeSpec` holds the same swit
 
 - `gating`: how router logits become probabilities. "softmax" (qwen2moe, qwen3moe, olmoe,
   granitemoe: softmax over all experts, then the top k); "softmax_weight" (gpt-oss: top k of the
-  raw logits, then softmax over the k selected). Selection is by probability (plus `selection
-  bias` where a file has one, DeepSeek-V3's `exp_probs_b`), the weights are the unbiased ones.
+  raw logits, then softmax over the k selected); "sigmoid" (lfm2moe: each logit's sigmoid, the
+  file's `expert_gating_func` 2). Selection is by probability plus a layer's selection bias where
+  the file has one (`exp_probs_b`: lfm2moe, DeepSeek-V3), the weights are the unbiased ones.
+- `dense_lead`: the first layers keep a dense FFN (`leading_dense_block_count`: lfm2moe's 2).
 - `norm_weights`: the k weights divided by their sum (clamped at 6.1e-5, float16's smallest
   normal, as llama.cpp): qwen3moe and granitemoe always (llama.cpp does not read
   `norm_topk_prob` for them), olmoe and qwen2moe never.
@@ -28,7 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GATINGS = ("softmax", "softmax_weight")
+GATINGS = ("softmax", "softmax_weight", "sigmoid")
+GATING_FUNCS = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}   # llama.cpp's expert_gating_func
 ACTS = ("silu", "swiglu_oai")
 
 
@@ -42,6 +45,7 @@ class MoeSpec:
     gating: str = "softmax"
     weights_scale: float = 1.0   # the k weights times this (llama.cpp's expert_weights_scale; 1 for these archs)
     act: str = "silu"
+    dense_lead: int = 0          # layers before this one have a dense FFN, not this MoE
 
     def __post_init__(self) -> None:
         assert self.gating in GATINGS, f"gating must be one of {GATINGS}, got {self.gating!r}"
@@ -58,4 +62,10 @@ class MoeSpec:
             raise key.error(f"expert_used_count {n_used} exceeds expert_count {n_expert}")
         d_ff = key.int("expert_feed_forward_length", key.raw("feed_forward_length"))
         shared = key.int("expert_shared_feed_forward_length") if key.has("expert_shared_feed_forward_length") else 0
-        return cls(n_expert, n_used, d_ff, shared, norm_weights, gating, act=act)
+        if key.has("expert_gating_func") and GATING_FUNCS.get(key.raw("expert_gating_func")) != gating:
+            raise key.error(f"expert_gating_func {key.raw('expert_gating_func')} is not this architecture's "
+                            f"{gating} (llama.cpp's codes: {GATING_FUNCS})")
+        lead = key.raw("leading_dense_block_count", 0)   # 0 in qwen3moe files too
+        if not isinstance(lead, int) or isinstance(lead, bool) or lead < 0:
+            raise key.error(f"leading_dense_block_count {lead!r} is not a count of layers")
+        return cls(n_expert, n_used, d_ff, shared, norm_weights, gating, act=act, dense_lead=lead)

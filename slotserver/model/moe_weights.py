@@ -5,7 +5,8 @@ kernels/moe_matmul.py) under `--weights q` (the default); under `dense` (float32
 reference mode) they are dequantized into float `Experts` of the compute dtype, computed on by the
 same kernel's torch grouping. The dequantized int8/int4 formats have no expert form: a MoE file
 asked for them is refused in one line. The router (`ffn_gate_inp`, llama-quantize keeps it F32)
-and qwen2moe's shared-expert gate are small and kept dense (the router in float64: moe.py's router_logits).
+and qwen2moe's shared-expert gate are small and kept dense (the router in float64: moe.py's router_logits),
+as is lfm2moe's selection bias (`exp_probs_b`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ def load_moe(f: GGUFFile, spec: ModelSpec, p: str, kind: str, dtype: torch.dtype
     if moe.d_ff_shared and p + "ffn_gate_inp_shexp.weight" in f.tensors:
         f.require(p + "ffn_gate_inp_shexp.weight", (1, d))
         shared_gate = f.load_tensor(p + "ffn_gate_inp_shexp.weight", torch.float32).double()   # [1, d_model]
-    return MoeWeights(router, gate_up, Experts((down,), e), shared_gate, *_biases(f, p, e, ff, d))
+    select = None
+    if p + "exp_probs_b.bias" in f.tensors:   # lfm2moe's selection bias
+        f.require(p + "exp_probs_b.bias", (e,))
+        select = f.load_tensor(p + "exp_probs_b.bias", torch.float32).reshape(e).contiguous()
+    return MoeWeights(router, gate_up, Experts((down,), e), shared_gate, *_biases(f, p, e, ff, d), select_bias=select)
 
 
 def _biases(f: GGUFFile, p: str, e: int, ff: int, d: int) -> tuple[torch.Tensor | None, ...]:

@@ -52,6 +52,8 @@ def check_kernels(f: GGUFFile, spec: ModelSpec, kernels: KernelSet) -> None:
     asks = {"attention": {"sinks"} if spec.sinks else set(), "paged_attention": {"sinks"} if spec.sinks else set()}
     if spec.moe is not None and spec.moe.act != "silu":   # gpt-oss: router and expert biases, swiglu_oai
         asks |= {"moe_route": {"bias"}, "moe_matmul": {"bias", "act"}}
+    if spec.moe is not None and spec.moe.gating == "sigmoid":   # lfm2moe: sigmoid gating, a selection bias
+        asks |= {"moe_route": {"select_bias"}}
     for op, options in asks.items():
         lacking = options - kernels.fuses.get(op, frozenset())
         if op in kernels.modules and lacking:

@@ -7,9 +7,10 @@ defaults (src/llama-model.cpp, src/models/<arch>.cpp).
 
 from __future__ import annotations
 
+
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slotserver.model.archs import ARCHS, ArchDef
 from slotserver.model.gguf_file import GGUFError, GGUFFile
@@ -54,7 +55,7 @@ class ModelSpec:
     act: str = "silu"
     fused: bool = False
     qk_norm_full: bool = False
-    moe: MoeSpec | None = None  # a mixture-of-experts FFN in every layer (None: dense)
+    moe: MoeSpec | None = None  # a mixture-of-experts FFN in every layer from moe.dense_lead (None: dense)
     out_bias: bool = False      # the attention output projection has a bias
     sinks: bool = False         # every layer has attention sinks (attn_sinks.weight, one per query head)
     ffn_norm: str = "ffn_norm"  # name of each layer's FFN pre-norm tensor (blk.N.<name>.weight)
@@ -103,6 +104,13 @@ class ModelSpec:
         if self.nope_full and self.windows and not self.window(layer):
             return False
         return not (self.no_rope_step and (layer + 1) % self.no_rope_step == 0)
+
+    def layer_spec(self, layer: int) -> "ModelSpec":
+        """The spec a layer's weights load with: without the MoE for a leading dense layer
+        (lfm2moe's first `leading_dense_block_count`: a plain FFN of `d_ff`), else this one."""
+        if self.moe is None or layer >= self.moe.dense_lead:
+            return self
+        return replace(self, moe=None)
 
     def rope_params(self, layer: int) -> tuple[float, float, bool, bool]:
         """(base, freq_scale, rotated, scaled) of a layer's rope table (RopeTable's arguments):

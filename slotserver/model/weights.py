@@ -143,7 +143,8 @@ def load_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, progress: Pro
     tick(1, total)
     layers = []
     for i in range(spec.n_layers):
-        layers.append(_block_layer(f, spec, i, fmt) if kind == "q" else _load_layer(f, spec, i, dtype, fmt, q4_kernel))
+        at = spec.layer_spec(i)   # lfm2moe's leading dense layers: no MoE
+        layers.append(_block_layer(f, at, i, fmt) if kind == "q" else _load_layer(f, at, i, dtype, fmt, q4_kernel))
         tick(i + 2, total)
     out_norm = _load(f, spec.out_norm + ".weight", (d,), torch.float32)
     out_name = "token_embd.weight" if spec.tied_embeddings else "output.weight"
