@@ -1,40 +1,58 @@
 /* delta_net_step.c: the CPU kernel of kernels/delta_net_step.py (compiled with native.PRELUDE in
    front: ld, st).
 
-   One token on each of B sequences through a gated delta-net layer, between its two matmuls:
-   proj [B, P] (row stride sp; float32, or bf16 with pb) = mixed [C] | z [H dv] | beta [H] | alpha [H],
-   C = 2 n_k dk + H dv. Row b continues stream streams[b]: its conv state conv[s] [w = d_conv - 1, C]
-   (the last w inputs, oldest first) and its state ssm[s] [H, dk, dv], both float32, updated in place.
+   A forward step's rows through a gated delta-net layer, between its two matmuls: proj [T, P] (row
+   stride sp; float32, or bf16 with pb) = mixed [C] | z [H dv] | beta [H] | alpha [H], C = 2 n_k dk +
+   H dv. Sequence b owns rows offsets[b] .. + lens[b] - 1, its tokens in order, and continues stream
+   streams[b]: its conv state conv[s] [w = d_conv - 1, C] (the last w inputs, oldest first) and its
+   state ssm[s] [H, dk, dv], both float32, updated in place.
 
-   1. per row and channel: y = sum_j window[j] taps[c, j] over window = (the w inputs, this one);
-      the state shifts by one input; then SiLU -> xc [B, C] (scratch);
-   2. per row and v head h (q/k head h % n_k): q, k L2-normed (x / sqrt(sum x^2 + eps)), q scaled
-      by 1/sqrt(dk); with e = exp(softplus(alpha + dt_bias) a) and b = sigmoid(beta):
+   1. per sequence and channel, its rows in order: y = sum_j window[j] taps[c, j] over window = (the
+      w stored inputs, this one); the state shifts by one input; then SiLU -> xc [T, C] (scratch);
+   2. per sequence and v head h (q/k head h % n_k), its rows in order: q, k L2-normed (x / sqrt(sum
+      x^2 + eps)), q scaled by 1/sqrt(dk); with e = exp(softplus(alpha + dt_bias) a), b = sigmoid(beta):
         S = e S + k delta^T, delta = b (v - e S^T k);  o = S^T q = e (S^T q) + (k.q) delta
-      so that one pass reads S (both products) and a second decays and updates it, both over the
-      head's dk x dv floats while they are in cache; then o RMS-normed over dv, times norm and
-      silu(z) -> out [B, H dv] (row stride so; float32, or bf16 with ob).
-   Every (row, head) is computed alone, in a fixed order: a row's floats do not depend on the batch. */
+      each token's update pass also sums the next token's two products (`scan_head`), so a
+      prompt reads and writes each head's dk x dv floats once a token, in cache across its
+      tokens; then o RMS-normed over dv, times norm and silu(z) -> out [T, H dv] (row stride so;
+      float32, or bf16 with ob).
+   Every (sequence, head) is computed alone, token by token in a fixed order: a row's floats depend
+   neither on the batch nor on how a prompt was cut into steps. */
 #include <stdlib.h>
+#include <string.h>
 
 #define MAX_D 512
 
-static inline float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* the prelude's fast_exp (relative error ~2e-7): a loop of libm expf calls does not vectorize, and
+   the convolution's SiLU and the gate's took most of a prompt's time with them */
+static inline float sigm(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
 
-/* 1: channels [c0, c1) of row b. */
-static void conv_rows(const void *proj, float *conv, const float *taps, float *xc, int64_t b, int64_t s,
-                      int64_t sp, int64_t C, int64_t d_conv, int pb, int64_t c0, int64_t c1) {
-    const int64_t w = d_conv - 1;
-    float *st = conv + s * w * C;
-    for (int64_t c = c0; c < c1; c++) {
-        const float x = ld(proj, b * sp + c, pb);
-        const float *t = taps + c * d_conv;
-        float y = 0.0f;
-        for (int64_t j = 0; j < w; j++) y += st[j * C + c] * t[j];
-        y += x * t[w];
-        for (int64_t j = 0; j + 1 < w; j++) st[j * C + c] = st[(j + 1) * C + c];
-        if (w > 0) st[(w - 1) * C + c] = x;
-        xc[b * C + c] = y * sigm(y);
+/* 1: channels [c0, c1) of one sequence's rows first .. first + len - 1, in order (stream s). Each
+   step a loop over the block's channels, contiguous: the taps transposed into tt [d_conv][block]
+   first (a gather of taps[c * d_conv + j] in the channel loop kept it scalar, and the convolution
+   was most of a prompt's time). */
+#define CONV_BLOCK 512
+static void conv_rows(const void *proj, float *conv, const float *taps, float *xc, int64_t first, int64_t len,
+                      int64_t s, int64_t sp, int64_t C, int64_t d_conv, int pb, int64_t c0, int64_t c1) {
+    const int64_t w = d_conv - 1, n = c1 - c0;
+    float *state = conv + s * w * C + c0;
+    float tt[8][CONV_BLOCK], x[CONV_BLOCK], y[CONV_BLOCK];
+    for (int64_t j = 0; j < d_conv; j++)
+        for (int64_t c = 0; c < n; c++) tt[j][c] = taps[(c0 + c) * d_conv + j];
+    for (int64_t r = first; r < first + len; r++) {
+        if (pb) for (int64_t c = 0; c < n; c++) x[c] = ld(proj, r * sp + c0 + c, 1);
+        else memcpy(x, (const float *)proj + r * sp + c0, (size_t)n * sizeof(float));
+        for (int64_t c = 0; c < n; c++) y[c] = 0.0f;
+        for (int64_t j = 0; j < w; j++)
+            for (int64_t c = 0; c < n; c++) y[c] += state[j * C + c] * tt[j][c];
+        for (int64_t j = 0; j + 1 < w; j++)
+            for (int64_t c = 0; c < n; c++) state[j * C + c] = state[(j + 1) * C + c];
+        float *out = xc + r * C + c0;
+        for (int64_t c = 0; c < n; c++) {
+            const float v = y[c] + x[c] * tt[w][c];
+            if (w > 0) state[(w - 1) * C + c] = x[c];
+            out[c] = v * sigm(v);
+        }
     }
 }
 
@@ -44,69 +62,127 @@ static float l2_inv(const float *x, int64_t n, float eps) {
     return 1.0f / sqrtf(ss + eps);
 }
 
-/* 2: row b, v head h. */
-static void head(const void *proj, const float *xc, float *ssm, int64_t s, const float *dt_bias, const float *a,
-                 const float *norm, void *out, int64_t b, int64_t h, int64_t sp, int64_t so, int64_t n_k,
-                 int64_t H, int64_t dk, int64_t dv, float eps, int pb, int ob) {
+/* 2: one (sequence, v head): its tokens in order over the head's state S [dk, dv] (row i: S[i][:]).
+   Per token t: ks = S^T k_t and qs = S^T q_t (the state before it), delta = b (v - e ks),
+   o = e qs + (k.q) delta, then S = e S + k_t delta^T. The update pass of token t also sums the
+   next token's products over the rows it has just written (its k and q do not depend on the
+   state), so a prompt reads and writes the state once a token; the first token has a read pass of
+   its own. Columns in blocks of JB whose sums stay in registers (a block's rows are JB apart). */
+#define JB 32
+
+typedef struct { float q[MAX_D], k[MAX_D], kq, beta, decay; } Token;
+
+/* token t's normed q (scaled) and k of q/k head kh, k.q, its write strength and decay for head h */
+static void prepare(Token *tk, const void *proj, const float *xc, int64_t t, int64_t h, int64_t kh, int64_t sp,
+                    int64_t C, int64_t key, int64_t H, int64_t dv, int64_t dk, const float *dt_bias, const float *a,
+                    float eps, int pb) {
+    const float *q0 = xc + t * C + kh * dk, *k0 = xc + t * C + key + kh * dk;
+    const float rq = l2_inv(q0, dk, eps) / sqrtf((float)dk), rk = l2_inv(k0, dk, eps);
+    tk->kq = 0.0f;
+    for (int64_t i = 0; i < dk; i++) {
+        tk->q[i] = q0[i] * rq;
+        tk->k[i] = k0[i] * rk;
+        tk->kq += tk->k[i] * tk->q[i];
+    }
+    const int64_t p = t * sp + C + H * dv;
+    const float z0 = ld(proj, p + H + h, pb) + dt_bias[h];
+    tk->beta = sigm(ld(proj, p + h, pb));
+    tk->decay = expf((z0 > 20.0f ? z0 : log1pf(expf(z0))) * a[h]);
+}
+
+/* columns [j0, j0 + n) of the first token's ks, qs */
+static inline void read_block(const float *S, int64_t dk, int64_t dv, int64_t j0, int64_t n, const Token *tk,
+                              float *ks, float *qs) {
+    float x[JB] = {0}, y[JB] = {0};
+    for (int64_t i = 0; i < dk; i++) {
+        const float *row = S + i * dv + j0, ki = tk->k[i], qi = tk->q[i];
+        for (int64_t j = 0; j < n; j++) { x[j] += ki * row[j]; y[j] += qi * row[j]; }
+    }
+    for (int64_t j = 0; j < n; j++) { ks[j0 + j] = x[j]; qs[j0 + j] = y[j]; }
+}
+
+/* columns [j0, j0 + n): S = e S + k delta^T, and (next != NULL) next's ks, qs over the new S */
+static inline void update_block(float *S, int64_t dk, int64_t dv, int64_t j0, int64_t n, const Token *tk,
+                                const float *delta, const Token *next, float *ks, float *qs) {
+    float d[JB], x[JB] = {0}, y[JB] = {0};
+    const float e = tk->decay;
+    for (int64_t j = 0; j < n; j++) d[j] = delta[j0 + j];
+    for (int64_t i = 0; i < dk; i++) {
+        float *row = S + i * dv + j0;
+        const float ki = tk->k[i];
+        if (next) {
+            const float ni = next->k[i], mi = next->q[i];
+            for (int64_t j = 0; j < n; j++) {
+                const float r = e * row[j] + ki * d[j];
+                row[j] = r;
+                x[j] += ni * r;
+                y[j] += mi * r;
+            }
+        } else {
+            for (int64_t j = 0; j < n; j++) row[j] = e * row[j] + ki * d[j];
+        }
+    }
+    if (next) for (int64_t j = 0; j < n; j++) { ks[j0 + j] = x[j]; qs[j0 + j] = y[j]; }
+}
+
+static void scan_head(const void *proj, const float *xc, float *ssm, int64_t s, const float *dt_bias, const float *a,
+                      const float *norm, void *out, int64_t first, int64_t len, int64_t h, int64_t sp, int64_t so,
+                      int64_t n_k, int64_t H, int64_t dk, int64_t dv, float eps, int pb, int ob) {
     const int64_t key = n_k * dk, C = 2 * key + H * dv, kh = h % n_k;
-    const float *x = xc + b * C, *q0 = x + kh * dk, *k0 = x + key + kh * dk, *v = x + 2 * key + h * dv;
-    float q[MAX_D], k[MAX_D], ks[MAX_D], qs[MAX_D], delta[MAX_D], o[MAX_D];
-    const float rq = l2_inv(q0, dk, eps), rk = l2_inv(k0, dk, eps), scale = 1.0f / sqrtf((float)dk);
-    float kq = 0.0f;
-    for (int64_t i = 0; i < dk; i++) {
-        q[i] = q0[i] * rq * scale;
-        k[i] = k0[i] * rk;
-        kq += k[i] * q[i];
-    }
-    const int64_t p = b * sp + C + H * dv;
-    const float beta = sigm(ld(proj, p + h, pb)), z0 = ld(proj, p + H + h, pb) + dt_bias[h];
-    const float decay = expf((z0 > 20.0f ? z0 : log1pf(expf(z0))) * a[h]);
+    Token tk[2];
+    float ks[MAX_D], qs[MAX_D], delta[MAX_D], o[MAX_D];
     float *S = ssm + (s * H + h) * dk * dv;
-    for (int64_t j = 0; j < dv; j++) ks[j] = qs[j] = 0.0f;
-    for (int64_t i = 0; i < dk; i++) {
-        const float *restrict row = S + i * dv;
-        const float ki = k[i], qi = q[i];
-        for (int64_t j = 0; j < dv; j++) { ks[j] += ki * row[j]; qs[j] += qi * row[j]; }
+    prepare(&tk[0], proj, xc, first, h, kh, sp, C, key, H, dv, dk, dt_bias, a, eps, pb);
+    for (int64_t j0 = 0; j0 < dv; j0 += JB) {
+        if (dv - j0 >= JB) read_block(S, dk, dv, j0, JB, &tk[0], ks, qs);
+        else read_block(S, dk, dv, j0, dv - j0, &tk[0], ks, qs);
     }
-    float ss = 0.0f;
-    for (int64_t j = 0; j < dv; j++) {
-        delta[j] = beta * (v[j] - decay * ks[j]);
-        o[j] = decay * qs[j] + kq * delta[j];
-        ss += o[j] * o[j];
-    }
-    for (int64_t i = 0; i < dk; i++) {
-        float *restrict row = S + i * dv;
-        const float ki = k[i];
-        for (int64_t j = 0; j < dv; j++) row[j] = decay * row[j] + ki * delta[j];
-    }
-    const float r = 1.0f / sqrtf(ss / (float)dv + eps);
-    for (int64_t j = 0; j < dv; j++) {
-        const float z = ld(proj, b * sp + C + h * dv + j, pb);
-        st(out, b * so + h * dv + j, ob, o[j] * r * norm[j] * (z * sigm(z)));
+    for (int64_t t = first; t < first + len; t++) {
+        const Token *cur = &tk[(t - first) & 1];
+        Token *next = t + 1 < first + len ? &tk[(t - first + 1) & 1] : NULL;
+        const float *v = xc + t * C + 2 * key + h * dv;
+        float ss = 0.0f;
+        for (int64_t j = 0; j < dv; j++) {
+            delta[j] = cur->beta * (v[j] - cur->decay * ks[j]);
+            o[j] = cur->decay * qs[j] + cur->kq * delta[j];
+            ss += o[j] * o[j];
+        }
+        const float r = 1.0f / sqrtf(ss / (float)dv + eps);
+        for (int64_t j = 0; j < dv; j++) {
+            const float z = ld(proj, t * sp + C + h * dv + j, pb);
+            st(out, t * so + h * dv + j, ob, o[j] * r * norm[j] * (z * sigm(z)));
+        }
+        if (next) prepare(next, proj, xc, t + 1, h, kh, sp, C, key, H, dv, dk, dt_bias, a, eps, pb);
+        for (int64_t j0 = 0; j0 < dv; j0 += JB) {
+            if (dv - j0 >= JB) update_block(S, dk, dv, j0, JB, cur, delta, next, ks, qs);
+            else update_block(S, dk, dv, j0, dv - j0, cur, delta, next, ks, qs);
+        }
     }
 }
 
-#define CONV_BLOCK 512
-int delta_net_step(const void *proj, float *conv, float *ssm, const int64_t *streams, const float *taps,
-                   const float *dt_bias, const float *a, const float *norm, void *out, int64_t B, int64_t sp,
-                   int64_t so, int64_t n_k, int64_t H, int64_t dk, int64_t dv, int64_t d_conv, float eps, int pb,
-                   int ob, int n_threads) {
-    if (dk > MAX_D || dv > MAX_D || n_k < 1 || H % n_k) return 2;
+int delta_net_step(const void *proj, float *conv, float *ssm, const int64_t *streams, const int64_t *offsets,
+                   const int64_t *lens, const float *taps, const float *dt_bias, const float *a, const float *norm,
+                   void *out, int64_t B, int64_t T, int64_t sp, int64_t so, int64_t n_k, int64_t H, int64_t dk,
+                   int64_t dv, int64_t d_conv, float eps, int pb, int ob, int n_threads) {
+    if (dk > MAX_D || dv > MAX_D || n_k < 1 || H % n_k || d_conv < 1 || d_conv > 8) return 2;
+    for (int64_t b = 0; b < B; b++)
+        if (offsets[b] < 0 || lens[b] < 0 || offsets[b] + lens[b] > T) return 3;
     const int64_t C = 2 * n_k * dk + H * dv, blocks = (C + CONV_BLOCK - 1) / CONV_BLOCK;
-    float *xc = malloc((size_t)(B * C) * sizeof(float));
+    float *xc = malloc((size_t)(T * C) * sizeof(float));
     if (!xc) return 1;
-    #pragma omp parallel num_threads(n_threads) if (B * H > 1)
+    #pragma omp parallel num_threads(n_threads) if (T * H > 1)
     {
-        #pragma omp for schedule(static)
-        for (int64_t i = 0; i < B * blocks; i++) {
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < B * blocks; i++) {   /* a sequence's channel block, its rows in order */
             const int64_t b = i / blocks, c0 = (i % blocks) * CONV_BLOCK;
-            conv_rows(proj, conv, taps, xc, b, streams[b], sp, C, d_conv, pb, c0,
-                      c0 + CONV_BLOCK < C ? c0 + CONV_BLOCK : C);
+            const int64_t c1 = c0 + CONV_BLOCK < C ? c0 + CONV_BLOCK : C;
+            conv_rows(proj, conv, taps, xc, offsets[b], lens[b], streams[b], sp, C, d_conv, pb, c0, c1);
         }
-        #pragma omp for schedule(static)
-        for (int64_t i = 0; i < B * H; i++)
-            head(proj, xc, ssm, streams[i / H], dt_bias, a, norm, out, i / H, i % H, sp, so, n_k, H, dk, dv, eps,
-                 pb, ob);
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < B * H; i++)   /* a sequence's head, its rows in order */
+            if (lens[i / H])
+                scan_head(proj, xc, ssm, streams[i / H], dt_bias, a, norm, out, offsets[i / H], lens[i / H], i % H, sp,
+                          so, n_k, H, dk, dv, eps, pb, ob);
     }
     free(xc);
     return 0;

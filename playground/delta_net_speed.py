@@ -1,10 +1,8 @@
 """Time a gated delta-net layer alone at Qwen3.5-0.8B's shapes (16 q/k and 16 v heads of 128,
 convolution width 4, 18 of its 24 layers recurrent), between its two matmuls (not timed: plain
-matmuls like any layer's):
-- decode steps of 1 and 8 sequences: the serving kernel (kernels/delta_net_step.py's `cpu`, one C
-  call) and, beside it, the same module's torch `reference`;
-- one 512-token prefill chunk: the chunked form model/delta_net.py serves, then the token loop it
-  replaces (CHUNKED_FROM raised).
+matmuls like any layer's): decode steps of 1 and 8 sequences and one 512-token prompt, each through
+the serving kernel (kernels/delta_net_step.py's `cpu`, one C call) and the same module's torch
+`reference` (token by token, a sequence's heads at once).
 Run: .venv/bin/python playground/delta_net_speed.py
 """
 
@@ -15,7 +13,6 @@ from types import SimpleNamespace
 
 import torch
 
-from slotserver.model import delta_net as dn
 from slotserver.model.delta_net import GdnParams
 from slotserver.model.recurrent_spec import RecurrentSpec
 from slotserver.runtime.batch import Batch, SeqChunk
@@ -34,27 +31,24 @@ def main() -> None:
     kernels = KernelSet.load()
     reference = SimpleNamespace(delta_net_step=kernels.modules["delta_net_step"].module.reference)
     print(f"threads {torch.get_num_threads()}, CPU variant {current().variant}")
-    decode = {"b=1": [SeqChunk(0, 5, [1])], "b=8": [SeqChunk(s, 5, [1]) for s in range(8)]}
-    cases = [(f"decode {b}, {name}", chunks, ops) for b, chunks in decode.items()
-             for name, ops in (("C kernel", kernels), ("torch reference", reference))]
-    cases += [("prefill 512, chunked", [SeqChunk(0, 0, [1] * 512)], kernels),
-              ("prefill 512, token loop", [SeqChunk(0, 0, [1] * 512)], kernels)]
-    chunked_from = dn.CHUNKED_FROM
-    for label, chunks, ops in cases:
-        dn.CHUNKED_FROM = 1 << 30 if "token loop" in label else chunked_from
-        state = RecurrentState(r, 8)
-        proj = torch.randn(sum(len(c.tokens) for c in chunks), r.proj_dim, generator=gen)
-        reps = 3 if proj.shape[0] > 1 else 50
-        with torch.inference_mode():
-            ms = 0.0
-            for rep in range(reps + 1):   # the first warms up; each a forward (`stepping`) from where it stands
-                b = Batch.build([SeqChunk(c.stream, state.absorbed[c.stream] if c.start else 0, c.tokens) for c in chunks])
-                with state.stepping(b.attn):
-                    t0 = time.perf_counter()
-                    params.run(spec, proj, b, state, 0, ops)
-                    ms += (time.perf_counter() - t0) * 1e3 if rep else 0.0
-            ms /= reps
-        print(f"{label:32s} {ms:8.2f} ms a layer, {ms * LAYERS:8.1f} ms for {LAYERS} layers")
+    steps = {"decode b=1": [SeqChunk(0, 5, [1])], "decode b=8": [SeqChunk(s, 5, [1]) for s in range(8)],
+             "prompt 512": [SeqChunk(0, 0, [1] * 512)]}
+    for label, chunks in steps.items():
+        for name, ops in (("C kernel", kernels), ("torch reference", reference)):
+            state = RecurrentState(r, 8)
+            proj = torch.randn(sum(len(c.tokens) for c in chunks), r.proj_dim, generator=gen)
+            reps = 3 if proj.shape[0] > 1 else 50
+            with torch.inference_mode():
+                ms = 0.0
+                for rep in range(reps + 1):   # the first warms up; each a forward (`stepping`) from where it stands
+                    b = Batch.build([SeqChunk(c.stream, state.absorbed[c.stream] if c.start else 0, c.tokens)
+                                     for c in chunks])
+                    with state.stepping(b.attn):
+                        t0 = time.perf_counter()
+                        params.run(spec, proj, b, state, 0, ops)
+                        ms += (time.perf_counter() - t0) * 1e3 if rep else 0.0
+                ms /= reps
+            print(f"{label:12s} {name:16s} {ms:8.2f} ms a layer, {ms * LAYERS:8.1f} ms for {LAYERS} layers")
 
 
 if __name__ == "__main__":

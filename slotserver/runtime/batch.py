@@ -68,10 +68,10 @@ class AttnMeta:
     row_kv_lens: torch.Tensor | None = None   # [T] int64
     row_prompt: torch.Tensor | None = None    # [T] uint8: 1 for rows of prompt chunks; None: there are none
     sinks: torch.Tensor | None = None         # [q_heads] float32 (see window, softcap above)
-    # Per sequence, on the host: (stream, new tokens, first row, kv_len), what the tensors above
-    # hold. Why: a hybrid model's recurrent states are kept per stream in Python
-    # (runtime/recurrent_state.py); reading the tensors back was four device syncs a CUDA forward.
-    host: tuple[tuple[int, int, int, int], ...] = ()
+    # Per sequence, on the host: (stream, new tokens, kv_len), what the tensors above hold. Why: a
+    # hybrid model's recurrent states are accounted per stream in Python (runtime/recurrent_state.py);
+    # reading the tensors back was device syncs in every CUDA forward.
+    host: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def n_seqs(self) -> int:
@@ -165,7 +165,7 @@ def _decode(chunks: list[SeqChunk], device) -> Batch:
     meta = AttnMeta(seq_streams=streams_t, q_lens=ones, kv_lens=kv_lens, q_offsets=index,
                     pad_index=index.view(n, 1), pad_positions=positions.view(n, 1), valid_rows=index, max_q=1,
                     max_kv=max(c.start + 1 for c in chunks), stream_base=base, row_streams=streams_t,
-                    row_kv_lens=kv_lens, host=tuple((c.stream, 1, b, c.start + 1) for b, c in enumerate(chunks)))
+                    row_kv_lens=kv_lens, host=tuple((c.stream, 1, c.start + 1) for c in chunks))
     return Batch(tokens=tokens, positions=positions, token_streams=streams_t, logits_rows=index, attn=meta,
                  lora=_lora_rows(chunks, device))
 
@@ -203,7 +203,7 @@ def _attn_meta(chunks: list[SeqChunk], device, split: bool = False) -> AttnMeta:
         row_streams=_long([c.stream for c in chunks for _ in c.tokens], device),
         row_kv_lens=_long([c.start + j + 1 for c in chunks for j in range(len(c.tokens))], device),
         row_prompt=_prompt_rows(chunks, device),
-        host=tuple(zip(streams, q_lens, offsets, kv_lens)),
+        host=tuple(zip(streams, q_lens, kv_lens)),
     )
 
 

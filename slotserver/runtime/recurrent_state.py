@@ -43,7 +43,6 @@ class RecurrentState:
         self.ssm = torch.zeros(n, n_streams, spec.n_v_heads, spec.head_k, spec.head_v,
                                device=device)                            # [L, S, H, dk, dv]
         self.absorbed = [0] * n_streams
-        self.seqs: list[tuple[int, int, int]] = []   # the forward's (stream, tokens, first row): `stepping`
         self.max_checkpoints = max_checkpoints
         # per stream: position -> (conv [L, d_conv-1, C], ssm [L, H, dk, dv]) copies, oldest first
         self.checkpoints: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(n_streams)]
@@ -55,12 +54,12 @@ class RecurrentState:
         """Around a forward of the batch `meta` (AttnMeta): each sequence must continue its stream
         where the state stands, or start it at 0 (state zeroed, its checkpoints dropped: they were
         another token history's); else RuntimeError naming both counts, before anything changed.
-        Inside, `seqs` holds (stream, new tokens, first row) per sequence, from the meta's host
-        copy (no device read). After, each state has absorbed its tokens; a forward that raised
-        leaves its streams INVALID (its layers stopped part-way)."""
+        The sequences come from the meta's host copy (no device read). After, each state has
+        absorbed its tokens; a forward that raised leaves its streams INVALID (its layers stopped
+        part-way)."""
         host = meta.host
         assert host, "an AttnMeta from Batch.build carries its sequences on the host"
-        streams, starts = [h[0] for h in host], [end - n for _, n, _, end in host]
+        streams, starts = [s for s, _, _ in host], [end - n for _, n, end in host]
         for stream, start in zip(streams, starts):
             if start and self.absorbed[stream] != start:
                 held = "nothing valid" if self.absorbed[stream] == INVALID else f"{self.absorbed[stream]} tokens"
@@ -70,16 +69,13 @@ class RecurrentState:
             self.conv[:, stream].zero_()
             self.ssm[:, stream].zero_()
             self.absorbed[stream], self.checkpoints[stream] = 0, {}
-        self.seqs = [h[:3] for h in host]
         try:
             yield
         except BaseException:
             for stream in streams:
                 self.invalidate(stream)
             raise
-        finally:
-            self.seqs = []   # a layer run outside a forward finds none (conv_rows asserts)
-        for stream, *_, end in host:
+        for stream, _, end in host:
             self.absorbed[stream] = end
 
     def backup(self, streams: list[int]) -> dict:
@@ -156,14 +152,6 @@ class RecurrentState:
         snaps = sum(c.numel() * c.element_size() + s.numel() * s.element_size()
                     for marks in self.checkpoints for c, s in marks.values())
         return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size() + snaps
-
-
-def leading_decodes(meta):
-    """The AttnMeta of the step's leading one-token sequences (rows 0..B-1, one each, in order): the
-    whole meta of a decode step, a mixed step's first half (AttnMeta.split: the scheduler puts
-    decodes first), or None. The layers run these rows as one kernel call each
-    (kernels/delta_net_step.py, short_conv_step.py), their streams read from `seq_streams`."""
-    return meta if meta.max_q == 1 else (meta.split[0] if meta.split is not None else None)
 
 
 def recurrent_state(cache, spec) -> RecurrentState:
