@@ -23,8 +23,9 @@ Why a kernel: a hybrid decode step ran ~15 small torch ops a delta-net layer (0.
 Qwen3.5-0.8B at b=1 on 2 cores), and torch code keeps a step out of a step graph
 (slotserver/model/step_graph.py). One C call per layer reads each state once and writes it once a
 token; over a prompt each (sequence, head)'s 64 KB state stays in cache from token to token: a
-512-token prompt takes 28-37 ms a layer of Qwen3.5-0.8B on 2 cores (avx512), where torch's chunked
-(WY) form of the delta rule took 75 and its token loop 122 (playground/delta_net_speed.py). On
+512-token prompt takes 28-37 ms a layer of Qwen3.5-0.8B on 2 cores (avx512; playground/delta_net_speed.py),
+where torch's chunked (WY) form of the delta rule, which this replaced, took 75 and its token loop
+122 (measured with that script's earlier version, the same day). On
 CUDA: a scan with each head's state in registers, blocks of its columns a program.
 
 TOL: the reference computes the same float32 math in another order (it decays S before reading it;
@@ -44,6 +45,7 @@ from slotserver.runtime import native
 OP = "delta_net_step"
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1e-2}
 MAX_D = 512   # head sizes the C kernel takes (its stack arrays); larger ones take the reference
+MAX_CONV = 8  # convolution widths it takes (its transposed taps); wider ones take the reference
 
 
 def reference(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams: torch.Tensor, offsets: torch.Tensor,
@@ -75,11 +77,11 @@ native.signature(_LIB, "delta_net_step", 11, 9, (native.ctypes.c_float,) + (nati
 _FLOATS = (torch.float32, torch.bfloat16)
 
 
-def _fits(proj, conv, ssm, seqs, weights) -> bool:
+def _fits(proj, conv, ssm, seqs, weights, taps) -> bool:
     """The C kernel's inputs: CPU, unit-stride proj rows, contiguous float32 states and weights,
     contiguous int64 sequence tensors."""
     ok = _LIB is not None and proj.dtype in _FLOATS and proj.dim() == 2 and proj.stride(1) == 1 and proj.is_cpu \
-        and max(ssm.shape[2:]) <= MAX_D
+        and max(ssm.shape[2:]) <= MAX_D and taps.shape[1] <= MAX_CONV
     return ok and all(t.is_cpu and t.dtype == torch.int64 and t.is_contiguous() for t in seqs) \
         and all(t.is_cpu and t.dtype == torch.float32 and t.is_contiguous() for t in (conv, ssm, *weights))
 
@@ -89,7 +91,7 @@ def cpu(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams: torc
         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One C call (delta_net_step.c: the convolution, then each (sequence, head) over its rows,
     the state read once and updated once a token; threads over both); else `reference`."""
-    if not _fits(proj, conv, ssm, (streams, offsets, lens), (taps, dt_bias, a, norm)):
+    if not _fits(proj, conv, ssm, (streams, offsets, lens), (taps, dt_bias, a, norm), taps):
         return reference(proj, conv, ssm, streams, offsets, lens, taps, dt_bias, a, norm, n_k, eps)
     T, (H, dk, dv) = proj.shape[0], ssm.shape[1:]
     out = torch.empty(T, H * dv, dtype=proj.dtype)                         # [T, H dv]
@@ -119,7 +121,8 @@ def _conv_kernel(proj_ptr, conv_ptr, taps_ptr, streams_ptr, offsets_ptr, lens_pt
         y += x * tl.load(taps_ptr + cs * (W + 1) + W, mask=m, other=0.0)
         for j in tl.static_range(W - 1):   # oldest first: read j + 1 before it is overwritten
             tl.store(base + j * C, tl.load(base + (j + 1) * C, mask=m, other=0.0), mask=m)
-        tl.store(base + (W - 1) * C, x, mask=m)
+        if W > 0:
+            tl.store(base + (W - 1) * C, x, mask=m)
         tl.store(xc_ptr + t * C + cs, y * tl.sigmoid(y), mask=m)
 
 
@@ -194,9 +197,10 @@ def triton(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams: t
 
 
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
-    """A few sequences of 1-5 tokens (a decode row, short prompts) on scattered streams of a larger
-    state, q/k heads shared by 1-2 v heads, head sizes with and without a power of two (and over a
-    scan program's columns), convolutions 2-4 wide, strong and weak decays."""
+    """A few sequences of 1-5 tokens (a decode row, short prompts; a fifth of the cases one of 12-24)
+    on scattered streams of a larger state, q/k heads shared by 1-2 v heads, head sizes with and
+    without a power of two (and over a scan program's columns), convolutions 2-4 wide, strong and
+    weak decays."""
     def pick(*xs):
         return xs[int(torch.randint(len(xs), (), generator=gen))]
 
@@ -204,6 +208,8 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     H, S = n_k * reps, int(torch.randint(2, 6, (), generator=gen))
     B, C = int(torch.randint(1, S + 1, (), generator=gen)), 2 * n_k * dk + n_k * reps * dv
     lens = torch.where(torch.rand(B, generator=gen) < 0.6, torch.randint(1, 6, (B,), generator=gen), 1)   # [B]
+    if torch.rand((), generator=gen) < 0.2:   # now and then a prompt of many tokens: the scan's long path
+        lens[0] = int(torch.randint(12, 25, (), generator=gen))
     offsets = lens.cumsum(0) - lens
     proj = torch.randn(int(lens.sum()), C + H * dv + 2 * H, generator=gen)
     proj[:, -H:] += 3 * torch.randn(H, generator=gen)                      # alpha: decays from ~1 to ~e^-5

@@ -14,9 +14,9 @@
    Rows split over the threads from 64 rows (prefill); a decode step's few rows stay on one. */
 #include <math.h>
 
-int moe_route(const float *h, const double *W, const float *bias, const float *sel, int64_t *ids, float *w, int64_t T,
-              int64_t d, int64_t E, int64_t k,
-              int64_t sh, int gating, int norm, float scale, int n_threads) {
+int moe_route(const float *h, const double *W, const float *bias, const float *sel, int64_t *ids, float *w,
+              int64_t T, int64_t d, int64_t E, int64_t k, int64_t sh, int gating, int norm, float scale,
+              int n_threads) {
     if (k < 1 || k > E || E > 4096) return 2;
     #pragma omp parallel for num_threads(n_threads) if (T >= 64) schedule(static)
     for (int64_t t = 0; t < T; t++) {

@@ -15,7 +15,8 @@ Why a kernel: the same as kernels/delta_net_step.py's: LFM2's decode step ran ~8
 a convolution layer (1.7 ms of a 20.8 ms b=1 step of LFM2-350M on 2 cores), which kept every
 step out of the step graphs (slotserver/model/step_graph.py).
 
-TOL: the same float32 products and sums in the same order; bf16: the output's rounding.
+TOL: the same float32 products and sums (the reference's in torch's order: rounding apart); bf16:
+the output's rounding.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def _short_conv_kernel(proj_ptr, conv_ptr, taps_ptr, streams_ptr, offsets_ptr, l
         y += u * tl.load(taps_ptr + cs * (W + 1) + W, mask=m, other=0.0)
         for j in tl.static_range(W - 1):   # oldest first: read j + 1 before it is overwritten
             tl.store(base + j * D, tl.load(base + (j + 1) * D, mask=m, other=0.0), mask=m)
-        tl.store(base + (W - 1) * D, u, mask=m)
+        if W > 0:
+            tl.store(base + (W - 1) * D, u, mask=m)
         c = tl.load(p + D, mask=m, other=0.0).to(tl.float32)
         tl.store(out_ptr + t * stride_o + cs, (c * y).to(out_ptr.dtype.element_ty), mask=m)
 

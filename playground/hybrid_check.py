@@ -1,8 +1,8 @@
 """A big random hybrid model (make_moe_fixtures.py NAME --size big, and its llama-quantize copies)
 against llama-server on the same file: the largest top-8 probability difference and how often our
 argmax is llama-server's greedy id, over make_arch_fixtures.py's three prompts: prefilled at once
-(the delta rule's token loop and chunked form), then decoded one token a step, the three together
-(the decode kernels: kernels/delta_net_step.py, short_conv_step.py).
+(the recurrent kernels' scan over each prompt: kernels/delta_net_step.py, short_conv_step.py), then
+decoded one token a step, the three together.
 
     .venv/bin/python playground/hybrid_check.py FILE.gguf [dense|q ...]   (default: q, float32 and bf16)
 """

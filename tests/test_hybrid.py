@@ -21,7 +21,7 @@ from slotserver.engine import slot_files
 from slotserver.engine.engine import Engine
 from slotserver.engine.speculative.config import SpecConfig
 from slotserver.engine.request import Request, RequestError
-from slotserver.errors import ConfigError
+from slotserver.errors import ConfigError, ModuleLoadError
 from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ModelConfig
 from slotserver.model.generate import GenRequest, generate
@@ -29,6 +29,7 @@ from slotserver.model.model import LlamaModel
 from slotserver.model.sampling.sampler import SamplingParams
 from slotserver.model.weights import WeightFormat
 from slotserver.runtime.batch import Batch, SeqChunk
+from slotserver.runtime.kernel_set import KernelSet
 from slotserver.runtime.kv_spec import KVSpec
 from slotserver.runtime.layouts import create_layout, load_layout
 from slotserver.server import ServerConfig, ServerState, create_app
@@ -60,9 +61,10 @@ def _prompts(seed: int, count: int) -> list[list[int]]:
                                                   ("lfm2moe", "seq_head_dim", "on")])
 def test_batched_chunked_and_defragmented_sequences_match_each_alone(name, layout, defrag):
     """Seven requests on three slots arriving over time, prompts cut in chunks of 5 tokens: each
-    sequence's state follows its stream through decode batches (batched on contiguous streams, one
-    by one on scattered ones: defrag off), prefill chunks, slot reuse and defrag moves (the scenario
-    must move some). Qwen3.5's delta nets and LFM2's short convolutions (LFM2-MoE's with its experts)."""
+    sequence's state follows its stream through decode batches (on contiguous streams, and on
+    scattered ones: defrag off), prefill chunks beside decodes, slot reuse and defrag moves (the
+    scenario must move some). Qwen3.5's delta nets and LFM2's short convolutions (LFM2-MoE's with its
+    experts)."""
     prompts, rng = _prompts(1, 7), random.Random(2)
     arrivals: dict[int, list[Request]] = {}
     for p in prompts:
@@ -179,9 +181,7 @@ def test_a_q8_0_file_on_blocks_gives_llama_servers_probabilities(tmp_path):
     file (tests/fixtures/hybrid/qwen35_q8.json, recorded 2026-11-28): within 0.04 (0.029 measured; a
     last-bit change in either server's 8-bit rounding moves it). Both quantize the activations to 8
     bits, which this random model amplifies: the same file dequantized to float32 is 0.22 away from
-    llama-server's. (The fixtures' sequences, at most 29 tokens, stay within one chunk of the chunked
-    delta rule: its chunk boundaries are checked against the token loop in tests/test_delta_net.py, not
-    against llama.cpp.)"""
+    llama-server's."""
     path = q8_copy(ARCHS / "qwen35.gguf", tmp_path / "q8.gguf")
     rows = json.loads((Path(__file__).parent / "fixtures" / "hybrid" / "qwen35_q8.json").read_text())
     model = LlamaModel.load(path, torch.float32, max_pos=N_CTX, fmt=WeightFormat("q"))
@@ -294,3 +294,13 @@ def test_lfm2_files_this_server_would_misread_are_refused_in_one_line(tmp_path, 
     path = rewrite(ARCHS / "lfm2.gguf", tmp_path / "m.gguf", keys={key: (value, vtype)})
     with pytest.raises(GGUFError, match=message):
         LlamaModel.load(path)
+
+
+@pytest.mark.parametrize("name, op", [("qwen35", "delta_net_step"), ("lfm2", "short_conv_step")])
+def test_a_kernel_set_without_the_recurrent_kernel_is_refused_at_load(name, op):
+    """A lab folder copied before the recurrent layers' kernels existed: one line at load naming it,
+    not a failed first step."""
+    full = KernelSet.load()
+    partial = KernelSet({k: m for k, m in full.modules.items() if k != op})
+    with pytest.raises(ModuleLoadError, match=f"{name}.gguf: a {name} model needs the kernel {op}"):
+        LlamaModel.load(ARCHS / f"{name}.gguf", kernels=partial)

@@ -271,3 +271,29 @@ def test_a_kernel_loaded_while_steps_are_recorded_loads_as_written():
     assert captures and all(captures)
     y = loads[-1].module.cpu(x[0], torch.ones(64), 1e-5)   # the last load works as a kernel
     assert torch.allclose(y, norm.reference(x[0], torch.ones(64), 1e-5), atol=1e-5)
+
+
+def test_a_refused_check_rewinds_the_state_the_body_moved_before_running_it_again():
+    """A body whose C calls move state a second run must not move again (a hybrid model's
+    recurrent states): the capture saves it through `rewind` and puts it back before the check
+    replay (which makes the recorded calls again) and, when the check refuses the graph, before
+    the body runs again as usual. Here the state is a tensor a recorded C call adds the normed rows
+    into, and the check refuses (a second C call the recorder cannot see): the state ends one
+    step on, not two or three."""
+    norm = _native_rms_norm()
+    x, weight = torch.randn(2, 64, generator=torch.Generator().manual_seed(4)), torch.ones(64)
+    state, inner = torch.zeros(2, 64), _rms_norm_body(norm._LIB.rms_norm.fn, x, weight)
+
+    def body() -> torch.Tensor:   # the state: += rms_norm(x), recorded (accum=1)
+        assert norm._LIB.rms_norm(x.data_ptr(), weight.data_ptr(), state.data_ptr(), 2, 1, 64, 64, 0, 64, 1e-5,
+                                  0, 0, 1, 0, 1) == 0
+        return inner()
+
+    def rewind():
+        saved = state.clone()
+        return lambda: state.copy_(saved)
+
+    graph, out = step_graph.capture(body, [x], {}, rewind)
+    want = norm.reference(x, weight, 1e-5)
+    assert graph is None and torch.allclose(out, want, atol=1e-5)
+    assert torch.allclose(state, want, atol=1e-5)

@@ -37,7 +37,8 @@ MARK = "TRITON-INTERPRETED "
 # installed); unlisted jobs ~0.7. Only used to balance the jobs over the two interpreter processes.
 COST = {"splits/attention": 5.3, "splits/paged_attention": 5.3, "numerics/attention": 4.5,
         "numerics/moe_matmul": 3.4, "numerics/paged_attention": 2.4, "sinks/attention": 1.9,
-        "masking/attention": 1.6, "numerics/rope": 1.4, "numerics/qmatmul_gpu": 1.4, "numerics/moe_route": 1.3, "numerics/delta_net_step": 1.4,
+        "masking/attention": 1.6, "numerics/rope": 1.4, "numerics/qmatmul_gpu": 1.4, "numerics/moe_route": 1.6,
+        "numerics/delta_net_step": 5.5,
         "sinks/paged_attention": 1.0, "prefill/attention": 3.4, "prefill/paged_attention": 4.1}
 # interpreter processes (a thread each): one a usable core, at most 2. Under `make test` a worker is
 # pinned to one core (tests/conftest.py): a second process there would only add its imports (~4 s)

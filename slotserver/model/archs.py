@@ -35,6 +35,7 @@ class ArchDef:
     moe_norm: bool = False       # MoE: the k selected weights renormalized to sum 1 (moe_spec.py)
     moe_gating: str = "softmax"  # MoE: "softmax" then top-k, "softmax_weight": top-k then softmax (gpt-oss), "sigmoid"
     moe_act: str = "silu"        # MoE experts' gate: "silu" (SwiGLU) or "swiglu_oai" (gpt-oss's clamped form)
+    moe_keys: bool = False       # MoE: read leading_dense_block_count and expert_gating_func (lfm2moe's loader does)
     out_bias: bool = False       # attn_output.bias (gpt-oss)
     sinks: bool = False          # attn_sinks.weight: a learned logit per query head in each softmax (gpt-oss)
     ffn_norm: str = "ffn_norm"   # the FFN's pre-norm tensor (gpt-oss names it post_attention_norm)
@@ -98,7 +99,7 @@ ARCHS: dict[str, ArchDef] = {
     # LFM2-MoE (LFM2-8B-A1B): lfm2's layers, a MoE FFN from layer `leading_dense_block_count` on, routed
     # by sigmoid, chosen with a per-expert selection bias (exp_probs_b), the k weights renormalized
     "lfm2moe": ArchDef(rope_mode="neox", qk_norm=True, hybrid="shortconv", out_norm="token_embd_norm", swa_all=True,
-                       moe_norm=True, moe_gating="sigmoid"),
+                       moe_norm=True, moe_gating="sigmoid", moe_keys=True),
     # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
     "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
     "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),

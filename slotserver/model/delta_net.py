@@ -18,10 +18,10 @@ Steps 2-5 are one call of the kernel set's `delta_net_step` (kernels/delta_net_s
 CPU, Triton on CUDA) over every row of the step: each sequence's tokens in order, decode rows and
 prompt rows alike, the sequences read from the batch's AttnMeta tensors (so a step graph replays
 it). At Qwen3.5-0.8B's shapes on 2 cores: 0.14-0.25 ms a layer a decode step at b=1, where the torch
-ops took 0.8, and 28-37 ms a layer a 512-token prompt, where torch's chunked (WY) form of the delta
-rule (transformers' torch_chunk_gated_delta_rule, llama.cpp's build_delta_net_chunking) took 75
-(playground/delta_net_speed.py): the C scan keeps each head's 64 KB state in cache from token to
-token and reads and writes it once a token. The states live in runtime/recurrent_state.py, one row
+ops took 0.8, and 28-37 ms a layer a 512-token prompt (playground/delta_net_speed.py), where torch's
+chunked (WY) form of the delta rule (transformers' torch_chunk_gated_delta_rule, llama.cpp's
+build_delta_net_chunking), which it replaced, took 75: the C scan keeps each head's 64 KB state in
+cache from token to token and reads and writes it once a token. The states live in runtime/recurrent_state.py, one row
 per KV stream.
 """
 

@@ -141,8 +141,10 @@ class LlamaModel:
         key = self._graph_key(batch)
         if key is None:
             return self._body(x, angles, batch, cache, logits_into)
-        inputs = [x, *(t for pair in angles.values() for t in pair), *batch.tensors()]
         state = getattr(cache, "recurrent", None)   # a hybrid's states: the graph holds their pointers
+        if state is not None and not state.rewinds(batch.n_tokens):
+            return self._body(x, angles, batch, cache, logits_into)   # a capture would copy too much state
+        inputs = [x, *(t for pair in angles.values() for t in pair), *batch.tensors()]
         rewind = None if state is None else lambda: state.rewinder([h[0] for h in batch.attn.host])
         return self.graphs.run((self.kernels, getattr(cache, "layout", cache), self.lora, state), key, inputs,
                                lambda: self._body(x, angles, batch, cache), self.kernels.timings,

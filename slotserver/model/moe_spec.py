@@ -52,9 +52,12 @@ class MoeSpec:
         assert self.act in ACTS, f"act must be one of {ACTS}, got {self.act!r}"
 
     @classmethod
-    def from_metadata(cls, key, norm_weights: bool, gating: str = "softmax", act: str = "silu") -> "MoeSpec | None":
+    def from_metadata(cls, key, norm_weights: bool, gating: str = "softmax", act: str = "silu",
+                      keys: bool = False) -> "MoeSpec | None":
         """None where the file has no experts (`{arch}.expert_count` absent or 0). `key`: spec.py's
-        `_Keys` over the file's `{arch}.*` metadata (range-checked, one-line errors)."""
+        `_Keys` over the file's `{arch}.*` metadata (range-checked, one-line errors). `keys`: read
+        `leading_dense_block_count` and check `expert_gating_func`, as llama.cpp's loader does for
+        the architectures that say so (ArchDef.moe_keys: lfm2moe); the others ignore them, as it does."""
         if not key.raw("expert_count", 0):
             return None
         n_expert, n_used = key.int("expert_count"), key.int("expert_used_count")
@@ -62,10 +65,10 @@ class MoeSpec:
             raise key.error(f"expert_used_count {n_used} exceeds expert_count {n_expert}")
         d_ff = key.int("expert_feed_forward_length", key.raw("feed_forward_length"))
         shared = key.int("expert_shared_feed_forward_length") if key.has("expert_shared_feed_forward_length") else 0
-        if key.has("expert_gating_func") and GATING_FUNCS.get(key.raw("expert_gating_func")) != gating:
-            raise key.error(f"expert_gating_func {key.raw('expert_gating_func')} is not this architecture's "
-                            f"{gating} (llama.cpp's codes: {GATING_FUNCS})")
-        lead = key.raw("leading_dense_block_count", 0)   # 0 in qwen3moe files too
+        lead = key.raw("leading_dense_block_count", 0) if keys else 0
         if not isinstance(lead, int) or isinstance(lead, bool) or lead < 0:
             raise key.error(f"leading_dense_block_count {lead!r} is not a count of layers")
+        if keys and key.has("expert_gating_func") and GATING_FUNCS.get(key.raw("expert_gating_func")) != gating:
+            raise key.error(f"expert_gating_func {key.raw('expert_gating_func')} is not this architecture's "
+                            f"{gating} (llama.cpp's codes: {GATING_FUNCS})")
         return cls(n_expert, n_used, d_ff, shared, norm_weights, gating, act=act, dense_lead=lead)

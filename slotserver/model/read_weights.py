@@ -45,15 +45,17 @@ def check_kernels(f: GGUFFile, spec: ModelSpec, kernels: KernelSet) -> None:
     line naming what is missing: e.g. a lab folder copied before gelu_mul.py existed, or before the
     attention kernels took gpt-oss's sinks (they would ignore them silently)."""
     moe_ops = ("moe_route", "moe_matmul") if spec.moe else ()
-    for needed in ("gelu_mul" if spec.act == "gelu" else "silu_mul", *moe_ops):
+    kind = spec.recurrent.kind if spec.recurrent is not None else ""
+    recurrent_ops = {"gdn": ("delta_net_step",), "shortconv": ("short_conv_step",)}.get(kind, ())
+    for needed in ("gelu_mul" if spec.act == "gelu" else "silu_mul", *moe_ops, *recurrent_ops):
         if needed not in kernels.modules:
             raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs the kernel {needed} "
                                   f"(kernels/{needed}.py), absent from the kernels folder")
     asks = {"attention": {"sinks"} if spec.sinks else set(), "paged_attention": {"sinks"} if spec.sinks else set()}
     if spec.moe is not None and spec.moe.act != "silu":   # gpt-oss: router and expert biases, swiglu_oai
         asks |= {"moe_route": {"bias"}, "moe_matmul": {"bias", "act"}}
-    if spec.moe is not None and spec.moe.gating == "sigmoid":   # lfm2moe: sigmoid gating, a selection bias
-        asks |= {"moe_route": {"select_bias"}}
+    if spec.moe is not None and any(n.endswith(".exp_probs_b.bias") for n in f.tensors):   # lfm2moe's selection bias
+        asks |= {"moe_route": asks.get("moe_route", set()) | {"select_bias"}}
     for op, options in asks.items():
         lacking = options - kernels.fuses.get(op, frozenset())
         if op in kernels.modules and lacking:

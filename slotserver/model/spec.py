@@ -7,7 +7,6 @@ defaults (src/llama-model.cpp, src/models/<arch>.cpp).
 
 from __future__ import annotations
 
-
 import functools
 import math
 from dataclasses import dataclass, replace
@@ -158,7 +157,7 @@ class ModelSpec:
             residual_scale=key.float("residual_scale", 1.0) if a.multipliers else 1.0,
             logit_scale=key.float("logit_scale") if a.multipliers else 1.0,
             qk_norm=a.qk_norm, post_norms=a.post_norms, act=a.act, fused=a.fused, qk_norm_full=a.qk_norm_full,
-            moe=MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act),
+            moe=MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act, a.moe_keys),
             out_bias=a.out_bias, sinks=a.sinks, ffn_norm=a.ffn_norm, no_rope_step=a.no_rope_step,
             attn_temp_scale=key.float("attention.temperature_scale", 0.0) if a.attn_temp else 0.0,
             swa_rope_plain=a.swa_rope_plain, pre_norms=a.pre_norms, nope_full=a.nope_full,

@@ -4,7 +4,7 @@ A KV stream holds one entry per position, so any prefix of it can be kept and th
 overwritten. A recurrent layer's state is one fixed-size summary of *every* token it has seen
 (model/delta_net.py): it cannot be cut back to a shorter prefix. So each stream records how many
 tokens its state has absorbed (`absorbed`), and a forward may only continue a stream exactly where
-its state stands, or start it again at position 0 (`begin`, which zeroes the state). Anything else
+its state stands, or start it again at position 0 (`stepping` zeroes the state). Anything else
 (a prefix reused past or short of the state, a KV copy the state could not follow) marks the
 stream `INVALID`, and a forward continuing it raises rather than computing from the wrong state.
 The engine keeps to these rules (engine/recurrent_policy.py); this check is what makes a missed
@@ -33,6 +33,9 @@ from typing import Callable, Iterator
 import torch
 
 INVALID = -1
+# The most state a step graph's capture copies to rewind (`rewinds`): Qwen3.5-0.8B's 18 MB a stream,
+# 57 streams; a larger model's larger decode batches run uncaptured.
+REWIND_BYTES_MAX = 1 << 30
 
 
 class RecurrentState:
@@ -58,7 +61,8 @@ class RecurrentState:
         absorbed its tokens; a forward that raised leaves its streams INVALID (its layers stopped
         part-way)."""
         host = meta.host
-        assert host, "an AttnMeta from Batch.build carries its sequences on the host"
+        if not host:
+            raise ValueError("a recurrent forward needs the batch's sequences on the host (AttnMeta from Batch.build)")
         streams, starts = [s for s, _, _ in host], [end - n for _, n, end in host]
         for stream, start in zip(streams, starts):
             if start and self.absorbed[stream] != start:
@@ -82,6 +86,12 @@ class RecurrentState:
         """The streams' states, counts and checkpoints as they are (a lab rollback's retry restores them)."""
         return {s: (self.conv[:, s].clone(), self.ssm[:, s].clone(), self.absorbed[s], dict(self.checkpoints[s]))
                 for s in streams}
+
+    def rewinds(self, n_streams: int) -> bool:
+        """Whether `rewinder` may copy n streams' states: at most REWIND_BYTES_MAX (a step graph's
+        capture makes that copy; a batch beyond it runs as usual, uncaptured)."""
+        one = self.conv[:, 0].numel() * self.conv.element_size() + self.ssm[:, 0].numel() * self.ssm.element_size()
+        return one * n_streams <= REWIND_BYTES_MAX
 
     def rewinder(self, streams: list[int]) -> Callable[[], None]:
         """Save the streams' states now -> what puts them back (a step graph's capture runs the
