@@ -146,6 +146,24 @@ CASES: dict[str, tuple[str, dict]] = {
                                            tie_word_embeddings=True,
                                            conv_L_cache=3, conv_bias=False, use_expert_bias=True,
                                            layer_types=["conv", "conv", "full_attention", "conv", "full_attention"])),
+    # Granite 4.0-H (granitehybrid): Mamba-2 layers (in_proj -> z | x B C | dt, a causal convolution with a
+    # bias, the selective scan with per-head decay, D skip, silu(z) gate, group RMSNorm) on 3 of 5 layers,
+    # attention without rope on the others (the converter writes rope.scaling.finetuned false), granite's
+    # multipliers, every FFN a MoE (softmax, top-k, renormalized) plus a shared expert
+    "granitehybrid": ("GraniteMoeHybridForCausalLM", dict(
+        layer_types=["mamba", "mamba", "attention", "mamba", "attention"], num_hidden_layers=5,
+        mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=2, mamba_d_conv=4, mamba_expand=2,
+        mamba_conv_bias=True, num_local_experts=4, num_experts_per_tok=2, intermediate_size=64,
+        shared_intermediate_size=48, embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2,
+        logits_scaling=1.5, vocab_size=312)),   # the converter pads a Mamba-2 vocabulary to a multiple of 8
+    # Granite 4.0-H-Micro's form: the same layers with a dense FFN (no experts: the shared MLP is the FFN)
+    "granitehybrid_dense": ("GraniteMoeHybridForCausalLM", dict(
+        layer_types=["mamba", "attention", "mamba", "mamba"], num_hidden_layers=4,
+        mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2,
+        mamba_conv_bias=True, num_local_experts=0, num_experts_per_tok=0, shared_intermediate_size=64,
+        intermediate_size=64,
+        embedding_multiplier=2.0,
+        residual_multiplier=0.7, attention_multiplier=0.25, logits_scaling=2.0, vocab_size=312)),
 }
 # converter options per transformers class (Qwen3.5: no MTP layers here, which the converter otherwise
 # requires to find in the checkpoint)
@@ -245,6 +263,12 @@ def write_hf(folder: Path, cls_name: str, config: dict, seed: int) -> None:
     model.save_pretrained(folder, safe_serialization=True)
     if cls_name == "GptOssForCausalLM":
         mxfp4_experts(folder)
+    if cls_name == "GraniteMoeHybridForCausalLM":   # transformers saves its own layer names; the converter
+        path = folder / "config.json"               # looks for Granite's ("attention", else a Mamba-2 layer)
+        config = json.loads(path.read_text())
+        config["layer_types"] = ["attention" if t in ("attention", "full_attention") else "mamba"
+                                 for t in config["layer_types"]]
+        path.write_text(json.dumps(config, indent=2))
 
 
 FP4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)   # E2M1 magnitudes of nibbles 0-7 (8-15: negated)

@@ -58,13 +58,13 @@ def _prompts(seed: int, count: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("name, layout, defrag", [("qwen35", "seq_head_dim", "on"), ("qwen35", "paged", "off"),
                                                   ("lfm2", "seq_head_dim", "on"), ("lfm2", "paged", "off"),
-                                                  ("lfm2moe", "seq_head_dim", "on")])
+                                                  ("lfm2moe", "seq_head_dim", "on"), ("granitehybrid", "paged", "on")])
 def test_batched_chunked_and_defragmented_sequences_match_each_alone(name, layout, defrag):
     """Seven requests on three slots arriving over time, prompts cut in chunks of 5 tokens: each
     sequence's state follows its stream through decode batches (on contiguous streams, and on
     scattered ones: defrag off), prefill chunks beside decodes, slot reuse and defrag moves (the
-    scenario must move some). Qwen3.5's delta nets and LFM2's short convolutions (LFM2-MoE's with its
-    experts)."""
+    scenario must move some). Qwen3.5's delta nets, LFM2's short convolutions (LFM2-MoE's with its
+    experts) and Granite 4.0-H's Mamba-2 layers."""
     prompts, rng = _prompts(1, 7), random.Random(2)
     arrivals: dict[int, list[Request]] = {}
     for p in prompts:
@@ -296,7 +296,8 @@ def test_lfm2_files_this_server_would_misread_are_refused_in_one_line(tmp_path, 
         LlamaModel.load(path)
 
 
-@pytest.mark.parametrize("name, op", [("qwen35", "delta_net_step"), ("lfm2", "short_conv_step")])
+@pytest.mark.parametrize("name, op", [("qwen35", "delta_net_step"), ("lfm2", "short_conv_step"),
+                                      ("granitehybrid", "mamba2_step")])
 def test_a_kernel_set_without_the_recurrent_kernel_is_refused_at_load(name, op):
     """A lab folder copied before the recurrent layers' kernels existed: one line at load naming it,
     not a failed first step."""

@@ -36,6 +36,7 @@ class ArchDef:
     moe_gating: str = "softmax"  # MoE: "softmax" then top-k, "softmax_weight": top-k then softmax (gpt-oss), "sigmoid"
     moe_act: str = "silu"        # MoE experts' gate: "silu" (SwiGLU) or "swiglu_oai" (gpt-oss's clamped form)
     moe_keys: bool = False       # MoE: read leading_dense_block_count and expert_gating_func (lfm2moe's loader does)
+    rope_switch: bool = False    # rope.scaling.finetuned false: no layer rotated (granitehybrid's loader reads it)
     out_bias: bool = False       # attn_output.bias (gpt-oss)
     sinks: bool = False          # attn_sinks.weight: a learned logit per query head in each softmax (gpt-oss)
     ffn_norm: str = "ffn_norm"   # the FFN's pre-norm tensor (gpt-oss names it post_attention_norm)
@@ -98,6 +99,11 @@ ARCHS: dict[str, ArchDef] = {
     "lfm2": ArchDef(rope_mode="neox", qk_norm=True, hybrid="shortconv", out_norm="token_embd_norm", swa_all=True),
     # LFM2-MoE (LFM2-8B-A1B): lfm2's layers, a MoE FFN from layer `leading_dense_block_count` on, routed
     # by sigmoid, chosen with a per-expert selection bias (exp_probs_b), the k weights renormalized
+    # Granite 4.0-H: Mamba-2 layers (model/mamba2.py) where attention.head_count_kv is 0, attention
+    # layers without rope where rope.scaling.finetuned is false (the converter writes so), granite's
+    # multipliers, a MoE (softmax, top-k, renormalized) plus a shared expert, or a dense FFN
+    "granitehybrid": ArchDef(embed_scale="metadata", multipliers=True, hybrid="mamba2", moe_norm=True,
+                             rope_switch=True),
     "lfm2moe": ArchDef(rope_mode="neox", qk_norm=True, hybrid="shortconv", out_norm="token_embd_norm", swa_all=True,
                        moe_norm=True, moe_gating="sigmoid", moe_keys=True),
     # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn

@@ -46,7 +46,8 @@ def check_kernels(f: GGUFFile, spec: ModelSpec, kernels: KernelSet) -> None:
     attention kernels took gpt-oss's sinks (they would ignore them silently)."""
     moe_ops = ("moe_route", "moe_matmul") if spec.moe else ()
     kind = spec.recurrent.kind if spec.recurrent is not None else ""
-    recurrent_ops = {"gdn": ("delta_net_step",), "shortconv": ("short_conv_step",)}.get(kind, ())
+    recurrent_ops = {"gdn": ("delta_net_step",), "shortconv": ("short_conv_step",),
+                     "mamba2": ("mamba2_step",)}.get(kind, ())
     for needed in ("gelu_mul" if spec.act == "gelu" else "silu_mul", *moe_ops, *recurrent_ops):
         if needed not in kernels.modules:
             raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs the kernel {needed} "

@@ -1,5 +1,5 @@
-"""A hybrid model's recurrent layer weights: Qwen3.5's gated delta net (llama.cpp's qwen35 tensors)
-and LFM2's short convolution (lfm2's).
+"""A hybrid model's recurrent layer weights: Qwen3.5's gated delta net (llama.cpp's qwen35 tensors),
+LFM2's short convolution (lfm2's) and Granite 4.0-H's Mamba-2 layer (granitehybrid's).
 
 The layer is a `LayerWeights` like any other, so that the loop of model.py runs it: `qkv` is the
 fused in-projection and `wo` the out-projection, both plain matmuls in any weight format; what only
@@ -12,6 +12,7 @@ stacked along their output rows (one matmul, as q|k|v is one for attention):
                ssm_beta [v_heads, d_model]    the delta rule's write strength (sigmoid)
                ssm_alpha [v_heads, d_model]   the decay's input (softplus(alpha + dt_bias) * a)
     shortconv  shortconv.in_proj [3 d_model, d_model]   B | C | x
+    mamba2     ssm_in [2 inner + 2 groups N + heads, d_model]   z | x B C | dt
 
 For Qwen3.5 the converter has already put V heads in tiled order and written `ssm_a` as -exp(A_log).
 """
@@ -23,6 +24,7 @@ import torch
 from slotserver.model.delta_net import GdnParams
 from slotserver.model.gguf_file import GGUFFile
 from slotserver.model.linear import Linear
+from slotserver.model.mamba2 import Mamba2Params
 from slotserver.model.moe_weights import load_moe
 from slotserver.model.short_conv import ShortConvParams
 from slotserver.model.spec import ModelSpec
@@ -36,6 +38,8 @@ def recurrent_layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torc
     r, d, p = spec.recurrent, spec.d_model, f"blk.{i}."
     if r.kind == "shortconv":
         ins, out = [("shortconv.in_proj", 3 * d)], ("shortconv.out_proj", d)
+    elif r.kind == "mamba2":
+        ins, out = [("ssm_in", r.proj_dim)], ("ssm_out", r.value_dim)
     else:
         ins = [("attn_qkv", r.conv_dim), ("attn_gate", r.value_dim), ("ssm_beta", r.n_v_heads),
                ("ssm_alpha", r.n_v_heads)]
@@ -74,8 +78,26 @@ def _params(f: GGUFFile, spec: ModelSpec, p: str) -> GdnParams | ShortConvParams
     r = spec.recurrent
     if r.kind == "shortconv":
         return ShortConvParams(_load(f, p + "shortconv.conv.weight", (r.conv_dim, r.d_conv), torch.float32).contiguous())
+    if r.kind == "mamba2":
+        return _mamba2_params(f, r, p)
     return GdnParams(
         conv=_load(f, p + "ssm_conv1d.weight", (r.conv_dim, r.d_conv), torch.float32).contiguous(),
         dt_bias=_load(f, p + "ssm_dt.bias", (r.n_v_heads,), torch.float32),
         a=_load(f, p + "ssm_a", (r.n_v_heads,), torch.float32),
         norm=_load(f, p + "ssm_norm.weight", (r.head_v,), torch.float32))
+
+
+def _mamba2_params(f: GGUFFile, r, p: str) -> Mamba2Params:
+    """A Mamba-2 layer's small tensors (ssm_a and ssm_d are [1, heads] in the file, ssm_norm [groups,
+    inner / groups]; the convolution's bias may be absent: zeros)."""
+    heads = r.n_v_heads
+    bias = p + "ssm_conv1d.bias"
+    return Mamba2Params(
+        conv=_load(f, p + "ssm_conv1d.weight", (r.conv_dim, r.d_conv), torch.float32).contiguous(),
+        conv_bias=(_load(f, bias, (r.conv_dim,), torch.float32).contiguous() if bias in f.tensors
+                   else torch.zeros(r.conv_dim)),
+        dt_bias=_load(f, p + "ssm_dt.bias", (heads,), torch.float32).contiguous(),
+        a=_load(f, p + "ssm_a", (heads, 1), torch.float32).reshape(heads).contiguous(),
+        d=_load(f, p + "ssm_d", (heads, 1), torch.float32).reshape(heads).contiguous(),
+        norm=_load(f, p + "ssm_norm.weight", (r.n_k_heads, r.value_dim // r.n_k_heads),
+                   torch.float32).reshape(-1).contiguous())

@@ -1,4 +1,4 @@
-"""`RecurrentSpec`: the recurrent layers of a hybrid model (Qwen3.5, LFM2), from GGUF metadata.
+"""`RecurrentSpec`: the recurrent layers of a hybrid model (Qwen3.5, LFM2, Granite 4.0-H), from GGUF metadata.
 
 A hybrid model interleaves full-attention layers (with a KV cache) and linear-attention layers
 that carry a fixed-size recurrent state per sequence instead (model/delta_net.py). llama.cpp's
@@ -18,7 +18,9 @@ per stream.
 
 LFM2's short-convolution layers (kind "shortconv", src/models/lfm2.cpp) keep only the convolution's
 inputs: `shortconv.l_cache` wide over d_model channels; a layer is one where
-`attention.head_count_kv` (an array there) is 0.
+`attention.head_count_kv` (an array there) is 0. Granite 4.0-H's Mamba-2 layers (kind "mamba2",
+src/models/granite-hybrid.cpp, `_mamba2`) keep the convolution's inputs and a [heads, N, head size]
+state a layer.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-KINDS = ("gdn", "shortconv")
+KINDS = ("gdn", "shortconv", "mamba2")
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class RecurrentSpec:
     head_k: int                 # q/k head size
     head_v: int                 # v head size
     layers: tuple[bool, ...]    # per layer: recurrent (True) or full attention
-    kind: str = "gdn"           # "gdn": gated delta net (qwen35); "shortconv": LFM2's gated convolution
+    kind: str = "gdn"           # "gdn": gated delta net (qwen35); "shortconv": LFM2's; "mamba2": Granite 4.0-H's
     channels: int = 0           # shortconv: the convolution's channels (d_model)
 
     @property
@@ -59,6 +61,8 @@ class RecurrentSpec:
         shortconv: its gates B and C and its input x, d_model each."""
         if self.kind == "shortconv":
             return 3 * self.channels
+        if self.kind == "mamba2":   # z | x B C | dt
+            return self.conv_dim + self.value_dim + self.n_v_heads
         return self.conv_dim + self.value_dim + 2 * self.n_v_heads
 
     @property
@@ -75,6 +79,8 @@ class RecurrentSpec:
                 raise key.error(f"attention.head_count_kv must give each of the {n_layers} layers its KV heads "
                                 "(0 for a short-convolution layer)")
             return cls(_width(key, "shortconv.l_cache"), 0, 0, 0, 0, tuple(h == 0 for h in kv), kind, d_model)
+        if kind == "mamba2":
+            return _mamba2(cls, key, n_layers)
         n_k, n_v, head_k = key.int("ssm.group_count"), key.int("ssm.time_step_rank"), key.int("ssm.state_size")
         inner = key.int("ssm.inner_size")
         if n_v % n_k or inner % n_v:
@@ -92,6 +98,23 @@ class RecurrentSpec:
         else:
             raise key.error(f"attention.recurrent_layers must flag each of the {n_layers} layers")
         return cls(_width(key, "ssm.conv_kernel"), n_k, n_v, head_k, inner // n_v, layers)
+
+
+def _mamba2(cls, key, n_layers: int) -> RecurrentSpec:
+    """Granite 4.0-H's Mamba-2 layers (llama.cpp's granitehybrid): `ssm.group_count` groups of B and
+    C, `ssm.time_step_rank` heads of `ssm.inner_size` / heads, `ssm.state_size` (N) each; a layer is
+    one where `attention.head_count_kv` (an array) is 0. As RecurrentSpec: n_k_heads = groups,
+    head_k = N, n_v_heads = heads, head_v = their size (the state [heads, N, head size])."""
+    groups, heads, n, inner = (key.int(k) for k in ("ssm.group_count", "ssm.time_step_rank", "ssm.state_size",
+                                                     "ssm.inner_size"))
+    if heads % groups or inner % heads:
+        raise key.error(f"ssm.time_step_rank {heads} is not a multiple of ssm.group_count {groups}, "
+                        f"or ssm.inner_size {inner} of it")
+    kv = key.raw("attention.head_count_kv")
+    if not isinstance(kv, list) or len(kv) != n_layers:
+        raise key.error(f"attention.head_count_kv must give each of the {n_layers} layers its KV heads "
+                        "(0 for a Mamba-2 layer)")
+    return cls(_width(key, "ssm.conv_kernel"), groups, heads, n, inner // heads, tuple(h == 0 for h in kv), "mamba2")
 
 
 def _width(key, name: str) -> int:

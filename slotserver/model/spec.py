@@ -139,7 +139,7 @@ class ModelSpec:
         windows, base_swa, scale_swa = _sliding_windows(a, key, n_layers, rope)
         spec = cls(
             arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
-            n_kv_heads=_kv_heads(key, n_heads, a.hybrid == "shortconv"), head_dim=head_dim,
+            n_kv_heads=_kv_heads(key, n_heads, a.hybrid in ("shortconv", "mamba2")), head_dim=head_dim,
             # a MoE file may leave it out (qwen35moe: expert and shared-expert sizes only), as llama.cpp allows
             d_ff=key.int("feed_forward_length") if key.has("feed_forward_length") or not key.raw("expert_count") else 0,
             vocab_size=key.int("vocab_size", len(md.get("tokenizer.ggml.tokens", ())) or None),
@@ -158,7 +158,7 @@ class ModelSpec:
             logit_scale=key.float("logit_scale") if a.multipliers else 1.0,
             qk_norm=a.qk_norm, post_norms=a.post_norms, act=a.act, fused=a.fused, qk_norm_full=a.qk_norm_full,
             moe=MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act, a.moe_keys),
-            out_bias=a.out_bias, sinks=a.sinks, ffn_norm=a.ffn_norm, no_rope_step=a.no_rope_step,
+            out_bias=a.out_bias, sinks=a.sinks, ffn_norm=a.ffn_norm, no_rope_step=_no_rope_step(a, key),
             attn_temp_scale=key.float("attention.temperature_scale", 0.0) if a.attn_temp else 0.0,
             swa_rope_plain=a.swa_rope_plain, pre_norms=a.pre_norms, nope_full=a.nope_full,
             bidirectional=a.bidirectional,
@@ -264,6 +264,14 @@ def _kv_heads(key: _Keys, n_heads: int, per_layer: bool) -> int:
     if len(heads) != 1 or not all(isinstance(h, int) and not isinstance(h, bool) and 0 < h <= n_heads for h in heads):
         raise key.error(f"attention.head_count_kv {kv} must give every attention layer the same KV head count")
     return heads.pop()
+
+
+def _no_rope_step(a: ArchDef, key: _Keys) -> int:
+    """smollm3's every 4th layer unrotated; 1 (no layer rotated) for granitehybrid where
+    `rope.scaling.finetuned` is false (llama.cpp's switch for it; default true)."""
+    if a.rope_switch and key.raw("rope.scaling.finetuned", True) is False:
+        return 1
+    return a.no_rope_step
 
 
 def _attn_scale(a: ArchDef, key: _Keys, n_layers: int, d_model: int, n_heads: int, head_dim: int) -> float:
