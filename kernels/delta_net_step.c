@@ -7,8 +7,8 @@
    streams[b]: its conv state conv[s] [w = d_conv - 1, C] (the last w inputs, oldest first) and its
    state ssm[s] [H, dk, dv], both float32, updated in place.
 
-   1. per sequence and channel, its rows in order: y = sum_j window[j] taps[c, j] over window = (the
-      w stored inputs, this one); the state shifts by one input; then SiLU -> xc [T, C] (scratch);
+   1. per sequence and channel block, its rows in order: causal_conv.c's convolution and SiLU -> xc
+      [T, C] (scratch);
    2. per sequence and v head h (q/k head h % n_k), its rows in order: q, k L2-normed (x / sqrt(sum
       x^2 + eps)), q scaled by 1/sqrt(dk); with e = exp(softplus(alpha + dt_bias) a), b = sigmoid(beta):
         S = e S + k delta^T, delta = b (v - e S^T k);  o = S^T q = e (S^T q) + (k.q) delta
@@ -19,42 +19,8 @@
    Every (sequence, head) is computed alone, token by token in a fixed order: a row's floats depend
    neither on the batch nor on how a prompt was cut into steps. */
 #include <stdlib.h>
-#include <string.h>
 
 #define MAX_D 512
-
-/* the prelude's fast_exp (relative error ~2e-7): a loop of libm expf calls does not vectorize, and
-   the convolution's SiLU and the gate's took most of a prompt's time with them */
-static inline float sigm(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
-
-/* 1: channels [c0, c1) of one sequence's rows first .. first + len - 1, in order (stream s). Each
-   step a loop over the block's channels, contiguous: the taps transposed into tt [d_conv][block]
-   first (a gather of taps[c * d_conv + j] in the channel loop kept it scalar, and the convolution
-   was most of a prompt's time). */
-#define CONV_BLOCK 512
-static void conv_rows(const void *proj, float *conv, const float *taps, float *xc, int64_t first, int64_t len,
-                      int64_t s, int64_t sp, int64_t C, int64_t d_conv, int pb, int64_t c0, int64_t c1) {
-    const int64_t w = d_conv - 1, n = c1 - c0;
-    float *state = conv + s * w * C + c0;
-    float tt[8][CONV_BLOCK], x[CONV_BLOCK], y[CONV_BLOCK];
-    for (int64_t j = 0; j < d_conv; j++)
-        for (int64_t c = 0; c < n; c++) tt[j][c] = taps[(c0 + c) * d_conv + j];
-    for (int64_t r = first; r < first + len; r++) {
-        if (pb) for (int64_t c = 0; c < n; c++) x[c] = ld(proj, r * sp + c0 + c, 1);
-        else memcpy(x, (const float *)proj + r * sp + c0, (size_t)n * sizeof(float));
-        for (int64_t c = 0; c < n; c++) y[c] = 0.0f;
-        for (int64_t j = 0; j < w; j++)
-            for (int64_t c = 0; c < n; c++) y[c] += state[j * C + c] * tt[j][c];
-        for (int64_t j = 0; j + 1 < w; j++)
-            for (int64_t c = 0; c < n; c++) state[j * C + c] = state[(j + 1) * C + c];
-        float *out = xc + r * C + c0;
-        for (int64_t c = 0; c < n; c++) {
-            const float v = y[c] + x[c] * tt[w][c];
-            if (w > 0) state[(w - 1) * C + c] = x[c];
-            out[c] = v * sigm(v);
-        }
-    }
-}
 
 static float l2_inv(const float *x, int64_t n, float eps) {
     float ss = 0.0f;
@@ -167,16 +133,16 @@ int delta_net_step(const void *proj, float *conv, float *ssm, const int64_t *str
     if (dk > MAX_D || dv > MAX_D || n_k < 1 || H % n_k || d_conv < 1 || d_conv > 8) return 2;
     for (int64_t b = 0; b < B; b++)
         if (offsets[b] < 0 || lens[b] < 0 || offsets[b] + lens[b] > T) return 3;
-    const int64_t C = 2 * n_k * dk + H * dv, blocks = (C + CONV_BLOCK - 1) / CONV_BLOCK;
+    const int64_t C = 2 * n_k * dk + H * dv, blocks = (C + CAUSAL_CONV_BLOCK - 1) / CAUSAL_CONV_BLOCK;
     float *xc = malloc((size_t)(T * C) * sizeof(float));
     if (!xc) return 1;
     #pragma omp parallel num_threads(n_threads) if (T * H > 1)
     {
         #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < B * blocks; i++) {   /* a sequence's channel block, its rows in order */
-            const int64_t b = i / blocks, c0 = (i % blocks) * CONV_BLOCK;
-            const int64_t c1 = c0 + CONV_BLOCK < C ? c0 + CONV_BLOCK : C;
-            conv_rows(proj, conv, taps, xc, offsets[b], lens[b], streams[b], sp, C, d_conv, pb, c0, c1);
+            const int64_t b = i / blocks, c0 = (i % blocks) * CAUSAL_CONV_BLOCK;
+            causal_conv_silu(proj, conv + streams[b] * (d_conv - 1) * C, taps, NULL, xc, offsets[b], lens[b], sp, 0, C,
+                             d_conv, pb, c0, c0 + CAUSAL_CONV_BLOCK < C ? c0 + CAUSAL_CONV_BLOCK : C);
         }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < B * H; i++)   /* a sequence's head, its rows in order */

@@ -40,7 +40,9 @@ import torch.nn.functional as F
 import triton as _triton
 import triton.language as tl
 
-from slotserver.runtime import native
+from slotserver.runtime import kernel_parts, native
+
+_cc = kernel_parts.load(__file__, "_causal_conv.py")   # the convolution (a part shared with mamba2_step)
 
 OP = "delta_net_step"
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1e-2}
@@ -71,8 +73,10 @@ def reference(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams
     return out.to(proj.dtype), conv, ssm
 
 
-NATIVE_C = native.c_source(__file__, "delta_net_step.c")
-_LIB = native.build("delta_net_step", NATIVE_C, origin=native.c_path(__file__, "delta_net_step.c"), strict=True)
+# causal_conv.c (the convolution, shared with the other recurrent kernel) in front of delta_net_step.c
+NATIVE_C = native.joined(__file__, [("causal_conv.c", native.c_source(__file__, "causal_conv.c")),
+                                    ("delta_net_step.c", native.c_source(__file__, "delta_net_step.c"))])
+_LIB = native.build("delta_net_step", NATIVE_C, origin=None, strict=True)
 native.signature(_LIB, "delta_net_step", 11, 9, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 3, replay=True)
 _FLOATS = (torch.float32, torch.bfloat16)
 
@@ -101,29 +105,6 @@ def cpu(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams: torc
                              taps.shape[1], eps, native.is_bf16(proj), native.is_bf16(out), torch.get_num_threads())
     assert rc == 0, f"delta_net_step: failed ({rc})"
     return out, conv, ssm
-
-
-@_triton.jit
-def _conv_kernel(proj_ptr, conv_ptr, taps_ptr, streams_ptr, offsets_ptr, lens_ptr, xc_ptr, C, stride_p,
-                 W: tl.constexpr, BLOCK: tl.constexpr):
-    """Program (sequence b, channel block), its rows in order: the convolution of the W stored
-    inputs and this one, SiLU -> xc; the stored inputs shift by one (each channel is this program's)."""
-    b = tl.program_id(0).to(tl.int64)
-    cs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    m = cs < C
-    base = conv_ptr + tl.load(streams_ptr + b) * W * C + cs
-    first = tl.load(offsets_ptr + b)
-    for t in range(first, first + tl.load(lens_ptr + b)):
-        x = tl.load(proj_ptr + t * stride_p + cs, mask=m, other=0.0).to(tl.float32)
-        y = tl.zeros([BLOCK], dtype=tl.float32)
-        for j in tl.static_range(W):
-            y += tl.load(base + j * C, mask=m, other=0.0) * tl.load(taps_ptr + cs * (W + 1) + j, mask=m, other=0.0)
-        y += x * tl.load(taps_ptr + cs * (W + 1) + W, mask=m, other=0.0)
-        for j in tl.static_range(W - 1):   # oldest first: read j + 1 before it is overwritten
-            tl.store(base + j * C, tl.load(base + (j + 1) * C, mask=m, other=0.0), mask=m)
-        if W > 0:
-            tl.store(base + (W - 1) * C, x, mask=m)
-        tl.store(xc_ptr + t * C + cs, y * tl.sigmoid(y), mask=m)
 
 
 @_triton.jit
@@ -169,7 +150,6 @@ def _gate_kernel(proj_ptr, o_ptr, norm_ptr, out_ptr, C, H, DV, stride_p, stride_
     tl.store(out_ptr + t * stride_o + h * DV + vs, (o * z * tl.sigmoid(z)).to(out_ptr.dtype.element_ty), mask=vm)
 
 
-CONV_BLOCK = 512
 SCAN_COLUMNS = 32   # state columns a scan program holds: 128 x 32 floats, 32 registers a thread at 4 warps
 
 
@@ -186,8 +166,8 @@ def triton(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams: t
         seqs = [x.to(torch.int64).contiguous() for x in (streams, offsets, lens)]
         xc = torch.empty(T, C, dtype=torch.float32, device=proj.device)
         o = torch.empty(T, H * dv, dtype=torch.float32, device=proj.device)
-        _conv_kernel[(B, _triton.cdiv(C, CONV_BLOCK))](proj, conv, taps.contiguous(), *seqs, xc, C, proj.stride(0),
-                                                        W=d_conv - 1, BLOCK=CONV_BLOCK)
+        _cc.conv_silu_kernel[(B, _triton.cdiv(C, _cc.BLOCK))](proj, conv, taps.contiguous(), taps, *seqs, xc, C, 0,
+                                                               proj.stride(0), W=d_conv - 1, BLOCK=_cc.BLOCK, BIAS=False)
         bv = min(SCAN_COLUMNS, _triton.next_power_of_2(dv))
         _scan_kernel[(B, H, _triton.cdiv(dv, bv))](proj, xc, ssm, *seqs, dt_bias, a, o, C, H, n_k, dk, dv,
                                                    proj.stride(0), eps, BK=_triton.next_power_of_2(dk), BV=bv)
@@ -237,14 +217,12 @@ def bench_inputs(device: str, small: bool = False) -> list[tuple[str, tuple]]:
 
 
 _SEQS = {"streams_ptr": "*i64", "offsets_ptr": "*i64", "lens_ptr": "*i64"}
-_CONV_SIG = {"proj_ptr": "*bf16", "conv_ptr": "*fp32", "taps_ptr": "*fp32", **_SEQS, "xc_ptr": "*fp32", "C": "i32",
-             "stride_p": "i32", "W": "constexpr", "BLOCK": "constexpr"}
 _SCAN_SIG = {"proj_ptr": "*bf16", "xc_ptr": "*fp32", "ssm_ptr": "*fp32", **_SEQS, "dt_ptr": "*fp32", "a_ptr": "*fp32",
              "o_ptr": "*fp32", "C": "i32", "H": "i32", "NK": "i32", "DK": "i32", "DV": "i32", "stride_p": "i32",
              "eps": "fp32", "BK": "constexpr", "BV": "constexpr"}
 _GATE_SIG = {"proj_ptr": "*bf16", "o_ptr": "*fp32", "norm_ptr": "*fp32", "out_ptr": "*bf16", "C": "i32", "H": "i32",
              "DV": "i32", "stride_p": "i32", "stride_o": "i32", "eps": "fp32", "BV": "constexpr"}
-AOT = [(_conv_kernel, _CONV_SIG, {"W": 3, "BLOCK": CONV_BLOCK},
+AOT = [(_cc.conv_silu_kernel, _cc.signature("bf16"), {"W": 3, "BLOCK": _cc.BLOCK, "BIAS": False},
         {"aligned": ("proj_ptr", "conv_ptr", "xc_ptr", "C", "stride_p")}),
        (_scan_kernel, _SCAN_SIG, {"BK": 128, "BV": SCAN_COLUMNS},
         {"aligned": ("proj_ptr", "xc_ptr", "ssm_ptr", "o_ptr", "C", "stride_p")}),

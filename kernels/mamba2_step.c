@@ -7,8 +7,8 @@
    rows offsets[b] .. + lens[b] - 1, its tokens in order, and continues stream streams[b]: its conv
    state conv[s] [w = d_conv - 1, C] (oldest first) and its state ssm[s] [H, N, hd], float32, in place.
 
-   1. per sequence and channel, its rows in order: y = bias[c] + sum_j window[j] taps[c, j] over
-      window = (the w stored inputs, this one), the stored inputs shifted by one; SiLU -> xc [T, C];
+   1. per sequence and channel block, its rows in order: causal_conv.c's convolution (with the bias)
+      and SiLU -> xc [T, C];
    2. per sequence and head h (group g = h / (H / G)), its rows in order, with dt = softplus(dt_h +
       dt_bias[h]) and e = exp(dt a[h]):  S[n][:] = e S[n][:] + (B[g][n] dt) x_h[:],
       y = sum_n C[g][n] S[n][:] + d[h] x_h, times silu(z_h) -> ys [T, D] (the head's N x hd floats
@@ -18,38 +18,8 @@
    Every (sequence, head) alone, token by token in a fixed order: a row's floats depend neither on
    the batch nor on how a prompt was cut into steps. */
 #include <stdlib.h>
-#include <string.h>
 
 #define MAX_HD 512
-#define CONV_BLOCK 512
-
-static inline float sigm(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
-
-/* 1: channels [c0, c1) of a sequence's rows (stream s), taps transposed into tt [d_conv][block] */
-static void conv_rows(const void *proj, float *conv, const float *taps, const float *bias, float *xc, int64_t first,
-                      int64_t len, int64_t s, int64_t sp, int64_t off, int64_t C, int64_t d_conv, int pb, int64_t c0,
-                      int64_t c1) {
-    const int64_t w = d_conv - 1, n = c1 - c0;
-    float *state = conv + s * w * C + c0;
-    float tt[8][CONV_BLOCK], x[CONV_BLOCK], y[CONV_BLOCK];
-    for (int64_t j = 0; j < d_conv; j++)
-        for (int64_t c = 0; c < n; c++) tt[j][c] = taps[(c0 + c) * d_conv + j];
-    for (int64_t r = first; r < first + len; r++) {
-        for (int64_t c = 0; c < n; c++) x[c] = ld(proj, r * sp + off + c0 + c, pb);
-        for (int64_t c = 0; c < n; c++) y[c] = bias ? bias[c0 + c] : 0.0f;
-        for (int64_t j = 0; j < w; j++)
-            for (int64_t c = 0; c < n; c++) y[c] += state[j * C + c] * tt[j][c];
-        for (int64_t j = 0; j + 1 < w; j++)
-            for (int64_t c = 0; c < n; c++) state[j * C + c] = state[(j + 1) * C + c];
-        float *out = xc + r * C + c0;
-        for (int64_t c = 0; c < n; c++) {
-            const float v = y[c] + x[c] * tt[w][c];
-            if (w > 0) state[(w - 1) * C + c] = x[c];
-            out[c] = v * sigm(v);
-        }
-    }
-}
-
 /* 2: one (sequence, head) over its rows */
 static void scan_head(const void *proj, const float *xc, float *ssm, int64_t s, const float *dt_bias, const float *a,
                       const float *d, float *ys, int64_t first, int64_t len, int64_t h, int64_t sp, int64_t H,
@@ -86,16 +56,17 @@ int mamba2_step(const void *proj, float *conv, float *ssm, const int64_t *stream
     if (hd > MAX_HD || G < 1 || H % G || d_conv < 1 || d_conv > 8) return 2;
     for (int64_t b = 0; b < B; b++)
         if (offsets[b] < 0 || lens[b] < 0 || offsets[b] + lens[b] > T) return 3;
-    const int64_t D = H * hd, C = D + 2 * G * N, blocks = (C + CONV_BLOCK - 1) / CONV_BLOCK, gs = D / G;
+    const int64_t D = H * hd, C = D + 2 * G * N, gs = D / G;
+    const int64_t blocks = (C + CAUSAL_CONV_BLOCK - 1) / CAUSAL_CONV_BLOCK;
     float *xc = malloc((size_t)(T * C) * sizeof(float)), *ys = malloc((size_t)(T * D) * sizeof(float));
     if (!xc || !ys) { free(xc); free(ys); return 1; }
     #pragma omp parallel num_threads(n_threads) if (T * H > 1)
     {
         #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < B * blocks; i++) {   /* a sequence's channel block, its rows in order */
-            const int64_t b = i / blocks, c0 = (i % blocks) * CONV_BLOCK;
-            conv_rows(proj, conv, taps, bias, xc, offsets[b], lens[b], streams[b], sp, D, C, d_conv, pb, c0,
-                      c0 + CONV_BLOCK < C ? c0 + CONV_BLOCK : C);
+            const int64_t b = i / blocks, c0 = (i % blocks) * CAUSAL_CONV_BLOCK;
+            causal_conv_silu(proj, conv + streams[b] * (d_conv - 1) * C, taps, bias, xc, offsets[b], lens[b], sp, D,
+                             C, d_conv, pb, c0, c0 + CAUSAL_CONV_BLOCK < C ? c0 + CAUSAL_CONV_BLOCK : C);
         }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < B * H; i++)   /* a sequence's head, its rows in order */

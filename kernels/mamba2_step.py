@@ -34,7 +34,9 @@ import torch.nn.functional as F
 import triton as _triton
 import triton.language as tl
 
-from slotserver.runtime import native
+from slotserver.runtime import kernel_parts, native
+
+_cc = kernel_parts.load(__file__, "_causal_conv.py")   # the convolution (a part shared with delta_net_step)
 
 OP = "mamba2_step"
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1e-2}
@@ -66,8 +68,10 @@ def reference(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams
     return out.to(proj.dtype), conv, ssm
 
 
-NATIVE_C = native.c_source(__file__, "mamba2_step.c")
-_LIB = native.build("mamba2_step", NATIVE_C, origin=native.c_path(__file__, "mamba2_step.c"), strict=True)
+# causal_conv.c (the convolution, shared with the other recurrent kernel) in front of mamba2_step.c
+NATIVE_C = native.joined(__file__, [("causal_conv.c", native.c_source(__file__, "causal_conv.c")),
+                                    ("mamba2_step.c", native.c_source(__file__, "mamba2_step.c"))])
+_LIB = native.build("mamba2_step", NATIVE_C, origin=None, strict=True)
 native.signature(_LIB, "mamba2_step", 13, 9, (native.ctypes.c_float,) + (native.ctypes.c_int,) * 3, replay=True)
 
 
@@ -93,30 +97,6 @@ def cpu(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams: torc
                           native.is_bf16(out), torch.get_num_threads())
     assert rc == 0, f"mamba2_step: failed ({rc})"
     return out, conv, ssm
-
-
-@_triton.jit
-def _conv_kernel(proj_ptr, conv_ptr, taps_ptr, bias_ptr, streams_ptr, offsets_ptr, lens_ptr, xc_ptr, C, OFF,
-                 stride_p, W: tl.constexpr, BLOCK: tl.constexpr):
-    """Program (sequence b, channel block), its rows in order: bias + the convolution of the W stored
-    inputs and this one, SiLU -> xc; the stored inputs shift by one (each channel is this program's)."""
-    b = tl.program_id(0).to(tl.int64)
-    cs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    m = cs < C
-    base = conv_ptr + tl.load(streams_ptr + b) * W * C + cs
-    bias = tl.load(bias_ptr + cs, mask=m, other=0.0)
-    first = tl.load(offsets_ptr + b)
-    for t in range(first, first + tl.load(lens_ptr + b)):
-        x = tl.load(proj_ptr + t * stride_p + OFF + cs, mask=m, other=0.0).to(tl.float32)
-        y = bias
-        for j in tl.static_range(W):
-            y += tl.load(base + j * C, mask=m, other=0.0) * tl.load(taps_ptr + cs * (W + 1) + j, mask=m, other=0.0)
-        y += x * tl.load(taps_ptr + cs * (W + 1) + W, mask=m, other=0.0)
-        for j in tl.static_range(W - 1):   # oldest first: read j + 1 before it is overwritten
-            tl.store(base + j * C, tl.load(base + (j + 1) * C, mask=m, other=0.0), mask=m)
-        if W > 0:
-            tl.store(base + (W - 1) * C, x, mask=m)
-        tl.store(xc_ptr + t * C + cs, y * tl.sigmoid(y), mask=m)
 
 
 @_triton.jit
@@ -158,7 +138,6 @@ def _norm_kernel(y_ptr, norm_ptr, out_ptr, D, GS, stride_o, eps, BG: tl.constexp
     tl.store(out_ptr + t * stride_o + g * GS + ks, y.to(out_ptr.dtype.element_ty), mask=m)
 
 
-CONV_BLOCK = 512
 SCAN_COLUMNS = 32   # a scan program's share of a head's hd columns (N x 32 floats in registers)
 
 
@@ -176,8 +155,8 @@ def triton(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams: t
         seqs = [x.to(torch.int64).contiguous() for x in (streams, offsets, lens)]
         xc = torch.empty(T, C, dtype=torch.float32, device=proj.device)
         y = torch.empty(T, D, dtype=torch.float32, device=proj.device)
-        _conv_kernel[(B, _triton.cdiv(C, CONV_BLOCK))](proj, conv, taps.contiguous(), bias, *seqs, xc, C, D,
-                                                        proj.stride(0), W=d_conv - 1, BLOCK=CONV_BLOCK)
+        _cc.conv_silu_kernel[(B, _triton.cdiv(C, _cc.BLOCK))](proj, conv, taps.contiguous(), bias, *seqs, xc, C, D,
+                                                               proj.stride(0), W=d_conv - 1, BLOCK=_cc.BLOCK, BIAS=True)
         bp = min(SCAN_COLUMNS, _triton.next_power_of_2(hd))
         _scan_kernel[(B, H, _triton.cdiv(hd, bp))](proj, xc, ssm, *seqs, dt_bias, a, d, y, C, H, n_group, N, hd,
                                                    proj.stride(0), BN=_triton.next_power_of_2(N), BP=bp)
@@ -227,14 +206,13 @@ def bench_inputs(device: str, small: bool = False) -> list[tuple[str, tuple]]:
 
 
 _SEQS = {"streams_ptr": "*i64", "offsets_ptr": "*i64", "lens_ptr": "*i64"}
-_CONV_SIG = {"proj_ptr": "*bf16", "conv_ptr": "*fp32", "taps_ptr": "*fp32", "bias_ptr": "*fp32", **_SEQS,
-             "xc_ptr": "*fp32", "C": "i32", "OFF": "i32", "stride_p": "i32", "W": "constexpr", "BLOCK": "constexpr"}
 _SCAN_SIG = {"proj_ptr": "*bf16", "xc_ptr": "*fp32", "ssm_ptr": "*fp32", **_SEQS, "dt_ptr": "*fp32", "a_ptr": "*fp32",
              "d_ptr": "*fp32", "y_ptr": "*fp32", "C": "i32", "H": "i32", "G": "i32", "N": "i32", "HD": "i32",
              "stride_p": "i32", "BN": "constexpr", "BP": "constexpr"}
 _NORM_SIG = {"y_ptr": "*fp32", "norm_ptr": "*fp32", "out_ptr": "*bf16", "D": "i32", "GS": "i32", "stride_o": "i32",
              "eps": "fp32", "BG": "constexpr"}
-AOT = [(_conv_kernel, _CONV_SIG, {"W": 3, "BLOCK": CONV_BLOCK}, {"aligned": ("proj_ptr", "conv_ptr", "xc_ptr", "C")}),
+AOT = [(_cc.conv_silu_kernel, _cc.signature("bf16"), {"W": 3, "BLOCK": _cc.BLOCK, "BIAS": True},
+        {"aligned": ("proj_ptr", "conv_ptr", "xc_ptr", "C")}),
        (_scan_kernel, _SCAN_SIG, {"BN": 128, "BP": SCAN_COLUMNS},
         {"aligned": ("proj_ptr", "xc_ptr", "ssm_ptr", "y_ptr", "C", "stride_p")}),
        (_norm_kernel, _NORM_SIG, {"BG": 4096}, {"aligned": ("y_ptr", "out_ptr", "D", "stride_o")})]

@@ -26,7 +26,8 @@ experts (4 used), 8 layers, the Qwen3 tokenizer-free vocabulary padded to 32000,
 to --out (then requantized with llama-quantize: Q4_K_M, or MXFP4_MOE for gpt-oss, whose experts
 are MXFP4 already), no reference run. `qwen35 --size big` is Qwen3.5-0.8B's own shape instead
 (BIG_CASE, BIG_OWN: 24 layers, d_model 1024, its 248320-entry vocabulary size), to time a real-size hybrid;
-`lfm2 --size big` likewise is LFM2-350M's (16 layers, d_model 1024, FF 4608, 65536-entry vocabulary).
+`lfm2 --size big` likewise is LFM2-350M's (16 layers, d_model 1024, FF 4608, 65536-entry vocabulary);
+`granitehybrid_dense --size big` a Granite 4.0-H-350M-like shape (BIG_CASE's comment).
 """
 
 from __future__ import annotations
@@ -197,8 +198,18 @@ BIG_CASE = {"gpt-oss": dict(num_local_experts=16, intermediate_size=512, sliding
                          block_ffn_dim_multiplier=1.0, block_multiple_of=256, vocab_size=65536,
                          tie_word_embeddings=True, max_position_embeddings=128000, norm_eps=1e-5, rms_norm_eps=1e-5,
                          rope_theta=1000000.0, rope_parameters=dict(rope_type="default", rope_theta=1000000.0))}
+BIG_CASE["granitehybrid_dense"] = dict(
+    # a Granite 4.0-H-350M-like shape (not its published config: 768 wide, 32 layers of which 4 attention
+    # (12 heads, 4 KV heads), Mamba-2 with 48 heads of 32, N 128, one group; a dense FFN of 2048; a
+    # 100352-entry vocabulary, tied), random weights, a whole config (BIG_OWN)
+    hidden_size=768, num_hidden_layers=32, num_attention_heads=12, num_key_value_heads=4,
+    layer_types=["attention" if i in (9, 18, 27, 31) else "mamba" for i in range(32)],
+    mamba_n_heads=48, mamba_d_head=32, mamba_d_state=128, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2,
+    mamba_conv_bias=True, num_local_experts=0, num_experts_per_tok=0, shared_intermediate_size=2048,
+    intermediate_size=2048, embedding_multiplier=12.0, residual_multiplier=0.246, attention_multiplier=0.0078125,
+    logits_scaling=3.0, vocab_size=100352, tie_word_embeddings=True, max_position_embeddings=32768, rms_norm_eps=1e-5)
 # cases whose BIG_CASE entry is the whole big config (over TINY and the case's own), without BIG
-BIG_OWN = {"qwen35", "lfm2"}
+BIG_OWN = {"qwen35", "lfm2", "granitehybrid_dense"}
 
 CONVERT = """
 import sys

@@ -36,6 +36,7 @@ from slotserver.model.step_graph import GRAPH_BYTES_MIN, StepGraphs
 from slotserver.model.cuda_graph import CudaGraphs
 from slotserver.model import gemv_step, heap, lean_step
 from slotserver.model.bias_add import add_bias
+from slotserver.model.scaled_add import scale_rows, scaled_add
 from slotserver.model.sigmoid_gate import sigmoid_gate
 from slotserver.model.linear import QLinear
 from slotserver.model import lora_delta
@@ -251,8 +252,8 @@ class LlamaModel:
             logits = self._mm(False, w.output, x, lora=lora).float()   # [rows, vocab], a new tensor
         else:                                                    # added into zeros: the same floats
             logits = self._mm(fuse, w.output, x, acc=logits_into[: x.shape[0]].zero_(), lora=lora)
-        if s.logit_scale != 1.0:
-            logits.div_(s.logit_scale)
+        if s.logit_scale != 1.0:   # granite: times 1 / logit_scale, as llama.cpp's ggml_scale
+            logits = scale_rows(logits, 1.0 / s.logit_scale)
         if s.final_softcap:
             logits.div_(s.final_softcap).tanh_().mul_(s.final_softcap)
         return logits
@@ -267,7 +268,7 @@ class LlamaModel:
             shared = lambda h: lw.down(ops.silu_mul(lw.gate_up(h, ops)), ops)    # noqa: E731
         if plain and x.dtype == torch.float32:
             return moe_ffn(ops, self.spec.moe, lw.moe, h, shared, acc=x)
-        return x + self._branch_out(moe_ffn(ops, self.spec.moe, lw.moe, h, shared).to(x.dtype), lw.post_ffn_norm)
+        return self._residual_add(False, x, moe_ffn(ops, self.spec.moe, lw.moe, h, shared).to(x.dtype), lw.post_ffn_norm)
 
     def set_step_graphs(self, on: bool) -> None:
         """Replay captured decode steps (step_graph.py; the default), or run every step as usual."""
@@ -375,6 +376,8 @@ class LlamaModel:
         add (`norm_adds`: kernels/rms_norm.py FUSES; a torch add would keep the step out of a step graph)."""
         if norm_adds and post_norm is not None:
             return self.kernels.rms_norm(y, post_norm, self.spec.norm_eps, acc=x)
+        if post_norm is None and self.spec.residual_scale != 1.0:   # granite's branch multiplier, in C
+            return scaled_add(x, y, self.spec.residual_scale)
         return x + self._branch_out(y, post_norm)
 
     def _branch_out(self, y: torch.Tensor, post_norm: torch.Tensor | None) -> torch.Tensor:

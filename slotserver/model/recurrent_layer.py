@@ -88,16 +88,20 @@ def _params(f: GGUFFile, spec: ModelSpec, p: str) -> GdnParams | ShortConvParams
 
 
 def _mamba2_params(f: GGUFFile, r, p: str) -> Mamba2Params:
-    """A Mamba-2 layer's small tensors (ssm_a and ssm_d are [1, heads] in the file, ssm_norm [groups,
-    inner / groups]; the convolution's bias may be absent: zeros)."""
-    heads = r.n_v_heads
+    """A Mamba-2 layer's small tensors: ssm_a and ssm_d [1, heads], ssm_norm [groups, inner / groups]
+    as llama.cpp declares them, or without their leading 1 (a one-group ssm_norm, as llama-quantize
+    writes it); the convolution's bias may be absent (zeros)."""
+    heads, inner, groups = r.n_v_heads, r.value_dim, r.n_k_heads
+
+    def vector(name: str, shape: tuple[int, ...]) -> torch.Tensor:   # `shape`, or its size flat
+        flat, info = (shape[0] * shape[1],), f.tensors.get(p + name)
+        return _load(f, p + name, flat if info is not None and info.shape == flat else shape, torch.float32).reshape(-1)
+
     bias = p + "ssm_conv1d.bias"
     return Mamba2Params(
         conv=_load(f, p + "ssm_conv1d.weight", (r.conv_dim, r.d_conv), torch.float32).contiguous(),
         conv_bias=(_load(f, bias, (r.conv_dim,), torch.float32).contiguous() if bias in f.tensors
                    else torch.zeros(r.conv_dim)),
         dt_bias=_load(f, p + "ssm_dt.bias", (heads,), torch.float32).contiguous(),
-        a=_load(f, p + "ssm_a", (heads, 1), torch.float32).reshape(heads).contiguous(),
-        d=_load(f, p + "ssm_d", (heads, 1), torch.float32).reshape(heads).contiguous(),
-        norm=_load(f, p + "ssm_norm.weight", (r.n_k_heads, r.value_dim // r.n_k_heads),
-                   torch.float32).reshape(-1).contiguous())
+        a=vector("ssm_a", (heads, 1)).contiguous(), d=vector("ssm_d", (heads, 1)).contiguous(),
+        norm=vector("ssm_norm.weight", (groups, inner // groups)).contiguous())
