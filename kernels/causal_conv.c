@@ -9,8 +9,6 @@
    silu(y). Each step a loop over the block's channels, contiguous: the taps transposed into tt
    first (a gather of taps[c * d_conv + j] in the channel loop kept it scalar, and the convolution
    was most of a prompt's time). d_conv <= 8, c1 - c0 <= CAUSAL_CONV_BLOCK. */
-#include <string.h>
-
 #define CAUSAL_CONV_BLOCK 512
 
 /* the prelude's fast_exp (relative error ~2e-7): a loop of libm expf calls does not vectorize */

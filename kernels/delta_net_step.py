@@ -166,8 +166,9 @@ def triton(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams: t
         seqs = [x.to(torch.int64).contiguous() for x in (streams, offsets, lens)]
         xc = torch.empty(T, C, dtype=torch.float32, device=proj.device)
         o = torch.empty(T, H * dv, dtype=torch.float32, device=proj.device)
-        _cc.conv_silu_kernel[(B, _triton.cdiv(C, _cc.BLOCK))](proj, conv, taps.contiguous(), taps, *seqs, xc, C, 0,
-                                                               proj.stride(0), W=d_conv - 1, BLOCK=_cc.BLOCK, BIAS=False)
+        grid = (B, _triton.cdiv(C, _cc.BLOCK))
+        _cc.conv_silu_kernel[grid](proj, conv, taps.contiguous(), taps, *seqs, xc, C, 0, proj.stride(0), W=d_conv - 1,
+                                   BLOCK=_cc.BLOCK, BIAS=False)
         bv = min(SCAN_COLUMNS, _triton.next_power_of_2(dv))
         _scan_kernel[(B, H, _triton.cdiv(dv, bv))](proj, xc, ssm, *seqs, dt_bias, a, o, C, H, n_k, dk, dv,
                                                    proj.stride(0), eps, BK=_triton.next_power_of_2(dk), BV=bv)

@@ -305,3 +305,22 @@ def test_a_kernel_set_without_the_recurrent_kernel_is_refused_at_load(name, op):
     partial = KernelSet({k: m for k, m in full.modules.items() if k != op})
     with pytest.raises(ModuleLoadError, match=f"{name}.gguf: a {name} model needs the kernel {op}"):
         LlamaModel.load(ARCHS / f"{name}.gguf", kernels=partial)
+
+
+def test_a_mamba2_file_with_flat_small_tensors_gives_the_same_logits(tmp_path):
+    """ssm_a, ssm_d and ssm_norm written flat (llama-quantize writes a one-group ssm_norm so) load as
+    the [heads, 1] / [groups, inner / groups] forms llama.cpp declares: the same logits."""
+    def flat(name, data, qtype):
+        return (data.reshape(-1), qtype) if name.endswith(("ssm_a", "ssm_d", "ssm_norm.weight")) else (data, qtype)
+    src = ARCHS / "granitehybrid.gguf"
+    dst = rewrite(src, tmp_path / "flat.gguf", tensors=flat)
+    prompt = [SeqChunk(0, 0, [5, 17, 200, 33, 1, 90], all_logits=True)]
+    want, got = (_prefilled_logits(LlamaModel.load(p, torch.float32), prompt) for p in (src, dst))
+    assert torch.equal(want, got)
+
+
+def _prefilled_logits(model: LlamaModel, chunks: list[SeqChunk]) -> torch.Tensor:
+    s = model.spec
+    cache = create_layout(load_layout("seq_head_dim"), KVSpec(s.n_kv_layers, 1, 32, s.n_kv_heads, s.head_dim,
+                                                                torch.float32))
+    return model.forward(Batch.build(chunks), cache)

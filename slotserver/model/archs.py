@@ -36,7 +36,7 @@ class ArchDef:
     moe_gating: str = "softmax"  # MoE: "softmax" then top-k, "softmax_weight": top-k then softmax (gpt-oss), "sigmoid"
     moe_act: str = "silu"        # MoE experts' gate: "silu" (SwiGLU) or "swiglu_oai" (gpt-oss's clamped form)
     moe_keys: bool = False       # MoE: read leading_dense_block_count and expert_gating_func (lfm2moe's loader does)
-    rope_switch: bool = False    # rope.scaling.finetuned false: no layer rotated (granitehybrid's loader reads it)
+    rope_switch: bool = False    # rope.scaling.finetuned false: no layer rotated (llama.cpp's granite loaders)
     out_bias: bool = False       # attn_output.bias (gpt-oss)
     sinks: bool = False          # attn_sinks.weight: a learned logit per query head in each softmax (gpt-oss)
     ffn_norm: str = "ffn_norm"   # the FFN's pre-norm tensor (gpt-oss names it post_attention_norm)
@@ -70,7 +70,7 @@ ARCHS: dict[str, ArchDef] = {
     # post-normed, q and k normed over the whole projection; windowed layers rotate without yarn
     "olmo2": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_full=True, post_norms=True, pre_norms=False,
                      swa_pattern=4, swa_rope_plain=True),
-    "granite": ArchDef(embed_scale="metadata", multipliers=True),
+    "granite": ArchDef(embed_scale="metadata", multipliers=True, rope_switch=True),
     # src/models/glm4.cpp (GLM-4-0414, GLM-Z1): pre- and post-norms, q/k/v biases, gate|up in one ffn_up,
     # part of each head rotated (rope.dimension_count), adjacent pairs
     "glm4": ArchDef(qkv_bias=True, post_norms=True, fused=True),
@@ -99,18 +99,18 @@ ARCHS: dict[str, ArchDef] = {
     "lfm2": ArchDef(rope_mode="neox", qk_norm=True, hybrid="shortconv", out_norm="token_embd_norm", swa_all=True),
     # LFM2-MoE (LFM2-8B-A1B): lfm2's layers, a MoE FFN from layer `leading_dense_block_count` on, routed
     # by sigmoid, chosen with a per-expert selection bias (exp_probs_b), the k weights renormalized
+    "lfm2moe": ArchDef(rope_mode="neox", qk_norm=True, hybrid="shortconv", out_norm="token_embd_norm", swa_all=True,
+                       moe_norm=True, moe_gating="sigmoid", moe_keys=True),
     # Granite 4.0-H: Mamba-2 layers (model/mamba2.py) where attention.head_count_kv is 0, attention
     # layers without rope where rope.scaling.finetuned is false (the converter writes so), granite's
     # multipliers, a MoE (softmax, top-k, renormalized) plus a shared expert, or a dense FFN
     "granitehybrid": ArchDef(embed_scale="metadata", multipliers=True, hybrid="mamba2", moe_norm=True,
                              rope_switch=True),
-    "lfm2moe": ArchDef(rope_mode="neox", qk_norm=True, hybrid="shortconv", out_norm="token_embd_norm", swa_all=True,
-                       moe_norm=True, moe_gating="sigmoid", moe_keys=True),
     # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
     "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
     "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),
     "olmoe": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_full=True),
-    "granitemoe": ArchDef(embed_scale="metadata", multipliers=True, moe_norm=True),
+    "granitemoe": ArchDef(embed_scale="metadata", multipliers=True, moe_norm=True, rope_switch=True),
     # llama.cpp's LLM_ARCH_OPENAI_MOE (src/models/openai-moe.cpp): every other layer windowed (pattern 2,
     # the global rope base), q/k/v/o biases, sinks, biased router, top-k then softmax, clamped SwiGLU
     "gpt-oss": ArchDef(qkv_bias=True, rope_mode="neox", swa_pattern=2, swa_rope_global=True, moe_gating="softmax_weight",

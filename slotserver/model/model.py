@@ -268,7 +268,8 @@ class LlamaModel:
             shared = lambda h: lw.down(ops.silu_mul(lw.gate_up(h, ops)), ops)    # noqa: E731
         if plain and x.dtype == torch.float32:
             return moe_ffn(ops, self.spec.moe, lw.moe, h, shared, acc=x)
-        return self._residual_add(False, x, moe_ffn(ops, self.spec.moe, lw.moe, h, shared).to(x.dtype), lw.post_ffn_norm)
+        out = moe_ffn(ops, self.spec.moe, lw.moe, h, shared).to(x.dtype)
+        return self._residual_add(False, x, out, lw.post_ffn_norm)
 
     def set_step_graphs(self, on: bool) -> None:
         """Replay captured decode steps (step_graph.py; the default), or run every step as usual."""

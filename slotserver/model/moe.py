@@ -12,7 +12,7 @@ The routing and the experts' matmuls are kernels (kernels/moe_route.py: logits, 
 weights in one C call; kernels/moe_matmul.py: rows grouped by expert, each active expert's blocks
 read once per step, the weighted sum and the residual add fused): a qwen3moe or olmoe decode step
 is C calls only and replays from a step graph like a dense model's. A shared expert (qwen2moe,
-granite MoE shared) and granite's residual multiplier add torch ops: those steps run as usual.
+granite MoE shared, Granite 4.0-H-Tiny/Small) adds torch ops: those steps run as usual.
 
 gpt-oss (`MoeSpec.act` "swiglu_oai", biases in `MoeWeights`) follows llama.cpp's order: the
 router bias joins the logits (in moe_route), each slot's gate|up gets its expert's bias, the

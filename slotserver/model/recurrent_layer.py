@@ -74,7 +74,7 @@ def _dense_ffn(f: GGUFFile, spec: ModelSpec, p: str, dtype: torch.dtype, lin) ->
     return gate_up, lin(("ffn_down" + sfx,), _load(f, p + "ffn_down" + sfx + ".weight", (d, ff), dtype))
 
 
-def _params(f: GGUFFile, spec: ModelSpec, p: str) -> GdnParams | ShortConvParams:
+def _params(f: GGUFFile, spec: ModelSpec, p: str) -> GdnParams | ShortConvParams | Mamba2Params:
     r = spec.recurrent
     if r.kind == "shortconv":
         return ShortConvParams(_load(f, p + "shortconv.conv.weight", (r.conv_dim, r.d_conv), torch.float32).contiguous())
@@ -88,9 +88,9 @@ def _params(f: GGUFFile, spec: ModelSpec, p: str) -> GdnParams | ShortConvParams
 
 
 def _mamba2_params(f: GGUFFile, r, p: str) -> Mamba2Params:
-    """A Mamba-2 layer's small tensors: ssm_a and ssm_d [1, heads], ssm_norm [groups, inner / groups]
-    as llama.cpp declares them, or without their leading 1 (a one-group ssm_norm, as llama-quantize
-    writes it); the convolution's bias may be absent (zeros)."""
+    """A Mamba-2 layer's small tensors (numpy order): ssm_a and ssm_d [heads, 1], ssm_norm [groups,
+    inner / groups], or each flat (a one-group ssm_norm, as llama-quantize writes it); the
+    convolution's bias may be absent (zeros)."""
     heads, inner, groups = r.n_v_heads, r.value_dim, r.n_k_heads
 
     def vector(name: str, shape: tuple[int, ...]) -> torch.Tensor:   # `shape`, or its size flat

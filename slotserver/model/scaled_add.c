@@ -2,6 +2,7 @@
    native.PRELUDE (slotserver/runtime/prelude.h) in front (ld, bf2f, f2bf). No FMA contraction:
    each product is rounded before the add, as torch's `x + y * s` and ggml's scale-then-add. */
 #pragma GCC optimize("fp-contract=off")
+#pragma STDC FP_CONTRACT OFF
 /* x[r * lx + c] += s * y[r * ly + c]; x float32, y float32 or bf16 (`yb`: the product rounded to
    bf16 first, as torch's bf16 `y * s`). Rows over the threads from 64 rows. */
 int scaled_add(float *x, const void *y, int64_t rows, int64_t cols, int64_t lx, int64_t ly, float s, int yb,

@@ -48,7 +48,7 @@ class ModelSpec:
     final_softcap: float = 0.0  # logits -> c * tanh(logits / c); 0: off
     embed_scale: float = 1.0   # the embedding rows are multiplied by this
     residual_scale: float = 1.0  # attention and FFN outputs are multiplied by this before the add
-    logit_scale: float = 1.0   # logits are divided by this (granite)
+    logit_scale: float = 1.0   # logits are multiplied by 1 / this (granite)
     qk_norm: bool = False
     post_norms: bool = False
     act: str = "silu"
@@ -267,8 +267,8 @@ def _kv_heads(key: _Keys, n_heads: int, per_layer: bool) -> int:
 
 
 def _no_rope_step(a: ArchDef, key: _Keys) -> int:
-    """smollm3's every 4th layer unrotated; 1 (no layer rotated) for granitehybrid where
-    `rope.scaling.finetuned` is false (llama.cpp's switch for it; default true)."""
+    """smollm3's every 4th layer unrotated; 1 (no layer rotated) for the granites where
+    `rope.scaling.finetuned` is false (llama.cpp's switch for them; default true)."""
     if a.rope_switch and key.raw("rope.scaling.finetuned", True) is False:
         return 1
     return a.no_rope_step

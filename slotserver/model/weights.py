@@ -33,6 +33,7 @@ from slotserver.model.spec import ModelSpec
 
 if TYPE_CHECKING:
     from slotserver.model.delta_net import GdnParams
+    from slotserver.model.mamba2 import Mamba2Params
     from slotserver.model.short_conv import ShortConvParams
 
 Progress = Callable[[int, int], None]
@@ -101,7 +102,7 @@ class LayerWeights:
     sinks: torch.Tensor | None = None           # [n_heads] float32 attention sink logits (gpt-oss)
     # a hybrid model's recurrent layer (model/delta_net.py, model/short_conv.py): qkv is then its
     # in-projection, wo its out-projection, this the rest (its `run` computes the layer between them)
-    recurrent: "GdnParams | ShortConvParams | None" = None
+    recurrent: "GdnParams | ShortConvParams | Mamba2Params | None" = None
 
 
 @dataclass
