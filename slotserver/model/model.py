@@ -374,7 +374,8 @@ class LlamaModel:
     def _residual_add(self, norm_adds: bool, x: torch.Tensor, y: torch.Tensor,
                       post_norm: torch.Tensor | None) -> torch.Tensor:
         """x + the branch output of y: in place, in the post-norm's C call, where rms_norm fuses the
-        add (`norm_adds`: kernels/rms_norm.py FUSES; a torch add would keep the step out of a step graph)."""
+        add (`norm_adds`: kernels/rms_norm.py FUSES), or in scaled_add's for granite's multiplier; a
+        torch add would keep the step out of a step graph."""
         if norm_adds and post_norm is not None:
             return self.kernels.rms_norm(y, post_norm, self.spec.norm_eps, acc=x)
         if post_norm is None and self.spec.residual_scale != 1.0:   # granite's branch multiplier, in C
