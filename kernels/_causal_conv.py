@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 BLOCK = 512
+SEQS = {"streams_ptr": "*i64", "offsets_ptr": "*i64", "lens_ptr": "*i64"}   # the sequences' AOT signature
 
 
 @triton.jit
@@ -42,6 +43,6 @@ def conv_silu_kernel(proj_ptr, conv_ptr, taps_ptr, bias_ptr, streams_ptr, offset
 
 def signature(proj: str) -> dict:
     """The kernel's AOT signature with proj's element type."""
-    return {"proj_ptr": f"*{proj}", "conv_ptr": "*fp32", "taps_ptr": "*fp32", "bias_ptr": "*fp32",
-            "streams_ptr": "*i64", "offsets_ptr": "*i64", "lens_ptr": "*i64", "xc_ptr": "*fp32", "C": "i32",
+    return {"proj_ptr": f"*{proj}", "conv_ptr": "*fp32", "taps_ptr": "*fp32", "bias_ptr": "*fp32", **SEQS,
+            "xc_ptr": "*fp32", "C": "i32",
             "OFF": "i32", "stride_p": "i32", "W": "constexpr", "BLOCK": "constexpr", "BIAS": "constexpr"}

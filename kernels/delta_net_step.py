@@ -81,11 +81,11 @@ native.signature(_LIB, "delta_net_step", 11, 9, (native.ctypes.c_float,) + (nati
 _FLOATS = (torch.float32, torch.bfloat16)
 
 
-def _fits(proj, conv, ssm, seqs, weights, taps) -> bool:
-    """The C kernel's inputs: CPU, unit-stride proj rows, contiguous float32 states and weights,
-    contiguous int64 sequence tensors."""
+def _fits(proj, conv, ssm, seqs, weights) -> bool:
+    """The C kernel's inputs: CPU, unit-stride proj rows, contiguous float32 states and weights
+    (taps first), contiguous int64 sequence tensors."""
     ok = _LIB is not None and proj.dtype in _FLOATS and proj.dim() == 2 and proj.stride(1) == 1 and proj.is_cpu \
-        and max(ssm.shape[2:]) <= MAX_D and taps.shape[1] <= MAX_CONV
+        and max(ssm.shape[2:]) <= MAX_D and weights[0].shape[1] <= MAX_CONV
     return ok and all(t.is_cpu and t.dtype == torch.int64 and t.is_contiguous() for t in seqs) \
         and all(t.is_cpu and t.dtype == torch.float32 and t.is_contiguous() for t in (conv, ssm, *weights))
 
@@ -95,7 +95,7 @@ def cpu(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams: torc
         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One C call (delta_net_step.c: the convolution, then each (sequence, head) over its rows,
     the state read once and updated once a token; threads over both); else `reference`."""
-    if not _fits(proj, conv, ssm, (streams, offsets, lens), (taps, dt_bias, a, norm), taps):
+    if not _fits(proj, conv, ssm, (streams, offsets, lens), (taps, dt_bias, a, norm)):
         return reference(proj, conv, ssm, streams, offsets, lens, taps, dt_bias, a, norm, n_k, eps)
     T, (H, dk, dv) = proj.shape[0], ssm.shape[1:]
     out = torch.empty(T, H * dv, dtype=proj.dtype)                         # [T, H dv]
@@ -217,8 +217,7 @@ def bench_inputs(device: str, small: bool = False) -> list[tuple[str, tuple]]:
     return out
 
 
-_SEQS = {"streams_ptr": "*i64", "offsets_ptr": "*i64", "lens_ptr": "*i64"}
-_SCAN_SIG = {"proj_ptr": "*bf16", "xc_ptr": "*fp32", "ssm_ptr": "*fp32", **_SEQS, "dt_ptr": "*fp32", "a_ptr": "*fp32",
+_SCAN_SIG = {"proj_ptr": "*bf16", "xc_ptr": "*fp32", "ssm_ptr": "*fp32", **_cc.SEQS, "dt_ptr": "*fp32", "a_ptr": "*fp32",
              "o_ptr": "*fp32", "C": "i32", "H": "i32", "NK": "i32", "DK": "i32", "DV": "i32", "stride_p": "i32",
              "eps": "fp32", "BK": "constexpr", "BV": "constexpr"}
 _GATE_SIG = {"proj_ptr": "*bf16", "o_ptr": "*fp32", "norm_ptr": "*fp32", "out_ptr": "*bf16", "C": "i32", "H": "i32",

@@ -205,8 +205,7 @@ def bench_inputs(device: str, small: bool = False) -> list[tuple[str, tuple]]:
     return out
 
 
-_SEQS = {"streams_ptr": "*i64", "offsets_ptr": "*i64", "lens_ptr": "*i64"}
-_SCAN_SIG = {"proj_ptr": "*bf16", "xc_ptr": "*fp32", "ssm_ptr": "*fp32", **_SEQS, "dt_ptr": "*fp32", "a_ptr": "*fp32",
+_SCAN_SIG = {"proj_ptr": "*bf16", "xc_ptr": "*fp32", "ssm_ptr": "*fp32", **_cc.SEQS, "dt_ptr": "*fp32", "a_ptr": "*fp32",
              "d_ptr": "*fp32", "y_ptr": "*fp32", "C": "i32", "H": "i32", "G": "i32", "N": "i32", "HD": "i32",
              "stride_p": "i32", "BN": "constexpr", "BP": "constexpr"}
 _NORM_SIG = {"y_ptr": "*fp32", "norm_ptr": "*fp32", "out_ptr": "*bf16", "D": "i32", "GS": "i32", "stride_o": "i32",
