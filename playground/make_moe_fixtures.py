@@ -155,7 +155,7 @@ CASES: dict[str, tuple[str, dict]] = {
         layer_types=["mamba", "mamba", "attention", "mamba", "attention"], num_hidden_layers=5,
         mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=2, mamba_d_conv=4, mamba_expand=2,
         mamba_conv_bias=True, num_local_experts=4, num_experts_per_tok=2, intermediate_size=64,
-        shared_intermediate_size=48, embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2,
+        shared_intermediate_size=96, embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2,
         logits_scaling=1.5, vocab_size=312)),   # the converter pads a Mamba-2 vocabulary to a multiple of 8
     # Granite 4.0-H-Micro's form: the same layers with a dense FFN (no experts: the shared MLP is the FFN)
     "granitehybrid_dense": ("GraniteMoeHybridForCausalLM", dict(

@@ -78,10 +78,11 @@ def test_batched_chunked_and_defragmented_sequences_match_each_alone(name, layou
     assert (engine.stats().defrag_moves > 0) == (defrag == "on")
 
 
-@pytest.mark.parametrize("name", ["qwen35", "lfm2", "lfm2moe"])
+@pytest.mark.parametrize("name", ["qwen35", "lfm2", "lfm2moe", "granitehybrid"])
 def test_decode_steps_replay_from_step_graphs_with_the_eager_steps_tokens(name, tmp_path):
     """On GGUF blocks a hybrid decode step is C calls only (qmatmul, the recurrent layers'
-    kernels/delta_net_step.py or short_conv_step.py, Qwen3.5's attention gate): it is captured as a
+    kernels/delta_net_step.py, short_conv_step.py or mamba2_step.py, Qwen3.5's attention gate, granite's
+    multipliers and shared expert): it is captured as a
     step graph and replayed. A capture runs the step twice, and the second run must start from the
     states the first advanced from (step_graph.capture's rewind): requests arriving over time, on
     three slots, give the tokens of the same engine with step graphs off."""

@@ -11,8 +11,10 @@ What llama.cpp's `build_moe_ffn` computes for one layer on the normed rows h `[T
 The routing and the experts' matmuls are kernels (kernels/moe_route.py: logits, softmax, top-k,
 weights in one C call; kernels/moe_matmul.py: rows grouped by expert, each active expert's blocks
 read once per step, the weighted sum and the residual add fused): a qwen3moe or olmoe decode step
-is C calls only and replays from a step graph like a dense model's. A shared expert (qwen2moe,
-granite MoE shared, Granite 4.0-H-Tiny/Small) adds torch ops: those steps run as usual.
+is C calls only and replays from a step graph like a dense model's. An ungated shared expert
+(granite MoE shared, Granite 4.0-H-Tiny/Small) is three more C calls, its add into the experts'
+sum (model/scaled_add.py, torch's floats) too: those steps replay. A gated one (qwen2moe, Qwen3.5
+MoE: a float64 router product and a sigmoid) computes its gate in torch: those steps run as usual.
 
 gpt-oss (`MoeSpec.act` "swiglu_oai", biases in `MoeWeights`) follows llama.cpp's order: the
 router bias joins the logits (in moe_route), each slot's gate|up gets its expert's bias, the
@@ -34,6 +36,7 @@ from typing import Callable
 import torch
 
 from slotserver.model.moe_spec import MoeSpec
+from slotserver.model.scaled_add import scaled_add
 from slotserver.runtime.experts import Experts
 
 GATING = {"softmax": 0, "softmax_weight": 1, "sigmoid": 2}   # kernels/moe_route.py's codes
@@ -122,8 +125,8 @@ def _routed(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None,
     if shared is None:
         return ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w, acc=acc, **down)   # summed in slot order
     out = ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w, **down)
-    s = shared(h)
+    s = shared(h)                                                  # [T, d_model]
     if mw.shared_gate is not None:
         s = s * torch.sigmoid(router_logits(h, mw.shared_gate))   # [T, 1]
-    out += s
-    return out if acc is None else acc.add_(out)
+    out = scaled_add(out, s, 1.0)                                  # the experts' sum + the shared expert's, in C
+    return out if acc is None else scaled_add(acc, out, 1.0)
