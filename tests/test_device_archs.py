@@ -44,3 +44,17 @@ def test_every_block_format_loads_on_the_gpu(tmp_path, qtype):
     path = write_tiny_gguf(tmp_path / "m.gguf", tensor_type=qtype, d_model=256, d_ff=512, n_heads=4, n_kv_heads=2)
     out = _tokens(path)
     assert out["cuda"] == out["cpu"]
+
+
+@pytest.mark.parametrize("name", ["qwen35", "lfm2", "granitehybrid_dense"])
+def test_a_hybrids_decode_steps_replay_from_cuda_graphs_with_the_eager_tokens(name):
+    """A hybrid model's decode steps on the card are CUDA graphs (model.py's _step_graphs): the
+    capture runs nothing, the replays update the recurrent states in place through the streams'
+    device tensors. Three requests of different lengths (rows join and leave): the replayed steps
+    give the tokens of the same model with graphs off."""
+    bundle = ModelBundle.load(ModelConfig(ARCHS[0].with_name(f"{name}.gguf"), dtype="float32", device="cuda"))
+    reqs = [GenRequest([5 + i, 17, 200, 33, 1, 90][: 6 - i], 10 - 2 * i, ignore_eos=True) for i in range(3)]
+    replayed = [r.tokens for r in generate(bundle.model, reqs, frozenset())]
+    assert bundle.model.graphs.replays > 0, "no decode step was replayed"
+    bundle.model.set_step_graphs(False)
+    assert [r.tokens for r in generate(bundle.model, reqs, frozenset())] == replayed

@@ -177,7 +177,9 @@ class LlamaModel:
         with step(batch.token_streams, batch.positions) if step else contextlib.nullcontext():
             view = cache.view(0)   # again: graph_step may have grown (moved) a paged pool
             storage = view.k_pages if view.paged else view.k
-            owner = (self.kernels, layout, self.weights, storage.data_ptr())   # a paged pool's growth moves it
+            state = getattr(cache, "recurrent", None)   # a hybrid's states: the graph holds their addresses
+            owner = (self.kernels, layout, self.weights, storage.data_ptr(),   # a paged pool's growth moves it
+                     *(() if state is None else (state, state.conv.data_ptr(), state.ssm.data_ptr())))
             return self.graphs.run(owner, key, batch, lambda b: self._body(*self._inputs(b), b, cache))
 
     def _inputs(self, batch: Batch) -> tuple[torch.Tensor, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
@@ -278,11 +280,13 @@ class LlamaModel:
     def _step_graphs(self) -> StepGraphs | CudaGraphs | None:
         """On CUDA, CUDA graphs (cuda_graph.py); on the CPU, the C step graphs, whose buffers may take
         a quarter of the weights' bytes (at least GRAPH_BYTES_MIN). A hybrid model's decode rows are
-        C calls (kernels/delta_net_step.py, short_conv_step.py), which a step graph replays; on CUDA
-        it runs eagerly: a CUDA graph's capture would run the step's state updates again (the C
-        graphs rewind them: step_graph.capture), untried on a card."""
+        C calls (kernels/delta_net_step.py, short_conv_step.py, mamba2_step.py), which a step graph
+        replays (its capture runs the step twice: step_graph.capture rewinds the states). A CUDA
+        graph's capture runs nothing (the eager step before it is the real one), so a hybrid's decode
+        steps are captured on CUDA like a dense model's: its kernels take the streams from device
+        tensors and update the states in place."""
         if self._device == "cuda":
-            return None if self.spec.recurrent is not None else CudaGraphs()
+            return CudaGraphs()
         weights = sum(m.nbytes() for m in self.weights.matmuls())
         return StepGraphs(budget=max(GRAPH_BYTES_MIN, weights // 4))
 
