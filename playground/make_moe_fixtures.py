@@ -165,6 +165,13 @@ CASES: dict[str, tuple[str, dict]] = {
         intermediate_size=64,
         embedding_multiplier=2.0,
         residual_multiplier=0.7, attention_multiplier=0.25, logits_scaling=2.0, vocab_size=312)),
+    # Nemotron-H (llama.cpp's nemotron_h): each layer one block behind its own RMSNorm (attn_norm): a
+    # Mamba-2 mixer (M: granitehybrid's, 2 groups), attention without rope (*) or a plain MLP (-:
+    # up, squared ReLU, down); the converter reads the block types from hybrid_override_pattern
+    "nemotron_h": ("NemotronHForCausalLM", dict(
+        layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba", "mlp"], head_dim=16, intermediate_size=64,
+        mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=2, conv_kernel=4, expand=2,
+        use_conv_bias=True, layer_norm_epsilon=1e-5, vocab_size=312)),
 }
 # converter options per transformers class (Qwen3.5: no MTP layers here, which the converter otherwise
 # requires to find in the checkpoint)
@@ -173,7 +180,7 @@ CONVERT_ARGS = {"Qwen3_5ForCausalLM": ["--no-mtp"],
 # a seed whose greedy ids avoid the special tokens (the test bans them, llama-server picks a CONTROL
 # token <|im_start|> as any other: the first granitemoe seed started with it, the first lfm2 one took
 # it second)
-SEED_OFFSET = {"granitemoe": 1, "lfm2": 1}
+SEED_OFFSET = {"granitemoe": 1, "lfm2": 1, "nemotron_h": 1}
 BIG = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=8, head_dim=64, vocab_size=32000,
            num_experts=16, num_experts_per_tok=4, moe_intermediate_size=512, intermediate_size=1024)
 # per case where its config names these differently (gpt-oss: experts of width intermediate_size, the
@@ -280,6 +287,26 @@ def write_hf(folder: Path, cls_name: str, config: dict, seed: int) -> None:
         config["layer_types"] = ["attention" if t in ("attention", "full_attention") else "mamba"
                                  for t in config["layer_types"]]
         path.write_text(json.dumps(config, indent=2))
+    if cls_name == "NemotronHForCausalLM":
+        nemotron_pattern(folder)
+
+
+def nemotron_pattern(folder: Path) -> None:
+    """The saved NemotronH config as NVIDIA's checkpoints write it: the block types as the pattern
+    string the converter reads (M Mamba-2, * attention, - MLP), no MoE keys (transformers saves its
+    defaults; the converter takes any `num_experts_per_tok` for nemotron_h_moe). Its model_type
+    is one transformers does not know, so that the converter reads config.json as written rather
+    than transformers' config with those defaults back (NVIDIA's remote-code checkpoints did too)."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    signs = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*", "mlp": "-"}
+    config["hybrid_override_pattern"] = "".join(signs[t] for t in config.pop("layers_block_type"))
+    config["num_hidden_layers"] = len(config["hybrid_override_pattern"])   # a property in transformers
+    for key in ("num_experts_per_tok", "n_routed_experts", "moe_intermediate_size", "n_shared_experts",
+                "moe_shared_expert_intermediate_size", "n_group", "topk_group"):
+        config.pop(key, None)
+    config["model_type"] = "nemotron_h_dense"
+    path.write_text(json.dumps(config, indent=2))
 
 
 FP4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)   # E2M1 magnitudes of nibbles 0-7 (8-15: negated)

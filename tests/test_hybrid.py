@@ -58,7 +58,8 @@ def _prompts(seed: int, count: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("name, layout, defrag", [("qwen35", "seq_head_dim", "on"), ("qwen35", "paged", "off"),
                                                   ("lfm2", "seq_head_dim", "on"), ("lfm2", "paged", "off"),
-                                                  ("lfm2moe", "seq_head_dim", "on"), ("granitehybrid", "paged", "on")])
+                                                  ("lfm2moe", "seq_head_dim", "on"), ("granitehybrid", "paged", "on"),
+                                                  ("nemotron_h", "seq_head_dim", "on")])
 def test_batched_chunked_and_defragmented_sequences_match_each_alone(name, layout, defrag):
     """Seven requests on three slots arriving over time, prompts cut in chunks of 5 tokens: each
     sequence's state follows its stream through decode batches (on contiguous streams, and on
@@ -78,12 +79,11 @@ def test_batched_chunked_and_defragmented_sequences_match_each_alone(name, layou
     assert (engine.stats().defrag_moves > 0) == (defrag == "on")
 
 
-@pytest.mark.parametrize("name", ["qwen35", "lfm2", "lfm2moe", "granitehybrid"])
+@pytest.mark.parametrize("name", ["qwen35", "lfm2", "lfm2moe", "granitehybrid", "nemotron_h"])
 def test_decode_steps_replay_from_step_graphs_with_the_eager_steps_tokens(name, tmp_path):
     """On GGUF blocks a hybrid decode step is C calls only (qmatmul, the recurrent layers'
     kernels/delta_net_step.py, short_conv_step.py or mamba2_step.py, Qwen3.5's attention gate, granite's
-    multipliers and shared expert): it is captured as a
-    step graph and replayed. A capture runs the step twice, and the second run must start from the
+    multipliers and shared expert, Nemotron-H's squared ReLU): it is captured as a step graph and replayed. A capture runs the step twice, and the second run must start from the
     states the first advanced from (step_graph.capture's rewind): requests arriving over time, on
     three slots, give the tokens of the same engine with step graphs off."""
     path = q8_copy(ARCHS / f"{name}.gguf", tmp_path / "q8.gguf")

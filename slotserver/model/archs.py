@@ -4,7 +4,8 @@ An architecture is a few switches the one forward (model.py) reads (q/k/v biases
 norms, post-norms, the gated FFN's activation, sliding-window pattern, soft-capping, fused tensors,
 granite's multipliers, MoE weight renormalization, gating and activation, gpt-oss's output bias and
 attention sinks, smollm3's NoPE layers, mistral3's q temperature, olmo2's missing pre-norms,
-exaone4's unrotated full layers, the hybrids' recurrent layers and qwen35's gated attention); glm4,
+exaone4's unrotated full layers, the hybrids' recurrent layers, qwen35's gated attention and
+nemotron_h's one-block layers); glm4,
 ernie4_5 and seed_oss are rows of existing switches. Apart from spec.py so that adding a row is an
 edit of this table alone.
 """
@@ -21,7 +22,7 @@ class ArchDef:
     embed_scale: str = "none"    # "sqrt_d": x * sqrt(d_model) (gemma); "metadata": {arch}.embedding_scale
     qk_norm: bool = False        # per-head RMSNorm of q and k before rope (attn_q_norm / attn_k_norm)
     post_norms: bool = False     # RMSNorm of the attention and FFN outputs before the residual add
-    act: str = "silu"            # gated FFN: "silu" (SwiGLU) or "gelu" (tanh GELU, GeGLU)
+    act: str = "silu"            # FFN: "silu" (SwiGLU), "gelu" (tanh GELU, GeGLU), "relu2" (up, squared ReLU: no gate)
     swa_pattern: int = 0         # n > 0: layer i is windowed when i % n < n - 1 (llama.cpp's pattern)
     swa_default: int = 0         # window when the metadata has none (0: no window without the key)
     swa_rope_global: bool = False  # windowed layers keep the global rope base unless freq_base_swa (gemma2)
@@ -49,6 +50,7 @@ class ArchDef:
     hybrid: str = ""             # recurrent layers between the attention layers: "gdn", "shortconv" (recurrent_spec.py)
     out_norm: str = "output_norm"  # the final norm's tensor (LFM2: token_embd_norm)
     attn_gate: bool = False      # attn_q holds q and an output gate per head: out * sigmoid(gate) (qwen35)
+    single_blocks: bool = False  # each layer one block: an FFN alone where feed_forward_length (an array) says, else a mixer
 
 
 ARCHS: dict[str, ArchDef] = {
@@ -106,6 +108,10 @@ ARCHS: dict[str, ArchDef] = {
     # multipliers, a MoE (softmax, top-k, renormalized) plus a shared expert, or a dense FFN
     "granitehybrid": ArchDef(embed_scale="metadata", multipliers=True, hybrid="mamba2", moe_norm=True,
                              rope_switch=True),
+    # Nemotron-H (src/models/nemotron-h.cpp): each layer one block behind its attn_norm: Mamba-2
+    # (granitehybrid's) where head_count_kv and feed_forward_length are 0, attention without rope where
+    # only feed_forward_length is, else an MLP alone (up, squared ReLU, down; its norm is attn_norm)
+    "nemotron_h": ArchDef(hybrid="mamba2", no_rope_step=1, act="relu2", single_blocks=True, ffn_norm="attn_norm"),
     # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
     "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
     "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),

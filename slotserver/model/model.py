@@ -37,6 +37,7 @@ from slotserver.model.cuda_graph import CudaGraphs
 from slotserver.model import gemv_step, heap, lean_step
 from slotserver.model.bias_add import add_bias
 from slotserver.model.scaled_add import scale_rows, scaled_add
+from slotserver.model.relu_sqr import relu_sqr
 from slotserver.model.sigmoid_gate import sigmoid_gate
 from slotserver.model.linear import QLinear
 from slotserver.model import lora_delta
@@ -206,7 +207,7 @@ class LlamaModel:
               logits_into: torch.Tensor | None = None) -> torch.Tensor:
         """The layers, the final norm and the output matmul on the embedded batch `x` (updated in place)."""
         s, w, ops = self.spec, self.weights, self.kernels
-        act, plain, silu = w.act_dtype, self._plain, s.act != "gelu"
+        act, plain, silu = w.act_dtype, self._plain, s.act == "silu"
         lora = batch.lora if self._adapted(batch) else None   # [T, adapters]
         in_c = lora is not None and lora_delta.serves(batch.n_tokens, x.is_cpu)   # else torch's, on x unfused
         fuse = (lora is None or in_c) and ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}
@@ -218,22 +219,18 @@ class LlamaModel:
             return self._logits(fuse, body(self, x, angles, batch, cache), logits_into)
         norm_adds = "acc" in ops.fuses.get("rms_norm", ()) and s.residual_scale == 1.0   # x += post_norm(y) in C
         for i, lw in enumerate(w.layers):
-            qkv = self._mm(fuse, lw.qkv, x, norm=lw.attn_norm, lora=(i, "qkv", lora))  # [tokens, q + 2 kv]
-            if lw.recurrent is not None:   # a hybrid model's recurrent layer: qkv is its in-projection
-                a = _as(lw.recurrent.run(s, qkv, batch, cache.recurrent, i, ops), w.act_dtype)
-            else:
-                a = self._attention(i, lw, qkv, batch, cache, *angles[id(self.layer_ropes[i])], temp)
-            if plain:
-                x = self._mm(fuse, lw.wo, a, acc=x, lora=(i, "wo", lora))   # x += a @ wo^T
-            else:
-                x = self._residual_add(norm_adds, x, self._mm(False, lw.wo, a, lora=(i, "wo", lora)),
-                                       lw.post_attn_norm)
+            if lw.qkv is not None:   # (nemotron_h's FFN-only layers have no mixer)
+                x = self._mixer(i, lw, x, batch, cache, angles, temp, fuse, norm_adds, lora)
             if lw.moe is not None:
                 x = self._moe(lw, x, plain)
                 continue
+            if lw.gate_up is None:   # a mixer alone (nemotron_h)
+                continue
             gate_up = self._mm(fuse, lw.gate_up, x, norm=lw.ffn_norm, lora=(i, "gate_up", lora))  # [tokens, 2 ff]
-            if not silu:
+            if s.act == "gelu":
                 gate_up = ops.gelu_mul(gate_up)
+            elif s.act == "relu2":   # nemotron_h: up alone, squared ReLU ([tokens, ff])
+                gate_up = relu_sqr(gate_up)
             down = (i, "down", lora)
             if plain:
                 x = self._mm(fuse, lw.down, gate_up, glu=silu, acc=x, lora=down)
@@ -244,6 +241,19 @@ class LlamaModel:
         rows = x if every else x[batch.logits_rows]                          # all rows, in order
         out_lora = None if lora is None else (-1, "output", lora if every else (lora[0][batch.logits_rows], lora[1]))
         return self._logits(fuse, _as(ops.rms_norm(rows, w.out_norm, s.norm_eps), act), logits_into, out_lora)
+
+    def _mixer(self, i: int, lw: LayerWeights, x: torch.Tensor, batch: Batch, cache, angles: dict,
+               temp: torch.Tensor | None, fuse: bool, norm_adds: bool, lora) -> torch.Tensor:
+        """x + layer i's attention, or a hybrid's recurrent layer (its qkv the in-projection)."""
+        s, w = self.spec, self.weights
+        qkv = self._mm(fuse, lw.qkv, x, norm=lw.attn_norm, lora=(i, "qkv", lora))  # [tokens, q + 2 kv]
+        if lw.recurrent is not None:
+            a = _as(lw.recurrent.run(s, qkv, batch, cache.recurrent, i, self.kernels), w.act_dtype)
+        else:
+            a = self._attention(i, lw, qkv, batch, cache, *angles[id(self.layer_ropes[i])], temp)
+        if self._plain:
+            return self._mm(fuse, lw.wo, a, acc=x, lora=(i, "wo", lora))   # x += a @ wo^T
+        return self._residual_add(norm_adds, x, self._mm(False, lw.wo, a, lora=(i, "wo", lora)), lw.post_attn_norm)
 
     def _logits(self, fuse: bool, x: torch.Tensor, logits_into: torch.Tensor | None,
                 lora: tuple | None = None) -> torch.Tensor:

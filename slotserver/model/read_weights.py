@@ -48,7 +48,8 @@ def check_kernels(f: GGUFFile, spec: ModelSpec, kernels: KernelSet) -> None:
     kind = spec.recurrent.kind if spec.recurrent is not None else ""
     recurrent_ops = {"gdn": ("delta_net_step",), "shortconv": ("short_conv_step",),
                      "mamba2": ("mamba2_step",)}.get(kind, ())
-    for needed in ("gelu_mul" if spec.act == "gelu" else "silu_mul", *moe_ops, *recurrent_ops):
+    gate_ops = {"silu": ("silu_mul",), "gelu": ("gelu_mul",)}.get(spec.act, ())   # relu2: model/relu_sqr.py
+    for needed in (*gate_ops, *moe_ops, *recurrent_ops):
         if needed not in kernels.modules:
             raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs the kernel {needed} "
                                   f"(kernels/{needed}.py), absent from the kernels folder")

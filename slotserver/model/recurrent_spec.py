@@ -103,7 +103,8 @@ class RecurrentSpec:
 def _mamba2(cls, key, n_layers: int) -> RecurrentSpec:
     """Granite 4.0-H's Mamba-2 layers (llama.cpp's granitehybrid): `ssm.group_count` groups of B and
     C, `ssm.time_step_rank` heads of `ssm.inner_size` / heads, `ssm.state_size` (N) each; a layer is
-    one where `attention.head_count_kv` (an array) is 0. As RecurrentSpec: n_k_heads = groups,
+    one where `attention.head_count_kv` (an array) is 0 (and, for nemotron_h, `feed_forward_length`
+    too: its MLP layers have neither). As RecurrentSpec: n_k_heads = groups,
     head_k = N, n_v_heads = heads, head_v = their size (the state [heads, N, head size])."""
     groups, heads, n, inner = (key.int(k) for k in ("ssm.group_count", "ssm.time_step_rank", "ssm.state_size",
                                                      "ssm.inner_size"))
@@ -114,7 +115,10 @@ def _mamba2(cls, key, n_layers: int) -> RecurrentSpec:
     if not isinstance(kv, list) or len(kv) != n_layers:
         raise key.error(f"attention.head_count_kv must give each of the {n_layers} layers its KV heads "
                         "(0 for a Mamba-2 layer)")
-    return cls(_width(key, "ssm.conv_kernel"), groups, heads, n, inner // heads, tuple(h == 0 for h in kv), "mamba2")
+    ff = key.raw("feed_forward_length")   # nemotron_h: an array; its FFN-only layers have no KV heads either
+    ffn = ff if isinstance(ff, list) and len(ff) == n_layers else [0] * n_layers
+    return cls(_width(key, "ssm.conv_kernel"), groups, heads, n, inner // heads,
+               tuple(h == 0 and not f for h, f in zip(kv, ffn)), "mamba2")
 
 
 def _width(key, name: str) -> int:

@@ -65,13 +65,18 @@ class ModelSpec:
     recurrent: RecurrentSpec | None = None  # a hybrid model's delta-net layers (None: every layer attends)
     attn_gate: bool = False     # the attention output times sigmoid(a per-head gate from attn_q) (qwen35)
     out_norm: str = "output_norm"  # the final RMSNorm's tensor name (without .weight)
+    # per layer: an FFN alone (nemotron_h's MLP blocks), the other layers then a mixer alone; (): every
+    # layer a mixer then an FFN
+    ffn_only: tuple[bool, ...] = ()
 
     @functools.cached_property
     def kv_layers(self) -> tuple[int, ...]:
-        """The layers with a KV cache: all, or a hybrid model's attention layers."""
-        if self.recurrent is None:
+        """The layers with a KV cache: all, or a hybrid model's attention layers (not its recurrent
+        layers, nor nemotron_h's FFN-only ones)."""
+        if self.recurrent is None and not self.ffn_only:
             return tuple(range(self.n_layers))
-        return tuple(i for i, r in enumerate(self.recurrent.layers) if not r)
+        recurrent = self.recurrent.layers if self.recurrent is not None else (False,) * self.n_layers
+        return tuple(i for i in range(self.n_layers) if not recurrent[i] and not (self.ffn_only and self.ffn_only[i]))
 
     @property
     def n_kv_layers(self) -> int:
@@ -106,7 +111,10 @@ class ModelSpec:
 
     def layer_spec(self, layer: int) -> "ModelSpec":
         """The spec a layer's weights load with: without the MoE for a leading dense layer
-        (lfm2moe's first `leading_dense_block_count`: a plain FFN of `d_ff`), else this one."""
+        (lfm2moe's first `leading_dense_block_count`: a plain FFN of `d_ff`), without an FFN for a
+        mixer-only layer (nemotron_h's), else this one."""
+        if self.ffn_only and not self.ffn_only[layer]:
+            return replace(self, d_ff=0)
         if self.moe is None or layer >= self.moe.dense_lead:
             return self
         return replace(self, moe=None)
@@ -137,14 +145,15 @@ class ModelSpec:
         rope_dim = key.int("rope.dimension_count", head_dim)
         rope = RopeScaling.from_metadata(key, rope_dim)
         windows, base_swa, scale_swa = _sliding_windows(a, key, n_layers, rope)
+        d_ff, ffn_only = _ffn_lengths(a, key, n_layers)
         spec = cls(
             arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
             n_kv_heads=_kv_heads(key, n_heads, a.hybrid in ("shortconv", "mamba2")), head_dim=head_dim,
             # a MoE file may leave it out (qwen35moe: expert and shared-expert sizes only), as llama.cpp allows
-            d_ff=key.int("feed_forward_length") if key.has("feed_forward_length") or not key.raw("expert_count") else 0,
+            d_ff=d_ff,
             vocab_size=key.int("vocab_size", len(md.get("tokenizer.ggml.tokens", ())) or None),
             ctx_train=key.int("context_length"),
-            norm_eps=key.float("attention.layer_norm_rms_epsilon", 1e-5),
+            norm_eps=key.float("attention.layer_norm_rms_epsilon", key.raw("attention.layer_norm_epsilon", 1e-5)),
             rope_base=rope.base, rope_dim=rope_dim, rope_scale=rope.freq_scale,
             tied_embeddings="output.weight" not in f.tensors,
             qkv_bias=a.qkv_bias or "blk.0.attn_q.bias" in f.tensors, rope_mode=a.rope_mode,
@@ -163,7 +172,7 @@ class ModelSpec:
             swa_rope_plain=a.swa_rope_plain, pre_norms=a.pre_norms, nope_full=a.nope_full,
             bidirectional=a.bidirectional,
             recurrent=RecurrentSpec.from_metadata(key, n_layers, a.hybrid, d_model) if a.hybrid else None,
-            attn_gate=a.attn_gate, out_norm=a.out_norm,
+            attn_gate=a.attn_gate, out_norm=a.out_norm, ffn_only=ffn_only,
         )
         if a.hybrid == "gdn":
             text_rope_check(key, rope_dim)
@@ -252,6 +261,21 @@ def _sliding_windows(a: ArchDef, key: _Keys, n_layers: int, rope: RopeScaling) -
         return windows, rope.base, 1.0
     base_default, scale = (rope.base, rope.freq_scale) if a.swa_rope_global else (10000.0, 1.0)
     return windows, key.float("rope.freq_base_swa", base_default), scale
+
+
+def _ffn_lengths(a: ArchDef, key: _Keys, n_layers: int) -> tuple[int, tuple[bool, ...]]:
+    """(d_ff, ffn_only): `feed_forward_length`, or for one-block layers (nemotron_h) an array of it,
+    nonzero (and alike) on the FFN-only layers. A MoE file may leave it out (qwen35moe: expert and
+    shared-expert sizes only), as llama.cpp allows."""
+    if not a.single_blocks:
+        return (key.int("feed_forward_length") if key.has("feed_forward_length") or not key.raw("expert_count")
+                else 0), ()
+    ff = key.raw("feed_forward_length")
+    sizes = {n for n in ff if n} if isinstance(ff, list) and len(ff) == n_layers else set()
+    if len(sizes) != 1 or not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n < key.LIMIT for n in sizes):
+        raise key.error(f"feed_forward_length {ff!r} must give each of the {n_layers} layers its FFN size "
+                        "(0 for a mixer), the FFN layers all alike")
+    return sizes.pop(), tuple(bool(n) for n in ff)
 
 
 def _kv_heads(key: _Keys, n_heads: int, per_layer: bool) -> int:

@@ -89,10 +89,11 @@ MatMul = Linear | QLinear   # both: (x [rows, in], ops) -> [rows, out]
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor | None   # [d_model] (None: no pre-norm, olmo2)
-    qkv: MatMul                  # [(n_heads + 2*n_kv_heads) * head_dim, d_model] (+ bias)
-    wo: MatMul                   # [d_model, n_heads * head_dim]
+    qkv: MatMul | None           # [(n_heads + 2*n_kv_heads) * head_dim, d_model] (+ bias); None: an FFN alone (ffn_layer.py)
+    wo: MatMul | None            # [d_model, n_heads * head_dim]
     ffn_norm: torch.Tensor | None    # [d_model]
-    gate_up: MatMul | None       # [2 * d_ff, d_model] (a MoE layer: its shared expert's, or None)
+    gate_up: MatMul | None       # [2 * d_ff, d_model] (relu2: [d_ff, d_model], up alone; a MoE layer: its shared
+                                 # expert's, or None; None: a mixer alone, nemotron_h's)
     down: MatMul | None          # [d_model, d_ff]
     q_norm: torch.Tensor | None = None     # [head_dim] per-head RMSNorm of q (qwen3, gemma3)
     k_norm: torch.Tensor | None = None     # [head_dim]
@@ -144,8 +145,12 @@ def load_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, progress: Pro
     tick(1, total)
     layers = []
     for i in range(spec.n_layers):
-        at = spec.layer_spec(i)   # lfm2moe's leading dense layers: no MoE
-        layers.append(_block_layer(f, at, i, fmt) if kind == "q" else _load_layer(f, at, i, dtype, fmt, q4_kernel))
+        at = spec.layer_spec(i)   # lfm2moe's leading dense layers: no MoE; nemotron_h's mixers: no FFN
+        if spec.ffn_only and spec.ffn_only[i]:
+            from slotserver.model.ffn_layer import ffn_layer
+            layers.append(ffn_layer(f, at, i, kind, dtype, fmt, q4_kernel))
+        else:
+            layers.append(_block_layer(f, at, i, fmt) if kind == "q" else _load_layer(f, at, i, dtype, fmt, q4_kernel))
         tick(i + 2, total)
     out_norm = _load(f, spec.out_norm + ".weight", (d,), torch.float32)
     out_name = "token_embd.weight" if spec.tied_embeddings else "output.weight"
@@ -241,6 +246,8 @@ def _sinks(f: GGUFFile, spec: ModelSpec, p: str) -> torch.Tensor | None:
 def _block_ffn(f: GGUFFile, spec: ModelSpec, p: str, fmt: WeightFormat) -> tuple[QLinear | None, QLinear | None]:
     """(gate|up, down) as GGUF blocks: the dense FFN, a MoE layer's shared expert, or (None, None)."""
     d, ff, sfx = spec.d_model, spec.d_ff, ""
+    if not ff and not spec.moe:   # a mixer alone (nemotron_h)
+        return None, None
     if spec.moe:
         if not spec.moe.d_ff_shared:
             return None, None

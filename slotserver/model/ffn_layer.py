@@ -1,0 +1,33 @@
+"""A layer that is an FFN alone: Nemotron-H's MLP blocks (llama.cpp's nemotron_h).
+
+Nemotron-H's layers are each one block behind their own RMSNorm (`attn_norm`, whatever the block):
+a Mamba-2 mixer (model/recurrent_layer.py, with no FFN after it), attention (weights.py's
+attention layer, no FFN either: `ModelSpec.layer_spec` gives those layers d_ff 0), or this: an
+MLP with no mixer before it, up -> squared ReLU -> down, no gate (model/relu_sqr.py).
+
+As a `LayerWeights`: qkv and wo None (model.py's loop skips the mixer), ffn_norm the block's norm,
+gate_up the up projection alone (`ModelSpec.act` "relu2": no gate half), down.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slotserver.model.gguf_file import GGUFFile
+from slotserver.model.linear import Linear
+from slotserver.model.spec import ModelSpec
+from slotserver.model.weights import LayerWeights, WeightFormat, _blocks, _kind, _load, _qlinear
+
+
+def ffn_layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtype, fmt: WeightFormat,
+              q4_kernel=None) -> LayerWeights:
+    """Layer i, an MLP block alone: kind "q" keeps GGUF blocks, else `Linear`'s formats."""
+    d, ff, p = spec.d_model, spec.d_ff, f"blk.{i}."
+    shapes = {"ffn_up": (ff, d), "ffn_down": (d, ff)}
+    if kind == "q":
+        up, down = (_qlinear(f, [_blocks(f, p + n + ".weight", shape)], [None], False) for n, shape in shapes.items())
+    else:
+        up, down = (Linear.build(_load(f, p + n + ".weight", shape, dtype), None, _kind(f, p + n + ".weight", fmt),
+                                 fmt.int8_max_rows, fmt.native_max_rows, q4_kernel) for n, shape in shapes.items())
+    return LayerWeights(attn_norm=None, qkv=None, wo=None,
+                        ffn_norm=_load(f, p + spec.ffn_norm + ".weight", (d,), torch.float32), gate_up=up, down=down)
