@@ -22,7 +22,8 @@
 
    glu: each input row is gate|up [2K] and goes through silu(gate) * up first (1: qmatmul_r16's fused
    prologue), or gpt-oss's clamped SwiGLU (2: ggml's swiglu_oai, applied here while gathering the
-   rows, oai_row). bias: NULL, or [E, N] float32: each slot's row gets its expert's bias (gpt-oss),
+   rows, oai_row); without a gate, 3 makes each row max(x, 0)^2 while gathering it (Nemotron-H's
+   ungated experts: ggml_relu then ggml_sqr). bias: NULL, or [E, N] float32: each slot's row gets its expert's bias (gpt-oss),
    before its routing weight, as llama.cpp adds it (ggml_add_id, then ggml_mul by the weights). w: NULL, or the routing weights [T, kk]: then y is [T, N], each token's sum over its
    slots j = 0, 1, ... (in that order, as llama.cpp adds them) of w[t, j] * its row; accum: that
    sum added into y (the residual) instead of stored.
@@ -51,8 +52,9 @@ static void oai_row(const float *x, int64_t K, float *dst) {
     }
 }
 
-/* The rows grouped by expert into xg (Kg floats each): copied, or (oai) activated from 2 Kg. */
-static int moe_group(const int64_t *ids, const float *x, int64_t R, int64_t kk, int64_t Kg, int oai, int64_t sxt,
+/* The rows grouped by expert into xg (Kg floats each): copied, (act 2, oai) activated from 2 Kg, or
+   (act 3) squared after a ReLU. */
+static int moe_group(const int64_t *ids, const float *x, int64_t R, int64_t kk, int64_t Kg, int act, int64_t sxt,
                      int64_t sxj, int64_t E, int64_t *start, int64_t *pos, float *xg) {
     for (int64_t r = 0; r < R; r++) {
         if (ids[r] < 0 || ids[r] >= E) return 2;
@@ -65,7 +67,9 @@ static int moe_group(const int64_t *ids, const float *x, int64_t R, int64_t kk, 
         const int64_t g = start[ids[r]] + fill[ids[r]]++;
         pos[r] = g;
         const float *src = x + (r / kk) * sxt + (r % kk) * sxj;
-        if (oai) oai_row(src, Kg, xg + g * Kg);
+        if (act == 2) oai_row(src, Kg, xg + g * Kg);
+        else if (act == 3)
+            for (int64_t i = 0; i < Kg; i++) { const float v = src[i] > 0.0f ? src[i] : 0.0f; xg[g * Kg + i] = v * v; }
         else memcpy(xg + g * Kg, src, Kg * sizeof(float));
     }
     free(fill);
@@ -83,7 +87,7 @@ int moe_matmul(const void *r16, const uint8_t *U, const uint8_t *S, const int64_
     float *xg = malloc((R * Kx + 16) * sizeof(float)), *yg = malloc((R * N + 16) * sizeof(float));
     MoeItem *items = malloc((E * P + 1) * sizeof(MoeItem));
     int rc = (!col || !start || !pos || !xg || !yg || !items) ? 1 : 0;
-    if (!rc) rc = moe_group(ids, x, R, kk, Kx, glu == 2, sxt, sxj, E, start, pos, xg);
+    if (!rc) rc = moe_group(ids, x, R, kk, Kx, glu, sxt, sxj, E, start, pos, xg);
     int64_t n_items = 0;
     for (int64_t e = 0; e < E && !rc; e++)
         for (int64_t p = 0; p < P && start[e + 1] > start[e]; p++)

@@ -5,7 +5,8 @@
 `x [T, k, K]` (each slot its own input: down); W the layer's `Experts` (slotserver/runtime/
 experts.py: the 3-D GGUF tensors' blocks, expert e's rows the concatenation of its parts' rows).
 glu: x is gate|up (last dim 2K) and the input is silu(gate) * up, or with `act` "oai" gpt-oss's
-clamped SwiGLU (`swiglu_oai`, ggml's). bias: `[E, N]` float32, each slot's row plus its expert's
+clamped SwiGLU (`swiglu_oai`, ggml's); without glu, `act` "relu2" makes the input max(x, 0)^2
+(Nemotron-H's ungated experts: up, squared ReLU, down; "silu" leaves x as it is). bias: `[E, N]` float32, each slot's row plus its expert's
 bias (gpt-oss's expert biases), before any weighting. -> `[T, k, N]` in x's dtype;
 with `weights` (the routing weights `[T, k]` float32) -> `[T, N]`: each token's weighted sum over
 its slots, added in slot order (j = 0, 1, ...) as llama.cpp adds the weighted experts; and with
@@ -40,9 +41,9 @@ from slotserver.runtime.experts import Experts
 from slotserver.runtime.qblocks import FLOATS, T, random_qweight, release_file_pages
 
 OP = "moe_matmul"
-FUSES = ("bias", "act")   # optional arguments every implementation takes (gpt-oss's model asks for them)
+FUSES = ("bias", "act", "relu2")   # optional arguments and acts every implementation takes (models ask for them)
 TOL = {torch.float32: 3e-2, torch.bfloat16: 4e-2}
-ACTS = ("silu", "oai")
+ACTS = ("silu", "oai", "relu2")
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0   # llama.cpp's constants for gpt-oss (build_moe_ffn, LLM_FFN_SWIGLU_OAI_MOE)
 
 
@@ -52,6 +53,14 @@ def swiglu_oai(gate_up: torch.Tensor) -> torch.Tensor:
     g, u = gate_up.float().chunk(2, dim=-1)
     x, y = g.clamp(max=OAI_LIMIT), u.clamp(-OAI_LIMIT, OAI_LIMIT)
     return x / (1.0 + torch.exp(OAI_ALPHA * -x)) * (y + 1.0)
+
+
+def _activated(xs: torch.Tensor, glu: bool, act: str) -> torch.Tensor:
+    """The rows as the experts' input, float32: gate|up through its gate (glu), max(x, 0)^2
+    (relu2), or as they are."""
+    if glu:
+        return _glu(xs, act)
+    return torch.relu(xs.float()).square() if act == "relu2" else xs.float()
 
 
 def _glu(xs: torch.Tensor, act: str) -> torch.Tensor:
@@ -66,9 +75,7 @@ def reference(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
               weights: torch.Tensor | None = None, acc: torch.Tensor | None = None,
               bias: torch.Tensor | None = None, act: str = "silu") -> torch.Tensor:
     """Every (token, slot) against its expert's dequantized matrix, in float32 (+ its bias)."""
-    xs = _slots(x, ids.shape[1]).float()                                 # [T, k, K or 2K]
-    if glu:
-        xs = _glu(xs, act)
+    xs = _activated(_slots(x, ids.shape[1]), glu, act)                  # [T, k, K] from K or 2K
     mats = torch.stack([w.dense(e) for e in range(w.n_expert)])         # [E, N, K]
     y = torch.einsum("tjk,tjnk->tjn", xs, mats[ids.long()])
     if bias is not None:
@@ -118,8 +125,8 @@ def cpu(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
     kx = 2 * w.k if glu else w.k
     assert x.shape[-1] == kx and x.shape[0] == t and (x.dim() == 2 or x.shape[1] == k), \
         f"moe_matmul: x {tuple(x.shape)} for ids {tuple(ids.shape)} and K={w.k}{' (glu)' if glu else ''}"
-    assert act in ACTS and (bias is None or tuple(bias.shape) == (w.n_expert, w.n)), \
-        f"moe_matmul: act {act!r} of {ACTS}, bias [E, N] = {(w.n_expert, w.n)}"
+    assert act in ACTS and not (glu and act == "relu2") and (bias is None or tuple(bias.shape) == (w.n_expert, w.n)), \
+        f"moe_matmul: act {act!r} of {ACTS} (relu2 without glu), bias [E, N] = {(w.n_expert, w.n)}"
     bias_ok = bias is None or bias.dtype == torch.float32 and bias.is_contiguous() and bias.is_cpu
     if _LIB is None or _QLIB is None or not x.is_cpu or T(w.qtype) not in _R16_FORM or w.k % 32 or t * k == 0 \
             or not bias_ok:
@@ -137,7 +144,7 @@ def cpu(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
                          y.data_ptr(),
                          ids64.data_ptr(), 0 if wf is None else wf.data_ptr(),
                          0 if bias is None else bias.data_ptr(), t,
-                         k, len(w.parts), w.k, xf.stride(0), sxj, w.n_expert, (2 if act == "oai" else 1) if glu else 0,
+                         k, len(w.parts), w.k, xf.stride(0), sxj, w.n_expert, _act_code(glu, act),
                          fused, form,
                          R16_OFFSET.get(T(w.qtype), 0), torch.get_num_threads())
     assert rc != 2, f"moe_matmul: an expert id outside 0..{w.n_expert - 1}"
@@ -146,6 +153,13 @@ def cpu(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
         return acc
     y = y if x.dtype == torch.float32 else y.to(x.dtype)
     return y if acc is None else acc.add_(y.to(acc.dtype))
+
+
+def _act_code(glu: bool, act: str) -> int:
+    """moe_matmul.c's `glu`: 0 the rows as they are, 1 silu(gate) * up, 2 swiglu_oai, 3 relu2."""
+    if glu:
+        return 2 if act == "oai" else 1
+    return 3 if act == "relu2" else 0
 
 
 def repacked(w: Experts) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor]:
@@ -208,6 +222,8 @@ def _grouped(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool, act: str
     xs = _slots(x, k).reshape(t * k, -1).float()
     if glu:
         xs = _torch_glu(xs, act)
+    elif act == "relu2":
+        xs = torch.relu(xs).square()
     flat = ids.reshape(-1).long()
     y = torch.empty(t * k, w.n, dtype=torch.float32, device=x.device)
     for e in flat.unique().tolist():
@@ -259,6 +275,8 @@ def triton(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
     t, k = ids.shape
     if glu:
         x = _torch_glu(x, act)
+    elif act == "relu2":
+        x = torch.relu(x).square()
     x = x if x.stride(-1) == 1 else x.contiguous()
     dense = w.__dict__.get("_moe_dense")
     if dense is None or dense.device != x.device:
@@ -280,8 +298,8 @@ EXAMPLE_TYPES = (T.Q4_0, T.Q8_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     """Random experts (one of the formats above; 1-2 parts of 1-40 rows each, so that parts end
     mid-group), T tokens choosing k of E experts each (distinct, as top-k), x shared by a token's
-    slots or per slot (then half of the draws glu, a third of those gpt-oss's clamped one), and a
-    third with expert biases (gpt-oss)."""
+    slots or per slot (then half of the draws glu, a third of those gpt-oss's clamped one; a third
+    of the others relu2), and a third with expert biases (gpt-oss)."""
     qtype = EXAMPLE_TYPES[int(torch.randint(len(EXAMPLE_TYPES), (), generator=gen))]
     kdim = 256 * int(torch.randint(1, 3, (), generator=gen)) if qtype in (T.Q4_K, T.Q5_K, T.Q6_K, T.Q3_K) \
         else 32 * int(torch.randint(1, 5, (), generator=gen))
@@ -298,6 +316,8 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     into = weights is not None and bool(torch.randint(2, (), generator=gen))
     acc = torch.randn(tokens, sum(rows), generator=gen) if into else None
     act = "oai" if glu and torch.rand((), generator=gen) < 0.33 else "silu"
+    if per_slot and not glu and tokens % 3 == 0:   # (no draw: the other cases' inputs stay as they were)
+        act = "relu2"
     bias = torch.randn(n_expert, sum(rows), generator=gen) if torch.rand((), generator=gen) < 0.33 else None
     x = torch.randn(*shape, generator=gen) * (2 if act == "oai" else 1)   # oai: some gates past its clamp
     return x.to(dtype), Experts(parts, n_expert), ids, glu, weights, acc, bias, act

@@ -172,6 +172,15 @@ CASES: dict[str, tuple[str, dict]] = {
         layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba", "mlp"], head_dim=16, intermediate_size=64,
         mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=2, conv_kernel=4, expand=2,
         use_conv_bias=True, layer_norm_epsilon=1e-5, vocab_size=312)),
+    # Nemotron 3 (llama.cpp's nemotron_h_moe): the same one-block layers, the FFN blocks (E) a MoE routed
+    # by sigmoid with a selection bias (e_score_correction_bias, drawn as lfm2moe's), the 2 weights
+    # renormalized and scaled by 2.5, ungated squared-ReLU experts plus a squared-ReLU shared expert
+    "nemotron_h_moe": ("NemotronHForCausalLM", dict(
+        layers_block_type=["mamba", "moe", "attention", "moe", "mamba", "moe"], head_dim=16,
+        mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=2, conv_kernel=4, expand=2,
+        use_conv_bias=True, layer_norm_epsilon=1e-5, vocab_size=312, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, moe_shared_expert_intermediate_size=64, n_shared_experts=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, n_group=1, topk_group=1)),
 }
 # converter options per transformers class (Qwen3.5: no MTP layers here, which the converter otherwise
 # requires to find in the checkpoint)
@@ -276,8 +285,9 @@ def write_hf(folder: Path, cls_name: str, config: dict, seed: int) -> None:
             if name.endswith("sinks"):   # learned per-head logits: in the scores' range, so they matter
                 p.normal_(0, 1.0)
         for name, b in model.named_buffers():
-            if name.endswith("expert_bias"):   # lfm2moe's selection bias (a buffer, zeros by default): as large
-                b.normal_(0, 0.3)              # as the sigmoid probabilities' spread, so it moves selections
+            if name.endswith(("expert_bias", "e_score_correction_bias")):   # lfm2moe's, nemotron_h_moe's selection
+                b.normal_(0, 0.3)   # bias (a buffer, zeros by default): as large as the sigmoid probabilities'
+                                    # spread, so it moves selections
     model.save_pretrained(folder, safe_serialization=True)
     if cls_name == "GptOssForCausalLM":
         mxfp4_experts(folder)
@@ -287,7 +297,7 @@ def write_hf(folder: Path, cls_name: str, config: dict, seed: int) -> None:
         config["layer_types"] = ["attention" if t in ("attention", "full_attention") else "mamba"
                                  for t in config["layer_types"]]
         path.write_text(json.dumps(config, indent=2))
-    if cls_name == "NemotronHForCausalLM":
+    if cls_name == "NemotronHForCausalLM" and not config.get("n_routed_experts"):
         nemotron_pattern(folder)
 
 

@@ -15,9 +15,10 @@ import numpy as np
 TensorFn = Callable[[str, np.ndarray, "gguf.GGMLQuantizationType"], "tuple[np.ndarray, gguf.GGMLQuantizationType] | None"]
 
 
-def rewrite(src: Path, dst: Path, keys: dict | None = None, tensors: TensorFn | None = None) -> Path:
+def rewrite(src: Path, dst: Path, keys: dict | None = None, tensors: TensorFn | None = None,
+            extra: dict[str, np.ndarray] | None = None) -> Path:
     """src to dst with `keys` (name -> (value, GGUFValueType), or None to drop the key) over its
-    metadata and each tensor through `tensors` (default: as it is)."""
+    metadata, each tensor through `tensors` (default: as it is), and the float32 tensors `extra` added."""
     keys = keys or {}
     reader = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dst, reader.fields["general.architecture"].contents())
@@ -38,6 +39,8 @@ def rewrite(src: Path, dst: Path, keys: dict | None = None, tensors: TensorFn | 
         out = (data, t.tensor_type) if tensors is None else tensors(t.name, data, t.tensor_type)
         if out is not None:
             w.add_tensor(t.name, out[0], raw_dtype=out[1])
+    for name, data in (extra or {}).items():
+        w.add_tensor(name, data.astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -24,7 +24,7 @@ from slotserver.runtime.qblocks import T, random_qweight
 from gguf_rewrite import rewrite
 
 ARCHS = Path(__file__).parent / "fixtures" / "archs"
-MOE = ["qwen3moe", "olmoe", "granitemoe", "qwen2moe"]
+MOE = ["qwen3moe", "olmoe", "granitemoe", "qwen2moe", "nemotron_h_moe"]
 
 
 def q8_copy(src: Path, dst: Path) -> Path:
@@ -53,7 +53,8 @@ def test_q8_0_experts_on_blocks_match_their_dequantized_weights(tmp_path, case):
     wrong expert offset or part would move every position."""
     path = q8_copy(ARCHS / f"{case}.gguf", tmp_path / "q8.gguf")
     dense, blocks = (LlamaModel.load(path, torch.float32, max_pos=64, fmt=WeightFormat(k)) for k in ("dense", "q"))
-    assert isinstance(blocks.weights.layers[0].moe.down, Experts) and blocks.weights.layers[0].moe.down.qtype == T.Q8_0
+    moe = next(lw.moe for lw in blocks.weights.layers if lw.moe is not None)   # (nemotron_h_moe's layer 0 is Mamba-2)
+    assert isinstance(moe.down, Experts) and moe.down.qtype == T.Q8_0
     a, b = (m.forward(Batch.build([SeqChunk(0, 0, PROMPT, all_logits=True)]), _cache(m, 1)) for m in (dense, blocks))
     far = ((a - b).abs().amax(-1) > 0.04 * a.abs().max()) | ((a.softmax(-1) - b.softmax(-1)).abs().amax(-1) > 0.02)
     assert int(far.sum()) <= 1, far.tolist()
@@ -143,3 +144,17 @@ def test_a_kernel_set_without_the_expert_kernels_is_refused_at_load():
     partial = KernelSet({op: m for op, m in full.modules.items() if op != "moe_route"})
     with pytest.raises(ModuleLoadError, match="olmoe.gguf: a olmoe model needs the kernel moe_route"):
         LlamaModel.load(ARCHS / "olmoe.gguf", kernels=partial)
+
+
+def test_what_nemotron_h_moe_files_need_that_is_not_here_is_refused_in_one_line(tmp_path):
+    """Grouped expert selection (expert_group_count > 1, which llama.cpp applies for any file) and
+    Nemotron 3 Super's latent experts (ffn_latent_down / _up) are not computed: the load says so
+    rather than route or multiply otherwise."""
+    src = ARCHS / "nemotron_h_moe.gguf"
+    grouped = rewrite(src, tmp_path / "grouped.gguf",
+                      keys={"nemotron_h_moe.expert_group_count": (2, gguf.GGUFValueType.UINT32)})
+    with pytest.raises(GGUFError, match="expert_group_count 2: grouped expert selection is not supported"):
+        LlamaModel.load(grouped)
+    latent = rewrite(src, tmp_path / "latent.gguf", extra={"blk.1.ffn_latent_down.weight": np.zeros((16, 32))})
+    with pytest.raises(GGUFError, match="layer 1's experts work in a latent space"):
+        LlamaModel.load(latent)

@@ -35,7 +35,8 @@ class ArchDef:
     qk_norm_full: bool = False   # olmoe: q and k RMSNorm over the whole projection, not per head
     moe_norm: bool = False       # MoE: the k selected weights renormalized to sum 1 (moe_spec.py)
     moe_gating: str = "softmax"  # MoE: "softmax" then top-k, "softmax_weight": top-k then softmax (gpt-oss), "sigmoid"
-    moe_act: str = "silu"        # MoE experts' gate: "silu" (SwiGLU) or "swiglu_oai" (gpt-oss's clamped form)
+    moe_act: str = "silu"        # MoE experts' activation: "silu" (SwiGLU), "swiglu_oai" (gpt-oss's clamped form), "relu2"
+    moe_file_weights: bool = False  # MoE: weight renormalization and scale from expert_weights_norm / _scale
     moe_keys: bool = False       # MoE: read leading_dense_block_count and expert_gating_func (lfm2moe's loader does)
     rope_switch: bool = False    # rope.scaling.finetuned false: no layer rotated (llama.cpp's granite loaders)
     out_bias: bool = False       # attn_output.bias (gpt-oss)
@@ -112,6 +113,11 @@ ARCHS: dict[str, ArchDef] = {
     # (granitehybrid's) where head_count_kv and feed_forward_length are 0, attention without rope where
     # only feed_forward_length is, else an MLP alone (up, squared ReLU, down; its norm is attn_norm)
     "nemotron_h": ArchDef(hybrid="mamba2", no_rope_step=1, act="relu2", single_blocks=True, ffn_norm="attn_norm"),
+    # Nemotron 3 (src/models/nemotron-h.cpp's MoE branch): the same layers, the FFN blocks a MoE routed
+    # by sigmoid with a selection bias (exp_probs_b), weights renormalized and scaled as the file says,
+    # ungated squared-ReLU experts, plus an ungated squared-ReLU shared expert
+    "nemotron_h_moe": ArchDef(hybrid="mamba2", no_rope_step=1, act="relu2", single_blocks=True, ffn_norm="attn_norm",
+                              moe_gating="sigmoid", moe_act="relu2", moe_file_weights=True),
     # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
     "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
     "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),

@@ -23,6 +23,9 @@ its routing weight, and the k weighted outputs are summed in slot order: all ins
 moe_matmul calls (`bias`, `act="oai"`), so a gpt-oss decode step is C calls only too and replays
 from a step graph.
 
+nemotron_h_moe's experts have no gate (`MoeSpec.act` "relu2"): gate_up holds the up rows alone
+and the down call squares each row after a ReLU as it gathers it (moe_matmul's `act="relu2"`).
+
 lfm2moe (`MoeSpec.gating` "sigmoid") routes by each logit's sigmoid and chooses the experts with
 the layer's selection bias added (`MoeWeights.select_bias`, its `exp_probs_b`; moe_route's
 `select_bias`), weighting them by the unbiased sigmoids, renormalized.
@@ -83,7 +86,7 @@ def route(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor) -> tuple[torch.Ten
     return ops.moe_route(*args, mw.router_bias)
 
 
-ACTS = {"silu": "silu", "swiglu_oai": "oai"}   # MoeSpec.act -> kernels/moe_matmul.py's act
+ACTS = {"silu": "silu", "swiglu_oai": "oai", "relu2": "relu2"}   # MoeSpec.act -> kernels/moe_matmul.py's act
 
 
 def _part_options(mw: MoeWeights) -> list[dict]:
@@ -122,9 +125,10 @@ def _routed(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None,
     parts = [ops.moe_matmul(h, e, ids, **o) for e, o in zip(mw.gate_up, _part_options(mw))]   # [T, k, 2F] (+ biases)
     gu = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
     down = _down_options(moe, mw)                                  # gpt-oss: swiglu_oai, down biases
+    glu = moe.act != "relu2"                                       # nemotron_h_moe: up alone, squared ReLU
     if shared is None:
-        return ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w, acc=acc, **down)   # summed in slot order
-    out = ops.moe_matmul(gu, mw.down, ids, glu=True, weights=w, **down)
+        return ops.moe_matmul(gu, mw.down, ids, glu=glu, weights=w, acc=acc, **down)   # summed in slot order
+    out = ops.moe_matmul(gu, mw.down, ids, glu=glu, weights=w, **down)
     s = shared(h)                                                  # [T, d_model]
     if mw.shared_gate is not None:
         s = s * torch.sigmoid(router_logits(h, mw.shared_gate))   # [T, 1]

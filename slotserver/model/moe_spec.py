@@ -19,8 +19,13 @@ architecture's graph (src/models/<arch>.cpp) sets; `MoeSpec` holds the same swit
 
 - `act`: the experts' gated activation. "silu" (SwiGLU, silu(gate) * up); "swiglu_oai" (gpt-oss,
   ggml's `swiglu_oai`: gate clamped to at most 7, up to [-7, 7], gate * sigmoid(1.702 gate) * (up
-  + 1); alpha and limit are constants in llama.cpp too). gpt-oss's router and expert biases are
-  data (`MoeWeights`), not switches: a layer has them where the file does.
+  + 1); alpha and limit are constants in llama.cpp too); "relu2" (nemotron_h_moe: no gate, the
+  experts' up projection squared after a ReLU). gpt-oss's router and expert biases are data
+  (`MoeWeights`), not switches: a layer has them where the file does.
+- `file_weights`: `norm_weights` and `weights_scale` read from `expert_weights_norm` and
+  `expert_weights_scale` (nemotron_h_moe's loader reads them; the others' are constants).
+- `expert_group_count` above 1 (DeepSeek-V3's grouped selection, which llama.cpp applies for any
+  file that says so) is refused: no supported architecture groups its experts.
 
 The routing is this table, not code per architecture; the experts' matmul
 (kernels/moe_matmul.py) takes any `Experts`.
@@ -32,7 +37,7 @@ from dataclasses import dataclass
 
 GATINGS = ("softmax", "softmax_weight", "sigmoid")
 GATING_FUNCS = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}   # llama.cpp's expert_gating_func
-ACTS = ("silu", "swiglu_oai")
+ACTS = ("silu", "swiglu_oai", "relu2")
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ class MoeSpec:
 
     @classmethod
     def from_metadata(cls, key, norm_weights: bool, gating: str = "softmax", act: str = "silu",
-                      keys: bool = False) -> "MoeSpec | None":
+                      keys: bool = False, file_weights: bool = False) -> "MoeSpec | None":
         """None where the file has no experts (`{arch}.expert_count` absent or 0). `key`: spec.py's
         `_Keys` over the file's `{arch}.*` metadata (range-checked, one-line errors). `keys`: read
         `leading_dense_block_count` and check `expert_gating_func`, as llama.cpp's loader does for
@@ -71,4 +76,11 @@ class MoeSpec:
         if keys and key.has("expert_gating_func") and GATING_FUNCS.get(key.raw("expert_gating_func")) != gating:
             raise key.error(f"expert_gating_func {key.raw('expert_gating_func')} is not this architecture's "
                             f"{gating} (llama.cpp's codes: {GATING_FUNCS})")
-        return cls(n_expert, n_used, d_ff, shared, norm_weights, gating, act=act, dense_lead=lead)
+        groups = key.raw("expert_group_count", 0)
+        if not isinstance(groups, int) or groups > 1:
+            raise key.error(f"expert_group_count {groups!r}: grouped expert selection is not supported")
+        scale = 1.0
+        if file_weights:
+            norm_weights = key.raw("expert_weights_norm", False) is True
+            scale = key.float("expert_weights_scale", 1.0) or 1.0   # 0, as llama.cpp: no scale
+        return cls(n_expert, n_used, d_ff, shared, norm_weights, gating, scale, act=act, dense_lead=lead)

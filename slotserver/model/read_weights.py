@@ -54,8 +54,10 @@ def check_kernels(f: GGUFFile, spec: ModelSpec, kernels: KernelSet) -> None:
             raise ModuleLoadError(f"{f.path}: a {spec.arch} model needs the kernel {needed} "
                                   f"(kernels/{needed}.py), absent from the kernels folder")
     asks = {"attention": {"sinks"} if spec.sinks else set(), "paged_attention": {"sinks"} if spec.sinks else set()}
-    if spec.moe is not None and spec.moe.act != "silu":   # gpt-oss: router and expert biases, swiglu_oai
+    if spec.moe is not None and spec.moe.act == "swiglu_oai":   # gpt-oss: router and expert biases, swiglu_oai
         asks |= {"moe_route": {"bias"}, "moe_matmul": {"bias", "act"}}
+    if spec.moe is not None and spec.moe.act == "relu2":   # nemotron_h_moe: ungated squared-ReLU experts
+        asks |= {"moe_matmul": {"act", "relu2"}}
     if spec.moe is not None and any(n.endswith(".exp_probs_b.bias") for n in f.tensors):   # lfm2moe's selection bias
         asks |= {"moe_route": asks.get("moe_route", set()) | {"select_bias"}}
     for op, options in asks.items():

@@ -114,7 +114,7 @@ class ModelSpec:
         (lfm2moe's first `leading_dense_block_count`: a plain FFN of `d_ff`), without an FFN for a
         mixer-only layer (nemotron_h's), else this one."""
         if self.ffn_only and not self.ffn_only[layer]:
-            return replace(self, d_ff=0)
+            return replace(self, d_ff=0, moe=None)
         if self.moe is None or layer >= self.moe.dense_lead:
             return self
         return replace(self, moe=None)
@@ -166,7 +166,7 @@ class ModelSpec:
             residual_scale=key.float("residual_scale", 1.0) if a.multipliers else 1.0,
             logit_scale=key.float("logit_scale") if a.multipliers else 1.0,
             qk_norm=a.qk_norm, post_norms=a.post_norms, act=a.act, fused=a.fused, qk_norm_full=a.qk_norm_full,
-            moe=MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act, a.moe_keys),
+            moe=MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act, a.moe_keys, a.moe_file_weights),
             out_bias=a.out_bias, sinks=a.sinks, ffn_norm=a.ffn_norm, no_rope_step=_no_rope_step(a, key),
             attn_temp_scale=key.float("attention.temperature_scale", 0.0) if a.attn_temp else 0.0,
             swa_rope_plain=a.swa_rope_plain, pre_norms=a.pre_norms, nope_full=a.nope_full,
