@@ -224,8 +224,17 @@ BIG_CASE["granitehybrid_dense"] = dict(
     mamba_conv_bias=True, num_local_experts=0, num_experts_per_tok=0, shared_intermediate_size=2048,
     intermediate_size=2048, embedding_multiplier=12.0, residual_multiplier=0.246, attention_multiplier=0.0078125,
     logits_scaling=3.0, vocab_size=100352, tie_word_embeddings=True, max_position_embeddings=32768, rms_norm_eps=1e-5)
+BIG_CASE["nemotron_h"] = dict(
+    # a Nemotron-H-like shape at ~0.5B (not a published config): 1024 wide, 28 layers "M-M-M*-" x 4 (12
+    # Mamba-2 of 32 heads of 64, N 128, 8 groups; 12 MLPs of 4096; 4 attention layers of 8 heads of 128,
+    # 2 KV heads), Nemotron's 131072-entry vocabulary, untied
+    layers_block_type=["mamba", "mlp", "mamba", "mlp", "mamba", "attention", "mlp"] * 4, hidden_size=1024,
+    num_attention_heads=8, num_key_value_heads=2, head_dim=128, intermediate_size=4096, mamba_num_heads=32,
+    mamba_head_dim=64, ssm_state_size=128, n_groups=8, conv_kernel=4, expand=2, use_conv_bias=True,
+    vocab_size=131072, max_position_embeddings=8192, tie_word_embeddings=False, rms_norm_eps=1e-5,
+    layer_norm_epsilon=1e-5)
 # cases whose BIG_CASE entry is the whole big config (over TINY and the case's own), without BIG
-BIG_OWN = {"qwen35", "lfm2", "granitehybrid_dense"}
+BIG_OWN = {"qwen35", "lfm2", "granitehybrid_dense", "nemotron_h"}
 
 CONVERT = """
 import sys
