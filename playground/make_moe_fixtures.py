@@ -27,7 +27,8 @@ to --out (then requantized with llama-quantize: Q4_K_M, or MXFP4_MOE for gpt-oss
 are MXFP4 already), no reference run. `qwen35 --size big` is Qwen3.5-0.8B's own shape instead
 (BIG_CASE, BIG_OWN: 24 layers, d_model 1024, its 248320-entry vocabulary size), to time a real-size hybrid;
 `lfm2 --size big` likewise is LFM2-350M's (16 layers, d_model 1024, FF 4608, 65536-entry vocabulary);
-`granitehybrid_dense --size big` a Granite 4.0-H-350M-like shape (BIG_CASE's comment).
+`granitehybrid_dense --size big` a Granite 4.0-H-350M-like shape, `nemotron_h --size big` a
+Nemotron-H-0.5B-like one and `nemotron_h_moe --size big` the same with MoE blocks (BIG_CASE's comments).
 """
 
 from __future__ import annotations
@@ -233,8 +234,14 @@ BIG_CASE["nemotron_h"] = dict(
     mamba_head_dim=64, ssm_state_size=128, n_groups=8, conv_kernel=4, expand=2, use_conv_bias=True,
     vocab_size=131072, max_position_embeddings=8192, tie_word_embeddings=False, rms_norm_eps=1e-5,
     layer_norm_epsilon=1e-5)
+BIG_CASE["nemotron_h_moe"] = BIG_CASE["nemotron_h"] | dict(
+    # the same shape with Nemotron 3's MoE blocks in place of the MLPs: 32 experts of 512, 4 used, a shared
+    # expert of 1024, weights renormalized and scaled by 2.5 (Nemotron 3 Nano: 128 of 1856, 6 used)
+    layers_block_type=["mamba", "moe", "mamba", "moe", "mamba", "attention", "moe"] * 4, n_routed_experts=32,
+    num_experts_per_tok=4, moe_intermediate_size=512, moe_shared_expert_intermediate_size=1024, n_shared_experts=1,
+    routed_scaling_factor=2.5, norm_topk_prob=True, n_group=1, topk_group=1)
 # cases whose BIG_CASE entry is the whole big config (over TINY and the case's own), without BIG
-BIG_OWN = {"qwen35", "lfm2", "granitehybrid_dense", "nemotron_h"}
+BIG_OWN = {"qwen35", "lfm2", "granitehybrid_dense", "nemotron_h", "nemotron_h_moe"}
 
 CONVERT = """
 import sys
