@@ -23,7 +23,8 @@
    glu: each input row is gate|up [2K] and goes through silu(gate) * up first (1: qmatmul_r16's fused
    prologue), or gpt-oss's clamped SwiGLU (2: ggml's swiglu_oai, applied here while gathering the
    rows, oai_row); without a gate, 3 makes each row max(x, 0)^2 while gathering it (Nemotron-H's
-   ungated experts: ggml_relu then ggml_sqr). bias: NULL, or [E, N] float32: each slot's row gets its expert's bias (gpt-oss),
+   ungated experts: ggml_relu then ggml_sqr).
+   bias: NULL, or [E, N] float32: each slot's row gets its expert's bias (gpt-oss),
    before its routing weight, as llama.cpp adds it (ggml_add_id, then ggml_mul by the weights). w: NULL, or the routing weights [T, kk]: then y is [T, N], each token's sum over its
    slots j = 0, 1, ... (in that order, as llama.cpp adds them) of w[t, j] * its row; accum: that
    sum added into y (the residual) instead of stored.

@@ -6,11 +6,12 @@
 experts.py: the 3-D GGUF tensors' blocks, expert e's rows the concatenation of its parts' rows).
 glu: x is gate|up (last dim 2K) and the input is silu(gate) * up, or with `act` "oai" gpt-oss's
 clamped SwiGLU (`swiglu_oai`, ggml's); without glu, `act` "relu2" makes the input max(x, 0)^2
-(Nemotron-H's ungated experts: up, squared ReLU, down; "silu" leaves x as it is). bias: `[E, N]` float32, each slot's row plus its expert's
-bias (gpt-oss's expert biases), before any weighting. -> `[T, k, N]` in x's dtype;
-with `weights` (the routing weights `[T, k]` float32) -> `[T, N]`: each token's weighted sum over
-its slots, added in slot order (j = 0, 1, ...) as llama.cpp adds the weighted experts; and with
-`acc` (`[T, N]` float32, the residual) that sum is added into acc, which is returned.
+(Nemotron-H's ungated experts: up, squared ReLU, down; "silu" leaves x as it is). bias: `[E, N]`
+float32, each slot's row plus its expert's bias (gpt-oss's expert biases), before any weighting.
+-> `[T, k, N]` in x's dtype; with `weights` (the routing weights `[T, k]` float32) -> `[T, N]`:
+each token's weighted sum over its slots, added in slot order (j = 0, 1, ...) as llama.cpp adds
+the weighted experts; and with `acc` (`[T, N]` float32, the residual) that sum is added into acc,
+which is returned.
 The C call is replayable in a step graph: the ids and weights reach it through tensors' contents.
 
 How `cpu` computes (kernels/moe_matmul.c, calling into kernels/qmatmul.c's library): the

@@ -59,7 +59,8 @@ def _prompts(seed: int, count: int) -> list[list[int]]:
 @pytest.mark.parametrize("name, layout, defrag", [("qwen35", "seq_head_dim", "on"), ("qwen35", "paged", "off"),
                                                   ("lfm2", "seq_head_dim", "on"), ("lfm2", "paged", "off"),
                                                   ("lfm2moe", "seq_head_dim", "on"), ("granitehybrid", "paged", "on"),
-                                                  ("nemotron_h", "seq_head_dim", "on"), ("nemotron_h_moe", "paged", "on")])
+                                                  ("nemotron_h", "seq_head_dim", "on"),
+                                                  ("nemotron_h_moe", "paged", "on")])
 def test_batched_chunked_and_defragmented_sequences_match_each_alone(name, layout, defrag):
     """Seven requests on three slots arriving over time, prompts cut in chunks of 5 tokens: each
     sequence's state follows its stream through decode batches (on contiguous streams, and on
@@ -83,8 +84,9 @@ def test_batched_chunked_and_defragmented_sequences_match_each_alone(name, layou
 def test_decode_steps_replay_from_step_graphs_with_the_eager_steps_tokens(name, tmp_path):
     """On GGUF blocks a hybrid decode step is C calls only (qmatmul, the recurrent layers'
     kernels/delta_net_step.py, short_conv_step.py or mamba2_step.py, Qwen3.5's attention gate, granite's
-    multipliers and shared expert, Nemotron-H's squared ReLU): it is captured as a step graph and replayed. A capture runs the step twice, and the second run must start from the
-    states the first advanced from (step_graph.capture's rewind): requests arriving over time, on
+    multipliers and shared expert, Nemotron-H's squared ReLU): it is captured as a step graph and
+    replayed. A capture runs the step twice, and the second run must start from the states the first
+    advanced from (step_graph.capture's rewind): requests arriving over time, on
     three slots, give the tokens of the same engine with step graphs off."""
     path = q8_copy(ARCHS / f"{name}.gguf", tmp_path / "q8.gguf")
     loaded = ModelBundle.load(ModelConfig(model_path=path, dtype="auto"))

@@ -158,3 +158,20 @@ def test_what_nemotron_h_moe_files_need_that_is_not_here_is_refused_in_one_line(
     latent = rewrite(src, tmp_path / "latent.gguf", extra={"blk.1.ffn_latent_down.weight": np.zeros((16, 32))})
     with pytest.raises(GGUFError, match="layer 1's experts work in a latent space"):
         LlamaModel.load(latent)
+
+
+def test_a_nemotron_h_moe_file_with_its_mtp_head_runs_without_it(tmp_path):
+    """The converter writes Nemotron 3's MTP head as one more block (block_count + 1, and one more
+    entry in the per-layer arrays); llama.cpp skips it unless asked to draft with it, and so does
+    the load here: the same logits as the file without it."""
+    src = ARCHS / "nemotron_h_moe.gguf"
+    arch, array, u32 = "nemotron_h_moe.", gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.UINT32
+    fields = gguf.GGUFReader(src).fields
+    keys = {arch + "block_count": (7, u32), arch + "nextn_predict_layers": (1, u32)}
+    for name in ("feed_forward_length", "attention.head_count_kv"):
+        keys[arch + name] = (fields[arch + name].contents() + [32 if name == "feed_forward_length" else 2], array, u32)
+    mtp = rewrite(src, tmp_path / "mtp.gguf", keys=keys, extra={"blk.6.attn_norm.weight": np.ones(32)})
+    a, b = (LlamaModel.load(p, torch.float32, max_pos=64) for p in (src, mtp))
+    assert b.spec.n_layers == 6 and b.spec.ffn_only == a.spec.ffn_only
+    logits = [m.forward(Batch.build([SeqChunk(0, 0, PROMPT, all_logits=True)]), _cache(m, 1)) for m in (a, b)]
+    assert torch.equal(logits[0], logits[1])

@@ -35,7 +35,7 @@ class ArchDef:
     qk_norm_full: bool = False   # olmoe: q and k RMSNorm over the whole projection, not per head
     moe_norm: bool = False       # MoE: the k selected weights renormalized to sum 1 (moe_spec.py)
     moe_gating: str = "softmax"  # MoE: "softmax" then top-k, "softmax_weight": top-k then softmax (gpt-oss), "sigmoid"
-    moe_act: str = "silu"        # MoE experts' activation: "silu" (SwiGLU), "swiglu_oai" (gpt-oss's clamped form), "relu2"
+    moe_act: str = "silu"        # MoE experts: "silu" (SwiGLU), "swiglu_oai" (gpt-oss's clamped form), "relu2"
     moe_file_weights: bool = False  # MoE: weight renormalization and scale from expert_weights_norm / _scale
     moe_keys: bool = False       # MoE: read leading_dense_block_count and expert_gating_func (lfm2moe's loader does)
     rope_switch: bool = False    # rope.scaling.finetuned false: no layer rotated (llama.cpp's granite loaders)
@@ -51,7 +51,7 @@ class ArchDef:
     hybrid: str = ""             # recurrent layers between the attention layers: "gdn", "shortconv" (recurrent_spec.py)
     out_norm: str = "output_norm"  # the final norm's tensor (LFM2: token_embd_norm)
     attn_gate: bool = False      # attn_q holds q and an output gate per head: out * sigmoid(gate) (qwen35)
-    single_blocks: bool = False  # each layer one block: an FFN alone where feed_forward_length (an array) says, else a mixer
+    single_blocks: bool = False  # one block a layer: an FFN alone where feed_forward_length says, else a mixer
 
 
 ARCHS: dict[str, ArchDef] = {

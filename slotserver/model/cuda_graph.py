@@ -15,9 +15,10 @@ What a graph needs, and how this meets it:
   tensors into it (a decode batch is one int64 tensor, so one copy);
 - the step's first run is its real run: the batch runs eagerly (compiling any Triton kernel it
   meets, writing its K/V, giving its logits), then the same body is captured without running it;
-- anything the graph points at must live as long as it: the owner (kernel set, layout, weights and
-  the KV storage's address) is checked at every step, and a change drops every graph, so a lab
-  reload, a layout swap or a wake from sleep recaptures;
+- anything the graph points at must live as long as it: the owner (kernel set, layout, weights,
+  the KV storage's address, a hybrid's recurrent state and its tensors' addresses) is checked at
+  every step, and a change drops every graph, so a lab reload, a layout swap or a wake from sleep
+  recaptures;
 - a body that cannot be captured (a lab layout that reads a value into Python, say) is remembered
   per owner and key and runs eagerly, with the reason logged once.
 

@@ -275,9 +275,9 @@ class LlamaModel:
         shared expert's FFN where the layer has one; added into x in C where the branch is plain."""
         ops = self.kernels
         h = _as(ops.rms_norm(x, lw.ffn_norm, self.spec.norm_eps), self.weights.act_dtype)   # [tokens, d_model]
-        shared, act = None, (relu_sqr if self.spec.act == "relu2" else ops.silu_mul)   # nemotron_h_moe: ungated
+        shared, activate = None, (relu_sqr if self.spec.act == "relu2" else ops.silu_mul)   # nemotron_h_moe: ungated
         if lw.gate_up is not None:
-            shared = lambda h: lw.down(act(lw.gate_up(h, ops)), ops)    # noqa: E731
+            shared = lambda h: lw.down(activate(lw.gate_up(h, ops)), ops)    # noqa: E731
         if plain and x.dtype == torch.float32:
             return moe_ffn(ops, self.spec.moe, lw.moe, h, shared, acc=x)
         out = moe_ffn(ops, self.spec.moe, lw.moe, h, shared).to(x.dtype)

@@ -11,10 +11,11 @@ What llama.cpp's `build_moe_ffn` computes for one layer on the normed rows h `[T
 The routing and the experts' matmuls are kernels (kernels/moe_route.py: logits, softmax, top-k,
 weights in one C call; kernels/moe_matmul.py: rows grouped by expert, each active expert's blocks
 read once per step, the weighted sum and the residual add fused): a qwen3moe or olmoe decode step
-is C calls only and replays from a step graph like a dense model's. An ungated shared expert
-(granite MoE shared, Granite 4.0-H-Tiny/Small) is three more C calls, its add into the experts'
-sum (model/scaled_add.py, torch's floats) too: those steps replay. A gated one (qwen2moe, Qwen3.5
-MoE: a float64 router product and a sigmoid) computes its gate in torch: those steps run as usual.
+is C calls only and replays from a step graph like a dense model's. A shared expert without an
+output gate (granite MoE shared, Granite 4.0-H-Tiny/Small, nemotron_h_moe) is three more C calls,
+its add into the experts' sum (model/scaled_add.py, torch's floats) too: those steps replay. A
+gated one (qwen2moe, Qwen3.5 MoE: a float64 router product and a sigmoid) computes its gate in
+torch: those steps run as usual.
 
 gpt-oss (`MoeSpec.act` "swiglu_oai", biases in `MoeWeights`) follows llama.cpp's order: the
 router bias joins the logits (in moe_route), each slot's gate|up gets its expert's bias, the

@@ -111,14 +111,14 @@ def _mamba2(cls, key, n_layers: int) -> RecurrentSpec:
     if heads % groups or inner % heads:
         raise key.error(f"ssm.time_step_rank {heads} is not a multiple of ssm.group_count {groups}, "
                         f"or ssm.inner_size {inner} of it")
-    kv = key.raw("attention.head_count_kv")
-    if not isinstance(kv, list) or len(kv) != n_layers:
+    kv = key.raw("attention.head_count_kv")   # (nemotron_h_moe: an MTP block's entry past n_layers, not run)
+    if not isinstance(kv, list) or len(kv) < n_layers:
         raise key.error(f"attention.head_count_kv must give each of the {n_layers} layers its KV heads "
                         "(0 for a Mamba-2 layer)")
     ff = key.raw("feed_forward_length")   # nemotron_h: an array; its FFN-only layers have no KV heads either
-    ffn = ff if isinstance(ff, list) and len(ff) == n_layers else [0] * n_layers
+    ffn = ff[:n_layers] if isinstance(ff, list) and len(ff) >= n_layers else [0] * n_layers
     return cls(_width(key, "ssm.conv_kernel"), groups, heads, n, inner // heads,
-               tuple(h == 0 and not f for h, f in zip(kv, ffn)), "mamba2")
+               tuple(h == 0 and not f for h, f in zip(kv[:n_layers], ffn)), "mamba2")
 
 
 def _width(key, name: str) -> int:

@@ -153,10 +153,11 @@ class ModelSpec:
             d_ff=d_ff,
             vocab_size=key.int("vocab_size", len(md.get("tokenizer.ggml.tokens", ())) or None),
             ctx_train=key.int("context_length"),
-            norm_eps=key.float("attention.layer_norm_rms_epsilon", key.raw("attention.layer_norm_epsilon", 1e-5)),
+            norm_eps=key.float("attention.layer_norm_rms_epsilon",   # nemotron_h: the layer-norm key stands in
+                               key.raw("attention.layer_norm_epsilon", 1e-5) if a.single_blocks else 1e-5),
             rope_base=rope.base, rope_dim=rope_dim, rope_scale=rope.freq_scale,
             tied_embeddings="output.weight" not in f.tensors,
-            qkv_bias=a.qkv_bias or "blk.0.attn_q.bias" in f.tensors, rope_mode=a.rope_mode,
+            qkv_bias=a.qkv_bias or _attn_bias(f, a), rope_mode=a.rope_mode,
             has_rope_freqs="rope_freqs.weight" in f.tensors, rope=rope,
             windows=windows, rope_base_swa=base_swa, rope_scale_swa=scale_swa,
             attn_scale=_attn_scale(a, key, n_layers, d_model, n_heads, head_dim),
@@ -270,12 +271,21 @@ def _ffn_lengths(a: ArchDef, key: _Keys, n_layers: int) -> tuple[int, tuple[bool
     if not a.single_blocks:
         return (key.int("feed_forward_length") if key.has("feed_forward_length") or not key.raw("expert_count")
                 else 0), ()
-    ff = key.raw("feed_forward_length")
-    sizes = {n for n in ff if n} if isinstance(ff, list) and len(ff) == n_layers else set()
+    ff = key.raw("feed_forward_length")   # (with an MTP block's entry past n_layers: not run)
+    ff = ff[:n_layers] if isinstance(ff, list) and len(ff) >= n_layers else None
+    sizes = {n for n in ff if n} if ff is not None else set()
     if len(sizes) != 1 or not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n < key.LIMIT for n in sizes):
         raise key.error(f"feed_forward_length {ff!r} must give each of the {n_layers} layers its FFN size "
                         "(0 for a mixer), the FFN layers all alike")
     return sizes.pop(), tuple(bool(n) for n in ff)
+
+
+def _attn_bias(f: GGUFFile, a: ArchDef) -> bool:
+    """Whether the file's attention layers have q/k/v biases (llama.cpp's create_tensor_qkv loads them
+    where present): layer 0's, or for a hybrid any layer's (its layer 0 may be recurrent)."""
+    if not a.hybrid:
+        return "blk.0.attn_q.bias" in f.tensors
+    return any(n.startswith("blk.") and n.endswith(".attn_q.bias") for n in f.tensors)
 
 
 def _kv_heads(key: _Keys, n_heads: int, per_layer: bool) -> int:

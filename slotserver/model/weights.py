@@ -89,7 +89,7 @@ MatMul = Linear | QLinear   # both: (x [rows, in], ops) -> [rows, out]
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor | None   # [d_model] (None: no pre-norm, olmo2)
-    qkv: MatMul | None           # [(n_heads + 2*n_kv_heads) * head_dim, d_model] (+ bias); None: an FFN alone (ffn_layer.py)
+    qkv: MatMul | None           # [(n_heads + 2*n_kv_heads) * head_dim, d_model] (+ bias); None: ffn_layer.py's
     wo: MatMul | None            # [d_model, n_heads * head_dim]
     ffn_norm: torch.Tensor | None    # [d_model]
     gate_up: MatMul | None       # [2 * d_ff, d_model] (relu2: [d_ff, d_model], up alone; a MoE layer: its shared
