@@ -14,7 +14,7 @@ from slotserver.model import gpu_weights
 from slotserver.model.config import ModelConfig
 from slotserver.model.linear import Linear, QLinear
 from slotserver.model.moe import MoeWeights
-from slotserver.model.weights import _SERVED
+from slotserver.model.block_layer import SERVED as _SERVED
 from slotserver.runtime.experts import Experts
 from slotserver.runtime.kernel_set import KERNEL_CONTRACT
 from slotserver.runtime.loader import default_dir, load_by_path

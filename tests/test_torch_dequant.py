@@ -44,7 +44,8 @@ def test_weights_dequantized_by_torch_load_as_with_numpy(tmp_path):
     (dequant_device None): every matmul weight of a Q4_K/Q6_K file equal."""
     from slotserver.model.gguf_file import GGUFFile
     from slotserver.model.spec import ModelSpec
-    from slotserver.model.weights import WeightFormat, load_weights
+    from slotserver.model.read_weights import load_weights
+    from slotserver.model.weights import WeightFormat
     from tiny_gguf import write_tiny_gguf
 
     path = write_tiny_gguf(tmp_path / "m.gguf", tensor_type=T.Q4_K, d_model=256, d_ff=512)

@@ -20,7 +20,8 @@ from slotserver.model.gguf_file import GGUFError, GGUFFile
 from slotserver.model.linear import Linear
 from slotserver.model.moe_weights import load_moe
 from slotserver.model.spec import ModelSpec
-from slotserver.model.weights import LayerWeights, WeightFormat, _blocks, _kind, _load, _qlinear
+from slotserver.model.block_layer import blocks, qlinear
+from slotserver.model.weights import LayerWeights, WeightFormat, _kind, _load
 
 
 def ffn_layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtype, fmt: WeightFormat,
@@ -36,7 +37,7 @@ def ffn_layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtyp
     if not ff:   # a MoE without a shared expert
         up = down = None
     elif kind == "q":
-        up, down = (_qlinear(f, [_blocks(f, p + n + ".weight", shape)], [None], False) for n, shape in shapes.items())
+        up, down = (qlinear(f, [blocks(f, p + n + ".weight", shape)], [None], False) for n, shape in shapes.items())
     else:
         up, down = (Linear.build(_load(f, p + n + ".weight", shape, dtype), None, _kind(f, p + n + ".weight", fmt),
                                  fmt.int8_max_rows, fmt.native_max_rows, q4_kernel) for n, shape in shapes.items())

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from slotserver.model.attention_branch import attention
 from slotserver.model.linear import Linear
 from slotserver.runtime.batch import Batch
 from slotserver.runtime.kernel_set import KernelSet
@@ -77,12 +78,12 @@ def _attention(model: "LlamaModel", i: int, lw: "LayerWeights", x: torch.Tensor,
                cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Layer i's attention from the residual x: q|k|v normed, biased and (q, k) rotated in one launch,
     K/V written, attended. Per-head q/k norms (qwen3, gemma3) come before rope: those models take
-    the product without rope and the model's own _attention (norm, rope, write, attend)."""
+    the product without rope and attention_branch.attention (norm, rope, write, attend)."""
     s, ops, n = model.spec, model.kernels, batch.n_tokens
     qk_cols = (s.n_heads + s.n_kv_heads) * s.head_dim
     if lw.q_norm is not None:
         qkv = ops.gemv(x, lw.qkv.dense, lw.qkv.bias, "", lw.attn_norm, s.norm_eps)
-        return model._attention(i, lw, qkv, batch, cache, cos, sin)
+        return attention(model, i, lw, qkv, batch, cache, cos, sin)
     qkv = ops.gemv(x, lw.qkv.dense, lw.qkv.bias, "", lw.attn_norm, s.norm_eps, None, cos, sin, s.head_dim, qk_cols)
     q = qkv[:, : s.n_heads * s.head_dim].view(n, s.n_heads, s.head_dim)           # views of the rotated rows
     k = qkv[:, s.n_heads * s.head_dim: qk_cols].view(n, s.n_kv_heads, s.head_dim)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from slotserver.model.attention_branch import attention
 from slotserver.model.linear import QLinear
 from slotserver.runtime.batch import Batch
 from slotserver.runtime.kernel_set import KernelSet
@@ -75,7 +76,7 @@ def lean_body(model: "LlamaModel", x: torch.Tensor, angles: dict, batch: Batch, 
     h = ops.rms_norm(x, layers[0].attn_norm, eps, out_dtype=act, **with_q8)    # [tokens, d_model] act
     for i, lw in enumerate(layers):
         qkv = _mm(lw.qkv, h, ops, q8)                                           # [tokens, q + 2 kv]
-        a = model._attention(i, lw, qkv, batch, cache, *angles[id(model.layer_ropes[i])])
+        a = attention(model, i, lw, qkv, batch, cache, *angles[id(model.layer_ropes[i])])
         h = ops.rms_norm(x, lw.ffn_norm, eps, add=lw.wo(a, ops), out_dtype=act, **with_q8)   # x += a wo^T; norm
         g = gate(_mm(lw.gate_up, h, ops, q8), **gate_q8)                       # [tokens, d_ff] act
         down = _mm(lw.down, g, ops, gq8)                                        # [tokens, d_model] act

@@ -17,7 +17,6 @@ branches without pre-norms.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -32,13 +31,13 @@ from slotserver.runtime.recurrent_state import recurrent_state
 from slotserver.runtime.kernel_set import KernelSet
 from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
-from slotserver.model.step_graph import GRAPH_BYTES_MIN, StepGraphs
+from slotserver.model.step_graph import StepGraphs
 from slotserver.model.cuda_graph import CudaGraphs
-from slotserver.model import gemv_step, heap, lean_step
+from slotserver.model import gemv_step, heap, lean_step, step_replay
+from slotserver.model.attention_branch import attention, q_temperature
 from slotserver.model.bias_add import add_bias
 from slotserver.model.scaled_add import scale_rows, scaled_add
 from slotserver.model.relu_sqr import relu_sqr
-from slotserver.model.sigmoid_gate import sigmoid_gate
 from slotserver.model.linear import QLinear
 from slotserver.model import lora_delta
 from slotserver.model.lora import LoraSet
@@ -73,7 +72,7 @@ class LlamaModel:
         self._plain = self.spec.residual_scale == 1.0 and all(
             lw.post_attn_norm is None and lw.post_ffn_norm is None for lw in self.weights.layers)
         self._device = self.weights.out_norm.device.type   # kept while the weights are dropped (sleep)
-        self.graphs: StepGraphs | CudaGraphs | None = self._step_graphs()
+        self.graphs: StepGraphs | CudaGraphs | None = step_replay.new_graphs(self)
 
     @property
     def device(self) -> str:
@@ -122,7 +121,7 @@ class LlamaModel:
 
     def _forward(self, batch: Batch, cache, logits_into: torch.Tensor | None = None) -> torch.Tensor:
         """forward's body: logits of the batch.
-        A decode-only batch replays its step graph where one was captured (step_graph.py).
+        A decode-only batch replays its step graph where one was captured (step_replay.py).
 
         logits_into: a float32 `[>= rows, vocab]` buffer the caller reuses from step to step (the
         engine: it samples before the next forward); the logits are then its first rows, valid until
@@ -137,20 +136,7 @@ class LlamaModel:
             return self._body(*self._inputs(batch), batch, cache, logits_into)
         if self._adapted(batch) and not lora_delta.serves(batch.n_tokens, batch.tokens.is_cpu):
             return self._body(*self._inputs(batch), batch, cache, logits_into)   # torch's deltas: eager
-        if isinstance(self.graphs, CudaGraphs):
-            return self._forward_cuda(batch, cache, logits_into)
-        x, angles = self._inputs(batch)
-        key = self._graph_key(batch)
-        if key is None:
-            return self._body(x, angles, batch, cache, logits_into)
-        state = getattr(cache, "recurrent", None)   # a hybrid's states: the graph holds their pointers
-        if state is not None and not state.rewinds(batch.n_tokens):
-            return self._body(x, angles, batch, cache, logits_into)   # a capture would copy too much state
-        inputs = [x, *(t for pair in angles.values() for t in pair), *batch.tensors()]
-        rewind = None if state is None else lambda: state.rewinder([h[0] for h in batch.attn.host])
-        return self.graphs.run((self.kernels, getattr(cache, "layout", cache), self.lora, state), key, inputs,
-                               lambda: self._body(x, angles, batch, cache), self.kernels.timings,
-                               None if logits_into is None else logits_into[: batch.n_tokens], rewind)
+        return step_replay.replayed(self, batch, cache, logits_into)   # a graph's, or the layers as usual
 
     def _adapted(self, batch: Batch) -> bool:
         """Whether LoRA deltas apply to this batch: adapters loaded and some row has a scale. Up to
@@ -161,27 +147,9 @@ class LlamaModel:
     def _q_temp(self, batch: Batch) -> bool:
         """Whether some position of the batch has a q temperature other than 1 (mistral3's
         `attention.temperature_scale`: positions past rope.orig_ctx). Such a step runs the plain
-        body with the scale in `_attention`; below that context the scale is exactly 1, so every
+        body with the scale in attention_branch.py; below that context the scale is exactly 1, so every
         step graph and fused body serves as for llama."""
         return bool(self.spec.attn_temp_scale) and batch.attn.max_kv > self.spec.rope.orig_ctx
-
-    def _forward_cuda(self, batch: Batch, cache, logits_into: torch.Tensor | None) -> torch.Tensor:
-        """A decode step replayed from a CUDA graph where one serves it (cuda_graph.py), else eager.
-        A paged layout serves when it offers `graph_step` (runtime/paged_cache.py): the step's
-        cells are placed on the host first, into buffers the graph reads."""
-        layout = getattr(cache, "layout", cache)
-        paged = cache.view(0).paged
-        step = getattr(layout, "graph_step", None) if paged else None
-        key = None if self.spec.moe is not None else self.graphs.key(batch, paged and step is None)  # MoE: eager
-        if key is None:
-            return self._body(*self._inputs(batch), batch, cache, logits_into)
-        with step(batch.token_streams, batch.positions) if step else contextlib.nullcontext():
-            view = cache.view(0)   # again: graph_step may have grown (moved) a paged pool
-            storage = view.k_pages if view.paged else view.k
-            state = getattr(cache, "recurrent", None)   # a hybrid's states: the graph holds their addresses
-            owner = (self.kernels, layout, self.weights, storage.data_ptr(),   # a paged pool's growth moves it
-                     *(() if state is None else (state, state.conv.data_ptr(), state.ssm.data_ptr())))
-            return self.graphs.run(owner, key, batch, lambda b: self._body(*self._inputs(b), b, cache))
 
     def _inputs(self, batch: Batch) -> tuple[torch.Tensor, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
         """The embedded tokens (the residual, f32) and each distinct rope table's cos, sin of the positions."""
@@ -192,17 +160,6 @@ class LlamaModel:
             x = x * self.spec.embed_scale
         return x, angles
 
-    def _graph_key(self, batch: Batch) -> tuple | None:
-        """A decode-only batch (every row one token, logits for each, no prompt rows) of up to max_rows
-        rows on the CPU."""
-        meta, n = batch.attn, batch.n_tokens
-        if self.graphs is None or n > self.graphs.max_rows or meta.max_q != 1 or meta.split is not None \
-                or meta.row_prompt is not None \
-                or batch.logits_rows.shape[0] != n or not batch.tokens.is_cpu:
-            return None
-        key = (n, meta.stream_base is not None, torch.get_num_threads())
-        return key + ("lora",) if self._adapted(batch) else key   # LoRA rows: C deltas a graph of its own records
-
     def _body(self, x: torch.Tensor, angles: dict, batch: Batch, cache,
               logits_into: torch.Tensor | None = None) -> torch.Tensor:
         """The layers, the final norm and the output matmul on the embedded batch `x` (updated in place)."""
@@ -212,7 +169,7 @@ class LlamaModel:
         in_c = lora is not None and lora_delta.serves(batch.n_tokens, x.is_cpu)   # else torch's, on x unfused
         fuse = (lora is None or in_c) and ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}
         lora = lora if lora is None else (lora, in_c)
-        temp = self._q_temperature(batch)                   # [tokens] float32, or None (mistral3)
+        temp = q_temperature(self, batch)                   # [tokens] float32, or None (mistral3)
         lean = lora is None and lean_step.applies(self, ops) and temp is None
         if lean:   # the Triton kernels: fewer launches (lean_step.py, gemv_step.py)
             body = gemv_step.gemv_body if gemv_step.applies(self, ops, batch) else lean_step.lean_body
@@ -250,7 +207,7 @@ class LlamaModel:
         if lw.recurrent is not None:
             a = _as(lw.recurrent.run(s, qkv, batch, cache.recurrent, i, self.kernels), w.act_dtype)
         else:
-            a = self._attention(i, lw, qkv, batch, cache, *angles[id(self.layer_ropes[i])], temp)
+            a = attention(self, i, lw, qkv, batch, cache, *angles[id(self.layer_ropes[i])], temp)
         if self._plain:
             return self._mm(fuse, lw.wo, a, acc=x, lora=(i, "wo", lora))   # x += a @ wo^T
         return self._residual_add(norm_adds, x, self._mm(False, lw.wo, a, lora=(i, "wo", lora)), lw.post_attn_norm)
@@ -285,20 +242,7 @@ class LlamaModel:
 
     def set_step_graphs(self, on: bool) -> None:
         """Replay captured decode steps (step_graph.py; the default), or run every step as usual."""
-        self.graphs = self._step_graphs() if on else None
-
-    def _step_graphs(self) -> StepGraphs | CudaGraphs | None:
-        """On CUDA, CUDA graphs (cuda_graph.py); on the CPU, the C step graphs, whose buffers may take
-        a quarter of the weights' bytes (at least GRAPH_BYTES_MIN). A hybrid model's decode rows are
-        C calls (kernels/delta_net_step.py, short_conv_step.py, mamba2_step.py), which a step graph
-        replays (its capture runs the step twice: step_graph.capture rewinds the states). A CUDA
-        graph's capture runs nothing (the eager step before it is the real one), so a hybrid's decode
-        steps are captured on CUDA like a dense model's: its kernels take the streams from device
-        tensors and update the states in place."""
-        if self._device == "cuda":
-            return CudaGraphs()
-        weights = sum(m.nbytes() for m in self.weights.matmuls())
-        return StepGraphs(budget=max(GRAPH_BYTES_MIN, weights // 4))
+        self.graphs = step_replay.new_graphs(self) if on else None
 
     @torch.inference_mode()
     def warm_up(self) -> None:
@@ -343,48 +287,6 @@ class LlamaModel:
             y = self.lora.add(lora[:2], x, y, lora[2][0])
         return y if acc is None else acc.add_(y)
 
-    def _q_temperature(self, batch: Batch) -> torch.Tensor | None:
-        """mistral3's per-token q scale where some position passes the original context (`_q_temp`),
-        once per forward: llama.cpp's build_inp_attn_scale, in double as its float + 1.0 promotes."""
-        if not self._q_temp(batch):
-            return None
-        s = self.spec
-        return ((torch.floor(batch.positions.double() / float(s.rope.orig_ctx)) + 1.0).log()
-                * s.attn_temp_scale + 1.0).float()
-
-    def _attention(self, i: int, lw: LayerWeights, qkv: torch.Tensor, batch: Batch, cache,
-                   cos: torch.Tensor, sin: torch.Tensor, temp: torch.Tensor | None = None) -> torch.Tensor:
-        """Layer i's attention from its q|k|v projection: K/V written, attention -> [tokens, heads * hd];
-        temp: a per-token q scale (mistral3, `_q_temperature`)."""
-        s, ops, n = self.spec, self.kernels, batch.n_tokens
-        q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-        qkv = _as(qkv, self.dtype)                               # [tokens, q_size + 2*kv_size]
-        if lw.q_norm is not None and s.qk_norm_full:   # olmoe: RMSNorm over all of q, all of k
-            q = _full_norm(ops, qkv[:, :q_size], lw.q_norm, s.norm_eps).view(n, s.n_heads, s.head_dim)
-            k = _full_norm(ops, qkv[:, q_size: q_size + kv_size], lw.k_norm, s.norm_eps)
-            k = k.view(n, s.n_kv_heads, s.head_dim)
-            q, k = ops.rope(q, cos, sin), ops.rope(k, cos, sin)
-        elif lw.q_norm is None:
-            qk = ops.rope(qkv[:, : q_size + kv_size].view(n, s.n_heads + s.n_kv_heads, s.head_dim), cos, sin)
-            q, k = qk[:, : s.n_heads], qk[:, s.n_heads:]        # [tokens, heads, hd], [tokens, kv_heads, hd]
-        else:  # per-head RMSNorm before rope (qwen3, gemma3)
-            q = ops.rms_norm(qkv[:, :q_size].view(n, s.n_heads, s.head_dim), lw.q_norm, s.norm_eps)  # views:
-            k = ops.rms_norm(qkv[:, q_size: q_size + kv_size].view(n, s.n_kv_heads, s.head_dim), lw.k_norm,
-                             s.norm_eps)                         # no copy a step graph would refuse
-            q, k = ops.rope(q, cos, sin), ops.rope(k, cos, sin)
-        if temp is not None:
-            q = (q.float() * temp[:, None, None]).to(q.dtype)  # [tokens, heads, hd]
-        v = qkv[:, q_size + kv_size: q_size + 2 * kv_size].view(n, s.n_kv_heads, s.head_dim)
-        layer = s.kv_index(i)
-        cache.write(layer, batch.token_streams, batch.positions, k, v)
-        kv = cache.view(layer)                                   # StridedKV or PagedKV
-        attend = ops.paged_attention if kv.paged else ops.attention
-        a = attend(q, kv, batch.attn.with_layer(s.window(i), s.attn_softcap, lw.sinks), s.q_scale)  # [T, heads, hd]
-        a = a.reshape(n, q_size)
-        if s.attn_gate:   # qwen35: each head's output times sigmoid of its gate (after v in qkv)
-            a = sigmoid_gate(a, qkv[:, q_size + 2 * kv_size:])
-        return _as(a, self.weights.act_dtype)
-
     def _residual_add(self, norm_adds: bool, x: torch.Tensor, y: torch.Tensor,
                       post_norm: torch.Tensor | None) -> torch.Tensor:
         """x + the branch output of y: in place, in the post-norm's C call, where rms_norm fuses the
@@ -403,12 +305,6 @@ class LlamaModel:
         if self.spec.residual_scale != 1.0:
             y = y * self.spec.residual_scale
         return y
-
-
-def _full_norm(ops, x: torch.Tensor, norm, eps: float) -> torch.Tensor:
-    """olmoe's RMSNorm of all of q (or k): `norm` its weight, or under --tp a callable holding this
-    rank's slice (parallel/split_norm.py: the sum of squares over every rank's heads)."""
-    return ops.rms_norm(x, norm, eps) if isinstance(norm, torch.Tensor) else norm(x, ops, eps)
 
 
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

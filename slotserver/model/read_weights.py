@@ -18,7 +18,13 @@ from slotserver.model.gguf_file import GGUFFile
 from slotserver.model.gpu_weights import GPU_OP, for_blocks
 from slotserver.model.placement import to_device
 from slotserver.model.spec import ModelSpec
-from slotserver.model.weights import ModelWeights, Progress, WeightFormat, load_weights
+from slotserver.model.block_layer import block_layer, blocks
+from slotserver.model.dense_layer import dense_layer
+from slotserver.model.ffn_layer import ffn_layer
+from slotserver.model.linear import Linear, QLinear
+from slotserver.model.recurrent_layer import recurrent_layer
+from slotserver.model.weights import (Embedding, LayerWeights, ModelWeights, Progress, WeightFormat, _kind, _load,
+                                      _optional)
 from slotserver.runtime.kernel_set import KernelSet
 
 def read_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, kernels: KernelSet, fmt: WeightFormat,
@@ -32,6 +38,47 @@ def read_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, kernels: Kern
     else:
         weights = load_weights(f, spec, dtype, progress, fmt, q4)
     return weights if device == "cpu" else to_device(weights, device)
+
+
+def load_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, progress: Progress | None = None,
+                 fmt: WeightFormat = WeightFormat(), q4_kernel=None) -> ModelWeights:
+    """q4_kernel: the kernels/q4_matmul.py module (its `pack`), for the int4 formats' AMX copy."""
+    total = spec.n_layers + 2
+    tick = progress or (lambda done, total: None)
+    d, kind = spec.d_model, fmt.resolve(dtype)
+    fmt = replace(fmt, kind=kind)   # auto resolved: the dequantized paths below read fmt.kind
+    if kind == "q":
+        embed = Embedding(blocks=blocks(f, "token_embd.weight", (spec.vocab_size, d)))
+    else:
+        embed = Embedding(dense=_load(f, "token_embd.weight", (spec.vocab_size, d), dtype))
+    tick(1, total)
+    layers = []
+    for i in range(spec.n_layers):
+        layers.append(_layer(f, spec, i, kind, dtype, fmt, q4_kernel))
+        tick(i + 2, total)
+    out_norm = _load(f, spec.out_norm + ".weight", (d,), torch.float32)
+    out_name = "token_embd.weight" if spec.tied_embeddings else "output.weight"
+    if kind == "q":
+        output = QLinear([embed.blocks if spec.tied_embeddings else blocks(f, out_name, (spec.vocab_size, d))])
+    else:
+        out_w = embed.dense if spec.tied_embeddings else _load(f, out_name, (spec.vocab_size, d), dtype)
+        output = Linear.build(out_w, None, _kind(f, out_name, fmt), fmt.output_max_rows)
+    freqs, long = (_optional(f, n, (spec.rope_dim // 2,))
+                   for n in ("rope_freqs.weight" if spec.has_rope_freqs else "rope_factors_short.weight",
+                             "rope_factors_long.weight"))
+    tick(total, total)
+    return ModelWeights(embed, layers, out_norm, output, freqs, torch.float32 if kind == "q" else dtype, long)
+
+def _layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtype, fmt: WeightFormat,
+           q4_kernel) -> LayerWeights:
+    """Layer i in its loader: an FFN alone (nemotron_h's), a hybrid's recurrent layer, or an
+    attention layer, as GGUF blocks (kind "q") or dequantized."""
+    at = spec.layer_spec(i)   # lfm2moe's leading dense layers: no MoE; nemotron_h's mixers: no FFN
+    if spec.ffn_only and spec.ffn_only[i]:
+        return ffn_layer(f, at, i, kind, dtype, fmt, q4_kernel)
+    if spec.recurrent is not None and spec.recurrent.layers[i]:
+        return recurrent_layer(f, at, i, kind, torch.float32 if kind == "q" else dtype, fmt, q4_kernel)
+    return block_layer(f, at, i, fmt) if kind == "q" else dense_layer(f, at, i, dtype, fmt, q4_kernel)
 
 
 def gpu_formats(kernels: KernelSet) -> frozenset[int]:

@@ -28,8 +28,8 @@ from slotserver.model.mamba2 import Mamba2Params
 from slotserver.model.moe_weights import load_moe
 from slotserver.model.short_conv import ShortConvParams
 from slotserver.model.spec import ModelSpec
-from slotserver.model.weights import (LayerWeights, WeightFormat, _block_ffn, _blocks, _kind, _load, _no_int4,
-                                      _qlinear)
+from slotserver.model.block_layer import block_ffn, blocks, qlinear
+from slotserver.model.weights import LayerWeights, WeightFormat, _kind, _load, _no_int4
 
 
 def recurrent_layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtype, fmt: WeightFormat,
@@ -45,10 +45,10 @@ def recurrent_layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torc
                ("ssm_alpha", r.n_v_heads)]
         out = ("ssm_out", r.value_dim)
     if kind == "q":
-        parts = [_blocks(f, p + n + ".weight", (rows, d)) for n, rows in ins]
-        in_proj = _qlinear(f, parts, [f.tensors[p + n + ".weight"] for n, _ in ins], fmt.fuse_copy)
-        out_proj = _qlinear(f, [_blocks(f, p + out[0] + ".weight", (d, out[1]))], [None], False)
-        gate_up, down = _block_ffn(f, spec, p, fmt)
+        parts = [blocks(f, p + n + ".weight", (rows, d)) for n, rows in ins]
+        in_proj = qlinear(f, parts, [f.tensors[p + n + ".weight"] for n, _ in ins], fmt.fuse_copy)
+        out_proj = qlinear(f, [blocks(f, p + out[0] + ".weight", (d, out[1]))], [None], False)
+        gate_up, down = block_ffn(f, spec, p, fmt)
     else:
         def lin(names: tuple[str, ...], w: torch.Tensor) -> Linear:
             kinds = {_kind(f, p + n + ".weight", fmt) for n in names}

@@ -1,34 +1,34 @@
-"""Load a llama-family model's tensors from a GGUF file: as GGUF blocks (default) or dequantized.
+"""A model's weights as the forward reads them, and the small readers every layer loader shares.
+
+The types: `WeightFormat` (how matmul weights are kept: `--weights`), `Embedding`, `LayerWeights`
+(one layer: an attention layer, a hybrid's recurrent layer, or nemotron_h's FFN alone) and
+`ModelWeights`. The loaders, one file each: block_layer.py (GGUF blocks), dense_layer.py
+(dequantized), recurrent_layer.py, ffn_layer.py; read_weights.py's `load_weights` runs them over
+the file's layers.
 
 `--weights auto` (the default) / `q`: every matmul weight stays in its GGUF block format, a
 zero-copy view of the file's mapping (`QWeight`, computed on by the `qmatmul` kernel): loading
-touches no weight bytes, and the pages a step reads are the file's (shared, evictable). Fused
-matmuls: gate|up (adjacent in llama.cpp-written files) is one view; q|k|v is not adjacent there
-(the file's order is k, output, q, v), so it is copied once into one block tensor (~1/6 of the
-layer bytes) where the three share a format: one qmatmul instead of three (measured faster at
-decode b=1: see `WeightFormat.fuse_copy`). The embedding is looked up by dequantizing only the
-rows asked for; tied output projections compute on the embedding's blocks.
+touches no weight bytes, and the pages a step reads are the file's (shared, evictable). The
+embedding is looked up by dequantizing only the rows asked for; tied output projections compute on
+the embedding's blocks.
 
 `auto` under float32 is the exact reference mode: the dequantized weights in float32 (what llama.cpp's
 F32 run and the tests compare against). `dense` / `int8` / `int4` / `auto8` / `auto4` dequantize at load
-(one tensor at a time, never two full copies): see `Linear`. q/k/v are fused into one
-`[q+2kv, d_model]` matrix and gate/up into one `[2*d_ff, d_model]` matrix.
+(one tensor at a time, never two full copies): see `Linear`.
 """
-
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import gguf
 import torch
 
-from slotserver.model.gguf_file import GGUFFile, TensorInfo
+from slotserver.model.gguf_file import GGUFFile
 from slotserver.model.linear import Linear, QLinear
 from slotserver.model.moe import MoeWeights
-from slotserver.model.moe_weights import load_moe
 from slotserver.runtime.experts import Experts
-from slotserver.runtime.qblocks import FLOATS, QUANTIZED, QWeight, concat_rows, from_mapped, get_rows, take_rows
+from slotserver.runtime.qblocks import QWeight, get_rows
 from slotserver.model.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -131,41 +131,6 @@ class ModelWeights:
     # (tests/test_model_reference.py): 96.5% with bf16 activations, 98.4% with float32.
 
 
-def load_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, progress: Progress | None = None,
-                 fmt: WeightFormat = WeightFormat(), q4_kernel=None) -> ModelWeights:
-    """q4_kernel: the kernels/q4_matmul.py module (its `pack`), for the int4 formats' AMX copy."""
-    total = spec.n_layers + 2
-    tick = progress or (lambda done, total: None)
-    d, kind = spec.d_model, fmt.resolve(dtype)
-    fmt = replace(fmt, kind=kind)   # auto resolved: the dequantized paths below read fmt.kind
-    if kind == "q":
-        embed = Embedding(blocks=_blocks(f, "token_embd.weight", (spec.vocab_size, d)))
-    else:
-        embed = Embedding(dense=_load(f, "token_embd.weight", (spec.vocab_size, d), dtype))
-    tick(1, total)
-    layers = []
-    for i in range(spec.n_layers):
-        at = spec.layer_spec(i)   # lfm2moe's leading dense layers: no MoE; nemotron_h's mixers: no FFN
-        if spec.ffn_only and spec.ffn_only[i]:
-            from slotserver.model.ffn_layer import ffn_layer
-            layers.append(ffn_layer(f, at, i, kind, dtype, fmt, q4_kernel))
-        else:
-            layers.append(_block_layer(f, at, i, fmt) if kind == "q" else _load_layer(f, at, i, dtype, fmt, q4_kernel))
-        tick(i + 2, total)
-    out_norm = _load(f, spec.out_norm + ".weight", (d,), torch.float32)
-    out_name = "token_embd.weight" if spec.tied_embeddings else "output.weight"
-    if kind == "q":
-        output = QLinear([embed.blocks if spec.tied_embeddings else _blocks(f, out_name, (spec.vocab_size, d))])
-    else:
-        out_w = embed.dense if spec.tied_embeddings else _load(f, out_name, (spec.vocab_size, d), dtype)
-        output = Linear.build(out_w, None, _kind(f, out_name, fmt), fmt.output_max_rows)
-    freqs, long = (_optional(f, n, (spec.rope_dim // 2,))
-                   for n in ("rope_freqs.weight" if spec.has_rope_freqs else "rope_factors_short.weight",
-                             "rope_factors_long.weight"))
-    tick(total, total)
-    return ModelWeights(embed, layers, out_norm, output, freqs, torch.float32 if kind == "q" else dtype, long)
-
-
 def _pre_norm(f: GGUFFile, spec: ModelSpec, name: str) -> torch.Tensor | None:
     """A branch's RMSNorm weight [d_model] float32; None for an architecture without them (olmo2)."""
     return _load(f, name, (spec.d_model,), torch.float32) if spec.pre_norms else None
@@ -206,32 +171,6 @@ def gated_q_rows(spec: ModelSpec) -> tuple[list[int], list[int]]:
             [h * 2 * hd + hd + j for h in range(spec.n_heads) for j in range(hd)])
 
 
-def _block_layer(f: GGUFFile, spec: ModelSpec, i: int, fmt: WeightFormat) -> LayerWeights:
-    """One layer's matmuls as GGUF blocks (q/k rows reordered for neox rope: a copy of those two)."""
-    if spec.recurrent is not None and spec.recurrent.layers[i]:
-        from slotserver.model.recurrent_layer import recurrent_layer
-        return recurrent_layer(f, spec, i, "q", torch.float32, fmt)
-    d, hd, p = spec.d_model, spec.head_dim, f"blk.{i}."
-    q_rows, kv_rows = spec.n_heads * hd, spec.n_kv_heads * hd
-    if p + "attn_qkv.weight" in f.tensors:   # phi3: q|k|v already one tensor
-        qkv_w = _blocks(f, p + "attn_qkv.weight", (q_rows + 2 * kv_rows, d))
-        qkv = _qlinear(f, [take_rows(qkv_w, _qkv_rows(spec)) if spec.rope_mode == "neox" else qkv_w], [None], False)
-    else:
-        qkv = _block_qkv(f, spec, p, fmt)
-    gate_up, down = _block_ffn(f, spec, p, fmt)
-    return LayerWeights(
-        attn_norm=_pre_norm(f, spec, p + "attn_norm.weight"),
-        qkv=qkv,
-        wo=_qlinear(f, [_blocks(f, p + "attn_output.weight", (d, q_rows))], [None], False, _out_bias(f, spec, p)),
-        ffn_norm=_pre_norm(f, spec, p + spec.ffn_norm + ".weight"),
-        gate_up=gate_up,
-        down=down,
-        **_norms(f, spec, p),
-        moe=load_moe(f, spec, p, "q", torch.float32) if spec.moe else None,
-        sinks=_sinks(f, spec, p),
-    )
-
-
 def _out_bias(f: GGUFFile, spec: ModelSpec, p: str) -> torch.Tensor | None:
     """attn_output.bias [d_model] float32 where the architecture has one (gpt-oss)."""
     return _load(f, p + "attn_output.bias", (spec.d_model,), torch.float32) if spec.out_bias else None
@@ -243,146 +182,11 @@ def _sinks(f: GGUFFile, spec: ModelSpec, p: str) -> torch.Tensor | None:
     return _load(f, p + "attn_sinks.weight", (spec.n_heads,), torch.float32).contiguous() if spec.sinks else None
 
 
-def _block_ffn(f: GGUFFile, spec: ModelSpec, p: str, fmt: WeightFormat) -> tuple[QLinear | None, QLinear | None]:
-    """(gate|up, down) as GGUF blocks: the dense FFN, a MoE layer's shared expert, or (None, None)."""
-    d, ff, sfx = spec.d_model, spec.d_ff, ""
-    if not ff and not spec.moe:   # a mixer alone (nemotron_h)
-        return None, None
-    if spec.moe:
-        if not spec.moe.d_ff_shared:
-            return None, None
-        ff, sfx = spec.moe.d_ff_shared, "_shexp"
-    if spec.fused:   # phi3: ffn_up holds gate|up
-        gate_up = _qlinear(f, [_blocks(f, p + "ffn_up.weight", (2 * ff, d))], [None], False)
-    else:
-        names = ("ffn_gate" + sfx, "ffn_up" + sfx)
-        gate_up = _qlinear(f, [_blocks(f, p + n + ".weight", (ff, d)) for n in names],
-                           [f.tensors[p + n + ".weight"] for n in names], fmt.fuse_copy)
-    return gate_up, _qlinear(f, [_blocks(f, p + "ffn_down" + sfx + ".weight", (d, ff))], [None], False)
-
-
-def _block_qkv(f: GGUFFile, spec: ModelSpec, p: str, fmt: WeightFormat) -> QLinear:
-    """Separate q, k, v tensors as one QLinear (q/k rows reordered for neox rope: a copy of those two)."""
-    d, hd = spec.d_model, spec.head_dim
-    q_rows, kv_rows = spec.n_heads * hd, spec.n_kv_heads * hd
-    gate = None
-    if spec.attn_gate:   # qwen35: each head's q rows then its output gate's; the gates go last
-        both = _blocks(f, p + "attn_q.weight", (2 * q_rows, d))
-        q, gate = (take_rows(both, rows) for rows in gated_q_rows(spec))
-    else:
-        q = _blocks(f, p + "attn_q.weight", (q_rows, d))
-    k = _blocks(f, p + "attn_k.weight", (kv_rows, d))
-    v = _blocks(f, p + "attn_v.weight", (kv_rows, d))
-    infos = [None if gate is not None else f.tensors[p + "attn_q.weight"]]
-    infos += [f.tensors[p + n + ".weight"] for n in ("attn_k", "attn_v")]
-    bias = None
-    if spec.qkv_bias:
-        bq, bk, bv = (_load(f, p + n, (r,), torch.float32)
-                      for n, r in (("attn_q.bias", q_rows), ("attn_k.bias", kv_rows), ("attn_v.bias", kv_rows)))
-        if spec.rope_mode == "neox":
-            bq, bk = _neox_to_normal(bq, spec), _neox_to_normal(bk, spec)
-        bias = torch.cat([bq, bk, bv])
-    if spec.rope_mode == "neox":
-        q, k = take_rows(q, _neox_rows(spec, q.n)), take_rows(k, _neox_rows(spec, k.n))
-        infos[:2] = [None, None]   # no longer the file's bytes
-    parts = [q, k, v] + ([gate] if gate is not None else [])
-    return _qlinear(f, parts, infos + [None] * (len(parts) - 3), fmt.fuse_copy, bias)
-
-
-def _blocks(f: GGUFFile, name: str, shape: tuple[int, int]) -> QWeight:
-    """A tensor's GGUF blocks, viewed in the file's mapping (no copy, nothing read yet)."""
-    info = f.require(name, shape)
-    return from_mapped(f.mapped_bytes(info.offset, info.n_bytes), info.ggml_type, shape)
-
-
-def _qlinear(f: GGUFFile, parts: list[QWeight], infos: list[TensorInfo | None], copy: bool,
-             bias: torch.Tensor | None = None):
-    """Parts stacked along `out`: runs of one format become one QWeight (a view of the file where
-    their bytes are adjacent there, else a copy if `copy`); a format qmatmul lacks: dense float32."""
-    if any(int(w.qtype) not in _SERVED for w in parts):
-        dense = torch.cat([get_rows(w, torch.arange(w.n)) for w in parts])
-        return Linear.build(dense, bias, "dense", 0)
-    runs: list[list[int]] = []
-    for j, w in enumerate(parts):
-        if runs and parts[runs[-1][-1]].qtype == w.qtype:
-            runs[-1].append(j)
-        else:
-            runs.append([j])
-    out = []
-    for run in runs:
-        ws, fi = [parts[j] for j in run], [infos[j] for j in run]
-        if len(ws) > 1 and all(fi) and all(a.offset + a.n_bytes == b.offset for a, b in zip(fi, fi[1:])):
-            n = sum(w.n for w in ws)
-            out.append(from_mapped(f.mapped_bytes(fi[0].offset, sum(i.n_bytes for i in fi)), ws[0].qtype, (n, ws[0].k)))
-        elif len(ws) > 1 and copy:
-            out.append(concat_rows(ws))
-        else:
-            out.extend(ws)
-    return QLinear(out, bias)
-
-
-_SERVED = {int(t) for t in QUANTIZED + tuple(FLOATS)}   # the formats kernels/qmatmul.py computes on
-
-
 def _neox_rows(spec: ModelSpec, n: int) -> list[int]:
     """Row order taking each head from neox rope pairs to adjacent ones (see `_neox_to_normal`)."""
     hd, half = spec.head_dim, spec.rope_dim // 2
     order = [j for i in range(half) for j in (i, i + half)] + list(range(spec.rope_dim, hd))
     return [h * hd + o for h in range(n // hd) for o in order]
-
-
-def _load_layer(f: GGUFFile, spec: ModelSpec, i: int, dtype: torch.dtype, fmt: WeightFormat,
-                q4_kernel=None) -> LayerWeights:
-    if spec.recurrent is not None and spec.recurrent.layers[i]:
-        from slotserver.model.recurrent_layer import recurrent_layer
-        return recurrent_layer(f, spec, i, fmt.kind, dtype, fmt, q4_kernel)
-    d, hd, p = spec.d_model, spec.head_dim, f"blk.{i}."
-    q_rows, kv_rows = spec.n_heads * hd, spec.n_kv_heads * hd
-    if p + "attn_qkv.weight" in f.tensors:   # phi3: q|k|v already one tensor
-        q, k, v = _load(f, p + "attn_qkv.weight", (q_rows + 2 * kv_rows, d), dtype).split([q_rows, kv_rows, kv_rows])
-        qkv_names = ["attn_qkv"]
-    else:
-        q = _load(f, p + "attn_q.weight", (2 * q_rows if spec.attn_gate else q_rows, d), dtype)
-        k = _load(f, p + "attn_k.weight", (kv_rows, d), dtype)
-        v = _load(f, p + "attn_v.weight", (kv_rows, d), dtype)
-        qkv_names = ["attn_q", "attn_k", "attn_v"]
-    bias = None
-    if spec.qkv_bias:
-        bq = _load(f, p + "attn_q.bias", (spec.n_heads * hd,), dtype)
-        bk = _load(f, p + "attn_k.bias", (spec.n_kv_heads * hd,), dtype)
-        bv = _load(f, p + "attn_v.bias", (spec.n_kv_heads * hd,), dtype)
-        if spec.rope_mode == "neox":
-            bq, bk = _neox_to_normal(bq, spec), _neox_to_normal(bk, spec)
-        bias = torch.cat([bq, bk, bv])
-    gate = None
-    if spec.attn_gate:   # qwen35: per head [q | gate] rows -> q, gate (appended after v)
-        q, gate = (q[rows] for rows in gated_q_rows(spec))
-    if spec.rope_mode == "neox":
-        q, k = _neox_to_normal(q, spec), _neox_to_normal(k, spec)
-    ff, sfx = (spec.moe.d_ff_shared, "_shexp") if spec.moe else (spec.d_ff, "")
-    if spec.fused:   # phi3: ffn_up holds gate|up
-        gate_up, gate_up_names = _load(f, p + "ffn_up.weight", (2 * ff, d), dtype), ["ffn_up"]
-    elif ff:         # a MoE layer without a shared expert has no dense FFN
-        gate_up_names = ["ffn_gate" + sfx, "ffn_up" + sfx]
-        gate_up = torch.cat([_load(f, p + n + ".weight", (ff, d), dtype) for n in gate_up_names])
-
-    def lin(names: list[str], w: torch.Tensor, b: torch.Tensor | None = None) -> Linear:
-        kinds = {_kind(f, p + n + ".weight", fmt) for n in names}
-        return Linear.build(w, b, kinds.pop() if len(kinds) == 1 else _no_int4(fmt.kind), fmt.int8_max_rows,
-                            fmt.native_max_rows, q4_kernel)
-
-    return LayerWeights(
-        attn_norm=_pre_norm(f, spec, p + "attn_norm.weight"),
-        qkv=lin(qkv_names, torch.cat([q, k, v] + ([gate] if gate is not None else [])), bias),
-        wo=lin(["attn_output"], _load(f, p + "attn_output.weight", (d, spec.n_heads * hd), dtype),
-               None if not spec.out_bias else _out_bias(f, spec, p).to(dtype)),
-        ffn_norm=_pre_norm(f, spec, p + spec.ffn_norm + ".weight"),
-        gate_up=lin(gate_up_names, gate_up) if ff else None,
-        down=lin(["ffn_down" + sfx], _load(f, p + "ffn_down" + sfx + ".weight", (d, ff), dtype)) if ff else None,
-        **_norms(f, spec, p),
-        moe=load_moe(f, spec, p, fmt.kind, dtype) if spec.moe else None,
-        sinks=_sinks(f, spec, p),
-    )
 
 
 def _no_int4(kind: str) -> str:

@@ -7,7 +7,7 @@ float32) makes the whole sum on every rank, and each scales its columns by its s
 weight: the same RMSNorm up to the order of the sum (vLLM gathers all of q instead; a row's one
 float is less to send). Per-head norms (qwen3, gemma3) need nothing: a rank holds whole heads.
 
-Called like the weight it replaces, through `LlamaModel`'s `_full_norm` (model.py): (x, ops, eps).
+Called like the weight it replaces, through attention_branch.py's `_full_norm`: (x, ops, eps).
 """
 
 from __future__ import annotations
