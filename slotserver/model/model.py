@@ -11,8 +11,10 @@ q/k RMSNorm (qwen3, gemma3), per-layer rope tables and windows (gemma2/3), post-
 post-FFN norms (gemma2/3), a GELU instead of SiLU gate (gemma), residual and logit multipliers
 (granite), final-logit soft-capping (gemma2), and a mixture-of-experts FFN (qwen3moe, qwen2moe,
 olmoe, granitemoe: moe.py) with olmoe's q/k norms over the whole projection, smollm3's unrotated
-layers (an identity rope table), mistral3's q temperature past the trained context and olmo2's
-branches without pre-norms.
+layers (an identity rope table), mistral3's q temperature past the trained context, olmo2's
+branches without pre-norms, the hybrids' recurrent layers in place of attention (their `qkv` the
+in-projection, `recurrent.run` the layer: recurrent_layer.py) and nemotron_h's one-block layers (a
+mixer alone, or an FFN alone: ffn_layer.py).
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class MoeSpec:
     def from_metadata(cls, key, norm_weights: bool, gating: str = "softmax", act: str = "silu",
                       keys: bool = False, file_weights: bool = False) -> "MoeSpec | None":
         """None where the file has no experts (`{arch}.expert_count` absent or 0). `key`: spec.py's
-        `_Keys` over the file's `{arch}.*` metadata (range-checked, one-line errors). `keys`: read
+        `MetaKeys` (spec_keys.py) over the file's `{arch}.*` metadata (range-checked, one-line errors). `keys`: read
         `leading_dense_block_count` and check `expert_gating_func`, as llama.cpp's loader does for
         the architectures that say so (ArchDef.moe_keys: lfm2moe); the others ignore them, as it does."""
         if not key.raw("expert_count", 0):

@@ -71,7 +71,7 @@ class RecurrentSpec:
 
     @classmethod
     def from_metadata(cls, key, n_layers: int, kind: str, d_model: int) -> "RecurrentSpec":
-        """key: spec.py's `_Keys` on the file's `{arch}.*` metadata."""
+        """key: spec_keys.py's `MetaKeys` on the file's `{arch}.*` metadata."""
         assert kind in KINDS, kind
         if kind == "shortconv":
             kv = key.raw("attention.head_count_kv")

@@ -32,7 +32,7 @@ class RopeScaling:
 
     @classmethod
     def from_metadata(cls, key, rope_dim: int) -> "RopeScaling":
-        """key: spec's `_Keys` over `{arch}.*` metadata."""
+        """key: spec_keys.py's `MetaKeys` over `{arch}.*` metadata."""
         kind = key.raw("rope.scaling.type", None)
         factor = key.float("rope.scaling.factor", 0.0) if key.has("rope.scaling.factor") else \
             key.float("rope.scale_linear", 0.0)
