@@ -13,7 +13,7 @@
       dt_bias[h]) and e = exp(dt a[h]):  S[n][:] = e S[n][:] + (B[g][n] dt) x_h[:],
       y = sum_n C[g][n] S[n][:] + d[h] x_h, times silu(z_h) -> ys [T, D] (the head's N x hd floats
       in cache across the tokens; one pass a token);
-   3. per row and group: y RMS-normed over its D / G values, times norm -> out [T, D] (row stride so;
+   3. per row and group: y RMS-normed over its D / G values, times norm (NULL: no norm) -> out [T, D] (row stride so;
       float32, or bf16 with ob).
    Every (sequence, head) alone, token by token in a fixed order: a row's floats depend neither on
    the batch nor on how a prompt was cut into steps. */
@@ -73,8 +73,12 @@ int mamba2_step(const void *proj, float *conv, float *ssm, const int64_t *stream
             scan_head(proj, xc, ssm, streams[i / H], dt_bias, a, d, ys, offsets[i / H], lens[i / H], i % H, sp, H, G,
                       N, hd, pb);
         #pragma omp for schedule(static)
-        for (int64_t i = 0; i < T * G; i++) {   /* a row's group: RMS-normed */
+        for (int64_t i = 0; i < T * G; i++) {   /* a row's group: RMS-normed (norm NULL: as it is) */
             const float *y = ys + (i / G) * D + (i % G) * gs;
+            if (!norm) {
+                for (int64_t k = 0; k < gs; k++) st(out, (i / G) * so + (i % G) * gs + k, ob, y[k]);
+                continue;
+            }
             float ss = 0.0f;
             for (int64_t k = 0; k < gs; k++) ss += y[k] * y[k];
             const float r = 1.0f / sqrtf(ss / (float)gs + eps);

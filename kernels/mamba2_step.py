@@ -11,14 +11,15 @@ n_group, eps)`:
 - conv [S, d_conv - 1, C] and ssm [S, H, N, hd] float32: every stream's convolution inputs and
   state, both updated in place;
 - taps [C, d_conv], bias [C] (the convolution's), dt_bias [H], a [H] (-exp(A_log)), d [H] (the skip),
-  norm [D] (the group RMSNorm's weight, group after group): float32;
+  norm [D] (the group RMSNorm's weight, group after group): float32; norm None: no group norm
+  (Falcon-H1's layers, `mamba_rms_norm` false: llama.cpp skips it where the file has no ssm_norm);
 - out [T, D] in proj's dtype. Returned with the two states (validation compares the updates too).
 
 The math, per token: xBC = silu(bias + the causal depthwise convolution over the stream's last
 d_conv - 1 inputs and this one); per head h (group g = h / (H / G), heads of a group adjacent, as
 ggml's repeat_interleave): dt = softplus(dt_h + dt_bias[h]), S_h = exp(dt a[h]) S_h + B_g (dt x_h)^T,
 y_h = S_h^T C_g + d[h] x_h, times silu(z_h); then y RMS-normed over each group's D / G values,
-times norm.
+times norm (where given).
 
 Why a kernel: as kernels/delta_net_step.py (a hybrid's recurrent layer in one call a step, which a
 step graph replays; a prompt's scan with each head's N x hd state in cache from token to token).
@@ -40,12 +41,13 @@ _cc = kernel_parts.load(__file__, "_causal_conv.py")   # the convolution (a part
 
 OP = "mamba2_step"
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1e-2}
+FUSES = ("no_norm",)   # optional behaviours every implementation takes (a model without ssm_norm asks for it)
 MAX_HD, MAX_CONV = 512, 8   # head sizes and convolution widths the C kernel takes; others take the reference
 
 
 def reference(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams: torch.Tensor, offsets: torch.Tensor,
               lens: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor, dt_bias: torch.Tensor, a: torch.Tensor,
-              d: torch.Tensor, norm: torch.Tensor, n_group: int,
+              d: torch.Tensor, norm: torch.Tensor | None, n_group: int,
               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Token by token, each sequence's rows in order, its heads at once."""
     (H, N, hd), C, G = ssm.shape[1:], taps.shape[0], n_group
@@ -64,7 +66,9 @@ def reference(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams
             ssm[s] = state                                                 # [H, N, hd]
             y = (torch.einsum("hn,hnp->hp", c, state) + d[:, None] * x) * F.silu(z.view(H, hd))
             y = y.reshape(G, D // G)
-            out[t] = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps) * norm.view(G, -1)).reshape(-1)
+            if norm is not None:
+                y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps) * norm.view(G, -1)
+            out[t] = y.reshape(-1)
     return out.to(proj.dtype), conv, ssm
 
 
@@ -77,7 +81,7 @@ native.signature(_LIB, "mamba2_step", 13, 9, (native.ctypes.c_float,) + (native.
 
 def cpu(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams: torch.Tensor, offsets: torch.Tensor,
         lens: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor, dt_bias: torch.Tensor, a: torch.Tensor,
-        d: torch.Tensor, norm: torch.Tensor, n_group: int,
+        d: torch.Tensor, norm: torch.Tensor | None, n_group: int,
         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One C call (mamba2_step.c: the convolution, each (sequence, head)'s scan, the group norm;
     threads over each); else `reference`."""
@@ -86,13 +90,13 @@ def cpu(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams: torc
             or not proj.is_cpu or ssm.shape[3] > MAX_HD or taps.shape[1] > MAX_CONV
             or not all(t.is_cpu and t.dtype == torch.int64 and t.is_contiguous() for t in (streams, offsets, lens))
             or not all(t.is_cpu and t.dtype == torch.float32 and t.is_contiguous()
-                       for t in (conv, ssm, taps, bias, dt_bias, a, d, norm))):
+                       for t in (conv, ssm, taps, bias, dt_bias, a, d) + (() if norm is None else (norm,)))):
         return reference(*args)
     T, (H, N, hd) = proj.shape[0], ssm.shape[1:]
     out = torch.empty(T, H * hd, dtype=proj.dtype)                         # [T, D]
     rc = _LIB.mamba2_step(proj.data_ptr(), conv.data_ptr(), ssm.data_ptr(), streams.data_ptr(), offsets.data_ptr(),
                           lens.data_ptr(), taps.data_ptr(), bias.data_ptr(), dt_bias.data_ptr(), a.data_ptr(),
-                          d.data_ptr(), norm.data_ptr(), out.data_ptr(), streams.shape[0], T, proj.stride(0),
+                          d.data_ptr(), 0 if norm is None else norm.data_ptr(), out.data_ptr(), streams.shape[0], T, proj.stride(0),
                           out.stride(0), n_group, H, N, hd, taps.shape[1], eps, native.is_bf16(proj),
                           native.is_bf16(out), torch.get_num_threads())
     assert rc == 0, f"mamba2_step: failed ({rc})"
@@ -143,7 +147,7 @@ SCAN_COLUMNS = 32   # a scan program's share of a head's hd columns (N x 32 floa
 
 def triton(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams: torch.Tensor, offsets: torch.Tensor,
            lens: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor, dt_bias: torch.Tensor, a: torch.Tensor,
-           d: torch.Tensor, norm: torch.Tensor, n_group: int,
+           d: torch.Tensor, norm: torch.Tensor | None, n_group: int,
            eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Same contract as `cpu`, in three launches: the convolution, the scan (a program per sequence,
     head and SCAN_COLUMNS of its columns), the group norm (a program per row and group)."""
@@ -161,14 +165,18 @@ def triton(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams: t
         _scan_kernel[(B, H, _triton.cdiv(hd, bp))](proj, xc, ssm, *seqs, dt_bias, a, d, y, C, H, n_group, N, hd,
                                                    proj.stride(0), BN=_triton.next_power_of_2(N), BP=bp)
         gs = D // n_group
-        _norm_kernel[(T, n_group)](y, norm, out, D, gs, out.stride(0), eps, BG=_triton.next_power_of_2(gs))
+        if norm is None:
+            out.copy_(y)
+        else:
+            _norm_kernel[(T, n_group)](y, norm, out, D, gs, out.stride(0), eps, BG=_triton.next_power_of_2(gs))
     return out, conv, ssm
 
 
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     """A few sequences of 1-5 tokens (a fifth of the cases one of 12-24) on scattered streams, 1-2
     groups of 1-2 heads each, head sizes and state sizes with and without a power of two,
-    convolutions 2-4 wide, strong and weak decays."""
+    convolutions 2-4 wide, strong and weak decays; a quarter of the cases (3 streams) without the
+    group norm."""
     def pick(*xs):
         return xs[int(torch.randint(len(xs), (), generator=gen))]
 
@@ -185,7 +193,7 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
             torch.randperm(S, generator=gen)[:B], lens.cumsum(0) - lens, lens,
             0.5 * torch.randn(C, d_conv, generator=gen), 0.1 * torch.randn(C, generator=gen),
             torch.randn(H, generator=gen), -torch.rand(H, generator=gen) - 0.5, torch.randn(H, generator=gen),
-            1 + 0.1 * torch.randn(D, generator=gen), G, 1e-5)
+            None if S == 3 else 1 + 0.1 * torch.randn(D, generator=gen), G, 1e-5)
 
 
 def bench_inputs(device: str, small: bool = False) -> list[tuple[str, tuple]]:

@@ -182,6 +182,15 @@ CASES: dict[str, tuple[str, dict]] = {
         use_conv_bias=True, layer_norm_epsilon=1e-5, vocab_size=312, n_routed_experts=8, num_experts_per_tok=2,
         moe_intermediate_size=32, moe_shared_expert_intermediate_size=64, n_shared_experts=1,
         routed_scaling_factor=2.5, norm_topk_prob=True, n_group=1, topk_group=1)),
+    # Falcon-H1 (llama.cpp's falcon-h1): every layer attention (neox rope) and a Mamba-2 mixer (2 groups, no
+    # group norm: mamba_rms_norm false) side by side on one attn_norm'd input, summed, then a SwiGLU FFN;
+    # Falcon's muP multipliers (away from 1 here) are folded into the weights by the converter
+    "falcon_h1": ("FalconH1ForCausalLM", dict(
+        num_hidden_layers=3, head_dim=16, intermediate_size=64, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
+        mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_conv_bias=True,
+        mamba_rms_norm=False, embedding_multiplier=2.0, lm_head_multiplier=0.5, attention_in_multiplier=0.8,
+        attention_out_multiplier=1.2, key_multiplier=0.9, ssm_in_multiplier=1.1, ssm_out_multiplier=0.7,
+        ssm_multipliers=[1.0, 0.9, 1.1, 0.8, 1.2], mlp_multipliers=[0.9, 1.1])),
 }
 # converter options per transformers class (Qwen3.5: no MTP layers here, which the converter otherwise
 # requires to find in the checkpoint)
@@ -190,7 +199,7 @@ CONVERT_ARGS = {"Qwen3_5ForCausalLM": ["--no-mtp"],
 # a seed whose greedy ids avoid the special tokens (the test bans them, llama-server picks a CONTROL
 # token <|im_start|> as any other: the first granitemoe seed started with it, the first lfm2 one took
 # it second)
-SEED_OFFSET = {"granitemoe": 1, "lfm2": 1, "nemotron_h": 1}
+SEED_OFFSET = {"granitemoe": 1, "lfm2": 1, "nemotron_h": 1, "falcon_h1": 1}
 BIG = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=8, head_dim=64, vocab_size=32000,
            num_experts=16, num_experts_per_tok=4, moe_intermediate_size=512, intermediate_size=1024)
 # per case where its config names these differently (gpt-oss: experts of width intermediate_size, the

@@ -60,7 +60,7 @@ def _prompts(seed: int, count: int) -> list[list[int]]:
                                                   ("lfm2", "seq_head_dim", "on"), ("lfm2", "paged", "off"),
                                                   ("lfm2moe", "seq_head_dim", "on"), ("granitehybrid", "paged", "on"),
                                                   ("nemotron_h", "seq_head_dim", "on"),
-                                                  ("nemotron_h_moe", "paged", "on")])
+                                                  ("nemotron_h_moe", "paged", "on"), ("falcon_h1", "seq_head_dim", "on")])
 def test_batched_chunked_and_defragmented_sequences_match_each_alone(name, layout, defrag):
     """Seven requests on three slots arriving over time, prompts cut in chunks of 5 tokens: each
     sequence's state follows its stream through decode batches (on contiguous streams, and on
@@ -80,7 +80,8 @@ def test_batched_chunked_and_defragmented_sequences_match_each_alone(name, layou
     assert (engine.stats().defrag_moves > 0) == (defrag == "on")
 
 
-@pytest.mark.parametrize("name", ["qwen35", "lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "nemotron_h_moe"])
+@pytest.mark.parametrize("name", ["qwen35", "lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "nemotron_h_moe",
+                                  "falcon_h1"])
 def test_decode_steps_replay_from_step_graphs_with_the_eager_steps_tokens(name, tmp_path):
     """On GGUF blocks a hybrid decode step is C calls only (qmatmul, the recurrent layers'
     kernels/delta_net_step.py, short_conv_step.py or mamba2_step.py, Qwen3.5's attention gate, granite's

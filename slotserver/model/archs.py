@@ -52,6 +52,7 @@ class ArchDef:
     out_norm: str = "output_norm"  # the final norm's tensor (LFM2: token_embd_norm)
     attn_gate: bool = False      # attn_q holds q and an output gate per head: out * sigmoid(gate) (qwen35)
     single_blocks: bool = False  # one block a layer: an FFN alone where feed_forward_length says, else a mixer
+    parallel_mixers: bool = False  # every layer: attention and a recurrent mixer side by side, summed (falcon-h1)
 
 
 ARCHS: dict[str, ArchDef] = {
@@ -118,6 +119,10 @@ ARCHS: dict[str, ArchDef] = {
     # ungated squared-ReLU experts, plus an ungated squared-ReLU shared expert
     "nemotron_h_moe": ArchDef(hybrid="mamba2", no_rope_step=1, act="relu2", single_blocks=True, ffn_norm="attn_norm",
                               moe_gating="sigmoid", moe_act="relu2", moe_file_weights=True),
+    # Falcon-H1 (src/models/falcon-h1.cpp): every layer attention (neox rope) and a Mamba-2 mixer side by
+    # side on the same attn_norm'd input, (attn + ssm) + x, then a SwiGLU FFN; Falcon's muP multipliers
+    # are folded into the weights by the converter; no group norm where the file has no ssm_norm
+    "falcon-h1": ArchDef(rope_mode="neox", hybrid="mamba2", parallel_mixers=True),
     # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
     "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
     "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),

@@ -78,11 +78,13 @@ def for_blocks(w: ModelWeights, dtype: torch.dtype, formats: frozenset[int], dev
     eb = w.embed.blocks
     keep = eb is None or eb.qtype in FLOATS or torch_dequant.ported(eb.qtype)   # looked up on the card (get_rows)
     embed = w.embed if keep else Embedding(dense=_dense(eb, device).to(dtype))
-    layers = [replace(lw, **{name: matmul(getattr(lw, name), dtype, formats, device)
-                             for name in ("qkv", "wo", "gate_up", "down")},
-                      moe=None if lw.moe is None else _dense_moe(lw.moe, dtype, device))
-              for lw in w.layers]
-    return replace(w, embed=embed, layers=layers, output=matmul(w.output, dtype, formats, device), act_dtype=dtype)
+    def layer(lw):   # (falcon-h1's Mamba-2 mixer beside the attention: a LayerWeights of its own)
+        return replace(lw, **{name: matmul(getattr(lw, name), dtype, formats, device)
+                              for name in ("qkv", "wo", "gate_up", "down")},
+                       moe=None if lw.moe is None else _dense_moe(lw.moe, dtype, device),
+                       parallel=None if lw.parallel is None else layer(lw.parallel))
+    return replace(w, embed=embed, layers=[layer(lw) for lw in w.layers], output=matmul(w.output, dtype, formats, device),
+                   act_dtype=dtype)
 
 
 def matmul(lin, dtype: torch.dtype, formats: frozenset[int], device: str = "cpu"):

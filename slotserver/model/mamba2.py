@@ -9,7 +9,8 @@ Between the in-projection (model.py's plain matmul: z | x B C | dt a row) and th
 
        S = e S + B_g (dt x_h)^T;   y_h = S^T C_g + d_h x_h
 
-3. y times silu(z), RMS-normed over each group's channels (`norm`); the out-projection follows.
+3. y times silu(z), RMS-normed over each group's channels (`norm`; Falcon-H1's files mostly have
+   no ssm_norm: no norm, as llama.cpp); the out-projection follows.
 
 Steps 1-3 are one call of the kernel set's `mamba2_step` (kernels/mamba2_step.py: C on the CPU,
 Triton on CUDA) over every row of the step, each sequence's tokens in order, as the delta net's
@@ -35,7 +36,7 @@ class Mamba2Params:
     dt_bias: torch.Tensor    # [heads] float32
     a: torch.Tensor          # [heads] float32: -exp(A_log)
     d: torch.Tensor          # [heads] float32: the skip's scale
-    norm: torch.Tensor       # [inner] float32: the group RMSNorm's weight, group after group
+    norm: torch.Tensor | None  # [inner] float32: the group RMSNorm's weight, group after group (falcon-h1: None)
 
     def run(self, spec, proj: torch.Tensor, batch: Batch, state: RecurrentState, layer: int, ops) -> torch.Tensor:
         """proj: [T, proj_dim] -> [T, inner] in proj's dtype (before the out-projection); the

@@ -203,13 +203,19 @@ class LlamaModel:
 
     def _mixer(self, i: int, lw: LayerWeights, x: torch.Tensor, batch: Batch, cache, angles: dict,
                temp: torch.Tensor | None, fuse: bool, norm_adds: bool, lora) -> torch.Tensor:
-        """x + layer i's attention, or a hybrid's recurrent layer (its qkv the in-projection)."""
+        """x + layer i's attention, or a hybrid's recurrent layer (its qkv the in-projection); with
+        falcon-h1's Mamba-2 mixer beside the attention, x + (attention + mixer), as llama.cpp adds."""
         s, w = self.spec, self.weights
         qkv = self._mm(fuse, lw.qkv, x, norm=lw.attn_norm, lora=(i, "qkv", lora))  # [tokens, q + 2 kv]
         if lw.recurrent is not None:
             a = _as(lw.recurrent.run(s, qkv, batch, cache.recurrent, i, self.kernels), w.act_dtype)
         else:
             a = attention(self, i, lw, qkv, batch, cache, *angles[id(self.layer_ropes[i])], temp)
+        if lw.parallel is not None:   # (falcon-h1 has no post-norms or residual scale)
+            p = lw.parallel
+            proj = self._mm(fuse, p.qkv, x, norm=p.attn_norm)                   # [tokens, z | xBC | dt]
+            y = _as(p.recurrent.run(s, proj, batch, cache.recurrent, i, self.kernels), w.act_dtype)
+            return scaled_add(x, scaled_add(self._mm(fuse, lw.wo, a), self._mm(fuse, p.wo, y), 1.0), 1.0)
         if self._plain:
             return self._mm(fuse, lw.wo, a, acc=x, lora=(i, "wo", lora))   # x += a @ wo^T
         return self._residual_add(norm_adds, x, self._mm(False, lw.wo, a, lora=(i, "wo", lora)), lw.post_attn_norm)

@@ -76,9 +76,13 @@ def _layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtype, 
     at = spec.layer_spec(i)   # lfm2moe's leading dense layers: no MoE; nemotron_h's mixers: no FFN
     if spec.ffn_only and spec.ffn_only[i]:
         return ffn_layer(f, at, i, kind, dtype, fmt, q4_kernel)
-    if spec.recurrent is not None and spec.recurrent.layers[i]:
+    if spec.recurrent is not None and spec.recurrent.layers[i] and not spec.parallel_mixers:
         return recurrent_layer(f, at, i, kind, torch.float32 if kind == "q" else dtype, fmt, q4_kernel)
-    return block_layer(f, at, i, fmt) if kind == "q" else dense_layer(f, at, i, dtype, fmt, q4_kernel)
+    lw = block_layer(f, at, i, fmt) if kind == "q" else dense_layer(f, at, i, dtype, fmt, q4_kernel)
+    if spec.parallel_mixers:   # falcon-h1: the layer's Mamba-2 mixer beside its attention (its FFN: lw's)
+        ssm = recurrent_layer(f, replace(at, d_ff=0), i, kind, torch.float32 if kind == "q" else dtype, fmt, q4_kernel)
+        lw = replace(lw, parallel=ssm)
+    return lw
 
 
 def gpu_formats(kernels: KernelSet) -> frozenset[int]:
@@ -105,6 +109,8 @@ def check_kernels(f: GGUFFile, spec: ModelSpec, kernels: KernelSet) -> None:
         asks |= {"moe_route": {"bias"}, "moe_matmul": {"bias", "act"}}
     if spec.moe is not None and spec.moe.act == "relu2":   # nemotron_h_moe: ungated squared-ReLU experts
         asks |= {"moe_matmul": {"act", "relu2"}}
+    if kind == "mamba2" and not any(n.endswith(".ssm_norm.weight") for n in f.tensors):   # falcon-h1's
+        asks |= {"mamba2_step": {"no_norm"}}
     if spec.moe is not None and any(n.endswith(".exp_probs_b.bias") for n in f.tensors):   # lfm2moe's selection bias
         asks |= {"moe_route": asks.get("moe_route", set()) | {"select_bias"}}
     for op, options in asks.items():

@@ -29,7 +29,7 @@ from slotserver.model.moe_weights import load_moe
 from slotserver.model.short_conv import ShortConvParams
 from slotserver.model.spec import ModelSpec
 from slotserver.model.block_layer import block_ffn, blocks, qlinear
-from slotserver.model.weights import LayerWeights, WeightFormat, _kind, _load, _no_int4
+from slotserver.model.weights import LayerWeights, WeightFormat, _kind, _load, _no_int4, _pre_norm
 
 
 def recurrent_layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtype, fmt: WeightFormat,
@@ -58,7 +58,8 @@ def recurrent_layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torc
         out_proj = lin((out[0],), _load(f, p + out[0] + ".weight", (d, out[1]), dtype))
         gate_up, down = _dense_ffn(f, spec, p, dtype, lin)
     return LayerWeights(attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32), qkv=in_proj, wo=out_proj,
-                        ffn_norm=_load(f, p + spec.ffn_norm + ".weight", (d,), torch.float32),
+                        ffn_norm=(_pre_norm(f, spec, p + spec.ffn_norm + ".weight")   # none without an FFN
+                                  if gate_up is not None or spec.moe else None),
                         gate_up=gate_up, down=down, recurrent=_params(f, spec, p),
                         moe=load_moe(f, spec, p, kind, dtype) if spec.moe else None)
 
@@ -79,7 +80,7 @@ def _params(f: GGUFFile, spec: ModelSpec, p: str) -> GdnParams | ShortConvParams
     if r.kind == "shortconv":
         return ShortConvParams(_load(f, p + "shortconv.conv.weight", (r.conv_dim, r.d_conv), torch.float32).contiguous())
     if r.kind == "mamba2":
-        return _mamba2_params(f, r, p)
+        return _mamba2_params(f, r, p, optional_norm=spec.parallel_mixers)
     return GdnParams(
         conv=_load(f, p + "ssm_conv1d.weight", (r.conv_dim, r.d_conv), torch.float32).contiguous(),
         dt_bias=_load(f, p + "ssm_dt.bias", (r.n_v_heads,), torch.float32),
@@ -87,7 +88,7 @@ def _params(f: GGUFFile, spec: ModelSpec, p: str) -> GdnParams | ShortConvParams
         norm=_load(f, p + "ssm_norm.weight", (r.head_v,), torch.float32))
 
 
-def _mamba2_params(f: GGUFFile, r, p: str) -> Mamba2Params:
+def _mamba2_params(f: GGUFFile, r, p: str, optional_norm: bool = False) -> Mamba2Params:
     """A Mamba-2 layer's small tensors (numpy order): ssm_a and ssm_d [heads, 1], ssm_norm [groups,
     inner / groups], or each flat (a one-group ssm_norm, as llama-quantize writes it); the
     convolution's bias may be absent (zeros)."""
@@ -104,4 +105,5 @@ def _mamba2_params(f: GGUFFile, r, p: str) -> Mamba2Params:
                    else torch.zeros(r.conv_dim)),
         dt_bias=_load(f, p + "ssm_dt.bias", (heads,), torch.float32).contiguous(),
         a=vector("ssm_a", (heads, 1)).contiguous(), d=vector("ssm_d", (heads, 1)).contiguous(),
-        norm=vector("ssm_norm.weight", (groups, inner // groups)).contiguous())
+        norm=(None if optional_norm and p + "ssm_norm.weight" not in f.tensors   # falcon-h1 without mamba_rms_norm:
+              else vector("ssm_norm.weight", (groups, inner // groups)).contiguous()))   # no group norm, as llama.cpp

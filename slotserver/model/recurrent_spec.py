@@ -70,8 +70,9 @@ class RecurrentSpec:
         return [i for i, r in enumerate(self.layers) if r]
 
     @classmethod
-    def from_metadata(cls, key, n_layers: int, kind: str, d_model: int) -> "RecurrentSpec":
-        """key: spec_keys.py's `MetaKeys` on the file's `{arch}.*` metadata."""
+    def from_metadata(cls, key, n_layers: int, kind: str, d_model: int, every_layer: bool = False) -> "RecurrentSpec":
+        """key: spec_keys.py's `MetaKeys` on the file's `{arch}.*` metadata. every_layer: each layer
+        has a recurrent mixer (beside its attention: falcon-h1)."""
         assert kind in KINDS, kind
         if kind == "shortconv":
             kv = key.raw("attention.head_count_kv")
@@ -80,7 +81,7 @@ class RecurrentSpec:
                                 "(0 for a short-convolution layer)")
             return cls(_width(key, "shortconv.l_cache"), 0, 0, 0, 0, tuple(h == 0 for h in kv), kind, d_model)
         if kind == "mamba2":
-            return _mamba2(cls, key, n_layers)
+            return _mamba2(cls, key, n_layers, every_layer)
         n_k, n_v, head_k = key.int("ssm.group_count"), key.int("ssm.time_step_rank"), key.int("ssm.state_size")
         inner = key.int("ssm.inner_size")
         if n_v % n_k or inner % n_v:
@@ -100,7 +101,7 @@ class RecurrentSpec:
         return cls(_width(key, "ssm.conv_kernel"), n_k, n_v, head_k, inner // n_v, layers)
 
 
-def _mamba2(cls, key, n_layers: int) -> RecurrentSpec:
+def _mamba2(cls, key, n_layers: int, every_layer: bool = False) -> RecurrentSpec:
     """Granite 4.0-H's Mamba-2 layers (llama.cpp's granitehybrid): `ssm.group_count` groups of B and
     C, `ssm.time_step_rank` heads of `ssm.inner_size` / heads, `ssm.state_size` (N) each; a layer is
     one where `attention.head_count_kv` (an array) is 0 (and, for nemotron_h, `feed_forward_length`
@@ -111,6 +112,8 @@ def _mamba2(cls, key, n_layers: int) -> RecurrentSpec:
     if heads % groups or inner % heads:
         raise key.error(f"ssm.time_step_rank {heads} is not a multiple of ssm.group_count {groups}, "
                         f"or ssm.inner_size {inner} of it")
+    if every_layer:   # falcon-h1: a Mamba-2 mixer in every layer, beside its attention
+        return cls(_width(key, "ssm.conv_kernel"), groups, heads, n, inner // heads, (True,) * n_layers, "mamba2")
     kv = key.raw("attention.head_count_kv")   # (nemotron_h_moe: an MTP block's entry past n_layers, not run)
     if not isinstance(kv, list) or len(kv) < n_layers:
         raise key.error(f"attention.head_count_kv must give each of the {n_layers} layers its KV heads "

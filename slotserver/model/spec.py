@@ -70,12 +70,13 @@ class ModelSpec:
     # per layer: an FFN alone (nemotron_h's MLP blocks), the other layers then a mixer alone; (): every
     # layer a mixer then an FFN
     ffn_only: tuple[bool, ...] = ()
+    parallel_mixers: bool = False  # falcon-h1: every layer attention and a Mamba-2 mixer, summed (KV and a state each)
 
     @functools.cached_property
     def kv_layers(self) -> tuple[int, ...]:
         """The layers with a KV cache: all, or a hybrid model's attention layers (not its recurrent
         layers, nor nemotron_h's FFN-only ones)."""
-        if self.recurrent is None and not self.ffn_only:
+        if (self.recurrent is None and not self.ffn_only) or self.parallel_mixers:
             return tuple(range(self.n_layers))
         recurrent = self.recurrent.layers if self.recurrent is not None else (False,) * self.n_layers
         return tuple(i for i in range(self.n_layers) if not recurrent[i] and not (self.ffn_only and self.ffn_only[i]))
@@ -173,8 +174,9 @@ class ModelSpec:
             attn_temp_scale=key.float("attention.temperature_scale", 0.0) if a.attn_temp else 0.0,
             swa_rope_plain=a.swa_rope_plain, pre_norms=a.pre_norms, nope_full=a.nope_full,
             bidirectional=a.bidirectional,
-            recurrent=RecurrentSpec.from_metadata(key, n_layers, a.hybrid, d_model) if a.hybrid else None,
-            attn_gate=a.attn_gate, out_norm=a.out_norm, ffn_only=ffn_only,
+            recurrent=(RecurrentSpec.from_metadata(key, n_layers, a.hybrid, d_model, a.parallel_mixers)
+                       if a.hybrid else None),
+            attn_gate=a.attn_gate, out_norm=a.out_norm, ffn_only=ffn_only, parallel_mixers=a.parallel_mixers,
         )
         if a.hybrid == "gdn":
             text_rope_check(key, rope_dim)

@@ -104,6 +104,9 @@ class LayerWeights:
     # a hybrid model's recurrent layer (model/delta_net.py, model/short_conv.py): qkv is then its
     # in-projection, wo its out-projection, this the rest (its `run` computes the layer between them)
     recurrent: "GdnParams | ShortConvParams | Mamba2Params | None" = None
+    # falcon-h1: a Mamba-2 mixer beside the attention (a recurrent layer's weights, no FFN), on the
+    # same normed input; the two outputs are summed before the residual add
+    parallel: "LayerWeights | None" = None
 
 
 @dataclass
@@ -118,7 +121,8 @@ class ModelWeights:
 
     def matmuls(self) -> list[MatMul]:
         """Every layer's matmuls, then the output projection."""
-        return [m for lw in self.layers for m in (lw.qkv, lw.wo, lw.gate_up, lw.down) if m is not None] + [self.output]
+        layers = [x for lw in self.layers for x in (lw, lw.parallel) if x is not None]
+        return [m for lw in layers for m in (lw.qkv, lw.wo, lw.gate_up, lw.down) if m is not None] + [self.output]
 
     def experts(self) -> list[Experts]:
         """Every MoE layer's expert weights (gate|up, then down)."""
@@ -132,8 +136,12 @@ class ModelWeights:
 
 
 def _pre_norm(f: GGUFFile, spec: ModelSpec, name: str) -> torch.Tensor | None:
-    """A branch's RMSNorm weight [d_model] float32; None for an architecture without them (olmo2)."""
-    return _load(f, name, (spec.d_model,), torch.float32) if spec.pre_norms else None
+    """A branch's RMSNorm weight [d_model] float32; None for an architecture without them (olmo2).
+    `name` ends in .weight; a file may name it without (llama.cpp's falcon-h1 writes `blk.N.ffn_norm`)."""
+    if not spec.pre_norms:
+        return None
+    bare = name.removesuffix(".weight")
+    return _load(f, bare if name not in f.tensors and bare in f.tensors else name, (spec.d_model,), torch.float32)
 
 
 def _optional(f: GGUFFile, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
