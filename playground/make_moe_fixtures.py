@@ -28,7 +28,8 @@ are MXFP4 already), no reference run. `qwen35 --size big` is Qwen3.5-0.8B's own 
 (BIG_CASE, BIG_OWN: 24 layers, d_model 1024, its 248320-entry vocabulary size), to time a real-size hybrid;
 `lfm2 --size big` likewise is LFM2-350M's (16 layers, d_model 1024, FF 4608, 65536-entry vocabulary);
 `granitehybrid_dense --size big` a Granite 4.0-H-350M-like shape, `nemotron_h --size big` a
-Nemotron-H-0.5B-like one and `nemotron_h_moe --size big` the same with MoE blocks (BIG_CASE's comments).
+Nemotron-H-0.5B-like one, `nemotron_h_moe --size big` the same with MoE blocks, and `falcon_h1 --size big`
+Falcon-H1-0.5B's shape (BIG_CASE's comments).
 """
 
 from __future__ import annotations
@@ -249,8 +250,17 @@ BIG_CASE["nemotron_h_moe"] = BIG_CASE["nemotron_h"] | dict(
     layers_block_type=["mamba", "moe", "mamba", "moe", "mamba", "attention", "moe"] * 4, n_routed_experts=32,
     num_experts_per_tok=4, moe_intermediate_size=512, moe_shared_expert_intermediate_size=1024, n_shared_experts=1,
     routed_scaling_factor=2.5, norm_topk_prob=True, n_group=1, topk_group=1)
+BIG_CASE["falcon_h1"] = dict(
+    # Falcon-H1-0.5B's shape as published (36 layers, 1024 wide; attention 8 heads of 64, 2 KV heads; Mamba-2
+    # 24 heads of 64 (inner 1536), N 128, one group, no group norm; SwiGLU FFN of 2048; a 32784-entry
+    # vocabulary, untied), random weights, its multipliers at 1
+    num_hidden_layers=36, hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+    intermediate_size=2048, mamba_d_ssm=1536, mamba_n_heads=24, mamba_d_head=64, mamba_n_groups=1,
+    mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_conv_bias=True, mamba_rms_norm=False,
+    vocab_size=32784, max_position_embeddings=16384, tie_word_embeddings=False, rms_norm_eps=1e-5,
+    rope_theta=100000000000.0)
 # cases whose BIG_CASE entry is the whole big config (over TINY and the case's own), without BIG
-BIG_OWN = {"qwen35", "lfm2", "granitehybrid_dense", "nemotron_h", "nemotron_h_moe"}
+BIG_OWN = {"qwen35", "lfm2", "granitehybrid_dense", "nemotron_h", "nemotron_h_moe", "falcon_h1"}
 
 CONVERT = """
 import sys
