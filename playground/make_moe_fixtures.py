@@ -193,6 +193,8 @@ CASES: dict[str, tuple[str, dict]] = {
         attention_out_multiplier=1.2, key_multiplier=0.9, ssm_in_multiplier=1.1, ssm_out_multiplier=0.7,
         ssm_multipliers=[1.0, 0.9, 1.1, 0.8, 1.2], mlp_multipliers=[0.9, 1.1])),
 }
+# the same with the Mamba-2 group norm (mamba_rms_norm: the file has ssm_norm), 2 groups
+CASES["falcon_h1_norm"] = ("FalconH1ForCausalLM", CASES["falcon_h1"][1] | dict(mamba_rms_norm=True))
 # converter options per transformers class (Qwen3.5: no MTP layers here, which the converter otherwise
 # requires to find in the checkpoint)
 CONVERT_ARGS = {"Qwen3_5ForCausalLM": ["--no-mtp"],

@@ -48,7 +48,7 @@ def test_every_block_format_loads_on_the_gpu(tmp_path, qtype):
 
 @pytest.mark.parametrize("name", ["qwen35", "lfm2", "granitehybrid_dense", "nemotron_h", "falcon_h1"])
 def test_a_hybrids_decode_steps_replay_from_cuda_graphs_with_the_eager_tokens(name):
-    """A hybrid model's decode steps on the card are CUDA graphs (model.py's _step_graphs): the
+    """A hybrid model's decode steps on the card are CUDA graphs (step_replay.new_graphs): the
     capture runs nothing, the replays update the recurrent states in place through the streams'
     device tensors. Three requests of different lengths (rows join and leave): the replayed steps
     give the tokens of the same model with graphs off."""

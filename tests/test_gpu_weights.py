@@ -25,7 +25,7 @@ FORMATS = frozenset(int(t) for t in load_by_path(default_dir("kernels") / "qmatm
 
 
 def _dequantizable(qtype: T) -> bool:
-    """gguf can dequantize it: the CPU loader then serves it dense (weights._qlinear)."""
+    """gguf can dequantize it: the CPU loader then serves it dense (block_layer.qlinear)."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     try:
         gguf.quants.dequantize(np.zeros((1, size), dtype=np.uint8), qtype)
@@ -38,7 +38,7 @@ CPU_TYPES = [t for t in T if t in gguf.GGML_QUANT_SIZES and (int(t) in _SERVED o
 
 
 def _as_cpu_loads(qtype: T, gen: torch.Generator):
-    """The matmul the CPU loader builds for a [32, 256] tensor of `qtype` (weights._qlinear), and
+    """The matmul the CPU loader builds for a [32, 256] tensor of `qtype` (block_layer.qlinear), and
     the float32 values it holds."""
     if int(qtype) in _SERVED:
         w = random_qweight(gen, qtype, 32, 256)

@@ -215,7 +215,8 @@ class LlamaModel:
             p = lw.parallel
             proj = self._mm(fuse, p.qkv, x, norm=p.attn_norm)                   # [tokens, z | xBC | dt]
             y = _as(p.recurrent.run(s, proj, batch, cache.recurrent, i, self.kernels), w.act_dtype)
-            return scaled_add(x, scaled_add(self._mm(fuse, lw.wo, a), self._mm(fuse, p.wo, y), 1.0), 1.0)
+            attn = _as(self._mm(fuse, lw.wo, a), torch.float32)   # the sum in float32, as llama.cpp's
+            return scaled_add(x, scaled_add(attn, self._mm(fuse, p.wo, y), 1.0), 1.0)
         if self._plain:
             return self._mm(fuse, lw.wo, a, acc=x, lora=(i, "wo", lora))   # x += a @ wo^T
         return self._residual_add(norm_adds, x, self._mm(False, lw.wo, a, lora=(i, "wo", lora)), lw.post_attn_norm)

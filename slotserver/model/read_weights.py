@@ -27,6 +27,7 @@ from slotserver.model.weights import (Embedding, LayerWeights, ModelWeights, Pro
                                       _optional)
 from slotserver.runtime.kernel_set import KernelSet
 
+
 def read_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, kernels: KernelSet, fmt: WeightFormat,
                  device: str = "cpu", progress: Progress | None = None) -> ModelWeights:
     """The matmul weights of `f` in `fmt`, on `device` (a load, and a wake from sleep)."""
@@ -69,6 +70,7 @@ def load_weights(f: GGUFFile, spec: ModelSpec, dtype: torch.dtype, progress: Pro
     tick(total, total)
     return ModelWeights(embed, layers, out_norm, output, freqs, torch.float32 if kind == "q" else dtype, long)
 
+
 def _layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtype, fmt: WeightFormat,
            q4_kernel) -> LayerWeights:
     """Layer i in its loader: an FFN alone (nemotron_h's), a hybrid's recurrent layer, or an
@@ -81,7 +83,7 @@ def _layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtype, 
     lw = block_layer(f, at, i, fmt) if kind == "q" else dense_layer(f, at, i, dtype, fmt, q4_kernel)
     if spec.parallel_mixers:   # falcon-h1: the layer's Mamba-2 mixer beside its attention (its FFN: lw's)
         ssm = recurrent_layer(f, replace(at, d_ff=0), i, kind, torch.float32 if kind == "q" else dtype, fmt, q4_kernel)
-        lw = replace(lw, parallel=ssm)
+        lw = replace(lw, parallel=replace(ssm, attn_norm=lw.attn_norm))   # (one copy of the shared norm)
     return lw
 
 
@@ -109,7 +111,8 @@ def check_kernels(f: GGUFFile, spec: ModelSpec, kernels: KernelSet) -> None:
         asks |= {"moe_route": {"bias"}, "moe_matmul": {"bias", "act"}}
     if spec.moe is not None and spec.moe.act == "relu2":   # nemotron_h_moe: ungated squared-ReLU experts
         asks |= {"moe_matmul": {"act", "relu2"}}
-    if kind == "mamba2" and not any(n.endswith(".ssm_norm.weight") for n in f.tensors):   # falcon-h1's
+    if kind == "mamba2" and any(n.endswith(".ssm_in.weight") and n.replace(".ssm_in.", ".ssm_norm.") not in f.tensors
+                                for n in f.tensors):   # a Mamba-2 layer without a group norm (falcon-h1's)
         asks |= {"mamba2_step": {"no_norm"}}
     if spec.moe is not None and any(n.endswith(".exp_probs_b.bias") for n in f.tensors):   # lfm2moe's selection bias
         asks |= {"moe_route": asks.get("moe_route", set()) | {"select_bias"}}
