@@ -29,7 +29,7 @@
 # The default parts (for the seventh round): the tests, the kernels with the prefill tile sweep, the
 # GGUF-block decode, the model, launches and labtime (the sixth round's budget cut those two), the
 # GGUF matmul table (QMATMUL_TUNE=1 adds its tuning, done on an H200 in the sixth round) and HTTP;
-# archs (40/40 on an H200 in the sixth round), lab, attention, big, gemv, gemvab, hf, sweep, sampling,
+# archs (40/40 on an H200 in the sixth round; 52 tests now, 100 s), lab, attention, big, gemv, gemvab, hf, sweep, sampling,
 # tests2 and qrows run when named in GPU_CHECK_PARTS. A part starts only with at
 # least 20 s left; a part whose script is absent is skipped; logs go to OUT_DIR/<part>.log, a short
 # table last. GPU_CHECK_TAR=FILE also packs OUT_DIR into FILE after every part: the device tool
@@ -176,7 +176,7 @@ TAIL=60 part tests 150 $PY -m pytest -v -rf --tb=short -p no:cacheprovider \
     tests/test_lora.py::test_on_the_gpu_an_adapter_gives_the_cpus_logits tests/test_device.py \
     $(ls tests/test_torch_dequant.py tests/test_device_*.py 2>/dev/null | grep -v test_device_archs)
 # every architecture fixture on the card (the hybrids' recurrences are new since the fourth round)
-TAIL=40 part archs 70 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device_archs.py
+TAIL=40 part archs 100 $PY -m pytest -v -rf --tb=short -p no:cacheprovider tests/test_device_archs.py
 # the prefill tiles (last-first row order, the scale in the exponent, TMA descriptors: sixth round)
 PREFILL_SWEEP="64,64,4,3,tma;64,64,4,2;64,64,4,2,tma;128,64,8,2,tma;128,64,8,3,tma;128,128,8,2,tma;64,32,4,2,tma;128,64,8,2;64,128,4,2,tma"
 if [[ "$DRY" == 1 ]]; then
