@@ -193,6 +193,8 @@ CASES: dict[str, tuple[str, dict]] = {
         attention_out_multiplier=1.2, key_multiplier=0.9, ssm_in_multiplier=1.1, ssm_out_multiplier=0.7,
         ssm_multipliers=[1.0, 0.9, 1.1, 0.8, 1.2], mlp_multipliers=[0.9, 1.1])),
 }
+# Nemotron 3 Super's form: the experts in a 16-wide latent space (fc1/fc2_latent_proj around them)
+CASES["nemotron_h_latent"] = ("NemotronHForCausalLM", CASES["nemotron_h_moe"][1] | dict(moe_latent_size=16))
 # the same with the Mamba-2 group norm (mamba_rms_norm: the file has ssm_norm), 2 groups
 CASES["falcon_h1_norm"] = ("FalconH1ForCausalLM", CASES["falcon_h1"][1] | dict(mamba_rms_norm=True))
 # converter options per transformers class (Qwen3.5: no MTP layers here, which the converter otherwise
@@ -202,7 +204,7 @@ CONVERT_ARGS = {"Qwen3_5ForCausalLM": ["--no-mtp"],
 # a seed whose greedy ids avoid the special tokens (the test bans them, llama-server picks a CONTROL
 # token <|im_start|> as any other: the first granitemoe seed started with it, the first lfm2 one took
 # it second)
-SEED_OFFSET = {"granitemoe": 1, "lfm2": 1, "nemotron_h": 1, "falcon_h1": 1}
+SEED_OFFSET = {"granitemoe": 1, "lfm2": 1, "nemotron_h": 1, "falcon_h1": 1, "nemotron_h_latent": 1}
 BIG = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=8, head_dim=64, vocab_size=32000,
            num_experts=16, num_experts_per_tok=4, moe_intermediate_size=512, intermediate_size=1024)
 # per case where its config names these differently (gpt-oss: experts of width intermediate_size, the

@@ -147,17 +147,18 @@ def test_a_kernel_set_without_the_expert_kernels_is_refused_at_load():
 
 
 def test_what_nemotron_h_moe_files_need_that_is_not_here_is_refused_in_one_line(tmp_path):
-    """Grouped expert selection (expert_group_count > 1, which llama.cpp applies for any file) and
-    Nemotron 3 Super's latent experts (ffn_latent_down / _up) are not computed: the load says so
-    rather than route or multiply otherwise."""
+    """Grouped expert selection (expert_group_count > 1, which llama.cpp applies for any file) is not
+    computed, and Nemotron 3 Super's latent experts need both projections and their size: the load
+    says so rather than route or multiply otherwise."""
     src = ARCHS / "nemotron_h_moe.gguf"
     grouped = rewrite(src, tmp_path / "grouped.gguf",
                       keys={"nemotron_h_moe.expert_group_count": (2, gguf.GGUFValueType.UINT32)})
     with pytest.raises(GGUFError, match="expert_group_count 2: grouped expert selection is not supported"):
         LlamaModel.load(grouped)
-    latent = rewrite(src, tmp_path / "latent.gguf", extra={"blk.1.ffn_latent_down.weight": np.zeros((16, 32))})
-    with pytest.raises(GGUFError, match="layer 1's experts work in a latent space"):
-        LlamaModel.load(latent)
+    half = rewrite(ARCHS / "nemotron_h_latent.gguf", tmp_path / "half.gguf",
+                   tensors=lambda name, data, qtype: None if "ffn_latent_up" in name else (data, qtype))
+    with pytest.raises(GGUFError, match="layer 1: ffn_latent_down, ffn_latent_up and moe_latent_size come together"):
+        LlamaModel.load(half)
 
 
 def test_a_nemotron_h_moe_file_with_its_mtp_head_runs_without_it(tmp_path):

@@ -8,11 +8,13 @@ MLP with no mixer before it, up -> squared ReLU -> down, no gate (model/relu_sqr
 As a `LayerWeights`: qkv and wo None (model.py's loop skips the mixer), ffn_norm the block's norm,
 gate_up the up projection alone (`ModelSpec.act` "relu2": no gate half), down. Nemotron 3's
 (nemotron_h_moe) FFN blocks are a MoE instead (moe.py: ungated squared-ReLU experts) plus a shared
-expert of the same form (`ffn_up_shexp`, `ffn_down_shexp`: gate_up and down here). Its larger
-models' latent projections (`ffn_latent_down` / `_up`, Nemotron 3 Super) are refused in one line.
+expert of the same form (`ffn_up_shexp`, `ffn_down_shexp`: gate_up and down here). Nemotron 3
+Super's experts work in a latent space: `ffn_latent_down` / `_up` load with the MoE (moe.py's `_latent`).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
@@ -29,9 +31,6 @@ def ffn_layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtyp
     """Layer i, an MLP block alone: kind "q" keeps GGUF blocks, else `Linear`'s formats."""
     d, ff, p, sfx = spec.d_model, spec.d_ff, f"blk.{i}.", ""
     if spec.moe is not None:
-        if p + "ffn_latent_down.weight" in f.tensors:
-            raise GGUFError(f"{f.path}: layer {i}'s experts work in a latent space (ffn_latent_down, Nemotron 3 "
-                            "Super): not supported")
         ff, sfx = spec.moe.d_ff_shared, "_shexp"
     shapes = {"ffn_up" + sfx: (ff, d), "ffn_down" + sfx: (d, ff)}
     if not ff:   # a MoE without a shared expert
@@ -43,4 +42,24 @@ def ffn_layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtyp
                                  fmt.int8_max_rows, fmt.native_max_rows, q4_kernel) for n, shape in shapes.items())
     return LayerWeights(attn_norm=None, qkv=None, wo=None,
                         ffn_norm=_load(f, p + spec.ffn_norm + ".weight", (d,), torch.float32), gate_up=up, down=down,
-                        moe=load_moe(f, spec, p, kind, dtype) if spec.moe is not None else None)
+                        moe=_moe(f, spec, i, kind, dtype, fmt, q4_kernel) if spec.moe is not None else None)
+
+
+def _moe(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtype, fmt: WeightFormat, q4_kernel):
+    """Layer i's MoE, with Nemotron 3 Super's latent projections where the file has them (both, or a
+    refusal naming the one missing)."""
+    p, moe, d = f"blk.{i}.", spec.moe, spec.d_model
+    mw = load_moe(f, spec, p, kind, dtype)
+    names = [p + n + ".weight" for n in ("ffn_latent_down", "ffn_latent_up")]
+    if not moe.latent and not any(n in f.tensors for n in names):
+        return mw
+    if not moe.latent or not all(n in f.tensors for n in names):
+        raise GGUFError(f"{f.path}: layer {i}: ffn_latent_down, ffn_latent_up and moe_latent_size come together "
+                        f"(this file has {[n for n in names if n in f.tensors]}, moe_latent_size {moe.latent})")
+    shapes = zip(names, ((moe.latent, d), (d, moe.latent)))
+    if kind == "q":
+        down, up = (qlinear(f, [blocks(f, n, shape)], [None], False) for n, shape in shapes)
+    else:
+        down, up = (Linear.build(_load(f, n, shape, dtype), None, _kind(f, n, fmt), fmt.int8_max_rows,
+                                 fmt.native_max_rows, q4_kernel) for n, shape in shapes)
+    return replace(mw, latent_down=down, latent_up=up)

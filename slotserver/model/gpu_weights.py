@@ -81,7 +81,7 @@ def for_blocks(w: ModelWeights, dtype: torch.dtype, formats: frozenset[int], dev
     def layer(lw):   # (falcon-h1's Mamba-2 mixer beside the attention: a LayerWeights of its own)
         return replace(lw, **{name: matmul(getattr(lw, name), dtype, formats, device)
                               for name in ("qkv", "wo", "gate_up", "down")},
-                       moe=None if lw.moe is None else _dense_moe(lw.moe, dtype, device),
+                       moe=None if lw.moe is None else _dense_moe(lw.moe, dtype, device, formats),
                        parallel=None if lw.parallel is None else layer(lw.parallel))
     return replace(w, embed=embed, layers=[layer(lw) for lw in w.layers], output=matmul(w.output, dtype, formats, device),
                    act_dtype=dtype)
@@ -110,11 +110,15 @@ def _dense(w: QWeight, device: str = "cpu") -> torch.Tensor:
     return dequantize(w)
 
 
-def _dense_moe(moe: MoeWeights, dtype: torch.dtype, device: str = "cpu") -> MoeWeights:
-    """Experts dequantized to `dtype` (a float QWeight view, what `--weights dense` loads)."""
+def _dense_moe(moe: MoeWeights, dtype: torch.dtype, device: str = "cpu",
+               formats: frozenset[int] = frozenset()) -> MoeWeights:
+    """Experts dequantized to `dtype` (a float QWeight view, what `--weights dense` loads); Nemotron 3
+    Super's latent projections as any matmul (`matmul`)."""
     def dense(e: Experts) -> Experts:
         parts = tuple(QWeight(_dense(p, device).to(dtype).contiguous().view(torch.uint8), int(_FLOAT_TYPES[dtype]),
                               p.k, p.n)
                       for p in e.parts)
         return Experts(parts, e.n_expert)
-    return replace(moe, gate_up=[dense(e) for e in moe.gate_up], down=dense(moe.down))
+    latent = {name: matmul(getattr(moe, name), dtype, formats, device) for name in ("latent_down", "latent_up")
+              if getattr(moe, name) is not None}
+    return replace(moe, gate_up=[dense(e) for e in moe.gate_up], down=dense(moe.down), **latent)

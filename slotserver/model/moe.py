@@ -35,13 +35,16 @@ the layer's selection bias added (`MoeWeights.select_bias`, its `exp_probs_b`; m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from slotserver.model.moe_spec import MoeSpec
 from slotserver.model.scaled_add import scaled_add
 from slotserver.runtime.experts import Experts
+
+if TYPE_CHECKING:
+    from slotserver.model.linear import Linear, QLinear
 
 GATING = {"softmax": 0, "softmax_weight": 1, "sigmoid": 2}   # kernels/moe_route.py's codes
 
@@ -56,6 +59,10 @@ class MoeWeights:
     gate_up_bias: torch.Tensor | None = None  # [E, 2 F] float32: gate then up, as an expert's rows
     down_bias: torch.Tensor | None = None    # [E, d_model] float32
     select_bias: torch.Tensor | None = None  # [E] float32 (lfm2moe's exp_probs_b: selects, never weights)
+    # Nemotron 3 Super: the experts work in a latent space: [latent, d_model] down before them, [d_model,
+    # latent] up after their weighted sum
+    latent_down: "Linear | QLinear | None" = None
+    latent_up: "Linear | QLinear | None" = None
     # --tp (slotserver/parallel/shard_experts.py): this rank holds a slice of every expert's d_ff
     # (and of the shared expert's), so its output is a partial sum; this sums it over the ranks
     # (one all-reduce a layer), before the residual add. None: one process, the fused add in C.
@@ -122,7 +129,9 @@ def moe_ffn(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None,
 def _routed(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None,
             acc: torch.Tensor | None = None) -> torch.Tensor:
     """moe_ffn's computation on this process's weights (under --tp: its partial sum)."""
-    ids, w = route(ops, moe, mw, h)                                # [T, k], [T, k]
+    ids, w = route(ops, moe, mw, h)                                # [T, k], [T, k]   (the router on the full rows)
+    if mw.latent_down is not None:   # Nemotron 3 Super: the experts between a down and an up projection
+        return _latent(ops, moe, mw, h, ids, w, shared, acc)
     parts = [ops.moe_matmul(h, e, ids, **o) for e, o in zip(mw.gate_up, _part_options(mw))]   # [T, k, 2F] (+ biases)
     gu = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
     down = _down_options(moe, mw)                                  # gpt-oss: swiglu_oai, down biases
@@ -134,4 +143,17 @@ def _routed(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None,
     if mw.shared_gate is not None:
         s = s * torch.sigmoid(router_logits(h, mw.shared_gate))   # [T, 1]
     out = scaled_add(out, s, 1.0)                                  # the experts' sum + the shared expert's, in C
+    return out if acc is None else scaled_add(acc, out, 1.0)
+
+
+def _latent(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, shared=None,
+            acc: torch.Tensor | None = None) -> torch.Tensor:
+    """llama.cpp's nemotron_h_moe with `ffn_latent_down`: h [T, d_model] down to [T, latent], the
+    experts there (no gate: relu2), their weighted sum up to [T, d_model], then the shared expert
+    (on the full rows) added, then the residual."""
+    x = mw.latent_down(h, ops)                                     # [T, latent]
+    gu = ops.moe_matmul(x, mw.gate_up[0], ids)                     # [T, k, F]
+    out = mw.latent_up(ops.moe_matmul(gu, mw.down, ids, glu=False, weights=w, **_down_options(moe, mw)), ops)
+    if shared is not None:
+        out = scaled_add(out, shared(h), 1.0)                      # [T, d_model]
     return out if acc is None else scaled_add(acc, out, 1.0)

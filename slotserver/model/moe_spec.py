@@ -24,6 +24,9 @@ architecture's graph (src/models/<arch>.cpp) sets; `MoeSpec` holds the same swit
   (`MoeWeights`), not switches: a layer has them where the file does.
 - `file_weights`: `norm_weights` and `weights_scale` read from `expert_weights_norm` and
   `expert_weights_scale` (nemotron_h_moe's loader reads them; the others' are constants).
+- `latent`: Nemotron 3 Super's experts work on `moe_latent_size` values: the normed rows go down to
+  it (`ffn_latent_down`) before the experts and their weighted sum comes back up (`ffn_latent_up`);
+  the router and the shared expert see the full rows.
 - `expert_group_count` above 1 (DeepSeek-V3's grouped selection, which llama.cpp applies for any
   file that says so) is refused: no supported architecture groups its experts.
 
@@ -51,6 +54,7 @@ class MoeSpec:
     weights_scale: float = 1.0   # the k weights times this (llama.cpp's expert_weights_scale; 1 for these archs)
     act: str = "silu"
     dense_lead: int = 0          # layers before this one have a dense FFN, not this MoE
+    latent: int = 0              # the experts' width where they work in a latent space (Nemotron 3 Super); 0: d_model
 
     def __post_init__(self) -> None:
         assert self.gating in GATINGS, f"gating must be one of {GATINGS}, got {self.gating!r}"
@@ -83,4 +87,5 @@ class MoeSpec:
         if file_weights:
             norm_weights = key.raw("expert_weights_norm", False) is True
             scale = key.float("expert_weights_scale", 1.0) or 1.0   # 0, as llama.cpp: no scale
-        return cls(n_expert, n_used, d_ff, shared, norm_weights, gating, scale, act=act, dense_lead=lead)
+        latent = key.int("moe_latent_size") if key.raw("moe_latent_size") else 0
+        return cls(n_expert, n_used, d_ff, shared, norm_weights, gating, scale, act=act, dense_lead=lead, latent=latent)

@@ -34,8 +34,9 @@ def load_moe(f: GGUFFile, spec: ModelSpec, p: str, kind: str, dtype: torch.dtype
     f.require(p + "ffn_gate_inp.weight", (e, d))
     router = f.load_tensor(p + "ffn_gate_inp.weight", torch.float32).double()           # [E, d_model]
     names = ("ffn_up_exps.weight",) if moe.act == "relu2" else ("ffn_gate_exps.weight", "ffn_up_exps.weight")
-    rows = [_expert_rows(f, p + n, (e, ff, d), kind, dtype) for n in names]   # no gate: nemotron_h_moe's
-    down = _expert_rows(f, p + "ffn_down_exps.weight", (e, d, ff), kind, dtype)
+    dx = moe.latent or d                       # the experts' width (Nemotron 3 Super: its latent space)
+    rows = [_expert_rows(f, p + n, (e, ff, dx), kind, dtype) for n in names]   # no gate: nemotron_h_moe's
+    down = _expert_rows(f, p + "ffn_down_exps.weight", (e, dx, ff), kind, dtype)
     gate_up = [Experts(tuple(rows), e)] if len({r.qtype for r in rows}) == 1 else [Experts((r,), e) for r in rows]
     shared_gate = None
     if moe.d_ff_shared and p + "ffn_gate_inp_shexp.weight" in f.tensors:

@@ -122,7 +122,9 @@ class ModelWeights:
     def matmuls(self) -> list[MatMul]:
         """Every layer's matmuls, then the output projection."""
         layers = [x for lw in self.layers for x in (lw, lw.parallel) if x is not None]
-        return [m for lw in layers for m in (lw.qkv, lw.wo, lw.gate_up, lw.down) if m is not None] + [self.output]
+        latent = [m for lw in layers if lw.moe is not None for m in (lw.moe.latent_down, lw.moe.latent_up)]
+        return [m for lw in layers for m in (lw.qkv, lw.wo, lw.gate_up, lw.down) if m is not None] + \
+            [m for m in latent if m is not None] + [self.output]
 
     def experts(self) -> list[Experts]:
         """Every MoE layer's expert weights (gate|up, then down)."""
