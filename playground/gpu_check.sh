@@ -29,7 +29,7 @@
 # The default parts (for the seventh round): the tests, the kernels with the prefill tile sweep, the
 # GGUF-block decode, the model, launches and labtime (the sixth round's budget cut those two), the
 # GGUF matmul table (QMATMUL_TUNE=1 adds its tuning, done on an H200 in the sixth round) and HTTP;
-# archs (40/40 on an H200 in the sixth round; 52 tests now, 100 s), lab, attention, big, gemv, gemvab, hf, sweep, sampling,
+# archs (40/40 on an H200 in the sixth round; 53 tests now, 100 s), lab, attention, big, gemv, gemvab, hf, sweep, sampling,
 # tests2 and qrows run when named in GPU_CHECK_PARTS. A part starts only with at
 # least 20 s left; a part whose script is absent is skipped; logs go to OUT_DIR/<part>.log, a short
 # table last. GPU_CHECK_TAR=FILE also packs OUT_DIR into FILE after every part: the device tool
