@@ -42,7 +42,7 @@ import triton.language as tl
 
 from slotserver.runtime import kernel_parts, native
 
-_cc = kernel_parts.load(__file__, "_causal_conv.py")   # the convolution (a part shared with mamba2_step)
+_cc = kernel_parts.load(__file__, "_causal_conv.py")   # the convolution (a part shared with mamba2_step, short_conv_step)
 
 OP = "delta_net_step"
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1e-2}

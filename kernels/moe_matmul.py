@@ -208,6 +208,14 @@ def _biased(y: torch.Tensor, ids: torch.Tensor, bias: torch.Tensor | None) -> to
     return y if bias is None else y + bias.to(device=y.device, dtype=y.dtype)[ids.long()]
 
 
+def _torch_act(x: torch.Tensor, glu: bool, act: str) -> torch.Tensor:
+    """The experts' input in torch, in x's dtype: gate|up through its gate (glu), max(x, 0)^2
+    (relu2), or x as it is (the C path does the same while grouping the rows)."""
+    if glu:
+        return _torch_glu(x, act)
+    return torch.relu(x).square() if act == "relu2" else x
+
+
 def _torch_glu(x: torch.Tensor, act: str) -> torch.Tensor:
     """gate|up -> the experts' input in torch, in x's dtype: silu(gate) * up (F.silu), or swiglu_oai."""
     if act == "oai":
@@ -220,11 +228,7 @@ def _grouped(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool, act: str
     """The same grouping in torch: each used expert's rows dequantized (floats viewed) and multiplied
     once for all the (token, slot) rows routed to it."""
     t, k = ids.shape
-    xs = _slots(x, k).reshape(t * k, -1).float()
-    if glu:
-        xs = _torch_glu(xs, act)
-    elif act == "relu2":
-        xs = torch.relu(xs).square()
+    xs = _torch_act(_slots(x, k).reshape(t * k, -1).float(), glu, act)
     flat = ids.reshape(-1).long()
     y = torch.empty(t * k, w.n, dtype=torch.float32, device=x.device)
     for e in flat.unique().tolist():
@@ -274,10 +278,7 @@ def triton(x: torch.Tensor, w: Experts, ids: torch.Tensor, glu: bool = False,
     per (token, slot) row and column block reading its expert's rows; the glu gate, the experts'
     biases and the weighted sum in torch."""
     t, k = ids.shape
-    if glu:
-        x = _torch_glu(x, act)
-    elif act == "relu2":
-        x = torch.relu(x).square()
+    x = _torch_act(x, glu, act)
     x = x if x.stride(-1) == 1 else x.contiguous()
     dense = w.__dict__.get("_moe_dense")
     if dense is None or dense.device != x.device:

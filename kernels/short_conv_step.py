@@ -25,7 +25,7 @@ import torch
 import triton as _triton
 import triton.language as tl
 
-from slotserver.runtime import native
+from slotserver.runtime import kernel_parts, native
 
 OP = "short_conv_step"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
@@ -43,6 +43,9 @@ def reference(proj: torch.Tensor, conv: torch.Tensor, streams: torch.Tensor, off
         out[rows] = c[rows] * (window.unfold(0, L, 1) * taps).sum(-1)     # [n, d]
     return out.to(proj.dtype), conv
 
+
+_cc = kernel_parts.load(__file__, "_causal_conv.py")   # its conv_step: a token against the stored window
+_conv_step = _cc.conv_step
 
 NATIVE_C = native.c_source(__file__, "short_conv_step.c")
 _LIB = native.build("short_conv_step", NATIVE_C, origin=native.c_path(__file__, "short_conv_step.c"), strict=True)
@@ -80,14 +83,7 @@ def _short_conv_kernel(proj_ptr, conv_ptr, taps_ptr, streams_ptr, offsets_ptr, l
     for t in range(first, first + tl.load(lens_ptr + n)):
         p = proj_ptr + t * stride_p + cs
         u = tl.load(p, mask=m, other=0.0).to(tl.float32) * tl.load(p + 2 * D, mask=m, other=0.0).to(tl.float32)
-        y = tl.zeros([BLOCK], dtype=tl.float32)
-        for j in tl.static_range(W):
-            y += tl.load(base + j * D, mask=m, other=0.0) * tl.load(taps_ptr + cs * (W + 1) + j, mask=m, other=0.0)
-        y += u * tl.load(taps_ptr + cs * (W + 1) + W, mask=m, other=0.0)
-        for j in tl.static_range(W - 1):   # oldest first: read j + 1 before it is overwritten
-            tl.store(base + j * D, tl.load(base + (j + 1) * D, mask=m, other=0.0), mask=m)
-        if W > 0:
-            tl.store(base + (W - 1) * D, u, mask=m)
+        y = _conv_step(base, u, tl.zeros([BLOCK], dtype=tl.float32), taps_ptr, cs, m, D, W)
         c = tl.load(p + D, mask=m, other=0.0).to(tl.float32)
         tl.store(out_ptr + t * stride_o + cs, (c * y).to(out_ptr.dtype.element_ty), mask=m)
 
@@ -131,7 +127,6 @@ def bench_inputs(device: str, small: bool = False) -> list[tuple[str, tuple]]:
     return out
 
 
-_SIG = {"proj_ptr": "*bf16", "conv_ptr": "*fp32", "taps_ptr": "*fp32", "streams_ptr": "*i64", "offsets_ptr": "*i64",
-        "lens_ptr": "*i64", "out_ptr": "*bf16", "D": "i32", "stride_p": "i32", "stride_o": "i32", "W": "constexpr",
+_SIG = {"proj_ptr": "*bf16", "conv_ptr": "*fp32", "taps_ptr": "*fp32", **_cc.SEQS, "out_ptr": "*bf16", "D": "i32", "stride_p": "i32", "stride_o": "i32", "W": "constexpr",
         "BLOCK": "constexpr"}
 AOT = [(_short_conv_kernel, _SIG, {"W": 2, "BLOCK": BLOCK})]

@@ -80,8 +80,8 @@ def test_batched_chunked_and_defragmented_sequences_match_each_alone(name, layou
     assert (engine.stats().defrag_moves > 0) == (defrag == "on")
 
 
-@pytest.mark.parametrize("name", ["qwen35", "lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "nemotron_h_moe",
-                                  "falcon_h1"])
+@pytest.mark.parametrize("name", ["qwen35", "lfm2", "lfm2moe", "granitehybrid", "granitehybrid_dense", "nemotron_h",
+                                  "nemotron_h_moe", "falcon_h1"])
 def test_decode_steps_replay_from_step_graphs_with_the_eager_steps_tokens(name, tmp_path):
     """On GGUF blocks a hybrid decode step is C calls only (qmatmul, the recurrent layers'
     kernels/delta_net_step.py, short_conv_step.py or mamba2_step.py, Qwen3.5's attention gate, granite's

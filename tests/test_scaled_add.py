@@ -1,22 +1,15 @@
 """slotserver/model/scaled_add.py: granite's residual multiplier (x += s * y) and logit scale
 (x *= s) in C give torch's floats bit for bit (the product rounded before the add: no FMA), on
-float32 and bf16 branch outputs, strided rows, a decode step's few rows and a prompt's many; and a
-granite decode step is C calls only, so it replays from a step graph."""
+float32 and bf16 branch outputs, strided rows, a decode step's few rows and a prompt's many. That a
+granite decode step is then C calls only and replays from a step graph: tests/test_hybrid.py
+(granitehybrid_dense, granitehybrid)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
 
 from slotserver.model import scaled_add as sa
-from slotserver.model.bundle import ModelBundle
-from slotserver.model.config import ModelConfig
-from slotserver.model.generate import GenRequest, generate
-from test_moe import q8_copy
-
-ARCHS = Path(__file__).parent / "fixtures" / "archs"
 
 
 def _native() -> None:
@@ -36,16 +29,3 @@ def test_the_scaled_add_is_torchs_bit_for_bit(rows, dtype):
     assert torch.equal(got, want)
     logits = torch.randn(rows, 300, generator=gen)
     assert torch.equal(sa.scale_rows(logits.clone(), 1 / 3.0), logits * (1 / 3.0))
-
-
-def test_a_granite_hybrid_decode_step_replays_from_a_step_graph_with_the_eager_tokens(tmp_path):
-    """granitehybrid (dense FFN) on Q8_0 blocks: with the multipliers in C its decode steps are
-    captured, and the replayed steps give the eager steps' tokens."""
-    _native()
-    bundle = ModelBundle.load(ModelConfig(model_path=q8_copy(ARCHS / "granitehybrid_dense.gguf", tmp_path / "q8.gguf"),
-                                          dtype="auto"))
-    reqs = [GenRequest([5 + i, 17, 200, 33, 1, 90], 8, ignore_eos=True) for i in range(3)]
-    replayed = [r.tokens for r in generate(bundle.model, reqs, frozenset())]
-    assert bundle.model.graphs.graphs, "no decode step was captured"
-    bundle.model.set_step_graphs(False)
-    assert [r.tokens for r in generate(bundle.model, reqs, frozenset())] == replayed

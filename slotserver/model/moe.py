@@ -130,30 +130,19 @@ def _routed(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, shared=None,
             acc: torch.Tensor | None = None) -> torch.Tensor:
     """moe_ffn's computation on this process's weights (under --tp: its partial sum)."""
     ids, w = route(ops, moe, mw, h)                                # [T, k], [T, k]   (the router on the full rows)
-    if mw.latent_down is not None:   # Nemotron 3 Super: the experts between a down and an up projection
-        return _latent(ops, moe, mw, h, ids, w, shared, acc)
-    parts = [ops.moe_matmul(h, e, ids, **o) for e, o in zip(mw.gate_up, _part_options(mw))]   # [T, k, 2F] (+ biases)
+    x = h if mw.latent_down is None else mw.latent_down(h, ops)   # Nemotron 3 Super: the experts' latent rows
+    parts = [ops.moe_matmul(x, e, ids, **o) for e, o in zip(mw.gate_up, _part_options(mw))]   # [T, k, 2F] (+ biases)
     gu = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
     down = _down_options(moe, mw)                                  # gpt-oss: swiglu_oai, down biases
     glu = moe.act != "relu2"                                       # nemotron_h_moe: up alone, squared ReLU
-    if shared is None:
+    if shared is None and mw.latent_up is None:
         return ops.moe_matmul(gu, mw.down, ids, glu=glu, weights=w, acc=acc, **down)   # summed in slot order
     out = ops.moe_matmul(gu, mw.down, ids, glu=glu, weights=w, **down)
-    s = shared(h)                                                  # [T, d_model]
-    if mw.shared_gate is not None:
-        s = s * torch.sigmoid(router_logits(h, mw.shared_gate))   # [T, 1]
-    out = scaled_add(out, s, 1.0)                                  # the experts' sum + the shared expert's, in C
-    return out if acc is None else scaled_add(acc, out, 1.0)
-
-
-def _latent(ops, moe: MoeSpec, mw: MoeWeights, h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, shared=None,
-            acc: torch.Tensor | None = None) -> torch.Tensor:
-    """llama.cpp's nemotron_h_moe with `ffn_latent_down`: h [T, d_model] down to [T, latent], the
-    experts there (no gate: relu2), their weighted sum up to [T, d_model], then the shared expert
-    (on the full rows) added, then the residual."""
-    x = mw.latent_down(h, ops)                                     # [T, latent]
-    gu = ops.moe_matmul(x, mw.gate_up[0], ids)                     # [T, k, F]
-    out = mw.latent_up(ops.moe_matmul(gu, mw.down, ids, glu=False, weights=w, **_down_options(moe, mw)), ops)
-    if shared is not None:
-        out = scaled_add(out, shared(h), 1.0)                      # [T, d_model]
+    if mw.latent_up is not None:
+        out = mw.latent_up(out, ops)                               # [T, d_model]
+    if shared is not None:   # (on the full rows)
+        s = shared(h)                                              # [T, d_model]
+        if mw.shared_gate is not None:
+            s = s * torch.sigmoid(router_logits(h, mw.shared_gate))   # [T, 1]
+        out = scaled_add(out, s, 1.0)                              # the experts' sum + the shared expert's, in C
     return out if acc is None else scaled_add(acc, out, 1.0)

@@ -24,9 +24,10 @@ architecture's graph (src/models/<arch>.cpp) sets; `MoeSpec` holds the same swit
   (`MoeWeights`), not switches: a layer has them where the file does.
 - `file_weights`: `norm_weights` and `weights_scale` read from `expert_weights_norm` and
   `expert_weights_scale` (nemotron_h_moe's loader reads them; the others' are constants).
-- `latent`: Nemotron 3 Super's experts work on `moe_latent_size` values: the normed rows go down to
-  it (`ffn_latent_down`) before the experts and their weighted sum comes back up (`ffn_latent_up`);
-  the router and the shared expert see the full rows.
+- `latent` (read with `file_weights`, as nemotron_h_moe's loader reads it): Nemotron 3 Super's
+  experts work on `moe_latent_size` values: the normed rows go down to it (`ffn_latent_down`)
+  before the experts and their weighted sum comes back up (`ffn_latent_up`); the router and the
+  shared expert see the full rows.
 - `expert_group_count` above 1 (DeepSeek-V3's grouped selection, which llama.cpp applies for any
   file that says so) is refused: no supported architecture groups its experts.
 
@@ -87,5 +88,5 @@ class MoeSpec:
         if file_weights:
             norm_weights = key.raw("expert_weights_norm", False) is True
             scale = key.float("expert_weights_scale", 1.0) or 1.0   # 0, as llama.cpp: no scale
-        latent = key.int("moe_latent_size") if key.raw("moe_latent_size") else 0
+        latent = key.int("moe_latent_size") if file_weights and key.raw("moe_latent_size") else 0   # nemotron_h_moe
         return cls(n_expert, n_used, d_ff, shared, norm_weights, gating, scale, act=act, dense_lead=lead, latent=latent)

@@ -38,7 +38,7 @@ class RecurrentSpec:
     n_v_heads: int              # v heads (and state matrices; 0: no matrix state)
     head_k: int                 # q/k head size
     head_v: int                 # v head size
-    layers: tuple[bool, ...]    # per layer: recurrent (True) or full attention
+    layers: tuple[bool, ...]    # per layer: has a recurrent mixer and state (else attention; falcon-h1: both)
     kind: str = "gdn"           # "gdn": gated delta net (qwen35); "shortconv": LFM2's; "mamba2": Granite 4.0-H's
     channels: int = 0           # shortconv: the convolution's channels (d_model)
 
@@ -70,9 +70,11 @@ class RecurrentSpec:
         return [i for i, r in enumerate(self.layers) if r]
 
     @classmethod
-    def from_metadata(cls, key, n_layers: int, kind: str, d_model: int, every_layer: bool = False) -> "RecurrentSpec":
+    def from_metadata(cls, key, n_layers: int, kind: str, d_model: int, every_layer: bool = False,
+                      ffn_only: tuple[bool, ...] = ()) -> "RecurrentSpec":
         """key: spec_keys.py's `MetaKeys` on the file's `{arch}.*` metadata. every_layer: each layer
-        has a recurrent mixer (beside its attention: falcon-h1)."""
+        has a recurrent mixer (beside its attention: falcon-h1). ffn_only: `ModelSpec.ffn_only`
+        (nemotron_h's FFN-only layers have no KV heads and no mixer either)."""
         assert kind in KINDS, kind
         if kind == "shortconv":
             kv = key.raw("attention.head_count_kv")
@@ -81,7 +83,7 @@ class RecurrentSpec:
                                 "(0 for a short-convolution layer)")
             return cls(_width(key, "shortconv.l_cache"), 0, 0, 0, 0, tuple(h == 0 for h in kv), kind, d_model)
         if kind == "mamba2":
-            return _mamba2(cls, key, n_layers, every_layer)
+            return _mamba2(cls, key, n_layers, every_layer, ffn_only)
         n_k, n_v, head_k = key.int("ssm.group_count"), key.int("ssm.time_step_rank"), key.int("ssm.state_size")
         inner = key.int("ssm.inner_size")
         if n_v % n_k or inner % n_v:
@@ -101,7 +103,7 @@ class RecurrentSpec:
         return cls(_width(key, "ssm.conv_kernel"), n_k, n_v, head_k, inner // n_v, layers)
 
 
-def _mamba2(cls, key, n_layers: int, every_layer: bool = False) -> RecurrentSpec:
+def _mamba2(cls, key, n_layers: int, every_layer: bool = False, ffn_only: tuple[bool, ...] = ()) -> RecurrentSpec:
     """Granite 4.0-H's Mamba-2 layers (llama.cpp's granitehybrid): `ssm.group_count` groups of B and
     C, `ssm.time_step_rank` heads of `ssm.inner_size` / heads, `ssm.state_size` (N) each; a layer is
     one where `attention.head_count_kv` (an array) is 0 (and, for nemotron_h, `feed_forward_length`
@@ -118,8 +120,7 @@ def _mamba2(cls, key, n_layers: int, every_layer: bool = False) -> RecurrentSpec
     if not isinstance(kv, list) or len(kv) < n_layers:
         raise key.error(f"attention.head_count_kv must give each of the {n_layers} layers its KV heads "
                         "(0 for a Mamba-2 layer)")
-    ff = key.raw("feed_forward_length")   # nemotron_h: an array; its FFN-only layers have no KV heads either
-    ffn = ff[:n_layers] if isinstance(ff, list) and len(ff) >= n_layers else [0] * n_layers
+    ffn = ffn_only or (False,) * n_layers
     return cls(_width(key, "ssm.conv_kernel"), groups, heads, n, inner // heads,
                tuple(h == 0 and not f for h, f in zip(kv[:n_layers], ffn)), "mamba2")
 

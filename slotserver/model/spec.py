@@ -174,7 +174,7 @@ class ModelSpec:
             attn_temp_scale=key.float("attention.temperature_scale", 0.0) if a.attn_temp else 0.0,
             swa_rope_plain=a.swa_rope_plain, pre_norms=a.pre_norms, nope_full=a.nope_full,
             bidirectional=a.bidirectional,
-            recurrent=(RecurrentSpec.from_metadata(key, n_layers, a.hybrid, d_model, a.parallel_mixers)
+            recurrent=(RecurrentSpec.from_metadata(key, n_layers, a.hybrid, d_model, a.parallel_mixers, ffn_only)
                        if a.hybrid else None),
             attn_gate=a.attn_gate, out_norm=a.out_norm, ffn_only=ffn_only, parallel_mixers=a.parallel_mixers,
         )

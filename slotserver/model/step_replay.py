@@ -48,7 +48,7 @@ def replayed(model: "LlamaModel", batch: Batch, cache, logits_into: torch.Tensor
     if key is None:
         return model._body(x, angles, batch, cache, logits_into)
     state = getattr(cache, "recurrent", None)   # a hybrid's states: the graph holds their pointers
-    if state is not None and not state.rewinds(batch.n_tokens):
+    if state is not None and not state.rewinds(batch.attn.n_seqs):
         return model._body(x, angles, batch, cache, logits_into)   # a capture would copy too much state
     inputs = [x, *(t for pair in angles.values() for t in pair), *batch.tensors()]
     rewind = None if state is None else lambda: state.rewinder([h[0] for h in batch.attn.host])
