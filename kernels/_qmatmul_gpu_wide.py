@@ -50,6 +50,13 @@ WIDE_WORDS = 2048      # weight words (int32) a program loads per K step: 16 a t
 WIDE_WARPS = 4         # one row
 WIDE_ROWS_WARPS = 8    # 2..WIDE_MAX_M rows
 WIDE_PROGRAMS_PER_SM = 4   # rows per program (2..16) are halved until about this many programs per SM
+# Under TRITON_INTERPRET=1 (the CPU tests) a program costs the same Python at any R (numpy does the
+# rows) and the grid runs one program after another: up to 128 rows a program there cut the
+# interpreted tests' wide launches ~3x (tests/test_qmatmul_gpu.py's model steps: 26 -> 10 s). R
+# changes the grid and, through STEP, the order of a row's float sums (still the same at every M,
+# which is what those tests check, with the product against float64); a card's R (2..16) is
+# compiled by the AOT list below and run by tests/test_gpu_qgemv.py on a card.
+INTERPRETED_ROWS = 128
 
 
 @_triton.jit
@@ -229,8 +236,8 @@ def _wide_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, y_ptr, M, N, K, stride_w, stride
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=omask)
 
 
-def wide_plan(n: int, k: int, qtype: int, sms: int) -> tuple[int, int]:
-    """(R rows a program, STEP format blocks a K step): R halved from 16 (to 2) until about
+def wide_plan(n: int, k: int, qtype: int, sms: int, max_rows: int = 16) -> tuple[int, int]:
+    """(R rows a program, STEP format blocks a K step): R halved from max_rows (to 2) until about
     WIDE_PROGRAMS_PER_SM programs per SM; STEP so that a step loads ~WIDE_WORDS weight words, at most
     the row's blocks rounded up to a power of two. Neither depends on M: a step's partial sums are
     added to the accumulator one step at a time, so a STEP that changed with M would change a row's
@@ -239,7 +246,7 @@ def wide_plan(n: int, k: int, qtype: int, sms: int) -> tuple[int, int]:
     8 rows 122-240, no spills). Why not fewer words: a GEMV's whole matrix is a few DRAM latencies of
     bytes (Llama-8B's wo, 9.4 MB: ~4), so each thread must keep 16-byte loads in flight (Triton
     does not pipeline this loop); `gpu_qmatmul_bench.py --tune` sweeps WIDE_WORDS on a card."""
-    r = 16   # plain integer math: the module's AOT list calls this at load, before any triton import
+    r = max_rows   # plain integer math: the module's AOT list calls this at load, before any triton import
     while r > 2 and -(-n // r) < WIDE_PROGRAMS_PER_SM * sms:
         r //= 2
     words, values = {T.Q4_K: (32, 256), T.Q5_K: (32, 256), T.Q6_K: (64, 256), T.Q8_0: (8, 32)}.get(T(qtype), (4, 32))
@@ -271,7 +278,7 @@ def launch(x: torch.Tensor, w: QWeight, y: torch.Tensor, fused: bool, sms: int, 
     """x quantized to q8_1 (one launch), then the wide GEMV into y (one launch; + y where `fused`)."""
     m, n = x.shape[0], w.n
     xq, xd, xs = _q8_1.q8_1(x) if x_q8 is None else x_q8   # x_q8: the caller's (qmatmul_gpu FUSES)
-    r, step = wide_plan(n, w.k, w.qtype, sms)
+    r, step = wide_plan(n, w.k, w.qtype, sms, INTERPRETED_ROWS if interpreted() else 16)
     words = w.raw.view(torch.int32)                                                            # [N, row_bytes / 4]
     wu = 4 if w.qtype in (T.Q4_K, T.Q5_K) else 1
     _wide_kernel[(_triton.cdiv(n, r),)](xq.view(torch.int32), xd, xs, words, y, m, n, w.k, words.stride(0) // wu,

@@ -26,7 +26,7 @@ from tiny_gguf import write_tiny_gguf
 
 from slotserver.lab.check import compare_outputs
 from slotserver.model.gguf_file import GGUFFile
-from slotserver.runtime import native
+from slotserver.runtime import native_cache
 from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.runtime.kernel_set import KERNEL_CONTRACT
 from slotserver.runtime.kv_spec import KVSpec
@@ -46,8 +46,8 @@ def mod(request):
         if request.param == "avx2":
             patch.setenv("SLOTSERVER_CPU", "avx2")
         if request.param == "plain":
-            flags = tuple(native.FLAGS) + ("-march=x86-64", "-mtune=generic")
-            patch.setattr(native, "compile_flags", lambda: flags)
+            flags = tuple(native_cache.FLAGS) + ("-march=x86-64", "-mtune=generic")
+            patch.setattr(native_cache, "compile_flags", lambda: flags)
         m = load_by_path(PATH, KERNEL_CONTRACT).module
     if m._LIB is None:
         pytest.skip("no C compiler here (or SLOTSERVER_NATIVE=0)")

@@ -19,6 +19,7 @@ import torch
 from slotserver.runtime import cpu_features
 
 from slotserver.runtime import native
+from slotserver.runtime import native_cache
 from slotserver.lab.check import kernel_files
 from slotserver.runtime.kernel_set import KERNEL_CONTRACT
 from slotserver.runtime.loader import default_dir, load_by_path
@@ -36,6 +37,36 @@ def test_a_source_is_compiled_once_and_cached(tmp_path, monkeypatch):
     assert again == first and again.stat().st_mtime_ns == mtime and first.parent == tmp_path / "native"
     lib = ctypes.CDLL(str(first))
     assert lib.add(ctypes.c_int64(40), ctypes.c_int64(2)) == 42
+
+
+@needs_cc
+def test_two_builders_of_one_library_compile_it_once(tmp_path, monkeypatch):
+    """Two processes (test workers, tensor-parallel ranks) asking at once for a library not yet
+    built: the second waits on the first's lock and loads what it built. Two threads here hold
+    separate open files of the lock, which flock treats as two processes."""
+    import threading
+
+    monkeypatch.setenv("SLOTSERVER_CACHE", str(tmp_path))
+    native.compile_library("probe", native.PRELUDE + native_cache.PROBE)
+    compiled, real, started = [], native_cache._compile, threading.Barrier(2)
+
+    def slow_compile(*args):
+        compiled.append(args[2])
+        real(*args)
+
+    monkeypatch.setattr(native_cache, "_compile", slow_compile)
+    paths = []
+
+    def build():
+        started.wait()
+        paths.append(native.compile_library("twice", native.PRELUDE + ADD))
+
+    threads = [threading.Thread(target=build) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert compiled == ["twice"] and len(paths) == 2 and paths[0] == paths[1] and paths[0].exists()
 
 
 @needs_cc
@@ -82,21 +113,21 @@ def test_the_prelude_is_prepended_from_prelude_h_at_its_lines(monkeypatch):
         seen[name] = source
         raise native.NativeError("recorded, not compiled")
 
-    monkeypatch.setattr(native, "compile_library", record)
+    monkeypatch.setattr(native_cache, "compile_library", record)
     assert native.build("prelude_line", ADD + "/* prelude line */\n") is None
     assert seen["prelude_line"].startswith(f'#line 1 "{header}"\n{native.PRELUDE}')
 
 
 def test_c_lives_in_c_files_not_in_python_strings():
     """Every C source of the tree is a .c (or .h) file: no module under kernels/, layouts/ or
-    slotserver/ holds C in a string (the one-line toolchain probe, native.PROBE, aside)."""
+    slotserver/ holds C in a string (the one-line toolchain probe, native_cache.PROBE, aside)."""
     root = Path(__file__).resolve().parent.parent
     c_like = re.compile(r"#include\s*<|\b(?:int|void|float|static)\s+[\w\s*]*\w+\s*\([^)]*\)\s*\{")
     found = []
     for path in sorted([*(root / "kernels").glob("*.py"), *(root / "layouts").glob("*.py"), *(root / "slotserver").rglob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and c_like.search(node.value) \
-                    and node.value != native.PROBE:
+                    and node.value != native_cache.PROBE:
                 found.append(f"{path.relative_to(root)}:{node.lineno}")
     assert not found, f"move this C into a .c file beside its module (native.c_source / c_path): {found}"
 
@@ -153,7 +184,7 @@ def test_a_toolchain_that_cannot_build_the_probe_is_no_compiler(tmp_path, monkey
     load: it counts as no compiler, and the torch forms serve."""
     monkeypatch.setenv("SLOTSERVER_CACHE", str(tmp_path))
     monkeypatch.delenv("SLOTSERVER_NATIVE", raising=False)
-    monkeypatch.setattr(native, "FLAGS", native.FLAGS + ("-fno-such-flag-xyz",))
+    monkeypatch.setattr(native_cache, "FLAGS", native_cache.FLAGS + ("-fno-such-flag-xyz",))
     with pytest.raises(native.NoCompiler, match="cannot build"):
         native.compile_library("add", native.PRELUDE + ADD)
     assert native.build("add_flags", ADD + "/* flags */\n", strict=True) is None
@@ -204,10 +235,11 @@ def test_a_copy_of_a_kernel_under_another_path_reuses_its_library(tmp_path, monk
 
 def test_old_builds_of_a_name_are_pruned(tmp_path, monkeypatch):
     monkeypatch.setenv("SLOTSERVER_CACHE", str(tmp_path))
-    n = native.KEEP_PER_NAME + 2
+    monkeypatch.setattr(native_cache, "KEEP_PER_NAME", 3)   # the rule, not the number: 5 compiles, not 14
+    n = native_cache.KEEP_PER_NAME + 2
     paths = [native.compile_library("edit", native.PRELUDE + ADD + f"/* edit {i} */\n") for i in range(n)]
     left = sorted((tmp_path / "native").glob("edit-*.so"))
-    assert len(left) == native.KEEP_PER_NAME and paths[-1] in left and paths[0] not in left
+    assert len(left) == native_cache.KEEP_PER_NAME and paths[-1] in left and paths[0] not in left
 
 
 # which instruction sets the compiler targeted: a library above its variant would crash (SIGILL) there
@@ -253,7 +285,7 @@ def test_each_cpu_variant_builds_its_own_library_within_its_instruction_set(vari
 def test_an_unknown_cpu_variant_is_refused(monkeypatch):
     monkeypatch.setenv("SLOTSERVER_CPU", "avx3")
     with pytest.raises(cpu_features.CpuVariantError, match="SLOTSERVER_CPU must be"):
-        native.compile_flags()
+        native_cache.compile_flags()
     from slotserver.model.config import ConfigError, ModelConfig
 
     with pytest.raises(ConfigError, match="SLOTSERVER_CPU must be"):   # refused at startup, before any build

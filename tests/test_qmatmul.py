@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from slotserver.runtime import native
+from slotserver.runtime import native_cache
 from slotserver.runtime.kernel_set import KERNEL_CONTRACT
 from slotserver.lab.check import compare_outputs
 from slotserver.runtime.loader import default_dir, load_by_path
@@ -131,8 +131,8 @@ def test_avx2_variant_and_portable_c_equal_the_model(monkeypatch):
         pytest.skip("no C compiler here (or SLOTSERVER_NATIVE=0)")
     for qtype in QUANTIZED:
         _assert_integer_path(avx2, qtype, ms=(1, 5))
-    flags = tuple(f for f in native.FLAGS) + ("-march=x86-64", "-mtune=generic")
-    monkeypatch.setattr(native, "compile_flags", lambda: flags)
+    flags = tuple(f for f in native_cache.FLAGS) + ("-march=x86-64", "-mtune=generic")
+    monkeypatch.setattr(native_cache, "compile_flags", lambda: flags)
     plain = _load()
     assert plain._LIB is not None and plain._LIB._name != avx2._LIB._name
     for qtype in QUANTIZED:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 
-import anthropic
 import pytest
 from smollm_server import smollm_client
 from starlette.testclient import TestClient
@@ -54,6 +53,8 @@ def raw(served):
 
 @pytest.fixture(scope="module")
 def sdk(raw):
+    import anthropic   # here, not at the top: the SDK's import is ~4 s, which every test worker's collection would pay
+
     return anthropic.Anthropic(base_url="http://testserver", api_key=KEY, http_client=raw, max_retries=0)
 
 
@@ -280,6 +281,8 @@ def test_an_image_is_llama_servers_500_and_empty_messages_are_accepted(sdk, raw)
     text-only model is a 500 naming it, in Anthropic's error shape; `messages: []` generates."""
     assert_error(raw.post("/v1/messages", json={"max_tokens": 5, "messages": [{"role": "user", "content": [IMAGE]}]}),
                  500, "messages[0].content[0]", "image input is not supported")
+    import anthropic
+
     with pytest.raises(anthropic.InternalServerError, match="image input is not supported"):
         sdk.with_options(max_retries=0).messages.create(model="smol", max_tokens=5,
                                                         messages=[{"role": "user", "content": [IMAGE]}])
@@ -289,6 +292,8 @@ def test_an_image_is_llama_servers_500_and_empty_messages_are_accepted(sdk, raw)
 
 
 def test_sdk_raises_bad_request_with_the_message(sdk, raw):
+    import anthropic
+
     with pytest.raises(anthropic.BadRequestError, match="'video'"):
         sdk.messages.create(model="smol", max_tokens=5, messages=[{"role": "user", "content": [{"type": "video"}]}])
     assert_error(raw.post("/v1/messages", content=b"{not json"), 400)
@@ -297,6 +302,8 @@ def test_sdk_raises_bad_request_with_the_message(sdk, raw):
 
 
 def test_api_key_from_x_api_key_or_bearer(raw, served):
+    import anthropic
+
     wrong = anthropic.Anthropic(base_url="http://testserver", api_key="nope", http_client=TestClient(raw.app),
                                 max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):

@@ -1,4 +1,5 @@
-"""`slotserver lab check|init`: check the lab's kernels and layouts, or copy them out for editing.
+"""`slotserver lab check|init|build`: check the lab's kernels and layouts, copy them out for
+editing, or compile their C libraries ahead of use.
 
 `lab init DIR` copies the bundled kernels/ and layouts/ (a checkout's own, or the copy an installed
 wheel carries) into DIR/kernels and DIR/layouts; `serve --lab DIR` (or `generate --lab DIR`)
@@ -8,6 +9,9 @@ Runs `slotserver.lab.check.run_lab_check`: every kernel's cpu and Triton impleme
 its reference (Triton interpreted on CPU when there is no GPU), every Triton kernel compiled ahead
 of time for sm_80 and sm_90 (registers, shared memory, spills), and every layout's contract.
 Exit status 0 when every check passes, 1 otherwise.
+
+`lab build` compiles every C library a load would compile, on all cores (slotserver/lab/build.py);
+`make setup` runs it once, so a first `make serve` or `make test` finds them cached.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 
 def add_parser(sub) -> None:
     lab = sub.add_parser("lab", help="the kernel and layout lab")
-    lab_sub = lab.add_subparsers(dest="lab_command", required=True, metavar="{check,init}")
+    lab_sub = lab.add_subparsers(dest="lab_command", required=True, metavar="{check,init,build}")
     p = lab_sub.add_parser("check", help="check kernels against their references, compile for sm_80/sm_90, check layouts")
     p.add_argument("--kernels-dir", type=Path, default=None, help="kernel modules (default: the repo's kernels/)")
     p.add_argument("--layouts-dir", type=Path, default=None, help="layout modules (default: the repo's layouts/)")
@@ -32,6 +36,10 @@ def add_parser(sub) -> None:
     p.add_argument("dir", type=Path)
     p.add_argument("--force", action="store_true", help="overwrite files that are already there")
     p.set_defaults(run=run_init)
+    p = lab_sub.add_parser("build", help="compile every C kernel library now, on all cores (else each compiles on first use)")
+    p.add_argument("--kernels-dir", type=Path, default=None, help="kernel modules (default: the repo's kernels/)")
+    p.add_argument("-j", "--jobs", type=int, default=None, help="processes compiling at once (default: the usable cores)")
+    p.set_defaults(run=run_build)
 
 
 def add_lab_arg(p) -> None:
@@ -67,6 +75,34 @@ def run_init(args: argparse.Namespace) -> int:
         dst.write_bytes(src.read_bytes())
     print(f"copied {len(plan)} files into {args.dir}; serve them with: slotserver serve --lab {args.dir}")
     return 0
+
+
+def run_build(args: argparse.Namespace) -> int:
+    """Compile (or find cached) every library; one line each that took time, one summary line."""
+    import time
+
+    from slotserver.errors import ConfigError
+    from slotserver.lab.build import build_all, default_processes
+    from slotserver.runtime import native
+    from slotserver.runtime.loader import default_dir
+
+    if not native.enabled():
+        print("lab build: nothing to compile (no C compiler, or SLOTSERVER_NATIVE=0): the torch forms serve")
+        return 0
+    folder = args.kernels_dir or default_dir("kernels")
+    if not folder.is_dir():
+        raise ConfigError(f"lab build: no such folder: {folder}")
+    processes = args.jobs or default_processes()
+    start = time.perf_counter()
+    results = build_all(folder, processes)
+    for name, seconds, error in results:
+        if error is not None:
+            print(f"  {name}: {error}")
+    took = sorted(results, key=lambda r: -r[1])[:3]
+    print(f"lab build: {len(results)} modules loaded, {sum(e is not None for *_, e in results)} failed, "
+          f"{time.perf_counter() - start:.1f} s on {processes} process(es) into {native.cache_dir()} "
+          f"(longest: {', '.join(f'{n} {s:.1f} s' for n, s, _ in took)})")
+    return 0 if all(e is None for *_, e in results) else 1
 
 
 def run(args: argparse.Namespace) -> int:

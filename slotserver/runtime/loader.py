@@ -16,6 +16,7 @@ executed from those bytes; a part may name further parts and `.c` files.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import linecache
 import itertools
@@ -23,7 +24,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
+from types import CodeType, ModuleType
 
 from slotserver.runtime import c_sources, kernel_parts, lazy_triton, triton_interpreter
 from slotserver.errors import ModuleLoadError, line_of  # noqa: F401  re-export: defined without torch in slotserver.errors
@@ -78,11 +79,20 @@ def resolve_in_folder(folder: Path, name: object, kind: str) -> Path:
     a trailing newline), and the resolved file must still lie inside the resolved folder (a
     symlink in the folder that points elsewhere is refused too).
     """
-    known = module_names(folder)
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name not in known:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or not _listed(Path(folder), name):
         shown = name if isinstance(name, str) else type(name).__name__
-        raise ModuleLoadError(f"unknown {kind} {shown[:100]!r} (known: {', '.join(known) or 'none'})")
+        raise ModuleLoadError(f"unknown {kind} {shown[:100]!r} (known: {', '.join(module_names(folder)) or 'none'})")
     return Path(folder) / f"{name}.py"
+
+
+def _listed(folder: Path, name: str) -> bool:
+    """Whether `module_names(folder)` lists `name` (an identifier), asked of its one file: listing the
+    folder for each name resolved every file again (~45 ms of a model's kernel load, 16 names)."""
+    path = folder / f"{name}.py"
+    try:
+        return path.resolve().parent == folder.resolve() and path.resolve().is_file()
+    except (OSError, RuntimeError):   # a symlink loop: not a module
+        return False
 
 
 def locate(path: str | Path, folders: dict[str, Path]) -> tuple[str, str] | None:
@@ -194,7 +204,7 @@ def execute(path: Path, data: bytes, kind: str) -> ModuleType:
     text = data.decode("utf-8", errors="replace")
     linecache.cache[str(path)] = (len(text), None, text.splitlines(True), str(path))
     try:
-        code = compile(data, str(path), "exec", dont_inherit=True)
+        code = _compiled(data, str(path))
         sys.modules[name] = module  # dataclasses and triton look modules up by name
         with lazy_triton.stand_ins(module.__dict__):
             exec(code, module.__dict__)  # noqa: S102 - a listed kernel/layout file or its part: the lab's purpose
@@ -208,6 +218,16 @@ def execute(path: Path, data: bytes, kind: str) -> ModuleType:
         sys.modules.pop(name, None)
     triton_interpreter.install()   # triton imported eagerly (or earlier) and interpreted: its faster helper calls
     return module
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(data: bytes, path: str) -> CodeType:
+    """`data` compiled as `path`'s module, once per process for the same bytes: every model load
+    executes each kernel file and part afresh (a new module: see the module docstring), and
+    compiling their ~40 sources again was most of a small model's load (80 of 180 ms). A code
+    object is immutable, so running it again in a new module's namespace is what compiling anew
+    would give; a SyntaxError is raised each time (not cached)."""
+    return compile(data, path, "exec", dont_inherit=True)
 
 
 def load_by_path(path: Path, required: tuple[str, ...]) -> LoadedModule:

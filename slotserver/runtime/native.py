@@ -1,4 +1,4 @@
-"""Hand-written C kernels for the CPU path: compiled on first use, cached, loaded with ctypes.
+"""Hand-written C kernels for the CPU path: compiled once per machine, cached, loaded with ctypes.
 
 Why C, and why this way: at decode, a CPU step is a few hundred tiny ops, and for some of them
 (decode attention: one query row per head against a few hundred cached keys) torch's kernels pay
@@ -11,8 +11,9 @@ far more in per-call setup than in arithmetic. A kernel module may carry its own
   `-march=x86-64-v3` under `SLOTSERVER_CPU=avx2`, AMX taken out under `avx512`), float
   reassociation (not `-ffast-math`, see FLAGS) and `-fopenmp`, into `$SLOTSERVER_CACHE` (default
   `~/.cache/slotserver/native`), named by a hash of the source, the flags and this CPU's feature
-  flags; a second process (or a second test worker) reuses it. About half a second per kernel; no
-  torch headers, no Python headers. The C must compile for every variant: AVX-512 code sits under
+  flags (slotserver/runtime/native_cache.py); a second process (or a second test worker) reuses
+  it, or waits for it while it compiles. About half a second to 11 s per library (attention.c);
+  `slotserver lab build` compiles them all at once on every core. No torch headers, no Python headers. The C must compile for every variant: AVX-512 code sits under
   `#ifdef SLOT_AVX512` (or `__AVX512F__`) with a scalar loop beside it.
 - `-fopenmp` links `libgomp.so.1`, which torch has already loaded: the kernel's parallel loops run
   on the calling thread's OpenMP team, the same threads torch's own ops use (no second pool
@@ -34,52 +35,21 @@ import ctypes
 import hashlib
 import logging
 import os
-import re
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import torch  # noqa: F401 - loads torch's libgomp first, so the kernels share its OpenMP runtime
 
-from slotserver.runtime import c_sources, cpu_features
+from slotserver.runtime import c_sources, native_cache
+# what callers read as native.X (patch the flags, the compile itself, in native_cache: it calls them)
+from slotserver.runtime.native_cache import (PRELUDE, NativeError, NoCompiler, _PRELUDE_FILE, cache_dir,  # noqa: F401
+                                             code_text, compile_library, compiler)
 
 log = logging.getLogger("slotserver.runtime.native")
 
-# Not -ffast-math: with it, GCC links crtfastmath.o into the library, whose constructor turns on
-# flush-to-zero for the whole process (every later float op of torch and Python would change).
-# These flags alone let the compiler vectorize float reductions. The target flags come from the
-# CPU variant (`compile_flags`).
-FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math",
-         "-freciprocal-math", "-fopenmp", "-fPIC", "-shared")
 _loaded: dict[str, ctypes.CDLL | None] = {}
 _unavailable: set[str] = set()   # libraries that could not be built in this process (unavailable())
-
-# Prepended to every source (prelude.h beside this file, read at import): bf16 <-> float32, a
-# vectorizable exp, row loads and prefetches, the AVX-512 forms of loads, stores and exp.
-# A tensor's dtype crosses the boundary as an int flag: 1 for bfloat16, 0 for float32.
-_PRELUDE_FILE = Path(__file__).with_name("prelude.h")
-PRELUDE = _PRELUDE_FILE.read_text()
-
-
-class NativeError(RuntimeError):
-    """The C source did not compile (the message carries the compiler's output)."""
-
-
-class NoCompiler(NativeError):
-    """No C compiler on this machine: the kernels' torch formulations serve."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SLOTSERVER_CACHE") or Path.home() / ".cache" / "slotserver") / "native"
-
-
-def compiler() -> str | None:
-    cc = os.environ.get("CC") or "cc"
-    return shutil.which(cc)
 
 
 def off_by_request() -> bool:
@@ -100,73 +70,6 @@ def unavailable() -> list[str]:
     return sorted(_unavailable)
 
 
-def compile_flags() -> tuple[str, ...]:
-    """FLAGS and the target flags of this process's CPU variant (SLOTSERVER_CPU, see cpu_features)."""
-    return (*FLAGS, *cpu_features.current().march_flags())
-
-
-def _cpu_key() -> str:
-    """The CPU's feature flags (an `-march=native` library is only valid on a CPU like this one)."""
-    flags = cpu_features.host_flags()
-    return " ".join(sorted(flags)) if flags else (platform.processor() or platform.machine())
-
-
-# Compiled first with the same flags: if this fails (no OpenMP, an unknown flag), the machine has
-# no usable toolchain, which is not the kernel's fault: torch serves instead of refusing a kernel.
-PROBE = "int probe(int n) { int s = 0;\n#pragma omp parallel for reduction(+:s)\nfor (int i = 0; i < n; i++) s += i;\nreturn s; }\n"
-
-
-def compile_library(name: str, source: str) -> Path:
-    """Compile `source` (cached); -> the shared library's path. Raises NoCompiler when this machine
-    cannot build the probe, NativeError when only `source` fails."""
-    cc = compiler()
-    if cc is None:
-        raise NoCompiler(f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH")
-    flags = compile_flags()
-    if name != "probe":
-        try:
-            compile_library("probe", PRELUDE + PROBE)
-        except (NativeError, OSError) as e:
-            raise NoCompiler(f"{cc} cannot build with {' '.join(flags)}: {e}") from None
-    digest = hashlib.sha256("\0".join((code_text(source), cc, *flags, _cpu_key())).encode()).hexdigest()[:16]
-    target = cache_dir() / f"{name}-{digest}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
-        src.write_text(source)
-        proc = subprocess.run([cc, *flags, "-o", str(out), str(src), "-lm"], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise NativeError(f"{name}: C compile error:\n{proc.stderr.strip()[-2000:]}")
-        os.replace(out, target)  # atomic: a concurrent builder of the same source just wins or loses
-    _prune(target.parent, name)
-    return target
-
-
-KEEP_PER_NAME = 12   # three CPU variants of a kernel, and a few edits of each
-
-
-LINE_DIRECTIVE = re.compile(r'^#line [0-9]+ "[^"\n]*"$', re.MULTILINE)
-
-
-def code_text(source: str) -> str:
-    """`source` without its `#line` directives: the cache key. They only name where the text came
-    from (the compiled code is the same: no -g, no __FILE__), so a lab folder's copy of the kernels
-    (a test's tmp copy, `slotserver lab init`) finds the libraries the originals built instead of
-    compiling every kernel again (~10 s a folder); an edit changes the code and still compiles,
-    with messages pointing at its own file."""
-    return LINE_DIRECTIVE.sub("", source)
-
-
-def _prune(folder: Path, name: str) -> None:
-    """Every edit of a kernel's C builds a new library: keep the newest few per name. (A library
-    still loaded elsewhere stays valid: unlinking a mapped file only drops its directory entry.)"""
-    libs = sorted(folder.glob(f"{name}-*.so"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in libs[KEEP_PER_NAME:]:
-        old.unlink(missing_ok=True)
-
-
 def build(name: str, source: str, origin: str | None = None, strict: bool = False) -> ctypes.CDLL | None:
     """The library for `source`; None where it cannot be built here (no compiler, or turned off).
 
@@ -182,7 +85,7 @@ def build(name: str, source: str, origin: str | None = None, strict: bool = Fals
     if off_by_request():
         return None
     full = _located(PRELUDE, str(_PRELUDE_FILE)) + _located(source, origin, name)
-    key = hashlib.sha256("\0".join((code_text(full), *compile_flags())).encode()).hexdigest()  # a variant change rebuilds
+    key = hashlib.sha256("\0".join((code_text(full), *native_cache.compile_flags())).encode()).hexdigest()  # a variant change rebuilds
     if key not in _loaded:
         try:
             _loaded[key] = _load(name, full)
@@ -202,12 +105,12 @@ def build(name: str, source: str, origin: str | None = None, strict: bool = Fals
 
 def _load(name: str, full: str) -> ctypes.CDLL:
     """Compile (or find cached) and load; a cached library that does not load is rebuilt once."""
-    path = compile_library(name, full)
+    path = native_cache.compile_library(name, full)
     try:
         return ctypes.CDLL(str(path))
     except OSError:
         path.unlink(missing_ok=True)   # truncated by a crash, or built for another machine
-        return ctypes.CDLL(str(compile_library(name, full)))
+        return ctypes.CDLL(str(native_cache.compile_library(name, full)))
 
 
 def _located(source: str, origin: str | None, name: str | None = None) -> str:
