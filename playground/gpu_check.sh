@@ -3,6 +3,7 @@
 # part by part, each with its own time slice, in the order of what matters most:
 #   versions  nvidia-smi, python/torch/triton/CUDA, which packages the image lacks;
 #   wheels    installs .gpu_wheels/ (carry it; playground/gpu_wheels.sh makes it);
+#   build     `slotserver lab build`: the CPU's C kernels compiled on all cores before the tests use them;
 #   tests     the CUDA tests of tests/test_device.py (GPU vs CPU tokens, CUDA-graph replays, the engine);
 #   model     playground/gpu_model_check.sh: random-weight Qwen2.5-0.5B shapes (Q4_K, BF16, Q8_0),
 #             generate, decode ms/step with CUDA graphs and eager vs the bytes bound, HTTP bench;
@@ -43,7 +44,7 @@
 set -u
 T0=$(date +%s)
 TOTAL_S=${GPU_CHECK_TOTAL_S:-500}
-PARTS=${GPU_CHECK_PARTS:-versions,wheels,tests,kernels,qgemvab,model,launches,labtime,qmatmul,http}
+PARTS=${GPU_CHECK_PARTS:-versions,wheels,build,tests,kernels,qgemvab,model,launches,labtime,qmatmul,http}
 OUT_DIR="${1:-${OUT:-./gpu_out}}"
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
 cd "$(dirname "$0")/.." || exit 1        # the repo root
@@ -169,6 +170,9 @@ sampling() { missing playground/gpu_sampling_bench.py && return 0
     $PY playground/gpu_sampling_bench.py --device "$DEV" $DRYARG --budget-s 30; }
 part versions 30 versions
 part wheels 60 wheels
+# the CPU side's C libraries (the tests compare with the CPU) on all the host's cores at once, not one
+# by one inside the tests' slice (34 s on 2 cores; the card's host: ~10 s, attention.c's own time)
+TAIL=5 part build 40 $PY -m slotserver.cli.main lab build
 # the newest kernels' card tests first (a part cut by its timeout loses its last files)
 # (the sixth round's ran out of its 150 s inside test_device_sampling: the LoRA test now comes before)
 TAIL=60 part tests 150 $PY -m pytest -v -rf --tb=short -p no:cacheprovider \
