@@ -50,12 +50,9 @@ WIDE_WORDS = 2048      # weight words (int32) a program loads per K step: 16 a t
 WIDE_WARPS = 4         # one row
 WIDE_ROWS_WARPS = 8    # 2..WIDE_MAX_M rows
 WIDE_PROGRAMS_PER_SM = 4   # rows per program (2..16) are halved until about this many programs per SM
-# Under TRITON_INTERPRET=1 (the CPU tests) a program costs the same Python at any R (numpy does the
-# rows) and the grid runs one program after another: up to 128 rows a program there cut the
-# interpreted tests' wide launches ~3x (tests/test_qmatmul_gpu.py's model steps: 26 -> 10 s). R
-# changes the grid and, through STEP, the order of a row's float sums (still the same at every M,
-# which is what those tests check, with the product against float64); a card's R (2..16) is
-# compiled by the AOT list below and run by tests/test_gpu_qgemv.py on a card.
+# Interpreted (the CPU tests), a program costs the same Python at any R and programs run one by one:
+# 128 rows cut the tests' wide launches ~3x. R changes STEP, so a row's float order (still one at
+# every M); a card's R (2..16) is in the AOT list below and tests/test_gpu_qgemv.py.
 INTERPRETED_ROWS = 128
 
 

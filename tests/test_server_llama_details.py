@@ -100,7 +100,7 @@ def test_cache_type_flags_choose_the_kv_element_type():
     import torch
 
     from slotserver.engine.config import EngineConfig
-    from slotserver.engine.engine import kv_dtype
+    from slotserver.engine.engine_setup import kv_dtype
     from slotserver.errors import ConfigError
     from slotserver.server.config_from_args import plan_from_args
 

@@ -11,20 +11,15 @@ import itertools
 import threading
 import time
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-from slotserver.runtime import native
 from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.model.bundle import ModelBundle
 from slotserver.model.sampling.infill import InfillVocab
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.stats_tracker import StatsTracker
-from slotserver.engine.kv_cache import KVCache
-from slotserver.runtime.kv_spec import KVSpec
-from slotserver.runtime.recurrent_state import recurrent_state
 from slotserver.lab.lab import Lab
 from slotserver.engine.grammar import Grammars
 from slotserver.engine.inbox import Inbox
@@ -33,12 +28,11 @@ from slotserver.engine.sleep import Sleeper
 from slotserver.engine.masks import MaskFiller
 from slotserver.engine.outbox import Outbox
 from slotserver.engine.thread_tuner import ThreadTuner
-from slotserver.engine.disk_cache import DiskCache, model_key
 from slotserver.engine.prompt_cache import PromptCache, RamCacheHooks
 from slotserver.engine.port import EnginePort
 from slotserver.engine.intake import new_sequence, validate
 from slotserver.engine.kv_shift import check_shift_support
-from slotserver.engine import recurrent_policy
+from slotserver.engine import engine_setup as setup, recurrent_policy
 from slotserver.engine.overlap import Overlap
 from slotserver.engine.lora_scales import LoraScales
 from slotserver.engine.postprocess import postprocess, progress_event
@@ -46,38 +40,6 @@ from slotserver.engine.request import Request, RequestError, RequestHandle
 from slotserver.engine.scheduler import Scheduler, StepPlan
 from slotserver.engine.stats import EngineStats
 from slotserver.engine.step_sampling import StepSampling
-from slotserver.engine.speculative.speculator import Speculator, make_drafters
-
-_CACHE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-
-
-def kv_dtype(config: EngineConfig, bundle: ModelBundle) -> torch.dtype:
-    """The cache's element type: `config.cache_type`, auto resolved as EngineConfig says."""
-    if config.cache_type != "auto":
-        return _CACHE_DTYPES[config.cache_type]
-    return torch.float16 if bundle.config.dtype == "auto" else bundle.model.dtype
-
-
-def _disk_cache(config: EngineConfig, bundle: ModelBundle, spec: KVSpec) -> DiskCache:
-    """--cache-disk's store for this model file, KV type and geometry (engine/disk_cache.py)."""
-    key = model_key(Path(bundle.config.model_path), spec.dtype, (spec.n_layers, spec.n_kv_heads, spec.head_dim))
-    limit = config.cache_disk_mib << 20 if config.cache_disk_mib > 0 else -1
-    return DiskCache(Path(config.cache_disk), limit, key, spec.dtype)
-
-
-def _kv_cache(config: EngineConfig, bundle: ModelBundle) -> KVCache:
-    """The KV cache of the model's attention layers in the configured layout; for a hybrid model also
-    its recurrent states, made now: memory they need is found missing at start, not at a first request."""
-    s = bundle.model.spec
-    spec = KVSpec(s.n_kv_layers, config.n_streams, config.n_cells, s.n_kv_heads, s.head_dim, kv_dtype(config, bundle),
-                  pool_cells=config.kv_pool_cells,   # paged: requests wait for free blocks past it
-                  device=bundle.model.device)
-    cache = KVCache.create(bundle.config.layout, spec, bundle.config.layouts_dir)
-    cache.max_checkpoints = config.ctx_checkpoints   # a hybrid model's state copies (--ctx-checkpoints)
-    if s.recurrent is not None:
-        recurrent_state(cache, s.recurrent)
-    return cache
-
 
 class Engine:
     def __init__(self, bundle: ModelBundle, config: EngineConfig, draft: ModelBundle | None = None) -> None:
@@ -87,11 +49,11 @@ class Engine:
             raise RequestError(f"a slot's context ({config.n_cells}) exceeds the model's ({bundle.model.rope.max_pos})")
         recurrent_policy.check_config(config, bundle.model)   # a hybrid model: what it cannot serve with
         recurrent = recurrent_policy.is_recurrent(bundle.model)
-        self.cache = _kv_cache(config, bundle)
+        self.cache = setup.kv_cache(config, bundle)
         spec = self.cache.spec
         self.prompt_cache = PromptCache(config.cache_ram_mib << 20 if config.cache_ram_mib > 0 else -1) \
             if config.cache_ram_mib and not recurrent else None   # --cache-ram
-        self.disk_cache = _disk_cache(config, bundle, spec) if config.cache_disk is not None else None
+        self.disk_cache = setup.disk_cache(config, bundle, spec) if config.cache_disk is not None else None
         hooks = None if recurrent else RamCacheHooks(self, self.prompt_cache, config.cache_idle_slots,
                                                      config.kv_unified, self.disk_cache)   # + slot sharing
         check_shift_support(config, bundle.model, self.cache)   # --context-shift / --cache-reuse
@@ -100,7 +62,7 @@ class Engine:
                                recurrent=self._state_positions if recurrent else None)
         self.sampling = StepSampling(s.vocab_size, config.spec.synth_probs, bundle.tokenizer.eog_ids,
                                      fim=InfillVocab.of(bundle.tokenizer))
-        self.spec = _speculator(config, bundle, draft)   # --spec-type: drafts verified in the forward
+        self.spec = setup.speculator(config, bundle, draft)   # --spec-type: drafts verified in the forward
         self.eog = bundle.tokenizer.eog_ids
         self.lora = LoraScales(bundle.model.lora.adapters if bundle.model.lora else [],   # --lora
                                [0.0 if bundle.config.lora_init_without_apply else s for _, s in bundle.config.lora])
@@ -108,7 +70,7 @@ class Engine:
         self.masks = MaskFiller(self.grammars)
         self.port = EnginePort(self)    # the verbs the lab and the slot files use
         self.lab = Lab(self.port, bundle.config.kernels_dir, bundle.config.layouts_dir)
-        self.threads = ThreadTuner(_tuned_threads(config, bundle), torch.set_num_threads, torch.get_num_threads)   # --adaptive-threads
+        self.threads = ThreadTuner(setup.tuned_threads(config, bundle), torch.set_num_threads, torch.get_num_threads)   # --adaptive-threads
         self.tracker = StatsTracker(self)
         self._wake = threading.Event()
         self.inbox = Inbox(self.sched, self.grammars, config.n_parallel + config.queue_limit, self._wake)
@@ -337,27 +299,3 @@ class Engine:
         logits = self.bundle.model.forward(batch, self.cache, self._logits)
         self.threads.record(batch.n_tokens, n_threads, time.perf_counter() - t0)
         return logits   # [n_sample, vocab], where the model ran (StepSampling copies what the host needs)
-
-
-def _tuned_threads(config: EngineConfig, bundle: ModelBundle) -> int:
-    """The thread count the tuner may lower to one (engine/thread_tuner.py); 1 turns it off: a GPU,
-    `-t 1`, `--adaptive-threads off`, and `--tp` (rank 0's forward waits for the other ranks, whose
-    counts it does not set: fewer threads there would only unbalance the ranks), and without the C
-    kernels (no compiler, SLOTSERVER_NATIVE=0, or one that failed to build here: native.unavailable()):
-    the torch formulations' floats follow the thread count (GGUF blocks at -t 1 and 2 differ), and a
-    switch must change no answer."""
-    if config.adaptive_threads == "off" or bundle.model.device != "cpu" or bundle.model.step_hook is not None \
-            or not native.enabled() or native.unavailable():
-        return 1
-    return torch.get_num_threads()
-
-
-def _speculator(config: EngineConfig, bundle: ModelBundle, draft: ModelBundle | None) -> Speculator:
-    """The drafters `config.spec` names; a draft model of another vocabulary is refused here."""
-    if draft is not None:
-        from slotserver.engine.speculative.draft_model import check_vocabulary
-        recurrent_policy.refuse_draft(draft.model)
-        check_vocabulary(bundle, draft)
-    drafters = make_drafters(config.spec, draft, config.n_parallel, config.n_cells, kv_dtype(config, bundle)) \
-        if config.spec.enabled else []
-    return Speculator(config.spec, config.n_cells, bundle.model.spec.vocab_size, drafters)

@@ -16,7 +16,7 @@ The numbers do not depend on the thread count: every C kernel splits its work by
 heads, never along a sum (tests/test_thread_tuner.py checks the tokens and top log-probs of -t 1
 and -t 2 bit for bit), so switching between two steps changes no answer. The torch formulations
 that serve without a compiler (or with SLOTSERVER_NATIVE=0) do not keep that (measured: GGUF
-blocks differ), so the engine does not tune there (engine.py `_tuned_threads`).
+blocks differ), so the engine does not tune there (engine_setup.py `tuned_threads`).
 
 Sizes: each power-of-two bucket of the forward's token count has its own count and probes: a
 decode step of a few rows waits at hundreds of small barriers and loses the most to a busy host,

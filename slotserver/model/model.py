@@ -37,7 +37,7 @@ from slotserver.model.step_graph import StepGraphs
 from slotserver.model.cuda_graph import CudaGraphs
 from slotserver.model import gemv_step, heap, lean_step, step_replay
 from slotserver.model.attention_branch import attention, q_temperature
-from slotserver.model.bias_add import add_bias
+from slotserver.model.block_ops import BlockOps, as_dtype
 from slotserver.model.scaled_add import scale_rows, scaled_add
 from slotserver.model.relu_sqr import relu_sqr
 from slotserver.model.linear import QLinear
@@ -49,7 +49,7 @@ from slotserver.model.weights import LayerWeights, ModelWeights, Progress, Weigh
 
 
 @dataclass
-class LlamaModel:
+class LlamaModel(BlockOps):
     spec: ModelSpec
     weights: ModelWeights
     kernels: KernelSet
@@ -199,7 +199,7 @@ class LlamaModel:
         every = batch.logits_rows.shape[0] == batch.n_tokens
         rows = x if every else x[batch.logits_rows]                          # all rows, in order
         out_lora = None if lora is None else (-1, "output", lora if every else (lora[0][batch.logits_rows], lora[1]))
-        return self._logits(fuse, _as(ops.rms_norm(rows, w.out_norm, s.norm_eps), act), logits_into, out_lora)
+        return self._logits(fuse, as_dtype(ops.rms_norm(rows, w.out_norm, s.norm_eps), act), logits_into, out_lora)
 
     def _mixer(self, i: int, lw: LayerWeights, x: torch.Tensor, batch: Batch, cache, angles: dict,
                temp: torch.Tensor | None, fuse: bool, norm_adds: bool, lora) -> torch.Tensor:
@@ -208,14 +208,14 @@ class LlamaModel:
         s, w = self.spec, self.weights
         qkv = self._mm(fuse, lw.qkv, x, norm=lw.attn_norm, lora=(i, "qkv", lora))  # [tokens, q + 2 kv]
         if lw.recurrent is not None:
-            a = _as(lw.recurrent.run(s, qkv, batch, cache.recurrent, i, self.kernels), w.act_dtype)
+            a = as_dtype(lw.recurrent.run(s, qkv, batch, cache.recurrent, i, self.kernels), w.act_dtype)
         else:
             a = attention(self, i, lw, qkv, batch, cache, *angles[id(self.layer_ropes[i])], temp)
         if lw.parallel is not None:   # (falcon-h1 has no post-norms or residual scale)
             p = lw.parallel
             proj = self._mm(fuse, p.qkv, x, norm=p.attn_norm)                   # [tokens, z | xBC | dt]
-            y = _as(p.recurrent.run(s, proj, batch, cache.recurrent, i, self.kernels), w.act_dtype)
-            attn = _as(self._mm(fuse, lw.wo, a), torch.float32)   # the sum in float32, as llama.cpp's
+            y = as_dtype(p.recurrent.run(s, proj, batch, cache.recurrent, i, self.kernels), w.act_dtype)
+            attn = as_dtype(self._mm(fuse, lw.wo, a), torch.float32)   # the sum in float32, as llama.cpp's
             return scaled_add(x, scaled_add(attn, self._mm(fuse, p.wo, y), 1.0), 1.0)
         if self._plain:
             return self._mm(fuse, lw.wo, a, acc=x, lora=(i, "wo", lora))   # x += a @ wo^T
@@ -240,7 +240,7 @@ class LlamaModel:
         """x + a MoE layer's FFN output (moe.py): the routed experts on the normed rows, plus the
         shared expert's FFN where the layer has one; added into x in C where the branch is plain."""
         ops = self.kernels
-        h = _as(ops.rms_norm(x, lw.ffn_norm, self.spec.norm_eps), self.weights.act_dtype)   # [tokens, d_model]
+        h = as_dtype(ops.rms_norm(x, lw.ffn_norm, self.spec.norm_eps), self.weights.act_dtype)   # [tokens, d_model]
         shared, activate = None, (relu_sqr if self.spec.act == "relu2" else ops.silu_mul)   # nemotron_h_moe: ungated
         if lw.gate_up is not None:
             shared = lambda h: lw.down(activate(lw.gate_up(h, ops)), ops)    # noqa: E731
@@ -266,56 +266,3 @@ class LlamaModel:
         one = torch.zeros(1, 1, dtype=torch.int64)
         for e in self.weights.experts():   # moe_matmul repacks every expert on its first call
             self.kernels.moe_matmul(torch.zeros(1, e.k, dtype=self.weights.act_dtype), e, one)
-
-    def _mm(self, fuse: bool, lin, x: torch.Tensor, norm: torch.Tensor | None = None, glu: bool = False,
-            acc: torch.Tensor | None = None, lora: tuple | None = None) -> torch.Tensor:
-        """lin(x) with the pre-norm (RMSNorm weight `norm`), the SiLU gate (x = gate|up) and the
-        residual add (into `acc`, returned) fused into qmatmul where it fuses (GGUF blocks and a
-        qmatmul with FUSES), else as the separate kernels: the same floats either way.
-        lora: (layer, linear, None or (row scales, in C)): the adapters' delta of the normed / gated
-        x; in C (model/lora_delta.py) added after the matmul, fused or not, into its output or the
-        residual; else with torch before the residual add (the caller passes fuse=False then)."""
-        if lora is not None and lora[2] is not None and lora[2][1]:
-            out = self._mm(fuse, lin, x, norm, glu, acc)
-            return self.lora.add_from(lora[:2], x, out, lora[2][0], self.kernels, norm, self.spec.norm_eps, glu)
-        if fuse and isinstance(lin, QLinear):
-            if acc is not None and lin.bias is not None and len(lin.parts) == 1 and norm is None and not glu \
-                    and lin.op == "qmatmul":
-                # gpt-oss's attn_output: x += a @ W^T in qmatmul, then += bias in C (add_bias), where
-                # llama.cpp adds (a @ W^T + bias) + x: last-bit apart, but two C calls a step graph
-                # replays (QLinear.fused would end in torch's add_)
-                return add_bias(self.kernels.qmatmul(x.contiguous(), lin.parts[0], None, 0.0, False, acc), lin.bias)
-            return lin.fused(x, self.kernels, norm, self.spec.norm_eps, glu, acc)
-        ops = self.kernels
-        if glu:
-            x = ops.silu_mul(x)
-        if norm is not None:
-            x = _as(ops.rms_norm(x, norm, self.spec.norm_eps), self.weights.act_dtype)
-        y = lin(x, ops)
-        if lora is not None and lora[2] is not None:
-            y = self.lora.add(lora[:2], x, y, lora[2][0])
-        return y if acc is None else acc.add_(y)
-
-    def _residual_add(self, norm_adds: bool, x: torch.Tensor, y: torch.Tensor,
-                      post_norm: torch.Tensor | None) -> torch.Tensor:
-        """x + the branch output of y: in place, in the post-norm's C call, where rms_norm fuses the
-        add (`norm_adds`: kernels/rms_norm.py FUSES), or in scaled_add's for granite's multiplier; a
-        torch add would keep the step out of a step graph."""
-        if norm_adds and post_norm is not None:
-            return self.kernels.rms_norm(y, post_norm, self.spec.norm_eps, acc=x)
-        if post_norm is None and self.spec.residual_scale != 1.0:   # granite's branch multiplier, in C
-            return scaled_add(x, y, self.spec.residual_scale)
-        return x + self._branch_out(y, post_norm)
-
-    def _branch_out(self, y: torch.Tensor, post_norm: torch.Tensor | None) -> torch.Tensor:
-        """An attention or FFN output before the residual add: post-normed (gemma2/3), scaled (granite)."""
-        if post_norm is not None:
-            y = self.kernels.rms_norm(y, post_norm, self.spec.norm_eps)
-        if self.spec.residual_scale != 1.0:
-            y = y * self.spec.residual_scale
-        return y
-
-
-def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x in dtype; the check is cheaper than `.to`'s no-op dispatch (a decode step makes ~150)."""
-    return x if x.dtype == dtype else x.to(dtype)
