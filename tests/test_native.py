@@ -50,11 +50,11 @@ def test_two_builders_of_one_library_compile_it_once(tmp_path, monkeypatch):
     native.compile_library("probe", native.PRELUDE + native_cache.PROBE)
     compiled, real, started = [], native_cache._compile, threading.Barrier(2)
 
-    def slow_compile(*args):
+    def counted_compile(*args):
         compiled.append(args[2])
         real(*args)
 
-    monkeypatch.setattr(native_cache, "_compile", slow_compile)
+    monkeypatch.setattr(native_cache, "_compile", counted_compile)
     paths = []
 
     def build():

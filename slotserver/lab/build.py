@@ -42,20 +42,23 @@ class Job:
 
 def phases(kernels_dir: Path) -> list[list[Job]]:
     """Every module that builds a library, in two phases, each costliest first. The first holds
-    jobs whose libraries no costlier job of it builds; the second the rest (paged_attention builds
-    attention's library, moe_matmul qmatmul's besides its own): run beside the job that builds the
-    same library, one would only wait for the other's lock."""
+    jobs whose libraries no costlier job builds, so no two of them build one library; the second the
+    rest (paged_attention builds attention's library, moe_matmul qmatmul's besides its own): run
+    beside the job that builds the same library, one would only wait for the other's lock."""
     from slotserver.runtime.loader import module_names, read_source
 
     jobs = []
     for name in module_names(kernels_dir):
         src = read_source(kernels_dir / f"{name}.py")
-        libs = frozenset(lib for text in (src.data, *src.parts.values()) for lib in LIBRARY.findall(text.decode()))
+        libs = frozenset(lib for text in (src.data, *src.parts.values())
+                         for lib in LIBRARY.findall(text.decode("utf-8", errors="replace")))
         if libs:
             jobs.append(Job(name, sum(map(len, src.c_files.values())), libs, path=str(kernels_dir / f"{name}.py")))
     for path in sorted(ROOT.rglob("*.py")):
-        libs = frozenset(LIBRARY.findall(path.read_text()))
-        if path.parent == Path(__file__).parent or not libs:
+        if path.parent == Path(__file__).parent or path.relative_to(ROOT).parts[0] == "bundled":
+            continue   # this file; an installed wheel's copy of kernels/ (its jobs are above)
+        libs = frozenset(LIBRARY.findall(path.read_text(errors="replace")))
+        if not libs:
             continue
         c_file = path.with_suffix(".c")
         module = ".".join(("slotserver", *path.relative_to(ROOT).with_suffix("").parts))
@@ -70,17 +73,23 @@ def phases(kernels_dir: Path) -> list[list[Job]]:
 def _run(job: Job) -> tuple[str, float, str | None]:
     """Load `job`'s module (compiling its library unless cached) -> (name, seconds, error or None)."""
     from slotserver.runtime.kernel_set import load_kernel
-    from slotserver.runtime.loader import ModuleLoadError, read_source
+    from slotserver.runtime.loader import read_source
 
-    t = time.perf_counter()
+    from slotserver.runtime import native
+
+    t, before = time.perf_counter(), set(native.unavailable())
     try:
         if job.path is not None:
             load_kernel(read_source(Path(job.path)))
         else:
             importlib.import_module(job.module)
-    except (ModuleLoadError, ImportError, RuntimeError) as e:
-        return job.name, time.perf_counter() - t, _first_error(str(e))
-    return job.name, time.perf_counter() - t, None
+    except Exception as e:   # noqa: BLE001 - any failure is this job's line, never a traceback
+        return job.name, time.perf_counter() - t, _first_error(str(e) or type(e).__name__)
+    # a library that could not be built without failing the load (a non-strict module, no usable
+    # compiler, an unwritable cache): the torch form serves it, which a build must not call success
+    missed = sorted(set(native.unavailable()) - before)
+    error = f"not built, its torch form serves: {', '.join(missed)} (the warning above says why)" if missed else None
+    return job.name, time.perf_counter() - t, error
 
 
 def _first_error(message: str) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import linecache
+import os
 import itertools
 import re
 import sys
@@ -89,8 +90,8 @@ def _listed(folder: Path, name: str) -> bool:
     """Whether `module_names(folder)` lists `name` (an identifier), asked of its one file: listing the
     folder for each name resolved every file again (~45 ms of a model's kernel load, 16 names)."""
     path = folder / f"{name}.py"
-    try:
-        return path.resolve().parent == folder.resolve() and path.resolve().is_file()
+    try:   # listed under this exact name (a case-insensitive filesystem would also open `Paged.py`)
+        return path.name in os.listdir(folder) and path.resolve().parent == folder.resolve() and path.resolve().is_file()
     except (OSError, RuntimeError):   # a symlink loop: not a module
         return False
 

@@ -3,11 +3,11 @@ and its lock. slotserver/runtime/native.py loads what this builds and re-exports
 PRELUDE and compile_library; a test changing the flags or the compile patches them here, where
 they are called.
 
-A library is `<cache>/native/<name>-<digest>.so`, the digest over the code (without its `#line`
-directives), the compiler, the flags and this CPU's feature flags, so an edit, a CPU variant or
-another machine's library never loads in its place. Compiling one name holds `<name>.lock`: a
-second process wanting the same library meanwhile waits and finds it built. The newest
-KEEP_PER_NAME libraries of a name are kept.
+A library is `<cache dir>/<name>-<digest>.so` (`cache_dir()`), the digest over the code (without
+its `#line` directives), the compiler, the flags and this CPU's feature flags, so an edit, a CPU
+variant or another machine's library never loads in its place. Compiling one name holds
+`<cache dir>/<name>.lock`: a second process wanting the same library meanwhile waits and finds it
+built. The newest KEEP_PER_NAME libraries of a name are kept.
 """
 
 from __future__ import annotations
@@ -101,20 +101,29 @@ def compile_library(name: str, source: str) -> Path:
 @contextlib.contextmanager
 def _compiling(lock: Path):
     """Hold `lock` (an exclusive flock) while compiling one name: a second process asking for the
-    same library (two test workers, two tensor-parallel ranks, `lab build`'s processes sharing a
-    part) waits for the first and finds it built, instead of compiling it again at the same time
-    (attention.c: ~11 s of one core). Without fcntl (not POSIX), no lock: both compile, either wins."""
+    same library (two test workers, two tensor-parallel ranks, `lab build`'s processes) waits for
+    the first and finds it built, instead of compiling it again at the same time (attention.c: ~11 s
+    of one core). Without fcntl (not POSIX), or on a filesystem that refuses flock (some network
+    mounts), no lock: both compile, and os.replace lets either win."""
     try:
         import fcntl
-    except ImportError:
+        f = open(lock, "a")
+    except (ImportError, OSError):
+        f = None
+    locked = False
+    try:
+        if f is not None:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                locked = True
+            except OSError:
+                pass
         yield
-        return
-    with open(lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    finally:
+        if f is not None:
+            if locked:
+                fcntl.flock(f, fcntl.LOCK_UN)
+            f.close()
 
 
 def _compile(cc: str, flags: tuple[str, ...], name: str, source: str, target: Path) -> None:

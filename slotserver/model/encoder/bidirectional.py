@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from slotserver.model.encoder.bert import ggml_gelu
-from slotserver.model.model import LlamaModel, _as
+from slotserver.model.block_ops import as_dtype
+from slotserver.model.model import LlamaModel
 from slotserver.model.weights import LayerWeights
 
 
@@ -54,11 +55,11 @@ class BidirectionalEncoder:
     def _layer(self, i: int, lw: LayerWeights, x: torch.Tensor, positions: torch.Tensor,
                lengths: list[int]) -> torch.Tensor:
         s, ops, act = self.model.spec, self.model.kernels, self.model.weights.act_dtype
-        h = _as(ops.rms_norm(x, lw.attn_norm, s.norm_eps), act)
+        h = as_dtype(ops.rms_norm(x, lw.attn_norm, s.norm_eps), act)
         a = self._attention(i, lw, lw.qkv(h, ops), positions, lengths)                   # [T, heads * hd]
-        x = x + ops.rms_norm(lw.wo(_as(a, act), ops), lw.post_attn_norm, s.norm_eps)
-        h = _as(ops.rms_norm(x, lw.ffn_norm, s.norm_eps), act)
-        y = lw.down(_as(_geglu(lw.gate_up(h, ops)), act), ops)
+        x = x + ops.rms_norm(lw.wo(as_dtype(a, act), ops), lw.post_attn_norm, s.norm_eps)
+        h = as_dtype(ops.rms_norm(x, lw.ffn_norm, s.norm_eps), act)
+        y = lw.down(as_dtype(_geglu(lw.gate_up(h, ops)), act), ops)
         return x + ops.rms_norm(y, lw.post_ffn_norm, s.norm_eps)
 
     def _attention(self, i: int, lw: LayerWeights, qkv: torch.Tensor, positions: torch.Tensor,
@@ -67,7 +68,7 @@ class BidirectionalEncoder:
         every key (within the symmetric window on a windowed layer)."""
         s, ops, n = self.model.spec, self.model.kernels, qkv.shape[0]
         qs, kvs = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-        qkv = _as(qkv, torch.float32)
+        qkv = as_dtype(qkv, torch.float32)
         q = ops.rms_norm(qkv[:, :qs].view(n, s.n_heads, s.head_dim), lw.q_norm, s.norm_eps)
         k = ops.rms_norm(qkv[:, qs:qs + kvs].view(n, s.n_kv_heads, s.head_dim), lw.k_norm, s.norm_eps)
         cos, sin = self.model.layer_ropes[i].lookup(positions)
