@@ -78,7 +78,7 @@ def run_init(args: argparse.Namespace) -> int:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    """Compile (or find cached) every library; one line each that took time, one summary line."""
+    """Compile (or find cached) every library; a line for each module that failed, one summary line."""
     import time
 
     from slotserver.errors import ConfigError
