@@ -72,10 +72,9 @@ def phases(kernels_dir: Path) -> list[list[Job]]:
 
 def _run(job: Job) -> tuple[str, float, str | None]:
     """Load `job`'s module (compiling its library unless cached) -> (name, seconds, error or None)."""
+    from slotserver.runtime import native
     from slotserver.runtime.kernel_set import load_kernel
     from slotserver.runtime.loader import read_source
-
-    from slotserver.runtime import native
 
     t, before = time.perf_counter(), set(native.unavailable())
     try:
