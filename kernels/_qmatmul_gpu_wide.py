@@ -49,10 +49,10 @@ WIDE_MAX_M = 8
 WIDE_WORDS = 2048      # weight words (int32) a program loads per K step: 16 a thread at 4 warps (wide_plan)
 WIDE_WARPS = 4         # one row
 WIDE_ROWS_WARPS = 8    # 2..WIDE_MAX_M rows
-WIDE_PROGRAMS_PER_SM = 4   # rows per program (2..16) are halved until about this many programs per SM
+WIDE_PROGRAMS_PER_SM = 4   # rows per program (2..WIDE_ROWS) are halved until about this many programs per SM
+WIDE_ROWS = 16             # the most rows a program (registers: see wide_plan)
 # Interpreted (the CPU tests), a program costs the same Python at any R and programs run one by one:
-# 128 rows cut the tests' wide launches ~3x. R changes STEP, so a row's float order (still one at
-# every M); a card's R (2..16) is in the AOT list below and tests/test_gpu_qgemv.py.
+# 128 rows cut those launches ~3x (R changes STEP, so a row's float order, still one at every M).
 INTERPRETED_ROWS = 128
 
 
@@ -233,7 +233,7 @@ def _wide_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, y_ptr, M, N, K, stride_w, stride
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=omask)
 
 
-def wide_plan(n: int, k: int, qtype: int, sms: int, max_rows: int = 16) -> tuple[int, int]:
+def wide_plan(n: int, k: int, qtype: int, sms: int, max_rows: int = WIDE_ROWS) -> tuple[int, int]:
     """(R rows a program, STEP format blocks a K step): R halved from max_rows (to 2) until about
     WIDE_PROGRAMS_PER_SM programs per SM; STEP so that a step loads ~WIDE_WORDS weight words, at most
     the row's blocks rounded up to a power of two. Neither depends on M: a step's partial sums are
@@ -275,7 +275,7 @@ def launch(x: torch.Tensor, w: QWeight, y: torch.Tensor, fused: bool, sms: int, 
     """x quantized to q8_1 (one launch), then the wide GEMV into y (one launch; + y where `fused`)."""
     m, n = x.shape[0], w.n
     xq, xd, xs = _q8_1.q8_1(x) if x_q8 is None else x_q8   # x_q8: the caller's (qmatmul_gpu FUSES)
-    r, step = wide_plan(n, w.k, w.qtype, sms, INTERPRETED_ROWS if interpreted() else 16)
+    r, step = wide_plan(n, w.k, w.qtype, sms, INTERPRETED_ROWS if interpreted() else WIDE_ROWS)
     words = w.raw.view(torch.int32)                                                            # [N, row_bytes / 4]
     wu = 4 if w.qtype in (T.Q4_K, T.Q5_K) else 1
     _wide_kernel[(_triton.cdiv(n, r),)](xq.view(torch.int32), xd, xs, words, y, m, n, w.k, words.stride(0) // wu,

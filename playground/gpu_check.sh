@@ -171,7 +171,7 @@ sampling() { missing playground/gpu_sampling_bench.py && return 0
 part versions 30 versions
 part wheels 60 wheels
 # the CPU side's C libraries (the tests compare with the CPU) on all the host's cores at once, not one
-# by one inside the tests' slice (34 s on 2 cores; the card's host: ~10 s, attention.c's own time)
+# by one inside the tests' slice (34 s on 2 cores here; with enough cores, about attention.c's own 8-11 s)
 TAIL=5 part build 40 $PY -m slotserver.cli.main lab build
 # the newest kernels' card tests first (a part cut by its timeout loses its last files)
 # (the sixth round's ran out of its 150 s inside test_device_sampling: the LoRA test now comes before)

@@ -53,7 +53,7 @@ def raw(served):
 
 @pytest.fixture(scope="module")
 def sdk(raw):
-    import anthropic   # here, not at the top: the SDK's import is ~4 s, which every test worker's collection would pay
+    import anthropic   # here, not at the top: the SDK's import is ~2 s, which every test worker's collection would pay
 
     return anthropic.Anthropic(base_url="http://testserver", api_key=KEY, http_client=raw, max_retries=0)
 

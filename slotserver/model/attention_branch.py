@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from slotserver.model.block_ops import as_dtype
 from slotserver.model.sigmoid_gate import sigmoid_gate
 from slotserver.runtime.batch import Batch
 
@@ -29,7 +30,7 @@ def attention(model: "LlamaModel", i: int, lw: "LayerWeights", qkv: torch.Tensor
     in the matmul dtype; temp: a per-token q scale (mistral3, `q_temperature`)."""
     s, ops, n = model.spec, model.kernels, batch.n_tokens
     q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-    qkv = qkv if qkv.dtype == model.dtype else qkv.to(model.dtype)   # [tokens, q_size + 2*kv_size]
+    qkv = as_dtype(qkv, model.dtype)   # [tokens, q_size + 2*kv_size]
     if lw.q_norm is not None and s.qk_norm_full:   # olmoe: RMSNorm over all of q, all of k
         q = _full_norm(ops, qkv[:, :q_size], lw.q_norm, s.norm_eps).view(n, s.n_heads, s.head_dim)
         k = _full_norm(ops, qkv[:, q_size: q_size + kv_size], lw.k_norm, s.norm_eps)
@@ -55,7 +56,7 @@ def attention(model: "LlamaModel", i: int, lw: "LayerWeights", qkv: torch.Tensor
     if s.attn_gate:   # qwen35: each head's output times sigmoid of its gate (after v in qkv)
         a = sigmoid_gate(a, qkv[:, q_size + 2 * kv_size:])
     act = model.weights.act_dtype
-    return a if a.dtype == act else a.to(act)
+    return as_dtype(a, act)
 
 
 def q_temperature(model: "LlamaModel", batch: Batch) -> torch.Tensor | None:

@@ -9,7 +9,7 @@ As a `LayerWeights`: qkv and wo None (model.py's loop skips the mixer), ffn_norm
 gate_up the up projection alone (`ModelSpec.act` "relu2": no gate half), down. Nemotron 3's
 (nemotron_h_moe) FFN blocks are a MoE instead (moe.py: ungated squared-ReLU experts) plus a shared
 expert of the same form (`ffn_up_shexp`, `ffn_down_shexp`: gate_up and down here). Nemotron 3
-Super's experts work in a latent space: `ffn_latent_down` / `_up` load with the MoE (moe.py's `_latent`).
+Super's experts work in a latent space: `ffn_latent_down` / `_up` load with the MoE (moe.py's `_routed`).
 """
 
 from __future__ import annotations
@@ -33,13 +33,8 @@ def ffn_layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtyp
     if spec.moe is not None:
         ff, sfx = spec.moe.d_ff_shared, "_shexp"
     shapes = {"ffn_up" + sfx: (ff, d), "ffn_down" + sfx: (d, ff)}
-    if not ff:   # a MoE without a shared expert
-        up = down = None
-    elif kind == "q":
-        up, down = (qlinear(f, [blocks(f, p + n + ".weight", shape)], [None], False) for n, shape in shapes.items())
-    else:
-        up, down = (Linear.build(_load(f, p + n + ".weight", shape, dtype), None, _kind(f, p + n + ".weight", fmt),
-                                 fmt.int8_max_rows, fmt.native_max_rows, q4_kernel) for n, shape in shapes.items())
+    up, down = (_linear(f, p + n + ".weight", shape, kind, dtype, fmt, q4_kernel) if ff else None   # ff 0: no shared expert
+                for n, shape in shapes.items())
     return LayerWeights(attn_norm=None, qkv=None, wo=None,
                         ffn_norm=_load(f, p + spec.ffn_norm + ".weight", (d,), torch.float32), gate_up=up, down=down,
                         moe=_moe(f, spec, i, kind, dtype, fmt, q4_kernel) if spec.moe is not None else None)
@@ -56,10 +51,13 @@ def _moe(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtype, fm
     if not moe.latent or not all(n in f.tensors for n in names):
         raise GGUFError(f"{f.path}: layer {i}: ffn_latent_down, ffn_latent_up and moe_latent_size come together "
                         f"(this file has {[n for n in names if n in f.tensors]}, moe_latent_size {moe.latent})")
-    shapes = zip(names, ((moe.latent, d), (d, moe.latent)))
-    if kind == "q":
-        down, up = (qlinear(f, [blocks(f, n, shape)], [None], False) for n, shape in shapes)
-    else:
-        down, up = (Linear.build(_load(f, n, shape, dtype), None, _kind(f, n, fmt), fmt.int8_max_rows,
-                                 fmt.native_max_rows, q4_kernel) for n, shape in shapes)
+    down, up = (_linear(f, n, shape, kind, dtype, fmt, q4_kernel) for n, shape in zip(names, ((moe.latent, d), (d, moe.latent))))
     return replace(mw, latent_down=down, latent_up=up)
+
+
+def _linear(f: GGUFFile, name: str, shape: tuple[int, int], kind: str, dtype: torch.dtype, fmt: WeightFormat, q4_kernel):
+    """One tensor as a matmul: its GGUF blocks (kind "q"), else `Linear`'s format for it."""
+    if kind == "q":
+        return qlinear(f, [blocks(f, name, shape)], [None], False)
+    return Linear.build(_load(f, name, shape, dtype), None, _kind(f, name, fmt), fmt.int8_max_rows, fmt.native_max_rows,
+                        q4_kernel)

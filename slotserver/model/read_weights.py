@@ -111,8 +111,8 @@ def check_kernels(f: GGUFFile, spec: ModelSpec, kernels: KernelSet) -> None:
         asks |= {"moe_route": {"bias"}, "moe_matmul": {"bias", "act"}}
     if spec.moe is not None and spec.moe.act == "relu2":   # nemotron_h_moe: ungated squared-ReLU experts
         asks |= {"moe_matmul": {"act", "relu2"}}
-    if kind == "mamba2" and any(n.endswith(".ssm_in.weight") and n.replace(".ssm_in.", ".ssm_norm.") not in f.tensors
-                                for n in f.tensors):   # a Mamba-2 layer without a group norm (falcon-h1's)
+    if kind == "mamba2" and spec.parallel_mixers and any(   # falcon-h1's mixers may lack a group norm (as the loader allows)
+            n.endswith(".ssm_in.weight") and n.replace(".ssm_in.", ".ssm_norm.") not in f.tensors for n in f.tensors):
         asks |= {"mamba2_step": {"no_norm"}}
     if spec.moe is not None and any(n.endswith(".exp_probs_b.bias") for n in f.tensors):   # lfm2moe's selection bias
         asks |= {"moe_route": asks.get("moe_route", set()) | {"select_bias"}}

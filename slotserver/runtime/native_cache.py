@@ -110,20 +110,11 @@ def _compiling(lock: Path):
         f = open(lock, "a")
     except (ImportError, OSError):
         f = None
-    locked = False
-    try:
+    with f or contextlib.nullcontext():
         if f is not None:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX)
-                locked = True
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):
+                fcntl.flock(f, fcntl.LOCK_EX)   # released when the file closes
         yield
-    finally:
-        if f is not None:
-            if locked:
-                fcntl.flock(f, fcntl.LOCK_UN)
-            f.close()
 
 
 def _compile(cc: str, flags: tuple[str, ...], name: str, source: str, target: Path) -> None:
