@@ -38,6 +38,8 @@ class ArchDef:
     moe_act: str = "silu"        # MoE experts: "silu" (SwiGLU), "swiglu_oai" (gpt-oss's clamped form), "relu2"
     moe_file_weights: bool = False  # MoE: weight renormalization and scale from expert_weights_norm / _scale
     moe_keys: bool = False       # MoE: read leading_dense_block_count and expert_gating_func (lfm2moe's loader does)
+    moe_latent: bool = False     # MoE: read moe_latent_size, the experts' latent width (nemotron-h.cpp's loader)
+    eps_layer_norm: bool = False  # the RMS epsilon defaults to attention.layer_norm_epsilon (nemotron-h.cpp's loader)
     rope_switch: bool = False    # rope.scaling.finetuned false: no layer rotated (llama.cpp's granite loaders)
     out_bias: bool = False       # attn_output.bias (gpt-oss)
     sinks: bool = False          # attn_sinks.weight: a learned logit per query head in each softmax (gpt-oss)
@@ -113,12 +115,14 @@ ARCHS: dict[str, ArchDef] = {
     # Nemotron-H (src/models/nemotron-h.cpp): each layer one block behind its attn_norm: Mamba-2
     # (granitehybrid's) where head_count_kv and feed_forward_length are 0, attention without rope where
     # only feed_forward_length is, else an MLP alone (up, squared ReLU, down; its norm is attn_norm)
-    "nemotron_h": ArchDef(hybrid="mamba2", no_rope_step=1, act="relu2", single_blocks=True, ffn_norm="attn_norm"),
+    "nemotron_h": ArchDef(hybrid="mamba2", no_rope_step=1, act="relu2", single_blocks=True, ffn_norm="attn_norm",
+                          eps_layer_norm=True),
     # Nemotron 3 (src/models/nemotron-h.cpp's MoE branch): the same layers, the FFN blocks a MoE routed
     # by sigmoid with a selection bias (exp_probs_b), weights renormalized and scaled as the file says,
     # ungated squared-ReLU experts, plus an ungated squared-ReLU shared expert
     "nemotron_h_moe": ArchDef(hybrid="mamba2", no_rope_step=1, act="relu2", single_blocks=True, ffn_norm="attn_norm",
-                              moe_gating="sigmoid", moe_act="relu2", moe_file_weights=True),
+                              eps_layer_norm=True, moe_gating="sigmoid", moe_act="relu2", moe_file_weights=True,
+                              moe_latent=True),
     # Falcon-H1 (src/models/falcon-h1.cpp): every layer attention (neox rope) and a Mamba-2 mixer side by
     # side on the same attn_norm'd input, (attn + ssm) + x, then a SwiGLU FFN; Falcon's muP multipliers
     # are folded into the weights by the converter; no group norm where the file has no ssm_norm

@@ -24,8 +24,8 @@ architecture's graph (src/models/<arch>.cpp) sets; `MoeSpec` holds the same swit
   (`MoeWeights`), not switches: a layer has them where the file does.
 - `file_weights`: `norm_weights` and `weights_scale` read from `expert_weights_norm` and
   `expert_weights_scale` (nemotron_h_moe's loader reads them; the others' are constants).
-- `latent` (read with `file_weights`, as nemotron_h_moe's loader reads it): Nemotron 3 Super's
-  experts work on `moe_latent_size` values: the normed rows go down to it (`ffn_latent_down`)
+- `latent` (read where the architecture says, `ArchDef.moe_latent`: nemotron_h_moe's loader):
+  Nemotron 3 Super's experts work on `moe_latent_size` values: the normed rows go down to it (`ffn_latent_down`)
   before the experts and their weighted sum comes back up (`ffn_latent_up`); the router and the
   shared expert see the full rows.
 - `expert_group_count` above 1 (DeepSeek-V3's grouped selection, which llama.cpp applies for any
@@ -63,7 +63,7 @@ class MoeSpec:
 
     @classmethod
     def from_metadata(cls, key, norm_weights: bool, gating: str = "softmax", act: str = "silu",
-                      keys: bool = False, file_weights: bool = False) -> "MoeSpec | None":
+                      keys: bool = False, file_weights: bool = False, latent: bool = False) -> "MoeSpec | None":
         """None where the file has no experts (`{arch}.expert_count` absent or 0). `key`: spec.py's
         `MetaKeys` (spec_keys.py) over the file's `{arch}.*` metadata (range-checked, one-line errors). `keys`: read
         `leading_dense_block_count` and check `expert_gating_func`, as llama.cpp's loader does for
@@ -88,5 +88,5 @@ class MoeSpec:
         if file_weights:
             norm_weights = key.raw("expert_weights_norm", False) is True
             scale = key.float("expert_weights_scale", 1.0) or 1.0   # 0, as llama.cpp: no scale
-        latent = key.int("moe_latent_size") if file_weights and key.raw("moe_latent_size") else 0   # nemotron_h_moe
-        return cls(n_expert, n_used, d_ff, shared, norm_weights, gating, scale, act=act, dense_lead=lead, latent=latent)
+        width = key.int("moe_latent_size") if latent and key.raw("moe_latent_size") else 0   # nemotron_h_moe
+        return cls(n_expert, n_used, d_ff, shared, norm_weights, gating, scale, act=act, dense_lead=lead, latent=width)

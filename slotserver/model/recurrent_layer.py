@@ -22,14 +22,14 @@ from __future__ import annotations
 import torch
 
 from slotserver.model.delta_net import GdnParams
+from slotserver.model.dense_layer import dense_ffn, linear_builder
 from slotserver.model.gguf_file import GGUFFile
-from slotserver.model.linear import Linear
 from slotserver.model.mamba2 import Mamba2Params
 from slotserver.model.moe_weights import load_moe
 from slotserver.model.short_conv import ShortConvParams
 from slotserver.model.spec import ModelSpec
 from slotserver.model.block_layer import block_ffn, blocks, qlinear
-from slotserver.model.weights import LayerWeights, WeightFormat, _kind, _load, _no_int4, _pre_norm
+from slotserver.model.weights import LayerWeights, WeightFormat, _load, _pre_norm
 
 
 def recurrent_layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtype, fmt: WeightFormat,
@@ -50,29 +50,15 @@ def recurrent_layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torc
         out_proj = qlinear(f, [blocks(f, p + out[0] + ".weight", (d, out[1]))], [None], False)
         gate_up, down = block_ffn(f, spec, p, fmt)
     else:
-        def lin(names: tuple[str, ...], w: torch.Tensor) -> Linear:
-            kinds = {_kind(f, p + n + ".weight", fmt) for n in names}
-            return Linear.build(w, None, kinds.pop() if len(kinds) == 1 else _no_int4(fmt.kind), fmt.int8_max_rows,
-                                fmt.native_max_rows, q4_kernel)
+        lin = linear_builder(f, p, fmt, q4_kernel)
         in_proj = lin(tuple(n for n, _ in ins), torch.cat([_load(f, p + n + ".weight", (rows, d), dtype) for n, rows in ins]))
         out_proj = lin((out[0],), _load(f, p + out[0] + ".weight", (d, out[1]), dtype))
-        gate_up, down = _dense_ffn(f, spec, p, dtype, lin)
+        gate_up, down = dense_ffn(f, spec, p, dtype, lin)
     return LayerWeights(attn_norm=_load(f, p + "attn_norm.weight", (d,), torch.float32), qkv=in_proj, wo=out_proj,
                         ffn_norm=(_pre_norm(f, spec, p + spec.ffn_norm + ".weight")   # none without an FFN
                                   if gate_up is not None or spec.moe else None),
                         gate_up=gate_up, down=down, recurrent=_params(f, spec, p),
                         moe=load_moe(f, spec, p, kind, dtype) if spec.moe else None)
-
-
-def _dense_ffn(f: GGUFFile, spec: ModelSpec, p: str, dtype: torch.dtype, lin) -> tuple[Linear | None, Linear | None]:
-    """(gate|up, down) dequantized: the dense FFN, or a MoE layer's shared expert (None, None without one)."""
-    d = spec.d_model
-    ff, sfx = (spec.moe.d_ff_shared, "_shexp") if spec.moe else (spec.d_ff, "")
-    if not ff:
-        return None, None
-    names = ("ffn_gate" + sfx, "ffn_up" + sfx)
-    gate_up = lin(names, torch.cat([_load(f, p + n + ".weight", (ff, d), dtype) for n in names]))
-    return gate_up, lin(("ffn_down" + sfx,), _load(f, p + "ffn_down" + sfx + ".weight", (d, ff), dtype))
 
 
 def _params(f: GGUFFile, spec: ModelSpec, p: str) -> GdnParams | ShortConvParams | Mamba2Params:

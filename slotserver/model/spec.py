@@ -156,7 +156,7 @@ class ModelSpec:
             vocab_size=key.int("vocab_size", len(md.get("tokenizer.ggml.tokens", ())) or None),
             ctx_train=key.int("context_length"),
             norm_eps=key.float("attention.layer_norm_rms_epsilon",   # nemotron_h: the layer-norm key stands in
-                               key.raw("attention.layer_norm_epsilon", 1e-5) if a.single_blocks else 1e-5),
+                               key.raw("attention.layer_norm_epsilon", 1e-5) if a.eps_layer_norm else 1e-5),
             rope_base=rope.base, rope_dim=rope_dim, rope_scale=rope.freq_scale,
             tied_embeddings="output.weight" not in f.tensors,
             qkv_bias=a.qkv_bias or attn_bias(f, a), rope_mode=a.rope_mode,
@@ -169,7 +169,8 @@ class ModelSpec:
             residual_scale=key.float("residual_scale", 1.0) if a.multipliers else 1.0,
             logit_scale=key.float("logit_scale") if a.multipliers else 1.0,
             qk_norm=a.qk_norm, post_norms=a.post_norms, act=a.act, fused=a.fused, qk_norm_full=a.qk_norm_full,
-            moe=MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act, a.moe_keys, a.moe_file_weights),
+            moe=MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act, a.moe_keys, a.moe_file_weights,
+                                  a.moe_latent),
             out_bias=a.out_bias, sinks=a.sinks, ffn_norm=a.ffn_norm, no_rope_step=no_rope_step(a, key),
             attn_temp_scale=key.float("attention.temperature_scale", 0.0) if a.attn_temp else 0.0,
             swa_rope_plain=a.swa_rope_plain, pre_norms=a.pre_norms, nope_full=a.nope_full,
