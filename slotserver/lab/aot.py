@@ -1,5 +1,5 @@
 """Ahead-of-time Triton compiles for `slotserver lab check`: one `@triton.jit` kernel compiled for
-a given GPU architecture (sm_80, sm_90, ...) with no GPU present, `ptxas -v` for its registers,
+a given GPU architecture (sm_80, sm_90, ...) with no GPU present, `ptxas -v`'s log for its registers,
 shared memory and spills, and a compile error turned into `file:line: reason`.
 
 Why separate: this is the only code that talks to triton's compiler and the CUDA toolchain
@@ -9,6 +9,8 @@ how to report it. `lab_check.check_aot` turns these results into `CheckResult`s.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import subprocess
 import tempfile
@@ -29,7 +31,7 @@ class Resources:
 
 
 def compile_for(fn, signature: dict, constexprs: dict, arch: int, options: dict | None = None) -> Resources:
-    """`triton.compile` for `cuda:arch` (no GPU needed), then `ptxas -v` on its PTX for the
+    """`triton.compile` for `cuda:arch` (no GPU needed), and what its `ptxas -v` reports: the
     registers and spills (`CompiledKernel.n_regs`/`n_spills` only exist after loading on a GPU).
     options: the launch's num_warps / num_stages (a spec's optional 4th element), as it serves, and
     optionally `aligned`: the argument names the JIT sees as multiples of 16 where it serves
@@ -46,20 +48,50 @@ def compile_for(fn, signature: dict, constexprs: dict, arch: int, options: dict 
     ordered = {name: signature[name] for name in fn.arg_names}  # the kernel's parameter order
     options = dict(options or {})
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in options.pop("aligned", ())}
-    compiled = triton.compile(triton.compiler.ASTSource(fn, ordered, constexprs, attrs),
-                              target=GPUTarget("cuda", arch, 32), options=options or None)
+    source = triton.compiler.ASTSource(fn, ordered, constexprs, attrs)
+    compiled, log = _compile_with_log(triton, source, GPUTarget("cuda", arch, 32), options or None)
     ptx, cubin = compiled.asm.get("ptx", ""), compiled.asm.get("cubin", b"")
     assert ".entry" in ptx and len(cubin) > 0, "no PTX entry point or an empty cubin"
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "kernel.ptx"
-        src.write_text(ptx)
-        log = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name={sm_arch_from_capability(arch)}",
-                              str(src), "-o", str(Path(tmp) / "kernel.cubin")],
-                             capture_output=True, text=True, check=True).stderr
+    if "Used " not in log:   # a cubin from triton's cache, or a triton that logs nothing: ptxas -v once more
+        log = _ptxas_log(get_ptxas(arch).path, sm_arch_from_capability(arch), ptx)
     number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, log)) else 0  # noqa: E731
     return Resources(regs=number(r"Used (\d+) registers"), shared=int(compiled.metadata.shared),
                      spill_stores=number(r"(\d+) bytes spill stores"),
                      spill_loads=number(r"(\d+) bytes spill loads"))
+
+
+def _compile_with_log(triton, source, target, options: dict | None):
+    """`triton.compile`, and the log of the `ptxas -v` it runs itself (its `dump_ptxas_log` knob prints
+    it): the registers and spills of the cubin it made, read without running ptxas a second time
+    (on 2 cores the suite's sm_90 compiles spent ~18 s in that second run). "" where the knob is
+    missing (an older triton) or the cubin came from triton's cache."""
+    knobs = getattr(getattr(triton, "knobs", None), "nvidia", None)
+    if knobs is None or not hasattr(knobs, "dump_ptxas_log"):
+        return triton.compile(source, target=target, options=options), ""
+    before, out = knobs.dump_ptxas_log, io.StringIO()
+    knobs.dump_ptxas_log = True
+    try:
+        with contextlib.redirect_stdout(out):
+            compiled = triton.compile(source, target=target, options=options)
+    finally:
+        knobs.dump_ptxas_log = before
+    return compiled, out.getvalue()
+
+
+def _ptxas_log(ptxas: str, gpu: str, ptx: str) -> str:
+    """`ptxas -v`'s report on the PTX, with the flags triton's own cubin compile passes (3.9's
+    make_cubin: line info, register allocation level 2), so that a cached kernel reports the numbers
+    a fresh compile does; an older ptxas without the allocation flag runs without it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.ptx"
+        src.write_text(ptx)
+        run = lambda *flags: subprocess.run([ptxas, "-lineinfo", "-v", *flags, f"--gpu-name={gpu}", str(src),  # noqa: E731
+                                             "-o", str(Path(tmp) / "kernel.cubin")], capture_output=True, text=True)
+        done = run("--regAllocOptLevel=2")
+        if done.returncode != 0:
+            done = run()
+        done.check_returncode()
+        return done.stderr
 
 
 def compile_error(exc: BaseException, fn, path: Path) -> str:
