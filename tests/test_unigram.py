@@ -63,9 +63,17 @@ def test_vectors_match_llama_servers(pooling):
 
 
 def test_rerank_scores_match_llama_servers():
+    """The recorded scores are one llama-server run's. Its own scores move by up to ~2e-4 with the host
+    and the batch (measured 2026-11-28 on an AVX2-only host: -0.1435828 for the last document in this
+    batch, -0.1436960 sent alone, -0.1437625 recorded on an AVX-512 host; the other documents 1e-4 and
+    1.4e-4 from their recordings). Ours on that host: 4.5e-5 from the recording for that document, the
+    others within 3e-7; the order of the results is llama-server's."""
     with embedding_client(rerank=True, path=TINY_XLMR) as client:
         r = client.post("/v1/rerank", json={"query": RECORDED["query"], "documents": RECORDED["documents"]})
         assert r.status_code == 200, r.text
-        scores = [x["relevance_score"] for x in sorted(r.json()["results"], key=lambda x: x["index"])]
-        assert scores == pytest.approx(RECORDED["rerank"]["scores"], abs=1e-5)
+        results = r.json()["results"]
+        scores = [x["relevance_score"] for x in sorted(results, key=lambda x: x["index"])]
+        assert scores == pytest.approx(RECORDED["rerank"]["scores"], abs=1e-4)
+        recorded = RECORDED["rerank"]["scores"]
+        assert [x["index"] for x in results] == sorted(range(len(recorded)), key=lambda i: -recorded[i])
         assert r.json()["usage"]["prompt_tokens"] == RECORDED["rerank"]["prompt_tokens"]
