@@ -33,7 +33,7 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ta
                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                          SOFTCAP: tl.constexpr, DOT: tl.constexpr, IEEE_DOT: tl.constexpr, SPLIT: tl.constexpr,
-                         SINKS: tl.constexpr):
+                         SINKS: tl.constexpr, SAME_KV: tl.constexpr):
     """Program (sequence b, KV head h, split i): b's one new token, its GROUP query heads, over the
     i-th of `tl.num_programs(2)` equal chunks (whole BLOCK_N tiles) of b's cells from its window's
     first (0 without one) to kv_len, looked up through the block table (flash-decoding; see
@@ -66,9 +66,12 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ta
         c_mask = cells < end
         page, r = _page_rows(table_ptr, stream, cells, c_mask, PAGE)
         nd_mask = c_mask[:, None] & d_mask[None, :]
-        k_off = (page * stride_kb + r * stride_kr)[:, None] + h * stride_kh + d[None, :]
-        v_off = (page * stride_vb + r * stride_vr)[:, None] + h * stride_vh + d[None, :]
-        k = tl.load(k_ptr + k_off, mask=nd_mask, other=0.0)                          # [BLOCK_N, BLOCK_D]
+        k_off = (page * stride_kb + r * stride_kr)[:, None] + h * stride_kh + d[None, :]   # [BLOCK_N, BLOCK_D] int64
+        if SAME_KV:   # K and V pages of one layout: one set of offsets (d 128: 1.2 KB of spills -> 0.1)
+            v_off = k_off
+        else:
+            v_off = (page * stride_vb + r * stride_vr)[:, None] + h * stride_vh + d[None, :]
+        k = tl.load(k_ptr + k_off, mask=nd_mask, other=0.0)
         v = tl.load(v_ptr + v_off, mask=nd_mask, other=0.0)
         if DOT:
             s = _dot(q, tl.trans(k.to(q.dtype)), IEEE_DOT) * qk_scale                 # [BLOCK_G, BLOCK_N]

@@ -353,11 +353,14 @@ def _aot(dtype: str, quant: bool, decode: bool, group: int = 3, dim: int = 64, c
             return (_attn_prefill_kernel, sig, const, {k: tiles[k] for k in ("num_warps", "num_stages")}
                     | {"aligned": PREFILL_ALIGNED})
     sig |= {name: "constexpr" for name in const}
-    return (_attn_decode_kernel if decode else _attn_prefill_kernel, sig, const)
+    if decode:   # its launch options and alignment as it serves (without them ptxas reports spills it never has)
+        return (_attn_decode_kernel, sig, const, {"num_warps": DECODE_WARPS, "num_stages": DECODE_STAGES,
+                                                  "aligned": PREFILL_ALIGNED + ("m_ptr", "l_ptr", "acc_ptr")})
+    return (_attn_prefill_kernel, sig, const)
 
 
-# What the JIT sees 16-aligned when a prefill serves (torch's pointers; the strides of [tokens, heads,
-# head_dim] rows and of either strided cache order at head_dim 64/128): without it the AOT compile
+# What the JIT sees 16-aligned when a prefill or decode serves (torch's pointers; the strides of [tokens,
+# heads, head_dim] rows and of either strided cache order at head_dim 64/128): without it the AOT compile
 # loads 2 bytes at a time, is not software-pipelined and spills (lab/aot.py, `aligned`).
 PREFILL_ALIGNED = ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "stride_qt", "stride_qh", "stride_ks", "stride_kc",
                    "stride_kh", "stride_vs", "stride_vc", "stride_vh", "stride_ot", "stride_oh")

@@ -237,7 +237,7 @@ def _decode(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, out: torch.Tensor, arg
         BLOCK_G=max(16 if dot else 1, _triton.next_power_of_2(group)), BLOCK_D=max(16, _triton.next_power_of_2(dim)),
         BLOCK_N=DECODE_BLOCK_N, SOFTCAP=bool(meta.softcap), DOT=dot,
         IEEE_DOT=q.dtype == torch.float32 or _interpreted(), SPLIT=n_splits > 1, SINKS=meta.sinks is not None,
-        num_warps=DECODE_WARPS, num_stages=DECODE_STAGES)
+        SAME_KV=kv.k_pages.stride() == kv.v_pages.stride(), num_warps=DECODE_WARPS, num_stages=DECODE_STAGES)
     if n_splits > 1:
         _tl.combine(m, l_sum, acc, out, meta.q_offsets, args[0], meta.sinks is not None)
 
@@ -332,7 +332,7 @@ def _aot(dtype: str, decode: bool, group: int = 3, dim: int = 64, page: int = 16
     if decode:
         dot = group >= DECODE_DOT_MIN_GROUP
         const |= {"BLOCK_G": max(16 if dot else 1, pow2(group)), "BLOCK_N": DECODE_BLOCK_N, "DOT": dot,
-                  "IEEE_DOT": dtype == "fp32", "SPLIT": split}
+                  "IEEE_DOT": dtype == "fp32", "SPLIT": split, "SAME_KV": True}
     elif dtype == "fp32":
         tiles = prefill_tiles(torch.float32, dim)
         const |= {"BLOCK_M": tiles["BLOCK_M"], "BLOCK_N": tiles["BLOCK_N"], "IEEE_DOT": True}
@@ -345,7 +345,12 @@ def _aot(dtype: str, decode: bool, group: int = 3, dim: int = 64, page: int = 16
         return (_paged_prefill_kernel, sig, const, {k: tiles[k] for k in ("num_warps", "num_stages")}
                 | {"aligned": aligned})
     sig |= {name: "constexpr" for name in const}
-    return (_paged_decode_kernel if decode else _paged_prefill_kernel, sig, const)
+    if decode:   # its launch options and alignment as it serves (without them ptxas reports spills it never has)
+        aligned = ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "m_ptr", "l_ptr", "acc_ptr", "stride_qt", "stride_qh",
+                   "stride_kb", "stride_kr", "stride_kh", "stride_vb", "stride_vr", "stride_vh", "stride_ot", "stride_oh")
+        return (_paged_decode_kernel, sig, const, {"num_warps": DECODE_WARPS, "num_stages": DECODE_STAGES,
+                                                   "aligned": aligned})
+    return (_paged_prefill_kernel, sig, const)
 
 
 # SmolLM2-135M geometry (group 3, head_dim 64, 16-cell pages): bf16 and f16 pages, decode (split

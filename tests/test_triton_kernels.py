@@ -324,8 +324,8 @@ def _poison_paged(kv: PagedKV, meta) -> PagedKV:
 
 # (q dtype, cache kind, group, head_dim, window, softcap, forced splits): kind 0 seq_head_dim,
 # 1 head_seq_dim (strided view), 2 q8 (int8 + scales), 3 float16 cache; for paged_attention
-# 0/1 tokens-/heads-first pages, 3 float16 pages (2 reads as 0). Group 1 takes the broadcast
-# form, larger groups tl.dot.
+# 0/1 tokens-/heads-first pages, 2 K tokens-first beside V heads-first (their strides differ), 3
+# float16 pages. Group 1 takes the broadcast form, larger groups tl.dot.
 SPLIT_CASES = [
     ("float32", 0, 3, 32, 0, 0.0, None),
     ("float32", 1, 3, 32, 20, 1.5, None),
@@ -390,19 +390,20 @@ def _poison_view(kv: StridedKV, visible: torch.Tensor) -> StridedKV:
 
 
 def _paged_case(k, v, dtype, kind, visible, streams, meta, gen) -> tuple[PagedKV, PagedKV]:
-    """Shuffled pages of 8 cells holding k/v (tokens-first, heads-first or float16), an unmapped
-    (-1) table tail past each sequence's cells, and the poisoned twin (NaN outside `visible`,
-    the spare pages included)."""
+    """Shuffled pages of 8 cells holding k/v (kind 0 tokens-first, 1 heads-first, 2 K tokens-first
+    and V heads-first: strides that differ, the decode kernel's SAME_KV off; 3 float16), an
+    unmapped (-1) table tail past each sequence's cells, and the poisoned twin (NaN outside
+    `visible`, the spare pages included)."""
     n_streams, n_cells, kv_heads, dim = k.shape
     bs = 8
     per_stream = n_cells // bs
     n_blocks = n_streams * per_stream + 3
     owned = torch.randperm(n_blocks, generator=gen)[: n_streams * per_stream].view(n_streams, per_stream)
     cache = torch.float16 if kind == 3 else dtype
-    shape = (n_blocks, kv_heads, bs, dim) if kind == 1 else (n_blocks, bs, kv_heads, dim)
-    pages = [torch.randn(shape, generator=gen).to(cache) for _ in range(2)]
-    if kind == 1:
-        pages = [t.transpose(1, 2) for t in pages]
+    heads_first = (kind == 1, kind in (1, 2))   # (K, V)
+    pages = [torch.randn((n_blocks, kv_heads, bs, dim) if hf else (n_blocks, bs, kv_heads, dim),
+                         generator=gen).to(cache) for hf in heads_first]
+    pages = [t.transpose(1, 2) if hf else t for t, hf in zip(pages, heads_first)]
     table = torch.full((n_streams, per_stream), -1, dtype=torch.int32)
     poisoned = [torch.full_like(t, float("nan")) for t in pages]
     for s, n in zip(streams, meta.kv_lens.tolist()):
