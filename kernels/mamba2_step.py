@@ -108,7 +108,8 @@ def _scan_kernel(proj_ptr, xc_ptr, ssm_ptr, streams_ptr, offsets_ptr, lens_ptr, 
                  G, N, HD, stride_p, BN: tl.constexpr, BP: tl.constexpr):
     """Program (sequence b, head h, block of BP of its hd columns), its rows in order: the [N, BP]
     block of the head's state in registers from the first token to the last, decayed and written a
-    token; y (with the skip) times silu(z) -> y_ptr (float32)."""
+    token; y (with the skip) times silu(z) -> y_ptr (float32 for the group norm; without one, the
+    output itself in its dtype)."""
     b, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     ns, ps = tl.arange(0, BN), tl.program_id(2) * BP + tl.arange(0, BP)
     nm, pm = ns < N, ps < HD
@@ -127,7 +128,7 @@ def _scan_kernel(proj_ptr, xc_ptr, ssm_ptr, streams_ptr, offsets_ptr, lens_ptr, 
         s = tl.exp(dt * a) * s + bv[:, None] * (x * dt)[None, :]
         y = tl.sum(s * cv[:, None], 0) + dd * x
         z = tl.load(proj_ptr + t * stride_p + h * HD + ps, mask=pm, other=0.0).to(tl.float32)
-        tl.store(y_ptr + t * D + h * HD + ps, y * z * tl.sigmoid(z), mask=pm)
+        tl.store(y_ptr + t * D + h * HD + ps, (y * z * tl.sigmoid(z)).to(y_ptr.dtype.element_ty), mask=pm)
     tl.store(sp, s, mask=nm[:, None] & pm[None, :])
 
 
@@ -150,7 +151,8 @@ def triton(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams: t
            d: torch.Tensor, norm: torch.Tensor | None, n_group: int,
            eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Same contract as `cpu`, in three launches: the convolution, the scan (a program per sequence,
-    head and SCAN_COLUMNS of its columns), the group norm (a program per row and group)."""
+    head and SCAN_COLUMNS of its columns), the group norm (a program per row and group); without a
+    group norm (falcon-h1) the scan writes the output rows itself, two launches."""
     assert proj.stride(1) == 1 and conv.is_contiguous() and ssm.is_contiguous(), "proj rows, states contiguous"
     T, B, (H, N, hd), (C, d_conv) = proj.shape[0], streams.shape[0], ssm.shape[1:], taps.shape
     D = H * hd
@@ -158,16 +160,14 @@ def triton(proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, streams: t
     if T and B:
         seqs = [x.to(torch.int64).contiguous() for x in (streams, offsets, lens)]
         xc = torch.empty(T, C, dtype=torch.float32, device=proj.device)
-        y = torch.empty(T, D, dtype=torch.float32, device=proj.device)
+        y = out if norm is None else torch.empty(T, D, dtype=torch.float32, device=proj.device)   # [T, D]
         _cc.conv_silu_kernel[(B, _triton.cdiv(C, _cc.BLOCK))](proj, conv, taps.contiguous(), bias, *seqs, xc, C, D,
                                                                proj.stride(0), W=d_conv - 1, BLOCK=_cc.BLOCK, BIAS=True)
         bp = min(SCAN_COLUMNS, _triton.next_power_of_2(hd))
         _scan_kernel[(B, H, _triton.cdiv(hd, bp))](proj, xc, ssm, *seqs, dt_bias, a, d, y, C, H, n_group, N, hd,
                                                    proj.stride(0), BN=_triton.next_power_of_2(N), BP=bp)
         gs = D // n_group
-        if norm is None:
-            out.copy_(y)
-        else:
+        if norm is not None:
             _norm_kernel[(T, n_group)](y, norm, out, D, gs, out.stride(0), eps, BG=_triton.next_power_of_2(gs))
     return out, conv, ssm
 
@@ -221,5 +221,7 @@ _NORM_SIG = {"y_ptr": "*fp32", "norm_ptr": "*fp32", "out_ptr": "*bf16", "D": "i3
 AOT = [(_cc.conv_silu_kernel, _cc.signature("bf16"), {"W": 3, "BLOCK": _cc.BLOCK, "BIAS": True},
         {"aligned": ("proj_ptr", "conv_ptr", "xc_ptr", "C")}),
        (_scan_kernel, _SCAN_SIG, {"BN": 128, "BP": SCAN_COLUMNS},
+        {"aligned": ("proj_ptr", "xc_ptr", "ssm_ptr", "y_ptr", "C", "stride_p")}),
+       (_scan_kernel, _SCAN_SIG | {"y_ptr": "*bf16"}, {"BN": 128, "BP": SCAN_COLUMNS},   # no group norm (falcon-h1)
         {"aligned": ("proj_ptr", "xc_ptr", "ssm_ptr", "y_ptr", "C", "stride_p")}),
        (_norm_kernel, _NORM_SIG, {"BG": 4096}, {"aligned": ("y_ptr", "out_ptr", "D", "stride_o")})]
