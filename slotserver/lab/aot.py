@@ -10,6 +10,7 @@ how to report it. `lab_check.check_aot` turns these results into `CheckResult`s.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import re
 import subprocess
@@ -64,34 +65,39 @@ def _compile_with_log(triton, source, target, options: dict | None):
     """`triton.compile`, and the log of the `ptxas -v` it runs itself (its `dump_ptxas_log` knob prints
     it): the registers and spills of the cubin it made, read without running ptxas a second time
     (on 2 cores the suite's sm_90 compiles spent ~18 s in that second run). "" where the knob is
-    missing (an older triton) or the cubin came from triton's cache."""
+    missing (an older triton) or the cubin came from triton's cache. One compile at a time: the
+    knob and stdout are the process's (`lab check` and the suite compile one spec after another)."""
     knobs = getattr(getattr(triton, "knobs", None), "nvidia", None)
-    if knobs is None or not hasattr(knobs, "dump_ptxas_log"):
+    if knobs is None or not hasattr(knobs, "dump_ptxas_log") or not hasattr(knobs, "scope"):
         return triton.compile(source, target=target, options=options), ""
-    before, out = knobs.dump_ptxas_log, io.StringIO()
-    knobs.dump_ptxas_log = True
-    try:
+    out = io.StringIO()
+    with knobs.scope():   # the knob and its environment variable as they were, after
+        knobs.dump_ptxas_log = True
         with contextlib.redirect_stdout(out):
             compiled = triton.compile(source, target=target, options=options)
-    finally:
-        knobs.dump_ptxas_log = before
     return compiled, out.getvalue()
 
 
 def _ptxas_log(ptxas: str, gpu: str, ptx: str) -> str:
-    """`ptxas -v`'s report on the PTX, with the flags triton's own cubin compile passes (3.9's
-    make_cubin: line info, register allocation level 2), so that a cached kernel reports the numbers
-    a fresh compile does; an older ptxas without the allocation flag runs without it."""
+    """`ptxas -v`'s report on the PTX with the flags triton's own cubin compile passes, so that a
+    cached kernel reports the numbers a fresh compile does."""
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "kernel.ptx"
         src.write_text(ptx)
-        run = lambda *flags: subprocess.run([ptxas, "-lineinfo", "-v", *flags, f"--gpu-name={gpu}", str(src),  # noqa: E731
-                                             "-o", str(Path(tmp) / "kernel.cubin")], capture_output=True, text=True)
-        done = run("--regAllocOptLevel=2")
-        if done.returncode != 0:
-            done = run()
-        done.check_returncode()
-        return done.stderr
+        return subprocess.run([ptxas, "-lineinfo", "-v", *_triton_ptxas_flags(), f"--gpu-name={gpu}", str(src),
+                               "-o", str(Path(tmp) / "kernel.cubin")], capture_output=True, text=True, check=True).stderr
+
+
+def _triton_ptxas_flags() -> list[str]:
+    """The code-changing flags this triton's `make_cubin` passes ptxas, read from its source: 3.9
+    adds `--regAllocOptLevel=2` (a ptxas 13 workaround; 196 vs 191 registers for one decode spec
+    without and with it), 3.5 does not."""
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend
+        source = inspect.getsource(CUDABackend.make_cubin)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return []
+    return ["--regAllocOptLevel=2"] if "--regAllocOptLevel=2" in source else []
 
 
 def compile_error(exc: BaseException, fn, path: Path) -> str:
