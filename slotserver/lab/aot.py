@@ -90,8 +90,8 @@ def _ptxas_log(ptxas: str, gpu: str, ptx: str) -> str:
 
 def _triton_ptxas_flags() -> list[str]:
     """The code-changing flags this triton's `make_cubin` passes ptxas, read from its source: 3.9
-    adds `--regAllocOptLevel=2` (a ptxas 13 workaround; 196 vs 191 registers for one decode spec
-    without and with it), 3.5 does not."""
+    adds `--regAllocOptLevel=2` (a ptxas 13 workaround; paged decode's first spec compiled without
+    launch options: 216 registers without it, 198 with; `-lineinfo` changes none), 3.5 does not."""
     try:
         from triton.backends.nvidia.compiler import CUDABackend
         source = inspect.getsource(CUDABackend.make_cubin)

@@ -87,8 +87,9 @@ def resolve_in_folder(folder: Path, name: object, kind: str) -> Path:
 
 
 def _listed(folder: Path, name: str) -> bool:
-    """Whether `module_names(folder)` lists `name` (an identifier), asked of its one file: listing the
-    folder for each name resolved every file again (~45 ms of a model's kernel load, 16 names)."""
+    """Whether `module_names(folder)` lists `name` (an identifier), resolving its one file: calling
+    `module_names` for each name resolved every file of the folder again (~45 ms of a model's kernel
+    load, 16 names); the folder's plain listing here only checks the name's exact spelling."""
     path = folder / f"{name}.py"
     try:   # listed under this exact name (a case-insensitive filesystem would also open `Paged.py`)
         return path.name in os.listdir(folder) and path.resolve().parent == folder.resolve() and path.resolve().is_file()
