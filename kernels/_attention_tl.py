@@ -1,6 +1,7 @@
 """Flash-attention pieces that kernels/attention.py and kernels/paged_attention.py share: the Triton
-helpers both ops' kernels call (`_dot`, `_softcap`, `_sink_norm`, `_decode_result`) and the flash-decoding merge of a
-split decode's partials (`_decode_combine_kernel`, launched by `combine`). One file, not two copies:
+helpers both ops' kernels call (`_dot`, `_softcap`, `_sink_norm`, `_decode_result`), a split decode's
+count and partials (`split_count`, `decode_partials`) and their flash-decoding merge
+(`_decode_combine_kernel`, launched by `combine`). One file, not two copies:
 the two ops differ in how they find a cell (strides or a page table), not in the softmax.
 A part of each of the two modules (runtime/kernel_parts.py): each loads its own copy, validated,
 versioned and reloaded with it, so an edit here re-validates and swaps both.
@@ -172,6 +173,30 @@ def _decode_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, q_offsets_ptr, sinks_
         out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
     row = tl.load(q_offsets_ptr + b).to(tl.int64)
     tl.store(out_ptr + row * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+def split_count(n_seqs: int, kv_heads: int, span: int, sms: int, waves: int, min_chunk: int, max_splits: int) -> int:
+    """Chunks per (sequence, KV head) for a decode step whose longest visible span is `span` cells:
+    enough programs for `waves` per SM, no chunk under `min_chunk` cells, at most `max_splits`
+    (SmolLM2 on 132 SMs: 1 x 4096 -> 16 splits, 8 x 2048 -> 8, 32 x 2048 -> 6). The span counts as
+    the power of two at or above it, so the split count (a launch's grid) stays the same while a
+    decode's context grows inside [2^k, 2^(k+1)): what a CUDA graph captured for that bucket
+    (slotserver/model/cuda_graph.py) replays, over strided and paged caches alike. (The paged op once
+    took the span as it was: a graph captured at 513 cells replayed 3 splits where the same step run
+    eagerly at 1000 took 4, so a sequence's floats followed which batch the bucket was captured on.)"""
+    want = -(-waves * sms // max(1, n_seqs * kv_heads))
+    span = 1 << max(0, span - 1).bit_length()
+    return max(1, min(want, -(-span // min_chunk), max_splits))
+
+
+def decode_partials(out: torch.Tensor, n_seqs: int, n_splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A split decode's float32 partials for `combine`: m, l_sum [B, q_heads, splits] and acc
+    [B, q_heads, splits, dim]; with one split `out` thrice (pointers the kernel never dereferences)."""
+    if n_splits == 1:
+        return out, out, out
+    q_heads, dim = out.shape[1], out.shape[2]
+    m = torch.empty((n_seqs, q_heads, n_splits), dtype=torch.float32, device=out.device)
+    return m, torch.empty_like(m), torch.empty((n_seqs, q_heads, n_splits, dim), dtype=torch.float32, device=out.device)
 
 
 def combine(m: torch.Tensor, l_sum: torch.Tensor, acc: torch.Tensor, out: torch.Tensor, q_offsets: torch.Tensor,

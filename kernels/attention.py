@@ -179,16 +179,12 @@ def _sinks_arg(meta: AttnMeta, q: torch.Tensor) -> torch.Tensor:
 
 def decode_splits(n_seqs: int, kv_heads: int, span: int, device: torch.device) -> int:
     """Chunks per (sequence, KV head) for a decode step whose longest visible span is `span` cells:
-    enough programs for DECODE_WAVES per SM, no chunk under DECODE_MIN_CHUNK cells, at most
-    DECODE_MAX_SPLITS (SmolLM2 on 132 SMs: 1 x 4096 -> 16 splits, 8 x 2048 -> 8, 32 x 2048 -> 6).
-    The span counts as the power of two at or above it, so the split count (a launch's grid) stays
-    the same while a decode's context grows inside [2^k, 2^(k+1)): what a CUDA graph captured for
-    that bucket (slotserver/model/cuda_graph.py) replays."""
+    _attention_tl.py's `split_count` over this module's DECODE_* constants and the device's SMs
+    (constant inside a power-of-two bucket of spans, for CUDA graphs); DECODE_FORCE_SPLITS: fixed."""
     if DECODE_FORCE_SPLITS:
         return max(1, int(DECODE_FORCE_SPLITS))
-    want = -(-DECODE_WAVES * sm_count(device, DEFAULT_SMS) // max(1, n_seqs * kv_heads))
-    span = 1 << max(0, span - 1).bit_length()
-    return max(1, min(want, -(-span // DECODE_MIN_CHUNK), DECODE_MAX_SPLITS))
+    return _tl.split_count(n_seqs, kv_heads, span, sm_count(device, DEFAULT_SMS), DECODE_WAVES, DECODE_MIN_CHUNK,
+                           DECODE_MAX_SPLITS)
 
 
 def _decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, out: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor,
@@ -200,12 +196,7 @@ def _decode(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, out: torch.Tensor, k
     span = min(meta.max_kv, meta.window) if meta.window else meta.max_kv
     n_splits = decode_splits(n_seqs, kv_heads, span, q.device)
     dot = group >= DECODE_DOT_MIN_GROUP
-    if n_splits > 1:   # partials [B, q_heads, splits(, dim)] in float32
-        m = torch.empty((n_seqs, q_heads, n_splits), dtype=torch.float32, device=q.device)
-        l_sum = torch.empty_like(m)
-        acc = torch.empty((n_seqs, q_heads, n_splits, dim), dtype=torch.float32, device=q.device)
-    else:
-        m = l_sum = acc = out   # unused
+    m, l_sum, acc = _tl.decode_partials(out, n_seqs, n_splits)
     _attn_decode_kernel[(n_seqs, kv_heads, n_splits)](
         q, kv.k, kv.v, ks, vs, out, m, l_sum, acc, meta.seq_streams, meta.kv_lens, meta.q_offsets, *args,
         GROUP=group, HEAD_DIM=dim, BLOCK_G=max(16 if dot else 1, _triton.next_power_of_2(group)),

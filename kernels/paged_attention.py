@@ -208,13 +208,12 @@ def triton(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.
 
 
 def decode_splits(n_seqs: int, kv_heads: int, span: int, device: torch.device) -> int:
-    """Chunks per (sequence, KV head) for a decode step whose longest visible span is `span` cells:
-    enough programs for DECODE_WAVES per SM, no chunk under DECODE_MIN_CHUNK cells, at most
-    DECODE_MAX_SPLITS (as attention.py's)."""
+    """As attention.py's: _attention_tl.py's `split_count` over this module's DECODE_* constants
+    (constant inside a power-of-two bucket of spans, for CUDA graphs); DECODE_FORCE_SPLITS: fixed."""
     if DECODE_FORCE_SPLITS:
         return max(1, int(DECODE_FORCE_SPLITS))
-    want = -(-DECODE_WAVES * sm_count(device, DEFAULT_SMS) // max(1, n_seqs * kv_heads))
-    return max(1, min(want, -(-span // DECODE_MIN_CHUNK), DECODE_MAX_SPLITS))
+    return _tl.split_count(n_seqs, kv_heads, span, sm_count(device, DEFAULT_SMS), DECODE_WAVES, DECODE_MIN_CHUNK,
+                           DECODE_MAX_SPLITS)
 
 
 def _decode(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, out: torch.Tensor, args: tuple, group: int) -> None:
@@ -225,12 +224,7 @@ def _decode(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, out: torch.Tensor, arg
     span = min(meta.max_kv, meta.window) if meta.window else meta.max_kv
     n_splits = decode_splits(n_seqs, kv_heads, span, q.device)
     dot = group >= DECODE_DOT_MIN_GROUP
-    if n_splits > 1:   # partials [B, q_heads, splits(, dim)] in float32
-        m = torch.empty((n_seqs, q_heads, n_splits), dtype=torch.float32, device=q.device)
-        l_sum = torch.empty_like(m)
-        acc = torch.empty((n_seqs, q_heads, n_splits, dim), dtype=torch.float32, device=q.device)
-    else:
-        m = l_sum = acc = out   # unused
+    m, l_sum, acc = _tl.decode_partials(out, n_seqs, n_splits)
     _paged_decode_kernel[(n_seqs, kv_heads, n_splits)](
         q, kv.k_pages, kv.v_pages, out, m, l_sum, acc, kv.block_table, meta.seq_streams, meta.kv_lens,
         meta.q_offsets, *args, GROUP=group, HEAD_DIM=dim, PAGE=kv.block_size,

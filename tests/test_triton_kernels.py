@@ -239,8 +239,9 @@ def test_decode_splits_fill_the_gpu(op):
         assert n_seqs * kv_heads * n >= mod.DECODE_WAVES * 132 or ctx / n < 2 * mod.DECODE_MIN_CHUNK, (n_seqs, n)
         assert ctx / n >= mod.DECODE_MIN_CHUNK
     assert mod.decode_splits(512, 8, 8192, cpu) == 1
-    if op == "attention":   # constant inside a power-of-two bucket: the grid a CUDA graph replays
-        assert {mod.decode_splits(1, 2, n, cpu) for n in (2049, 3000, 4096)} == {16}
+    # constant inside a power-of-two bucket: the grid a CUDA graph captured for it replays
+    assert {mod.decode_splits(1, 2, n, cpu) for n in (2049, 3000, 4096)} == {16}
+    assert {mod.decode_splits(1, 3, n, cpu) for n in (513, 700, 1000, 1024)} == {4}
 
 
 def test_interpreting_after_a_normal_import_fails(monkeypatch):

@@ -9,8 +9,9 @@ for decode, and what docs/gpu.md measures against eager.
 What a graph needs, and how this meets it:
 - fixed shapes and pointers: one graph per (rows, KV bucket). The attention's split count, the only
   shape that follows the batch's contents, depends on the longest visible span rounded up to a
-  power of two (`kernels/attention.decode_splits`), so the key carries that bucket; everything else
-  reads the lengths, positions and streams from device tensors;
+  power of two (`split_count` in kernels/_attention_tl.py, for the strided and the paged caches),
+  so the key carries that bucket; everything else reads the lengths, positions and streams from
+  device tensors;
 - fixed inputs: the first batch of a key becomes the graph's input; a replay copies the new batch's
   tensors into it (a decode batch is one int64 tensor, so one copy);
 - the step's first run is its real run: the batch runs eagerly (compiling any Triton kernel it
