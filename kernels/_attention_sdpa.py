@@ -1,6 +1,7 @@
 """attention's torch formulations: what `attention.cpu` runs where its C row kernel does not apply
 (no compiler, SLOTSERVER_NATIVE=0, inputs the C does not read), and the helpers its reference and
-paged_attention's torch form share (`band`, `sdpa`, `dequant`).
+paged_attention's torch form share (`band`, `sdpa`, `dequant`), and the pieces of both ops'
+example inputs (`example_dim`, `example_layer`: one head size and one layer's options drawn alike).
 
 `step` picks the cheapest SDPA formulation per step (docs/performance.md): all-decode steps
 unpadded with a broadcast key mask (`_cpu_decode`); a mixed step split into its decode rows and its
@@ -131,3 +132,22 @@ def dequant(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype = to
     if scale.dim() == x.dim() - 1:
         scale = scale.unsqueeze(-1)
     return (x.float() * scale.float()).to(dtype)
+
+
+def example_dim(gen: torch.Generator) -> int:
+    """Odd head sizes, and often 32 or 64 (the AMX prompt path takes multiples of 32)."""
+    if torch.rand((), generator=gen) < 0.4:
+        return (32, 64)[int(torch.randint(0, 2, (), generator=gen))]
+    return int(torch.randint(2, 41, (), generator=gen))
+
+
+def example_layer(meta: AttnMeta, gen: torch.Generator, q_heads: int = 0) -> AttnMeta:
+    """Half the cases under a sliding window (1 to 24 cells: shorter and longer than the
+    sequences), a third soft-capped (a cap of 0.5 to 3: well inside the scores' range), and with
+    q_heads, a third with sinks (logits of scale 2: from negligible to most of the mass)."""
+    window = int(torch.randint(1, 25, (), generator=gen)) if torch.rand((), generator=gen) < 0.5 else 0
+    softcap = 0.5 + 2.5 * float(torch.rand((), generator=gen)) if torch.rand((), generator=gen) < 0.33 else 0.0
+    sinks = None
+    if q_heads and torch.rand((), generator=gen) < 0.33:
+        sinks = 2 * torch.randn(q_heads, generator=gen)
+    return meta.with_layer(window, softcap, sinks)

@@ -236,7 +236,7 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     odd head_dim and group sizes included."""
     kv_heads = int(torch.randint(1, 4, (), generator=gen))
     group = int(torch.randint(1, 4, (), generator=gen))
-    dim = _example_dim(gen)
+    dim = _sdpa.example_dim(gen)
     n_streams, n_cells = 12, 40   # up to 12 sequences: both sides of _sdpa.EACH_CHUNK_MAX
     n_seq = int(torch.randint(1, n_streams + 1, (), generator=gen))
     streams = torch.randperm(n_streams, generator=gen)[:n_seq].tolist()
@@ -250,31 +250,12 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
         chunks.append(SeqChunk(stream=s, start=start, tokens=[0] * n_new, prompt=prompt))
     if torch.rand((), generator=gen) < 0.5:  # the engine's order, decodes first (AttnMeta.split)
         chunks.sort(key=lambda c: len(c.tokens) > 1)
-    meta = example_layer(Batch.build(chunks).attn, gen, kv_heads * group)
+    meta = _sdpa.example_layer(Batch.build(chunks).attn, gen, kv_heads * group)
     # q as the model passes it: the query heads of the roped q|k rows (a strided view)
     q = torch.randn(sum(len(c.tokens) for c in chunks), kv_heads * (group + 1), dim, generator=gen)[:, : kv_heads * group]
     k = torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen)
     v = torch.randn(n_streams, n_cells, kv_heads, dim, generator=gen)
     return q.to(dtype), _example_view(k, v, dtype, int(torch.randint(0, 4, (), generator=gen))), meta, 1 / math.sqrt(dim)
-
-
-def _example_dim(gen: torch.Generator) -> int:
-    """Odd head sizes, and often 32 or 64 (the AMX prompt path takes multiples of 32)."""
-    if torch.rand((), generator=gen) < 0.4:
-        return (32, 64)[int(torch.randint(0, 2, (), generator=gen))]
-    return int(torch.randint(2, 41, (), generator=gen))
-
-
-def example_layer(meta: AttnMeta, gen: torch.Generator, q_heads: int = 0) -> AttnMeta:
-    """Half the cases under a sliding window (1 to 24 cells: shorter and longer than the
-    sequences), a third soft-capped (a cap of 0.5 to 3: well inside the scores' range), and with
-    q_heads, a third with sinks (logits of scale 2: from negligible to most of the mass)."""
-    window = int(torch.randint(1, 25, (), generator=gen)) if torch.rand((), generator=gen) < 0.5 else 0
-    softcap = 0.5 + 2.5 * float(torch.rand((), generator=gen)) if torch.rand((), generator=gen) < 0.33 else 0.0
-    sinks = None
-    if q_heads and torch.rand((), generator=gen) < 0.33:
-        sinks = 2 * torch.randn(q_heads, generator=gen)
-    return meta.with_layer(window, softcap, sinks)
 
 
 def _example_view(k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, kind: int) -> StridedKV:
@@ -289,7 +270,6 @@ def _example_view(k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, kind: in
     scales = [t.abs().amax(dim=-1) / 127 for t in (k, v)]
     k8, v8 = (torch.round(t / s.unsqueeze(-1)).to(torch.int8) for t, s in zip((k, v), scales))
     return StridedKV(k8, v8, *scales)
-
 
 
 def bench_inputs(device: str, small: bool = False) -> list[tuple[str, tuple]]:

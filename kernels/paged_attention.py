@@ -258,29 +258,11 @@ def _check(q: torch.Tensor, kv: PagedKV, meta: AttnMeta) -> None:
         assert t.dtype == torch.int64 and t.is_contiguous() and t.device == q.device
 
 
-def example_layer(meta: AttnMeta, gen: torch.Generator, q_heads: int = 0) -> AttnMeta:
-    """Half the cases under a sliding window (1 to 24 cells), a third soft-capped (0.5 to 3), and
-    with q_heads a third with sinks (logits of scale 2)."""
-    window = int(torch.randint(1, 25, (), generator=gen)) if torch.rand((), generator=gen) < 0.5 else 0
-    softcap = 0.5 + 2.5 * float(torch.rand((), generator=gen)) if torch.rand((), generator=gen) < 0.33 else 0.0
-    sinks = None
-    if q_heads and torch.rand((), generator=gen) < 0.33:
-        sinks = 2 * torch.randn(q_heads, generator=gen)
-    return meta.with_layer(window, softcap, sinks)
-
-
-def _example_dim(gen: torch.Generator) -> int:
-    """Odd head sizes, and often 32 or 64 (the AMX prompt path takes multiples of 32)."""
-    if torch.rand((), generator=gen) < 0.4:
-        return (32, 64)[int(torch.randint(0, 2, (), generator=gen))]
-    return int(torch.randint(2, 41, (), generator=gen))
-
-
 def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
     """A random ragged batch over shuffled pages (block size 4, 8 or 16; tokens- or heads-first
     storage); table entries past each sequence's length are unmapped (-1)."""
     kv_heads, group = int(torch.randint(1, 4, (), generator=gen)), int(torch.randint(1, 4, (), generator=gen))
-    dim, block_size = _example_dim(gen), 2 ** int(torch.randint(2, 5, (), generator=gen))
+    dim, block_size = _sdpa.example_dim(gen), 2 ** int(torch.randint(2, 5, (), generator=gen))
     n_streams, n_cells = 5, 40
     per_stream = -(-n_cells // block_size)
     n_blocks = n_streams * per_stream + 2
@@ -293,7 +275,7 @@ def example_inputs(gen: torch.Generator, dtype: torch.dtype) -> tuple:
                                prompt=prompt))
     if torch.rand((), generator=gen) < 0.5:  # the engine's order, decodes first (AttnMeta.split)
         chunks.sort(key=lambda c: len(c.tokens) > 1)
-    meta = example_layer(Batch.build(chunks).attn, gen, kv_heads * group)
+    meta = _sdpa.example_layer(Batch.build(chunks).attn, gen, kv_heads * group)
     owned = torch.randperm(n_blocks, generator=gen)[: n_streams * per_stream].view(n_streams, per_stream)
     table = torch.full((n_streams, per_stream), -1, dtype=torch.int32)
     for s, n_kv in zip(meta.seq_streams.tolist(), meta.kv_lens.tolist()):
