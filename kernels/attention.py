@@ -43,8 +43,8 @@ from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk, softmax_sinks
 from slotserver.runtime.kv_spec import StridedKV
 
 _kernels = kernel_parts.load(__file__, "_attention_kernels.py")   # the Triton kernels (jit code); launched below
-_tl = kernel_parts.load(__file__, "_attention_tl.py")    # the decode merge, shared with paged_attention
-_sdpa = kernel_parts.load(__file__, "_attention_sdpa.py")   # the torch forms (no C), shared with paged_attention
+_tl = kernel_parts.load(__file__, "_attention_tl.py")    # split count, partials, merge: shared with paged_attention
+_sdpa = kernel_parts.load(__file__, "_attention_sdpa.py")   # torch forms (no C), example draws: shared with paged_attention
 _native = kernel_parts.load(__file__, "_attention_native.py")   # the C row kernel
 NATIVE_C, _LIB = _native.NATIVE_C, _native._LIB   # the native contract's names (tests set _LIB = None)
 _attn_decode_kernel, _attn_prefill_kernel = _kernels._attn_decode_kernel, _kernels._attn_prefill_kernel

@@ -30,8 +30,8 @@ from slotserver.runtime.batch import AttnMeta, Batch, SeqChunk, softmax_sinks
 from slotserver.runtime.kv_spec import PagedKV
 
 _kernels = kernel_parts.load(__file__, "_paged_attention_kernels.py")   # the Triton kernels (jit code); launched below
-_tl = kernel_parts.load(__file__, "_attention_tl.py")    # the decode merge, shared with attention
-_sdpa = kernel_parts.load(__file__, "_attention_sdpa.py")   # attention's torch SDPA helpers (band, sdpa)
+_tl = kernel_parts.load(__file__, "_attention_tl.py")    # the split count, partials and merge, shared with attention
+_sdpa = kernel_parts.load(__file__, "_attention_sdpa.py")   # attention's torch SDPA helpers (band, sdpa), example draws
 _paged_decode_kernel, _paged_prefill_kernel = _kernels._paged_decode_kernel, _kernels._paged_prefill_kernel
 
 

@@ -18,9 +18,9 @@ from slotserver.server import ServerConfig, ServerState, create_app
 
 @contextlib.contextmanager
 def smollm_client(n_parallel: int = 4, ctx_size: int = 4096, dtype: str = "float32", weights: str = "q", **config):
-    """(TestClient, engine) on the default model: float32 activations on the file's GGUF blocks by
-    default (what `slotserver serve` runs on a CPU without bf16; dtype "auto": what it runs here);
-    weights "auto" under float32 is the reference mode (exact dequantized weights).
+    """(TestClient, engine) on the default model: by default `serve`'s matmuls (the file's GGUF
+    blocks) with float32 activations and a float32 K/V cache (serve keeps f16 K/V: dtype "auto"
+    gives that); weights "auto" under float32 is the reference mode (exact dequantized weights).
 
     Why the blocks by default: the tests served here assert what an answer means (it parses, calls
     the tool, ends at EOS), not llama.cpp's floats, and the blocks decode a row ~4.6x faster on one

@@ -1,12 +1,12 @@
-"""The slot engine on the real model (float32 activations on the file's GGUF blocks, as `serve`
-runs it; greedy): continuous batching is invisible, the prompt cache is reused, stops and limits
-behave like llama-server's.
+"""The slot engine on the real model (`serve`'s matmuls, the file's GGUF blocks, with float32
+activations and K/V; greedy): continuous batching is invisible, the prompt cache is reused, stops
+and limits behave like llama-server's.
 
 Why the blocks and not the exact dequantized float32 weights (`--dtype float32`, the reference
-mode, which test_batching.py and test_model_reference.py hold to llama.cpp): what these tests
-assert is the engine's own bookkeeping against the plain generator on the same model, and the
-blocks decode a row ~4.6x faster on one core (0.26 vs 1.2 s for 12 tokens), which is most of
-this file's time in the suite."""
+mode, which test_model_reference.py holds to llama.cpp and test_batching.py to batch invariance):
+what these tests assert is the engine's own bookkeeping against the plain generator on the same
+model, and the blocks decode a row ~4.6x faster on one core (0.26 vs 1.2 s for 12 tokens), which
+is most of this file's time in the suite."""
 
 from __future__ import annotations
 
@@ -131,10 +131,10 @@ def test_slot_selection_prefers_the_slot_holding_the_prefix(bundle, prompts):
 
 def test_stop_string_across_tokens_and_limits(bundle, prompts):
     engine = Engine(bundle, EngineConfig(n_parallel=2, ctx_size=256))
-    free = run_sync(engine, {0: [Request(prompts[0], GREEDY, n_predict=12)]})[0]
+    free = run_sync(engine, {0: [Request(prompts[0], GREEDY, n_predict=12, ignore_eos=True)]})[0]
     assert free.final.stop_type == "limit" and free.final.n_predicted == 12
     word = free.text[5:9]  # a stop string that spans token boundaries in the middle of the text
-    hit = run_sync(engine, {0: [Request(prompts[0], GREEDY, n_predict=12, stop=(word,))]})[0]
+    hit = run_sync(engine, {0: [Request(prompts[0], GREEDY, n_predict=12, stop=(word,), ignore_eos=True)]})[0]
     assert hit.final.stop_type == "word" and hit.final.stopping_word == word
     assert hit.text == free.text[: free.text.find(word)]
 

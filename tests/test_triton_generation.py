@@ -73,9 +73,10 @@ Q8_MIN_AGREEMENT = 0.75
 
 @pytest.fixture(scope="module")
 def default_runs(smollm_path, tokenizer) -> dict[str, list[list[int]]]:
-    """The default model as `serve` runs it (float32 activations on its GGUF blocks): a layout only
-    stores the K/V, so the matmuls' format is not what is tested, and the blocks decode ~4.6x faster
-    on one core than the exact dequantized float32 weights (this fixture: 11 -> ~3 s in the suite)."""
+    """The default model on `serve`'s matmuls (its GGUF blocks) with float32 activations and K/V:
+    a layout only stores the K/V, so the matmuls' format is not what is tested, and the blocks
+    decode ~4.6x faster on one core than the exact dequantized float32 weights (this fixture: 11 ->
+    ~3 s in the suite)."""
     model = LlamaModel.load(smollm_path, fmt=WeightFormat("q"))
     reqs = [GenRequest(tokenizer.encode(p, parse_special=True), 10, ignore_eos=True) for p in DEFAULT_PROMPTS]
     return {lay: [r.tokens for r in generate(model, reqs, tokenizer.eog_ids, layout=lay)] for lay in LAYOUTS}
