@@ -5,8 +5,9 @@ and limits behave like llama-server's.
 Why the blocks and not the exact dequantized float32 weights (`--dtype float32`, the reference
 mode, which test_model_reference.py holds to llama.cpp and test_batching.py to batch invariance):
 what these tests assert is the engine's own bookkeeping against the plain generator on the same
-model, and the blocks decode a row ~4.6x faster on one core (0.26 vs 1.2 s for 12 tokens), which
-is most of this file's time in the suite."""
+model; the blocks are the path built to be batch-invariant (docs/architecture.md, "Batch
+invariance"; torch's float32 GEMM is exact but blocks by row count); and they decode a row ~4.6x
+faster on one core (0.26 vs 1.2 s for 12 tokens), which was most of this file's time in the suite."""
 
 from __future__ import annotations
 
