@@ -9,7 +9,7 @@ ARGS   ?=
 # fixtures (a served model, an interpreted-Triton subprocess) start once; 2 fits CI's 2 cores
 WORKERS ?= 2
 
-.PHONY: setup serve test lint clean
+.PHONY: setup serve test clean
 
 # --no-compile, then compileall on every core: pip byte-compiles each wheel's files on one core
 # (torch alone: 41 s, against 12 s without); the bytecode must still be written at install, since
