@@ -181,9 +181,8 @@ def split_count(n_seqs: int, kv_heads: int, span: int, sms: int, waves: int, min
     (SmolLM2 on 132 SMs: 1 x 4096 -> 16 splits, 8 x 2048 -> 8, 32 x 2048 -> 6). The span counts as
     the power of two at or above it, so the split count (a launch's grid) stays the same while a
     decode's context grows inside [2^k, 2^(k+1)): what a CUDA graph captured for that bucket
-    (slotserver/model/cuda_graph.py) replays, over strided and paged caches alike. (The paged op once
-    took the span as it was: a graph captured at 513 cells replayed 3 splits where the same step run
-    eagerly at 1000 took 4, so a sequence's floats followed which batch the bucket was captured on.)"""
+    (slotserver/model/cuda_graph.py) replays, over strided and paged caches alike; otherwise a
+    bucket's floats would follow whichever batch it was captured on (docs/gpu.md, fifteenth session)."""
     want = -(-waves * sms // max(1, n_seqs * kv_heads))
     span = 1 << max(0, span - 1).bit_length()
     return max(1, min(want, -(-span // min_chunk), max_splits))

@@ -220,8 +220,6 @@ _NORM_SIG = {"y_ptr": "*fp32", "norm_ptr": "*fp32", "out_ptr": "*bf16", "D": "i3
              "eps": "fp32", "BG": "constexpr"}
 AOT = [(_cc.conv_silu_kernel, _cc.signature("bf16"), {"W": 3, "BLOCK": _cc.BLOCK, "BIAS": True},
         {"aligned": ("proj_ptr", "conv_ptr", "xc_ptr", "C")}),
-       (_scan_kernel, _SCAN_SIG, {"BN": 128, "BP": SCAN_COLUMNS},
-        {"aligned": ("proj_ptr", "xc_ptr", "ssm_ptr", "y_ptr", "C", "stride_p")}),
-       (_scan_kernel, _SCAN_SIG | {"y_ptr": "*bf16"}, {"BN": 128, "BP": SCAN_COLUMNS},   # no group norm (falcon-h1)
-        {"aligned": ("proj_ptr", "xc_ptr", "ssm_ptr", "y_ptr", "C", "stride_p")}),
+       *[(_scan_kernel, _SCAN_SIG | {"y_ptr": y}, {"BN": 128, "BP": SCAN_COLUMNS},   # *bf16: no group norm (falcon-h1)
+          {"aligned": ("proj_ptr", "xc_ptr", "ssm_ptr", "y_ptr", "C", "stride_p")}) for y in ("*fp32", "*bf16")],
        (_norm_kernel, _NORM_SIG, {"BG": 4096}, {"aligned": ("y_ptr", "out_ptr", "D", "stride_o")})]
