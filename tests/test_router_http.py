@@ -3,7 +3,7 @@ model and a tiny one and --models-max 1, each model in its own child server.
 
 Requests pick the model by their `model` field and load it on demand; a second model evicts the
 least recently used one; /models lists both with their status; load/unload, autoload off, API
-key, metrics labelled by model, and a client that disconnects mid-stream frees the child's slot.
+key, CORS, metrics labelled by model, and a client that disconnects mid-stream frees the child's slot.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def router(tmp_path_factory):
     (tmp / "models" / "broken.gguf").write_bytes(b"GGUF" + bytes(60))   # its server exits at load
     (tmp / "hub").mkdir()   # an empty hub cache: the host's own is not listed
     with serving(tmp, "--models-dir", str(tmp / "models"), "--models-cache", str(tmp / "hub"), "--models-max", "1",
-                 "-c", "2048", "-np", "1", "--no-warmup", "--no-watch", "--metrics", "--api-key", "router-key") as srv:
+                 "-c", "2048", "-np", "1", "--no-warmup", "--no-watch", "--metrics", "--api-key", "router-key",
+                 "--cors-origins", "localhost") as srv:
         srv.http.headers.update(KEY)
         yield srv
 
@@ -147,3 +148,18 @@ def test_a_model_that_fails_to_load_is_an_error_and_listed_as_failed(router):
     status = next(m["status"] for m in router.get("/v1/models").json()["data"] if m["id"] == "broken")
     assert (status["value"], status["failed"], status["exit_code"]) == ("unloaded", True, 2)
     assert router.get("/props").json()["role"] == "router"   # the router goes on serving
+
+
+def test_the_router_answers_cors_once_and_never_for_model_loading(router):
+    origin, other = {"Origin": "http://localhost:5173"}, {"Origin": "http://evil.example"}
+    ask = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
+    pre = httpx.options(router.url + "/v1/chat/completions", headers={**origin, **ask})   # no key: a preflight
+    assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == origin["Origin"]
+    assert pre.headers["access-control-allow-headers"] == "authorization"
+    for path in ("/models/load", "/models/unload", "/slots"):
+        refused = httpx.options(router.url + path, headers={**origin, **ask})
+        assert "access-control-allow-origin" not in refused.headers, path
+    r = router.http.post(router.url + "/v1/chat/completions", headers=origin, json={
+        "model": "b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0})
+    assert r.status_code == 200 and r.headers.get_list("access-control-allow-origin") == [origin["Origin"]]
+    assert "access-control-allow-origin" not in router.http.get(router.url + "/health", headers=other).headers

@@ -140,7 +140,8 @@ def test_an_unknown_preset_key_is_refused_by_name(tmp_path):
 
 def test_children_get_the_routers_flags_but_not_the_ones_it_owns():
     argv = ["--port", "9", "-c", "2048", "--api-key=k", "--models-dir", "/m", "--no-models-autoload",
-            "--temp", "0", "--host", "0.0.0.0", "--models-max", "2", "--metrics"]
+            "--temp", "0", "--host", "0.0.0.0", "--models-max", "2", "--cors", "*", "--cors-headers=x",
+            "--no-cors-credentials", "--metrics"]   # the router answers CORS itself
     assert passthrough_argv(argv, FLAGS) == ["-c", "2048", "--temp", "0", "--metrics"]
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from slotserver.access.cors import CorsPolicy
 from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from slotserver.server import ServerConfig, ServerState, create_app
 from tiny_engine import running_tiny_engine
@@ -284,7 +285,7 @@ def test_cors_headers_only_with_cors_origin(tiny_engine):
     headers = {"Origin": "http://ui.example"}
     with make_client(tiny_engine) as c:
         assert "access-control-allow-origin" not in c.get("/health", headers=headers).headers
-    with make_client(tiny_engine, cors_origins=("http://ui.example",)) as c:
+    with make_client(tiny_engine, cors=CorsPolicy(("http://ui.example",))) as c:
         assert c.get("/health", headers=headers).headers["access-control-allow-origin"] == "http://ui.example"
         pre = c.options("/completion", headers={**headers, "Access-Control-Request-Method": "POST"})
         assert pre.status_code == 200

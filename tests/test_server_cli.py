@@ -47,7 +47,7 @@ def test_llama_server_flags_reach_the_configs(tmp_path):
                  "--defrag", "off", "--no-context-shift", "--jinja", "--timeout", "30", "--slots-debug", "--metrics",
                  "--no-warmup")
     config, plan = server_config_from_args(args), plan_from_args(args)
-    assert config.api_keys == ("k1", "k2", "k3") and config.cors_origins == ("http://ui",)
+    assert config.api_keys == ("k1", "k2", "k3") and config.cors.origins == ("http://ui",)
     assert not config.slots_endpoint and config.slots_debug and config.metrics and config.timeout == 30
     assert config.model_name == "smol" and (tmp_path / "s").is_dir()
     d = config.defaults
@@ -65,7 +65,7 @@ def test_defaults_match_llama_server():
     args = parse()
     config, plan = server_config_from_args(args), plan_from_args(args)
     assert (plan.host, plan.port, plan.engine.ctx_size, plan.engine.n_parallel) == ("127.0.0.1", 8080, 4096, 4)
-    assert config.slots_endpoint and not config.metrics and not config.api_keys and not config.cors_origins
+    assert config.slots_endpoint and not config.metrics and not config.api_keys and not config.cors.origins
     assert not config.slots_debug and plan.chat_template is None and plan.watch and plan.warmup
     assert plan.model.layout == DEFAULT_LAYOUT   # the CLI's default is the library's
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from tiny_engine import running_tiny_engine
 
+from slotserver.access.cors import CorsPolicy
 from slotserver.engine.engine import Engine
 from slotserver.engine.config import EngineConfig
 from slotserver.engine.request import Request
@@ -85,7 +86,7 @@ def test_lab_verbs_work_with_application_json(client):
 
 def test_the_lab_never_gets_cors_headers_even_with_cors(tiny_engine):
     origin = {"Origin": ORIGIN}
-    with make_client(tiny_engine, cors_origins=(ORIGIN,)) as c:
+    with make_client(tiny_engine, cors=CorsPolicy((ORIGIN,))) as c:
         control = c.options("/completion", headers={**origin, "Access-Control-Request-Method": "POST"})
         assert control.headers["access-control-allow-origin"] == ORIGIN
         for path in ("/lab/layout", "/lab/reload"):
@@ -101,7 +102,7 @@ def test_the_lab_never_gets_cors_headers_even_with_cors(tiny_engine):
 def test_slots_and_metrics_get_no_cors_even_with_cors(tiny_engine, path):
     """The README promises CORS for inference endpoints only: a page must not erase or save slots."""
     origin = {"Origin": ORIGIN}
-    with make_client(tiny_engine, cors_origins=(ORIGIN,)) as c:
+    with make_client(tiny_engine, cors=CorsPolicy((ORIGIN,))) as c:
         pre = c.options(path, headers={**origin, "Access-Control-Request-Method": "POST",
                                        "Access-Control-Request-Headers": "content-type"})
         assert pre.status_code != 200 and "access-control-allow-origin" not in pre.headers, pre.headers
@@ -113,7 +114,7 @@ def test_slots_and_metrics_get_no_cors_even_with_cors(tiny_engine, path):
                                   "/v1/models", "/v1/models/some-id", "/props", "/health"])
 def test_inference_and_info_endpoints_get_cors_with_cors(tiny_engine, path):
     origin = {"Origin": ORIGIN}
-    with make_client(tiny_engine, cors_origins=(ORIGIN,)) as c:
+    with make_client(tiny_engine, cors=CorsPolicy((ORIGIN,))) as c:
         pre = c.options(path, headers={**origin, "Access-Control-Request-Method": "POST",
                                        "Access-Control-Request-Headers": "content-type"})
         assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == ORIGIN, path

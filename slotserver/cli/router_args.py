@@ -16,7 +16,8 @@ from slotserver.errors import ConfigError
 
 # flags the router itself answers to; a child never sees them (its own are set by child_args.py)
 RESERVED = ("--host", "--port", "--model", "--alias", "--api-key", "--api-key-file", "--models-dir",
-            "--models-preset", "--models-cache", "--models-max", "--models-autoload")
+            "--models-preset", "--models-cache", "--models-max", "--models-autoload", "--cors-origins",
+            "--cors-methods", "--cors-headers", "--cors-credentials")
 
 
 def add_router_args(p: argparse.ArgumentParser) -> None:
@@ -70,7 +71,8 @@ def passthrough_argv(argv: list[str], table: dict[str, tuple[str, bool]]) -> lis
 def router_config(args, parser: argparse.ArgumentParser):
     from slotserver.router.config import RouterConfig, fake_timing_from_env
     from slotserver.router.hub_cache import default_cache
-    from slotserver.router.auth import read_key_file
+    from slotserver.access.api_keys import read_key_file
+    from slotserver.access.cors import CorsPolicy
 
     if args.model is not None:
         raise ConfigError("-m/--model and router mode (--models-dir/--models-preset/--models-cache) exclude each other")
@@ -83,6 +85,8 @@ def router_config(args, parser: argparse.ArgumentParser):
                           models_max=args.models_max, max_queue=args.max_queue,
                           autoload=args.models_autoload, host=args.host, port=args.port,
                           api_keys=keys, metrics=args.metrics,
+                          cors=CorsPolicy.from_flags(args.cors, args.cors_methods, args.cors_headers,
+                                                     args.cors_credentials),
                           child_argv=tuple(passthrough_argv(args.serve_argv, table)),
                           child_command=(sys.executable, "-m", "slotserver.cli.main", "serve"),
                           fake_timing=fake_timing_from_env())

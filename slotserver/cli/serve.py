@@ -155,7 +155,14 @@ def add_parser(sub) -> None:
     a("-kvu", "--kv-unified", action="store_true",
       help="llama-server's unified KV: every slot may use the whole --ctx-size, all slots share one pool "
            "of --ctx-size cells (a paged layout)")
-    a("--cors", action="append", default=[], metavar="ORIGIN", help="allow this CORS origin (repeatable)")
+    a("--cors-origins", "--cors", dest="cors", action="append", default=[], metavar="ORIGINS",
+      help="CORS for the inference and info endpoints (default: none, unlike llama-server): comma-separated "
+           "origins, * (any) or localhost (any localhost origin); repeatable")
+    a("--cors-methods", default="GET, POST, DELETE, OPTIONS", metavar="METHODS",
+      help="methods a CORS preflight allows (default: %(default)s)")
+    a("--cors-headers", default="*", metavar="HEADERS", help="headers a CORS preflight allows (default: *)")
+    a("--cors-credentials", action=argparse.BooleanOptionalAction, default=True,
+      help="allow credentials in CORS requests (default on, as llama-server; with * the Origin is echoed)")
     a("--slots-debug", action="store_true", help="show prompt text in GET /slots")
     a("--spm-infill", action="store_true",
       help="/infill: Suffix/Prefix/Middle order instead of Prefix/Suffix/Middle, as some models prefer")

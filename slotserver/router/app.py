@@ -11,6 +11,8 @@
   ?autoload=true|false             per request, over --models-autoload
 
 Errors are llama-server's JSON; the API key (auth.py) guards all but /health and the model lists.
+CORS (--cors-origins) is the router's own, with the serving server's rules (access/cors.py); children
+never get the flags, so a proxied answer does not carry the headers twice.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from starlette.routing import Route
 from slotserver import __version__
 from slotserver.errors import ConfigError
 from slotserver.router.auth import RouterAuth
+from slotserver.access.cors import InferenceCors
 from slotserver.router.errors import RouterError
 from slotserver.router.listing import model_json, models_json
 from slotserver.router.metrics import scrape
@@ -178,7 +181,8 @@ def create_router_app(router: ModelRouter) -> Starlette:
     routes += [Route(path, proxy_post, methods=["POST"]) for path in POST_ROUTES]
     routes += [Route(path, proxy_by_query) for path in GET_ROUTES]
     routes += [Route(path, proxy_by_query, methods=["POST"]) for path in LAB_POST_ROUTES]
-    app = Starlette(routes=routes, middleware=[Middleware(RouterAuth, keys=router.config.api_keys)],
+    stack = [Middleware(InferenceCors, policy=router.config.cors)] if router.config.cors.origins else []
+    app = Starlette(routes=routes, middleware=[*stack, Middleware(RouterAuth, keys=router.config.api_keys)],
                     exception_handlers={RouterError: _router_error, HTTPException: _http_error,
                                         Exception: _internal_error})
     app.state.router = router

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slotserver.access.cors import CorsPolicy
 from slotserver.errors import ConfigError
 
 DEFAULT_STOP_TIMEOUT_S = 10.0   # llama-server's preset default: SIGTERM, then SIGKILL after this
@@ -26,6 +27,7 @@ class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     api_keys: tuple[str, ...] = ()
+    cors: CorsPolicy = CorsPolicy()     # --cors-origins & co.: the router answers CORS; children never see them
     metrics: bool = False               # --metrics: GET /metrics merges the models' (children get the flag too)
     child_argv: tuple[str, ...] = ()    # the router's own flags every child gets (host, port, keys, models-* removed)
     child_command: tuple[str, ...] = ()  # how to start a child server: [python, -m, slotserver.cli.main, serve]

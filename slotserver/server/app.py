@@ -3,7 +3,8 @@
 Middleware, outermost first:
   AccessLog    one line per request (method, path, status, tokens, ms)
   CatchAll     an unexpected exception -> logged 500 JSON error; the server keeps serving
-  CORS         only with --cors ORIGIN (no CORS headers at all otherwise), on inference and info paths only (cors.py)
+  CORS         only with --cors-origins (no CORS headers at all otherwise), on inference and info paths only
+               (access/cors.py)
   LoadingGate  503 "Loading model" for every route but /health and the web page until the model is loaded
   WakeGate     a sleeping engine (--sleep-idle-seconds) wakes for every route but the read-only ones
   ApiKeyAuth   401 without a valid key, when keys are configured (public: health, models, the web page)
@@ -24,7 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slotserver.server.access_log import AccessLog
 from slotserver.server.auth import ApiKeyAuth
-from slotserver.server.cors import InferenceCors
+from slotserver.access.cors import InferenceCors
 from slotserver.server.errors import (ApiError, CatchAll, api_error_handler, http_exception_handler,
                                       loading_error, not_supported)
 from slotserver.server.routes import completion, lab, lora, messages, misc, openai, responses, slots
@@ -66,8 +67,8 @@ async def metrics(request: Request) -> Response:
 
 def _middleware(state: ServerState) -> list[Middleware]:
     stack = [Middleware(AccessLog), Middleware(CatchAll)]
-    if state.config.cors_origins:
-        stack.append(Middleware(InferenceCors, origins=state.config.cors_origins))
+    if state.config.cors.origins:
+        stack.append(Middleware(InferenceCors, policy=state.config.cors))
     stack.append(Middleware(LoadingGate, is_ready=lambda: state.ready))
     stack.append(Middleware(WakeGate, engine=lambda: state.engine))   # --sleep-idle-seconds
     stack.append(Middleware(ApiKeyAuth, keys=state.config.api_keys))

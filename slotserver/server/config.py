@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slotserver.access.cors import CorsPolicy
 from slotserver.model.config import ConfigError
 from slotserver.server.body import DEFAULT_BODY_LIMIT
 from slotserver.server.chat_options import ChatDefaults
@@ -45,7 +46,7 @@ class GenerationDefaults:
 class ServerConfig:
     """What the routes need to know about how the server was started.
 
-    `api_keys` empty means no authentication. `cors_origins` empty means no CORS headers at all.
+    `api_keys` empty means no authentication. `cors` with no origins means no CORS headers at all.
     `slots_debug` is the only way prompt text appears in GET /slots. `lab_api` false
     (`--no-lab-api`) turns off the lab's verbs over HTTP (POST /lab/layout, /lab/reload).
     """
@@ -53,7 +54,7 @@ class ServerConfig:
     model_path: str = ""
     alias: str = ""
     api_keys: tuple[str, ...] = ()
-    cors_origins: tuple[str, ...] = ()
+    cors: CorsPolicy = CorsPolicy()   # --cors-origins & co. (access/cors.py)
     slots_endpoint: bool = True
     slots_debug: bool = False
     metrics: bool = False

@@ -13,7 +13,8 @@ from slotserver.model.text.chat_template import BUILTIN_NAMES, ChatTemplate, nam
 from slotserver.model.config import ConfigError, ModelConfig, lora_flags
 from slotserver.engine.speculative.config import SpecConfig
 from slotserver.engine.config import EngineConfig
-from slotserver.server.auth import read_key_file
+from slotserver.access.api_keys import read_key_file
+from slotserver.access.cors import CorsPolicy
 from slotserver.server.chat_options import chat_defaults_from_flags
 from slotserver.server.launch import LaunchPlan
 from slotserver.server.config import GenerationDefaults, ServerConfig
@@ -71,7 +72,8 @@ def server_config_from_args(args) -> ServerConfig:
                                   sse_ping_interval=getattr(args, "sse_ping_interval", 30))
     return ServerConfig(
         model_path=str(_model_path(args)), alias=args.alias, api_keys=tuple(keys),
-        cors_origins=tuple(args.cors), slots_endpoint=args.slots, slots_debug=args.slots_debug,
+        cors=CorsPolicy.from_flags(args.cors, args.cors_methods, args.cors_headers, args.cors_credentials),
+        slots_endpoint=args.slots, slots_debug=args.slots_debug,
         metrics=args.metrics, lab_api=not args.no_lab_api, slot_save_path=_slot_save_path(args.slot_save_path),
         timeout=args.timeout,
         defaults=defaults,

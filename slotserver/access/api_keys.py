@@ -1,0 +1,73 @@
+"""API keys (`--api-key`, `--api-key-file`): `Authorization: Bearer KEY` or `X-Api-Key: KEY`.
+
+`X-Api-Key` is how Anthropic's clients send their key (llama-server reads it when there is no
+Authorization header); a request passes when either header holds a valid key, so a proxy's own
+Authorization header does not hide the client's X-Api-Key.
+
+As in llama-server, /health, /v1/health, /models and /v1/models stay public (health checks and
+model discovery), and CORS preflight requests pass (a browser sends no key with them). Keys are
+compared with `hmac.compare_digest` against every configured key, so timing does not reveal a
+key's prefix. The middlewares that answer a refusal live with their apps (server/auth.py,
+router/auth.py): each answers in its own error shape.
+"""
+
+from __future__ import annotations
+
+import hmac
+from pathlib import Path
+
+from starlette.datastructures import Headers
+from starlette.types import Scope
+
+from slotserver.errors import ConfigError
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models"})
+
+
+def read_key_file(path: Path) -> list[str]:
+    """One key per line; blank lines and surrounding whitespace are ignored."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--api-key-file {path}: {e.strerror if isinstance(e, OSError) else e}") from None
+    keys = [line.strip() for line in lines if line.strip()]
+    if not keys:
+        raise ConfigError(f"--api-key-file {path} holds no key")
+    return keys
+
+
+def presented_keys(headers: Headers) -> list[str]:
+    """The keys a request presents: the Authorization header's bearer token, then X-Api-Key."""
+    keys = []
+    auth = headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        keys.append(auth[7:].strip())
+    if headers.get("x-api-key") is not None:
+        keys.append(headers["x-api-key"])
+    return keys
+
+
+def key_matches(given: str, keys: tuple[str, ...]) -> bool:
+    given_b = given.encode("utf-8", "replace")
+    ok = False
+    for key in keys:  # no early exit: the time taken does not depend on which key matched
+        ok |= hmac.compare_digest(given_b, key.encode("utf-8"))
+    return ok
+
+
+def needs_key(scope: Scope, keys: tuple[str, ...], public: frozenset[str] = PUBLIC_PATHS,
+              public_prefixes: tuple[str, ...] = ()) -> bool:
+    """True when this request must present a key: keys are configured, it is HTTP, not a preflight
+    (OPTIONS), and its path is neither one of `public` nor under one of `public_prefixes`."""
+    path = scope.get("path", "")
+    return (scope["type"] == "http" and bool(keys) and scope["method"] != "OPTIONS" and path not in public
+            and not any(path.startswith(prefix) for prefix in public_prefixes))
+
+
+def refused(scope: Scope, keys: tuple[str, ...], public: frozenset[str] = PUBLIC_PATHS,
+            public_prefixes: tuple[str, ...] = ()) -> bool:
+    """True when the request needs a key and presents none that matches."""
+    if not needs_key(scope, keys, public, public_prefixes):
+        return False
+    given = presented_keys(Headers(scope=scope))
+    return not any([key_matches(key, keys) for key in given])   # a list: every presented key is compared
