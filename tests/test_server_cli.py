@@ -78,7 +78,7 @@ def test_chat_template_by_name_or_source():
 
 @pytest.mark.parametrize("argv, words", [
     (["--bogus-flag"], "unrecognized arguments: --bogus-flag"),
-    (["-ngl", "99"], "unrecognized arguments: -ngl"),
+    (["-mm", "mmproj.gguf"], "unrecognized arguments: -mm"),   # llama-server's multimodal projector: not here
     (["-n32"], "unrecognized arguments: -n32"),
     (["--port", "abc"], "invalid int value"),
     (["--defrag", "maybe"], "invalid choice"),

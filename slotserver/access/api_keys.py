@@ -13,6 +13,7 @@ router/auth.py): each answers in its own error shape.
 
 from __future__ import annotations
 
+import csv
 import hmac
 from pathlib import Path
 
@@ -24,13 +25,21 @@ from slotserver.errors import ConfigError
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models"})
 
 
+def flag_keys(values: list[str]) -> list[str]:
+    """`--api-key` values: each a comma-separated list (CSV quoting, as llama-server's); surrounding
+    whitespace is dropped, as in a key file, and so are empty keys."""
+    return [key.strip() for value in values for key in next(csv.reader([value], skipinitialspace=True), [])
+            if key.strip()]
+
+
 def read_key_file(path: Path) -> list[str]:
-    """One key per line; blank lines and surrounding whitespace are ignored."""
+    """One key per line; blank lines, lines starting with `#` (comments, as in llama-server) and
+    surrounding whitespace are ignored."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"--api-key-file {path}: {e.strerror if isinstance(e, OSError) else e}") from None
-    keys = [line.strip() for line in lines if line.strip()]
+    keys = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
     if not keys:
         raise ConfigError(f"--api-key-file {path} holds no key")
     return keys

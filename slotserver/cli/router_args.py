@@ -71,12 +71,12 @@ def passthrough_argv(argv: list[str], table: dict[str, tuple[str, bool]]) -> lis
 def router_config(args, parser: argparse.ArgumentParser):
     from slotserver.router.config import RouterConfig, fake_timing_from_env
     from slotserver.router.hub_cache import default_cache
-    from slotserver.access.api_keys import read_key_file
+    from slotserver.access.api_keys import flag_keys, read_key_file
     from slotserver.access.cors import CorsPolicy
 
     if args.model is not None:
         raise ConfigError("-m/--model and router mode (--models-dir/--models-preset/--models-cache) exclude each other")
-    keys = tuple(args.api_key) + (tuple(read_key_file(args.api_key_file)) if args.api_key_file else ())
+    keys = tuple(flag_keys(args.api_key)) + (tuple(read_key_file(args.api_key_file)) if args.api_key_file else ())
     table = flag_table(parser)
     cache = args.models_cache
     if cache is None and (found := default_cache()) is not None and found.is_dir():

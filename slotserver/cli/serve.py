@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import logging
 import re
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+from slotserver.cli.compat_args import add_compat_args, log_setup
+from slotserver.cli.llama_env import env_argv
+from slotserver.cli.sampling_args import add_sampling_args
 from slotserver.cli.spec_args import add_spec_args
 from slotserver.engine.config import EngineConfig
 from slotserver.cli.generate import add_model_args, start_tp
@@ -30,10 +34,15 @@ class ServeArgumentParser(CommandParser):
 
     Single-dash flags must match exactly, as in llama-server: argparse would otherwise read
     llama-server's `-ngl 99` as `-n gl` and complain about an integer instead of the flag.
+    llama-server's environment variables come first (cli/llama_env.py), so the command line wins.
     """
 
     def parse_known_args(self, args=None, namespace=None):
         args = normalize_argv(sys.argv[1:] if args is None else list(args))
+        try:   # llama-server's LLAMA_ARG_* variables, under the command line's own flags
+            args = env_argv(self._option_string_actions, args, os.environ) + args
+        except argparse.ArgumentTypeError as e:
+            self.error(str(e))
         unknown = [a for a in args if SHORT_FLAG.match(a) and a not in self._option_string_actions]
         if unknown:
             self.error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -71,10 +80,11 @@ def add_parser(sub) -> None:
     a("-b", "--batch-size", type=int, default=2048)
     a("-ub", "--ubatch-size", type=int, default=512)
     a("-n", "--n-predict", type=int, default=-1, help="default tokens to predict (-1: no limit)")
-    a("--temp", type=float, default=0.8, help="default temperature")
-    a("--seed", type=int, default=-1, help="default seed (-1: random)")
-    a("--api-key", action="append", default=[], help="require this key (repeatable)")
-    a("--api-key-file", type=Path, default=None, help="file with one API key per line")
+    a("--temp", "--temperature", type=float, default=0.8, help="default temperature")
+    a("-s", "--seed", type=int, default=-1, help="default seed (-1: random)")
+    a("--api-key", action="append", default=[],
+      help="require this key (repeatable; a comma-separated list is several keys, as llama-server)")
+    a("--api-key-file", type=Path, default=None, help="file with one API key per line (# starts a comment line)")
     a("--slot-save-path", type=Path, default=None, help="folder for slot save/restore")
     a("--metrics", action="store_true", help="enable GET /metrics")
     a("--lora-init-without-apply", action="store_true",
@@ -175,6 +185,8 @@ def add_parser(sub) -> None:
     a("-fa", "--flash-attn", choices=["on", "off", "auto"], default="auto",
       help="accepted for llama-server's command lines; no effect: attention has one (exact) kernel per "
            "layout here, whatever the setting")
+    add_sampling_args(p)
+    add_compat_args(p)
     add_router_args(p)
     p.set_defaults(run=run, serve_parser=p)
 
@@ -193,8 +205,7 @@ def run(args) -> int:
         from slotserver.server.config_from_args import plan_from_args, server_config_from_args
         from slotserver.server.state import ServerState
 
-        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=LOG_FORMAT,
-                            datefmt="%H:%M:%S", stream=sys.stderr)
+        log_setup(args, LOG_FORMAT)
         logging.getLogger("uvicorn.error").setLevel(logging.WARNING)  # our own start-up and request lines
         from slotserver.cli.lab import apply_lab_dir
 
@@ -217,8 +228,7 @@ def run_router(args) -> int:
     """Router mode: no model in this process (and no torch); one child server per loaded model."""
     from slotserver.router.launch import serve_router
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=LOG_FORMAT,
-                        datefmt="%H:%M:%S", stream=sys.stderr)
+    log_setup(args, LOG_FORMAT)
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)   # a line per proxied request and health poll
     config, flags = router_config(args, args.serve_parser)

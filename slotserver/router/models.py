@@ -97,7 +97,10 @@ class ModelRouter:
             raise RouterError(500, "model limit reached, try again later")
         port = free_port()
         argv = child_argv(entry, self.config, self.flags, port)
-        env = {**os.environ, **self.config.extra_env}
+        # the router read llama-server's LLAMA_ARG_* / LLAMA_API_KEY into its own flags (cli/llama_env.py) and
+        # passes a child the ones it does not own: the child must not read the reserved ones (host, port, key)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_ARG_", "LLAMA_API_KEY"))}
+        env |= self.config.extra_env
         child = Child(name, argv, port, env)
         inst.child, inst.args, inst.info = child, tuple(argv), None
         inst.exit_code, inst.failed, inst.last_used = None, False, time.monotonic()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from slotserver.access.cors import CorsPolicy
 from slotserver.model.config import ConfigError
@@ -16,7 +18,9 @@ from slotserver.server.embed_config import EmbeddingConfig
 @dataclass(frozen=True)
 class GenerationDefaults:
     """Per-request defaults set on the command line (`-n`, `--temp`, `--seed`, `--cache-prompt`,
-    `--reasoning-budget`, `--reasoning-budget-message`: budget_fields.py)."""
+    `--reasoning-budget`, `--reasoning-budget-message`: budget_fields.py), and `fields`: the other
+    request fields llama-server's sampling flags set, by request name (cli/sampling_args.py), read
+    under each body (Fields' fallback)."""
 
     n_predict: int = -1
     temperature: float = 0.8
@@ -25,6 +29,7 @@ class GenerationDefaults:
     reasoning_budget: int = -1          # -1: unlimited
     reasoning_budget_message: str = ""  # forced before the end tag when the budget runs out
     sse_ping_interval: int = 30         # streamed answers: seconds of silence before a ping (-1: none)
+    fields: Mapping[str, Any] = field(default_factory=dict)   # {"top_k": 20, ...}: --top-k and friends
 
     def __post_init__(self) -> None:
         if self.n_predict < -1:
@@ -36,6 +41,8 @@ class GenerationDefaults:
         if not -1 <= self.reasoning_budget < 2**31:
             raise ConfigError(f"--reasoning-budget must be -1 (unlimited) or a number of tokens >= 0, "
                               f"got {self.reasoning_budget}")
+        if "grammar" in self.fields and "json_schema" in self.fields:
+            raise ConfigError("--grammar/--grammar-file and --json-schema/--json-schema-file exclude each other")
         if not -1 <= self.sse_ping_interval < 2**31:
             raise ConfigError(f"--sse-ping-interval must be -1 (no pings) or a number of seconds, got {self.sse_ping_interval}")
         if not isinstance(self.reasoning_budget_message, str):

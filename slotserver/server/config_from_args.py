@@ -13,7 +13,7 @@ from slotserver.model.text.chat_template import BUILTIN_NAMES, ChatTemplate, nam
 from slotserver.model.config import ConfigError, ModelConfig, lora_flags
 from slotserver.engine.speculative.config import SpecConfig
 from slotserver.engine.config import EngineConfig
-from slotserver.access.api_keys import read_key_file
+from slotserver.access.api_keys import flag_keys, read_key_file
 from slotserver.access.cors import CorsPolicy
 from slotserver.server.chat_options import chat_defaults_from_flags
 from slotserver.server.launch import LaunchPlan
@@ -63,13 +63,21 @@ def _model_path(args) -> Path:
     return path
 
 
+def _device(args) -> str:
+    """--device, where llama-server's `-ngl 0` (no layer offloaded; cli/compat_args.py) means the CPU
+    while --device is auto."""
+    ngl = getattr(args, "n_gpu_layers", None)
+    return "cpu" if args.device == "auto" and ngl is not None and ngl.strip() == "0" else args.device
+
+
 def server_config_from_args(args) -> ServerConfig:
-    keys = list(args.api_key) + (read_key_file(args.api_key_file) if args.api_key_file else [])
+    keys = flag_keys(args.api_key) + (read_key_file(args.api_key_file) if args.api_key_file else [])
     defaults = GenerationDefaults(n_predict=args.n_predict, temperature=args.temp, seed=args.seed,
                                   cache_prompt=args.cache_prompt,
                                   reasoning_budget=getattr(args, "reasoning_budget", -1),
                                   reasoning_budget_message=getattr(args, "reasoning_budget_message", ""),
-                                  sse_ping_interval=getattr(args, "sse_ping_interval", 30))
+                                  sse_ping_interval=getattr(args, "sse_ping_interval", 30),
+                                  fields=getattr(args, "request_fields", None) or {})   # cli/sampling_args.py
     return ServerConfig(
         model_path=str(_model_path(args)), alias=args.alias, api_keys=tuple(keys),
         cors=CorsPolicy.from_flags(args.cors, args.cors_methods, args.cors_headers, args.cors_credentials),
@@ -124,7 +132,7 @@ def plan_from_args(args) -> LaunchPlan:
     )
     model = ModelConfig(model_path=_model_path(args), dtype=args.dtype, weights=args.weights, threads=args.threads,
                         layout=layout, kernels_dir=args.kernels_dir, layouts_dir=args.layouts_dir,
-                        max_ctx=engine.n_cells, step_graphs=not args.no_step_graphs, device=args.device,
+                        max_ctx=engine.n_cells, step_graphs=not args.no_step_graphs, device=_device(args),
                         gpu_weights=getattr(args, "gpu_weights", "auto"),
                         fused_gemv=getattr(args, "fused_gemv", "off") == "on",
                         lora=lora_flags(getattr(args, "lora_items", None)),

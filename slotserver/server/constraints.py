@@ -16,6 +16,7 @@ engine has been compiled and checked against the model's vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from slotserver.engine.grammar import GrammarError, Grammars, compile_constraint
@@ -79,7 +80,17 @@ def compile_checked(field: str, kind: str, source: Any, grammars: Grammars | Non
     return grammar
 
 
-def parse_constraint(f: Fields, grammars: Grammars | None) -> str | None:
-    """The compiled grammar of a request body, or None when the output is free."""
-    found = requested(f)
+def default_constraint(fallback: Mapping[str, Any] | None) -> tuple[str, str, Any] | None:
+    """The server's own constraint (--grammar, --json-schema; cli/sampling_args.py), for a request
+    that sets none."""
+    if fallback and fallback.get("grammar") is not None:
+        return "--grammar", "gbnf", fallback["grammar"]
+    if fallback and fallback.get("json_schema") is not None:
+        return "--json-schema", "json_schema", fallback["json_schema"]
+    return None
+
+
+def parse_constraint(f: Fields, grammars: Grammars | None, fallback: Mapping[str, Any] | None = None) -> str | None:
+    """The compiled grammar of a request body (else the server's), or None when the output is free."""
+    found = requested(f) or default_constraint(fallback)
     return compile_checked(*found, grammars) if found else None

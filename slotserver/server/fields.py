@@ -4,11 +4,16 @@ Each getter returns the default when the field is absent or null (clients often 
 "not set"), and raises a 400 naming the field for a wrong type or an out-of-range value. Unknown
 fields are simply never read, as in llama-server. Integers are JSON integers (or floats with an
 integral value, as some clients send `5.0`); booleans are never accepted as numbers.
+
+`fallback` holds the server's own defaults for some fields, by their request names (llama-server's
+sampling flags: `--top-k 20` is a `top_k` of 20 for every request that does not set one;
+cli/sampling_args.py). A field absent from the body reads its fallback, checked the same way.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from slotserver.server.errors import bad_request
@@ -18,18 +23,30 @@ UINT32_MAX = 2**32 - 1
 
 
 class Fields:
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.body = body
+    def __init__(self, body: dict[str, Any], fallback: Mapping[str, Any] | None = None) -> None:
+        self.body, self.fallback = body, fallback or {}
 
-    def has(self, name: str) -> bool:
+    def with_fallback(self, fallback: Mapping[str, Any]) -> Fields:
+        """The same body over `fallback` (the server's defaults for absent fields)."""
+        return Fields(self.body, fallback) if fallback else self
+
+    def _get(self, name: str) -> Any:
+        value = self.body.get(name)
+        return self.fallback.get(name) if value is None else value
+
+    def sent(self, name: str) -> bool:
+        """The body itself sets `name` (not a fallback)."""
         return self.body.get(name) is not None
 
+    def has(self, name: str) -> bool:
+        return self._get(name) is not None
+
     def raw(self, name: str, default: Any = None) -> Any:
-        value = self.body.get(name)
+        value = self._get(name)
         return default if value is None else value
 
     def int(self, name: str, default: int, lo: int = -INT32_MAX, hi: int = INT32_MAX) -> int:
-        value = self.body.get(name)
+        value = self._get(name)
         if value is None:
             return default
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
@@ -41,7 +58,7 @@ class Fields:
         return value
 
     def float(self, name: str, default: float, lo: float = -math.inf, hi: float = math.inf) -> float:
-        value = self.body.get(name)
+        value = self._get(name)
         if value is None:
             return default
         if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -52,7 +69,7 @@ class Fields:
         return value
 
     def bool(self, name: str, default: bool) -> bool:
-        value = self.body.get(name)
+        value = self._get(name)
         if value is None:
             return default
         if not isinstance(value, bool):
@@ -60,7 +77,7 @@ class Fields:
         return value
 
     def str(self, name: str, default: str | None = None) -> str | None:
-        value = self.body.get(name)
+        value = self._get(name)
         if value is None:
             return default
         if not isinstance(value, str):
@@ -68,14 +85,14 @@ class Fields:
         return value
 
     def obj(self, name: str) -> dict | None:
-        value = self.body.get(name)
+        value = self._get(name)
         if value is not None and not isinstance(value, dict):
             raise bad_request(f"'{name}' must be an object, got {_kind(value)}")
         return value
 
     def str_list(self, name: str, max_items: int = 64, max_len: int = 1024) -> tuple[str, ...]:
         """A string or a list of strings (OpenAI's `stop` accepts both); empty strings are dropped."""
-        value = self.body.get(name)
+        value = self._get(name)
         if value is None:
             return ()
         items = [value] if isinstance(value, str) else value

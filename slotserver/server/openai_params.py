@@ -16,13 +16,14 @@ do not implement are refused by unsupported.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from slotserver.model.text.chat_template import ChatTemplate
 from slotserver.server.errors import bad_request
 from slotserver.server.fields import Fields
 from slotserver.engine.grammar import Grammars
-from slotserver.server.constraints import compile_checked, parse_constraint, requested
+from slotserver.server.constraints import compile_checked, default_constraint, parse_constraint, requested
 from slotserver.server.tools.prompt import render_with_tools
 from slotserver.server.tools.grammar import forced_call_grammar
 from slotserver.server.tools.request import ToolConfig, parse_tools
@@ -91,7 +92,7 @@ def parse_openai_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults
     check_completion_fields(f)
     if f.raw("tools"):
         raise bad_request("'tools' (function calling) is a chat feature: use /v1/chat/completions")
-    grammar = parse_constraint(f, grammars)
+    grammar = parse_constraint(f, grammars, defaults.fields)
     if "prompt" not in body:
         raise bad_request("'prompt' is required")
     n = n_choices(f, n_parallel, "n")
@@ -104,9 +105,11 @@ def parse_openai_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults
                      [prompt_text(tokenizer, j.request.prompt_ids) for j in jobs])
 
 
-def _chat_grammar(f: Fields, tools: ToolConfig, grammars: Grammars | None) -> str | None:
-    """A forced tool call's grammar, else the request's own constraint (not both, as llama-server)."""
-    found = requested(f)
+def _chat_grammar(f: Fields, tools: ToolConfig, grammars: Grammars | None,
+                  fallback: Mapping[str, Any]) -> str | None:
+    """A forced tool call's grammar, else the request's own constraint (not both, as llama-server),
+    else with no tools the server's (--grammar, --json-schema)."""
+    found = requested(f) or (None if tools.active else default_constraint(fallback))
     if tools.active and found is not None:
         raise bad_request(f"'{found[0]}' cannot constrain the output together with 'tools' "
                           "(use tool_choice \"none\", or drop it)")
@@ -176,7 +179,7 @@ def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplat
     check_chat_fields(f)
     chat = chat or ChatDefaults()
     tools = parse_tools(f, template.source, chat.tool_format)
-    grammar = _chat_grammar(f, tools, grammars)
+    grammar = _chat_grammar(f, tools, grammars, defaults.fields)
     text, reasoning = render_chat_request(f, template, tools, chat)
     ids = encode(tokenizer, text, True, True)
     want, n_top = _chat_logprobs(f)

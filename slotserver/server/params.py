@@ -49,6 +49,7 @@ DRY_BASE = 1.75
 def sampling_params(f: Fields, tokenizer: Tokenizer, defaults: GenerationDefaults,
                     n_probs: int) -> SamplingParams:
     """The sampler settings; SamplingParams re-validates and its message names the field."""
+    f = f.with_fallback(defaults.fields)
     try:
         return SamplingParams(
             temperature=f.float("temperature", defaults.temperature),
@@ -106,8 +107,9 @@ def _samplers_field(f: Fields) -> tuple[str, ...] | str:
 
 
 def _breakers_field(f: Fields) -> tuple[str, ...]:
-    value = f.raw("dry_sequence_breakers", DRY_BREAKERS)
-    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value):
+    value = f.raw("dry_sequence_breakers", DRY_BREAKERS)   # none at all only by --dry-sequence-breaker none
+    if not isinstance(value, (list, tuple)) or not (value or not f.sent("dry_sequence_breakers")) \
+            or not all(isinstance(v, str) for v in value):
         raise bad_request("'dry_sequence_breakers' must be a non-empty array of strings")
     return tuple(value)
 
@@ -123,6 +125,7 @@ def _check_something_allowed(params: SamplingParams, tokenizer: Tokenizer, ignor
 def build_request(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: GenerationDefaults,
                   n_predict: int, n_probs: int, stop: tuple[str, ...], grammar: str | None = None,
                   budget: BudgetSpec | None = None) -> Request:
+    f = f.with_fallback(defaults.fields)
     params, ignore_eos = sampling_params(f, tokenizer, defaults, n_probs), f.bool("ignore_eos", False)
     _check_something_allowed(params, tokenizer, ignore_eos)
     return Request(
@@ -204,7 +207,7 @@ def parse_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults: Gener
     model's vocabulary."""
     f = Fields(body)
     check_completion_fields(f)
-    grammar = parse_constraint(f, grammars)
+    grammar = parse_constraint(f, grammars, defaults.fields)
     if "prompt" not in body:
         raise bad_request("'prompt' is required")
     n_probs = f.int("n_probs" if f.has("n_probs") else "logprobs", 0, lo=0, hi=MAX_N_PROBS)

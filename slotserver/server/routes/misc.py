@@ -88,6 +88,7 @@ def default_generation_settings(state: ServerState) -> dict:
               "top_p": 0.95, "min_p": 0.05, "repeat_last_n": 64, "repeat_penalty": 1.0,
               "presence_penalty": 0.0, "frequency_penalty": 0.0, "n_keep": 0, "ignore_eos": False,
               "stream": False, "n_probs": 0, "cache_prompt": d.cache_prompt, "stop": []}
+    params |= d.fields   # --top-k & co. (cli/sampling_args.py): what a request gets without the field
     return {"id": 0, "id_task": -1, "n_ctx": engine.config.n_cells, "is_processing": False, "params": params}
 
 

@@ -1,0 +1,86 @@
+"""llama-server command lines and environments start slotserver unchanged: its machinery flags are
+taken and named at start-up, `-ngl 0` keeps the CPU, LLAMA_ARG_* variables stand for their flags
+(the command line wins), `--api-key` lists and key-file comments read as llama-server reads them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+from test_server_cli import parse, run_cli
+from test_server_e2e import serving
+
+from slotserver.access.api_keys import flag_keys, read_key_file
+from slotserver.server.config_from_args import plan_from_args, server_config_from_args
+
+TINY = Path(__file__).parent / "fixtures" / "archs" / "llama3_freqs.gguf"
+# Qwen2.5's model card, as llama-server users run it
+MODEL_CARD = ("-ngl", "99", "-c", "2048", "--host", "127.0.0.1", "-fa", "on", "--mlock", "--no-mmap", "-cb",
+              "--threads-http", "4", "--temp", "0.7", "--top-p", "0.8", "--top-k", "20", "--min-p", "0",
+              "--repeat-penalty", "1.05", "-s", "3", "--numa", "distribute", "-nkvo", "-lv", "3")
+
+
+def test_a_model_cards_command_line_parses_into_the_settings_it_names(monkeypatch):
+    for name in [n for n in os.environ if n.startswith("LLAMA_")]:
+        monkeypatch.delenv(name)
+    args = parse(*MODEL_CARD)
+    config, plan = server_config_from_args(args), plan_from_args(args)
+    assert config.defaults.fields == {"top_p": 0.8, "top_k": 20, "min_p": 0.0, "repeat_penalty": 1.05}
+    assert (config.defaults.temperature, config.defaults.seed, plan.engine.ctx_size) == (0.7, 3, 2048)
+    assert plan.model.device == "auto"
+    assert [n.split(" (")[0] for n in args.no_effect] == [
+        "--mlock", "--no-mmap", "-cb", "--threads-http 4", "--numa distribute", "-nkvo", "-lv 3"]
+    assert plan_from_args(parse("-ngl", "0")).model.device == "cpu"   # no layer offloaded: the CPU
+
+
+def test_continuous_batching_cannot_be_turned_off(capsys):
+    status, err = run_cli(capsys, "-nocb")
+    assert status == 2 and len(err) == 1 and "-nocb" in err[0] and "continuous batching" in err[0]
+
+
+def test_llama_arg_variables_stand_for_flags_and_the_command_line_wins(monkeypatch, capsys):
+    monkeypatch.setenv("LLAMA_ARG_CTX_SIZE", "1024")
+    monkeypatch.setenv("LLAMA_ARG_NO_CONTEXT_SHIFT", "1")
+    monkeypatch.setenv("LLAMA_ARG_ENDPOINT_METRICS", "on")
+    monkeypatch.setenv("LLAMA_ARG_TOP_K", "7")
+    monkeypatch.setenv("LLAMA_ARG_PORT", "9000")
+    args = parse("--port", "9001")
+    assert (args.ctx_size, args.context_shift, args.metrics, args.port) == (1024, False, True, 9001)
+    assert args.request_fields == {"top_k": 7}
+    monkeypatch.setenv("LLAMA_ARG_ENDPOINT_METRICS", "maybe")
+    status, err = run_cli(capsys)
+    assert status == 2 and len(err) == 1 and "LLAMA_ARG_ENDPOINT_METRICS='maybe'" in err[0]
+    monkeypatch.setenv("LLAMA_ARG_ENDPOINT_METRICS", "off")
+    monkeypatch.setenv("LLAMA_ARG_MMPROJ", "/m/mmproj.gguf")
+    status, err = run_cli(capsys)
+    assert status == 2 and len(err) == 1 and "LLAMA_ARG_MMPROJ" in err[0] and "--mmproj" in err[0]
+
+
+def test_api_key_lists_and_key_file_comments_as_llama_server_reads_them(tmp_path):
+    assert flag_keys(["k1,k2", ' a , "b,c"', ""]) == ["k1", "k2", "a", "b,c"]
+    keys = tmp_path / "keys"
+    keys.write_text("# the team's keys\nk3\n  # old: k0\n\nk4\n")
+    assert read_key_file(keys) == ["k3", "k4"]
+
+
+def test_a_llama_server_docker_setup_serves(tmp_path, monkeypatch):
+    """Environment as in llama-server's Docker docs, machinery flags on the command line: the server
+    answers with those settings and says once which flags had no effect."""
+    keys = tmp_path / "keys"
+    keys.write_text("# team\nk3\n")
+    for name, value in {"LLAMA_ARG_CTX_SIZE": "512", "LLAMA_API_KEY": "k1,k2", "LLAMA_ARG_TOP_K": "1",
+                        "LLAMA_ARG_N_PARALLEL": "2", "LLAMA_ARG_N_GPU_LAYERS": "99"}.items():
+        monkeypatch.setenv(name, value)
+    log = tmp_path / "llama.log"
+    with serving(tmp_path, "-m", str(TINY), "--mlock", "--threads-http", "8", "--api-key-file", str(keys),
+                 "--log-file", str(log), "--no-warmup", "--no-watch") as srv:
+        for key in ("k1", "k2", "k3"):
+            props = httpx.get(srv.url + "/props", headers={"Authorization": f"Bearer {key}"}).json()
+            assert props["default_generation_settings"]["params"]["top_k"] == 1, key
+        assert httpx.get(srv.url + "/props", headers={"Authorization": "Bearer # team"}).status_code == 401
+        assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 256   # 512 / 2 slots
+    text = log.read_text()
+    assert "llama-server flags with no effect here: --mlock (" in text and "--threads-http 8 (" in text
