@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import httpx
-import pytest
 from test_server_cli import parse, run_cli
 from test_server_e2e import serving
 
