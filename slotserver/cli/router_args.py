@@ -17,7 +17,8 @@ from slotserver.errors import ConfigError
 # flags the router itself answers to; a child never sees them (its own are set by child_args.py)
 RESERVED = ("--host", "--port", "--model", "--alias", "--api-key", "--api-key-file", "--models-dir",
             "--models-preset", "--models-cache", "--models-max", "--models-autoload", "--cors-origins",
-            "--cors-methods", "--cors-headers", "--cors-credentials")
+            "--cors-methods", "--cors-headers", "--cors-credentials", "--api-prefix", "--ssl-key-file",
+            "--ssl-cert-file")
 
 
 def add_router_args(p: argparse.ArgumentParser) -> None:
@@ -86,7 +87,8 @@ def router_config(args, parser: argparse.ArgumentParser):
                           autoload=args.models_autoload, host=args.host, port=args.port,
                           api_keys=keys, metrics=args.metrics,
                           cors=CorsPolicy.from_flags(args.cors, args.cors_methods, args.cors_headers,
-                                                     args.cors_credentials),
+                                                     args.cors_credentials), api_prefix=args.api_prefix,
+                          ssl_key=args.ssl_key_file, ssl_cert=args.ssl_cert_file,
                           child_argv=tuple(passthrough_argv(args.serve_argv, table)),
                           child_command=(sys.executable, "-m", "slotserver.cli.main", "serve"),
                           fake_timing=fake_timing_from_env())

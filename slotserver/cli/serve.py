@@ -173,6 +173,9 @@ def add_parser(sub) -> None:
     a("--cors-headers", default="*", metavar="HEADERS", help="headers a CORS preflight allows (default: *)")
     a("--cors-credentials", action=argparse.BooleanOptionalAction, default=True,
       help="allow credentials in CORS requests (default on, as llama-server; with * the Origin is echoed)")
+    a("--api-prefix", default="", metavar="PREFIX", help="serve every route under PREFIX (/llm), as llama-server")
+    a("--ssl-key-file", type=Path, default=None, metavar="FILE", help="HTTPS: the PEM private key (with --ssl-cert-file)")
+    a("--ssl-cert-file", type=Path, default=None, metavar="FILE", help="HTTPS: the PEM certificate (with --ssl-key-file)")
     a("--slots-debug", action="store_true", help="show prompt text in GET /slots")
     a("--spm-infill", action="store_true",
       help="/infill: Suffix/Prefix/Middle order instead of Prefix/Suffix/Middle, as some models prefer")

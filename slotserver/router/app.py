@@ -31,6 +31,7 @@ from starlette.routing import Route
 from slotserver import __version__
 from slotserver.errors import ConfigError
 from slotserver.router.auth import RouterAuth
+from slotserver.access.api_prefix import ApiPrefix
 from slotserver.access.cors import InferenceCors
 from slotserver.router.errors import RouterError
 from slotserver.router.listing import model_json, models_json
@@ -181,7 +182,9 @@ def create_router_app(router: ModelRouter) -> Starlette:
     routes += [Route(path, proxy_post, methods=["POST"]) for path in POST_ROUTES]
     routes += [Route(path, proxy_by_query) for path in GET_ROUTES]
     routes += [Route(path, proxy_by_query, methods=["POST"]) for path in LAB_POST_ROUTES]
-    stack = [Middleware(InferenceCors, policy=router.config.cors)] if router.config.cors.origins else []
+    prefix = router.config.api_prefix
+    stack = [Middleware(ApiPrefix, prefix=prefix)] if prefix else []
+    stack += [Middleware(InferenceCors, policy=router.config.cors)] if router.config.cors.origins else []
     app = Starlette(routes=routes, middleware=[*stack, Middleware(RouterAuth, keys=router.config.api_keys)],
                     exception_handlers={RouterError: _router_error, HTTPException: _http_error,
                                         Exception: _internal_error})

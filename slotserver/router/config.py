@@ -10,7 +10,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slotserver.access.api_prefix import check_prefix
 from slotserver.access.cors import CorsPolicy
+from slotserver.access.tls import tls_options
 from slotserver.errors import ConfigError
 
 DEFAULT_STOP_TIMEOUT_S = 10.0   # llama-server's preset default: SIGTERM, then SIGKILL after this
@@ -28,6 +30,9 @@ class RouterConfig:
     port: int = 8080
     api_keys: tuple[str, ...] = ()
     cors: CorsPolicy = CorsPolicy()     # --cors-origins & co.: the router answers CORS; children never see them
+    api_prefix: str = ""                # --api-prefix: the router's routes under it (children serve without)
+    ssl_key: Path | None = None         # --ssl-key-file / --ssl-cert-file: the router speaks HTTPS (access/tls.py)
+    ssl_cert: Path | None = None
     metrics: bool = False               # --metrics: GET /metrics merges the models' (children get the flag too)
     child_argv: tuple[str, ...] = ()    # the router's own flags every child gets (host, port, keys, models-* removed)
     child_command: tuple[str, ...] = ()  # how to start a child server: [python, -m, slotserver.cli.main, serve]
@@ -43,6 +48,8 @@ class RouterConfig:
             raise ConfigError(f"--models-preset {self.models_preset}: no such file")
         if self.models_cache is not None and not self.models_cache.is_dir():
             raise ConfigError(f"--models-cache {self.models_cache}: not a directory")
+        check_prefix(self.api_prefix)
+        tls_options(self.ssl_key, self.ssl_cert)
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be in [0, 65535], got {self.port}")
 

@@ -12,6 +12,7 @@ import logging
 import socket
 import sys
 
+from slotserver.access.tls import tls_options
 from slotserver.errors import ConfigError
 from slotserver.router.app import create_router_app
 from slotserver.router.config import RouterConfig
@@ -52,11 +53,13 @@ def serve_router(config: RouterConfig, flags: Flags) -> int:
     app = create_router_app(router)
     app.router.lifespan_context = lifespan
     names = ", ".join(n for n, e in router.catalog.items() if not e.hidden) or "none"
+    tls = tls_options(config.ssl_key, config.ssl_cert)
     print(f"slotserver: router mode, {len(router.catalog)} models ({names}), at most "
-          f"{config.models_max or 'any number'} loaded, listening on http://{config.host}:{sock.getsockname()[1]}",
+          f"{config.models_max or 'any number'} loaded, listening on {'https' if tls else 'http'}://{config.host}:"
+          f"{sock.getsockname()[1]}",
           file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
-                                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+                                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, **tls))
     try:
         server.run(sockets=[sock])
     finally:

@@ -1,6 +1,7 @@
 """`create_app(state)`: the starlette application of the HTTP server.
 
 Middleware, outermost first:
+  ApiPrefix    only with --api-prefix: the prefix comes off every path, anything outside it is a 404
   AccessLog    one line per request (method, path, status, tokens, ms)
   CatchAll     an unexpected exception -> logged 500 JSON error; the server keeps serving
   CORS         only with --cors-origins (no CORS headers at all otherwise), on inference and info paths only
@@ -25,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slotserver.server.access_log import AccessLog
 from slotserver.server.auth import ApiKeyAuth
+from slotserver.access.api_prefix import ApiPrefix
 from slotserver.access.cors import InferenceCors
 from slotserver.server.errors import (ApiError, CatchAll, api_error_handler, http_exception_handler,
                                       loading_error, not_supported)
@@ -66,7 +68,8 @@ async def metrics(request: Request) -> Response:
 
 
 def _middleware(state: ServerState) -> list[Middleware]:
-    stack = [Middleware(AccessLog), Middleware(CatchAll)]
+    stack = [Middleware(ApiPrefix, prefix=state.config.api_prefix)] if state.config.api_prefix else []
+    stack += [Middleware(AccessLog), Middleware(CatchAll)]
     if state.config.cors.origins:
         stack.append(Middleware(InferenceCors, policy=state.config.cors))
     stack.append(Middleware(LoadingGate, is_ready=lambda: state.ready))

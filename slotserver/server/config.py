@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slotserver.access.api_prefix import check_prefix
 from slotserver.access.cors import CorsPolicy
 from slotserver.model.config import ConfigError
 from slotserver.server.body import DEFAULT_BODY_LIMIT
@@ -62,6 +63,7 @@ class ServerConfig:
     alias: str = ""
     api_keys: tuple[str, ...] = ()
     cors: CorsPolicy = CorsPolicy()   # --cors-origins & co. (access/cors.py)
+    api_prefix: str = ""               # --api-prefix: every route under it (access/api_prefix.py)
     slots_endpoint: bool = True
     slots_debug: bool = False
     metrics: bool = False
@@ -78,6 +80,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if any(not isinstance(k, str) or not k for k in self.api_keys):
             raise ConfigError("--api-key values must be non-empty strings")
+        check_prefix(self.api_prefix)
         if self.body_limit <= 0:
             raise ConfigError(f"body limit must be positive, got {self.body_limit}")
         if not (math.isfinite(self.timeout) and self.timeout > 0):

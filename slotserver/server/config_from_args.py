@@ -81,7 +81,7 @@ def server_config_from_args(args) -> ServerConfig:
     return ServerConfig(
         model_path=str(_model_path(args)), alias=args.alias, api_keys=tuple(keys),
         cors=CorsPolicy.from_flags(args.cors, args.cors_methods, args.cors_headers, args.cors_credentials),
-        slots_endpoint=args.slots, slots_debug=args.slots_debug,
+        api_prefix=getattr(args, "api_prefix", ""), slots_endpoint=args.slots, slots_debug=args.slots_debug,
         metrics=args.metrics, lab_api=not args.no_lab_api, slot_save_path=_slot_save_path(args.slot_save_path),
         timeout=args.timeout,
         defaults=defaults,
@@ -139,6 +139,7 @@ def plan_from_args(args) -> LaunchPlan:
                         lora_init_without_apply=getattr(args, "lora_init_without_apply", False))
     template = chat_template_source(args.chat_template, args.chat_template_file)
     return LaunchPlan(model=model, engine=engine, host=args.host, port=args.port, chat_template=template,
+                      ssl_key=getattr(args, "ssl_key_file", None), ssl_cert=getattr(args, "ssl_cert_file", None),
                       watch=not args.no_watch, warmup=not args.no_warmup, check_tensors=getattr(args, "check_tensors", False))
 
 

@@ -15,8 +15,10 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from slotserver.access.tls import tls_options
 from slotserver.model.config import ConfigError, ModelConfig
 from slotserver.engine.config import EngineConfig
 from slotserver.server.app import create_app
@@ -41,10 +43,13 @@ class LaunchPlan:
     check_tensors: bool = False        # --check-tensors: refuse a file whose tensor data holds NaN/inf (as llama.cpp)
     gc_paused: bool = False            # start-up ran with the cyclic GC paused (cli/serve.py): resume it once loaded
     tp: object = None                  # --tp N's rank 0 (slotserver/parallel/session.py TPSession), else None
+    ssl_key: Path | None = None        # --ssl-key-file / --ssl-cert-file: HTTPS (access/tls.py)
+    ssl_cert: Path | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be in [0, 65535], got {self.port}")
+        tls_options(self.ssl_key, self.ssl_cert)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -194,9 +199,10 @@ def serve(state: ServerState, plan: LaunchPlan) -> int:
 
     sock = bind(plan.host, plan.port)
     host = f"[{plan.host}]" if ":" in plan.host else plan.host
-    address = f"http://{host}:{sock.getsockname()[1]}"
+    tls = tls_options(plan.ssl_key, plan.ssl_cert)
+    address = f"{'https' if tls else 'http'}://{host}:{sock.getsockname()[1]}"
     config = uvicorn.Config(create_app(state), log_config=None, access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, **http_stack())
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, **http_stack(), **tls)
     server = uvicorn.Server(config)
     failed: list[str] = []
 

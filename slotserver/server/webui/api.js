@@ -3,6 +3,8 @@
 import { SseParser } from "./render.js";
 
 const KEY = "slotserver.apiKey";
+// The folder the page was served from: "" at /, "/llm" under --api-prefix /llm (served at /llm/).
+const BASE = location.pathname.replace(/\/[^/]*$/, "");
 
 export function getKey() { return sessionStorage.getItem(KEY) || ""; }
 export function setKey(k) { if (k) sessionStorage.setItem(KEY, k); else sessionStorage.removeItem(KEY); }
@@ -31,13 +33,13 @@ async function errorOf(r) {
 }
 
 export async function getJson(path, signal) {
-  const r = await fetch(path, { headers: headers(false), signal, cache: "no-store", credentials: "same-origin" });
+  const r = await fetch(BASE + path, { headers: headers(false), signal, cache: "no-store", credentials: "same-origin" });
   if (!r.ok) throw await errorOf(r);
   return r.json();
 }
 
 export async function postJson(path, body, signal) {
-  const r = await fetch(path, { method: "POST", headers: headers(true), body: JSON.stringify(body), signal,
+  const r = await fetch(BASE + path, { method: "POST", headers: headers(true), body: JSON.stringify(body), signal,
     credentials: "same-origin" });
   if (!r.ok) throw await errorOf(r);
   return r.json();
@@ -46,7 +48,7 @@ export async function postJson(path, body, signal) {
 // POST /v1/chat/completions with stream: true; `onChunk` gets each decoded JSON chunk. Resolves
 // when the stream ends ([DONE] or EOF); rejects with AbortError when `signal` aborts.
 export async function streamChat(body, signal, onChunk) {
-  const r = await fetch("/v1/chat/completions", { method: "POST", headers: headers(true),
+  const r = await fetch(BASE + "/v1/chat/completions", { method: "POST", headers: headers(true),
     body: JSON.stringify({ ...body, stream: true }), signal, credentials: "same-origin" });
   if (!r.ok) throw await errorOf(r);
   const reader = r.body.getReader();
