@@ -34,6 +34,11 @@ def _pin_xdist_worker() -> None:
 
 _pin_xdist_worker()
 
+# llama-server's variables stand for `serve` flags (cli/llama_env.py): a developer's shell that sets
+# LLAMA_ARG_CTX_SIZE must not change what the tests' servers and parsers see. Tests set their own.
+for _name in [n for n in os.environ if n.startswith(("LLAMA_ARG_", "LLAMA_API_KEY"))]:
+    del os.environ[_name]
+
 # A suite started from a background job (`make test &` in a script) inherits SIGINT ignored, and
 # so would every server and CLI it starts (an ignored signal stays ignored across exec, and Python
 # then installs no KeyboardInterrupt handler): the Ctrl-C tests would see nothing happen. A

@@ -5,10 +5,10 @@ taken and named at start-up, `-ngl 0` keeps the CPU, LLAMA_ARG_* variables stand
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import httpx
+import pytest
 from test_server_cli import parse, run_cli
 from test_server_e2e import serving
 
@@ -22,9 +22,7 @@ MODEL_CARD = ("-ngl", "99", "-c", "2048", "--host", "127.0.0.1", "-fa", "on", "-
               "--repeat-penalty", "1.05", "-s", "3", "--numa", "distribute", "-nkvo", "-lv", "3")
 
 
-def test_a_model_cards_command_line_parses_into_the_settings_it_names(monkeypatch):
-    for name in [n for n in os.environ if n.startswith("LLAMA_")]:
-        monkeypatch.delenv(name)
+def test_a_model_cards_command_line_parses_into_the_settings_it_names():
     args = parse(*MODEL_CARD)
     config, plan = server_config_from_args(args), plan_from_args(args)
     assert config.defaults.fields == {"top_p": 0.8, "top_k": 20, "min_p": 0.0, "repeat_penalty": 1.05}
@@ -53,13 +51,38 @@ def test_llama_arg_variables_stand_for_flags_and_the_command_line_wins(monkeypat
     status, err = run_cli(capsys)
     assert status == 2 and len(err) == 1 and "LLAMA_ARG_ENDPOINT_METRICS='maybe'" in err[0]
     monkeypatch.setenv("LLAMA_ARG_ENDPOINT_METRICS", "off")
+    monkeypatch.setenv("LLAMA_ARG_CTX_SIZE", "big")   # a bad value: the error names the variable
+    status, err = run_cli(capsys)
+    assert status == 2 and len(err) == 1 and "LLAMA_ARG_CTX_SIZE='big'" in err[0], err
+    monkeypatch.setenv("LLAMA_ARG_CTX_SIZE", "1024")
     monkeypatch.setenv("LLAMA_ARG_MMPROJ", "/m/mmproj.gguf")
     status, err = run_cli(capsys)
     assert status == 2 and len(err) == 1 and "LLAMA_ARG_MMPROJ" in err[0] and "--mmproj" in err[0]
 
 
+def test_repeatable_flags_on_the_command_line_replace_their_variable(monkeypatch):
+    monkeypatch.setenv("LLAMA_API_KEY", "-e1,e2")   # a key may start with a dash
+    monkeypatch.setenv("LLAMA_ARG_CORS_ORIGINS", "http://env.example")
+    assert server_config_from_args(parse()).api_keys == ("-e1", "e2")
+    config = server_config_from_args(parse("--api-key", "c", "--cors", "http://cli.example"))
+    assert config.api_keys == ("c",) and config.cors.origins == ("http://cli.example",)
+
+
+def test_llama_server_values_of_device_and_flash_attn_variables(monkeypatch):
+    monkeypatch.setenv("LLAMA_ARG_DEVICE", "none")   # llama-server's -dev: no GPU
+    monkeypatch.setenv("LLAMA_ARG_FLASH_ATTN", "1")
+    assert plan_from_args(parse()).model.device == "cpu"
+
+
+@pytest.mark.parametrize("value", ["", " , "])
+def test_an_empty_api_key_stops_the_server_rather_than_open_it(monkeypatch, capsys, value):
+    monkeypatch.setenv("LLAMA_API_KEY", value)   # an unset ${KEY} in a compose file
+    status, err = run_cli(capsys)
+    assert status == 2 and len(err) == 1 and "holds no key" in err[0], err
+
+
 def test_api_key_lists_and_key_file_comments_as_llama_server_reads_them(tmp_path):
-    assert flag_keys(["k1,k2", ' a , "b,c"', ""]) == ["k1", "k2", "a", "b,c"]
+    assert flag_keys(["k1,k2", ' a , "b,c"']) == ["k1", "k2", "a", "b,c"]
     keys = tmp_path / "keys"
     keys.write_text("# the team's keys\nk3\n  # old: k0\n\nk4\n")
     assert read_key_file(keys) == ["k3", "k4"]
@@ -83,3 +106,5 @@ def test_a_llama_server_docker_setup_serves(tmp_path, monkeypatch):
         assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 256   # 512 / 2 slots
     text = log.read_text()
     assert "llama-server flags with no effect here: --mlock (" in text and "--threads-http 8 (" in text
+    assert "from llama-server's environment variables: " in text and "LLAMA_API_KEY=(set)" in text
+    assert "LLAMA_ARG_CTX_SIZE=512" in text and "k1,k2" not in text

@@ -9,6 +9,7 @@ key, CORS, metrics labelled by model, and a client that disconnects mid-stream f
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -30,11 +31,18 @@ def router(tmp_path_factory):
     (tmp / "models" / "b.gguf").symlink_to(ARCHS / "llama3_freqs.gguf")
     (tmp / "models" / "broken.gguf").write_bytes(b"GGUF" + bytes(60))   # its server exits at load
     (tmp / "hub").mkdir()   # an empty hub cache: the host's own is not listed
-    with serving(tmp, "--models-dir", str(tmp / "models"), "--models-cache", str(tmp / "hub"), "--models-max", "1",
-                 "-c", "2048", "-np", "1", "--no-warmup", "--no-watch", "--metrics", "--api-key", "router-key",
-                 "--cors-origins", "localhost") as srv:
-        srv.http.headers.update(KEY)
-        yield srv
+    # llama-server's variables are the router's: a child that read them would become a router itself
+    # (-m with --models-dir is refused) or take the router's key; the router gives them a clean environment
+    os.environ |= {"LLAMA_ARG_MODELS_DIR": str(tmp / "models"), "LLAMA_API_KEY": "env-key"}
+    try:
+        with serving(tmp, "--models-dir", str(tmp / "models"), "--models-cache", str(tmp / "hub"), "--models-max", "1",
+                     "-c", "2048", "-np", "1", "--no-warmup", "--no-watch", "--metrics", "--api-key", "router-key",
+                     "--cors-origins", "localhost") as srv:
+            srv.http.headers.update(KEY)
+            yield srv
+    finally:
+        for name in ("LLAMA_ARG_MODELS_DIR", "LLAMA_API_KEY"):
+            del os.environ[name]
 
 
 def statuses(router) -> dict[str, str]:

@@ -52,7 +52,8 @@ def test_flags_become_request_fields_by_their_request_names(tmp_path):
     (("--top-p", "2"), "--top-p"), (("--mirostat", "3"), "--mirostat"), (("--top-k", "x"), "--top-k"),
     (("--samplers", "top_k;bogus"), "--samplers"), (("-l", "15"), "--logit-bias"), (("-l", "15+1e9"), "--logit-bias"),
     (("-jf", "/no/such.json"), "--json-schema-file"), (("-j", "[1"), "--json-schema"),
-    (("--grammar", "root ::= \"a\"", "-j", "{}"), "--json-schema")])
+    (("--grammar", "root ::= \"a\"", "-j", "{}"), "--json-schema"), (("--grammar", "root ::= ((("), "--grammar"),
+    (("-j", '{"type": "nonsense"}'), "--json-schema")])
 def test_a_bad_value_is_one_line_naming_the_flag(capsys, argv, named):
     status, err = run_cli(capsys, *argv)
     assert status == 2 and len(err) == 1 and named in err[0], err
@@ -78,6 +79,8 @@ def test_logit_bias_and_ignore_eos_flags_apply_to_chat_too(tiny_engine):
         r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 12,
                                                  "temperature": 0})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 12   # no EOS stops it
+    with client_with(tiny_engine, logit_bias=[[10**6, 1.0]]) as c:   # past the vocabulary: skipped, as llama-server
+        assert greedy(c, "Once upon", n=1)["tokens"][0] == first
 
 
 def test_the_servers_json_schema_constrains_requests_without_their_own(tiny_engine):

@@ -1,4 +1,5 @@
-"""Who may call what over HTTP: API keys (api_keys.py) and CORS (cors.py).
+"""Who may call what over HTTP, and where: API keys (api_keys.py), CORS (cors.py), the API prefix
+(api_prefix.py) and HTTPS (tls.py).
 
 Shared by the serving server (slotserver.server) and the router (slotserver.router), and so kept
 free of torch: a router process loads no model, and `slotserver.server` imports the engine.

@@ -27,9 +27,21 @@ PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models"})
 
 def flag_keys(values: list[str]) -> list[str]:
     """`--api-key` values: each a comma-separated list (CSV quoting, as llama-server's); surrounding
-    whitespace is dropped, as in a key file, and so are empty keys."""
-    return [key.strip() for value in values for key in next(csv.reader([value], skipinitialspace=True), [])
-            if key.strip()]
+    whitespace is dropped, as in a key file, and so are empty items. A value with no key at all
+    (`--api-key ""`, an unset `LLAMA_API_KEY=${KEY}`) is a ConfigError: it must not start a server
+    without authentication."""
+    keys = []
+    for value in values:
+        found = [k.strip() for k in next(csv.reader([value], skipinitialspace=True), []) if k.strip()]
+        if not found:
+            raise ConfigError(f"--api-key {value!r} holds no key")
+        keys += found
+    return keys
+
+
+def keys_from_args(args) -> tuple[str, ...]:
+    """--api-key (repeatable, comma-separated) and --api-key-file, as the server and the router read them."""
+    return tuple(flag_keys(args.api_key)) + (tuple(read_key_file(args.api_key_file)) if args.api_key_file else ())
 
 
 def read_key_file(path: Path) -> list[str]:

@@ -86,5 +86,7 @@ def log_setup(args: argparse.Namespace, fmt: str) -> None:
             raise ConfigError(f"--log-file {args.log_file}: {e.strerror}") from None
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=fmt, datefmt="%H:%M:%S",
                         handlers=handlers or [logging.NullHandler()])
+    if getattr(args, "llama_env", ""):
+        logging.getLogger("slotserver").info("from llama-server's environment variables: %s", args.llama_env)
     if args.no_effect:
         logging.getLogger("slotserver").info("llama-server flags with no effect here: %s", "; ".join(args.no_effect))

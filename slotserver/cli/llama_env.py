@@ -1,11 +1,14 @@
 """llama-server's environment variables (`LLAMA_ARG_CTX_SIZE=8192`, `LLAMA_API_KEY`...), as Docker and
 systemd setups of llama-server configure it: each stands for its flag, and a flag on the command
-line wins over its variable, as in llama-server (common/arg.cpp, common_params_parse_ex).
-
-A switch's variable takes on/enabled/true/1 or off/disabled/false/0; `LLAMA_ARG_NO_X` (for a flag
-with a `--no-` form) means off. A variable of a llama-server flag that `slotserver serve` does not
-take stops the server with one line naming both, as the flag itself would. TABLE is generated from
-llama.cpp's common/arg.cpp by playground/llama_env_table.py (the llama-cpp-python 0.3.36 sources).
+line wins over its variable, as in llama-server (common/arg.cpp, common_params_parse_ex). A switch's
+variable takes on/enabled/true/1 or off/disabled/false/0 (llama-server ignores other values; here
+they are an error naming the variable); `LLAMA_ARG_NO_X` (for a flag with a `--no-` form) means off.
+A value is checked against its flag here, so an error names the variable. A variable of a
+llama-server flag that `slotserver serve` does not take stops the server with one line naming both,
+as the flag itself would. The variables used are named in one start-up line (keys masked):
+`LLAMA_ARG_HOST=0.0.0.0`, which llama.cpp's Docker images set, moves the server off loopback. TABLE
+is generated from llama.cpp's common/arg.cpp by playground/llama_env_table.py (the llama-cpp-python
+0.3.36 sources).
 """
 
 from __future__ import annotations
@@ -170,6 +173,15 @@ TABLE: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 )
 
 
+SECRET = ("KEY", "TOKEN")   # variables whose values the start-up line does not show
+# llama-server's values where its flag differs from ours: -dev names devices ("none": the CPU)
+def _device(value: str) -> str:
+    return "cpu" if value.lower() == "none" else "cuda" if value.lower().startswith("cuda") else value
+
+
+TRANSLATE = {"LLAMA_ARG_DEVICE": _device}
+
+
 def _given(argv: list[str]) -> set[str]:
     return {a.partition("=")[0] for a in argv if a.startswith("-")}
 
@@ -182,17 +194,46 @@ def _switch(env: str, value: str, on: list[str], off: list[str]) -> list[str]:
     raise argparse.ArgumentTypeError(f"{env}={value!r}: expected one of {', '.join(TRUE + FALSE)}")
 
 
-def env_argv(known: Mapping[str, argparse.Action], argv: list[str], environ: Mapping[str, str]) -> list[str]:
-    """The flags llama-server's variables in `environ` stand for, minus those `argv` gives itself.
-    `known`: the parser's option strings. Raises ArgumentTypeError naming the variable."""
-    given, out = _given(argv), []
+def _valued(env: str, value: str, action: argparse.Action) -> list[str]:
+    """`--flag=value` (a value starting with `-` stays a value), checked here so an error names the variable."""
+    value = TRANSLATE.get(env, str)(value)
+    try:
+        converted = action.type(value) if callable(action.type) else value
+    except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"{env}={value!r}: {e or 'not a valid value'}") from None
+    if action.choices is not None and converted not in action.choices:
+        raise argparse.ArgumentTypeError(f"{env}={value!r}: expected one of {', '.join(map(str, action.choices))}")
+    spelling = next((o for o in action.option_strings if o.startswith("--")), action.option_strings[0])
+    return [f"{spelling}={value}"]
+
+
+def env_argv(known: Mapping[str, argparse.Action], argv: list[str],
+             environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """(the flags llama-server's variables in `environ` stand for, minus those `argv` gives itself
+    in any spelling; the variables used). `known`: the parser's option strings. Raises
+    ArgumentTypeError naming the variable."""
+    given, out, used = _given(argv), [], []
     for env, names, negative in TABLE:
         no_env = env.replace("LLAMA_ARG_", "LLAMA_ARG_NO_") if negative else None
         value = "0" if no_env and no_env in environ else environ.get(env)
-        if value is None or given & {*names, *negative}:
-            continue
         on, off = [n for n in names if n in known], [n for n in negative if n in known]
+        spellings = {*names, *negative, *(s for n in on + off for s in known[n].option_strings)}
+        if value is None or given & spellings:
+            continue
         if not on:
             raise argparse.ArgumentTypeError(f"{env} (llama-server's {names[-1]}) is not supported by slotserver")
-        out += _switch(env, value, on, off) if known[on[0]].nargs == 0 else [on[0], value]
-    return out
+        action = known[on[0]]
+        out += _switch(env, value, on, off) if action.nargs == 0 else _valued(env, value, action)
+        used.append(no_env if no_env and no_env in environ else env)
+    return out, used
+
+
+def shown(environ: Mapping[str, str], used: list[str]) -> str:
+    """`LLAMA_ARG_CTX_SIZE=8192, LLAMA_API_KEY=(set)`: the start-up line's account of the variables."""
+    return ", ".join(f"{v}=(set)" if any(w in v for w in SECRET) else f"{v}={environ.get(v, '')}" for v in used)
+
+
+def env_flags(flags: Mapping[str, tuple[str, bool]]) -> dict[str, tuple[str, bool]]:
+    """{variable: the flag entry it stands for} for a flag table (cli/router_args.py flag_table):
+    a preset file's `LLAMA_ARG_N_PARALLEL = 2` names `--parallel` (router/preset_ini.py)."""
+    return {env: flags[on[0]] for env, names, _ in TABLE if (on := [n for n in names if n in flags])}

@@ -15,10 +15,10 @@ from pathlib import Path
 from slotserver.errors import ConfigError
 
 # flags the router itself answers to; a child never sees them (its own are set by child_args.py)
-RESERVED = ("--host", "--port", "--model", "--alias", "--api-key", "--api-key-file", "--models-dir",
-            "--models-preset", "--models-cache", "--models-max", "--models-autoload", "--cors-origins",
-            "--cors-methods", "--cors-headers", "--cors-credentials", "--api-prefix", "--ssl-key-file",
-            "--ssl-cert-file")
+RESERVED = ("--host", "--port", "--model", "--alias", "--api-key", "--api-key-file", "--log-file", "--log-disable",
+            "--models-dir", "--models-preset", "--models-cache", "--models-max", "--models-autoload",
+            "--cors-origins", "--cors-methods", "--cors-headers", "--cors-credentials", "--api-prefix",
+            "--ssl-key-file", "--ssl-cert-file")
 
 
 def add_router_args(p: argparse.ArgumentParser) -> None:
@@ -72,22 +72,22 @@ def passthrough_argv(argv: list[str], table: dict[str, tuple[str, bool]]) -> lis
 def router_config(args, parser: argparse.ArgumentParser):
     from slotserver.router.config import RouterConfig, fake_timing_from_env
     from slotserver.router.hub_cache import default_cache
-    from slotserver.access.api_keys import flag_keys, read_key_file
+    from slotserver.access.api_keys import keys_from_args
     from slotserver.access.cors import CorsPolicy
+    from slotserver.cli.llama_env import env_flags
 
     if args.model is not None:
         raise ConfigError("-m/--model and router mode (--models-dir/--models-preset/--models-cache) exclude each other")
-    keys = tuple(flag_keys(args.api_key)) + (tuple(read_key_file(args.api_key_file)) if args.api_key_file else ())
     table = flag_table(parser)
+    table |= env_flags(table)   # a preset's LLAMA_ARG_* keys (router/preset_ini.py)
     cache = args.models_cache
     if cache is None and (found := default_cache()) is not None and found.is_dir():
         cache = found
     config = RouterConfig(models_dir=args.models_dir, models_preset=args.models_preset, models_cache=cache,
                           models_max=args.models_max, max_queue=args.max_queue,
                           autoload=args.models_autoload, host=args.host, port=args.port,
-                          api_keys=keys, metrics=args.metrics,
-                          cors=CorsPolicy.from_flags(args.cors, args.cors_methods, args.cors_headers,
-                                                     args.cors_credentials), api_prefix=args.api_prefix,
+                          api_keys=keys_from_args(args), metrics=args.metrics, cors=CorsPolicy.from_args(args),
+                          api_prefix=args.api_prefix,
                           ssl_key=args.ssl_key_file, ssl_cert=args.ssl_cert_file,
                           child_argv=tuple(passthrough_argv(args.serve_argv, table)),
                           child_command=(sys.executable, "-m", "slotserver.cli.main", "serve"),

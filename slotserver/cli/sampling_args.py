@@ -7,8 +7,11 @@ OpenAI, Anthropic and Responses routes alike; a field the request sends wins, as
 (a request's `logit_bias`, `samplers` or breakers replace the flag's, they are not merged).
 `--temp`, `--seed` and `-n` stay in GenerationDefaults' own fields.
 
-Values are checked here, at start-up, with llama.cpp's bounds (one line, exit status 2), and again
-per request by the request parser (server/params.py), which reads them like any body field.
+Values are checked here, at start-up, with the request parser's bounds (one line, exit status 2;
+grammars and schemas compiled), and again per request by the request parser (server/params.py),
+which reads them like any body field. Two things only the loaded model can check: a grammar's
+tokens against its vocabulary (per request, as a request's own grammar), and `-l` token ids past
+the vocabulary, which are skipped, as llama-server skips them (server/params.py).
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ def _number(kind: type, lo: float = -math.inf, hi: float = math.inf) -> Check:
 
 
 def _logit_bias(text: str) -> list:
-    """llama-server's TOKEN_ID(+/-)BIAS: `15043+1`, `15043-inf` (forbidden: the request's `false`).
-    Within the request parser's +-1e6 (server/params.py), so no request fails on it."""
+    """llama-server's TOKEN_ID(+/-)BIAS: `15043+1`, `15043-inf` (forbidden: the request's `false`),
+    within the request parser's +-1e6 (server/params.py)."""
     for sign in "+-":
         head, found, tail = text.partition(sign)
         if found and head.strip().isdigit():
@@ -73,6 +76,26 @@ def _json_schema(text: str) -> Any:
     if not isinstance(schema, (dict, bool)):
         raise argparse.ArgumentTypeError("a JSON Schema is an object")
     return schema
+
+
+def _compiled(kind: str) -> Check:
+    """The constraint, compiled once here so that a bad one stops start-up, not every request."""
+    def check(source):
+        from slotserver.engine.grammar import GrammarError, validated_constraint   # llguidance: only when given
+        try:
+            validated_constraint(kind, source)
+        except GrammarError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return source
+    return check
+
+
+def _chain(*checks: Check) -> Check:
+    def check(text: str):
+        for one in checks:
+            text = one(text)
+        return text
+    return check
 
 
 def _file(check: Check | None = None) -> Check:
@@ -116,10 +139,12 @@ FLAGS: tuple[tuple[tuple[str, ...], str, Check | None, str], ...] = (
     (("--sampler-seq", "--sampling-seq"), "samplers", _samplers(None), "sampler letters in order (edkypmxt)"),
     (("--ignore-eos",), "ignore_eos", None, "generate past end-of-generation tokens"),
     (("--keep",), "n_keep", _number(int, -1, 2**31 - 1), "prompt tokens kept by a context shift (-1: all)"),
-    (("--grammar",), "grammar", str, "a GBNF grammar every answer follows"),
-    (("--grammar-file",), "grammar", _file(), "a file holding that grammar"),
-    (("-j", "--json-schema"), "json_schema", _json_schema, "a JSON Schema every answer follows"),
-    (("-jf", "--json-schema-file"), "json_schema", _file(_json_schema), "a file holding that schema"),
+    (("--grammar",), "grammar", _compiled("gbnf"), "a GBNF grammar every answer follows"),
+    (("--grammar-file",), "grammar", _file(_compiled("gbnf")), "a file holding that grammar"),
+    (("-j", "--json-schema"), "json_schema", _chain(_json_schema, _compiled("json_schema")),
+     "a JSON Schema every answer follows"),
+    (("-jf", "--json-schema-file"), "json_schema", _file(_chain(_json_schema, _compiled("json_schema"))),
+     "a file holding that schema"),
 )
 
 

@@ -16,8 +16,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from slotserver.cli.access_args import add_access_args
 from slotserver.cli.compat_args import add_compat_args, log_setup
-from slotserver.cli.llama_env import env_argv
+from slotserver.cli.llama_env import env_argv, shown
 from slotserver.cli.sampling_args import add_sampling_args
 from slotserver.cli.spec_args import add_spec_args
 from slotserver.engine.config import EngineConfig
@@ -40,14 +41,16 @@ class ServeArgumentParser(CommandParser):
     def parse_known_args(self, args=None, namespace=None):
         args = normalize_argv(sys.argv[1:] if args is None else list(args))
         try:   # llama-server's LLAMA_ARG_* variables, under the command line's own flags
-            args = env_argv(self._option_string_actions, args, os.environ) + args
+            from_env, used = env_argv(self._option_string_actions, args, os.environ)
         except argparse.ArgumentTypeError as e:
             self.error(str(e))
+        args = from_env + args
         unknown = [a for a in args if SHORT_FLAG.match(a) and a not in self._option_string_actions]
         if unknown:
             self.error(f"unrecognized arguments: {' '.join(unknown)}")
         parsed, rest = super().parse_known_args(args, namespace)
         parsed.serve_argv = args   # router mode passes the user's flags on to each model's server
+        parsed.llama_env = shown(os.environ, used)   # named at start-up (compat_args.log_setup)
         return parsed, rest
 
 
@@ -82,9 +85,6 @@ def add_parser(sub) -> None:
     a("-n", "--n-predict", type=int, default=-1, help="default tokens to predict (-1: no limit)")
     a("--temp", "--temperature", type=float, default=0.8, help="default temperature")
     a("-s", "--seed", type=int, default=-1, help="default seed (-1: random)")
-    a("--api-key", action="append", default=[],
-      help="require this key (repeatable; a comma-separated list is several keys, as llama-server)")
-    a("--api-key-file", type=Path, default=None, help="file with one API key per line (# starts a comment line)")
     a("--slot-save-path", type=Path, default=None, help="folder for slot save/restore")
     a("--metrics", action="store_true", help="enable GET /metrics")
     a("--lora-init-without-apply", action="store_true",
@@ -165,17 +165,6 @@ def add_parser(sub) -> None:
     a("-kvu", "--kv-unified", action="store_true",
       help="llama-server's unified KV: every slot may use the whole --ctx-size, all slots share one pool "
            "of --ctx-size cells (a paged layout)")
-    a("--cors-origins", "--cors", dest="cors", action="append", default=[], metavar="ORIGINS",
-      help="CORS for the inference and info endpoints (default: none, unlike llama-server): comma-separated "
-           "origins, * (any) or localhost (any localhost origin); repeatable")
-    a("--cors-methods", default="GET, POST, DELETE, OPTIONS", metavar="METHODS",
-      help="methods a CORS preflight allows (default: %(default)s)")
-    a("--cors-headers", default="*", metavar="HEADERS", help="headers a CORS preflight allows (default: *)")
-    a("--cors-credentials", action=argparse.BooleanOptionalAction, default=True,
-      help="allow credentials in CORS requests (default on, as llama-server; with * the Origin is echoed)")
-    a("--api-prefix", default="", metavar="PREFIX", help="serve every route under PREFIX (/llm), as llama-server")
-    a("--ssl-key-file", type=Path, default=None, metavar="FILE", help="HTTPS: the PEM private key (with --ssl-cert-file)")
-    a("--ssl-cert-file", type=Path, default=None, metavar="FILE", help="HTTPS: the PEM certificate (with --ssl-key-file)")
     a("--slots-debug", action="store_true", help="show prompt text in GET /slots")
     a("--spm-infill", action="store_true",
       help="/infill: Suffix/Prefix/Middle order instead of Prefix/Suffix/Middle, as some models prefer")
@@ -185,9 +174,11 @@ def add_parser(sub) -> None:
       help="pooling for embeddings (default: the model's own, {arch}.pooling_type)")
     a("--reranking", "--rerank", dest="reranking", action="store_true",
       help="serve /rerank (and /v1/rerank): --embedding with rank pooling, for a BERT cross-encoder")
-    a("-fa", "--flash-attn", choices=["on", "off", "auto"], default="auto",
+    a("-fa", "--flash-attn", choices=["on", "off", "auto", "1", "true", "enabled", "0", "false", "disabled", "-1"],
+      default="auto",
       help="accepted for llama-server's command lines; no effect: attention has one (exact) kernel per "
            "layout here, whatever the setting")
+    add_access_args(p)
     add_sampling_args(p)
     add_compat_args(p)
     add_router_args(p)

@@ -46,6 +46,17 @@ def _schema_grammar(schema: Any) -> str:
         raise GrammarError(f"invalid JSON schema: {e}") from None
 
 
+def validated_constraint(kind: str, source: Any) -> str:
+    """compile_constraint, then llguidance's checks that need no vocabulary (a JSON schema's `type`,
+    a grammar's rules): what start-up can say of a server's own --grammar / --json-schema."""
+    grammar = compile_constraint(kind, source)
+    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, None)
+    if is_error:
+        raise GrammarError(f"invalid {'JSON schema' if kind == 'json_schema' else 'grammar'}: "
+                           f"{messages[0] if messages else 'rejected by llguidance'}")
+    return grammar
+
+
 def compile_constraint(kind: str, source: Any) -> str:
     """`kind` "gbnf" (llama.cpp's GBNF or Lark), "json_schema", "regex" or "lark" -> llguidance's
     grammar text. Raises GrammarError; validity against a vocabulary is `Grammars.check`'s job."""

@@ -49,7 +49,10 @@ def is_true(value: str) -> bool:
 
 def flag_for(key: str, flags: Flags) -> str:
     """The flag a preset key names, in its canonical (first long) spelling: `ctx-size`, `c` and
-    `LLAMA_ARG_CTX_SIZE` all give `--ctx-size`; KeyError when the server has no such flag."""
+    `LLAMA_ARG_CTX_SIZE` all give `--ctx-size` (a variable through llama.cpp's own table when
+    `flags` carries it: cli/llama_env.py env_flags); KeyError when the server has no such flag."""
+    if key in flags and not key.startswith("-"):
+        return flags[key][0]
     if key.startswith("LLAMA_ARG_"):
         key = key[len("LLAMA_ARG_"):].lower().replace("_", "-")
     for candidate in (f"--{key}", f"-{key}"):

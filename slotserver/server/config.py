@@ -30,7 +30,7 @@ class GenerationDefaults:
     reasoning_budget: int = -1          # -1: unlimited
     reasoning_budget_message: str = ""  # forced before the end tag when the budget runs out
     sse_ping_interval: int = 30         # streamed answers: seconds of silence before a ping (-1: none)
-    fields: Mapping[str, Any] = field(default_factory=dict)   # {"top_k": 20, ...}: --top-k and friends
+    fields: Mapping[str, Any] = field(default_factory=dict, hash=False)   # {"top_k": 20, ...}: --top-k & co.
 
     def __post_init__(self) -> None:
         if self.n_predict < -1:

@@ -13,7 +13,7 @@ from slotserver.model.text.chat_template import BUILTIN_NAMES, ChatTemplate, nam
 from slotserver.model.config import ConfigError, ModelConfig, lora_flags
 from slotserver.engine.speculative.config import SpecConfig
 from slotserver.engine.config import EngineConfig
-from slotserver.access.api_keys import flag_keys, read_key_file
+from slotserver.access.api_keys import keys_from_args
 from slotserver.access.cors import CorsPolicy
 from slotserver.server.chat_options import chat_defaults_from_flags
 from slotserver.server.launch import LaunchPlan
@@ -71,7 +71,6 @@ def _device(args) -> str:
 
 
 def server_config_from_args(args) -> ServerConfig:
-    keys = flag_keys(args.api_key) + (read_key_file(args.api_key_file) if args.api_key_file else [])
     defaults = GenerationDefaults(n_predict=args.n_predict, temperature=args.temp, seed=args.seed,
                                   cache_prompt=args.cache_prompt,
                                   reasoning_budget=getattr(args, "reasoning_budget", -1),
@@ -79,8 +78,8 @@ def server_config_from_args(args) -> ServerConfig:
                                   sse_ping_interval=getattr(args, "sse_ping_interval", 30),
                                   fields=getattr(args, "request_fields", None) or {})   # cli/sampling_args.py
     return ServerConfig(
-        model_path=str(_model_path(args)), alias=args.alias, api_keys=tuple(keys),
-        cors=CorsPolicy.from_flags(args.cors, args.cors_methods, args.cors_headers, args.cors_credentials),
+        model_path=str(_model_path(args)), alias=args.alias, api_keys=keys_from_args(args),
+        cors=CorsPolicy.from_args(args),
         api_prefix=getattr(args, "api_prefix", ""), slots_endpoint=args.slots, slots_debug=args.slots_debug,
         metrics=args.metrics, lab_api=not args.no_lab_api, slot_save_path=_slot_save_path(args.slot_save_path),
         timeout=args.timeout,

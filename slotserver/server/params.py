@@ -60,13 +60,22 @@ def sampling_params(f: Fields, tokenizer: Tokenizer, defaults: GenerationDefault
             repeat_last_n=f.int("repeat_last_n", 64, lo=-1),
             presence_penalty=f.float("presence_penalty", 0.0, -ADDITIVE_LIMIT, ADDITIVE_LIMIT),
             frequency_penalty=f.float("frequency_penalty", 0.0, -ADDITIVE_LIMIT, ADDITIVE_LIMIT),
-            logit_bias=parse_logit_bias(tokenizer, f.raw("logit_bias"), ADDITIVE_LIMIT),
+            logit_bias=_logit_bias(f, tokenizer),
             seed=f.int("seed", defaults.seed, lo=-1, hi=UINT32_MAX),
             n_probs=n_probs,
             **_chain_fields(f, tokenizer),
         )
     except SamplingError as e:
         raise bad_request(str(e)) from None
+
+
+def _logit_bias(f: Fields, tokenizer: Tokenizer) -> tuple[tuple[int, float], ...]:
+    """The request's `logit_bias`, else the server's `-l` flags, whose ids past this model's vocabulary
+    are skipped, as llama-server skips them (a request's own are a 400 naming the id)."""
+    value = f.raw("logit_bias")
+    if value is not None and not f.sent("logit_bias"):
+        value = [[t, b] for t, b in value if not isinstance(t, int) or t < tokenizer.vocab_size]
+    return parse_logit_bias(tokenizer, value, ADDITIVE_LIMIT)
 
 
 def _chain_fields(f: Fields, tokenizer: Tokenizer) -> dict[str, Any]:

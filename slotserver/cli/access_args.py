@@ -1,0 +1,29 @@
+"""`slotserver serve`'s flags for who may reach the server and how (llama-server's names): API keys,
+CORS, the API prefix and HTTPS. The rules they feed are slotserver/access/'s, shared by the
+serving server and the router (which keeps them all to itself: cli/router_args.py RESERVED).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_access_args(p: argparse.ArgumentParser) -> None:
+    a = p.add_argument
+    a("--api-key", action="append", default=[],
+      help="require this key (repeatable; a comma-separated list is several keys, as llama-server)")
+    a("--api-key-file", type=Path, default=None, help="file with one API key per line (# starts a comment line)")
+    a("--cors-origins", "--cors", dest="cors", action="append", default=[], metavar="ORIGINS",
+      help="CORS for the inference and info endpoints (default: none, unlike llama-server): comma-separated "
+           "origins, * (any) or localhost (any localhost origin); repeatable")
+    a("--cors-methods", default="GET, POST, DELETE, OPTIONS", metavar="METHODS",
+      help="methods a CORS preflight allows (default: %(default)s)")
+    a("--cors-headers", default="*", metavar="HEADERS", help="headers a CORS preflight allows (default: *)")
+    a("--cors-credentials", action=argparse.BooleanOptionalAction, default=True,
+      help="allow credentials in CORS requests (default on, as llama-server; with * the Origin is echoed)")
+    a("--api-prefix", default="", metavar="PREFIX", help="serve every route under PREFIX (/llm), as llama-server")
+    a("--ssl-key-file", type=Path, default=None, metavar="FILE",
+      help="HTTPS: the PEM private key (with --ssl-cert-file)")
+    a("--ssl-cert-file", type=Path, default=None, metavar="FILE",
+      help="HTTPS: the PEM certificate (with --ssl-key-file)")
