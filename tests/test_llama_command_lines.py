@@ -78,7 +78,24 @@ def test_llama_server_values_of_device_and_flash_attn_variables(monkeypatch):
 def test_an_empty_api_key_stops_the_server_rather_than_open_it(monkeypatch, capsys, value):
     monkeypatch.setenv("LLAMA_API_KEY", value)   # an unset ${KEY} in a compose file
     status, err = run_cli(capsys)
+    assert status == 2 and len(err) == 1 and "LLAMA_API_KEY" in err[0], err
+    status, err = run_cli(capsys, "--api-key", value)
     assert status == 2 and len(err) == 1 and "holds no key" in err[0], err
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("LLAMA_ARG_HOST", "", "LLAMA_ARG_HOST is set but empty"),   # would listen on every interface
+    ("LLAMA_ARG_MODELS_DIR", "", "LLAMA_ARG_MODELS_DIR is set but empty"),
+    ("LLAMA_ARG_DEVICE", "CUDA1", "CUDA_VISIBLE_DEVICES"),
+    ("LLAMA_ARG_CONT_BATCHING", "0", "LLAMA_ARG_CONT_BATCHING='0': continuous batching")])
+def test_variables_that_cannot_be_honoured_are_one_line_naming_them(monkeypatch, capsys, name, value, words):
+    monkeypatch.setenv(name, value)
+    status, err = run_cli(capsys)
+    assert status == 2 and len(err) == 1 and words in err[0], err
+
+
+def test_a_bare_flash_attn_flag_as_older_model_cards_write_it():
+    assert parse("-fa").flash_attn == "on"
 
 
 def test_api_key_lists_and_key_file_comments_as_llama_server_reads_them(tmp_path):

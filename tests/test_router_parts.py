@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 
 from slotserver.cli.main import build_parser, main
+from slotserver.cli.llama_env import env_flags
 from slotserver.cli.router_args import flag_table, passthrough_argv
 from slotserver.errors import ConfigError
 from slotserver.router import hub_cache
 from slotserver.router.catalog import build_catalog
 from slotserver.router.child_args import child_argv
 from slotserver.router.config import RouterConfig
+from slotserver.router.preset_ini import flag_for
 from slotserver.router.events import Events
 from slotserver.router.instance import LOADED, UNLOADED, Instance
 from slotserver.router.metrics import merge
@@ -119,16 +121,25 @@ def test_preset_options_cascade_and_render_as_child_flags(tmp_path):
                    "[mine]\nhf-repo = org/m-GGUF:Q8_0\nLLAMA_ARG_N_PREDICT = 7\nload-on-startup = true\n"
                    "dedup-cache-models = 1\n[ghost]\nhf-repo = org/none\n")
     config = RouterConfig(models_dir=tmp_path / "dir", models_preset=ini, models_cache=tmp_path / "hub",
-                          child_argv=("-np", "2"), child_command=("slotserver", "serve"))
+                          child_argv=("-np", "2"), child_env_argv=("--temp=0.5", "--ctx-size=64"),
+                          child_command=("slotserver", "serve"))
     cat = build_catalog(config, FLAGS)
     assert cat["local"].options == {"--ctx-size": "512", "--parallel": "3", "--cache-prompt": "false"}
     assert cat["mine"].path == snap / "m-Q8_0.gguf" and cat["mine"].load_on_startup
     assert cat["org/m-GGUF:Q8_0"].hidden, "dedup-cache-models hides the cache entry the preset serves"
     assert "not in the models cache" in cat["ghost"].error
     argv = child_argv(cat["local"], config, FLAGS, 1234)
-    assert argv == ["slotserver", "serve", "--ctx-size", "512", "--parallel", "3", "--no-cache-prompt",
-                    "-np", "2", "--model", str(tmp_path / "dir" / "local.gguf"),
+    # the router's variables, then the preset (which overrides them), then the router's command line
+    assert argv == ["slotserver", "serve", "--temp=0.5", "--ctx-size=64", "--ctx-size", "512", "--parallel", "3",
+                    "--no-cache-prompt", "-np", "2", "--model", str(tmp_path / "dir" / "local.gguf"),
                     "--host", "127.0.0.1", "--port", "1234", "--alias", "local"]
+
+
+def test_preset_variable_keys_name_flags_through_llama_cpps_table():
+    flags = {**FLAGS, **env_flags(FLAGS)}   # as cli/router_args.py builds it
+    assert flag_for("LLAMA_ARG_N_PARALLEL", flags) == "--parallel"   # not "--n-parallel"
+    assert flag_for("LLAMA_ARG_ENDPOINT_METRICS", flags) == "--metrics"
+    assert flag_for("LLAMA_ARG_NO_UI", flags) == "--no-webui"
 
 
 def test_an_unknown_preset_key_is_refused_by_name(tmp_path):

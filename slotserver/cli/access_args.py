@@ -8,10 +8,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from slotserver.access.api_keys import flag_keys
+from slotserver.errors import ConfigError
+
+
+def _keys(value: str) -> str:
+    """One --api-key value: it must hold a key (a blank one must not start an open server)."""
+    try:
+        flag_keys([value])
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
 
 def add_access_args(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
-    a("--api-key", action="append", default=[],
+    a("--api-key", action="append", default=[], type=_keys,
       help="require this key (repeatable; a comma-separated list is several keys, as llama-server)")
     a("--api-key-file", type=Path, default=None, help="file with one API key per line (# starts a comment line)")
     a("--cors-origins", "--cors", dest="cors", action="append", default=[], metavar="ORIGINS",

@@ -30,8 +30,8 @@ NO_EFFECT: tuple[tuple[tuple[str, ...], int | str | None, str], ...] = (
     (("-mg", "--main-gpu"), None, "the first CUDA device is used"),
     (("-kvo", "--kv-offload", "-nkvo", "--no-kv-offload"), 0, "the KV cache lives with the weights"),
     (("-cmoe", "--cpu-moe"), 0, "all of a model's weights, experts included, are on --device"),
-    (("-ncmoe", "--n-cpu-moe", "-ncffn", "--n-cpu-ffn"), None,
-     "all of a model's weights, experts included, are on --device"),
+    (("-ncmoe", "--n-cpu-moe"), None, "all of a model's weights, experts included, are on --device"),
+    (("-ncffn", "--n-cpu-ffn"), None, "all of a model's weights are on --device"),
     (("-ot", "--override-tensor"), None, "all of a model's weights are on --device"),
     (("-bs", "--backend-sampling"), 0, "on CUDA the sampler chain runs on the device already (where measured faster)"),
     (("--swa-full",), 0, "sliding-window layers keep every cell here: the window is a mask"),
@@ -40,8 +40,8 @@ NO_EFFECT: tuple[tuple[tuple[str, ...], int | str | None, str], ...] = (
     (("-fit", "--fit"), None, "-c is taken as given, not fitted to free memory"),
     (("--perf", "--no-perf"), 0, "timings are always measured"),
     (("--offline",), 0, "nothing is ever downloaded"),
-    (("--log-prefix", "--no-log-prefix", "--log-timestamps", "--no-log-timestamps"), 0,
-     "log lines have one format here"),
+    (("--log-prefix", "--no-log-prefix"), 0, "log lines have one format here"),
+    (("--log-timestamps", "--no-log-timestamps"), 0, "log lines have one format here"),
     (("--log-colors",), "?", "log lines are not coloured"),
     (("-lv", "--verbosity", "--log-verbosity"), None, "-v turns debug lines on"),
 )
@@ -58,6 +58,10 @@ class _NoEffect(argparse.Action):
 
 
 class _Refused(argparse.Action):
+    @property
+    def refusal(self) -> str:   # read by cli/llama_env.py, so a variable's error names the variable
+        return self.help
+
     def __call__(self, parser, namespace, value, option_string=None) -> None:
         parser.error(f"{option_string}: {self.help}")
 

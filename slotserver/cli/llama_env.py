@@ -176,7 +176,15 @@ TABLE: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 SECRET = ("KEY", "TOKEN")   # variables whose values the start-up line does not show
 # llama-server's values where its flag differs from ours: -dev names devices ("none": the CPU)
 def _device(value: str) -> str:
-    return "cpu" if value.lower() == "none" else "cuda" if value.lower().startswith("cuda") else value
+    """llama-server's -dev names: none -> cpu, CUDA0 -> cuda (the first visible GPU); another GPU is
+    chosen with CUDA_VISIBLE_DEVICES, not here."""
+    low = value.lower()
+    if low == "none":
+        return "cpu"
+    if low.startswith("cuda") and low != "cuda0":
+        raise argparse.ArgumentTypeError("slotserver uses the first visible GPU: choose it with "
+                                         "CUDA_VISIBLE_DEVICES=N and LLAMA_ARG_DEVICE=CUDA0 (or unset)")
+    return "cuda" if low == "cuda0" else value
 
 
 TRANSLATE = {"LLAMA_ARG_DEVICE": _device}
@@ -196,15 +204,17 @@ def _switch(env: str, value: str, on: list[str], off: list[str]) -> list[str]:
 
 def _valued(env: str, value: str, action: argparse.Action) -> list[str]:
     """`--flag=value` (a value starting with `-` stays a value), checked here so an error names the variable."""
-    value = TRANSLATE.get(env, str)(value)
+    if not value.strip() and (action.type is not None or "--host" in action.option_strings):
+        raise argparse.ArgumentTypeError(f"{env} is set but empty (an unset variable in a compose file?)")
     try:
+        value = TRANSLATE.get(env, str)(value)
         converted = action.type(value) if callable(action.type) else value
     except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
         raise argparse.ArgumentTypeError(f"{env}={value!r}: {e or 'not a valid value'}") from None
     if action.choices is not None and converted not in action.choices:
         raise argparse.ArgumentTypeError(f"{env}={value!r}: expected one of {', '.join(map(str, action.choices))}")
     spelling = next((o for o in action.option_strings if o.startswith("--")), action.option_strings[0])
-    return [f"{spelling}={value}"]
+    return [f"{spelling}={value}"] if spelling.startswith("--") else [spelling, value]
 
 
 def env_argv(known: Mapping[str, argparse.Action], argv: list[str],
@@ -223,7 +233,11 @@ def env_argv(known: Mapping[str, argparse.Action], argv: list[str],
         if not on:
             raise argparse.ArgumentTypeError(f"{env} (llama-server's {names[-1]}) is not supported by slotserver")
         action = known[on[0]]
-        out += _switch(env, value, on, off) if action.nargs == 0 else _valued(env, value, action)
+        flags = _switch(env, value, on, off) if action.nargs == 0 else _valued(env, value, action)
+        refused = [f for f in flags if getattr(known.get(f), "refusal", None)]
+        if refused:
+            raise argparse.ArgumentTypeError(f"{env}={value!r}: {known[refused[0]].refusal}")
+        out += flags
         used.append(no_env if no_env and no_env in environ else env)
     return out, used
 
@@ -236,4 +250,11 @@ def shown(environ: Mapping[str, str], used: list[str]) -> str:
 def env_flags(flags: Mapping[str, tuple[str, bool]]) -> dict[str, tuple[str, bool]]:
     """{variable: the flag entry it stands for} for a flag table (cli/router_args.py flag_table):
     a preset file's `LLAMA_ARG_N_PARALLEL = 2` names `--parallel` (router/preset_ini.py)."""
-    return {env: flags[on[0]] for env, names, _ in TABLE if (on := [n for n in names if n in flags])}
+    out = {}
+    for env, names, negative in TABLE:
+        on, off = [n for n in names if n in flags], [n for n in negative if n in flags]
+        if on:
+            out[env] = flags[on[0]]
+        if off:   # LLAMA_ARG_NO_UI = true names --no-webui
+            out[env.replace("LLAMA_ARG_", "LLAMA_ARG_NO_")] = flags[off[0]]
+    return out

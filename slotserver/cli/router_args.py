@@ -3,7 +3,9 @@
 Router mode starts when --models-dir, --models-preset or --models-cache is given (llama-server
 starts it when no model is given; here no `-m` means the embedded default model). The router's
 other flags (`-c 4096 -np 2 --temp 0`...) are passed to every child; the ones the router owns
-(host, port, API keys, the model and alias, the models-* flags) are not.
+(RESERVED: host, port, API keys, the model and alias, the models-* flags, logging, CORS, the API
+prefix, HTTPS) are not. Flags that came from LLAMA_ARG_* variables go before a preset's options,
+the command line's after them, as llama-server's children see them (router/child_args.py).
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def router_config(args, parser: argparse.ArgumentParser):
                           api_keys=keys_from_args(args), metrics=args.metrics, cors=CorsPolicy.from_args(args),
                           api_prefix=args.api_prefix,
                           ssl_key=args.ssl_key_file, ssl_cert=args.ssl_cert_file,
-                          child_argv=tuple(passthrough_argv(args.serve_argv, table)),
+                          child_env_argv=tuple(passthrough_argv(args.serve_argv[:args.env_count], table)),
+                          child_argv=tuple(passthrough_argv(args.serve_argv[args.env_count:], table)),
                           child_command=(sys.executable, "-m", "slotserver.cli.main", "serve"),
                           fake_timing=fake_timing_from_env())
     return config, table

@@ -45,11 +45,13 @@ class ServeArgumentParser(CommandParser):
         except argparse.ArgumentTypeError as e:
             self.error(str(e))
         args = from_env + args
+        env_count = len(from_env)
         unknown = [a for a in args if SHORT_FLAG.match(a) and a not in self._option_string_actions]
         if unknown:
             self.error(f"unrecognized arguments: {' '.join(unknown)}")
         parsed, rest = super().parse_known_args(args, namespace)
         parsed.serve_argv = args   # router mode passes the user's flags on to each model's server
+        parsed.env_count = env_count   # the first ones came from variables: under a preset's (router/child_args.py)
         parsed.llama_env = shown(os.environ, used)   # named at start-up (compat_args.log_setup)
         return parsed, rest
 
@@ -175,7 +177,7 @@ def add_parser(sub) -> None:
     a("--reranking", "--rerank", dest="reranking", action="store_true",
       help="serve /rerank (and /v1/rerank): --embedding with rank pooling, for a BERT cross-encoder")
     a("-fa", "--flash-attn", choices=["on", "off", "auto", "1", "true", "enabled", "0", "false", "disabled", "-1"],
-      default="auto",
+      nargs="?", const="on", default="auto",
       help="accepted for llama-server's command lines; no effect: attention has one (exact) kernel per "
            "layout here, whatever the setting")
     add_access_args(p)

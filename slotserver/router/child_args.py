@@ -29,7 +29,8 @@ def option_args(options: dict[str, str], flags: Flags) -> list[str]:
 
 def child_argv(entry: ModelEntry, config: RouterConfig, flags: Flags, port: int) -> list[str]:
     assert entry.path is not None
-    argv = [*config.child_command, *option_args(entry.options, flags), *config.child_argv,
+    # llama-server's order: the router's variables, then the preset, then the router's command line
+    argv = [*config.child_command, *config.child_env_argv, *option_args(entry.options, flags), *config.child_argv,
             "--model", str(entry.path)]
     if entry.draft is not None:
         argv += ["--model-draft", str(entry.draft)]

@@ -34,6 +34,7 @@ class RouterConfig:
     ssl_key: Path | None = None         # --ssl-key-file / --ssl-cert-file: the router speaks HTTPS (access/tls.py)
     ssl_cert: Path | None = None
     metrics: bool = False               # --metrics: GET /metrics merges the models' (children get the flag too)
+    child_env_argv: tuple[str, ...] = ()   # the router's flags that came from LLAMA_ARG_* variables: under a preset's
     child_argv: tuple[str, ...] = ()    # the router's own flags every child gets (host, port, keys, models-* removed)
     child_command: tuple[str, ...] = ()  # how to start a child server: [python, -m, slotserver.cli.main, serve]
     fake_timing: bool = False           # LLAMA_SERVER_DEBUG_FAKE_TIMING: loads and proxied requests take 2 s longer

@@ -25,7 +25,8 @@ PRESET_ONLY = ("load-on-startup", "stop-timeout", "dedup-cache-models")
 # hub references, resolved against --models-cache by the catalog (this server downloads nothing)
 HUB_KEYS = {"hf-repo": "hf-repo", "hf": "hf-repo", "hfr": "hf-repo", "LLAMA_ARG_HF_REPO": "hf-repo",
             "hf-file": "hf-file", "hff": "hf-file", "LLAMA_ARG_HF_FILE": "hf-file",
-            "spec-draft-hf": "spec-draft-hf", "hf-repo-draft": "spec-draft-hf", "hfd": "spec-draft-hf"}
+            "spec-draft-hf": "spec-draft-hf", "hf-repo-draft": "spec-draft-hf", "hfd": "spec-draft-hf",
+            "LLAMA_ARG_SPEC_DRAFT_HF_REPO": "spec-draft-hf"}
 # every option string of `slotserver serve` -> (its canonical spelling, whether it takes a value)
 Flags = Mapping[str, tuple[str, bool]]
 TRUE = {"1", "true", "on", "yes", "enabled"}
