@@ -263,6 +263,16 @@ def test_chat_template_kwargs_reach_the_template_over_the_server_defaults(tiny_e
         assert r["usage"]["prompt_tokens"] > chat(c, "ok")["usage"]["prompt_tokens"]
 
 
+def test_reasoning_effort_flag_is_the_templates_default_until_a_request_sets_its_own(tiny_engine):
+    with serve(tiny_engine, KWARGS, effort="low") as c:   # llama-server's --reasoning-effort low
+        def prompt(**extra) -> str:
+            return c.post("/apply-template", json={"messages": ASK, **extra}).json()["prompt"]
+
+        assert prompt() == "[||low|]Capital of France?"
+        assert prompt(reasoning_effort="high") == "[||high|]Capital of France?"
+        assert prompt(chat_template_kwargs={"reasoning_effort": "max"}) == "[||max|]Capital of France?"
+
+
 @pytest.mark.parametrize("kwargs,named", [
     ("yes", "chat_template_kwargs"), ([1], "chat_template_kwargs"),
     ({"enable_thinking": "false"}, "enable_thinking"), ({"messages": []}, "messages"),

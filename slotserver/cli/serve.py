@@ -101,6 +101,8 @@ def add_parser(sub) -> None:
     a("--reasoning-format", default="auto", metavar="FORMAT",
       help="none | deepseek | deepseek-legacy | auto (default): where <think> text goes in chat answers")
     a("-rea", "--reasoning", default="auto", metavar="on|off|auto", help="thinking on or off (enable_thinking)")
+    a("--reasoning-effort", default="default", metavar="LEVEL",
+      help="reasoning_effort given to the chat template (low, medium, high...; default: the template's own)")
     a("--reasoning-budget", type=int, default=-1, metavar="N",
       help="tokens of thinking (<think> block) before its end is forced: -1 unlimited (default), 0 at once")
     a("--sse-ping-interval", type=int, default=30, metavar="N",

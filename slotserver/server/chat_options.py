@@ -52,9 +52,11 @@ class ChatDefaults:
 
 
 def chat_defaults_from_flags(reasoning_format: str = "auto", kwargs_json: str | None = None,
-                             reasoning: str = "auto", tool_format: str = "auto") -> ChatDefaults:
+                             reasoning: str = "auto", tool_format: str = "auto",
+                             effort: str = "default") -> ChatDefaults:
     """The flags -> ChatDefaults; a bad value is a ConfigError (one line, exit status 2).
-    `--reasoning on|off` sets the default `enable_thinking`, as in llama-server."""
+    `--reasoning on|off` sets the default `enable_thinking`, and `--reasoning-effort LEVEL` the
+    template's `reasoning_effort` (`default`: the template's own), as in llama-server."""
     kwargs: dict[str, Any] = {}
     if kwargs_json is not None:
         try:
@@ -63,6 +65,8 @@ def chat_defaults_from_flags(reasoning_format: str = "auto", kwargs_json: str | 
             raise ConfigError(f"--chat-template-kwargs is not valid JSON: {e}") from None
         if not isinstance(kwargs, dict):
             raise ConfigError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    if effort != "default":
+        kwargs["reasoning_effort"] = effort
     if reasoning in ON or reasoning in OFF:
         kwargs["enable_thinking"] = reasoning in ON
     elif reasoning not in ("auto", "-1"):

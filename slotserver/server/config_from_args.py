@@ -86,7 +86,8 @@ def server_config_from_args(args) -> ServerConfig:
         defaults=defaults,
         chat=chat_defaults_from_flags(getattr(args, "reasoning_format", "auto"),
                                       getattr(args, "chat_template_kwargs", None),
-                                      getattr(args, "reasoning", "auto"), getattr(args, "tool_call_format", "auto")),
+                                      getattr(args, "reasoning", "auto"), getattr(args, "tool_call_format", "auto"),
+                                      getattr(args, "reasoning_effort", "default")),
         embedding=_embedding(args),   # None unless --embedding / --reranking
         spm_infill=getattr(args, "spm_infill", False),
         webui=getattr(args, "webui", True),
