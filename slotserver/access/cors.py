@@ -81,14 +81,11 @@ class CorsPolicy:
             raise ConfigError("--cors-methods: no method given")
 
     @classmethod
-    def from_flags(cls, origins: list[str], methods: str, headers: str, credentials: bool) -> CorsPolicy:
-        """Each `origins` item is one flag's value: comma-separated origins (repeatable)."""
-        return cls(tuple(o for value in origins for o in _csv(value)), methods, headers, credentials)
-
-    @classmethod
     def from_args(cls, args) -> CorsPolicy:
-        """The policy `slotserver serve`'s flags ask for (the server's and the router's)."""
-        return cls.from_flags(args.cors, args.cors_methods, args.cors_headers, args.cors_credentials)
+        """The policy `slotserver serve`'s flags ask for (the server's and the router's); each
+        --cors-origins value is comma-separated origins (repeatable)."""
+        origins = tuple(o for value in args.cors for o in _csv(value))
+        return cls(origins, args.cors_methods, args.cors_headers, args.cors_credentials)
 
     def middleware_options(self) -> dict:
         """Starlette CORSMiddleware's keyword arguments for this policy."""

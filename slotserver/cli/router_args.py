@@ -91,8 +91,8 @@ def router_config(args, parser: argparse.ArgumentParser):
                           api_keys=keys_from_args(args), metrics=args.metrics, cors=CorsPolicy.from_args(args),
                           api_prefix=args.api_prefix,
                           ssl_key=args.ssl_key_file, ssl_cert=args.ssl_cert_file,
-                          child_env_argv=tuple(passthrough_argv(args.serve_argv[:args.env_count], table)),
-                          child_argv=tuple(passthrough_argv(args.serve_argv[args.env_count:], table)),
+                          child_env_argv=tuple(passthrough_argv(args.env_argv, table)),
+                          child_argv=tuple(passthrough_argv(args.serve_argv, table)),
                           child_command=(sys.executable, "-m", "slotserver.cli.main", "serve"),
                           fake_timing=fake_timing_from_env())
     return config, table

@@ -7,11 +7,12 @@ OpenAI, Anthropic and Responses routes alike; a field the request sends wins, as
 (a request's `logit_bias`, `samplers` or breakers replace the flag's, they are not merged).
 `--temp`, `--seed` and `-n` stay in GenerationDefaults' own fields.
 
-Values are checked here, at start-up, with the request parser's bounds (one line, exit status 2;
-grammars and schemas compiled), and again per request by the request parser (server/params.py),
-which reads them like any body field. Two things only the loaded model can check: a grammar's
-tokens against its vocabulary (per request, as a request's own grammar), and `-l` token ids past
-the vocabulary, which are skipped, as llama-server skips them (server/params.py).
+Values are checked here, at start-up, within the request parser's bounds (REQUEST_BOUNDS, one table
+for both; one line, exit status 2; grammars and schemas compiled), and again per request by the
+request parser (server/params.py), which reads them like any body field. Two things only the
+loaded model can check: a grammar's tokens against its vocabulary (per request, as a request's own
+grammar), and `-l` token ids past the vocabulary, which are skipped, as llama-server skips them
+(server/params.py).
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from slotserver.model.sampling.order import SamplersError, parse_samplers
+from slotserver.model.sampling.params import ADDITIVE_LIMIT, REQUEST_BOUNDS
 
 Check = Callable[[str], Any]
 
 
-def _number(kind: type, lo: float = -math.inf, hi: float = math.inf) -> Check:
+def _number(kind: type, lo: float, hi: float) -> Check:
     def check(text: str):
         try:
             value = kind(text)
@@ -41,7 +43,7 @@ def _number(kind: type, lo: float = -math.inf, hi: float = math.inf) -> Check:
 
 def _logit_bias(text: str) -> list:
     """llama-server's TOKEN_ID(+/-)BIAS: `15043+1`, `15043-inf` (forbidden: the request's `false`),
-    within the request parser's +-1e6 (server/params.py)."""
+    within the request parser's +-ADDITIVE_LIMIT."""
     for sign in "+-":
         head, found, tail = text.partition(sign)
         if found and head.strip().isdigit():
@@ -51,7 +53,7 @@ def _logit_bias(text: str) -> list:
                 break
             if bias == -math.inf:
                 return [int(head), False]
-            if abs(bias) <= 1e6:
+            if abs(bias) <= ADDITIVE_LIMIT:
                 return [int(head), bias]
     raise argparse.ArgumentTypeError(f"expected TOKEN_ID(+/-)BIAS with a bias in [-1e6, 1e6] or -inf, such as "
                                      f"15043+1 or 15043-inf, got {text!r}")
@@ -108,37 +110,35 @@ def _file(check: Check | None = None) -> Check:
     return read
 
 
-UNIT = _number(float, 0.0, 1.0)
-ANY = _number(float, -1e6, 1e6)
-# (flags, request field, type check, help); `None` type: a switch
-FLAGS: tuple[tuple[tuple[str, ...], str, Check | None, str], ...] = (
-    (("--top-k",), "top_k", _number(int, -(2**31 - 1), 2**31 - 1), "top-k (default 40, 0: off)"),
-    (("--top-p",), "top_p", UNIT, "top-p (default 0.95, 1: off)"),
-    (("--min-p",), "min_p", UNIT, "min-p (default 0.05, 0: off)"),
-    (("--top-nsigma", "--top-n-sigma"), "top_n_sigma", ANY, "top-n-sigma (default -1: off)"),
-    (("--xtc-probability",), "xtc_probability", UNIT, "XTC probability (default 0: off)"),
-    (("--xtc-threshold",), "xtc_threshold", UNIT, "XTC threshold (default 0.1)"),
-    (("--typical", "--typical-p"), "typical_p", UNIT, "locally typical sampling p (default 1: off)"),
-    (("--repeat-last-n",), "repeat_last_n", _number(int, -1, 2**31 - 1),
-     "tokens the penalties look back (default 64, -1: context)"),
-    (("--repeat-penalty",), "repeat_penalty", _number(float, 1e-3, 1e3), "repeat penalty (default 1: off)"),
-    (("--presence-penalty",), "presence_penalty", ANY, "presence penalty (default 0: off)"),
-    (("--frequency-penalty",), "frequency_penalty", ANY, "frequency penalty (default 0: off)"),
-    (("--dry-multiplier",), "dry_multiplier", ANY, "DRY multiplier (default 0: off)"),
-    (("--dry-base",), "dry_base", _number(float, 0, 1e6), "DRY base (default 1.75)"),
-    (("--dry-allowed-length",), "dry_allowed_length", _number(int, 0, 2**31 - 1), "DRY allowed length (default 2)"),
-    (("--dry-penalty-last-n",), "dry_penalty_last_n", _number(int, 0, 2**31 - 1), "DRY look-back (default 64)"),
-    (("--adaptive-target",), "adaptive_target", _number(float, -1e6, 1.0), "adaptive-p target (default -1: off)"),
-    (("--adaptive-decay",), "adaptive_decay", _number(float, 0.0, 0.99), "adaptive-p decay (default 0.9)"),
-    (("--dynatemp-range",), "dynatemp_range", ANY, "dynamic temperature range (default 0: off)"),
-    (("--dynatemp-exp",), "dynatemp_exponent", _number(float, -1e3, 1e3), "dynamic temperature exponent (default 1)"),
-    (("--mirostat",), "mirostat", _number(int, 0, 2), "mirostat 1 or 2 (default 0: off)"),
-    (("--mirostat-lr",), "mirostat_eta", ANY, "mirostat learning rate eta (default 0.1)"),
-    (("--mirostat-ent",), "mirostat_tau", ANY, "mirostat target entropy tau (default 5)"),
+# (flags, request field, its type: int or float (checked within REQUEST_BOUNDS[field]), another
+# check, or None for a switch; help)
+FLAGS: tuple[tuple[tuple[str, ...], str, type | Check | None, str], ...] = (
+    (("--top-k",), "top_k", int, "top-k (default 40, 0: off)"),
+    (("--top-p",), "top_p", float, "top-p (default 0.95, 1: off)"),
+    (("--min-p",), "min_p", float, "min-p (default 0.05, 0: off)"),
+    (("--top-nsigma", "--top-n-sigma"), "top_n_sigma", float, "top-n-sigma (default -1: off)"),
+    (("--xtc-probability",), "xtc_probability", float, "XTC probability (default 0: off)"),
+    (("--xtc-threshold",), "xtc_threshold", float, "XTC threshold (default 0.1)"),
+    (("--typical", "--typical-p"), "typical_p", float, "locally typical sampling p (default 1: off)"),
+    (("--repeat-last-n",), "repeat_last_n", int, "tokens the penalties look back (default 64, -1: context)"),
+    (("--repeat-penalty",), "repeat_penalty", float, "repeat penalty (default 1: off)"),
+    (("--presence-penalty",), "presence_penalty", float, "presence penalty (default 0: off)"),
+    (("--frequency-penalty",), "frequency_penalty", float, "frequency penalty (default 0: off)"),
+    (("--dry-multiplier",), "dry_multiplier", float, "DRY multiplier (default 0: off)"),
+    (("--dry-base",), "dry_base", float, "DRY base (default 1.75)"),
+    (("--dry-allowed-length",), "dry_allowed_length", int, "DRY allowed length (default 2)"),
+    (("--dry-penalty-last-n",), "dry_penalty_last_n", int, "DRY look-back (default 64)"),
+    (("--adaptive-target",), "adaptive_target", float, "adaptive-p target (default -1: off)"),
+    (("--adaptive-decay",), "adaptive_decay", float, "adaptive-p decay (default 0.9)"),
+    (("--dynatemp-range",), "dynatemp_range", float, "dynamic temperature range (default 0: off)"),
+    (("--dynatemp-exp",), "dynatemp_exponent", float, "dynamic temperature exponent (default 1)"),
+    (("--mirostat",), "mirostat", int, "mirostat 1 or 2 (default 0: off)"),
+    (("--mirostat-lr",), "mirostat_eta", float, "mirostat learning rate eta (default 0.1)"),
+    (("--mirostat-ent",), "mirostat_tau", float, "mirostat target entropy tau (default 5)"),
     (("--samplers",), "samplers", _samplers(";"), "sampler names in order, ';'-separated"),
     (("--sampler-seq", "--sampling-seq"), "samplers", _samplers(None), "sampler letters in order (edkypmxt)"),
     (("--ignore-eos",), "ignore_eos", None, "generate past end-of-generation tokens"),
-    (("--keep",), "n_keep", _number(int, -1, 2**31 - 1), "prompt tokens kept by a context shift (-1: all)"),
+    (("--keep",), "n_keep", int, "prompt tokens kept by a context shift (-1: all)"),
     (("--grammar",), "grammar", _compiled("gbnf"), "a GBNF grammar every answer follows"),
     (("--grammar-file",), "grammar", _file(_compiled("gbnf")), "a file holding that grammar"),
     (("-j", "--json-schema"), "json_schema", _chain(_json_schema, _compiled("json_schema")),
@@ -174,6 +174,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
         if check is None:
             g.add_argument(*flags, action=_Field, field=field, nargs=0, help=text)
         else:
+            check = _number(check, *REQUEST_BOUNDS[field]) if check in (int, float) else check
             g.add_argument(*flags, action=_Field, field=field, type=check, metavar="V", help=text)
     g.add_argument("--dry-sequence-breaker", action=_Field, field="dry_sequence_breakers", append=True,
                    metavar="STRING",

@@ -44,14 +44,13 @@ class ServeArgumentParser(CommandParser):
             from_env, used = env_argv(self._option_string_actions, args, os.environ)
         except argparse.ArgumentTypeError as e:
             self.error(str(e))
-        args = from_env + args
-        env_count = len(from_env)
-        unknown = [a for a in args if SHORT_FLAG.match(a) and a not in self._option_string_actions]
+        unknown = [a for a in from_env + args if SHORT_FLAG.match(a) and a not in self._option_string_actions]
         if unknown:
             self.error(f"unrecognized arguments: {' '.join(unknown)}")
-        parsed, rest = super().parse_known_args(args, namespace)
-        parsed.serve_argv = args   # router mode passes the user's flags on to each model's server
-        parsed.env_count = env_count   # the first ones came from variables: under a preset's (router/child_args.py)
+        parsed, rest = super().parse_known_args(from_env + args, namespace)
+        # router mode passes the user's flags on to each model's server, those of variables under a
+        # preset's options, the command line's over them (router/child_args.py)
+        parsed.serve_argv, parsed.env_argv = args, from_env
         parsed.llama_env = shown(os.environ, used)   # named at start-up (compat_args.log_setup)
         return parsed, rest
 

@@ -28,7 +28,7 @@ from slotserver.engine.request import Request, RequestError
 from slotserver.engine.lora_scales import parse_entries
 from slotserver.model.sampling.dry import process_breakers
 from slotserver.model.sampling.order import DEFAULT_SAMPLERS
-from slotserver.model.sampling.params import MAX_N_PROBS, SamplingError, SamplingParams
+from slotserver.model.sampling.params import ADDITIVE_LIMIT, MAX_N_PROBS, REQUEST_BOUNDS, SamplingError, SamplingParams
 from slotserver.server.budget_fields import completion_budget
 from slotserver.server.choices import expand, n_choices
 from slotserver.server.constraints import parse_constraint
@@ -40,8 +40,7 @@ from slotserver.server.config import GenerationDefaults
 from slotserver.server.unsupported import check_completion_fields, response_fields
 from slotserver.model.text.tokenizer import Tokenizer
 
-PENALTY_RANGE = (1e-3, 1e3)
-ADDITIVE_LIMIT = 1e6
+B = REQUEST_BOUNDS   # each sampling field's range, shared with the server's flags (cli/sampling_args.py)
 DRY_BREAKERS = ("\n", ":", "\"", "*")  # llama.cpp's default dry_sequence_breakers
 DRY_BASE = 1.75
 
@@ -53,13 +52,13 @@ def sampling_params(f: Fields, tokenizer: Tokenizer, defaults: GenerationDefault
     try:
         return SamplingParams(
             temperature=f.float("temperature", defaults.temperature),
-            top_k=f.int("top_k", 40),
-            top_p=f.float("top_p", 0.95, 0.0, 1.0),
-            min_p=f.float("min_p", 0.05, 0.0, 1.0),
-            repeat_penalty=f.float("repeat_penalty", 1.0, *PENALTY_RANGE),
-            repeat_last_n=f.int("repeat_last_n", 64, lo=-1),
-            presence_penalty=f.float("presence_penalty", 0.0, -ADDITIVE_LIMIT, ADDITIVE_LIMIT),
-            frequency_penalty=f.float("frequency_penalty", 0.0, -ADDITIVE_LIMIT, ADDITIVE_LIMIT),
+            top_k=f.int("top_k", 40, *B["top_k"]),
+            top_p=f.float("top_p", 0.95, *B["top_p"]),
+            min_p=f.float("min_p", 0.05, *B["min_p"]),
+            repeat_penalty=f.float("repeat_penalty", 1.0, *B["repeat_penalty"]),
+            repeat_last_n=f.int("repeat_last_n", 64, *B["repeat_last_n"]),
+            presence_penalty=f.float("presence_penalty", 0.0, *B["presence_penalty"]),
+            frequency_penalty=f.float("frequency_penalty", 0.0, *B["frequency_penalty"]),
             logit_bias=_logit_bias(f, tokenizer),
             seed=f.int("seed", defaults.seed, lo=-1, hi=UINT32_MAX),
             n_probs=n_probs,
@@ -80,25 +79,25 @@ def _logit_bias(f: Fields, tokenizer: Tokenizer) -> tuple[tuple[int, float], ...
 
 def _chain_fields(f: Fields, tokenizer: Tokenizer) -> dict[str, Any]:
     """The samplers beyond top_k/top_p/min_p/temperature (llama-server's names and defaults)."""
-    dry_base = f.float("dry_base", DRY_BASE, 0.0, ADDITIVE_LIMIT)
+    dry_base = f.float("dry_base", DRY_BASE, *B["dry_base"])
     out = dict(
         post_sampling_probs=f.bool("post_sampling_probs", False),
         min_keep=f.int("min_keep", 0, lo=0),
-        typical_p=f.float("typical_p", 1.0, 0.0, 1.0),
-        top_n_sigma=f.float("top_n_sigma", -1.0, -ADDITIVE_LIMIT, ADDITIVE_LIMIT),
-        xtc_probability=f.float("xtc_probability", 0.0, 0.0, 1.0),
-        xtc_threshold=f.float("xtc_threshold", 0.1, 0.0, 1.0),
-        dynatemp_range=f.float("dynatemp_range", 0.0, -ADDITIVE_LIMIT, ADDITIVE_LIMIT),
-        dynatemp_exponent=f.float("dynatemp_exponent", 1.0, -1e3, 1e3),
-        dry_multiplier=f.float("dry_multiplier", 0.0, -ADDITIVE_LIMIT, ADDITIVE_LIMIT),
+        typical_p=f.float("typical_p", 1.0, *B["typical_p"]),
+        top_n_sigma=f.float("top_n_sigma", -1.0, *B["top_n_sigma"]),
+        xtc_probability=f.float("xtc_probability", 0.0, *B["xtc_probability"]),
+        xtc_threshold=f.float("xtc_threshold", 0.1, *B["xtc_threshold"]),
+        dynatemp_range=f.float("dynatemp_range", 0.0, *B["dynatemp_range"]),
+        dynatemp_exponent=f.float("dynatemp_exponent", 1.0, *B["dynatemp_exponent"]),
+        dry_multiplier=f.float("dry_multiplier", 0.0, *B["dry_multiplier"]),
         dry_base=DRY_BASE if dry_base < 1 else dry_base,
-        dry_allowed_length=f.int("dry_allowed_length", 2, lo=0),
-        dry_penalty_last_n=f.int("dry_penalty_last_n", 64, lo=0),
-        mirostat=f.int("mirostat", 0, lo=0, hi=2),
-        mirostat_tau=f.float("mirostat_tau", 5.0, -ADDITIVE_LIMIT, ADDITIVE_LIMIT),
-        mirostat_eta=f.float("mirostat_eta", 0.1, -ADDITIVE_LIMIT, ADDITIVE_LIMIT),
-        adaptive_target=f.float("adaptive_target", -1.0, -ADDITIVE_LIMIT, 1.0),
-        adaptive_decay=f.float("adaptive_decay", 0.9, 0.0, 0.99),
+        dry_allowed_length=f.int("dry_allowed_length", 2, *B["dry_allowed_length"]),
+        dry_penalty_last_n=f.int("dry_penalty_last_n", 64, *B["dry_penalty_last_n"]),
+        mirostat=f.int("mirostat", 0, *B["mirostat"]),
+        mirostat_tau=f.float("mirostat_tau", 5.0, *B["mirostat_tau"]),
+        mirostat_eta=f.float("mirostat_eta", 0.1, *B["mirostat_eta"]),
+        adaptive_target=f.float("adaptive_target", -1.0, *B["adaptive_target"]),
+        adaptive_decay=f.float("adaptive_decay", 0.9, *B["adaptive_decay"]),
         samplers=_samplers_field(f),
     )
     breakers = _breakers_field(f)
@@ -141,7 +140,7 @@ def build_request(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: Gen
         prompt_ids=tuple(ids),
         params=params,
         n_predict=n_predict,
-        n_keep=f.int("n_keep", 0, lo=-1),
+        n_keep=f.int("n_keep", 0, *B["n_keep"]),
         n_discard=f.int("n_discard", 0, lo=0),
         n_cache_reuse=f.int("n_cache_reuse", None, lo=0),   # None: the server's --cache-reuse
         stop=stop,

@@ -18,6 +18,22 @@ from slotserver.errors import SamplingError  # noqa: F401  re-export: defined wi
 from slotserver.model.sampling.order import DEFAULT_SAMPLERS, SamplersError, parse_samplers
 
 MAX_N_PROBS = 100
+ADDITIVE_LIMIT = 1e6   # |logit_bias| and the additive penalties: past it float32 logits overflow
+_I32 = 2**31 - 1
+# The request parser's range for each sampling field a body or a server flag may set (server/params.py
+# reads every one within it; cli/sampling_args.py checks `--top-p` & co. against the same, so a
+# server default never makes a request fail).
+REQUEST_BOUNDS: dict[str, tuple[float, float]] = {
+    "top_k": (-_I32, _I32), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0), "typical_p": (0.0, 1.0),
+    "xtc_probability": (0.0, 1.0), "xtc_threshold": (0.0, 1.0), "repeat_penalty": (1e-3, 1e3),
+    "repeat_last_n": (-1, _I32), "presence_penalty": (-ADDITIVE_LIMIT, ADDITIVE_LIMIT),
+    "frequency_penalty": (-ADDITIVE_LIMIT, ADDITIVE_LIMIT), "top_n_sigma": (-ADDITIVE_LIMIT, ADDITIVE_LIMIT),
+    "dynatemp_range": (-ADDITIVE_LIMIT, ADDITIVE_LIMIT), "dynatemp_exponent": (-1e3, 1e3),
+    "dry_multiplier": (-ADDITIVE_LIMIT, ADDITIVE_LIMIT), "dry_base": (0.0, ADDITIVE_LIMIT),
+    "dry_allowed_length": (0, _I32), "dry_penalty_last_n": (0, _I32), "mirostat": (0, 2),
+    "mirostat_tau": (-ADDITIVE_LIMIT, ADDITIVE_LIMIT), "mirostat_eta": (-ADDITIVE_LIMIT, ADDITIVE_LIMIT),
+    "adaptive_target": (-ADDITIVE_LIMIT, 1.0), "adaptive_decay": (0.0, 0.99), "n_keep": (-1, _I32),
+}
 
 
 def _real(name: str, value: object, *, lo: float = -math.inf, hi: float = math.inf, positive: bool = False) -> float:
