@@ -81,6 +81,19 @@ CASES: dict[str, dict] = {
                      "olmo2.rope.scaling.factor": 4.0, "olmo2.rope.scaling.original_context_length": (8, U32)}),
 }
 
+# llama-server's rope flags over a case's file (cli/model_meta_args.py): <name>.json only, its rows
+# naming the file ("model") and the flags ("flags"); windowed layers keep the file's rope (gemma3)
+FLAGGED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "llama_rope_flags": ("llama_bias", ("--rope-scaling", "yarn", "--rope-scale", "4", "--yarn-orig-ctx", "64",
+                                        "--rope-freq-base", "5000")),
+    "qwen2_yarn_flags": ("qwen2_yarn", ("--rope-scale", "2", "--yarn-ext-factor", "0.5", "--yarn-beta-fast", "8",
+                                        "--yarn-beta-slow", "2")),
+    "qwen2_yarn_none": ("qwen2_yarn", ("--rope-scaling", "none")),
+    "llama_linear_flags": ("llama_linear", ("--rope-scaling", "yarn", "--yarn-ext-factor", "0",
+                                            "--yarn-attn-factor", "1.25")),
+    "gemma3_rope_flags": ("gemma3", ("--rope-freq-base", "20000", "--rope-freq-scale", "0.5")),
+}
+
 
 def prompts(seed: int = 7) -> list[list[int]]:
     """Three prompts of ordinary (non-special) token ids: 3, 9 and 17 tokens long."""
@@ -95,11 +108,11 @@ def banned() -> list[int]:
     return [i for i, b in enumerate(bytes_to_unicode()) if b >= 0x80]
 
 
-def run_llama(gguf: Path) -> list[dict]:
+def run_llama(gguf: Path, flags: tuple[str, ...] = ()) -> list[dict]:
     """llama-server on `gguf` (f32 KV, one slot); the greedy completion of every prompt."""
     port = free_port()
     cmd = [str(PEER / "llama-server"), "-m", str(gguf), "--port", str(port), "-c", str(N_CTX), "-np", "1",
-           "-ctk", "f32", "-ctv", "f32", "-fa", "off", "-t", "2", "--no-warmup"]
+           "-ctk", "f32", "-ctv", "f32", "-fa", "off", "-t", "2", "--no-warmup", *flags]
     env = dict(os.environ, LD_LIBRARY_PATH=str(PEER))
     with open(gguf.with_suffix(".log"), "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env)
@@ -123,10 +136,17 @@ def _complete(port: int, ids: list[int]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("names", nargs="*", help=f"cases to make (default: all of {', '.join(CASES)})")
-    names = ap.parse_args().names or list(CASES)
+    ap.add_argument("names", nargs="*", help=f"cases to make (default: all of {', '.join(CASES | FLAGGED)})")
+    names = ap.parse_args().names or list(CASES | FLAGGED)
     OUT.mkdir(parents=True, exist_ok=True)
     for name in names:
+        if name in FLAGGED:
+            model, flags = FLAGGED[name]
+            rows = [r | {"model": model, "flags": list(flags)} for r in run_llama(OUT / f"{model}.gguf", flags)]
+            (OUT / f"{name}.json").write_text(json.dumps(rows, indent=None) + "\n")
+            (OUT / f"{model}.log").unlink(missing_ok=True)
+            print(f"{name}: {model} {' '.join(flags)}, greedy {[r['generated_ids'][:6] for r in rows]}")
+            continue
         gguf = write_tiny_gguf(OUT / f"{name}.gguf", seed=sum(map(ord, name)), **(SMALL | CASES[name]))
         rows = run_llama(gguf)
         (OUT / f"{name}.json").write_text(json.dumps(rows, indent=None) + "\n")

@@ -19,6 +19,7 @@ and their windows), from dequantized weights or the file's blocks.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from pathlib import Path
@@ -28,6 +29,7 @@ import pytest
 import torch
 from tiny_gguf import write_tiny_gguf
 
+from slotserver.cli.model_meta_args import add_model_meta_args
 from slotserver.errors import ModuleLoadError
 from slotserver.runtime.kernel_set import KernelSet
 from slotserver.runtime.kv_spec import KVSpec
@@ -35,6 +37,7 @@ from slotserver.runtime.loader import default_dir
 from slotserver.runtime.layouts import create_layout, load_layout
 from slotserver.runtime.batch import Batch, SeqChunk
 from slotserver.model.model import LlamaModel
+from slotserver.model.rope_scaling import RopeFlags
 from slotserver.model.weights import WeightFormat
 
 ARCHS = Path(__file__).parent / "fixtures" / "archs"
@@ -49,11 +52,18 @@ SPECIAL = [307, 308, 309]  # tiny_gguf's <|endoftext|>, <|im_start|>, <|im_end|>
 BLOCKS = {"gpt-oss"}
 
 
-def _load(case: str) -> tuple[LlamaModel, list[dict]]:
-    fmt = WeightFormat("q" if case in BLOCKS else "auto")
-    model = LlamaModel.load(ARCHS / f"{case}.gguf", torch.float32, max_pos=N_CTX, fmt=fmt)
+def _load(case: str, fmt: WeightFormat | None = None) -> tuple[LlamaModel, list[dict]]:
+    """A case's model and llama-server's rows; a case made with llama-server's rope flags
+    (make_arch_fixtures.py FLAGGED) names another case's file and the flags, parsed as `serve` does."""
+    fmt = fmt or WeightFormat("q" if case in BLOCKS else "auto")
+    rows = json.loads((ARCHS / f"{case}.json").read_text())
+    parser = argparse.ArgumentParser()
+    add_model_meta_args(parser)
+    flags = RopeFlags.from_args(parser.parse_args(rows[0].get("flags", [])))
+    model = LlamaModel.load(ARCHS / f"{rows[0].get('model', case)}.gguf", torch.float32, max_pos=N_CTX, fmt=fmt,
+                            rope_flags=flags)
     _needs_native_blocks(case, model)
-    return model, json.loads((ARCHS / f"{case}.json").read_text())
+    return model, rows
 
 
 def _needs_native_blocks(case: str, model: LlamaModel) -> None:
@@ -119,13 +129,17 @@ def test_every_architecture_has_a_fixture():
                  "qwen35_eq", "qwen35moe", "lfm2", "lfm2_swa", "lfm2moe", "granitehybrid",
                  "granitehybrid_dense", "nemotron_h", "nemotron_h_moe", "nemotron_h_latent", "falcon_h1", "falcon_h1_norm"}
     assert converted <= set(CASES)
-    assert all((ARCHS / f"{c}.gguf").stat().st_size < 1 << 20 for c in CASES)
+    assert ROPE_FLAGS <= set(CASES)
+    assert all((ARCHS / f"{c}.gguf").stat().st_size < 1 << 20 for c in set(CASES) - ROPE_FLAGS)
 
 
+# files served with llama-server's --rope-*/--yarn-* flags (make_arch_fixtures.py FLAGGED)
+ROPE_FLAGS = {"llama_rope_flags", "qwen2_yarn_flags", "qwen2_yarn_none", "llama_linear_flags", "gemma3_rope_flags"}
 # the architectures added on 2026-11-27: README's numbers for them (float32, dense) are under this bound
 TIGHT = {"smollm3", "mistral3", "olmo2", "olmo3", "ministral3", "olmo3_hf", "glm4", "ernie4_5", "seed_oss",
          "exaone4", "exaone4_64", "llama_bias", "lfm2", "lfm2_swa", "lfm2moe", "granitehybrid",
-         "granitehybrid_dense", "nemotron_h", "nemotron_h_moe", "nemotron_h_latent", "falcon_h1", "falcon_h1_norm"}
+         "granitehybrid_dense", "nemotron_h", "nemotron_h_moe", "nemotron_h_latent", "falcon_h1", "falcon_h1_norm",
+         *ROPE_FLAGS - {"gemma3_rope_flags"}}   # gemma3's own is 1e-3
 # delta-net hybrids (2026-11-28): qwen35 5.4e-6, qwen35_eq 3.2e-5, qwen35moe 5.9e-6 measured; with the
 # delta net in float64 (its token loop) the first two were 8.6e-6 and 3.8e-5: the distance is llama.cpp's
 # float32 rounding of the recurrence, not a formula apart
@@ -148,9 +162,7 @@ def test_decode_matches_llama_cpp(case, layout):
 @pytest.mark.parametrize("case", CASES)
 def test_gguf_block_weights_match_llama_cpp(case):
     """`--weights q` (the file's blocks through qmatmul; F32 blocks here): the same numbers."""
-    rows = json.loads((ARCHS / f"{case}.json").read_text())
-    model = LlamaModel.load(ARCHS / f"{case}.gguf", torch.float32, max_pos=N_CTX, fmt=WeightFormat("q"))
-    _needs_native_blocks(case, model)
+    model, rows = _load(case, WeightFormat("q"))
     _compare(_prefilled(model, rows), rows)
 
 

@@ -38,6 +38,11 @@ def test_serve_flags_make_an_embedding_config():
         parse("--pooling", "mean")
     with pytest.raises(ConfigError, match="cannot be combined"):
         parse("--reranking", "--pooling", "mean")
+    assert (parse("--embedding").normalize, parse("--embedding", "--embd-normalize", "-1").normalize) == (2, -1)
+    with pytest.raises(ConfigError, match="--embd-normalize 1 applies to an embedding server: add --embedding"):
+        parse("--embd-normalize", "1")
+    with pytest.raises(ConfigError, match="--embd-normalize must be >= -1, got -2"):
+        parse("--embedding", "--embd-normalize", "-2")
 
 
 def _free_port() -> int:
@@ -56,9 +61,10 @@ def _post(port: int, path: str, body: dict) -> tuple[int, dict]:
 
 
 def test_an_embedding_server_process_serves_embeddings_and_refuses_completions():
+    """With llama-server's --embd-normalize 1: every vector's taxicab norm is 1 unless a request asks otherwise."""
     port = _free_port()
     cmd = [sys.executable, "-m", "slotserver.cli.main", "serve", "-m", str(TINY_BERT), "--port", str(port),
-           "--embedding", "-t", "1"]
+           "--embedding", "-t", "1", "--embd-normalize", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         for _ in range(600):
@@ -70,6 +76,9 @@ def test_an_embedding_server_process_serves_embeddings_and_refuses_completions()
                 time.sleep(0.05)
         status, body = _post(port, "/v1/embeddings", {"input": ["hello world", "x"]})
         assert status == 200 and len(body["data"]) == 2 and len(body["data"][0]["embedding"]) == 32
+        assert abs(sum(abs(x) for x in body["data"][0]["embedding"]) - 1) < 1e-5   # --embd-normalize 1: taxicab
+        status, body = _post(port, "/v1/embeddings", {"input": "hello world", "embd_normalize": 2})
+        assert abs(sum(x * x for x in body["data"][0]["embedding"]) - 1) < 1e-5    # the request's own wins
         status, body = _post(port, "/completion", {"prompt": "hello"})
         assert status == 501 and "embedding-only" in body["error"]["message"]
     finally:

@@ -287,7 +287,8 @@ def test_server_flags_parse_and_bad_values_fail_at_startup():
     args = build_parser().parse_args(["serve", "--reasoning-format", "deepseek", "--chat-template-kwargs",
                                       '{"a": 1}', "-rea", "off"])
     d = chat_defaults_from_flags(args.reasoning_format, args.chat_template_kwargs, args.reasoning)
-    assert d.reasoning_format == "deepseek" and d.template_kwargs == {"a": 1, "enable_thinking": False}
+    assert d.reasoning_format == "deepseek" and d.template_kwargs == {"a": 1, "enable_thinking": False,
+                                                                      "preserve_reasoning": True}
     assert build_parser().parse_args(["serve"]).reasoning_format == "auto"   # llama-server's default
     for bad, flag in [({"reasoning_format": "r1"}, "--reasoning-format"), ({"kwargs_json": "{"}, "--chat-template-kwargs"),
                       ({"kwargs_json": "[1]"}, "--chat-template-kwargs"),
@@ -295,6 +296,43 @@ def test_server_flags_parse_and_bad_values_fail_at_startup():
                       ({"kwargs_json": '{"enable_thinking": "no"}'}, "--chat-template-kwargs")]:
         with pytest.raises(ConfigError, match=flag):
             chat_defaults_from_flags(**bad)
+
+
+PRESERVE = ("[{{ preserve_reasoning }}|{{ preserve_thinking }}|{{ clear_thinking }}|{{ drop_thinking }}|"
+            "{{ reasoning_strength }}]{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}")
+
+
+def test_preserved_reasoning_reaches_the_template_as_llama_server_passes_it(tiny_engine):
+    """On by default, its opposite variables set to match; --no-reasoning-preserve and a request's
+    chat_template_kwargs turn it off; a template variable the request gives itself wins."""
+    def prompt(c, **extra) -> str:
+        return c.post("/apply-template", json={"messages": ASK, **extra}).json()["prompt"]
+
+    with serve(tiny_engine, PRESERVE) as c:
+        assert prompt(c) == "[True|True|False|False|]user:Capital of France?;"
+        off = {"chat_template_kwargs": {"preserve_reasoning": False}}
+        assert prompt(c, **off) == "[False|False|True|True|]user:Capital of France?;"
+        assert prompt(c, chat_template_kwargs={"clear_thinking": True}) == "[True|True|True|False|]user:Capital of France?;"
+        assert prompt(c, reasoning_effort="high").endswith("|high]user:Capital of France?;")
+    with serve(tiny_engine, PRESERVE, preserve=False) as c:
+        assert prompt(c) == "[False|False|True|True|]user:Capital of France?;"
+
+
+def test_prefill_assistant_off_makes_a_final_assistant_message_whole(tiny_engine):
+    messages = ASK + [{"role": "assistant", "content": "Par"}]
+    with serve(tiny_engine) as c:
+        assert c.post("/apply-template", json={"messages": messages}).json()["prompt"].endswith("assistant\nPar")
+    with serve(tiny_engine, prefill_assistant=False) as c:
+        prompt = c.post("/apply-template", json={"messages": messages}).json()["prompt"]
+        assert prompt.endswith("assistant\nPar<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_skip_chat_parsing_leaves_reasoning_in_the_content(tiny_engine):
+    with serve(tiny_engine, pure_content=True) as c:
+        assert chat(c, ANSWER)["choices"][0]["message"] == {"role": "assistant", "content": ANSWER}
+        assert chat(c, ANSWER, reasoning_format="deepseek")["choices"][0]["message"]["content"] == ANSWER
+    args = build_parser().parse_args(["serve", "--skip-chat-parsing", "--no-prefill-assistant", "--no-reasoning-preserve"])
+    assert (args.skip_chat_parsing, args.prefill_assistant, args.reasoning_preserve) == (True, False, False)
 
 
 # ---------------------------------------------------------------------------------------------

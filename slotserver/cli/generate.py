@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from slotserver.cli.lab import add_lab_arg, apply_lab_dir  # light: no torch
+from slotserver.cli.model_meta_args import add_model_meta_args
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16")  # slotserver.model.config.DTYPES, without importing torch here
 
@@ -69,6 +70,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="a LoRA adapter GGUF at scale 1 (comma-separated: several; repeatable); ids in command-line order")
     p.add_argument("--lora-scaled", dest="lora_items", action="append", type=lambda v: (":", v),
                    metavar="FNAME:SCALE,...", help="a LoRA adapter GGUF at SCALE (comma-separated: several; repeatable)")
+    add_model_meta_args(p)
     add_lab_arg(p)
 
 
@@ -88,14 +90,17 @@ def start_tp(args):
 def load_bundle(args):
     apply_lab_dir(args)
     from slotserver.model.bundle import ModelBundle
+    from slotserver.model import metadata_overrides
     from slotserver.model.config import ModelConfig, lora_flags
+    from slotserver.model.rope_scaling import RopeFlags
     from slotserver.model.default_model import default_model_path
     from slotserver.model.progress import load_progress
 
     config = ModelConfig(model_path=args.model or default_model_path(), dtype=args.dtype,
                          threads=args.threads, layout=args.layout, kernels_dir=args.kernels_dir, weights=args.weights,
                          gpu_weights=args.gpu_weights, fused_gemv=args.fused_gemv == "on",
-                         layouts_dir=args.layouts_dir, device=args.device, lora=lora_flags(args.lora_items))
+                         layouts_dir=args.layouts_dir, device=args.device, lora=lora_flags(args.lora_items),
+                         rope_flags=RopeFlags.from_args(args), kv_overrides=metadata_overrides.from_args(args))
     with load_progress(f"loading {config.model_path.name}") as tick:
         return ModelBundle.load(config, tick, check_tensors=args.check_tensors)
 

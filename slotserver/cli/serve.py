@@ -79,7 +79,8 @@ def add_parser(sub) -> None:
     a = p.add_argument
     a("--host", default="127.0.0.1")
     a("--port", type=int, default=8080)
-    a("-c", "--ctx-size", type=int, default=4096, help="KV cells shared by all slots (default 4096)")
+    a("-c", "--ctx-size", type=int, default=4096,
+      help="KV cells shared by all slots (default 4096; 0: the model's training context, as llama-server)")
     a("-np", "--parallel", type=int, default=4, help="number of slots (default 4)")
     a("-b", "--batch-size", type=int, default=2048)
     a("-ub", "--ubatch-size", type=int, default=512)
@@ -102,6 +103,11 @@ def add_parser(sub) -> None:
     a("-rea", "--reasoning", default="auto", metavar="on|off|auto", help="thinking on or off (enable_thinking)")
     a("--reasoning-effort", default="default", metavar="LEVEL",
       help="reasoning_effort given to the chat template (low, medium, high...; default: the template's own)")
+    _switch(p, "reasoning-preserve", True, "past turns' reasoning kept in the prompt (the template variables "
+            "preserve_reasoning, preserve_thinking, clear_thinking...; default on, as llama-server)")
+    _switch(p, "prefill-assistant", True, "a final assistant message is the start of the answer, continued (default "
+            "on); off: it is a whole message")
+    _switch(p, "skip-chat-parsing", False, "chat answers all content: reasoning and tool calls left unparsed")
     a("--reasoning-budget", type=int, default=-1, metavar="N",
       help="tokens of thinking (<think> block) before its end is forced: -1 unlimited (default), 0 at once")
     a("--sse-ping-interval", type=int, default=30, metavar="N",
@@ -175,6 +181,9 @@ def add_parser(sub) -> None:
       help="embedding-only server (as llama-server): /embedding(s), /v1/embeddings; no completions")
     a("--pooling", choices=["none", "mean", "cls", "last", "rank"], default=None,
       help="pooling for embeddings (default: the model's own, {arch}.pooling_type)")
+    a("--embd-normalize", type=int, default=None, metavar="N",
+      help="embeddings' normalization unless a request sets embd_normalize: -1 none, 0 max absolute int16, "
+           "1 taxicab, 2 euclidean (default), >2 p-norm")
     a("--reranking", "--rerank", dest="reranking", action="store_true",
       help="serve /rerank (and /v1/rerank): --embedding with rank pooling, for a BERT cross-encoder")
     a("-fa", "--flash-attn", choices=["on", "off", "auto", "1", "true", "enabled", "0", "false", "disabled", "-1"],

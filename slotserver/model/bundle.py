@@ -17,6 +17,7 @@ from slotserver.runtime.device import kernel_impl
 from slotserver.runtime.kernel_set import KernelSet
 from slotserver.model.model import LlamaModel
 from slotserver.model.lora import LoraSet, read_adapter
+from slotserver.model.metadata_overrides import apply_overrides
 from slotserver.model.read_weights import read_weights
 from slotserver.model.spec import ModelSpec
 from slotserver.model.text.tokenizer import Tokenizer
@@ -42,10 +43,13 @@ class ModelBundle:
         attention both ways) loads only for embeddings (`embedding`: encoder/embedder.py)."""
         torch.set_num_threads(config.threads or cpu_features.physical_cores())   # -t 0: llama.cpp's default
         f = GGUFFile.open(config.model_path)
+        apply_overrides(f.path, f.metadata, config.kv_overrides)   # --override-kv, before any reader
         if check_tensors:
             with stage("checking every tensor's data for NaN/inf (--check-tensors)", "tensor data checked"):
                 f.check_tensors()
-        spec = ModelSpec.from_gguf(f)
+        spec = ModelSpec.from_gguf(f, config.rope_flags)
+        if config.rope_flags.any:
+            log.info("rope from the command line: %s (training context %d)", config.rope_flags.shown(), spec.ctx_train)
         if spec.bidirectional and not embedding:
             raise GGUFError(f"{f.path}: {spec.arch} is an embedding model, it generates no text: serve it with "
                             "`slotserver serve --embedding`")

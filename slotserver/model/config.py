@@ -11,6 +11,7 @@ import torch
 
 from slotserver.errors import ConfigError  # noqa: F401  re-export: defined without torch in slotserver.errors
 from slotserver.runtime import cpu_features
+from slotserver.model.rope_scaling import RopeFlags
 from slotserver.runtime.device import resolve_device
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -67,6 +68,10 @@ class ModelConfig:
     # FILE:SCALE); lora_init_without_apply: every scale starts at 0 (POST /lora-adapters sets them)
     lora: tuple[tuple[Path, float], ...] = ()
     lora_init_without_apply: bool = False
+    # llama-server's --rope-*/--yarn-* over the file's rope (model/rope_scaling.py) and --override-kv's
+    # metadata values ((key, value) in order: model/metadata_overrides.py)
+    rope_flags: RopeFlags = RopeFlags()
+    kv_overrides: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:

@@ -31,6 +31,7 @@ from slotserver.model.tensor_table import EMBEDDER_HEADS, unread_problem
 from slotserver.model.recurrent_spec import mtp_tensors
 from slotserver.runtime.recurrent_state import recurrent_state
 from slotserver.runtime.kernel_set import KernelSet
+from slotserver.model.rope_scaling import RopeFlags
 from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
 from slotserver.model.step_graph import StepGraphs
@@ -84,9 +85,10 @@ class LlamaModel(BlockOps):
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype = torch.float32,
              kernels: KernelSet | None = None, max_pos: int | None = None,
-             progress: Progress | None = None, fmt: WeightFormat = WeightFormat()) -> "LlamaModel":
+             progress: Progress | None = None, fmt: WeightFormat = WeightFormat(),
+             rope_flags: RopeFlags = RopeFlags()) -> "LlamaModel":
         f = GGUFFile.open(path)
-        return cls.from_file(f, ModelSpec.from_gguf(f), dtype, kernels, max_pos, progress, fmt)
+        return cls.from_file(f, ModelSpec.from_gguf(f, rope_flags), dtype, kernels, max_pos, progress, fmt)
 
     @classmethod
     def from_file(cls, f: GGUFFile, spec: ModelSpec, dtype: torch.dtype,

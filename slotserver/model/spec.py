@@ -15,7 +15,7 @@ from slotserver.model.archs import ARCHS
 from slotserver.model.gguf_file import GGUFError, GGUFFile
 from slotserver.model.moe_spec import MoeSpec
 from slotserver.model.recurrent_spec import RecurrentSpec, text_rope_check
-from slotserver.model.rope_scaling import RopeScaling
+from slotserver.model.rope_scaling import RopeFlags, RopeScaling
 from slotserver.model.spec_keys import (MetaKeys, attn_bias, attn_scale, embed_scale, ffn_lengths, kv_heads,
                                         no_rope_step, sliding_windows)
 
@@ -131,7 +131,8 @@ class ModelSpec:
         return self.rope_base, self.rope_scale, self.rotated(layer), True
 
     @classmethod
-    def from_gguf(cls, f: GGUFFile) -> "ModelSpec":
+    def from_gguf(cls, f: GGUFFile, rope_flags: RopeFlags = RopeFlags()) -> "ModelSpec":
+        """rope_flags: llama-server's --rope-*/--yarn-* settings over the file's (rope_scaling.py)."""
         md = f.metadata
         arch = md.get("general.architecture")
         if arch in ("bert", "nomic-bert", "modern-bert"):   # encoders: model/encoder/, `serve --embedding`
@@ -146,15 +147,16 @@ class ModelSpec:
         if key.int("attention.value_length", head_dim) != head_dim:
             raise GGUFError(f"{f.path}: attention.value_length differs from key_length (not supported)")
         rope_dim = key.int("rope.dimension_count", head_dim)
-        rope = RopeScaling.from_metadata(key, rope_dim)
-        windows, base_swa, scale_swa = sliding_windows(a, key, n_layers, rope)
+        trained = RopeScaling.from_metadata(key, rope_dim)
+        rope = RopeScaling.from_metadata(key, rope_dim, rope_flags) if rope_flags.any else trained
+        windows, base_swa, scale_swa = sliding_windows(a, key, n_layers, trained)   # the file's, as llama.cpp
         d_ff, ffn_only = ffn_lengths(a, key, n_layers)
         spec = cls(
             arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
             n_kv_heads=kv_heads(key, n_heads, a.hybrid in ("shortconv", "mamba2")), head_dim=head_dim,
             d_ff=d_ff,
             vocab_size=key.int("vocab_size", len(md.get("tokenizer.ggml.tokens", ())) or None),
-            ctx_train=key.int("context_length"),
+            ctx_train=_ctx_train(key.int("context_length"), rope, trained),
             norm_eps=key.float("attention.layer_norm_rms_epsilon",   # nemotron_h: the layer-norm key stands in
                                key.raw("attention.layer_norm_epsilon", 1e-5) if a.eps_layer_norm else 1e-5),
             rope_base=rope.base, rope_dim=rope_dim, rope_scale=rope.freq_scale,
@@ -204,3 +206,11 @@ class ModelSpec:
                 problems.append(f"{name} {getattr(self, name)} out of range")
         if problems:
             raise GGUFError(f"{f.path}: bad model metadata: {'; '.join(problems)}")
+
+
+def _ctx_train(ctx: int, rope: RopeScaling, trained: RopeScaling) -> int:
+    """The training context, or with a YaRN factor of the command line's the context it stretches to
+    (llama_init_from_model: n_ctx_train = n_ctx_orig_yarn / freq_scale), which /props reports."""
+    if rope.kind == "yarn" and rope.freq_scale != trained.freq_scale:
+        return int(rope.orig_ctx / rope.freq_scale)
+    return ctx

@@ -13,7 +13,16 @@ llama-server's fields (tools/server/server-common.cpp `oaicompat_chat_params_par
   does): budget_fields.py.
 
 Every template gets `enable_thinking` (true unless turned off), as llama.cpp passes it; templates
-that do not think ignore it.
+that do not think ignore it. Every template also gets llama.cpp's `preserve_reasoning` (true unless
+`--no-reasoning-preserve` or a request's `chat_template_kwargs` sets it false) with the variables
+templates of several families read for it (common/jinja/caps.cpp caps_apply_preserve_reasoning):
+`preserve_thinking`, and `clear_thinking`, `truncate_history_thinking`, `drop_thinking` as its
+opposite, each under a value the request or `--chat-template-kwargs` gives itself; and with a
+`reasoning_effort`, `reasoning_strength` as its alias.
+
+`--no-prefill-assistant` makes a final assistant message a whole message instead of the start of
+the answer (openai_params.py `_continuation`); `--skip-chat-parsing` leaves every answer as content,
+its reasoning and tool calls unparsed (llama-server's pure content parser).
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ class ChatDefaults:
     reasoning_format: str = "auto"
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     tool_format: str = "auto"
+    prefill_assistant: bool = True    # --[no-]prefill-assistant
+    pure_content: bool = False        # --skip-chat-parsing
 
     def __post_init__(self) -> None:
         if self.reasoning_format not in FORMATS:
@@ -53,7 +64,8 @@ class ChatDefaults:
 
 def chat_defaults_from_flags(reasoning_format: str = "auto", kwargs_json: str | None = None,
                              reasoning: str = "auto", tool_format: str = "auto",
-                             effort: str = "default") -> ChatDefaults:
+                             effort: str = "default", preserve: bool = True, prefill_assistant: bool = True,
+                             pure_content: bool = False) -> ChatDefaults:
     """The flags -> ChatDefaults; a bad value is a ConfigError (one line, exit status 2).
     `--reasoning on|off` sets the default `enable_thinking`, and `--reasoning-effort LEVEL` the
     template's `reasoning_effort` (`default`: the template's own), as in llama-server."""
@@ -71,7 +83,8 @@ def chat_defaults_from_flags(reasoning_format: str = "auto", kwargs_json: str | 
         kwargs["enable_thinking"] = reasoning in ON
     elif reasoning not in ("auto", "-1"):
         raise ConfigError(f"--reasoning must be on, off or auto, got {reasoning!r}")
-    return ChatDefaults(reasoning_format, kwargs, tool_format)
+    kwargs.setdefault("preserve_reasoning", preserve)   # llama.cpp's default: true
+    return ChatDefaults(reasoning_format, kwargs, tool_format, prefill_assistant, pure_content)
 
 
 def _check_kwargs(kwargs: dict, error: type[Exception], name: str) -> None:
@@ -110,4 +123,17 @@ def chat_options(f: Fields, defaults: ChatDefaults) -> ChatOptions:
     elif effort:
         context["reasoning_effort"] = effort
     context["enable_thinking"] = thinking
-    return ChatOptions(context, fmt)
+    return ChatOptions({**_implied(context), **context}, "none" if defaults.pure_content else fmt)
+
+
+def _implied(context: dict[str, Any]) -> dict[str, Any]:
+    """The variables llama.cpp derives from `preserve_reasoning` and `reasoning_effort` (module doc)."""
+    out: dict[str, Any] = {}
+    keep = context.get("preserve_reasoning")
+    if isinstance(keep, bool):
+        out = {"preserve_thinking": keep, "clear_thinking": not keep, "truncate_history_thinking": not keep,
+               "drop_thinking": not keep}
+    effort = context.get("reasoning_effort")
+    if isinstance(effort, str) and effort:
+        out["reasoning_strength"] = effort
+    return out

@@ -7,8 +7,11 @@ dataclasses), the model file, key files, the chat template (compiled), unsupport
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+from slotserver.model import metadata_overrides
+from slotserver.model.rope_scaling import RopeFlags
 from slotserver.model.text.chat_template import BUILTIN_NAMES, ChatTemplate, named_template
 from slotserver.model.config import ConfigError, ModelConfig, lora_flags
 from slotserver.engine.speculative.config import SpecConfig
@@ -63,6 +66,24 @@ def _model_path(args) -> Path:
     return path
 
 
+def _resolve_ctx_size(args) -> None:
+    """`-c 0` (llama-server's default): the model's training context, stretched by a command-line
+    YaRN factor (model/spec.py `_ctx_train`), shared by the slots as any -c."""
+    if args.ctx_size != 0:
+        return
+    from slotserver.model.gguf_file import GGUFFile
+    from slotserver.model.spec import ModelSpec
+
+    f = GGUFFile.open(_model_path(args))
+    metadata_overrides.apply_overrides(f.path, f.metadata, metadata_overrides.from_args(args))
+    arch = f.metadata.get("general.architecture")
+    if arch in ("bert", "nomic-bert", "modern-bert"):   # encoders: their position limit
+        args.ctx_size = f.metadata.get(f"{arch}.context_length") or 512
+    else:
+        args.ctx_size = ModelSpec.from_gguf(f, RopeFlags.from_args(args)).ctx_train
+    logging.getLogger("slotserver.load").info("-c 0: the model's training context, %d cells", args.ctx_size)
+
+
 def _device(args) -> str:
     """--device, where llama-server's `-ngl 0` (no layer offloaded; cli/compat_args.py) means the CPU
     while --device is auto."""
@@ -71,6 +92,7 @@ def _device(args) -> str:
 
 
 def server_config_from_args(args) -> ServerConfig:
+    _resolve_ctx_size(args)
     defaults = GenerationDefaults(n_predict=args.n_predict, temperature=args.temp, seed=args.seed,
                                   cache_prompt=args.cache_prompt,
                                   reasoning_budget=getattr(args, "reasoning_budget", -1),
@@ -87,7 +109,9 @@ def server_config_from_args(args) -> ServerConfig:
         chat=chat_defaults_from_flags(getattr(args, "reasoning_format", "auto"),
                                       getattr(args, "chat_template_kwargs", None),
                                       getattr(args, "reasoning", "auto"), getattr(args, "tool_call_format", "auto"),
-                                      getattr(args, "reasoning_effort", "default")),
+                                      getattr(args, "reasoning_effort", "default"),
+                                      getattr(args, "reasoning_preserve", True), getattr(args, "prefill_assistant", True),
+                                      getattr(args, "skip_chat_parsing", False)),
         embedding=_embedding(args),   # None unless --embedding / --reranking
         spm_infill=getattr(args, "spm_infill", False),
         webui=getattr(args, "webui", True),
@@ -116,6 +140,7 @@ def _cache_type(args) -> str:
 
 
 def plan_from_args(args) -> LaunchPlan:
+    _resolve_ctx_size(args)
     ctx_size, pool, layout = _unified(args)
     engine = EngineConfig(
         n_parallel=args.parallel, ctx_size=ctx_size, batch_size=args.batch_size,
@@ -136,7 +161,8 @@ def plan_from_args(args) -> LaunchPlan:
                         gpu_weights=getattr(args, "gpu_weights", "auto"),
                         fused_gemv=getattr(args, "fused_gemv", "off") == "on",
                         lora=lora_flags(getattr(args, "lora_items", None)),
-                        lora_init_without_apply=getattr(args, "lora_init_without_apply", False))
+                        lora_init_without_apply=getattr(args, "lora_init_without_apply", False),
+                        rope_flags=RopeFlags.from_args(args), kv_overrides=metadata_overrides.from_args(args))
     template = chat_template_source(args.chat_template, args.chat_template_file)
     return LaunchPlan(model=model, engine=engine, host=args.host, port=args.port, chat_template=template,
                       ssl_key=getattr(args, "ssl_key_file", None), ssl_cert=getattr(args, "ssl_cert_file", None),

@@ -5,7 +5,8 @@ no completions); `--reranking` (alias `--rerank`) is `--embedding` with rank poo
 /rerank needs; `--pooling` picks the pooling, else the model's own (`{arch}.pooling_type`).
 A request's input may hold at most `min(--ubatch-size, --ctx-size / --parallel, the model's
 context)` tokens, llama-server's limits for an encoder (all of a sequence in one micro-batch).
-`--pooling` without `--embedding` or `--reranking` is refused rather than ignored.
+`--embd-normalize N` is every request's `embd_normalize` unless it sets its own (llama-server's).
+`--pooling` or `--embd-normalize` without `--embedding` or `--reranking` is refused rather than ignored.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class EmbeddingConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 for an embedding server, got {getattr(self, name)}")
         if self.normalize < -1:
-            raise ConfigError(f"embedding normalization must be >= -1, got {self.normalize}")
+            raise ConfigError(f"--embd-normalize must be >= -1, got {self.normalize}")
 
     @property
     def rank(self) -> bool:
@@ -50,13 +51,15 @@ class EmbeddingConfig:
 def embedding_config_from_args(args) -> EmbeddingConfig | None:
     """serve's parsed flags -> an EmbeddingConfig, or None for a generation server."""
     embedding, rerank = getattr(args, "embedding", False), getattr(args, "reranking", False)
-    pooling = getattr(args, "pooling", None)
+    pooling, normalize = getattr(args, "pooling", None), getattr(args, "embd_normalize", None)
     if not (embedding or rerank):
-        if pooling is not None:
-            raise ConfigError(f"--pooling {pooling} applies to an embedding server: add --embedding (or --reranking)")
+        for flag, value in (("--pooling", pooling), ("--embd-normalize", normalize)):
+            if value is not None:
+                raise ConfigError(f"{flag} {value} applies to an embedding server: add --embedding (or --reranking)")
         return None
     parallel = max(1, args.parallel)
     if pooling is None and rerank:
         pooling = "rank"
     return EmbeddingConfig(pooling=pooling, rerank=rerank or pooling == "rank",
-                           ubatch=args.ubatch_size, ctx_slot=max(1, args.ctx_size // parallel))
+                           ubatch=args.ubatch_size, ctx_slot=max(1, args.ctx_size // parallel),
+                           normalize=DEFAULT_NORMALIZE if normalize is None else normalize)

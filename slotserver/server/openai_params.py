@@ -118,16 +118,16 @@ def _chat_grammar(f: Fields, tools: ToolConfig, grammars: Grammars | None,
     return compile_checked(*found, grammars) if found else None
 
 
-def _continuation(f: Fields, messages: Any) -> tuple[bool, bool]:
+def _continuation(f: Fields, messages: Any, prefill: bool = True) -> tuple[bool, bool]:
     """(add_generation_prompt, continue_final_message) with llama-server's rules: a final assistant
-    message is continued (prefill) unless said otherwise; both at once is a 400."""
+    message is continued (prefill) unless said otherwise (or `--no-prefill-assistant`); both at once is a 400."""
     add = f.bool("add_generation_prompt", True)
     raw = f.raw("continue_final_message", False)
     if raw not in (True, False, "content"):
         raise bad_request("'continue_final_message' must be true, false or \"content\"")
     cont = raw is not False
     last = messages[-1] if isinstance(messages, list) and messages and isinstance(messages[-1], dict) else {}
-    if not cont and last.get("role") == "assistant":
+    if not cont and prefill and last.get("role") == "assistant":
         before = messages[-2] if len(messages) >= 2 and isinstance(messages[-2], dict) else {}
         if before.get("role") == "assistant":
             raise bad_request("Cannot have 2 or more assistant messages at the end of the list.")
@@ -146,7 +146,7 @@ def render_chat_request(f: Fields, template: ChatTemplate, tools: ToolConfig,
     if "messages" not in f.body:
         raise bad_request("'messages' is required")
     messages = f.body["messages"]
-    add_prompt, cont = _continuation(f, messages)
+    add_prompt, cont = _continuation(f, messages, chat.prefill_assistant)
     options = chat_options(f, chat)
     text = render_with_tools(template, messages, tools, add_prompt, cont, variables=options.context)
     continued = (messages[-1].get("content") or "") if cont else None
@@ -187,4 +187,4 @@ def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplat
     budget = chat_budget(f, tokenizer, defaults, *_budget_block(template, reasoning))
     jobs = expand([_job(f, ids, tokenizer, defaults, n_top if want else 0, want, grammar, budget)], n)
     return OpenAIJob(jobs, f.str("model", default_model) or default_model, [prompt_text(tokenizer, ids)] * n,
-                     tools if tools.active else None, reasoning)
+                     tools if tools.active and not chat.pure_content else None, reasoning)

@@ -24,6 +24,7 @@ from slotserver.model.config import ModelConfig
 from slotserver.model.encoder.bert_spec import POOLING_IDS
 from slotserver.model.encoder.pooling import POOLINGS, RankHead, pool
 from slotserver.model.gguf_file import GGUFFile
+from slotserver.model.metadata_overrides import apply_overrides
 from slotserver.model.text.tokenizer import Tokenizer
 from slotserver.runtime import cpu_features
 
@@ -59,9 +60,13 @@ class Embedder:
         config = replace(config, device="cpu")
         torch.set_num_threads(config.threads or cpu_features.physical_cores())
         f = GGUFFile.open(config.model_path)
+        apply_overrides(f.path, f.metadata, config.kv_overrides)   # --override-kv
         arch = f.metadata.get("general.architecture")
         template = f.metadata.get(RERANK_TEMPLATE_KEY)
         template = template if isinstance(template, str) else None
+        if arch in ("bert", "nomic-bert", "modern-bert") and config.rope_flags.any:
+            raise ConfigError(f"--rope-*/--yarn-* ({config.rope_flags.shown()}) are not applied to a {arch} "
+                              "encoder here: leave them out")
         if arch in ("bert", "nomic-bert"):   # --dtype bfloat16: bf16 projections; else f32 (llama.cpp's results)
             dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
             return cls._bert(f, pooling, gelu_table, template, dtype)

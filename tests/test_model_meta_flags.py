@@ -1,0 +1,110 @@
+"""llama-server's flags over what a GGUF says of itself: `--override-kv`, the rope/YaRN flags and
+`-c 0`. That the rope flags compute what llama-server computes with them is test_arch_fixtures.py's
+ROPE_FLAGS cases; here, what a user sees: settings parsed, values replaced, errors that name the
+flag, and a server that answers with them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from test_server_cli import parse, run_cli
+from test_server_e2e import serving
+
+from slotserver.errors import ConfigError
+from slotserver.model.bundle import ModelBundle
+from slotserver.model.config import ModelConfig
+from slotserver.model.metadata_overrides import parse_overrides
+from slotserver.server.config_from_args import plan_from_args, server_config_from_args
+
+TINY = Path(__file__).parent / "fixtures" / "archs" / "llama3_freqs.gguf"   # llama, context_length 512
+BOS = 307
+
+
+def test_override_items_parse_as_llama_cpp_reads_them():
+    assert parse_overrides("tokenizer.ggml.add_bos_token=bool:false,llama.context_length=int:300") == (
+        ("tokenizer.ggml.add_bos_token", False), ("llama.context_length", 300))
+    assert parse_overrides("a.b=float:0.25") == (("a.b", 0.25),)
+    assert parse_overrides("general.name=str:my: model") == (("general.name", "my: model"),)
+    args = parse("-m", str(TINY), "--override-kv", "a=int:1,b=bool:true", "--override-kv", "c=str:x")
+    assert plan_from_args(args).model.kv_overrides == (("a", 1), ("b", True), ("c", "x"))
+
+
+@pytest.mark.parametrize("item, words", [
+    ("no_equals", "KEY=TYPE:VALUE"), ("k=int", "the type must be one of"), ("k=long:3", "the type must be one of"),
+    ("k=bool:yes", "'yes' is not a bool (true or false)"), ("k=int:3.5", "'3.5' is not an int"),
+    ("k=float:abc", "'abc' is not a float"), ("k=str:" + "x" * 128, "at most 127 characters"),
+    ("=int:1", "KEY=TYPE:VALUE"),
+])
+def test_a_malformed_override_is_one_line_naming_it(capsys, item, words):
+    status, err = run_cli(capsys, "-m", str(TINY), "--override-kv", item)
+    assert status == 2 and len(err) == 1 and "--override-kv" in err[0] and words in err[0]
+
+
+def test_an_override_reaches_every_reader_of_the_metadata():
+    """The tokenizer's BOS switch and the spec's context both read the replaced values."""
+    config = ModelConfig(TINY, kv_overrides=(("tokenizer.ggml.add_bos_token", True), ("llama.context_length", 300)))
+    bundle = ModelBundle.load(config)
+    assert bundle.tokenizer.encode("hi", add_special=True)[0] == BOS
+    assert bundle.model.spec.ctx_train == 300 and bundle.metadata["llama.context_length"] == 300
+    plain = ModelBundle.load(ModelConfig(TINY))
+    assert plain.tokenizer.encode("hi", add_special=True)[0] != BOS and plain.model.spec.ctx_train == 512
+
+
+@pytest.mark.parametrize("override, words", [
+    (("llama.context_length", 3.0), "holds an int there, the override is a float"),
+    (("tokenizer.ggml.add_bos_token", 1), "holds a bool there, the override is an int"),
+    (("tokenizer.ggml.tokens", "x"), "holds an array there"),
+])
+def test_an_override_of_another_type_is_refused_naming_the_key(override, words):
+    with pytest.raises(ConfigError, match=f"--override-kv {override[0]}: .*{words}"):
+        ModelBundle.load(ModelConfig(TINY, kv_overrides=(override,)))
+
+
+def test_ctx_size_zero_is_the_models_training_context_stretched_by_yarn():
+    assert plan_from_args(parse("-m", str(TINY), "-c", "0")).engine.ctx_size == 512
+    args = parse("-m", str(TINY), "-c", "0", "-np", "2", "--rope-scaling", "yarn", "--rope-scale", "4",
+                 "--yarn-orig-ctx", "100")
+    assert plan_from_args(args).engine.ctx_size == 400              # n_ctx_orig_yarn / freq_scale
+    assert server_config_from_args(args).embedding is None
+    overridden = parse("-m", str(TINY), "-c", "0", "--override-kv", "llama.context_length=int:320")
+    assert plan_from_args(overridden).engine.ctx_size == 320
+    assert plan_from_args(parse("-m", str(TINY), "-c", "1024")).engine.ctx_size == 1024
+
+
+def test_rope_flags_parse_into_the_models_settings(monkeypatch):
+    rope = plan_from_args(parse("-m", str(TINY), "--rope-scaling", "yarn", "--rope-scale", "4", "--yarn-orig-ctx",
+                                "32768", "--rope-freq-base", "0", "--yarn-beta-fast", "-1")).model.rope_flags
+    assert (rope.kind, rope.freq_scale, rope.orig_ctx, rope.freq_base, rope.beta_fast) == ("yarn", 0.25, 32768, None, None)
+    later = plan_from_args(parse("-m", str(TINY), "--rope-scale", "4", "--rope-freq-scale", "0.5")).model.rope_flags
+    assert later.freq_scale == 0.5                                   # one setting, the later flag wins
+    monkeypatch.setenv("LLAMA_ARG_ROPE_SCALE", "2")
+    assert plan_from_args(parse("-m", str(TINY))).model.rope_flags.freq_scale == 0.5
+
+
+@pytest.mark.parametrize("flags, words", [
+    (("--rope-scaling", "ntk"), "--rope-scaling: invalid choice"), (("--rope-scale", "0"), "must be positive"),
+    (("--rope-freq-base", "fast"), "'fast' is not a number"), (("--yarn-orig-ctx", "-5"), "--yarn-orig-ctx must be"),
+])
+def test_bad_rope_values_are_one_line_naming_the_flag(capsys, flags, words):
+    status, err = run_cli(capsys, "-m", str(TINY), *flags)
+    assert status == 2 and len(err) == 1 and words in err[0]
+
+
+def test_a_server_started_as_qwens_model_card_says_serves_the_stretched_context(tmp_path):
+    """`--rope-scaling yarn --rope-scale 4 --yarn-orig-ctx N -c 0` and an override of the BOS switch:
+    the stretched training context in /v1/models, slots that large, and the BOS the override asked for."""
+    with serving(tmp_path, "-m", str(TINY), "-c", "0", "-np", "1", "--rope-scaling", "yarn", "--rope-scale", "4",
+                 "--yarn-orig-ctx", "256", "--override-kv", "tokenizer.ggml.add_bos_token=bool:true",
+                 "--no-warmup", "--no-watch") as srv:
+        meta = httpx.get(srv.url + "/v1/models").json()["data"][0]["meta"]
+        assert meta["n_ctx_train"] == 1024
+        assert httpx.get(srv.url + "/props").json()["default_generation_settings"]["n_ctx"] == 1024
+        ids = httpx.post(srv.url + "/tokenize", json={"content": "hi", "add_special": True}).json()["tokens"]
+        assert ids[0] == BOS
+        out = httpx.post(srv.url + "/completion", json={"prompt": "hi " * 300, "n_predict": 4, "seed": 1,
+                                                         "temperature": 0}).json()
+        assert out["timings"]["prompt_n"] > 512 and out["timings"]["predicted_n"] == 4   # past the file's 512
+    assert "rope from the command line: kind yarn" in (tmp_path / "server.log").read_text()
