@@ -5,6 +5,7 @@ taken and named at start-up, `-ngl 0` keeps the CPU, LLAMA_ARG_* variables stand
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import httpx
@@ -13,6 +14,9 @@ from test_server_cli import parse, run_cli
 from test_server_e2e import serving
 
 from slotserver.access.api_keys import flag_keys, read_key_file
+from slotserver.access.listen import bind
+from slotserver.cli.placement_args import parse_mask, parse_range
+from slotserver.errors import ConfigError
 from slotserver.server.config_from_args import plan_from_args, server_config_from_args
 
 TINY = Path(__file__).parent / "fixtures" / "archs" / "llama3_freqs.gguf"
@@ -87,7 +91,7 @@ def test_an_empty_api_key_stops_the_server_rather_than_open_it(monkeypatch, caps
     ("LLAMA_ARG_HOST", "", "LLAMA_ARG_HOST is set but empty"),   # would listen on every interface
     ("LLAMA_ARG_MODELS_DIR", "", "LLAMA_ARG_MODELS_DIR is set but empty"),
     ("LLAMA_ARG_DEVICE", "CUDA1", "CUDA_VISIBLE_DEVICES"),
-    ("LLAMA_ARG_CONT_BATCHING", "0", "LLAMA_ARG_CONT_BATCHING='0': continuous batching")])
+    ("LLAMA_ARG_CONT_BATCHING", "0", "LLAMA_ARG_CONT_BATCHING='0' (llama-server's --no-cont-batching): continuous batching")])
 def test_variables_that_cannot_be_honoured_are_one_line_naming_them(monkeypatch, capsys, name, value, words):
     monkeypatch.setenv(name, value)
     status, err = run_cli(capsys)
@@ -125,3 +129,73 @@ def test_a_llama_server_docker_setup_serves(tmp_path, monkeypatch):
     assert "llama-server flags with no effect here: --mlock (" in text and "--threads-http 8 (" in text
     assert "from llama-server's environment variables: " in text and "LLAMA_API_KEY=(set)" in text
     assert "LLAMA_ARG_CTX_SIZE=512" in text and "k1,k2" not in text
+
+
+def test_more_machinery_flags_are_taken_and_named_and_a_reverse_prompt_is_the_default_stop():
+    args = parse("--prio", "2", "-dt", "0.1", "-Cb", "0xf", "--poll", "50", "-lm", "mmap", "-fitt", "1024",
+                 "-td", "4", "-p", "hello", "--no-mmproj", "-e", "-r", "User:", "-r", "###")
+    assert [n.split(" (")[0] for n in args.no_effect] == [
+        "--prio 2", "-dt 0.1", "-Cb 0xf", "--poll 50", "-lm mmap", "-fitt 1024", "-td 4", "-p hello", "--no-mmproj", "-e"]
+    assert server_config_from_args(args).defaults.fields == {"stop": ["User:", "###"]}
+
+
+@pytest.mark.parametrize("flags, words", [
+    (("-hf", "ggml-org/gemma-3-1b-it-GGUF"), "models are not downloaded here"), (("--fim-qwen-7b-default",), "downloaded"),
+    (("--mmproj", "p.gguf"), "multimodal"), (("--rpc", "host:50052"), "no RPC backends"),
+    (("--tools", "all"), "no built-in tools"), (("-sp",), "special tokens are not rendered"),
+    (("--control-vector-layer-range", "1", "4"), "control vectors"),
+])
+def test_flags_of_features_this_server_lacks_stop_it_with_the_reason(capsys, flags, words):
+    status, err = run_cli(capsys, *flags)
+    assert status == 2 and len(err) == 1 and flags[0] in err[0] and words in err[0]
+
+
+def test_cpu_masks_and_ranges_read_as_llama_cpp_reads_them(capsys):
+    assert (parse_mask("0x5"), parse_mask("ff0"), parse_mask("0")) == ({0, 2}, set(range(4, 12)), set())
+    assert (parse_range("2-4"), parse_range("-1", 8), parse_range("6-", 8)) == ({2, 3, 4}, {0, 1}, {6, 7})
+    for flags in (("-C", "0xzz"), ("-Cr", "4-2"), ("-Cr", "3")):
+        status, err = run_cli(capsys, *flags)
+        assert status == 2 and len(err) == 1 and flags[0] in err[0]
+
+
+def test_list_devices_and_version_answer_and_exit(capsys):
+    for flag, words in (("--list-devices", "Available devices:\n  cpu: "), ("--version", "slotserver ")):
+        with pytest.raises(SystemExit) as stop:
+            parse(flag)
+        assert stop.value.code == 0 and capsys.readouterr().out.startswith(words)
+
+
+def test_reuse_port_lets_two_sockets_bind_one_port():
+    first = bind("127.0.0.1", 0, reuse_port=True)
+    port = first.getsockname()[1]
+    try:
+        bind("127.0.0.1", port, reuse_port=True).close()
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            bind("127.0.0.1", port)
+    finally:
+        first.close()
+
+
+def test_static_files_ui_settings_props_and_cpu_mask_through_a_server(tmp_path):
+    """--path serves a folder at /, --ui-config shows in /props, POST /props answers only with --props
+    (and names a property it cannot change), -C keeps the server on the CPUs of its mask."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("<p>our own page</p>")
+    (site / "app.js").write_text("let x = 1;")
+    cpu = min(os.sched_getaffinity(0))   # one this test may use (xdist workers may be pinned)
+    with serving(tmp_path, "-m", str(TINY), "-c", "256", "-np", "1", "--path", str(site), "--ui-config",
+                 '{"theme": "dark"}', "--props", "-C", hex(1 << cpu), "--no-warmup", "--no-watch") as srv:
+        assert httpx.get(srv.url + "/").text == "<p>our own page</p>"
+        assert httpx.get(srv.url + "/app.js").text == "let x = 1;"
+        assert httpx.get(srv.url + "/health").json() == {"status": "ok"}     # the API still answers
+        props = httpx.get(srv.url + "/props").json()
+        assert props["ui_settings"] == {"theme": "dark"} and props["endpoint_props"] is True
+        assert httpx.post(srv.url + "/props", json={}).json() == {"success": True}
+        r = httpx.post(srv.url + "/props", json={"n_ctx": 8})
+        assert r.status_code == 400 and "'n_ctx'" in r.json()["error"]["message"]
+        status = Path(f"/proc/{srv.proc.pid}/status").read_text()
+        assert f"Cpus_allowed_list:\t{cpu}\n" in status
+    with serving(tmp_path, "-m", str(TINY), "-c", "256", "-np", "1", "--no-warmup", "--no-watch") as srv:
+        r = httpx.post(srv.url + "/props", json={})
+        assert r.status_code == 501 and "--props" in r.json()["error"]["message"]

@@ -78,7 +78,8 @@ def test_chat_template_by_name_or_source():
 
 @pytest.mark.parametrize("argv, words", [
     (["--bogus-flag"], "unrecognized arguments: --bogus-flag"),
-    (["-mm", "mmproj.gguf"], "unrecognized arguments: -mm"),   # llama-server's multimodal projector: not here
+    (["-mm", "mmproj.gguf"], "-mm: multimodal (image, audio, video) input is not supported here"),
+    (["-zz", "1"], "unrecognized arguments: -zz"),   # a single-dash flag no server has
     (["-n32"], "unrecognized arguments: -n32"),
     (["--port", "abc"], "invalid int value"),
     (["--defrag", "maybe"], "invalid choice"),

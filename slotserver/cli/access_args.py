@@ -1,5 +1,6 @@
 """`slotserver serve`'s flags for who may reach the server and how (llama-server's names): API keys,
-CORS, the API prefix and HTTPS. The rules they feed are slotserver/access/'s, shared by the
+CORS, the API prefix, HTTPS, the socket (--reuse-port) and what is served besides the API (--path,
+--ui-config, --props). The rules they feed are slotserver/access/'s, shared by the
 serving server and the router (which keeps them all to itself: cli/router_args.py RESERVED).
 """
 
@@ -39,3 +40,13 @@ def add_access_args(p: argparse.ArgumentParser) -> None:
       help="HTTPS: the PEM private key (with --ssl-cert-file)")
     a("--ssl-cert-file", type=Path, default=None, metavar="FILE",
       help="HTTPS: the PEM certificate (with --ssl-key-file)")
+    a("--reuse-port", action="store_true",
+      help="SO_REUSEPORT on the listening socket: several servers may bind the same port")
+    a("--path", dest="static_path", type=Path, default=None, metavar="PATH",
+      help="serve the static files of PATH at / instead of the built-in web page")
+    a("--ui-config", "--webui-config", dest="ui_config", default=None, metavar="JSON",
+      help="a JSON object of web UI settings, shown in GET /props as ui_settings")
+    a("--ui-config-file", "--webui-config-file", dest="ui_config_file", type=Path, default=None, metavar="PATH",
+      help="a file holding that JSON object")
+    a("--props", dest="props_endpoint", action="store_true",
+      help="accept POST /props (it changes no property: none is settable at run time here, nor in llama-server)")

@@ -5,8 +5,10 @@ no effect, so none is silently dropped.
 `-ngl 0` keeps its meaning: the model stays on the CPU (as `--device cpu`, unless --device is
 given; server/config_from_args.py); any other -ngl puts the whole model where --device says (no
 partial offload here).
-`--log-file FILE` and `--log-disable` act (log_setup). `-nocb` (continuous batching off) is
-refused: the engine has no other mode.
+`--log-file FILE` and `--log-disable` act (log_setup), and so do `-C/-Cr` (placement_args.py).
+`-nocb` (continuous batching off) is refused: the engine has no other mode; so are the flags of
+features this server does not have (`REFUSED`: downloads, multimodal, RPC, built-in tools...),
+each with its reason, where argparse would only say "unrecognized arguments".
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import logging
 import sys
 
+from slotserver.cli.placement_args import add_cpu_args
 from slotserver.errors import ConfigError
 
 # (flags, argparse nargs: 0 a switch, None one value, "?" an optional one; why it has no effect here)
@@ -44,6 +47,67 @@ NO_EFFECT: tuple[tuple[tuple[str, ...], int | str | None, str], ...] = (
     (("--log-timestamps", "--no-log-timestamps"), 0, "log lines have one format here"),
     (("--log-colors",), "?", "log lines are not coloured"),
     (("-lv", "--verbosity", "--log-verbosity"), None, "-v turns debug lines on"),
+    (("--log-jsonl", "--no-log-jsonl"), 0, "log lines have one format here"),
+    (("-Cb", "--cpu-mask-batch"), None, "prompts run on the same threads as decode steps (-C/-Cr)"),
+    (("-Crb", "--cpu-range-batch"), None, "prompts run on the same threads as decode steps (-C/-Cr)"),
+    (("--cpu-strict", "--cpu-strict-batch"), None, "threads are placed by the OS within -C/-Cr's CPUs"),
+    (("--prio", "--prio-batch"), None, "threads run at the process's priority (start it under nice to change it)"),
+    (("--poll", "--poll-batch"), None, "compute threads wait for work as torch's OpenMP runtime makes them"),
+    (("-dt", "--defrag-thold"), None, "KV defragmentation runs whenever slots free cells (--defrag on|off)"),
+    (("--op-offload", "--no-op-offload"), 0, "all of a model's operations run on --device"),
+    (("-lm", "--load-mode"), None, "the GGUF is read once at load into the served (repacked) weights"),
+    (("-lzm", "--lazy-mode"), None, "the GGUF is read once at load into the served (repacked) weights"),
+    (("-fitt", "--fit-target"), None, "-c is taken as given, not fitted to free memory"),
+    (("-fitc", "--fit-ctx"), None, "-c is taken as given, not fitted to free memory"),
+    (("-cms", "--checkpoint-min-step"), None, "a hybrid model's checkpoints sit 4 tokens before each prompt's end"),
+    (("-lcs", "--lookup-cache-static"), None, "n-gram drafts come from each slot's own tokens"),
+    (("-lcd", "--lookup-cache-dynamic"), None, "n-gram drafts come from each slot's own tokens"),
+    (("-p", "--prompt"), None, "llama-cli's prompt: the server takes prompts per request"),
+    (("-f", "--file"), None, "llama-cli's prompt file: the server takes prompts per request"),
+    (("-bf", "--binary-file"), None, "llama-cli's prompt file: the server takes prompts per request"),
+    (("-e", "--escape", "--no-escape"), 0, "llama-cli's escapes: requests are JSON"),
+    (("--mmproj-auto", "--no-mmproj", "--no-mmproj-auto"), 0, "no multimodal projector is loaded here"),
+    (("--mmproj-offload", "--no-mmproj-offload"), 0, "no multimodal projector is loaded here"),
+    (("-no-ag", "--no-agent", "--no-ui-mcp-proxy", "--no-webui-mcp-proxy"), 0, "no built-in tools or MCP here"),
+    (("--spec-draft-threads", "-td", "--threads-draft", "--spec-draft-threads-batch", "-tbd",
+      "--threads-batch-draft"), None, "a draft model runs on the server's -t threads"),
+    (("--spec-draft-cpu-mask", "-Cd", "--cpu-mask-draft", "--spec-draft-cpu-range", "-Crd", "--cpu-range-draft",
+      "--spec-draft-cpu-mask-batch", "-Cbd", "--cpu-mask-batch-draft", "--spec-draft-cpu-strict",
+      "--cpu-strict-draft", "--spec-draft-cpu-strict-batch", "--cpu-strict-batch-draft", "--spec-draft-prio",
+      "--prio-draft", "--spec-draft-prio-batch", "--prio-batch-draft", "--spec-draft-poll", "--poll-draft",
+      "--spec-draft-poll-batch", "--poll-batch-draft"), None, "a draft model runs on the server's threads and CPUs"),
+    (("--spec-draft-device", "-devd", "--device-draft", "--spec-draft-ngl", "-ngld", "--gpu-layers-draft",
+      "--n-gpu-layers-draft"), None, "a draft model runs where --device says, as the model"),
+    (("--spec-draft-override-tensor", "-otd", "--override-tensor-draft", "--spec-draft-n-cpu-moe",
+      "--spec-draft-ncmoe", "-ncmoed", "--n-cpu-moe-draft"), None, "all of a draft model's weights are on --device"),
+    (("--spec-draft-cpu-moe", "-cmoed", "--cpu-moe-draft"), 0, "all of a draft model's weights are on --device"),
+    (("--spec-draft-backend-sampling", "--no-spec-draft-backend-sampling"), 0,
+     "drafts are sampled where the model runs"),
+)
+
+DOWNLOADS = "models are not downloaded here: download the GGUF (e.g. `hf download REPO FILE`) and pass -m FILE"
+# (flags, nargs, why start-up stops): features this server does not have, refused by name rather
+# than left as "unrecognized arguments"
+REFUSED: tuple[tuple[tuple[str, ...], int | str | None, str], ...] = (
+    (("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-hft", "--hf-token", "-mu", "--model-url", "-dr",
+      "--docker-repo", "--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"), None, DOWNLOADS),
+    (("-cl", "--cache-list", "--embd-gemma-default", "--fim-qwen-1.5b-default", "--fim-qwen-3b-default",
+      "--fim-qwen-7b-default", "--fim-qwen-7b-spec", "--fim-qwen-14b-spec", "--fim-qwen-30b-default",
+      "--gpt-oss-20b-default", "--gpt-oss-120b-default", "--vision-gemma-4b-default", "--vision-gemma-12b-default",
+      "--spec-default"), 0, DOWNLOADS),
+    (("--rpc",), None, "no RPC backends here (--tp splits a model across processes: docs/scaling.md)"),
+    (("-mm", "--mmproj", "-mmu", "--mmproj-url", "-mmdev", "--mmproj-device", "--image-min-tokens",
+      "--image-max-tokens", "--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval",
+      "--video-ffmpeg-dir", "--media-path"), None, "multimodal (image, audio, video) input is not supported here"),
+    (("--control-vector", "--control-vector-scaled"), None, "control vectors are not supported here"),
+    (("--control-vector-layer-range",), 2, "control vectors are not supported here"),
+    (("--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json"), None,
+     "no built-in tools or MCP servers here: clients run their own tools (the tool-call API works as usual)"),
+    (("-ag", "--agent", "--ui-mcp-proxy", "--webui-mcp-proxy"), 0,
+     "no built-in tools or MCP servers here: clients run their own tools (the tool-call API works as usual)"),
+    (("--kv-unified-per-slot",), None, "no per-slot cap of a unified cache here: -kvu with -c sizes the pool"),
+    (("-sp", "--special"), 0, "special tokens are not rendered in answers here"),
+    (("--log-prompts-dir",), None, "prompts are not written to files here"),
 )
 
 
@@ -74,6 +138,9 @@ def add_compat_args(p: argparse.ArgumentParser) -> None:
                    help="0: the model stays on the CPU (as --device cpu); otherwise all of it goes to --device")
     g.add_argument("-nocb", "--no-cont-batching", action=_Refused, nargs=0,
                    help="continuous batching cannot be turned off here")
+    for flags, nargs, why in REFUSED:
+        g.add_argument(*flags, action=_Refused, nargs=nargs, metavar="V", help=why)
+    add_cpu_args(g)
     g.add_argument("--log-file", default=None, metavar="FILE", help="also write the log to FILE")
     g.add_argument("--log-disable", action="store_true", help="no log lines")
     p.set_defaults(no_effect=None)

@@ -4,7 +4,7 @@ Router mode starts when --models-dir, --models-preset or --models-cache is given
 starts it when no model is given; here no `-m` means the embedded default model). The router's
 other flags (`-c 4096 -np 2 --temp 0`...) are passed to every child; the ones the router owns
 (RESERVED: host, port, API keys, the model and alias, the models-* flags, logging, CORS, the API
-prefix, HTTPS) are not. Flags that came from LLAMA_ARG_* variables go before a preset's options,
+prefix, HTTPS, --reuse-port) are not. Flags that came from LLAMA_ARG_* variables go before a preset's options,
 the command line's after them, as llama-server's children see them (router/child_args.py).
 """
 
@@ -20,7 +20,7 @@ from slotserver.errors import ConfigError
 RESERVED = ("--host", "--port", "--model", "--alias", "--api-key", "--api-key-file", "--log-file", "--log-disable",
             "--models-dir", "--models-preset", "--models-cache", "--models-max", "--models-autoload",
             "--cors-origins", "--cors-methods", "--cors-headers", "--cors-credentials", "--api-prefix",
-            "--ssl-key-file", "--ssl-cert-file")
+            "--ssl-key-file", "--ssl-cert-file", "--reuse-port")
 
 
 def add_router_args(p: argparse.ArgumentParser) -> None:
@@ -90,7 +90,7 @@ def router_config(args, parser: argparse.ArgumentParser):
                           autoload=args.models_autoload, host=args.host, port=args.port,
                           api_keys=keys_from_args(args), metrics=args.metrics, cors=CorsPolicy.from_args(args),
                           api_prefix=args.api_prefix,
-                          ssl_key=args.ssl_key_file, ssl_cert=args.ssl_cert_file,
+                          ssl_key=args.ssl_key_file, ssl_cert=args.ssl_cert_file, reuse_port=args.reuse_port,
                           child_env_argv=tuple(passthrough_argv(args.env_argv, table)),
                           child_argv=tuple(passthrough_argv(args.serve_argv, table)),
                           child_command=(sys.executable, "-m", "slotserver.cli.main", "serve"),

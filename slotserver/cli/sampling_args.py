@@ -179,6 +179,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dry-sequence-breaker", action=_Field, field="dry_sequence_breakers", append=True,
                    metavar="STRING",
                    help="a DRY sequence breaker (repeatable; replaces the defaults; none: no breakers)")
+    g.add_argument("-r", "--reverse-prompt", action=_Field, field="stop", append=True, metavar="PROMPT",
+                   help="stop at PROMPT (repeatable): every request's `stop` unless it sends its own")
     g.add_argument("-l", "--logit-bias", action=_Field, field="logit_bias", append=True, type=_logit_bias,
                    metavar="TOKEN_ID(+/-)BIAS", help="bias a token's logit (repeatable): 15043+1, 15043-inf")
     p.set_defaults(request_fields=None)

@@ -16,8 +16,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from slotserver import __version__
 from slotserver.cli.access_args import add_access_args
 from slotserver.cli.compat_args import add_compat_args, log_setup
+from slotserver.cli.placement_args import apply_cpu_affinity
 from slotserver.cli.llama_env import env_argv, shown
 from slotserver.cli.sampling_args import add_sampling_args
 from slotserver.cli.spec_args import add_spec_args
@@ -77,6 +79,7 @@ def add_parser(sub) -> None:
     p.__class__ = ServeArgumentParser  # argparse builds subparsers itself; this keeps its instance
     add_model_args(p)
     a = p.add_argument
+    a("--version", action="version", version=f"slotserver {__version__}")
     a("--host", default="127.0.0.1")
     a("--port", type=int, default=8080)
     a("-c", "--ctx-size", type=int, default=4096,
@@ -205,6 +208,7 @@ def run(args) -> int:
     # when serving ends (a bad flag, a port in use).
     if is_router(args):
         return run_router(args)
+    apply_cpu_affinity(args)   # -C/-Cr: before torch starts its threads
     gc.disable()
     try:
         from slotserver.server.launch import serve

@@ -33,6 +33,7 @@ class RouterConfig:
     api_prefix: str = ""                # --api-prefix: the router's routes under it (children serve without)
     ssl_key: Path | None = None         # --ssl-key-file / --ssl-cert-file: the router speaks HTTPS (access/tls.py)
     ssl_cert: Path | None = None
+    reuse_port: bool = False            # --reuse-port: SO_REUSEPORT on the router's socket
     metrics: bool = False               # --metrics: GET /metrics merges the models' (children get the flag too)
     child_env_argv: tuple[str, ...] = ()   # the router's flags that came from LLAMA_ARG_* variables: under a preset's
     child_argv: tuple[str, ...] = ()    # the router's own flags every child gets (host, port, keys, models-* removed)

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 import sys
 
+from slotserver.access.listen import bind
 from slotserver.access.tls import tls_options
-from slotserver.errors import ConfigError
 from slotserver.router.app import create_router_app
 from slotserver.router.config import RouterConfig
 from slotserver.router.models import ModelRouter
@@ -21,19 +20,6 @@ from slotserver.router.preset_ini import Flags
 
 log = logging.getLogger("slotserver.router")
 GRACEFUL_SHUTDOWN_S = 5
-
-
-def bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)   # IPPROTO_TCP: TCP_NODELAY
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    sock.listen(2048)
-    return sock
 
 
 def serve_router(config: RouterConfig, flags: Flags) -> int:
@@ -49,7 +35,7 @@ def serve_router(config: RouterConfig, flags: Flags) -> int:
             await router.stop_all()
 
     router = ModelRouter(config, flags)   # reads the sources: a bad preset stops here
-    sock = bind(config.host, config.port)
+    sock = bind(config.host, config.port, config.reuse_port)
     app = create_router_app(router)
     app.router.lifespan_context = lifespan
     names = ", ".join(n for n, e in router.catalog.items() if not e.hidden) or "none"

@@ -21,7 +21,8 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slotserver.server.access_log import AccessLog
@@ -83,7 +84,9 @@ def create_app(state: ServerState) -> Starlette:
     routes = [*misc.ROUTES, *completion.ROUTES, *openai.ROUTES, *messages.ROUTES, *responses.ROUTES,
               *slots.ROUTES, *lab.ROUTES, *lora.ROUTES, Route("/metrics", metrics, methods=["GET"]),
               *embeddings.ROUTES, *rerank.ROUTES, *infill.ROUTES]
-    if state.config.webui:   # --no-webui: 404 at /, as llama-server
+    if state.config.static_path is not None:   # --path: its files at /, in place of the web page
+        routes.append(Mount("/", app=StaticFiles(directory=state.config.static_path, html=True)))
+    elif state.config.webui:   # --no-webui: 404 at /, as llama-server
         routes += webui.routes()
     app = Starlette(routes=routes, middleware=_middleware(state),
                     exception_handlers={ApiError: api_error_handler, HTTPException: http_exception_handler})

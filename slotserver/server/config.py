@@ -76,6 +76,9 @@ class ServerConfig:
     embedding: EmbeddingConfig | None = None   # --embedding/--reranking: an embedding-only server (embed_config.py)
     spm_infill: bool = False   # --spm-infill: /infill puts the suffix before the prefix (infill_prompt.py)
     webui: bool = True   # --no-webui: no page at / (routes/webui.py)
+    static_path: Path | None = None   # --path: its files at / instead of the web page (app.py)
+    ui_settings: dict = field(default_factory=dict)   # --ui-config(-file): /props ui_settings
+    props_endpoint: bool = False      # --props: POST /props answered (routes/misc.py)
 
     def __post_init__(self) -> None:
         if any(not isinstance(k, str) or not k for k in self.api_keys):
@@ -87,6 +90,10 @@ class ServerConfig:
             raise ConfigError(f"--timeout must be a positive number of seconds, got {self.timeout}")
         if not isinstance(self.spm_infill, bool):
             raise ConfigError(f"spm_infill must be true or false, got {self.spm_infill!r}")
+        if self.static_path is not None and not Path(self.static_path).is_dir():
+            raise ConfigError(f"--path {self.static_path} is not a folder")
+        if not isinstance(self.ui_settings, dict):
+            raise ConfigError("--ui-config must be a JSON object")
 
     @property
     def model_name(self) -> str:

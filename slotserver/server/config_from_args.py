@@ -7,6 +7,7 @@ dataclasses), the model file, key files, the chat template (compiled), unsupport
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -115,7 +116,30 @@ def server_config_from_args(args) -> ServerConfig:
         embedding=_embedding(args),   # None unless --embedding / --reranking
         spm_infill=getattr(args, "spm_infill", False),
         webui=getattr(args, "webui", True),
+        static_path=getattr(args, "static_path", None),
+        ui_settings=_ui_settings(getattr(args, "ui_config", None), getattr(args, "ui_config_file", None)),
+        props_endpoint=getattr(args, "props_endpoint", False),
     )
+
+
+def _ui_settings(text: str | None, file: Path | None) -> dict:
+    """--ui-config JSON or --ui-config-file PATH (not both) -> the object /props shows as ui_settings."""
+    if text is not None and file is not None:
+        raise ConfigError("give --ui-config or --ui-config-file, not both")
+    if file is not None:
+        try:
+            text = Path(file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--ui-config-file {file}: {getattr(e, 'strerror', None) or e}") from None
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--ui-config is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError("--ui-config must be a JSON object")
+    return value
 
 
 def _unified(args) -> tuple[int, int | None, str]:
@@ -166,6 +190,7 @@ def plan_from_args(args) -> LaunchPlan:
     template = chat_template_source(args.chat_template, args.chat_template_file)
     return LaunchPlan(model=model, engine=engine, host=args.host, port=args.port, chat_template=template,
                       ssl_key=getattr(args, "ssl_key_file", None), ssl_cert=getattr(args, "ssl_cert_file", None),
+                      reuse_port=getattr(args, "reuse_port", False),
                       watch=not args.no_watch, warmup=not args.no_warmup, check_tensors=getattr(args, "check_tensors", False))
 
 

@@ -11,13 +11,13 @@ import gc
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from slotserver.access.listen import bind
 from slotserver.access.tls import tls_options
 from slotserver.model.config import ConfigError, ModelConfig
 from slotserver.engine.config import EngineConfig
@@ -45,27 +45,12 @@ class LaunchPlan:
     tp: object = None                  # --tp N's rank 0 (slotserver/parallel/session.py TPSession), else None
     ssl_key: Path | None = None        # --ssl-key-file / --ssl-cert-file: HTTPS (access/tls.py)
     ssl_cert: Path | None = None
+    reuse_port: bool = False           # --reuse-port: SO_REUSEPORT, several servers on one port
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be in [0, 65535], got {self.port}")
         tls_options(self.ssl_key, self.ssl_cert)
-
-
-def bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto=IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on accepted sockets whose proto says
-    # TCP, and without it every response waits ~40 ms for Nagle + delayed ACK.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 def load(state: ServerState, plan: LaunchPlan, address: str) -> Engine:
@@ -197,7 +182,8 @@ def serve(state: ServerState, plan: LaunchPlan) -> int:
     """Run until interrupted; -> exit status (2 if the model failed to load)."""
     import uvicorn
 
-    sock = bind(plan.host, plan.port)
+    sock = bind(plan.host, plan.port, plan.reuse_port)
+    sock.set_inheritable(True)
     host = f"[{plan.host}]" if ":" in plan.host else plan.host
     tls = tls_options(plan.ssl_key, plan.ssl_cert)
     address = f"{'https' if tls else 'http'}://{host}:{sock.getsockname()[1]}"

@@ -18,7 +18,7 @@ from slotserver import __version__
 from slotserver.runtime.device import describe
 from slotserver.runtime.kernel_paths import cpu_report
 from slotserver.server.body import read_json
-from slotserver.server.errors import bad_request, loading_error, model_not_found
+from slotserver.server.errors import bad_request, loading_error, model_not_found, not_supported
 from slotserver.server.fields import Fields
 from slotserver.server.jsonio import JSONResp
 from slotserver.server.openai_params import render_chat_request
@@ -116,6 +116,9 @@ async def props(request: Request) -> Response:
         "modalities": {"vision": False, "audio": False},
         "endpoint_slots": state.config.slots_endpoint,
         "endpoint_metrics": state.config.metrics,
+        "endpoint_props": state.config.props_endpoint,
+        "ui": state.config.webui,
+        "ui_settings": state.config.ui_settings,   # --ui-config(-file)
         "chat_template": state.template.source,
         "chat_template_caps": state.template.caps.to_map(),
         "bos_token": piece(tok.bos_id),
@@ -124,6 +127,22 @@ async def props(request: Request) -> Response:
         "cpu": cpu_report({op: m.module for op, m in bundle.model.kernels.modules.items()}, bundle.model.kernels.impl),
         "tensor_parallel": getattr(engine, "tp_memory", None),   # ours: --tp's ranks and their memory, else null
     })
+
+
+async def props_change(request: Request) -> Response:
+    """POST /props: llama-server's endpoint behind --props, which changes no property there either
+    (its handler is empty). Here a property named in the body is a 400 naming it rather than a
+    success that did nothing."""
+    state: ServerState = request.app.state.server
+    if not state.config.props_endpoint:
+        raise not_supported("This server does not support changing global properties. Start it with `--props`")
+    body = await read_json(request, state.config.body_limit, state.config.timeout)
+    if not isinstance(body, dict):
+        raise bad_request("POST /props takes a JSON object")
+    if body:
+        raise bad_request(f"'{next(iter(body))}': no global property can be changed at run time here (restart the "
+                          "server with the flag instead)")
+    return JSONResp({"success": True})
 
 
 def _embedding_props(state: ServerState) -> dict:
@@ -180,6 +199,7 @@ ROUTES = [
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/apply-template", apply_template, methods=["POST"]),
     Route("/props", props, methods=["GET"]),
+    Route("/props", props_change, methods=["POST"]),
     Route("/models", models, methods=["GET"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/v1/models/{model_id:path}", model, methods=["GET"]),
