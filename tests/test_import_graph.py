@@ -32,17 +32,19 @@ HEAVY = ("torch", "numpy", "triton")
 TORCH_FREE_SEAMS = ("slotserver.engine.scheduler", "slotserver.engine.slots", "slotserver.engine.stream_map",
                     "slotserver.engine.sequence", "slotserver.errors",
                     "slotserver.router.launch", "slotserver.cli.router_args",   # a router process loads no model
-                    "slotserver.access.api_keys", "slotserver.access.cors")   # the server's and the router's
+                    "slotserver.access.api_keys", "slotserver.access.cors",   # the server's and the router's
+                    "slotserver.hub.cache", "slotserver.hub.download")
 SELF_CONTAINED = ("slotserver.top", "slotserver.bench", "slotserver.replicas")   # import nothing of slotserver but themselves
 FORBIDDEN_FOR_PLUGINS = ("slotserver.server", "slotserver.engine", "slotserver.lab", "slotserver.model")
 # The layers, lowest first: nothing imports a layer above its own (a direct import only, so the
-# message names the line to move). access: API keys and CORS, shared by server and router. runtime:
+# message names the line to move). hub: the Hugging Face hub's cache and downloads (-hf, the router's
+# --models-cache). access: API keys and CORS, shared by server and router. runtime:
 # the contracts kernels, layouts, model and engine build on (KV spec, layout and kernel contracts,
 # loader, native builds, CPU features, Batch); model: GGUF, weights, forward, sampling; lab: the live
 # lab (watch, validate, swap, check); engine: slots, scheduler, the step; parallel: --tp's ranks
 # around the model and engine; server, router (many models, one child server each), cli: the edges.
 # (top/ and bench/ speak HTTP: SELF_CONTAINED.)
-LAYERS = ("slotserver.errors", "slotserver.access", "slotserver.runtime", "slotserver.model", "slotserver.lab",
+LAYERS = ("slotserver.errors", "slotserver.hub", "slotserver.access", "slotserver.runtime", "slotserver.model", "slotserver.lab",
           "slotserver.engine", "slotserver.parallel", "slotserver.server", "slotserver.router", "slotserver.cli")
 ABOVE = {layer: LAYERS[i + 1:] for i, layer in enumerate(LAYERS[:-1])}
 

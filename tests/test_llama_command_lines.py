@@ -140,7 +140,8 @@ def test_more_machinery_flags_are_taken_and_named_and_a_reverse_prompt_is_the_de
 
 
 @pytest.mark.parametrize("flags, words", [
-    (("-hf", "ggml-org/gemma-3-1b-it-GGUF"), "models are not downloaded here"), (("--fim-qwen-7b-default",), "downloaded"),
+    (("-mu", "https://example.com/m.gguf"), "only -hf USER/MODEL[:QUANT] downloads here"),
+    (("--fim-qwen-7b-default",), "only -hf"),
     (("--mmproj", "p.gguf"), "multimodal"), (("--rpc", "host:50052"), "no RPC backends"),
     (("--tools", "all"), "no built-in tools"), (("-sp",), "special tokens are not rendered"),
     (("--control-vector-layer-range", "1", "4"), "control vectors"),

@@ -14,7 +14,7 @@ from slotserver.cli.main import build_parser, main
 from slotserver.cli.llama_env import env_flags
 from slotserver.cli.router_args import flag_table, passthrough_argv
 from slotserver.errors import ConfigError
-from slotserver.router import hub_cache
+from slotserver.hub import cache as hub_cache
 from slotserver.router.catalog import build_catalog
 from slotserver.router.child_args import child_argv
 from slotserver.router.config import RouterConfig

@@ -42,7 +42,6 @@ NO_EFFECT: tuple[tuple[tuple[str, ...], int | str | None, str], ...] = (
     (("--repack", "-nr", "--no-repack"), 0, "GGUF blocks are always repacked for the CPU at load"),
     (("-fit", "--fit"), None, "-c is taken as given, not fitted to free memory"),
     (("--perf", "--no-perf"), 0, "timings are always measured"),
-    (("--offline",), 0, "nothing is ever downloaded"),
     (("--log-prefix", "--no-log-prefix"), 0, "log lines have one format here"),
     (("--log-timestamps", "--no-log-timestamps"), 0, "log lines have one format here"),
     (("--log-colors",), "?", "log lines are not coloured"),
@@ -85,13 +84,12 @@ NO_EFFECT: tuple[tuple[tuple[str, ...], int | str | None, str], ...] = (
      "drafts are sampled where the model runs"),
 )
 
-DOWNLOADS = "models are not downloaded here: download the GGUF (e.g. `hf download REPO FILE`) and pass -m FILE"
+DOWNLOADS = "only -hf USER/MODEL[:QUANT] downloads here (or download the GGUF and pass -m FILE)"
 # (flags, nargs, why start-up stops): features this server does not have, refused by name rather
 # than left as "unrecognized arguments"
 REFUSED: tuple[tuple[tuple[str, ...], int | str | None, str], ...] = (
-    (("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-hft", "--hf-token", "-mu", "--model-url", "-dr",
-      "--docker-repo", "--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"), None, DOWNLOADS),
-    (("-cl", "--cache-list", "--embd-gemma-default", "--fim-qwen-1.5b-default", "--fim-qwen-3b-default",
+    (("-mu", "--model-url", "-dr", "--docker-repo"), None, DOWNLOADS),
+    (("--embd-gemma-default", "--fim-qwen-1.5b-default", "--fim-qwen-3b-default",
       "--fim-qwen-7b-default", "--fim-qwen-7b-spec", "--fim-qwen-14b-spec", "--fim-qwen-30b-default",
       "--gpt-oss-20b-default", "--gpt-oss-120b-default", "--vision-gemma-4b-default", "--vision-gemma-12b-default",
       "--spec-default"), 0, DOWNLOADS),

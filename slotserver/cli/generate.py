@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from slotserver.cli.lab import add_lab_arg, apply_lab_dir  # light: no torch
+from slotserver.cli.hub_args import add_hub_args, fetch_hub_models
 from slotserver.cli.model_meta_args import add_model_meta_args
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16")  # slotserver.model.config.DTYPES, without importing torch here
@@ -71,6 +72,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-scaled", dest="lora_items", action="append", type=lambda v: (":", v),
                    metavar="FNAME:SCALE,...", help="a LoRA adapter GGUF at SCALE (comma-separated: several; repeatable)")
     add_model_meta_args(p)
+    add_hub_args(p)
     add_lab_arg(p)
 
 
@@ -89,6 +91,7 @@ def start_tp(args):
 
 def load_bundle(args):
     apply_lab_dir(args)
+    fetch_hub_models(args)   # -hf: args.model from the hub
     from slotserver.model.bundle import ModelBundle
     from slotserver.model import metadata_overrides
     from slotserver.model.config import ModelConfig, lora_flags

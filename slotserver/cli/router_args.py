@@ -73,7 +73,7 @@ def passthrough_argv(argv: list[str], table: dict[str, tuple[str, bool]]) -> lis
 
 def router_config(args, parser: argparse.ArgumentParser):
     from slotserver.router.config import RouterConfig, fake_timing_from_env
-    from slotserver.router.hub_cache import default_cache
+    from slotserver.hub.cache import default_cache
     from slotserver.access.api_keys import keys_from_args
     from slotserver.access.cors import CorsPolicy
     from slotserver.cli.llama_env import env_flags

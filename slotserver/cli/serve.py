@@ -25,6 +25,7 @@ from slotserver.cli.sampling_args import add_sampling_args
 from slotserver.cli.spec_args import add_spec_args
 from slotserver.engine.config import EngineConfig
 from slotserver.cli.generate import add_model_args, start_tp
+from slotserver.cli.hub_args import fetch_hub_models
 from slotserver.cli.parser import CommandParser
 from slotserver.cli.router_args import add_router_args, is_router, router_config
 
@@ -220,6 +221,7 @@ def run(args) -> int:
         from slotserver.cli.lab import apply_lab_dir
 
         apply_lab_dir(args)
+        fetch_hub_models(args)   # -hf: args.model (and a draft) from the hub, before anything checks them
         config = server_config_from_args(args)
         plan = replace(plan_from_args(args), gc_paused=True)
         tp = start_tp(args)   # --tp N: ranks 1..N-1 run the forward only, no HTTP

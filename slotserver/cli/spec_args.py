@@ -19,6 +19,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     a("--spec-type", default=None, metavar="TYPES",
       help=f"comma-separated speculative decoding types: {', '.join(SPEC_TYPES)} (default none; "
            "draft-simple when -md is given)")
+    a("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft", dest="spec_draft_hf", default=None,
+      metavar="USER/MODEL[:QUANT]", help="the draft model from the Hugging Face hub, as -hf (cli/hub_args.py)")
     a("-md", "--spec-draft-model", "--model-draft", dest="spec_draft_model", type=Path, default=None,
       metavar="FNAME", help="draft model for speculative decoding (same vocabulary as the model)")
     for flags, name, kind, text in (

@@ -1,6 +1,6 @@
 """The router's model list, from llama-server's three sources (later ones win a shared name):
 
-  cache       the Hugging Face hub cache (hub_cache.py): `user/repo:TAG`, as llama-server lists
+  cache       the Hugging Face hub cache (slotserver/hub/cache.py): `user/repo:TAG`, as llama-server lists
               its download cache (--models-cache DIR, else llama.cpp's cache folder)
   models_dir  --models-dir DIR: `name.gguf` -> `name`; a folder `name/` holding one model GGUF
               (mmproj and draft sidecars as llama-server names them) -> `name`
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slotserver.errors import ConfigError
-from slotserver.router import hub_cache
+from slotserver.hub import cache as hub_cache
 from slotserver.router.config import DEFAULT_STOP_TIMEOUT_S, RouterConfig
 from slotserver.router.preset_ini import Flags, PresetSection, is_true, read_preset_file
 

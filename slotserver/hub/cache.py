@@ -5,9 +5,9 @@
 
 A model file `name-Q4_K_M.gguf` (first shard for split files) is listed as `USER/REPO:Q4_K_M`;
 mmproj and draft sidecars are not models. `USER/REPO[:TAG]` resolves to the file whose name has
-the tag; without a tag, Q4_K_M, then Q8_0, then the first model file: llama.cpp's choice. This
-server reads the cache and never downloads: models get there with `huggingface-cli download` or
-llama-server `-hf`. The cache folder is llama.cpp's: LLAMA_CACHE, HF_HUB_CACHE,
+the tag; without a tag, Q4_K_M, then Q8_0, then the first model file: llama.cpp's choice (`pick`,
+which download.py applies to a repository's listing too). Models get there with `serve -hf`
+(download.py), `hf download` or llama-server's `-hf`. The cache folder is llama.cpp's: LLAMA_CACHE, HF_HUB_CACHE,
 HUGGINGFACE_HUB_CACHE, HF_HOME/hub, XDG_CACHE_HOME/huggingface/hub, ~/.cache/huggingface/hub.
 """
 
@@ -87,20 +87,23 @@ def list_models(cache: Path) -> dict[str, Path]:
     return out
 
 
+def pick(names: list[str], tag: str) -> str | None:
+    """The model file of a repository's GGUF paths that `USER/REPO:TAG` names (tag "": llama.cpp's
+    default choice); None if none fits."""
+    models = [n for n in names if n.endswith(".gguf") and CachedFile("", n, Path(n)).is_model]
+    for t in ([tag] if tag else list(DEFAULT_TAGS)):
+        pattern = re.compile(re.escape(t) + r"[.-]", re.IGNORECASE)
+        if hit := [n for n in models if pattern.search(n)]:
+            return hit[0]
+    return None if tag or not models else models[0]
+
+
 def resolve(cache: Path | None, ref: str, file: str | None = None) -> Path:
     """`USER/REPO[:TAG]` (or one file of it) -> its cached path; ConfigError naming what is missing."""
     repo, _, tag = ref.partition(":")
-    files = cached_files(cache, repo) if cache is not None else []
-    if file:
-        hit = [f for f in files if f.rel == file]
-    else:
-        models = [f for f in files if f.is_model]
-        hit = []
-        for t in ([tag] if tag else list(DEFAULT_TAGS)):
-            pattern = re.compile(re.escape(t) + r"[.-]", re.IGNORECASE)
-            hit = hit or [f for f in models if pattern.search(f.rel)]
-        hit = hit or ([] if tag else models)
-    if not hit:
+    files = {f.rel: f for f in (cached_files(cache, repo) if cache is not None else [])}
+    name = file if file in files else None if file else pick(list(files), tag)
+    if name is None:
         raise ConfigError(f"'{ref}{'/' + file if file else ''}' is not in the models cache "
-                          f"({cache or 'none'}); this server does not download models")
-    return hit[0].path
+                          f"({cache or 'none'})")
+    return files[name].path

@@ -1,0 +1,113 @@
+"""`-hf USER/REPO[:QUANT]` (and `-hff FILE`, `-hft TOKEN`, `--offline`): a model from the Hugging
+Face hub, as llama-server gets it (common/download.cpp).
+
+The repository's file list picks the model (cache.py `pick`: the file named by the quant tag,
+case-insensitive; without one Q4_K_M, then Q8_0, then the first model file; `-hff` names one file
+and wins), and huggingface_hub's `hf_hub_download` fetches it into the hub cache llama.cpp uses
+(LLAMA_CACHE, else the Hugging Face cache: cache.py `default_cache`), resuming a partial download
+and skipping a file already there. So `llama-server -hf` and `slotserver serve -hf` share their
+downloads, and the router's `--models-cache` lists them. The hub is llama.cpp's MODEL_ENDPOINT or
+HF_ENDPOINT (default huggingface.co); the token is `-hft`, else HF_TOKEN or the stored login.
+
+Offline (`--offline`, LLAMA_OFFLINE or HF_HUB_OFFLINE), or when the hub cannot be reached, the
+cache alone answers, as llama.cpp falls back to it. A GGUF split into parts is refused by name
+(this server loads one file), and so is a repository without a model file, listing what it has.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from slotserver.errors import ConfigError
+from slotserver.hub import cache
+
+log = logging.getLogger("slotserver.load")
+
+
+def endpoint() -> str | None:
+    """llama.cpp's MODEL_ENDPOINT, else HF_ENDPOINT (None: huggingface_hub's default)."""
+    return (os.environ.get("MODEL_ENDPOINT") or os.environ.get("HF_ENDPOINT") or "").rstrip("/") or None
+
+
+def offline_env() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "on", "true", "yes")
+               for v in ("LLAMA_OFFLINE", "HF_HUB_OFFLINE"))
+
+
+def fetch(ref: str, file: str | None = None, token: str | None = None, offline: bool = False) -> Path:
+    """`USER/REPO[:QUANT]` (or its file `file`) -> the local path of the model, downloaded if needed."""
+    repo, _, tag = ref.partition(":")
+    if repo.count("/") != 1 or not all(repo.split("/")):
+        raise ConfigError(f"-hf {ref!r}: expected USER/MODEL[:QUANT], e.g. ggml-org/gemma-3-1b-it-GGUF:Q4_K_M")
+    where = cache.default_cache()
+    if offline or offline_env():
+        return cache.resolve(where, ref, file)
+    try:
+        names = _listing(repo, token)
+    except ConfigError:
+        raise
+    except Exception as e:   # no network, a proxy, the hub down: the cache may still have it
+        log.warning("-hf %s: the hub did not answer (%s); looking in the cache %s", ref, _short(e), where)
+        return cache.resolve(where, ref, file)
+    name = _chosen(ref, names, tag, file)
+    log.info("-hf %s: %s (into %s)", ref, name, where)
+    return Path(_download(repo, name, token, where))
+
+
+def _listing(repo: str, token: str | None) -> list[str]:
+    """The repository's file paths at main: one request (huggingface_hub's listing retries a
+    refused connection for ~25 s before an offline machine could fall back to its cache)."""
+    import httpx
+    from huggingface_hub import constants, get_token
+
+    token = token or get_token()
+    url = f"{endpoint() or constants.ENDPOINT}/api/models/{repo}/tree/main"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    names: list[str] = []
+    params: dict | None = {"recursive": "true"}
+    while url:
+        r = httpx.get(url, params=params, headers=headers, timeout=15, follow_redirects=True)
+        code = r.headers.get("X-Error-Code", "")
+        if code == "GatedRepo" or r.status_code == 403:
+            raise ConfigError(f"-hf {repo}: the repository is gated: accept its terms on the hub and give a token "
+                              "(-hft TOKEN or HF_TOKEN)")
+        if code == "RepoNotFound" or r.status_code in (401, 404):
+            raise ConfigError(f"-hf {repo}: no such repository on the hub (or it is private: give a token, "
+                              "-hft TOKEN or HF_TOKEN)")
+        r.raise_for_status()
+        entries = r.json()
+        if not isinstance(entries, list):
+            raise ValueError(f"the hub's listing of {repo} is not a list")
+        names += [e["path"] for e in entries if isinstance(e, dict) and e.get("type") == "file"]
+        url, params = r.links.get("next", {}).get("url"), None   # the hub pages long listings
+    return names
+
+
+def _chosen(ref: str, names: list[str], tag: str, file: str | None) -> str:
+    ggufs = [n for n in names if n.endswith(".gguf")]
+    if file is not None and file not in names:
+        raise ConfigError(f"-hff {file}: not in {ref.partition(':')[0]} (its GGUF files: {', '.join(ggufs) or 'none'})")
+    name = file or cache.pick(ggufs, tag)
+    if name is None:
+        raise ConfigError(f"-hf {ref}: no model file{' tagged ' + tag if tag else ''} in the repository "
+                          f"(its GGUF files: {', '.join(ggufs) or 'none'})")
+    split = cache.SPLIT.match(name.removesuffix(".gguf"))
+    if split and int(split.group(3)) > 1:
+        raise ConfigError(f"-hf {ref}: {name} is one of {int(split.group(3))} parts of a split GGUF; this server "
+                          "loads one file (merge them with llama.cpp's llama-gguf-split --merge, then -m FILE)")
+    return name
+
+
+def _download(repo: str, name: str, token: str | None, where: Path) -> str:
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return hf_hub_download(repo, name, cache_dir=where, token=token, endpoint=endpoint())
+    except Exception as e:   # network, disk full, the hub's HTTP errors
+        raise ConfigError(f"-hf {repo}: downloading {name} into {where} failed: {_short(e)}") from None
+
+
+def _short(e: Exception) -> str:
+    return str(e).splitlines()[0][:200] if str(e) else type(e).__name__

@@ -1,0 +1,80 @@
+"""`-hf USER/MODEL[:QUANT]` against a stand-in hub (hub_stub.py): the file llama.cpp would pick is
+downloaded into the hub cache llama.cpp uses, taken from there when the hub is unreachable or
+`--offline`, and a server started with `-hf` serves it under the reference as typed. Bad
+references, missing quants, split files and gated repositories are one line each.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from hub_stub import HubStub
+from replica_stubs import Serving
+from test_server_e2e import serving
+
+from slotserver.errors import ConfigError
+from slotserver.hub import cache
+from slotserver.hub.download import fetch
+
+TINY = (Path(__file__).parent / "fixtures" / "archs" / "llama3_freqs.gguf").read_bytes()
+REPO = {"m-Q4_K_M.gguf": TINY, "m-Q8_0.gguf": TINY + b"", "mmproj-m-f16.gguf": b"projector",
+        "README.md": b"# m", "big-Q2_K-00001-of-00002.gguf": b"1", "big-Q2_K-00002-of-00002.gguf": b"2"}
+
+
+@pytest.fixture()
+def hub(tmp_path, monkeypatch):
+    stub = HubStub({"org/m-GGUF": REPO, "org/only-f16": {"x-F16.gguf": TINY}}, gated=("org/gated",))
+    server = Serving(stub.app)
+    for var in ("HF_TOKEN", "HF_HUB_OFFLINE", "LLAMA_OFFLINE", "HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MODEL_ENDPOINT", server.url)
+    monkeypatch.setenv("LLAMA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        yield stub, server, tmp_path / "cache"
+    finally:
+        server.stop()
+
+
+def test_the_default_quant_is_downloaded_into_llama_cpps_cache_and_found_there_offline(hub):
+    stub, server, where = hub
+    path = fetch("org/m-GGUF")
+    assert path.read_bytes() == TINY and path.name == "m-Q4_K_M.gguf" and where in path.parents
+    assert any(s.startswith("GET /org/m-GGUF/resolve/") for s in stub.seen)
+    assert cache.list_models(where) == {"org/m-GGUF:Q4_K_M": path}        # what the router's --models-cache lists
+    assert fetch("org/m-GGUF", offline=True) == path                     # --offline: the cache answers
+    server.stop()                                                       # the hub gone: the cache still answers
+    assert fetch("org/m-GGUF") == path
+    with pytest.raises(ConfigError, match="'org/m-GGUF:Q8_0' is not in the models cache"):
+        fetch("org/m-GGUF:Q8_0")
+
+
+def test_a_quant_tag_or_a_file_picks_the_download(hub):
+    assert fetch("org/m-GGUF:q8_0").name == "m-Q8_0.gguf"                 # tags are case-insensitive
+    assert fetch("org/m-GGUF", file="m-Q8_0.gguf").name == "m-Q8_0.gguf"
+    assert fetch("org/only-f16").name == "x-F16.gguf"                      # no Q4_K_M or Q8_0: the first model
+
+
+@pytest.mark.parametrize("ref, file, words", [
+    ("org/m-GGUF:Q5_K_S", None, "no model file tagged Q5_K_S in the repository (its GGUF files: m-Q4_K_M.gguf"),
+    ("org/m-GGUF", "m-Q2.gguf", "-hff m-Q2.gguf: not in org/m-GGUF"),
+    ("org/m-GGUF:Q2_K", None, "one of 2 parts of a split GGUF"),
+    ("org/gated", None, "the repository is gated"),
+    ("org/none", None, "no such repository on the hub"),
+    ("just-a-name", None, "expected USER/MODEL[:QUANT]"),
+])
+def test_what_cannot_be_fetched_is_one_line_saying_why(hub, ref, file, words):
+    with pytest.raises(ConfigError, match=None) as e:
+        fetch(ref, file)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_server_started_with_hf_serves_the_model_under_its_reference(hub, tmp_path):
+    with serving(tmp_path, "-hf", "org/m-GGUF:Q8_0", "-c", "256", "-np", "1", "--no-warmup", "--no-watch") as srv:
+        models = httpx.get(srv.url + "/v1/models").json()["data"]
+        assert [m["id"] for m in models] == ["org/m-GGUF:Q8_0"]
+        out = httpx.post(srv.url + "/completion", json={"prompt": "hi", "n_predict": 3, "temperature": 0}).json()
+        assert out["timings"]["predicted_n"] == 3
+    assert "-hf org/m-GGUF:Q8_0: m-Q8_0.gguf" in (tmp_path / "server.log").read_text()
