@@ -30,6 +30,7 @@ from local_server import PEER, free_port, post, wait_healthy  # noqa: E402
 from tiny_gguf import bytes_to_unicode, write_tiny_gguf  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "archs"
+CONTROL_DIR = ROOT / "tests" / "fixtures" / "control"   # control vectors: not *.gguf models of archs/
 N_CTX, N_PREDICT = 256, 12
 U32 = gguf.GGUFValueType.UINT32
 SMALL = dict(d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, ctx_len=512, **{"tokenizer.ggml.pre": "default", "general.name": "tiny"})
@@ -92,7 +93,28 @@ FLAGGED: dict[str, tuple[str, tuple[str, ...]]] = {
     "llama_linear_flags": ("llama_linear", ("--rope-scaling", "yarn", "--yarn-ext-factor", "0",
                                             "--yarn-attn-factor", "1.25")),
     "gemma3_rope_flags": ("gemma3", ("--rope-freq-base", "20000", "--rope-freq-scale", "0.5")),
+    # control vectors (control_vector below): two summed, one scaled; a layer range; a direction past the
+    # last layer (never applied)
+    "smollm3_cvec": ("smollm3", ("--control-vector", "cvec_a.gguf", "--control-vector-scaled", "cvec_b.gguf:-0.5")),
+    "gemma3_cvec": ("gemma3", ("--control-vector-scaled", "cvec_c.gguf:1.5", "--control-vector-layer-range",
+                               "2", "3")),
 }
+# control vector files the FLAGGED cases name: (layers with a direction, seed); width SMALL's d_model
+CONTROL = {"cvec_a.gguf": (range(1, 6), 1), "cvec_b.gguf": (range(2, 4), 2), "cvec_c.gguf": (range(1, 7), 3)}
+
+
+def control_vector(path: Path, layers: range, seed: int) -> None:
+    """llama.cpp's control vector format: F32 `direction.N` of the model's width per layer N."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "controlvector")
+    w.add_string("controlvector.model_hint", "tiny")
+    w.add_uint32("controlvector.layer_count", len(layers))
+    for n in layers:
+        w.add_tensor(f"direction.{n}", (0.5 * rng.standard_normal(SMALL["d_model"])).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def prompts(seed: int = 7) -> list[list[int]]:
@@ -142,7 +164,11 @@ def main() -> None:
     for name in names:
         if name in FLAGGED:
             model, flags = FLAGGED[name]
-            rows = [r | {"model": model, "flags": list(flags)} for r in run_llama(OUT / f"{model}.gguf", flags)]
+            for cv in CONTROL:
+                if any(f.startswith(cv) for f in flags):
+                    control_vector(CONTROL_DIR / cv, *CONTROL[cv])
+            paths = tuple(str(CONTROL_DIR / f) if f.split(":")[0] in CONTROL else f for f in flags)
+            rows = [r | {"model": model, "flags": list(flags)} for r in run_llama(OUT / f"{model}.gguf", paths)]
             (OUT / f"{name}.json").write_text(json.dumps(rows, indent=None) + "\n")
             (OUT / f"{model}.log").unlink(missing_ok=True)
             print(f"{name}: {model} {' '.join(flags)}, greedy {[r['generated_ids'][:6] for r in rows]}")

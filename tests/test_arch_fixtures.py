@@ -36,11 +36,14 @@ from slotserver.runtime.kv_spec import KVSpec
 from slotserver.runtime.loader import default_dir
 from slotserver.runtime.layouts import create_layout, load_layout
 from slotserver.runtime.batch import Batch, SeqChunk
+from slotserver.model.config import lora_flags
+from slotserver.model.control_vector import load_control
 from slotserver.model.model import LlamaModel
 from slotserver.model.rope_scaling import RopeFlags
 from slotserver.model.weights import WeightFormat
 
 ARCHS = Path(__file__).parent / "fixtures" / "archs"
+CONTROL = ARCHS.parent / "control"   # the control vectors some cases name (make_arch_fixtures.py CONTROL)
 CASES = sorted(p.stem for p in ARCHS.glob("*.json"))
 N_CTX = 256           # llama-server's -c: phi3's longrope picks its long factors past the trained 128
 SPECIAL = [307, 308, 309]  # tiny_gguf's <|endoftext|>, <|im_start|>, <|im_end|>: never a greedy pick (ignore_eos)
@@ -59,9 +62,11 @@ def _load(case: str, fmt: WeightFormat | None = None) -> tuple[LlamaModel, list[
     rows = json.loads((ARCHS / f"{case}.json").read_text())
     parser = argparse.ArgumentParser()
     add_model_meta_args(parser)
-    flags = RopeFlags.from_args(parser.parse_args(rows[0].get("flags", [])))
+    args = parser.parse_args(rows[0].get("flags", []))
     model = LlamaModel.load(ARCHS / f"{rows[0].get('model', case)}.gguf", torch.float32, max_pos=N_CTX, fmt=fmt,
-                            rope_flags=flags)
+                            rope_flags=RopeFlags.from_args(args))
+    files = tuple((CONTROL / path, scale) for path, scale in lora_flags(args.control_items))   # --control-vector*
+    model.control = load_control(files, args.control_layers, model.spec.n_layers, model.spec.d_model)
     _needs_native_blocks(case, model)
     return model, rows
 
@@ -134,12 +139,13 @@ def test_every_architecture_has_a_fixture():
 
 
 # files served with llama-server's --rope-*/--yarn-* flags (make_arch_fixtures.py FLAGGED)
-ROPE_FLAGS = {"llama_rope_flags", "qwen2_yarn_flags", "qwen2_yarn_none", "llama_linear_flags", "gemma3_rope_flags"}
+ROPE_FLAGS = {"llama_rope_flags", "qwen2_yarn_flags", "qwen2_yarn_none", "llama_linear_flags", "gemma3_rope_flags",
+              "smollm3_cvec", "gemma3_cvec"}   # and --control-vector*
 # the architectures added on 2026-11-27: README's numbers for them (float32, dense) are under this bound
 TIGHT = {"smollm3", "mistral3", "olmo2", "olmo3", "ministral3", "olmo3_hf", "glm4", "ernie4_5", "seed_oss",
          "exaone4", "exaone4_64", "llama_bias", "lfm2", "lfm2_swa", "lfm2moe", "granitehybrid",
          "granitehybrid_dense", "nemotron_h", "nemotron_h_moe", "nemotron_h_latent", "falcon_h1", "falcon_h1_norm",
-         *ROPE_FLAGS - {"gemma3_rope_flags"}}   # gemma3's own is 1e-3
+         *ROPE_FLAGS - {"gemma3_rope_flags", "gemma3_cvec"}}   # gemma3's own is 1e-3
 # delta-net hybrids (2026-11-28): qwen35 5.4e-6, qwen35_eq 3.2e-5, qwen35moe 5.9e-6 measured; with the
 # delta net in float64 (its token loop) the first two were 8.6e-6 and 3.8e-5: the distance is llama.cpp's
 # float32 rounding of the recurrence, not a formula apart

@@ -144,7 +144,7 @@ def test_more_machinery_flags_are_taken_and_named_and_a_reverse_prompt_is_the_de
     (("--fim-qwen-7b-default",), "only -hf"),
     (("--mmproj", "p.gguf"), "multimodal"), (("--rpc", "host:50052"), "no RPC backends"),
     (("--tools", "all"), "no built-in tools"), (("-sp",), "special tokens are not rendered"),
-    (("--control-vector-layer-range", "1", "4"), "control vectors"),
+    (("--kv-unified-per-slot", "4096"), "no per-slot cap"),
 ])
 def test_flags_of_features_this_server_lacks_stop_it_with_the_reason(capsys, flags, words):
     status, err = run_cli(capsys, *flags)
@@ -200,3 +200,12 @@ def test_static_files_ui_settings_props_and_cpu_mask_through_a_server(tmp_path):
     with serving(tmp_path, "-m", str(TINY), "-c", "256", "-np", "1", "--no-warmup", "--no-watch") as srv:
         r = httpx.post(srv.url + "/props", json={})
         assert r.status_code == 501 and "--props" in r.json()["error"]["message"]
+
+
+def test_aliases_and_tags_as_llama_server_takes_them():
+    """`-a zeta,alpha`: both names retrieve the model, the first in sorted order is its id (llama-server's
+    std::set); `--tags` are listed."""
+    config = server_config_from_args(parse("-m", str(TINY), "-a", "zeta, alpha,", "--tags", "chat,small"))
+    assert (config.model_name, config.aliases, config.tag_list) == ("alpha", ["alpha", "zeta"], ["chat", "small"])
+    assert config.knows_model("zeta") and config.knows_model("alpha") and not config.knows_model("beta")
+    assert server_config_from_args(parse("-m", str(TINY))).model_name == TINY.name

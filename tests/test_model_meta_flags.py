@@ -1,5 +1,5 @@
-"""llama-server's flags over what a GGUF says of itself: `--override-kv`, the rope/YaRN flags and
-`-c 0`. That the rope flags compute what llama-server computes with them is test_arch_fixtures.py's
+"""llama-server's flags over what a GGUF says of itself: `--override-kv`, the rope/YaRN flags,
+`-c 0`, and control vectors. That the rope flags compute what llama-server computes with them is test_arch_fixtures.py's
 ROPE_FLAGS cases; here, what a user sees: settings parsed, values replaced, errors that name the
 flag, and a server that answers with them.
 """
@@ -8,18 +8,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
 import httpx
+import numpy as np
 import pytest
+import torch
 from test_server_cli import parse, run_cli
 from test_server_e2e import serving
 
+from slotserver.cli import main as cli
 from slotserver.errors import ConfigError
 from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ModelConfig
+from slotserver.model.control_vector import load_control
 from slotserver.model.metadata_overrides import parse_overrides
 from slotserver.server.config_from_args import plan_from_args, server_config_from_args
 
 TINY = Path(__file__).parent / "fixtures" / "archs" / "llama3_freqs.gguf"   # llama, context_length 512
+SMOLLM3 = TINY.with_name("smollm3.gguf")   # 5 layers, width 32
 BOS = 307
 
 
@@ -108,3 +114,60 @@ def test_a_server_started_as_qwens_model_card_says_serves_the_stretched_context(
                                                          "temperature": 0}).json()
         assert out["timings"]["prompt_n"] > 512 and out["timings"]["predicted_n"] == 4   # past the file's 512
     assert "rope from the command line: kind yarn" in (tmp_path / "server.log").read_text()
+
+
+CVEC = Path(__file__).parent / "fixtures" / "control" / "cvec_a.gguf"   # width 32, direction.1-5
+
+
+def _vector_file(path: Path, tensors: dict) -> Path:
+    w = gguf.GGUFWriter(str(path), "controlvector")
+    for name, value in tensors.items():
+        w.add_tensor(name, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_control_vector_flags_parse_as_llama_server_spells_them():
+    args = parse("-m", str(TINY), "--control-vector", f"{CVEC},{CVEC}", "--control-vector-scaled", f"{CVEC}:-0.5",
+                 "--control-vector-layer-range", "1", "3")
+    model = plan_from_args(args).model
+    assert model.control_vectors == ((CVEC, 1.0), (CVEC, 1.0), (CVEC, -0.5)) and model.control_layers == (1, 3)
+    with pytest.raises(ConfigError, match="--control-vector-scaled format: FNAME:SCALE"):
+        plan_from_args(parse("-m", str(TINY), "--control-vector-scaled", str(CVEC)))
+    with pytest.raises(ConfigError, match="control vector /nope.gguf: no such file"):
+        plan_from_args(parse("-m", str(TINY), "--control-vector", "/nope.gguf"))
+
+
+def test_control_vectors_are_summed_scaled_and_kept_to_their_layers():
+    one = load_control(((CVEC, 1.0),), None, 5, 32)
+    both = load_control(((CVEC, 1.0), (CVEC, -0.5)), (2, 3), 5, 32)
+    assert sorted(one) == [1, 2, 3, 4]                       # layer 0 never, direction.5 past the last layer
+    assert sorted(both) == [2, 3] and torch.equal(both[2], one[2] * 0.5)
+    assert sorted(load_control(((CVEC, 1.0),), (0, 0), 5, 32)) == [1, 2, 3, 4]   # <= 0: llama.cpp's defaults
+
+
+@pytest.mark.parametrize("tensors, words", [
+    ({"direction.0": np.ones(32, np.float32)}, "not direction.N with a layer N >= 1"),
+    ({"dir.1": np.ones(32, np.float32)}, "not direction.N"),
+    ({"direction.1": np.ones((2, 16), np.float32)}, "must be a 1-D F32 tensor"),
+    ({"direction.1": np.ones(32, np.float16)}, "must be a 1-D F32 tensor, got F16"),
+    ({"direction.1": np.ones(16, np.float32)}, "directions of width 16, the model's is 32"),
+])
+def test_a_bad_control_vector_file_stops_loading_naming_it(tmp_path, tensors, words):
+    path = _vector_file(tmp_path / "cv.gguf", tensors)
+    with pytest.raises(ConfigError, match=None) as e:
+        ModelBundle.load(ModelConfig(TINY, control_vectors=((path, 1.0),)))
+    assert str(path) in str(e.value) and words in str(e.value)
+
+
+def test_generate_steered_by_a_control_vector_writes_another_continuation(capsys):
+    """The same greedy prompt through `slotserver generate`, with and without a strong vector."""
+    def run(*flags: str) -> str:
+        assert cli.main(["generate", "-m", str(SMOLLM3), "-n", "8", "--temp", "0", "--dtype", "float32",
+                         *flags, "hello"]) == 0
+        return capsys.readouterr().out
+    plain, steered = run(), run("--control-vector-scaled", f"{CVEC}:8")
+    assert plain != steered and plain == run()

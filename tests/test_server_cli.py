@@ -11,12 +11,14 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from slotserver.cli import main as cli
 from slotserver.cli.serve import normalize_argv
 from slotserver.model.config import DEFAULT_LAYOUT
+from slotserver.server import launch
 from slotserver.server.config_from_args import plan_from_args, server_config_from_args
 
 
@@ -24,10 +26,15 @@ def parse(*argv: str):
     return cli.build_parser().parse_args(["serve", *argv])
 
 
-def run_cli(capsys, *argv: str) -> tuple[int, list[str]]:
-    """Exit status and stderr lines of `slotserver serve ARGV` run in-process."""
+def run_cli(capsys, *argv: str, start: bool = False) -> tuple[int, list[str]]:
+    """Exit status and stderr lines of `slotserver serve ARGV` run in-process. Unless `start`, a
+    command line that gets as far as serving fails at once: a test of a refused flag whose flag
+    became valid would otherwise serve on port 8080 until the suite's timeout."""
+    def refuse(*_args):
+        raise AssertionError(f"`serve {' '.join(argv)}` was accepted and would start a server")
     try:
-        status = cli.main(["serve", *argv])
+        with mock.patch.object(launch, "serve", launch.serve if start else refuse):
+            status = cli.main(["serve", *argv])
     except SystemExit as e:
         status = e.code
     return status, capsys.readouterr().err.strip().splitlines()
@@ -103,7 +110,7 @@ def test_a_busy_port_is_one_line_and_exit_2(capsys):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
-        status, lines = run_cli(capsys, "--port", str(s.getsockname()[1]))
+        status, lines = run_cli(capsys, "--port", str(s.getsockname()[1]), start=True)
     assert status == 2 and len(lines) == 1 and "cannot listen on 127.0.0.1:" in lines[0]
     assert gc.isenabled(), "serve paused the garbage collector for start-up and left it off"
 

@@ -97,8 +97,6 @@ REFUSED: tuple[tuple[tuple[str, ...], int | str | None, str], ...] = (
     (("-mm", "--mmproj", "-mmu", "--mmproj-url", "-mmdev", "--mmproj-device", "--image-min-tokens",
       "--image-max-tokens", "--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval",
       "--video-ffmpeg-dir", "--media-path"), None, "multimodal (image, audio, video) input is not supported here"),
-    (("--control-vector", "--control-vector-scaled"), None, "control vectors are not supported here"),
-    (("--control-vector-layer-range",), 2, "control vectors are not supported here"),
     (("--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json"), None,
      "no built-in tools or MCP servers here: clients run their own tools (the tool-call API works as usual)"),
     (("-ag", "--agent", "--ui-mcp-proxy", "--webui-mcp-proxy"), 0,

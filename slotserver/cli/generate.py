@@ -103,7 +103,9 @@ def load_bundle(args):
                          threads=args.threads, layout=args.layout, kernels_dir=args.kernels_dir, weights=args.weights,
                          gpu_weights=args.gpu_weights, fused_gemv=args.fused_gemv == "on",
                          layouts_dir=args.layouts_dir, device=args.device, lora=lora_flags(args.lora_items),
-                         rope_flags=RopeFlags.from_args(args), kv_overrides=metadata_overrides.from_args(args))
+                         rope_flags=RopeFlags.from_args(args), kv_overrides=metadata_overrides.from_args(args),
+                         control_vectors=lora_flags(args.control_items, "--control-vector-scaled"),
+                         control_layers=tuple(args.control_layers) if args.control_layers else None)
     with load_progress(f"loading {config.model_path.name}") as tick:
         return ModelBundle.load(config, tick, check_tensors=args.check_tensors)
 

@@ -1,6 +1,7 @@
 """llama-server's flags over what a GGUF file says of itself: the rope scaling (`--rope-scaling`,
 `--rope-scale`, `--rope-freq-base`, `--rope-freq-scale`, `--yarn-*`; model/rope_scaling.py) and
-any metadata value (`--override-kv`; model/metadata_overrides.py). Shared by `serve` and `generate`;
+any metadata value (`--override-kv`; model/metadata_overrides.py), and what the forward adds to
+it (`--control-vector*`; model/control_vector.py). Shared by `serve` and `generate`;
 `RopeFlags.from_args` and `metadata_overrides.from_args` read what they parse.
 
 The usual reason to reach for them is Qwen's model cards, which stretch a 32k model to 128k:
@@ -48,6 +49,12 @@ def add_model_meta_args(p: argparse.ArgumentParser) -> None:
       help="YaRN: attention magnitude (used where the extrapolation mix is 0; else computed, as llama.cpp)")
     a("--yarn-beta-slow", type=_number, default=None, metavar="N", help="YaRN: high correction dim or alpha")
     a("--yarn-beta-fast", type=_number, default=None, metavar="N", help="YaRN: low correction dim or beta")
+    a("--control-vector", dest="control_items", action="append", default=[], type=lambda v: ("", v),
+      metavar="FNAME", help="add a control vector (a GGUF of direction.N tensors; comma-separated or repeated: summed)")
+    a("--control-vector-scaled", dest="control_items", action="append", type=lambda v: (":", v),
+      metavar="FNAME:SCALE,...", help="add a control vector scaled by SCALE (comma-separated or repeated)")
+    a("--control-vector-layer-range", dest="control_layers", nargs=2, type=int, default=None,
+      metavar=("START", "END"), help="the layers control vectors apply to (default: all)")
     a("--override-kv", dest="override_kv", action="append", default=[], metavar="KEY=TYPE:VALUE,...",
       help="override a model metadata value (types int, float, bool, str; comma-separated, repeatable), e.g. "
            "tokenizer.ggml.add_bos_token=bool:false")

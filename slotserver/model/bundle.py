@@ -16,6 +16,7 @@ from slotserver.runtime import cpu_features
 from slotserver.runtime.device import kernel_impl
 from slotserver.runtime.kernel_set import KernelSet
 from slotserver.model.model import LlamaModel
+from slotserver.model.control_vector import load_control
 from slotserver.model.lora import LoraSet, read_adapter
 from slotserver.model.metadata_overrides import apply_overrides
 from slotserver.model.read_weights import read_weights
@@ -68,6 +69,8 @@ class ModelBundle:
             with stage(f"reading {len(config.lora)} LoRA adapter(s)", "LoRA adapters read"):
                 arch = str(f.metadata.get("general.architecture", ""))
                 model.lora = LoraSet([read_adapter(p, spec, arch) for p, _ in config.lora], spec, device)
+        model.control = load_control(config.control_vectors, config.control_layers, spec.n_layers, spec.d_model,
+                                     device)   # --control-vector: before any step graph is captured
         model.fused_gemv = config.fused_gemv   # model/gemv_step.py: CUDA decode steps on fused GEMVs
         model.set_step_graphs(config.replays_step_graphs)
         return cls(config, model, tokenizer, template, _without_vocabulary(f.metadata))

@@ -24,9 +24,10 @@ GPU_WEIGHTS = ("auto", "dense", "blocks")   # --gpu-weights: see model/gpu_weigh
 # attention at 8 sequences ~18% faster than seq_head_dim (docs/performance.md, "Fourth round")
 DEFAULT_LAYOUT = "head_seq_dim"
 
-def lora_flags(items: list[tuple[str, str]] | None) -> tuple[tuple[Path, float], ...]:
+def lora_flags(items: list[tuple[str, str]] | None, flag: str = "--lora-scaled") -> tuple[tuple[Path, float], ...]:
     """--lora FNAME[,FNAME] (scale 1) and --lora-scaled FNAME:SCALE[,...] as the CLI collects them
-    (("", value) / (":", value), in command-line order: llama-server's adapter ids) -> (file, scale)."""
+    (("", value) / (":", value), in command-line order: llama-server's adapter ids) -> (file, scale).
+    The same for --control-vector / --control-vector-scaled (`flag` names the scaled one in errors)."""
     out = []
     for kind, value in items or []:
         for item in value.split(","):
@@ -39,7 +40,7 @@ def lora_flags(items: list[tuple[str, str]] | None) -> tuple[tuple[Path, float],
             except ValueError:
                 value = None
             if value is None:
-                raise ConfigError(f"--lora-scaled format: FNAME:SCALE, got {item!r}")
+                raise ConfigError(f"{flag} format: FNAME:SCALE, got {item!r}")
             out.append((Path(name), value))
     return tuple(out)
 
@@ -72,6 +73,9 @@ class ModelConfig:
     # metadata values ((key, value) in order: model/metadata_overrides.py)
     rope_flags: RopeFlags = RopeFlags()
     kv_overrides: tuple[tuple[str, object], ...] = ()
+    # --control-vector(-scaled): (file, scale) summed; --control-vector-layer-range (first, last) or None
+    control_vectors: tuple[tuple[Path, float], ...] = ()
+    control_layers: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
@@ -100,6 +104,14 @@ class ModelConfig:
                 raise ConfigError(f"LoRA adapter {path}: no such file")
             if not math.isfinite(scale):
                 raise ConfigError(f"LoRA adapter {path}: scale must be a finite number, got {scale}")
+        for path, scale in self.control_vectors:
+            if not Path(path).is_file():
+                raise ConfigError(f"control vector {path}: no such file")
+            if not math.isfinite(scale):
+                raise ConfigError(f"control vector {path}: scale must be a finite number, got {scale}")
+        if self.control_layers is not None and 0 < self.control_layers[1] < self.control_layers[0]:
+            raise ConfigError(f"--control-vector-layer-range {self.control_layers[0]} {self.control_layers[1]}: "
+                              "expected START <= END")
         for name in ("kernels_dir", "layouts_dir"):
             folder = getattr(self, name)
             if folder is not None and not Path(folder).is_dir():

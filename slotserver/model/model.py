@@ -39,6 +39,7 @@ from slotserver.model.cuda_graph import CudaGraphs
 from slotserver.model import gemv_step, heap, lean_step, step_replay
 from slotserver.model.attention_branch import attention, q_temperature
 from slotserver.model.block_ops import BlockOps, as_dtype
+from slotserver.model.bias_add import add_bias
 from slotserver.model.scaled_add import scale_rows, scaled_add
 from slotserver.model.relu_sqr import relu_sqr
 from slotserver.model.linear import QLinear
@@ -67,6 +68,9 @@ class LlamaModel(BlockOps):
     fused_gemv: bool = False
     # LoRA adapters (model/lora.py; `--lora`): applied to the rows of a batch that carry scales
     lora: LoraSet | None = None
+    # control vectors (model/control_vector.py; `--control-vector`): {layer: float32 [d_model]} added
+    # to that layer's output; set at load, before any step graph is captured
+    control: dict[int, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         if not self.layer_ropes:
@@ -168,40 +172,46 @@ class LlamaModel(BlockOps):
               logits_into: torch.Tensor | None = None) -> torch.Tensor:
         """The layers, the final norm and the output matmul on the embedded batch `x` (updated in place)."""
         s, w, ops = self.spec, self.weights, self.kernels
-        act, plain, silu = w.act_dtype, self._plain, s.act == "silu"
+        act = w.act_dtype
         lora = batch.lora if self._adapted(batch) else None   # [T, adapters]
         in_c = lora is not None and lora_delta.serves(batch.n_tokens, x.is_cpu)   # else torch's, on x unfused
         fuse = (lora is None or in_c) and ops.fuses.get("qmatmul", frozenset()) >= {"norm", "glu", "acc"}
         lora = lora if lora is None else (lora, in_c)
         temp = q_temperature(self, batch)                   # [tokens] float32, or None (mistral3)
-        lean = lora is None and lean_step.applies(self, ops) and temp is None
+        lean = lora is None and lean_step.applies(self, ops) and temp is None and self.control is None
         if lean:   # the Triton kernels: fewer launches (lean_step.py, gemv_step.py)
             body = gemv_step.gemv_body if gemv_step.applies(self, ops, batch) else lean_step.lean_body
             return self._logits(fuse, body(self, x, angles, batch, cache), logits_into)
         norm_adds = "acc" in ops.fuses.get("rms_norm", ()) and s.residual_scale == 1.0   # x += post_norm(y) in C
         for i, lw in enumerate(w.layers):
-            if lw.qkv is not None:   # (nemotron_h's FFN-only layers have no mixer)
-                x = self._mixer(i, lw, x, batch, cache, angles, temp, fuse, norm_adds, lora)
-            if lw.moe is not None:
-                x = self._moe(lw, x, plain)
-                continue
-            if lw.gate_up is None:   # a mixer alone (nemotron_h)
-                continue
-            gate_up = self._mm(fuse, lw.gate_up, x, norm=lw.ffn_norm, lora=(i, "gate_up", lora))  # [tokens, 2 ff]
-            if s.act == "gelu":
-                gate_up = ops.gelu_mul(gate_up)
-            elif s.act == "relu2":   # nemotron_h: up alone, squared ReLU ([tokens, ff])
-                gate_up = relu_sqr(gate_up)
-            down = (i, "down", lora)
-            if plain:
-                x = self._mm(fuse, lw.down, gate_up, glu=silu, acc=x, lora=down)
-            else:
-                x = self._residual_add(norm_adds, x, self._mm(fuse, lw.down, gate_up, glu=silu, lora=down),
-                                       lw.post_ffn_norm)
+            x = self._layer(i, lw, x, batch, cache, angles, temp, fuse, norm_adds, lora)
+            if self.control is not None and i in self.control:   # --control-vector: after layer i's output
+                x = add_bias(x, self.control[i])
         every = batch.logits_rows.shape[0] == batch.n_tokens
         rows = x if every else x[batch.logits_rows]                          # all rows, in order
         out_lora = None if lora is None else (-1, "output", lora if every else (lora[0][batch.logits_rows], lora[1]))
         return self._logits(fuse, as_dtype(ops.rms_norm(rows, w.out_norm, s.norm_eps), act), logits_into, out_lora)
+
+    def _layer(self, i: int, lw: LayerWeights, x: torch.Tensor, batch: Batch, cache, angles: dict,
+               temp: torch.Tensor | None, fuse: bool, norm_adds: bool, lora) -> torch.Tensor:
+        """x after layer i: its mixer (attention or recurrent), then its FFN or experts, each added."""
+        s, ops = self.spec, self.kernels
+        if lw.qkv is not None:   # (nemotron_h's FFN-only layers have no mixer)
+            x = self._mixer(i, lw, x, batch, cache, angles, temp, fuse, norm_adds, lora)
+        if lw.moe is not None:
+            return self._moe(lw, x, self._plain)
+        if lw.gate_up is None:   # a mixer alone (nemotron_h)
+            return x
+        gate_up = self._mm(fuse, lw.gate_up, x, norm=lw.ffn_norm, lora=(i, "gate_up", lora))  # [tokens, 2 ff]
+        if s.act == "gelu":
+            gate_up = ops.gelu_mul(gate_up)
+        elif s.act == "relu2":   # nemotron_h: up alone, squared ReLU ([tokens, ff])
+            gate_up = relu_sqr(gate_up)
+        down, silu = (i, "down", lora), s.act == "silu"
+        if self._plain:
+            return self._mm(fuse, lw.down, gate_up, glu=silu, acc=x, lora=down)
+        return self._residual_add(norm_adds, x, self._mm(fuse, lw.down, gate_up, glu=silu, lora=down),
+                                  lw.post_ffn_norm)
 
     def _mixer(self, i: int, lw: LayerWeights, x: torch.Tensor, batch: Batch, cache, angles: dict,
                temp: torch.Tensor | None, fuse: bool, norm_adds: bool, lora) -> torch.Tensor:

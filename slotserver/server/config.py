@@ -60,7 +60,8 @@ class ServerConfig:
     """
 
     model_path: str = ""
-    alias: str = ""
+    alias: str = ""                    # --alias: comma-separated names (the first sorted is the id)
+    tags: str = ""                     # --tags: comma-separated, informational (/v1/models)
     api_keys: tuple[str, ...] = ()
     cors: CorsPolicy = CorsPolicy()   # --cors-origins & co. (access/cors.py)
     api_prefix: str = ""               # --api-prefix: every route under it (access/api_prefix.py)
@@ -96,12 +97,24 @@ class ServerConfig:
             raise ConfigError("--ui-config must be a JSON object")
 
     @property
+    def aliases(self) -> list[str]:
+        """`--alias a,b`'s names (llama-server's: comma-separated, blank ones dropped), in the order
+        of its std::set, which makes the first in sorted order the model's id."""
+        return sorted({a.strip() for a in self.alias.split(",") if a.strip()})
+
+    @property
+    def tag_list(self) -> list[str]:
+        """`--tags`: informational tags, comma-separated, shown in /v1/models."""
+        return [t.strip() for t in self.tags.split(",") if t.strip()]
+
+    @property
     def model_name(self) -> str:
-        """The model id clients see: `--alias`, else the model file's name, as llama-server forms
-        it; short and the same wherever the file is installed (the full path was the id before)."""
-        return self.alias or Path(self.model_path).name or "slotserver"
+        """The model id clients see: `--alias` (its first name), else the model file's name, as
+        llama-server forms it; short and the same wherever the file is installed (the full path was
+        the id before)."""
+        return next(iter(self.aliases), "") or Path(self.model_path).name or "slotserver"
 
     def knows_model(self, model_id: str) -> bool:
-        """Whether GET /v1/models/{id} describes this model: its id, or the full path that was its
-        id before, so a client that stored the old id still finds it."""
-        return model_id == self.model_name or (bool(self.model_path) and model_id == self.model_path)
+        """Whether GET /v1/models/{id} describes this model: its id, any alias, or the full path that
+        was its id before, so a client that stored the old id still finds it."""
+        return model_id in (self.model_name, *self.aliases) or (bool(self.model_path) and model_id == self.model_path)

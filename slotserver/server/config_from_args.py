@@ -101,7 +101,7 @@ def server_config_from_args(args) -> ServerConfig:
                                   sse_ping_interval=getattr(args, "sse_ping_interval", 30),
                                   fields=getattr(args, "request_fields", None) or {})   # cli/sampling_args.py
     return ServerConfig(
-        model_path=str(_model_path(args)), alias=args.alias, api_keys=keys_from_args(args),
+        model_path=str(_model_path(args)), alias=args.alias, tags=getattr(args, "tags", ""), api_keys=keys_from_args(args),
         cors=CorsPolicy.from_args(args),
         api_prefix=getattr(args, "api_prefix", ""), slots_endpoint=args.slots, slots_debug=args.slots_debug,
         metrics=args.metrics, lab_api=not args.no_lab_api, slot_save_path=_slot_save_path(args.slot_save_path),
@@ -186,7 +186,9 @@ def plan_from_args(args) -> LaunchPlan:
                         fused_gemv=getattr(args, "fused_gemv", "off") == "on",
                         lora=lora_flags(getattr(args, "lora_items", None)),
                         lora_init_without_apply=getattr(args, "lora_init_without_apply", False),
-                        rope_flags=RopeFlags.from_args(args), kv_overrides=metadata_overrides.from_args(args))
+                        rope_flags=RopeFlags.from_args(args), kv_overrides=metadata_overrides.from_args(args),
+                        control_vectors=lora_flags(getattr(args, "control_items", None), "--control-vector-scaled"),
+                        control_layers=tuple(args.control_layers) if getattr(args, "control_layers", None) else None)
     template = chat_template_source(args.chat_template, args.chat_template_file)
     return LaunchPlan(model=model, engine=engine, host=args.host, port=args.port, chat_template=template,
                       ssl_key=getattr(args, "ssl_key_file", None), ssl_cert=getattr(args, "ssl_cert_file", None),

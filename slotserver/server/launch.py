@@ -104,9 +104,9 @@ def _load_draft(plan: LaunchPlan):
         return None
     name = spec.draft_model.name
     with stage(f"loading the draft model {name}", f"loaded {name}"), load_progress(f"loading {name}") as tick:
-        # the target's LoRA adapters stay the target's (llama.cpp applies none to the draft)
+        # the target's LoRA adapters and control vectors stay the target's (llama.cpp applies none to the draft)
         draft = ModelBundle.load(replace(plan.model, model_path=spec.draft_model, layout=DEFAULT_LAYOUT, lora=(),
-                                         lora_init_without_apply=False), tick)
+                                         lora_init_without_apply=False, control_vectors=()), tick)
     if plan.warmup:
         draft.model.warm_up()
     return draft

@@ -67,6 +67,8 @@ class Embedder:
         if arch in ("bert", "nomic-bert", "modern-bert") and config.rope_flags.any:
             raise ConfigError(f"--rope-*/--yarn-* ({config.rope_flags.shown()}) are not applied to a {arch} "
                               "encoder here: leave them out")
+        if config.control_vectors:
+            raise ConfigError("--control-vector does not apply to embeddings here: leave it out")
         if arch in ("bert", "nomic-bert"):   # --dtype bfloat16: bf16 projections; else f32 (llama.cpp's results)
             dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
             return cls._bert(f, pooling, gelu_table, template, dtype)

@@ -159,16 +159,16 @@ def _embedding_props(state: ServerState) -> dict:
 
 def _model_object(state: ServerState) -> dict:
     """OpenAI's model object for the one model served, with llama-server's `meta`."""
+    c = state.config
     if state.engine is None and state.embedder is not None:
         e = state.embedder.embedder
         meta = {"n_vocab": e.tokenizer.vocab_size, "n_ctx_train": e.ctx_train, "n_embd": e.dims}
-        return {"id": state.config.model_name, "object": "model", "created": state.created,
-                "owned_by": "slotserver", "meta": meta}
-    bundle, engine = state.require()
-    spec = bundle.model.spec
-    meta = {"vocab_type": 2 if bundle.tokenizer.model == "gpt2" else 1, "n_vocab": spec.vocab_size,
-            "n_ctx_train": spec.ctx_train, "n_embd": spec.d_model, "n_ctx_slot": engine.config.n_cells}
-    return {"id": state.config.model_name, "object": "model", "created": state.created,
+    else:
+        bundle, engine = state.require()
+        spec = bundle.model.spec
+        meta = {"vocab_type": 2 if bundle.tokenizer.model == "gpt2" else 1, "n_vocab": spec.vocab_size,
+                "n_ctx_train": spec.ctx_train, "n_embd": spec.d_model, "n_ctx_slot": engine.config.n_cells}
+    return {"id": c.model_name, "aliases": c.aliases, "tags": c.tag_list, "object": "model", "created": state.created,
             "owned_by": "slotserver", "meta": meta}
 
 
