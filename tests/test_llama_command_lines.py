@@ -209,3 +209,10 @@ def test_aliases_and_tags_as_llama_server_takes_them():
     assert (config.model_name, config.aliases, config.tag_list) == ("alpha", ["alpha", "zeta"], ["chat", "small"])
     assert config.knows_model("zeta") and config.knows_model("alpha") and not config.knows_model("beta")
     assert server_config_from_args(parse("-m", str(TINY))).model_name == TINY.name
+
+
+def test_llama_servers_other_spellings_of_our_flags():
+    args = parse("-dev", "none", "--predict", "5", "--no-ui", "-to", "30", "--log-verbose", "-no-kvu", "--warmup")
+    assert (args.device, args.n_predict, args.webui, args.timeout, args.verbose, args.kv_unified, args.no_warmup) \
+        == ("cpu", 5, False, 30.0, True, False, False)
+    assert parse("-dev", "CUDA0").device == "cuda" and parse("--ui").webui is True

@@ -31,6 +31,11 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+def _dev(value: str) -> str:
+    from slotserver.cli.llama_env import device_name   # llama-server's -dev names
+    return device_name(value)
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", type=Path, default=None, help="GGUF file (default: embedded SmolLM2-135M)")
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",   # ModelConfig.torch_dtype decides
@@ -47,6 +52,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="where to compute. auto (default): the GPU when torch sees one (as llama.cpp offloads by "
                         "default), else the CPU. cuda: the Triton kernels, weights dequantized to --dtype (bfloat16 "
                         "with auto) for cuBLAS; an error without a GPU")
+    p.add_argument("-dev", dest="device", type=_dev, choices=["auto", "cpu", "cuda"], metavar="DEVICE",
+                   help="llama-server's spelling: none (the CPU), CUDA0 (the first visible GPU), or --device's values")
     p.add_argument("--gpu-weights", choices=["auto", "dense", "blocks"], default="auto",
                    help="matmul weights on --device cuda (with --weights auto). dense: dequantized to bf16 at load, "
                         "cuBLAS. blocks: the GGUF blocks as in the file, Triton dequantize-matmul (a third of the "

@@ -175,7 +175,7 @@ TABLE: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 
 SECRET = ("KEY", "TOKEN")   # variables whose values the start-up line does not show
 # llama-server's values where its flag differs from ours: -dev names devices ("none": the CPU)
-def _device(value: str) -> str:
+def device_name(value: str) -> str:
     """llama-server's -dev names: none -> cpu, CUDA0 -> cuda (the first visible GPU); another GPU is
     chosen with CUDA_VISIBLE_DEVICES, not here."""
     low = value.lower()
@@ -187,7 +187,7 @@ def _device(value: str) -> str:
     return "cuda" if low == "cuda0" else value
 
 
-TRANSLATE = {"LLAMA_ARG_DEVICE": _device}
+TRANSLATE = {"LLAMA_ARG_DEVICE": device_name}
 
 
 def _given(argv: list[str]) -> set[str]:

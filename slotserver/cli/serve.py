@@ -88,7 +88,7 @@ def add_parser(sub) -> None:
     a("-np", "--parallel", type=int, default=4, help="number of slots (default 4)")
     a("-b", "--batch-size", type=int, default=2048)
     a("-ub", "--ubatch-size", type=int, default=512)
-    a("-n", "--n-predict", type=int, default=-1, help="default tokens to predict (-1: no limit)")
+    a("-n", "--n-predict", "--predict", type=int, default=-1, help="default tokens to predict (-1: no limit)")
     a("--temp", "--temperature", type=float, default=0.8, help="default temperature")
     a("-s", "--seed", type=int, default=-1, help="default seed (-1: random)")
     a("--slot-save-path", type=Path, default=None, help="folder for slot save/restore")
@@ -97,6 +97,8 @@ def add_parser(sub) -> None:
       help="load the LoRA adapters at scale 0 (POST /lora-adapters or a request's `lora` applies them)")
     _switch(p, "slots", True, "GET /slots (default on)")
     _switch(p, "webui", True, "the web page at / (chat and monitor; default on)")
+    a("--ui", dest="webui", action="store_true", help="--webui (llama-server's newer name)")
+    a("--no-ui", dest="webui", action="store_false", help="--no-webui (llama-server's newer name)")
     _switch(p, "jinja", True, "chat templates are always rendered with the Jinja sandbox")
     a("--chat-template", default=None, help="a Jinja template or a known name (chatml, llama3)")
     a("--chat-template-file", type=Path, default=None)
@@ -147,9 +149,9 @@ def add_parser(sub) -> None:
       help="--cache-disk's size cap for this model, least recently used out first (default 10240; -1: no limit)")
     _switch(p, "cache-idle-slots", True, "with --cache-ram: save idle slots to it when a request starts "
             "(and clear them with --kv-unified); default on")
-    a("-v", "--verbose", action="store_true", help="debug log lines (the prompt cache's among them)")
+    a("-v", "--verbose", "--log-verbose", action="store_true", help="debug log lines (the prompt cache's among them)")
     a("-sps", "--slot-prompt-similarity", type=float, default=0.1)
-    a("--timeout", type=float, default=600.0, help="read/write timeout in seconds")
+    a("-to", "--timeout", type=float, default=600.0, help="read/write timeout in seconds")
     a("--defrag", choices=["on", "off"], default="on")
     a("--async-steps", choices=["auto", "on", "off"], default="auto",
       help="overlapped decode steps: the next decode step is launched before this one's tokens reach the "
@@ -159,6 +161,7 @@ def add_parser(sub) -> None:
            "probe steps a minute; cores shared with other busy work make -t threads wait for each other, "
            "10x slower at worst). auto (default): on where the model runs on the CPU with -t > 1; off: keep -t")
     a("--no-watch", action="store_true", help="do not watch kernels/ and layouts/ for changes")
+    a("--warmup", dest="no_warmup", action="store_false", help="run the warmup (the default)")
     a("--no-warmup", action="store_true",
       help="skip the warmup run (each weight's repacked form is then built by the first request)")
     a("--no-step-graphs", action="store_true",
@@ -177,6 +180,8 @@ def add_parser(sub) -> None:
     a("-ctk", "--cache-type-k", default="auto", metavar="TYPE",
       help="K cache type: f16 (default with --dtype auto, as llama-server), f32, bf16; int8: --layout q8")
     a("-ctv", "--cache-type-v", default="auto", metavar="TYPE", help="V cache type (the same as K)")
+    a("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false",
+      help="a KV pool per slot (the default)")
     a("-kvu", "--kv-unified", action="store_true",
       help="llama-server's unified KV: every slot may use the whole --ctx-size, all slots share one pool "
            "of --ctx-size cells (a paged layout)")
