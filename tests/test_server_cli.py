@@ -149,3 +149,13 @@ def test_dtype_help_says_what_the_config_does(tmp_path, monkeypatch, capsys):
         assert all(ModelConfig(model, dtype="auto", weights=w).torch_dtype == want
                    for w in ("dense", "int8", "int4", "auto8", "auto4")), variant
         assert ModelConfig(model, dtype="float32").weight_format.kind == "dense"
+
+
+def test_flags_sharing_a_setting_agree_on_its_default():
+    """argparse takes a shared setting's default from the first flag added: a second spelling added
+    first (`--warmup` before `--no-warmup`) would silently flip it for everyone."""
+    for name, sub in cli.build_parser()._subparsers._group_actions[0].choices.items():
+        first: dict = {}
+        for action in sub._actions:
+            if action.default is not None:
+                assert first.setdefault(action.dest, action.default) == action.default, (name, action.option_strings)

@@ -97,8 +97,8 @@ def add_parser(sub) -> None:
       help="load the LoRA adapters at scale 0 (POST /lora-adapters or a request's `lora` applies them)")
     _switch(p, "slots", True, "GET /slots (default on)")
     _switch(p, "webui", True, "the web page at / (chat and monitor; default on)")
-    a("--ui", dest="webui", action="store_true", help="--webui (llama-server's newer name)")
-    a("--no-ui", dest="webui", action="store_false", help="--no-webui (llama-server's newer name)")
+    a("--ui", dest="webui", action="store_true", default=True, help="--webui (llama-server's newer name)")
+    a("--no-ui", dest="webui", action="store_false", default=True, help="--no-webui (llama-server's newer name)")
     _switch(p, "jinja", True, "chat templates are always rendered with the Jinja sandbox")
     a("--chat-template", default=None, help="a Jinja template or a known name (chatml, llama3)")
     a("--chat-template-file", type=Path, default=None)
@@ -161,7 +161,7 @@ def add_parser(sub) -> None:
            "probe steps a minute; cores shared with other busy work make -t threads wait for each other, "
            "10x slower at worst). auto (default): on where the model runs on the CPU with -t > 1; off: keep -t")
     a("--no-watch", action="store_true", help="do not watch kernels/ and layouts/ for changes")
-    a("--warmup", dest="no_warmup", action="store_false", help="run the warmup (the default)")
+    a("--warmup", dest="no_warmup", action="store_false", default=False, help="run the warmup (the default)")
     a("--no-warmup", action="store_true",
       help="skip the warmup run (each weight's repacked form is then built by the first request)")
     a("--no-step-graphs", action="store_true",
@@ -180,7 +180,7 @@ def add_parser(sub) -> None:
     a("-ctk", "--cache-type-k", default="auto", metavar="TYPE",
       help="K cache type: f16 (default with --dtype auto, as llama-server), f32, bf16; int8: --layout q8")
     a("-ctv", "--cache-type-v", default="auto", metavar="TYPE", help="V cache type (the same as K)")
-    a("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false",
+    a("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false", default=False,
       help="a KV pool per slot (the default)")
     a("-kvu", "--kv-unified", action="store_true",
       help="llama-server's unified KV: every slot may use the whole --ctx-size, all slots share one pool "
