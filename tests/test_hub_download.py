@@ -78,3 +78,20 @@ def test_a_server_started_with_hf_serves_the_model_under_its_reference(hub, tmp_
         out = httpx.post(srv.url + "/completion", json={"prompt": "hi", "n_predict": 3, "temperature": 0}).json()
         assert out["timings"]["predicted_n"] == 3
     assert "-hf org/m-GGUF:Q8_0: m-Q8_0.gguf" in (tmp_path / "server.log").read_text()
+
+
+def test_a_router_presets_hf_repo_is_downloaded_when_the_model_loads(hub, tmp_path):
+    """llama-server's router: a preset's `hf-repo` not in the cache is the child's `-hf`, so the first
+    request for it downloads it (into the router's --models-cache), then it answers."""
+    ini = tmp_path / "presets.ini"
+    ini.write_text("version = 1\n[m]\nhf-repo = org/m-GGUF:Q8_0\nctx-size = 256\n")
+    cache_dir = tmp_path / "hub"
+    cache_dir.mkdir()
+    with serving(tmp_path, "--models-preset", str(ini), "--models-cache", str(cache_dir), "-np", "1",
+                 "--no-warmup", "--no-watch") as srv:
+        listed = {m["id"]: m["status"]["value"] for m in httpx.get(srv.url + "/v1/models").json()["data"]}
+        assert listed == {"m": "unloaded"}
+        out = httpx.post(srv.url + "/completion", json={"model": "m", "prompt": "hi", "n_predict": 2, "temperature": 0},
+                         timeout=60).json()
+        assert out["timings"]["predicted_n"] == 2
+    assert cache.list_models(cache_dir) == {"org/m-GGUF:Q8_0": cache.resolve(cache_dir, "org/m-GGUF:Q8_0")}

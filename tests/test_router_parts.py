@@ -127,7 +127,9 @@ def test_preset_options_cascade_and_render_as_child_flags(tmp_path):
     assert cat["local"].options == {"--ctx-size": "512", "--parallel": "3", "--cache-prompt": "false"}
     assert cat["mine"].path == snap / "m-Q8_0.gguf" and cat["mine"].load_on_startup
     assert cat["org/m-GGUF:Q8_0"].hidden, "dedup-cache-models hides the cache entry the preset serves"
-    assert "not in the models cache" in cat["ghost"].error
+    assert cat["ghost"].error is None and cat["ghost"].hub == ("org/none", None)   # the child downloads it
+    assert child_argv(cat["ghost"], config, FLAGS, 9)[-8:] == ["-hf", "org/none", "--host", "127.0.0.1", "--port",
+                                                                "9", "--alias", "ghost"]
     argv = child_argv(cat["local"], config, FLAGS, 1234)
     # the router's variables, then the preset (which overrides them), then the router's command line
     assert argv == ["slotserver", "serve", "--temp=0.5", "--ctx-size=64", "--ctx-size", "512", "--parallel", "3",
@@ -139,7 +141,7 @@ def test_preset_variable_keys_name_flags_through_llama_cpps_table():
     flags = {**FLAGS, **env_flags(FLAGS)}   # as cli/router_args.py builds it
     assert flag_for("LLAMA_ARG_N_PARALLEL", flags) == "--parallel"   # not "--n-parallel"
     assert flag_for("LLAMA_ARG_ENDPOINT_METRICS", flags) == "--metrics"
-    assert flag_for("LLAMA_ARG_NO_UI", flags) == "--no-webui"
+    assert flag_for("LLAMA_ARG_NO_UI", flags) == "--no-ui"   # llama-server's own name (--no-webui is older)
 
 
 def test_an_unknown_preset_key_is_refused_by_name(tmp_path):

@@ -32,7 +32,8 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
       help="router mode: an INI file of model presets (llama-server's format: a section per model, keys are flags)")
     a("--models-cache", type=Path, default=None, metavar="DIR",
       help="router mode: a Hugging Face hub cache whose GGUFs are served as user/repo:TAG (default: llama.cpp's, "
-           "LLAMA_CACHE or HF_HUB_CACHE or ~/.cache/huggingface/hub; nothing is downloaded)")
+           "LLAMA_CACHE or HF_HUB_CACHE or ~/.cache/huggingface/hub; a preset's hf-repo missing from it is "
+           "downloaded there at its first load)")
     a("--models-max", type=int, default=4, metavar="N",
       help="router mode: models loaded at once; past it the least recently used idle one is unloaded "
            "(default 4, 0: no limit)")

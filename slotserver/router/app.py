@@ -150,8 +150,9 @@ async def sse(request: Request) -> Response:
 
 
 async def no_downloads(request: Request) -> Response:
-    raise RouterError(501, "this server does not download or delete models: put GGUF files in --models-dir "
-                           "or --models-cache (user/repo/TAG.gguf) and GET /models?reload=1")
+    raise RouterError(501, "this router has no download API: name the model in a preset (hf-repo = user/repo:TAG, "
+                           "downloaded at its first load), or put GGUF files in --models-dir or --models-cache "
+                           "and GET /models?reload=1")
 
 
 async def health(request: Request) -> Response:

@@ -5,7 +5,8 @@
   models_dir  --models-dir DIR: `name.gguf` -> `name`; a folder `name/` holding one model GGUF
               (mmproj and draft sidecars as llama-server names them) -> `name`
   preset      --models-preset FILE: a section per model (preset_ini.py); a section named like an
-              existing model adds options to it; `hf-repo = user/repo[:TAG]` resolves in the cache
+              existing model adds options to it; `hf-repo = user/repo[:TAG]` resolves in the cache, or
+              is downloaded by the child when the model loads (its `-hf`)
 
 Option precedence, as llama-server: the router's own command line > the model's section > `[*]`.
 """
@@ -33,11 +34,15 @@ class ModelEntry:
     load_on_startup: bool = False
     stop_timeout: float = DEFAULT_STOP_TIMEOUT_S
     hidden: bool = False                          # dedup-cache-models: listed nowhere, still usable
-    error: str | None = None                      # why it cannot load (an hf-repo missing from the cache)
+    error: str | None = None                      # why it cannot load
+    # a preset's hf-repo (ref, hf-file) / spec-draft-hf not in the cache yet: the child gets -hf and
+    # downloads it when loaded, as llama-server's children do
+    hub: tuple[str, str | None] | None = None
+    draft_hub: str | None = None
 
     def fingerprint(self) -> tuple:
         """What a reload compares: a running model whose fingerprint changed is unloaded."""
-        return (self.path, tuple(sorted(self.options.items())), self.draft, self.error)
+        return (self.path, tuple(sorted(self.options.items())), self.draft, self.error, self.hub, self.draft_hub)
 
 
 def scan_cache(cache: Path) -> dict[str, ModelEntry]:
@@ -75,7 +80,7 @@ def build_catalog(config: RouterConfig, flags: Flags) -> dict[str, ModelEntry]:
     for entry in models.values():
         own = dict(entry.options)
         entry.options = {**glob.options, **own}
-        if entry.path is None and entry.error is None:
+        if entry.path is None and entry.hub is None and entry.error is None:
             entry.error = f"preset '{entry.name}' names no model (model = PATH or hf-repo = user/repo)"
     _dedup(models, sections, glob)
     return models
@@ -88,13 +93,16 @@ def _apply(entry: ModelEntry, section: PresetSection, cache: Path | None) -> Non
     if "--spec-draft-model" in opts:
         entry.draft = Path(opts.pop("--spec-draft-model"))
     sp = section.special
-    try:
-        if "hf-repo" in sp:
+    if "hf-repo" in sp:
+        try:
             entry.path = hub_cache.resolve(cache, sp["hf-repo"], sp.get("hf-file"))
-        if "spec-draft-hf" in sp:
+        except ConfigError:   # not downloaded yet: the child will (-hf)
+            entry.hub = (sp["hf-repo"], sp.get("hf-file"))
+    if "spec-draft-hf" in sp:
+        try:
             entry.draft = hub_cache.resolve(cache, sp["spec-draft-hf"])
-    except ConfigError as e:
-        entry.error = str(e)
+        except ConfigError:
+            entry.draft_hub = sp["spec-draft-hf"]
     if "load-on-startup" in sp:
         entry.load_on_startup = is_true(sp["load-on-startup"])
     if "stop-timeout" in sp:

@@ -2,8 +2,8 @@
 
 Order decides precedence (argparse: the last value of a flag wins): the preset's options (`[*]`
 then the model's section, already merged by the catalog), then the router's own command line,
-then what the router controls: the model file, the draft, loopback host, port and alias (the
-child's /v1/models id is the router's model name).
+then what the router controls: the model file (or `-hf` for a preset's hf-repo not yet in the
+cache), the draft, loopback host, port and alias (the child's /v1/models id is the router's model name).
 """
 
 from __future__ import annotations
@@ -28,10 +28,16 @@ def option_args(options: dict[str, str], flags: Flags) -> list[str]:
 
 
 def child_argv(entry: ModelEntry, config: RouterConfig, flags: Flags, port: int) -> list[str]:
-    assert entry.path is not None
+    assert entry.path is not None or entry.hub is not None
     # llama-server's order: the router's variables, then the preset, then the router's command line
-    argv = [*config.child_command, *config.child_env_argv, *option_args(entry.options, flags), *config.child_argv,
-            "--model", str(entry.path)]
+    argv = [*config.child_command, *config.child_env_argv, *option_args(entry.options, flags), *config.child_argv]
+    if entry.path is not None:
+        argv += ["--model", str(entry.path)]
+    else:   # a preset's hf-repo not in the cache: the child downloads it (cli/hub_args.py)
+        ref, file = entry.hub
+        argv += ["-hf", ref, *(["-hff", file] if file else [])]
     if entry.draft is not None:
         argv += ["--model-draft", str(entry.draft)]
+    elif entry.draft_hub is not None:
+        argv += ["--spec-draft-hf", entry.draft_hub]
     return argv + ["--host", "127.0.0.1", "--port", str(port), "--alias", entry.name]

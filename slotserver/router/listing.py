@@ -21,6 +21,8 @@ def preset_ini(entry: ModelEntry) -> str:
     lines = [f"[{entry.name}]"]
     if entry.path is not None:
         lines.append(f"model = {entry.path}")
+    elif entry.hub is not None:
+        lines += [f"hf-repo = {entry.hub[0]}", *([f"hf-file = {entry.hub[1]}"] if entry.hub[1] else [])]
     lines += [f"{flag.lstrip('-')} = {value}" for flag, value in entry.options.items()]
     return "\n".join(lines) + "\n"
 

@@ -100,6 +100,8 @@ class ModelRouter:
         # the router read llama-server's LLAMA_ARG_* / LLAMA_API_KEY into its own flags (cli/llama_env.py) and
         # passes a child the ones it does not own: the child must not read the reserved ones (host, port, key)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_ARG_", "LLAMA_API_KEY"))}
+        if self.config.models_cache is not None:   # a child's -hf downloads where the router lists the cache
+            env["LLAMA_CACHE"] = str(self.config.models_cache)
         env |= self.config.extra_env
         child = Child(name, argv, port, env)
         inst.child, inst.args, inst.info = child, tuple(argv), None
