@@ -93,6 +93,10 @@ FLAGGED: dict[str, tuple[str, tuple[str, ...]]] = {
     "llama_linear_flags": ("llama_linear", ("--rope-scaling", "yarn", "--yarn-ext-factor", "0",
                                             "--yarn-attn-factor", "1.25")),
     "gemma3_rope_flags": ("gemma3", ("--rope-freq-base", "20000", "--rope-freq-scale", "0.5")),
+    # windowed layers that take the flags (llama.cpp's graphs without get_rope_freq_base)
+    "olmo3_rope_flags": ("olmo3", ("--rope-freq-base", "30000", "--rope-freq-scale", "0.25")),
+    "exaone4_64_rope_flags": ("exaone4_64", ("--rope-freq-base", "50000", "--rope-freq-scale", "0.5")),
+    "lfm2_swa_rope_flags": ("lfm2_swa", ("--rope-freq-base", "50000", "--rope-freq-scale", "0.5")),
     # control vectors (control_vector below): two summed, one scaled; a layer range; a direction past the
     # last layer (never applied)
     "smollm3_cvec": ("smollm3", ("--control-vector", "cvec_a.gguf", "--control-vector-scaled", "cvec_b.gguf:-0.5")),

@@ -140,6 +140,7 @@ def test_every_architecture_has_a_fixture():
 
 # files served with llama-server's --rope-*/--yarn-* flags (make_arch_fixtures.py FLAGGED)
 ROPE_FLAGS = {"llama_rope_flags", "qwen2_yarn_flags", "qwen2_yarn_none", "llama_linear_flags", "gemma3_rope_flags",
+              "olmo3_rope_flags", "exaone4_64_rope_flags", "lfm2_swa_rope_flags",   # windowed layers: both ways
               "smollm3_cvec", "gemma3_cvec"}   # and --control-vector*
 # the architectures added on 2026-11-27: README's numbers for them (float32, dense) are under this bound
 TIGHT = {"smollm3", "mistral3", "olmo2", "olmo3", "ministral3", "olmo3_hf", "glm4", "ernie4_5", "seed_oss",

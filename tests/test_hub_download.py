@@ -47,7 +47,20 @@ def test_the_default_quant_is_downloaded_into_llama_cpps_cache_and_found_there_o
     assert fetch("org/m-GGUF", offline=True) == path                     # --offline: the cache answers
     server.stop()                                                       # the hub gone: the cache still answers
     assert fetch("org/m-GGUF") == path
+    with pytest.raises(ConfigError, match="the hub did not answer .* and the model is not in the cache"):
+        fetch("org/m-GGUF:Q8_0")
     with pytest.raises(ConfigError, match="'org/m-GGUF:Q8_0' is not in the models cache"):
+        fetch("org/m-GGUF:Q8_0", offline=True)
+
+
+def test_a_repository_that_refuses_later_is_served_from_the_cache(hub):
+    """A token expired, or the repository made gated: the model already downloaded still serves
+    (llama.cpp falls back to its cached files whenever the listing fails)."""
+    stub, _, _ = hub
+    path = fetch("org/m-GGUF")
+    stub.gated = ("org/m-GGUF",)
+    assert fetch("org/m-GGUF") == path
+    with pytest.raises(ConfigError, match="the repository is gated"):
         fetch("org/m-GGUF:Q8_0")
 
 

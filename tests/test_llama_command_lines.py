@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from starlette.testclient import TestClient
 from test_server_cli import parse, run_cli
 from test_server_e2e import serving
 
@@ -17,6 +18,7 @@ from slotserver.access.api_keys import flag_keys, read_key_file
 from slotserver.access.listen import bind
 from slotserver.cli.placement_args import parse_mask, parse_range
 from slotserver.errors import ConfigError
+from slotserver.server import ServerConfig, ServerState, create_app
 from slotserver.server.config_from_args import plan_from_args, server_config_from_args
 
 TINY = Path(__file__).parent / "fixtures" / "archs" / "llama3_freqs.gguf"
@@ -193,6 +195,7 @@ def test_static_files_ui_settings_props_and_cpu_mask_through_a_server(tmp_path):
         props = httpx.get(srv.url + "/props").json()
         assert props["ui_settings"] == {"theme": "dark"} and props["endpoint_props"] is True
         assert httpx.post(srv.url + "/props", json={}).json() == {"success": True}
+        assert httpx.post(srv.url + "/props").json() == {"success": True}          # no body, as llama-server
         r = httpx.post(srv.url + "/props", json={"n_ctx": 8})
         assert r.status_code == 400 and "'n_ctx'" in r.json()["error"]["message"]
         status = Path(f"/proc/{srv.proc.pid}/status").read_text()
@@ -205,8 +208,9 @@ def test_static_files_ui_settings_props_and_cpu_mask_through_a_server(tmp_path):
 def test_aliases_and_tags_as_llama_server_takes_them():
     """`-a zeta,alpha`: both names retrieve the model, the first in sorted order is its id (llama-server's
     std::set); `--tags` are listed."""
-    config = server_config_from_args(parse("-m", str(TINY), "-a", "zeta, alpha,", "--tags", "chat,small"))
-    assert (config.model_name, config.aliases, config.tag_list) == ("alpha", ["alpha", "zeta"], ["chat", "small"])
+    config = server_config_from_args(parse("-m", str(TINY), "-a", "zeta, alpha,", "-a", "mid", "--tags", "small,chat",
+                                           "--tags", "chat"))
+    assert (config.model_name, config.aliases, config.tag_list) == ("alpha", ["alpha", "mid", "zeta"], ["chat", "small"])
     assert config.knows_model("zeta") and config.knows_model("alpha") and not config.knows_model("beta")
     assert server_config_from_args(parse("-m", str(TINY))).model_name == TINY.name
 
@@ -218,3 +222,17 @@ def test_llama_servers_other_spellings_of_our_flags():
     assert parse("-dev", "CUDA0").device == "cuda" and parse("--ui").webui is True
     plain = parse()   # the second spellings leave the defaults alone
     assert (plain.webui, plain.no_warmup, plain.kv_unified, plain.device) == (True, False, False, "auto")
+
+
+def test_spec_default_is_llama_servers_ngram_mod_setting():
+    spec = plan_from_args(parse("--spec-type", "ngram-simple", "--spec-default", "--spec-ngram-mod-n-max", "80")).engine.spec
+    assert (spec.types, spec.ngram_mod_n_match, spec.ngram_mod_n_min, spec.ngram_mod_n_max) == (
+        ("ngram-simple", "ngram-mod"), 24, 48, 80)   # added to the types; a later flag still wins
+
+
+def test_static_files_go_with_the_web_page_and_not_without_it(tmp_path):
+    """--path replaces the page, and --no-ui turns both off, as llama-server (served while loading too)."""
+    (tmp_path / "index.html").write_text("mine")
+    for webui, status in ((True, 200), (False, 404)):
+        app = create_app(ServerState(ServerConfig(static_path=tmp_path, webui=webui)))
+        assert TestClient(app).get("/").status_code == status

@@ -69,14 +69,20 @@ def test_an_override_of_another_type_is_refused_naming_the_key(override, words):
         ModelBundle.load(ModelConfig(TINY, kv_overrides=(override,)))
 
 
-def test_ctx_size_zero_is_the_models_training_context_stretched_by_yarn():
-    assert plan_from_args(parse("-m", str(TINY), "-c", "0")).engine.ctx_size == 512
+def test_ctx_size_zero_is_the_models_training_context_per_slot_stretched_by_yarn():
+    assert plan_from_args(parse("-m", str(TINY), "-c", "0", "-np", "1")).engine.ctx_size == 512
+    assert plan_from_args(parse("-m", str(TINY), "-c", "0", "-np", "3")).engine.ctx_size == 3 * 512
+    unified = plan_from_args(parse("-m", str(TINY), "-c", "0", "-np", "3", "-kvu")).engine
+    assert (unified.ctx_size, unified.kv_pool_cells) == (3 * 512, 512)    # each slot up to 512, one pool of 512
     args = parse("-m", str(TINY), "-c", "0", "-np", "2", "--rope-scaling", "yarn", "--rope-scale", "4",
                  "--yarn-orig-ctx", "100")
-    assert plan_from_args(args).engine.ctx_size == 400              # n_ctx_orig_yarn / freq_scale
+    assert plan_from_args(args).engine.ctx_size == 2 * 400          # n_ctx_orig_yarn / freq_scale per slot
     assert server_config_from_args(args).embedding is None
-    overridden = parse("-m", str(TINY), "-c", "0", "--override-kv", "llama.context_length=int:320")
+    overridden = parse("-m", str(TINY), "-c", "0", "-np", "1", "--override-kv", "llama.context_length=int:320")
     assert plan_from_args(overridden).engine.ctx_size == 320
+    odd = parse("-m", str(TINY), "-c", "0", "-np", "1", "--rope-scaling", "yarn", "--rope-scale", "7",
+                "--yarn-orig-ctx", "4096")
+    assert plan_from_args(odd).engine.ctx_size == 28671             # llama.cpp's float32 4096 / (1/7)
     assert plan_from_args(parse("-m", str(TINY), "-c", "1024")).engine.ctx_size == 1024
 
 

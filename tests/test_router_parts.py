@@ -12,12 +12,13 @@ import pytest
 
 from slotserver.cli.main import build_parser, main
 from slotserver.cli.llama_env import env_flags
-from slotserver.cli.router_args import flag_table, passthrough_argv
+from slotserver.cli.router_args import flag_table, passthrough_argv, router_config
 from slotserver.errors import ConfigError
 from slotserver.hub import cache as hub_cache
 from slotserver.router.catalog import build_catalog
 from slotserver.router.child_args import child_argv
 from slotserver.router.config import RouterConfig
+from slotserver.router.listing import preset_ini, shown_args
 from slotserver.router.preset_ini import flag_for
 from slotserver.router.events import Events
 from slotserver.router.instance import LOADED, UNLOADED, Instance
@@ -174,6 +175,30 @@ def test_a_bad_preset_stops_the_router_with_one_line(tmp_path, capsys):
     assert err == f"slotserver: error: --models-preset {ini}: line 3: 'ctx-size' is not `key = value`"
     assert main(["serve", "--models-dir", str(tmp_path), "-m", "x.gguf"]) == 2
     assert "exclude each other" in capsys.readouterr().err
+    assert main(["serve", "--models-dir", str(tmp_path), "-hf", "org/m-GGUF"]) == 2   # each child would get it
+    assert "exclude each other" in capsys.readouterr().err
+
+
+def test_a_hub_preset_keeps_its_identity_once_downloaded_and_its_token_stays_hidden(tmp_path):
+    """A reload after the child downloaded the model must not unload it (the reference, not the path,
+    is what a preset names); the token reaches children in their environment, and /models' listing
+    of a command line hides secret values."""
+    ini = tmp_path / "p.ini"
+    ini.write_text("version = 1\n[m]\nhf-repo = org/m-GGUF:Q8_0\nhf-token = secret1\n")
+    (tmp_path / "hub").mkdir()
+    config = RouterConfig(models_preset=ini, models_cache=tmp_path / "hub", child_command=("slotserver", "serve"))
+    before = build_catalog(config, FLAGS)["m"]
+    assert before.path is None and "-hf" in child_argv(before, config, FLAGS, 9)
+    snap = _hub(tmp_path / "hub", "org/m-GGUF", "m-Q8_0.gguf")   # what the child's download leaves
+    after = build_catalog(config, FLAGS)["m"]
+    assert after.path == snap / "m-Q8_0.gguf" and after.fingerprint() == before.fingerprint()
+    assert shown_args(["serve", "--hf-token", "secret1", "--api-key=k", "-c", "8"]) == [
+        "serve", "--hf-token", "(hidden)", "--api-key=(hidden)", "-c", "8"]
+    assert "secret1" not in preset_ini(after)
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--models-preset", str(ini), "-hft", "secret2"])
+    config, _ = router_config(args, args.serve_parser)
+    assert config.extra_env == {"HF_TOKEN": "secret2"} and "secret2" not in " ".join(config.child_argv)
 
 
 def test_sse_subscribers_get_each_event_once_subscribed():

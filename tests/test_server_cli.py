@@ -157,5 +157,5 @@ def test_flags_sharing_a_setting_agree_on_its_default():
     for name, sub in cli.build_parser()._subparsers._group_actions[0].choices.items():
         first: dict = {}
         for action in sub._actions:
-            if action.default is not None:
-                assert first.setdefault(action.dest, action.default) == action.default, (name, action.option_strings)
+            default = first.setdefault(action.dest, action.default)   # the first flag's, None included
+            assert action.default is None or default == action.default, (name, action.option_strings)

@@ -24,7 +24,9 @@ from slotserver.engine.request import FinalEvent, Request
 from slotserver.model.config import ConfigError
 from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from slotserver.server import ServerConfig, ServerState, create_app
-from slotserver.server.chat_options import chat_defaults_from_flags
+from slotserver.server.chat_options import ChatDefaults, chat_defaults_from_flags
+from slotserver.server.config import GenerationDefaults
+from slotserver.server.openai_params import parse_chat
 from slotserver.server.fields import Fields
 from slotserver.server.formats.openai import OpenAIFormatter
 from slotserver.server.generation import Outcome
@@ -327,10 +329,18 @@ def test_prefill_assistant_off_makes_a_final_assistant_message_whole(tiny_engine
         assert prompt.endswith("assistant\nPar<|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_skip_chat_parsing_leaves_reasoning_in_the_content(tiny_engine):
+def test_skip_chat_parsing_leaves_reasoning_and_tool_calls_in_the_content(tiny_engine):
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
     with serve(tiny_engine, pure_content=True) as c:
         assert chat(c, ANSWER)["choices"][0]["message"] == {"role": "assistant", "content": ANSWER}
         assert chat(c, ANSWER, reasoning_format="deepseek")["choices"][0]["message"]["content"] == ANSWER
+    # tool calls: neither parsed out of the answer nor forced by a grammar (llama.cpp's pure content parser)
+    bundle, _ = tiny_engine
+    body = {"messages": ASK, "tools": [tool], "tool_choice": "required"}
+    plain, pure = (parse_chat(body, bundle.tokenizer, ChatTemplate(CHATML_TEMPLATE), GenerationDefaults(), "m",
+                              chat=ChatDefaults(pure_content=flag)) for flag in (False, True))
+    assert plain.tools is not None and plain.job.request.grammar is not None
+    assert pure.tools is None and pure.job.request.grammar is None
     args = build_parser().parse_args(["serve", "--skip-chat-parsing", "--no-prefill-assistant", "--no-reasoning-preserve"])
     assert (args.skip_chat_parsing, args.prefill_assistant, args.reasoning_preserve) == (True, False, False)
 

@@ -48,12 +48,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="matmul weights. auto (default): the GGUF blocks computed on in place (qmatmul); with "
                         "--dtype float32 the exact dequantized weights (the reference). q: the blocks whatever the "
                         "dtype. dense / int8 / int4 / auto8 / auto4: dequantized at load")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+    p.add_argument("--device", "-dev", type=_dev, choices=["auto", "cpu", "cuda"], default="auto",
                    help="where to compute. auto (default): the GPU when torch sees one (as llama.cpp offloads by "
                         "default), else the CPU. cuda: the Triton kernels, weights dequantized to --dtype (bfloat16 "
-                        "with auto) for cuBLAS; an error without a GPU")
-    p.add_argument("-dev", dest="device", type=_dev, choices=["auto", "cpu", "cuda"], metavar="DEVICE",
-                   help="llama-server's spelling: none (the CPU), CUDA0 (the first visible GPU), or --device's values")
+                        "with auto) for cuBLAS; an error without a GPU. llama-server's names too: none (the CPU), "
+                        "CUDA0 (the first visible GPU)")
     p.add_argument("--gpu-weights", choices=["auto", "dense", "blocks"], default="auto",
                    help="matmul weights on --device cuda (with --weights auto). dense: dequantized to bf16 at load, "
                         "cuBLAS. blocks: the GGUF blocks as in the file, Triton dequantize-matmul (a third of the "

@@ -51,7 +51,7 @@ def fetch_hub_models(args) -> None:
             raise ConfigError("give -m FILE or -hf USER/MODEL, not both")
         args.model = fetch(args.hf_repo, args.hf_file, token, args.offline)
         if hasattr(args, "alias") and not args.alias:
-            args.alias = args.hf_repo   # llama-server's model name with -hf
+            args.alias = [args.hf_repo]   # llama-server's model name with -hf
     elif getattr(args, "hf_file", None):
         raise ConfigError("-hff names a file of the -hf repository: give -hf USER/MODEL too")
     if getattr(args, "spec_draft_hf", None):

@@ -234,10 +234,11 @@ def env_argv(known: Mapping[str, argparse.Action], argv: list[str],
             raise argparse.ArgumentTypeError(f"{env} (llama-server's {names[-1]}) is not supported by slotserver")
         action = known[on[0]]
         flags = _switch(env, value, on, off) if action.nargs == 0 else _valued(env, value, action)
-        refused = [a for a in (action, *(known.get(f) for f in flags)) if getattr(a, "refusal", None)]
+        # the flags the variable resolves to (`--mmproj=PATH` is --mmproj's), not the ones it does not set
+        refused = [known[f.split("=")[0]] for f in flags if getattr(known.get(f.split("=")[0]), "refusal", None)]
         if refused:
-            flag = next(o for o in refused[0].option_strings if o.startswith("--"))
-            raise argparse.ArgumentTypeError(f"{env}={value!r} (llama-server's {flag}): {refused[0].refusal}")
+            name = next(o for o in refused[0].option_strings if o.startswith("--"))
+            raise argparse.ArgumentTypeError(f"{env}={value!r} (llama-server's {name}): {refused[0].refusal}")
         out += flags
         used.append(no_env if no_env and no_env in environ else env)
     return out, used

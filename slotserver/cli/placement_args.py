@@ -15,6 +15,8 @@ import os
 
 from slotserver.errors import ConfigError
 
+MAX_CPUS = 512   # llama.cpp's GGML_MAX_N_THREADS: its masks and ranges name CPUs below it
+
 
 def parse_mask(text: str) -> set[int]:
     digits = text[2:] if text.lower().startswith("0x") else text
@@ -24,18 +26,20 @@ def parse_mask(text: str) -> set[int]:
         value = -1
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a hexadecimal CPU mask such as 0xff, got {text!r}")
+    if value.bit_length() > MAX_CPUS:
+        raise argparse.ArgumentTypeError(f"a CPU mask names CPUs 0-{MAX_CPUS - 1} (llama.cpp's limit), got {text!r}")
     return {bit for bit in range(value.bit_length()) if value >> bit & 1}
 
 
 def parse_range(text: str, n_cpus: int | None = None) -> set[int]:
-    n_cpus = n_cpus or os.cpu_count() or 1
+    n_cpus = min(n_cpus or os.cpu_count() or 1, MAX_CPUS)
     lo, dash, hi = text.partition("-")
     try:
         first, last = int(lo) if lo else 0, int(hi) if hi else n_cpus - 1
     except ValueError:
         first = last = -1
-    if not dash or first < 0 or last < first:
-        raise argparse.ArgumentTypeError(f"expected a CPU range lo-hi such as 0-3, got {text!r}")
+    if not dash or first < 0 or last < first or last >= MAX_CPUS:
+        raise argparse.ArgumentTypeError(f"expected a CPU range lo-hi within 0-{MAX_CPUS - 1} such as 0-3, got {text!r}")
     return set(range(first, last + 1))
 
 

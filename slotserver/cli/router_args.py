@@ -4,7 +4,7 @@ Router mode starts when --models-dir, --models-preset or --models-cache is given
 starts it when no model is given; here no `-m` means the embedded default model). The router's
 other flags (`-c 4096 -np 2 --temp 0`...) are passed to every child; the ones the router owns
 (RESERVED: host, port, API keys, the model and alias, the models-* flags, logging, CORS, the API
-prefix, HTTPS, --reuse-port) are not. Flags that came from LLAMA_ARG_* variables go before a preset's options,
+prefix, HTTPS, --reuse-port, --hf-token: a child gets HF_TOKEN) are not. Flags that came from LLAMA_ARG_* variables go before a preset's options,
 the command line's after them, as llama-server's children see them (router/child_args.py).
 """
 
@@ -20,7 +20,7 @@ from slotserver.errors import ConfigError
 RESERVED = ("--host", "--port", "--model", "--alias", "--api-key", "--api-key-file", "--log-file", "--log-disable",
             "--models-dir", "--models-preset", "--models-cache", "--models-max", "--models-autoload",
             "--cors-origins", "--cors-methods", "--cors-headers", "--cors-credentials", "--api-prefix",
-            "--ssl-key-file", "--ssl-cert-file", "--reuse-port")
+            "--ssl-key-file", "--ssl-cert-file", "--reuse-port", "--hf-token")
 
 
 def add_router_args(p: argparse.ArgumentParser) -> None:
@@ -79,8 +79,9 @@ def router_config(args, parser: argparse.ArgumentParser):
     from slotserver.access.cors import CorsPolicy
     from slotserver.cli.llama_env import env_flags
 
-    if args.model is not None:
-        raise ConfigError("-m/--model and router mode (--models-dir/--models-preset/--models-cache) exclude each other")
+    if args.model is not None or args.hf_repo is not None or args.hf_file is not None:
+        raise ConfigError("-m/--model (or -hf/-hff) and router mode (--models-dir/--models-preset/--models-cache) "
+                          "exclude each other: name hub models in a preset (hf-repo = user/repo:TAG)")
     table = flag_table(parser)
     table |= env_flags(table)   # a preset's LLAMA_ARG_* keys (router/preset_ini.py)
     cache = args.models_cache
@@ -95,5 +96,7 @@ def router_config(args, parser: argparse.ArgumentParser):
                           child_env_argv=tuple(passthrough_argv(args.env_argv, table)),
                           child_argv=tuple(passthrough_argv(args.serve_argv, table)),
                           child_command=(sys.executable, "-m", "slotserver.cli.main", "serve"),
-                          fake_timing=fake_timing_from_env())
+                          fake_timing=fake_timing_from_env(),
+                          # -hft reaches the children as HF_TOKEN, never on a command line /models lists
+                          extra_env={"HF_TOKEN": args.hf_token} if args.hf_token else {})
     return config, table

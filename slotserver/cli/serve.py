@@ -123,9 +123,9 @@ def add_parser(sub) -> None:
     a("--tool-call-format", default="auto", metavar="FORMAT",
       help="auto (default: the chat template's own; Hermes <tool_call> blocks for templates without tool "
            "support) | hermes | generic (llama.cpp's JSON answers): how tool calls are asked for and parsed")
-    a("-a", "--alias", default="", help="the model's names, comma-separated: the first (sorted, as llama-server) "
-      "is the id clients see, each retrieves it (default: the GGUF file's name)")
-    a("--tags", default="", help="informational tags, comma-separated, listed in /v1/models")
+    a("-a", "--alias", action="append", default=[], help="the model's names, comma-separated or repeated: the "
+      "first (sorted, as llama-server) is the id clients see, each retrieves it (default: the GGUF file's name)")
+    a("--tags", action="append", default=[], help="informational tags, comma-separated or repeated, listed in /v1/models")
     _switch(p, "context-shift", False, "a full slot drops tokens after n_keep and goes on generating, the KV "
             "moved and K re-rotated (default off, as llama-server)")
     a("--cache-reuse", type=int, default=0, metavar="N",

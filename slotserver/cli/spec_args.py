@@ -14,6 +14,16 @@ from pathlib import Path
 from slotserver.engine.speculative.config import SPEC_TYPES, SpecConfig
 
 
+class _SpecDefault(argparse.Action):
+    """llama-server's --spec-default: ngram-mod added to the types, n_match 24, n_min 48, n_max 64 (later
+    flags still override them, as there)."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        types = namespace.spec_type
+        namespace.spec_type = f"{types},ngram-mod" if types else "ngram-mod"
+        namespace.spec_ngram_mod_n_match, namespace.spec_ngram_mod_n_min, namespace.spec_ngram_mod_n_max = 24, 48, 64
+
+
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     a, d = p.add_argument, SpecConfig()
     a("--spec-type", default=None, metavar="TYPES",
@@ -42,5 +52,7 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
            "(as many as the draft's n_max) instead of by match; the output is then not the model's")
     a("--spec-synth-len", type=float, default=None, metavar="L",
       help="benchmarking only: synthetic acceptance with this mean accepted length (target token included)")
+    a("--spec-default", action=_SpecDefault, nargs=0, help="llama-server's default speculative decoding: ngram-mod "
+      "(n-match 24, n-min 48, n-max 64)")
     a("--spec-adaptive", dest="spec_adaptive", action=argparse.BooleanOptionalAction, default=True,
       help="shorten and pause drafts while they are rejected, so speculation never costs much (default on)")

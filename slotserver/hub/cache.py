@@ -22,7 +22,7 @@ from slotserver.errors import ConfigError
 
 SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
 TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
-SIDECARS = ("mmproj", "mtp-", "eagle3-", "dflash-", "dspark-")
+SIDECARS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")   # llama.cpp's gguf_filename_is_model
 DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
 
 

@@ -9,8 +9,9 @@ and skipping a file already there. So `llama-server -hf` and `slotserver serve -
 downloads, and the router's `--models-cache` lists them. The hub is llama.cpp's MODEL_ENDPOINT or
 HF_ENDPOINT (default huggingface.co); the token is `-hft`, else HF_TOKEN or the stored login.
 
-Offline (`--offline`, LLAMA_OFFLINE or HF_HUB_OFFLINE), or when the hub cannot be reached, the
-cache alone answers, as llama.cpp falls back to it. A GGUF split into parts is refused by name
+Offline (`--offline`, LLAMA_ARG_OFFLINE, or huggingface_hub's HF_HUB_OFFLINE), or when the hub
+cannot be reached or refuses (a token expired, a repository made private), the cache alone answers,
+as llama.cpp falls back to it; a model in neither is one line saying both. A GGUF split into parts is refused by name
 (this server loads one file), and so is a repository without a model file, listing what it has.
 """
 
@@ -32,8 +33,8 @@ def endpoint() -> str | None:
 
 
 def offline_env() -> bool:
-    return any(os.environ.get(v, "").strip().lower() in ("1", "on", "true", "yes")
-               for v in ("LLAMA_OFFLINE", "HF_HUB_OFFLINE"))
+    """huggingface_hub's HF_HUB_OFFLINE (llama.cpp's LLAMA_ARG_OFFLINE is --offline, cli/llama_env.py)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "true", "yes")
 
 
 def fetch(ref: str, file: str | None = None, token: str | None = None, offline: bool = False) -> Path:
@@ -46,11 +47,16 @@ def fetch(ref: str, file: str | None = None, token: str | None = None, offline: 
         return cache.resolve(where, ref, file)
     try:
         names = _listing(repo, token)
-    except ConfigError:
-        raise
-    except Exception as e:   # no network, a proxy, the hub down: the cache may still have it
-        log.warning("-hf %s: the hub did not answer (%s); looking in the cache %s", ref, _short(e), where)
-        return cache.resolve(where, ref, file)
+    except Exception as e:   # no network, the hub down, a token expired: the cache answers if it can
+        try:
+            path = cache.resolve(where, ref, file)
+        except ConfigError:
+            if isinstance(e, ConfigError):   # the hub's own reason (gated, no such repository)
+                raise e from None
+            raise ConfigError(f"-hf {ref}: the hub did not answer ({_short(e)}) and the model is not in the "
+                              f"cache {where}") from None
+        log.warning("-hf %s: the hub did not answer (%s); serving the cached %s", ref, _short(e), path.name)
+        return path
     name = _chosen(ref, names, tag, file)
     log.info("-hf %s: %s (into %s)", ref, name, where)
     return Path(_download(repo, name, token, where))
@@ -80,7 +86,8 @@ def _listing(repo: str, token: str | None) -> list[str]:
         entries = r.json()
         if not isinstance(entries, list):
             raise ValueError(f"the hub's listing of {repo} is not a list")
-        names += [e["path"] for e in entries if isinstance(e, dict) and e.get("type") == "file"]
+        names += [e["path"] for e in entries if isinstance(e, dict) and e.get("type") == "file"
+                  and isinstance(e.get("path"), str)]
         url, params = r.links.get("next", {}).get("url"), None   # the hub pages long listings
     return names
 

@@ -27,6 +27,9 @@ class ArchDef:
     swa_default: int = 0         # window when the metadata has none (0: no window without the key)
     swa_rope_global: bool = False  # windowed layers keep the global rope base unless freq_base_swa (gemma2)
     swa_rope_plain: bool = False   # olmo2: windowed layers at the global base (freq_base_swa unread), no yarn
+    # windowed layers' rope from the file whatever --rope-*/--yarn-* say (llama.cpp's graphs that call
+    # get_rope_freq_base: gemma2/3, gemma-embedding, openai-moe); other windowed layers take the flags
+    swa_rope_file: bool = False
     pre_norms: bool = True         # attn_norm / ffn_norm before each branch (olmo2 has post-norms only)
     softcap: bool = False        # gemma2: attention and final-logit soft-capping (defaults 50 / 30)
     fused: bool = False          # phi3: attn_qkv holds q|k|v and ffn_up holds gate|up
@@ -63,9 +66,9 @@ ARCHS: dict[str, ArchDef] = {
     "qwen2": ArchDef(qkv_bias=True, rope_mode="neox"),
     "qwen3": ArchDef(rope_mode="neox", qk_norm=True),
     "gemma2": ArchDef(rope_mode="neox", embed_scale="sqrt_d", post_norms=True, act="gelu", swa_pattern=2,
-                      swa_default=4096, swa_rope_global=True, softcap=True, gemma_scale=True),
+                      swa_default=4096, swa_rope_global=True, softcap=True, gemma_scale=True, swa_rope_file=True),
     "gemma3": ArchDef(rope_mode="neox", embed_scale="sqrt_d", qk_norm=True, post_norms=True, act="gelu",
-                      swa_pattern=6, gemma_scale=True),
+                      swa_pattern=6, gemma_scale=True, swa_rope_file=True),
     "phi3": ArchDef(rope_mode="neox", fused=True),
     # llama.cpp's src/models/smollm3.cpp: llama with every 4th layer unrotated (n_no_rope_layer_step = 4)
     "smollm3": ArchDef(no_rope_step=4),
@@ -91,7 +94,7 @@ ARCHS: dict[str, ArchDef] = {
     # src/models/gemma-embedding.cpp (EmbeddingGemma): gemma3's block attending both ways, windows of
     # n_swa/2 on each side on 5 of 6 layers; embeddings only (`serve --embedding`), never generation
     "gemma-embedding": ArchDef(rope_mode="neox", embed_scale="sqrt_d", qk_norm=True, post_norms=True, act="gelu",
-                               swa_pattern=6, bidirectional=True),
+                               swa_pattern=6, bidirectional=True, swa_rope_file=True),
     # hybrids (recurrent_spec.py, model/recurrent_layer.py)
     # Qwen3.5: 3 of 4 layers gated delta-net (model/delta_net.py), the rest gated attention; its
     # interleaved M-RoPE is neox rope for text (recurrent_spec.text_rope_check)
@@ -134,6 +137,7 @@ ARCHS: dict[str, ArchDef] = {
     "granitemoe": ArchDef(embed_scale="metadata", multipliers=True, moe_norm=True, rope_switch=True),
     # llama.cpp's LLM_ARCH_OPENAI_MOE (src/models/openai-moe.cpp): every other layer windowed (pattern 2,
     # the global rope base), q/k/v/o biases, sinks, biased router, top-k then softmax, clamped SwiGLU
-    "gpt-oss": ArchDef(qkv_bias=True, rope_mode="neox", swa_pattern=2, swa_rope_global=True, moe_gating="softmax_weight",
+    "gpt-oss": ArchDef(qkv_bias=True, rope_mode="neox", swa_pattern=2, swa_rope_global=True, swa_rope_file=True,
+                       moe_gating="softmax_weight",
                        moe_act="swiglu_oai", out_bias=True, sinks=True, ffn_norm="post_attention_norm"),
 }

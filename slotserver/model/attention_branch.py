@@ -66,7 +66,7 @@ def q_temperature(model: "LlamaModel", batch: Batch) -> torch.Tensor | None:
     if not model._q_temp(batch):
         return None
     s = model.spec
-    return ((torch.floor(batch.positions.double() / float(s.rope.orig_ctx)) + 1.0).log()
+    return ((torch.floor(batch.positions.double() / float(s.rope.file_ctx)) + 1.0).log()
             * s.attn_temp_scale + 1.0).float()
 
 

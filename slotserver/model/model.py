@@ -107,7 +107,7 @@ class LlamaModel(BlockOps):
             raise GGUFError(f"{f.path}: {problem}")
         max_pos = max_pos or spec.ctx_train
         # phi3 longrope: the long factors once the context passes the trained one (llama.cpp's choice)
-        long = weights.rope_long is not None and max_pos > spec.rope.orig_ctx
+        long = weights.rope_long is not None and max_pos > spec.rope.file_ctx
         freqs = weights.rope_long if long else weights.rope_freqs
         tables: dict[tuple[float, float, bool, bool], RopeTable] = {}
         for params in map(spec.rope_params, range(spec.n_layers)):
@@ -154,10 +154,10 @@ class LlamaModel(BlockOps):
 
     def _q_temp(self, batch: Batch) -> bool:
         """Whether some position of the batch has a q temperature other than 1 (mistral3's
-        `attention.temperature_scale`: positions past rope.orig_ctx). Such a step runs the plain
+        `attention.temperature_scale`: positions past rope.file_ctx). Such a step runs the plain
         body with the scale in attention_branch.py; below that context the scale is exactly 1, so every
         step graph and fused body serves as for llama."""
-        return bool(self.spec.attn_temp_scale) and batch.attn.max_kv > self.spec.rope.orig_ctx
+        return bool(self.spec.attn_temp_scale) and batch.attn.max_kv > self.spec.rope.file_ctx
 
     def _inputs(self, batch: Batch) -> tuple[torch.Tensor, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
         """The embedded tokens (the residual, f32) and each distinct rope table's cos, sin of the positions."""

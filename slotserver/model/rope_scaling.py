@@ -14,9 +14,12 @@ llama-server's `--rope-scaling/--rope-scale/--rope-freq-base/--rope-freq-scale/-
 (`RopeFlags`) replace the file's values as llama.cpp's context parameters do
 (src/llama-context.cpp): a flag left unset keeps the file's, type none never scales, yarn's
 extrapolation mix defaults to 1, and with a mix the magnitude is recomputed from the new factor
-(so `--yarn-attn-factor` counts only without one, as there). Windowed layers keep the file's base
-and scale (llama_model::get_rope_freq_base), which is why `ModelSpec.from_gguf` builds the trained
-scaling too.
+(so `--yarn-attn-factor` counts only without one, as there). The windowed layers of gemma2/3,
+gemma-embedding and gpt-oss keep the file's base and scale (their llama.cpp graphs read
+llama_model::get_rope_freq_base: archs.py `swa_rope_file`), which is why `ModelSpec.from_gguf`
+builds the trained scaling too; other windowed layers (olmo2/3, exaone4, lfm2) take the flags.
+`--yarn-orig-ctx` moves YaRN's blend only: phi3's choice of long factors and mistral3's q
+temperature read the file's original context (`file_ctx`), as llama.cpp's hparams do.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ class RopeScaling:
     attn_factor: float = 1.0      # cos/sin multiplier (llama.cpp's yarn_attn_factor before rope_yarn)
     ext_factor: float = 0.0       # yarn: 1 by default, 0 otherwise
     orig_ctx: int = 0             # yarn / longrope: the pre-training context (0: unknown)
+    file_ctx: int = 0             # the file's original context, whatever --yarn-orig-ctx says
     beta_fast: float = 32.0
     beta_slow: float = 1.0
 
@@ -113,7 +117,7 @@ class RopeScaling:
         return cls(
             kind=kind, base=flags.freq_base or key.float("rope.freq_base", 10000.0), freq_scale=freq_scale,
             attn_factor=attn_factor * key.float("rope.scaling.attn_factor", 1.0), ext_factor=ext_factor,
-            orig_ctx=flags.orig_ctx or orig_ctx,
+            orig_ctx=flags.orig_ctx or orig_ctx, file_ctx=orig_ctx,
             beta_fast=_pick(flags.beta_fast, key.float("rope.scaling.yarn_beta_fast", 32.0)),
             beta_slow=_pick(flags.beta_slow, key.float("rope.scaling.yarn_beta_slow", 1.0)),
         )

@@ -11,6 +11,8 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from slotserver.model.archs import ARCHS
 from slotserver.model.gguf_file import GGUFError, GGUFFile
 from slotserver.model.moe_spec import MoeSpec
@@ -63,7 +65,7 @@ class ModelSpec:
     no_rope_step: int = 0       # layer i unrotated when (i + 1) % no_rope_step == 0 (smollm3); 0: every layer rotated
     nope_full: bool = False     # a windowed model's full-attention layers unrotated (exaone4)
     bidirectional: bool = False  # an embedding model attending both ways (gemma-embedding): no generation
-    attn_temp_scale: float = 0.0  # mistral3: q x (1 + this * ln(1 + floor(pos / rope.orig_ctx))) (0: off)
+    attn_temp_scale: float = 0.0  # mistral3: q x (1 + this * ln(1 + floor(pos / rope.file_ctx))) (0: off)
     recurrent: RecurrentSpec | None = None  # a hybrid model's delta-net layers (None: every layer attends)
     attn_gate: bool = False     # the attention output times sigmoid(a per-head gate from attn_q) (qwen35)
     out_norm: str = "output_norm"  # the final RMSNorm's tensor name (without .weight)
@@ -149,7 +151,7 @@ class ModelSpec:
         rope_dim = key.int("rope.dimension_count", head_dim)
         trained = RopeScaling.from_metadata(key, rope_dim)
         rope = RopeScaling.from_metadata(key, rope_dim, rope_flags) if rope_flags.any else trained
-        windows, base_swa, scale_swa = sliding_windows(a, key, n_layers, trained)   # the file's, as llama.cpp
+        windows, base_swa, scale_swa = sliding_windows(a, key, n_layers, trained if a.swa_rope_file else rope)
         d_ff, ffn_only = ffn_lengths(a, key, n_layers)
         spec = cls(
             arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
@@ -211,6 +213,6 @@ class ModelSpec:
 def _ctx_train(ctx: int, rope: RopeScaling, trained: RopeScaling) -> int:
     """The training context, or with a YaRN factor of the command line's the context it stretches to
     (llama_init_from_model: n_ctx_train = n_ctx_orig_yarn / freq_scale), which /props reports."""
-    if rope.kind == "yarn" and rope.freq_scale != trained.freq_scale:
-        return int(rope.orig_ctx / rope.freq_scale)
+    if rope.kind == "yarn" and rope.freq_scale != trained.freq_scale:   # in float32, as llama.cpp divides
+        return int(np.float32(rope.orig_ctx) / np.float32(rope.freq_scale))
     return ctx

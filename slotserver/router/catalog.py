@@ -35,14 +35,15 @@ class ModelEntry:
     stop_timeout: float = DEFAULT_STOP_TIMEOUT_S
     hidden: bool = False                          # dedup-cache-models: listed nowhere, still usable
     error: str | None = None                      # why it cannot load
-    # a preset's hf-repo (ref, hf-file) / spec-draft-hf not in the cache yet: the child gets -hf and
-    # downloads it when loaded, as llama-server's children do
+    # a preset's hf-repo (ref, hf-file) / spec-draft-hf; while not in the cache (path / draft None) the
+    # child gets -hf and downloads it when loaded, as llama-server's children do
     hub: tuple[str, str | None] | None = None
     draft_hub: str | None = None
 
     def fingerprint(self) -> tuple:
         """What a reload compares: a running model whose fingerprint changed is unloaded."""
-        return (self.path, tuple(sorted(self.options.items())), self.draft, self.error, self.hub, self.draft_hub)
+        # a hub model by its reference: its download (path None -> cached) is not a change
+        return (self.hub or self.path, tuple(sorted(self.options.items())), self.draft_hub or self.draft, self.error)
 
 
 def scan_cache(cache: Path) -> dict[str, ModelEntry]:
@@ -94,15 +95,17 @@ def _apply(entry: ModelEntry, section: PresetSection, cache: Path | None) -> Non
         entry.draft = Path(opts.pop("--spec-draft-model"))
     sp = section.special
     if "hf-repo" in sp:
+        entry.hub = (sp["hf-repo"], sp.get("hf-file"))
         try:
             entry.path = hub_cache.resolve(cache, sp["hf-repo"], sp.get("hf-file"))
         except ConfigError:   # not downloaded yet: the child will (-hf)
-            entry.hub = (sp["hf-repo"], sp.get("hf-file"))
+            entry.path = None
     if "spec-draft-hf" in sp:
+        entry.draft_hub = sp["spec-draft-hf"]
         try:
             entry.draft = hub_cache.resolve(cache, sp["spec-draft-hf"])
         except ConfigError:
-            entry.draft_hub = sp["spec-draft-hf"]
+            entry.draft = None
     if "load-on-startup" in sp:
         entry.load_on_startup = is_true(sp["load-on-startup"])
     if "stop-timeout" in sp:

@@ -30,10 +30,11 @@ def option_args(options: dict[str, str], flags: Flags) -> list[str]:
 def child_argv(entry: ModelEntry, config: RouterConfig, flags: Flags, port: int) -> list[str]:
     assert entry.path is not None or entry.hub is not None
     # llama-server's order: the router's variables, then the preset, then the router's command line
-    argv = [*config.child_command, *config.child_env_argv, *option_args(entry.options, flags), *config.child_argv]
+    own = {k: v for k, v in entry.options.items() if k != "--alias"}   # the router names its children
+    argv = [*config.child_command, *config.child_env_argv, *option_args(own, flags), *config.child_argv]
     if entry.path is not None:
         argv += ["--model", str(entry.path)]
-    else:   # a preset's hf-repo not in the cache: the child downloads it (cli/hub_args.py)
+    elif entry.hub is not None:   # a preset's hf-repo not in the cache: the child downloads it (cli/hub_args.py)
         ref, file = entry.hub
         argv += ["-hf", ref, *(["-hff", file] if file else [])]
     if entry.draft is not None:

@@ -23,12 +23,28 @@ def preset_ini(entry: ModelEntry) -> str:
         lines.append(f"model = {entry.path}")
     elif entry.hub is not None:
         lines += [f"hf-repo = {entry.hub[0]}", *([f"hf-file = {entry.hub[1]}"] if entry.hub[1] else [])]
-    lines += [f"{flag.lstrip('-')} = {value}" for flag, value in entry.options.items()]
+    lines += [f"{flag.lstrip('-')} = {'(hidden)' if flag in SECRETS else value}" for flag, value in entry.options.items()]
     return "\n".join(lines) + "\n"
 
 
+SECRETS = ("--hf-token", "-hft", "--api-key")   # flags whose values /models (public) never shows
+
+
+def shown_args(args) -> list[str]:
+    """A child's command line as /models lists it: the values of SECRETS flags hidden."""
+    out = list(args)
+    for i, a in enumerate(out):
+        flag, eq, _ = a.partition("=")
+        if flag in SECRETS:
+            if eq:
+                out[i] = f"{flag}=(hidden)"
+            elif i + 1 < len(out):
+                out[i + 1] = "(hidden)"
+    return out
+
+
 def model_json(entry: ModelEntry, inst: Instance, created: int) -> dict:
-    status: dict = {"value": inst.status, "args": list(inst.args)}
+    status: dict = {"value": inst.status, "args": shown_args(inst.args)}
     if entry.source == "preset":
         status["preset"] = preset_ini(entry)
     if inst.failed:

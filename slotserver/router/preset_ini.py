@@ -22,7 +22,7 @@ from typing import Mapping
 from slotserver.errors import ConfigError
 
 PRESET_ONLY = ("load-on-startup", "stop-timeout", "dedup-cache-models")
-# hub references, resolved against --models-cache by the catalog (this server downloads nothing)
+# hub references, resolved against --models-cache by the catalog (not there yet: the child's -hf downloads)
 HUB_KEYS = {"hf-repo": "hf-repo", "hf": "hf-repo", "hfr": "hf-repo", "LLAMA_ARG_HF_REPO": "hf-repo",
             "hf-file": "hf-file", "hff": "hf-file", "LLAMA_ARG_HF_FILE": "hf-file",
             "spec-draft-hf": "spec-draft-hf", "hf-repo-draft": "spec-draft-hf", "hfd": "spec-draft-hf",

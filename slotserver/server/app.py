@@ -84,9 +84,9 @@ def create_app(state: ServerState) -> Starlette:
     routes = [*misc.ROUTES, *completion.ROUTES, *openai.ROUTES, *messages.ROUTES, *responses.ROUTES,
               *slots.ROUTES, *lab.ROUTES, *lora.ROUTES, Route("/metrics", metrics, methods=["GET"]),
               *embeddings.ROUTES, *rerank.ROUTES, *infill.ROUTES]
-    if state.config.static_path is not None:   # --path: its files at /, in place of the web page
+    if state.config.webui and state.config.static_path is not None:   # --path: its files at /, not the page
         routes.append(Mount("/", app=StaticFiles(directory=state.config.static_path, html=True)))
-    elif state.config.webui:   # --no-webui: 404 at /, as llama-server
+    elif state.config.webui:   # --no-webui: 404 at / (--path's files too), as llama-server
         routes += webui.routes()
     app = Starlette(routes=routes, middleware=_middleware(state),
                     exception_handlers={ApiError: api_error_handler, HTTPException: http_exception_handler})

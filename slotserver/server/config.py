@@ -104,8 +104,8 @@ class ServerConfig:
 
     @property
     def tag_list(self) -> list[str]:
-        """`--tags`: informational tags, comma-separated, shown in /v1/models."""
-        return [t.strip() for t in self.tags.split(",") if t.strip()]
+        """`--tags`: informational tags, comma-separated, shown in /v1/models (sorted, once each: llama-server's set)."""
+        return sorted({t.strip() for t in self.tags.split(",") if t.strip()})
 
     @property
     def model_name(self) -> str:

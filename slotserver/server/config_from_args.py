@@ -68,8 +68,9 @@ def _model_path(args) -> Path:
 
 
 def _resolve_ctx_size(args) -> None:
-    """`-c 0` (llama-server's default): the model's training context, stretched by a command-line
-    YaRN factor (model/spec.py `_ctx_train`), shared by the slots as any -c."""
+    """`-c 0` (llama-server's default): every slot may hold the model's training context (stretched
+    by a command-line YaRN factor: model/spec.py `_ctx_train`), as llama-server's fit sizes it (with
+    -c 0 it never shrinks it): n_ctx_train cells per slot, or in all with -kvu (a shared pool)."""
     if args.ctx_size != 0:
         return
     from slotserver.model.gguf_file import GGUFFile
@@ -82,7 +83,10 @@ def _resolve_ctx_size(args) -> None:
         args.ctx_size = f.metadata.get(f"{arch}.context_length") or 512
     else:
         args.ctx_size = ModelSpec.from_gguf(f, RopeFlags.from_args(args)).ctx_train
-    logging.getLogger("slotserver.load").info("-c 0: the model's training context, %d cells", args.ctx_size)
+    if not getattr(args, "kv_unified", False):   # -c is shared by the slots: each gets ctx_train
+        args.ctx_size *= max(1, args.parallel)
+    logging.getLogger("slotserver.load").info("-c 0: the model's training context per slot, %d cells in all",
+                                              args.ctx_size)
 
 
 def _device(args) -> str:
@@ -101,7 +105,7 @@ def server_config_from_args(args) -> ServerConfig:
                                   sse_ping_interval=getattr(args, "sse_ping_interval", 30),
                                   fields=getattr(args, "request_fields", None) or {})   # cli/sampling_args.py
     return ServerConfig(
-        model_path=str(_model_path(args)), alias=args.alias, tags=getattr(args, "tags", ""), api_keys=keys_from_args(args),
+        model_path=str(_model_path(args)), alias=",".join(args.alias), tags=",".join(getattr(args, "tags", [])), api_keys=keys_from_args(args),
         cors=CorsPolicy.from_args(args),
         api_prefix=getattr(args, "api_prefix", ""), slots_endpoint=args.slots, slots_debug=args.slots_debug,
         metrics=args.metrics, lab_api=not args.no_lab_api, slot_save_path=_slot_save_path(args.slot_save_path),

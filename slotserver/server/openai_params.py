@@ -106,14 +106,15 @@ def parse_openai_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults
 
 
 def _chat_grammar(f: Fields, tools: ToolConfig, grammars: Grammars | None,
-                  fallback: Mapping[str, Any]) -> str | None:
+                  fallback: Mapping[str, Any], pure: bool = False) -> str | None:
     """A forced tool call's grammar, else the request's own constraint (not both, as llama-server),
-    else with no tools the server's (--grammar, --json-schema)."""
+    else with no tools the server's (--grammar, --json-schema). `pure` (--skip-chat-parsing): no
+    tool-call grammar, as llama.cpp's pure content parser sets none."""
     found = requested(f) or (None if tools.active else default_constraint(fallback))
     if tools.active and found is not None:
         raise bad_request(f"'{found[0]}' cannot constrain the output together with 'tools' "
                           "(use tool_choice \"none\", or drop it)")
-    if tools.forced:
+    if tools.forced and not pure:
         return compile_checked("tool_choice", "lark", forced_call_grammar(tools), grammars)
     return compile_checked(*found, grammars) if found else None
 
@@ -150,7 +151,7 @@ def render_chat_request(f: Fields, template: ChatTemplate, tools: ToolConfig,
     options = chat_options(f, chat)
     text = render_with_tools(template, messages, tools, add_prompt, cont, variables=options.context)
     continued = (messages[-1].get("content") or "") if cont else None
-    harmony = answer_prefix(text) if template_is_harmony(template.source) else None
+    harmony = answer_prefix(text) if template_is_harmony(template.source) and not chat.pure_content else None
     return text, ReasoningMode(options.reasoning_format, answer_start(text, continued), harmony)
 
 
@@ -179,7 +180,7 @@ def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplat
     check_chat_fields(f)
     chat = chat or ChatDefaults()
     tools = parse_tools(f, template.source, chat.tool_format)
-    grammar = _chat_grammar(f, tools, grammars, defaults.fields)
+    grammar = _chat_grammar(f, tools, grammars, defaults.fields, chat.pure_content)
     text, reasoning = render_chat_request(f, template, tools, chat)
     ids = encode(tokenizer, text, True, True)
     want, n_top = _chat_logprobs(f)

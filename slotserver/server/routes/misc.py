@@ -136,9 +136,7 @@ async def props_change(request: Request) -> Response:
     state: ServerState = request.app.state.server
     if not state.config.props_endpoint:
         raise not_supported("This server does not support changing global properties. Start it with `--props`")
-    body = await read_json(request, state.config.body_limit, state.config.timeout)
-    if not isinstance(body, dict):
-        raise bad_request("POST /props takes a JSON object")
+    body = await read_json(request, state.config.body_limit, state.config.timeout, allow_empty=True)
     if body:
         raise bad_request(f"'{next(iter(body))}': no global property can be changed at run time here (restart the "
                           "server with the flag instead)")
