@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from local_server import PEER, free_port, post, wait_healthy  # noqa: E402
-from tiny_gguf import bytes_to_unicode, write_tiny_gguf  # noqa: E402
+from tiny_gguf import bytes_to_unicode, write_gguf, write_tiny_gguf  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "archs"
 CONTROL_DIR = ROOT / "tests" / "fixtures" / "control"   # control vectors: not *.gguf models of archs/
@@ -110,15 +110,9 @@ CONTROL = {"cvec_a.gguf": (range(1, 6), 1), "cvec_b.gguf": (range(2, 4), 2), "cv
 def control_vector(path: Path, layers: range, seed: int) -> None:
     """llama.cpp's control vector format: F32 `direction.N` of the model's width per layer N."""
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "controlvector")
-    w.add_string("controlvector.model_hint", "tiny")
-    w.add_uint32("controlvector.layer_count", len(layers))
-    for n in layers:
-        w.add_tensor(f"direction.{n}", (0.5 * rng.standard_normal(SMALL["d_model"])).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(path, "controlvector", {f"direction.{n}": (0.5 * rng.standard_normal(SMALL["d_model"])).astype(np.float32)
+                                       for n in layers}, **{"controlvector.model_hint": "tiny",
+                                                            "controlvector.layer_count": len(layers)})
 
 
 def prompts(seed: int = 7) -> list[list[int]]:

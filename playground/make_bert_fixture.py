@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import gguf
@@ -38,6 +39,8 @@ import numpy as np
 from local_server import PEER, free_port, post, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from tiny_gguf import finish_gguf  # noqa: E402
 OUT = ROOT / "tests" / "fixtures" / "bert"
 D, HEADS, FF, LAYERS, CTX, LABELS = 32, 4, 64, 2, 64, 2
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -136,18 +139,7 @@ def write(path: Path, seed: int = 35, arch: str = "bert") -> Path:
     w.add_bool("tokenizer.ggml.normalizer.lowercase", True)
     make = nomic_tensors if arch == "nomic-bert" else tensors
     t = make(np.random.default_rng(seed), len(tokens))
-    return finish(w, {n: v.astype(np.float16) if n == "token_embd.weight" else v for n, v in t.items()}, path)
-
-
-def finish(w: gguf.GGUFWriter, tensors: dict[str, np.ndarray], path: Path) -> Path:
-    """Add `tensors` and write the file out; -> path."""
-    for name, value in tensors.items():
-        w.add_tensor(name, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish_gguf(w, {n: v.astype(np.float16) if n == "token_embd.weight" else v for n, v in t.items()}, path)
 
 
 def record_token_embeddings(path: Path, prompts: list[list[int]], poolings: tuple[str, ...]) -> dict:

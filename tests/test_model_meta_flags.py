@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
 import httpx
 import numpy as np
 import pytest
 import torch
 from test_server_cli import parse, run_cli
 from test_server_e2e import serving
+from tiny_gguf import write_gguf
 
 from slotserver.cli import main as cli
 from slotserver.errors import ConfigError
@@ -125,17 +125,6 @@ def test_a_server_started_as_qwens_model_card_says_serves_the_stretched_context(
 CVEC = Path(__file__).parent / "fixtures" / "control" / "cvec_a.gguf"   # width 32, direction.1-5
 
 
-def _vector_file(path: Path, tensors: dict) -> Path:
-    w = gguf.GGUFWriter(str(path), "controlvector")
-    for name, value in tensors.items():
-        w.add_tensor(name, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 def test_control_vector_flags_parse_as_llama_server_spells_them():
     args = parse("-m", str(TINY), "--control-vector", f"{CVEC},{CVEC}", "--control-vector-scaled", f"{CVEC}:-0.5",
                  "--control-vector-layer-range", "1", "3")
@@ -163,7 +152,7 @@ def test_control_vectors_are_summed_scaled_and_kept_to_their_layers():
     ({"direction.1": np.ones(16, np.float32)}, "directions of width 16, the model's is 32"),
 ])
 def test_a_bad_control_vector_file_stops_loading_naming_it(tmp_path, tensors, words):
-    path = _vector_file(tmp_path / "cv.gguf", tensors)
+    path = write_gguf(tmp_path / "cv.gguf", "controlvector", tensors)
     with pytest.raises(ConfigError, match=None) as e:
         ModelBundle.load(ModelConfig(TINY, control_vectors=((path, 1.0),)))
     assert str(path) in str(e.value) and words in str(e.value)

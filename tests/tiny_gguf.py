@@ -282,3 +282,23 @@ def write_tiny_gguf(path: str | os.PathLike, *, arch: str = "llama", n_layers: i
     writer.write_tensors_to_file()
     writer.close()
     return Path(path)
+
+
+def write_gguf(path: str | os.PathLike, arch: str, tensors: dict[str, np.ndarray], **metadata: Any) -> Path:
+    """A GGUF of `tensors` (each written in its own dtype) and string/uint32 `metadata` keys under
+    general.architecture `arch`: control vectors (`controlvector`), broken files for error tests."""
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in metadata.items():
+        w.add_uint32(key, value) if isinstance(value, int) else w.add_string(key, value)
+    return finish_gguf(w, tensors, path)
+
+
+def finish_gguf(w: gguf.GGUFWriter, tensors: dict[str, np.ndarray], path: str | os.PathLike) -> Path:
+    """Add `tensors` to a writer holding its metadata already and write the file out; -> path."""
+    for name, value in tensors.items():
+        w.add_tensor(name, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

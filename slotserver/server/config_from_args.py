@@ -25,19 +25,25 @@ from slotserver.server.config import GenerationDefaults, ServerConfig
 from slotserver.server.embed_config import embedding_config_from_args
 
 
+def _text_or_file(value: str | None, file: Path | None, flag: str) -> str | None:
+    """`--FLAG TEXT` or `--FLAG-file PATH` (not both) -> the text, or None."""
+    if value is not None and file is not None:
+        raise ConfigError(f"give {flag} or {flag}-file, not both")
+    if file is None:
+        return value
+    try:
+        return Path(file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{flag}-file {file}: {getattr(e, 'strerror', None) or e}") from None
+
+
 def chat_template_source(value: str | None, file: Path | None) -> str | None:
     """--chat-template (one of llama.cpp's built-in names or a Jinja source) or --chat-template-file,
     compiled to check it."""
-    if value is not None and file is not None:
-        raise ConfigError("give --chat-template or --chat-template-file, not both")
-    if file is not None:
-        try:
-            value = Path(file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"--chat-template-file {file}: {getattr(e, 'strerror', None) or e}") from None
-    elif value is not None and named_template(value) is not None:
+    value, named = _text_or_file(value, file, "--chat-template"), file is None and value is not None
+    if named and named_template(value) is not None:
         value = named_template(value)
-    elif value is not None and "{{" not in value and "{%" not in value:
+    elif named and "{{" not in value and "{%" not in value:
         raise ConfigError(f"--chat-template {value!r} is neither a known name "
                           f"({', '.join(BUILTIN_NAMES)}) nor a Jinja template")
     if value is not None:
@@ -128,13 +134,7 @@ def server_config_from_args(args) -> ServerConfig:
 
 def _ui_settings(text: str | None, file: Path | None) -> dict:
     """--ui-config JSON or --ui-config-file PATH (not both) -> the object /props shows as ui_settings."""
-    if text is not None and file is not None:
-        raise ConfigError("give --ui-config or --ui-config-file, not both")
-    if file is not None:
-        try:
-            text = Path(file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"--ui-config-file {file}: {getattr(e, 'strerror', None) or e}") from None
+    text = _text_or_file(text, file, "--ui-config")
     if text is None:
         return {}
     try:
