@@ -82,7 +82,7 @@ CASES: dict[str, dict] = {
                      "olmo2.rope.scaling.factor": 4.0, "olmo2.rope.scaling.original_context_length": (8, U32)}),
 }
 
-# llama-server's rope flags over a case's file (cli/model_meta_args.py): <name>.json only, its rows
+# llama-server's rope flags (or --override-kv) over a case's file (cli/model_meta_args.py): <name>.json only, its rows
 # naming the file ("model") and the flags ("flags"); windowed layers keep the file's rope (gemma3)
 FLAGGED: dict[str, tuple[str, tuple[str, ...]]] = {
     "llama_rope_flags": ("llama_bias", ("--rope-scaling", "yarn", "--rope-scale", "4", "--yarn-orig-ctx", "64",
@@ -97,6 +97,7 @@ FLAGGED: dict[str, tuple[str, tuple[str, ...]]] = {
     "olmo3_rope_flags": ("olmo3", ("--rope-freq-base", "30000", "--rope-freq-scale", "0.25")),
     "exaone4_64_rope_flags": ("exaone4_64", ("--rope-freq-base", "50000", "--rope-freq-scale", "0.5")),
     "lfm2_swa_rope_flags": ("lfm2_swa", ("--rope-freq-base", "50000", "--rope-freq-scale", "0.5")),
+    "exaone4_64_base_swa": ("exaone4_64", ("--override-kv", "exaone4.rope.freq_base_swa=float:500")),
     # control vectors (control_vector below): two summed, one scaled; a layer range; a direction past the
     # last layer (never applied)
     "smollm3_cvec": ("smollm3", ("--control-vector", "cvec_a.gguf", "--control-vector-scaled", "cvec_b.gguf:-0.5")),

@@ -31,6 +31,7 @@ from slotserver.model.tensor_table import EMBEDDER_HEADS, unread_problem
 from slotserver.model.recurrent_spec import mtp_tensors
 from slotserver.runtime.recurrent_state import recurrent_state
 from slotserver.runtime.kernel_set import KernelSet
+from slotserver.model.metadata_overrides import apply_overrides
 from slotserver.model.rope_scaling import RopeFlags
 from slotserver.model.spec import ModelSpec
 from slotserver.model.rope_table import RopeTable
@@ -90,8 +91,9 @@ class LlamaModel(BlockOps):
     def load(cls, path: str | Path, dtype: torch.dtype = torch.float32,
              kernels: KernelSet | None = None, max_pos: int | None = None,
              progress: Progress | None = None, fmt: WeightFormat = WeightFormat(),
-             rope_flags: RopeFlags = RopeFlags()) -> "LlamaModel":
+             rope_flags: RopeFlags = RopeFlags(), kv_overrides: tuple[tuple[str, object], ...] = ()) -> "LlamaModel":
         f = GGUFFile.open(path)
+        apply_overrides(f.path, f.metadata, kv_overrides)   # --override-kv (model/metadata_overrides.py)
         return cls.from_file(f, ModelSpec.from_gguf(f, rope_flags), dtype, kernels, max_pos, progress, fmt)
 
     @classmethod

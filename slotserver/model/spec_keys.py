@@ -73,6 +73,8 @@ def sliding_windows(a: ArchDef, key: MetaKeys, n_layers: int,
     windows = tuple(n_swa if w else 0 for w in flags)
     if a.swa_rope_plain:   # olmo2.cpp rotates windowed layers with the global base: freq_base_swa is not read
         return windows, rope.base, 1.0
+    if not a.swa_rope_file:   # exaone4.cpp rotates every layer with the global rope: freq_base_swa is not read
+        return windows, rope.base, rope.freq_scale
     base_default, scale = (rope.base, rope.freq_scale) if a.swa_rope_global else (10000.0, 1.0)
     return windows, key.float("rope.freq_base_swa", base_default), scale
 
