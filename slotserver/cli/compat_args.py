@@ -83,6 +83,9 @@ NO_EFFECT: tuple[tuple[tuple[str, ...], int | str | None, str], ...] = (
     (("--spec-draft-cpu-moe", "-cmoed", "--cpu-moe-draft"), 0, "all of a draft model's weights are on --device"),
     (("--spec-draft-backend-sampling", "--no-spec-draft-backend-sampling"), 0,
      "drafts are sampled where the model runs"),
+    (("--spec-draft-type-k", "-ctkd", "--cache-type-k-draft", "--spec-draft-type-v", "-ctvd", "--cache-type-v-draft"),
+     None, "a draft model's KV cache takes -ctk/-ctv's element type"),
+    (("--spec-draft-p-split", "--draft-p-split"), None, "drafts are single sequences (llama.cpp reads it nowhere either)"),
 )
 
 DOWNLOADS = "only -hf USER/MODEL[:QUANT] downloads here (or download the GGUF and pass -m FILE)"
