@@ -1,11 +1,13 @@
 """`-hf USER/MODEL[:QUANT]` against a stand-in hub (hub_stub.py): the file llama.cpp would pick is
 downloaded into the hub cache llama.cpp uses, taken from there when the hub is unreachable or
 `--offline`, and a server started with `-hf` serves it under the reference as typed. Bad
-references, missing quants, split files and gated repositories are one line each.
+references, missing quants, split files and gated repositories are one line each. The router
+downloads a preset's model at its first load, and through POST /models; DELETE /models removes it.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -108,3 +110,35 @@ def test_a_router_presets_hf_repo_is_downloaded_when_the_model_loads(hub, tmp_pa
                          timeout=60).json()
         assert out["timings"]["predicted_n"] == 2
     assert cache.list_models(cache_dir) == {"org/m-GGUF:Q8_0": cache.resolve(cache_dir, "org/m-GGUF:Q8_0")}
+
+
+def test_the_routers_download_api_downloads_lists_and_removes(hub, tmp_path):
+    """llama-server's POST /models (checked on the hub first, then downloaded in the background,
+    listed as downloading meanwhile) and DELETE /models (a cache model's files)."""
+    cache_dir = tmp_path / "hub"
+    cache_dir.mkdir()
+    with serving(tmp_path, "--models-cache", str(cache_dir), "-c", "256", "-np", "1", "--no-warmup",
+                 "--no-watch") as srv:
+        def listed() -> dict:
+            return {m["id"]: m["status"]["value"] for m in httpx.get(srv.url + "/models").json()["data"]}
+
+        def post(ref: str) -> httpx.Response:
+            return httpx.post(srv.url + "/models", json={"model": ref}, timeout=30)
+
+        assert listed() == {}
+        assert post("org/m-GGUF:Q8_0").json() == {"success": True}
+        deadline = time.time() + 30
+        while listed().get("org/m-GGUF:Q8_0") != "unloaded":
+            assert time.time() < deadline and set(listed()) <= {"org/m-GGUF:Q8_0"}, listed()
+            time.sleep(0.1)
+        assert cache.list_models(cache_dir) == {"org/m-GGUF:Q8_0": cache.resolve(cache_dir, "org/m-GGUF:Q8_0")}
+        out = httpx.post(srv.url + "/completion", json={"model": "org/m-GGUF:Q8_0", "prompt": "hi", "n_predict": 2},
+                         timeout=60).json()
+        assert out["timings"]["predicted_n"] == 2
+        for ref, words in (("org/m-GGUF:Q8_0", "already exists"), ("org/m-GGUF:Q5_K_S", "no model file tagged"),
+                           ("org/gated", "gated"), ("nonsense", "expected USER/MODEL")):
+            r = post(ref)
+            assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+        r = httpx.delete(srv.url + "/models", params={"model": "org/m-GGUF:Q8_0"}, timeout=30)
+        assert r.json() == {"success": True} and listed() == {} and cache.list_models(cache_dir) == {}
+        assert httpx.delete(srv.url + "/models", params={"model": "org/other"}).status_code == 400

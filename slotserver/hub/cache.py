@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,3 +108,24 @@ def resolve(cache: Path | None, ref: str, file: str | None = None) -> Path:
         raise ConfigError(f"'{ref}{'/' + file if file else ''}' is not in the models cache "
                           f"({cache or 'none'})")
     return files[name].path
+
+
+def remove(cache: Path, ref: str) -> bool:
+    """Delete `USER/REPO[:TAG]` from the cache, as llama.cpp's common_download_remove: with a tag the
+    snapshot files of that tag (every shard) and the blobs they point to; without one the whole
+    repository. -> whether anything was deleted."""
+    repo, _, tag = ref.partition(":")
+    repo_dir = cache / ("models--" + repo.replace("/", "--"))
+    if not tag:
+        existed = repo_dir.is_dir()
+        shutil.rmtree(repo_dir, ignore_errors=True)
+        return existed
+    gone = [f.path for f in cached_files(cache, repo) if f.split()[1] == tag.upper()]
+    blobs = {p.resolve() for p in gone if p.is_symlink()}
+    for path in gone:
+        path.unlink(missing_ok=True)
+    still = {p.resolve() for p in (repo_dir / "snapshots").rglob("*") if p.is_symlink()}
+    for blob in blobs - still:   # a blob another snapshot still links to stays
+        if blob.parent == (repo_dir / "blobs").resolve():
+            blob.unlink(missing_ok=True)
+    return bool(gone)

@@ -37,12 +37,27 @@ def offline_env() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "true", "yes")
 
 
-def fetch(ref: str, file: str | None = None, token: str | None = None, offline: bool = False) -> Path:
-    """`USER/REPO[:QUANT]` (or its file `file`) -> the local path of the model, downloaded if needed."""
+def check_ref(ref: str) -> tuple[str, str]:
+    """`USER/REPO[:QUANT]` -> (USER/REPO, QUANT or ""); a ConfigError for anything else."""
     repo, _, tag = ref.partition(":")
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise ConfigError(f"-hf {ref!r}: expected USER/MODEL[:QUANT], e.g. ggml-org/gemma-3-1b-it-GGUF:Q4_K_M")
-    where = cache.default_cache()
+    return repo, tag
+
+
+def choose(ref: str, token: str | None = None) -> str:
+    """The repository file `USER/REPO[:QUANT]` names, from the hub's listing (no download): the
+    router's POST /models checks a reference with it before downloading."""
+    repo, tag = check_ref(ref)
+    return _chosen(ref, _listing(repo, token), tag, None)
+
+
+def fetch(ref: str, file: str | None = None, token: str | None = None, offline: bool = False,
+          where: Path | None = None) -> Path:
+    """`USER/REPO[:QUANT]` (or its file `file`) -> the local path of the model, downloaded if needed
+    into `where` (default: llama.cpp's cache folder)."""
+    repo, tag = check_ref(ref)
+    where = where or cache.default_cache()
     if offline or offline_env():
         return cache.resolve(where, ref, file)
     try:

@@ -3,6 +3,7 @@
   GET  /health /v1/health          ok (the router itself; each model has its own)
   GET  /models /v1/models          every model with its status (?reload=1 reads the sources again)
   POST /models/load /models/unload {"model": NAME} -> {"success": true}
+  POST /models {"model": "USER/REPO[:QUANT]"}, DELETE /models?model=NAME   downloads (downloads.py)
   GET  /models/sse                 state changes as server-sent events
   GET  /props                      the router's own (role "router"); ?model=NAME: that model's
   POST inference routes            to the model named by the body's `model` field
@@ -113,7 +114,9 @@ async def models(request: Request) -> Response:
             await router.reload()
         except ConfigError as e:   # an edited preset file with a bad key: the old list stays
             raise RouterError(500, str(e)) from None
-    return JSONResponse(models_json(router.catalog, router.instances))
+    listing = models_json(router.catalog, router.instances)
+    listing["data"] += router.downloads.listing()
+    return JSONResponse(listing)
 
 
 async def model(request: Request) -> Response:
@@ -149,10 +152,22 @@ async def sse(request: Request) -> Response:
     return StreamingResponse(_router(request).events.stream(), media_type="text/event-stream")
 
 
-async def no_downloads(request: Request) -> Response:
-    raise RouterError(501, "this router has no download API: name the model in a preset (hf-repo = user/repo:TAG, "
-                           "downloaded at its first load), or put GGUF files in --models-dir or --models-cache "
-                           "and GET /models?reload=1")
+async def download(request: Request) -> Response:
+    """POST /models {"model": "USER/REPO[:QUANT]"}: llama-server's download into the cache (downloads.py)."""
+    name = (await _json_body(request)).get("model")
+    if not isinstance(name, str) or not name:
+        raise RouterError(400, "model must be a non-empty string")
+    await _router(request).downloads.start(name)
+    return JSONResponse({"success": True})
+
+
+async def remove(request: Request) -> Response:
+    """DELETE /models?model=NAME: a cache model's files removed (it is stopped first)."""
+    name = request.query_params.get("model", "")
+    if not name:
+        raise RouterError(400, "model must be a non-empty string")
+    await _router(request).downloads.remove(name)
+    return JSONResponse({"success": True})
 
 
 async def health(request: Request) -> Response:
@@ -177,7 +192,7 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 def create_router_app(router: ModelRouter) -> Starlette:
     routes = [Route("/health", health), Route("/v1/health", health), Route("/models", models),
               Route("/v1/models", models), Route("/v1/models/{model_id:path}", model),
-              Route("/models", no_downloads, methods=["POST", "DELETE"]),
+              Route("/models", download, methods=["POST"]), Route("/models", remove, methods=["DELETE"]),
               Route("/models/load", load, methods=["POST"]), Route("/models/unload", unload, methods=["POST"]),
               Route("/models/sse", sse), Route("/props", props), Route("/metrics", metrics)]
     routes += [Route(path, proxy_post, methods=["POST"]) for path in POST_ROUTES]

@@ -54,7 +54,7 @@ def model_json(entry: ModelEntry, inst: Instance, created: int) -> dict:
     out = {"id": entry.name, "aliases": [], "tags": [], "object": "model", "owned_by": "llamacpp",
            "created": created, "path": str(entry.path) if entry.path else None, "status": status,
            "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
-           "source": entry.source, "can_remove": False}
+           "source": entry.source, "can_remove": entry.source == "cache"}
     if inst.running and inst.info:
         out.update({k: v for k, v in inst.info.items() if k not in out})
     return out

@@ -18,6 +18,7 @@ from typing import Awaitable, Callable
 import httpx
 
 from slotserver.router.catalog import ModelEntry, build_catalog
+from slotserver.router.downloads import Downloads
 from slotserver.router.child import Child, free_port
 from slotserver.router.child_args import child_argv
 from slotserver.router.config import RouterConfig
@@ -51,6 +52,7 @@ class ModelRouter:
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self.n_waiting = 0   # requests waiting for their model (loading, or queued for a slot)
+        self.downloads = Downloads(self)   # POST/DELETE /models (downloads.py)
 
     # ----- state changes and waiting
     def _notify(self) -> None:
@@ -72,6 +74,11 @@ class ModelRouter:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    spawn = _spawn_task   # for downloads.py
+
+    async def wait_change(self) -> None:
+        await self._wait_change(WAIT_POLL_S)
 
     def entry(self, name: str) -> ModelEntry:
         if not name:
