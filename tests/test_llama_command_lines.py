@@ -135,9 +135,11 @@ def test_a_llama_server_docker_setup_serves(tmp_path, monkeypatch):
 
 def test_more_machinery_flags_are_taken_and_named_and_a_reverse_prompt_is_the_default_stop():
     args = parse("--prio", "2", "-dt", "0.1", "-Cb", "0xf", "--poll", "50", "-lm", "mmap", "-fitt", "1024",
-                 "-td", "4", "-p", "hello", "--no-mmproj", "-e", "-r", "User:", "-r", "###")
+                 "-td", "4", "-p", "hello", "--no-mmproj", "-e", "-r", "User:", "-r", "###", "-ctkd", "q8_0",
+                 "--spec-ngram-map-k-size-n", "3")
     assert [n.split(" (")[0] for n in args.no_effect] == [
-        "--prio 2", "-dt 0.1", "-Cb 0xf", "--poll 50", "-lm mmap", "-fitt 1024", "-td 4", "-p hello", "--no-mmproj", "-e"]
+        "--prio 2", "-dt 0.1", "-Cb 0xf", "--poll 50", "-lm mmap", "-fitt 1024", "-td 4", "-p hello", "--no-mmproj", "-e",
+        "-ctkd q8_0", "--spec-ngram-map-k-size-n 3"]
     assert server_config_from_args(args).defaults.fields == {"stop": ["User:", "###"]}
 
 
@@ -147,6 +149,7 @@ def test_more_machinery_flags_are_taken_and_named_and_a_reverse_prompt_is_the_de
     (("--mmproj", "p.gguf"), "multimodal"), (("--rpc", "host:50052"), "no RPC backends"),
     (("--tools", "all"), "no built-in tools"), (("-sp",), "special tokens are not rendered"),
     (("--kv-unified-per-slot", "4096"), "no per-slot cap"),
+    (("--spec-ngram-size-n", "3"), "removed from llama.cpp too"), (("--completion-bash",), "no shell completion"),
 ])
 def test_flags_of_features_this_server_lacks_stop_it_with_the_reason(capsys, flags, words):
     status, err = run_cli(capsys, *flags)

@@ -86,6 +86,10 @@ NO_EFFECT: tuple[tuple[tuple[str, ...], int | str | None, str], ...] = (
     (("--spec-draft-type-k", "-ctkd", "--cache-type-k-draft", "--spec-draft-type-v", "-ctvd", "--cache-type-v-draft"),
      None, "a draft model's KV cache takes -ctk/-ctv's element type"),
     (("--spec-draft-p-split", "--draft-p-split"), None, "drafts are single sequences (llama.cpp reads it nowhere either)"),
+    (("--spec-ngram-simple-min-hits",), None, "ngram-simple drafts from the first match (llama.cpp's reads it nowhere either)"),
+    (("--spec-ngram-map-k-size-n", "--spec-ngram-map-k-size-m", "--spec-ngram-map-k-min-hits",
+      "--spec-ngram-map-k4v-size-n", "--spec-ngram-map-k4v-size-m", "--spec-ngram-map-k4v-min-hits"), None,
+     "the ngram-map-k/k4v speculative types are not implemented here (--spec-type names the ones that are)"),
 )
 
 DOWNLOADS = "only -hf USER/MODEL[:QUANT] downloads here (or download the GGUF and pass -m FILE)"
@@ -109,6 +113,9 @@ REFUSED: tuple[tuple[tuple[str, ...], int | str | None, str], ...] = (
     (("--kv-unified-per-slot",), None, "no per-slot cap of a unified cache here: -kvu with -c sizes the pool"),
     (("-sp", "--special"), 0, "special tokens are not rendered in answers here"),
     (("--log-prompts-dir",), None, "prompts are not written to files here"),
+    (("--completion-bash",), 0, "no shell completion script here"),
+    (("--spec-ngram-size-n", "--spec-ngram-size-m", "--spec-ngram-min-hits"), None,
+     "removed from llama.cpp too: use the respective --spec-ngram-*-size-n / -size-m, or --spec-ngram-mod-n-match"),
 )
 
 
@@ -144,6 +151,7 @@ def add_compat_args(p: argparse.ArgumentParser) -> None:
     add_cpu_args(g)
     g.add_argument("--log-file", default=None, metavar="FILE", help="also write the log to FILE")
     g.add_argument("--log-disable", action="store_true", help="no log lines")
+    g.add_argument("--usage", action="help", help="llama-server's spelling of --help")
     p.set_defaults(no_effect=None)
 
 

@@ -62,6 +62,19 @@ class ChatDefaults:
         _check_kwargs(self.template_kwargs, ConfigError, "--chat-template-kwargs")
 
 
+def flag_json_object(text: str | None, flag: str, example: str = "") -> dict[str, Any]:
+    """A flag's JSON object (None: {}); a ConfigError naming the flag otherwise."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{flag} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag} must be a JSON object,{example}" if example else f"{flag} must be a JSON object")
+    return value
+
+
 def chat_defaults_from_flags(reasoning_format: str = "auto", kwargs_json: str | None = None,
                              reasoning: str = "auto", tool_format: str = "auto",
                              effort: str = "default", preserve: bool = True, prefill_assistant: bool = True,
@@ -69,14 +82,7 @@ def chat_defaults_from_flags(reasoning_format: str = "auto", kwargs_json: str | 
     """The flags -> ChatDefaults; a bad value is a ConfigError (one line, exit status 2).
     `--reasoning on|off` sets the default `enable_thinking`, and `--reasoning-effort LEVEL` the
     template's `reasoning_effort` (`default`: the template's own), as in llama-server."""
-    kwargs: dict[str, Any] = {}
-    if kwargs_json is not None:
-        try:
-            kwargs = json.loads(kwargs_json)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"--chat-template-kwargs is not valid JSON: {e}") from None
-        if not isinstance(kwargs, dict):
-            raise ConfigError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    kwargs = flag_json_object(kwargs_json, "--chat-template-kwargs", " e.g. '{\"enable_thinking\": false}'")
     if effort != "default":
         kwargs["reasoning_effort"] = effort
     if reasoning in ON or reasoning in OFF:

@@ -7,7 +7,6 @@ dataclasses), the model file, key files, the chat template (compiled), unsupport
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from slotserver.engine.speculative.config import SpecConfig
 from slotserver.engine.config import EngineConfig
 from slotserver.access.api_keys import keys_from_args
 from slotserver.access.cors import CorsPolicy
-from slotserver.server.chat_options import chat_defaults_from_flags
+from slotserver.server.chat_options import chat_defaults_from_flags, flag_json_object
 from slotserver.server.launch import LaunchPlan
 from slotserver.server.config import GenerationDefaults, ServerConfig
 from slotserver.server.embed_config import embedding_config_from_args
@@ -134,16 +133,7 @@ def server_config_from_args(args) -> ServerConfig:
 
 def _ui_settings(text: str | None, file: Path | None) -> dict:
     """--ui-config JSON or --ui-config-file PATH (not both) -> the object /props shows as ui_settings."""
-    text = _text_or_file(text, file, "--ui-config")
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--ui-config is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise ConfigError("--ui-config must be a JSON object")
-    return value
+    return flag_json_object(_text_or_file(text, file, "--ui-config"), "--ui-config")
 
 
 def _unified(args) -> tuple[int, int | None, str]:
