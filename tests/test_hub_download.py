@@ -8,6 +8,7 @@ downloads a preset's model at its first load, and through POST /models; DELETE /
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -142,3 +143,23 @@ def test_the_routers_download_api_downloads_lists_and_removes(hub, tmp_path):
         r = httpx.delete(srv.url + "/models", params={"model": "org/m-GGUF:Q8_0"}, timeout=30)
         assert r.json() == {"success": True} and listed() == {} and cache.list_models(cache_dir) == {}
         assert httpx.delete(srv.url + "/models", params={"model": "org/other"}).status_code == 400
+
+
+def test_the_download_api_needs_the_key_and_takes_one_download_per_name(hub, tmp_path):
+    """/models is public to read only: POST and DELETE need the router's key. Two POSTs of one name
+    at once: one downloads, the other is refused."""
+    cache_dir = tmp_path / "hub"
+    cache_dir.mkdir()
+    key = {"Authorization": "Bearer k"}
+    with serving(tmp_path, "--models-cache", str(cache_dir), "--api-key", "k", "--no-watch") as srv:
+        assert httpx.get(srv.url + "/models").status_code == 200
+        assert httpx.post(srv.url + "/models", json={"model": "org/m-GGUF:Q8_0"}).status_code == 401
+        assert httpx.delete(srv.url + "/models", params={"model": "org/m-GGUF:Q8_0"}).status_code == 401
+        with ThreadPoolExecutor(2) as pool:
+            codes = sorted(pool.map(lambda _: httpx.post(srv.url + "/models", json={"model": "org/m-GGUF:Q8_0"},
+                                                         headers=key, timeout=30).status_code, range(2)))
+        assert codes == [200, 400]
+        deadline = time.time() + 30
+        while "org/m-GGUF:Q8_0" not in cache.list_models(cache_dir):
+            assert time.time() < deadline
+            time.sleep(0.1)

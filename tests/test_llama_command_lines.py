@@ -223,6 +223,7 @@ def test_llama_servers_other_spellings_of_our_flags():
     assert (args.device, args.n_predict, args.webui, args.timeout, args.verbose, args.kv_unified, args.no_warmup) \
         == ("cpu", 5, False, 30.0, True, False, False)
     assert parse("-dev", "CUDA0").device == "cuda" and parse("--ui").webui is True
+    assert [parse("--device", d).device for d in ("cuda", "cpu", "auto", "none")] == ["cuda", "cpu", "auto", "cpu"]
     plain = parse()   # the second spellings leave the defaults alone
     assert (plain.webui, plain.no_warmup, plain.kv_unified, plain.device) == (True, False, False, "auto")
 

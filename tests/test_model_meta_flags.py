@@ -72,6 +72,7 @@ def test_an_override_of_another_type_is_refused_naming_the_key(override, words):
 def test_ctx_size_zero_is_the_models_training_context_per_slot_stretched_by_yarn():
     assert plan_from_args(parse("-m", str(TINY), "-c", "0", "-np", "1")).engine.ctx_size == 512
     assert plan_from_args(parse("-m", str(TINY), "-c", "0", "-np", "3")).engine.ctx_size == 3 * 512
+    assert plan_from_args(parse("-m", str(TINY), "-c", "0")).engine.ctx_size == 512   # the default -np: one, shared
     unified = plan_from_args(parse("-m", str(TINY), "-c", "0", "-np", "3", "-kvu")).engine
     assert (unified.ctx_size, unified.kv_pool_cells) == (3 * 512, 512)    # each slot up to 512, one pool of 512
     args = parse("-m", str(TINY), "-c", "0", "-np", "2", "--rope-scaling", "yarn", "--rope-scale", "4",

@@ -4,8 +4,9 @@
 Authorization header); a request passes when either header holds a valid key, so a proxy's own
 Authorization header does not hide the client's X-Api-Key.
 
-As in llama-server, /health, /v1/health, /models and /v1/models stay public (health checks and
-model discovery), and CORS preflight requests pass (a browser sends no key with them). Keys are
+As in llama-server, /health, /v1/health, /models and /v1/models stay public to GET (health checks
+and model discovery; the router's POST and DELETE /models download and delete models, and need a
+key), and CORS preflight requests pass (a browser sends no key with them). Keys are
 compared with `hmac.compare_digest` against every configured key, so timing does not reveal a
 key's prefix. The middlewares that answer a refusal live with their apps (server/auth.py,
 router/auth.py): each answers in its own error shape.
@@ -81,8 +82,9 @@ def needs_key(scope: Scope, keys: tuple[str, ...], public: frozenset[str] = PUBL
     """True when this request must present a key: keys are configured, it is HTTP, not a preflight
     (OPTIONS), and its path is neither one of `public` nor under one of `public_prefixes`."""
     path = scope.get("path", "")
-    return (scope["type"] == "http" and bool(keys) and scope["method"] != "OPTIONS" and path not in public
-            and not any(path.startswith(prefix) for prefix in public_prefixes))
+    readable = scope.get("method") in ("GET", "HEAD") and (   # public paths are public to read only:
+        path in public or any(path.startswith(prefix) for prefix in public_prefixes))   # POST/DELETE /models need a key
+    return scope["type"] == "http" and bool(keys) and scope["method"] != "OPTIONS" and not readable
 
 
 def refused(scope: Scope, keys: tuple[str, ...], public: frozenset[str] = PUBLIC_PATHS,

@@ -181,7 +181,7 @@ def device_name(value: str) -> str:
     low = value.lower()
     if low == "none":
         return "cpu"
-    if low.startswith("cuda") and low != "cuda0":
+    if low.startswith("cuda") and low not in ("cuda", "cuda0"):   # `cuda`: --device's own value
         raise argparse.ArgumentTypeError("slotserver uses the first visible GPU: choose it with "
                                          "CUDA_VISIBLE_DEVICES=N and LLAMA_ARG_DEVICE=CUDA0 (or unset)")
     return "cuda" if low == "cuda0" else value

@@ -15,8 +15,9 @@ from slotserver.engine.speculative.config import SPEC_TYPES, SpecConfig
 
 
 class _SpecDefault(argparse.Action):
-    """llama-server's --spec-default: ngram-mod added to the types, n_match 24, n_min 48, n_max 64 (later
-    flags still override them, as there)."""
+    """llama-server's --spec-default: ngram-mod added to the types, n_match 24, n_min 48, n_max 64. Later
+    --spec-ngram-mod-* flags override the numbers, as there; a later --spec-type replaces the types
+    here (llama-server adds to them: give both types to --spec-type instead)."""
 
     def __call__(self, parser, namespace, value, option_string=None) -> None:
         types = namespace.spec_type

@@ -8,13 +8,18 @@ background: /models lists the name with status `downloading` meanwhile, and /mod
 USER/REPO:QUANT) or `download_failed` with the reason. DELETE stops the model if it runs, then
 deletes its files as llama.cpp does (hub/cache.py `remove`): a cache model only, as there. A
 download in flight cannot be interrupted here (huggingface_hub's call runs to its end): deleting it
-makes its files go as soon as it finishes.
+makes its files go as soon as it finishes; until then it stays listed as downloading.
+The download runs on a daemon thread, so stopping the router does not wait for it (a partial file
+stays in the cache, and huggingface_hub resumes it next time). A model being deleted cannot be
+loaded (its entry carries an error meanwhile), so a queued request cannot revive it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,13 +53,13 @@ class Downloads:
         if ref in self.router.catalog or ref in self.active:
             raise RouterError(400, f"model '{ref}' already exists")
         token = self.router.config.extra_env.get("HF_TOKEN")
+        self.active[ref] = False   # reserved before the first await: a second POST is refused
         try:
-            name = await asyncio.to_thread(choose, ref, token)
-        except ConfigError as e:
-            raise RouterError(400, str(e)) from None
-        except Exception as e:   # the hub unreachable
-            raise RouterError(400, f"model '{ref}' could not be checked on the hub: {e}") from None
-        self.active[ref] = False
+            name = await _in_thread(choose, ref, token)
+        except Exception as e:   # a bad reference, a missing quant, a gated repository, the hub unreachable
+            self.active.pop(ref, None)
+            why = str(e) if isinstance(e, ConfigError) else f"model '{ref}' could not be checked on the hub: {e}"
+            raise RouterError(400, why) from None
         log.info("router: downloading %s (%s) into %s", ref, name, where)
         self.router.events.publish("model_status", ref, {"status": DOWNLOADING})
         self.router.spawn(self._run(ref, token, where))
@@ -64,20 +69,22 @@ class Downloads:
         from slotserver.hub.download import fetch
 
         try:
-            await asyncio.to_thread(fetch, ref, None, token, False, where)
+            await _in_thread(fetch, ref, None, token, False, where)
             failed = None
         except Exception as e:
             failed = str(e) or type(e).__name__
-        deleted = self.active.pop(ref, False)
-        if deleted:
-            await asyncio.to_thread(cache.remove, where, ref)
-            self.router.events.publish("model_remove", ref)
-        elif failed:
-            log.warning("router: downloading %s failed: %s", ref, failed)
-            self.router.events.publish("download_failed", ref, {"error": failed})
-        else:
-            self.router.events.publish("download_finished", ref)
-        await self.router.reload()
+        try:
+            if self.active.pop(ref, False):   # deleted meanwhile
+                await _in_thread(cache.remove, where, ref)
+                self.router.events.publish("model_remove", ref)
+            elif failed:
+                log.warning("router: downloading %s failed: %s", ref, failed)
+                self.router.events.publish("download_failed", ref, {"error": failed})
+            else:
+                self.router.events.publish("download_finished", ref)
+            await self.router.reload()
+        except (ConfigError, OSError) as e:   # an edited preset file gone bad, a cache not writable
+            log.warning("router: after downloading %s: %s", ref, e)
 
     async def remove(self, name: str) -> None:
         """DELETE /models?model=NAME: a cache model's files (the model stopped first)."""
@@ -92,15 +99,51 @@ class Downloads:
             raise RouterError(400, f"model name={name} is not found")
         if entry.source != "cache":
             raise RouterError(400, f"model name={name} is not removable (not from cache)")
-        self.router.request_stop(name)
-        while self.router.instances[name].status != UNLOADED:
+        entry.error = f"model name={name} is being removed"   # load() refuses it from now on
+        while (inst := self.router.instances.get(name)) is not None and inst.status != UNLOADED:
+            self.router.request_stop(name)
             await self.router.wait_change()
-        await asyncio.to_thread(cache.remove, where, name)
+        try:
+            await _in_thread(cache.remove, where, name)
+        except OSError as e:
+            entry.error = None   # still there: loadable again
+            raise RouterError(500, f"model name={name}: its files could not be deleted: {e}") from None
         log.info("router: removed %s from %s", name, where)
-        await self.router.reload()
+        self.router.events.publish("model_remove", name)
+        try:
+            await self.router.reload()
+        except ConfigError as e:
+            log.warning("router: after removing %s: %s", name, e)
 
     def listing(self) -> list[dict]:
         """The downloads in flight as /models entries (llama-server lists them so)."""
-        return [{"id": name, "aliases": [], "tags": [], "object": "model", "owned_by": "llamacpp", "path": None,
-                 "status": {"value": DOWNLOADING, "args": []}, "source": "cache", "can_remove": True}
-                for name in self.active]
+        created = int(time.time())
+        return [{"id": name, "aliases": [], "tags": [], "object": "model", "owned_by": "llamacpp", "created": created,
+                 "path": None, "status": {"value": DOWNLOADING, "args": []},
+                 "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+                 "source": "cache", "can_remove": True}
+                for name in self.active if name not in self.router.catalog]
+
+
+async def _in_thread(fn, *args):
+    """fn(*args) on a daemon thread, awaited: unlike asyncio.to_thread's pool, the process does not
+    wait for it at exit (a multi-GB download must not hold a stopping router)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def settle(result, error) -> None:
+        if not done.done():
+            done.set_exception(error) if error is not None else done.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(*args), None
+        except BaseException as e:   # handed to the awaiting coroutine
+            result, error = None, e
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:   # the loop closed meanwhile: nobody waits any more
+            pass
+
+    threading.Thread(target=run, daemon=True, name="hub-download").start()
+    return await done

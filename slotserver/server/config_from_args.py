@@ -73,9 +73,10 @@ def _model_path(args) -> Path:
 
 
 def _resolve_ctx_size(args) -> None:
-    """`-c 0` (llama-server's default): every slot may hold the model's training context (stretched
-    by a command-line YaRN factor: model/spec.py `_ctx_train`), as llama-server's fit sizes it (with
-    -c 0 it never shrinks it): n_ctx_train cells per slot, or in all with -kvu (a shared pool)."""
+    """`-c 0` (llama-server's default): the model's training context (stretched by a command-line
+    YaRN factor: model/spec.py `_ctx_train`), in all, shared by the slots, unless -np N is given
+    without -kvu: then N of them, one per slot, as llama-server's fit sizes an explicit -np (its
+    default -np, 4 slots of one unified pool, holds one training context in all)."""
     if args.ctx_size != 0:
         return
     from slotserver.model.gguf_file import GGUFFile
@@ -88,10 +89,10 @@ def _resolve_ctx_size(args) -> None:
         args.ctx_size = f.metadata.get(f"{arch}.context_length") or 512
     else:
         args.ctx_size = ModelSpec.from_gguf(f, RopeFlags.from_args(args)).ctx_train
-    if not getattr(args, "kv_unified", False):   # -c is shared by the slots: each gets ctx_train
-        args.ctx_size *= max(1, args.parallel)
-    logging.getLogger("slotserver.load").info("-c 0: the model's training context per slot, %d cells in all",
-                                              args.ctx_size)
+    given = [a.split("=")[0] for a in (*getattr(args, "serve_argv", ()), *getattr(args, "env_argv", ()))]
+    if not getattr(args, "kv_unified", False) and ("-np" in given or "--parallel" in given):
+        args.ctx_size *= max(1, args.parallel)   # -c is shared by the slots: each gets the training context
+    logging.getLogger("slotserver.load").info("-c 0: the model's training context, %d cells in all", args.ctx_size)
 
 
 def _device(args) -> str:
