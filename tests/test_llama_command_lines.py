@@ -232,6 +232,8 @@ def test_spec_default_is_llama_servers_ngram_mod_setting():
     spec = plan_from_args(parse("--spec-type", "ngram-simple", "--spec-default", "--spec-ngram-mod-n-max", "80")).engine.spec
     assert (spec.types, spec.ngram_mod_n_match, spec.ngram_mod_n_min, spec.ngram_mod_n_max) == (
         ("ngram-simple", "ngram-mod"), 24, 48, 80)   # added to the types; a later flag still wins
+    later = plan_from_args(parse("--spec-default", "--spec-type", "ngram-simple,ngram-mod")).engine.spec
+    assert later.types == ("ngram-mod", "ngram-simple")   # --spec-type adds, each type once
 
 
 def test_static_files_go_with_the_web_page_and_not_without_it(tmp_path):

@@ -14,20 +14,31 @@ from pathlib import Path
 from slotserver.engine.speculative.config import SPEC_TYPES, SpecConfig
 
 
-class _SpecDefault(argparse.Action):
-    """llama-server's --spec-default: ngram-mod added to the types, n_match 24, n_min 48, n_max 64. Later
-    --spec-ngram-mod-* flags override the numbers, as there; a later --spec-type replaces the types
-    here (llama-server adds to them: give both types to --spec-type instead)."""
+def _add_types(namespace, value: str) -> None:
+    """Append comma-separated types to the ones given so far (each once), as llama-server's --spec-type does."""
+    have = [t for t in (namespace.spec_type or "").split(",") if t]
+    namespace.spec_type = ",".join(have + [t for t in value.split(",") if t and t not in have])
+
+
+class _SpecTypes(argparse.Action):
+    """--spec-type A,B: added to the types given before (a repeated --spec-type adds, as llama-server's)."""
 
     def __call__(self, parser, namespace, value, option_string=None) -> None:
-        types = namespace.spec_type
-        namespace.spec_type = f"{types},ngram-mod" if types else "ngram-mod"
+        _add_types(namespace, value)
+
+
+class _SpecDefault(argparse.Action):
+    """llama-server's --spec-default: ngram-mod added to the types, n_match 24, n_min 48, n_max 64 (later
+    --spec-ngram-mod-* flags override the numbers, and a later --spec-type adds types, as there)."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        _add_types(namespace, "ngram-mod")
         namespace.spec_ngram_mod_n_match, namespace.spec_ngram_mod_n_min, namespace.spec_ngram_mod_n_max = 24, 48, 64
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     a, d = p.add_argument, SpecConfig()
-    a("--spec-type", default=None, metavar="TYPES",
+    a("--spec-type", action=_SpecTypes, default=None, metavar="TYPES",
       help=f"comma-separated speculative decoding types: {', '.join(SPEC_TYPES)} (default none; "
            "draft-simple when -md is given)")
     a("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft", dest="spec_draft_hf", default=None,
