@@ -7,6 +7,7 @@ downloads a preset's model at its first load, and through POST /models; DELETE /
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -65,6 +66,13 @@ def test_a_repository_that_refuses_later_is_served_from_the_cache(hub):
     assert fetch("org/m-GGUF") == path
     with pytest.raises(ConfigError, match="the repository is gated"):
         fetch("org/m-GGUF:Q8_0")
+
+
+def test_a_download_reports_its_progress_up_to_its_size(hub):
+    seen = []
+    path = fetch("org/m-GGUF:Q8_0", progress=lambda name, done, total: seen.append((name, done, total)))
+    assert seen and seen[-1] == ("m-Q8_0.gguf", len(TINY), len(TINY)) and path.stat().st_size == len(TINY)
+    assert all(done <= total for _, done, total in seen)
 
 
 def test_a_quant_tag_or_a_file_picks_the_download(hub):
@@ -127,7 +135,18 @@ def test_the_routers_download_api_downloads_lists_and_removes(hub, tmp_path):
             return httpx.post(srv.url + "/models", json={"model": ref}, timeout=30)
 
         assert listed() == {}
-        assert post("org/m-GGUF:Q8_0").json() == {"success": True}
+        events = []
+        with httpx.stream("GET", srv.url + "/models/sse", timeout=30) as stream:
+            assert post("org/m-GGUF:Q8_0").json() == {"success": True}
+            for line in stream.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                    if events[-1]["event"] in ("download_finished", "download_failed"):
+                        break
+        kinds = [e["event"] for e in events if e["model"] == "org/m-GGUF:Q8_0"]
+        assert kinds[0] == "model_status" and kinds[-1] == "download_finished" and "download_progress" in kinds
+        last = [e for e in events if e["event"] == "download_progress"][-1]["data"]["progress"]["m-Q8_0.gguf"]
+        assert last == {"done": len(TINY), "total": len(TINY)}
         deadline = time.time() + 30
         while listed().get("org/m-GGUF:Q8_0") != "unloaded":
             assert time.time() < deadline and set(listed()) <= {"org/m-GGUF:Q8_0"}, listed()

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from slotserver.errors import ConfigError
 from slotserver.hub import cache
 
 log = logging.getLogger("slotserver.load")
+PROGRESS_S = 0.5   # the shortest time between two progress reports of one download
 
 
 def endpoint() -> str | None:
@@ -53,9 +56,10 @@ def choose(ref: str, token: str | None = None) -> str:
 
 
 def fetch(ref: str, file: str | None = None, token: str | None = None, offline: bool = False,
-          where: Path | None = None) -> Path:
+          where: Path | None = None, progress: Callable[[str, int, int], None] | None = None) -> Path:
     """`USER/REPO[:QUANT]` (or its file `file`) -> the local path of the model, downloaded if needed
-    into `where` (default: llama.cpp's cache folder)."""
+    into `where` (default: llama.cpp's cache folder). `progress(file, done, total)`: called from the
+    downloading thread as bytes arrive (at most every PROGRESS_S seconds, and at the end)."""
     repo, tag = check_ref(ref)
     where = where or cache.default_cache()
     if offline or offline_env():
@@ -74,7 +78,7 @@ def fetch(ref: str, file: str | None = None, token: str | None = None, offline: 
         return path
     name = _chosen(ref, names, tag, file)
     log.info("-hf %s: %s (into %s)", ref, name, where)
-    return Path(_download(repo, name, token, where))
+    return Path(_download(repo, name, token, where, progress))
 
 
 def _listing(repo: str, token: str | None) -> list[str]:
@@ -122,13 +126,33 @@ def _chosen(ref: str, names: list[str], tag: str, file: str | None) -> str:
     return name
 
 
-def _download(repo: str, name: str, token: str | None, where: Path) -> str:
+def _download(repo: str, name: str, token: str | None, where: Path,
+              progress: Callable[[str, int, int], None] | None = None) -> str:
     from huggingface_hub import hf_hub_download
 
+    bar = None if progress is None else _reporting_bar(name, progress)
     try:
-        return hf_hub_download(repo, name, cache_dir=where, token=token, endpoint=endpoint())
+        return hf_hub_download(repo, name, cache_dir=where, token=token, endpoint=endpoint(), tqdm_class=bar)
     except Exception as e:   # network, disk full, the hub's HTTP errors
         raise ConfigError(f"-hf {repo}: downloading {name} into {where} failed: {_short(e)}") from None
+
+
+def _reporting_bar(name: str, progress: Callable[[str, int, int], None]):
+    """huggingface_hub's progress bar class, also reporting (name, done, total) to `progress`."""
+    from huggingface_hub.utils import tqdm as hub_tqdm
+
+    class Bar(hub_tqdm):
+        last, got = 0.0, None   # bytes counted here: a disabled bar (HF_HUB_DISABLE_PROGRESS_BARS) counts none
+
+        def update(self, n=1):
+            out = super().update(n)
+            self.got = (self.got if self.got is not None else int(getattr(self, "initial", 0) or 0)) + int(n or 0)
+            now, total = time.monotonic(), int(self.total or 0)
+            if now - self.last >= PROGRESS_S or (total and self.got >= total):
+                self.last = now
+                progress(name, self.got, total)
+            return out
+    return Bar
 
 
 def _short(e: Exception) -> str:

@@ -3,7 +3,8 @@ downloads a model into --models-cache, DELETE /models?model=NAME removes a cache
 
 POST checks the reference against the hub's listing first (a bad one, a quant the repository
 lacks, a gated repository: a 400 at once), refuses a name already listed, then downloads in the
-background: /models lists the name with status `downloading` meanwhile, and /models/sse says
+background: /models lists the name with status `downloading` meanwhile, with its `progress` (bytes
+done and total per file); /models/sse sends `download_progress` events as it grows, then
 `download_finished` (the cache is read again, so the model is listed under its cache name,
 USER/REPO:QUANT) or `download_failed` with the reason. DELETE stops the model if it runs, then
 deletes its files as llama.cpp does (hub/cache.py `remove`): a cache model only, as there. A
@@ -38,6 +39,7 @@ class Downloads:
     def __init__(self, router: "ModelRouter") -> None:
         self.router = router
         self.active: dict[str, bool] = {}   # name -> deleted while downloading
+        self.progress: dict[str, dict[str, dict[str, int]]] = {}   # name -> file -> {done, total} bytes
 
     def _cache(self) -> Path:
         where = self.router.config.models_cache
@@ -68,11 +70,16 @@ class Downloads:
         from slotserver.hub import cache
         from slotserver.hub.download import fetch
 
+        loop = asyncio.get_running_loop()
+
+        def report(file: str, done: int, total: int) -> None:   # on the download's thread
+            loop.call_soon_threadsafe(self._progress, ref, file, done, total)
         try:
-            await _in_thread(fetch, ref, None, token, False, where)
+            await _in_thread(fetch, ref, None, token, False, where, report)
             failed = None
         except Exception as e:
             failed = str(e) or type(e).__name__
+        self.progress.pop(ref, None)
         try:
             if self.active.pop(ref, False):   # deleted meanwhile
                 await _in_thread(cache.remove, where, ref)
@@ -85,6 +92,12 @@ class Downloads:
             await self.router.reload()
         except (ConfigError, OSError) as e:   # an edited preset file gone bad, a cache not writable
             log.warning("router: after downloading %s: %s", ref, e)
+
+    def _progress(self, ref: str, file: str, done: int, total: int) -> None:
+        """llama-server's download_progress event: {"progress": {FILE: {"done", "total"}}} (bytes)."""
+        if ref in self.active:
+            self.progress.setdefault(ref, {})[file] = {"done": done, "total": total}
+            self.router.events.publish("download_progress", ref, {"progress": dict(self.progress[ref])})
 
     async def remove(self, name: str) -> None:
         """DELETE /models?model=NAME: a cache model's files (the model stopped first)."""
@@ -119,7 +132,7 @@ class Downloads:
         """The downloads in flight as /models entries (llama-server lists them so)."""
         created = int(time.time())
         return [{"id": name, "aliases": [], "tags": [], "object": "model", "owned_by": "llamacpp", "created": created,
-                 "path": None, "status": {"value": DOWNLOADING, "args": []},
+                 "path": None, "status": {"value": DOWNLOADING, "args": []}, "progress": self.progress.get(name, {}),
                  "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
                  "source": "cache", "can_remove": True}
                 for name in self.active if name not in self.router.catalog]
