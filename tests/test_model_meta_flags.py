@@ -72,7 +72,12 @@ def test_an_override_of_another_type_is_refused_naming_the_key(override, words):
 def test_ctx_size_zero_is_the_models_training_context_per_slot_stretched_by_yarn():
     assert plan_from_args(parse("-m", str(TINY), "-c", "0", "-np", "1")).engine.ctx_size == 512
     assert plan_from_args(parse("-m", str(TINY), "-c", "0", "-np", "3")).engine.ctx_size == 3 * 512
-    assert plan_from_args(parse("-m", str(TINY), "-c", "0")).engine.ctx_size == 512   # the default -np: one, shared
+    auto = plan_from_args(parse("-m", str(TINY), "-c", "0")).engine   # llama-server's automatic slots: unified
+    assert (auto.kv_unified, auto.kv_pool_cells, auto.ctx_size) == (True, 512, 4 * 512)   # any slot up to 512
+    shared = plan_from_args(parse("-m", str(TINY), "-c", "0", "-no-kvu")).engine
+    assert (shared.kv_unified, shared.ctx_size) == (False, 512)
+    bert = Path(__file__).parent / "fixtures" / "bert" / "tiny-bert.gguf"   # context 64
+    assert server_config_from_args(parse("-m", str(bert), "-c", "0", "--embedding")).embedding.ctx_slot == 64
     unified = plan_from_args(parse("-m", str(TINY), "-c", "0", "-np", "3", "-kvu")).engine
     assert (unified.ctx_size, unified.kv_pool_cells) == (3 * 512, 512)    # each slot up to 512, one pool of 512
     args = parse("-m", str(TINY), "-c", "0", "-np", "2", "--rope-scaling", "yarn", "--rope-scale", "4",

@@ -130,9 +130,10 @@ def _download(repo: str, name: str, token: str | None, where: Path,
               progress: Callable[[str, int, int], None] | None = None) -> str:
     from huggingface_hub import hf_hub_download
 
-    bar = None if progress is None else _reporting_bar(name, progress)
+    # tqdm_class only where progress is asked for: older huggingface_hub releases lack the keyword
+    extra = {} if progress is None else {"tqdm_class": _reporting_bar(name, progress)}
     try:
-        return hf_hub_download(repo, name, cache_dir=where, token=token, endpoint=endpoint(), tqdm_class=bar)
+        return hf_hub_download(repo, name, cache_dir=where, token=token, endpoint=endpoint(), **extra)
     except Exception as e:   # network, disk full, the hub's HTTP errors
         raise ConfigError(f"-hf {repo}: downloading {name} into {where} failed: {_short(e)}") from None
 
@@ -142,16 +143,26 @@ def _reporting_bar(name: str, progress: Callable[[str, int, int], None]):
     from huggingface_hub.utils import tqdm as hub_tqdm
 
     class Bar(hub_tqdm):
-        last, got = 0.0, None   # bytes counted here: a disabled bar (HF_HUB_DISABLE_PROGRESS_BARS) counts none
+        """Bytes counted here: a disabled bar (no terminal, HF_HUB_DISABLE_PROGRESS_BARS) keeps `n` at
+        the resumed size. Xet downloads report bytes written to disk through update() and bytes off
+        the network through update_transfer(), which is left out, so `done` only grows."""
+        last, got = 0.0, None
 
         def update(self, n=1):
+            start = int(self.n or 0) if self.got is None else self.got   # a resumed download starts past 0
             out = super().update(n)
-            self.got = (self.got if self.got is not None else int(getattr(self, "initial", 0) or 0)) + int(n or 0)
+            self.got = start + int(n or 0)
             now, total = time.monotonic(), int(self.total or 0)
             if now - self.last >= PROGRESS_S or (total and self.got >= total):
                 self.last = now
                 progress(name, self.got, total)
             return out
+
+        def update_transfer(self, n=1) -> None:   # huggingface_hub's Xet reporter: network bytes
+            pass
+
+        def set_transfer_postfix_str(self, *args, **kwargs) -> None:
+            pass
     return Bar
 
 

@@ -31,7 +31,7 @@ def child_argv(entry: ModelEntry, config: RouterConfig, flags: Flags, port: int)
     assert entry.path is not None or entry.hub is not None
     # llama-server's order: the router's variables, then the preset, then the router's command line
     own = {k: v for k, v in entry.options.items() if k != "--alias"}   # the router names its children
-    argv = [*config.child_command, *config.child_env_argv, *option_args(own, flags), *config.child_argv]
+    argv = [*config.child_command, *_last_only([*config.child_env_argv, *option_args(own, flags), *config.child_argv])]
     if entry.path is not None:
         argv += ["--model", str(entry.path)]
     elif entry.hub is not None:   # a preset's hf-repo not in the cache: the child downloads it (cli/hub_args.py)
@@ -42,3 +42,23 @@ def child_argv(entry: ModelEntry, config: RouterConfig, flags: Flags, port: int)
     elif entry.draft_hub is not None:
         argv += ["--spec-draft-hf", entry.draft_hub]
     return argv + ["--host", "127.0.0.1", "--port", str(port), "--alias", entry.name]
+
+
+# flags that add up when repeated here but that llama-server's children take once (the last source wins)
+SINGLE = ("--spec-type", "--tags")
+
+
+def _last_only(argv: list[str]) -> list[str]:
+    """argv with only the last occurrence of each SINGLE flag (`--flag V` or `--flag=V`)."""
+    spans: dict[str, list[tuple[int, int]]] = {}
+    i = 0
+    while i < len(argv):
+        name, eq, _ = argv[i].partition("=")
+        if name in SINGLE:
+            width = 1 if eq else 2
+            spans.setdefault(name, []).append((i, i + width))
+            i += width
+        else:
+            i += 1
+    drop = {k for runs in spans.values() for a, b in runs[:-1] for k in range(a, b)}
+    return [a for k, a in enumerate(argv) if k not in drop]

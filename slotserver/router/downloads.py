@@ -12,7 +12,7 @@ download in flight cannot be interrupted here (huggingface_hub's call runs to it
 makes its files go as soon as it finishes; until then it stays listed as downloading.
 The download runs on a daemon thread, so stopping the router does not wait for it (a partial file
 stays in the cache, and huggingface_hub resumes it next time). A model being deleted cannot be
-loaded (its entry carries an error meanwhile), so a queued request cannot revive it.
+loaded (`removing`, which ModelRouter.load checks), so a queued request cannot revive it.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class Downloads:
         self.router = router
         self.active: dict[str, bool] = {}   # name -> deleted while downloading
         self.progress: dict[str, dict[str, dict[str, int]]] = {}   # name -> file -> {done, total} bytes
+        self.removing: set[str] = set()      # cache models being deleted: not loadable (models.py load)
 
     def _cache(self) -> Path:
         where = self.router.config.models_cache
@@ -58,8 +59,10 @@ class Downloads:
         self.active[ref] = False   # reserved before the first await: a second POST is refused
         try:
             name = await _in_thread(choose, ref, token)
-        except Exception as e:   # a bad reference, a missing quant, a gated repository, the hub unreachable
+        except BaseException as e:   # a bad reference, a missing quant, a gated repository, the hub, a cancel
             self.active.pop(ref, None)
+            if not isinstance(e, Exception):
+                raise
             why = str(e) if isinstance(e, ConfigError) else f"model '{ref}' could not be checked on the hub: {e}"
             raise RouterError(400, why) from None
         log.info("router: downloading %s (%s) into %s", ref, name, where)
@@ -112,19 +115,19 @@ class Downloads:
             raise RouterError(400, f"model name={name} is not found")
         if entry.source != "cache":
             raise RouterError(400, f"model name={name} is not removable (not from cache)")
-        entry.error = f"model name={name} is being removed"   # load() refuses it from now on
-        while (inst := self.router.instances.get(name)) is not None and inst.status != UNLOADED:
-            self.router.request_stop(name)
-            await self.router.wait_change()
+        self.removing.add(name)   # load() refuses it from now on, whatever a reload does meanwhile
         try:
+            while (inst := self.router.instances.get(name)) is not None and inst.status != UNLOADED:
+                self.router.request_stop(name)
+                await self.router.wait_change()
             await _in_thread(cache.remove, where, name)
         except OSError as e:
-            entry.error = None   # still there: loadable again
             raise RouterError(500, f"model name={name}: its files could not be deleted: {e}") from None
+        finally:
+            self.removing.discard(name)
         log.info("router: removed %s from %s", name, where)
-        self.router.events.publish("model_remove", name)
         try:
-            await self.router.reload()
+            await self.router.reload()   # it drops the entry (and says model_remove)
         except ConfigError as e:
             log.warning("router: after removing %s: %s", name, e)
 

@@ -96,6 +96,8 @@ class ModelRouter:
         entry = self.entry(name)
         if entry.error:
             raise RouterError(400, entry.error)
+        if name in self.downloads.removing:
+            raise RouterError(400, f"model name={name} is being removed")
         await self._unload_lru()
         inst = self.instances[name]
         if inst.status != UNLOADED or inst.stopping:
@@ -176,6 +178,8 @@ class ModelRouter:
         inst = self.instances[name]
         if entry.error:
             raise RouterError(400, entry.error)
+        if name in self.downloads.removing:
+            raise RouterError(400, f"model name={name} is being removed")
         if not autoload and not inst.running:
             raise RouterError(400, "model is not loaded")
         if not inst.ready:

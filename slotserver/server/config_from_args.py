@@ -74,9 +74,12 @@ def _model_path(args) -> Path:
 
 def _resolve_ctx_size(args) -> None:
     """`-c 0` (llama-server's default): the model's training context (stretched by a command-line
-    YaRN factor: model/spec.py `_ctx_train`), in all, shared by the slots, unless -np N is given
-    without -kvu: then N of them, one per slot, as llama-server's fit sizes an explicit -np (its
-    default -np, 4 slots of one unified pool, holds one training context in all)."""
+    YaRN factor: model/spec.py `_ctx_train`), sized as llama-server sizes it:
+    - no -np given: llama-server's automatic slots share one unified pool, so with neither -kvu nor
+      -no-kvu given -kvu is turned on here too: one training context in all, any slot may use all of it;
+    - -np N without -kvu: N training contexts, one per slot (llama-server's fit for an explicit -np);
+    - -kvu (or -no-kvu without -np): one training context in all;
+    - an embedding server (no KV cache): every slot takes the whole training context."""
     if args.ctx_size != 0:
         return
     from slotserver.model.gguf_file import GGUFFile
@@ -89,10 +92,17 @@ def _resolve_ctx_size(args) -> None:
         args.ctx_size = f.metadata.get(f"{arch}.context_length") or 512
     else:
         args.ctx_size = ModelSpec.from_gguf(f, RopeFlags.from_args(args)).ctx_train
-    given = [a.split("=")[0] for a in (*getattr(args, "serve_argv", ()), *getattr(args, "env_argv", ()))]
-    if not getattr(args, "kv_unified", False) and ("-np" in given or "--parallel" in given):
+    given = {a.split("=")[0] for a in (*getattr(args, "serve_argv", ()), *getattr(args, "env_argv", ()))}
+    parallel = bool(given & {"-np", "--parallel"})
+    if getattr(args, "embedding", False) or getattr(args, "reranking", False):
+        args.ctx_size *= max(1, args.parallel)   # an encoder's slots hold no KV: each takes the whole context
+    elif not parallel and not given & {"-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"} \
+            and args.layout in ("seq_head_dim", "head_seq_dim", "paged", "paged_hnd"):
+        args.kv_unified = True   # llama-server's automatic slots: one pool any slot may fill
+    elif not getattr(args, "kv_unified", False) and parallel:
         args.ctx_size *= max(1, args.parallel)   # -c is shared by the slots: each gets the training context
-    logging.getLogger("slotserver.load").info("-c 0: the model's training context, %d cells in all", args.ctx_size)
+    logging.getLogger("slotserver.load").info("-c 0: the model's training context, %d cells in all%s", args.ctx_size,
+                                              " (a unified pool)" if getattr(args, "kv_unified", False) else "")
 
 
 def _device(args) -> str:
