@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from slotserver.cli.lab import add_lab_arg, apply_lab_dir  # light: no torch
+from slotserver.cli.llama_env import device_name   # llama-server's -dev names
 from slotserver.cli.hub_args import add_hub_args, fetch_hub_models
 from slotserver.cli.model_meta_args import add_model_meta_args
 
@@ -31,11 +32,6 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def _dev(value: str) -> str:
-    from slotserver.cli.llama_env import device_name   # llama-server's -dev names
-    return device_name(value)
-
-
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", type=Path, default=None, help="GGUF file (default: embedded SmolLM2-135M)")
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",   # ModelConfig.torch_dtype decides
@@ -48,7 +44,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="matmul weights. auto (default): the GGUF blocks computed on in place (qmatmul); with "
                         "--dtype float32 the exact dequantized weights (the reference). q: the blocks whatever the "
                         "dtype. dense / int8 / int4 / auto8 / auto4: dequantized at load")
-    p.add_argument("--device", "-dev", type=_dev, choices=["auto", "cpu", "cuda"], default="auto",
+    p.add_argument("--device", "-dev", type=device_name, choices=["auto", "cpu", "cuda"], default="auto",
                    help="where to compute. auto (default): the GPU when torch sees one (as llama.cpp offloads by "
                         "default), else the CPU. cuda: the Triton kernels, weights dequantized to --dtype (bfloat16 "
                         "with auto) for cuBLAS; an error without a GPU. llama-server's names too: none (the CPU), "

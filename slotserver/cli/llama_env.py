@@ -174,7 +174,7 @@ TABLE: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 
 
 SECRET = ("KEY", "TOKEN")   # variables whose values the start-up line does not show
-# llama-server's values where its flag differs from ours: -dev names devices ("none": the CPU)
+# llama-server's -dev names devices ("none": the CPU): --device's type (cli/generate.py)
 def device_name(value: str) -> str:
     """llama-server's -dev names: none -> cpu, CUDA0 -> cuda (the first visible GPU); another GPU is
     chosen with CUDA_VISIBLE_DEVICES, not here."""
@@ -185,9 +185,6 @@ def device_name(value: str) -> str:
         raise argparse.ArgumentTypeError("slotserver uses the first visible GPU: choose it with "
                                          "CUDA_VISIBLE_DEVICES=N and LLAMA_ARG_DEVICE=CUDA0 (or unset)")
     return "cuda" if low == "cuda0" else value
-
-
-TRANSLATE = {"LLAMA_ARG_DEVICE": device_name}
 
 
 def _given(argv: list[str]) -> set[str]:
@@ -207,7 +204,6 @@ def _valued(env: str, value: str, action: argparse.Action) -> list[str]:
     if not value.strip() and (action.type is not None or "--host" in action.option_strings):
         raise argparse.ArgumentTypeError(f"{env} is set but empty (an unset variable in a compose file?)")
     try:
-        value = TRANSLATE.get(env, str)(value)
         converted = action.type(value) if callable(action.type) else value
     except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
         raise argparse.ArgumentTypeError(f"{env}={value!r}: {e or 'not a valid value'}") from None

@@ -69,8 +69,9 @@ def normalize_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def _switch(p: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
-    p.add_argument(f"--{name}", dest=name.replace("-", "_"), action=argparse.BooleanOptionalAction,
+def _switch(p: argparse.ArgumentParser, name: str, default: bool, help: str, *also: str) -> None:
+    """--NAME / --no-NAME (and the same for each spelling in `also`)."""
+    p.add_argument(f"--{name}", *also, dest=name.replace("-", "_"), action=argparse.BooleanOptionalAction,
                    default=default, help=help)
 
 
@@ -96,9 +97,8 @@ def add_parser(sub) -> None:
     a("--lora-init-without-apply", action="store_true",
       help="load the LoRA adapters at scale 0 (POST /lora-adapters or a request's `lora` applies them)")
     _switch(p, "slots", True, "GET /slots (default on)")
-    _switch(p, "webui", True, "the web page at / (chat and monitor; default on)")
-    a("--ui", dest="webui", action="store_true", default=True, help="--webui (llama-server's newer name)")
-    a("--no-ui", dest="webui", action="store_false", default=True, help="--no-webui (llama-server's newer name)")
+    _switch(p, "webui", True, "the web page at / (chat and monitor; default on; --ui: llama-server's newer name)",
+            "--ui")
     _switch(p, "jinja", True, "chat templates are always rendered with the Jinja sandbox")
     a("--chat-template", default=None, help="a Jinja template or a known name (chatml, llama3)")
     a("--chat-template-file", type=Path, default=None)

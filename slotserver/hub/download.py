@@ -78,7 +78,7 @@ def fetch(ref: str, file: str | None = None, token: str | None = None, offline: 
         return path
     name = _chosen(ref, names, tag, file)
     log.info("-hf %s: %s (into %s)", ref, name, where)
-    return Path(_download(repo, name, token, where, progress))
+    return Path(download(repo, name, token, where, progress))
 
 
 def _listing(repo: str, token: str | None) -> list[str]:
@@ -126,8 +126,9 @@ def _chosen(ref: str, names: list[str], tag: str, file: str | None) -> str:
     return name
 
 
-def _download(repo: str, name: str, token: str | None, where: Path,
-              progress: Callable[[str, int, int], None] | None = None) -> str:
+def download(repo: str, name: str, token: str | None, where: Path,
+             progress: Callable[[str, int, int], None] | None = None) -> str:
+    """The repository's file `name` into the cache `where` (resumed, or skipped if there) -> its path."""
     from huggingface_hub import hf_hub_download
 
     # tqdm_class only where progress is asked for: older huggingface_hub releases lack the keyword

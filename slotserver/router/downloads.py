@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from slotserver.errors import ConfigError
 from slotserver.router.errors import RouterError
 from slotserver.router.instance import UNLOADED
+from slotserver.router.listing import entry_json
 
 if TYPE_CHECKING:
     from slotserver.router.models import ModelRouter
@@ -67,18 +68,19 @@ class Downloads:
             raise RouterError(400, why) from None
         log.info("router: downloading %s (%s) into %s", ref, name, where)
         self.router.events.publish("model_status", ref, {"status": DOWNLOADING})
-        self.router.spawn(self._run(ref, token, where))
+        self.router.spawn(self._run(ref, name, token, where))
 
-    async def _run(self, ref: str, token: str | None, where: Path) -> None:
+    async def _run(self, ref: str, name: str, token: str | None, where: Path) -> None:
+        """Download the file `start` chose (no second listing, so no other file), then say how it went."""
         from slotserver.hub import cache
-        from slotserver.hub.download import fetch
+        from slotserver.hub.download import check_ref, download
 
         loop = asyncio.get_running_loop()
 
         def report(file: str, done: int, total: int) -> None:   # on the download's thread
             loop.call_soon_threadsafe(self._progress, ref, file, done, total)
         try:
-            await _in_thread(fetch, ref, None, token, False, where, report)
+            await _in_thread(download, check_ref(ref)[0], name, token, where, report)
             failed = None
         except Exception as e:
             failed = str(e) or type(e).__name__
@@ -134,10 +136,8 @@ class Downloads:
     def listing(self) -> list[dict]:
         """The downloads in flight as /models entries (llama-server lists them so)."""
         created = int(time.time())
-        return [{"id": name, "aliases": [], "tags": [], "object": "model", "owned_by": "llamacpp", "created": created,
-                 "path": None, "status": {"value": DOWNLOADING, "args": []}, "progress": self.progress.get(name, {}),
-                 "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
-                 "source": "cache", "can_remove": True}
+        return [entry_json(name, {"value": DOWNLOADING, "args": []}, None, "cache", created)
+                | {"progress": self.progress.get(name, {})}
                 for name in self.active if name not in self.router.catalog]
 
 

@@ -51,13 +51,18 @@ def model_json(entry: ModelEntry, inst: Instance, created: int) -> dict:
         status["failed"], status["exit_code"] = True, inst.exit_code
     if entry.error:
         status["error"] = entry.error
-    out = {"id": entry.name, "aliases": [], "tags": [], "object": "model", "owned_by": "llamacpp",
-           "created": created, "path": str(entry.path) if entry.path else None, "status": status,
-           "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
-           "source": entry.source, "can_remove": entry.source == "cache"}
+    out = entry_json(entry.name, status, entry.path, entry.source, created)
     if inst.running and inst.info:
         out.update({k: v for k, v in inst.info.items() if k not in out})
     return out
+
+
+def entry_json(name: str, status: dict, path, source: str, created: int) -> dict:
+    """One model of the list in llama-server's shape (a catalog entry's, or a download's: downloads.py)."""
+    return {"id": name, "aliases": [], "tags": [], "object": "model", "owned_by": "llamacpp", "created": created,
+            "path": str(path) if path else None, "status": status,
+            "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+            "source": source, "can_remove": source == "cache"}
 
 
 def models_json(catalog: dict[str, ModelEntry], instances: dict[str, Instance]) -> dict:

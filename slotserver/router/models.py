@@ -59,7 +59,7 @@ class ModelRouter:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def _wait_change(self, timeout: float) -> None:
+    async def wait_change(self, timeout: float = WAIT_POLL_S) -> None:
         try:
             await asyncio.wait_for(self._changed.wait(), timeout)
         except asyncio.TimeoutError:
@@ -70,15 +70,10 @@ class ModelRouter:
         self.events.publish("model_status", inst.name, {"status": status})
         self._notify()
 
-    def _spawn_task(self, coro: Awaitable) -> None:
+    def spawn(self, coro: Awaitable) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    spawn = _spawn_task   # for downloads.py
-
-    async def wait_change(self) -> None:
-        await self._wait_change(WAIT_POLL_S)
 
     def entry(self, name: str) -> ModelEntry:
         if not name:
@@ -123,7 +118,7 @@ class ModelRouter:
             inst.child, inst.failed = None, True
             self._status(inst, UNLOADED)
             raise RouterError(500, f"failed to start the server for '{name}': {e}") from None
-        self._spawn_task(self._watch(inst, child))
+        self.spawn(self._watch(inst, child))
 
     async def _watch(self, inst: Instance, child: Child) -> None:
         if await child.wait_healthy(self.client) and inst.child is child and inst.status == LOADING:
@@ -149,7 +144,7 @@ class ModelRouter:
         log.info("router: --models-max reached, unloading the least recently used %s", victim)
         self.request_stop(victim)
         while self.instances[victim].status != UNLOADED:
-            await self._wait_change(WAIT_POLL_S)
+            await self.wait_change(WAIT_POLL_S)
 
     def request_stop(self, name: str) -> None:
         """Ask `name`'s child to exit (it takes no new request from now); a loading one is killed."""
@@ -160,14 +155,14 @@ class ModelRouter:
         if inst.status == LOADING:
             inst.child.kill()
         else:
-            self._spawn_task(inst.child.stop(self.catalog[name].stop_timeout if name in self.catalog else 10.0))
+            self.spawn(inst.child.stop(self.catalog[name].stop_timeout if name in self.catalog else 10.0))
         self._notify()
 
     async def stop_all(self) -> None:
         for name in list(self.instances):
             self.request_stop(name)
         while any(i.running for i in self.instances.values()):
-            await self._wait_change(WAIT_POLL_S)
+            await self.wait_change(WAIT_POLL_S)
         await self.client.aclose()
 
     # ----- requests
@@ -216,7 +211,7 @@ class ModelRouter:
                 if inst.status == UNLOADED and not inst.stopping and self.sched.try_claim(inst.name):
                     w.did_load = await self._load_claimed(inst.name) or w.did_load
                     continue
-                await self._wait_change(WAIT_POLL_S)
+                await self.wait_change(WAIT_POLL_S)
         except BaseException:
             if w.queued:
                 self.sched.leave(inst.name)

@@ -47,8 +47,8 @@ DRY_BASE = 1.75
 
 def sampling_params(f: Fields, tokenizer: Tokenizer, defaults: GenerationDefaults,
                     n_probs: int) -> SamplingParams:
-    """The sampler settings; SamplingParams re-validates and its message names the field."""
-    f = f.with_fallback(defaults.fields)
+    """The sampler settings; SamplingParams re-validates and its message names the field. `f`: the
+    request's fields, over the server's flags where build_request wraps them (Fields.with_fallback)."""
     try:
         return SamplingParams(
             temperature=f.float("temperature", defaults.temperature),
