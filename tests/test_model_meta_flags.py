@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from test_server_cli import parse, run_cli
+from test_arch_fixtures import _decoded
 from test_server_e2e import serving
 from tiny_gguf import write_gguf
 
@@ -21,6 +22,9 @@ from slotserver.errors import ConfigError
 from slotserver.model.bundle import ModelBundle
 from slotserver.model.config import ModelConfig
 from slotserver.model.control_vector import load_control
+from slotserver.model.default_model import default_model_path
+from slotserver.model.model import LlamaModel
+from slotserver.model.weights import WeightFormat
 from slotserver.model.metadata_overrides import parse_overrides
 from slotserver.server.config_from_args import plan_from_args, server_config_from_args
 
@@ -172,3 +176,20 @@ def test_generate_steered_by_a_control_vector_writes_another_continuation(capsys
         return capsys.readouterr().out
     plain, steered = run(), run("--control-vector-scaled", f"{CVEC}:8")
     assert plain != steered and plain == run()
+
+
+def test_a_steered_models_decode_steps_replay_exactly():
+    """The control vector's add is one C call, so a captured step graph replays it: decode steps of
+    the default model (its GGUF blocks) with and without step graphs give the same logits, bit for bit."""
+    rows = [{"prompt_ids": [1, 2, 3], "generated_ids": list(range(100, 108))} for _ in range(3)]
+    out = []
+    for graphs in (True, False):
+        model = LlamaModel.load(default_model_path(), torch.float32, max_pos=64, fmt=WeightFormat("q"))
+        model.control = {i: torch.full((model.spec.d_model,), 0.05) for i in range(1, model.spec.n_layers)}
+        model.set_step_graphs(graphs)
+        for _ in range(2):   # the first pass captures, the second replays
+            logits = torch.stack(_decoded(model, rows, "seq_head_dim"))
+        if graphs and not (model.graphs and model.graphs.graphs):
+            pytest.skip("no step graph captured here (SLOTSERVER_NATIVE=0 or no compiler)")
+        out.append(logits)
+    assert torch.equal(out[0], out[1])
