@@ -8,6 +8,7 @@ downloads a preset's model at its first load, and through POST /models; DELETE /
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,15 +22,28 @@ from test_server_e2e import serving
 from slotserver.errors import ConfigError
 from slotserver.hub import cache
 from slotserver.hub.download import fetch
+from slotserver.model.gguf_file import GGUFFile
+from tiny_gguf import write_tiny_gguf
 
 TINY = (Path(__file__).parent / "fixtures" / "archs" / "llama3_freqs.gguf").read_bytes()
+
+
+def split_tiny() -> dict[str, bytes]:
+    """A tiny model in 3 parts, as the repository's `Q2_K/big-Q2_K-0000i-of-00003.gguf` files."""
+    with tempfile.TemporaryDirectory() as folder:
+        first = write_tiny_gguf(Path(folder) / "big-Q2_K.gguf", split_max_tensors=8)
+        return {f"Q2_K/{p.name}": p.read_bytes() for p in sorted(first.parent.iterdir())}
+
+
+PARTS = split_tiny()
 REPO = {"m-Q4_K_M.gguf": TINY, "m-Q8_0.gguf": TINY + b"", "mmproj-m-f16.gguf": b"projector",
-        "README.md": b"# m", "big-Q2_K-00001-of-00002.gguf": b"1", "big-Q2_K-00002-of-00002.gguf": b"2"}
+        "README.md": b"# m", **PARTS}
 
 
 @pytest.fixture()
 def hub(tmp_path, monkeypatch):
-    stub = HubStub({"org/m-GGUF": REPO, "org/only-f16": {"x-F16.gguf": TINY}}, gated=("org/gated",))
+    stub = HubStub({"org/m-GGUF": REPO, "org/only-f16": {"x-F16.gguf": TINY},
+                    "org/parts-missing": {k: v for k, v in PARTS.items() if "-00002-" not in k}}, gated=("org/gated",))
     server = Serving(stub.app)
     for var in ("HF_TOKEN", "HF_HUB_OFFLINE", "LLAMA_OFFLINE", "HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE"):
         monkeypatch.delenv(var, raising=False)
@@ -81,10 +95,23 @@ def test_a_quant_tag_or_a_file_picks_the_download(hub):
     assert fetch("org/only-f16").name == "x-F16.gguf"                      # no Q4_K_M or Q8_0: the first model
 
 
+def test_a_split_model_is_downloaded_part_by_part_and_loads_from_its_first(hub):
+    _, _, where = hub
+    seen = []
+    path = fetch("org/m-GGUF:q2_k", progress=lambda name, done, total: seen.append(name))
+    assert path.name == "big-Q2_K-00001-of-00003.gguf"
+    assert {p.name: p.read_bytes() for p in path.parent.iterdir()} == {k.split("/")[1]: v for k, v in PARTS.items()}
+    assert sorted(set(seen)) == sorted(PARTS)                             # every part's progress, by its path
+    assert len(GGUFFile.open(path).tensors) == 20                         # all three parts' tensors
+    assert cache.list_models(where)["org/m-GGUF:Q2_K"] == path           # listed once, as its first part
+    assert fetch("org/m-GGUF:Q2_K", offline=True) == path
+
+
 @pytest.mark.parametrize("ref, file, words", [
     ("org/m-GGUF:Q5_K_S", None, "no model file tagged Q5_K_S in the repository (its GGUF files: m-Q4_K_M.gguf"),
     ("org/m-GGUF", "m-Q2.gguf", "-hff m-Q2.gguf: not in org/m-GGUF"),
-    ("org/m-GGUF:Q2_K", None, "one of 2 parts of a split GGUF"),
+    ("org/parts-missing:Q2_K", None, "big-Q2_K-00001-of-00003.gguf is one of 3 parts of a split GGUF, and part 2 "
+                                     "is not in the repository"),
     ("org/gated", None, "the repository is gated"),
     ("org/none", None, "no such repository on the hub"),
     ("just-a-name", None, "expected USER/MODEL[:QUANT]"),

@@ -238,7 +238,8 @@ def write_tiny_gguf(path: str | os.PathLike, *, arch: str = "llama", n_layers: i
                     tied_embeddings: bool = True, rope_base: float = 10000.0, ctx_len: int = 256,
                     seed: int = 0, qkv_bias: bool = False, chat_template: str = CHATML,
                     rms_eps: float = 1e-5, head_dim: int | None = None, features: Sequence[str] = (),
-                    extra_specials: Sequence[str] = (), transform: Any = None, **overrides: Any) -> Path:
+                    extra_specials: Sequence[str] = (), transform: Any = None, split_max_tensors: int = 0,
+                    **overrides: Any) -> Path:
     """Write a tiny random model to `path` and return it as a Path.
 
     2-D weights are stored as `tensor_type` (quantized types need d_model and d_ff to be
@@ -246,6 +247,8 @@ def write_tiny_gguf(path: str | os.PathLike, *, arch: str = "llama", n_layers: i
     `features`, `head_dim` and `extra_specials`: see the module docstring.
     `transform`: called with the float32 weights dict before they are written, returns the dict to
     write (tests/tiny_lora.py writes a model with LoRA deltas merged into it).
+    `split_max_tensors`: a split GGUF of parts of at most that many tensors, written by gguf-py as the
+    converters write one (`path`'s stem + `-00001-of-0000N.gguf`...); the first part's path is returned.
     `overrides` maps full metadata keys (pass them as `**{"llama.context_length": 512}`) to new
     values, keeping a known key's value type (a new key: int32, float32 or string, unless given as
     a `(value, GGUFValueType)` pair); a value of None removes the key.
@@ -261,7 +264,7 @@ def write_tiny_gguf(path: str | os.PathLike, *, arch: str = "llama", n_layers: i
                            head_dim=head_dim, features=features)
     if transform is not None:
         weights = transform(weights)
-    writer = gguf.GGUFWriter(path, arch)
+    writer = gguf.GGUFWriter(Path(path), arch, split_max_tensors=split_max_tensors)
     for key, value in overrides.items():
         if value is None:
             meta.pop(key, None)
@@ -281,7 +284,7 @@ def write_tiny_gguf(path: str | os.PathLike, *, arch: str = "llama", n_layers: i
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return Path(path)
+    return writer.format_shard_names(Path(path))[0]
 
 
 def write_gguf(path: str | os.PathLike, arch: str, tensors: dict[str, np.ndarray], **metadata: Any) -> Path:

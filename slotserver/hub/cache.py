@@ -35,16 +35,32 @@ class CachedFile:
 
     def split(self) -> tuple[str, str, int]:
         """-> (prefix, TAG upper-cased or "", shard index), llama.cpp's get_gguf_split_info."""
-        prefix, index = self.rel[:-len(".gguf")], 1
-        if m := SPLIT.match(prefix):
-            prefix, index = m.group(1), int(m.group(2))
-        tag = m.group(1).upper() if (m := TAG.search(prefix)) else ""
-        return prefix, tag, index
+        return split_info(self.rel)[:3]
 
     @property
     def is_model(self) -> bool:
         prefix, _, index = self.split()
         return index == 1 and not any(s in prefix for s in SIDECARS)
+
+
+def split_info(rel: str) -> tuple[str, str, int, int]:
+    """A GGUF path -> (prefix, TAG upper-cased or "", shard index, shard count): llama.cpp's
+    get_gguf_split_info (`NAME-Q4_K_M-00002-of-00003.gguf`: NAME-Q4_K_M, Q4_K_M, 2, 3)."""
+    prefix, index, count = rel.removesuffix(".gguf"), 1, 1
+    if m := SPLIT.match(prefix):
+        prefix, index, count = m.group(1), int(m.group(2)), int(m.group(3))
+    tag = m.group(1).upper() if (m := TAG.search(prefix)) else ""
+    return prefix, tag, index, count
+
+
+def split_parts(names: list[str], name: str) -> tuple[list[str], list[int]]:
+    """The parts of the split GGUF `name` belongs to among a repository's `names`, first to last
+    (llama.cpp's get_split_files; [name] for a whole file) -> (parts, the numbers of parts missing)."""
+    prefix, _, _, count = split_info(name)
+    if count <= 1:
+        return [name], []
+    found = {info[2]: n for n in names if (info := split_info(n))[0] == prefix and info[3] == count}
+    return [found[i] for i in sorted(found)], [i for i in range(1, count + 1) if i not in found]
 
 
 def default_cache() -> Path | None:

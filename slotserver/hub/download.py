@@ -11,8 +11,9 @@ HF_ENDPOINT (default huggingface.co); the token is `-hft`, else HF_TOKEN or the 
 
 Offline (`--offline`, LLAMA_ARG_OFFLINE, or huggingface_hub's HF_HUB_OFFLINE), or when the hub
 cannot be reached or refuses (a token expired, a repository made private), the cache alone answers,
-as llama.cpp falls back to it; a model in neither is one line saying both. A GGUF split into parts is refused by name
-(this server loads one file), and so is a repository without a model file, listing what it has.
+as llama.cpp falls back to it; a model in neither is one line saying both. A GGUF split into parts
+is downloaded part by part (a part missing from the repository is refused by number), and a
+repository without a model file is refused, listing what it has.
 """
 
 from __future__ import annotations
@@ -119,16 +120,26 @@ def _chosen(ref: str, names: list[str], tag: str, file: str | None) -> str:
     if name is None:
         raise ConfigError(f"-hf {ref}: no model file{' tagged ' + tag if tag else ''} in the repository "
                           f"(its GGUF files: {', '.join(ggufs) or 'none'})")
-    split = cache.SPLIT.match(name.removesuffix(".gguf"))
-    if split and int(split.group(3)) > 1:
-        raise ConfigError(f"-hf {ref}: {name} is one of {int(split.group(3))} parts of a split GGUF; this server "
-                          "loads one file (merge them with llama.cpp's llama-gguf-split --merge, then -m FILE)")
-    return name
+    parts, missing = cache.split_parts(names, name)
+    if missing:
+        raise ConfigError(f"-hf {ref}: {name} is one of {len(parts) + len(missing)} parts of a split GGUF, and "
+                          f"part{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
+                          f"{'are' if len(missing) > 1 else 'is'} not in the repository")
+    return parts[0]
 
 
 def download(repo: str, name: str, token: str | None, where: Path,
              progress: Callable[[str, int, int], None] | None = None) -> str:
-    """The repository's file `name` into the cache `where` (resumed, or skipped if there) -> its path."""
+    """The repository's model file `name` (`_chosen`'s: a split GGUF's first part) into the cache
+    `where`, every part of a split one after the other (each resumed, or skipped if there) -> the path
+    of the first part, where the model loads from (model/gguf_split.py finds the others beside it)."""
+    prefix, _, _, count = cache.split_info(name)
+    parts = [f"{prefix}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)] if count > 1 else [name]
+    return [_download_file(repo, part, token, where, progress) for part in parts][0]
+
+
+def _download_file(repo: str, name: str, token: str | None, where: Path,
+                   progress: Callable[[str, int, int], None] | None) -> str:
     from huggingface_hub import hf_hub_download
 
     # tqdm_class only where progress is asked for: older huggingface_hub releases lack the keyword

@@ -96,7 +96,7 @@ def _block_qkv(f: GGUFFile, spec: ModelSpec, p: str, fmt: WeightFormat) -> QLine
 def blocks(f: GGUFFile, name: str, shape: tuple[int, int]) -> QWeight:
     """A tensor's GGUF blocks, viewed in the file's mapping (no copy, nothing read yet)."""
     info = f.require(name, shape)
-    return from_mapped(f.mapped_bytes(info.offset, info.n_bytes), info.ggml_type, shape)
+    return from_mapped(f.tensor_bytes(info), info.ggml_type, shape)
 
 
 def qlinear(f: GGUFFile, parts: list[QWeight], infos: list[TensorInfo | None], copy: bool,
@@ -115,9 +115,9 @@ def qlinear(f: GGUFFile, parts: list[QWeight], infos: list[TensorInfo | None], c
     out = []
     for run in runs:
         ws, fi = [parts[j] for j in run], [infos[j] for j in run]
-        if len(ws) > 1 and all(fi) and all(a.offset + a.n_bytes == b.offset for a, b in zip(fi, fi[1:])):
-            n = sum(w.n for w in ws)
-            out.append(from_mapped(f.mapped_bytes(fi[0].offset, sum(i.n_bytes for i in fi)), ws[0].qtype, (n, ws[0].k)))
+        joined = f.joined_bytes(fi) if len(ws) > 1 and all(fi) else None
+        if joined is not None:
+            out.append(from_mapped(joined, ws[0].qtype, (sum(w.n for w in ws), ws[0].k)))
         elif len(ws) > 1 and copy:
             out.append(concat_rows(ws))
         else:

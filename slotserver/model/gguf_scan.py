@@ -46,8 +46,9 @@ class TensorInfo:
     name: str
     shape: tuple[int, ...]  # torch/numpy order: reverse of ggml's ne, e.g. (vocab, d_model)
     ggml_type: gguf.GGMLQuantizationType
-    offset: int  # absolute byte offset of the data in the file
+    offset: int  # absolute byte offset of the data in the file (in its part: gguf_split.py)
     n_bytes: int
+    part: int = 0  # which file of a split GGUF holds the data (0: the first, or the only one)
 
 
 class _Cursor:

@@ -70,6 +70,6 @@ def _expert_rows(f: GGUFFile, name: str, shape: tuple[int, int, int], kind: str,
     info = f.require(name, shape)
     e, n, k = shape
     if kind == "q":
-        return from_mapped(f.mapped_bytes(info.offset, info.n_bytes), info.ggml_type, (e * n, k))
+        return from_mapped(f.tensor_bytes(info), info.ggml_type, (e * n, k))
     dense = f.load_tensor(name, dtype).reshape(e * n, k).contiguous()                  # [E * n, k]
     return QWeight(dense.view(torch.uint8), int(_FLOAT_TYPES[dtype]), k, e * n)
