@@ -147,7 +147,7 @@ def test_more_machinery_flags_are_taken_and_named_and_a_reverse_prompt_is_the_de
     (("-mu", "https://example.com/m.gguf"), "only -hf USER/MODEL[:QUANT] downloads here"),
     (("--fim-qwen-7b-default",), "only -hf"),
     (("--mmproj", "p.gguf"), "multimodal"), (("--rpc", "host:50052"), "no RPC backends"),
-    (("--tools", "all"), "no built-in tools"), (("-sp",), "special tokens are not rendered"),
+    (("--tools", "all"), "no built-in tools"),
     (("--kv-unified-per-slot", "4096"), "no per-slot cap"),
     (("--spec-ngram-size-n", "3"), "removed from llama.cpp too"), (("--completion-bash",), "no shell completion"),
 ])

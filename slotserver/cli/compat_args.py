@@ -111,7 +111,6 @@ REFUSED: tuple[tuple[tuple[str, ...], int | str | None, str], ...] = (
      "no built-in tools or MCP servers here: clients run their own tools (the tool-call API works as usual)"),
     (("--ui-mcp-proxy", "--webui-mcp-proxy"), 0, "no MCP proxy here: the web page calls no MCP servers"),
     (("--kv-unified-per-slot",), None, "no per-slot cap of a unified cache here: -kvu with -c sizes the pool"),
-    (("-sp", "--special"), 0, "special tokens are not rendered in answers here"),
     (("--log-prompts-dir",), None, "prompts are not written to files here"),
     (("--completion-bash",), 0, "no shell completion script here"),
     (("--spec-ngram-size-n", "--spec-ngram-size-m", "--spec-ngram-min-hits"), None,

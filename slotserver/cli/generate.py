@@ -29,6 +29,8 @@ def add_parser(sub) -> None:
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=-1)
     p.add_argument("--system", default=None, help="system message for --chat")
+    p.add_argument("-sp", "--special", action="store_true",
+                   help="control tokens' text in the output (<|im_end|>...), as llama-cli -sp")
     p.set_defaults(run=run)
 
 
@@ -154,11 +156,12 @@ def stream(bundle, args, ids: list[int], params) -> str:
     from slotserver.model.text.detokenizer import IncrementalDetokenizer
     from slotserver.model.generate import GenRequest, generate
 
-    detok = IncrementalDetokenizer(bundle.tokenizer)
+    special = getattr(args, "special", False)
+    detok = IncrementalDetokenizer(bundle.tokenizer, special=special)
     eog = bundle.tokenizer.eog_ids
 
     def on_token(_: int, token: int) -> None:
-        if token not in eog:
+        if token not in eog or special:
             sys.stdout.write(detok.push(token))
             sys.stdout.flush()
 

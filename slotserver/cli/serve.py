@@ -113,6 +113,9 @@ def add_parser(sub) -> None:
             "preserve_reasoning, preserve_thinking, clear_thinking...; default on, as llama-server)")
     _switch(p, "prefill-assistant", True, "a final assistant message is the start of the answer, continued (default "
             "on); off: it is a whole message")
+    a("-sp", "--special", action="store_true",
+      help="control tokens' text in answers and their probabilities (<|im_end|> ends a ChatML answer; "
+           "default: as text, '')")
     _switch(p, "skip-chat-parsing", False, "chat answers all content: reasoning and tool calls left unparsed")
     a("--reasoning-budget", type=int, default=-1, metavar="N",
       help="tokens of thinking (<think> block) before its end is forced: -1 unlimited (default), 0 at once")

@@ -45,7 +45,7 @@ def new_sequence(handle: RequestHandle, eog: frozenset[int], tokenizer) -> Seque
         handle=handle, tokens=list(r.prompt_ids), num_prompt=len(r.prompt_ids),
         rng=SequenceRng(r.params.seed),
         params=ignore_eos_params(r.params, eog) if r.ignore_eos else r.params,
-        detok=IncrementalDetokenizer(tokenizer), stops=StopMatcher(r.stop),
+        detok=IncrementalDetokenizer(tokenizer, special=r.special), stops=StopMatcher(r.stop),
         reasoning=ReasoningBudget(budget, tokenizer.token_bytes) if budget is not None else None,
         lines=LineLimits.of(r.n_indent, r.t_max_predict_ms),
     )

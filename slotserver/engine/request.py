@@ -54,6 +54,7 @@ class Request:
     # llama-server's code-completion line rules (engine/line_limits.py): 0 / -1 off
     n_indent: int = 0
     t_max_predict_ms: int = -1
+    special: bool = False          # --special: control tokens' text (<|im_end|>...) in the answer and its probabilities
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ class GenerationDefaults:
     reasoning_budget: int = -1          # -1: unlimited
     reasoning_budget_message: str = ""  # forced before the end tag when the budget runs out
     sse_ping_interval: int = 30         # streamed answers: seconds of silence before a ping (-1: none)
+    special: bool = False               # --special: control tokens' text in answers (engine/request.py)
     fields: Mapping[str, Any] = field(default_factory=dict, hash=False)   # {"top_k": 20, ...}: --top-k & co.
 
     def __post_init__(self) -> None:

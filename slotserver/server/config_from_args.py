@@ -119,6 +119,7 @@ def server_config_from_args(args) -> ServerConfig:
                                   reasoning_budget=getattr(args, "reasoning_budget", -1),
                                   reasoning_budget_message=getattr(args, "reasoning_budget_message", ""),
                                   sse_ping_interval=getattr(args, "sse_ping_interval", 30),
+                                  special=getattr(args, "special", False),
                                   fields=getattr(args, "request_fields", None) or {})   # cli/sampling_args.py
     return ServerConfig(
         model_path=str(_model_path(args)), alias=",".join(args.alias), tags=",".join(getattr(args, "tags", [])), api_keys=keys_from_args(args),

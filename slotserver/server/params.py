@@ -155,6 +155,7 @@ def build_request(f: Fields, ids: list[int], tokenizer: Tokenizer, defaults: Gen
         lora=lora_field(f),
         n_indent=f.int("n_indent", 0, lo=0, hi=INT32_MAX),
         t_max_predict_ms=f.int("t_max_predict_ms", -1, lo=-1, hi=2**63 - 1),
+        special=defaults.special,
     )
 
 

@@ -23,21 +23,22 @@ from slotserver.model.text.tokenizer import Tokenizer
 
 
 def token_entry(tokenizer: Tokenizer, token: int, logprob: float | None, as_prob: bool = False,
-                special: bool = True) -> dict:
+                special: bool = False) -> dict:
     """llama-server's entry: `logprob`, or with `post_sampling_probs` the probability `prob`;
-    `special`: a special token's text rendered (else its piece as the answer's text has it)."""
+    `special` (--special): a control token's text rendered (else '', as the answer's text has it)."""
     raw = tokenizer.token_bytes(token, special=special)
     value = ("prob", None if logprob is None else math.exp(logprob)) if as_prob else ("logprob", logprob)
     return {"id": token, "token": raw.decode("utf-8", "replace"), value[0]: value[1], "bytes": list(raw)}
 
 
-def probabilities(tokenizer: Tokenizer, events: list[TokenEvent], n_probs: int, post_sampling: bool = False) -> list[dict]:
+def probabilities(tokenizer: Tokenizer, events: list[TokenEvent], n_probs: int, post_sampling: bool = False,
+                  special: bool = False) -> list[dict]:
     """One entry per token with its top `n_probs`: `top_logprobs` of the model's own distribution
     (before bias and samplers), or with `post_sampling_probs` `top_probs` after the sampler chain."""
     out, key = [], "top_probs" if post_sampling else "top_logprobs"
     for ev in events:
-        entry = token_entry(tokenizer, ev.token, ev.logprob, post_sampling, special=ev.token not in tokenizer.eog_ids)
-        entry[key] = [token_entry(tokenizer, t, lp, post_sampling) for t, lp in ev.top[:n_probs]]
+        entry = token_entry(tokenizer, ev.token, ev.logprob, post_sampling, special)
+        entry[key] = [token_entry(tokenizer, t, lp, post_sampling, special) for t, lp in ev.top[:n_probs]]
         out.append(entry)
     return out
 
@@ -118,7 +119,8 @@ def final_response(job: CompletionJob, out: Outcome, tokenizer: Tokenizer, model
             "has_new_line": "\n" in out.text}
     body.update(summary(job, out.final, model, prompt))
     if job.n_probs > 0:
-        body["completion_probabilities"] = probabilities(tokenizer, out.tokens, job.n_probs, job.request.params.post_sampling_probs)
+        body["completion_probabilities"] = probabilities(tokenizer, out.tokens, job.n_probs, job.request.params.post_sampling_probs,
+                                                         job.request.special)
     return select_fields(job.response_fields, body)
 
 
@@ -127,7 +129,8 @@ def stream_chunk(job: CompletionJob, text: str, events: list[TokenEvent], tokeni
     chunk = {"index": job.index, "content": text, "tokens": [e.token for e in events], "stop": False,
              "tokens_predicted": n_predicted, "tokens_evaluated": len(job.request.prompt_ids)}
     if job.n_probs > 0:
-        chunk["completion_probabilities"] = probabilities(tokenizer, events, job.n_probs, job.request.params.post_sampling_probs)
+        chunk["completion_probabilities"] = probabilities(tokenizer, events, job.n_probs, job.request.params.post_sampling_probs,
+                                                          job.request.special)
     if events and events[-1].timings is not None:
         chunk["timings"] = timings(events[-1].timings)
     return chunk

@@ -45,33 +45,30 @@ def usage(final: FinalEvent) -> dict:
             "total_tokens": final.n_prompt + final.n_predicted}
 
 
-def _piece(tokenizer: Tokenizer, token: int, special: bool = True) -> tuple[str, list[int]]:
+def _piece(tokenizer: Tokenizer, token: int, special: bool) -> tuple[str, list[int]]:
+    """A token's text as the answer has it (llama-server's token_to_piece): a control token's ('' for
+    <|im_end|>) only with `special` (--special)."""
     raw = tokenizer.token_bytes(token, special=special)
     return raw.decode("utf-8", "replace"), list(raw)
 
 
-def _generated(tokenizer: Tokenizer, token: int) -> tuple[str, list[int]]:
-    """A generated token's text: its piece, special tokens rendered, except the end-of-generation
-    token's ('' for a control token), which adds nothing to the answer (llama-server's text_to_send)."""
-    return _piece(tokenizer, token, special=token not in tokenizer.eog_ids)
-
-
-def chat_logprobs(tokenizer: Tokenizer, events: list[TokenEvent], n_top: int) -> dict:
+def chat_logprobs(tokenizer: Tokenizer, events: list[TokenEvent], n_top: int, special: bool = False) -> dict:
     content = []
     for ev in events:
-        text, raw = _generated(tokenizer, ev.token)
-        tops = [dict(zip(("token", "bytes"), _piece(tokenizer, t)), logprob=lp) for t, lp in ev.top[:n_top]]
+        text, raw = _piece(tokenizer, ev.token, special)
+        tops = [dict(zip(("token", "bytes"), _piece(tokenizer, t, special)), logprob=lp) for t, lp in ev.top[:n_top]]
         content.append({"token": text, "logprob": ev.logprob, "bytes": raw, "top_logprobs": tops})
     return {"content": content}
 
 
-def legacy_logprobs(tokenizer: Tokenizer, events: list[TokenEvent], n_top: int, offset: int = 0) -> dict:
+def legacy_logprobs(tokenizer: Tokenizer, events: list[TokenEvent], n_top: int, offset: int = 0,
+                    special: bool = False) -> dict:
     tokens, lps, tops, offsets = [], [], [], []
     for ev in events:
-        text, _ = _generated(tokenizer, ev.token)
+        text, _ = _piece(tokenizer, ev.token, special)
         tokens.append(text)
         lps.append(ev.logprob)
-        tops.append({_piece(tokenizer, t)[0]: lp for t, lp in ev.top[:n_top]})
+        tops.append({_piece(tokenizer, t, special)[0]: lp for t, lp in ev.top[:n_top]})
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
@@ -109,8 +106,8 @@ class OpenAIFormatter:
         if not self.job.want_logprobs:
             return None
         if self.chat:
-            return chat_logprobs(self.tokenizer, events, self.job.n_probs)
-        lp = legacy_logprobs(self.tokenizer, events, self.job.n_probs, self.offset)
+            return chat_logprobs(self.tokenizer, events, self.job.n_probs, self.job.request.special)
+        lp = legacy_logprobs(self.tokenizer, events, self.job.n_probs, self.offset, self.job.request.special)
         self.offset = lp["text_offset"][-1] + len(lp["tokens"][-1]) if events else self.offset
         return lp
 
