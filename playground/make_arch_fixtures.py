@@ -45,6 +45,11 @@ def olmo2_weights(w: dict) -> dict:
     return out
 
 
+def ungated(w: dict) -> dict:
+    """tiny_gguf's weights without the FFN gates (arcee, nemotron's dense layers: up, squared ReLU, down)."""
+    return {k: v for k, v in w.items() if not k.endswith("ffn_gate.weight")}
+
+
 CASES: dict[str, dict] = {
     "gemma3": dict(arch="gemma3", n_layers=6, head_dim=16, rope_base=1e6, features=("qk_norm", "post_norms"),
                    **{"gemma3.attention.sliding_window": (4, U32), "gemma3.final_logit_softcapping": 8.0}),
@@ -74,6 +79,14 @@ CASES: dict[str, dict] = {
                         "mistral3.rope.scaling.yarn_log_multiplier": 1.0, "mistral3.rope.scaling.yarn_beta_fast": 16.0,
                         "mistral3.rope.scaling.yarn_beta_slow": 2.0, "mistral3.attention.temperature_scale": 0.5}),
     "olmo2": dict(arch="olmo2", tied_embeddings=False, transform=olmo2_weights, features=("post_norms",)),
+    "internlm2": dict(arch="internlm2", tied_embeddings=False, rope_base=1e6),
+    "exaone": dict(arch="exaone", features=("rope_freqs",), rope_base=1e6),
+    "gemma": dict(arch="gemma", head_dim=16, **{"tokenizer.ggml.add_bos_token": True}),
+    "arcee": dict(arch="arcee", features=("rope_freqs",), transform=ungated),
+    # minicpm with its multipliers in the file, and with none (llama.cpp's defaults for them)
+    "minicpm": dict(arch="minicpm", tied_embeddings=False,
+                    **{"minicpm.embedding_scale": 6.0, "minicpm.residual_scale": 0.7, "minicpm.logit_scale": 2.5}),
+    "minicpm_defaults": dict(arch="minicpm", n_layers=3),
     # OLMo 3: windows on 3 of 4 layers (5 layers: 0-2 and 4 windowed), plain rope there at the global
     # base (no freq_base_swa key), yarn on the full layer 3
     "olmo3": dict(arch="olmo2", n_layers=5, tied_embeddings=False, transform=olmo2_weights, rope_base=1e5,

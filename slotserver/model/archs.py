@@ -6,7 +6,7 @@ granite's multipliers, MoE weight renormalization, gating and activation, gpt-os
 attention sinks, smollm3's NoPE layers, mistral3's q temperature, olmo2's missing pre-norms,
 exaone4's unrotated full layers, the hybrids' recurrent layers, qwen35's gated attention and
 nemotron_h's one-block layers); glm4,
-ernie4_5 and seed_oss are rows of existing switches. Apart from spec.py so that adding a row is an
+ernie4_5, seed_oss, internlm2, exaone, gemma, arcee and minicpm are rows of existing switches. Apart from spec.py so that adding a row is an
 edit of this table alone.
 """
 
@@ -34,6 +34,7 @@ class ArchDef:
     softcap: bool = False        # gemma2: attention and final-logit soft-capping (defaults 50 / 30)
     fused: bool = False          # phi3: attn_qkv holds q|k|v and ffn_up holds gate|up
     multipliers: bool = False    # granite: embedding, residual, attention and logit multipliers
+    minicpm_scales: bool = False  # with multipliers: minicpm's defaults where the keys are missing, no attention.scale
     gemma_scale: bool = False    # 27B gemmas scale q by 1/sqrt(d_model / n_heads), not 1/sqrt(head_dim)
     qk_norm_full: bool = False   # olmoe: q and k RMSNorm over the whole projection, not per head
     moe_norm: bool = False       # MoE: the k selected weights renormalized to sum 1 (moe_spec.py)
@@ -85,6 +86,17 @@ ARCHS: dict[str, ArchDef] = {
     "glm4": ArchDef(qkv_bias=True, post_norms=True, fused=True),
     # src/models/ernie4-5.cpp (ERNIE-4.5 dense): llama's block
     "ernie4_5": ArchDef(),
+    # src/models/internlm2.cpp (InternLM2/2.5; the converter splits wqkv): llama's block
+    "internlm2": ArchDef(),
+    # src/models/exaone.cpp (EXAONE 3.0/3.5): llama's block, NEOX rope, llama3's rope_freqs where the file has them
+    "exaone": ArchDef(rope_mode="neox"),
+    # src/models/gemma.cpp (Gemma 1, CodeGemma): embedding x sqrt(d), NEOX rope, GELU gate, tied output
+    "gemma": ArchDef(rope_mode="neox", embed_scale="sqrt_d", act="gelu"),
+    # src/models/arcee.cpp (AFM-4.5B): llama's attention and rope_freqs, the FFN up -> squared ReLU -> down
+    "arcee": ArchDef(act="relu2"),
+    # src/models/minicpm.cpp (MiniCPM 1-4): granite's graph; embedding 12, residual 1.4 / sqrt(layers) and
+    # logit 256 / d_model where the file has no such keys
+    "minicpm": ArchDef(embed_scale="metadata", multipliers=True, minicpm_scales=True),
     # src/models/seed-oss.cpp (Seed-OSS): q/k/v biases, NEOX rope, the FFN's pre-norm named post_attention_norm
     "seed_oss": ArchDef(qkv_bias=True, rope_mode="neox", ffn_norm="post_attention_norm"),
     # src/models/exaone4.cpp (EXAONE 4.0): olmo2's post-norm block with per-head q/k norms; the 32B (64

@@ -58,8 +58,8 @@ def block_ffn(f: GGUFFile, spec: ModelSpec, p: str, fmt: WeightFormat) -> tuple[
         ff, sfx = spec.moe.d_ff_shared, "_shexp"
     if spec.fused:   # phi3: ffn_up holds gate|up
         gate_up = qlinear(f, [blocks(f, p + "ffn_up.weight", (2 * ff, d))], [None], False)
-    else:
-        names = ("ffn_gate" + sfx, "ffn_up" + sfx)
+    else:   # arcee's squared ReLU: up alone, no gate
+        names = ("ffn_up" + sfx,) if spec.act == "relu2" else ("ffn_gate" + sfx, "ffn_up" + sfx)
         gate_up = qlinear(f, [blocks(f, p + n + ".weight", (ff, d)) for n in names],
                            [f.tensors[p + n + ".weight"] for n in names], fmt.fuse_copy)
     return gate_up, qlinear(f, [blocks(f, p + "ffn_down" + sfx + ".weight", (d, ff))], [None], False)

@@ -84,7 +84,7 @@ def dense_ffn(f: GGUFFile, spec: ModelSpec, p: str, dtype: torch.dtype,
         return None, None
     if spec.fused:   # phi3: ffn_up holds gate|up
         gate_up = lin(("ffn_up",), _load(f, p + "ffn_up.weight", (2 * ff, d), dtype))
-    else:
-        names = ("ffn_gate" + sfx, "ffn_up" + sfx)
+    else:   # arcee's squared ReLU: up alone, no gate
+        names = ("ffn_up" + sfx,) if spec.act == "relu2" else ("ffn_gate" + sfx, "ffn_up" + sfx)
         gate_up = lin(names, torch.cat([_load(f, p + n + ".weight", (ff, d), dtype) for n in names]))
     return gate_up, lin(("ffn_down" + sfx,), _load(f, p + "ffn_down" + sfx + ".weight", (d, ff), dtype))

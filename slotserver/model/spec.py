@@ -19,7 +19,7 @@ from slotserver.model.moe_spec import MoeSpec
 from slotserver.model.recurrent_spec import RecurrentSpec, text_rope_check
 from slotserver.model.rope_scaling import RopeFlags, RopeScaling
 from slotserver.model.spec_keys import (MetaKeys, attn_bias, attn_scale, embed_scale, ffn_lengths, kv_heads,
-                                        no_rope_step, sliding_windows)
+                                        logit_scale, no_rope_step, residual_scale, sliding_windows)
 
 
 @dataclass(frozen=True)
@@ -169,9 +169,9 @@ class ModelSpec:
             attn_scale=attn_scale(a, key, n_layers, d_model, n_heads, head_dim),
             attn_softcap=key.float("attn_logit_softcapping", 50.0) if a.softcap else 0.0,
             final_softcap=key.float("final_logit_softcapping", 30.0 if a.softcap else 0.0),
-            embed_scale=embed_scale(a, key, d_model),
-            residual_scale=key.float("residual_scale", 1.0) if a.multipliers else 1.0,
-            logit_scale=key.float("logit_scale") if a.multipliers else 1.0,
+            embed_scale=embed_scale(a, key, d_model, n_layers),
+            residual_scale=residual_scale(a, key, n_layers),
+            logit_scale=logit_scale(a, key, d_model),
             qk_norm=a.qk_norm, post_norms=a.post_norms, act=a.act, fused=a.fused, qk_norm_full=a.qk_norm_full,
             moe=MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act, a.moe_keys, a.moe_file_weights,
                                   a.moe_latent),

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from slotserver.model.archs import ArchDef
 from slotserver.model.gguf_file import GGUFError, GGUFFile
 from slotserver.model.rope_scaling import RopeScaling
@@ -124,16 +126,36 @@ def no_rope_step(a: ArchDef, key: MetaKeys) -> int:
 
 
 def attn_scale(a: ArchDef, key: MetaKeys, n_layers: int, d_model: int, n_heads: int, head_dim: int) -> float:
-    if a.multipliers:
+    if a.multipliers and not a.minicpm_scales:   # minicpm's loader reads no attention.scale
         return key.float("attention.scale", 0.0)
     if a.gemma_scale and n_layers in ({"gemma2": 46, "gemma3": 62}.get(key.arch, -1),):  # the 27B models
         return 1.0 / math.sqrt(d_model // n_heads)
     return 0.0
 
 
-def embed_scale(a: ArchDef, key: MetaKeys, d_model: int) -> float:
+def embed_scale(a: ArchDef, key: MetaKeys, d_model: int, n_layers: int) -> float:
     if a.embed_scale == "sqrt_d":
         return math.sqrt(d_model)
     if a.embed_scale == "metadata":
-        return key.float("embedding_scale", 0.0) or 1.0
+        return key.float("embedding_scale", _minicpm_defaults(d_model, n_layers)[0] if a.minicpm_scales else 0.0) or 1.0
     return 1.0
+
+
+def residual_scale(a: ArchDef, key: MetaKeys, n_layers: int) -> float:
+    """granite's residual multiplier (0 or missing: none, as llama.cpp's `if (f_residual_scale)`)."""
+    if not a.multipliers:
+        return 1.0
+    return key.float("residual_scale", _minicpm_defaults(1, n_layers)[1] if a.minicpm_scales else 1.0) or 1.0
+
+
+def logit_scale(a: ArchDef, key: MetaKeys, d_model: int) -> float:
+    """granite's logit divisor: a required key, except minicpm's (256 / d_model when missing)."""
+    if not a.multipliers:
+        return 1.0
+    return key.float("logit_scale", _minicpm_defaults(d_model, 1)[2]) if a.minicpm_scales else key.float("logit_scale")
+
+
+def _minicpm_defaults(d_model: int, n_layers: int) -> tuple[float, float, float]:
+    """llama_model_minicpm::load_arch_hparams' defaults (embedding, residual, logit), in float32 as there."""
+    f32 = np.float32
+    return 12.0, float(f32(1.4) / np.sqrt(f32(n_layers))), float(f32(256.0) / f32(d_model))
