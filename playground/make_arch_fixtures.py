@@ -33,6 +33,7 @@ OUT = ROOT / "tests" / "fixtures" / "archs"
 CONTROL_DIR = ROOT / "tests" / "fixtures" / "control"   # control vectors: not *.gguf models of archs/
 N_CTX, N_PREDICT = 256, 12
 U32 = gguf.GGUFValueType.UINT32
+ARR_I32 = gguf.GGUFValueType.ARRAY
 SMALL = dict(d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, ctx_len=512, **{"tokenizer.ggml.pre": "default", "general.name": "tiny"})
 
 def olmo2_weights(w: dict) -> dict:
@@ -79,6 +80,11 @@ CASES: dict[str, dict] = {
                         "mistral3.rope.scaling.yarn_log_multiplier": 1.0, "mistral3.rope.scaling.yarn_beta_fast": 16.0,
                         "mistral3.rope.scaling.yarn_beta_slow": 2.0, "mistral3.attention.temperature_scale": 0.5}),
     "olmo2": dict(arch="olmo2", tied_embeddings=False, transform=olmo2_weights, features=("post_norms",)),
+    # Qwen2-VL's M-RoPE sections over the 4 pairs of a head; Qwen3-VL's interleaved ones leave pair 7 of 8
+    # unrotated for text (llama.cpp's 4th position is 0), as Qwen3-VL's [24, 20, 20, 0] leave pairs 61-62 of 64
+    "qwen2vl": dict(arch="qwen2vl", qkv_bias=True, **{"qwen2vl.rope.dimension_sections": ([2, 1, 1, 0], ARR_I32)}),
+    "qwen3vl": dict(arch="qwen3vl", head_dim=16, features=("qk_norm",),
+                    **{"qwen3vl.rope.dimension_sections": ([4, 2, 2, 0], ARR_I32), "qwen3vl.n_deepstack_layers": (1, U32)}),
     "internlm2": dict(arch="internlm2", tied_embeddings=False, rope_base=1e6),
     "exaone": dict(arch="exaone", features=("rope_freqs",), rope_base=1e6),
     "gemma": dict(arch="gemma", head_dim=16, **{"tokenizer.ggml.add_bos_token": True}),
@@ -94,6 +100,41 @@ CASES: dict[str, dict] = {
                   **{"olmo2.attention.sliding_window": (5, U32), "olmo2.rope.scaling.type": "yarn",
                      "olmo2.rope.scaling.factor": 4.0, "olmo2.rope.scaling.original_context_length": (8, U32)}),
 }
+
+# a converted case's file under another architecture name, with keys added: (source case, arch, keys)
+RENAMED: dict[str, tuple[str, str, dict]] = {
+    "qwen3vlmoe": ("qwen3moe", "qwen3vlmoe", {"rope.dimension_sections": [4, 2, 2, 0]}),
+}
+
+
+def renamed(src: Path, dst: Path, arch: str, keys: dict) -> Path:
+    """src's tensors and metadata with every `OLD.*` key as `arch.*`, `arch.KEY` set for `keys`."""
+    reader = gguf.GGUFReader(src)
+    old = reader.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(dst, arch)
+    w.kv_data[0].clear()
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF."):
+            continue
+        value = arch if name == "general.architecture" else field.contents()
+        name = arch + name[len(old):] if name.startswith(old + ".") else name
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(name, value, field.types[0], sub_type=field.types[-1])
+        else:
+            w.add_key_value(name, value, field.types[0])
+    for name, value in keys.items():
+        w.add_array(f"{arch}.{name}", value)
+    for t in reader.tensors:
+        data = np.asarray(t.data)
+        if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            data = data.reshape([int(n) for n in reversed(t.shape.tolist())])
+        w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
 
 # llama-server's rope flags (or --override-kv) over a case's file (cli/model_meta_args.py): <name>.json only, its rows
 # naming the file ("model") and the flags ("flags"); windowed layers keep the file's rope (gemma3)
@@ -170,8 +211,8 @@ def _complete(port: int, ids: list[int]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("names", nargs="*", help=f"cases to make (default: all of {', '.join(CASES | FLAGGED)})")
-    names = ap.parse_args().names or list(CASES | FLAGGED)
+    ap.add_argument("names", nargs="*", help=f"cases to make (default: all of {', '.join(CASES | RENAMED | FLAGGED)})")
+    names = ap.parse_args().names or list(CASES | RENAMED | FLAGGED)
     OUT.mkdir(parents=True, exist_ok=True)
     for name in names:
         if name in FLAGGED:
@@ -185,7 +226,11 @@ def main() -> None:
             (OUT / f"{model}.log").unlink(missing_ok=True)
             print(f"{name}: {model} {' '.join(flags)}, greedy {[r['generated_ids'][:6] for r in rows]}")
             continue
-        gguf = write_tiny_gguf(OUT / f"{name}.gguf", seed=sum(map(ord, name)), **(SMALL | CASES[name]))
+        if name in RENAMED:
+            source, arch, keys = RENAMED[name]
+            gguf = renamed(OUT / f"{source}.gguf", OUT / f"{name}.gguf", arch, keys)
+        else:
+            gguf = write_tiny_gguf(OUT / f"{name}.gguf", seed=sum(map(ord, name)), **(SMALL | CASES[name]))
         rows = run_llama(gguf)
         (OUT / f"{name}.json").write_text(json.dumps(rows, indent=None) + "\n")
         gguf.with_suffix(".log").unlink(missing_ok=True)

@@ -6,7 +6,8 @@ granite's multipliers, MoE weight renormalization, gating and activation, gpt-os
 attention sinks, smollm3's NoPE layers, mistral3's q temperature, olmo2's missing pre-norms,
 exaone4's unrotated full layers, the hybrids' recurrent layers, qwen35's gated attention and
 nemotron_h's one-block layers); glm4,
-ernie4_5, seed_oss, internlm2, exaone, gemma, arcee and minicpm are rows of existing switches. Apart from spec.py so that adding a row is an
+ernie4_5, seed_oss, internlm2, exaone, gemma, arcee, minicpm and the Qwen-VL language models are rows of
+existing switches. Apart from spec.py so that adding a row is an
 edit of this table alone.
 """
 
@@ -59,6 +60,7 @@ class ArchDef:
     attn_gate: bool = False      # attn_q holds q and an output gate per head: out * sigmoid(gate) (qwen35)
     single_blocks: bool = False  # one block a layer: an FFN alone where feed_forward_length says, else a mixer
     parallel_mixers: bool = False  # every layer: attention and a recurrent mixer side by side, summed (falcon-h1)
+    mrope: str = ""              # "mrope" / "imrope": M-RoPE sections, neox rope for text (spec_keys.text_rope_check)
 
 
 ARCHS: dict[str, ArchDef] = {
@@ -86,6 +88,12 @@ ARCHS: dict[str, ArchDef] = {
     "glm4": ArchDef(qkv_bias=True, post_norms=True, fused=True),
     # src/models/ernie4-5.cpp (ERNIE-4.5 dense): llama's block
     "ernie4_5": ArchDef(),
+    # the language models of Qwen2-VL / Qwen2.5-VL (src/models/qwen2vl.cpp: qwen2 with M-RoPE), Qwen3-VL
+    # (qwen3vl.cpp: qwen3 with interleaved M-RoPE; its deepstack inputs are zeros for text) and Qwen3-VL MoE:
+    # text only (images need a projector: refused)
+    "qwen2vl": ArchDef(qkv_bias=True, rope_mode="neox", mrope="mrope"),
+    "qwen3vl": ArchDef(rope_mode="neox", qk_norm=True, mrope="imrope"),
+    "qwen3vlmoe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True, mrope="imrope"),
     # src/models/internlm2.cpp (InternLM2/2.5; the converter splits wqkv): llama's block
     "internlm2": ArchDef(),
     # src/models/exaone.cpp (EXAONE 3.0/3.5): llama's block, NEOX rope, llama3's rope_freqs where the file has them
@@ -109,12 +117,13 @@ ARCHS: dict[str, ArchDef] = {
                                swa_pattern=6, bidirectional=True, swa_rope_file=True),
     # hybrids (recurrent_spec.py, model/recurrent_layer.py)
     # Qwen3.5: 3 of 4 layers gated delta-net (model/delta_net.py), the rest gated attention; its
-    # interleaved M-RoPE is neox rope for text (recurrent_spec.text_rope_check)
-    "qwen35": ArchDef(rope_mode="neox", qk_norm=True, ffn_norm="post_attention_norm", hybrid="gdn", attn_gate=True),
+    # interleaved M-RoPE is neox rope for text (spec_keys.text_rope_check)
+    "qwen35": ArchDef(rope_mode="neox", qk_norm=True, ffn_norm="post_attention_norm", hybrid="gdn", attn_gate=True,
+                      mrope="imrope"),
     # Qwen3.5 MoE: the same layers, every FFN routed (softmax, top-k, renormalized) plus a shared
     # expert behind a sigmoid gate (qwen2moe's)
     "qwen35moe": ArchDef(rope_mode="neox", qk_norm=True, ffn_norm="post_attention_norm", hybrid="gdn",
-                         attn_gate=True, moe_norm=True),
+                         attn_gate=True, moe_norm=True, mrope="imrope"),
     # LFM2: short gated convolutions (model/short_conv.py) where attention.head_count_kv is 0, the
     # others attention with per-head q/k norms; the final norm is named token_embd_norm
     "lfm2": ArchDef(rope_mode="neox", qk_norm=True, hybrid="shortconv", out_norm="token_embd_norm", swa_all=True),

@@ -133,25 +133,6 @@ def _width(key, name: str) -> int:
     return width
 
 
-def text_rope_check(key, rope_dim: int) -> None:
-    """Qwen3.5 rotates q/k with interleaved M-RoPE (ggml's IMROPE) over `rope.dimension_sections`.
-    For text every section's position is the token's, except the 4th ("e"), which llama.cpp sets to
-    0: a pair in that section is not rotated. Served as plain neox rope over `rope_dim` when every
-    pair lands in the t, h or w section (Qwen3.5's [11, 11, 10, 0] over 32 pairs does); else refused."""
-    sections = key.raw("rope.dimension_sections")
-    if not isinstance(sections, list) or len(sections) < 3 or not all(isinstance(s, int) and s >= 0 for s in sections):
-        raise key.error(f"rope.dimension_sections = {sections!r} is not a list of section sizes")
-    t, h, w = sections[:3]
-    total = sum(sections[:4])
-    for pair in range(rope_dim // 2):
-        sector = pair % total if total else pair
-        in_thw = (sector % 3 == 0 and sector < 3 * t) or (sector % 3 == 1 and sector < 3 * h) \
-            or (sector % 3 == 2 and sector < 3 * w)
-        if not in_thw:
-            raise key.error(f"rope.dimension_sections {sections} leave rotary pair {pair} unrotated for text "
-                            "(not supported)")
-
-
 def mtp_tensors(names, spec) -> frozenset[str]:
     """The tensors of a hybrid model's multi-token-prediction blocks (`blk.N.*` from N = n_layers on,
     `nextn_predict_layers` of them): llama.cpp skips them unless asked to draft with them, so do we."""

@@ -48,6 +48,8 @@ class RopeTable:
         inv = base ** (-2.0 * i / spec.rope_dim)
         if self.freq_factors is not None:
             inv = inv / self.freq_factors
+        if spec.still_pairs:   # M-RoPE's pairs that text leaves unrotated (their position is 0)
+            inv[list(spec.still_pairs)] = 0.0
         if not self.scaled:   # olmo2's windowed layers: llama.cpp passes ext_factor 0, attn_factor 1
             return torch.outer(pos, inv) * scale, 1.0
         extrap = torch.outer(pos, inv)                         # [n, rope_dim/2]

@@ -16,10 +16,11 @@ import numpy as np
 from slotserver.model.archs import ARCHS
 from slotserver.model.gguf_file import GGUFError, GGUFFile
 from slotserver.model.moe_spec import MoeSpec
-from slotserver.model.recurrent_spec import RecurrentSpec, text_rope_check
+from slotserver.model.recurrent_spec import RecurrentSpec
 from slotserver.model.rope_scaling import RopeFlags, RopeScaling
 from slotserver.model.spec_keys import (MetaKeys, attn_bias, attn_scale, embed_scale, ffn_lengths, kv_heads,
-                                        logit_scale, no_rope_step, residual_scale, sliding_windows)
+                                        logit_scale, no_rope_step, residual_scale, sliding_windows,
+                                        text_still_pairs)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class ModelSpec:
     ffn_norm: str = "ffn_norm"  # name of each layer's FFN pre-norm tensor (blk.N.<name>.weight)
     no_rope_step: int = 0       # layer i unrotated when (i + 1) % no_rope_step == 0 (smollm3); 0: every layer rotated
     nope_full: bool = False     # a windowed model's full-attention layers unrotated (exaone4)
+    still_pairs: tuple[int, ...] = ()   # rotary pairs M-RoPE leaves unrotated for text (spec_keys.text_rope_pairs)
     bidirectional: bool = False  # an embedding model attending both ways (gemma-embedding): no generation
     attn_temp_scale: float = 0.0  # mistral3: q x (1 + this * ln(1 + floor(pos / rope.file_ctx))) (0: off)
     recurrent: RecurrentSpec | None = None  # a hybrid model's delta-net layers (None: every layer attends)
@@ -183,8 +185,8 @@ class ModelSpec:
                        if a.hybrid else None),
             attn_gate=a.attn_gate, out_norm=a.out_norm, ffn_only=ffn_only, parallel_mixers=a.parallel_mixers,
         )
-        if a.hybrid == "gdn":
-            text_rope_check(key, rope_dim)
+        if a.mrope:
+            spec = replace(spec, still_pairs=text_still_pairs(key, rope_dim, a.mrope == "imrope"))
         if a.hybrid and key.raw("attention.causal", True) is False:   # LFM2's bidirectional embedders
             raise GGUFError(f"{f.path}: a non-causal {arch} (an embedding model) is not supported")
         if a.attn_temp and spec.moe is not None:

@@ -159,3 +159,28 @@ def _minicpm_defaults(d_model: int, n_layers: int) -> tuple[float, float, float]
     """llama_model_minicpm::load_arch_hparams' defaults (embedding, residual, logit), in float32 as there."""
     f32 = np.float32
     return 12.0, float(f32(1.4) / np.sqrt(f32(n_layers))), float(f32(256.0) / f32(d_model))
+
+
+def text_still_pairs(key: MetaKeys, rope_dim: int, interleaved: bool) -> tuple[int, ...]:
+    """M-RoPE (ggml's MROPE: Qwen2-VL, Qwen2.5-VL) and its interleaved form (IMROPE: Qwen3-VL,
+    Qwen3.5) rotate each pair by one of 4 positions, chosen by `rope.dimension_sections`. For text
+    the first 3 (t, h, w) are the token's position and the 4th ("e") is 0, as llama.cpp sets them:
+    so text is neox rope, except that a pair in no t, h or w section is not rotated (angle 0).
+    -> those pairs (none for Qwen2-VL's [16, 24, 24, 0] over 64 pairs or Qwen3.5's [11, 11, 10, 0]
+    over 32; pairs 61 and 62 of Qwen3-VL's interleaved [24, 20, 20, 0]). Images are not served
+    (multimodal input is refused)."""
+    sections = key.raw("rope.dimension_sections")
+    if not isinstance(sections, list) or len(sections) < 3 or not all(isinstance(s, int) and s >= 0 for s in sections):
+        raise key.error(f"rope.dimension_sections = {sections!r} is not a list of section sizes")
+    t, h, w = sections[:3]
+    total, still = sum(sections[:4]), []
+    for pair in range(rope_dim // 2):
+        sector = pair % total if total else pair
+        if interleaved:
+            in_thw = (sector % 3 == 0 and sector < 3 * t) or (sector % 3 == 1 and sector < 3 * h) \
+                or (sector % 3 == 2 and sector < 3 * w)
+        else:
+            in_thw = sector < t + h + w
+        if not in_thw:
+            still.append(pair)
+    return tuple(still)
