@@ -2,24 +2,27 @@
 and `hf_hub_download` (and so for `-hf`): the file tree of a revision, and each file's resolve URL
 (HEAD with the commit, ETag and size headers the client reads; GET with ranges). Repositories are
 {"user/repo": {"path": bytes}}; "gated" and "private" ones answer as the hub answers those.
-Every request is recorded in `seen`.
+Every request is recorded in `seen`. A file named in `slow` is sent 4 KiB at a time, that many
+seconds apart (a download long enough to be cancelled).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 class HubStub:
-    def __init__(self, repos: dict[str, dict[str, bytes]], gated: tuple[str, ...] = ()) -> None:
-        self.repos, self.gated, self.seen = repos, gated, []
+    def __init__(self, repos: dict[str, dict[str, bytes]], gated: tuple[str, ...] = (),
+                 slow: dict[str, float] | None = None) -> None:
+        self.repos, self.gated, self.seen, self.slow = repos, gated, [], slow or {}
         self.app = Starlette(routes=[
             Route("/api/models/{user}/{repo}/tree/{rev:path}", self.tree, methods=["GET"]),
             Route("/{user}/{repo}/resolve/{rev}/{file:path}", self.resolve, methods=["GET", "HEAD"]),
@@ -57,7 +60,15 @@ class HubStub:
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
         body = b"" if request.method == "HEAD" else data[start:]
         headers["Content-Length"] = str(len(data) - start)
+        if body and (pause := self.slow.get(request.path_params["file"])):
+            return StreamingResponse(_trickle(body, pause), 206 if start else 200, headers=headers)
         return Response(body, 206 if start else 200, headers=headers)
+
+
+async def _trickle(body: bytes, pause: float):
+    for i in range(0, len(body), 4096):
+        yield body[i:i + 4096]
+        await asyncio.sleep(pause)
 
 
 def _sha(data: bytes) -> str:

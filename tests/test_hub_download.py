@@ -36,6 +36,7 @@ def split_tiny() -> dict[str, bytes]:
 
 
 PARTS = split_tiny()
+SLOW = bytes(400_000)   # a file the stand-in hub trickles (never complete in the tests that ask for it)
 REPO = {"m-Q4_K_M.gguf": TINY, "m-Q8_0.gguf": TINY + b"", "mmproj-m-f16.gguf": b"projector",
         "README.md": b"# m", **PARTS}
 
@@ -43,7 +44,8 @@ REPO = {"m-Q4_K_M.gguf": TINY, "m-Q8_0.gguf": TINY + b"", "mmproj-m-f16.gguf": b
 @pytest.fixture()
 def hub(tmp_path, monkeypatch):
     stub = HubStub({"org/m-GGUF": REPO, "org/only-f16": {"x-F16.gguf": TINY},
-                    "org/parts-missing": {k: v for k, v in PARTS.items() if "-00002-" not in k}}, gated=("org/gated",))
+                    "org/parts-missing": {k: v for k, v in PARTS.items() if "-00002-" not in k},
+                    "org/slow": {"s-Q8_0.gguf": SLOW}}, gated=("org/gated",), slow={"s-Q8_0.gguf": 0.05})
     server = Serving(stub.app)
     for var in ("HF_TOKEN", "HF_HUB_OFFLINE", "LLAMA_OFFLINE", "HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE"):
         monkeypatch.delenv(var, raising=False)
@@ -209,3 +211,36 @@ def test_the_download_api_needs_the_key_and_takes_one_download_per_name(hub, tmp
         while "org/m-GGUF:Q8_0" not in cache.list_models(cache_dir):
             assert time.time() < deadline
             time.sleep(0.1)
+
+
+def test_deleting_or_unloading_a_download_in_flight_stops_it(hub, tmp_path):
+    """llama-server's router cancels a download on DELETE /models (its files go, a partial one too)
+    and on POST /models/unload (the partial file stays, resumable); either ends it at once, not when
+    its bytes are all in."""
+    stub, _, _ = hub
+    cache_dir = tmp_path / "hub"
+    cache_dir.mkdir()
+    blobs = cache_dir / "models--org--slow" / "blobs"
+    assert len(SLOW) // 4096 * 0.05 > 4                       # the whole file would take seconds
+    with serving(tmp_path, "--models-cache", str(cache_dir), "--no-watch") as srv:
+        def listed() -> dict:
+            return {m["id"]: m["status"]["value"] for m in httpx.get(srv.url + "/models").json()["data"]}
+
+        for stop in ("delete", "unload"):
+            stub.seen.clear()
+            assert httpx.post(srv.url + "/models", json={"model": "org/slow:Q8_0"}, timeout=30).status_code == 200
+            deadline = time.time() + 30
+            while not any(s.startswith("GET /org/slow/resolve/") for s in stub.seen):   # its bytes flow
+                assert time.time() < deadline
+                time.sleep(0.05)
+            time.sleep(0.3)
+            assert listed() == {"org/slow:Q8_0": "downloading"} and list(blobs.glob("*.incomplete"))
+            t0 = time.time()
+            r = (httpx.delete(srv.url + "/models", params={"model": "org/slow:Q8_0"}, timeout=30) if stop == "delete"
+                 else httpx.post(srv.url + "/models/unload", json={"model": "org/slow:Q8_0"}, timeout=30))
+            assert r.json() == {"success": True}
+            while listed():
+                assert time.time() - t0 < 3, f"{stop}: the download was not stopped"
+                time.sleep(0.05)
+            assert cache.list_models(cache_dir) == {}
+            assert bool(list(blobs.glob("*.incomplete"))) == (stop == "unload")   # unload: resumable

@@ -145,3 +145,10 @@ def remove(cache: Path, ref: str) -> bool:
         if blob.parent == (repo_dir / "blobs").resolve():
             blob.unlink(missing_ok=True)
     return bool(gone)
+
+
+def remove_partial(cache: Path, repo: str) -> None:
+    """The repository's partial downloads (huggingface_hub's `blobs/*.incomplete`): a cancelled
+    download deleted (router/downloads.py) leaves no bytes behind."""
+    for part in (cache / ("models--" + repo.replace("/", "--")) / "blobs").glob("*.incomplete"):
+        part.unlink(missing_ok=True)

@@ -140,6 +140,9 @@ async def load(request: Request) -> Response:
 
 async def unload(request: Request) -> Response:
     router, name = _router(request), (await _json_body(request)).get("model") or ""
+    if name in router.downloads.active and name not in router.catalog:   # a download in flight: stopped
+        router.downloads.cancel(name)
+        return JSONResponse({"success": True})
     if name not in router.catalog:
         raise RouterError(400, "model is not found")
     if not router.instances[name].running:

@@ -7,18 +7,21 @@ background: /models lists the name with status `downloading` meanwhile, with its
 done and total per file); /models/sse sends `download_progress` events as it grows, then
 `download_finished` (the cache is read again, so the model is listed under its cache name,
 USER/REPO:QUANT) or `download_failed` with the reason. DELETE stops the model if it runs, then
-deletes its files as llama.cpp does (hub/cache.py `remove`): a cache model only, as there. A
-download in flight cannot be interrupted here (huggingface_hub's call runs to its end): deleting it
-makes its files go as soon as it finishes; until then it stays listed as downloading.
-The download runs on a daemon thread, so stopping the router does not wait for it (a partial file
-stays in the cache, and huggingface_hub resumes it next time). A model being deleted cannot be
-loaded (`removing`, which ModelRouter.load checks), so a queued request cannot revive it.
+deletes its files as llama.cpp does (hub/cache.py `remove`): a cache model only, as there.
+The download runs in a child process (hub/download_child.py), as llama-server's router downloads in
+a child: DELETE of a download in flight, or stopping the router, terminates it at once (the partial
+file stays in the cache's blobs, and huggingface_hub resumes it if the model is asked for again;
+DELETE then removes what the cache lists of it). A model being deleted cannot be loaded
+(`removing`, which ModelRouter.load checks), so a queued request cannot revive it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -40,6 +43,7 @@ class Downloads:
     def __init__(self, router: "ModelRouter") -> None:
         self.router = router
         self.active: dict[str, bool] = {}   # name -> deleted while downloading
+        self.children: dict[str, asyncio.subprocess.Process] = {}   # name -> its download's process
         self.progress: dict[str, dict[str, dict[str, int]]] = {}   # name -> file -> {done, total} bytes
         self.removing: set[str] = set()      # cache models being deleted: not loadable (models.py load)
 
@@ -71,23 +75,27 @@ class Downloads:
         self.router.spawn(self._run(ref, name, token, where))
 
     async def _run(self, ref: str, name: str, token: str | None, where: Path) -> None:
-        """Download the file `start` chose (no second listing, so no other file), then say how it went."""
+        """Download the file `start` chose (no second listing, so no other file) in a child process,
+        then say how it went."""
         from slotserver.hub import cache
-        from slotserver.hub.download import check_ref, download
+        from slotserver.hub.download import check_ref
 
-        loop = asyncio.get_running_loop()
-
-        def report(file: str, done: int, total: int) -> None:   # on the download's thread
-            loop.call_soon_threadsafe(self._progress, ref, file, done, total)
         try:
-            await _in_thread(download, check_ref(ref)[0], name, token, where, report)
-            failed = None
-        except Exception as e:
-            failed = str(e) or type(e).__name__
+            failed = await self._child(ref, check_ref(ref)[0], name, token, where)
+        except OSError as e:   # the child could not start
+            failed = f"the download could not start: {e}"
         self.progress.pop(ref, None)
         try:
-            if self.active.pop(ref, False):   # deleted meanwhile
-                await _in_thread(cache.remove, where, ref)
+            deleted = self.active.get(ref, False)
+            try:
+                if deleted:   # deleted meanwhile: its files, a partial one too (listed until they are gone)
+                    await _in_thread(cache.remove, where, ref)
+                    repo = check_ref(ref)[0]
+                    if not any(check_ref(other)[0] == repo for other in self.active if other != ref):
+                        await _in_thread(cache.remove_partial, where, repo)
+            finally:
+                self.active.pop(ref, None)
+            if deleted:
                 self.router.events.publish("model_remove", ref)
             elif failed:
                 log.warning("router: downloading %s failed: %s", ref, failed)
@@ -97,6 +105,30 @@ class Downloads:
             await self.router.reload()
         except (ConfigError, OSError) as e:   # an edited preset file gone bad, a cache not writable
             log.warning("router: after downloading %s: %s", ref, e)
+
+    async def _child(self, ref: str, repo: str, name: str, token: str | None, where: Path) -> str | None:
+        """hub/download_child.py for `name`, its progress lines reported -> None, or why it failed."""
+        env = dict(os.environ, **({"HF_TOKEN": token} if token else {}))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "slotserver.hub.download_child", repo, name, str(where),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env)
+        self.children[ref] = proc
+        error = None
+        try:
+            async for line in proc.stdout:
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if "file" in msg:
+                    self._progress(ref, msg["file"], int(msg["done"]), int(msg["total"]))
+                error = msg.get("error", error)
+            code = await proc.wait()
+        finally:
+            self.children.pop(ref, None)
+        if code == 0:
+            return None
+        return error or ("cancelled" if self.active.get(ref) else f"the download process ended with code {code}")
 
     def _progress(self, ref: str, file: str, done: int, total: int) -> None:
         """llama-server's download_progress event: {"progress": {FILE: {"done", "total"}}} (bytes)."""
@@ -109,8 +141,8 @@ class Downloads:
         from slotserver.hub import cache
 
         where = self._cache()
-        if name in self.active:
-            self.active[name] = True
+        if name in self.active:   # in flight: its process stopped now, its files go when _run sees it end
+            self.cancel(name, delete=True)
             return
         entry = self.router.catalog.get(name)
         if entry is None:
@@ -132,6 +164,20 @@ class Downloads:
             await self.router.reload()   # it drops the entry (and says model_remove)
         except ConfigError as e:
             log.warning("router: after removing %s: %s", name, e)
+
+    def cancel(self, name: str, delete: bool = False) -> None:
+        """Stop the download of `name` now (POST /models/unload, as llama-server's router; DELETE with
+        `delete`: its files are removed once its process has ended)."""
+        if delete:
+            self.active[name] = True
+        if (proc := self.children.get(name)) is not None and proc.returncode is None:
+            proc.terminate()
+
+    def stop(self) -> None:
+        """The router stops: every download's process with it (a partial file stays, resumable)."""
+        for proc in self.children.values():
+            if proc.returncode is None:
+                proc.terminate()
 
     def listing(self) -> list[dict]:
         """The downloads in flight as /models entries (llama-server lists them so)."""

@@ -159,6 +159,7 @@ class ModelRouter:
         self._notify()
 
     async def stop_all(self) -> None:
+        self.downloads.stop()
         for name in list(self.instances):
             self.request_stop(name)
         while any(i.running for i in self.instances.values()):
