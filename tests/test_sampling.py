@@ -328,6 +328,49 @@ def test_greedy_native_pass_equals_the_batched_sampler(vocab):
         sampler.sample(logits[:1], every, rngs[:1], hist[:1])
 
 
+@pytest.mark.parametrize("vocab", [49152, 1001])   # 1001: the vector loop's scalar tail
+def test_truncated_native_pass_draws_what_the_batched_sampler_draws(vocab):
+    """Rows truncated by top_k (llama-server's default chain, what nearly every request runs) take one
+    C pass (slotserver/model/sampling/truncated.py); an all-true grammar mask forces the batched torch
+    path. Same tokens for every seed, over top_k 1-256 with top_p, min_p, temperatures, greedy rows,
+    logit_bias, the repeat/frequency/presence penalties over windows of repeated tokens, and rows with
+    fewer finite logits than top_k; a NaN row fails before any row draws, so
+    each row's stream is where the batched path leaves it. Tied logits keep the lower id first (a
+    stable sort: the same order alone or in any batch, where the batched path's blocked top-k orders
+    ties by block), so all-equal logits draw only the top_k lowest ids."""
+    from slotserver.model.sampling import truncated
+    if truncated._LIB is None:
+        pytest.skip("the native pass needs the C compiler (SLOTSERVER_NATIVE=0 or none)")
+    rnd, gen = random.Random(vocab), torch.Generator().manual_seed(vocab)
+    sampler, mask = Sampler(vocab), torch.ones(16, vocab, dtype=torch.bool)
+    for trial in range(12):
+        params = [SamplingParams(temperature=rnd.choice([0, 0.2, 0.8, 1.5]), top_k=rnd.choice([1, 2, 40, 256]),
+                                 top_p=rnd.choice([1.0, 0.95, 0.5, 0.0]), min_p=rnd.choice([0, 0.05, 0.3]),
+                                 logit_bias=rnd.choice([(), ((3, -math.inf), (10, 5.0), (10, 1.0))]),
+                                 repeat_penalty=rnd.choice([1.0, 1.3]), repeat_last_n=rnd.choice([0, 8, -1]),
+                                 presence_penalty=rnd.choice([0, 0.5]), frequency_penalty=rnd.choice([0, 0.3]))
+                  for _ in range(16)]
+        history = [[rnd.randrange(50) for _ in range(40)] for _ in params]   # repeats: counts above 1
+        logits = torch.randn(16, vocab, generator=gen) * rnd.choice([1, 4, 12])
+        logits[trial % 16, 40:] = -math.inf                             # fewer finite logits than some top_k
+        seeds = [rnd.randrange(2**32) for _ in params]
+        fast_rngs, slow_rngs = [SequenceRng(x) for x in seeds], [SequenceRng(x) for x in seeds]
+        for _ in range(3):   # the streams move on together
+            fast = sampler.sample(logits, params, fast_rngs, history).tokens
+            slow = sampler.sample(logits, params, slow_rngs, history, mask).tokens
+            assert fast.tolist() == slow.tolist(), trial
+            for h, t in zip(history, fast.tolist()):
+                h.append(t)
+    bad = logits.clone()
+    bad[5, 17] = math.nan
+    with pytest.raises(SamplingError, match="row 5"):
+        sampler.sample(bad, params, fast_rngs, [[]] * 16)
+    assert [r.next_uniform() for r in fast_rngs] == [r.next_uniform() for r in slow_rngs]   # no draw was made
+    flat = [SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0)] * 16
+    drawn = sampler.sample(torch.zeros(16, vocab), flat, [SequenceRng(x) for x in range(16)], [[]] * 16).tokens
+    assert set(drawn.tolist()) == {0, 1, 2}
+
+
 @pytest.mark.parametrize("bias", [False, True])   # probabilities from the adjusted logits, or from the raw ones
 def test_a_rows_reported_logprobs_are_the_same_bits_in_any_batch(bias):
     """Issue 32 (4): a row's reported log-probabilities must not depend on the rows beside it (the
