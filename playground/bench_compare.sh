@@ -5,19 +5,20 @@
 # rounds, so a slow spell of this noisy machine hits both alike; the table shows the median of
 # the rounds and every round's throughput ratio. Each (round, concurrency) has its own prompt seed,
 # and both servers get the same prompts: no prompt is ever seen twice by a server's prompt cache.
-# Usage: [ROUNDS=2] [MODEL=f.gguf] [SLOT_FLAGS=...] playground/bench_compare.sh /path/to/llama-server [outdir]
+# Usage: [ROUNDS=2] [MODEL=f.gguf] [SLOT_FLAGS=...] [BENCH_FLAGS=...] playground/bench_compare.sh /path/to/llama-server [outdir]
 set -euo pipefail
 LLAMA_SERVER=${1:?path to llama-server (see docs/performance.md to build it)}
 OUT=${2:-playground/out/bench}
 ROUNDS=${ROUNDS:-2}
 MODEL=${MODEL:-$(.venv/bin/python -c "from slotserver.model.default_model import default_model_path as p; print(p())")}
 SLOT_FLAGS=${SLOT_FLAGS:-}   # e.g. SLOT_FLAGS="--weights q" to compare another weight format
+BENCH_FLAGS=${BENCH_FLAGS:-}   # e.g. BENCH_FLAGS="--temperature 0.8": llama-server's default chain (default: greedy)
 mkdir -p "$OUT"
 wait_up() { for _ in $(seq 600); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 0.5; done; return 1; }
 bench() {  # name port concurrency round
   local n=$(( $3 == 1 ? 8 : ($3 == 8 ? 32 : 64) ))
   .venv/bin/slotserver bench --base-url "http://127.0.0.1:$2" --backend openai --input-len 128 --output-len 64 \
-    --num-prompts "$n" --max-concurrency "$3" --warmup 2 --seed "$(( 100 * $4 + $3 ))" --no-progress --json "$OUT/$1-c$3-r$4.json" > "$OUT/$1-c$3-r$4.txt"
+    --num-prompts "$n" --max-concurrency "$3" --warmup 2 --seed "$(( 100 * $4 + $3 ))" --no-progress --json "$OUT/$1-c$3-r$4.json" $BENCH_FLAGS > "$OUT/$1-c$3-r$4.txt"
 }
 .venv/bin/slotserver serve -m "$MODEL" --port 8091 -np 32 -c 8192 -t 2 --no-watch $SLOT_FLAGS > "$OUT/slotserver.log" 2>&1 &
 SLOT=$!

@@ -62,6 +62,15 @@ def test_the_first_part_serves_what_the_whole_file_serves(files):
     assert b["model_path"] == str(first)
 
 
+def test_a_first_part_of_metadata_alone_serves_as_well(files, tmp_path):
+    """The converters' --no-tensor-first-split: part 1 holds no tensor, every weight is elsewhere."""
+    first = write_tiny_gguf(tmp_path / "tiny.gguf", split_max_tensors=10, small_first_shard=True, **MODEL)
+    f = GGUFFile.open(first)
+    assert {i.part for i in f.tensors.values()} == {1, 2, 3} and len(f.tensors) == 29
+    a, b = completion(files[0]), completion(first)
+    assert (b["content"], b["completion_probabilities"]) == (a["content"], a["completion_probabilities"])
+
+
 def test_a_later_part_names_the_first(files):
     second = files[1].with_name("tiny-00002-of-00010.gguf")
     with pytest.raises(GGUFError, match=r"tiny-00002-of-00010.gguf: is part 2 of 10 of a split GGUF: "

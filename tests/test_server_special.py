@@ -53,9 +53,10 @@ def test_the_end_token_ends_the_answer_with_its_text(clients):
 
 
 def test_a_stop_string_can_match_the_end_tokens_text(clients):
+    """The word is cut and named; the end is still the end token's (llama-server: STOP_TYPE_EOS)."""
     _, sp, _, end = clients
     b = forced(sp, end, stop=["_end|>"])
-    assert (b["content"], b["stop_type"], b["stopping_word"]) == ("<|im", "word", "_end|>")
+    assert (b["content"], b["stop_type"], b["stopping_word"]) == ("<|im", "eos", "_end|>")
 
 
 def test_openai_logprobs_follow_the_flag(clients):

@@ -239,7 +239,7 @@ def write_tiny_gguf(path: str | os.PathLike, *, arch: str = "llama", n_layers: i
                     seed: int = 0, qkv_bias: bool = False, chat_template: str = CHATML,
                     rms_eps: float = 1e-5, head_dim: int | None = None, features: Sequence[str] = (),
                     extra_specials: Sequence[str] = (), transform: Any = None, split_max_tensors: int = 0,
-                    **overrides: Any) -> Path:
+                    small_first_shard: bool = False, **overrides: Any) -> Path:
     """Write a tiny random model to `path` and return it as a Path.
 
     2-D weights are stored as `tensor_type` (quantized types need d_model and d_ff to be
@@ -249,6 +249,7 @@ def write_tiny_gguf(path: str | os.PathLike, *, arch: str = "llama", n_layers: i
     write (tests/tiny_lora.py writes a model with LoRA deltas merged into it).
     `split_max_tensors`: a split GGUF of parts of at most that many tensors, written by gguf-py as the
     converters write one (`path`'s stem + `-00001-of-0000N.gguf`...); the first part's path is returned.
+    `small_first_shard`: that first part holds the metadata alone (the converters' --no-tensor-first-split).
     `overrides` maps full metadata keys (pass them as `**{"llama.context_length": 512}`) to new
     values, keeping a known key's value type (a new key: int32, float32 or string, unless given as
     a `(value, GGUFValueType)` pair); a value of None removes the key.
@@ -264,7 +265,7 @@ def write_tiny_gguf(path: str | os.PathLike, *, arch: str = "llama", n_layers: i
                            head_dim=head_dim, features=features)
     if transform is not None:
         weights = transform(weights)
-    writer = gguf.GGUFWriter(Path(path), arch, split_max_tensors=split_max_tensors)
+    writer = gguf.GGUFWriter(Path(path), arch, split_max_tensors=split_max_tensors, small_first_shard=small_first_shard)
     for key, value in overrides.items():
         if value is None:
             meta.pop(key, None)

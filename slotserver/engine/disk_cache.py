@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import queue
 import threading
 import zlib
@@ -41,15 +42,26 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def model_key(model_path: Path, kv_dtype: torch.dtype, geometry: tuple[int, int, int]) -> str:
-    """A short hash naming the model file, the KV type and the (layers, kv heads, head_dim)."""
+    """A short hash naming the model file (every part of a split GGUF: its first may hold metadata
+    alone), the KV type and the (layers, kv heads, head_dim)."""
     h = hashlib.sha256()
-    size = model_path.stat().st_size
-    with model_path.open("rb") as f:
-        h.update(f.read(SAMPLE))
-        f.seek(max(0, size - SAMPLE))
-        h.update(f.read(SAMPLE))
-    h.update(f"{size}|{kv_dtype}|{geometry}".encode())
+    for path in _parts(model_path):
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            h.update(f.read(SAMPLE))
+            f.seek(max(0, size - SAMPLE))
+            h.update(f.read(SAMPLE))
+        h.update(f"{size}|".encode())
+    h.update(f"{kv_dtype}|{geometry}".encode())
     return h.hexdigest()[:24]
+
+
+def _parts(path: Path) -> list[Path]:
+    """A split GGUF's parts from its first part's name (model/gguf_split.py's naming), else [path]."""
+    m = re.match(r"^(.*)-00001-of-(\d{5})\.gguf$", path.name)
+    if not m or int(m.group(2)) < 2:
+        return [path]
+    return [path.with_name(f"{m.group(1)}-{i:05d}-of-{m.group(2)}.gguf") for i in range(1, int(m.group(2)) + 1)]
 
 
 class DiskCache:

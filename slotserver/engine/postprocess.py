@@ -96,16 +96,16 @@ def _accept(sched: Scheduler, seq: Sequence, s: Sampled, eog: frozenset[int]) ->
 
 def _end_of_generation(sched: Scheduler, seq: Sequence, s: Sampled) -> None:
     """The end token's event (the held text it releases) and the "eos" end. With --special the end
-    token's own text ends the answer, stop strings checked on it as on any text (llama-server)."""
-    piece = seq.detok.flush()
+    token's own text ends the answer, its indentation and stop strings checked as on any text; a stop
+    string found there still ends the answer as "eos", naming the word (llama-server's process_token
+    sets STOP_TYPE_WORD, then STOP_TYPE_EOS for the end token)."""
+    piece = seq.detok.flush() + (seq.detok.push(s.token) + seq.detok.flush() if seq.request.special else "")
     if seq.lines is not None:
         seq.lines.feed(piece)   # llama-server checks the indentation before the end token: its cut holds
-    if seq.request.special:
-        piece += seq.detok.push(s.token) + seq.detok.flush()
     text, word = seq.stops.feed(piece)
     if word is not None:
         seq.handle.emit(_token_event(seq, s, text))
-        _finish(sched, seq, "word", word, False)
+        _finish(sched, seq, "eos", word, False)
         return
     seq.handle.emit(_token_event(seq, s, text + seq.stops.flush()))
     _finish(sched, seq, "eos", "", False)

@@ -95,13 +95,22 @@ def cached_files(cache: Path, repo: str | None = None) -> list[CachedFile]:
 
 
 def list_models(cache: Path) -> dict[str, Path]:
-    """{USER/REPO:TAG: file} for every model file in the cache."""
+    """{USER/REPO:TAG: file} for every model file in the cache (a split one with all its parts)."""
     out: dict[str, Path] = {}
-    for f in cached_files(cache):
+    files = cached_files(cache)
+    rels = {(f.repo, f.rel) for f in files}
+    for f in files:
         _, tag, _ = f.split()
-        if f.is_model and tag:
+        if f.is_model and tag and _whole(f.rel, {r for repo, r in rels if repo == f.repo}):
             out.setdefault(f"{f.repo}:{tag}", f.path)
     return out
+
+
+def _whole(rel: str, rels: set[str]) -> bool:
+    """Whether every part of the split GGUF `rel` is among `rels` (a whole file: yes). A download
+    stopped between parts leaves a first part that would not load."""
+    prefix, _, _, count = split_info(rel)
+    return count <= 1 or all(f"{prefix}-{i:05d}-of-{count:05d}.gguf" in rels for i in range(1, count + 1))
 
 
 def pick(names: list[str], tag: str) -> str | None:
@@ -119,6 +128,7 @@ def resolve(cache: Path | None, ref: str, file: str | None = None) -> Path:
     """`USER/REPO[:TAG]` (or one file of it) -> its cached path; ConfigError naming what is missing."""
     repo, _, tag = ref.partition(":")
     files = {f.rel: f for f in (cached_files(cache, repo) if cache is not None else [])}
+    files = {rel: f for rel, f in files.items() if _whole(rel, set(files))}
     name = file if file in files else None if file else pick(list(files), tag)
     if name is None:
         raise ConfigError(f"'{ref}{'/' + file if file else ''}' is not in the models cache "
@@ -147,8 +157,13 @@ def remove(cache: Path, ref: str) -> bool:
     return bool(gone)
 
 
-def remove_partial(cache: Path, repo: str) -> None:
-    """The repository's partial downloads (huggingface_hub's `blobs/*.incomplete`): a cancelled
-    download deleted (router/downloads.py) leaves no bytes behind."""
+def remove_partial(cache: Path, repo: str, since: float) -> None:
+    """The repository's partial downloads (huggingface_hub's `blobs/*.incomplete`) written since
+    `since` (a time.time()): a cancelled download deleted (router/downloads.py) leaves no bytes
+    behind, while another quant's partial file, kept by an earlier cancel, stays resumable."""
     for part in (cache / ("models--" + repo.replace("/", "--")) / "blobs").glob("*.incomplete"):
-        part.unlink(missing_ok=True)
+        try:
+            if part.stat().st_mtime >= since - 1:
+                part.unlink(missing_ok=True)
+        except FileNotFoundError:
+            pass

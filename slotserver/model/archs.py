@@ -60,7 +60,7 @@ class ArchDef:
     attn_gate: bool = False      # attn_q holds q and an output gate per head: out * sigmoid(gate) (qwen35)
     single_blocks: bool = False  # one block a layer: an FFN alone where feed_forward_length says, else a mixer
     parallel_mixers: bool = False  # every layer: attention and a recurrent mixer side by side, summed (falcon-h1)
-    mrope: str = ""              # "mrope" / "imrope": M-RoPE sections, neox rope for text (spec_keys.text_rope_check)
+    mrope: str = ""              # "mrope" / "imrope": M-RoPE sections, neox rope for text (spec_keys.text_still_pairs)
 
 
 ARCHS: dict[str, ArchDef] = {
@@ -117,7 +117,7 @@ ARCHS: dict[str, ArchDef] = {
                                swa_pattern=6, bidirectional=True, swa_rope_file=True),
     # hybrids (recurrent_spec.py, model/recurrent_layer.py)
     # Qwen3.5: 3 of 4 layers gated delta-net (model/delta_net.py), the rest gated attention; its
-    # interleaved M-RoPE is neox rope for text (spec_keys.text_rope_check)
+    # interleaved M-RoPE is neox rope for text (spec_keys.text_still_pairs)
     "qwen35": ArchDef(rope_mode="neox", qk_norm=True, ffn_norm="post_attention_norm", hybrid="gdn", attn_gate=True,
                       mrope="imrope"),
     # Qwen3.5 MoE: the same layers, every FFN routed (softmax, top-k, renormalized) plus a shared

@@ -120,5 +120,6 @@ class GGUFFile:
         uint8 view of its mapping."""
         data = self._parts[part]
         if offset < 0 or offset + n_bytes > len(data):
-            raise GGUFError(self.path, f"bytes {offset}..{offset + n_bytes} lie outside the file")
+            where = f"part {part + 1} of the split file" if len(self._parts) > 1 else "the file"
+            raise GGUFError(self.path, f"bytes {offset}..{offset + n_bytes} lie outside {where}")
         return data[offset:offset + n_bytes]

@@ -56,8 +56,9 @@ def applies(model: "LlamaModel", ops: KernelSet) -> bool:
     op that does not fold norm, gate and add into its own launches (qmatmul_gpu does not; the CPU's
     qmatmul does). The blocks' own op is what counts: until 2026-11-27 this asked the CPU's qmatmul
     whatever the op, so `--gpu-weights blocks` never ran this body (docs/gpu.md)."""
-    if ops.impl != "triton" or not model._plain or model.spec.moe is not None or model.spec.recurrent is not None:
-        return False
+    s = model.spec
+    if ops.impl != "triton" or not model._plain or s.moe is not None or s.recurrent is not None or s.act == "relu2":
+        return False   # (arcee's ungated squared ReLU: the layer loop's relu_sqr, not this body's gate)
     if not NEEDS <= ops.fuses.get("rms_norm", frozenset()):
         return False
     lin = model.weights.layers[0].qkv

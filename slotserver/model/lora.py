@@ -107,12 +107,14 @@ def _target(base: str, spec: ModelSpec, path: Path) -> tuple[tuple[int, str], in
     ffn = name.startswith("ffn_")
     if ffn and spec.moe is not None:
         raise LoraError(f"LoRA adapter {path}: {base}: adapters on a mixture-of-experts FFN are not supported")
+    ungated = spec.act == "relu2"   # arcee: gate_up holds the up rows alone
     table = {"attn_q": ("qkv", 0, q, d), "attn_k": ("qkv", q, kv, d), "attn_v": ("qkv", q + kv, kv, d),
              "attn_qkv": ("qkv", 0, q + 2 * kv, d), "attn_output": ("wo", 0, d, q),
              "ffn_gate": ("gate_up", 0, ff, d), "ffn_down": ("down", 0, d, ff),
-             "ffn_up": ("gate_up", 0 if spec.fused else ff, 2 * ff if spec.fused else ff, d)}
+             "ffn_up": ("gate_up", 0 if spec.fused or ungated else ff, 2 * ff if spec.fused else ff, d)}
     qkv_part = name in ("attn_q", "attn_k", "attn_v", "attn_qkv")
-    if name not in table or (name == "ffn_gate" and spec.fused) or (qkv_part and (name == "attn_qkv") != spec.fused):
+    if name not in table or (name == "ffn_gate" and (spec.fused or ungated)) \
+            or (qkv_part and (name == "attn_qkv") != spec.fused):
         raise LoraError(f"LoRA adapter {path}: {base} is no matmul of this model that an adapter can change")
     linear, offset, rows, cols = table[name]
     return (i, linear), offset, rows, cols
@@ -145,7 +147,7 @@ class LoraSet:
     def __init__(self, adapters: list[LoraAdapter], spec: ModelSpec, device: str | torch.device = "cpu") -> None:
         self.adapters = adapters
         outs = {"qkv": (spec.n_heads + 2 * spec.n_kv_heads) * spec.head_dim, "wo": spec.d_model,
-                "gate_up": 2 * spec.d_ff, "down": spec.d_model, "output": spec.vocab_size}
+                "gate_up": (1 if spec.act == "relu2" else 2) * spec.d_ff, "down": spec.d_model, "output": spec.vocab_size}
         self._packed: dict[tuple[int, str], _Packed] = {}
         keys = sorted({k for ad in adapters for k in ad.pairs})
         for key in keys:

@@ -65,7 +65,7 @@ class ModelSpec:
     ffn_norm: str = "ffn_norm"  # name of each layer's FFN pre-norm tensor (blk.N.<name>.weight)
     no_rope_step: int = 0       # layer i unrotated when (i + 1) % no_rope_step == 0 (smollm3); 0: every layer rotated
     nope_full: bool = False     # a windowed model's full-attention layers unrotated (exaone4)
-    still_pairs: tuple[int, ...] = ()   # rotary pairs M-RoPE leaves unrotated for text (spec_keys.text_rope_pairs)
+    still_pairs: tuple[int, ...] = ()   # rotary pairs M-RoPE leaves unrotated for text (spec_keys.text_still_pairs)
     bidirectional: bool = False  # an embedding model attending both ways (gemma-embedding): no generation
     attn_temp_scale: float = 0.0  # mistral3: q x (1 + this * ln(1 + floor(pos / rope.file_ctx))) (0: off)
     recurrent: RecurrentSpec | None = None  # a hybrid model's delta-net layers (None: every layer attends)

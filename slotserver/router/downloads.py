@@ -44,6 +44,7 @@ class Downloads:
         self.router = router
         self.active: dict[str, bool] = {}   # name -> deleted while downloading
         self.children: dict[str, asyncio.subprocess.Process] = {}   # name -> its download's process
+        self.cancelled: set[str] = set()     # downloads stopped (DELETE, unload), maybe before their process started
         self.progress: dict[str, dict[str, dict[str, int]]] = {}   # name -> file -> {done, total} bytes
         self.removing: set[str] = set()      # cache models being deleted: not loadable (models.py load)
 
@@ -66,6 +67,7 @@ class Downloads:
             name = await _in_thread(choose, ref, token)
         except BaseException as e:   # a bad reference, a missing quant, a gated repository, the hub, a cancel
             self.active.pop(ref, None)
+            self.cancelled.discard(ref)
             if not isinstance(e, Exception):
                 raise
             why = str(e) if isinstance(e, ConfigError) else f"model '{ref}' could not be checked on the hub: {e}"
@@ -80,10 +82,14 @@ class Downloads:
         from slotserver.hub import cache
         from slotserver.hub.download import check_ref
 
+        started = time.time()
         try:
-            failed = await self._child(ref, check_ref(ref)[0], name, token, where)
+            failed = "cancelled" if ref in self.cancelled else await self._child(ref, check_ref(ref)[0], name, token,
+                                                                                 where)
         except OSError as e:   # the child could not start
             failed = f"the download could not start: {e}"
+        failed = "cancelled" if ref in self.cancelled else failed
+        self.cancelled.discard(ref)
         self.progress.pop(ref, None)
         try:
             deleted = self.active.get(ref, False)
@@ -92,7 +98,7 @@ class Downloads:
                     await _in_thread(cache.remove, where, ref)
                     repo = check_ref(ref)[0]
                     if not any(check_ref(other)[0] == repo for other in self.active if other != ref):
-                        await _in_thread(cache.remove_partial, where, repo)
+                        await _in_thread(cache.remove_partial, where, repo, started)
             finally:
                 self.active.pop(ref, None)
             if deleted:
@@ -111,9 +117,11 @@ class Downloads:
         env = dict(os.environ, **({"HF_TOKEN": token} if token else {}))
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "slotserver.hub.download_child", repo, name, str(where),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env)
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
         self.children[ref] = proc
-        error = None
+        if ref in self.cancelled:   # stopped while its process was starting
+            proc.terminate()
+        error, stderr = None, asyncio.ensure_future(proc.stderr.read())
         try:
             async for line in proc.stdout:
                 try:
@@ -126,9 +134,10 @@ class Downloads:
             code = await proc.wait()
         finally:
             self.children.pop(ref, None)
+        last = (await stderr).decode("utf-8", "replace").strip().splitlines()[-1:]   # a crash's last line
         if code == 0:
             return None
-        return error or ("cancelled" if self.active.get(ref) else f"the download process ended with code {code}")
+        return error or f"the download process ended with code {code}" + (f": {last[0][:200]}" if last else "")
 
     def _progress(self, ref: str, file: str, done: int, total: int) -> None:
         """llama-server's download_progress event: {"progress": {FILE: {"done", "total"}}} (bytes)."""
@@ -168,16 +177,19 @@ class Downloads:
     def cancel(self, name: str, delete: bool = False) -> None:
         """Stop the download of `name` now (POST /models/unload, as llama-server's router; DELETE with
         `delete`: its files are removed once its process has ended)."""
+        if name not in self.active:
+            return
+        self.cancelled.add(name)   # seen by _run / _child if its process has not started yet
         if delete:
             self.active[name] = True
         if (proc := self.children.get(name)) is not None and proc.returncode is None:
             proc.terminate()
 
     def stop(self) -> None:
-        """The router stops: every download's process with it (a partial file stays, resumable)."""
-        for proc in self.children.values():
-            if proc.returncode is None:
-                proc.terminate()
+        """The router stops: every download's process with it (a partial file stays, resumable),
+        and any not started yet never starts."""
+        for name in list(self.active):
+            self.cancel(name)
 
     def listing(self) -> list[dict]:
         """The downloads in flight as /models entries (llama-server lists them so)."""

@@ -46,10 +46,16 @@ static int64_t top_w(const float *x, int64_t V, int64_t w, float *cv, int64_t *c
 }
 
 /* row.py's keep_length (a closed row: its whole top_k prefix in view) and draw, in doubles, in the
-   same order of operations; the top_p normaliser's sum in long double, which rounds as row.py's
-   math.fsum does. No reassociation here: the sums must run in row.py's order. */
-__attribute__((optimize("no-associative-math")))
+   same order of operations; the top_p normaliser's sum in long double where row.py calls math.fsum
+   (within an ulp of it: a token changes only if a cumulative sum lands that close to top_p). No
+   reassociation or contraction here: the sums run in row.py's order. */
+#if defined(__clang__)
 static int64_t keep_draw(const float *cv, int64_t n, double top_p, double min_p, double temp, double u) {
+    #pragma clang fp reassociate(off) contract(off)
+#else
+__attribute__((optimize("no-associative-math", "fp-contract=off")))
+static int64_t keep_draw(const float *cv, int64_t n, double top_p, double min_p, double temp, double u) {
+#endif
     const double top = cv[0];
     int64_t n_p = n + 1;
     if (top_p < 1) {
@@ -81,11 +87,11 @@ static int64_t keep_draw(const float *cv, int64_t n, double top_p, double min_p,
 }
 
 /* penalties.py's apply_penalties_ on one token: float32, each operation rounded as torch rounds it
-   (no fused multiply-add). */
-__attribute__((optimize("fp-contract=off")))
+   (no fused multiply-add: the volatile product is rounded before the add, whatever the compiler). */
 static float penalized(float old, float count, float rep, float freq, float pres) {
     const float scaled = old > 0 ? old / rep : old * rep;
-    return scaled - (count * freq + pres);
+    volatile float times = count * freq;
+    return scaled - (times + pres);
 }
 
 /* Row b: x = logits[b] with biases (ids[o[b] .. o[b+1]) added in turn, then the repeat, frequency

@@ -7,18 +7,20 @@ truncated by a top_k of at most MAX_K (llama-server's default chain: top_k 40, t
 0.05, temperature 0.8 — what nearly every request runs); logit_bias and the repeat, frequency and
 presence penalties are applied in the same pass (penalties.py's arithmetic, in float32).
 
-Same tokens as `Sampler.sample`'s batched path: per row the top_k largest biased logits (value
-descending, the earlier index first on ties: the first index of the maximum for a greedy row), then
-row.py's keep_length and draw in C doubles in row.py's order, at the row's uniform drawn here in
-row order from its own SequenceRng exactly as the batched path draws it (greedy rows draw none).
-The one difference is the top_p normaliser's sum: a long double sum where row.py calls math.fsum;
-both round the exact sum of the same doubles to nearest, barring a tie (tests/test_samplers.py
-compares the two paths).
+Same tokens as `Sampler.sample`'s batched path: per row the top_k largest biased, penalized logits,
+then row.py's keep_length and draw in C doubles in row.py's order, at the row's uniform drawn here
+in row order from its own SequenceRng exactly as the batched path draws it (greedy rows draw none;
+no row draws if any row fails). Two differences, each changing a token only at a near-tie
+(tests/test_sampling.py compares the two paths over seeded draws): the top_p normaliser's sum in
+long double where row.py calls math.fsum (within an ulp), and tied logits, kept here with the lower
+id first (a stable sort: a row's order is the same alone or in any batch), where the batched path's
+blocked torch.topk orders them by block.
 
 Why: the batched path is ~10 torch calls on [batch, vocab] (a copy, the bias, block maxima, topk,
 gathers) then ~20-40 us of Python per row: 1.9 ms a step at 32 rows of a 49152 vocabulary, 3.3 ms at
 64 (2-core AVX2 host). Here a row is one scan of its logits (8 at a time against the current k-th
-best), the rows split over the torch threads: see docs/performance.md for the measured step.
+best), the rows split over the torch threads: 0.6 / 1.2 ms (playground/sampler_bench.py; through
+HTTP: docs/performance.md, "Host sampler in one native pass").
 """
 
 from __future__ import annotations
