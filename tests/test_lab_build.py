@@ -23,7 +23,7 @@ needs_cc = pytest.mark.skipif(native.compiler() is None, reason="no C compiler o
 def test_every_library_has_a_job_and_no_two_at_once_build_the_same_one():
     first, then = phases(default_dir("kernels"))
     names = {j.name for j in first + then}
-    assert {"attention", "paged_attention", "qmatmul", "moe_matmul", "rms_norm", "scaled_add", "greedy", "kv_rows",
+    assert {"attention", "paged_attention", "qmatmul", "moe_matmul", "rms_norm", "scaled_add", "truncated", "kv_rows",
             "step_graph"} <= names
     libs = [lib for j in first for lib in j.libraries]
     assert len(libs) == len(set(libs)) and {"attention", "qmatmul", "moe_matmul"} <= set(libs)   # each once, at once
