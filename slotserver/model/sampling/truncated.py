@@ -36,6 +36,7 @@ from slotserver.model.sampling.penalties import History, _window, check_bias_tok
 from slotserver.model.sampling.params import SamplingError, SamplingParams
 
 MAX_K = 256   # truncated.c's MAX_K: the largest top_k served here (a stack array of candidates a row)
+_NONE = torch.empty(0, dtype=torch.int64)   # no penalized token (the C reads none)
 
 _C_FILE = Path(__file__).with_name("truncated.c")
 NATIVE_C = _C_FILE.read_text()
@@ -53,6 +54,9 @@ def _served(p: SamplingParams, vocab: int) -> bool:
 def _penalties(params: Sequence[SamplingParams], history: History, vocab: int):
     """Each row's penalized tokens and counts in its window (penalties.py's), ragged -> (offsets,
     ids, counts, [rep, freq, pres] a row) as tensors; SamplingError for a token outside the vocabulary."""
+    pen = [(p.repeat_penalty, p.frequency_penalty, p.presence_penalty) for p in params]
+    if not any(p.penalties_active for p in params):   # the default: no window counted
+        return torch.zeros(len(params) + 1, dtype=torch.int64), _NONE, _NONE, torch.tensor(pen, dtype=torch.float32)
     offsets, ids, counts = [0], [], []
     for p, h in zip(params, history):
         seen = Counter(_window(p, h))
@@ -61,7 +65,6 @@ def _penalties(params: Sequence[SamplingParams], history: History, vocab: int):
         offsets.append(len(ids))
     if ids and not 0 <= min(ids) <= max(ids) < vocab:
         raise SamplingError(f"history contains token ids outside the vocabulary [0, {vocab})")
-    pen = [(p.repeat_penalty, p.frequency_penalty, p.presence_penalty) for p in params]
     return (torch.tensor(offsets), torch.tensor(ids, dtype=torch.int64), torch.tensor(counts, dtype=torch.int64),
             torch.tensor(pen, dtype=torch.float32))
 
