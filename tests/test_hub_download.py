@@ -244,3 +244,15 @@ def test_deleting_or_unloading_a_download_in_flight_stops_it(hub, tmp_path):
                 time.sleep(0.05)
             assert cache.list_models(cache_dir) == {}
             assert bool(list(blobs.glob("*.incomplete"))) == (stop == "unload")   # unload: resumable
+
+
+def test_an_offline_router_downloads_nothing(hub, tmp_path):
+    """--offline: the children take hub models from the cache (their -hf gets --offline), and POST
+    /models is refused rather than reaching the hub."""
+    stub, _, _ = hub
+    cache_dir = tmp_path / "hub"
+    cache_dir.mkdir()
+    with serving(tmp_path, "--models-cache", str(cache_dir), "--offline", "--no-watch") as srv:
+        r = httpx.post(srv.url + "/models", json={"model": "org/m-GGUF:Q8_0"}, timeout=30)
+        assert r.status_code == 400 and "runs offline" in r.json()["error"]["message"]
+    assert not any("/org/m-GGUF/" in s for s in stub.seen) and cache.list_models(cache_dir) == {}

@@ -98,5 +98,6 @@ def router_config(args, parser: argparse.ArgumentParser):
                           child_command=(sys.executable, "-m", "slotserver.cli.main", "serve"),
                           fake_timing=fake_timing_from_env(),
                           # -hft reaches the children as HF_TOKEN, never on a command line /models lists
-                          extra_env={"HF_TOKEN": args.hf_token} if args.hf_token else {})
+                          extra_env={"HF_TOKEN": args.hf_token} if args.hf_token else {},
+                          offline=bool(getattr(args, "offline", False)))
     return config, table

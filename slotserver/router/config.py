@@ -40,6 +40,7 @@ class RouterConfig:
     child_command: tuple[str, ...] = ()  # how to start a child server: [python, -m, slotserver.cli.main, serve]
     fake_timing: bool = False           # LLAMA_SERVER_DEBUG_FAKE_TIMING: loads and proxied requests take 2 s longer
     extra_env: dict[str, str] = field(default_factory=dict)
+    offline: bool = False   # --offline: children take hub models from the cache; POST /models downloads nothing
 
     def __post_init__(self) -> None:
         if self.models_max < 0:

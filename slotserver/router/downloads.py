@@ -56,9 +56,12 @@ class Downloads:
 
     async def start(self, ref: str) -> None:
         """POST /models: check `ref`, then download it in the background."""
-        from slotserver.hub.download import choose
+        from slotserver.hub.download import choose, offline_env
 
         where = self._cache()
+        if self.router.config.offline or offline_env():
+            raise RouterError(400, "the router runs offline (--offline or HF_HUB_OFFLINE): POST /models downloads "
+                                   "nothing; the models cache serves what it holds")
         if ref in self.router.catalog or ref in self.active:
             raise RouterError(400, f"model '{ref}' already exists")
         token = self.router.config.extra_env.get("HF_TOKEN")
