@@ -85,6 +85,9 @@ CASES: dict[str, dict] = {
     "qwen2vl": dict(arch="qwen2vl", qkv_bias=True, **{"qwen2vl.rope.dimension_sections": ([2, 1, 1, 0], ARR_I32)}),
     "qwen3vl": dict(arch="qwen3vl", head_dim=16, features=("qk_norm",),
                     **{"qwen3vl.rope.dimension_sections": ([4, 2, 2, 0], ARR_I32), "qwen3vl.n_deepstack_layers": (1, U32)}),
+    # Hunyuan's q/k norms after the rope, the base stretched by its NTK alpha
+    "hunyuan_dense": dict(arch="hunyuan-dense", head_dim=16, features=("qk_norm",),
+                          **{"hunyuan-dense.rope.scaling.alpha": 50.0}),
     "internlm2": dict(arch="internlm2", tied_embeddings=False, rope_base=1e6),
     "exaone": dict(arch="exaone", features=("rope_freqs",), rope_base=1e6),
     "gemma": dict(arch="gemma", head_dim=16, **{"tokenizer.ggml.add_bos_token": True}),

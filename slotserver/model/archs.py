@@ -7,7 +7,7 @@ attention sinks, smollm3's NoPE layers, mistral3's q temperature, olmo2's missin
 exaone4's unrotated full layers, the hybrids' recurrent layers, qwen35's gated attention and
 nemotron_h's one-block layers); glm4,
 ernie4_5, seed_oss, internlm2, exaone, gemma, arcee, minicpm and the Qwen-VL language models are rows of
-existing switches. Apart from spec.py so that adding a row is an
+existing switches; hunyuan-dense adds two (late q/k norms, the NTK alpha). Apart from spec.py so that adding a row is an
 edit of this table alone.
 """
 
@@ -22,6 +22,8 @@ class ArchDef:
     rope_mode: str = "normal"    # "normal": adjacent pairs (GGUF llama); "neox": half split (qwen2)
     embed_scale: str = "none"    # "sqrt_d": x * sqrt(d_model) (gemma); "metadata": {arch}.embedding_scale
     qk_norm: bool = False        # per-head RMSNorm of q and k before rope (attn_q_norm / attn_k_norm)
+    qk_norm_late: bool = False   # with qk_norm: the norms after rope (hunyuan-dense)
+    rope_alpha: bool = False     # rope.scaling.alpha > 0: the file's base times alpha^(d / (d - 2)) (NTK-aware, hunyuan)
     post_norms: bool = False     # RMSNorm of the attention and FFN outputs before the residual add
     act: str = "silu"            # FFN: "silu" (SwiGLU), "gelu" (tanh GELU, GeGLU), "relu2" (up, squared ReLU: no gate)
     swa_pattern: int = 0         # n > 0: layer i is windowed when i % n < n - 1 (llama.cpp's pattern)
@@ -94,6 +96,9 @@ ARCHS: dict[str, ArchDef] = {
     "qwen2vl": ArchDef(qkv_bias=True, rope_mode="neox", mrope="mrope"),
     "qwen3vl": ArchDef(rope_mode="neox", qk_norm=True, mrope="imrope"),
     "qwen3vlmoe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True, mrope="imrope"),
+    # src/models/hunyuan-vl.cpp, which hunyuan-dense's graph is (Hunyuan 0.5B-7B Instruct): NEOX rope, then
+    # per-head q/k RMSNorm (after the rope), the base stretched by rope.scaling.alpha
+    "hunyuan-dense": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_late=True, rope_alpha=True),
     # src/models/internlm2.cpp (InternLM2/2.5; the converter splits wqkv): llama's block
     "internlm2": ArchDef(),
     # src/models/exaone.cpp (EXAONE 3.0/3.5): llama's block, NEOX rope, llama3's rope_freqs where the file has them

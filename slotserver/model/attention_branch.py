@@ -39,6 +39,10 @@ def attention(model: "LlamaModel", i: int, lw: "LayerWeights", qkv: torch.Tensor
     elif lw.q_norm is None:
         qk = ops.rope(qkv[:, : q_size + kv_size].view(n, s.n_heads + s.n_kv_heads, s.head_dim), cos, sin)
         q, k = qk[:, : s.n_heads], qk[:, s.n_heads:]        # [tokens, heads, hd], [tokens, kv_heads, hd]
+    elif s.qk_norm_late:   # hunyuan-dense: rope, then the per-head RMSNorm
+        qk = ops.rope(qkv[:, : q_size + kv_size].view(n, s.n_heads + s.n_kv_heads, s.head_dim), cos, sin)
+        q, k = ops.rms_norm(qk[:, : s.n_heads], lw.q_norm, s.norm_eps), ops.rms_norm(qk[:, s.n_heads:], lw.k_norm,
+                                                                                   s.norm_eps)
     else:  # per-head RMSNorm before rope (qwen3, gemma3)
         q = ops.rms_norm(qkv[:, :q_size].view(n, s.n_heads, s.head_dim), lw.q_norm, s.norm_eps)  # views:
         k = ops.rms_norm(qkv[:, q_size: q_size + kv_size].view(n, s.n_kv_heads, s.head_dim), lw.k_norm,

@@ -19,7 +19,7 @@ from slotserver.model.moe_spec import MoeSpec
 from slotserver.model.recurrent_spec import RecurrentSpec
 from slotserver.model.rope_scaling import RopeFlags, RopeScaling
 from slotserver.model.spec_keys import (MetaKeys, attn_bias, attn_scale, embed_scale, ffn_lengths, kv_heads,
-                                        logit_scale, no_rope_step, residual_scale, sliding_windows,
+                                        alpha_base, logit_scale, no_rope_step, residual_scale, sliding_windows,
                                         text_still_pairs)
 
 
@@ -59,6 +59,7 @@ class ModelSpec:
     act: str = "silu"
     fused: bool = False
     qk_norm_full: bool = False
+    qk_norm_late: bool = False  # the per-head q/k norms after rope, not before (hunyuan-dense)
     moe: MoeSpec | None = None  # a mixture-of-experts FFN in every layer from moe.dense_lead (None: dense)
     out_bias: bool = False      # the attention output projection has a bias
     sinks: bool = False         # every layer has attention sinks (attn_sinks.weight, one per query head)
@@ -151,8 +152,9 @@ class ModelSpec:
         if key.int("attention.value_length", head_dim) != head_dim:
             raise GGUFError(f"{f.path}: attention.value_length differs from key_length (not supported)")
         rope_dim = key.int("rope.dimension_count", head_dim)
-        trained = RopeScaling.from_metadata(key, rope_dim)
+        trained = alpha_base(a, key, RopeScaling.from_metadata(key, rope_dim), head_dim)
         rope = RopeScaling.from_metadata(key, rope_dim, rope_flags) if rope_flags.any else trained
+        rope = rope if rope_flags.freq_base else replace(rope, base=trained.base)   # (--rope-freq-base wins)
         windows, base_swa, scale_swa = sliding_windows(a, key, n_layers, trained if a.swa_rope_file else rope)
         d_ff, ffn_only = ffn_lengths(a, key, n_layers)
         spec = cls(
@@ -175,6 +177,7 @@ class ModelSpec:
             residual_scale=residual_scale(a, key, n_layers),
             logit_scale=logit_scale(a, key, d_model),
             qk_norm=a.qk_norm, post_norms=a.post_norms, act=a.act, fused=a.fused, qk_norm_full=a.qk_norm_full,
+            qk_norm_late=a.qk_norm_late,
             moe=MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act, a.moe_keys, a.moe_file_weights,
                                   a.moe_latent),
             out_bias=a.out_bias, sinks=a.sinks, ffn_norm=a.ffn_norm, no_rope_step=no_rope_step(a, key),

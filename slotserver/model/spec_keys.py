@@ -8,6 +8,7 @@ attention biases, unrotated layers, the attention and embedding scales. llama.cp
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -184,3 +185,13 @@ def text_still_pairs(key: MetaKeys, rope_dim: int, interleaved: bool) -> tuple[i
         if not in_thw:
             still.append(pair)
     return tuple(still)
+
+
+def alpha_base(a: ArchDef, key: MetaKeys, rope: RopeScaling, head_dim: int) -> RopeScaling:
+    """Hunyuan's NTK-aware alpha (hunyuan-vl.cpp's loader): with `rope.scaling.alpha` > 0 the trained
+    base is base * alpha^(head_dim / (head_dim - 2)), in float32 as there; else the rope as it is."""
+    alpha = key.float("rope.scaling.alpha", 0.0) if a.rope_alpha else 0.0
+    if alpha <= 0 or head_dim <= 2:
+        return rope
+    f32 = np.float32
+    return replace(rope, base=float(f32(rope.base) * np.power(f32(alpha), f32(head_dim) / f32(head_dim - 2))))
