@@ -27,6 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from local_server import PEER, free_port, post, wait_healthy  # noqa: E402
+from gguf_rewrite import rewrite  # noqa: E402
 from tiny_gguf import bytes_to_unicode, write_gguf, write_tiny_gguf  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "archs"
@@ -106,37 +107,8 @@ CASES: dict[str, dict] = {
 
 # a converted case's file under another architecture name, with keys added: (source case, arch, keys)
 RENAMED: dict[str, tuple[str, str, dict]] = {
-    "qwen3vlmoe": ("qwen3moe", "qwen3vlmoe", {"rope.dimension_sections": [4, 2, 2, 0]}),
+    "qwen3vlmoe": ("qwen3moe", "qwen3vlmoe", {"qwen3vlmoe.rope.dimension_sections": ([4, 2, 2, 0], ARR_I32)}),
 }
-
-
-def renamed(src: Path, dst: Path, arch: str, keys: dict) -> Path:
-    """src's tensors and metadata with every `OLD.*` key as `arch.*`, `arch.KEY` set for `keys`."""
-    reader = gguf.GGUFReader(src)
-    old = reader.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(dst, arch)
-    w.kv_data[0].clear()
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF."):
-            continue
-        value = arch if name == "general.architecture" else field.contents()
-        name = arch + name[len(old):] if name.startswith(old + ".") else name
-        if field.types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(name, value, field.types[0], sub_type=field.types[-1])
-        else:
-            w.add_key_value(name, value, field.types[0])
-    for name, value in keys.items():
-        w.add_array(f"{arch}.{name}", value)
-    for t in reader.tensors:
-        data = np.asarray(t.data)
-        if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
-            data = data.reshape([int(n) for n in reversed(t.shape.tolist())])
-        w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
 
 
 # llama-server's rope flags (or --override-kv) over a case's file (cli/model_meta_args.py): <name>.json only, its rows
@@ -231,7 +203,7 @@ def main() -> None:
             continue
         if name in RENAMED:
             source, arch, keys = RENAMED[name]
-            gguf = renamed(OUT / f"{source}.gguf", OUT / f"{name}.gguf", arch, keys)
+            gguf = rewrite(OUT / f"{source}.gguf", OUT / f"{name}.gguf", keys, arch=arch)
         else:
             gguf = write_tiny_gguf(OUT / f"{name}.gguf", seed=sum(map(ord, name)), **(SMALL | CASES[name]))
         rows = run_llama(gguf)

@@ -13,37 +13,20 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-import gguf
-import numpy as np
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from gguf_rewrite import rewrite  # noqa: E402
 
 PROMPT = "The capital of France is"
 
 
 def split(src: Path, out: Path, max_tensors: int) -> Path:
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(out / src.name, arch, split_max_tensors=max_tensors)
-    w.kv_data[0].clear()
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF."):
-            continue
-        if field.types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(name, field.contents(), field.types[0], sub_type=field.types[-1])
-        else:
-            w.add_key_value(name, field.contents(), field.types[0])
-    for t in reader.tensors:   # floats in their shape (ggml's reversed), blocks as [rows, bytes a row]
-        data = np.asarray(t.data)
-        if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
-            data = data.reshape([int(n) for n in reversed(t.shape.tolist())])
-        w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return w.format_shard_names(out / src.name)[0]
+    """src as parts of at most `max_tensors` tensors in `out` -> the first part's path."""
+    return rewrite(src, out / src.name, split_max_tensors=max_tensors)
 
 
 def slotserver_greedy(path: Path, n: int) -> list[int]:
