@@ -127,6 +127,10 @@ FLAGGED: dict[str, tuple[str, tuple[str, ...]]] = {
     "exaone4_64_rope_flags": ("exaone4_64", ("--rope-freq-base", "50000", "--rope-freq-scale", "0.5")),
     "lfm2_swa_rope_flags": ("lfm2_swa", ("--rope-freq-base", "50000", "--rope-freq-scale", "0.5")),
     "exaone4_64_base_swa": ("exaone4_64", ("--override-kv", "exaone4.rope.freq_base_swa=float:500")),
+    # older Hunyuan conversions wrote expert_count 1 for a dense model: no experts (llama.cpp's loader);
+    # and a rope flag over the alpha-stretched base
+    "hunyuan_dense_one_expert": ("hunyuan_dense", ("--override-kv", "hunyuan-dense.expert_count=int:1")),
+    "hunyuan_dense_rope_flags": ("hunyuan_dense", ("--rope-freq-base", "30000", "--rope-freq-scale", "0.5")),
     # control vectors (control_vector below): two summed, one scaled; a layer range; a direction past the
     # last layer (never applied)
     "smollm3_cvec": ("smollm3", ("--control-vector", "cvec_a.gguf", "--control-vector-scaled", "cvec_b.gguf:-0.5")),

@@ -104,6 +104,17 @@ def test_the_key_follows_the_model_file_and_the_kv_type(tmp_path):
                 model_key(a, torch.float32, geo)}) == 3
 
 
+def test_a_split_models_key_follows_every_part(tmp_path):
+    """The first part may be metadata alone (--no-tensor-first-split): two requants share it."""
+    (tmp_path / "a").mkdir()
+    first = write_tiny_gguf(tmp_path / "a" / "m.gguf", split_max_tensors=10, small_first_shard=True)
+    geo = (2, 2, 16)
+    before = model_key(first, torch.float16, geo)
+    last = first.with_name("m-00003-of-00003.gguf")
+    last.write_bytes(last.read_bytes()[:-4] + b"\x01\x02\x03\x04")   # another file's last weights
+    assert model_key(first, torch.float16, geo) != before
+
+
 def test_a_server_stopped_by_sigterm_writes_its_slots_to_disk(tmp_path):
     """`serve --cache-disk DIR` stopped the way process managers stop it (SIGTERM): the slots' KV
     is on disk after exit (uvicorn re-raises the signal after its shutdown; launch.serve turns it

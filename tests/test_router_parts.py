@@ -113,6 +113,17 @@ def test_hub_cache_names_and_resolution_follow_llama_cpp(tmp_path):
         hub_cache.resolve(tmp_path, "org/other")
 
 
+def test_a_split_model_missing_a_part_is_neither_listed_nor_resolved(tmp_path):
+    """A download stopped between parts: its first part alone would not load."""
+    snap = _hub(tmp_path, "org/s-GGUF", "s-Q2_K-00001-of-00003.gguf", "s-Q2_K-00003-of-00003.gguf")
+    assert hub_cache.list_models(tmp_path) == {}
+    with pytest.raises(ConfigError, match="not in the models cache"):
+        hub_cache.resolve(tmp_path, "org/s-GGUF:Q2_K")
+    (snap / "s-Q2_K-00002-of-00003.gguf").write_bytes(b"GGUF")
+    assert hub_cache.list_models(tmp_path) == {"org/s-GGUF:Q2_K": snap / "s-Q2_K-00001-of-00003.gguf"}
+    assert hub_cache.resolve(tmp_path, "org/s-GGUF:Q2_K") == snap / "s-Q2_K-00001-of-00003.gguf"
+
+
 def test_preset_options_cascade_and_render_as_child_flags(tmp_path):
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir" / "local.gguf").write_bytes(b"GGUF")

@@ -66,5 +66,6 @@ class LineLimits:
     def dropped(self) -> int:
         """Characters at the end of the sent text that the whole answer leaves out: the cut. At the
         end every decoded character has been sent (the held text is flushed), so it is counted
-        from them. (A stop string at the cut's own token stops first and nothing is dropped.)"""
+        from them. (A stop string at the cut's own token, or in the end token's --special text, stops
+        first and nothing is dropped: postprocess.py's final_event.)"""
         return 0 if self.cut is None else max(0, self.n_decoded - self.cut)

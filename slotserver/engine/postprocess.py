@@ -147,5 +147,5 @@ def final_event(seq: Sequence, stop_type: str, word: str = "", truncated: bool =
         predicted_ms=1000 * (now - prompt_done) if seq.t_prompt_done else 0.0,
         seed=seq.rng.seed, text=tail,
         draft_n=seq.spec.drafted if seq.spec else 0, draft_n_accepted=seq.spec.accepted if seq.spec else 0,
-        cut=seq.lines.dropped() if seq.lines is not None and stop_type != "word" else 0,
+        cut=seq.lines.dropped() if seq.lines is not None and not word else 0,   # a stop string cut first
     )

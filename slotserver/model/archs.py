@@ -24,6 +24,7 @@ class ArchDef:
     qk_norm: bool = False        # per-head RMSNorm of q and k before rope (attn_q_norm / attn_k_norm)
     qk_norm_late: bool = False   # with qk_norm: the norms after rope (hunyuan-dense)
     rope_alpha: bool = False     # rope.scaling.alpha > 0: the file's base times alpha^(d / (d - 2)) (NTK-aware, hunyuan)
+    one_expert_dense: bool = False  # expert_count <= 1 means no experts (llama.cpp's hunyuan loaders)
     post_norms: bool = False     # RMSNorm of the attention and FFN outputs before the residual add
     act: str = "silu"            # FFN: "silu" (SwiGLU), "gelu" (tanh GELU, GeGLU), "relu2" (up, squared ReLU: no gate)
     swa_pattern: int = 0         # n > 0: layer i is windowed when i % n < n - 1 (llama.cpp's pattern)
@@ -98,7 +99,8 @@ ARCHS: dict[str, ArchDef] = {
     "qwen3vlmoe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True, mrope="imrope"),
     # src/models/hunyuan-vl.cpp, which hunyuan-dense's graph is (Hunyuan 0.5B-7B Instruct): NEOX rope, then
     # per-head q/k RMSNorm (after the rope), the base stretched by rope.scaling.alpha
-    "hunyuan-dense": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_late=True, rope_alpha=True),
+    "hunyuan-dense": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_late=True, rope_alpha=True,
+                             one_expert_dense=True),
     # src/models/internlm2.cpp (InternLM2/2.5; the converter splits wqkv): llama's block
     "internlm2": ArchDef(),
     # src/models/exaone.cpp (EXAONE 3.0/3.5): llama's block, NEOX rope, llama3's rope_freqs where the file has them

@@ -15,6 +15,11 @@ rotated row is stored back (one more rounding of the row, like any write).
 
 Sliding-window layers (gemma2/3) are exact too: windows are measured on positions, and after a
 shift cell index = position again. A model with `rope_dim == 0` has nothing to rotate.
+
+One exception, kept because llama.cpp does the same: hunyuan-dense norms k *after* the rope
+(`ModelSpec.qk_norm_late`), and a per-dimension norm weight does not commute with a rotation, so
+its shifted key is `R(d) norm(R(p) k)`, not `norm(R(p + d) k)`; llama.cpp's shift re-rotates the
+stored key the same way, so both servers serve the same shifted cache.
 """
 
 from __future__ import annotations

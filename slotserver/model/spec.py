@@ -178,8 +178,8 @@ class ModelSpec:
             logit_scale=logit_scale(a, key, d_model),
             qk_norm=a.qk_norm, post_norms=a.post_norms, act=a.act, fused=a.fused, qk_norm_full=a.qk_norm_full,
             qk_norm_late=a.qk_norm_late,
-            moe=MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act, a.moe_keys, a.moe_file_weights,
-                                  a.moe_latent),
+            moe=None if a.one_expert_dense and key.raw("expert_count", 0) <= 1 else
+            MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act, a.moe_keys, a.moe_file_weights, a.moe_latent),
             out_bias=a.out_bias, sinks=a.sinks, ffn_norm=a.ffn_norm, no_rope_step=no_rope_step(a, key),
             attn_temp_scale=key.float("attention.temperature_scale", 0.0) if a.attn_temp else 0.0,
             swa_rope_plain=a.swa_rope_plain, pre_norms=a.pre_norms, nope_full=a.nope_full,

@@ -81,8 +81,7 @@ class Downloads:
 
     async def _run(self, ref: str, name: str, token: str | None, where: Path) -> None:
         """Download the file `start` chose (no second listing, so no other file) in a child process,
-        then say how it went."""
-        from slotserver.hub import cache
+        then say how it went. Whatever happens, the name leaves `active` and `cancelled` at the end."""
         from slotserver.hub.download import check_ref
 
         started = time.time()
@@ -91,32 +90,44 @@ class Downloads:
                                                                                  where)
         except OSError as e:   # the child could not start
             failed = f"the download could not start: {e}"
-        failed = "cancelled" if ref in self.cancelled else failed
-        self.cancelled.discard(ref)
+        except Exception as e:   # a line the child should never write (over the stream's limit, not JSON objects)
+            failed = f"the download failed: {e}"
+        if failed and ref in self.cancelled:   # (a download that completed before its cancel stays done)
+            failed = "cancelled"
         self.progress.pop(ref, None)
         try:
-            deleted = self.active.get(ref, False)
-            try:
-                if deleted:   # deleted meanwhile: its files, a partial one too (listed until they are gone)
-                    await _in_thread(cache.remove, where, ref)
-                    repo = check_ref(ref)[0]
-                    if not any(check_ref(other)[0] == repo for other in self.active if other != ref):
-                        await _in_thread(cache.remove_partial, where, repo, started)
-            finally:
-                self.active.pop(ref, None)
-            if deleted:
-                self.router.events.publish("model_remove", ref)
-            elif failed:
-                log.warning("router: downloading %s failed: %s", ref, failed)
-                self.router.events.publish("download_failed", ref, {"error": failed})
-            else:
-                self.router.events.publish("download_finished", ref)
-            await self.router.reload()
+            await self._settle(ref, failed, where, started)
         except (ConfigError, OSError) as e:   # an edited preset file gone bad, a cache not writable
             log.warning("router: after downloading %s: %s", ref, e)
 
+    async def _settle(self, ref: str, failed: str | None, where: Path, started: float) -> None:
+        """A download ended: its files removed if it was deleted meanwhile (listed until they are gone),
+        its events, the catalog read again."""
+        from slotserver.hub import cache
+        from slotserver.hub.download import check_ref
+
+        deleted = self.active.get(ref, False)
+        try:
+            if deleted:   # its files, a partial one too
+                await _in_thread(cache.remove, where, ref)
+                repo = check_ref(ref)[0]
+                if not any(check_ref(other)[0] == repo for other in self.active if other != ref):
+                    await _in_thread(cache.remove_partial, where, repo, started)
+        finally:
+            self.active.pop(ref, None)
+            self.cancelled.discard(ref)
+        if deleted:
+            self.router.events.publish("model_remove", ref)
+        elif failed:
+            log.warning("router: downloading %s failed: %s", ref, failed)
+            self.router.events.publish("download_failed", ref, {"error": failed})
+        else:
+            self.router.events.publish("download_finished", ref)
+        await self.router.reload()
+
     async def _child(self, ref: str, repo: str, name: str, token: str | None, where: Path) -> str | None:
-        """hub/download_child.py for `name`, its progress lines reported -> None, or why it failed."""
+        """hub/download_child.py for `name`, its progress lines reported -> None, or why it failed. The
+        process never outlives this call (killed if its output breaks the reading)."""
         env = dict(os.environ, **({"HF_TOKEN": token} if token else {}))
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "slotserver.hub.download_child", repo, name, str(where),
@@ -131,13 +142,19 @@ class Downloads:
                     msg = json.loads(line)
                 except ValueError:
                     continue
+                if not isinstance(msg, dict):
+                    continue
                 if "file" in msg:
-                    self._progress(ref, msg["file"], int(msg["done"]), int(msg["total"]))
+                    self._progress(ref, str(msg["file"]), int(msg["done"]), int(msg["total"]))
                 error = msg.get("error", error)
             code = await proc.wait()
+            last = (await stderr).decode("utf-8", "replace").strip().splitlines()[-1:]   # a crash's last line
         finally:
             self.children.pop(ref, None)
-        last = (await stderr).decode("utf-8", "replace").strip().splitlines()[-1:]   # a crash's last line
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            stderr.cancel()
         if code == 0:
             return None
         return error or f"the download process ended with code {code}" + (f": {last[0][:200]}" if last else "")

@@ -106,5 +106,5 @@ async def _gather(run: Run) -> Outcome:
             texts.append(ev.text)
     out.text = "".join(texts)
     if out.final is not None and out.final.cut:   # n_indent: the whole answer ends where the rule cut it
-        out.text = out.text[:len(out.text) - out.final.cut]
+        out.text = out.text[:max(0, len(out.text) - out.final.cut)]
     return out

@@ -51,7 +51,9 @@ def stop_reason(final: FinalEvent, calls: bool) -> str:
 
 
 def stop_sequence(final: FinalEvent) -> str | None:
-    return final.stopping_word if final.stop_type == "word" and final.stopping_word else None
+    """The stop string that ended the answer, whenever one did (llama-server names it with an eos
+    end too: a stop string in the end token's --special text)."""
+    return final.stopping_word or None
 
 
 def usage(final: FinalEvent) -> dict:
