@@ -108,7 +108,11 @@ CASES: dict[str, dict] = {
 # a converted case's file under another architecture name, with keys added: (source case, arch, keys)
 RENAMED: dict[str, tuple[str, str, dict]] = {
     "qwen3vlmoe": ("qwen3moe", "qwen3vlmoe", {"qwen3vlmoe.rope.dimension_sections": ([4, 2, 2, 0], ARR_I32)}),
+    # Mixtral's kind: a llama file with experts (llama.cpp's llama graph renormalizes the top-k weights);
+    # qwen3moe's converted file without its q/k norms
+    "llama_moe": ("qwen3moe", "llama", {"llama.feed_forward_length": (32, U32)}),   # its experts' width
 }
+NO_QK_NORM = {"llama_moe"}   # RENAMED cases whose q/k norm tensors are left out
 
 
 # llama-server's rope flags (or --override-kv) over a case's file (cli/model_meta_args.py): <name>.json only, its rows
@@ -207,7 +211,9 @@ def main() -> None:
             continue
         if name in RENAMED:
             source, arch, keys = RENAMED[name]
-            gguf = rewrite(OUT / f"{source}.gguf", OUT / f"{name}.gguf", keys, arch=arch)
+            drop = (lambda n, d, t: None if n.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) else (d, t)) \
+                if name in NO_QK_NORM else None
+            gguf = rewrite(OUT / f"{source}.gguf", OUT / f"{name}.gguf", keys, drop, arch=arch)
         else:
             gguf = write_tiny_gguf(OUT / f"{name}.gguf", seed=sum(map(ord, name)), **(SMALL | CASES[name]))
         rows = run_llama(gguf)

@@ -67,8 +67,9 @@ class ArchDef:
 
 
 ARCHS: dict[str, ArchDef] = {
-    "llama": ArchDef(),
-    "mistral": ArchDef(),
+    # with experts (Mixtral's kind: src/models/llama.cpp's build_moe_ffn), the top-k weights renormalized
+    "llama": ArchDef(moe_norm=True),
+    "mistral": ArchDef(moe_norm=True),
     "qwen2": ArchDef(qkv_bias=True, rope_mode="neox"),
     "qwen3": ArchDef(rope_mode="neox", qk_norm=True),
     "gemma2": ArchDef(rope_mode="neox", embed_scale="sqrt_d", post_norms=True, act="gelu", swa_pattern=2,
@@ -110,8 +111,8 @@ ARCHS: dict[str, ArchDef] = {
     # src/models/arcee.cpp (AFM-4.5B): llama's attention and rope_freqs, the FFN up -> squared ReLU -> down
     "arcee": ArchDef(act="relu2"),
     # src/models/minicpm.cpp (MiniCPM 1-4): granite's graph; embedding 12, residual 1.4 / sqrt(layers) and
-    # logit 256 / d_model where the file has no such keys
-    "minicpm": ArchDef(embed_scale="metadata", multipliers=True, minicpm_scales=True),
+    # logit 256 / d_model where the file has no such keys; MiniCPM-MoE's experts as granite's (renormalized)
+    "minicpm": ArchDef(embed_scale="metadata", multipliers=True, minicpm_scales=True, moe_norm=True),
     # src/models/seed-oss.cpp (Seed-OSS): q/k/v biases, NEOX rope, the FFN's pre-norm named post_attention_norm
     "seed_oss": ArchDef(qkv_bias=True, rope_mode="neox", ffn_norm="post_attention_norm"),
     # src/models/exaone4.cpp (EXAONE 4.0): olmo2's post-norm block with per-head q/k norms; the 32B (64
