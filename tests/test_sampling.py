@@ -335,9 +335,9 @@ def test_truncated_native_pass_draws_what_the_batched_sampler_draws(vocab):
     path. Same tokens for every seed, over top_k 1-256 with top_p, min_p, temperatures, greedy rows,
     logit_bias, the repeat/frequency/presence penalties over windows of repeated tokens, and rows with
     fewer finite logits than top_k; a NaN row fails before any row draws, so
-    each row's stream is where the batched path leaves it. Tied logits keep the lower id first (a
-    stable sort: the same order alone or in any batch, where the batched path's blocked top-k orders
-    ties by block), so all-equal logits draw only the top_k lowest ids."""
+    each row's stream is where the batched path leaves it. Tied logits (half the trials round the
+    logits to bfloat16) keep the lower id first on both paths (the batched path draws from the
+    native pass's candidates), so all-equal logits draw only the top_k lowest ids."""
     from slotserver.model.sampling import truncated
     if truncated._LIB is None:
         pytest.skip("the native pass needs the C compiler (SLOTSERVER_NATIVE=0 or none)")
@@ -352,6 +352,8 @@ def test_truncated_native_pass_draws_what_the_batched_sampler_draws(vocab):
                   for _ in range(16)]
         history = [[rnd.randrange(50) for _ in range(40)] for _ in params]   # repeats: counts above 1
         logits = torch.randn(16, vocab, generator=gen) * rnd.choice([1, 4, 12])
+        if trial % 2:   # ties (bfloat16-like logits): the same candidates, in the same order, on both paths
+            logits = logits.to(torch.bfloat16).float()
         logits[trial % 16, 40:] = -math.inf                             # fewer finite logits than some top_k
         seeds = [rnd.randrange(2**32) for _ in params]
         fast_rngs, slow_rngs = [SequenceRng(x) for x in seeds], [SequenceRng(x) for x in seeds]

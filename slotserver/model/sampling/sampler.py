@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from slotserver.model.sampling.greedy import greedy_tokens
-from slotserver.model.sampling.truncated import truncated_tokens
+from slotserver.model.sampling.truncated import top_rows, truncated_tokens
 from slotserver.model.sampling.row import draw, keep_length
 from slotserver.model.sampling.chain import ChainResult, SamplerState, run_chain
 from slotserver.model.sampling.infill import InfillVocab
@@ -269,7 +269,9 @@ class Sampler:
         width = max(width, min(b.vocab, 64)) if any(is_open) else width
         picked = [i for i, r in enumerate(rows) if r]
         while True:
-            vals, ids = b.topk(width)  # [batch, width] each
+            # the native pass's candidates where it can (truncated.py: the same order, ties included,
+            # so a seeded row draws alike on both paths), else the batched top-k
+            vals, ids = top_rows(b.adj, width) or b.topk(width)  # [batch, width] each
             cand = vals.tolist()
             keeps = {i: self._keep(b, i, cand[i], is_open[i]) for i in picked}
             if width == b.vocab or all(done for _, done in keeps.values()):

@@ -10,11 +10,12 @@ presence penalties are applied in the same pass (penalties.py's arithmetic, in f
 Same tokens as `Sampler.sample`'s batched path: per row the top_k largest biased, penalized logits,
 then row.py's keep_length and draw in C doubles in row.py's order, at the row's uniform drawn here
 in row order from its own SequenceRng exactly as the batched path draws it (greedy rows draw none;
-no row draws if any row fails). Two differences, each changing a token only at a near-tie
-(tests/test_sampling.py compares the two paths over seeded draws): the top_p normaliser's sum in
-long double where row.py calls math.fsum (within an ulp), and tied logits, kept here with the lower
-id first (a stable sort: a row's order is the same alone or in any batch), where the batched path's
-blocked torch.topk orders them by block.
+no row draws if any row fails). Tied logits keep the lower id first (a stable sort), and the
+batched path draws from the same candidates (`top_rows`), so a seeded row draws alike on either
+path, whatever else is in its batch. One difference remains, changing a token only at a near-tie
+(tests/test_sampling.py compares the two paths over seeded draws, half of them on bfloat16-rounded
+logits full of ties): the top_p normaliser's sum in long double where row.py calls math.fsum
+(within an ulp).
 
 Why: the batched path is ~10 torch calls on [batch, vocab] (a copy, the bias, block maxima, topk,
 gathers) then ~20-40 us of Python per row: 1.9 ms a step at 32 rows of a 49152 vocabulary, 3.3 ms at
@@ -25,6 +26,7 @@ HTTP: docs/performance.md, "Host sampler in one native pass").
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +39,7 @@ from slotserver.model.sampling.params import SamplingError, SamplingParams
 
 MAX_K = 256   # truncated.c's MAX_K: the largest top_k served here (a stack array of candidates a row)
 _NONE = torch.empty(0, dtype=torch.int64)   # no penalized token (the C reads none)
+_F32_NONE, _PEN_NONE = torch.empty(0), torch.empty(0)
 
 _C_FILE = Path(__file__).with_name("truncated.c")
 NATIVE_C = _C_FILE.read_text()
@@ -106,3 +109,22 @@ def truncated_tokens(logits: torch.Tensor, params: Sequence[SamplingParams], rng
     _LIB.draw_rows(cv.data_ptr(), ci.data_ptr(), n.data_ptr(), top_p.data_ptr(), min_p.data_ptr(), temp.data_ptr(),
                    u.data_ptr(), tokens.data_ptr(), batch)
     return tokens
+
+
+def top_rows(adj: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The `width` largest values of each row of adjusted logits adj [batch, vocab] float32 (bias
+    and penalties already in), descending, the lower id first on ties, as `truncated_tokens` picks
+    its candidates: [batch, width] values (-inf past a row's finite ones) and ids. The batched path
+    draws from these, so a seeded row draws the same token on either path, ties included. None
+    where this does not apply (no C, width over MAX_K, another dtype or layout)."""
+    batch, vocab = adj.shape
+    if _LIB is None or width > MAX_K or adj.dtype != torch.float32 or not adj.is_cpu or adj.stride(1) != 1:
+        return None
+    zeros = torch.zeros(batch + 1, dtype=torch.int64)
+    cv, ci = torch.full((batch, MAX_K), -math.inf), torch.zeros(batch, MAX_K, dtype=torch.int64)
+    n = torch.empty(batch, dtype=torch.int64)
+    k, temp = torch.full((batch,), width, dtype=torch.int64), torch.ones(batch, dtype=torch.float64)
+    _LIB.select_rows(adj.data_ptr(), 0, zeros.data_ptr(), _NONE.data_ptr(), _F32_NONE.data_ptr(), zeros.data_ptr(),
+                     _NONE.data_ptr(), _NONE.data_ptr(), _PEN_NONE.data_ptr(), k.data_ptr(), temp.data_ptr(),
+                     cv.data_ptr(), ci.data_ptr(), n.data_ptr(), batch, vocab, adj.stride(0), torch.get_num_threads())
+    return cv[:, :width], ci[:, :width]
