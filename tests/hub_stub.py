@@ -3,7 +3,8 @@ and `hf_hub_download` (and so for `-hf`): the file tree of a revision, and each 
 (HEAD with the commit, ETag and size headers the client reads; GET with ranges). Repositories are
 {"user/repo": {"path": bytes}}; "gated" and "private" ones answer as the hub answers those.
 Every request is recorded in `seen`. A file named in `slow` is sent 4 KiB at a time, that many
-seconds apart (a download long enough to be cancelled).
+seconds apart (a download long enough to be cancelled); `slow_tree` delays every file listing by
+that many seconds (a POST /models still checking its reference).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class HubStub:
     def __init__(self, repos: dict[str, dict[str, bytes]], gated: tuple[str, ...] = (),
                  slow: dict[str, float] | None = None) -> None:
         self.repos, self.gated, self.seen, self.slow = repos, gated, [], slow or {}
+        self.slow_tree = 0.0
         self.app = Starlette(routes=[
             Route("/api/models/{user}/{repo}/tree/{rev:path}", self.tree, methods=["GET"]),
             Route("/{user}/{repo}/resolve/{rev}/{file:path}", self.resolve, methods=["GET", "HEAD"]),
@@ -40,6 +42,7 @@ class HubStub:
         return name, self.repos[name]
 
     async def tree(self, request: Request) -> Response:
+        await asyncio.sleep(self.slow_tree)
         _, files = self._repo(request)
         if isinstance(files, Response):
             return files
