@@ -113,6 +113,20 @@ def test_hub_cache_names_and_resolution_follow_llama_cpp(tmp_path):
         hub_cache.resolve(tmp_path, "org/other")
 
 
+def test_a_split_model_in_the_models_dir_is_listed_once(tmp_path):
+    """llama-server lists every top-level GGUF; a split model's later parts cannot load on their own,
+    so only its first part is listed (under llama-server's name for it), as in a model's folder."""
+    from slotserver.router.catalog import scan_models_dir
+    for name in ("big-00001-of-00002.gguf", "big-00002-of-00002.gguf", "small.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF")
+    (tmp_path / "sub").mkdir()
+    for name in ("q-00001-of-00002.gguf", "q-00002-of-00002.gguf"):
+        (tmp_path / "sub" / name).write_bytes(b"GGUF")
+    found = {name: e.path.name for name, e in scan_models_dir(tmp_path).items()}
+    assert found == {"big-00001-of-00002": "big-00001-of-00002.gguf", "small": "small.gguf",
+                     "sub": "q-00001-of-00002.gguf"}
+
+
 def test_a_split_model_missing_a_part_is_neither_listed_nor_resolved(tmp_path):
     """A download stopped between parts: its first part alone would not load."""
     snap = _hub(tmp_path, "org/s-GGUF", "s-Q2_K-00001-of-00003.gguf", "s-Q2_K-00003-of-00003.gguf")

@@ -61,7 +61,8 @@ def scan_models_dir(folder: Path) -> dict[str, ModelEntry]:
             if mains:
                 out[item.name] = ModelEntry(item.name, "models_dir", path=(shards or mains)[-1],
                                             draft=drafts[0] if drafts else None)
-        elif item.suffix == ".gguf" and "mmproj" not in item.name and not item.name.startswith(DRAFT_PREFIXES):
+        elif item.suffix == ".gguf" and "mmproj" not in item.name and not item.name.startswith(DRAFT_PREFIXES) \
+                and hub_cache.split_info(item.name)[2] == 1:   # a split GGUF's later parts load through its first
             out[item.stem] = ModelEntry(item.stem, "models_dir", path=item)
     return out
 
