@@ -111,6 +111,8 @@ RENAMED: dict[str, tuple[str, str, dict]] = {
     # Mixtral's kind: a llama file with experts (llama.cpp's llama graph renormalizes the top-k weights);
     # qwen3moe's converted file without its q/k norms
     "llama_moe": ("qwen3moe", "llama", {"llama.feed_forward_length": (32, U32)}),   # its experts' width
+    # a granite file with experts: granite's graph renormalizes them too (granitemoe's file renamed)
+    "granite_moe": ("granitemoe", "granite", {}),
 }
 NO_QK_NORM = {"llama_moe"}   # RENAMED cases whose q/k norm tensors are left out
 

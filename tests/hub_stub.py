@@ -42,8 +42,8 @@ class HubStub:
         return name, self.repos[name]
 
     async def tree(self, request: Request) -> Response:
+        _, files = self._repo(request)   # (recorded in `seen` before the delay)
         await asyncio.sleep(self.slow_tree)
-        _, files = self._repo(request)
         if isinstance(files, Response):
             return files
         return JSONResponse([{"type": "file", "path": p, "oid": _sha(b)[:40], "size": len(b),

@@ -131,7 +131,7 @@ def test_every_architecture_has_a_fixture():
     assert {"gemma3", "qwen3", "gemma2", "phi3", "granite", "qwen2_yarn", "llama3_freqs"} <= set(CASES)
     assert {"qwen3moe", "qwen2moe", "olmoe", "granitemoe", "gpt-oss"} <= set(CASES)   # playground/make_moe_fixtures.py
     assert {"smollm3", "mistral3", "olmo2", "olmo3", "internlm2", "exaone", "gemma", "arcee", "minicpm",
-            "minicpm_defaults", "qwen2vl", "qwen3vl", "qwen3vlmoe", "hunyuan_dense", "llama_moe"} <= set(CASES)
+            "minicpm_defaults", "qwen2vl", "qwen3vl", "qwen3vlmoe", "hunyuan_dense", "llama_moe", "granite_moe"} <= set(CASES)
     converted = {"ministral3", "olmo3_hf", "glm4", "ernie4_5", "seed_oss", "exaone4", "exaone4_64", "qwen35",
                  "qwen35_eq", "qwen35moe", "lfm2", "lfm2_swa", "lfm2moe", "granitehybrid",
                  "granitehybrid_dense", "nemotron_h", "nemotron_h_moe", "nemotron_h_latent", "falcon_h1", "falcon_h1_norm"}

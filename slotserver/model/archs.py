@@ -81,12 +81,12 @@ ARCHS: dict[str, ArchDef] = {
     "smollm3": ArchDef(no_rope_step=4),
     # src/models/mistral3.cpp (Ministral 3, Mistral Small 3.x conversions): llama, yarn, and q multiplied by
     # 1 + temperature_scale * ln(1 + floor(pos / original_context_length)) where the key is set
-    "mistral3": ArchDef(attn_temp=True),
+    "mistral3": ArchDef(attn_temp=True, moe_norm=True),
     # src/models/olmo2.cpp (OLMo 2, and OLMo 3's windows on 3 of 4 layers): no pre-norms, the branches
     # post-normed, q and k normed over the whole projection; windowed layers rotate without yarn
     "olmo2": ArchDef(rope_mode="neox", qk_norm=True, qk_norm_full=True, post_norms=True, pre_norms=False,
                      swa_pattern=4, swa_rope_plain=True),
-    "granite": ArchDef(embed_scale="metadata", multipliers=True, rope_switch=True),
+    "granite": ArchDef(embed_scale="metadata", multipliers=True, rope_switch=True, moe_norm=True),
     # src/models/glm4.cpp (GLM-4-0414, GLM-Z1): pre- and post-norms, q/k/v biases, gate|up in one ffn_up,
     # part of each head rotated (rope.dimension_count), adjacent pairs
     "glm4": ArchDef(qkv_bias=True, post_norms=True, fused=True),

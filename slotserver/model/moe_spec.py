@@ -10,8 +10,9 @@ architecture's graph (src/models/<arch>.cpp) sets; `MoeSpec` holds the same swit
   the file has one (`exp_probs_b`: lfm2moe, DeepSeek-V3), the weights are the unbiased ones.
 - `dense_lead`: the first layers keep a dense FFN (`leading_dense_block_count`: lfm2moe's 2).
 - `norm_weights`: the k weights divided by their sum (clamped at 6.1e-5, float16's smallest
-  normal, as llama.cpp): qwen3moe and granitemoe always (llama.cpp does not read
-  `norm_topk_prob` for them), olmoe and qwen2moe never.
+  normal, as llama.cpp): qwen3moe, qwen3vlmoe, qwen35moe, granitemoe, granitehybrid, lfm2moe and
+  the llama / mistral / granite / minicpm files with experts always (llama.cpp does not read
+  `norm_topk_prob` for them), olmoe and qwen2moe never; nemotron_h_moe as its file says.
 - `d_ff`: one expert's hidden size (`expert_feed_forward_length`, else `feed_forward_length`);
   `d_ff_shared`: a shared expert's (`expert_shared_feed_forward_length`; qwen2moe, granite MoE
   shared), run on every token beside the routed ones; qwen2moe's is scaled by a sigmoid gate

@@ -57,7 +57,7 @@ def scan_models_dir(folder: Path) -> dict[str, ModelEntry]:
             ggufs = sorted(item.glob("*.gguf"))
             drafts = [p for p in ggufs if p.name.startswith(DRAFT_PREFIXES)]
             mains = [p for p in ggufs if p not in drafts and "mmproj" not in p.name]
-            shards = [p for p in mains if "-00001-of-" in p.name]
+            shards = [p for p in mains if hub_cache.split_info(p.name)[3] > 1 and hub_cache.split_info(p.name)[2] == 1]
             if mains:
                 out[item.name] = ModelEntry(item.name, "models_dir", path=(shards or mains)[-1],
                                             draft=drafts[0] if drafts else None)

@@ -104,6 +104,15 @@ def row_logsumexp(rows: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         else shift.clone()
 
 
+def _stable(vals: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k candidates [batch, width] re-ordered as the native pass orders them: value descending,
+    the lower id first on ties (torch.topk leaves ties in no defined order)."""
+    by_id = ids.argsort(dim=1)
+    vals, ids = vals.gather(1, by_id), ids.gather(1, by_id)
+    order = torch.sort(vals, dim=1, descending=True, stable=True).indices
+    return vals.gather(1, order), ids.gather(1, order)
+
+
 def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """Per row, the first column whose cumulative weight exceeds u * total (overwrites `weights`).
 
@@ -271,7 +280,7 @@ class Sampler:
         while True:
             # the native pass's candidates where it can (truncated.py: the same order, ties included,
             # so a seeded row draws alike on both paths), else the batched top-k
-            vals, ids = top_rows(b.adj, width) or b.topk(width)  # [batch, width] each
+            vals, ids = top_rows(b.adj, width) or _stable(*b.topk(width))  # [batch, width] each
             cand = vals.tolist()
             keeps = {i: self._keep(b, i, cand[i], is_open[i]) for i in picked}
             if width == b.vocab or all(done for _, done in keeps.values()):

@@ -12,7 +12,8 @@ then row.py's keep_length and draw in C doubles in row.py's order, at the row's 
 in row order from its own SequenceRng exactly as the batched path draws it (greedy rows draw none;
 no row draws if any row fails). Tied logits keep the lower id first (a stable sort), and the
 batched path draws from the same candidates (`top_rows`), so a seeded row draws alike on either
-path, whatever else is in its batch. One difference remains, changing a token only at a near-tie
+path, whatever else is in its batch (where a neighbour needs more than MAX_K candidates the batched
+path takes torch's top-k, re-sorted in the same order: only a tie straddling the width could differ). One difference remains, changing a token only at a near-tie
 (tests/test_sampling.py compares the two paths over seeded draws, half of them on bfloat16-rounded
 logits full of ties): the top_p normaliser's sum in long double where row.py calls math.fsum
 (within an ulp).
