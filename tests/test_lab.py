@@ -225,6 +225,7 @@ def test_swaps_under_concurrent_load_lose_nothing(tiny):
     drive(oracle, {})
     want = {p: h.result(timeout=0).tokens for p, h in zip(prompts, handles)}
     engine = Engine(tiny, EngineConfig(n_parallel=4, ctx_size=4 * 256, queue_limit=64)).start()
+    engine.lab.timeout = 60.0   # a validation's forked check under 4 clients and the suite's other worker: not 5 s
     wrong, done, switched = [], [], threading.Event()
 
     def client(chunk):
