@@ -1,4 +1,5 @@
-"""Real vocabularies (gemma3's 262k SentencePiece, llama 2, phi-3, qwen2) against llama.cpp's ids.
+"""Real vocabularies (gemma3's 262k SentencePiece, llama 2, phi-3, qwen2, and qwen2's under MiniCPM5's
+pre-tokenizer) against llama.cpp's ids.
 
 The expected ids come from `llama-tokenize` on the same vocab-only files (see
 tests/tokenizer_fixtures.py); both ways of tokenizing that llama-server offers are checked:
@@ -26,7 +27,7 @@ def test_every_row_matches_llama_tokenize(name):
             row["ids_parse_special"], (name, row["text"])
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "minicpm5"])   # (its clean_spaces drops " ?"'s space)
 def test_detokenize_gives_the_text_back(name):
     """llama_detokenize of the ids is the text (SentencePiece's prefix space removed), for text
     without special-token markup (phi-3 strips spaces after its specials, by design). A literal

@@ -63,6 +63,7 @@ _PRE_GROUPS: list[tuple[tuple[str, ...], tuple[str, ...], frozenset[str]]] = [
     (("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
       "jina-v5-nano"), (_LLAMA3,), frozenset({"ignore_merges", "add_bos"})),
     (("dbrx", "smaug-bpe"), (_LLAMA3,), frozenset()),
+    (("minicpm5",), (r"\p{N}{1,3}", _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}+")), frozenset({"ignore_merges"})),
     (("chatglm-bpe",), (_LLAMA3,), frozenset({"no_bos"})),
     (("glm4", "glm5"), (_LLAMA3,), frozenset({"ignore_merges", "no_bos"})),
     (("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "grok-2", "solar-open"),
