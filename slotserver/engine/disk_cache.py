@@ -22,7 +22,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import queue
 import threading
 import zlib
@@ -32,6 +31,7 @@ import torch
 
 from slotserver.engine.prefix_index import PrefixIndex
 from slotserver.engine.atomic_file import atomic_write, remove_stale_temporaries
+from slotserver.hub.cache import part_names
 
 log = logging.getLogger("slotserver.engine.disk_cache")
 
@@ -57,11 +57,8 @@ def model_key(model_path: Path, kv_dtype: torch.dtype, geometry: tuple[int, int,
 
 
 def _parts(path: Path) -> list[Path]:
-    """A split GGUF's parts from its first part's name (model/gguf_split.py's naming), else [path]."""
-    m = re.match(r"^(.*)-00001-of-(\d{5})\.gguf$", path.name)
-    if not m or int(m.group(2)) < 2:
-        return [path]
-    return [path.with_name(f"{m.group(1)}-{i:05d}-of-{m.group(2)}.gguf") for i in range(1, int(m.group(2)) + 1)]
+    """A split GGUF's parts (llama.cpp's names, model/gguf_split.py), else [path]."""
+    return [path.with_name(name) for name in part_names(path.name)]
 
 
 class DiskCache:

@@ -53,6 +53,17 @@ def split_info(rel: str) -> tuple[str, str, int, int]:
     return prefix, tag, index, count
 
 
+def part_name(prefix: str, index: int, count: int) -> str:
+    """Part `index` (1-based) of `count` of a split GGUF: llama.cpp's llama_split_path."""
+    return f"{prefix}-{index:05d}-of-{count:05d}.gguf"
+
+
+def part_names(rel: str) -> list[str]:
+    """Every part's name of the split GGUF `rel` is a part of, first to last ([rel] for a whole file)."""
+    prefix, _, _, count = split_info(rel)
+    return [part_name(prefix, i, count) for i in range(1, count + 1)] if count > 1 else [rel]
+
+
 def split_parts(names: list[str], name: str) -> tuple[list[str], list[int]]:
     """The parts of the split GGUF `name` belongs to among a repository's `names`, first to last
     (llama.cpp's get_split_files; [name] for a whole file) -> (parts, the numbers of parts missing)."""
@@ -109,8 +120,7 @@ def list_models(cache: Path) -> dict[str, Path]:
 def _whole(rel: str, rels: set[str]) -> bool:
     """Whether every part of the split GGUF `rel` is among `rels` (a whole file: yes). A download
     stopped between parts leaves a first part that would not load."""
-    prefix, _, _, count = split_info(rel)
-    return count <= 1 or all(f"{prefix}-{i:05d}-of-{count:05d}.gguf" in rels for i in range(1, count + 1))
+    return all(part in rels for part in part_names(rel))
 
 
 def pick(names: list[str], tag: str) -> str | None:

@@ -133,9 +133,7 @@ def download(repo: str, name: str, token: str | None, where: Path,
     """The repository's model file `name` (`_chosen`'s: a split GGUF's first part) into the cache
     `where`, every part of a split one after the other (each resumed, or skipped if there) -> the path
     of the first part, where the model loads from (model/gguf_split.py finds the others beside it)."""
-    prefix, _, _, count = cache.split_info(name)
-    parts = [f"{prefix}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)] if count > 1 else [name]
-    return [_download_file(repo, part, token, where, progress) for part in parts][0]
+    return [_download_file(repo, part, token, where, progress) for part in cache.part_names(name)][0]
 
 
 def _download_file(repo: str, name: str, token: str | None, where: Path,

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from slotserver.errors import GGUFError
+from slotserver.hub.cache import part_name
 from slotserver.model.gguf_scan import Corrupt, TensorInfo, open_checked
 
 SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
@@ -35,12 +36,12 @@ def part_count(metadata: dict[str, Any]) -> int:
 
 def part_paths(path: Path, index: int, count: int) -> list[Path]:
     """Every part's path, from part `index` (0-based) of `count`: `-0000i-of-0000N.gguf` names."""
-    suffix = f"-{index + 1:05d}-of-{count:05d}.gguf"
+    suffix = part_name("", index + 1, count)
     if not path.name.endswith(suffix) or len(path.name) == len(suffix):
         raise GGUFError(path, f"is part {index + 1} of {count} of a split GGUF (split.no {index}), "
                               f"but its name does not end in {suffix}, so the other parts cannot be found")
     prefix = path.name[:-len(suffix)]
-    return [path.with_name(f"{prefix}-{i + 1:05d}-of-{count:05d}.gguf") for i in range(count)]
+    return [path.with_name(part_name(prefix, i + 1, count)) for i in range(count)]
 
 
 def join_parts(path: Path, metadata: dict[str, Any], tensors: dict[str, TensorInfo],
