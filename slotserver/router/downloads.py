@@ -221,7 +221,8 @@ class Downloads:
 
 async def _in_thread(fn, *args):
     """fn(*args) on a daemon thread, awaited: unlike asyncio.to_thread's pool, the process does not
-    wait for it at exit (a multi-GB download must not hold a stopping router)."""
+    wait for it at exit (a hub listing may take its whole timeout; the downloads themselves run in
+    child processes, `_child`)."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
 
@@ -239,5 +240,5 @@ async def _in_thread(fn, *args):
         except RuntimeError:   # the loop closed meanwhile: nobody waits any more
             pass
 
-    threading.Thread(target=run, daemon=True, name="hub-download").start()
+    threading.Thread(target=run, daemon=True, name="hub").start()
     return await done

@@ -39,8 +39,7 @@ from slotserver.model.sampling.penalties import History, _window, check_bias_tok
 from slotserver.model.sampling.params import SamplingError, SamplingParams
 
 MAX_K = 256   # truncated.c's MAX_K: the largest top_k served here (a stack array of candidates a row)
-_NONE = torch.empty(0, dtype=torch.int64)   # no penalized token (the C reads none)
-_F32_NONE, _PEN_NONE = torch.empty(0), torch.empty(0)
+_I64_NONE, _F32_NONE = torch.empty(0, dtype=torch.int64), torch.empty(0)   # no bias, no penalized token
 
 _C_FILE = Path(__file__).with_name("truncated.c")
 NATIVE_C = _C_FILE.read_text()
@@ -55,12 +54,24 @@ def _served(p: SamplingParams, vocab: int) -> bool:
     return closed and p.plain_chain and not p.post_sampling_probs and not p.n_probs
 
 
+def _biases(params: Sequence[SamplingParams], vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's logit_bias, ragged -> (offsets [batch + 1], ids, values); applied in turn by the C."""
+    offsets, ids, vals = [0], [], []
+    for p in params:
+        for t, v in p.logit_bias:
+            ids.append(t)
+            vals.append(v)
+        offsets.append(len(ids))
+    check_bias_tokens(ids, vocab)   # the C writes scratch rows at these ids
+    return torch.tensor(offsets), torch.tensor(ids, dtype=torch.int64), torch.tensor(vals, dtype=torch.float32)
+
+
 def _penalties(params: Sequence[SamplingParams], history: History, vocab: int):
     """Each row's penalized tokens and counts in its window (penalties.py's), ragged -> (offsets,
     ids, counts, [rep, freq, pres] a row) as tensors; SamplingError for a token outside the vocabulary."""
     pen = [(p.repeat_penalty, p.frequency_penalty, p.presence_penalty) for p in params]
     if not any(p.penalties_active for p in params):   # the default: no window counted
-        return torch.zeros(len(params) + 1, dtype=torch.int64), _NONE, _NONE, torch.tensor(pen, dtype=torch.float32)
+        return torch.zeros(len(params) + 1, dtype=torch.int64), _I64_NONE, _I64_NONE, torch.tensor(pen, dtype=torch.float32)
     offsets, ids, counts = [0], [], []
     for p, h in zip(params, history):
         seen = Counter(_window(p, h))
@@ -84,26 +95,13 @@ def truncated_tokens(logits: torch.Tensor, params: Sequence[SamplingParams], rng
         return None
     if not all(_served(p, vocab) for p in params) or history is None and any(p.penalties_active for p in params):
         return None
-    offsets, ids, vals = [0], [], []
-    for p in params:
-        for t, v in p.logit_bias:
-            ids.append(t)
-            vals.append(v)
-        offsets.append(len(ids))
-    check_bias_tokens(ids, vocab)   # the C writes scratch rows at these ids
-    po, pids, pcount, pen = _penalties(params, history if history is not None else [()] * batch, vocab)
-    f64 = torch.float64
-    k = torch.tensor([p.top_k for p in params], dtype=torch.int64)
-    temp = torch.tensor([p.temperature for p in params], dtype=f64)
-    o, i, v = torch.tensor(offsets), torch.tensor(ids, dtype=torch.int64), torch.tensor(vals, dtype=torch.float32)
-    cv, ci = torch.empty(batch, MAX_K), torch.empty(batch, MAX_K, dtype=torch.int64)   # each row's candidates
-    n = torch.empty(batch, dtype=torch.int64)
-    bad = _LIB.select_rows(logits.data_ptr(), scratch.data_ptr(), o.data_ptr(), i.data_ptr(), v.data_ptr(),
-                           po.data_ptr(), pids.data_ptr(), pcount.data_ptr(), pen.data_ptr(), k.data_ptr(),
-                           temp.data_ptr(), cv.data_ptr(), ci.data_ptr(), n.data_ptr(), batch, vocab, logits.stride(0),
-                           torch.get_num_threads())
+    bias = _biases(params, vocab)
+    pen = _penalties(params, history or (), vocab)
+    temp = torch.tensor([p.temperature for p in params], dtype=torch.float64)
+    cv, ci, n, bad = _select(logits, scratch, bias, pen, torch.tensor([p.top_k for p in params]), temp)
     if bad >= 0:   # before any draw, as the batched path (engine/step_sampling.py retries row by row)
         raise SamplingError(f"row {bad}: logits are NaN/inf, or logit_bias or a grammar forbids every token")
+    f64 = torch.float64
     u = torch.tensor([0.0 if p.greedy else r.next_uniform() for p, r in zip(params, rngs)], dtype=f64)
     top_p, min_p = torch.tensor([p.top_p for p in params], dtype=f64), torch.tensor([p.min_p for p in params], dtype=f64)
     tokens = torch.empty(batch, dtype=torch.int64)
@@ -118,14 +116,25 @@ def top_rows(adj: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]
     its candidates: [batch, width] values (-inf past a row's finite ones) and ids. The batched path
     draws from these, so a seeded row draws the same token on either path, ties included. None
     where this does not apply (no C, width over MAX_K, another dtype or layout)."""
-    batch, vocab = adj.shape
+    batch = adj.shape[0]
     if _LIB is None or width > MAX_K or adj.dtype != torch.float32 or not adj.is_cpu or adj.stride(1) != 1:
         return None
-    zeros = torch.zeros(batch + 1, dtype=torch.int64)
+    none = (torch.zeros(batch + 1, dtype=torch.int64), _I64_NONE, _F32_NONE)   # no bias, no penalty
+    cv, ci, _, _ = _select(adj, None, none, none[:2] + (_I64_NONE, _F32_NONE),
+                           torch.full((batch,), width, dtype=torch.int64), torch.ones(batch, dtype=torch.float64))
+    return cv[:, :width], ci[:, :width]
+
+
+def _select(x: torch.Tensor, scratch: torch.Tensor | None, bias: tuple, pen: tuple, top_k: torch.Tensor,
+            temp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """truncated.c's select_rows over x [batch, vocab] -> (values [batch, MAX_K] (-inf past a row's
+    count), ids, counts [batch], the first bad row or -1). scratch: rows to bias and penalize in
+    (None where neither applies); bias: (offsets, ids, values); pen: (offsets, ids, counts, factors)."""
+    batch, vocab = x.shape
     cv, ci = torch.full((batch, MAX_K), -math.inf), torch.zeros(batch, MAX_K, dtype=torch.int64)
     n = torch.empty(batch, dtype=torch.int64)
-    k, temp = torch.full((batch,), width, dtype=torch.int64), torch.ones(batch, dtype=torch.float64)
-    _LIB.select_rows(adj.data_ptr(), 0, zeros.data_ptr(), _NONE.data_ptr(), _F32_NONE.data_ptr(), zeros.data_ptr(),
-                     _NONE.data_ptr(), _NONE.data_ptr(), _PEN_NONE.data_ptr(), k.data_ptr(), temp.data_ptr(),
-                     cv.data_ptr(), ci.data_ptr(), n.data_ptr(), batch, vocab, adj.stride(0), torch.get_num_threads())
-    return cv[:, :width], ci[:, :width]
+    bad = _LIB.select_rows(x.data_ptr(), 0 if scratch is None else scratch.data_ptr(),
+                           *(t.data_ptr() for t in bias), *(t.data_ptr() for t in pen), top_k.data_ptr(),
+                           temp.data_ptr(), cv.data_ptr(), ci.data_ptr(), n.data_ptr(), batch, vocab, x.stride(0),
+                           torch.get_num_threads())
+    return cv, ci, n, bad
