@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import torch
 
-from slotserver.model.sampling.greedy import greedy_tokens
 from slotserver.model.sampling.truncated import top_rows, truncated_tokens
 from slotserver.model.sampling.row import draw, keep_length
 from slotserver.model.sampling.chain import ChainResult, SamplerState, run_chain
@@ -209,12 +208,10 @@ class Sampler:
             raise SamplingError(f"logits must be [batch, {self.vocab_size}], got {tuple(logits.shape)}")
         if not len(params) == len(rngs) == len(history) == batch:
             raise SamplingError(f"params, rngs and history must each have {batch} rows")
-        if allowed is None:   # one C pass for greedy batches, one for top_k-truncated ones (the usual requests)
-            fast_tokens = greedy_tokens(logits, params, self._scratch(logits))
-            if fast_tokens is None:
-                fast_tokens = truncated_tokens(logits, params, rngs, self._scratch(logits), history)
-            if fast_tokens is not None:
-                return SampleOutput(fast_tokens, None, None, None)
+        # one C pass for greedy and top_k-truncated rows (the usual requests: truncated.py)
+        fast_tokens = truncated_tokens(logits, params, rngs, self._scratch(logits), history) if allowed is None else None
+        if fast_tokens is not None:
+            return SampleOutput(fast_tokens, None, None, None)
         fast = [p.plain_chain and not p.post_sampling_probs for p in params]
         edits = allowed is not None or any(p.logit_bias or (f and p.penalties_active) for p, f in zip(params, fast))
         adj = self._scratch(logits).copy_(logits) if edits else logits.to(torch.float32)  # [batch, vocab]
@@ -238,7 +235,7 @@ class Sampler:
         return self._report(logits, b, tokens, chains, raw_is_adj=not edits)
 
     def scratch_for(self, logits: torch.Tensor) -> torch.Tensor:
-        """A float32 buffer of the logits' shape, reused across calls (greedy_tokens' scratch row)."""
+        """A float32 buffer of the logits' shape, reused across calls (the native pass's scratch rows, greedy_tokens')."""
         return self._scratch(logits)
 
     def _scratch(self, logits: torch.Tensor) -> torch.Tensor:
