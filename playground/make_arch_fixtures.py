@@ -115,6 +115,25 @@ RENAMED: dict[str, tuple[str, str, dict]] = {
     "granite_moe": ("granitemoe", "granite", {}),
 }
 NO_QK_NORM = {"llama_moe"}   # RENAMED cases whose q/k norm tensors are left out
+# deepseek2 as converted before llama.cpp's absorbed MLA path (mid 2025): attn_kv_b, multi-head key and
+# value lengths (nope + rope = 16, v 12), 4 KV heads; llama.cpp runs its multi-head branch on it
+RENAMED["deepseek2_legacy"] = ("deepseek2", "deepseek2", {
+    "deepseek2.attention.key_length": (16, U32), "deepseek2.attention.value_length": (12, U32),
+    "deepseek2.attention.head_count_kv": (4, U32), "deepseek2.attention.key_length_mla": None,
+    "deepseek2.attention.value_length_mla": None})
+
+
+def mla_legacy(src: Path) -> dict[str, np.ndarray]:
+    """Each layer's attn_kv_b [heads * (nope + v), rank] from its attn_k_b [heads, rank, nope] and
+    attn_v_b [heads, v, rank] (the converter's split, undone: per head its nope rows, then its v rows)."""
+    tensors = {t.name: np.asarray(t.data).reshape([int(n) for n in reversed(t.shape.tolist())])
+               for t in gguf.GGUFReader(src).tensors if t.name.endswith(("attn_k_b.weight", "attn_v_b.weight"))}
+    out = {}
+    for name in [n for n in tensors if n.endswith("attn_k_b.weight")]:
+        k_b, v_b = tensors[name], tensors[name.replace("attn_k_b", "attn_v_b")]
+        rows = [np.concatenate([k_b[h].T, v_b[h]]) for h in range(k_b.shape[0])]
+        out[name.replace("attn_k_b", "attn_kv_b")] = np.concatenate(rows)
+    return out
 
 
 # llama-server's rope flags (or --override-kv) over a case's file (cli/model_meta_args.py): <name>.json only, its rows
@@ -215,7 +234,10 @@ def main() -> None:
             source, arch, keys = RENAMED[name]
             drop = (lambda n, d, t: None if n.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) else (d, t)) \
                 if name in NO_QK_NORM else None
-            gguf = rewrite(OUT / f"{source}.gguf", OUT / f"{name}.gguf", keys, drop, arch=arch)
+            extra = mla_legacy(OUT / f"{source}.gguf") if name == "deepseek2_legacy" else None
+            if extra:
+                drop = lambda n, d, t: None if n.endswith(("attn_k_b.weight", "attn_v_b.weight")) else (d, t)  # noqa: E731
+            gguf = rewrite(OUT / f"{source}.gguf", OUT / f"{name}.gguf", keys, drop, extra, arch=arch)
         else:
             gguf = write_tiny_gguf(OUT / f"{name}.gguf", seed=sum(map(ord, name)), **(SMALL | CASES[name]))
         rows = run_llama(gguf)

@@ -192,6 +192,29 @@ CASES: dict[str, tuple[str, dict]] = {
         mamba_rms_norm=False, embedding_multiplier=2.0, lm_head_multiplier=0.5, attention_in_multiplier=0.8,
         attention_out_multiplier=1.2, key_multiplier=0.9, ssm_in_multiplier=1.1, ssm_out_multiplier=0.7,
         ssm_multipliers=[1.0, 0.9, 1.1, 0.8, 1.2], mlp_multipliers=[0.9, 1.1])),
+    # DeepSeek-V3 / R1 / Kimi / GLM-4.7-Flash's form (llama.cpp's deepseek2, MLA converted for the absorbed
+    # path: q through a low-rank q_a -> norm -> q_b, K/V one 16-wide latent plus an 8-wide shared rope key,
+    # wk_b / wv_b per head): a leading dense layer, then experts routed by sigmoid with a selection bias
+    # (e_score_correction_bias), the 3 weights renormalized and scaled by 2.5, one shared expert; YaRN with
+    # DeepSeek's mscale (mscale_all_dim 1: the q.k scale grows with the factor)
+    "deepseek2": ("DeepseekV3ForCausalLM", dict(
+        num_hidden_layers=3, num_key_value_heads=4, intermediate_size=64, moe_intermediate_size=16,
+        n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, first_k_dense_replace=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=24,
+        qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64,
+                             mscale=1.0, mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0))),
+    # DeepSeek-V2-Lite / Moonlight's form: q straight from the normed rows (no q_lora_rank: llama.cpp's
+    # "lite" files have 26 or 27 layers, so this one has 26), softmax routing without renormalization,
+    # two shared experts, YaRN with V2's mscale 0.707 (which cancels on cos/sin and scales q.k); 16 wide,
+    # so that 26 layers stay under the fixtures' 1 MB
+    "deepseek2_lite": ("DeepseekV2ForCausalLM", dict(
+        hidden_size=16, num_hidden_layers=26, num_key_value_heads=4, intermediate_size=32, moe_intermediate_size=8,
+        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2, first_k_dense_replace=1,
+        routed_scaling_factor=1.0, norm_topk_prob=False, kv_lora_rank=16, q_lora_rank=None,
+        qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, topk_method="greedy",
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64,
+                             mscale=0.707, mscale_all_dim=0.707, beta_fast=32.0, beta_slow=1.0))),
 }
 # Nemotron 3 Super's form: the experts in a 16-wide latent space (fc1/fc2_latent_proj around them)
 CASES["nemotron_h_latent"] = ("NemotronHForCausalLM", CASES["nemotron_h_moe"][1] | dict(moe_latent_size=16))
@@ -204,7 +227,7 @@ CONVERT_ARGS = {"Qwen3_5ForCausalLM": ["--no-mtp"],
 # a seed whose greedy ids avoid the special tokens (the test bans them, llama-server picks a CONTROL
 # token <|im_start|> as any other: the first granitemoe seed started with it, the first lfm2 one took
 # it second)
-SEED_OFFSET = {"granitemoe": 1, "lfm2": 1, "nemotron_h": 1, "falcon_h1": 1, "nemotron_h_latent": 1}
+SEED_OFFSET = {"granitemoe": 1, "lfm2": 1, "nemotron_h": 1, "falcon_h1": 1, "nemotron_h_latent": 1, "deepseek2_lite": 1}
 BIG = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=8, head_dim=64, vocab_size=32000,
            num_experts=16, num_experts_per_tok=4, moe_intermediate_size=512, intermediate_size=1024)
 # per case where its config names these differently (gpt-oss: experts of width intermediate_size, the
@@ -263,8 +286,18 @@ BIG_CASE["falcon_h1"] = dict(
     mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_conv_bias=True, mamba_rms_norm=False,
     vocab_size=32784, max_position_embeddings=16384, tie_word_embeddings=False, rms_norm_eps=1e-5,
     rope_theta=100000000000.0)
+BIG_CASE["deepseek2_lite"] = dict(
+    # DeepSeek-V2-Lite's layer shapes (2048 wide, 16 heads, latent 512, nope 128 + rope 64, v 128, dense FFN
+    # 10944, experts of 1408, 6 used, 2 shared), 6 of its 27 layers and 16 of its 64 experts, a 32000-entry
+    # vocabulary, its YaRN (factor 40 on 4096): a speed model of the latent attention and its routing (an
+    # F32 file of 4.3 GB; requantize with llama-quantize)
+    hidden_size=2048, num_hidden_layers=6, num_attention_heads=16, num_key_value_heads=16, intermediate_size=10944,
+    moe_intermediate_size=1408, n_routed_experts=16, num_experts_per_tok=6, n_shared_experts=2, kv_lora_rank=512,
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=32000, max_position_embeddings=163840,
+    rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
+                         mscale=0.707, mscale_all_dim=0.707, beta_fast=32.0, beta_slow=1.0))
 # cases whose BIG_CASE entry is the whole big config (over TINY and the case's own), without BIG
-BIG_OWN = {"qwen35", "lfm2", "granitehybrid_dense", "nemotron_h", "nemotron_h_moe", "falcon_h1"}
+BIG_OWN = {"qwen35", "lfm2", "granitehybrid_dense", "nemotron_h", "nemotron_h_moe", "falcon_h1", "deepseek2_lite"}
 
 CONVERT = """
 import sys
@@ -336,6 +369,11 @@ def write_hf(folder: Path, cls_name: str, config: dict, seed: int) -> None:
         config["layer_types"] = ["attention" if t in ("attention", "full_attention") else "mamba"
                                  for t in config["layer_types"]]
         path.write_text(json.dumps(config, indent=2))
+    if cls_name == "DeepseekV3ForCausalLM":   # DeepSeek-V3's config.json names its router (transformers
+        path = folder / "config.json"          # hardcodes it and saves no key): the converter reads it
+        saved = json.loads(path.read_text())
+        saved |= {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+        path.write_text(json.dumps(saved, indent=2))
     if cls_name == "NemotronHForCausalLM" and not config.get("n_routed_experts"):
         nemotron_pattern(folder)
 

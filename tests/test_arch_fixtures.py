@@ -134,8 +134,10 @@ def test_every_architecture_has_a_fixture():
             "minicpm_defaults", "qwen2vl", "qwen3vl", "qwen3vlmoe", "hunyuan_dense", "llama_moe", "granite_moe"} <= set(CASES)
     converted = {"ministral3", "olmo3_hf", "glm4", "ernie4_5", "seed_oss", "exaone4", "exaone4_64", "qwen35",
                  "qwen35_eq", "qwen35moe", "lfm2", "lfm2_swa", "lfm2moe", "granitehybrid",
-                 "granitehybrid_dense", "nemotron_h", "nemotron_h_moe", "nemotron_h_latent", "falcon_h1", "falcon_h1_norm"}
+                 "granitehybrid_dense", "nemotron_h", "nemotron_h_moe", "nemotron_h_latent", "falcon_h1", "falcon_h1_norm",
+                 "deepseek2", "deepseek2_lite"}
     assert converted <= set(CASES)
+    assert "deepseek2_legacy" in CASES   # attn_kv_b, as files converted before the absorbed MLA path hold it
     assert ROPE_FLAGS <= set(CASES)
     assert all((ARCHS / f"{c}.gguf").stat().st_size < 1 << 20 for c in set(CASES) - ROPE_FLAGS)
 
@@ -150,6 +152,7 @@ ROPE_FLAGS = {"llama_rope_flags", "qwen2_yarn_flags", "qwen2_yarn_none", "llama_
 TIGHT = {"smollm3", "mistral3", "olmo2", "olmo3", "ministral3", "olmo3_hf", "glm4", "ernie4_5", "seed_oss",
          "exaone4", "exaone4_64", "llama_bias", "lfm2", "lfm2_swa", "lfm2moe", "granitehybrid",
          "granitehybrid_dense", "nemotron_h", "nemotron_h_moe", "nemotron_h_latent", "falcon_h1", "falcon_h1_norm",
+         "deepseek2", "deepseek2_lite", "deepseek2_legacy",
          *ROPE_FLAGS - {"gemma3_rope_flags", "gemma3_cvec"}}   # gemma3's own is 1e-3
 # delta-net hybrids (2026-11-28): qwen35 5.4e-6, qwen35_eq 3.2e-5, qwen35moe 5.9e-6 measured; with the
 # delta net in float64 (its token loop) the first two were 8.6e-6 and 3.8e-5: the distance is llama.cpp's

@@ -19,6 +19,8 @@ import torch
 from shift_fixtures import (FLOAT_LAYOUTS, VARIANTS, engine, events, fresh_logits, load_model, new_cache, prefill,
                             run, write_variant)
 from shift_fixtures import one_torch_thread  # noqa: F401  (autouse)
+from gguf import GGUFValueType
+from gguf_rewrite import rewrite
 
 from slotserver.engine.context_shift import ContextShift, KVShift, Span
 from slotserver.engine.kv_shift import apply_shift
@@ -93,6 +95,17 @@ def _kept() -> list[int]:
 @pytest.mark.parametrize("layout", FLOAT_LAYOUTS)
 def test_after_a_shift_the_next_logits_equal_a_fresh_prefill_of_the_kept_tokens(folder, layout, variant):
     model = load_model(write_variant(folder, variant))
+    got, want = _shifted_logits(model, layout), fresh_logits(model, layout, _kept())
+    assert (got - want).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("layout", ["seq_head_dim", "paged"])
+def test_a_latent_attention_shift_equals_a_fresh_prefill(tmp_path, layout):
+    """deepseek2's cache row holds its rotated key first, then the latent (mla_attention.py): a shift
+    re-rotates exactly that part. One layer (deepseek2's leading dense layer alone, YaRN on)."""
+    path = rewrite(ARCHS / "deepseek2.gguf", tmp_path / "one_layer.gguf", {"deepseek2.block_count": (1, GGUFValueType.UINT32)},
+                   lambda n, d, t: None if n.startswith(("blk.1.", "blk.2.")) else (d, t))
+    model = load_model(path)
     got, want = _shifted_logits(model, layout), fresh_logits(model, layout, _kept())
     assert (got - want).abs().max().item() < 1e-4
 

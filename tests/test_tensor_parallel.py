@@ -244,6 +244,7 @@ def test_uneven_splits_cover_every_item_once():
     ("gpt-oss", 2, "q", "the experts' d_ff 32 does not split in 2 parts of whole 32-column blocks; "
                         "use --weights dense"),
     ("qwen3", 3, "auto", "the model has 2 KV heads, fewer than the ranks"),
+    ("deepseek2", 2, "auto", "deepseek2's latent attention .* is not split across ranks"),
 ])
 def test_what_does_not_split_is_refused_in_one_line(name, world, weights, says):
     from slotserver.model.weights import WeightFormat

@@ -5,7 +5,7 @@ norms, post-norms, the gated FFN's activation, sliding-window pattern, soft-capp
 granite's multipliers, MoE weight renormalization, gating and activation, gpt-oss's output bias and
 attention sinks, smollm3's NoPE layers, mistral3's q temperature, olmo2's missing pre-norms,
 exaone4's unrotated full layers, the hybrids' recurrent layers, qwen35's gated attention and
-nemotron_h's one-block layers); glm4,
+nemotron_h's one-block layers, deepseek2's latent attention); glm4,
 ernie4_5, seed_oss, internlm2, exaone, gemma, arcee, minicpm and the Qwen-VL language models are rows of
 existing switches; hunyuan-dense adds two (late q/k norms, the NTK alpha). Apart from spec.py so that adding a row is an
 edit of this table alone.
@@ -42,7 +42,8 @@ class ArchDef:
     gemma_scale: bool = False    # 27B gemmas scale q by 1/sqrt(d_model / n_heads), not 1/sqrt(head_dim)
     qk_norm_full: bool = False   # olmoe: q and k RMSNorm over the whole projection, not per head
     moe_norm: bool = False       # MoE: the k selected weights renormalized to sum 1 (moe_spec.py)
-    moe_gating: str = "softmax"  # MoE: "softmax" then top-k, "softmax_weight": top-k then softmax (gpt-oss), "sigmoid"
+    moe_gating: str = "softmax"  # MoE: "softmax" then top-k, "softmax_weight": top-k then softmax (gpt-oss), "sigmoid",
+                                 # "file": the file's expert_gating_func (deepseek2; moe_spec.py's file_gating)
     moe_act: str = "silu"        # MoE experts: "silu" (SwiGLU), "swiglu_oai" (gpt-oss's clamped form), "relu2"
     moe_file_weights: bool = False  # MoE: weight renormalization and scale from expert_weights_norm / _scale
     moe_keys: bool = False       # MoE: read leading_dense_block_count and expert_gating_func (lfm2moe's loader does)
@@ -64,6 +65,8 @@ class ArchDef:
     single_blocks: bool = False  # one block a layer: an FFN alone where feed_forward_length says, else a mixer
     parallel_mixers: bool = False  # every layer: attention and a recurrent mixer side by side, summed (falcon-h1)
     mrope: str = ""              # "mrope" / "imrope": M-RoPE sections, neox rope for text (spec_keys.text_still_pairs)
+    mla: bool = False            # multi-head latent attention (mla_spec.py: deepseek2), DeepSeek's YaRN magnitude
+    moe_shared_count: bool = False  # MoE: the shared expert `expert_shared_count` experts wide (deepseek2)
 
 
 ARCHS: dict[str, ArchDef] = {
@@ -159,6 +162,10 @@ ARCHS: dict[str, ArchDef] = {
     # side on the same attn_norm'd input, (attn + ssm) + x, then a SwiGLU FFN; Falcon's muP multipliers
     # are folded into the weights by the converter; no group norm where the file has no ssm_norm
     "falcon-h1": ArchDef(rope_mode="neox", hybrid="mamba2", parallel_mixers=True),
+    # src/models/deepseek2.cpp (DeepSeek-V2/V2.5/V3/R1, Kimi K2, Moonlight, GLM-4.7-Flash, GigaChat3): MLA
+    # (mla_spec.py), leading dense layers, then experts routed as the file says (softmax, or sigmoid with
+    # a selection bias), weights renormalized and scaled as it says, plus ungated shared experts
+    "deepseek2": ArchDef(mla=True, moe_gating="file", moe_keys=True, moe_file_weights=True, moe_shared_count=True),
     # mixture of experts (moe_spec.py, moe.py): what llama.cpp's src/models/<arch>.cpp passes to build_moe_ffn
     "qwen3moe": ArchDef(rope_mode="neox", qk_norm=True, moe_norm=True),
     "qwen2moe": ArchDef(qkv_bias=True, rope_mode="neox"),

@@ -5,7 +5,7 @@ What each architecture adds to llama's (rope of q and k, write, attend) is a swi
 `ModelSpec`: q/k RMSNorm per head (qwen3, gemma3) or over the whole projection (olmoe; under --tp
 a callable holding this rank's slice), mistral3's q temperature past the trained context,
 the layer's window, soft-cap and sinks (the attention kernels take them from AttnMeta), and
-qwen35's output gate. The model's layer loop (model.py), the lean Triton body (lean_step.py) and
+qwen35's output gate. deepseek2's latent attention is a branch of its own (mla_attention.py). The model's layer loop (model.py), the lean Triton body (lean_step.py) and
 the GEMV body (gemv_step.py) all call `attention`.
 """
 
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from slotserver.model.block_ops import as_dtype
+from slotserver.model.mla_attention import mla_attention
 from slotserver.model.sigmoid_gate import sigmoid_gate
 from slotserver.runtime.batch import Batch
 
@@ -29,6 +30,8 @@ def attention(model: "LlamaModel", i: int, lw: "LayerWeights", qkv: torch.Tensor
     """Layer i's attention from its q|k|v projection: K/V written, attention -> [tokens, heads * hd]
     in the matmul dtype; temp: a per-token q scale (mistral3, `q_temperature`)."""
     s, ops, n = model.spec, model.kernels, batch.n_tokens
+    if s.mla is not None:   # deepseek2's latent attention (no q temperature: refused at load)
+        return mla_attention(model, i, lw, qkv, batch, cache, cos, sin)
     q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
     qkv = as_dtype(qkv, model.dtype)   # [tokens, q_size + 2*kv_size]
     if lw.q_norm is not None and s.qk_norm_full:   # olmoe: RMSNorm over all of q, all of k

@@ -82,7 +82,8 @@ def for_blocks(w: ModelWeights, dtype: torch.dtype, formats: frozenset[int], dev
         return replace(lw, **{name: matmul(getattr(lw, name), dtype, formats, device)
                               for name in ("qkv", "wo", "gate_up", "down")},
                        moe=None if lw.moe is None else _dense_moe(lw.moe, dtype, device, formats),
-                       parallel=None if lw.parallel is None else layer(lw.parallel))
+                       parallel=None if lw.parallel is None else layer(lw.parallel),
+                       mla=None if lw.mla is None else replace(lw.mla, q_b=matmul(lw.mla.q_b, dtype, formats, device)))
     return replace(w, embed=embed, layers=[layer(lw) for lw in w.layers], output=matmul(w.output, dtype, formats, device),
                    act_dtype=dtype)
 

@@ -57,7 +57,8 @@ def applies(model: "LlamaModel", ops: KernelSet) -> bool:
     qmatmul does). The blocks' own op is what counts: until 2026-11-27 this asked the CPU's qmatmul
     whatever the op, so `--gpu-weights blocks` never ran this body (docs/gpu.md)."""
     s = model.spec
-    if ops.impl != "triton" or not model._plain or s.moe is not None or s.recurrent is not None or s.act == "relu2":
+    if ops.impl != "triton" or not model._plain or s.moe is not None or s.recurrent is not None or s.act == "relu2" \
+            or s.mla is not None:   # (deepseek2's latent attention: the layer loop's mla_attention.py)
         return False   # (arcee's ungated squared ReLU: the layer loop's relu_sqr, not this body's gate)
     if not NEEDS <= ops.fuses.get("rms_norm", frozenset()):
         return False

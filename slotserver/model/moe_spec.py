@@ -30,7 +30,10 @@ architecture's graph (src/models/<arch>.cpp) sets; `MoeSpec` holds the same swit
   before the experts and their weighted sum comes back up (`ffn_latent_up`); the router and the
   shared expert see the full rows.
 - `expert_group_count` above 1 (DeepSeek-V3's grouped selection, which llama.cpp applies for any
-  file that says so) is refused: no supported architecture groups its experts.
+  file that says so) is refused: DeepSeek-V2 (236B) and V3/R1 (671B) group theirs; the deepseek2
+  models that fit a host (V2-Lite, Moonlight, Kimi's and GLM-4.7-Flash) have one group.
+- deepseek2's gating comes from the file (`file_gating`) and its shared expert is
+  `expert_shared_count` experts wide, ungated.
 
 The routing is this table, not code per architecture; the experts' matmul
 (kernels/moe_matmul.py) takes any `Experts`.
@@ -64,11 +67,14 @@ class MoeSpec:
 
     @classmethod
     def from_metadata(cls, key, norm_weights: bool, gating: str = "softmax", act: str = "silu",
-                      keys: bool = False, file_weights: bool = False, latent: bool = False) -> "MoeSpec | None":
+                      keys: bool = False, file_weights: bool = False, latent: bool = False,
+                      shared_count: bool = False) -> "MoeSpec | None":
         """None where the file has no experts (`{arch}.expert_count` absent or 0). `key`: spec.py's
         `MetaKeys` (spec_keys.py) over the file's `{arch}.*` metadata (range-checked, one-line errors). `keys`: read
         `leading_dense_block_count` and check `expert_gating_func`, as llama.cpp's loader does for
-        the architectures that say so (ArchDef.moe_keys: lfm2moe); the others ignore them, as it does."""
+        the architectures that say so (ArchDef.moe_keys: lfm2moe); the others ignore them, as it does.
+        gating "file": the file's `expert_gating_func` (`file_gating`); `shared_count`: the shared
+        expert is `expert_shared_count` experts wide (deepseek2's loader)."""
         if not key.raw("expert_count", 0):
             return None
         n_expert, n_used = key.int("expert_count"), key.int("expert_used_count")
@@ -76,6 +82,9 @@ class MoeSpec:
             raise key.error(f"expert_used_count {n_used} exceeds expert_count {n_expert}")
         d_ff = key.int("expert_feed_forward_length", key.raw("feed_forward_length"))
         shared = key.int("expert_shared_feed_forward_length") if key.has("expert_shared_feed_forward_length") else 0
+        if shared_count:
+            shared = d_ff * key.int("expert_shared_count") if key.raw("expert_shared_count", 0) else 0
+        gating = file_gating(key) if gating == "file" else gating
         lead = key.raw("leading_dense_block_count", 0) if keys else 0
         if not isinstance(lead, int) or isinstance(lead, bool) or lead < 0:
             raise key.error(f"leading_dense_block_count {lead!r} is not a count of layers")
@@ -91,3 +100,16 @@ class MoeSpec:
             scale = key.float("expert_weights_scale", 1.0) or 1.0   # 0, as llama.cpp: no scale
         width = key.int("moe_latent_size") if latent and key.raw("moe_latent_size") else 0   # nemotron_h_moe
         return cls(n_expert, n_used, d_ff, shared, norm_weights, gating, scale, act=act, dense_lead=lead, latent=width)
+
+
+def file_gating(key) -> str:
+    """deepseek2's gating as llama.cpp's loader picks it: the file's `expert_gating_func`; without one,
+    softmax (DeepSeek V2 and V2.5 files), or sigmoid for GLM-4.7-Flash's shape (47 or 48 layers, a
+    154880-entry vocabulary), whose early files lacked the key."""
+    code = key.raw("expert_gating_func", 0)
+    if code in GATING_FUNCS and GATING_FUNCS[code] != "softmax_weight":
+        return GATING_FUNCS[code]
+    if code:
+        raise key.error(f"expert_gating_func {code!r} is not supported (llama.cpp's codes: {GATING_FUNCS})")
+    vocab = key.raw("vocab_size") or len(key.f.metadata.get("tokenizer.ggml.tokens", ()))
+    return "sigmoid" if key.raw("block_count") in (47, 48) and vocab == 154880 else "softmax"

@@ -22,6 +22,7 @@ from slotserver.model.block_layer import block_layer, blocks
 from slotserver.model.dense_layer import dense_layer
 from slotserver.model.ffn_layer import ffn_layer
 from slotserver.model.linear import Linear, QLinear
+from slotserver.model.mla_layer import mla_layer
 from slotserver.model.recurrent_layer import recurrent_layer
 from slotserver.model.weights import (Embedding, LayerWeights, ModelWeights, Progress, WeightFormat, _kind, _load,
                                       _optional)
@@ -80,6 +81,8 @@ def _layer(f: GGUFFile, spec: ModelSpec, i: int, kind: str, dtype: torch.dtype, 
         return ffn_layer(f, at, i, kind, dtype, fmt, q4_kernel)
     if spec.recurrent is not None and spec.recurrent.layers[i] and not spec.parallel_mixers:
         return recurrent_layer(f, at, i, kind, torch.float32 if kind == "q" else dtype, fmt, q4_kernel)
+    if spec.mla is not None:   # deepseek2's latent attention
+        return mla_layer(f, at, i, kind, dtype, fmt, q4_kernel)
     lw = block_layer(f, at, i, fmt) if kind == "q" else dense_layer(f, at, i, dtype, fmt, q4_kernel)
     if spec.parallel_mixers:   # falcon-h1: the layer's Mamba-2 mixer beside its attention (its FFN: lw's)
         ssm = recurrent_layer(f, replace(at, d_ff=0), i, kind, torch.float32 if kind == "q" else dtype, fmt, q4_kernel)

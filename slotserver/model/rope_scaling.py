@@ -93,8 +93,10 @@ class RopeScaling:
     beta_slow: float = 1.0
 
     @classmethod
-    def from_metadata(cls, key, rope_dim: int, flags: RopeFlags = RopeFlags()) -> "RopeScaling":
-        """key: spec_keys.py's `MetaKeys` over `{arch}.*` metadata; flags: the command line's."""
+    def from_metadata(cls, key, rope_dim: int, flags: RopeFlags = RopeFlags(),
+                      deepseek_mscale: bool = False) -> "RopeScaling":
+        """key: spec_keys.py's `MetaKeys` over `{arch}.*` metadata; flags: the command line's.
+        deepseek_mscale: deepseek2's YaRN magnitude (`_yarn_attn_factor`)."""
         kind = key.raw("rope.scaling.type", None)
         factor = key.float("rope.scaling.factor", 0.0) if key.has("rope.scaling.factor") else \
             key.float("rope.scale_linear", 0.0)
@@ -110,7 +112,8 @@ class RopeScaling:
         kind = flags.kind or kind
         ext_factor = _pick(flags.ext_factor, key.float("rope.scaling.yarn_ext_factor", 1.0 if kind == "yarn" else 0.0))
         if ext_factor:
-            attn_factor = _yarn_attn_factor(1.0 / freq_scale, key.float("rope.scaling.yarn_log_multiplier", 0.0))
+            attn_factor = _yarn_attn_factor(1.0 / freq_scale, key.float("rope.scaling.yarn_log_multiplier", 0.0),
+                                            deepseek_mscale)
         else:
             attn_factor = _pick(flags.attn_factor, 1.0)
         orig_ctx = key.int("rope.scaling.original_context_length", key.int("context_length"))
@@ -133,10 +136,15 @@ def _pick(flag: float | None, value: float) -> float:
     return value if flag is None else flag
 
 
-def _yarn_attn_factor(factor: float, log_mul: float) -> float:
+def _yarn_attn_factor(factor: float, log_mul: float, deepseek: bool = False) -> float:
     """llama.cpp's cparams.yarn_attn_factor for yarn, before rope_yarn multiplies (1 + 0.1 ln factor)
-    back in: 1 unless `yarn_log_multiplier` is set."""
+    back in: 1 unless `yarn_log_multiplier` is set. deepseek2's file holds 0.1 x mscale_all_dim there
+    and llama.cpp takes its mscale equal to it ([TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]): the ratio is 1, so
+    cos/sin keep magnitude 1 and the stretch goes into the q.k scale instead (mla_spec.py's kq_scale)."""
     def mscale(scale: float, m: float) -> float:
         return 1.0 if scale <= 1.0 else 0.1 * m * math.log(scale) + 1.0
-    base = mscale(factor, 1.0) / mscale(factor, log_mul) if log_mul else mscale(factor, 1.0)
+    if deepseek and log_mul:
+        base = 1.0
+    else:
+        base = mscale(factor, 1.0) / mscale(factor, log_mul) if log_mul else mscale(factor, 1.0)
     return base / (1.0 + 0.1 * math.log(factor)) if factor > 0 else base

@@ -15,6 +15,7 @@ import numpy as np
 
 from slotserver.model.archs import ARCHS
 from slotserver.model.gguf_file import GGUFError, GGUFFile
+from slotserver.model.mla_spec import MlaSpec, mla_scale
 from slotserver.model.moe_spec import MoeSpec
 from slotserver.model.recurrent_spec import RecurrentSpec
 from slotserver.model.rope_scaling import RopeFlags, RopeScaling
@@ -76,6 +77,7 @@ class ModelSpec:
     # layer a mixer then an FFN
     ffn_only: tuple[bool, ...] = ()
     parallel_mixers: bool = False  # falcon-h1: every layer attention and a Mamba-2 mixer, summed (KV and a state each)
+    mla: MlaSpec | None = None  # latent attention (deepseek2): one KV head of head_dim = rope + kv_lora_rank
 
     @functools.cached_property
     def kv_layers(self) -> tuple[int, ...]:
@@ -149,17 +151,20 @@ class ModelSpec:
         n_heads, d_model, n_layers = key.int("attention.head_count"), key.int("embedding_length"), key.int("block_count")
         n_layers -= key.raw("nextn_predict_layers", 0) if a.hybrid else 0   # MTP blocks: not run (llama.cpp's default)
         head_dim = key.int("attention.key_length", d_model // n_heads)
-        if key.int("attention.value_length", head_dim) != head_dim:
-            raise GGUFError(f"{f.path}: attention.value_length differs from key_length (not supported)")
         rope_dim = key.int("rope.dimension_count", head_dim)
-        trained = alpha_base(a, key, RopeScaling.from_metadata(key, rope_dim), head_dim)
-        rope = RopeScaling.from_metadata(key, rope_dim, rope_flags) if rope_flags.any else trained
+        mla = MlaSpec.from_metadata(key, n_heads, rope_dim) if a.mla else None
+        if mla is not None:   # one KV head of the latent's row (mla_spec.py)
+            head_dim = mla.row
+        elif key.int("attention.value_length", head_dim) != head_dim:
+            raise GGUFError(f"{f.path}: attention.value_length differs from key_length (not supported)")
+        trained = alpha_base(a, key, RopeScaling.from_metadata(key, rope_dim, deepseek_mscale=a.mla), head_dim)
+        rope = RopeScaling.from_metadata(key, rope_dim, rope_flags, a.mla) if rope_flags.any else trained
         rope = rope if rope_flags.freq_base else replace(rope, base=trained.base)   # (--rope-freq-base wins)
         windows, base_swa, scale_swa = sliding_windows(a, key, n_layers, trained if a.swa_rope_file else rope)
         d_ff, ffn_only = ffn_lengths(a, key, n_layers)
         spec = cls(
             arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
-            n_kv_heads=kv_heads(key, n_heads, a.hybrid in ("shortconv", "mamba2")), head_dim=head_dim,
+            n_kv_heads=1 if mla else kv_heads(key, n_heads, a.hybrid in ("shortconv", "mamba2")), head_dim=head_dim,
             d_ff=d_ff,
             vocab_size=key.int("vocab_size", len(md.get("tokenizer.ggml.tokens", ())) or None),
             ctx_train=_ctx_train(key.int("context_length"), rope, trained),
@@ -170,7 +175,7 @@ class ModelSpec:
             qkv_bias=a.qkv_bias or attn_bias(f, a), rope_mode=a.rope_mode,
             has_rope_freqs="rope_freqs.weight" in f.tensors, rope=rope,
             windows=windows, rope_base_swa=base_swa, rope_scale_swa=scale_swa,
-            attn_scale=attn_scale(a, key, n_layers, d_model, n_heads, head_dim),
+            attn_scale=mla_scale(key, rope, mla) if mla else attn_scale(a, key, n_layers, d_model, n_heads, head_dim),
             attn_softcap=key.float("attn_logit_softcapping", 50.0) if a.softcap else 0.0,
             final_softcap=key.float("final_logit_softcapping", 30.0 if a.softcap else 0.0),
             embed_scale=embed_scale(a, key, d_model, n_layers),
@@ -179,19 +184,22 @@ class ModelSpec:
             qk_norm=a.qk_norm, post_norms=a.post_norms, act=a.act, fused=a.fused, qk_norm_full=a.qk_norm_full,
             qk_norm_late=a.qk_norm_late,
             moe=None if a.one_expert_dense and key.raw("expert_count", 0) <= 1 else
-            MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act, a.moe_keys, a.moe_file_weights, a.moe_latent),
+            MoeSpec.from_metadata(key, a.moe_norm, a.moe_gating, a.moe_act, a.moe_keys, a.moe_file_weights, a.moe_latent,
+                                  a.moe_shared_count),
             out_bias=a.out_bias, sinks=a.sinks, ffn_norm=a.ffn_norm, no_rope_step=no_rope_step(a, key),
             attn_temp_scale=key.float("attention.temperature_scale", 0.0) if a.attn_temp else 0.0,
             swa_rope_plain=a.swa_rope_plain, pre_norms=a.pre_norms, nope_full=a.nope_full,
             bidirectional=a.bidirectional,
             recurrent=(RecurrentSpec.from_metadata(key, n_layers, a.hybrid, d_model, a.parallel_mixers, ffn_only)
                        if a.hybrid else None),
-            attn_gate=a.attn_gate, out_norm=a.out_norm, ffn_only=ffn_only, parallel_mixers=a.parallel_mixers,
+            attn_gate=a.attn_gate, out_norm=a.out_norm, ffn_only=ffn_only, parallel_mixers=a.parallel_mixers, mla=mla,
         )
         if a.mrope:
             spec = replace(spec, still_pairs=text_still_pairs(key, rope_dim, a.mrope == "imrope"))
         if a.hybrid and key.raw("attention.causal", True) is False:   # LFM2's bidirectional embedders
             raise GGUFError(f"{f.path}: a non-causal {arch} (an embedding model) is not supported")
+        if a.mla and key.raw("attention.temperature_scale", 0):   # Mistral Large 3's q temperature
+            raise GGUFError(f"{f.path}: {arch} with attention.temperature_scale is not supported")
         if a.attn_temp and spec.moe is not None:
             raise GGUFError(f"{f.path}: {arch} with experts is not supported (its dense models are)")
         spec._validate(f)

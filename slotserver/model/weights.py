@@ -34,6 +34,7 @@ from slotserver.model.spec import ModelSpec
 if TYPE_CHECKING:
     from slotserver.model.delta_net import GdnParams
     from slotserver.model.mamba2 import Mamba2Params
+    from slotserver.model.mla_layer import MlaWeights
     from slotserver.model.short_conv import ShortConvParams
 
 Progress = Callable[[int, int], None]
@@ -107,6 +108,8 @@ class LayerWeights:
     # falcon-h1: a Mamba-2 mixer beside the attention (a recurrent layer's weights, no FFN), on the
     # same normed input; the two outputs are summed before the residual add
     parallel: "LayerWeights | None" = None
+    # deepseek2's latent attention (mla_layer.py): qkv is then q's projection | attn_kv_a_mqa's, this the rest
+    mla: "MlaWeights | None" = None
 
 
 @dataclass
@@ -123,8 +126,9 @@ class ModelWeights:
         """Every layer's matmuls, then the output projection."""
         layers = [x for lw in self.layers for x in (lw, lw.parallel) if x is not None]
         latent = [m for lw in layers if lw.moe is not None for m in (lw.moe.latent_down, lw.moe.latent_up)]
+        mla = [lw.mla.q_b for lw in layers if lw.mla is not None]
         return [m for lw in layers for m in (lw.qkv, lw.wo, lw.gate_up, lw.down) if m is not None] + \
-            [m for m in latent if m is not None] + [self.output]
+            [m for m in latent + mla if m is not None] + [self.output]
 
     def experts(self) -> list[Experts]:
         """Every MoE layer's expert weights (gate|up, then down)."""

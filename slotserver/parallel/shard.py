@@ -73,6 +73,9 @@ class ShardPlan:
         s, layers = model.spec, model.weights.layers
         if s.recurrent is not None:
             raise ShardError(f"--tp {world}: {s.arch}'s recurrent layers are not split across ranks (a hybrid model)")
+        if s.mla is not None:
+            raise ShardError(f"--tp {world}: {s.arch}'s latent attention (one KV head for every query head) is not "
+                             "split across ranks")
         if s.n_kv_heads < world:
             raise ShardError(f"--tp {world}: the model has {s.n_kv_heads} KV heads, fewer than the ranks")
         ff, what = (s.d_ff, "d_ff") if s.moe is None else (s.moe.d_ff_shared, "the shared expert's d_ff")
