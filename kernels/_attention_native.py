@@ -26,6 +26,23 @@ native.signature(_LIB, "prompt_attention", 8, 13, (native.ctypes.c_float, native
                                                    native.ctypes.c_int, native.ctypes.c_int))
 _KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}   # int8: q8, with its scales
 _Q_TYPES = (torch.float32, torch.bfloat16)
+GMAX, DMAX = 16, 576   # attention.c's: query heads of one KV head in a work unit, the widest head (deepseek2's row)
+
+
+def spread(q_heads: int, *kv: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """One KV head's tensors (`[.., .., 1, D]` K/V, `[.., .., 1]` q8 scales; None passes) seen as
+    several KV heads that all read its row (stride 0), where more than GMAX query heads share it, or
+    more than GMAX / 2 of rows past 256 (deepseek2's latent attention: every query head, 16-128 of
+    them). The C kernel then runs them in units of at most GMAX query heads and at least two units,
+    each its own thread's work (a decode row of 16 heads 576 wide in one unit left a core idle: 444
+    against 265 us in two; 64 wide, two units cost more than they gave: 42 against 36 us): every
+    query vector's sum is its own, so the floats are those of one unit of all. Other caches come
+    back as they are."""
+    k = kv[0]
+    if k.shape[2] != 1 or q_heads <= (GMAX // 2 if k.shape[3] > 256 else GMAX):
+        return kv
+    group = max(g for g in range(1, min(GMAX, q_heads // 2) + 1) if q_heads % g == 0)
+    return tuple(t if t is None else t.expand(*t.shape[:2], q_heads // group, *t.shape[3:]) for t in kv)
 
 
 
@@ -49,7 +66,7 @@ def fits(q: torch.Tensor, kv: StridedKV, meta: AttnMeta) -> bool:
         return False
     qs, ks = q.shape, k.shape
     if len(qs) != 3 or len(ks) != 4 or v.shape != ks or ks[3] != qs[2] or qs[0] != seq_streams.shape[0] \
-            or qs[2] > 256 or qs[1] % ks[2] or qs[1] // ks[2] > 16 or meta.max_kv > ks[1]:
+            or qs[2] > DMAX or qs[1] % ks[2] or qs[1] // ks[2] > GMAX or meta.max_kv > ks[1]:
         return False
     if q.dtype not in _Q_TYPES or k.dtype != v.dtype or k.dtype not in _KV_TYPES \
             or seq_streams.dtype != torch.int64 or kv_lens.dtype != torch.int64:

@@ -19,8 +19,13 @@
 #endif
 #define GMAX 16
 #define RMAX 64  /* query vectors (row, head) per work unit */
-#define DMAX 256
+#define DMAX 576   /* deepseek2's latent row (rope 64 + latent 512); _attention_native.py's DMAX */
 #define BLK 64
+/* Cells per block of a head_dim's body: BLK, or 16 past 256 (deepseek2's 576-wide latent row): a
+   block's K and V rows as float32 are then 2 x 37 KB, where 64 of them take 2 x 147 KB (6% slower
+   over 1500 cells, 20 query heads, 2 cores AVX2; 32 cells: level with 16). Rows past 256 never
+   reach AMX (prompt_amx), whose blocks follow BLK. */
+#define NB_OF(DIM) ((DIM) > 256 ? 16 : BLK)
 
 #define LANES 16
 /* The next block's K/V rows are prefetched in a prefill tile (more than PF_MAX_R query vectors)
@@ -78,9 +83,27 @@ typedef int v16i __attribute__((vector_size(64)));
    vector of partial sums, then a transpose-and-add tree (4 levels of two shuffles and an add per
    pair) leaves lane c = q . kb[c]. Why: a dot per row ends in a horizontal reduction (~8
    instructions) for 4 multiply-adds at head_dim 64; the tree costs ~3 per row. */
+#if !defined(__AVX512F__)
+typedef float v8f __attribute__((vector_size(32), aligned(4)));
+#endif
 static inline v16f dot16(const float *q, const float *kb, int64_t stride, int64_t nv) {
     v16f s[16], t[8], u[4], w[2];
     for (int c = 0; c < 16; c++) {
+#if !defined(__AVX512F__)
+        if (nv > 16) {   /* AVX2, rows past 256 (deepseek2's 576): GCC kept a loop-carried 16-float sum on the
+                            stack through 16-byte halves (4 GFLOP/s a call); its two 8-float halves, element-wise
+                            the same floats, stay in registers */
+            const float *k = kb + c * stride;
+            v8f lo = *(const v8f *)q * *(const v8f *)k, hi = *(const v8f *)(q + 8) * *(const v8f *)(k + 8);
+            for (int64_t x = 1; x < nv; x++) {
+                lo += *(const v8f *)(q + 16 * x) * *(const v8f *)(k + 16 * x);
+                hi += *(const v8f *)(q + 16 * x + 8) * *(const v8f *)(k + 16 * x + 8);
+            }
+            union { v16f v; v8f h[2]; } both = {.h = {lo, hi}};
+            s[c] = both.v;
+            continue;
+        }
+#endif
         v16f a = *(const v16f *)q * *(const v16f *)(kb + c * stride);
         for (int64_t x = 1; x < nv; x++) a += *(const v16f *)(q + 16 * x) * *(const v16f *)(kb + c * stride + 16 * x);
         s[c] = a;
@@ -192,7 +215,7 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, const u
    the head_dim stride is 1 everywhere; out: contiguous [B, Hq, D]. q and out are float32, or bf16
    (`bf16`); K/V elements are float32, bf16, float16 or int8 with scales (`kt` 0-3; 2: llama.cpp's default cache
    type is f16, half the bytes that decode attention reads at large batches).
-   The body is specialised for head_dim 64, 128 and 256 (constant trip counts vectorize fully). */
+   The body is specialised for head_dim 64, 128, 256 and 576 (constant trip counts vectorize fully). */
 /* Element offset of cell c of stream s (without the head's): flat, or through the block table
    (page = 1 << page_shift cells). */
 #define CELL(s, c, s_s, s_c)                                                                          \
@@ -244,7 +267,7 @@ static int prompt_amx(int kt, int64_t Dim) {
 }
 
 #define ATTN_BODY(DIM)                                                                                \
-    const int64_t D = (DIM);                                                                          \
+    const int64_t D = (DIM), NB = NB_OF(DIM);                                                         \
     _Pragma("omp parallel for num_threads(n_threads) schedule(static, 1)")                           \
     for (int64_t u = 0; u < n_tiles * Hkv; u++) {                                                     \
         const int64_t t = u / Hkv, h = u % Hkv, r0 = tile[t], R = (tile[t + 1] - r0) * G, s = streams[r0]; \
@@ -256,9 +279,9 @@ static int prompt_amx(int kt, int64_t Dim) {
                 failed = 1;                                                                           \
             continue;                                                                                 \
         }                                                                                             \
-        float qf[RMAX][DPAD(DIM)], acc[RMAX][DIM], kb[BLK][DPAD(DIM)], vb[BLK][DIM], m[RMAX], l[RMAX]; \
+        float qf[RMAX][DPAD(DIM)], acc[RMAX][DIM], kb[NB_OF(DIM)][DPAD(DIM)], vb[NB_OF(DIM)][DIM], m[RMAX], l[RMAX]; \
         int64_t lo[RMAX], hi[RMAX], c_lo = INT64_MAX, c_hi = 0;                                       \
-        for (int64_t j = 0; j < BLK; j++) for (int64_t d = D; d < DPAD(D); d++) kb[j][d] = 0.0f;      \
+        for (int64_t j = 0; j < NB; j++) for (int64_t d = D; d < DPAD(D); d++) kb[j][d] = 0.0f;       \
         for (int64_t i = 0; i < R; i++) {              /* i: row r0 + i / G, query head h * G + i % G */ \
             const int64_t r = r0 + i / G, L = kv_lens[r];                                             \
             hi[i] = L; lo[i] = window > 0 && L > window ? L - window : 0;                             \
@@ -269,13 +292,13 @@ static int prompt_amx(int kt, int64_t Dim) {
             m[i] = -INFINITY; l[i] = 0.0f;                                                            \
         }                                                                                             \
         const int pf = R > PF_MAX_R || c_hi - c_lo >= PF_MIN_CELLS;                                 \
-        for (int64_t c0 = c_lo / BLK * BLK; c0 < c_hi; c0 += BLK) {                                   \
-            const int64_t n = c_hi - c0 < BLK ? c_hi - c0 : BLK, js = c0 < c_lo ? c_lo - c0 : 0;     \
+        for (int64_t c0 = c_lo / NB * NB; c0 < c_hi; c0 += NB) {                                       \
+            const int64_t n = c_hi - c0 < NB ? c_hi - c0 : NB, js = c0 < c_lo ? c_lo - c0 : 0;         \
             for (int64_t j = js; j < n; j++) {         /* the block's K/V rows, as float32, once */  \
                 const int64_t c = c0 + j;                                                             \
-                if (pf && (!table || c + BLK < c_hi)) {   /* a table is read only where mapped */    \
-                    prefetch_row(k, CELL(s, c + BLK, sk_s, sk_c) + h * sk_h, kt != 0, D);           \
-                    prefetch_row(v, CELL(s, c + BLK, sv_s, sv_c) + h * sv_h, kt != 0, D);           \
+                if (pf && (!table || c + NB < c_hi)) {   /* a table is read only where mapped */     \
+                    prefetch_row(k, CELL(s, c + NB, sk_s, sk_c) + h * sk_h, kt != 0, D);            \
+                    prefetch_row(v, CELL(s, c + NB, sv_s, sv_c) + h * sv_h, kt != 0, D);            \
                 }                                                                                     \
                 const int64_t so = kt == 3 ? CELL(s, c, ss_s, ss_c) + h * ss_h : 0;                   \
                 load_kv(k, CELL(s, c, sk_s, sk_c) + h * sk_h, kt, D, kb[j], kt == 3 ? ks[so] : 1.0f); \
@@ -284,7 +307,7 @@ static int prompt_amx(int kt, int64_t Dim) {
             for (int64_t i = 0; i < R; i++) {          /* then each query vector over them */        \
                 const int64_t j0 = lo[i] > c0 ? lo[i] - c0 : 0, j1 = hi[i] - c0 < n ? hi[i] - c0 : n; \
                 if (j0 >= j1) continue;                                                               \
-                float p[BLK], a[DIM];                                                                 \
+                float p[NB_OF(DIM)], a[DIM];                                                          \
                 /* whole 16-cell groups inside the row's own range by the tree, its edges one dot   \
                    each: a cell's method depends on the row alone, never on the tile around it */    \
                 const int64_t g0 = (j0 + 15) / 16 * 16, g1 = j1 / 16 * 16;                           \
@@ -354,6 +377,7 @@ static int attention_rows(const void *q, const void *k, const void *v, void *out
     if (Dim == 64) { ATTN_BODY(64) }
     else if (Dim == 128) { ATTN_BODY(128) }
     else if (Dim == 256) { ATTN_BODY(256) }   /* gemma2/3: the generic body ran ~2 GFLOP/s there */
+    else if (Dim == 576) { ATTN_BODY(576) }   /* deepseek2's latent row: K = V, one KV head */
     else { ATTN_BODY(Dim) }
 #ifdef ATTN_AMX
     if (amx) amx_prep_free(&prep);

@@ -32,6 +32,7 @@ from slotserver.runtime.kv_spec import PagedKV
 _kernels = kernel_parts.load(__file__, "_paged_attention_kernels.py")   # the Triton kernels (jit code); launched below
 _tl = kernel_parts.load(__file__, "_attention_tl.py")    # the split count, partials and merge, shared with attention
 _sdpa = kernel_parts.load(__file__, "_attention_sdpa.py")   # attention's torch SDPA helpers (band, sdpa), example draws
+_native = kernel_parts.load(__file__, "_attention_native.py")   # the C kernel's limits and `spread` (its _LIB is ours)
 _paged_decode_kernel, _paged_prefill_kernel = _kernels._paged_decode_kernel, _kernels._paged_prefill_kernel
 
 
@@ -79,8 +80,10 @@ def reference(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> tor
 
 def cpu(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
     """Same contract as `reference`: the C row kernel where it applies, else `_cpu_sdpa`."""
-    if _native_ok(q, kv, meta):
-        return _native_rows(q, kv, meta, scale)
+    k, v = _native.spread(q.shape[1], kv.k_pages, kv.v_pages)   # more than 16 query heads on one KV head
+    wide = kv._replace(k_pages=k, v_pages=v)
+    if _native_ok(q, wide, meta):
+        return _native_rows(q, wide, meta, scale)
     return _cpu_sdpa(q, kv, meta, scale)
 
 
@@ -113,7 +116,7 @@ def _native_ok(q: torch.Tensor, kv: PagedKV, meta: AttnMeta) -> bool:
         return False
     ks, qs, bs = k.shape, q.shape, kv.block_size
     if len(qs) != 3 or len(ks) != 4 or v.shape != ks or ks[1] != bs or bs & (bs - 1) or ks[3] != qs[2] \
-            or qs[2] > 256 or qs[1] % ks[2] or qs[1] // ks[2] > 16 or qs[0] != streams.shape[0]:
+            or qs[2] > _native.DMAX or qs[1] % ks[2] or qs[1] // ks[2] > _native.GMAX or qs[0] != streams.shape[0]:
         return False
     if q.stride(2) != 1 or k.stride(3) != 1 or v.stride(3) != 1 or table.dtype != torch.int32 \
             or table.dim() != 2 or table.stride(1) != 1 or streams.dtype != torch.int64 or lens.dtype != torch.int64 \

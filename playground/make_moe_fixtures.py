@@ -286,18 +286,19 @@ BIG_CASE["falcon_h1"] = dict(
     mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_conv_bias=True, mamba_rms_norm=False,
     vocab_size=32784, max_position_embeddings=16384, tie_word_embeddings=False, rms_norm_eps=1e-5,
     rope_theta=100000000000.0)
-BIG_CASE["deepseek2_lite"] = dict(
-    # DeepSeek-V2-Lite's layer shapes (2048 wide, 16 heads, latent 512, nope 128 + rope 64, v 128, dense FFN
-    # 10944, experts of 1408, 6 used, 2 shared), 6 of its 27 layers and 16 of its 64 experts, a 32000-entry
-    # vocabulary, its YaRN (factor 40 on 4096): a speed model of the latent attention and its routing (an
-    # F32 file of 4.3 GB; requantize with llama-quantize)
-    hidden_size=2048, num_hidden_layers=6, num_attention_heads=16, num_key_value_heads=16, intermediate_size=10944,
-    moe_intermediate_size=1408, n_routed_experts=16, num_experts_per_tok=6, n_shared_experts=2, kv_lora_rank=512,
-    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=32000, max_position_embeddings=163840,
-    rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
-                         mscale=0.707, mscale_all_dim=0.707, beta_fast=32.0, beta_slow=1.0))
+BIG_CASE["deepseek2"] = dict(
+    # GLM-4.7-Flash's layer shapes (llama.cpp's deepseek2: 2048 wide, 20 heads, q_lora 768, latent 512, nope
+    # 192 + rope 64, v 256, dense FFN 10240, experts of 1536, sigmoid routing, 4 used + 1 shared, scale 1.8),
+    # 6 of its 47 layers and 16 of its 64 experts, a 32000-entry vocabulary: a speed model of the latent
+    # attention and its routing (an F32 file of ~4 GB; requantize with llama-quantize). A "lite" shape (no
+    # q_lora) is no speed model: llama.cpp takes a file without q_lora_rank for lite only at 26-27 layers
+    hidden_size=2048, num_hidden_layers=6, num_attention_heads=20, num_key_value_heads=20, intermediate_size=10240,
+    moe_intermediate_size=1536, n_routed_experts=16, num_experts_per_tok=4, n_shared_experts=1, kv_lora_rank=512,
+    q_lora_rank=768, qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256, vocab_size=32000,
+    routed_scaling_factor=1.8, max_position_embeddings=202752, rope_parameters=dict(rope_type="default",
+                                                                                   rope_theta=1000000.0))
 # cases whose BIG_CASE entry is the whole big config (over TINY and the case's own), without BIG
-BIG_OWN = {"qwen35", "lfm2", "granitehybrid_dense", "nemotron_h", "nemotron_h_moe", "falcon_h1", "deepseek2_lite"}
+BIG_OWN = {"qwen35", "lfm2", "granitehybrid_dense", "nemotron_h", "nemotron_h_moe", "falcon_h1", "deepseek2"}
 
 CONVERT = """
 import sys

@@ -25,6 +25,7 @@ import shutil
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 import torch
 from tiny_gguf import write_tiny_gguf
@@ -229,3 +230,24 @@ def test_logits_into_a_reused_buffer_are_the_logits(case, kind):
         want = model.forward(batch(), _cache(model, "seq_head_dim", 1))
         got = model.forward(batch(), _cache(model, "seq_head_dim", 1), buffer)
         assert got.data_ptr() == buffer.data_ptr() and torch.equal(got, want)
+
+
+def test_a_deepseek2_file_with_its_mtp_block_serves_its_trunk(tmp_path):
+    """GLM-4.7-Flash's converter keeps its multi-token-prediction block (one more `blk.N`, its
+    `nextn.*` tensors, `nextn_predict_layers` 1): llama.cpp runs the trunk alone, and so do we, with
+    the same logits as the file without the block (not a refusal naming the block's tensors)."""
+    from gguf_rewrite import rewrite
+    src, rng = ARCHS / "deepseek2.gguf", np.random.default_rng(0)
+    block = {t.name.replace("blk.2.", "blk.3."): np.asarray(t.data).reshape([int(n) for n in reversed(t.shape.tolist())])
+             for t in gguf.GGUFReader(src).tensors if t.name.startswith("blk.2.")}
+    d = block["blk.3.attn_norm.weight"].shape[0]
+    block |= {"blk.3.nextn.eh_proj.weight": rng.standard_normal((d, 2 * d)), "blk.3.nextn.enorm.weight": np.ones(d),
+              "blk.3.nextn.hnorm.weight": np.ones(d), "blk.3.nextn.shared_head_norm.weight": np.ones(d)}
+    U32 = gguf.GGUFValueType.UINT32
+    path = rewrite(src, tmp_path / "mtp.gguf", {"deepseek2.block_count": (4, U32),
+                                                "deepseek2.nextn_predict_layers": (1, U32)}, extra=block)
+    rows = json.loads((ARCHS / "deepseek2.json").read_text())
+    with_mtp = LlamaModel.load(path, torch.float32, max_pos=N_CTX)
+    assert with_mtp.spec.n_layers == 3
+    for got, want in zip(_prefilled(with_mtp, rows), _prefilled(_load("deepseek2")[0], rows)):
+        assert torch.equal(got, want)

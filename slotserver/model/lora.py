@@ -95,6 +95,8 @@ def _target(base: str, spec: ModelSpec, path: Path) -> tuple[tuple[int, str], in
     q, kv, ff = spec.n_heads * hd, spec.n_kv_heads * hd, spec.d_ff
     if spec.recurrent is not None:   # its layers' q|k|v rows are not attention's (gated q, in-projections)
         raise LoraError(f"LoRA adapter {path}: adapters on a hybrid model ({spec.arch}) are not supported")
+    if spec.mla is not None:   # q_a|kv_a, q_b and the latent's own widths: no q|k|v (mla_layer.py)
+        raise LoraError(f"LoRA adapter {path}: adapters on a latent-attention model ({spec.arch}) are not supported")
     if base == "output.weight":   # a tied model has none (llama.cpp: "tensor not found in base model")
         if spec.tied_embeddings:
             raise LoraError(f"LoRA adapter {path}: {base}: this model has no output matmul of its own "

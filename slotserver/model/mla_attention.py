@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from slotserver.model.block_ops import as_dtype
+from slotserver.model.row_join import join_rows
 from slotserver.runtime.batch import Batch
 
 if TYPE_CHECKING:
@@ -38,19 +39,20 @@ def mla_attention(model: "LlamaModel", i: int, lw: "LayerWeights", qkv: torch.Te
     h, q_width = s.n_heads, m.q_width(s.n_heads)
     q = qkv[:, :q_width]
     if w.q_b is not None:   # the low-rank q: RMSNorm, then attn_q_b
-        q = model._mm(False, w.q_b, q.contiguous(), norm=w.q_a_norm)      # [T, H * (nope + rope)]
+        q = model._mm(False, w.q_b, q, norm=w.q_a_norm)                  # [T, H * (nope + rope)]
     q = as_dtype(q, model.dtype).reshape(n, h, m.qk_dim)                  # [T, H, nope + rope]
     kv = as_dtype(qkv[:, q_width:], model.dtype)                          # [T, rank + rope]
     latent = ops.rms_norm(kv[:, : m.kv_lora_rank], w.kv_a_norm, s.norm_eps)    # [T, rank]
     k_pe = ops.rope(kv[:, m.kv_lora_rank:].reshape(n, 1, m.rope), cos, sin)   # [T, 1, rope]
     q_pe = ops.rope(q[:, :, m.nope:], cos, sin)                                # [T, H, rope]
-    q_lat = torch.einsum("thn,hrn->thr", q[:, :, : m.nope].float(), w.k_b)     # [T, H, rank]
-    q = torch.cat([q_pe, q_lat.to(q_pe.dtype)], dim=-1)                        # [T, H, rope + rank]
-    k = torch.cat([k_pe, latent.to(k_pe.dtype).view(n, 1, m.kv_lora_rank)], dim=-1)   # [T, 1, rope + rank]
+    heads = w.heads[:n] if n <= w.heads.shape[0] else torch.arange(h).expand(n, h).contiguous()   # [T, H]
+    q_lat = ops.moe_matmul(q[:, :, : m.nope], w.k_b, heads)                    # [T, H, rank]: slot j = head j
+    q = join_rows(q_pe, as_dtype(q_lat, q_pe.dtype))                           # [T, H, rope + rank]
+    k = join_rows(k_pe, as_dtype(latent, k_pe.dtype).view(n, 1, m.kv_lora_rank))   # [T, 1, rope + rank]
     layer = s.kv_index(i)
     cache.write(layer, batch.token_streams, batch.positions, k, k)
     view = cache.view(layer)                                                   # StridedKV or PagedKV
     attend = ops.paged_attention if view.paged else ops.attention
     a = attend(q, view, batch.attn.with_layer(s.window(i), s.attn_softcap, lw.sinks), s.q_scale)   # [T, H, row]
-    out = torch.einsum("thr,hvr->thv", a[:, :, m.rope:].float(), w.v_b)        # [T, H, v_dim]
+    out = ops.moe_matmul(a[:, :, m.rope:], w.v_b, heads)                        # [T, H, v_dim]
     return as_dtype(out.reshape(n, h * m.v_dim), model.weights.act_dtype)

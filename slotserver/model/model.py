@@ -104,6 +104,9 @@ class LlamaModel(BlockOps):
         """device: where the weights and rope tables live (runtime/device.py; kernels bound to match)."""
         kernels = kernels or KernelSet.load()
         check_kernels(f, spec, kernels)
+        if spec.mla is not None and device != "cpu":   # a real deepseek2's 576-wide row: past the Triton tiles
+            raise GGUFError(f"{f.path}: {spec.arch}'s latent attention runs on the CPU for now (--device cpu): its "
+                            f"{spec.head_dim}-wide cache row is past the Triton attention kernels' tiles (256)")
         weights = read_weights(f, spec, dtype, kernels, fmt, device, progress)
         if (problem := unread_problem(f.tensors, spec.arch, EMBEDDER_HEADS | mtp_tensors(f.tensors, spec))) is not None:
             raise GGUFError(f"{f.path}: {problem}")

@@ -35,8 +35,8 @@ def load_moe(f: GGUFFile, spec: ModelSpec, p: str, kind: str, dtype: torch.dtype
     router = f.load_tensor(p + "ffn_gate_inp.weight", torch.float32).double()           # [E, d_model]
     names = ("ffn_up_exps.weight",) if moe.act == "relu2" else ("ffn_gate_exps.weight", "ffn_up_exps.weight")
     dx = moe.latent or d                       # the experts' width (Nemotron 3 Super: its latent space)
-    rows = [_expert_rows(f, p + n, (e, ff, dx), kind, dtype) for n in names]   # no gate: nemotron_h_moe's
-    down = _expert_rows(f, p + "ffn_down_exps.weight", (e, dx, ff), kind, dtype)
+    rows = [expert_rows(f, p + n, (e, ff, dx), kind, dtype) for n in names]   # no gate: nemotron_h_moe's
+    down = expert_rows(f, p + "ffn_down_exps.weight", (e, dx, ff), kind, dtype)
     gate_up = [Experts(tuple(rows), e)] if len({r.qtype for r in rows}) == 1 else [Experts((r,), e) for r in rows]
     shared_gate = None
     if moe.d_ff_shared and p + "ffn_gate_inp_shexp.weight" in f.tensors:
@@ -65,11 +65,16 @@ def _biases(f: GGUFFile, p: str, e: int, ff: int, d: int) -> tuple[torch.Tensor 
     return opt("ffn_gate_inp.bias", (e,)), gate_up, opt("ffn_down_exps.bias", (e, d))
 
 
-def _expert_rows(f: GGUFFile, name: str, shape: tuple[int, int, int], kind: str, dtype: torch.dtype) -> QWeight:
+def expert_rows(f: GGUFFile, name: str, shape: tuple[int, int, int], kind: str, dtype: torch.dtype) -> QWeight:
     """A 3-D expert tensor `[E, n, k]` as rows `[E * n, k]`: the file's blocks (q) or dequantized floats."""
     info = f.require(name, shape)
     e, n, k = shape
     if kind == "q":
         return from_mapped(f.tensor_bytes(info), info.ggml_type, (e * n, k))
-    dense = f.load_tensor(name, dtype).reshape(e * n, k).contiguous()                  # [E * n, k]
-    return QWeight(dense.view(torch.uint8), int(_FLOAT_TYPES[dtype]), k, e * n)
+    return float_rows(f.load_tensor(name, dtype).reshape(e * n, k))                   # [E * n, k]
+
+
+def float_rows(dense: torch.Tensor) -> QWeight:
+    """Float rows `[n, k]` (float32, bfloat16 or float16) as a QWeight of their format: a view."""
+    dense = dense.contiguous()
+    return QWeight(dense.view(torch.uint8), int(_FLOAT_TYPES[dense.dtype]), dense.shape[1], dense.shape[0])

@@ -100,7 +100,7 @@ def check_kernels(f: GGUFFile, spec: ModelSpec, kernels: KernelSet) -> None:
     """The kernels this architecture calls, with the options it asks of them (their FUSES), or one
     line naming what is missing: e.g. a lab folder copied before gelu_mul.py existed, or before the
     attention kernels took gpt-oss's sinks (they would ignore them silently)."""
-    moe_ops = ("moe_route", "moe_matmul") if spec.moe else ()
+    moe_ops = ("moe_route", "moe_matmul") if spec.moe else ("moe_matmul",) if spec.mla else ()   # (mla: per head)
     kind = spec.recurrent.kind if spec.recurrent is not None else ""
     recurrent_ops = {"gdn": ("delta_net_step",), "shortconv": ("short_conv_step",),
                      "mamba2": ("mamba2_step",)}.get(kind, ())

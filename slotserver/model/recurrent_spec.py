@@ -134,8 +134,8 @@ def _width(key, name: str) -> int:
 
 
 def mtp_tensors(names, spec) -> frozenset[str]:
-    """The tensors of a hybrid model's multi-token-prediction blocks (`blk.N.*` from N = n_layers on,
+    """The tensors of a hybrid or deepseek2 model's multi-token-prediction blocks (`blk.N.*` from N = n_layers on,
     `nextn_predict_layers` of them): llama.cpp skips them unless asked to draft with them, so do we."""
-    if spec.recurrent is None:
+    if spec.recurrent is None and spec.mla is None:   # (deepseek2: GLM-4.7-Flash's converter keeps its MTP block)
         return frozenset()
     return frozenset(n for n in names if n.startswith("blk.") and int(n.split(".")[1]) >= spec.n_layers)

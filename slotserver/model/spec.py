@@ -149,7 +149,8 @@ class ModelSpec:
             raise GGUFError(f"{f.path}: unknown architecture {arch!r} (supported: {', '.join(ARCHS)})")
         a, key = ARCHS[arch], MetaKeys(f, arch)
         n_heads, d_model, n_layers = key.int("attention.head_count"), key.int("embedding_length"), key.int("block_count")
-        n_layers -= key.raw("nextn_predict_layers", 0) if a.hybrid else 0   # MTP blocks: not run (llama.cpp's default)
+        # MTP blocks (Qwen3.5's, GLM-4.7-Flash's): not run (llama.cpp's default)
+        n_layers -= key.raw("nextn_predict_layers", 0) if a.hybrid or a.mla else 0
         head_dim = key.int("attention.key_length", d_model // n_heads)
         rope_dim = key.int("rope.dimension_count", head_dim)
         mla = MlaSpec.from_metadata(key, n_heads, rope_dim) if a.mla else None
