@@ -207,8 +207,8 @@ static int64_t row_tiles(const int64_t *streams, const int64_t *kv_lens, const u
 
 /* Work unit: (tile of query rows, kv head h) with the G = Hq/Hkv query heads of each row: R =
    rows x G query vectors, so each K/V row is read once for all of them. Query vector i sees cells
-   lo[i] .. hi[i]-1 (its row's kv_len, and window). Online softmax over blocks of BLK cells aligned
-   to multiples of BLK: every query vector takes the same steps in the same order whatever tile it
+   lo[i] .. hi[i]-1 (its row's kv_len, and window). Online softmax over blocks of NB_OF(D) cells aligned
+   to multiples of it: every query vector takes the same steps in the same order whatever tile it
    sits in, so prefill rows, decode rows and rows of differently chunked prompts agree bit for bit.
    q: [B, Hq, D] (strides sq_b, sq_h); k, v: [streams, cells, Hkv, D] (strides s*_s, s*_c, s*_h),
    or with a block table [streams, tb_s] pages [n_pages, page, Hkv, D] (CELL);

@@ -299,45 +299,14 @@ def test_a_refused_check_rewinds_the_state_the_body_moved_before_running_it_agai
     assert torch.allclose(state, want, atol=1e-5)
 
 
-def _deepseek2_q8(src: Path, dst: Path) -> Path:
-    """The deepseek2 fixture's layout (a dense layer, then experts; q_lora; MLA) at widths that Q8_0
-    blocks take (every row a multiple of 32), random Q8_0 matmuls: what a real file's step runs."""
-    import gguf
-    import numpy as np
-    from gguf_rewrite import rewrite
-
-    d, h, rank, rope, nope, v, qr, ff, eff, e = 64, 4, 64, 32, 32, 32, 64, 64, 32, 8
-    shapes = {"token_embd": (310, d), "output": (310, d), "attn_q_a": (qr, d), "attn_q_b": (h * (nope + rope), qr),
-              "attn_kv_a_mqa": (rank + rope, d), "attn_k_b": (h, rank, nope), "attn_v_b": (h, v, rank),
-              "attn_output": (d, h * v), "ffn_gate": (ff, d), "ffn_up": (ff, d), "ffn_down": (d, ff),
-              "ffn_gate_inp": (e, d), "ffn_gate_exps": (e, eff, d), "ffn_up_exps": (e, eff, d),
-              "ffn_down_exps": (e, d, eff), "ffn_gate_shexp": (eff, d), "ffn_up_shexp": (eff, d),
-              "ffn_down_shexp": (d, eff), "exp_probs_b": (e,), "attn_q_a_norm": (qr,), "attn_kv_a_norm": (rank,)}
-    rng = np.random.default_rng(0)
-
-    def tensor(name, data, kind):
-        shape = shapes.get(name.split(".")[-2], (d,))
-        if len(shape) == 1:   # norms around 1, the selection bias around 0
-            return (rng.standard_normal(shape) * 0.3 + (0 if "exp_probs" in name else 1)).astype(np.float32), \
-                gguf.GGMLQuantizationType.F32
-        w = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
-        return gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
-    u32 = gguf.GGUFValueType.UINT32
-    keys = {f"deepseek2.{k}": (n, u32) for k, n in (
-        ("embedding_length", d), ("feed_forward_length", ff), ("expert_feed_forward_length", eff),
-        ("attention.key_length", rank + rope), ("attention.value_length", rank), ("attention.key_length_mla",
-        nope + rope), ("attention.value_length_mla", v), ("attention.kv_lora_rank", rank),
-        ("attention.q_lora_rank", qr), ("rope.dimension_count", rope))}
-    return rewrite(src, dst, keys, tensor)
-
-
 @pytest.mark.parametrize("rows", [1, 3])
 def test_a_deepseek2_model_replays_its_steps_with_the_same_logits(tmp_path, rows):
     """deepseek2's latent attention (per-head products on moe_matmul, its row joins in C: mla_attention.py)
     and its experts keep a decode step in C calls: replayed, with the same logits bit for bit."""
+    from deepseek2_q8 import deepseek2_q8
     from slotserver.model.weights import WeightFormat
 
-    path = _deepseek2_q8(Path(__file__).parent / "fixtures" / "archs" / "deepseek2.gguf", tmp_path / "ds.gguf")
+    path = deepseek2_q8(tmp_path / "ds.gguf")
     ds = LlamaModel.load(path, torch.float32, max_pos=128, fmt=WeightFormat("q"))
     if ds.kernels.modules["qmatmul"].module._LIB is None:
         pytest.skip("no C compiler: the kernels run in torch, and a step graph records only C calls")

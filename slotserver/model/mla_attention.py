@@ -45,8 +45,7 @@ def mla_attention(model: "LlamaModel", i: int, lw: "LayerWeights", qkv: torch.Te
     latent = ops.rms_norm(kv[:, : m.kv_lora_rank], w.kv_a_norm, s.norm_eps)    # [T, rank]
     k_pe = ops.rope(kv[:, m.kv_lora_rank:].reshape(n, 1, m.rope), cos, sin)   # [T, 1, rope]
     q_pe = ops.rope(q[:, :, m.nope:], cos, sin)                                # [T, H, rope]
-    heads = w.heads[:n] if n <= w.heads.shape[0] else torch.arange(h).expand(n, h).contiguous()   # [T, H]
-    q_lat = ops.moe_matmul(q[:, :, : m.nope], w.k_b, heads)                    # [T, H, rank]: slot j = head j
+    q_lat = _per_head(ops, q[:, :, : m.nope], w.k_b, w.heads)                   # [T, H, rank]
     q = join_rows(q_pe, as_dtype(q_lat, q_pe.dtype))                           # [T, H, rope + rank]
     k = join_rows(k_pe, as_dtype(latent, k_pe.dtype).view(n, 1, m.kv_lora_rank))   # [T, 1, rope + rank]
     layer = s.kv_index(i)
@@ -54,5 +53,15 @@ def mla_attention(model: "LlamaModel", i: int, lw: "LayerWeights", qkv: torch.Te
     view = cache.view(layer)                                                   # StridedKV or PagedKV
     attend = ops.paged_attention if view.paged else ops.attention
     a = attend(q, view, batch.attn.with_layer(s.window(i), s.attn_softcap, lw.sinks), s.q_scale)   # [T, H, row]
-    out = ops.moe_matmul(a[:, :, m.rope:], w.v_b, heads)                        # [T, H, v_dim]
+    out = _per_head(ops, a[:, :, m.rope:], w.v_b, w.heads)                      # [T, H, v_dim]
     return as_dtype(out.reshape(n, h * m.v_dim), model.weights.act_dtype)
+
+
+def _per_head(ops, x: torch.Tensor, w, heads: torch.Tensor) -> torch.Tensor:
+    """x [T, H, K] times each head's matrix -> [T, H, N]: moe_matmul's per-slot products (slot j = head
+    j; w Experts) on blocks, else torch's batched product in float32 (w [H, N, K])."""
+    if isinstance(w, torch.Tensor):
+        return torch.einsum("thk,hnk->thn", x.float(), w)
+    n, h = x.shape[0], x.shape[1]
+    ids = heads[:n] if n <= heads.shape[0] else torch.arange(h).expand(n, h).contiguous()   # [T, H]
+    return ops.moe_matmul(x, w, ids)

@@ -26,7 +26,7 @@ native.signature(_LIB, "join_rows", 3, 8, (native.ctypes.c_int,), replay=True)
 
 def join_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[T, H, na] | [T, H, nb] -> [T, H, na + nb] (torch's cat where the C call does not apply)."""
-    if _LIB is None or a.dim() != 3 or a.shape[:2] != b.shape[:2] or a.dtype != b.dtype or a.stride(2) != 1 \
+    if _LIB is None or a.dim() != 3 or b.dim() != 3 or a.shape[:2] != b.shape[:2] or a.dtype != b.dtype or a.stride(2) != 1 \
             or b.stride(2) != 1 or not (a.is_cpu and b.is_cpu):
         return torch.cat([a, b], dim=-1)
     t, h, na = a.shape

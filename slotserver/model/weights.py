@@ -131,8 +131,10 @@ class ModelWeights:
             [m for m in latent + mla if m is not None] + [self.output]
 
     def experts(self) -> list[Experts]:
-        """Every MoE layer's expert weights (gate|up, then down)."""
-        return [e for lw in self.layers if lw.moe is not None for e in (*lw.moe.gate_up, lw.moe.down)]
+        """Every MoE layer's expert weights (gate|up, then down), then the latent attention's per-head
+        products kept as blocks (mla_layer.py): what warm_up repacks before the first request."""
+        mla = [e for lw in self.layers if lw.mla is not None for e in (lw.mla.k_b, lw.mla.v_b) if isinstance(e, Experts)]
+        return [e for lw in self.layers if lw.moe is not None for e in (*lw.moe.gate_up, lw.moe.down)] + mla
 
     # Why float32 activations around GGUF-block matmuls whatever the dtype (then only the KV cache
     # and attention are bf16, as llama.cpp keeps f32 activations and an f16 cache): qmatmul quantizes
