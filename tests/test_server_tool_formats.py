@@ -19,7 +19,8 @@ from slotserver.server import ServerConfig, ServerState, create_app
 from slotserver.server.chat_options import chat_defaults_from_flags
 
 FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "tool_templates.json").read_text())
-SOURCES = {c["name"]: c["source"] for c in FIXTURES["cases"]}
+XML = json.loads((Path(__file__).parent / "fixtures" / "tool_templates_xml.json").read_text())   # calls_xml.py's
+SOURCES = {c["name"]: c["source"] for c in FIXTURES["cases"] + XML["cases"]}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
     "type": "object", "required": ["city"], "additionalProperties": False,
     "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["c", "f"]}}}}}
@@ -27,9 +28,12 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "required": ["zone"], "additionalProperties": False,
     "properties": {"zone": {"type": "string", "maxLength": 12}}}}}
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
+# the XML formats' markers and tags take many of the tiny vocabulary's tokens (a call ~90-130 of them)
+MAX_TOKENS = {"qwen3_coder": 300, "glm": 300, "seed_oss": 300}
 # (template, --tool-call-format): each format the template gets
 SETUPS = {"llama3": ("llama3.1", "auto"), "mistral": ("mistral-nemo", "auto"), "hermes": ("chatml", "auto"),
-          "generic": ("chatml", "generic")}
+          "generic": ("chatml", "generic"), "qwen3_coder": ("qwen3.5", "auto"), "glm": ("glm-4.7-flash", "auto"),
+          "seed_oss": ("seed-oss", "auto")}
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +85,7 @@ def chat(client, **body) -> dict:
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
 def test_a_forced_call_parses_and_matches_its_schema(clients, fmt, choice):
     for seed in (0, 1):
-        answer = chat(clients[fmt], tool_choice=choice, seed=seed, temperature=1.0)
+        answer = chat(clients[fmt], tool_choice=choice, seed=seed, temperature=1.0, max_tokens=MAX_TOKENS.get(fmt, 120))
         assert answer["finish_reason"] == "tool_calls" and answer["message"]["content"] is None
         calls = answer["message"]["tool_calls"]
         assert len(calls) == 1
@@ -89,13 +93,14 @@ def test_a_forced_call_parses_and_matches_its_schema(clients, fmt, choice):
         assert isinstance(choice, str) or name == "get_time"
 
 
-@pytest.mark.parametrize("fmt", ["mistral", "generic", "hermes"])
+@pytest.mark.parametrize("fmt", ["mistral", "generic", "hermes", "qwen3_coder", "glm"])
 def test_parallel_forced_calls_are_each_valid(clients, fmt):
     """The random model may add calls until max_tokens: what is left of an unclosed block is
     content, and such an answer finishes with "length"."""
     finished = 0
     for seed in range(4):
-        answer = chat(clients[fmt], tool_choice="required", parallel_tool_calls=True, seed=seed, temperature=0.8)
+        answer = chat(clients[fmt], tool_choice="required", parallel_tool_calls=True, seed=seed, temperature=0.8,
+                      max_tokens=MAX_TOKENS.get(fmt, 120))
         calls = answer["message"].get("tool_calls") or []
         assert answer["finish_reason"] == "length" or (answer["finish_reason"] == "tool_calls" and calls)
         finished += answer["finish_reason"] == "tool_calls"
@@ -106,9 +111,9 @@ def test_parallel_forced_calls_are_each_valid(clients, fmt):
 
 @pytest.mark.parametrize("fmt", sorted(SETUPS))
 def test_streamed_deltas_rebuild_the_whole_answers_call(clients, fmt):
-    whole = chat(clients[fmt], tool_choice="required")["message"]["tool_calls"][0]
+    whole = chat(clients[fmt], tool_choice="required", max_tokens=MAX_TOKENS.get(fmt, 120))["message"]["tool_calls"][0]
     body = {"messages": ASK, "tools": [WEATHER, TIME], "tool_choice": "required", "temperature": 0,
-            "max_tokens": 120, "stream": True}
+            "max_tokens": MAX_TOKENS.get(fmt, 120), "stream": True}
     events = sse_events(clients[fmt].post("/v1/chat/completions", json=body).text)
     chunks = [json.loads(e)["choices"][0] for e in events[:-1] if json.loads(e)["choices"]]
     deltas = [t for c in chunks for t in c["delta"].get("tool_calls") or []]
@@ -138,6 +143,29 @@ def test_apply_template_uses_the_templates_own_format(clients):
                for fmt in SETUPS}
     assert "[AVAILABLE_TOOLS]" in prompts["mistral"] and "Environment: ipython" in prompts["llama3"]
     assert "<tool_call>" in prompts["hermes"] and '{"response": "..."}' in prompts["generic"]
+    assert "<parameter=example_parameter_1>" in prompts["qwen3_coder"] and "<arg_key>" in prompts["glm"]
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm", "seed_oss"])
+def test_a_call_in_the_history_renders_in_the_templates_form_and_parses_back(clients, fmt):
+    """An OpenAI client sends a past call's arguments as a JSON string; these templates iterate them
+    as an object (llama.cpp's supports_object_arguments: decoded first, as there, where the template
+    failed before). The call the prompt shows parses back, in the format's parser, into that call."""
+    from slotserver.server.tools.calls_json import call_parser
+    from slotserver.server.tools.request import ToolConfig
+
+    args = {"city": "Paris", "unit": "c"}
+    history = ASK + [{"role": "assistant", "content": "", "tool_calls": [{"id": "call00001", "type": "function",
+                     "function": {"name": "get_weather", "arguments": json.dumps(args)}}]},
+                     {"role": "tool", "tool_call_id": "call00001", "content": "sunny"}]
+    r = clients[fmt].post("/apply-template", json={"messages": history, "tools": [WEATHER]})
+    assert r.status_code == 200, r.text
+    prompt = r.json()["prompt"]
+    marker = "<seed:tool_call>" if fmt == "seed_oss" else "<tool_call>"
+    close = marker.replace("<", "</")
+    block = prompt[prompt.rindex(marker): prompt.index(close, prompt.rindex(marker)) + len(close)]
+    _, calls = call_parser(ToolConfig((WEATHER,), "auto", format=fmt)).parse(block)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("get_weather", args)]
 
 
 def test_an_unknown_tool_call_format_is_a_config_error():

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from slotserver.server.fields import Fields
 from slotserver.server.tools.calls_json import call_parser
-from slotserver.server.tools.formats import GENERIC, HERMES, LLAMA3, MISTRAL, choose_format, native_format
+from slotserver.server.tools.formats import (GENERIC, GLM, HERMES, LLAMA3, MISTRAL, QWEN_XML, SEED_XML, choose_format,
+                                             native_format)
 from slotserver.server.tools.prompt import nemo_id, render_with_tools
 from slotserver.server.tools.request import parse_tools
 
@@ -45,6 +46,16 @@ def test_each_template_is_detected_as_its_family_format(name, fmt):
     source = TEMPLATES[name]["source"]
     assert native_format(source) == choose_format(source) == fmt
     assert choose_format(source, "generic") == GENERIC and choose_format(source, "hermes") == HERMES
+
+
+XML = {c["name"]: c["source"] for c in json.loads((Path(__file__).parent / "fixtures" / "tool_templates_xml.json")
+                                                   .read_text())["cases"]}
+
+
+@pytest.mark.parametrize("name, fmt", [("qwen3.5", QWEN_XML), ("nemotron-3-nano", QWEN_XML), ("glm-4.7-flash", GLM),
+                                       ("seed-oss", SEED_XML)])
+def test_the_xml_templates_are_detected_as_their_format(name, fmt):
+    assert native_format(XML[name]) == choose_format(XML[name]) == fmt
 
 
 def test_templates_without_tools_get_hermes_unless_told_and_lookalikes_are_not_misread():
@@ -119,7 +130,36 @@ WHOLE = [  # (format, text, content, [(name, arguments)])
     (GENERIC, '{"tool_calls": [{"name": "get_weather", "arguments": {}}]}', "", [("get_weather", {})]),
     (GENERIC, '{"answer": 1}', '{"answer": 1}', []),
     (GENERIC, "plain words", "plain words", []),
+    (QWEN_XML, "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+               "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>", "Checking.",
+     [("get_weather", {"city": "New York", "days": 3})]),
+    (QWEN_XML, "<tool_call>\n<function=get_weather>\n<parameter=code>\na < b\n  c\n</parameter>\n</function>\n"
+               "</tool_call>", "", [("get_weather", {"code": "a < b\n  c"})]),
+    (QWEN_XML, "<tool_call>\n<function=nope>\n</function>\n</tool_call>",
+     "<tool_call>\n<function=nope>\n</function>\n</tool_call>", []),
+    (QWEN_XML, "<tool_call>\n<function=get_weather>\nstray\n</function>\n</tool_call>",
+     "<tool_call>\n<function=get_weather>\nstray\n</function>\n</tool_call>", []),
+    (SEED_XML, "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Oslo</parameter>\n</function>\n"
+               "</seed:tool_call>", "", [("get_weather", {"city": "Oslo"})]),
+    (GLM, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Lima</arg_value>\n</tool_call>", "",
+     [("get_weather", {"city": "Lima"})]),
+    (GLM, '<tool_call>get_weather<arg_key>q</arg_key><arg_value>{"a": [1]}</arg_value></tool_call>', "",
+     [("get_weather", {"q": {"a": [1]}})]),
+    (GLM, "<tool_call>get_weather<arg_key>a</arg_key><arg_value>1</arg_value><arg_key>a</arg_key><arg_value>2"
+          "</arg_value></tool_call>", "<tool_call>get_weather<arg_key>a</arg_key><arg_value>1</arg_value><arg_key>a"
+     "</arg_key><arg_value>2</arg_value></tool_call>", []),
 ]
+
+
+def test_a_string_parameter_keeps_its_text_and_others_decode_as_json():
+    """As the templates render arguments (a string as it is, anything else as JSON) and vLLM's and
+    llama.cpp's parsers read them back: the schema's string parameters stay text."""
+    typed = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "code": {"type": "string"}, "days": {"type": "integer"}, "tags": {"type": "array"}}}}}
+    config = dataclasses.replace(parse_tools(Fields({"tools": [typed]})), format=QWEN_XML)
+    text = ("<tool_call>\n<function=get_weather>\n<parameter=code>\n007\n</parameter>\n<parameter=days>\n7\n"
+            "</parameter>\n<parameter=tags>\n[\"a\"]\n</parameter>\n</function>\n</tool_call>")
+    assert _named(call_parser(config).parse(text)[1]) == [("get_weather", {"code": "007", "days": 7, "tags": ["a"]})]
 
 
 def _named(calls: list[dict]) -> list[tuple[str, dict]]:
@@ -169,6 +209,10 @@ STARTS = {
               '[{"name": "get_weather", "arguments": {"city": "}\\""}}]'],
     GENERIC: ['{"response": "a}b"}', '{"tool_call": {"name": "get_weather", "arguments": {}}}', '{"', " ", "",
               '{"tool_calls": [{"name": "get_weather", "arguments": {}}]}', "text", "{"],
+    QWEN_XML: ["<tool_call>\n<function=get_weather>\n<parameter=city>\nP\n</parameter>\n</function>\n</tool_call>",
+               "<tool", "<tool_call>\n<function=", "text", ""],
+    GLM: ["<tool_call>get_weather<arg_key>city</arg_key><arg_value>P</arg_value></tool_call>", "<tool_call>get",
+          "text", ""],
 }
 PIECES = {
     HERMES: ['<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>', "<tool_call>", "\n",
@@ -180,6 +224,10 @@ PIECES = {
               "]", "{", "}", '"', "\\", " ", "text"],
     GENERIC: ['{"tool_call": {"name": "get_weather", "arguments": {}}}', '{"', "{", "}", '"', "response", '": "',
               "text", " "],
+    QWEN_XML: ["<tool_call>\n<function=get_weather>\n</function>\n</tool_call>", "<tool_call>", "</tool_call>",
+               "<function=get_weather>", "</function>", "<parameter=a>", "</parameter>", "\n", "1", "text", "<"],
+    GLM: ["<tool_call>get_weather</tool_call>", "<tool_call>", "</tool_call>", "get_weather", "<arg_key>a</arg_key>",
+          "<arg_value>1</arg_value>", "<arg_value>", "\n", "x", "<"],
 }
 
 

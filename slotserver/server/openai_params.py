@@ -106,16 +106,18 @@ def parse_openai_completion(body: dict[str, Any], tokenizer: Tokenizer, defaults
 
 
 def _chat_grammar(f: Fields, tools: ToolConfig, grammars: Grammars | None,
-                  fallback: Mapping[str, Any], pure: bool = False) -> str | None:
+                  fallback: Mapping[str, Any], pure: bool = False, think_open: bool = False) -> str | None:
     """A forced tool call's grammar, else the request's own constraint (not both, as llama-server),
     else with no tools the server's (--grammar, --json-schema). `pure` (--skip-chat-parsing): no
-    tool-call grammar, as llama.cpp's pure content parser sets none."""
+    tool-call grammar, as llama.cpp's pure content parser sets none. `think_open`: the prompt ends
+    inside a `<think>` block (Qwen3.5, GLM-4.7): the forced call may close it first, as llama.cpp's
+    grammars allow (`( "</think>" space )?` before the call)."""
     found = requested(f) or (None if tools.active else default_constraint(fallback))
     if tools.active and found is not None:
         raise bad_request(f"'{found[0]}' cannot constrain the output together with 'tools' "
                           "(use tool_choice \"none\", or drop it)")
     if tools.forced and not pure:
-        return compile_checked("tool_choice", "lark", forced_call_grammar(tools), grammars)
+        return compile_checked("tool_choice", "lark", forced_call_grammar(tools, think_open), grammars)
     return compile_checked(*found, grammars) if found else None
 
 
@@ -180,8 +182,9 @@ def parse_chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplat
     check_chat_fields(f)
     chat = chat or ChatDefaults()
     tools = parse_tools(f, template.source, chat.tool_format)
-    grammar = _chat_grammar(f, tools, grammars, defaults.fields, chat.pure_content)
     text, reasoning = render_chat_request(f, template, tools, chat)
+    think_open = reasoning.start == THINK and reasoning.harmony is None   # the prompt left <think> open
+    grammar = _chat_grammar(f, tools, grammars, defaults.fields, chat.pure_content, think_open)
     ids = encode(tokenizer, text, True, True)
     want, n_top = _chat_logprobs(f)
     n = n_choices(f, n_parallel, "n")

@@ -19,6 +19,8 @@ Every problem is a `ChatTemplateError` naming the message (an HTTP 400).
 
 from __future__ import annotations
 
+import json
+
 from typing import Any
 
 from slotserver.errors import ChatTemplateError
@@ -115,4 +117,24 @@ def fit_messages(messages: Any, caps: TemplateCaps, source: str) -> list[dict[st
         fitted = [{**m, "role": "system"} if m["role"] == "developer" else m for m in fitted]
     if not caps.supports_system_role:
         fitted = _merge_system(fitted)
+    if caps.supports_object_arguments:
+        fitted = [_object_arguments(m) if m.get("tool_calls") else m for m in fitted]
     return fitted
+
+
+def _object_arguments(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message whose calls' JSON-string `arguments` are decoded into objects, for a
+    template that iterates them (llama.cpp's func_args_not_string); a string that is no JSON stays."""
+    calls = message["tool_calls"]
+    if not isinstance(calls, list):
+        return message
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+            try:
+                call = {**call, "function": {**fn, "arguments": json.loads(fn["arguments"])}}
+            except json.JSONDecodeError:
+                pass
+        out.append(call)
+    return {**message, "tool_calls": out}

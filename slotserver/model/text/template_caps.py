@@ -10,6 +10,9 @@ messages to fit (chat_messages.py). The capabilities that change a prompt:
 - `supports_string_content` / `supports_typed_content`: whether `content` may be a string and/or a
   list of `{"type": "text", "text": ...}` parts. A template that only takes strings gets parts
   joined with newlines; one that takes both (gemma 3 iterates and trims each part) gets the list.
+- `supports_object_arguments`: a history call's `arguments` is read as an object (its probe key
+  used: `arguments|items` in Qwen3-Coder / Qwen3.5 / GLM templates). llama-server then decodes
+  every JSON-string `arguments` of the messages into its object (func_args_not_string); so do we.
 
 Python's jinja2 records nothing, so the probe values do: `_ProbeDict` notes the keys read,
 `_ProbeStr` / `_ProbeList` note iteration and integer indexing (llama.cpp's "array_access"), and
@@ -65,6 +68,14 @@ class _ProbeDict(dict):
         self.reads.add(key)
         return super().get(key, default)
 
+    def items(self):   # `|items` and `.items()` read every value
+        self.reads.update(self.keys())
+        return super().items()
+
+    def values(self):
+        self.reads.update(self.keys())
+        return super().values()
+
 
 def _probe(cls: type, value: Any) -> Any:
     obj = cls(value)
@@ -95,20 +106,22 @@ class TemplateCaps:
     supports_system_role: bool = True
     supports_string_content: bool = True
     supports_typed_content: bool = False
+    supports_object_arguments: bool = False   # history calls' arguments read as an object (Qwen3.5, GLM)
 
     def to_map(self) -> dict[str, bool]:
         """The entries of llama-server's /props `chat_template_caps` that we compute."""
         return {"supports_string_content": self.supports_string_content,
                 "supports_typed_content": self.supports_typed_content,
-                "supports_system_role": self.supports_system_role}
+                "supports_system_role": self.supports_system_role,
+                "supports_object_arguments": self.supports_object_arguments}
 
 
 Render = Callable[[dict[str, Any]], str]
 
 
-def _try(render: Render, messages: list[dict]) -> str | None:
+def _try(render: Render, messages: list[dict], tools: list | None = None) -> str | None:
     """The probe's output, or None when the template failed (llama.cpp ignores why)."""
-    context = {"messages": messages, "tools": [], "bos_token": "", "eos_token": "",
+    context = {"messages": messages, "tools": tools or [], "bos_token": "", "eos_token": "",
                "add_generation_prompt": True}
     try:
         return render(context)
@@ -137,8 +150,28 @@ def _system_role(render: Render) -> bool:
     return "content" in system.reads
 
 
+PROBE_TOOL = {"name": "tool", "type": "function", "function": {
+    "name": "tool1", "description": "Tool description",
+    "parameters": {"type": "object", "properties": {"arg": {"type": "string", "description": "Arg description"}},
+                   "required": ["arg"]}}}
+
+
+def _object_arguments(render: Render) -> bool:
+    """Whether a history call's `arguments` is read as an object (llama.cpp's
+    supports_object_arguments: its probe call's `arguments.arg` used): Qwen3-Coder, Qwen3.5, GLM and
+    others iterate `arguments|items`, and fail on the JSON string an OpenAI client sends."""
+    args = _ProbeDict(arg="value")
+    call = {"id": "call00001", "type": "function", "function": {"name": "tool1", "arguments": args}}
+    _try(render, [_ProbeDict(role="user", content="User message"),   # llama.cpp's probe, message for message
+                  _ProbeDict(role="assistant", content="", tool_calls=[call]),
+                  _ProbeDict(role="tool", content="Tool response", tool_call_id="call00001"),
+                  _ProbeDict(role="assistant", content="The tool response was 'tool response'"),
+                  _ProbeDict(role="user", content="User message")], [PROBE_TOOL])
+    return "arg" in args.reads
+
+
 def probe_caps(render: Render) -> TemplateCaps:
     """The capabilities of the template that `render(context)` renders."""
     string, typed = _content_caps(render)
     return TemplateCaps(supports_system_role=_system_role(render), supports_string_content=string,
-                        supports_typed_content=typed)
+                        supports_typed_content=typed, supports_object_arguments=_object_arguments(render))

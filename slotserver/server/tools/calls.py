@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from slotserver.server.tools.formats import CLOSE, OPEN
 from slotserver.server.tools.request import ToolConfig
@@ -82,15 +83,22 @@ def parse_call(block: str, names: tuple[str, ...]) -> dict | None:
 @dataclass
 class HermesParser(CallParser):
     """`<tool_call>` blocks anywhere in the answer. Without `parallel_tool_calls` only the first
-    call is a call; what follows it is content, as llama-server does."""
+    call is a call; what follows it is content, as llama-server does. The XML formats' parsers
+    (calls_xml.py) are this one with their own markers and block bodies (`OPEN`, `CLOSE`, `_call`)."""
 
     _in_call: bool = False
+    OPEN: ClassVar[str] = OPEN
+    CLOSE: ClassVar[str] = CLOSE
+
+    def _call(self, body: str) -> dict | None:
+        """A block's body -> an OpenAI call, or None (the block is then content)."""
+        return parse_call(body, self.tools.names)
 
     def _outside(self, final: bool, content: list[str]) -> bool:
         """Text before the next block goes to content; False when no block starts (yet)."""
-        i = self._buf.find(OPEN)
+        i = self._buf.find(self.OPEN)
         if i < 0:
-            keep = 0 if final else partial_suffix(self._buf, OPEN)
+            keep = 0 if final else partial_suffix(self._buf, self.OPEN)
             content.append(self._buf[: len(self._buf) - keep])
             self._buf = self._buf[len(self._buf) - keep:]
             return False
@@ -108,11 +116,11 @@ class HermesParser(CallParser):
                 break
             if not self._in_call and not self._outside(final, content):
                 break
-            j = self._buf.find(CLOSE)
+            j = self._buf.find(self.CLOSE)
             if j < 0 and not final:
                 break
-            end = j + len(CLOSE) if j >= 0 else len(self._buf)
-            call = parse_call(self._buf[len(OPEN): j if j >= 0 else len(self._buf)], self.tools.names)
+            end = j + len(self.CLOSE) if j >= 0 else len(self._buf)
+            call = self._call(self._buf[len(self.OPEN): j if j >= 0 else len(self._buf)])
             if call is None:
                 content.append(self._buf[:end])
             else:

@@ -1,7 +1,7 @@
 """Which tool-call format a chat uses, chosen from the model's chat template as llama.cpp does.
 
-Five formats, each with its grammar (grammar.py), parser (calls.py, calls_json.py; harmony's in
-server/harmony.py) and, for templates that do not speak it, a fallback prompt (fallback.py):
+Eight formats, each with its grammar (grammar.py), parser (calls.py, calls_json.py, calls_xml.py;
+harmony's in server/harmony.py) and, for templates that do not speak it, a fallback prompt (fallback.py):
 
 - hermes: Hermes 2/3, Qwen 2.5 and every other template that renders `tools` itself:
       <tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>     (anywhere, one or more)
@@ -12,6 +12,13 @@ server/harmony.py) and, for templates that do not speak it, a fallback prompt (f
 - harmony: gpt-oss (templates that write `<|channel|>`), one call per turn, as a message to its
   recipient:  <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}  (no fallback:
   only gpt-oss's own template renders it)
+- qwen3_coder: Qwen3-Coder, Qwen3.5, Nemotron 3 Nano (templates that write `<function=` and
+  `<parameter=` inside `<tool_call>`), a block per call, each argument a parameter block whose value
+  is raw text (a string parameter) or JSON:
+      <tool_call>\n<function=f>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>
+- seed_oss: Seed-OSS, the same function block inside `<seed:tool_call>`, values without newlines
+- glm: GLM-4.5/4.6/4.7-Flash (templates with `<arg_key>`/`<arg_value>`):
+      <tool_call>f<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>
 - generic: llama.cpp's "Generic" format, for templates without tool support: the answer is one
   JSON object, {"tool_call": {"name", "arguments"}} (or {"tool_calls": [...]} with parallel calls)
   or {"response": "text"}; every answer goes through its grammar.
@@ -29,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 HERMES, LLAMA3, MISTRAL, GENERIC, HARMONY = "hermes", "llama3", "mistral", "generic", "harmony"
+QWEN_XML, SEED_XML, GLM = "qwen3_coder", "seed_oss", "glm"   # the XML formats (calls_xml.py)
 OPEN, CLOSE = "<tool_call>", "</tool_call>"   # a Hermes call's block
 CHOICES = ("auto", HERMES, GENERIC)   # the values of --tool-call-format
 MISTRAL_MARKER, PYTHON_TAG = "[TOOL_CALLS]", "<|python_tag|>"   # what opens a Mistral / Llama call
@@ -57,6 +65,12 @@ NATIVE_RULES = (
     NativeRule(MISTRAL, (MISTRAL_MARKER,), ("[ARGS]",)),
     # Functionary v3.1 also has an ipython turn, but calls with <function=...>.
     NativeRule(LLAMA3, ("<|start_header_id|>ipython<|end_header_id|>",), ("<function=",)),
+    # The XML formats (calls_xml.py): Seed-OSS's <seed:tool_call> around Qwen3-Coder's function block;
+    # Qwen3-Coder / Qwen3.5 / Nemotron 3: <tool_call><function=NAME><parameter=KEY>value</parameter>...;
+    # GLM-4.5/4.6/4.7 (and Ling, Laguna): <tool_call>NAME<arg_key>KEY</arg_key><arg_value>value</arg_value>...
+    NativeRule(SEED_XML, ("<seed:tool_call>", "<function=", "<parameter=")),
+    NativeRule(QWEN_XML, ("<tool_call>", "<function=", "<parameter=")),
+    NativeRule(GLM, ("<tool_call>", "<arg_key>", "<arg_value>")),
     # Any other template that renders `tools` (llama.cpp probes it; the mention is the same
     # signal for real templates): Hermes blocks, what Qwen 2.5 and Hermes 2/3 templates teach.
     NativeRule(HERMES, ("tools",)),

@@ -17,8 +17,8 @@ import json
 from collections.abc import Callable
 
 from slotserver.engine.grammar import JSON_OPTIONS
-from slotserver.server.tools.formats import (CLOSE, GENERIC, HARMONY, HERMES, LLAMA3, MISTRAL, MISTRAL_ID, MISTRAL_MARKER,
-                                             OPEN)
+from slotserver.server.tools.formats import (CLOSE, GENERIC, GLM, HARMONY, HERMES, LLAMA3, MISTRAL, MISTRAL_ID,
+                                             MISTRAL_MARKER, OPEN, QWEN_XML, SEED_XML)
 from slotserver.server.tools.request import ToolConfig
 
 ID_SCHEMA = {"type": "string", "pattern": f"^{MISTRAL_ID}$"}   # what Nemo's template demands
@@ -93,11 +93,94 @@ def harmony_grammar(tools: ToolConfig) -> str:
     return "start: " + " | ".join(f"call{i}" for i in range(len(rules))) + "\n" + "".join(rules)
 
 
+def _lit(text: str) -> str:
+    """A Lark string literal of `text` (JSON's escapes, which llguidance's Lark reads)."""
+    return json.dumps(text)
+
+
+def _xml_params(tools: ToolConfig, key_open: str, key_close: str, newline: bool, close: str,
+                json_close: str) -> tuple[list[str], list[str]]:
+    """Per allowed function its parameter sequence (rule names, schema order, required ones
+    mandatory) and the rules: `key_open KEY key_close VALUE close`, a string value as `_text`
+    (with a trailing newline where `newline`: Qwen3-Coder's value ends with the one before
+    `</parameter>`), any other as JSON of its schema closed by `json_close`."""
+    bodies, rules = [], []
+    for i, t in enumerate(tools.allowed):
+        params = t["function"].get("parameters") or {}
+        required, seq = set(params.get("required") or ()), []
+        for j, (key, schema) in enumerate((params.get("properties") or {}).items()):
+            name, head = f"f{i}_p{j}", _lit(key_open + key + key_close)
+            kind = schema.get("type") if isinstance(schema, dict) else None
+            if kind is None or kind == "string":
+                rules.append(f"{name}: {head} {name}_v {_lit(close)}\n{name}_v: {_text(schema, newline)}\n")
+            else:
+                rules.append(f"{name}: {head} {name}_v {_lit(json_close)}\n" + _json_rule(f"{name}_v", schema))
+            seq.append(name if key in required else f"{name}?")
+        bodies.append(" ".join(seq))
+    return bodies, rules
+
+
+def _text(schema: object, newline: bool) -> str:
+    """A string value as raw text: one of its `enum`, else text without `<` of its min/maxLength.
+    Why no `<`: llguidance's lexemes are greedy, so a value that could run on into its closing tag
+    would swallow it (and a lazy `stop` may need the engine to take back bytes already sent). Other
+    string keywords (pattern, format) are not enforced in these formats' forced calls."""
+    end = "\n" if newline else ""
+    schema = schema if isinstance(schema, dict) else {}
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+        return "(" + " | ".join(_lit(v + end) for v in enum) + ")"
+    lo, hi = int(schema.get("minLength", 0) or 0), schema.get("maxLength")
+    count = f"{{{lo},{int(hi)}}}" if isinstance(hi, int) else (f"{{{lo},}}" if lo else "*")
+    return f"/[^<]{count}{chr(92) + 'n' if newline else ''}/"
+
+
+def _xml_grammar(tools: ToolConfig, open_: str, close: str, fns: list[str], rules: list[str]) -> str:
+    """One block (`open_` a function's rule `close`), or several on their own lines with
+    parallel_tool_calls."""
+    rep = ' ("\\n" call)*' if tools.parallel else ""
+    choice = " | ".join(f"fn{i}" for i in range(len(fns)))
+    return f"start: call{rep}\ncall: {_lit(open_)} ({choice}) {_lit(close)}\n" + "\n".join(fns) + "\n" + "".join(rules)
+
+
+def _function_blocks(tools: ToolConfig, bodies: list[str]) -> list[str]:
+    """Qwen3-Coder's `<function=NAME>` blocks around each function's parameters."""
+    return [f"fn{i}: {_lit('<function=' + t['function']['name'] + '>' + chr(10))} {body} {_lit('</function>' + chr(10))}"
+            for i, (t, body) in enumerate(zip(tools.allowed, bodies))]
+
+
+def qwen_xml_grammar(tools: ToolConfig) -> str:
+    """Qwen3-Coder's blocks; a string value's text ends with the newline before `</parameter>`."""
+    bodies, rules = _xml_params(tools, "<parameter=", ">\n", True, "</parameter>\n", "\n</parameter>\n")
+    return _xml_grammar(tools, "<tool_call>\n", "</tool_call>", _function_blocks(tools, bodies), rules)
+
+
+def seed_xml_grammar(tools: ToolConfig) -> str:
+    """Seed-OSS's: the same function blocks in `<seed:tool_call>`, values without newlines."""
+    bodies, rules = _xml_params(tools, "<parameter=", ">", False, "</parameter>\n", "</parameter>\n")
+    return _xml_grammar(tools, "<seed:tool_call>\n", "</seed:tool_call>", _function_blocks(tools, bodies), rules)
+
+
+def glm_grammar(tools: ToolConfig) -> str:
+    """GLM's blocks: the name, then each argument's key and value (GLM-4.7's form, no newlines)."""
+    bodies, rules = _xml_params(tools, "<arg_key>", "</arg_key><arg_value>", False, "</arg_value>", "</arg_value>")
+    fns = [f"fn{i}: {_lit(t['function']['name'])} {body}" for i, (t, body) in enumerate(zip(tools.allowed, bodies))]
+    return _xml_grammar(tools, "<tool_call>", "</tool_call>", fns, rules)
+
+
 GRAMMARS: dict[str, Callable[[ToolConfig], str]] = {
     HERMES: hermes_grammar, LLAMA3: llama3_grammar, MISTRAL: mistral_grammar, GENERIC: generic_grammar,
-    HARMONY: harmony_grammar}
+    HARMONY: harmony_grammar, QWEN_XML: qwen_xml_grammar, SEED_XML: seed_xml_grammar, GLM: glm_grammar}
 
 
-def forced_call_grammar(tools: ToolConfig) -> str:
-    """The Lark grammar (llguidance) of the request's forced output, in its call format."""
-    return GRAMMARS[tools.format](tools)
+def forced_call_grammar(tools: ToolConfig, think_open: bool = False) -> str:
+    """The Lark grammar (llguidance) of the request's forced output, in its call format; with
+    `think_open` (the prompt ends inside `<think>`), the think block's close first and whitespace
+    after it: no reasoning text under the grammar. llama.cpp's grammars make the close optional
+    (`( "</think>" space )?`), but an answer without it is all reasoning to the splitter here (and
+    to llama.cpp's parser, which then finds no call): a random model skipped it, and lost its call."""
+    grammar = GRAMMARS[tools.format](tools)
+    if not think_open:
+        return grammar
+    assert grammar.startswith("start: ")
+    return 'start: "</think>" /\\n{0,2}/ answer\nanswer: ' + grammar[len("start: "):]   # (unbounded, a model can loop on newlines)
