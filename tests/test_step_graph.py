@@ -53,6 +53,20 @@ def _decode(model: LlamaModel, rows: int, steps: int = 6, prompts: list[list[int
     return out
 
 
+def _replays_the_same(model: LlamaModel, rows: int, prompts: list[list[int]]) -> None:
+    """A tiny model's steps run as usual, then with step graphs: replayed (a graph of `rows` rows
+    was captured), and the same logits bit for bit."""
+    if model.kernels.modules["qmatmul"].module._LIB is None:
+        pytest.skip("no C compiler: the kernels run in torch, and a step graph records only C calls")
+    model.set_step_graphs(False)
+    plain = _decode(model, rows, prompts=prompts)
+    model.set_step_graphs(True)
+    replayed = _decode(model, rows, prompts=prompts)
+    assert (rows, True, torch.get_num_threads()) in model.graphs.graphs
+    for a, b in zip(plain, replayed):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("rows", [1, 4])
 def test_replayed_decode_steps_give_the_forwards_logits_bit_for_bit(model, rows):
     model.set_step_graphs(False)
@@ -78,16 +92,7 @@ def test_a_gemma3_model_replays_its_steps_with_the_same_logits(tmp_path, rows):
                            features=("qk_norm", "post_norms"),
                            **{"gemma3.attention.sliding_window": (4, gguf.GGUFValueType.UINT32)})
     gemma = LlamaModel.load(path, torch.float32, max_pos=128, fmt=WeightFormat("q"))
-    if gemma.kernels.modules["qmatmul"].module._LIB is None:
-        pytest.skip("no C compiler: the kernels run in torch, and a step graph records only C calls")
-    gemma.set_step_graphs(False)
-    prompts = [[t % 300 for t in p] for p in PROMPTS]   # the tiny vocabulary
-    plain = _decode(gemma, rows, prompts=prompts)
-    gemma.set_step_graphs(True)
-    replayed = _decode(gemma, rows, prompts=prompts)
-    assert (rows, True, torch.get_num_threads()) in gemma.graphs.graphs
-    for a, b in zip(plain, replayed):
-        assert torch.equal(a, b)
+    _replays_the_same(gemma, rows, [[t % 300 for t in p] for p in PROMPTS])   # the tiny vocabulary
 
 
 def test_a_qwen2_model_with_qkv_biases_replays_its_steps_with_the_same_logits(tmp_path):
@@ -100,16 +105,7 @@ def test_a_qwen2_model_with_qkv_biases_replays_its_steps_with_the_same_logits(tm
     path = write_tiny_gguf(tmp_path / "q.gguf", tensor_type=gguf.GGMLQuantizationType.Q8_0, arch="qwen2",
                            qkv_bias=True)
     qwen = LlamaModel.load(path, torch.float32, max_pos=128, fmt=WeightFormat("q"))
-    if qwen.kernels.modules["qmatmul"].module._LIB is None:
-        pytest.skip("no C compiler: the kernels run in torch, and a step graph records only C calls")
-    prompts = [[t % 300 for t in p] for p in PROMPTS]
-    qwen.set_step_graphs(False)
-    plain = _decode(qwen, 2, prompts=prompts)
-    qwen.set_step_graphs(True)
-    replayed = _decode(qwen, 2, prompts=prompts)
-    assert (2, True, torch.get_num_threads()) in qwen.graphs.graphs
-    for a, b in zip(plain, replayed):
-        assert torch.equal(a, b)
+    _replays_the_same(qwen, 2, [[t % 300 for t in p] for p in PROMPTS])
 
 
 def test_a_replay_writes_the_logits_into_the_callers_buffer(model):
@@ -308,13 +304,4 @@ def test_a_deepseek2_model_replays_its_steps_with_the_same_logits(tmp_path, rows
 
     path = deepseek2_q8(tmp_path / "ds.gguf")
     ds = LlamaModel.load(path, torch.float32, max_pos=128, fmt=WeightFormat("q"))
-    if ds.kernels.modules["qmatmul"].module._LIB is None:
-        pytest.skip("no C compiler: the kernels run in torch, and a step graph records only C calls")
-    prompts = [[t % 300 for t in p] for p in PROMPTS]
-    ds.set_step_graphs(False)
-    plain = _decode(ds, rows, prompts=prompts)
-    ds.set_step_graphs(True)
-    replayed = _decode(ds, rows, prompts=prompts)
-    assert (rows, True, torch.get_num_threads()) in ds.graphs.graphs
-    for a, b in zip(plain, replayed):
-        assert torch.equal(a, b)
+    _replays_the_same(ds, rows, [[t % 300 for t in p] for p in PROMPTS])
