@@ -146,6 +146,30 @@ def test_apply_template_uses_the_templates_own_format(clients):
     assert "<parameter=example_parameter_1>" in prompts["qwen3_coder"] and "<arg_key>" in prompts["glm"]
 
 
+NOTE = {"type": "function", "function": {"name": "note", "parameters": {"type": "object", "required": ["text"],
+        "properties": {"text": {"type": ["string", "null"], "maxLength": 8}}}}}   # (an integer: the random
+#                                                                   model writes digits until max_tokens)
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm", "seed_oss"])
+def test_a_forced_nullable_string_is_text_or_null_never_quoted(clients, fmt):
+    """A `["string", "null"]` parameter (OpenAI strict mode's, Pydantic's optional fields) is written
+    as raw text under the grammar and read back as that text, or as null: never a JSON string's quotes."""
+    for seed in range(3):
+        r = clients[fmt].post("/v1/chat/completions", json={"messages": ASK, "tools": [NOTE], "tool_choice": "required",
+                                                             "temperature": 1.0, "seed": seed, "max_tokens": 300})
+        args = json.loads(r.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])
+        assert args["text"] is None or (isinstance(args["text"], str) and not args["text"].startswith('"'))
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm"])
+def test_a_schema_keyword_of_the_wrong_kind_is_a_400_naming_tools(clients, fmt):
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+           "properties": {"a": {"type": "string", "minLength": "abc"}}}}}
+    r = clients[fmt].post("/v1/chat/completions", json={"messages": ASK, "tools": [bad], "tool_choice": "required"})
+    assert r.status_code == 400 and "tools" in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("fmt", ["qwen3_coder", "glm", "seed_oss"])
 def test_a_call_in_the_history_renders_in_the_templates_form_and_parses_back(clients, fmt):
     """An OpenAI client sends a past call's arguments as a JSON string; these templates iterate them
@@ -154,17 +178,21 @@ def test_a_call_in_the_history_renders_in_the_templates_form_and_parses_back(cli
     from slotserver.server.tools.calls_json import call_parser
     from slotserver.server.tools.request import ToolConfig
 
-    args = {"city": "Paris", "unit": "c"}
+    args = {"city": "Paris", "unit": "c", "days": 3, "hourly": True, "note": None}   # |string: True, None
+    typed = {**WEATHER["function"], "parameters": {**WEATHER["function"]["parameters"], "additionalProperties": True,
+             "properties": {**WEATHER["function"]["parameters"]["properties"], "days": {"type": "integer"},
+                            "hourly": {"type": "boolean"}, "note": {"type": ["string", "null"]}}}}
     history = ASK + [{"role": "assistant", "content": "", "tool_calls": [{"id": "call00001", "type": "function",
                      "function": {"name": "get_weather", "arguments": json.dumps(args)}}]},
                      {"role": "tool", "tool_call_id": "call00001", "content": "sunny"}]
-    r = clients[fmt].post("/apply-template", json={"messages": history, "tools": [WEATHER]})
+    tool = {"type": "function", "function": typed}
+    r = clients[fmt].post("/apply-template", json={"messages": history, "tools": [tool]})
     assert r.status_code == 200, r.text
     prompt = r.json()["prompt"]
     marker = "<seed:tool_call>" if fmt == "seed_oss" else "<tool_call>"
     close = marker.replace("<", "</")
     block = prompt[prompt.rindex(marker): prompt.index(close, prompt.rindex(marker)) + len(close)]
-    _, calls = call_parser(ToolConfig((WEATHER,), "auto", format=fmt)).parse(block)
+    _, calls = call_parser(ToolConfig((tool,), "auto", format=fmt)).parse(block)
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("get_weather", args)]
 
 

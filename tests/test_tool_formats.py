@@ -162,6 +162,22 @@ def test_a_string_parameter_keeps_its_text_and_others_decode_as_json():
     assert _named(call_parser(config).parse(text)[1]) == [("get_weather", {"code": "007", "days": 7, "tags": ["a"]})]
 
 
+@pytest.mark.parametrize("text, schema, value", [
+    ("hello", {"type": ["string", "null"]}, "hello"), ("null", {"type": ["string", "null"]}, None),
+    ("42", {"anyOf": [{"type": "string"}, {"type": "null"}]}, "42"),   # Pydantic's Optional[str]
+    ("42", {"anyOf": [{"type": "integer"}, {"type": "null"}]}, 42),
+    ("True", {"type": "boolean"}, True), ("None", {"type": ["integer", "null"]}, None),   # Jinja's |string
+    ("True", {"type": "string"}, "True"), ("3", {"type": "number"}, 3), ("2", {"enum": [1, 2]}, 2),
+    ("c", {"enum": ["c", "f"]}, "c"), ("x", {"type": "integer"}, "x"), ("3", {}, 3), ('"q"', {}, '"q"'),
+])
+def test_a_value_takes_the_types_its_schema_allows(text, schema, value):
+    """calls_xml.typed_value, as llama.cpp's parsers read a parameter: its JSON value where that
+    has an allowed type, else its text where a string is allowed."""
+    from slotserver.server.tools.calls_xml import typed_value
+    got = typed_value(text, schema)
+    assert got == value and type(got) is type(value)
+
+
 def _named(calls: list[dict]) -> list[tuple[str, dict]]:
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
 
@@ -213,6 +229,8 @@ STARTS = {
                "<tool", "<tool_call>\n<function=", "text", ""],
     GLM: ["<tool_call>get_weather<arg_key>city</arg_key><arg_value>P</arg_value></tool_call>", "<tool_call>get",
           "text", ""],
+    SEED_XML: ["<seed:tool_call>\n<function=get_weather>\n<parameter=city>P</parameter>\n</function>\n"
+               "</seed:tool_call>", "<seed:", "text", ""],
 }
 PIECES = {
     HERMES: ['<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>', "<tool_call>", "\n",
@@ -228,6 +246,8 @@ PIECES = {
                "<function=get_weather>", "</function>", "<parameter=a>", "</parameter>", "\n", "1", "text", "<"],
     GLM: ["<tool_call>get_weather</tool_call>", "<tool_call>", "</tool_call>", "get_weather", "<arg_key>a</arg_key>",
           "<arg_value>1</arg_value>", "<arg_value>", "\n", "x", "<"],
+    SEED_XML: ["<seed:tool_call>\n<function=get_weather>\n</function>\n</seed:tool_call>", "<seed:tool_call>",
+               "</seed:tool_call>", "<function=get_weather>", "<parameter=a>1</parameter>", "\n", "<"],
 }
 
 

@@ -8,9 +8,10 @@ markers and block body:
     glm          <tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n...</tool_call>
 
 A value is raw text: as the templates render a call (a string argument as it is, anything else as
-JSON) it is read back, as vLLM's and llama.cpp's parsers do: a parameter the function's schema types
-as a string keeps its text (one newline either side dropped, which the Qwen form adds), any other
-is decoded as JSON where it decodes, else kept as text. A function the request did not offer, an
+JSON, or in Qwen3.5's and Seed's `|string`, Jinja's True/False/None) it is read back as llama.cpp's
+parsers do (`typed_value`): its JSON value where that has a type the parameter's schema allows
+(`type`, type lists, `anyOf`, `enum`), else its text where a string is allowed (one newline either
+side dropped, which the Qwen form adds). A function the request did not offer, an
 argument twice, or text that is no such block: not a call (content, as Hermes' parser gives it).
 """
 
@@ -28,12 +29,59 @@ _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
 _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 
 
+JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
+              type(None): "null"}
+PY_WORDS = {"True": "true", "False": "false", "None": "null"}   # what Jinja's `|string` writes for them
+
+
+def value_types(schema: Any) -> frozenset[str] | None:
+    """The JSON types a parameter's schema allows (`type`, a list of them, `anyOf`/`oneOf` members,
+    `enum`/`const` values), or None where it says nothing readable (any value)."""
+    if not isinstance(schema, dict):
+        return None
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return frozenset({kind})
+    if isinstance(kind, list) and all(isinstance(k, str) for k in kind):
+        return frozenset(kind)
+    values = schema.get("enum") if isinstance(schema.get("enum"), list) else (
+        [schema["const"]] if "const" in schema else None)
+    if values is not None:
+        return frozenset(JSON_TYPES.get(type(v), "string") for v in values)
+    members = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(members, list) and members:
+        kinds = [value_types(m) for m in members]
+        return None if None in kinds else frozenset().union(*kinds)
+    return None
+
+
+def takes_text(schema: Any) -> bool:
+    """Whether a value of this schema is written as raw text (a string is possible, or the schema
+    says nothing): the forced grammars' test (grammar.py), the same as the parser's below."""
+    types = value_types(schema)
+    return types is None or "string" in types
+
+
 def typed_value(text: str, schema: Any) -> Any:
-    """A parameter's text as its schema reads it: a string parameter's text as it is, else JSON
-    where it decodes (numbers, booleans, objects, arrays, null), else the text."""
-    types = schema.get("type") if isinstance(schema, dict) else None
-    if types == "string" or (isinstance(types, list) and set(types) <= {"string", "null"} and "string" in types):
-        return text
+    """A parameter's text as its schema reads it, as llama.cpp's parsers do: its JSON value where
+    that is of an allowed type (integers count as numbers; Jinja's `True`/`False`/`None`, which the
+    Qwen3.5 and Seed templates write back into the history, as JSON's words), else the text where a
+    string is allowed, else the JSON value where it decodes, else the text."""
+    types = value_types(schema)
+    for candidate in (text, PY_WORDS.get(text.strip())):
+        if candidate is None:
+            continue
+        try:
+            value = json.loads(candidate)
+        except json.JSONDecodeError:
+            continue
+        kind = JSON_TYPES.get(type(value))
+        if types is None or kind in types or (kind == "integer" and "number" in types):
+            return text if types is None and isinstance(value, str) else value
+    return text if types is None or "string" in types else _decoded(text)
+
+
+def _decoded(text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError:

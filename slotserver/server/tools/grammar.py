@@ -17,6 +17,8 @@ import json
 from collections.abc import Callable
 
 from slotserver.engine.grammar import JSON_OPTIONS
+from slotserver.server.errors import bad_request
+from slotserver.server.tools.calls_xml import takes_text
 from slotserver.server.tools.formats import (CLOSE, GENERIC, GLM, HARMONY, HERMES, LLAMA3, MISTRAL, MISTRAL_ID,
                                              MISTRAL_MARKER, OPEN, QWEN_XML, SEED_XML)
 from slotserver.server.tools.request import ToolConfig
@@ -110,8 +112,7 @@ def _xml_params(tools: ToolConfig, key_open: str, key_close: str, newline: bool,
         required, seq = set(params.get("required") or ()), []
         for j, (key, schema) in enumerate((params.get("properties") or {}).items()):
             name, head = f"f{i}_p{j}", _lit(key_open + key + key_close)
-            kind = schema.get("type") if isinstance(schema, dict) else None
-            if kind is None or kind == "string":
+            if takes_text(schema):   # (the parser reads it as calls_xml.typed_value: null, numbers... or text)
                 rules.append(f"{name}: {head} {name}_v {_lit(close)}\n{name}_v: {_text(schema, newline)}\n")
             else:
                 rules.append(f"{name}: {head} {name}_v {_lit(json_close)}\n" + _json_rule(f"{name}_v", schema))
@@ -121,7 +122,7 @@ def _xml_params(tools: ToolConfig, key_open: str, key_close: str, newline: bool,
 
 
 def _text(schema: object, newline: bool) -> str:
-    """A string value as raw text: one of its `enum`, else text without `<` of its min/maxLength.
+    """A text value: one of its string `enum`, else text without `<` of its min/maxLength.
     Why no `<`: llguidance's lexemes are greedy, so a value that could run on into its closing tag
     would swallow it (and a lazy `stop` may need the engine to take back bytes already sent). Other
     string keywords (pattern, format) are not enforced in these formats' forced calls."""
@@ -179,7 +180,10 @@ def forced_call_grammar(tools: ToolConfig, think_open: bool = False) -> str:
     after it: no reasoning text under the grammar. llama.cpp's grammars make the close optional
     (`( "</think>" space )?`), but an answer without it is all reasoning to the splitter here (and
     to llama.cpp's parser, which then finds no call): a random model skipped it, and lost its call."""
-    grammar = GRAMMARS[tools.format](tools)
+    try:
+        grammar = GRAMMARS[tools.format](tools)
+    except (TypeError, ValueError, AttributeError) as e:   # a parameter schema's keyword of the wrong kind
+        raise bad_request(f"'tools': a function's parameters cannot make the {tools.format} call grammar: {e}") from None
     if not think_open:
         return grammar
     assert grammar.startswith("start: ")
