@@ -390,3 +390,35 @@ def test_response_fields_and_completion_aliases(client):
                                                          "response_fields": ["stop_type"]}).text)
     assert json.loads(events[-1]) == {"stop_type": "limit"}
     assert_error(client.post("/completion", json={**body, "response_fields": "content"}), 400)
+
+
+CALL_IN_THOUGHT = "Let me look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(cuts=st.lists(st.integers(0, len(CALL_IN_THOUGHT)), max_size=8))
+def test_a_tool_call_opened_inside_the_thought_ends_it_and_starts_the_content(cuts):
+    """Qwen3.5's prompt leaves <think> open; a call made without closing the thought is still a call
+    (llama.cpp's qwen3-coder parser ends the reasoning at `<tool_call>`, kept in the content), and
+    any chunking of the stream gives the whole answer's split."""
+    from slotserver.server.reasoning import THINK, ReasoningSplitter
+    whole = ReasoningSplitter(start=THINK, ends=("<tool_call>",)).parse(CALL_IN_THOUGHT)
+    assert whole == ("Let me look.", CALL_IN_THOUGHT[len("Let me look.\n"):])
+    splitter, bounds = ReasoningSplitter(start=THINK, ends=("<tool_call>",)), sorted({0, len(CALL_IN_THOUGHT), *cuts})
+    parts = [splitter.feed(CALL_IN_THOUGHT[a:b]) for a, b in itertools.pairwise(bounds)] + [splitter.feed("", final=True)]
+    assert ("".join(p[0] for p in parts), "".join(p[1] for p in parts)) == whole
+
+
+def test_the_qwen3_coder_format_ends_a_thought_at_its_call_and_others_do_not(tiny_engine):
+    from pathlib import Path
+    source = next(c["source"] for c in json.loads((Path(__file__).parent / "fixtures" / "tool_templates_xml.json")
+                                                 .read_text())["cases"] if c["name"] == "qwen3.5")
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    bundle, _ = tiny_engine
+
+    def ends(template: str, **body) -> tuple[str, ...]:
+        job = parse_chat({"messages": ASK, "tools": [tool], **body}, bundle.tokenizer, ChatTemplate(template),
+                         GenerationDefaults(), "m")
+        return job.reasoning.ends
+    assert ends(source) == ("<tool_call>",)
+    assert ends(source, tool_choice="none") == () and ends(CHATML_TEMPLATE) == ()

@@ -25,6 +25,7 @@ from slotserver.server.fields import Fields
 from slotserver.engine.grammar import Grammars
 from slotserver.server.constraints import compile_checked, default_constraint, parse_constraint, requested
 from slotserver.server.tools.prompt import render_with_tools
+from slotserver.server.tools.formats import QWEN_XML
 from slotserver.server.tools.grammar import forced_call_grammar
 from slotserver.server.tools.request import ToolConfig, parse_tools
 from slotserver.server.params import CompletionJob, build_request, eog_bias, n_predict_field, sse_ping_field
@@ -154,7 +155,8 @@ def render_chat_request(f: Fields, template: ChatTemplate, tools: ToolConfig,
     text = render_with_tools(template, messages, tools, add_prompt, cont, variables=options.context)
     continued = (messages[-1].get("content") or "") if cont else None
     harmony = answer_prefix(text) if template_is_harmony(template.source) and not chat.pure_content else None
-    return text, ReasoningMode(options.reasoning_format, answer_start(text, continued), harmony)
+    ends = ("<tool_call>",) if tools.active and tools.format == QWEN_XML else ()   # llama.cpp's qwen3-coder parser
+    return text, ReasoningMode(options.reasoning_format, answer_start(text, continued), harmony, ends)
 
 
 def _chat_logprobs(f: Fields) -> tuple[bool, int]:

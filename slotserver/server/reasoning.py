@@ -72,6 +72,9 @@ class ReasoningSplitter:
     extract: bool = True
     start: str = START
     inline: bool = False
+    # markers that end the block and open the content, kept there (llama.cpp's thinking_end_tags
+    # beside </think>: Qwen3.5's `<tool_call>`, a call made without closing the thought first)
+    ends: tuple[str, ...] = ()
     _state: str = START
     _buf: str = ""
     _ws: str = ""               # whitespace inside the reasoning, held until more reasoning follows
@@ -116,13 +119,15 @@ class ReasoningSplitter:
         return True
 
     def _think(self, final: bool) -> tuple[str, bool]:
-        """Inside the block: -> (reasoning decided now, whether the block closed)."""
-        i = self._buf.find(CLOSE)
-        if i >= 0:
-            piece, self._buf = self._buf[:i], self._buf[i + len(CLOSE):]
-            self._state, self._skip_ws = CONTENT, True
+        """Inside the block: -> (reasoning decided now, whether the block closed). `</think>` is
+        dropped with the whitespace after it; an `ends` marker stays, the content's start."""
+        found = [(i, tag) for tag in (CLOSE, *self.ends) if (i := self._buf.find(tag)) >= 0]
+        if found:
+            i, tag = min(found)
+            piece, self._buf = self._buf[:i], self._buf[i + (len(CLOSE) if tag == CLOSE else 0):]
+            self._state, self._skip_ws = CONTENT, tag == CLOSE
             return self._reason(piece, end=True), True
-        keep = 0 if final else _held(self._buf, CLOSE)
+        keep = 0 if final else max(_held(self._buf, tag) for tag in (CLOSE, *self.ends))
         piece, self._buf = self._buf[:len(self._buf) - keep], self._buf[len(self._buf) - keep:]
         return self._reason(piece, end=final), False
 
@@ -164,7 +169,8 @@ class ReasoningMode:
     format: str = "none"
     start: str = START
     harmony: str | None = None   # a harmony (gpt-oss) answer: the prompt text it continues (answer.py)
+    ends: tuple[str, ...] = ()   # ReasoningSplitter.ends: the tool-call opener where a format's parser says
 
     def splitter(self, stream: bool) -> ReasoningSplitter:
         inline = stream and self.format == "deepseek-legacy"
-        return ReasoningSplitter(extract=self.format != "none", start=self.start, inline=inline)
+        return ReasoningSplitter(extract=self.format != "none", start=self.start, inline=inline, ends=self.ends)
