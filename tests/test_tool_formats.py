@@ -139,6 +139,10 @@ WHOLE = [  # (format, text, content, [(name, arguments)])
      "<tool_call>\n<function=nope>\n</function>\n</tool_call>", []),
     (QWEN_XML, "<tool_call>\n<function=get_weather>\nstray\n</function>\n</tool_call>",
      "<tool_call>\n<function=get_weather>\nstray\n</function>\n</tool_call>", []),
+    (QWEN_XML, "Sure.\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>", "Sure.",
+     [("get_weather", {"city": "Paris"})]),   # Qwen3-Coder without its <tool_call> (llama.cpp takes it)
+    (QWEN_XML, "<function=nope>\n</function>", "<function=nope>\n</function>", []),
+    (QWEN_XML, "<function=get_weather>\n<parameter=city>\nPa", "<function=get_weather>\n<parameter=city>\nPa", []),
     (SEED_XML, "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Oslo</parameter>\n</function>\n"
                "</seed:tool_call>", "", [("get_weather", {"city": "Oslo"})]),
     (GLM, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Lima</arg_value>\n</tool_call>", "",
@@ -243,7 +247,8 @@ PIECES = {
     GENERIC: ['{"tool_call": {"name": "get_weather", "arguments": {}}}', '{"', "{", "}", '"', "response", '": "',
               "text", " "],
     QWEN_XML: ["<tool_call>\n<function=get_weather>\n</function>\n</tool_call>", "<tool_call>", "</tool_call>",
-               "<function=get_weather>", "</function>", "<parameter=a>", "</parameter>", "\n", "1", "text", "<"],
+               "<function=get_weather>", "</function>", "<parameter=a>", "</parameter>", "\n", "1", "text", "<",
+               "<function=get_weather>\n<parameter=a>\n1\n</parameter>\n</function>", "<function="],
     GLM: ["<tool_call>get_weather</tool_call>", "<tool_call>", "</tool_call>", "get_weather", "<arg_key>a</arg_key>",
           "<arg_value>1</arg_value>", "<arg_value>", "\n", "x", "<"],
     SEED_XML: ["<seed:tool_call>\n<function=get_weather>\n</function>\n</seed:tool_call>", "<seed:tool_call>",

@@ -87,6 +87,8 @@ class HermesParser(CallParser):
     (calls_xml.py) are this one with their own markers and block bodies (`OPEN`, `CLOSE`, `_call`)."""
 
     _in_call: bool = False
+    _skip: int = 0              # the open block's marker length (what `_call` does not see)
+    _close: str = CLOSE         # the open block's closing marker
     OPEN: ClassVar[str] = OPEN
     CLOSE: ClassVar[str] = CLOSE
 
@@ -94,14 +96,20 @@ class HermesParser(CallParser):
         """A block's body -> an OpenAI call, or None (the block is then content)."""
         return parse_call(body, self.tools.names)
 
+    def _openers(self) -> tuple[tuple[str, int, str], ...]:
+        """(what opens a block, how much of it the body skips, what closes it): `OPEN`'s blocks;
+        calls_xml.py's Qwen parser adds bare `<function=NAME>` blocks."""
+        return ((self.OPEN, len(self.OPEN), self.CLOSE),)
+
     def _outside(self, final: bool, content: list[str]) -> bool:
         """Text before the next block goes to content; False when no block starts (yet)."""
-        i = self._buf.find(self.OPEN)
-        if i < 0:
-            keep = 0 if final else partial_suffix(self._buf, self.OPEN)
+        found = [(i, skip, close) for marker, skip, close in self._openers() if (i := self._buf.find(marker)) >= 0]
+        if not found:
+            keep = 0 if final else max(partial_suffix(self._buf, marker) for marker, _, _ in self._openers())
             content.append(self._buf[: len(self._buf) - keep])
             self._buf = self._buf[len(self._buf) - keep:]
             return False
+        i, self._skip, self._close = min(found)
         content.append(self._buf[:i])
         self._buf, self._in_call = self._buf[i:], True
         return True
@@ -116,11 +124,12 @@ class HermesParser(CallParser):
                 break
             if not self._in_call and not self._outside(final, content):
                 break
-            j = self._buf.find(self.CLOSE)
+            j = self._buf.find(self._close)
             if j < 0 and not final:
                 break
-            end = j + len(self.CLOSE) if j >= 0 else len(self._buf)
-            call = self._call(self._buf[len(self.OPEN): j if j >= 0 else len(self._buf)])
+            end = j + len(self._close) if j >= 0 else len(self._buf)
+            body = self._buf[self._skip: j if j >= 0 else len(self._buf)]
+            call = self._call(body + self._close if j >= 0 and not self._skip else body)   # (a bare block: whole)
             if call is None:
                 content.append(self._buf[:end])
             else:

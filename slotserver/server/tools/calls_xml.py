@@ -104,7 +104,13 @@ def _arguments(pairs: list[tuple[str, str]], properties: dict, strip_newlines: b
 
 @dataclass
 class QwenXmlParser(HermesParser):
-    """`<tool_call>` blocks holding one `<function=NAME>` block of `<parameter=KEY>` blocks."""
+    """`<tool_call>` blocks holding one `<function=NAME>` block of `<parameter=KEY>` blocks; and, as
+    llama.cpp's parser takes them (Qwen3-Coder sometimes leaves out the `<tool_call>`), a bare
+    `<function=NAME>` block naming an offered function."""
+
+    def _openers(self) -> tuple[tuple[str, int, str], ...]:
+        bare = tuple((f"<function={name}>", 0, "</function>") for name in self.tools.names)
+        return ((self.OPEN, len(self.OPEN), self.CLOSE), *bare) if type(self) is QwenXmlParser else super()._openers()
 
     def _call(self, body: str) -> dict | None:
         m = _FUNCTION.match(body)
