@@ -142,6 +142,9 @@ WHOLE = [  # (format, text, content, [(name, arguments)])
     (QWEN_XML, "Sure.\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>", "Sure.",
      [("get_weather", {"city": "Paris"})]),   # Qwen3-Coder without its <tool_call> (llama.cpp takes it)
     (QWEN_XML, "<function=nope>\n</function>", "<function=nope>\n</function>", []),
+    (QWEN_XML, "I will use <function=get_weather> now.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis"
+               "\n</parameter>\n</function>\n</tool_call>", "I will use <function=get_weather> now.",
+     [("get_weather", {"city": "Paris"})]),   # a bare opener in prose: text, the call after it still a call
     (QWEN_XML, "<function=get_weather>\n<parameter=city>\nPa", "<function=get_weather>\n<parameter=city>\nPa", []),
     (SEED_XML, "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Oslo</parameter>\n</function>\n"
                "</seed:tool_call>", "", [("get_weather", {"city": "Oslo"})]),

@@ -12,8 +12,12 @@ KV head of `rope + kv_lora_rank` values per cell:
 
 The rotated part goes first (llama.cpp puts it last): a KV shift re-rotates a key's first rope_dim
 values (model/rope_shift.py), and the attention is the same sum in another order. The per-head
-products with W_kb / W_vb are float32 batched matmuls (torch's), so a step of this model runs as
-usual rather than from a C step graph (step_graph.py refuses a capture with torch computation).
+products with W_kb / W_vb (`_per_head`) are the moe_matmul kernel's per-slot products where they
+are blocks it repacks, each token's slots its heads (mla_layer.py's `heads` ids), and the joins
+are C calls (row_join.py): such a decode step is C calls only and replays from a step graph. With
+float W_kb / W_vb (dequantized weights, F16/BF16 or other formats, a legacy attn_kv_b) they are
+torch's float32 batched products, and those steps run as usual (step_graph.py refuses a capture
+with torch computation).
 """
 
 from __future__ import annotations

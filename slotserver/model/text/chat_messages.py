@@ -20,7 +20,6 @@ Every problem is a `ChatTemplateError` naming the message (an HTTP 400).
 from __future__ import annotations
 
 import json
-
 from typing import Any
 
 from slotserver.errors import ChatTemplateError

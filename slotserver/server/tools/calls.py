@@ -89,6 +89,7 @@ class HermesParser(CallParser):
     _in_call: bool = False
     _skip: int = 0              # the open block's marker length (what `_call` does not see)
     _close: str = CLOSE         # the open block's closing marker
+    _bare: int = 0              # a bare block (calls_xml.py): its opener's length, 0 for a marked one
     OPEN: ClassVar[str] = OPEN
     CLOSE: ClassVar[str] = CLOSE
 
@@ -99,7 +100,7 @@ class HermesParser(CallParser):
     def _openers(self) -> tuple[tuple[str, int, str], ...]:
         """(what opens a block, how much of it the body skips, what closes it): `OPEN`'s blocks;
         calls_xml.py's Qwen parser adds bare `<function=NAME>` blocks."""
-        return ((self.OPEN, len(self.OPEN), self.CLOSE),)
+        return ((self.OPEN, len(self.OPEN), self.CLOSE),)   # (skip 0: a bare block, opener and all)
 
     def _outside(self, final: bool, content: list[str]) -> bool:
         """Text before the next block goes to content; False when no block starts (yet)."""
@@ -110,6 +111,8 @@ class HermesParser(CallParser):
             self._buf = self._buf[len(self._buf) - keep:]
             return False
         i, self._skip, self._close = min(found)
+        self._bare = 0 if self._skip else next(len(m) for m, skip, _ in self._openers()
+                                                if not skip and self._buf.startswith(m, i))
         content.append(self._buf[:i])
         self._buf, self._in_call = self._buf[i:], True
         return True
@@ -130,6 +133,10 @@ class HermesParser(CallParser):
             end = j + len(self._close) if j >= 0 else len(self._buf)
             body = self._buf[self._skip: j if j >= 0 else len(self._buf)]
             call = self._call(body + self._close if j >= 0 and not self._skip else body)   # (a bare block: whole)
+            if call is None and self._bare:   # a bare opener in prose: text, and the search goes on after it
+                content.append(self._buf[:self._bare])
+                self._buf, self._in_call = self._buf[self._bare:], False
+                continue
             if call is None:
                 content.append(self._buf[:end])
             else:

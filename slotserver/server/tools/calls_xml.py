@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from slotserver.server.tools.calls import HermesParser, make_call
 
@@ -108,9 +108,11 @@ class QwenXmlParser(HermesParser):
     llama.cpp's parser takes them (Qwen3-Coder sometimes leaves out the `<tool_call>`), a bare
     `<function=NAME>` block naming an offered function."""
 
+    BARE: ClassVar[bool] = True   # bare `<function=NAME>` blocks count (Seed's parser: no)
+
     def _openers(self) -> tuple[tuple[str, int, str], ...]:
-        bare = tuple((f"<function={name}>", 0, "</function>") for name in self.tools.names)
-        return ((self.OPEN, len(self.OPEN), self.CLOSE), *bare) if type(self) is QwenXmlParser else super()._openers()
+        bare = tuple((f"<function={name}>", 0, "</function>") for name in self.tools.names) if self.BARE else ()
+        return ((self.OPEN, len(self.OPEN), self.CLOSE), *bare)
 
     def _call(self, body: str) -> dict | None:
         m = _FUNCTION.match(body)
@@ -129,6 +131,7 @@ class QwenXmlParser(HermesParser):
 class SeedXmlParser(QwenXmlParser):
     OPEN = "<seed:tool_call>"
     CLOSE = "</seed:tool_call>"
+    BARE = False
 
 
 @dataclass
