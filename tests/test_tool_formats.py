@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from slotserver.server.fields import Fields
 from slotserver.server.tools.calls_json import call_parser
-from slotserver.server.tools.formats import (GENERIC, GLM, HERMES, LLAMA3, MISTRAL, QWEN_XML, SEED_XML, choose_format,
-                                             native_format)
+from slotserver.server.tools.formats import (GENERIC, GLM, HERMES, LFM2, LLAMA3, MISTRAL, QWEN_XML, SEED_XML,
+                                             choose_format, native_format)
 from slotserver.server.tools.prompt import nemo_id, render_with_tools
 from slotserver.server.tools.request import parse_tools
 
@@ -53,7 +53,7 @@ XML = {c["name"]: c["source"] for c in json.loads((Path(__file__).parent / "fixt
 
 
 @pytest.mark.parametrize("name, fmt", [("qwen3.5", QWEN_XML), ("nemotron-3-nano", QWEN_XML), ("glm-4.7-flash", GLM),
-                                       ("seed-oss", SEED_XML)])
+                                       ("seed-oss", SEED_XML), ("lfm2", LFM2)])
 def test_the_xml_templates_are_detected_as_their_format(name, fmt):
     assert native_format(XML[name]) == choose_format(XML[name]) == fmt
 
@@ -148,6 +148,14 @@ WHOLE = [  # (format, text, content, [(name, arguments)])
     (QWEN_XML, "<function=get_weather>\n<parameter=city>\nPa", "<function=get_weather>\n<parameter=city>\nPa", []),
     (SEED_XML, "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Oslo</parameter>\n</function>\n"
                "</seed:tool_call>", "", [("get_weather", {"city": "Oslo"})]),
+    (LFM2, 'Sure. <|tool_call_start|>[get_weather(city="Paris", days=3)]<|tool_call_end|>', "Sure.",
+     [("get_weather", {"city": "Paris", "days": 3})]),
+    (LFM2, "<|tool_call_start|>[get_weather(city='Rome', ok=true, n=None), get_weather()]<|tool_call_end|>", "",
+     [("get_weather", {"city": "Rome", "ok": True, "n": None}), ("get_weather", {})]),   # one block's calls: all
+    (LFM2, '<|tool_call_start|>[get_weather("x")]<|tool_call_end|>', '<|tool_call_start|>[get_weather("x")]'
+     '<|tool_call_end|>', []),
+    (LFM2, '<|tool_call_start|>[__import__("os").system("x")]<|tool_call_end|>', '<|tool_call_start|>'
+     '[__import__("os").system("x")]<|tool_call_end|>', []),   # nothing is evaluated: not a call
     (GLM, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Lima</arg_value>\n</tool_call>", "",
      [("get_weather", {"city": "Lima"})]),
     (GLM, '<tool_call>get_weather<arg_key>q</arg_key><arg_value>{"a": [1]}</arg_value></tool_call>', "",
@@ -238,6 +246,7 @@ STARTS = {
           "text", ""],
     SEED_XML: ["<seed:tool_call>\n<function=get_weather>\n<parameter=city>P</parameter>\n</function>\n"
                "</seed:tool_call>", "<seed:", "text", ""],
+    LFM2: ['<|tool_call_start|>[get_weather(city="P")]<|tool_call_end|>', "<|tool_", "text", ""],
 }
 PIECES = {
     HERMES: ['<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>', "<tool_call>", "\n",
@@ -256,6 +265,8 @@ PIECES = {
           "<arg_value>1</arg_value>", "<arg_value>", "\n", "x", "<"],
     SEED_XML: ["<seed:tool_call>\n<function=get_weather>\n</function>\n</seed:tool_call>", "<seed:tool_call>",
                "</seed:tool_call>", "<function=get_weather>", "<parameter=a>1</parameter>", "\n", "<"],
+    LFM2: ["<|tool_call_start|>[get_weather()]<|tool_call_end|>", "<|tool_call_start|>", "<|tool_call_end|>", "[",
+           "]", "get_weather(", "a=1", ")", ", ", "'", '"', "text"],
 }
 
 

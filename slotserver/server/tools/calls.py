@@ -97,6 +97,11 @@ class HermesParser(CallParser):
         """A block's body -> an OpenAI call, or None (the block is then content)."""
         return parse_call(body, self.tools.names)
 
+    def _calls(self, body: str) -> list[dict] | None:
+        """A block's calls (one here; LFM2's blocks hold a list: calls_python.py), or None."""
+        call = self._call(body)
+        return None if call is None else [call]
+
     def _openers(self) -> tuple[tuple[str, int, str], ...]:
         """(what opens a block, how much of it the body skips, what closes it): `OPEN`'s blocks;
         calls_xml.py's Qwen parser adds bare `<function=NAME>` blocks."""
@@ -132,15 +137,15 @@ class HermesParser(CallParser):
                 break
             end = j + len(self._close) if j >= 0 else len(self._buf)
             body = self._buf[self._skip: j if j >= 0 else len(self._buf)]
-            call = self._call(body + self._close if j >= 0 and not self._skip else body)   # (a bare block: whole)
-            if call is None and self._bare:   # a bare opener in prose: text, and the search goes on after it
+            calls = self._calls(body + self._close if j >= 0 and not self._skip else body)   # (a bare block: whole)
+            if calls is None and self._bare:   # a bare opener in prose: text, and the search goes on after it
                 content.append(self._buf[:self._bare])
                 self._buf, self._in_call = self._buf[self._bare:], False
                 continue
-            if call is None:
+            if calls is None:
                 content.append(self._buf[:end])
             else:
-                new.append(call)
+                new.extend(calls)
                 self._done = not self.tools.parallel
             self._buf, self._in_call = self._buf[end:], False
             if final and not self._buf:

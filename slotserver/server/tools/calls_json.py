@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from slotserver.server.tools.calls import CallParser, HermesParser, call_from, partial_suffix
+from slotserver.server.tools.calls_python import PythonicParser
 from slotserver.server.tools.calls_xml import GlmParser, QwenXmlParser, SeedXmlParser
-from slotserver.server.tools.formats import (GENERIC, GLM, HERMES, ID_CHARS, LLAMA3, MISTRAL, MISTRAL_ID, MISTRAL_MARKER,
-                                             PYTHON_TAG, QWEN_XML, SEED_XML)
+from slotserver.server.tools.formats import (GENERIC, GLM, HERMES, ID_CHARS, LFM2, LLAMA3, MISTRAL, MISTRAL_ID,
+                                             MISTRAL_MARKER, PYTHON_TAG, QWEN_XML, SEED_XML)
 from slotserver.server.tools.request import ToolConfig
 
 NEMO_ID = re.compile(MISTRAL_ID)
@@ -235,7 +236,7 @@ class GenericParser(JsonCallParser):
 
 PARSERS: dict[str, type[CallParser]] = {
     HERMES: HermesParser, LLAMA3: Llama3Parser, MISTRAL: MistralParser, GENERIC: GenericParser,
-    QWEN_XML: QwenXmlParser, SEED_XML: SeedXmlParser, GLM: GlmParser}
+    QWEN_XML: QwenXmlParser, SEED_XML: SeedXmlParser, GLM: GlmParser, LFM2: PythonicParser}
 
 
 def call_parser(tools: ToolConfig) -> CallParser:

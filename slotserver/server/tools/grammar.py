@@ -19,7 +19,7 @@ from collections.abc import Callable
 from slotserver.engine.grammar import JSON_OPTIONS
 from slotserver.server.errors import bad_request
 from slotserver.server.tools.calls_xml import takes_text
-from slotserver.server.tools.formats import (CLOSE, GENERIC, GLM, HARMONY, HERMES, LLAMA3, MISTRAL, MISTRAL_ID,
+from slotserver.server.tools.formats import (CLOSE, GENERIC, GLM, HARMONY, HERMES, LFM2, LLAMA3, MISTRAL, MISTRAL_ID,
                                              MISTRAL_MARKER, OPEN, QWEN_XML, SEED_XML)
 from slotserver.server.tools.request import ToolConfig
 
@@ -169,9 +169,47 @@ def glm_grammar(tools: ToolConfig) -> str:
     return _xml_grammar(tools, "<tool_call>", "</tool_call>", fns, rules)
 
 
+def lfm2_grammar(tools: ToolConfig) -> str:
+    """LFM2's block: a Python-style list of calls, each argument `key=` and JSON of its schema (true,
+    false and null read as Python's), in the schema's order, each at most once, the required ones
+    there (`_keywords`); several calls with parallel_tool_calls."""
+    rules, fns = [], []
+    for i, t in enumerate(tools.allowed):
+        params = t["function"].get("parameters") or {}
+        props, required = params.get("properties") or {}, set(params.get("required") or ())
+        for j, (key, schema) in enumerate(props.items()):
+            rules.append(f"f{i}_a{j}: {_lit(key + '=')} f{i}_v{j}\n" + _json_rule(f"f{i}_v{j}", schema))
+        head, seq = _keywords(f"f{i}", [key in required for key in props])
+        rules.extend(seq)
+        fns.append(f"fn{i}: {_lit(t['function']['name'] + '(')} {head} \")\"")
+    choice = " | ".join(f"fn{i}" for i in range(len(fns)))
+    rep = ' (", " call)*' if tools.parallel else ""
+    return (f'start: "<|tool_call_start|>[" call{rep} "]<|tool_call_end|>"\ncall: {choice}\n' + "\n".join(fns) + "\n"
+            + "".join(rules))
+
+
+def _keywords(fn: str, required: list[bool]) -> tuple[str, list[str]]:
+    """The arguments `{fn}_a{k}` in order, each optional one skippable, ", " between those written:
+    (the reference to start with, its rules). Rule `{fn}_s{k}{o}`: the arguments from k on, o 1 when
+    one was written before (so each starts with its ", "); linear in the arguments."""
+    n, rules = len(required), []
+    empty_ok = [all(not r for r in required[k:]) for k in range(n + 1)]
+
+    def ref(k: int, after: int) -> str:
+        return "" if k == n else f"{fn}_s{k}{after}" + ("?" if empty_ok[k] else "")
+    for k in range(n):
+        for after in (0, 1):
+            alts = [" ".join(x for x in ('", "' if after else "", f"{fn}_a{k}", ref(k + 1, 1)) if x)]
+            if not required[k] and k + 1 < n:
+                alts.append(f"{fn}_s{k + 1}{after}")
+            rules.append(f"{fn}_s{k}{after}: " + " | ".join(alts) + "\n")
+    return ref(0, 0), rules
+
+
 GRAMMARS: dict[str, Callable[[ToolConfig], str]] = {
     HERMES: hermes_grammar, LLAMA3: llama3_grammar, MISTRAL: mistral_grammar, GENERIC: generic_grammar,
-    HARMONY: harmony_grammar, QWEN_XML: qwen_xml_grammar, SEED_XML: seed_xml_grammar, GLM: glm_grammar}
+    HARMONY: harmony_grammar, QWEN_XML: qwen_xml_grammar, SEED_XML: seed_xml_grammar, GLM: glm_grammar,
+    LFM2: lfm2_grammar}
 
 
 def forced_call_grammar(tools: ToolConfig, think_open: bool = False) -> str:
