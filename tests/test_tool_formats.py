@@ -53,7 +53,7 @@ XML = {c["name"]: c["source"] for c in json.loads((Path(__file__).parent / "fixt
 
 
 @pytest.mark.parametrize("name, fmt", [("qwen3.5", QWEN_XML), ("nemotron-3-nano", QWEN_XML), ("glm-4.7-flash", GLM),
-                                       ("seed-oss", SEED_XML), ("lfm2", LFM2)])
+                                       ("seed-oss", SEED_XML), ("lfm2", LFM2), ("lfm2.5", LFM2)])
 def test_the_xml_templates_are_detected_as_their_format(name, fmt):
     assert native_format(XML[name]) == choose_format(XML[name]) == fmt
 
@@ -175,6 +175,23 @@ def test_a_string_parameter_keeps_its_text_and_others_decode_as_json():
     text = ("<tool_call>\n<function=get_weather>\n<parameter=code>\n007\n</parameter>\n<parameter=days>\n7\n"
             "</parameter>\n<parameter=tags>\n[\"a\"]\n</parameter>\n</function>\n</tool_call>")
     assert _named(call_parser(config).parse(text)[1]) == [("get_weather", {"code": "007", "days": 7, "tags": ["a"]})]
+
+
+def test_lfm2_names_and_keys_are_matched_as_written_and_values_must_be_json():
+    """Tool names with a hyphen or a dot and argument names that are Python keywords (`from=`) are
+    calls, as llama.cpp matches the offered names; a value JSON cannot carry (bytes, a set, a
+    complex number, infinity) leaves the block content, never a failed answer."""
+    named = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+             for n in ("get-weather", "Calendar.create_event", "convert")]
+    config = dataclasses.replace(parse_tools(Fields({"tools": named, "parallel_tool_calls": True})), format=LFM2)
+    text = ('<|tool_call_start|>[get-weather(city="a, b)"), Calendar.create_event(title=\'x\'), '
+            'convert(from="USD", to="EUR", user-id=1)]<|tool_call_end|>')
+    assert _named(call_parser(config).parse(text)[1]) == [
+        ("get-weather", {"city": "a, b)"}), ("Calendar.create_event", {"title": "x"}),
+        ("convert", {"from": "USD", "to": "EUR", "user-id": 1})]
+    for value in ('b"x"', "{1, 2}", "1+2j", "1e999", "0x" + "f" * 5000):
+        block = f"<|tool_call_start|>[convert(a={value})]<|tool_call_end|>"
+        assert call_parser(config).parse(block) == (block, [])
 
 
 @pytest.mark.parametrize("text, schema, value", [

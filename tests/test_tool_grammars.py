@@ -78,6 +78,16 @@ def test_the_grammar_refuses_calls_the_schemas_rule_out(grammars, fmt):
         assert not _takes(grammars, grammar, text), text
 
 
+def test_an_lfm2_call_of_a_hyphenated_name_with_a_keyword_argument_parses_back(grammars):
+    """What the grammar lets the model write, the parser reads: names and keys as written."""
+    tool = {"type": "function", "function": {"name": "fx-rate", "parameters": {"type": "object", "required": ["from"],
+            "properties": {"from": {"type": "string"}}}}}
+    config = dataclasses.replace(parse_tools(Fields({"tools": [tool], "tool_choice": "required"})), format="lfm2")
+    text = '<|tool_call_start|>[fx-rate(from="USD")]<|tool_call_end|>'
+    assert _takes(grammars, forced_call_grammar(config), text)
+    assert [c["function"]["name"] for c in call_parser(config).parse(text)[1]] == ["fx-rate"]
+
+
 @pytest.mark.parametrize("fmt", ["qwen3_coder", "lfm2"])
 def test_without_parallel_calls_the_grammar_takes_one_call(grammars, fmt):
     two = GOOD[fmt][1]

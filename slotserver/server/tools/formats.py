@@ -73,6 +73,7 @@ NATIVE_RULES = (
     # GLM-4.5/4.6/4.7 (and Ling, Laguna): <tool_call>NAME<arg_key>KEY</arg_key><arg_value>value</arg_value>...
     # LFM2 / LFM2.5 (llama.cpp's is_lfm2_template): <|tool_call_start|>[f(key="v")]<|tool_call_end|>
     NativeRule(LFM2, ("<|tool_list_start|>", "<|tool_list_end|>")),
+    NativeRule(LFM2, ("List of tools: [",)),   # LFM2.5: the same calls, its tool list in plain text
     NativeRule(SEED_XML, ("<seed:tool_call>", "<function=", "<parameter=")),
     NativeRule(QWEN_XML, ("<tool_call>", "<function=", "<parameter=")),
     NativeRule(GLM, ("<tool_call>", "<arg_key>", "<arg_value>")),
