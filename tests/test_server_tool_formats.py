@@ -33,7 +33,7 @@ MAX_TOKENS = {"qwen3_coder": 300, "glm": 300, "seed_oss": 300, "lfm2": 300}
 # (template, --tool-call-format): each format the template gets
 SETUPS = {"llama3": ("llama3.1", "auto"), "mistral": ("mistral-nemo", "auto"), "hermes": ("chatml", "auto"),
           "generic": ("chatml", "generic"), "qwen3_coder": ("qwen3.5", "auto"), "glm": ("glm-4.7-flash", "auto"),
-          "seed_oss": ("seed-oss", "auto"), "lfm2": ("lfm2", "auto")}
+          "seed_oss": ("seed-oss", "auto"), "lfm2": ("lfm2", "auto"), "granite": ("granite-3.3", "auto")}
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_a_forced_call_parses_and_matches_its_schema(clients, fmt, choice):
         assert isinstance(choice, str) or name == "get_time"
 
 
-@pytest.mark.parametrize("fmt", ["mistral", "generic", "hermes", "qwen3_coder", "glm"])   # lfm2's list goes on
+@pytest.mark.parametrize("fmt", ["mistral", "generic", "hermes", "qwen3_coder", "glm", "granite"])   # lfm2's list goes on
 def test_parallel_forced_calls_are_each_valid(clients, fmt):   # past 300 tokens here: test_tool_grammars.py
     """The random model may add calls until max_tokens: what is left of an unclosed block is
     content, and such an answer finishes with "length"."""

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from slotserver.model.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from slotserver.server.fields import Fields
 from slotserver.server.tools.calls_json import call_parser
-from slotserver.server.tools.formats import (GENERIC, GLM, HERMES, LFM2, LLAMA3, MISTRAL, QWEN_XML, SEED_XML,
+from slotserver.server.tools.formats import (GENERIC, GLM, GRANITE, HERMES, LFM2, LLAMA3, MISTRAL, QWEN_XML, SEED_XML,
                                              choose_format, native_format)
 from slotserver.server.tools.prompt import nemo_id, render_with_tools
 from slotserver.server.tools.request import parse_tools
@@ -53,7 +53,8 @@ XML = {c["name"]: c["source"] for c in json.loads((Path(__file__).parent / "fixt
 
 
 @pytest.mark.parametrize("name, fmt", [("qwen3.5", QWEN_XML), ("nemotron-3-nano", QWEN_XML), ("glm-4.7-flash", GLM),
-                                       ("seed-oss", SEED_XML), ("lfm2", LFM2), ("lfm2.5", LFM2)])
+                                       ("seed-oss", SEED_XML), ("lfm2", LFM2), ("lfm2.5", LFM2),
+                                       ("granite-3.3", GRANITE)])
 def test_the_xml_templates_are_detected_as_their_format(name, fmt):
     assert native_format(XML[name]) == choose_format(XML[name]) == fmt
 
@@ -148,6 +149,12 @@ WHOLE = [  # (format, text, content, [(name, arguments)])
     (QWEN_XML, "<function=get_weather>\n<parameter=city>\nPa", "<function=get_weather>\n<parameter=city>\nPa", []),
     (SEED_XML, "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Oslo</parameter>\n</function>\n"
                "</seed:tool_call>", "", [("get_weather", {"city": "Oslo"})]),
+    (GRANITE, 'Checking. <|tool_call|>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]', "Checking.",
+     [("get_weather", {"city": "Oslo"})]),
+    (GRANITE, '[{"name": "get_weather", "arguments": {}}, {"name": "get_weather", "arguments": {"a": 1}}]', "",
+     [("get_weather", {}), ("get_weather", {"a": 1})]),   # the marker a control token: the bare array
+    (GRANITE, '<|tool_call|>[{"name": "nope", "arguments": {}}]', '<|tool_call|>[{"name": "nope", "arguments": {}}]',
+     []),
     (LFM2, 'Sure. <|tool_call_start|>[get_weather(city="Paris", days=3)]<|tool_call_end|>', "Sure.",
      [("get_weather", {"city": "Paris", "days": 3})]),
     (LFM2, "<|tool_call_start|>[get_weather(city='Rome', ok=true, n=None), get_weather()]<|tool_call_end|>", "",
@@ -264,6 +271,7 @@ STARTS = {
     SEED_XML: ["<seed:tool_call>\n<function=get_weather>\n<parameter=city>P</parameter>\n</function>\n"
                "</seed:tool_call>", "<seed:", "text", ""],
     LFM2: ['<|tool_call_start|>[get_weather(city="P")]<|tool_call_end|>', "<|tool_", "text", ""],
+    GRANITE: ['<|tool_call|>[{"name": "get_weather", "arguments": {}}]', "<|tool", '[{"', "text", "", " "],
 }
 PIECES = {
     HERMES: ['<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>', "<tool_call>", "\n",
@@ -284,6 +292,8 @@ PIECES = {
                "</seed:tool_call>", "<function=get_weather>", "<parameter=a>1</parameter>", "\n", "<"],
     LFM2: ["<|tool_call_start|>[get_weather()]<|tool_call_end|>", "<|tool_call_start|>", "<|tool_call_end|>", "[",
            "]", "get_weather(", "a=1", ")", ", ", "'", '"', "text"],
+    GRANITE: ['<|tool_call|>[{"name": "get_weather", "arguments": {}}]', "<|tool_call|>", "<|tool_", "call|>", "[",
+              "]", "{", "}", '"', " ", "text"],
 }
 
 

@@ -26,8 +26,8 @@ from typing import ClassVar
 from slotserver.server.tools.calls import CallParser, HermesParser, call_from, partial_suffix
 from slotserver.server.tools.calls_python import PythonicParser
 from slotserver.server.tools.calls_xml import GlmParser, QwenXmlParser, SeedXmlParser
-from slotserver.server.tools.formats import (GENERIC, GLM, HERMES, ID_CHARS, LFM2, LLAMA3, MISTRAL, MISTRAL_ID,
-                                             MISTRAL_MARKER, PYTHON_TAG, QWEN_XML, SEED_XML)
+from slotserver.server.tools.formats import (GENERIC, GLM, GRANITE, GRANITE_MARKER, HERMES, ID_CHARS, LFM2, LLAMA3,
+                                             MISTRAL, MISTRAL_ID, MISTRAL_MARKER, PYTHON_TAG, QWEN_XML, SEED_XML)
 from slotserver.server.tools.request import ToolConfig
 
 NEMO_ID = re.compile(MISTRAL_ID)
@@ -216,6 +216,17 @@ class MistralParser(JsonCallParser):
         return ("", calls) if calls and None not in calls else None
 
 
+class GraniteParser(JsonCallParser):
+    """Granite 3.x: <|tool_call|>[{"name", "arguments"}, ...] after content, or the bare array opening
+    the answer (its marker is a control token, which the text does not show): Mistral's without ids."""
+
+    MARKER, ANYWHERE, AFTER_MARKER, BARE = GRANITE_MARKER, True, ("[", "{"), ('[{"',)
+
+    def decode(self, value: object) -> tuple[str, list[dict]] | None:
+        calls = [call_from(o, self.tools.names) for o in (value if isinstance(value, list) else [value])]
+        return ("", calls) if calls and None not in calls else None
+
+
 class GenericParser(JsonCallParser):
     """{"tool_call": call}, {"tool_calls": [call, ...]} or {"response": text} (the content)."""
 
@@ -236,7 +247,7 @@ class GenericParser(JsonCallParser):
 
 PARSERS: dict[str, type[CallParser]] = {
     HERMES: HermesParser, LLAMA3: Llama3Parser, MISTRAL: MistralParser, GENERIC: GenericParser,
-    QWEN_XML: QwenXmlParser, SEED_XML: SeedXmlParser, GLM: GlmParser, LFM2: PythonicParser}
+    QWEN_XML: QwenXmlParser, SEED_XML: SeedXmlParser, GLM: GlmParser, LFM2: PythonicParser, GRANITE: GraniteParser}
 
 
 def call_parser(tools: ToolConfig) -> CallParser:

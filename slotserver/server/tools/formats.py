@@ -1,6 +1,6 @@
 """Which tool-call format a chat uses, chosen from the model's chat template as llama.cpp does.
 
-Nine formats, each with its grammar (grammar.py), parser (calls.py, calls_json.py, calls_xml.py;
+Ten formats, each with its grammar (grammar.py), parser (calls.py, calls_json.py, calls_xml.py;
 harmony's in server/harmony.py) and, for templates that do not speak it, a fallback prompt (fallback.py):
 
 - hermes: Hermes 2/3, Qwen 2.5 and every other template that renders `tools` itself:
@@ -19,6 +19,8 @@ harmony's in server/harmony.py) and, for templates that do not speak it, a fallb
 - seed_oss: Seed-OSS, the same function block inside `<seed:tool_call>`, values without newlines
 - glm: GLM-4.5/4.6/4.7-Flash (templates with `<arg_key>`/`<arg_value>`):
       <tool_call>f<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>
+- granite: Granite 3.x (`<|tool_call|>` in the template), Mistral's array after its own marker:
+      <|tool_call|>[{"name": "f", "arguments": {...}}]
 - lfm2: LFM2 / LFM2.5 (templates with `<|tool_list_start|>`), a Python-style list of calls:
       <|tool_call_start|>[f(city="Paris", days=3)]<|tool_call_end|>
 - generic: llama.cpp's "Generic" format, for templates without tool support: the answer is one
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 HERMES, LLAMA3, MISTRAL, GENERIC, HARMONY = "hermes", "llama3", "mistral", "generic", "harmony"
 QWEN_XML, SEED_XML, GLM = "qwen3_coder", "seed_oss", "glm"   # the XML formats (calls_xml.py)
 LFM2 = "lfm2"                                                 # Python-style calls (calls_python.py)
+GRANITE, GRANITE_MARKER = "granite", "<|tool_call|>"          # Granite 3.x: a JSON list after its marker
 OPEN, CLOSE = "<tool_call>", "</tool_call>"   # a Hermes call's block
 CHOICES = ("auto", HERMES, GENERIC)   # the values of --tool-call-format
 MISTRAL_MARKER, PYTHON_TAG = "[TOOL_CALLS]", "<|python_tag|>"   # what opens a Mistral / Llama call
@@ -71,6 +74,8 @@ NATIVE_RULES = (
     # The XML formats (calls_xml.py): Seed-OSS's <seed:tool_call> around Qwen3-Coder's function block;
     # Qwen3-Coder / Qwen3.5 / Nemotron 3: <tool_call><function=NAME><parameter=KEY>value</parameter>...;
     # GLM-4.5/4.6/4.7 (and Ling, Laguna): <tool_call>NAME<arg_key>KEY</arg_key><arg_value>value</arg_value>...
+    # Granite 3.x (llama.cpp's granite handler): <|tool_call|>[{"name": ..., "arguments": {...}}]
+    NativeRule(GRANITE, (GRANITE_MARKER,)),
     # LFM2 / LFM2.5 (llama.cpp's is_lfm2_template): <|tool_call_start|>[f(key="v")]<|tool_call_end|>
     NativeRule(LFM2, ("<|tool_list_start|>", "<|tool_list_end|>")),
     NativeRule(LFM2, ("List of tools: [",)),   # LFM2.5: the same calls, its tool list in plain text

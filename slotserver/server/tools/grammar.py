@@ -19,8 +19,8 @@ from collections.abc import Callable
 from slotserver.engine.grammar import JSON_OPTIONS
 from slotserver.server.errors import bad_request
 from slotserver.server.tools.calls_xml import takes_text
-from slotserver.server.tools.formats import (CLOSE, GENERIC, GLM, HARMONY, HERMES, LFM2, LLAMA3, MISTRAL, MISTRAL_ID,
-                                             MISTRAL_MARKER, OPEN, QWEN_XML, SEED_XML)
+from slotserver.server.tools.formats import (CLOSE, GENERIC, GLM, GRANITE, GRANITE_MARKER, HARMONY, HERMES, LFM2,
+                                             LLAMA3, MISTRAL, MISTRAL_ID, MISTRAL_MARKER, OPEN, QWEN_XML, SEED_XML)
 from slotserver.server.tools.request import ToolConfig
 
 ID_SCHEMA = {"type": "string", "pattern": f"^{MISTRAL_ID}$"}   # what Nemo's template demands
@@ -64,6 +64,15 @@ def mistral_grammar(tools: ToolConfig) -> str:
     if not tools.parallel:
         array["maxItems"] = 1
     return f'start: "{MISTRAL_MARKER}" json_calls\n' + _json_rule("json_calls", array)
+
+
+def granite_grammar(tools: ToolConfig) -> str:
+    """Granite 3.x: `<|tool_call|>` and an array of {"name", "arguments"} (one, or more with
+    parallel_tool_calls)."""
+    array = {"type": "array", "items": call_schema(tools), "minItems": 1}
+    if not tools.parallel:
+        array["maxItems"] = 1
+    return f"start: {_lit(GRANITE_MARKER)} json_calls\n" + _json_rule("json_calls", array)
 
 
 def generic_schema(tools: ToolConfig) -> dict:
@@ -209,7 +218,7 @@ def _keywords(fn: str, required: list[bool]) -> tuple[str, list[str]]:
 GRAMMARS: dict[str, Callable[[ToolConfig], str]] = {
     HERMES: hermes_grammar, LLAMA3: llama3_grammar, MISTRAL: mistral_grammar, GENERIC: generic_grammar,
     HARMONY: harmony_grammar, QWEN_XML: qwen_xml_grammar, SEED_XML: seed_xml_grammar, GLM: glm_grammar,
-    LFM2: lfm2_grammar}
+    LFM2: lfm2_grammar, GRANITE: granite_grammar}
 
 
 def forced_call_grammar(tools: ToolConfig, think_open: bool = False) -> str:
