@@ -29,21 +29,22 @@ _Q_TYPES = (torch.float32, torch.bfloat16)
 GMAX, DMAX = 16, 576   # attention.c's: query heads of one KV head in a work unit, the widest head (deepseek2's row)
 
 
-def spread(q_heads: int, *kv: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-    """One KV head's tensors (`[.., .., 1, D]` K/V, `[.., .., 1]` q8 scales; None passes) seen as
-    several KV heads that all read its row (stride 0), where more than GMAX query heads share it, or
-    more than GMAX / 2 of rows past 256 (deepseek2's latent attention: every query head, 16-128 of
-    them). The C kernel then runs them in units of at most GMAX query heads and at least two units,
-    each its own thread's work (a decode row of 16 heads 576 wide in one unit left a core idle: 444
-    against 265 us in two; 64 wide, two units cost more than they gave: 42 against 36 us): every
-    query vector's sum is its own, so the floats are those of one unit of all. Other caches come
-    back as they are."""
+def spread(q_heads: int, kv):
+    """A cache view (`StridedKV`, or `PagedKV`) with one KV head seen as several KV heads that all
+    read its row (stride 0 on the head dim of K/V and of q8's scales), where more than GMAX query
+    heads share it, or more than GMAX / 2 of rows past 256 (deepseek2's latent attention: every query
+    head, 16-128 of them). The C kernel then runs them in units of at most GMAX query heads and at
+    least two units, each its own thread's work (a decode row of 16 heads 576 wide in one unit left a
+    core idle: 444 against 265 us in two; 64 wide, two units cost more than they gave: 42 against 36
+    us): every query vector's sum is its own, so the floats are those of one unit of all. Any other
+    view comes back as it is (the same object: every layer of every step asks)."""
     k = kv[0]
     if k.shape[2] != 1 or q_heads <= (GMAX // 2 if k.shape[3] > 256 else GMAX):
         return kv
     group = max(g for g in range(1, min(GMAX, q_heads // 2) + 1) if q_heads % g == 0)
-    return tuple(t if t is None else t.expand(*t.shape[:2], q_heads // group, *t.shape[3:]) for t in kv)
-
+    n = q_heads // group
+    return type(kv)(*(t.expand(*t.shape[:2], n, *t.shape[3:]) if isinstance(t, torch.Tensor) and t.dim() >= 3
+                      and t.shape[2] == 1 else t for t in kv))
 
 
 def cpu_path(lib) -> str:

@@ -84,7 +84,7 @@ def reference(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> t
 def cpu(q: torch.Tensor, kv: StridedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
     """Same contract as `reference`: every row through the C row kernel where it applies
     (batch-invariant: module docstring), else the cheapest torch SDPA form (_attention_sdpa.py)."""
-    wide = StridedKV(*_native.spread(q.shape[1], *kv))   # more than 16 query heads on one KV head: units of 16
+    wide = _native.spread(q.shape[1], kv)   # more than 16 query heads on one KV head: units of 16
     if _native_ok(q, wide, meta):
         return _native.rows(_LIB, q, wide, meta, scale, meta.window, meta.softcap)
     return _sdpa.step(q, kv, meta, scale)

@@ -80,8 +80,7 @@ def reference(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> tor
 
 def cpu(q: torch.Tensor, kv: PagedKV, meta: AttnMeta, scale: float) -> torch.Tensor:
     """Same contract as `reference`: the C row kernel where it applies, else `_cpu_sdpa`."""
-    k, v = _native.spread(q.shape[1], kv.k_pages, kv.v_pages)   # more than 16 query heads on one KV head
-    wide = kv._replace(k_pages=k, v_pages=v)
+    wide = _native.spread(q.shape[1], kv)   # more than 16 query heads on one KV head: units of 16
     if _native_ok(q, wide, meta):
         return _native_rows(q, wide, meta, scale)
     return _cpu_sdpa(q, kv, meta, scale)

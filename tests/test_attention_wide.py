@@ -48,7 +48,7 @@ def _inputs(heads: int, cache: torch.dtype, gen: torch.Generator):
 def test_latent_rows_run_in_c_and_equal_the_reference(heads, cache):
     mod, gen = _kernel("attention"), torch.Generator().manual_seed(heads)
     _, meta, q, kv = _inputs(heads, cache, gen)
-    wide = StridedKV(*mod._native.spread(heads, *kv))
+    wide = mod._native.spread(heads, kv)
     assert mod._native_ok(q, wide, meta), "the C kernel must serve a 576-wide, one-KV-head cache"
     scale = 1 / math.sqrt(192)
     torch.testing.assert_close(mod.cpu(q, kv, meta, scale), mod.reference(q, kv, meta, scale), atol=2e-5, rtol=2e-5)
@@ -73,6 +73,16 @@ def test_paged_latent_rows_equal_the_flat_ones():
     pages = kv.k.view(4 * 7, 8, 1, ROW)                                   # 8-cell pages, in stream order
     table = torch.arange(4 * 7, dtype=torch.int32).view(4, 7)
     pkv = PagedKV(pages, pages, table, 8)
-    k, v = paged._native.spread(20, pages, pages)
-    assert paged._native_ok(q, pkv._replace(k_pages=k, v_pages=v), meta)
+    assert paged._native_ok(q, paged._native.spread(20, pkv), meta)
     assert torch.equal(paged.cpu(q, pkv, meta, 0.1), flat.cpu(q, kv, meta, 0.1))
+
+
+def test_other_caches_pass_through_spread_untouched():
+    """Every layer of every step asks: a cache with several KV heads, or few query heads on one,
+    comes back as the same object (no per-call rebuild), a wide one on a single head is spread."""
+    mod = _kernel("attention")
+    k = torch.zeros(2, 8, 3, 64)
+    gqa, mqa = StridedKV(k, k), StridedKV(k[:, :, :1], k[:, :, :1])
+    assert mod._native.spread(9, gqa) is gqa and mod._native.spread(8, mqa) is mqa
+    wide = mod._native.spread(20, StridedKV(torch.zeros(2, 8, 1, ROW), torch.zeros(2, 8, 1, ROW)))
+    assert wide.k.shape[2] == 2 and wide.k.stride(2) == 0 and wide.k_scale is None
