@@ -123,7 +123,9 @@ def fit_messages(messages: Any, caps: TemplateCaps, source: str) -> list[dict[st
 
 def _object_arguments(message: dict[str, Any]) -> dict[str, Any]:
     """An assistant message whose calls' JSON-string `arguments` are decoded into objects, for a
-    template that iterates them (llama.cpp's func_args_not_string); a string that is no JSON stays."""
+    template that iterates them (llama.cpp's func_args_not_string); a string that is no JSON stays.
+    The server's native tool path (server/tools/prompt.py `arguments`) has decoded and checked them
+    already (a 400 for one that is no JSON): this serves `ChatTemplate.render` called directly."""
     calls = message["tool_calls"]
     if not isinstance(calls, list):
         return message
